@@ -1,0 +1,53 @@
+# Bandmaster: the two set-up commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity clean help
+
+help:
+	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
+	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
+	@echo "make bench-capacity - capacity service scale benchmark (writes bench/results/capacity_scale.json)"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# System packages the tests need. Installed once; skipped when already present.
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+
+demo: venv
+	$(PY) -m services.cli demo
+
+test: venv system-deps
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: venv system-deps
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+proto: venv
+	$(PY) scripts/gen_protos.py
+
+proto-check: venv
+	$(PY) scripts/gen_protos.py --check
+
+bench-capacity: venv
+	$(PY) -m bench.capacity_scale --out bench/results/capacity_scale.json
+
+bench: bench-capacity
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,260 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProgramStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROGRAM_STATUS_UNSPECIFIED: _ClassVar[ProgramStatus]
+    PROGRAM_STATUS_REASONING: _ClassVar[ProgramStatus]
+    PROGRAM_STATUS_ACTING: _ClassVar[ProgramStatus]
+
+class Lifecycle(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    LIFECYCLE_UNSPECIFIED: _ClassVar[Lifecycle]
+    LIFECYCLE_ACTIVE: _ClassVar[Lifecycle]
+    LIFECYCLE_PAUSED: _ClassVar[Lifecycle]
+
+class TurnOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TURN_OUTCOME_UNSPECIFIED: _ClassVar[TurnOutcome]
+    TURN_OUTCOME_OK: _ClassVar[TurnOutcome]
+    TURN_OUTCOME_CANCELLED: _ClassVar[TurnOutcome]
+    TURN_OUTCOME_FAILED: _ClassVar[TurnOutcome]
+
+class Band(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BAND_UNSPECIFIED: _ClassVar[Band]
+    BAND_NORMAL: _ClassVar[Band]
+    BAND_SOFT_DEMOTE: _ClassVar[Band]
+    BAND_PAUSE: _ClassVar[Band]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_ADMITTED: _ClassVar[EventKind]
+    EVENT_KIND_PAUSED: _ClassVar[EventKind]
+    EVENT_KIND_MARKED: _ClassVar[EventKind]
+    EVENT_KIND_SOFT_DEMOTED: _ClassVar[EventKind]
+    EVENT_KIND_RESUMED: _ClassVar[EventKind]
+    EVENT_KIND_FORCED_RESUME: _ClassVar[EventKind]
+    EVENT_KIND_RELEASED: _ClassVar[EventKind]
+    EVENT_KIND_EXPIRED: _ClassVar[EventKind]
+PROGRAM_STATUS_UNSPECIFIED: ProgramStatus
+PROGRAM_STATUS_REASONING: ProgramStatus
+PROGRAM_STATUS_ACTING: ProgramStatus
+LIFECYCLE_UNSPECIFIED: Lifecycle
+LIFECYCLE_ACTIVE: Lifecycle
+LIFECYCLE_PAUSED: Lifecycle
+TURN_OUTCOME_UNSPECIFIED: TurnOutcome
+TURN_OUTCOME_OK: TurnOutcome
+TURN_OUTCOME_CANCELLED: TurnOutcome
+TURN_OUTCOME_FAILED: TurnOutcome
+BAND_UNSPECIFIED: Band
+BAND_NORMAL: Band
+BAND_SOFT_DEMOTE: Band
+BAND_PAUSE: Band
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_ADMITTED: EventKind
+EVENT_KIND_PAUSED: EventKind
+EVENT_KIND_MARKED: EventKind
+EVENT_KIND_SOFT_DEMOTED: EventKind
+EVENT_KIND_RESUMED: EventKind
+EVENT_KIND_FORCED_RESUME: EventKind
+EVENT_KIND_RELEASED: EventKind
+EVENT_KIND_EXPIRED: EventKind
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("session_id", "parent_session_id", "estimated_prompt_tokens", "request_id")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    parent_session_id: str
+    estimated_prompt_tokens: int
+    request_id: str
+    def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AdmitResponse(_message.Message):
+    __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FORCED_RESUME_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    dp_rank: int
+    pinned: bool
+    priority: int
+    held_seconds: float
+    forced_resume: bool
+    admission_epoch: int
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("session_id", "request_id", "worker_id", "dp_rank", "prompt_tokens", "completion_tokens", "cached_tokens", "outcome")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    request_id: str
+    worker_id: str
+    dp_rank: int
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    outcome: TurnOutcome
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., outcome: _Optional[_Union[TurnOutcome, str]] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: bool
+    def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class Program(_message.Message):
+    __slots__ = ("session_id", "parent_session_id", "status", "lifecycle", "token_total", "tokens_estimated", "worker_id", "dp_rank", "marked", "soft_demoted", "turns", "created_at", "last_activity", "paused_since", "children")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LIFECYCLE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_ESTIMATED_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    MARKED_FIELD_NUMBER: _ClassVar[int]
+    SOFT_DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACTIVITY_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_SINCE_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    parent_session_id: str
+    status: ProgramStatus
+    lifecycle: Lifecycle
+    token_total: int
+    tokens_estimated: bool
+    worker_id: str
+    dp_rank: int
+    marked: bool
+    soft_demoted: bool
+    turns: int
+    created_at: _timestamp_pb2.Timestamp
+    last_activity: _timestamp_pb2.Timestamp
+    paused_since: _timestamp_pb2.Timestamp
+    children: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., status: _Optional[_Union[ProgramStatus, str]] = ..., lifecycle: _Optional[_Union[Lifecycle, str]] = ..., token_total: _Optional[int] = ..., tokens_estimated: _Optional[bool] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., marked: _Optional[bool] = ..., soft_demoted: _Optional[bool] = ..., turns: _Optional[int] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_activity: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., paused_since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., children: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GetProgramRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ReplicaUtilization(_message.Message):
+    __slots__ = ("worker_id", "dp_rank", "retention_tokens", "used_tokens", "used_decayed_tokens", "utilization", "band", "active_programs", "passthrough_requests")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    USED_DECAYED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    BAND_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    PASSTHROUGH_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    dp_rank: int
+    retention_tokens: int
+    used_tokens: int
+    used_decayed_tokens: int
+    utilization: float
+    band: Band
+    active_programs: int
+    passthrough_requests: int
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., retention_tokens: _Optional[int] = ..., used_tokens: _Optional[int] = ..., used_decayed_tokens: _Optional[int] = ..., utilization: _Optional[float] = ..., band: _Optional[_Union[Band, str]] = ..., active_programs: _Optional[int] = ..., passthrough_requests: _Optional[int] = ...) -> None: ...
+
+class ListProgramsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProgramsResponse(_message.Message):
+    __slots__ = ("programs", "replicas")
+    PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    programs: _containers.RepeatedCompositeFieldContainer[Program]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaUtilization]
+    def __init__(self, programs: _Optional[_Iterable[_Union[Program, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ...) -> None: ...
+
+class ProgramEvent(_message.Message):
+    __slots__ = ("kind", "session_id", "worker_id", "dp_rank", "tokens", "at")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    kind: EventKind
+    session_id: str
+    worker_id: str
+    dp_rank: int
+    tokens: int
+    at: _timestamp_pb2.Timestamp
+    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tokens: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Stats(_message.Message):
+    __slots__ = ("programs_active", "programs_paused", "programs_reasoning", "programs_acting", "pauses_total", "resumes_total", "forced_resumes_total", "waiting_admissions", "replicas", "capacity_version")
+    PROGRAMS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_REASONING_FIELD_NUMBER: _ClassVar[int]
+    PROGRAMS_ACTING_FIELD_NUMBER: _ClassVar[int]
+    PAUSES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RESUMES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    FORCED_RESUMES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WAITING_ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    programs_active: int
+    programs_paused: int
+    programs_reasoning: int
+    programs_acting: int
+    pauses_total: int
+    resumes_total: int
+    forced_resumes_total: int
+    waiting_admissions: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaUtilization]
+    capacity_version: int
+    def __init__(self, programs_active: _Optional[int] = ..., programs_paused: _Optional[int] = ..., programs_reasoning: _Optional[int] = ..., programs_acting: _Optional[int] = ..., pauses_total: _Optional[int] = ..., resumes_total: _Optional[int] = ..., forced_resumes_total: _Optional[int] = ..., waiting_admissions: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ..., capacity_version: _Optional[int] = ...) -> None: ...

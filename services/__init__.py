@@ -1,0 +1,1 @@
+"""Bandmaster services: capacity, scheduler, router, planner and the simulated worker."""

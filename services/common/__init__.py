@@ -1,0 +1,1 @@
+"""Pieces every Bandmaster service shares: config errors, clock, logging, telemetry, gRPC bootstrap."""

@@ -1,0 +1,151 @@
+"""gRPC server bootstrap shared by every service.
+
+`ServiceHost` owns the pieces every service has: a `grpc.aio` server with `grpc.health.v1` and
+reflection, a Prometheus `/metrics` HTTP endpoint, and graceful shutdown in the right order:
+health -> NOT_SERVING, stop background loops, `server.stop(grace)`, flush telemetry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from typing import Awaitable, Callable, Iterable
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from services.common.config import parse_host_port
+from services.common.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+Stopper = Callable[[], Awaitable[None]]
+
+
+class ServiceHost:
+    """One service's listening endpoints and lifecycle."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        listen: str = "127.0.0.1:0",
+        metrics_port: int = 0,
+        registry: CollectorRegistry | None = None,
+        telemetry: Telemetry | None = None,
+        shutdown_grace_seconds: float = 5.0,
+        interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+    ) -> None:
+        self.name = name
+        self.host, self._port = parse_host_port(listen, "listen")
+        self._metrics_port_wanted = metrics_port
+        self.registry = registry or CollectorRegistry()
+        self.telemetry = telemetry
+        self.grace = shutdown_grace_seconds
+        self.server = grpc.aio.server(interceptors=list(interceptors))
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._service_names: list[str] = []
+        self._stoppers: list[Stopper] = []
+        self._http_runner: web.AppRunner | None = None
+        self.http_app = web.Application()
+        self.http_app.router.add_get("/metrics", self._metrics)
+        self.grpc_port = 0
+        self.metrics_port = 0
+        self._stopped = asyncio.Event()
+
+    def add_service(self, full_name: str) -> None:
+        """Record a service added to `self.server` (for health and reflection)."""
+        self._service_names.append(full_name)
+
+    def on_stop(self, stopper: Stopper) -> None:
+        """Run `stopper` during shutdown, after health goes NOT_SERVING and before the server stops."""
+        self._stoppers.append(stopper)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def start(self) -> None:
+        reflection.enable_server_reflection(
+            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
+            self.server,
+        )
+        bind = f"[{self.host}]:{self._port}" if ":" in self.host else f"{self.host}:{self._port}"
+        self.grpc_port = self.server.add_insecure_port(bind)
+        if self.grpc_port == 0:
+            raise OSError(f"{self.name}: could not bind gRPC on {bind}")
+        await self.server.start()
+        if self._metrics_port_wanted >= 0:
+            self._http_runner = web.AppRunner(self.http_app, access_log=None)
+            await self._http_runner.setup()
+            site = web.TCPSite(self._http_runner, self.host, self._metrics_port_wanted)
+            await site.start()
+            self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        for service in ["", *self._service_names]:
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("%s serving gRPC on %s, metrics on port %s", self.name, self.address, self.metrics_port or "off")
+
+    def write_ready_file(self, path: str) -> None:
+        """Publish the bound ports atomically for a supervising process."""
+        if not path:
+            return
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"service": self.name, "grpc": self.address, "metrics_port": self.metrics_port,
+                       "pid": os.getpid()}, fh)
+        os.replace(tmp, path)
+
+    async def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        log.info("%s shutting down", self.name)
+        await self.health.enter_graceful_shutdown()
+        for stopper in reversed(self._stoppers):
+            try:
+                await stopper()
+            except Exception:
+                log.exception("%s: error while stopping a component", self.name)
+        await self.server.stop(self.grace)
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+        log.info("%s stopped", self.name)
+
+    async def wait_for_termination(self) -> None:
+        await self._stopped.wait()
+
+
+async def serve_until_signal(host: ServiceHost) -> None:
+    """Block until SIGINT/SIGTERM, then shut the host down gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await host.stop()
+
+
+def run(main: Callable[[], Awaitable[int | None]]) -> int:
+    """Run an async entry point on uvloop and return its exit code."""
+    import uvloop
+
+    result = uvloop.run(main())
+    return int(result or 0)

@@ -1,0 +1,1 @@
+"""simworker: a simulated SGLang server (HTTP API, KV memory, HiCache, continuous batching, timing)."""

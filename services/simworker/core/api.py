@@ -1,0 +1,143 @@
+"""The contract between the simulated engine core and whoever drives it.
+
+Two drivers step the same engine: the live HTTP server (`services/simworker/server.py`, wall
+clock divided by `--speedup`) and the offline simulator (`bench/sim.py`, virtual time). Both do:
+
+    engine.submit(request, now)           # any time
+    result = engine.step(now)             # one scheduler iteration starting at `now`
+    # ... the iteration's effects happen at now + result.duration_s:
+    #     deliver result.outputs, publish result.kv_events, then step again.
+
+`step` returns `duration_s == 0` and nothing else when there is no work; the driver then waits
+for the next `submit` or `abort`. Everything here is plain data: no asyncio, no sockets, no
+clock reads. The engine is deterministic for a given seed and sequence of calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, Sequence
+
+WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    rid: str
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    priority: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    # Output length the engine generates before a natural stop, when not ignore_eos.
+    # None = the engine draws one deterministically from the seed and rid.
+    target_output_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """New tokens of one request produced by one step (one entry per request that progressed)."""
+
+    rid: str
+    new_token_ids: tuple[int, ...]
+    prompt_tokens: int
+    completion_tokens: int          # so far, including new_token_ids
+    cached_tokens: int              # prompt tokens served from GPU radix cache or host tier
+    finished: bool = False
+    # SGLang's shape: {"type": "stop", "matched": id} | {"type": "length", "length": n}
+    #                 | {"type": "abort", "message": "..."}; None while running.
+    finish_reason: dict | None = None
+    num_retractions: int = 0
+    host_cached_tokens: int = 0     # part of cached_tokens loaded back from the host tier
+
+
+@dataclass(frozen=True)
+class BlockStored:
+    block_hashes: tuple[int, ...]
+    parent_block_hash: int | None
+    token_ids: tuple[int, ...]
+    block_size: int
+    medium: str = "GPU"             # "GPU" | "CPU_PINNED"
+
+
+@dataclass(frozen=True)
+class BlockRemoved:
+    block_hashes: tuple[int, ...]
+    medium: str = "GPU"
+
+
+@dataclass(frozen=True)
+class AllBlocksCleared:
+    pass
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True)
+class StepResult:
+    duration_s: float
+    outputs: tuple[RequestOutput, ...] = ()
+    kv_events: tuple[KvEvent, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Gauges and monotonically increasing counters, read by /metrics, /server_info and benches."""
+
+    num_running_reqs: int = 0
+    num_queue_reqs: int = 0
+    num_used_tokens: int = 0        # GPU tokens held by running requests and the cache
+    token_usage: float = 0.0        # used / max_total_tokens
+    cache_hit_rate: float = 0.0     # cached / prompt tokens over a recent window
+    gen_throughput: float = 0.0     # tokens/s over a recent window of virtual time
+    host_used_tokens: int = 0
+    host_total_tokens: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    cached_tokens_total: int = 0
+    host_cached_tokens_total: int = 0
+    recomputed_tokens_total: int = 0     # prefill of tokens this engine had computed before for that prefix
+    retractions_total: int = 0
+    host_loadbacks_total: int = 0        # requests that loaded a prefix back from host
+    host_loadback_tokens_total: int = 0
+    evicted_tokens_total: int = 0
+    requests_total: int = 0
+    aborted_requests_total: int = 0
+
+
+class Engine(Protocol):
+    def submit(self, request: EngineRequest, now: float) -> None:
+        """Queue a request. Raises ValueError for a request the engine can never serve
+        (prompt + 1 longer than the context length or the KV pool)."""
+
+    def abort(self, rid: str, now: float) -> bool:
+        """Abort a queued or running request; its next output is a finished abort. False if unknown."""
+
+    def step(self, now: float) -> StepResult:
+        """Run one iteration: admit, chunked prefill, decode one token per running request."""
+
+    def flush_cache(self) -> bool:
+        """Drop every unreferenced cached page. False (refused) while requests are running or queued."""
+
+    def has_work(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine sizing, mirroring SGLang's server arguments of the same names."""
+
+    max_total_tokens: int = 65_536
+    page_size: int = 16
+    max_running_requests: int = 256
+    chunked_prefill_size: int = 8_192
+    context_length: int = 131_072
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size_tokens: int = 0        # > 0 overrides hicache_ratio
+    hicache_write_policy: WritePolicy = "write_through"
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    seed: int = 0
