@@ -1,0 +1,108 @@
+"""The embedded local cluster: which processes `bandmaster up` starts, in which order, with which flags."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.cli.supervisor import Child, ChildSpec, Supervisor
+from services.common.config import require
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What `bandmaster up` starts. Validated like every service config: a violation names the rule."""
+
+    workers: int = 2
+    """Simulated SGLang workers to start (ignored when `worker_urls` names real servers)."""
+    worker_urls: tuple[str, ...] = ()
+    worker_kv_tokens: int = 65_536
+    worker_host_kv_tokens: int = 0
+    worker_page_size: int = 16
+    worker_speedup: float = 1.0
+    worker_timing_profile: str = "glm45-fp8-h200"
+    model_name: str = "bandmaster-sim"
+    poll_interval_seconds: float = 1.0
+    state_dir: Path | None = None
+    log_level: str = "INFO"
+    extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        require(self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given")
+        require(0 <= self.workers <= 64, "workers", self.workers, "0 <= workers <= 64")
+        require(self.worker_kv_tokens >= self.worker_page_size, "worker_kv_tokens", self.worker_kv_tokens,
+                "worker_kv_tokens >= worker_page_size")
+        require(self.worker_host_kv_tokens >= 0, "worker_host_kv_tokens", self.worker_host_kv_tokens,
+                "worker_host_kv_tokens >= 0")
+        require(self.worker_page_size >= 1, "worker_page_size", self.worker_page_size, "worker_page_size >= 1")
+        require(self.worker_speedup > 0, "worker_speedup", self.worker_speedup, "worker_speedup > 0")
+        require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
+                "poll_interval_seconds > 0")
+        for url in self.worker_urls:
+            require(url.startswith(("http://", "https://")), "worker_url", url, "worker URLs start with http:// or https://")
+
+
+@dataclass
+class Cluster:
+    supervisor: Supervisor
+    workers: list[str] = field(default_factory=list)
+    capacity: Child | None = None
+
+    def endpoints(self) -> list[tuple[str, str]]:
+        rows = [(f"worker[{i}]", url) for i, url in enumerate(self.workers)]
+        for child in self.supervisor.children:
+            if child.spec.kind == "grpc":
+                rows.append((child.spec.name, child.endpoint))
+                if child.ready.get("metrics_port"):
+                    rows.append((f"{child.spec.name} /metrics", f"http://127.0.0.1:{child.ready['metrics_port']}/metrics"))
+        return rows
+
+    def stop(self) -> None:
+        self.supervisor.stop_all()
+
+
+def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
+    args = [
+        "--host", "127.0.0.1", "--port", "0",
+        "--served-model-name", config.model_name,
+        "--max-total-tokens", str(config.worker_kv_tokens),
+        "--page-size", str(config.worker_page_size),
+        "--speedup", str(config.worker_speedup),
+        "--timing-profile", config.worker_timing_profile,
+        "--seed", str(index),
+        "--enable-cache-report",
+    ]
+    if config.worker_host_kv_tokens:
+        # write_back keeps the host tier disjoint from the GPU pool, so the host figure is counted in full.
+        args += ["--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
+                 "--hicache-ratio", f"{config.worker_host_kv_tokens / config.worker_kv_tokens:.6f}"]
+    return ChildSpec(name=f"simworker-{index}", module="services.simworker", args=[*args, *config.extra_worker_args],
+                     kind="http")
+
+
+def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
+    args = ["--listen", "127.0.0.1:0", "--metrics-port", "0", "--log-level", config.log_level,
+            "--poll-interval-seconds", str(config.poll_interval_seconds)]
+    for url in worker_urls:
+        args += ["--worker-url", url]
+    return ChildSpec(name="capacity", module="services.capacity", args=args)
+
+
+def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:
+    """Start workers (unless real URLs are given), then the control plane; raise StartupError on failure."""
+    supervisor = supervisor or Supervisor(config.state_dir)
+    cluster = Cluster(supervisor)
+    try:
+        if config.worker_urls:
+            cluster.workers = list(config.worker_urls)
+        else:
+            started = supervisor.start_all([simworker_spec(config, i) for i in range(config.workers)])
+            cluster.workers = [child.endpoint for child in started]
+        (cluster.capacity,) = supervisor.start_all([capacity_spec(config, cluster.workers)])
+    except BaseException:
+        supervisor.stop_all()
+        raise
+    return cluster

@@ -1,0 +1,175 @@
+"""Start Bandmaster processes as children on loopback, wait until they serve, stop them with no orphans.
+
+Each child is started with `--ready-file`: once it serves it writes its bound ports there as JSON.
+Readiness is then confirmed the way a user would check it: `grpc.health.v1` SERVING for gRPC
+services, `GET /health` 200 for HTTP ones. Children get PR_SET_PDEATHSIG so that even a SIGKILL of
+the supervisor does not leave them running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+@dataclass
+class ChildSpec:
+    """How to start one child. `kind` says how readiness is checked: "grpc" or "http"."""
+
+    name: str
+    module: str
+    args: Sequence[str]
+    kind: str = "grpc"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Child:
+    spec: ChildSpec
+    process: subprocess.Popen
+    ready_file: Path
+    log_path: Path
+    ready: dict = field(default_factory=dict)
+
+    @property
+    def endpoint(self) -> str:
+        if self.spec.kind == "grpc":
+            return self.ready.get("grpc", "")
+        return f"http://127.0.0.1:{self.ready.get('port', 0)}"
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+class Supervisor:
+    """Owns the children of one `bandmaster up`."""
+
+    def __init__(self, state_dir: Path | None = None, python: str = sys.executable) -> None:
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="bandmaster-"))
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.python = python
+        self.children: list[Child] = []
+
+    def start(self, spec: ChildSpec) -> Child:
+        ready_file = self.state_dir / f"{spec.name}.ready.json"
+        ready_file.unlink(missing_ok=True)
+        log_path = self.state_dir / f"{spec.name}.log"
+        env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
+        cmd = [self.python, "-m", spec.module, *spec.args, "--ready-file", str(ready_file)]
+        with open(log_path, "ab") as log_fh:
+            process = subprocess.Popen(
+                cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=_die_with_parent, cwd=os.getcwd(),
+            )
+        child = Child(spec, process, ready_file, log_path)
+        self.children.append(child)
+        log.debug("started %s pid=%d: %s", spec.name, process.pid, " ".join(cmd))
+        return child
+
+    def wait_ready(self, child: Child, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if child.process.poll() is not None:
+                raise StartupError(
+                    f"{child.spec.name} exited with code {child.process.returncode} before serving:\n"
+                    + self.tail(child)
+                )
+            if child.ready_file.exists():
+                try:
+                    child.ready = json.loads(child.ready_file.read_text())
+                except (OSError, ValueError):
+                    child.ready = {}
+                if child.ready and self._probe(child):
+                    return
+            time.sleep(0.05)
+        raise StartupError(f"{child.spec.name} did not report SERVING within {timeout_s:.0f}s:\n" + self.tail(child))
+
+    def _probe(self, child: Child) -> bool:
+        if child.spec.kind == "grpc":
+            return grpc_serving(child.endpoint)
+        return http_ok(child.endpoint + "/health")
+
+    def tail(self, child: Child, lines: int = 20) -> str:
+        try:
+            text = child.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def start_all(self, specs: Sequence[ChildSpec], timeout_s: float = 60.0,
+                  on_ready: Callable[[Child], None] | None = None) -> list[Child]:
+        """Start `specs` together and wait for each; on any failure stop everything and raise."""
+        started = [self.start(spec) for spec in specs]
+        try:
+            for child in started:
+                self.wait_ready(child, timeout_s)
+                if on_ready is not None:
+                    on_ready(child)
+        except BaseException:
+            self.stop_all()
+            raise
+        return started
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every child (last started first), then SIGKILL what is left after `grace_s`."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in reversed(self.children):
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                child.process.wait(timeout=remaining)
+            except subprocess.TimeoutExpired:
+                log.warning("%s did not stop within %.0fs; killing it", child.spec.name, grace_s)
+                child.process.kill()
+                child.process.wait()
+        self.children.clear()
+
+    def failed(self) -> list[Child]:
+        return [c for c in self.children if c.process.poll() is not None]
+
+
+def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with grpc.insecure_channel(address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            return reply.status == health_pb2.HealthCheckResponse.SERVING
+    except grpc.RpcError:
+        return False
+
+
+def http_ok(url: str, timeout_s: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

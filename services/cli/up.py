@@ -1,0 +1,79 @@
+"""`bandmaster up`: the embedded local cluster, in the foreground until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from services.cli.cluster import ClusterConfig, start_cluster
+from services.cli.supervisor import StartupError
+from services.cli.table import render_table
+from services.common.logs import setup_logging
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: int = 2) -> None:
+    parser.add_argument("--workers", type=int, default=workers_default, help="simulated SGLang workers to start")
+    parser.add_argument("--worker-url", action="append", default=[], dest="worker_urls",
+                        help="a real SGLang server URL (repeatable); no simulated workers are started then")
+    parser.add_argument("--worker-kv-tokens", type=int, default=65_536, help="GPU KV pool of each simulated worker")
+    parser.add_argument("--worker-host-kv-tokens", type=int, default=0,
+                        help="HiCache host tier of each simulated worker, in tokens (0 = off)")
+    parser.add_argument("--worker-page-size", type=int, default=16)
+    parser.add_argument("--speedup", type=float, default=1.0, dest="worker_speedup",
+                        help="simulated workers run this many times faster than the real hardware")
+    parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile")
+    parser.add_argument("--model-name", default="bandmaster-sim")
+    parser.add_argument("--state-dir", type=Path, default=None, help="where child logs and ready files go")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
+    values = dict(
+        workers=args.workers, worker_urls=tuple(args.worker_urls), worker_kv_tokens=args.worker_kv_tokens,
+        worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
+        worker_speedup=args.worker_speedup, worker_timing_profile=args.worker_timing_profile,
+        model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
+    )
+    values.update(overrides)
+    return ClusterConfig(**values)
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("up", help="start the local cluster in the foreground (Ctrl-C stops it)")
+    add_cluster_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    config = cluster_config(args)
+    stop_requested = False
+
+    def request_stop(_signum, _frame) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    try:
+        cluster = start_cluster(config)
+    except StartupError as exc:
+        print(f"bandmaster up: {exc}", file=sys.stderr)
+        return 1
+    try:
+        print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
+        print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
+        while not stop_requested:
+            dead = cluster.supervisor.failed()
+            if dead:
+                names = ", ".join(f"{c.spec.name} (exit {c.process.returncode})" for c in dead)
+                print(f"bandmaster up: {names} stopped unexpectedly; stopping the cluster", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        cluster.stop()
+        print("Bandmaster stopped.", flush=True)
