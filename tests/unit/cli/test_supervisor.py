@@ -1,0 +1,79 @@
+"""The supervisor behind `bandmaster up`: readiness, failure reporting, and no orphans."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from services.cli.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); check its state.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_start_wait_ready_and_stop(tmp_path):
+    supervisor = Supervisor(tmp_path)
+    (child,) = supervisor.start_all([ChildSpec("fake", "tests.unit.cli.fake_service", [])], timeout_s=30)
+    assert grpc_serving(child.endpoint)
+    pid = child.process.pid
+    supervisor.stop_all(grace_s=5)
+    assert not alive(pid)
+    assert supervisor.children == []
+
+
+def test_child_that_exits_is_reported_with_its_log(tmp_path):
+    supervisor = Supervisor(tmp_path)
+    with pytest.raises(StartupError, match="(?s)exited with code 3.*refusing to start"):
+        supervisor.start_all([ChildSpec("bad", "tests.unit.cli.fake_service", ["--fail"])], timeout_s=30)
+    assert supervisor.children == []
+
+
+def test_children_die_when_the_supervisor_is_killed(tmp_path):
+    """Even SIGKILL of the supervising process leaves no orphan (PR_SET_PDEATHSIG)."""
+    pid_file = tmp_path / "child.pid"
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from services.cli.supervisor import ChildSpec, Supervisor
+        s = Supervisor(Path({str(tmp_path)!r}) / "state")
+        (c,) = s.start_all([ChildSpec("fake", "tests.unit.cli.fake_service", [])], timeout_s=30)
+        Path({str(pid_file)!r}).write_text(str(c.process.pid))
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        assert wait_until(pid_file.exists, 30), "supervisor did not start its child"
+        child_pid = int(pid_file.read_text())
+        assert alive(child_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert wait_until(lambda: not alive(child_pid), 10), "child outlived its supervisor"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
