@@ -1,0 +1,159 @@
+"""Plain data shared by the card parser, the registry and `recompute`.
+
+Everything here is immutable: the registry replaces a `WorkerState` on every change, so a
+snapshot of the registry is just a tuple of references that `recompute` can read without locks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Origin(enum.Enum):
+    FLAG = "flag"
+    CONFIG_FILE = "config_file"
+    RPC = "rpc"
+
+
+class Health(enum.Enum):
+    PENDING = "PENDING"        # registered, no successful poll yet
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"    # N failed polls in a row, or a card that cannot be trusted
+
+
+class RetentionSource(enum.Enum):
+    GPU_ONLY = "GPU_ONLY"
+    GPU_PLUS_HOST = "GPU_PLUS_HOST"
+
+
+class CardRejectReason(enum.Enum):
+    """Why a /server_info body yields no budget at all. The value is a metric label."""
+
+    MALFORMED_JSON = "malformed_json"
+    NOT_AN_OBJECT = "not_an_object"
+    MAX_TOTAL_NUM_TOKENS_MISSING = "max_total_num_tokens_missing"
+    MAX_TOTAL_NUM_TOKENS_INVALID = "max_total_num_tokens_invalid"
+    MAX_TOTAL_NUM_TOKENS_ABSURD = "max_total_num_tokens_absurd"
+    PAGE_SIZE_MISSING = "page_size_missing"
+    PAGE_SIZE_INVALID = "page_size_invalid"
+    PAGE_SIZE_ABSURD = "page_size_absurd"
+    DP_SIZE_INVALID = "dp_size_invalid"
+    DP_SIZE_ABSURD = "dp_size_absurd"
+
+
+class HostNotCounted(enum.Enum):
+    """Why a card with HiCache enabled still counts no host tokens (the budget is GPU only)."""
+
+    HOST_TOKENS_INVALID = "host_tokens_invalid"                 # reported but not a positive int
+    HOST_TOKENS_ABSURD = "host_tokens_absurd"
+    EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN = "explicit_size_without_bytes_per_token"
+    HICACHE_SIZE_INVALID = "hicache_size_invalid"
+    RATIO_INVALID = "ratio_invalid"
+    DCP_UNSUPPORTED = "dcp_unsupported"
+    MODEL_UNSUPPORTED = "model_unsupported"
+    WRITE_POLICY_MISSING = "write_policy_missing"
+    WRITE_POLICY_NOT_COUNTED = "write_policy_not_counted"      # write_through_selective or unknown
+    FULLY_MIRRORED = "fully_mirrored"                           # write_through with H <= D
+
+
+class PollFailureReason(enum.Enum):
+    """Why one poll of a worker failed. The value is a metric label."""
+
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"
+    HTTP_STATUS = "http_status"        # /server_info answered something other than 200 (or 404 twice)
+    HEALTH = "health"                  # /health answered non-200
+
+
+@dataclass(frozen=True)
+class Card:
+    """What we derived from one worker's /server_info. Token figures are per DP rank."""
+
+    gpu_kv_tokens: int                  # max_total_num_tokens rounded up to whole pages
+    device_tokens: int                  # max_total_num_tokens as reported (D in the HiCache rules)
+    page_size: int
+    host_kv_tokens: int                 # native HiCache host tokens that may be counted; 0 = none
+    host_not_counted: HostNotCounted | None
+    hierarchical_cache: bool
+    hicache_write_policy: str
+    hicache_storage_backend: str        # reported, never counted
+    dp_size: int
+    dp_attention: bool
+    max_running_requests: int           # per DP rank; 0 = not published
+    context_length: int                 # 0 = not published
+    model_name: str
+    version: str
+
+    def describe(self) -> str:
+        """Short human form for transition logs."""
+        host = f"+host {self.host_kv_tokens}" if self.host_kv_tokens else ""
+        return (f"gpu_kv_tokens={self.gpu_kv_tokens}{host} page_size={self.page_size} dp_size={self.dp_size} "
+                f"max_running_requests={self.max_running_requests} version={self.version or '?'}")
+
+
+@dataclass(frozen=True)
+class CardRejection:
+    reason: CardRejectReason
+    detail: str
+
+    def __str__(self) -> str:
+        return f"server_info: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Load:
+    """Advisory load from Heartbeat."""
+
+    num_running_reqs: int = 0
+    num_queue_reqs: int = 0
+    token_usage: float = 0.0
+    cache_hit_rate: float = 0.0
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """Figures a registrant said the worker has; 0 = no expectation."""
+
+    gpu_kv_tokens: int = 0
+    page_size: int = 0
+
+    def contradiction(self, card: Card) -> str:
+        """Empty when the card agrees, else why it does not."""
+        if self.gpu_kv_tokens and self.gpu_kv_tokens not in (card.gpu_kv_tokens, card.device_tokens):
+            return f"registration: expected_gpu_kv_tokens {self.gpu_kv_tokens} != polled {card.gpu_kv_tokens}"
+        if self.page_size and self.page_size != card.page_size:
+            return f"registration: expected_page_size {self.page_size} != polled {card.page_size}"
+        return ""
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """One worker as the registry knows it.
+
+    `consecutive_failures`, `last_success_wall`, `unhealthy_since` and `last_failure_detail`
+    are liveness bookkeeping: they change on polls without changing the snapshot version.
+    Everything else is externally visible and bumps the version when it changes.
+    """
+
+    worker_id: str
+    url: str
+    origin: Origin
+    registered_at: float                 # monotonic seconds
+    expectation: Expectation = Expectation()
+    health: Health = Health.PENDING
+    card: Card | None = None
+    rejection: CardRejection | None = None
+    mismatch: str = ""                   # contradiction between expectation and card
+    last_failure: PollFailureReason | None = None
+    load: Load = Load()
+    # liveness, not versioned:
+    consecutive_failures: int = 0
+    last_success_wall: float | None = None
+    unhealthy_since: float | None = None  # monotonic seconds
+    last_failure_detail: str = ""
+
+    def visible(self) -> tuple:
+        """The fields whose change is an externally visible change (bumps the version)."""
+        return (self.worker_id, self.url, self.origin, self.expectation, self.health, self.card,
+                self.rejection, self.mismatch, self.last_failure, self.load)
