@@ -1,0 +1,58 @@
+"""A dependency-free progress bar for terminals and CI logs."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+class ProgressBar:
+    """`done/total` with a bar, rate and ETA. Redraws in place on a TTY; on a pipe it prints a line
+    every `log_every_s` seconds so CI logs stay short."""
+
+    def __init__(self, total: int, label: str = "", *, stream: TextIO | None = None, width: int = 30,
+                 log_every_s: float = 5.0, clock=time.monotonic) -> None:
+        self.total = max(1, total)
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.log_every_s = log_every_s
+        self.clock = clock
+        self.done = 0
+        self.extra = ""
+        self._start = clock()
+        self._last_draw = -1e9
+        self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def advance(self, n: int = 1, extra: str | None = None) -> None:
+        self.done = min(self.total, self.done + n)
+        if extra is not None:
+            self.extra = extra
+        self._maybe_draw()
+
+    def _maybe_draw(self, force: bool = False) -> None:
+        now = self.clock()
+        interval = 0.1 if self._tty else self.log_every_s
+        if not force and now - self._last_draw < interval and self.done < self.total:
+            return
+        self._last_draw = now
+        self.stream.write(self.render(now) + ("\r" if self._tty and self.done < self.total else "\n"))
+        self.stream.flush()
+
+    def render(self, now: float | None = None) -> str:
+        now = self.clock() if now is None else now
+        elapsed = max(1e-9, now - self._start)
+        frac = self.done / self.total
+        filled = int(frac * self.width)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+        eta_text = f"{eta:5.0f}s" if eta != float("inf") else "    ?"
+        bar = "#" * filled + "-" * (self.width - filled)
+        return (f"{self.label} [{bar}] {self.done}/{self.total} {frac:4.0%} "
+                f"{elapsed:6.1f}s eta {eta_text} {self.extra}").rstrip()
+
+    def close(self) -> None:
+        self._maybe_draw(force=True)
+        if self._tty and self.done < self.total:
+            self.stream.write("\n")
