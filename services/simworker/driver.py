@@ -1,0 +1,173 @@
+"""The live loop: steps the engine in (scaled) real time and hands results to HTTP streams.
+
+Virtual time is wall-clock time since start multiplied by `speedup`, so a step that the
+timing model says takes `d` seconds occupies `d / speedup` wall seconds. One task runs
+
+    result = engine.step(now_v)
+    sleep until the wall time at which now_v + result.duration_s is reached
+    deliver result.outputs to per-request queues, result.kv_events to the publisher
+
+and parks on an event when the engine has no work; `submit` and `abort` wake it. Sleeping
+until an absolute deadline (rather than for `duration`) keeps the loop's own overhead from
+accumulating as extra latency. Nothing here logs per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable
+
+from services.simworker.core.api import Engine, EngineRequest, KvEvent, RequestOutput
+
+log = logging.getLogger(__name__)
+
+# A delivered item: the output and the virtual time at which it became visible.
+Delivery = tuple[RequestOutput, float]
+
+
+class DriverStopped(RuntimeError):
+    """The driver is not running (not started, stopped, or the engine failed)."""
+
+
+class EngineDriver:
+    def __init__(
+        self,
+        engine: Engine,
+        speedup: float,
+        *,
+        publish_kv_events: Callable[[float, tuple[KvEvent, ...]], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if speedup <= 0:
+            raise ValueError("speedup > 0")
+        self.engine = engine
+        self.speedup = speedup
+        self._publish = publish_kv_events
+        self._monotonic = monotonic
+        self._wall = wall
+        self._t0 = monotonic()
+        self._queues: dict[str, asyncio.Queue[Delivery]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.failure: BaseException | None = None
+        self.steps = 0
+
+    # -- time ---------------------------------------------------------------------------
+    def now(self) -> float:
+        """Current virtual time (seconds since the driver was created, times speedup)."""
+        return (self._monotonic() - self._t0) * self.speedup
+
+    def _wall_at(self, virtual_s: float) -> float:
+        return self._t0 + virtual_s / self.speedup
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="simworker-engine-loop")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.failure is None
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._fail_all("server shutting down")
+
+    # -- requests -------------------------------------------------------------------------
+    def submit(self, request: EngineRequest) -> asyncio.Queue[Delivery]:
+        """Queue `request`; its outputs arrive on the returned queue until one has finished=True.
+
+        Raises ValueError (from the engine) for a request that can never be served, and
+        KeyError when the rid is already in flight.
+        """
+        if not self.running:
+            raise DriverStopped(str(self.failure) if self.failure else "engine loop is not running")
+        if request.rid in self._queues:
+            raise KeyError(request.rid)
+        self.engine.submit(request, self.now())
+        queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._queues[request.rid] = queue
+        self._wake.set()
+        return queue
+
+    def abort(self, rid: str) -> bool:
+        """Ask the engine to abort `rid`; its queue still receives the finishing abort output."""
+        known = self.engine.abort(rid, self.now())
+        self._wake.set()
+        return known
+
+    def release(self, rid: str) -> None:
+        """The consumer is gone: abort the request if it is still in flight and drop its queue."""
+        if self._queues.pop(rid, None) is not None:
+            self.engine.abort(rid, self.now())
+            self._wake.set()
+
+    def finish(self, rid: str) -> None:
+        """The consumer saw the final output; forget the queue (no abort)."""
+        self._queues.pop(rid, None)
+
+    def in_flight(self) -> list[str]:
+        return list(self._queues)
+
+    # -- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        engine = self.engine
+        queues = self._queues
+        try:
+            while True:
+                self._wake.clear()
+                if not engine.has_work():
+                    await self._wake.wait()
+                    continue
+                start_v = self.now()
+                result = engine.step(start_v)
+                self.steps += 1
+                end_v = start_v + result.duration_s
+                if result.duration_s > 0:
+                    delay = self._wall_at(end_v) - self._monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    else:
+                        await asyncio.sleep(0)
+                elif not result.outputs and not result.kv_events:
+                    # Work that cannot progress right now: wait for a submit/abort, but
+                    # look again soon in case the engine is waiting on time alone.
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                for output in result.outputs:
+                    queue = queues.get(output.rid)
+                    if queue is not None:
+                        queue.put_nowait((output, end_v))
+                        if output.finished:
+                            # The consumer may still be draining; it has the queue object.
+                            del queues[output.rid]
+                if result.kv_events and self._publish is not None:
+                    self._publish(self._wall(), result.kv_events)
+                if result.duration_s <= 0:
+                    await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the engine broke: fail every request, report unhealthy
+            self.failure = exc
+            log.exception("simworker engine loop failed; failing %d in-flight requests", len(queues))
+            self._fail_all(f"engine failure: {exc}")
+
+    def _fail_all(self, message: str) -> None:
+        now_v = self.now()
+        for rid, queue in list(self._queues.items()):
+            queue.put_nowait((RequestOutput(rid=rid, new_token_ids=(), prompt_tokens=0, completion_tokens=0,
+                                            cached_tokens=0, finished=True,
+                                            finish_reason={"type": "abort", "message": message}), now_v))
+        self._queues.clear()

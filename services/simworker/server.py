@@ -1,0 +1,187 @@
+"""Composition root of the simworker: engine + driver + HTTP API + KV-event publisher.
+
+`start_simworker(config)` runs everything on the current event loop and returns a
+`RunningSimWorker` (`.port`, `.url`, `.engine`, `await .stop()`); `__main__` and in-process
+tests use the same function. Shutdown order: health -> 503, stop accepting, abort what is in
+flight, stop the engine loop, close the publisher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from aiohttp import web
+
+from services.simworker.config import SimWorkerConfig
+from services.simworker.core.api import AllBlocksCleared, Engine, EngineConfig
+from services.simworker.core.timing import TimingProfile, load_profile
+from services.simworker.driver import EngineDriver
+from services.simworker.http_api import SimWorkerApi, Tokenizer
+from services.simworker.kv_events import KvEventPublisher
+from services.simworker.metrics import SimWorkerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class CoreTokenizer:
+    """The engine core's tokenizer module behind the `Tokenizer` protocol."""
+
+    def __init__(self) -> None:
+        from services.simworker.core import tokenizer
+
+        self._module = tokenizer
+        self.eos_token_id: int = tokenizer.EOS_TOKEN_ID
+
+    def encode(self, text: str) -> list[int]:
+        return self._module.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._module.decode(ids)
+
+
+def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineConfig:
+    return EngineConfig(
+        max_total_tokens=config.max_total_tokens,
+        page_size=config.page_size,
+        max_running_requests=config.max_running_requests,
+        chunked_prefill_size=config.chunked_prefill_size,
+        context_length=config.context_length,
+        enable_hierarchical_cache=config.enable_hierarchical_cache,
+        hicache_ratio=config.hicache_ratio,
+        hicache_size_tokens=config.hicache_size_tokens(kv_bytes_per_token),
+        hicache_write_policy=config.hicache_write_policy,  # type: ignore[arg-type]
+        enable_priority_scheduling=config.enable_priority_scheduling,
+        schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+        seed=config.seed,
+    )
+
+
+def build_engine(config: SimWorkerConfig) -> tuple[Engine, TimingProfile]:
+    """The real engine for `config` and its timing profile."""
+    from services.simworker.core.engine import SimEngine
+
+    profile = load_profile(config.timing_profile, dict(config.timing_overrides) or None)
+    return SimEngine(engine_config(config, profile.kv_bytes_per_token), profile), profile
+
+
+def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: float) -> int:
+    """HiCache host pool in tokens: --hicache-size GB if given, else ratio x GPU pool (SGLang's rule)."""
+    if not config.enable_hierarchical_cache:
+        return 0
+    by_size = config.hicache_size_tokens(kv_bytes_per_token)
+    return by_size if by_size > 0 else int(config.max_total_tokens * config.hicache_ratio)
+
+
+def write_ready_file(path: str, payload: dict[str, Any]) -> None:
+    """Write JSON atomically: a temp file in the same directory, then rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".ready-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@dataclass
+class RunningSimWorker:
+    config: SimWorkerConfig
+    port: int
+    engine: Engine
+    driver: EngineDriver
+    api: SimWorkerApi
+    runner: web.AppRunner
+    publisher: KvEventPublisher | None
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.port}"
+
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        return self.publisher.endpoint if self.publisher else None
+
+    async def stop(self) -> None:
+        """Graceful stop; safe to call twice."""
+        if self.api.state == "stopped":
+            return
+        self.api.state = "shutting_down"
+        for rid in self.driver.in_flight():
+            self.driver.abort(rid)
+        await self.driver.stop()
+        await self.runner.cleanup()
+        if self.publisher is not None:
+            await self.publisher.close()
+        self.api.state = "stopped"
+        log.info("simworker stopped (port %d)", self.port)
+
+
+async def start_simworker(
+    config: SimWorkerConfig,
+    *,
+    engine: Engine | None = None,
+    tokenizer: Tokenizer | None = None,
+    profile: TimingProfile | None = None,
+) -> RunningSimWorker:
+    """Start a simworker on the running loop.
+
+    `engine` and `tokenizer` default to the core's SimEngine and tokenizer; a caller that
+    passes its own engine may pass the `profile` it was built with (for kv_bytes_per_token
+    and the frontend latency), else the configured profile is loaded.
+    """
+    if engine is None:
+        engine, profile = build_engine(config)
+    elif profile is None:
+        profile = load_profile(config.timing_profile, dict(config.timing_overrides) or None)
+    kv_bytes = profile.kv_bytes_per_token
+    tokenizer = tokenizer or CoreTokenizer()
+    publisher = KvEventPublisher(config.kv_events) if config.kv_events is not None else None
+    try:
+        if publisher is not None:
+            await publisher.start()
+        driver = EngineDriver(engine, config.speedup, publish_kv_events=publisher.publish if publisher else None)
+        metrics = SimWorkerMetrics(engine.stats, config.served_model_name)
+
+        def on_flushed() -> None:
+            if publisher is not None:
+                publisher.publish(time.time(), (AllBlocksCleared(),))
+
+        api = SimWorkerApi(config, driver, tokenizer, metrics, kv_bytes_per_token=kv_bytes,
+                           host_total_tokens=host_total_tokens(config, kv_bytes), on_cache_flushed=on_flushed,
+                           frontend_s=profile.frontend_s)
+        # handler_cancellation: a client that disconnects cancels its handler, whose
+        # `finally` aborts the engine request (SGLang aborts on disconnect too).
+        runner = web.AppRunner(api.build_app(), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
+        await site.start()
+    except BaseException:
+        if publisher is not None:
+            await publisher.close()
+        raise
+    port = runner.addresses[0][1]
+    driver.start()
+    api.state = "ready"
+    worker = RunningSimWorker(config=config, port=port, engine=engine, driver=driver, api=api, runner=runner,
+                              publisher=publisher)
+    if config.ready_file:
+        write_ready_file(config.ready_file, {"port": port, "pid": os.getpid(), "url": worker.url,
+                                             "kv_events_endpoint": worker.kv_events_endpoint})
+    log.info("simworker serving %s on %s (profile %s, speedup %g, KV %d tokens, page %d)",
+             config.served_model_name, worker.url, config.timing_profile, config.speedup,
+             config.max_total_tokens, config.page_size)
+    return worker
