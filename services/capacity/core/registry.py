@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from services.common.errors import ConfigError
+from services.capacity.core.errors import AlreadyExists
 from services.capacity.core.state import (
     Card,
     CardRejection,
@@ -52,14 +53,14 @@ class RegistrySettings:
                               "remove_unhealthy_after_seconds >= 0 (0 = never)")
 
 
-class WorkerIdTaken(Exception):
+class WorkerIdTaken(AlreadyExists):
     """The id is registered with another URL."""
 
     def __init__(self, worker_id: str, url: str) -> None:
         super().__init__(f"worker_id {worker_id!r} is already registered with url {url}")
 
 
-class UrlTaken(Exception):
+class UrlTaken(AlreadyExists):
     """The URL is registered under another id (two ids for one server would count it twice)."""
 
     def __init__(self, url: str, worker_id: str) -> None:

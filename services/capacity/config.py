@@ -1,0 +1,210 @@
+"""Capacity service configuration: flags > BANDMASTER_CAPACITY_* environment > defaults.
+
+`load_config(argv, env)` is the one mapping function; `CapacityConfig.__post_init__` checks the
+relations and raises `ConfigError` naming the rule. A config file (TOML) lists static workers:
+
+    [[workers]]
+    url = "http://10.0.0.5:30000"
+    id = "gpu-a"                       # optional; default host:port
+    expected_gpu_kv_tokens = 416864    # optional; a contradiction with /server_info excludes it
+    expected_page_size = 16            # optional
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
+from services.common.errors import ConfigError
+from services.capacity.core.state import Expectation, Origin
+
+ENV_PREFIX = "BANDMASTER_CAPACITY"
+PROG = "python -m services.capacity"
+_WORKER_KEYS = {"url", "id", "expected_gpu_kv_tokens", "expected_page_size"}
+MAX_WORKER_ID_LENGTH = 128
+
+
+def _env(name: str) -> str:
+    return f"{ENV_PREFIX}_{name.upper()}"
+
+
+SETTINGS: list[Setting] = [
+    Setting("worker_url", str, (), "SGLang worker base URL http(s)://host:port (repeatable)",
+            env=_env("worker_urls"), repeated=True),
+    Setting("config_file", str, "", "TOML file with [[workers]] url=..., id=... entries", env=_env("config_file")),
+    Setting("poll_interval_seconds", float, 5.0, "seconds between polls of each worker's /server_info and /health",
+            env=_env("poll_interval_seconds")),
+    Setting("poll_timeout_seconds", float, 2.0, "deadline of each poll request", env=_env("poll_timeout_seconds")),
+    Setting("unhealthy_after_failures", int, 3, "consecutive failed polls that make a worker UNHEALTHY",
+            env=_env("unhealthy_after_failures")),
+    Setting("remove_unhealthy_after_seconds", float, 300.0,
+            "remove an RPC-registered worker UNHEALTHY this long (0 = never; flag/config workers are kept)",
+            env=_env("remove_unhealthy_after_seconds")),
+    Setting("watch_heartbeat_seconds", float, 10.0, "WatchWorkers sends a heartbeat snapshot after this much quiet",
+            env=_env("watch_heartbeat_seconds")),
+    Setting("cap_host_at_gpu", bool, False,
+            "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
+            env=_env("cap_host_at_gpu")),
+    Setting("card_cache_size", int, 4096, "parsed /server_info bodies kept (LRU)", env=_env("card_cache_size")),
+    *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
+]
+
+
+def validate_worker_url(url: str) -> str:
+    """Canonical http(s)://host:port[/prefix] without a trailing slash; ValueError says what is wrong."""
+    if not isinstance(url, str) or not url.strip():
+        raise ValueError("url is required")
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"url {text!r}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"url {text!r}: scheme must be http or https")
+    if not parts.hostname:
+        raise ValueError(f"url {text!r}: host is required")
+    if port is None or port == 0:
+        raise ValueError(f"url {text!r}: an explicit non-zero port is required")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"url {text!r}: no query, fragment or credentials allowed")
+    return text.rstrip("/")
+
+
+def worker_id_for(url: str) -> str:
+    """The id a worker gets when none is given: host:port of its URL."""
+    return urlsplit(url).netloc
+
+
+def validate_worker_id(worker_id: str) -> str:
+    if not worker_id or len(worker_id) > MAX_WORKER_ID_LENGTH or not worker_id.isprintable() \
+            or any(c.isspace() for c in worker_id):
+        raise ValueError(f"worker_id {worker_id!r} must be 1..{MAX_WORKER_ID_LENGTH} printable characters "
+                         "without spaces")
+    return worker_id
+
+
+@dataclass(frozen=True)
+class StaticWorker:
+    """A worker named by a flag or the config file."""
+
+    worker_id: str
+    url: str
+    origin: Origin
+    expectation: Expectation = Expectation()
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    workers: tuple[StaticWorker, ...] = ()
+    """Static workers from --worker-url and the config file, in that order."""
+    poll_interval_seconds: float = 5.0
+    """Seconds between poll rounds."""
+    poll_timeout_seconds: float = 2.0
+    """Deadline of each HTTP call of a poll; must fit in one interval."""
+    unhealthy_after_failures: int = 3
+    remove_unhealthy_after_seconds: float = 300.0
+    """0 = never remove."""
+    watch_heartbeat_seconds: float = 10.0
+    """A watcher that has received nothing for this long gets a heartbeat snapshot."""
+    cap_host_at_gpu: bool = False
+    """[LATEST] cap: count at most G host tokens per replica."""
+    card_cache_size: int = 4096
+    listen: str = "127.0.0.1:50051"
+    metrics_port: int = 9101
+    log_level: str = "INFO"
+    shutdown_grace_seconds: float = 5.0
+    ready_file: str = ""
+
+    def __post_init__(self) -> None:
+        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+        require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
+                "poll_interval_seconds > 0")
+        require(self.poll_timeout_seconds > 0, "poll_timeout_seconds", self.poll_timeout_seconds,
+                "poll_timeout_seconds > 0")
+        require(self.poll_timeout_seconds <= self.poll_interval_seconds, "poll_timeout_seconds",
+                self.poll_timeout_seconds, "poll_timeout_seconds <= poll_interval_seconds (one poll per interval)")
+        require(self.unhealthy_after_failures >= 1, "unhealthy_after_failures", self.unhealthy_after_failures,
+                "unhealthy_after_failures >= 1")
+        require(self.remove_unhealthy_after_seconds >= 0, "remove_unhealthy_after_seconds",
+                self.remove_unhealthy_after_seconds, "remove_unhealthy_after_seconds >= 0 (0 = never)")
+        require(self.watch_heartbeat_seconds > 0, "watch_heartbeat_seconds", self.watch_heartbeat_seconds,
+                "watch_heartbeat_seconds > 0")
+        require(self.card_cache_size >= 1, "card_cache_size", self.card_cache_size, "card_cache_size >= 1")
+        ids: dict[str, str] = {}
+        urls: dict[str, str] = {}
+        for w in self.workers:
+            require(w.worker_id not in ids, "workers", w.worker_id,
+                    f"worker ids must be unique (id {w.worker_id!r} names {ids.get(w.worker_id)} and {w.url})")
+            require(w.url not in urls, "workers", w.url,
+                    f"worker urls must be unique (url {w.url} is both {urls.get(w.url)!r} and {w.worker_id!r})")
+            ids[w.worker_id] = w.url
+            urls[w.url] = w.worker_id
+
+
+def _file_int(value: Any, field_name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(field_name, value, "must be an integer >= 0")
+    return value
+
+
+def read_config_file(path: str) -> tuple[StaticWorker, ...]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError("config_file", path, f"cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config_file", path, f"invalid TOML: {exc}") from None
+    unknown = set(data) - {"workers"}
+    if unknown:
+        raise ConfigError("config_file", sorted(unknown), "unknown top-level keys (only [[workers]] is allowed)")
+    entries = data.get("workers", [])
+    if not isinstance(entries, list):
+        raise ConfigError("config_file.workers", entries, "must be an array of tables ([[workers]])")
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"config_file.workers[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(where, entry, "must be a table")
+        extra = set(entry) - _WORKER_KEYS
+        if extra:
+            raise ConfigError(where, sorted(extra), f"unknown keys (allowed: {', '.join(sorted(_WORKER_KEYS))})")
+        try:
+            url = validate_worker_url(entry.get("url", ""))
+        except ValueError as exc:
+            raise ConfigError(f"{where}.url", entry.get("url"), str(exc)) from None
+        worker_id = entry.get("id", worker_id_for(url))
+        if not isinstance(worker_id, str):
+            raise ConfigError(f"{where}.id", worker_id, "must be a string")
+        try:
+            validate_worker_id(worker_id)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.id", worker_id, str(exc)) from None
+        expectation = Expectation(
+            gpu_kv_tokens=_file_int(entry.get("expected_gpu_kv_tokens", 0), f"{where}.expected_gpu_kv_tokens"),
+            page_size=_file_int(entry.get("expected_page_size", 0), f"{where}.expected_page_size"),
+        )
+        out.append(StaticWorker(worker_id, url, Origin.CONFIG_FILE, expectation))
+    return tuple(out)
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
+    """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
+    values = parse_settings(SETTINGS, argv, env, prog=PROG,
+                            description="Bandmaster capacity service: worker registry and retention budgets")
+    workers: list[StaticWorker] = []
+    for url in values.pop("worker_url"):
+        try:
+            canonical = validate_worker_url(url)
+        except ValueError as exc:
+            raise ConfigError("worker_url", url, str(exc)) from None
+        workers.append(StaticWorker(worker_id_for(canonical), canonical, Origin.FLAG))
+    config_file = values.pop("config_file")
+    if config_file:
+        workers.extend(read_config_file(config_file))
+    return CapacityConfig(workers=tuple(workers), **values)

@@ -1,0 +1,254 @@
+"""The async shell around the pure registry: polling, recompute/publish, and watcher fan-out.
+
+One event loop owns everything, so no locks: RPC handlers and poll completions mutate the
+registry and set `_dirty`; the publisher task recomputes from a fresh snapshot, and when the
+registry version moved, builds one protobuf snapshot and hands the same object to every
+watcher's one-slot mailbox (a slow watcher only ever holds the latest snapshot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from opentelemetry import trace
+
+from bandmaster.capacity.v1 import capacity_pb2 as pb
+from services.capacity.adapters.poller import SglangPoller
+from services.capacity.adapters.proto import snapshot_to_proto
+from services.capacity.core.cards import CapacityView, RetentionSettings, recompute
+from services.capacity.core.registry import PollFailed, PollOk, PollResult, Registry, Transition, TransitionKind
+from services.capacity.core.state import CardRejection, Expectation, Load, Origin, WorkerState
+from services.capacity.metrics import CapacityMetrics
+from services.common.clock import Clock
+
+log = logging.getLogger("services.capacity")
+
+
+class Mailbox:
+    """One watcher's slot: only the newest snapshot is kept."""
+
+    __slots__ = ("latest", "event", "closed")
+
+    def __init__(self) -> None:
+        self.latest: pb.WorkersSnapshot | None = None
+        self.event = asyncio.Event()
+        self.closed = False
+
+    def put(self, snapshot: pb.WorkersSnapshot) -> None:
+        self.latest = snapshot
+        self.event.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.event.set()
+
+
+class CapacityRuntime:
+    def __init__(self, *, registry: Registry, retention: RetentionSettings, poller: SglangPoller, clock: Clock,
+                 metrics: CapacityMetrics, tracer: trace.Tracer, poll_interval_s: float,
+                 heartbeat_interval_s: float) -> None:
+        self.registry = registry
+        self.retention = retention
+        self.poller = poller
+        self.clock = clock
+        self.metrics = metrics
+        self.tracer = tracer
+        self.poll_interval_s = poll_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._mailboxes: set[Mailbox] = set()
+        self._dirty = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._polls: dict[str, asyncio.Task] = {}   # in-flight poll per worker_id
+        self._published: pb.WorkersSnapshot | None = None
+        self._published_version = -1
+        self._heartbeat: pb.WorkersSnapshot | None = None
+        self._heartbeat_built_at = 0.0
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        await self.poller.start()
+        self.publish()
+        self._tasks = [asyncio.create_task(self._poll_loop(), name="capacity-poll"),
+                       asyncio.create_task(self._publish_loop(), name="capacity-publish")]
+
+    async def stop(self) -> None:
+        """Stop loops and polls, end every watch stream. Safe to call twice."""
+        self._stopping.set()
+        self._dirty.set()
+        for mailbox in list(self._mailboxes):
+            mailbox.close()
+        tasks = [*self._tasks, *self._polls.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks = []
+        self._polls.clear()
+        await self.poller.close()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # --- operations used by the servicer ---
+
+    def add_worker(self, worker_id: str, url: str, origin: Origin,
+                   expectation: Expectation = Expectation()) -> WorkerState:
+        state, transitions = self.registry.add(worker_id, url, origin, self.clock.monotonic(), expectation)
+        self._log(transitions)
+        if transitions or self.registry.version != self._published_version:
+            self.publish()
+        if self._tasks and state.worker_id not in self._polls and state.card is None:
+            # A new worker should not wait a whole interval for its first card.
+            self._spawn_poll(state)
+        return state
+
+    def remove_worker(self, worker_id: str) -> bool:
+        state = self.registry.get(worker_id)
+        transitions = self.registry.remove(worker_id)
+        if not transitions:
+            return False
+        assert state is not None
+        self.poller.forget(state.url)
+        poll = self._polls.pop(worker_id, None)
+        if poll is not None:
+            poll.cancel()
+        self._log(transitions)
+        self.publish()
+        return True
+
+    def set_load(self, worker_id: str, load: Load) -> bool:
+        before = self.registry.version
+        known = self.registry.set_load(worker_id, load)
+        if self.registry.version != before:
+            self._dirty.set()  # coalesced: a storm of heartbeats costs one recompute per loop turn
+        return known
+
+    def current(self) -> pb.WorkersSnapshot:
+        """The latest published snapshot, publishing first if the registry moved on."""
+        if self.registry.version != self._published_version or self._published is None:
+            self.publish()
+        assert self._published is not None
+        return self._published
+
+    def fresh(self, heartbeat: bool = False) -> pb.WorkersSnapshot:
+        """The current version rebuilt now, so liveness fields (last_success, failures) are fresh."""
+        view = recompute(self.retention, self.registry.snapshot())
+        return snapshot_to_proto(view, self.registry.version, self.clock.wall(), heartbeat=heartbeat)
+
+    def heartbeat_snapshot(self) -> pb.WorkersSnapshot:
+        """Shared by all watchers whose heartbeat fires within the same half interval."""
+        now = time.monotonic()
+        if self._heartbeat is None or self._heartbeat.version != self.registry.version \
+                or now - self._heartbeat_built_at > self.heartbeat_interval_s / 2:
+            self.current()
+            self._heartbeat = self.fresh(heartbeat=True)
+            self._heartbeat_built_at = now
+        return self._heartbeat
+
+    def subscribe(self) -> Mailbox:
+        mailbox = Mailbox()
+        if self.stopping:
+            mailbox.close()
+        self._mailboxes.add(mailbox)
+        self.metrics.watchers.set(len(self._mailboxes))
+        return mailbox
+
+    def unsubscribe(self, mailbox: Mailbox) -> None:
+        self._mailboxes.discard(mailbox)
+        self.metrics.watchers.set(len(self._mailboxes))
+
+    # --- recompute and publish ---
+
+    def publish(self) -> CapacityView:
+        """Recompute from a fresh registry snapshot; hand a new snapshot to watchers if the version moved."""
+        started = time.perf_counter()
+        version = self.registry.version
+        with self.tracer.start_as_current_span("capacity.recompute") as span:
+            view = recompute(self.retention, self.registry.snapshot())
+            changed = version != self._published_version
+            if changed:
+                self._published = snapshot_to_proto(view, version, self.clock.wall())
+                self._published_version = version
+                self.metrics.observe_view(view, version)
+            span.set_attribute("capacity.version", version)
+            span.set_attribute("capacity.changed", changed)
+            span.set_attribute("capacity.workers", len(view.workers))
+            span.set_attribute("capacity.replicas", view.replica_count)
+            span.set_attribute("capacity.total_retention_tokens", view.total_retention_tokens)
+        self.metrics.recompute_seconds.observe(time.perf_counter() - started)
+        if changed:
+            assert self._published is not None
+            for mailbox in self._mailboxes:
+                mailbox.put(self._published)
+        return view
+
+    async def _publish_loop(self) -> None:
+        while not self.stopping:
+            await self._dirty.wait()
+            self._dirty.clear()
+            if self.stopping:
+                return
+            if self.registry.version != self._published_version:
+                self.publish()
+            # Let queued RPCs and poll completions land before the next recompute.
+            await asyncio.sleep(0)
+
+    # --- polling ---
+
+    async def _poll_loop(self) -> None:
+        while not self.stopping:
+            started = time.monotonic()
+            states = [s for s in self.registry.snapshot() if s.worker_id not in self._polls]
+            polls = [self._spawn_poll(s) for s in states]
+            if polls:
+                await asyncio.gather(*polls, return_exceptions=True)
+            self._log(self.registry.expire(self.clock.monotonic()))
+            self._dirty.set()
+            delay = self.poll_interval_s - (time.monotonic() - started)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=max(delay, 0.0))
+            except TimeoutError:
+                pass
+
+    def _spawn_poll(self, state: WorkerState) -> asyncio.Task:
+        task = asyncio.create_task(self._poll_one(state.worker_id, state.url), name=f"poll-{state.worker_id}")
+        self._polls[state.worker_id] = task
+        task.add_done_callback(lambda t, wid=state.worker_id: self._poll_done(wid, t))
+        return task
+
+    def _poll_done(self, worker_id: str, task: asyncio.Task) -> None:
+        if self._polls.get(worker_id) is task:
+            del self._polls[worker_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("poll of worker %s crashed", worker_id, exc_info=task.exception())
+
+    async def _poll_one(self, worker_id: str, url: str) -> None:
+        result = await self.poller.poll(url)
+        self.apply(worker_id, url, result)
+
+    def apply(self, worker_id: str, url: str, result: PollResult) -> None:
+        state = self.registry.get(worker_id)
+        if state is None or state.url != url:
+            return  # deregistered (or re-registered elsewhere) while the poll was in flight
+        if isinstance(result, PollFailed):
+            self.metrics.poll_failures.labels(result.reason.value).inc()
+            log.debug("poll of %s failed: %s %s", worker_id, result.reason.value, result.detail)
+        transitions = self.registry.apply_poll(worker_id, result, self.clock.monotonic(), self.clock.wall())
+        if isinstance(result, PollOk) and isinstance(result.card, CardRejection) and any(
+                t.kind is TransitionKind.CARD_REJECTED for t in transitions):
+            self.metrics.card_rejections.labels(result.card.reason.value).inc()
+        self._log(transitions)
+        self._dirty.set()
+
+    @staticmethod
+    def _log(transitions: list[Transition]) -> None:
+        for t in transitions:
+            if t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY" or t.kind in (
+                    TransitionKind.CARD_REJECTED, TransitionKind.MISMATCH):
+                log.warning("%s", t.message())
+            else:
+                log.info("%s", t.message())

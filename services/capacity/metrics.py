@@ -1,0 +1,47 @@
+"""Prometheus metrics of the capacity service, on the ServiceHost's per-instance registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.capacity.core.cards import CapacityView
+from services.capacity.core.state import Health
+
+
+class CapacityMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.workers = Gauge("bandmaster_capacity_workers", "Registered workers by health", ["health"],
+                             registry=registry)
+        self.retention_tokens = Gauge(
+            "bandmaster_capacity_replica_retention_tokens",
+            "Retention budget per replica (worker_id, dp_rank) and where the figure comes from",
+            ["worker_id", "dp_rank", "source"], registry=registry)
+        self.total_retention_tokens = Gauge("bandmaster_capacity_total_retention_tokens",
+                                            "Retention budget over HEALTHY replicas", registry=registry)
+        self.poll_failures = Counter("bandmaster_capacity_poll_failures_total", "Failed polls by reason",
+                                     ["reason"], registry=registry)
+        self.card_rejections = Counter("bandmaster_capacity_card_rejections_total",
+                                       "Transitions to a rejected /server_info card, by reason", ["reason"],
+                                       registry=registry)
+        self.recompute_seconds = Histogram(
+            "bandmaster_capacity_recompute_seconds", "Time to recompute the view and build the snapshot",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=registry)
+        self.watchers = Gauge("bandmaster_capacity_watchers", "Open WatchWorkers streams", registry=registry)
+        self.version = Gauge("bandmaster_capacity_snapshot_version", "Version of the latest snapshot",
+                             registry=registry)
+        for health in Health:
+            self.workers.labels(health.value)
+
+    def observe_view(self, view: CapacityView, version: int) -> None:
+        counts = {h: 0 for h in Health}
+        for w in view.workers:
+            counts[w.state.health] += 1
+        for health, n in counts.items():
+            self.workers.labels(health.value).set(n)
+        # Replace the whole family: removed workers must not linger as stale series.
+        self.retention_tokens.clear()
+        for w in view.workers:
+            for r in w.replicas:
+                self.retention_tokens.labels(r.worker_id, str(r.dp_rank), r.source.value).set(r.retention_tokens)
+        self.total_retention_tokens.set(view.total_retention_tokens)
+        self.version.set(version)

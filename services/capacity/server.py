@@ -1,0 +1,74 @@
+"""Composition root: config -> registry, poller, runtime, servicer, ServiceHost."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from opentelemetry import trace
+
+from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
+from services.capacity.adapters.poller import SglangPoller
+from services.capacity.config import CapacityConfig
+from services.capacity.core.cards import CardCache, RetentionSettings
+from services.capacity.core.registry import Registry, RegistrySettings
+from services.capacity.loop import CapacityRuntime
+from services.capacity.metrics import CapacityMetrics
+from services.capacity.servicer import SERVICE_NAME, CapacityServicer
+from services.common.clock import Clock, SystemClock
+from services.common.grpc_server import ServiceHost
+from services.common.telemetry import Telemetry
+
+log = logging.getLogger("services.capacity")
+
+
+@dataclass
+class RunningCapacity:
+    host: ServiceHost
+    runtime: CapacityRuntime
+    config: CapacityConfig
+
+    @property
+    def address(self) -> str:
+        return self.host.address
+
+    async def stop(self) -> None:
+        await self.host.stop()
+
+
+async def start_capacity(config: CapacityConfig, *, telemetry: Telemetry | None = None,
+                         clock: Clock | None = None) -> RunningCapacity:
+    """Build and start the service; returns once it serves gRPC and polls its workers."""
+    clock = clock or SystemClock()
+    host = ServiceHost("capacity", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
+                       shutdown_grace_seconds=config.shutdown_grace_seconds)
+    tracer = telemetry.tracer("services.capacity") if telemetry else trace.get_tracer("services.capacity")
+    registry = Registry(RegistrySettings(unhealthy_after_failures=config.unhealthy_after_failures,
+                                         remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds))
+    cache = CardCache(config.card_cache_size)
+    runtime = CapacityRuntime(
+        registry=registry,
+        retention=RetentionSettings(cap_host_at_gpu=config.cap_host_at_gpu),
+        poller=SglangPoller(config.poll_timeout_seconds, cache),
+        clock=clock,
+        metrics=CapacityMetrics(host.registry),
+        tracer=tracer,
+        poll_interval_s=config.poll_interval_seconds,
+        heartbeat_interval_s=config.watch_heartbeat_seconds,
+    )
+    for worker in config.workers:
+        runtime.add_worker(worker.worker_id, worker.url, worker.origin, worker.expectation)
+    pb_grpc.add_CapacityServicer_to_server(CapacityServicer(runtime), host.server)
+    host.add_service(SERVICE_NAME)
+    host.on_stop(runtime.stop)
+    await runtime.start()
+    try:
+        await host.start()
+    except BaseException:
+        await runtime.stop()
+        raise
+    if config.cap_host_at_gpu:
+        log.info("host credit capped at the GPU pool per replica (--cap-host-at-gpu)")
+    log.info("capacity: %d static workers, polling every %gs", len(config.workers), config.poll_interval_seconds)
+    host.write_ready_file(config.ready_file)
+    return RunningCapacity(host, runtime, config)

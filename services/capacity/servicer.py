@@ -1,0 +1,103 @@
+"""The gRPC edge of the capacity service. Thin: validate, call the runtime, map errors.
+
+Domain errors map to status codes in `_status` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+import grpc
+
+from bandmaster.capacity.v1 import capacity_pb2 as pb
+from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
+from services.capacity.adapters.proto import expectation_from_proto, load_from_proto, worker_to_proto
+from services.capacity.config import validate_worker_id, validate_worker_url, worker_id_for
+from services.capacity.core.cards import recompute
+from services.capacity.core.errors import AlreadyExists, InvalidArgument
+from services.capacity.core.state import Origin
+from services.capacity.loop import CapacityRuntime
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Capacity"].full_name
+
+
+def _status(exc: Exception) -> grpc.StatusCode:
+    """The one mapping from domain errors to gRPC codes."""
+    if isinstance(exc, (InvalidArgument, ValueError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, AlreadyExists):
+        return grpc.StatusCode.ALREADY_EXISTS
+    return grpc.StatusCode.INTERNAL
+
+
+@contextlib.asynccontextmanager
+async def _domain_errors(context: grpc.aio.ServicerContext):
+    try:
+        yield
+    except (InvalidArgument, ValueError, AlreadyExists) as exc:
+        await context.abort(_status(exc), str(exc))
+
+
+class CapacityServicer(pb_grpc.CapacityServicer):
+    def __init__(self, runtime: CapacityRuntime) -> None:
+        self.runtime = runtime
+
+    async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
+                             context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
+        async with _domain_errors(context):
+            url = validate_worker_url(request.url)
+            worker_id = validate_worker_id(request.worker_id or worker_id_for(url))
+            expectation = expectation_from_proto(request)
+            state = self.runtime.add_worker(worker_id, url, Origin.RPC, expectation)
+            view = next(w for w in recompute(self.runtime.retention, [state]).workers)
+            return pb.RegisterWorkerResponse(worker=worker_to_proto(view))
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest,
+                        context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+        async with _domain_errors(context):
+            if not request.worker_id:
+                raise InvalidArgument("worker_id is required")
+            load = load_from_proto(request.load)
+            return pb.HeartbeatResponse(known=self.runtime.set_load(request.worker_id, load))
+
+    async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
+                               context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
+        async with _domain_errors(context):
+            if not request.worker_id:
+                raise InvalidArgument("worker_id is required")
+            # Idempotent: an unknown id is OK with removed=false, so a retried call is harmless.
+            return pb.DeregisterWorkerResponse(removed=self.runtime.remove_worker(request.worker_id))
+
+    async def ListWorkers(self, request: pb.ListWorkersRequest,
+                          context: grpc.aio.ServicerContext) -> pb.WorkersSnapshot:
+        self.runtime.current()
+        return self.runtime.fresh()
+
+    async def WatchWorkers(self, request: pb.WatchWorkersRequest,
+                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WorkersSnapshot]:
+        runtime = self.runtime
+        mailbox = runtime.subscribe()  # before reading `current`, so no change falls in between
+        try:
+            current = runtime.current()
+            last_sent = request.known_version
+            if current.version != request.known_version:
+                yield current
+                last_sent = current.version
+            while not mailbox.closed:
+                try:
+                    await asyncio.wait_for(mailbox.event.wait(), timeout=runtime.heartbeat_interval_s)
+                except TimeoutError:
+                    if not mailbox.closed:
+                        yield runtime.heartbeat_snapshot()
+                    continue
+                mailbox.event.clear()
+                snapshot = mailbox.latest
+                if mailbox.closed or snapshot is None:
+                    break
+                if snapshot.version != last_sent:
+                    last_sent = snapshot.version
+                    yield snapshot
+        finally:
+            runtime.unsubscribe(mailbox)
