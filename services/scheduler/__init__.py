@@ -1,0 +1,1 @@
+"""Scheduler service: the program table, control bands, admission, pause and resume."""

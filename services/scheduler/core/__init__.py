@@ -1,0 +1,45 @@
+"""Pure core of the scheduler: no grpc, no asyncio, no I/O; time is passed in as floats.
+
+Public API (the gRPC shell is written against this):
+
+- `SchedulerCore(params, policy)` with `admit`, `cancel_admission`, `bind_request`, `complete`,
+  `release`, `force_resume`, `tick`, `apply_capacity`, and the views `program`, `programs`,
+  `paused_ids`, `waiting_request_ids`, `resume_deadline`, `replica_stats`, `stats`.
+- Inputs: `CapacitySnapshot` / `ReplicaCapacity`, `ReplicaKey`, `TurnOutcome`.
+- Outputs: `AdmitResult` (`Decision` + `Effects`), `Effects`, `TickResult`, `ProgramEvent`,
+  `LogRecord`, `ProgramView`, `ReplicaStats`, `Stats`.
+- `ControlParams` (validated), `to_sglang_priority`, pause policies in `policies`.
+"""
+
+from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, SchedulerError
+from services.scheduler.core.model import (
+    AdmitResult,
+    Band,
+    CapacitySnapshot,
+    Decision,
+    Effects,
+    EventKind,
+    Lifecycle,
+    LogRecord,
+    ProgramEvent,
+    ProgramView,
+    ReplicaCapacity,
+    ReplicaKey,
+    ReplicaStats,
+    Stats,
+    Status,
+    TickResult,
+    TurnOutcome,
+    Verdict,
+)
+from services.scheduler.core.params import BUFFER_PER_PROGRAM_TOKENS, ControlParams, to_sglang_priority
+from services.scheduler.core.policies import PAUSE_POLICIES, make_pause_policy
+from services.scheduler.core.scheduler import SchedulerCore, normalise_session_id
+
+__all__ = [
+    "AdmitResult", "Band", "BUFFER_PER_PROGRAM_TOKENS", "CapacitySnapshot", "ControlParams", "Decision",
+    "DuplicateRequest", "Effects", "EventKind", "Lifecycle", "LogRecord", "MissingRequestId", "PAUSE_POLICIES",
+    "ProgramEvent", "ProgramView", "ReplicaCapacity", "ReplicaKey", "ReplicaStats", "SchedulerCore",
+    "SchedulerError", "Stats", "Status", "TickResult", "TurnOutcome", "Verdict", "make_pause_policy",
+    "normalise_session_id", "to_sglang_priority",
+]

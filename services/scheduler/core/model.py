@@ -1,0 +1,232 @@
+"""Domain types of the scheduler core: replicas, capacity snapshots, programs, events and log records.
+
+Everything here is plain data. Times are monotonic seconds passed in by the caller; the shell
+turns them into wall-clock timestamps when it builds protos.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class ReplicaKey(NamedTuple):
+    """One schedulable unit: a worker and one of its data-parallel ranks."""
+
+    worker_id: str
+    dp_rank: int
+
+    def label(self) -> str:
+        return f"{self.worker_id}:{self.dp_rank}"
+
+
+class Status(enum.Enum):
+    REASONING = "reasoning"  # a turn is in flight or waiting for admission
+    ACTING = "acting"  # the last turn finished; the agent is in a tool
+
+
+class Lifecycle(enum.Enum):
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class Band(enum.Enum):
+    NORMAL = "normal"
+    SOFT_DEMOTE = "soft_demote"
+    PAUSE = "pause"
+
+
+class TurnOutcome(enum.Enum):
+    OK = "ok"
+    CANCELLED = "cancelled"  # the client went away
+    FAILED = "failed"  # the worker failed
+
+
+class EventKind(enum.Enum):
+    ADMITTED = "admitted"
+    PAUSED = "paused"
+    MARKED = "marked"
+    SOFT_DEMOTED = "soft_demoted"
+    RESUMED = "resumed"
+    FORCED_RESUME = "forced_resume"
+    RELEASED = "released"
+    EXPIRED = "expired"
+
+
+class Verdict(enum.Enum):
+    PLACED = "placed"  # go now; `replica` None means "any worker" (router picks by KV cost)
+    WAIT = "wait"  # the program is in the paused queue; a later tick resolves the admission
+
+
+@dataclass(frozen=True)
+class ReplicaCapacity:
+    """One replica of the capacity snapshot (built by the shell from capacity.v1.Replica)."""
+
+    worker_id: str
+    dp_rank: int
+    retention_tokens: int
+    max_programs: int = 0  # 0 = no limit published
+
+    @property
+    def key(self) -> ReplicaKey:
+        return ReplicaKey(self.worker_id, self.dp_rank)
+
+
+@dataclass(frozen=True)
+class CapacitySnapshot:
+    """The capacity service's view at `version`. Replicas with no retention budget are ignored."""
+
+    version: int
+    replicas: tuple[ReplicaCapacity, ...] = ()
+
+
+@dataclass(slots=True)
+class Program:
+    """One agent program. Mutable, owned by the scheduler core; callers see `ProgramView`s."""
+
+    session_id: str
+    parent_session_id: str
+    created_at: float
+    seq: int  # creation order; breaks ties like the reference's table insertion order
+    status: Status = Status.REASONING
+    lifecycle: Lifecycle = Lifecycle.ACTIVE
+    token_total: int = 0
+    tokens_estimated: bool = True  # True until a Complete reports real counts
+    replica: ReplicaKey | None = None
+    last_replica: ReplicaKey | None = None  # where its KV last lived; preferred on resume
+    marked: bool = False
+    soft_demoted_until: float = 0.0
+    admission_epoch: int = 0
+    turns: int = 0
+    last_activity: float = 0.0
+    acting_since: float | None = None
+    paused_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ProgramView:
+    session_id: str
+    parent_session_id: str
+    status: Status
+    lifecycle: Lifecycle
+    token_total: int
+    tokens_estimated: bool
+    replica: ReplicaKey | None
+    marked: bool
+    soft_demoted: bool
+    turns: int
+    admission_epoch: int
+    created_at: float
+    last_activity: float
+    paused_since: float | None
+    children: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProgramEvent:
+    kind: EventKind
+    session_id: str
+    replica: ReplicaKey | None
+    tokens: int
+    at: float
+    reason: str = ""  # e.g. "pressure", "marked", "admission_full", "final", "idle_ttl"
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """A log line the shell emits verbatim (`logger.log(level, message)`)."""
+
+    level: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one admission (immediate, or resolved later by a tick)."""
+
+    request_id: str
+    session_id: str  # empty for passthrough
+    verdict: Verdict
+    replica: ReplicaKey | None  # None = any worker
+    priority: int  # SGLang `priority` (larger first)
+    priority_seconds: float  # the reference's priority_jump before mapping
+    admission_epoch: int
+    was_paused: bool = False
+    was_soft_demoted: bool = False
+    forced_resume: bool = False
+    held_seconds: float = 0.0
+    program_gone: bool = False  # released or expired while the admission waited
+
+    @property
+    def pinned(self) -> bool:
+        return self.replica is not None
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    replica: ReplicaKey
+    retention_tokens: int
+    max_programs: int
+    used_tokens: int
+    used_decayed_tokens: int
+    utilization: float
+    band: Band
+    active_programs: int  # REASONING programs placed here (turns in flight)
+    resident_programs: int  # every ACTIVE program placed here
+    passthrough_requests: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    programs_active: int
+    programs_paused: int
+    programs_reasoning: int
+    programs_acting: int
+    pauses_total: int
+    resumes_total: int
+    forced_resumes_total: int
+    marks_total: int
+    expired_total: int
+    released_total: int
+    admissions_total: int
+    admissions_cancelled_total: int
+    waiting_admissions: int
+    passthrough_in_flight: int
+    capacity_version: int
+    replicas: tuple[ReplicaStats, ...]
+
+
+@dataclass(frozen=True)
+class Effects:
+    """What a call changed, for the shell to publish: events (WatchEvents), log lines, and
+    admissions that the call resolved (held Admit RPCs to answer)."""
+
+    events: tuple[ProgramEvent, ...] = ()
+    logs: tuple[LogRecord, ...] = ()
+    resolutions: tuple[Decision, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    decision: Decision
+    effects: Effects = field(default_factory=Effects)
+
+
+@dataclass(frozen=True)
+class TickResult:
+    events: tuple[ProgramEvent, ...]
+    logs: tuple[LogRecord, ...]
+    resolutions: tuple[Decision, ...]
+    replicas: tuple[ReplicaStats, ...]
+    paused: int
+    marked: int
+    resumed: int
+    forced: int
+    expired: int
+
+
+DEBUG = logging.DEBUG
+INFO = logging.INFO
+WARNING = logging.WARNING

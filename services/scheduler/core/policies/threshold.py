@@ -1,0 +1,76 @@
+"""The reference pause policy ("threshold", the default).
+
+Formula (thunderagent.md §3.6, anchors.md §1): with used(r) the raw working set and
+target = capacity(r) * pause_target,
+
+1. pause ACTIVE+ACTING programs in ascending raw token_total (ties: creation order), skipping
+   marked ones, while used(r) > target; each pause frees w(p) + B;
+2. if still used(r) > target (or, with a request-count limit, reasoning_count > count_target),
+   mark ACTIVE+REASONING programs in ascending token_total until the projected working set
+   (already-marked programs counted as freed) is within target.
+
+Shortest first because the recompute cost of an evicted context grows with the square of its
+length (the paper's Lemma 4.1): freeing a given number of tokens from short programs costs least.
+`mark_all_reasoning=True` reproduces the upstream behaviour of marking every REASONING program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.core.model import Status
+from services.scheduler.core.policies.base import PauseContext, PausePlan
+
+
+@dataclass(frozen=True)
+class ThresholdPauseParams:
+    mark_all_reasoning: bool = False
+    """Mark every unmarked REASONING program once pausing ACTING ones was not enough (upstream),
+    instead of just enough of them (default; upstream's sticky broad marks are a known bug)."""
+
+
+class ThresholdPausePolicy:
+    name = "threshold"
+
+    def __init__(self, params: ThresholdPauseParams) -> None:
+        self.params = params
+
+    def plan(self, ctx: PauseContext) -> PausePlan:
+        used = ctx.used_tokens
+        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING),
+                        key=lambda p: (p.token_total, p.seq))
+        pause: list[str] = []
+        for program in acting:
+            if used <= ctx.target_tokens:
+                break
+            if program.marked:
+                continue
+            pause.append(program.session_id)
+            used -= ctx.weight_tokens(program) + ctx.buffer_tokens
+
+        reasoning = [p for p in ctx.programs if p.status is Status.REASONING]
+        # Programs already marked will leave at their next boundary: count them as freed.
+        count = ctx.reasoning_count
+        for program in reasoning:
+            if program.marked:
+                used -= ctx.weight_tokens(program) + ctx.buffer_tokens
+                count -= 1
+
+        def over() -> bool:
+            return used > ctx.target_tokens or (ctx.count_target is not None and count > ctx.count_target)
+
+        mark: list[str] = []
+        if over():
+            for program in sorted(reasoning, key=lambda p: (p.token_total, p.seq)):
+                if program.marked:
+                    continue
+                if not self.params.mark_all_reasoning and not over():
+                    break
+                mark.append(program.session_id)
+                used -= ctx.weight_tokens(program) + ctx.buffer_tokens
+                count -= 1
+        return PausePlan(pause=tuple(pause), mark=tuple(mark))
+
+
+def make_threshold_policy(params: ThresholdPauseParams | None = None) -> ThresholdPausePolicy:
+    return ThresholdPausePolicy(params or ThresholdPauseParams())
