@@ -1,0 +1,5 @@
+"""The router: OpenAI/SGLang HTTP and gRPC in, KV-aware worker selection, tokens out.
+
+`core/` holds the pure selection logic (block hashing, the soft prefix index, active-load
+tracking, the cost model and the pick); the async shell is built on `core.kv_router.KvRouterCore`.
+"""

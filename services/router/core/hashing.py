@@ -1,0 +1,82 @@
+"""Block hashing: the ids the prefix index is keyed by.
+
+Token pages (event-driven mode and tokenized prompts) use SGLang's KV-event rule, so that our
+ids equal the `block_hashes` a current SGLang (and the simworker) publishes:
+
+    digest_0 = SHA-256(tokens of page 0 as 4-byte little-endian u32)
+    digest_i = SHA-256(digest_{i-1} || tokens of page i as 4-byte little-endian u32)
+    id_i     = first 8 bytes of digest_i, big-endian, as a signed int64
+
+Only complete pages are hashed (a partial tail page is never cached as a page by the engine).
+The chain runs on the full 32-byte digest, never on the truncated id.
+
+Text chunks (approximate mode without a tokenizer) use the same chain over fixed-size chunks
+of the rendered prompt text (UTF-8 of `chunk_chars` characters each), from a distinct root so
+that a text id can never equal a token id by construction. The approximation: a chunk of N
+characters stands in for a page. Agent conversations re-send the previous turn's text verbatim
+as the prefix of the next one, so equal text prefixes (system prompt, tool schemas, history)
+map to equal chunk chains, which is what the index needs. What it gets wrong: chunk boundaries
+are not page boundaries, so overlap is measured in characters and converted to tokens by the
+prompt's own characters-per-token ratio; two prompts whose texts agree but whose chat template
+or tokenizer differs are (wrongly) treated as sharing KV; and a one-character edit early in the
+text invalidates every later chunk, as it would for tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from array import array
+from typing import Sequence
+
+# Root of every text chain: keeps text ids and token ids in disjoint hash domains.
+_TEXT_ROOT_DIGEST = hashlib.sha256(b"bandmaster.router.text-chunks.v1").digest()
+_INT64_SIGN = 1 << 63
+_UINT64 = 1 << 64
+
+
+def digest_to_block_id(digest: bytes) -> int:
+    """First 8 bytes of a SHA-256 digest as a signed int64 (SGLang's `hash_str_to_int64`)."""
+    value = int.from_bytes(digest[:8], "big")
+    return value - _UINT64 if value >= _INT64_SIGN else value
+
+
+def _le_u32_bytes(token_ids: Sequence[int]) -> bytes:
+    # One conversion for the whole prompt, then slices per page: the hot path stays O(tokens).
+    packed = array("I", token_ids)  # OverflowError for ids outside [0, 2**32)
+    if packed.itemsize != 4:  # pragma: no cover - every mainstream ABI has a 4-byte unsigned int
+        packed = array("L", token_ids)
+    if sys.byteorder != "little":  # pragma: no cover
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def page_digests(token_ids: Sequence[int], page_size: int, parent_digest: bytes = b"") -> list[bytes]:
+    """Chained SHA-256 digests of the complete pages of `token_ids`, continuing `parent_digest`."""
+    if page_size < 1:
+        raise ValueError("page_size must be >= 1")
+    data = _le_u32_bytes(token_ids)
+    page_bytes = 4 * page_size
+    digests: list[bytes] = []
+    previous = parent_digest
+    for start in range(0, len(data) - page_bytes + 1, page_bytes):
+        previous = hashlib.sha256(previous + data[start:start + page_bytes]).digest()
+        digests.append(previous)
+    return digests
+
+
+def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
+    """Ids of the complete `block_size`-token pages of a prompt, chained from the root."""
+    return [digest_to_block_id(d) for d in page_digests(token_ids, block_size)]
+
+
+def text_chunk_hashes(text: str, chunk_chars: int) -> list[int]:
+    """Ids of the complete `chunk_chars`-character chunks of a rendered prompt, chained."""
+    if chunk_chars < 1:
+        raise ValueError("chunk_chars must be >= 1")
+    ids: list[int] = []
+    previous = _TEXT_ROOT_DIGEST
+    for start in range(0, len(text) - chunk_chars + 1, chunk_chars):
+        previous = hashlib.sha256(previous + text[start:start + chunk_chars].encode("utf-8", "surrogatepass")).digest()
+        ids.append(digest_to_block_id(previous))
+    return ids

@@ -1,0 +1,293 @@
+"""Soft prefix index: which replica probably holds which prefix of a prompt.
+
+Blocks are keyed by their chained id (hashing.py), so one id names one whole prefix: the
+radix tree of Dynamo's indexer collapses into a map `block id -> replicas holding it`, and a
+lookup walks the query's ids from the root, narrowing the candidate set, until the first
+block nobody left holds. A replica's score is the number of leading blocks it holds
+(a contiguous prefix; a hole ends its match even if deeper blocks are present).
+
+Two feeds fill it:
+- `KvEventIndex`: the workers' KV events (BlockStored / BlockRemoved / AllBlocksCleared). The
+  engine's own block ids are used only to find a replica's blocks again (parents, removals);
+  the index re-hashes the event's token ids itself, so it works with any engine hash rule.
+- `RoutingHistoryIndex`: no events; the router records each of its own routing decisions and
+  forgets it `ttl_s` later (re-routing the same prefix refreshes it).
+
+Memory is bounded per replica: past `max_blocks_per_worker` the least recently stored blocks
+are pruned (deepest first within one insertion, so prefixes outlive their extensions) down to
+`prune_target_ratio` of the bound.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Generic, Iterable, Sequence, TypeVar
+
+from services.router.core.events import AllBlocksCleared, BlockRemoved, BlockStored, EventOutcome, KvEvent
+from services.router.core.hashing import digest_to_block_id, page_digests
+from services.router.core.types import Replica
+
+_Entry = TypeVar("_Entry")
+
+
+class _BlockIndex(Generic[_Entry]):
+    """Holder sets per block id plus, per replica, its blocks in least-recently-stored order."""
+
+    def __init__(self, *, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
+        if max_blocks_per_worker < 1 or not 0 < prune_target_ratio <= 1:
+            raise ValueError("max_blocks_per_worker >= 1 and 0 < prune_target_ratio <= 1")
+        self._max_blocks = max_blocks_per_worker
+        self._prune_to = int(max_blocks_per_worker * prune_target_ratio)
+        self._holders: dict[int, set[Replica]] = {}
+        self._blocks: dict[Replica, OrderedDict[int, _Entry]] = {}
+        self.pruned_blocks_total = 0
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def _match(self, block_hashes: Sequence[int]) -> dict[Replica, int]:
+        scores: dict[Replica, int] = {}
+        candidates: set[Replica] | None = None
+        matched = 0
+        for block_id in block_hashes:
+            holders = self._holders.get(block_id)
+            if not holders:
+                break
+            if candidates is None:
+                candidates = set(holders)
+            elif not candidates <= holders:
+                for dropped in candidates - holders:
+                    scores[dropped] = matched
+                candidates &= holders
+                if not candidates:
+                    break
+            matched += 1
+        for replica in candidates or ():
+            scores[replica] = matched
+        return scores
+
+    def tree_size(self, replica: Replica) -> int:
+        """Blocks the index holds for `replica` (the temperature-0 tie-break)."""
+        blocks = self._blocks.get(replica)
+        return len(blocks) if blocks else 0
+
+    def replicas(self) -> list[Replica]:
+        return list(self._blocks)
+
+    def holds(self, replica: Replica, block_id: int) -> bool:
+        blocks = self._blocks.get(replica)
+        return blocks is not None and block_id in blocks
+
+    # -- mutation --------------------------------------------------------------------------
+
+    def remove_worker(self, replica: Replica) -> int:
+        """Forget everything about `replica`. Returns the number of blocks dropped."""
+        blocks = self._blocks.pop(replica, None)
+        if not blocks:
+            return 0
+        for block_id in blocks:
+            self._release_holder(replica, block_id)
+        self._on_replica_removed(replica)
+        return len(blocks)
+
+    def _put(self, replica: Replica, block_id: int, entry: _Entry) -> None:
+        blocks = self._blocks.get(replica)
+        if blocks is None:
+            blocks = self._blocks[replica] = OrderedDict()
+        if block_id in blocks:
+            blocks.move_to_end(block_id)
+        else:
+            self._holders.setdefault(block_id, set()).add(replica)
+        blocks[block_id] = entry
+
+    def _drop(self, replica: Replica, block_id: int) -> None:
+        blocks = self._blocks[replica]
+        del blocks[block_id]
+        self._release_holder(replica, block_id)
+
+    def _release_holder(self, replica: Replica, block_id: int) -> None:
+        holders = self._holders[block_id]
+        holders.discard(replica)
+        if not holders:
+            del self._holders[block_id]
+            self._on_block_gone(block_id)
+
+    def _prune(self, replica: Replica) -> None:
+        blocks = self._blocks.get(replica)
+        if blocks is None or len(blocks) <= self._max_blocks:
+            return
+        while len(blocks) > self._prune_to:
+            block_id, entry = blocks.popitem(last=False)
+            self._release_holder(replica, block_id)
+            self._on_entry_dropped(replica, entry)
+            self.pruned_blocks_total += 1
+
+    # hooks for the subclasses' side tables
+    def _on_block_gone(self, block_id: int) -> None:
+        pass
+
+    def _on_entry_dropped(self, replica: Replica, entry: _Entry) -> None:
+        pass
+
+    def _on_replica_removed(self, replica: Replica) -> None:
+        pass
+
+
+class _Held:
+    """One block a replica holds according to its events."""
+
+    __slots__ = ("external_id", "media")
+
+    def __init__(self, external_id: int, media: int) -> None:
+        self.external_id = external_id
+        self.media = media        # bit mask over storage media (GPU, host, ...)
+
+
+class KvEventIndex(_BlockIndex[_Held]):
+    """Prefix index fed by KV events.
+
+    A block counts as held while any medium (GPU or the HiCache host tier) holds it: both serve
+    the prefix without recomputation (the classic cost model does not distinguish them).
+    """
+
+    def __init__(self, *, block_size: int, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
+        super().__init__(max_blocks_per_worker=max_blocks_per_worker, prune_target_ratio=prune_target_ratio)
+        self.block_size = block_size
+        self._digests: dict[int, bytes] = {}           # block id -> full digest, to chain children
+        self._by_external: dict[Replica, dict[int, int]] = {}
+        self._medium_bits: dict[str, int] = {}
+
+    def find_matches(self, block_hashes: Sequence[int], now: float = 0.0) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` for replicas holding at least the first block."""
+        return self._match(block_hashes)
+
+    def apply(self, replica: Replica, event: KvEvent) -> EventOutcome:
+        if isinstance(event, BlockStored):
+            return self._store(replica, event)
+        if isinstance(event, BlockRemoved):
+            return self._remove(replica, event)
+        if isinstance(event, AllBlocksCleared):
+            self.remove_worker(replica)
+            return EventOutcome.APPLIED
+        return EventOutcome.MALFORMED
+
+    def apply_all(self, replica: Replica, events: Iterable[KvEvent]) -> list[EventOutcome]:
+        return [self.apply(replica, e) for e in events]
+
+    def _medium_bit(self, medium: str) -> int:
+        bit = self._medium_bits.get(medium)
+        if bit is None:
+            bit = self._medium_bits[medium] = 1 << len(self._medium_bits)
+        return bit
+
+    def _lookup_external(self, replica: Replica, external_id: int) -> int | None:
+        by_external = self._by_external.get(replica)
+        block_id = by_external.get(external_id) if by_external else None
+        if block_id is None:
+            return None
+        if not self.holds(replica, block_id):   # stale alias (the block left under another id)
+            del by_external[external_id]
+            return None
+        return block_id
+
+    def _store(self, replica: Replica, event: BlockStored) -> EventOutcome:
+        if event.block_size != self.block_size:
+            return EventOutcome.BLOCK_SIZE_MISMATCH
+        if not event.block_hashes or len(event.token_ids) != len(event.block_hashes) * self.block_size:
+            return EventOutcome.MALFORMED
+        parent_digest = b""
+        if event.parent_block_hash is not None:
+            parent_id = self._lookup_external(replica, event.parent_block_hash)
+            if parent_id is None:
+                return EventOutcome.PARENT_NOT_FOUND
+            parent_digest = self._digests[parent_id]
+        try:
+            digests = page_digests(event.token_ids, self.block_size, parent_digest)
+        except OverflowError:
+            return EventOutcome.MALFORMED
+        bit = self._medium_bit(event.medium)
+        by_external = self._by_external.setdefault(replica, {})
+        blocks = self._blocks.get(replica)
+        # Deepest first, so that LRU pruning drops extensions before their prefixes.
+        for external_id, digest in zip(reversed(event.block_hashes), reversed(digests)):
+            block_id = digest_to_block_id(digest)
+            held = blocks.get(block_id) if blocks is not None else None
+            if held is None:
+                held = _Held(external_id, bit)
+                self._digests.setdefault(block_id, digest)
+            else:
+                held.media |= bit
+                held.external_id = external_id
+            self._put(replica, block_id, held)
+            blocks = self._blocks[replica]
+            by_external[external_id] = block_id
+        self._prune(replica)
+        return EventOutcome.APPLIED
+
+    def _remove(self, replica: Replica, event: BlockRemoved) -> EventOutcome:
+        bit = self._medium_bit(event.medium)
+        outcome = EventOutcome.APPLIED
+        for external_id in event.block_hashes:
+            block_id = self._lookup_external(replica, external_id)
+            if block_id is None:
+                outcome = EventOutcome.BLOCK_NOT_FOUND
+                continue
+            held = self._blocks[replica][block_id]
+            held.media &= ~bit
+            if held.media == 0:
+                self._drop(replica, block_id)
+                del self._by_external[replica][external_id]
+        return outcome
+
+    def _on_block_gone(self, block_id: int) -> None:
+        self._digests.pop(block_id, None)
+
+    def _on_entry_dropped(self, replica: Replica, entry: _Held) -> None:
+        by_external = self._by_external.get(replica)
+        if by_external is not None:
+            by_external.pop(entry.external_id, None)
+
+    def _on_replica_removed(self, replica: Replica) -> None:
+        self._by_external.pop(replica, None)
+
+
+class RoutingHistoryIndex(_BlockIndex[float]):
+    """Prefix index fed by the router's own decisions; each entry expires `ttl_s` after its
+    last recording (entry value = expiry time). Time is passed in; nothing reads a clock."""
+
+    def __init__(self, *, ttl_s: float, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
+        super().__init__(max_blocks_per_worker=max_blocks_per_worker, prune_target_ratio=prune_target_ratio)
+        if not ttl_s > 0:
+            raise ValueError("ttl_s > 0")
+        self.ttl_s = ttl_s
+        self.expired_blocks_total = 0
+
+    def record(self, replica: Replica, block_hashes: Sequence[int], now: float) -> None:
+        """Remember that `replica` now holds this prefix, until `now + ttl_s`."""
+        expiry = now + self.ttl_s
+        for block_id in reversed(block_hashes):   # deepest first: see _BlockIndex._prune
+            self._put(replica, block_id, expiry)
+        self._prune(replica)
+
+    def expire(self, now: float) -> int:
+        """Drop every entry whose expiry is <= now. Returns how many were dropped.
+
+        Each replica's entries are in recording order and share one TTL, so the oldest is
+        first and the scan stops at the first live entry (amortised O(expired))."""
+        dropped = 0
+        for replica in list(self._blocks):
+            blocks = self._blocks[replica]
+            while blocks:
+                block_id, expiry = next(iter(blocks.items()))
+                if expiry > now:
+                    break
+                self._drop(replica, block_id)
+                dropped += 1
+            if not blocks:
+                del self._blocks[replica]
+        self.expired_blocks_total += dropped
+        return dropped
+
+    def find_matches(self, block_hashes: Sequence[int], now: float) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`."""
+        self.expire(now)
+        return self._match(block_hashes)

@@ -1,0 +1,200 @@
+"""Active load per replica, as the router itself caused it (Dynamo's "active sequences").
+
+Per replica:
+- prefill load: `Σ new_tokens(r)` over requests `r` not yet past their first token, where
+  `new_tokens = max(isl - cached, 0)`; a request leaves this term at its first token;
+- decode load: the distinct prompt blocks of the replica's active requests (a block shared by
+  several requests counts once), plus, with output tracking, one block per `block_size`
+  generated tokens. When a request gave an expected output length, every block only it
+  references counts `max(0, 1 - generated / expected)` instead of 1 (it is about to leave).
+
+Requests are added when routed, marked at their first token and freed at the end; every
+operation is keyed by request id and freeing is idempotent. Requests older than
+`request_expiry_s` are force-freed by `expire` (a safety net against a lost `free`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AbstractSet, Sequence
+
+from services.router.core.types import Replica
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    active_requests: int
+    active_prefill_tokens: int
+    active_decode_blocks: int
+
+
+class _Request:
+    __slots__ = ("replica", "block_hashes", "isl_tokens", "prefill_tokens", "expected_output_tokens",
+                 "output_tokens", "output_blocks", "exclusive_blocks", "added_at")
+
+    def __init__(self, replica: Replica, block_hashes: tuple[int, ...], isl_tokens: int, prefill_tokens: int,
+                 expected_output_tokens: int | None, added_at: float) -> None:
+        self.replica = replica
+        self.block_hashes = block_hashes
+        self.isl_tokens = isl_tokens
+        self.prefill_tokens = prefill_tokens        # 0 once the first token arrived
+        self.expected_output_tokens = expected_output_tokens
+        self.output_tokens = 0
+        self.output_blocks = 0
+        self.exclusive_blocks = 0                   # prompt blocks no other active request holds
+        self.added_at = added_at
+
+    def decay_fraction(self) -> float:
+        """Weight of this request's exclusive blocks; 1 unless it announced its output length."""
+        if self.expected_output_tokens is None:
+            return 1.0
+        return max(0.0, 1.0 - self.output_tokens / max(self.expected_output_tokens, 1))
+
+
+class _ReplicaState:
+    __slots__ = ("owners", "prefill_tokens", "request_ids", "output_blocks", "decayed")
+
+    def __init__(self) -> None:
+        self.owners: dict[int, set[str]] = {}       # prompt block -> active requests holding it
+        self.prefill_tokens = 0
+        self.request_ids: set[str] = set()
+        self.output_blocks = 0
+        self.decayed: set[str] = set()              # requests whose blocks weigh < 1
+
+
+class ActiveLoad:
+    def __init__(self, *, block_size: int, track_output_blocks: bool, request_expiry_s: float) -> None:
+        self.block_size = block_size
+        self.track_output_blocks = track_output_blocks
+        self.request_expiry_s = request_expiry_s
+        self._requests: dict[str, _Request] = {}
+        self._replicas: dict[Replica, _ReplicaState] = {}
+
+    # -- queries (the selection hot path) --------------------------------------------------
+
+    def potential(self, replica: Replica, distinct_blocks: AbstractSet[int], isl_tokens: int,
+                  cached_tokens: int) -> tuple[int, int]:
+        """(prefill tokens, decode blocks) `replica` would carry if this prompt landed there.
+
+        `distinct_blocks` is the set of the prompt's block ids (built once per pick, not per
+        replica); blocks already active on the replica are not counted twice."""
+        new_tokens = max(isl_tokens - cached_tokens, 0)
+        state = self._replicas.get(replica)
+        if state is None:
+            return new_tokens, len(distinct_blocks)
+        new_blocks = sum(1 for h in distinct_blocks if h not in state.owners)
+        return state.prefill_tokens + new_tokens, self._decode_blocks(state) + new_blocks
+
+    def load(self, replica: Replica) -> ReplicaLoad:
+        state = self._replicas.get(replica)
+        if state is None:
+            return ReplicaLoad(0, 0, 0)
+        return ReplicaLoad(len(state.request_ids), state.prefill_tokens, self._decode_blocks(state))
+
+    def replica_of(self, request_id: str) -> Replica | None:
+        request = self._requests.get(request_id)
+        return request.replica if request else None
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def _decode_blocks(self, state: _ReplicaState) -> int:
+        blocks = float(len(state.owners) + state.output_blocks)
+        for request_id in state.decayed:   # only requests with an expected length and output
+            request = self._requests[request_id]
+            blocks -= (1.0 - request.decay_fraction()) * (request.exclusive_blocks + request.output_blocks)
+        return round(blocks)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, replica: Replica, block_hashes: Sequence[int], isl_tokens: int,
+                    cached_tokens: int, now: float, expected_output_tokens: int | None = None) -> bool:
+        """Count a routed request on `replica`. False (and nothing changes) for a known id."""
+        if request_id in self._requests:
+            return False
+        new_tokens = max(isl_tokens - cached_tokens, 0)
+        request = _Request(replica, tuple(dict.fromkeys(block_hashes)), isl_tokens, new_tokens,
+                           expected_output_tokens, now)
+        self._requests[request_id] = request
+        state = self._replicas.get(replica)
+        if state is None:
+            state = self._replicas[replica] = _ReplicaState()
+        state.request_ids.add(request_id)
+        state.prefill_tokens += new_tokens
+        for block_id in request.block_hashes:
+            owners = state.owners.get(block_id)
+            if owners is None:
+                state.owners[block_id] = {request_id}
+                request.exclusive_blocks += 1
+            else:
+                if len(owners) == 1:
+                    self._requests[next(iter(owners))].exclusive_blocks -= 1
+                owners.add(request_id)
+        return True
+
+    def mark_prefill_completed(self, request_id: str) -> bool:
+        """First token arrived: the prompt leaves the prefill term. False if unknown or already done."""
+        request = self._requests.get(request_id)
+        if request is None or request.prefill_tokens == 0:
+            return False
+        self._replicas[request.replica].prefill_tokens -= request.prefill_tokens
+        request.prefill_tokens = 0
+        return True
+
+    def observe_output(self, request_id: str, output_tokens: int) -> None:
+        """Cumulative generated tokens of a request (call when a chunk arrives; cheap, O(1)).
+
+        Output blocks are counted only with `track_output_blocks`; a request crosses into a new
+        block whenever ceil((isl + output) / block_size) grows."""
+        if not self.track_output_blocks:
+            return
+        request = self._requests.get(request_id)
+        if request is None or output_tokens <= request.output_tokens:
+            return
+        request.output_tokens = output_tokens
+        state = self._replicas[request.replica]
+        bs = self.block_size
+        prompt_blocks = -(-request.isl_tokens // bs)
+        blocks = -(-(request.isl_tokens + output_tokens) // bs) - prompt_blocks
+        if blocks > request.output_blocks:
+            state.output_blocks += blocks - request.output_blocks
+            request.output_blocks = blocks
+        if request.expected_output_tokens is not None:
+            state.decayed.add(request_id)
+
+    def free(self, request_id: str) -> bool:
+        """The request ended (finished, failed or cancelled). Idempotent: False if unknown."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return False
+        state = self._replicas[request.replica]
+        state.prefill_tokens -= request.prefill_tokens
+        state.output_blocks -= request.output_blocks
+        state.request_ids.discard(request_id)
+        state.decayed.discard(request_id)
+        for block_id in request.block_hashes:
+            owners = state.owners[block_id]
+            owners.discard(request_id)
+            if not owners:
+                del state.owners[block_id]
+            elif len(owners) == 1:
+                self._requests[next(iter(owners))].exclusive_blocks += 1
+        if not state.request_ids:
+            del self._replicas[request.replica]
+        return True
+
+    def remove_worker(self, replica: Replica) -> list[str]:
+        """Drop a replica that left; returns the ids of the requests it still carried."""
+        state = self._replicas.pop(replica, None)
+        if state is None:
+            return []
+        for request_id in state.request_ids:
+            del self._requests[request_id]
+        return sorted(state.request_ids)
+
+    def expire(self, now: float) -> list[str]:
+        """Force-free requests added at least `request_expiry_s` before `now`."""
+        stale = [rid for rid, r in self._requests.items() if now - r.added_at >= self.request_expiry_s]
+        for request_id in stale:
+            self.free(request_id)
+        return stale
