@@ -9,7 +9,8 @@ clock divided by `--speedup`) and the offline simulator (`bench/sim.py`, virtual
     #     deliver result.outputs, publish result.kv_events, then step again.
 
 `step` returns `duration_s == 0` and nothing else when there is no work; the driver then waits
-for the next `submit` or `abort`. Everything here is plain data: no asyncio, no sockets, no
+for the next `submit` or `abort`. A step may also return `duration_s == 0` *with* outputs (the
+finished-abort outputs of requests aborted while nothing else ran): deliver them all the same. Everything here is plain data: no asyncio, no sockets, no
 clock reads. The engine is deterministic for a given seed and sequence of calls.
 """
 
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
+
+from services.common.errors import ConfigError
 
 WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 
@@ -141,3 +144,32 @@ class EngineConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.page_size < 1:
+            raise ConfigError("page_size", self.page_size, ">= 1")
+        if self.max_total_tokens < self.page_size:
+            raise ConfigError("max_total_tokens", self.max_total_tokens, ">= page_size")
+        if self.max_running_requests < 1:
+            raise ConfigError("max_running_requests", self.max_running_requests, ">= 1")
+        if self.chunked_prefill_size < 1:
+            raise ConfigError("chunked_prefill_size", self.chunked_prefill_size, ">= 1")
+        if self.context_length < 2:
+            raise ConfigError("context_length", self.context_length, ">= 2")
+        if self.hicache_write_policy not in ("write_back", "write_through", "write_through_selective"):
+            raise ConfigError("hicache_write_policy", self.hicache_write_policy,
+                              "one of write_back, write_through, write_through_selective")
+        if self.hicache_size_tokens < 0:
+            raise ConfigError("hicache_size_tokens", self.hicache_size_tokens, ">= 0")
+        if self.enable_hierarchical_cache:
+            if self.hicache_size_tokens == 0 and not self.hicache_ratio > 1.0:
+                # SGLang requires the host pool to be larger than the device pool.
+                raise ConfigError("hicache_ratio", self.hicache_ratio, "> 1 when hicache_size is 0")
+            if self.host_tokens() < self.page_size:
+                raise ConfigError("hicache_size_tokens", self.host_tokens(), ">= page_size")
+
+    def host_tokens(self) -> int:
+        """Host-tier capacity in tokens: hicache_size_tokens if > 0, else hicache_ratio x GPU pool."""
+        if self.hicache_size_tokens > 0:
+            return self.hicache_size_tokens
+        return int(self.max_total_tokens * self.hicache_ratio)

@@ -1,0 +1,528 @@
+"""The simulated SGLang engine core: one scheduler iteration per `step(now)`, in virtual time.
+
+Each step (see api.py for the driver contract):
+
+1. **Decode memory.** Every decoding request whose tail page is full needs one new page. If free
+   plus evictable pages cannot cover that, requests are *retracted* as SGLang's
+   `retract_decode` does: the victim is the decoding request with the fewest generated tokens,
+   ties going to the longest prompt. A victim's private tail page is freed and its references
+   dropped; the full pages it computed stay in the radix cache (evictable), so its recompute
+   later costs only what has been evicted meanwhile. It returns to the waiting queue at its
+   original place (same arrival order / priority), and the admission reserve ratio is raised
+   to SGLang's post-retraction estimate.
+2. **Prefill** within `chunked_prefill_size` tokens: first continue requests whose prefill is
+   in progress, then admit from the waiting queue in order (FCFS, or priority: larger value
+   first unless `schedule_low_priority_values_first`), stopping at the first that does not
+   fit (head-of-line, as SGLang does). Prefill and decode share the step (SGLang's mixed
+   chunk / vLLM's chunked prefill), so a large prefill lengthens every decoding request's step.
+3. **Decode** one token for every request that had finished its prefill before this step.
+
+Admission rule (SGLang's PrefillAdder with `new_token_ratio`): a request is admitted when
+
+    pages(uncached prompt incl. host load-back and tail) + pages(min(max_new - generated, 4096) * r)
+        <= free + evictable - (its own cached pages that would stop being evictable)
+           - sum over running requests of [pages(remaining prefill) + pages(min(remaining new, 4096) * r)]
+
+where r starts at 0.7, decays linearly to 0.098 over 600 decode steps, and after a retraction
+is reset to (tokens decoded + 20 per request) / (max_new_tokens) of the remaining batch. If
+nothing is running, the head of the queue is admitted whenever its prompt alone fits.
+
+Host tier: a request whose prefix continues on the host loads it back (counted as cached
+tokens, `host_cached_tokens`), costing tokens * kv_bytes_per_token / host bandwidth in the
+step that admits it, instead of recomputing it.
+
+Counters: `recomputed_tokens_total` counts full pages prefilled whose chained hash this engine
+had computed before (a bounded memory of hashes); partial tail pages are not counted.
+`cached_tokens` of a request is its cache hit at first admission (GPU + host).
+
+Generation is deterministic per (seed, rid): ids come from the tokenizer's word list; without
+`ignore_eos` the request stops with EOS after `target_output_tokens` tokens (or a draw from a
+log-normal with median 128 and sigma 1 when not given), else at `max_new_tokens` ("length").
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import sys
+from array import array
+from collections import deque
+
+from services.simworker.core.api import (EngineConfig, EngineRequest, EngineStats, RequestOutput,
+                                         StepResult)
+from services.simworker.core.radix import PageNode, RadixCache
+from services.simworker.core.timing import TimingProfile
+from services.simworker.core.tokenizer import EOS_TOKEN_ID, NUM_WORDS, WORD_ID_BASE
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
+NEW_TOKEN_RATIO_DECAY_STEPS = 600
+RETRACT_DECODE_STEPS = 20
+CLIP_MAX_NEW_TOKENS = 4096
+HIT_RATE_WINDOW_REQUESTS = 1000
+THROUGHPUT_WINDOW_S = 10.0
+DEFAULT_OUTPUT_MEDIAN_TOKENS = 128
+
+_WAITING, _PREFILL, _DECODE = 0, 1, 2
+_LITTLE = sys.byteorder == "little"
+
+
+class _Req:
+    __slots__ = ("rid", "req", "order", "seq", "prompt_len", "kv_len", "nodes", "state", "generated",
+                 "target", "rng", "cached_tokens", "host_cached_tokens", "retractions", "admitted_once",
+                 "new_ids", "reason")
+
+    def __init__(self, request: EngineRequest, order: tuple, seed: int) -> None:
+        self.rid = request.rid
+        self.req = request
+        self.order = order
+        self.seq = array("I", request.input_ids)
+        if not _LITTLE:
+            raise RuntimeError("the page hash assumes a little-endian host")
+        self.prompt_len = len(request.input_ids)
+        self.kv_len = 0
+        self.nodes: list[PageNode] = []
+        self.state = _WAITING
+        self.generated = 0
+        self.rng = random.Random(f"{seed}:{request.rid}")
+        if request.target_output_tokens is not None:
+            self.target = request.target_output_tokens
+        else:
+            draw = self.rng.lognormvariate(math.log(DEFAULT_OUTPUT_MEDIAN_TOKENS), 1.0)
+            self.target = max(1, int(draw))
+        self.cached_tokens = 0
+        self.host_cached_tokens = 0
+        self.retractions = 0
+        self.admitted_once = False
+        self.new_ids: list[int] = []
+        self.reason: dict | None = None
+
+
+class SimEngine:
+    """Implements the `Engine` protocol of api.py. Pure: time only enters through `now`."""
+
+    def __init__(self, config: EngineConfig, profile: TimingProfile) -> None:
+        self.config = config
+        self.profile = profile
+        self.page_size = config.page_size
+        self.total_pages = config.max_total_tokens // config.page_size
+        host_tokens = config.host_tokens() if config.enable_hierarchical_cache else 0
+        self.cache = RadixCache(config.page_size, self.total_pages, host_tokens // config.page_size,
+                                config.hicache_write_policy)
+        self._waiting: list[_Req] = []
+        self._running: list[_Req] = []
+        self._by_rid: dict[str, _Req] = {}
+        self._pending: list[RequestOutput] = []
+        self._arrivals = 0
+        self._new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._ratio_decay = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self._hits: deque[tuple[int, int]] = deque()
+        self._hit_prompt = 0
+        self._hit_cached = 0
+        self._gen_window: deque[tuple[float, float, int]] = deque()
+        self._gen_window_tokens = 0
+        self._gen_window_span_s = 0.0
+        # counters
+        self._prompt_total = 0
+        self._gen_total = 0
+        self._cached_total = 0
+        self._host_cached_total = 0
+        self._recomputed_total = 0
+        self._retractions_total = 0
+        self._loadbacks_total = 0
+        self._loadback_tokens_total = 0
+        self._requests_total = 0
+        self._aborted_total = 0
+
+    # -- driver API ----------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, now: float) -> None:
+        cfg = self.config
+        n = len(request.input_ids)
+        if request.rid in self._by_rid:
+            raise ValueError(f"duplicate rid {request.rid!r}")
+        if n == 0:
+            raise ValueError("empty prompt")
+        if n + 1 > cfg.context_length:
+            raise ValueError(f"prompt of {n} tokens does not fit context_length {cfg.context_length}")
+        if n + request.max_new_tokens > cfg.context_length:
+            raise ValueError(f"prompt ({n}) + max_new_tokens ({request.max_new_tokens}) exceeds "
+                             f"context_length {cfg.context_length}")
+        if -(-(n + 1) // self.page_size) > self.total_pages:
+            raise ValueError(f"prompt of {n} tokens does not fit the KV pool ({cfg.max_total_tokens} tokens)")
+        if request.max_new_tokens < 0:
+            raise ValueError("max_new_tokens must be >= 0")
+        try:
+            r = _Req(request, self._order_key(request), cfg.seed)
+        except OverflowError as exc:
+            raise ValueError("token ids must be in [0, 2**32)") from exc
+        self._arrivals += 1
+        self._requests_total += 1
+        self._by_rid[r.rid] = r
+        bisect.insort(self._waiting, r, key=lambda q: q.order)
+
+    def abort(self, rid: str, now: float) -> bool:
+        r = self._by_rid.get(rid)
+        if r is None:
+            return False
+        if r.state == _WAITING:
+            self._waiting.remove(r)
+        else:
+            self._running.remove(r)
+            self._free(r, now)
+        del self._by_rid[rid]
+        self._aborted_total += 1
+        self._pending.append(self._output(r, (), True, {"type": "abort", "message": "Abort requested"}))
+        return True
+
+    def flush_cache(self) -> bool:
+        if self._waiting or self._running:
+            return False
+        self.cache.flush()
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self._waiting or self._running or self._pending)
+
+    def step(self, now: float) -> StepResult:
+        outputs: list[RequestOutput] = self._pending
+        self._pending = []
+        self._now = now
+        if not self._waiting and not self._running:
+            return StepResult(0.0, tuple(outputs), self.cache.drain_events())
+        cache = self.cache
+        page = self.page_size
+
+        # 1. decode memory, retracting if it cannot be covered; the decode tokens' KV is placed
+        #    before prefill so that prefill cannot take the pages decode needs.
+        decoders = [r for r in self._running if r.state == _DECODE]
+        need = sum(1 for r in decoders if r.kv_len % page == 0)
+        if need > cache.available_pages:
+            decoders, need = self._retract_for_decode(decoders, now, outputs)
+        cache.ensure_free(need)
+        context_tokens = 0
+        for r in decoders:
+            if r.kv_len % page == 0:
+                cache.private_pages += 1
+            r.kv_len += 1
+            if r.kv_len % page == 0:
+                cache.private_pages -= 1
+                self._add_page(r, r.kv_len // page - 1, count_recompute=False)
+            context_tokens += r.kv_len
+
+        # 2. prefill: continue in-progress chunks, then admit.
+        budget = self.config.chunked_prefill_size
+        chunks: list[tuple[int, int]] = []          # (tokens, prefix tokens in KV before the chunk)
+        finished_prefill: list[_Req] = []
+        for r in self._running:
+            if budget <= 0:
+                break
+            if r.state != _PREFILL:
+                continue
+            done = self._prefill_chunk(r, budget, chunks)
+            budget -= done
+            if r.kv_len == len(r.seq):
+                finished_prefill.append(r)
+        load_tokens = 0
+        if self._waiting and budget > 0:
+            load_tokens, budget = self._admit(budget, chunks, finished_prefill, now)
+
+        # 3. sample one token for every request that was decoding at the start of the step, and
+        #    the first token of every request whose prefill completed in it.
+        for r in decoders:
+            self._sample(r)
+        for r in finished_prefill:
+            if r.req.max_new_tokens == 0:
+                r.state = _DECODE
+                r.new_ids = []
+                self._finish(r, {"type": "length", "length": 0})
+                continue
+            r.state = _DECODE
+            self._sample(r)
+
+        if decoders:
+            self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
+
+        duration_s = self._step_time_s(decoders, context_tokens, chunks, load_tokens)
+        if duration_s == 0.0:
+            duration_s = self._unstick(now, outputs)
+
+        # Emit outputs of every request that progressed; drop finished ones from the batch.
+        generated = 0
+        still_running: list[_Req] = []
+        for r in self._running:
+            if r.new_ids:
+                generated += len(r.new_ids)
+                finished = r.state == -1
+                outputs.append(self._output(r, tuple(r.new_ids), finished, r.reason))
+                r.new_ids = []
+                if finished:
+                    continue
+            elif r.state == -1:
+                outputs.append(self._output(r, (), True, r.reason))
+                continue
+            still_running.append(r)
+        self._running = still_running
+        self._gen_total += generated
+        self._record_throughput(now, duration_s, generated)
+        return StepResult(duration_s, tuple(outputs), cache.drain_events())
+
+    def stats(self) -> EngineStats:
+        cache = self.cache
+        page = self.page_size
+        used_pages = self.total_pages - cache.available_pages
+        pool_tokens = self.total_pages * page
+        return EngineStats(
+            num_running_reqs=len(self._running),
+            num_queue_reqs=len(self._waiting),
+            num_used_tokens=used_pages * page,
+            token_usage=used_pages * page / pool_tokens if pool_tokens else 0.0,
+            cache_hit_rate=self._hit_cached / self._hit_prompt if self._hit_prompt else 0.0,
+            gen_throughput=(self._gen_window_tokens / self._gen_window_span_s
+                            if self._gen_window_span_s > 0 else 0.0),
+            host_used_tokens=cache.host_used * page,
+            host_total_tokens=cache.host_pages * page,
+            prompt_tokens_total=self._prompt_total,
+            generation_tokens_total=self._gen_total,
+            cached_tokens_total=self._cached_total,
+            host_cached_tokens_total=self._host_cached_total,
+            recomputed_tokens_total=self._recomputed_total,
+            retractions_total=self._retractions_total,
+            host_loadbacks_total=self._loadbacks_total,
+            host_loadback_tokens_total=self._loadback_tokens_total,
+            evicted_tokens_total=cache.evicted_pages_total * page,
+            requests_total=self._requests_total,
+            aborted_requests_total=self._aborted_total,
+        )
+
+    # -- scheduling internals ------------------------------------------------------------------
+
+    def _order_key(self, request: EngineRequest) -> tuple:
+        cfg = self.config
+        if not cfg.enable_priority_scheduling:
+            return (0, self._arrivals)
+        priority = request.priority if request.priority is not None else 0
+        return (priority if cfg.schedule_low_priority_values_first else -priority, self._arrivals)
+
+    def _reserve_pages(self, r: _Req) -> int:
+        """Pages `r` may still need: rest of its prefill plus the output reservation."""
+        page = self.page_size
+        prefill_pages = -(-len(r.seq) // page) - (-(-r.kv_len // page))
+        remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
+        return prefill_pages + math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
+
+    def _admit(self, budget: int, chunks: list, finished_prefill: list, now: float) -> tuple[int, int]:
+        cache = self.cache
+        page = self.page_size
+        reserved = sum(self._reserve_pages(r) for r in self._running)
+        load_tokens = 0
+        max_running = self.config.max_running_requests
+        while self._waiting and budget > 0 and len(self._running) < max_running:
+            r = self._waiting[0]
+            seq_len = len(r.seq)
+            gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page)
+            locked_evictable = sum(1 for n in gpu if n.ref == 0)
+            uncached_pages = -(-seq_len // page) - len(gpu)
+            remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
+            out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
+            room = cache.available_pages - locked_evictable
+            if self._running:
+                if uncached_pages + out_pages > room - reserved:
+                    break
+            elif uncached_pages > room:
+                break
+            self._waiting.pop(0)
+            cache.lock(gpu)
+            cache.lock(host)
+            if host:
+                cache.ensure_free(len(host))
+                for node in host:
+                    cache.load_back(node)
+                load_tokens += len(host) * page
+                self._loadbacks_total += 1
+                self._loadback_tokens_total += len(host) * page
+            r.nodes = gpu + host
+            r.kv_len = len(r.nodes) * page
+            if not r.admitted_once:
+                r.admitted_once = True
+                r.cached_tokens = r.kv_len
+                r.host_cached_tokens = len(host) * page
+                self._record_hit(r.prompt_len, r.cached_tokens)
+                self._prompt_total += r.prompt_len
+                self._cached_total += r.cached_tokens
+                self._host_cached_total += r.host_cached_tokens
+            r.state = _PREFILL
+            self._running.append(r)
+            done = self._prefill_chunk(r, budget, chunks)
+            budget -= done
+            if r.kv_len == seq_len:
+                finished_prefill.append(r)
+            reserved += self._reserve_pages(r)
+        return load_tokens, budget
+
+    def _prefill_chunk(self, r: _Req, budget: int, chunks: list) -> int:
+        """Compute up to `budget` more prompt tokens of `r` (fewer if memory is short)."""
+        cache = self.cache
+        page = self.page_size
+        old = r.kv_len
+        tokens = min(len(r.seq) - old, budget)
+        held = -(-old // page)
+        pages = -(-(old + tokens) // page) - held
+        if not cache.ensure_free(pages):
+            fit_pages = cache.available_pages
+            tokens = min(tokens, (held + fit_pages) * page - old)
+            if tokens <= 0:
+                return 0
+            pages = -(-(old + tokens) // page) - held
+            cache.ensure_free(pages)
+        new = old + tokens
+        if old % page:
+            cache.private_pages -= 1
+        for index in range(old // page, new // page):
+            self._add_page(r, index, count_recompute=True)
+        if new % page:
+            cache.private_pages += 1
+        r.kv_len = new
+        chunks.append((tokens, old))
+        return tokens
+
+    def _add_page(self, r: _Req, index: int, count_recompute: bool) -> None:
+        page = self.page_size
+        parent = r.nodes[-1] if r.nodes else self.cache.root
+        key = r.seq[index * page:(index + 1) * page].tobytes()
+        node, recomputed = self.cache.insert(parent, key)
+        self.cache.lock((node,), hit=False)
+        r.nodes.append(node)
+        if recomputed and count_recompute:
+            self._recomputed_total += page
+
+    def _sample(self, r: _Req) -> None:
+        max_new = r.req.max_new_tokens
+        r.generated += 1
+        if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
+            token = EOS_TOKEN_ID
+            r.seq.append(token)
+            r.new_ids.append(token)
+            self._finish(r, {"type": "stop", "matched": EOS_TOKEN_ID})
+            return
+        token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
+        r.seq.append(token)
+        r.new_ids.append(token)
+        if r.generated >= max_new:
+            self._finish(r, {"type": "length", "length": max_new})
+
+    def _finish(self, r: _Req, reason: dict) -> None:
+        r.state = -1
+        r.reason = reason
+        self._free(r, self._now)
+        del self._by_rid[r.rid]
+
+    def _free(self, r: _Req, now: float) -> None:
+        cache = self.cache
+        if r.kv_len % self.page_size:
+            cache.private_pages -= 1
+        cache.release(r.nodes, now)
+        r.nodes = []
+        r.kv_len = 0
+
+    def _retract_for_decode(self, decoders: list[_Req], now: float,
+                            outputs: list[RequestOutput]) -> tuple[list[_Req], int]:
+        cache = self.cache
+        page = self.page_size
+        # SGLang's order: retract the request with the fewest output tokens, longest prompt first.
+        candidates = sorted(decoders, key=lambda q: (q.generated, -q.prompt_len), reverse=True)
+        prefilling = [r for r in self._running if r.state == _PREFILL]
+        need = sum(1 for r in candidates if r.kv_len % page == 0)
+        while need > cache.available_pages:
+            if len(candidates) > 1:
+                victim = candidates.pop()
+            elif prefilling:
+                victim = prefilling.pop()     # the youngest prefill holds pages a decode needs
+            else:
+                victim = candidates.pop()
+                self._running.remove(victim)
+                self._free(victim, now)
+                del self._by_rid[victim.rid]
+                self._aborted_total += 1
+                outputs.append(self._output(victim, (), True, {
+                    "type": "abort", "message": "KV cache pool exhausted by a single request"}))
+                need = 0
+                break
+            self._retract(victim, now)
+            need = sum(1 for r in candidates if r.kv_len % page == 0)
+        if candidates:
+            decoded = sum(r.generated for r in candidates)
+            max_new = sum(r.req.max_new_tokens for r in candidates) or 1
+            self._new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(candidates)) / max_new)
+        kept = set(map(id, candidates))
+        return [r for r in decoders if id(r) in kept], need
+
+    def _retract(self, r: _Req, now: float) -> None:
+        self._running.remove(r)
+        self._free(r, now)
+        r.state = _WAITING
+        r.retractions += 1
+        self._retractions_total += 1
+        bisect.insort(self._waiting, r, key=lambda q: q.order)
+
+    def _unstick(self, now: float, outputs: list[RequestOutput]) -> float:
+        """No request could progress (prefills hold the pool between them): retract the youngest
+        running request so the others can finish, and charge one empty step."""
+        if len(self._running) > 1:
+            self._retract(self._running[-1], now)
+        elif self._running:
+            r = self._running[0]
+            self._running.remove(r)
+            self._free(r, now)
+            del self._by_rid[r.rid]
+            self._aborted_total += 1
+            outputs.append(self._output(r, (), True, {"type": "abort",
+                                                      "message": "KV cache pool cannot hold the request"}))
+        return self.profile.decode_ms(0, self.total_pages * self.page_size) / 1000.0
+
+    def _step_time_s(self, decoders: list[_Req], context_tokens: int, chunks: list, load_tokens: int) -> float:
+        profile = self.profile
+        ms = 0.0
+        if decoders or (chunks and profile.decode_on_prefill_only_steps):
+            if profile.decode_x == "kv_utilisation":
+                active = sum(r.kv_len for r in self._running)
+                ms += profile.decode_ms(active, self.total_pages * self.page_size)
+            else:
+                ms += profile.decode_ms(context_tokens, 0)
+        if chunks:
+            ms += profile.prefill_batch_ms(sum(t for t, _ in chunks))
+            for tokens, prefix in chunks:
+                ms += profile.prefill_chunk_ms(tokens, prefix)
+        seconds = ms / 1000.0
+        if load_tokens:
+            seconds += profile.host_load_s(load_tokens)
+        return seconds
+
+    # -- outputs and windows -------------------------------------------------------------------
+
+    def _output(self, r: _Req, new_ids: tuple, finished: bool, reason: dict | None) -> RequestOutput:
+        return RequestOutput(r.rid, new_ids, r.prompt_len, r.generated, r.cached_tokens, finished, reason,
+                             r.retractions, r.host_cached_tokens)
+
+    def _record_hit(self, prompt: int, cached: int) -> None:
+        self._hits.append((prompt, cached))
+        self._hit_prompt += prompt
+        self._hit_cached += cached
+        if len(self._hits) > HIT_RATE_WINDOW_REQUESTS:
+            old_prompt, old_cached = self._hits.popleft()
+            self._hit_prompt -= old_prompt
+            self._hit_cached -= old_cached
+
+    def _record_throughput(self, now: float, duration_s: float, tokens: int) -> None:
+        window = self._gen_window
+        window.append((now + duration_s, duration_s, tokens))
+        self._gen_window_tokens += tokens
+        self._gen_window_span_s += duration_s
+        horizon = now + duration_s - THROUGHPUT_WINDOW_S
+        while window and window[0][0] < horizon:
+            _, old_duration, old_tokens = window.popleft()
+            self._gen_window_tokens -= old_tokens
+            self._gen_window_span_s -= old_duration
+
+    _now = 0.0

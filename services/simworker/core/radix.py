@@ -1,0 +1,337 @@
+"""Paged KV pool with a radix prefix cache over full pages and an optional HiCache host tier.
+
+Model (what it keeps and why):
+
+* The GPU pool has `total_pages` pages of `page_size` tokens. A page is either a node of the
+  prefix tree (a *full* page, shareable, like SGLang with page_size > 1) or the private,
+  partially filled tail page of one request (never shared). `private_pages` counts the tails.
+* The tree has one node per full page, keyed by the page's token bytes (4-byte little-endian
+  ids) under its parent. A node lives on the GPU, on the host tier, or both. Invariants: a GPU
+  node's parent is on the GPU; a host-only node's parent is on the GPU or the host; a node with
+  neither copy is removed (with its subtree).
+* `ref` counts the requests holding a node. Unreferenced GPU nodes are *evictable*; eviction is
+  LRU over GPU leaves (nodes with no GPU child), so a prefix is evicted from its end, as in
+  SGLang's radix cache. A lazy heap keyed by (last access, tick) finds the victim; stale
+  entries are skipped when popped.
+* Host tier (HiCache): `write_back` copies a page to the host when it leaves the GPU;
+  `write_through` copies every page when it is computed (the host mirrors the GPU, and host
+  capacity counts both); `write_through_selective` copies a page once it has been hit twice
+  (SGLang's write-through threshold of 2). Only host-only pages (not also on the GPU) are
+  evicted from the host, LRU over host leaves; when the host has no room a copy is skipped.
+* Every change emits SGLang-shaped KV events: `BlockStored` per page (medium "GPU" or
+  "CPU_PINNED"), `BlockRemoved` per page, `AllBlocksCleared` on flush.
+
+Page hash (SGLang's newer rule, `sglang/srt/mem_cache/utils.py`): a SHA-256 chain per page,
+``digest_i = sha256(digest_{i-1} || token ids as 4-byte little-endian u32)`` with no prefix for
+the first page, published as the first 8 bytes of the digest read big-endian as a signed
+int64 (= SGLang's first 16 hex characters as int64). `page_hashes` computes the same values
+from token ids for the router.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import sys
+from array import array
+from typing import Iterable, Sequence
+
+from services.simworker.core.api import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+
+GPU = "GPU"
+HOST = "CPU_PINNED"
+_SELECTIVE_THRESHOLD = 2
+
+
+def token_bytes(token_ids: Iterable[int]) -> bytes:
+    """Token ids as consecutive 4-byte little-endian unsigned ints (the hashed representation)."""
+    arr = array("I", token_ids)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _ids_of(page: bytes) -> tuple[int, ...]:
+    arr = array("I")
+    arr.frombytes(page)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return tuple(arr)
+
+
+def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
+    """SHA-256 of the parent page's digest (empty for the first page) and this page's bytes."""
+    return hashlib.sha256(parent_digest + page).digest()
+
+
+def digest_to_int64(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
+    """Published hashes of the full pages of `token_ids` (the partial tail is not hashed)."""
+    data = token_bytes(token_ids)
+    width = 4 * page_size
+    out: list[int] = []
+    digest = b""
+    for start in range(0, (len(token_ids) // page_size) * width, width):
+        digest = chain_digest(digest, data[start:start + width])
+        out.append(digest_to_int64(digest))
+    return out
+
+
+class PageNode:
+    __slots__ = ("parent", "key", "children", "digest", "hash", "ref", "last_access", "on_gpu",
+                 "on_host", "gpu_children", "host_children", "hits")
+
+    def __init__(self, parent: PageNode | None, key: bytes, digest: bytes) -> None:
+        self.parent = parent
+        self.key = key
+        self.children: dict[bytes, PageNode] = {}
+        self.digest = digest
+        self.hash = digest_to_int64(digest) if digest else 0
+        self.ref = 0
+        self.last_access = 0.0
+        self.on_gpu = False
+        self.on_host = False
+        self.gpu_children = 0
+        self.host_children = 0
+        self.hits = 0
+
+
+class RadixCache:
+    def __init__(self, page_size: int, total_pages: int, host_pages: int = 0,
+                 write_policy: str = "write_through", computed_memory_pages: int = 0) -> None:
+        self.page_size = page_size
+        self.total_pages = total_pages
+        self.host_pages = host_pages
+        self.write_policy = write_policy
+        self.root = PageNode(None, b"", b"")
+        self.root.on_gpu = True
+        self.root.ref = 1                      # never evicted
+        self.gpu_pages = 0                     # tree nodes on the GPU
+        self.private_pages = 0                 # request tail pages
+        self.evictable_pages = 0               # GPU nodes with ref == 0
+        self.host_used = 0
+        self.events: list[KvEvent] = []
+        self._gpu_heap: list[tuple[float, int, PageNode]] = []
+        self._host_heap: list[tuple[float, int, PageNode]] = []
+        self._tick = 0
+        # Bounded memory of page hashes ever computed here, to tell recompute from first compute.
+        self._computed: dict[int, None] = {}
+        self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
+        self.evicted_pages_total = 0
+
+    # -- accounting --------------------------------------------------------------------------
+
+    @property
+    def free_pages(self) -> int:
+        return self.total_pages - self.gpu_pages - self.private_pages
+
+    @property
+    def available_pages(self) -> int:
+        return self.free_pages + self.evictable_pages
+
+    # -- lookup and locking ------------------------------------------------------------------
+
+    def match(self, data: bytes, max_pages: int) -> tuple[list[PageNode], list[PageNode]]:
+        """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes)."""
+        width = 4 * self.page_size
+        node = self.root
+        gpu: list[PageNode] = []
+        host: list[PageNode] = []
+        for start in range(0, max_pages * width, width):
+            child = node.children.get(data[start:start + width])
+            if child is None:
+                break
+            if child.on_gpu:
+                gpu.append(child)
+            else:
+                host.append(child)
+            node = child
+        return gpu, host
+
+    def lock(self, nodes: Sequence[PageNode], hit: bool = True) -> None:
+        """Take a reference on each node; `hit` = a prefix match (counts toward selective writes)."""
+        policy_selective = hit and self.write_policy == "write_through_selective" and self.host_pages > 0
+        for node in nodes:
+            if node.ref == 0 and node.on_gpu:
+                self.evictable_pages -= 1
+            node.ref += 1
+            if not hit:
+                continue
+            node.hits += 1
+            if policy_selective and node.hits >= _SELECTIVE_THRESHOLD and node.on_gpu and not node.on_host:
+                self._write_host(node)
+
+    def release(self, nodes: Sequence[PageNode], now: float) -> None:
+        for node in reversed(nodes):
+            node.ref -= 1
+            node.last_access = now
+            if node.ref == 0:
+                if node.on_gpu:
+                    self.evictable_pages += 1
+                    if node.gpu_children == 0:
+                        self._push_gpu(node)
+                elif node.host_children == 0:
+                    self._push_host(node)
+
+    def _push_gpu(self, node: PageNode) -> None:
+        self._tick += 1
+        heapq.heappush(self._gpu_heap, (node.last_access, self._tick, node))
+
+    def _push_host(self, node: PageNode) -> None:
+        self._tick += 1
+        heapq.heappush(self._host_heap, (node.last_access, self._tick, node))
+
+    # -- computing and loading pages ---------------------------------------------------------
+
+    def insert(self, parent: PageNode, key: bytes) -> tuple[PageNode, bool]:
+        """Record a page just computed on the GPU under `parent`; the caller must have a free page
+        (or be turning its private tail into this page). Returns (node, recomputed)."""
+        node = parent.children.get(key)
+        if node is not None and node.on_gpu:
+            # Computed twice concurrently (SGLang frees the duplicate at insert): share the node.
+            return node, True
+        if node is None:
+            node = PageNode(parent, key, chain_digest(parent.digest, key))
+            parent.children[key] = node
+        recomputed = node.hash in self._computed
+        if not recomputed:
+            self._computed[node.hash] = None
+            if len(self._computed) > self._computed_max:
+                del self._computed[next(iter(self._computed))]
+        self._to_gpu(node)
+        if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
+            self._write_host(node)
+        return node, recomputed
+
+    def load_back(self, node: PageNode) -> None:
+        """Copy a host-only page back to the GPU (the caller holds a free page and a ref)."""
+        self._to_gpu(node)
+
+    def _to_gpu(self, node: PageNode) -> None:
+        node.on_gpu = True
+        self.gpu_pages += 1
+        node.parent.gpu_children += 1
+        if node.ref == 0:
+            self.evictable_pages += 1
+            self._push_gpu(node)
+        self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
+                                       _ids_of(node.key), self.page_size, GPU))
+
+    def _write_host(self, node: PageNode) -> bool:
+        if self.host_used >= self.host_pages and not self._evict_host(1):
+            return False                        # no room: SGLang skips the backup
+        node.on_host = True
+        self.host_used += 1
+        node.parent.host_children += 1
+        self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
+                                       _ids_of(node.key), self.page_size, HOST))
+        return True
+
+    # -- eviction ----------------------------------------------------------------------------
+
+    def ensure_free(self, pages: int) -> bool:
+        """Evict unreferenced GPU pages until `pages` are free. False if that is impossible."""
+        short = pages - self.free_pages
+        if short <= 0:
+            return True
+        if short > self.evictable_pages:
+            return False
+        self.evict_gpu(short)
+        return self.free_pages >= pages
+
+    def evict_gpu(self, pages: int) -> int:
+        done = 0
+        heap = self._gpu_heap
+        while done < pages and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+                continue                        # stale entry
+            self._evict_one_gpu(node)
+            done += 1
+        return done
+
+    def _evict_one_gpu(self, node: PageNode) -> None:
+        parent = node.parent
+        node.on_gpu = False
+        self.gpu_pages -= 1
+        self.evictable_pages -= 1
+        self.evicted_pages_total += 1
+        parent.gpu_children -= 1
+        self.events.append(BlockRemoved((node.hash,), GPU))
+        if self.host_pages > 0 and not node.on_host and self.write_policy == "write_back":
+            self._write_host(node)
+        if node.on_host:
+            if node.host_children == 0:
+                self._push_host(node)
+        else:
+            self._drop(node)
+        if parent is not self.root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
+            self._push_gpu(parent)
+
+    def _evict_host(self, pages: int) -> int:
+        done = 0
+        heap = self._host_heap
+        while done < pages and heap:
+            stamp, _, node = heapq.heappop(heap)
+            if (not node.on_host or node.on_gpu or node.ref or node.host_children
+                    or node.last_access != stamp):
+                continue
+            parent = node.parent
+            node.on_host = False
+            self.host_used -= 1
+            parent.host_children -= 1
+            self.events.append(BlockRemoved((node.hash,), HOST))
+            self._drop(node)
+            if (parent is not self.root and parent.on_host and not parent.on_gpu and parent.ref == 0
+                    and parent.host_children == 0):
+                self._push_host(parent)
+            done += 1
+        return done
+
+    def _drop(self, node: PageNode) -> None:
+        """Remove a node that has no copy left, with its (host-only) subtree."""
+        del node.parent.children[node.key]
+        stack = list(node.children.values())
+        node.children = {}
+        while stack:
+            child = stack.pop()
+            if child.on_host:
+                child.on_host = False
+                self.host_used -= 1
+                self.events.append(BlockRemoved((child.hash,), HOST))
+            stack.extend(child.children.values())
+            child.children = {}
+        node.host_children = 0
+
+    # -- flush and inspection ----------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Drop every page (GPU and host). Only valid when no request holds a node."""
+        self.root.children = {}
+        self.root.gpu_children = self.root.host_children = 0
+        self.gpu_pages = self.evictable_pages = self.host_used = 0
+        self._gpu_heap.clear()
+        self._host_heap.clear()
+        self.events.append(AllBlocksCleared())
+
+    def drain_events(self) -> tuple[KvEvent, ...]:
+        events = tuple(self.events)
+        self.events.clear()
+        return events
+
+    def cached_hashes(self) -> tuple[set[int], set[int]]:
+        """(GPU page hashes, host page hashes) currently held; for tests and debugging."""
+        gpu: set[int] = set()
+        host: set[int] = set()
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.on_gpu:
+                gpu.add(node.hash)
+            if node.on_host:
+                host.add(node.hash)
+            stack.extend(node.children.values())
+        return gpu, host
