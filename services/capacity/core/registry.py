@@ -110,7 +110,8 @@ class Registry:
         self.settings = settings
         self._workers: dict[str, WorkerState] = {}
         self._by_url: dict[str, str] = {}
-        self.version = 0
+        # Starts at 1 so that known_version 0 (the proto default) never matches a real snapshot.
+        self.version = 1
 
     # --- reads ---
 
