@@ -1,0 +1,185 @@
+"""Scheduler configuration: every flag, environment variable and default of the seed reference.
+
+`load_config(argv, env)` is the one mapping from flags and environment to a validated, frozen
+`SchedulerConfig`; an invalid value or relation raises `ConfigError` naming the violated rule.
+The control-law relations live in `core.params.ControlParams.__post_init__`, which
+`SchedulerConfig` runs on construction, so the core cannot be built with a config the service
+would refuse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
+from services.common.errors import ConfigError
+from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import DEFAULT_PAUSE_POLICY, PAUSE_POLICIES
+
+ENV_PREFIX = "BANDMASTER_SCHEDULER"
+TA = "DYN_THUNDERAGENT_"
+
+CONTROL_SETTINGS = [
+    Setting("pause_threshold", float, 0.95,
+            "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle",
+            env=TA + "PAUSE_THRESHOLD"),
+    Setting("soft_demote_threshold", float, 0.80, "start of the soft-demote band below the pause threshold",
+            env=TA + "SOFT_DEMOTE_THRESHOLD"),
+    Setting("pause_target", float, 0.80, "setpoint that a pause cycle drives utilisation toward",
+            env=TA + "PAUSE_TARGET"),
+    Setting("resume_hysteresis", float, 0.10, "headroom below pause-threshold required before resume (absolute)",
+            env=TA + "RESUME_HYSTERESIS"),
+    Setting("resume_priority_boost", float, 1.0, "transient priority seconds added to a resumed request",
+            env=TA + "RESUME_PRIORITY_BOOST"),
+    Setting("resume_timeout_seconds", float, 1800.0, "forced-resume cap that bounds starvation",
+            env=TA + "RESUME_TIMEOUT_SECONDS"),
+    Setting("scheduler_interval_seconds", float, 5.0, "scheduler tick period",
+            env=TA + "SCHEDULER_INTERVAL_SECONDS"),
+    Setting("soft_demote_priority_jump", float, -2.0, "priority seconds applied to soft-demoted programs",
+            env=TA + "SOFT_DEMOTE_PRIORITY_JUMP"),
+    Setting("acting_token_weight", float, 1.0,
+            "multiplier on token_total for acting programs in the pause-side working set",
+            env=TA + "ACTING_TOKEN_WEIGHT"),
+    Setting("acting_decay_tau_seconds", float, 1.0,
+            "exponential-decay time constant for acting tokens in the resume-side working set",
+            env=TA + "ACTING_DECAY_TAU_SECONDS"),
+    Setting("program_idle_ttl_seconds", float, 900.0, "release a program idle at a tool boundary this long (0 disables)",
+            env=TA + "PROGRAM_IDLE_TTL_SECONDS"),
+]
+
+SERVICE_SETTINGS = [
+    Setting("pause_policy", str, DEFAULT_PAUSE_POLICY, "pause policy", env=f"{ENV_PREFIX}_PAUSE_POLICY",
+            choices=tuple(sorted(PAUSE_POLICIES))),
+    Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
+            env=f"{ENV_PREFIX}_CAPACITY_ADDR"),
+]
+
+# KvRouter flags (kvrouter_sglang.md §A.9): accepted, validated and forwarded to the router.
+KV_ROUTER_SETTINGS = [
+    Setting("router_temperature", float, 0.0, "softmax temperature of worker selection (0 = argmin)",
+            env="DYN_ROUTER_TEMPERATURE"),
+    Setting("kv_overlap_score_weight", float, 1.0, "weight of the prefill (uncached tokens) term",
+            env="DYN_KV_OVERLAP_SCORE_WEIGHT"),
+    Setting("use_kv_events", bool, True, "index KV events from workers (else approximate by routing history + TTL)",
+            env="DYN_USE_KV_EVENTS"),
+    Setting("router_replica_sync", bool, False, "share active-request state between router replicas",
+            env="DYN_ROUTER_REPLICA_SYNC"),
+    Setting("router_track_active_blocks", bool, True, "maintain decode-block load per worker",
+            env="DYN_ROUTER_TRACK_ACTIVE_BLOCKS"),
+    Setting("router_track_output_blocks", bool, False, "add output blocks with OSL decay to the load",
+            env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS"),
+    Setting("router_assume_kv_reuse", bool, True, "deduplicate active blocks by their hashes",
+            env="DYN_ROUTER_ASSUME_KV_REUSE"),
+    Setting("router_track_prefill_tokens", bool, True, "include prompt tokens in the prefill load",
+            env="DYN_ROUTER_TRACK_PREFILL_TOKENS"),
+    Setting("router_snapshot_threshold", int, 1_000_000, "events between index snapshots",
+            env="DYN_ROUTER_SNAPSHOT_THRESHOLD"),
+    Setting("router_reset_states", bool, False, "purge router state on start", env="DYN_ROUTER_RESET_STATES"),
+    Setting("router_ttl_secs", float, 120.0, "TTL of approximate (no-events) index entries",
+            env="DYN_ROUTER_TTL_SECS"),
+    Setting("router_event_threads", int, 4, "KV event indexer threads", env="DYN_ROUTER_EVENT_THREADS"),
+    Setting("router_queue_threshold", float, 0.0,
+            "hold requests while every worker's prefill load exceeds this multiple of its batch budget (0 = off)",
+            env="DYN_ROUTER_QUEUE_THRESHOLD"),
+    Setting("router_queue_policy", str, "fcfs", "router queue order", env="DYN_ROUTER_QUEUE_POLICY",
+            choices=("fcfs", "lcfs", "wspt")),
+    Setting("router_block_size", int, 128, "KV block size (tokens) of the router's prefix index",
+            env="DYN_ROUTER_BLOCK_SIZE"),
+]
+
+SETTINGS = [
+    *CONTROL_SETTINGS,
+    *SERVICE_SETTINGS,
+    *KV_ROUTER_SETTINGS,
+    *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
+]
+
+
+@dataclass(frozen=True)
+class KvRouterConfig:
+    """KvRouter settings accepted by the scheduler and forwarded to the router unchanged."""
+
+    router_temperature: float = 0.0
+    kv_overlap_score_weight: float = 1.0
+    use_kv_events: bool = True
+    router_replica_sync: bool = False
+    router_track_active_blocks: bool = True
+    router_track_output_blocks: bool = False
+    router_assume_kv_reuse: bool = True
+    router_track_prefill_tokens: bool = True
+    router_snapshot_threshold: int = 1_000_000
+    router_reset_states: bool = False
+    router_ttl_secs: float = 120.0
+    router_event_threads: int = 4
+    router_queue_threshold: float = 0.0
+    router_queue_policy: str = "fcfs"
+    router_block_size: int = 128
+
+    def __post_init__(self) -> None:
+        require(self.router_temperature >= 0, "router_temperature", self.router_temperature,
+                "router_temperature >= 0")
+        require(self.kv_overlap_score_weight >= 0, "kv_overlap_score_weight", self.kv_overlap_score_weight,
+                "kv_overlap_score_weight >= 0")
+        require(not self.router_track_output_blocks or self.router_track_active_blocks,
+                "router_track_output_blocks", self.router_track_output_blocks,
+                "router_track_output_blocks requires router_track_active_blocks")
+        require(self.router_snapshot_threshold > 0, "router_snapshot_threshold", self.router_snapshot_threshold,
+                "router_snapshot_threshold > 0")
+        require(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "router_ttl_secs > 0")
+        require(self.router_event_threads >= 1, "router_event_threads", self.router_event_threads,
+                "router_event_threads >= 1")
+        require(self.router_queue_threshold >= 0, "router_queue_threshold", self.router_queue_threshold,
+                "router_queue_threshold >= 0")
+        require(self.router_queue_policy in ("fcfs", "lcfs", "wspt"), "router_queue_policy",
+                self.router_queue_policy, "router_queue_policy in {fcfs, lcfs, wspt}")
+        require(self.router_block_size > 0, "router_block_size", self.router_block_size, "router_block_size > 0")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """The scheduler service's whole configuration, validated on construction."""
+
+    control: ControlParams = field(default_factory=ControlParams)
+    """The control law; its __post_init__ enforces every relation of the seed reference."""
+    pause_policy: str = DEFAULT_PAUSE_POLICY
+    capacity_addr: str = "127.0.0.1:50051"
+    kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
+    listen: str = "127.0.0.1:50052"
+    metrics_port: int = 9102
+    log_level: str = "INFO"
+    shutdown_grace_seconds: float = 5.0
+    ready_file: str = ""
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.control, ControlParams), "control", self.control, "control must be ControlParams")
+        require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
+                f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
+        parse_host_port(self.capacity_addr, "capacity_addr")
+        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
+    """Flags win over environment, environment over defaults; raises ConfigError."""
+    values = parse_settings(SETTINGS, argv, env, prog="bandmaster-scheduler",
+                            description="Bandmaster scheduler: program table, control bands, admission")
+    control = ControlParams(**{s.name: values[s.name] for s in CONTROL_SETTINGS})
+    kv_router = KvRouterConfig(**{s.name: values[s.name] for s in KV_ROUTER_SETTINGS})
+    return SchedulerConfig(
+        control=control,
+        pause_policy=values["pause_policy"],
+        capacity_addr=values["capacity_addr"],
+        kv_router=kv_router,
+        listen=values["listen"],
+        metrics_port=values["metrics_port"],
+        log_level=values["log_level"],
+        shutdown_grace_seconds=values["shutdown_grace_seconds"],
+        ready_file=values["ready_file"],
+    )
+
+
+__all__ = ["ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]

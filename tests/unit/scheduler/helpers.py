@@ -1,0 +1,65 @@
+"""Builders shared by the scheduler core tests."""
+
+from __future__ import annotations
+
+from services.scheduler.core import (
+    CapacitySnapshot,
+    ControlParams,
+    ReplicaCapacity,
+    ReplicaKey,
+    SchedulerCore,
+    Verdict,
+)
+
+
+def snapshot(caps: dict[tuple[str, int], int], version: int = 1, max_programs: dict | None = None) -> CapacitySnapshot:
+    max_programs = max_programs or {}
+    return CapacitySnapshot(version, tuple(ReplicaCapacity(w, r, tokens, max_programs.get((w, r), 0))
+                                           for (w, r), tokens in caps.items()))
+
+
+def make_core(caps: dict[tuple[str, int], int] | None = None, now: float = 0.0, **params) -> SchedulerCore:
+    core = SchedulerCore(ControlParams(**params))
+    if caps is not None:
+        core.apply_capacity(now, snapshot(caps))
+    return core
+
+
+_counter = [0]
+
+
+def rid() -> str:
+    _counter[0] += 1
+    return f"req-{_counter[0]}"
+
+
+def turn(core: SchedulerCore, sid: str, prompt: int, completion: int = 0, now: float = 0.0,
+         replica: tuple[str, int] | None = None):
+    """Admit one turn and, if it was placed, complete it (program ends ACTING)."""
+    request_id = rid()
+    result = core.admit(now, sid, "", prompt, request_id)
+    if result.decision.verdict is Verdict.PLACED:
+        where = ReplicaKey(*replica) if replica else result.decision.replica
+        core.complete(now, sid, request_id, where, prompt, completion)
+    return result
+
+
+def place_acting(core: SchedulerCore, sid: str, tokens: int, replica: tuple[str, int], now: float = 0.0) -> None:
+    """Create an ACTING program of `tokens` on `replica` regardless of headroom (the tests' `place()`)."""
+    request_id = place_reasoning(core, sid, tokens, replica, now)
+    core.complete(now, sid, request_id, ReplicaKey(*replica), tokens, 0)
+
+
+def place_reasoning(core: SchedulerCore, sid: str, tokens: int, replica: tuple[str, int], now: float = 0.0) -> str:
+    request_id = rid()
+    core.admit(now, sid, "", tokens, request_id)
+    program = core._programs[sid]
+    if program.lifecycle.value == "paused":  # force it in, whatever the headroom
+        core._paused.pop(sid)
+        program.lifecycle = type(program.lifecycle).ACTIVE
+        program.paused_since = None
+        core._waiting.pop(sid, None)
+        core._turns[request_id].waiting = False
+    program.replica = ReplicaKey(*replica)
+    core._recharge(program)
+    return request_id
