@@ -99,6 +99,10 @@ class SglangStub:
         app.router.add_get("/server_info", self._server_info)
         app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/health", self._health)
+        # Any path prefix answers too, so one stub can stand in for many workers (http://h:p/w17).
+        app.router.add_get("/{prefix:.+}/server_info", self._server_info)
+        app.router.add_get("/{prefix:.+}/get_server_info", self._server_info)
+        app.router.add_get("/{prefix:.+}/health", self._health)
         app.router.add_post("/_stub/info", self._ctl_info)
         app.router.add_post("/_stub/fail", self._ctl_fail)
         app.router.add_post("/_stub/restart", self._ctl_restart)
@@ -142,7 +146,7 @@ class SglangStub:
         return ok
 
     async def _server_info(self, request: web.Request) -> web.StreamResponse:
-        if self.legacy_only and request.path == "/server_info":
+        if self.legacy_only and request.path.endswith("/server_info") and not request.path.endswith("/get_server_info"):
             raise web.HTTPNotFound()
         return await self._answer("server_info", web.json_response(self.info))
 
