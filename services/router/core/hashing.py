@@ -31,14 +31,11 @@ from typing import Sequence
 
 # Root of every text chain: keeps text ids and token ids in disjoint hash domains.
 _TEXT_ROOT_DIGEST = hashlib.sha256(b"bandmaster.router.text-chunks.v1").digest()
-_INT64_SIGN = 1 << 63
-_UINT64 = 1 << 64
 
 
 def digest_to_block_id(digest: bytes) -> int:
     """First 8 bytes of a SHA-256 digest as a signed int64 (SGLang's `hash_str_to_int64`)."""
-    value = int.from_bytes(digest[:8], "big")
-    return value - _UINT64 if value >= _INT64_SIGN else value
+    return int.from_bytes(digest[:8], "big", signed=True)
 
 
 def _le_u32_bytes(token_ids: Sequence[int]) -> bytes:

@@ -75,6 +75,8 @@ class KvRouterCore:
         characters; an overlap converts to tokens by this prompt's own tokens-per-character
         ratio (`isl_tokens` is the caller's estimate). Only a routing-history index matches
         these ids; an event-driven index holds token pages and reports no overlap for them."""
+        if isl_tokens < 0:
+            raise ValueError("isl_tokens >= 0")
         chunk = self.params.text_chunk_chars
         tokens_per_chunk = isl_tokens * chunk / len(text) if text else 0.0
         return Prompt(tuple(text_chunk_hashes(text, chunk)), isl_tokens, tokens_per_chunk)
