@@ -84,7 +84,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch")
+    __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch", "was_paused", "was_soft_demoted", "priority_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,9 @@ class AdmitResponse(_message.Message):
     HELD_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FORCED_RESUME_FIELD_NUMBER: _ClassVar[int]
     ADMISSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    WAS_PAUSED_FIELD_NUMBER: _ClassVar[int]
+    WAS_SOFT_DEMOTED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     dp_rank: int
     pinned: bool
@@ -99,7 +102,26 @@ class AdmitResponse(_message.Message):
     held_seconds: float
     forced_resume: bool
     admission_epoch: int
-    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ...) -> None: ...
+    was_paused: bool
+    was_soft_demoted: bool
+    priority_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ..., was_paused: _Optional[bool] = ..., was_soft_demoted: _Optional[bool] = ..., priority_seconds: _Optional[float] = ...) -> None: ...
+
+class BindRequest(_message.Message):
+    __slots__ = ("request_id", "worker_id", "dp_rank")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    worker_id: str
+    dp_rank: int
+    def __init__(self, request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ...) -> None: ...
+
+class BindResponse(_message.Message):
+    __slots__ = ("bound",)
+    BOUND_FIELD_NUMBER: _ClassVar[int]
+    bound: bool
+    def __init__(self, bound: _Optional[bool] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("session_id", "request_id", "worker_id", "dp_rank", "prompt_tokens", "completion_tokens", "cached_tokens", "outcome")
@@ -178,7 +200,7 @@ class GetProgramRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class ReplicaUtilization(_message.Message):
-    __slots__ = ("worker_id", "dp_rank", "retention_tokens", "used_tokens", "used_decayed_tokens", "utilization", "band", "active_programs", "passthrough_requests")
+    __slots__ = ("worker_id", "dp_rank", "retention_tokens", "used_tokens", "used_decayed_tokens", "utilization", "band", "active_programs", "passthrough_requests", "resident_programs", "max_programs")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     RETENTION_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +210,8 @@ class ReplicaUtilization(_message.Message):
     BAND_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     PASSTHROUGH_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     dp_rank: int
     retention_tokens: int
@@ -197,7 +221,9 @@ class ReplicaUtilization(_message.Message):
     band: Band
     active_programs: int
     passthrough_requests: int
-    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., retention_tokens: _Optional[int] = ..., used_tokens: _Optional[int] = ..., used_decayed_tokens: _Optional[int] = ..., utilization: _Optional[float] = ..., band: _Optional[_Union[Band, str]] = ..., active_programs: _Optional[int] = ..., passthrough_requests: _Optional[int] = ...) -> None: ...
+    resident_programs: int
+    max_programs: int
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., retention_tokens: _Optional[int] = ..., used_tokens: _Optional[int] = ..., used_decayed_tokens: _Optional[int] = ..., utilization: _Optional[float] = ..., band: _Optional[_Union[Band, str]] = ..., active_programs: _Optional[int] = ..., passthrough_requests: _Optional[int] = ..., resident_programs: _Optional[int] = ..., max_programs: _Optional[int] = ...) -> None: ...
 
 class ListProgramsRequest(_message.Message):
     __slots__ = ()
@@ -212,20 +238,22 @@ class ListProgramsResponse(_message.Message):
     def __init__(self, programs: _Optional[_Iterable[_Union[Program, _Mapping]]] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ...) -> None: ...
 
 class ProgramEvent(_message.Message):
-    __slots__ = ("kind", "session_id", "worker_id", "dp_rank", "tokens", "at")
+    __slots__ = ("kind", "session_id", "worker_id", "dp_rank", "tokens", "at", "reason")
     KIND_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     kind: EventKind
     session_id: str
     worker_id: str
     dp_rank: int
     tokens: int
     at: _timestamp_pb2.Timestamp
-    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tokens: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    reason: str
+    def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tokens: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ()
@@ -236,7 +264,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("programs_active", "programs_paused", "programs_reasoning", "programs_acting", "pauses_total", "resumes_total", "forced_resumes_total", "waiting_admissions", "replicas", "capacity_version")
+    __slots__ = ("programs_active", "programs_paused", "programs_reasoning", "programs_acting", "pauses_total", "resumes_total", "forced_resumes_total", "waiting_admissions", "replicas", "capacity_version", "marks_total", "expired_total", "released_total", "admissions_total", "admissions_cancelled_total", "passthrough_in_flight")
     PROGRAMS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_PAUSED_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_REASONING_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +275,12 @@ class Stats(_message.Message):
     WAITING_ADMISSIONS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MARKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ADMISSIONS_CANCELLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PASSTHROUGH_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     programs_active: int
     programs_paused: int
     programs_reasoning: int
@@ -257,4 +291,42 @@ class Stats(_message.Message):
     waiting_admissions: int
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaUtilization]
     capacity_version: int
-    def __init__(self, programs_active: _Optional[int] = ..., programs_paused: _Optional[int] = ..., programs_reasoning: _Optional[int] = ..., programs_acting: _Optional[int] = ..., pauses_total: _Optional[int] = ..., resumes_total: _Optional[int] = ..., forced_resumes_total: _Optional[int] = ..., waiting_admissions: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ..., capacity_version: _Optional[int] = ...) -> None: ...
+    marks_total: int
+    expired_total: int
+    released_total: int
+    admissions_total: int
+    admissions_cancelled_total: int
+    passthrough_in_flight: int
+    def __init__(self, programs_active: _Optional[int] = ..., programs_paused: _Optional[int] = ..., programs_reasoning: _Optional[int] = ..., programs_acting: _Optional[int] = ..., pauses_total: _Optional[int] = ..., resumes_total: _Optional[int] = ..., forced_resumes_total: _Optional[int] = ..., waiting_admissions: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ..., capacity_version: _Optional[int] = ..., marks_total: _Optional[int] = ..., expired_total: _Optional[int] = ..., released_total: _Optional[int] = ..., admissions_total: _Optional[int] = ..., admissions_cancelled_total: _Optional[int] = ..., passthrough_in_flight: _Optional[int] = ...) -> None: ...
+
+class GetRouterConfigRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RouterConfig(_message.Message):
+    __slots__ = ("router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_active_blocks", "router_track_output_blocks", "router_assume_kv_reuse", "router_track_prefill_tokens", "router_ttl_secs", "router_block_size", "router_queue_threshold", "router_queue_policy", "router_replica_sync")
+    ROUTER_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    KV_OVERLAP_SCORE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    USE_KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_TRACK_ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_TRACK_OUTPUT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_ASSUME_KV_REUSE_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_TRACK_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_TTL_SECS_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_QUEUE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    ROUTER_REPLICA_SYNC_FIELD_NUMBER: _ClassVar[int]
+    router_temperature: float
+    kv_overlap_score_weight: float
+    use_kv_events: bool
+    router_track_active_blocks: bool
+    router_track_output_blocks: bool
+    router_assume_kv_reuse: bool
+    router_track_prefill_tokens: bool
+    router_ttl_secs: float
+    router_block_size: int
+    router_queue_threshold: float
+    router_queue_policy: str
+    router_replica_sync: bool
+    def __init__(self, router_temperature: _Optional[float] = ..., kv_overlap_score_weight: _Optional[float] = ..., use_kv_events: _Optional[bool] = ..., router_track_active_blocks: _Optional[bool] = ..., router_track_output_blocks: _Optional[bool] = ..., router_assume_kv_reuse: _Optional[bool] = ..., router_track_prefill_tokens: _Optional[bool] = ..., router_ttl_secs: _Optional[float] = ..., router_block_size: _Optional[int] = ..., router_queue_threshold: _Optional[float] = ..., router_queue_policy: _Optional[str] = ..., router_replica_sync: _Optional[bool] = ...) -> None: ...

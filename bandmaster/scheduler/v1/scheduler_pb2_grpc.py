@@ -39,6 +39,11 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.Bind = channel.unary_unary(
+                '/bandmaster.scheduler.v1.Scheduler/Bind',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindResponse.FromString,
+                _registered_method=True)
         self.Complete = channel.unary_unary(
                 '/bandmaster.scheduler.v1.Scheduler/Complete',
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
@@ -69,12 +74,23 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetStatsRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Stats.FromString,
                 _registered_method=True)
+        self.GetRouterConfig = channel.unary_unary(
+                '/bandmaster.scheduler.v1.Scheduler/GetRouterConfig',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Admit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Bind(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -116,6 +132,12 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRouterConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +145,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.SerializeToString,
+            ),
+            'Bind': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bind,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindResponse.SerializeToString,
             ),
             'Complete': grpc.unary_unary_rpc_method_handler(
                     servicer.Complete,
@@ -154,6 +181,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetStatsRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Stats.SerializeToString,
             ),
+            'GetRouterConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRouterConfig,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'bandmaster.scheduler.v1.Scheduler', rpc_method_handlers)
@@ -182,6 +214,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/Admit',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bind(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/Bind',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -344,6 +403,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/GetStats',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetStatsRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Stats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRouterConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/GetRouterConfig',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.FromString,
             options,
             channel_credentials,
             insecure,
