@@ -99,8 +99,8 @@ class CapacityRuntime:
                    expectation: Expectation = Expectation()) -> WorkerState:
         state, transitions = self.registry.add(worker_id, url, origin, self.clock.monotonic(), expectation)
         self._log(transitions)
-        if transitions or self.registry.version != self._published_version:
-            self.publish()
+        # Published by the publisher task: a burst of registrations costs one recompute, not one each.
+        self._dirty.set()
         if self._tasks and state.worker_id not in self._polls and state.card is None:
             # A new worker should not wait a whole interval for its first card.
             self._spawn_poll(state)
@@ -117,7 +117,7 @@ class CapacityRuntime:
         if poll is not None:
             poll.cancel()
         self._log(transitions)
-        self.publish()
+        self._dirty.set()
         return True
 
     def set_load(self, worker_id: str, load: Load) -> bool:
