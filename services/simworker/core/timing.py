@@ -211,12 +211,11 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE,
             raise ConfigError("profile", text, "profile file does not exist")
         data = _read_file(path)
         base = data.pop("base", None)
+        data.setdefault("name", path.stem)     # a derived file is its own profile, not its base
         if base is not None:
             merged = _read_builtin(str(base))
             merged.update(data)
             data = merged
-            data.setdefault("name", path.stem)
-        data.setdefault("name", path.stem)
     else:
         data = _read_builtin(text)
     data = dict(data)

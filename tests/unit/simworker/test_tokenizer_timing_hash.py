@@ -1,0 +1,117 @@
+"""Tokenizer rule, timing profiles, and the SGLang page-hash rule."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+import pytest
+
+from services.common.errors import ConfigError
+from services.simworker.core import tokenizer
+from services.simworker.core.radix import page_hashes
+from services.simworker.core.timing import builtin_profiles, host_tokens_from_gb, load_profile
+
+
+# -- tokenizer -------------------------------------------------------------------------------
+
+def test_pieces_follow_the_documented_rule():
+    ids = tokenizer.encode(" hello world  ")
+    assert len(ids) == 5                          # " hell", "o", " worl", "d", "  "
+    assert tokenizer.encode(" hell") == ids[:1]
+    assert all(tokenizer.HASH_ID_BASE <= i < tokenizer.VOCAB_SIZE for i in ids)
+
+
+def test_ids_are_stable_across_versions():
+    # Pinned values: changing the rule breaks every recorded prefix hash.
+    assert tokenizer.encode(" ba be") == [256, 257]
+    assert tokenizer.encode("hello") == tokenizer.encode("hello")
+    assert tokenizer.encode("hello")[0] == 16_384 + int.from_bytes(
+        hashlib.blake2b(b"hell", digest_size=8).digest(), "little") % tokenizer.HASH_VOCAB
+
+
+@pytest.mark.parametrize("n, seed", [(0, 0), (1, 1), (17, 2), (5000, 3)])
+def test_text_of_n_tokens_is_exact_and_decodes_back(n, seed):
+    text = tokenizer.text_of_n_tokens(n, seed)
+    ids = tokenizer.encode(text)
+    assert len(ids) == n
+    assert ids == tokenizer.ids_of_n_tokens(n, seed)
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.text_of_n_tokens(n, seed) == text
+
+
+def test_generated_words_round_trip_and_eos_is_skipped():
+    ids = [tokenizer.word_id(i) for i in (0, 5, 8000, 123)]
+    assert tokenizer.encode(tokenizer.decode(ids)) == ids
+    assert tokenizer.decode([tokenizer.EOS_TOKEN_ID]) == ""
+    assert all(len(w.strip()) <= 4 and w.startswith(" ") for w in tokenizer.WORDS)
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+def test_builtin_profiles_and_default_formulas():
+    assert {"glm45-fp8-h200", "mocker-h100"} <= set(builtin_profiles())
+    glm = load_profile("glm45-fp8-h200")
+    assert glm.decode_ms(95_000, 0) == pytest.approx(26.2, abs=0.1)    # TIMING.md §4b bs4
+    assert glm.decode_ms(640_000, 0) == pytest.approx(63.8, abs=0.1)   # §5 table, batch 32 x 20K
+    # Linear continuation above the 800K knee with the slope at the knee.
+    slope = glm.decode_ms(900_000, 0) - glm.decode_ms(899_000, 0)
+    assert slope == pytest.approx(0.0209, abs=1e-3)
+    # Closed form at concurrency 1: frontend + step + chunk = TIMING's isolated TTFT.
+    t, l = 1000, 40_000
+    isolated = 53.7 + 0.0531 * t + 1.378e-6 * t * (l - t / 2) + 0.00259 * l
+    ours = glm.frontend_s(l) * 1000 + glm.decode_ms(0, 0) + glm.prefill_chunk_ms(t, l - t)
+    assert ours == pytest.approx(isolated, rel=0.01)
+    mocker = load_profile("mocker-h100")
+    assert mocker.decode_ms(0, 100) == pytest.approx(5.74)
+    assert mocker.prefill_batch_ms(1000) + mocker.prefill_chunk_ms(1000, 0) == pytest.approx(
+        4.209989e-7 * 1e6 + 0.01518344 * 1000 + 16.50142)
+
+
+def test_host_load_time_and_size_helpers():
+    glm = load_profile("glm45-fp8-h200")
+    assert glm.host_load_s(10_000) == pytest.approx(10_000 * 376_832 / 100e9)
+    assert host_tokens_from_gb(100, 376_832) == int(100e9 // 376_832)
+    with pytest.raises(ConfigError):
+        host_tokens_from_gb(-1, 376_832)
+
+
+def test_overrides_and_profile_files(tmp_path):
+    p = load_profile("glm45-fp8-h200", {"host_bandwidth_bytes_per_s": "5e10", "frontend_base_ms": 0})
+    assert p.host_bandwidth_bytes_per_s == 5e10 and p.frontend_base_ms == 0.0
+    toml = tmp_path / "mine.toml"
+    toml.write_text('base = "mocker-h100"\nkv_bytes_per_token = 1024\n')
+    mine = load_profile(str(toml))
+    assert mine.name == "mine" and mine.kv_bytes_per_token == 1024 and mine.decode_x == "kv_utilisation"
+    js = tmp_path / "full.json"
+    js.write_text('{"base": "glm45-fp8-h200", "name": "x", "decode_e0_ms": 20}')
+    assert load_profile(js).decode_e0_ms == 20.0
+
+
+@pytest.mark.parametrize("name, overrides, field", [
+    ("no-such-profile", None, "profile"),
+    ("glm45-fp8-h200", {"bogus": 1}, "profile.bogus"),
+    ("glm45-fp8-h200", {"kv_bytes_per_token": 0}, "kv_bytes_per_token"),
+    ("glm45-fp8-h200", {"decode_x": "batch"}, "decode_x"),
+    ("glm45-fp8-h200", {"prefill_ms_per_token": "fast"}, "profile.prefill_ms_per_token"),
+    ("glm45-fp8-h200", {"decode_e1_ms": 0.0}, "decode_x_knee"),
+    ("missing.json", None, "profile"),
+])
+def test_bad_profiles_raise_config_error(name, overrides, field):
+    with pytest.raises(ConfigError) as info:
+        load_profile(name, overrides)
+    assert info.value.field == field
+
+
+# -- page hash -------------------------------------------------------------------------------
+
+def test_page_hash_is_sglang_sha256_chain_as_signed_int64():
+    tokens = list(range(100, 137))                     # 2 full pages of 16, a partial tail
+    hashes = page_hashes(tokens, 16)
+    assert len(hashes) == 2
+    d0 = hashlib.sha256(struct.pack("<16I", *tokens[:16])).hexdigest()
+    d1 = hashlib.sha256(bytes.fromhex(d0) + struct.pack("<16I", *tokens[16:32])).hexdigest()
+    as_int64 = [struct.unpack(">q", bytes.fromhex(d[:16]))[0] for d in (d0, d1)]
+    assert hashes == as_int64
+    assert page_hashes(tokens[:32] + [9], 16) == hashes      # the tail does not matter
+    assert page_hashes([5] + tokens[1:], 16)[1] != hashes[1]  # chained: page 0 changes page 1
