@@ -85,7 +85,8 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
 
 def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
     args = ["--listen", "127.0.0.1:0", "--metrics-port", "0", "--log-level", config.log_level,
-            "--poll-interval-seconds", str(config.poll_interval_seconds)]
+            "--poll-interval-seconds", str(config.poll_interval_seconds),
+            "--poll-timeout-seconds", str(min(2.0, config.poll_interval_seconds / 2))]
     for url in worker_urls:
         args += ["--worker-url", url]
     return ChildSpec(name="capacity", module="services.capacity", args=args)
