@@ -25,6 +25,8 @@ from services.common.clock import Clock
 
 log = logging.getLogger("services.capacity")
 
+PUBLISH_COALESCE_S = 0.01
+
 
 class Mailbox:
     """One watcher's slot: only the newest snapshot is kept."""
@@ -194,8 +196,9 @@ class CapacityRuntime:
                 return
             if self.registry.version != self._published_version:
                 self.publish()
-            # Let queued RPCs and poll completions land before the next recompute.
-            await asyncio.sleep(0)
+                # A recompute is O(workers); under a burst (mass registration, a poll round) let
+                # changes accumulate briefly. An isolated change still publishes at once.
+                await asyncio.sleep(PUBLISH_COALESCE_S)
 
     # --- polling ---
 

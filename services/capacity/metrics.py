@@ -31,6 +31,7 @@ class CapacityMetrics:
                              registry=registry)
         for health in Health:
             self.workers.labels(health.value)
+        self._retention_seen: dict[tuple[str, str, str], int] = {}
 
     def observe_view(self, view: CapacityView, version: int) -> None:
         counts = {h: 0 for h in Health}
@@ -38,10 +39,14 @@ class CapacityMetrics:
             counts[w.state.health] += 1
         for health, n in counts.items():
             self.workers.labels(health.value).set(n)
-        # Replace the whole family: removed workers must not linger as stale series.
-        self.retention_tokens.clear()
-        for w in view.workers:
-            for r in w.replicas:
-                self.retention_tokens.labels(r.worker_id, str(r.dp_rank), r.source.value).set(r.retention_tokens)
+        # Touch only series that changed; removed replicas must not linger as stale series.
+        current = {(r.worker_id, str(r.dp_rank), r.source.value): r.retention_tokens
+                   for w in view.workers for r in w.replicas}
+        for labels in self._retention_seen.keys() - current.keys():
+            self.retention_tokens.remove(*labels)
+        for labels, tokens in current.items():
+            if self._retention_seen.get(labels) != tokens:
+                self.retention_tokens.labels(*labels).set(tokens)
+        self._retention_seen = current
         self.total_retention_tokens.set(view.total_retention_tokens)
         self.version.set(version)
