@@ -1,0 +1,133 @@
+"""The router's client of the scheduler: Admit, Bind, Complete, Release, GetRouterConfig.
+
+Failing open is decided here and only here. `admit` returns None when the scheduler cannot decide
+(unreachable, UNAVAILABLE, or the admission wait ran out): the turn is then routed by KV cost alone,
+`bandmaster_router_scheduler_fail_open_total` counts it, and one WARN is logged per outage (an INFO
+when the scheduler answers again). Bind/Complete/Release are short, bounded calls whose failure never
+fails a turn. The W3C trace context of the current span is injected into every call's metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry import propagate
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+# Codes that mean "the scheduler cannot decide now": fail open. Anything else from Admit is a bug
+# on one side or the other; we fail open too (the data plane must not stop), but log it as an error.
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+
+
+class Outcome:
+    OK = pb.TURN_OUTCOME_OK
+    CANCELLED = pb.TURN_OUTCOME_CANCELLED
+    FAILED = pb.TURN_OUTCOME_FAILED
+
+
+@dataclass(frozen=True)
+class Admission:
+    worker_id: str          # "" = any
+    dp_rank: int
+    pinned: bool
+    priority: int
+    held_seconds: float
+    was_paused: bool
+
+
+def _metadata() -> tuple[tuple[str, str], ...]:
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return tuple(carrier.items())
+
+
+class SchedulerClient:
+    def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float) -> None:
+        self.address = address
+        self._metrics = metrics
+        self._timeout_s = call_timeout_s
+        self._channel = grpc.aio.insecure_channel(address)
+        self._stub = pb_grpc.SchedulerStub(self._channel)
+        self._outage_since: float | None = None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    @property
+    def in_outage(self) -> bool:
+        return self._outage_since is not None
+
+    def _ok(self) -> None:
+        if self._outage_since is not None:
+            log.info("scheduler %s reachable again after %.1fs; admission resumes", self.address,
+                     time.monotonic() - self._outage_since)
+            self._outage_since = None
+            self._metrics.scheduler_reachable.set(1)
+
+    def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
+        self._metrics.scheduler_errors.labels(method).inc()
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self._metrics.scheduler_reachable.set(0)
+            log.warning("scheduler %s unreachable (%s: %s); failing open to KV-aware routing", self.address,
+                        exc.code().name, exc.details())
+
+    async def admit(self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int,
+                    timeout_s: float) -> Admission | None:
+        """Admission, or None to fail open. Raises CancelledError when the caller is cancelled
+        (gRPC then cancels the call and the scheduler rolls the admission back)."""
+        request = pb.AdmitRequest(session_id=session_id, parent_session_id=parent_session_id,
+                                  estimated_prompt_tokens=estimated_prompt_tokens, request_id=request_id)
+        try:
+            answer = await self._stub.Admit(request, timeout=timeout_s, metadata=_metadata())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise
+            if exc.code() not in _UNREACHABLE:
+                log.error("scheduler Admit failed with %s: %s; failing open", exc.code().name, exc.details())
+            self._unreachable("Admit", exc)
+            self._metrics.fail_open.inc()
+            return None
+        self._ok()
+        self._metrics.admit_wait.observe(answer.held_seconds)
+        return Admission(answer.worker_id, answer.dp_rank, answer.pinned and bool(answer.worker_id),
+                         answer.priority, answer.held_seconds, answer.was_paused)
+
+    async def _short(self, method: str, call, request):
+        try:
+            answer = await call(request, timeout=self._timeout_s, metadata=_metadata())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in _UNREACHABLE:
+                self._unreachable(method, exc)
+            else:
+                self._metrics.scheduler_errors.labels(method).inc()
+                log.error("scheduler %s failed with %s: %s", method, exc.code().name, exc.details())
+            return None
+        self._ok()
+        return answer
+
+    async def bind(self, request_id: str, worker_id: str, dp_rank: int) -> None:
+        await self._short("Bind", self._stub.Bind,
+                          pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
+
+    async def complete(self, session_id: str, request_id: str, worker_id: str, dp_rank: int, prompt_tokens: int,
+                       completion_tokens: int, cached_tokens: int, outcome: int) -> None:
+        await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
+            session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
+            prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
+            cached_tokens=max(0, cached_tokens), outcome=outcome))
+
+    async def release(self, session_id: str) -> bool:
+        answer = await self._short("Release", self._stub.Release, pb.ReleaseRequest(session_id=session_id))
+        return bool(answer and answer.released)
+
+    async def router_config(self) -> pb.RouterConfig | None:
+        return await self._short("GetRouterConfig", self._stub.GetRouterConfig, pb.GetRouterConfigRequest())

@@ -1,0 +1,326 @@
+"""The router's public HTTP API (aiohttp): OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+SGLang `/generate`, `/health`, `/metrics`.
+
+Validation happens before anything is forwarded: session headers (session.py), body size, JSON shape and
+types. Domain errors become OpenAI-style bodies in `_error_response` only. A streamed turn is answered
+only once the worker produced its first chunk (so a failure before it can be retried invisibly); after
+that a failure ends the stream with `data: {"error": ...}` and `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+from opentelemetry import propagate, trace
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from services.router import session
+from services.router.control import Outcome
+from services.router.errors import BadRequest, BodyTooLarge, RouterError, WorkerFailed, WorkerTimeout
+from services.router.metrics import RouterMetrics
+from services.router.turns import Api, LineKind, TurnRunner, TurnSpec
+from services.router.upstream import dumps, loads
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_DONE = b"data: [DONE]\n\n"
+_ROUTE_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "completions", Api.GENERATE: "generate"}
+
+
+def _error_response(err: RouterError) -> web.Response:
+    """The one mapping of domain errors to HTTP."""
+    return web.Response(status=err.http_status, body=dumps(err.body()), content_type="application/json")
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + dumps(obj) + b"\n\n"
+
+
+# -- body validation --------------------------------------------------------------------------------
+
+def _positive_int(body: dict, key: str) -> None:
+    value = body.get(key)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadRequest(f"{key} must be a positive integer", param=key)
+
+
+def _number(body: dict, key: str) -> None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise BadRequest(f"{key} must be a number", param=key)
+
+
+def _common(body: dict) -> tuple[str | None, bool]:
+    model = body.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise BadRequest("model must be a non-empty string", param="model")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    for key in ("max_tokens", "max_completion_tokens"):
+        _positive_int(body, key)
+    for key in ("temperature", "top_p"):
+        _number(body, key)
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise BadRequest("stop must be a string or a list of strings", param="stop")
+    return model, stream
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def chat_routing_text(messages: list) -> str:
+    """A stable rendering for the prefix index: history re-sent verbatim renders to the same prefix."""
+    return "".join(dumps(m).decode() + "\n" for m in messages)
+
+
+def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnSpec:
+    """Validate `body` for `api` and describe the turn. Raises BadRequest."""
+    if api is Api.CHAT:
+        model, stream = _common(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", param="messages")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string role", param="messages")
+            content = m.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null",
+                                 param="messages")
+        return TurnSpec(api, body, identity, model, stream, prompt_text=chat_routing_text(messages))
+    if api is Api.COMPLETIONS:
+        model, stream = _common(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            return TurnSpec(api, body, identity, model, stream, prompt_text=prompt)
+        if _is_token_list(prompt) and prompt:
+            return TurnSpec(api, body, identity, model, stream, prompt_token_ids=prompt)
+        raise BadRequest("prompt must be a non-empty string or list of token ids", param="prompt")
+    # /generate: SGLang's native shape
+    model = None
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be a boolean", param="stream")
+    params = body.get("sampling_params")
+    if params is not None and not isinstance(params, dict):
+        raise BadRequest("sampling_params must be an object (batches are not routed)", param="sampling_params")
+    if params:
+        value = params.get("max_new_tokens")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise BadRequest("sampling_params.max_new_tokens must be a non-negative integer", param="sampling_params")
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise BadRequest("give exactly one of text or input_ids", param="text")
+    if text is not None:
+        if not isinstance(text, str) or not text:
+            raise BadRequest("text must be a non-empty string", param="text")
+        return TurnSpec(api, body, identity, model, stream, prompt_text=text)
+    if not _is_token_list(ids) or not ids:
+        raise BadRequest("input_ids must be a non-empty list of non-negative integers", param="input_ids")
+    return TurnSpec(api, body, identity, model, stream, prompt_token_ids=ids)
+
+
+def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) -> web.Response | list[bytes]:
+    """What a final request returns: a valid, empty completion (no worker is touched)."""
+    rid = "final-" + uuid.uuid4().hex
+    created = int(time.time())
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    if api is Api.GENERATE:
+        meta = {"id": rid, "finish_reason": {"type": "stop", "matched": None}, "prompt_tokens": 0,
+                "completion_tokens": 0, "cached_tokens": 0}
+        obj = {"text": "", "output_ids": [], "meta_info": meta}
+        return [_sse(obj), _DONE] if stream else web.json_response(obj, dumps=lambda o: dumps(o).decode())
+    if api is Api.CHAT:
+        head = {"id": rid, "created": created, "model": model}
+        if not stream:
+            return web.json_response({**head, "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": "stop"}], "usage": usage}, dumps=lambda o: dumps(o).decode())
+        head["object"] = "chat.completion.chunk"
+        out = [_sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                          "logprobs": None, "finish_reason": None}]}),
+               _sse({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]})]
+    else:
+        head = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        if not stream:
+            return web.json_response({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                           "finish_reason": "stop"}], "usage": usage},
+                                     dumps=lambda o: dumps(o).decode())
+        out = [_sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}]})]
+    if include_usage:
+        out.append(_sse({**head, "choices": [], "usage": usage}))
+    out.append(_DONE)
+    return out
+
+
+class HttpApi:
+    def __init__(self, runner: TurnRunner, metrics: RouterMetrics, tracer: trace.Tracer, *, max_body_bytes: int,
+                 has_scheduler: bool) -> None:
+        self.runner = runner
+        self.metrics = metrics
+        self.tracer = tracer
+        self.max_body_bytes = max_body_bytes
+        self.has_scheduler = has_scheduler
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_route("POST", "/generate", self.generate)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_page)
+        return app
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._turn(request, Api.CHAT)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._turn(request, Api.COMPLETIONS)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._turn(request, Api.GENERATE)
+
+    async def models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "bandmaster"}
+                for name in self.runner.fleet.model_names]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        workers = len(self.runner.fleet.workers)
+        return web.json_response({"status": "ok" if workers else "no_healthy_worker", "workers": workers},
+                                 status=200 if workers else 503)
+
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _read_body(self, request: web.Request) -> dict:
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes") from None
+        try:
+            body = loads(raw) if raw else None
+        except ValueError as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        return body
+
+    async def _turn(self, request: web.Request, api: Api) -> web.StreamResponse:
+        route = _ROUTE_NAMES[api]
+        ctx = propagate.extract(request.headers)
+        with self.tracer.start_as_current_span("router.request", context=ctx, kind=trace.SpanKind.SERVER) as span:
+            span.set_attribute("router.route", route)
+            path = "passthrough"
+            try:
+                identity = session.from_headers(request.headers)
+                body = await self._read_body(request)
+                spec = build_spec(api, body, identity)
+                if identity.is_program:
+                    path = "program"
+                span.set_attribute("router.path", path)
+                if identity.final and identity.is_program:
+                    return await self._final(request, spec)
+                client_usage = True
+                if spec.stream and api is not Api.GENERATE:
+                    options = dict(body.get("stream_options") or {})
+                    client_usage = bool(options.get("include_usage"))
+                    options["include_usage"] = True
+                    body["stream_options"] = options
+                turn = await self.runner.open(spec)
+            except RouterError as err:
+                self.metrics.requests.labels(route, path, f"error_{err.http_status}").inc()
+                span.set_attribute("router.error", err.__class__.__name__)
+                return _error_response(err)
+            if spec.stream:
+                return await self._stream(request, turn, route, path, client_usage)
+            outcome = Outcome.FAILED
+            try:
+                answer = await turn.json()
+                outcome = Outcome.OK
+            except RouterError as err:
+                self.metrics.requests.labels(route, path, f"error_{err.http_status}").inc()
+                return _error_response(err)
+            except asyncio.CancelledError:
+                outcome = Outcome.CANCELLED
+                self.metrics.requests.labels(route, path, "cancelled").inc()
+                raise
+            finally:
+                await turn.close(outcome)
+            self.metrics.requests.labels(route, path, "ok").inc()
+            return web.Response(body=dumps(answer), content_type="application/json")
+
+    async def _stream(self, request: web.Request, turn, route: str, path: str,
+                      client_usage: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        outcome = Outcome.CANCELLED
+        skip_blank = False
+        try:
+            await response.prepare(request)
+            try:
+                async for line, kind in turn.lines():
+                    if kind is LineKind.USAGE and not client_usage:
+                        skip_blank = True
+                        continue
+                    if kind is LineKind.BLANK and skip_blank:
+                        skip_blank = False
+                        continue
+                    await response.write(line)
+                outcome = Outcome.OK
+            except (WorkerFailed, WorkerTimeout) as err:
+                outcome = Outcome.FAILED
+                self.metrics.upstream_errors.labels(err.__class__.__name__, "stream").inc()
+                await response.write(b"\n" + _sse(err.body()) + _DONE)
+            self.metrics.requests.labels(route, path, "ok" if outcome == Outcome.OK else "failed").inc()
+            await response.write_eof()
+        except ConnectionResetError:
+            outcome = Outcome.CANCELLED
+            self.metrics.requests.labels(route, path, "cancelled").inc()
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            self.metrics.requests.labels(route, path, "cancelled").inc()
+            raise
+        finally:
+            await turn.close(outcome)
+        return response
+
+    async def _final(self, request: web.Request, spec: TurnSpec) -> web.StreamResponse:
+        released = await self.runner.release(spec.identity.session_id)
+        log.debug("final request for %s: released=%s", spec.identity.session_id, released)
+        self.metrics.requests.labels(_ROUTE_NAMES[spec.api], "final", "ok").inc()
+        model = spec.model or next(iter(self.runner.fleet.model_names), "bandmaster")
+        include_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
+        answer = empty_completion(spec.api, model, spec.stream, include_usage)
+        if isinstance(answer, web.Response):
+            return answer
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        for chunk in answer:
+            await response.write(chunk)
+        await response.write_eof()
+        return response

@@ -1,0 +1,37 @@
+"""Prometheus metrics of one router process (one registry per router, so in-process tests never share series).
+
+Counted per request and per decision, never per token.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("bandmaster_router_requests", "Requests by API route, path and outcome",
+                                ("route", "path", "outcome"), registry=r)
+        self.in_flight = Gauge("bandmaster_router_requests_in_flight", "Turns being served", registry=r)
+        self.picks = Counter("bandmaster_router_picks", "Worker selections by reason", ("reason",), registry=r)
+        self.retries = Counter("bandmaster_router_retries", "Turns retried on another worker before the first token",
+                               registry=r)
+        self.upstream_errors = Counter("bandmaster_router_upstream_errors", "Worker failures by kind and phase",
+                                       ("kind", "phase"), registry=r)
+        self.fail_open = Counter("bandmaster_router_scheduler_fail_open",
+                                 "Turns routed without the scheduler because it was unreachable", registry=r)
+        self.scheduler_errors = Counter("bandmaster_router_scheduler_errors", "Failed scheduler calls by method",
+                                        ("method",), registry=r)
+        self.admit_wait = Histogram("bandmaster_router_admit_wait_seconds", "Time a turn waited in Admit",
+                                    buckets=(0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800), registry=r)
+        self.kv_events = Counter("bandmaster_router_kv_events", "KV events applied to the index, by outcome",
+                                 ("outcome",), registry=r)
+        self.workers = Gauge("bandmaster_router_workers", "Healthy workers known from the capacity service",
+                             registry=r)
+        self.capacity_connected = Gauge("bandmaster_router_capacity_connected",
+                                        "1 while the capacity watch stream is open", registry=r)
+        self.scheduler_reachable = Gauge("bandmaster_router_scheduler_reachable",
+                                         "0 while the router fails open", registry=r)
+        self.scheduler_reachable.set(1)

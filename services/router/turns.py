@@ -1,0 +1,482 @@
+"""One agent turn, whatever API it came in on: admit -> pick -> bind -> stream -> complete.
+
+    turn = await runner.open(spec)          # Admit (may wait while the program is paused), pick, Bind,
+                                            # send upstream and wait for the first chunk; one retry on
+                                            # another worker if that fails before the first token
+    async for line, kind in turn.lines():   # the worker's SSE lines, forwarded as they arrive
+        ...
+    await turn.close(outcome)               # in `finally`: abort upstream if still open, free the load,
+                                            # Complete in the background
+
+The token path does no JSON work except on the chunk that carries usage (or, for /generate, the
+last chunk), and no logging. Bookkeeping (Bind, Complete) runs in background tasks off the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Callable
+
+import aiohttp
+from opentelemetry import propagate, trace
+
+from services.router.adapters.capacity import WorkerView
+from services.router.config import KvOverrides
+from services.router.control import Admission, Outcome, SchedulerClient
+from services.router.core.events import EventOutcome, KvEvent
+from services.router.core.kv_router import KvRouterCore
+from services.router.core.params import KvRouterParams
+from services.router.core.select import Candidate, NoWorkerAvailable
+from services.router.core.types import Prompt, Replica
+from services.router.errors import (ModelNotFound, NoHealthyWorker, RouterError, WorkerFailed, WorkerRejected,
+                                    WorkerTimeout)
+from services.router.metrics import RouterMetrics
+from services.router.session import SessionIdentity
+from services.router.upstream import Upstream, dumps, loads
+
+log = logging.getLogger(__name__)
+
+CHARS_PER_TOKEN = 4  # prompt-size estimate for text prompts (the router has no tokenizer)
+
+
+class Api(enum.Enum):
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+    GENERATE = "/generate"
+
+
+class LineKind(enum.Enum):
+    DATA = 0        # a data line to forward
+    USAGE = 1       # OpenAI usage-only chunk (choices: [])
+    DONE = 2        # data: [DONE]
+    BLANK = 3       # event separator
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass
+class TurnSpec:
+    api: Api
+    body: dict                      # forwarded to the worker; `priority`/`stream_options` are set here
+    identity: SessionIdentity
+    model: str | None
+    stream: bool
+    prompt_text: str = ""           # rendered prompt, when the request is text
+    prompt_token_ids: list[int] | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def resolve_params(overrides: KvOverrides, scheduler_config, page_size: int | None) -> KvRouterParams:
+    """Flags win; then the scheduler's GetRouterConfig; then the core's defaults. The block size
+    follows the flag, else the workers' page size (the index must use the engine's pages), else
+    the scheduler's router_block_size."""
+    defaults = KvRouterParams()
+    sc = scheduler_config
+
+    def pick(flag, from_scheduler, default):
+        if flag is not None:
+            return flag
+        return from_scheduler if sc is not None else default
+
+    block_size = overrides.block_size or page_size or (sc.router_block_size if sc is not None and
+                                                       sc.router_block_size > 1 else None) or defaults.block_size
+    return KvRouterParams(
+        router_temperature=pick(overrides.router_temperature, sc and sc.router_temperature, defaults.router_temperature),
+        kv_overlap_score_weight=pick(overrides.kv_overlap_score_weight, sc and sc.kv_overlap_score_weight,
+                                     defaults.kv_overlap_score_weight),
+        use_kv_events=pick(overrides.use_kv_events, sc and sc.use_kv_events, defaults.use_kv_events),
+        router_track_output_blocks=pick(overrides.router_track_output_blocks, sc and sc.router_track_output_blocks,
+                                        defaults.router_track_output_blocks),
+        block_size=block_size,
+        router_ttl_s=pick(overrides.router_ttl_secs,
+                          sc.router_ttl_secs if sc is not None and sc.router_ttl_secs > 0 else defaults.router_ttl_s,
+                          defaults.router_ttl_s),
+    )
+
+
+class Fleet:
+    """The routable workers and the selection core over them."""
+
+    def __init__(self, params_for: Callable[[int | None], KvRouterParams], seed: int) -> None:
+        self._params_for = params_for
+        self._rng = random.Random(None if seed < 0 else seed)
+        self.core: KvRouterCore | None = None
+        self.workers: dict[str, WorkerView] = {}
+        self.on_workers: list[Callable[[dict[str, WorkerView]], None]] = []
+
+    def update(self, workers: dict[str, WorkerView]) -> None:
+        if self.core is None and workers:
+            page = next(iter(sorted(workers.items())))[1].page_size or None
+            self.core = KvRouterCore(self._params_for(page), self._rng)
+            p = self.core.params
+            log.info("selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s "
+                     "ttl=%gs", p.block_size, p.router_temperature, p.kv_overlap_score_weight, p.use_kv_events,
+                     p.router_track_output_blocks, p.router_ttl_s)
+        if self.core is not None:
+            for view in workers.values():
+                if view.page_size and view.page_size != self.core.params.block_size:
+                    log.warning("worker %s has page_size %d but the router's block size is %d: its KV events "
+                                "are dropped", view.worker_id, view.page_size, self.core.params.block_size)
+            for worker_id, old in self.workers.items():
+                new = workers.get(worker_id)
+                for replica in old.replicas:
+                    if new is None or replica not in new.replicas:
+                        self.core.remove_worker(replica)
+        self.workers = workers
+        for listener in self.on_workers:
+            listener(workers)
+
+    @property
+    def model_names(self) -> list[str]:
+        return sorted({w.model_name for w in self.workers.values() if w.model_name})
+
+    def serving(self, model: str | None) -> list[WorkerView]:
+        """Workers that serve `model` (None = any). Raises NoHealthyWorker / ModelNotFound."""
+        if not self.workers:
+            raise NoHealthyWorker("no healthy worker")
+        if model is None:
+            return list(self.workers.values())
+        views = [w for w in self.workers.values() if w.model_name == model or not w.model_name]
+        if not views:
+            raise ModelNotFound(model)
+        return views
+
+    @property
+    def subscribes_to_kv_events(self) -> bool:
+        return self.core is not None and self.core.params.subscribes_to_kv_events
+
+    def apply_kv_event(self, replica: Replica, event: KvEvent) -> EventOutcome | None:
+        if self.core is None or not self.core.params.use_kv_events:
+            return None
+        return self.core.apply_kv_event(replica, event)
+
+
+@dataclass
+class _Bookkeeping:
+    """What Complete needs, filled while the turn runs."""
+
+    replica: Replica | None = None
+    usage: Usage = field(default_factory=Usage)
+    bind_task: asyncio.Task | None = None
+
+
+class OpenTurn:
+    """A turn whose worker answered. Iterate `lines()` (streaming) or await `json()`, then `close()`."""
+
+    def __init__(self, runner: "TurnRunner", spec: TurnSpec, admission: Admission | None,
+                 response: aiohttp.ClientResponse, worker: WorkerView, replica: Replica,
+                 first_line: bytes | None, book: _Bookkeeping) -> None:
+        self._runner = runner
+        self.spec = spec
+        self.admission = admission
+        self.response = response
+        self.worker = worker
+        self.replica = replica
+        self._first_line = first_line
+        self.book = book
+        self.usage = book.usage
+        self.finish_reason: str | None = None
+        self._closed = False
+
+    async def lines(self) -> AsyncIterator[tuple[bytes, LineKind]]:
+        """The worker's SSE lines. Raises WorkerFailed / WorkerTimeout if the stream breaks (the
+        caller has already sent the first token by then)."""
+        api = self.spec.api
+        core = self._runner.fleet.core
+        track_output = core is not None and core.params.router_track_output_blocks
+        chunks = 0
+        last_data: bytes | None = None
+        content = self.response.content
+        pending = self._first_line
+        self._first_line = None
+        try:
+            while True:
+                if pending is not None:
+                    line, pending = pending, None
+                else:
+                    line = await content.readline()
+                    if not line:
+                        break
+                if line.startswith(b"data:"):
+                    if line.startswith(b"data: [DONE]"):
+                        yield line, LineKind.DONE
+                        continue
+                    if line.startswith(b'data: {"error"'):
+                        raise WorkerFailed(_stream_error(line))
+                    chunks += 1
+                    if track_output and core is not None and chunks % 8 == 0:
+                        core.output_progress(self.spec.request_id, chunks)
+                    if api is Api.GENERATE:
+                        last_data = line
+                    elif b'"usage":{' in line:
+                        chunk = loads(memoryview(line)[5:])
+                        self._absorb_openai(chunk)
+                        if not chunk.get("choices"):
+                            # Once per turn: make prompt_tokens_details.cached_tokens always present.
+                            if ensure_cached_details(chunk):
+                                line = b"data: " + dumps(chunk) + b"\n"
+                            yield line, LineKind.USAGE
+                            continue
+                    yield line, LineKind.DATA
+                elif line in (b"\n", b"\r\n"):
+                    yield line, LineKind.BLANK
+        except asyncio.TimeoutError:
+            raise WorkerTimeout(f"worker {self.worker.worker_id} went silent mid-stream") from None
+        except aiohttp.ClientError as exc:
+            raise WorkerFailed(f"worker {self.worker.worker_id} broke the stream: {exc.__class__.__name__}") from None
+        if last_data is not None:
+            self._absorb_generate(loads(memoryview(last_data)[5:]))
+
+    async def json(self) -> dict:
+        try:
+            body = await self.response.json(loads=loads, content_type=None)
+        except asyncio.TimeoutError:
+            raise WorkerTimeout(f"worker {self.worker.worker_id} did not finish in time") from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise WorkerFailed(f"worker {self.worker.worker_id} failed: {exc.__class__.__name__}") from None
+        if self.spec.api is Api.GENERATE:
+            self._absorb_generate(body)
+        else:
+            self._absorb_openai(body)
+            ensure_cached_details(body)
+        return body
+
+    def _absorb_openai(self, chunk: dict) -> None:
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self.usage.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.usage.completion_tokens = int(usage.get("completion_tokens") or 0)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict):
+                self.usage.cached_tokens = int(details.get("cached_tokens") or 0)
+        for choice in chunk.get("choices") or ():
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def _absorb_generate(self, body: dict) -> None:
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        if isinstance(meta, dict):
+            self.usage.prompt_tokens = int(meta.get("prompt_tokens") or 0)
+            self.usage.completion_tokens = int(meta.get("completion_tokens") or 0)
+            self.usage.cached_tokens = int(meta.get("cached_tokens") or 0)
+            reason = meta.get("finish_reason")
+            if isinstance(reason, dict):
+                self.finish_reason = reason.get("type")
+
+    async def close(self, outcome: int) -> None:
+        """Idempotent. Closing an unfinished response aborts the request at the worker."""
+        if self._closed:
+            return
+        self._closed = True
+        self.response.close()
+        self._runner._finish(self.spec, self.admission, self.book, outcome)
+
+
+def ensure_cached_details(chunk: dict) -> bool:
+    """SGLang omits `prompt_tokens_details` unless it runs with --enable-cache-report and hit the cache;
+    clients get it always (0 when the worker reported nothing). True when `chunk` was changed."""
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict) or isinstance(usage.get("prompt_tokens_details"), dict):
+        return False
+    usage["prompt_tokens_details"] = {"cached_tokens": 0}
+    return True
+
+
+def _stream_error(line: bytes) -> str:
+    try:
+        err = loads(memoryview(line)[5:]).get("error")
+        return str(err.get("message") if isinstance(err, dict) else err)
+    except Exception:
+        return "worker reported an error mid-stream"
+
+
+class TurnRunner:
+    def __init__(self, fleet: Fleet, upstream: Upstream, scheduler: SchedulerClient | None, metrics: RouterMetrics,
+                 tracer: trace.Tracer, *, admit_timeout_s: float) -> None:
+        self.fleet = fleet
+        self.upstream = upstream
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.tracer = tracer
+        self._admit_timeout_s = admit_timeout_s
+        self._background: set[asyncio.Task] = set()
+
+    # -- bookkeeping off the stream -----------------------------------------------------------
+
+    def _spawn(self, coro) -> asyncio.Task:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def drain(self) -> None:
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    def _finish(self, spec: TurnSpec, admission: Admission | None, book: _Bookkeeping, outcome: int) -> None:
+        core = self.fleet.core
+        if core is not None:
+            core.finish(spec.request_id)
+        self.metrics.in_flight.dec()
+        if admission is None or self.scheduler is None:
+            return
+        scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
+
+        async def complete() -> None:
+            if bind_task is not None:
+                await asyncio.gather(bind_task, return_exceptions=True)
+            await scheduler.complete(spec.identity.session_id, spec.request_id,
+                                     replica.worker_id if replica else "", replica.dp_rank if replica else 0,
+                                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome)
+
+        self._spawn(complete())
+
+    # -- the turn --------------------------------------------------------------------------------
+
+    def _prompt(self, spec: TurnSpec, core: KvRouterCore) -> Prompt:
+        if spec.prompt_token_ids is not None:
+            return core.prompt_from_tokens(spec.prompt_token_ids)
+        return core.prompt_from_text(spec.prompt_text, self.estimated_tokens(spec))
+
+    @staticmethod
+    def estimated_tokens(spec: TurnSpec) -> int:
+        if spec.prompt_token_ids is not None:
+            return len(spec.prompt_token_ids)
+        return max(1, len(spec.prompt_text) // CHARS_PER_TOKEN)
+
+    async def release(self, session_id: str) -> bool:
+        if self.scheduler is None:
+            return False
+        return await self.scheduler.release(session_id)
+
+    async def open(self, spec: TurnSpec) -> OpenTurn:
+        """Admit, pick and connect. On failure the turn is completed here and a RouterError raised."""
+        views = self.fleet.serving(spec.model)  # 503/404 before the scheduler is bothered
+        admission: Admission | None = None
+        if self.scheduler is not None:
+            admission = await self.scheduler.admit(spec.identity.session_id, spec.identity.parent_session_id,
+                                                   spec.request_id, self.estimated_tokens(spec),
+                                                   self._admit_timeout_s)
+        if admission is not None:
+            spec.body["priority"] = admission.priority
+        book = _Bookkeeping()
+        self.metrics.in_flight.inc()
+        outcome = Outcome.FAILED
+        try:
+            turn = await self._connect(spec, admission, book, views)
+            outcome = Outcome.OK
+            return turn
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            raise
+        finally:
+            if outcome != Outcome.OK:
+                self._finish(spec, admission, book, outcome)
+
+    async def _connect(self, spec: TurnSpec, admission: Admission | None, book: _Bookkeeping,
+                       views: list[WorkerView]) -> OpenTurn:
+        excluded: set[str] = set()
+        last_error: RouterError | None = None
+        for attempt in range(2):
+            candidates_views = [v for v in views if v.worker_id not in excluded]
+            if not candidates_views:
+                break
+            if attempt:
+                self.metrics.retries.inc()
+                views = self.fleet.serving(spec.model)  # the view may have changed meanwhile
+                candidates_views = [v for v in views if v.worker_id not in excluded] or candidates_views
+            worker, replica = self._pick(spec, admission if attempt == 0 else None, candidates_views, book)
+            try:
+                return await self._send(spec, admission, worker, replica, book)
+            except (WorkerFailed, WorkerTimeout) as exc:
+                phase = "connect" if attempt == 0 else "retry"
+                self.metrics.upstream_errors.labels(exc.__class__.__name__, phase).inc()
+                log.debug("turn %s: worker %s failed before the first token: %s", spec.request_id,
+                          worker.worker_id, exc)
+                excluded.add(worker.worker_id)
+                last_error = exc
+                core = self.fleet.core
+                if core is not None:
+                    core.finish(spec.request_id)
+        raise last_error or NoHealthyWorker("no healthy worker left to retry on")
+
+    def _pick(self, spec: TurnSpec, admission: Admission | None, views: list[WorkerView],
+              book: _Bookkeeping) -> tuple[WorkerView, Replica]:
+        core = self.fleet.core
+        if core is None:
+            raise NoHealthyWorker("no healthy worker")
+        pinned = Replica(admission.worker_id, admission.dp_rank) if admission is not None and admission.pinned else None
+        now = time.monotonic()
+        with self.tracer.start_as_current_span("router.pick") as span:
+            try:
+                decision = core.pick(self._prompt(spec, core), [Candidate(r) for v in views for r in v.replicas],
+                                     now, pinned=pinned)
+            except NoWorkerAvailable as exc:
+                raise NoHealthyWorker(str(exc)) from None
+            span.set_attributes(decision.span_attributes())
+            span.set_attribute("router.session", "program" if spec.identity.is_program else "passthrough")
+        core.commit(spec.request_id, decision, now)
+        self.metrics.picks.labels(decision.reason.value).inc()
+        log.debug("turn %s -> %s/%d (%s, overlap %d blocks)", spec.request_id, decision.replica.worker_id,
+                  decision.replica.dp_rank, decision.reason.value, decision.overlap_blocks)
+        book.replica = decision.replica
+        if admission is not None and self.scheduler is not None and not (
+                admission.pinned and pinned == decision.replica):
+            prior = book.bind_task
+            scheduler = self.scheduler
+
+            async def bind() -> None:
+                if prior is not None:
+                    await asyncio.gather(prior, return_exceptions=True)
+                await scheduler.bind(spec.request_id, decision.replica.worker_id, decision.replica.dp_rank)
+
+            book.bind_task = self._spawn(bind())
+        worker = next(v for v in views if v.worker_id == decision.replica.worker_id)
+        return worker, decision.replica
+
+    async def _send(self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica,
+                    book: _Bookkeeping) -> OpenTurn:
+        headers: dict[str, str] = {}
+        propagate.inject(headers)
+        response = await self.upstream.post(worker.url + spec.api.value, spec.body, headers)
+        first_line: bytes | None = None
+        try:
+            if spec.stream:
+                # Wait for the first data line: a failure before it is retried elsewhere, invisibly.
+                while True:
+                    line = await response.content.readline()
+                    if not line:
+                        raise WorkerFailed(f"worker {worker.worker_id} closed the stream before the first token")
+                    if line.startswith(b'data: {"error"'):
+                        raise WorkerFailed(_stream_error(line))
+                    if line.startswith(b"data:"):
+                        first_line = line
+                        break
+                core = self.fleet.core
+                if core is not None:
+                    core.first_token(spec.request_id)
+        except asyncio.TimeoutError:
+            response.close()
+            raise WorkerTimeout(f"worker {worker.worker_id} sent no first token in time") from None
+        except aiohttp.ClientError as exc:
+            response.close()
+            raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None
+        except BaseException:
+            response.close()
+            raise
+        return OpenTurn(self, spec, admission, response, worker, replica, first_line, book)
+
+
+__all__ = ["Api", "Fleet", "LineKind", "OpenTurn", "TurnRunner", "TurnSpec", "Usage", "WorkerRejected",
+           "resolve_params"]

@@ -1,0 +1,141 @@
+"""Real processes for the router's integration and end-to-end tests: simworkers, capacity, scheduler, router.
+
+Each process is started with `--ready-file` and ports 0 on 127.0.0.1, and stopped by its own pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.eventually import assert_eventually
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def scheduler_available() -> bool:
+    return (ROOT / "services" / "scheduler" / "server.py").exists() and (
+        ROOT / "services" / "scheduler" / "__main__.py").exists()
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Proc:
+    name: str
+    process: asyncio.subprocess.Process
+    ready: dict
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process.returncode is None:
+            try:
+                self.process.send_signal(sig)
+            except ProcessLookupError:
+                return
+            try:
+                await asyncio.wait_for(self.process.wait(), 15)
+            except asyncio.TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+
+
+async def spawn(name: str, module: str, args: list[str], tmp: Path, *, env: dict[str, str] | None = None,
+                timeout_s: float = 30.0) -> Proc:
+    ready = tmp / f"{name}.ready.json"
+    log_path = tmp / f"{name}.log"
+    log_file = open(log_path, "wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, "--ready-file", str(ready), cwd=ROOT, env=env or base_env(),
+        stdout=log_file, stderr=asyncio.subprocess.STDOUT)
+    log_file.close()
+
+    def check():
+        if process.returncode is not None:
+            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log_path.read_text()}")
+        return ready.exists() and json.loads(ready.read_text())
+
+    data = await assert_eventually(check, timeout_s=timeout_s, interval_s=0.05)
+    return Proc(name, process, data, log_path)
+
+
+async def simworker(tmp: Path, name: str, *args: str, kv_events: bool = False) -> Proc:
+    extra = ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://*:0"})] if kv_events else []
+    return await spawn(name, "services.simworker", ["--port", "0", "--speedup", "50", "--enable-cache-report",
+                                                    "--max-total-tokens", "32768", *extra, *args], tmp)
+
+
+async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Proc:
+    flags = [f for url in worker_urls for f in ("--worker-url", url)]
+    return await spawn("capacity", "services.capacity", ["--listen", "127.0.0.1:0", "--metrics-port", "-1",
+                                                         "--poll-interval-seconds", "0.25",
+                                                         "--poll-timeout-seconds", "0.25",
+                                                         "--unhealthy-after-failures", "1", *flags, *args], tmp)
+
+
+async def scheduler(tmp: Path, capacity_addr: str, *args: str, listen: str = "127.0.0.1:0",
+                    name: str = "scheduler") -> Proc:
+    return await spawn(name, "services.scheduler", ["--capacity-addr", capacity_addr, "--listen", listen,
+                                                    "--metrics-port", "-1", *args], tmp)
+
+
+async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str | None = None,
+                 name: str = "router", env: dict[str, str] | None = None) -> Proc:
+    sched = ["--scheduler-addr", scheduler_addr] if scheduler_addr else ["--no-scheduler"]
+    return await spawn(name, "services.router", ["--capacity-addr", capacity_addr, *sched, "--listen", "127.0.0.1:0",
+                                                 "--http-port", "0", "--metrics-port", "-1", *args], tmp, env=env)
+
+
+def router_url(proc: Proc) -> str:
+    return f"http://127.0.0.1:{proc.ready['http_port']}"
+
+
+async def metric(url: str, name: str, labels: str | None = None) -> float:
+    """Sum of the samples of `name` (optionally only those whose labels contain `labels`) at url/metrics."""
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/metrics") as r:
+            text = await r.text()
+    total = 0.0
+    pattern = re.compile(r"^" + re.escape(name) + r"(\{[^}]*\})?\s+(\S+)$")
+    for line in text.splitlines():
+        m = pattern.match(line)
+        if m and (labels is None or (m.group(1) and labels in m.group(1))):
+            total += float(m.group(2))
+    return total
+
+
+async def worker_load(url: str) -> dict:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"{url}/get_load") as r:
+            return (await r.json())[0]
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    procs: list[Proc] = field(default_factory=list)
+
+    def add(self, proc: Proc) -> Proc:
+        self.procs.append(proc)
+        return proc
+
+    async def close(self) -> None:
+        for proc in reversed(self.procs):
+            await proc.stop()
