@@ -131,4 +131,4 @@ class KvEventPublisher:
             self._replay.close(linger=0)
         self._pub.close(linger=0)
         if self._own_context:
-            self._ctx.term()
+            self._ctx.destroy(linger=0)
