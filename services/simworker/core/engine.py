@@ -71,7 +71,7 @@ _LITTLE = sys.byteorder == "little"
 class _Req:
     __slots__ = ("rid", "req", "order", "seq", "prompt_len", "kv_len", "nodes", "state", "generated",
                  "target", "rng", "cached_tokens", "host_cached_tokens", "retractions", "admitted_once",
-                 "new_ids", "reason")
+                 "new_ids", "reason", "match")
 
     def __init__(self, request: EngineRequest, order: tuple, seed: int) -> None:
         self.rid = request.rid
@@ -97,6 +97,7 @@ class _Req:
         self.admitted_once = False
         self.new_ids: list[int] = []
         self.reason: dict | None = None
+        self.match: tuple | None = None       # last prefix match while waiting (see RadixCache.match)
 
 
 class SimEngine:
@@ -321,7 +322,8 @@ class SimEngine:
         while self._waiting and budget > 0 and len(self._running) < max_running:
             r = self._waiting[0]
             seq_len = len(r.seq)
-            gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page)
+            gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page, r.match)
+            r.match = (cache.generation, gpu, host)
             locked_evictable = sum(1 for n in gpu if n.ref == 0)
             uncached_pages = -(-seq_len // page) - len(gpu)
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
@@ -333,6 +335,7 @@ class SimEngine:
             elif uncached_pages > room:
                 break
             self._waiting.pop(0)
+            r.match = None
             cache.lock(gpu)
             cache.lock(host)
             if host:

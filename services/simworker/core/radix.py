@@ -121,6 +121,7 @@ class RadixCache:
         self._computed: dict[int, None] = {}
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
+        self.generation = 0                    # bumped by flush: earlier matches are void
 
     # -- accounting --------------------------------------------------------------------------
 
@@ -134,13 +135,28 @@ class RadixCache:
 
     # -- lookup and locking ------------------------------------------------------------------
 
-    def match(self, data: bytes, max_pages: int) -> tuple[list[PageNode], list[PageNode]]:
-        """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes)."""
+    def match(self, data: bytes, max_pages: int,
+              known: tuple[int, list[PageNode], list[PageNode]] | None = None
+              ) -> tuple[list[PageNode], list[PageNode]]:
+        """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes).
+
+        `known` = (generation, gpu, host) from an earlier match of the same data: when its GPU
+        part is intact and it had no host part, matching resumes after it instead of from the
+        root (a request blocked at the head of the queue is matched again every step)."""
         width = 4 * self.page_size
         node = self.root
         gpu: list[PageNode] = []
         host: list[PageNode] = []
-        for start in range(0, max_pages * width, width):
+        first = 0
+        if known is not None and known[0] == self.generation and not known[2] and known[1]:
+            deepest = known[1][-1]
+            # Dropped subtrees lose their children dicts, so an attached deepest GPU node
+            # implies its whole path is still cached on the GPU.
+            if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
+                gpu = list(known[1][:max_pages])
+                node = gpu[-1]
+                first = len(gpu)
+        for start in range(first * width, max_pages * width, width):
             child = node.children.get(data[start:start + width])
             if child is None:
                 break
@@ -310,6 +326,7 @@ class RadixCache:
 
     def flush(self) -> None:
         """Drop every page (GPU and host). Only valid when no request holds a node."""
+        self.generation += 1
         self.root.children = {}
         self.root.gpu_children = self.root.host_children = 0
         self.gpu_pages = self.evictable_pages = self.host_used = 0
