@@ -115,6 +115,15 @@ class EngineDriver:
         """The consumer saw the final output; forget the queue (no abort)."""
         self._queues.pop(rid, None)
 
+    def flush_cache(self) -> bool:
+        """Flush the engine's cache; publish its AllBlocksCleared right away (the idle loop would not step)."""
+        if self._queues or not self.engine.flush_cache():
+            return False
+        result = self.engine.step(self.now())   # no work: duration 0, just the drained events
+        if result.kv_events and self._publish is not None:
+            self._publish(self._wall(), result.kv_events)
+        return True
+
     def in_flight(self) -> list[str]:
         return list(self._queues)
 

@@ -274,7 +274,6 @@ class SimWorkerApi:
 
     def __init__(self, config: SimWorkerConfig, driver: EngineDriver, tokenizer: Tokenizer,
                  metrics: SimWorkerMetrics, *, kv_bytes_per_token: float, host_total_tokens: int,
-                 on_cache_flushed: Callable[[], None] | None = None,
                  frontend_s: Callable[[int], float] | None = None) -> None:
         self.config = config
         self.driver = driver
@@ -283,7 +282,6 @@ class SimWorkerApi:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.host_total_tokens = host_total_tokens
         self.state = "starting"          # starting | ready | shutting_down
-        self._on_cache_flushed = on_cache_flushed
         self._frontend_s = frontend_s
         self._model_names = {config.served_model_name, config.model_path}
         self._created = int(time.time())
@@ -689,12 +687,10 @@ class SimWorkerApi:
         return web.Response(status=200)
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        if self.driver.in_flight() or self.driver.engine.has_work() or not self.driver.engine.flush_cache():
+        if self.driver.engine.has_work() or not self.driver.flush_cache():
             return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
                                                  "(When there are running or waiting requests, the operation will "
                                                  "not be performed.)\n")
-        if self._on_cache_flushed is not None:
-            self._on_cache_flushed()
         log.info("simworker: cache flushed")
         return web.Response(status=200, text="Cache flushed.\nPlease check backend logs for more details. "
                                              "(When there are running or waiting requests, the operation will not "

@@ -12,14 +12,13 @@ import json
 import logging
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from aiohttp import web
 
 from services.simworker.config import SimWorkerConfig
-from services.simworker.core.api import AllBlocksCleared, Engine, EngineConfig
+from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.timing import TimingProfile, load_profile
 from services.simworker.driver import EngineDriver
 from services.simworker.http_api import SimWorkerApi, Tokenizer
@@ -27,6 +26,18 @@ from services.simworker.kv_events import KvEventPublisher
 from services.simworker.metrics import SimWorkerMetrics
 
 log = logging.getLogger(__name__)
+
+
+class _DropHttp2Probes(logging.Filter):
+    """sglang-router probes each worker for gRPC (HTTP/2 prior knowledge) before it falls back
+    to HTTP; aiohttp logs each such probe as an error with a traceback. They are expected."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and "PRI/Upgrade" in str(exc))
+
+
+_PROBE_FILTER = _DropHttp2Probes()
 
 
 class CoreTokenizer:
@@ -74,8 +85,7 @@ def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: float) -> int
     """HiCache host pool in tokens: --hicache-size GB if given, else ratio x GPU pool (SGLang's rule)."""
     if not config.enable_hierarchical_cache:
         return 0
-    by_size = config.hicache_size_tokens(kv_bytes_per_token)
-    return by_size if by_size > 0 else int(config.max_total_tokens * config.hicache_ratio)
+    return engine_config(config, kv_bytes_per_token).host_tokens()
 
 
 def write_ready_file(path: str, payload: dict[str, Any]) -> None:
@@ -149,6 +159,9 @@ async def start_simworker(
         profile = load_profile(config.timing_profile, dict(config.timing_overrides) or None)
     kv_bytes = profile.kv_bytes_per_token
     tokenizer = tokenizer or CoreTokenizer()
+    server_log = logging.getLogger("aiohttp.server")
+    if _PROBE_FILTER not in server_log.filters:
+        server_log.addFilter(_PROBE_FILTER)
     publisher = KvEventPublisher(config.kv_events) if config.kv_events is not None else None
     try:
         if publisher is not None:
@@ -156,12 +169,8 @@ async def start_simworker(
         driver = EngineDriver(engine, config.speedup, publish_kv_events=publisher.publish if publisher else None)
         metrics = SimWorkerMetrics(engine.stats, config.served_model_name)
 
-        def on_flushed() -> None:
-            if publisher is not None:
-                publisher.publish(time.time(), (AllBlocksCleared(),))
-
         api = SimWorkerApi(config, driver, tokenizer, metrics, kv_bytes_per_token=kv_bytes,
-                           host_total_tokens=host_total_tokens(config, kv_bytes), on_cache_flushed=on_flushed,
+                           host_total_tokens=host_total_tokens(config, kv_bytes),
                            frontend_s=profile.frontend_s)
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `finally` aborts the engine request (SGLang aborts on disconnect too).

@@ -10,17 +10,6 @@ from services.simworker.server import RunningSimWorker, start_simworker
 MODEL = "test-model"
 
 
-def _engine_override():
-    """None = the real SimEngine; the scripted engine only while engine.py has not landed."""
-    try:
-        import services.simworker.core.engine  # noqa: F401
-        return None
-    except ImportError:
-        from tests.unit.simworker_http.scripted_engine import ScriptedEngine
-
-        return ScriptedEngine()
-
-
 @pytest.fixture
 async def make_worker():
     started: list[RunningSimWorker] = []
@@ -28,7 +17,7 @@ async def make_worker():
     async def make(*argv: str, env: dict | None = None) -> RunningSimWorker:
         args = ["--port", "0", "--model-name", MODEL, "--speedup", "100", *argv]
         config = load_config(args, env or {})
-        worker = await start_simworker(config, engine=_engine_override())
+        worker = await start_simworker(config)
         started.append(worker)
         return worker
 

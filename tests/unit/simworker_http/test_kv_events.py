@@ -76,3 +76,40 @@ async def test_publish_to_real_sub_socket_and_replay():
         sub.close(linger=0)
         ctx.destroy(linger=0)
         await publisher.close()
+
+
+async def test_server_publishes_engine_events_and_flush(make_worker):
+    import aiohttp
+
+    worker = await make_worker("--kv-events-endpoint", "tcp://127.0.0.1:*", "--page-size", "4")
+    ctx = zmq.asyncio.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(worker.kv_events_endpoint)
+    seen: list = []
+    try:
+        async with aiohttp.ClientSession() as http:
+            async def stored_seen():
+                # Requests until the (asynchronously joined) subscriber has seen a BlockStored.
+                async with http.post(worker.url + "/generate", json={
+                        "input_ids": list(range(300, 321)), "sampling_params": {"max_new_tokens": 1}}) as r:
+                    assert r.status == 200
+                while await sub.poll(timeout=20):
+                    seen.extend(msgpack.unpackb((await sub.recv_multipart())[2])[1])
+                return any(e[0] == "BlockStored" for e in seen)
+
+            await assert_eventually(stored_seen, timeout_s=10)
+            stored = next(e for e in seen if e[0] == "BlockStored")
+            assert stored[4] == 4 and len(stored[3]) == 4 * len(stored[1])
+            async with http.post(worker.url + "/flush_cache") as r:
+                assert r.status == 200
+
+            async def cleared_seen():
+                while await sub.poll(timeout=20):
+                    seen.extend(msgpack.unpackb((await sub.recv_multipart())[2])[1])
+                return ["AllBlocksCleared"] in seen
+
+            await assert_eventually(cleared_seen, timeout_s=5)
+    finally:
+        sub.close(linger=0)
+        ctx.destroy(linger=0)
