@@ -1,0 +1,121 @@
+"""SGLang's own router (sglang-router 0.3.x) in front of two simworker processes.
+
+The router discovers each worker over HTTP (after probing it for gRPC), health-checks
+`/health`, and forwards OpenAI requests. This test fails, never skips, when it cannot route.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import urllib.error
+import urllib.request
+import openai
+import pytest
+
+from tests.support.eventually import wait_until
+
+pytestmark = pytest.mark.integration
+MODEL = "router-test-model"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_simworker(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+    ready = tmp_path / f"{name}.ready.json"
+    log = open(tmp_path / f"{name}.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.simworker", "--port", "0", "--model-name", MODEL, "--speedup", "50",
+         "--ready-file", str(ready), "--log-level", "WARNING", *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout_s=30)
+    except AssertionError:
+        proc.kill()
+        raise
+    assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()
+    port = json.loads(ready.read_text())["port"]
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def requests_total(url: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(r'^sglang:num_requests_total\{model_name="' + re.escape(MODEL) + r'"\} (\S+)$', text, re.M)
+    assert match, "sglang:num_requests_total missing from /metrics"
+    return float(match.group(1))
+
+
+async def test_sglang_router_routes_to_both_simworkers(tmp_path):
+    procs: list[subprocess.Popen] = []
+    try:
+        for name in ("a", "b"):
+            proc, url = start_simworker(tmp_path, name)
+            procs.append(proc)
+        urls = [f"http://127.0.0.1:{json.loads((tmp_path / f'{n}.ready.json').read_text())['port']}"
+                for n in ("a", "b")]
+        router_port = _free_port()
+        router_log = open(tmp_path / "router.log", "w")
+        router = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
+             "--host", "127.0.0.1", "--port", str(router_port), "--policy", "round_robin",
+             "--log-level", "warn"],
+            cwd=ROOT, stdout=router_log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})
+        procs.append(router)
+        base = f"http://127.0.0.1:{router_port}"
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=20)
+
+        async def one(i: int) -> tuple[str, int]:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"request {i}: list the files"}],
+                max_tokens=8, stream=True, stream_options={"include_usage": True})
+            chunks = [c async for c in stream]
+            content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            return content, chunks[-1].usage.completion_tokens
+
+        # The router registers workers in the background: the first request may need a retry.
+        def router_ready() -> bool:
+            assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
+            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
+                               "max_tokens": 1}).encode()
+            request = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    return response.status == 200
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return False
+
+        wait_until(router_ready, timeout_s=60, interval_s=0.25,
+                   message="sglang-router never routed a request to the simworkers")
+        for i in range(8):
+            content, completion_tokens = await one(i)
+            assert content and 1 <= completion_tokens <= 8
+        counts = [requests_total(url) for url in urls]
+        assert all(count >= 2 for count in counts), counts
+        assert sum(counts) >= 9
+    finally:
+        for proc in procs:
+            stop(proc)
