@@ -1,0 +1,137 @@
+"""Test doubles for the router's neighbours: a scheduler that records every call (until the real
+scheduler service can be started in its place) and a worker that fails on purpose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+from aiohttp import web
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.testing.sglang_stub import sglang_info
+
+MODEL = "bandmaster/simworker"
+
+
+@dataclass
+class Call:
+    method: str
+    request: object
+    metadata: dict
+
+
+@dataclass
+class RecordingScheduler(pb_grpc.SchedulerServicer):
+    """Admits everything at once, except sessions in `hold` (held until removed from it)."""
+
+    calls: list[Call] = field(default_factory=list)
+    hold: set[str] = field(default_factory=set)
+    priority: int = 7
+    pin: tuple[str, int] | None = None
+    released: set[str] = field(default_factory=set)
+    server: grpc.aio.Server | None = None
+    port: int = 0
+
+    def _record(self, method: str, request, context) -> None:
+        self.calls.append(Call(method, request, dict(context.invocation_metadata() or ())))
+
+    def of(self, method: str) -> list:
+        return [c.request for c in self.calls if c.method == method]
+
+    async def Admit(self, request, context):
+        self._record("Admit", request, context)
+        while request.session_id in self.hold:
+            await asyncio.sleep(0.02)
+        worker, rank = self.pin or ("", 0)
+        return pb.AdmitResponse(worker_id=worker, dp_rank=rank, pinned=bool(worker), priority=self.priority)
+
+    async def Bind(self, request, context):
+        self._record("Bind", request, context)
+        return pb.BindResponse(bound=True)
+
+    async def Complete(self, request, context):
+        self._record("Complete", request, context)
+        return pb.CompleteResponse()
+
+    async def Release(self, request, context):
+        self._record("Release", request, context)
+        known = request.session_id in {a.session_id for a in self.of("Admit")} - self.released
+        self.released.add(request.session_id)
+        return pb.ReleaseResponse(released=known)
+
+    async def GetRouterConfig(self, request, context):
+        self._record("GetRouterConfig", request, context)
+        return pb.RouterConfig(router_temperature=0.0, kv_overlap_score_weight=1.0, use_kv_events=False,
+                               router_ttl_secs=120.0, router_block_size=128)
+
+    async def start(self, address: str = "127.0.0.1:0") -> str:
+        self.server = grpc.aio.server()
+        pb_grpc.add_SchedulerServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port(address)
+        await self.server.start()
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(0)
+
+
+class FaultyWorker:
+    """Looks like a healthy SGLang server to the capacity service; generation fails as told:
+    `refuse` = 500 before anything, `break` = one content chunk, then the connection is cut."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.requests = 0
+        info = sglang_info(max_total_num_tokens=32768, page_size=16, model_path=MODEL)
+        info["served_model_name"] = MODEL
+        self.info = info
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _info(self, request):
+        return web.json_response(self.info)
+
+    async def _health(self, request):
+        return web.Response(status=200)
+
+    async def _generate(self, request):
+        self.requests += 1
+        await request.read()
+        if self.mode == "refuse":
+            return web.json_response({"object": "error", "message": "boom", "type": "InternalServerError",
+                                      "code": 500}, status=500)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        head = '{"id":"x","object":"chat.completion.chunk","created":1,"model":"%s","choices":' % MODEL
+        await response.write(('data: ' + head + '[{"index":0,"delta":{"role":"assistant","content":""},'
+                              '"finish_reason":null}]}\n\n').encode())
+        await response.write(('data: ' + head + '[{"index":0,"delta":{"content":"partial"},'
+                              '"finish_reason":null}]}\n\n').encode())
+        request.transport.close()  # cut the connection mid-stream
+        return response
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/server_info", self._info)
+        app.router.add_get("/get_server_info", self._info)
+        app.router.add_get("/health", self._health)
+        app.router.add_post("/v1/chat/completions", self._generate)
+        app.router.add_post("/v1/completions", self._generate)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
