@@ -54,6 +54,8 @@ class EngineDriver:
         self._task: asyncio.Task | None = None
         self.failure: BaseException | None = None
         self.steps = 0
+        # Wall seconds the loop finished steps after their simulated end (CPU-bound at high speedup).
+        self.late_s_total = 0.0
 
     # -- time ---------------------------------------------------------------------------
     def now(self) -> float:
@@ -146,6 +148,7 @@ class EngineDriver:
                     if delay > 0:
                         await asyncio.sleep(delay)
                     else:
+                        self.late_s_total -= delay
                         await asyncio.sleep(0)
                 elif not result.outputs and not result.kv_events:
                     # Work that cannot progress right now: wait for a submit/abort, but

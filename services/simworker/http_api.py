@@ -621,7 +621,9 @@ class SimWorkerApi:
                                      "token_capacity": self.config.max_total_tokens, "graph": 0.0},
                     "waiting_queue_size": stats.num_queue_reqs,
                     "running_batch_size": stats.num_running_reqs,
-                    "engine_paused": False}
+                    "engine_paused": False,
+                    "simworker_steps": self.driver.steps,
+                    "simworker_late_s_total": self.driver.late_s_total}
         info = {**args,
                 "status": "ready",
                 "max_total_num_tokens": self.config.max_total_tokens,
