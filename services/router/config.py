@@ -25,8 +25,8 @@ ROUTER_SETTINGS = [
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity gRPC address host:port", env=_env("capacity_addr")),
     Setting("http_port", int, 8000, "OpenAI/SGLang HTTP API port on the listen host (0 = any free port)",
             env=_env("http_port")),
-    Setting("no_scheduler", bool, False, "KV-aware routing only: never call the scheduler (a benchmark arm)",
-            env=_env("no_scheduler")),
+    Setting("use_scheduler", bool, True, "call the scheduler; --no-scheduler = KV-aware routing only (a benchmark arm)",
+            env=_env("scheduler"), flag="--scheduler"),
     Setting("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (larger -> 413)",
             env=_env("max_body_bytes")),
     Setting("admit_timeout_seconds", float, 3600.0,
@@ -130,8 +130,8 @@ def config_from_values(values: Mapping[str, Any]) -> RouterConfig:
     kv_names = ("router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_output_blocks",
                 "block_size", "router_ttl_secs")
     kv = KvOverrides(**{n: values[n] for n in kv_names})
-    rest = {k: v for k, v in values.items() if k not in kv_names}
-    return RouterConfig(kv=kv, **rest)
+    rest = {k: v for k, v in values.items() if k not in kv_names and k != "use_scheduler"}
+    return RouterConfig(kv=kv, no_scheduler=not values["use_scheduler"], **rest)
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:

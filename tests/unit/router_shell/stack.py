@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,12 @@ def base_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -77,7 +84,8 @@ async def spawn(name: str, module: str, args: list[str], tmp: Path, *, env: dict
 
 
 async def simworker(tmp: Path, name: str, *args: str, kv_events: bool = False) -> Proc:
-    extra = ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://*:0"})] if kv_events else []
+    extra = ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"})
+             ] if kv_events else []
     return await spawn(name, "services.simworker", ["--port", "0", "--speedup", "50", "--enable-cache-report",
                                                     "--max-total-tokens", "32768", *extra, *args], tmp)
 
