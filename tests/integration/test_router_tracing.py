@@ -1,0 +1,96 @@
+"""W3C trace context: client -> router -> scheduler (gRPC metadata) and -> worker; spans exported in memory
+(in-process router) and by OTLP to a real TraceService receiver (router process)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from openai import AsyncOpenAI
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from clients import session_headers
+from services.common.telemetry import setup_telemetry
+from services.router.config import KvOverrides, RouterConfig
+from services.router.server import start_router
+from tests.support.eventually import assert_eventually
+from tests.unit.router_shell import stack
+from tests.unit.router_shell.doubles import MODEL, RecordingScheduler
+
+pytestmark = pytest.mark.integration
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+
+
+async def test_trace_continues_through_router_to_scheduler_in_memory(tmp_path):
+    st = stack.Stack(tmp_path)
+    sched = RecordingScheduler()
+    exporter = InMemorySpanExporter()
+    telemetry = setup_telemetry("bandmaster-router", exporter=exporter, set_global=False)
+    router = None
+    try:
+        address = await sched.start()
+        w = st.add(await stack.simworker(tmp_path, "w"))
+        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+        router = await start_router(RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address,
+                                                 kv=KvOverrides(use_kv_events=False)), telemetry=telemetry)
+        await assert_eventually(lambda: router.fleet.workers)
+        client = AsyncOpenAI(base_url=router.base_url + "/v1", api_key="none", max_retries=0,
+                             default_headers={**session_headers("traced"), "traceparent": TRACEPARENT})
+        await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        spans = await assert_eventually(lambda: exporter.get_finished_spans() if any(
+            s.name == "router.request" for s in exporter.get_finished_spans()) else None)
+        by_name = {s.name: s for s in spans}
+        assert {"router.request", "router.pick"} <= by_name.keys()
+        assert all(format(s.context.trace_id, "032x") == TRACE_ID for s in spans)
+        assert by_name["router.pick"].parent.span_id == by_name["router.request"].context.span_id
+        assert by_name["router.pick"].attributes["router.reason"]
+        admit = next(c for c in sched.calls if c.method == "Admit")
+        assert admit.metadata["traceparent"].split("-")[1] == TRACE_ID
+        complete = await assert_eventually(lambda: [c for c in sched.calls if c.method == "Complete"])
+        assert complete[0].metadata["traceparent"].split("-")[1] == TRACE_ID
+    finally:
+        if router is not None:
+            await router.stop()
+        await st.close()
+        await sched.stop()
+
+
+class Receiver(otlp_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list = []
+
+    async def Export(self, request, context):
+        for resource_spans in request.resource_spans:
+            for scope in resource_spans.scope_spans:
+                self.spans.extend(scope.spans)
+        return otlp.ExportTraceServiceResponse()
+
+
+async def test_router_process_exports_spans_by_otlp(tmp_path):
+    st = stack.Stack(tmp_path)
+    receiver = Receiver()
+    server = grpc.aio.server()
+    otlp_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        w = st.add(await stack.simworker(tmp_path, "w"))
+        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+        env = stack.base_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true",
+                             OTEL_BSP_SCHEDULE_DELAY="100")
+        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events", env=env))
+        url = stack.router_url(router)
+        await assert_eventually(lambda: "workers: 1 healthy" in router.log_text(), timeout_s=15)
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                             default_headers={"traceparent": TRACEPARENT})
+        await client.completions.create(model=MODEL, prompt="trace me", max_tokens=2)
+        spans = await assert_eventually(lambda: [s for s in receiver.spans if s.name == "router.pick"], timeout_s=15)
+        assert spans[0].trace_id.hex() == TRACE_ID
+        assert any(s.name == "router.request" and s.trace_id.hex() == TRACE_ID for s in receiver.spans)
+    finally:
+        await st.close()
+        await server.stop(0)
