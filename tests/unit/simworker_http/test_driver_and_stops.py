@@ -1,0 +1,94 @@
+"""Driver behaviour (failure, idle wake-up, virtual time) and stop strings through /generate."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from services.simworker.core.api import EngineRequest
+from services.simworker.driver import DriverStopped, EngineDriver
+from tests.support.eventually import assert_eventually
+
+
+class _BrokenEngine:
+    """Accepts requests, then fails on its first step (a test double for the failure path)."""
+
+    def __init__(self):
+        self.work = False
+
+    def submit(self, request, now):
+        self.work = True
+
+    def abort(self, rid, now):
+        return False
+
+    def has_work(self):
+        return self.work
+
+    def step(self, now):
+        raise RuntimeError("boom")
+
+
+async def test_engine_failure_fails_requests_and_refuses_new_ones():
+    driver = EngineDriver(_BrokenEngine(), speedup=10)
+    driver.start()
+    queue = driver.submit(EngineRequest("r", (1, 2, 3), 4))
+    output, _ = await asyncio.wait_for(queue.get(), 5)
+    assert output.finished and output.finish_reason["type"] == "abort"
+    assert "boom" in output.finish_reason["message"]
+    assert not driver.running
+    try:
+        driver.submit(EngineRequest("r2", (1,), 1))
+    except DriverStopped:
+        pass
+    else:
+        raise AssertionError("submit after failure must raise DriverStopped")
+    await driver.stop()
+
+
+async def test_idle_driver_wakes_on_submit_and_keeps_virtual_time(worker):
+    driver = worker.driver
+    steps_before = driver.steps
+    await asyncio.sleep(0)  # idle: no steps while there is no work
+    assert driver.steps == steps_before
+    queue = driver.submit(EngineRequest("wake", tuple(range(300, 310)), 3, ignore_eos=True))
+    outputs = []
+    while not outputs or not outputs[-1][0].finished:
+        outputs.append(await asyncio.wait_for(queue.get(), 10))
+    assert sum(len(o.new_token_ids) for o, _ in outputs) == 3
+    times = [t for _, t in outputs]
+    assert times == sorted(times) and times[0] > 0
+    assert driver.steps > steps_before
+
+
+async def test_abort_of_queued_request_is_delivered_while_idle(worker):
+    # max_new_tokens huge, abort immediately: the abort output arrives even if nothing else runs.
+    queue = worker.driver.submit(EngineRequest("quick-abort", tuple(range(300, 310)), 10_000, ignore_eos=True))
+    assert worker.driver.abort("quick-abort")
+    while True:
+        output, _ = await asyncio.wait_for(queue.get(), 10)
+        if output.finished:
+            break
+    assert output.finish_reason["type"] == "abort"
+    await assert_eventually(lambda: not worker.engine.has_work())
+
+
+async def test_stop_string_truncates_and_frees_the_request(worker):
+    async with aiohttp.ClientSession() as http:
+        body = {"text": "tell me a story", "rid": "story", "sampling_params": {"max_new_tokens": 30,
+                                                                               "ignore_eos": True}}
+        async with http.post(worker.url + "/generate", json=body) as r:
+            full = (await r.json())["text"]
+        words = full.split(" ")
+        stop = " " + words[len(words) // 2]
+        expected = full[: full.find(stop)]
+        body["sampling_params"]["stop"] = [stop]
+        async with http.post(worker.url + "/generate", json={**body, "stream": True}) as r:
+            lines = [line for line in (await r.read()).decode().split("\n\n") if line]
+    assert lines[-1] == "data: [DONE]"
+    final = json.loads(lines[-2][len("data: "):])
+    assert final["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert final["text"] == expected
+    await assert_eventually(lambda: not worker.engine.has_work() and worker.driver.in_flight() == [])
