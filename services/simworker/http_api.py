@@ -14,10 +14,10 @@ mapped in one place (`_error`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
-from dataclasses import asdict
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
@@ -35,12 +35,8 @@ try:  # orjson is much faster on the token path; plain json keeps working withou
     def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj)
 except ImportError:  # pragma: no cover - depends on the environment
-    import json
-
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-import json as _json
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +220,7 @@ async def _read_json(request: web.Request, *, require_json_type: bool) -> dict:
     if require_json_type and request.content_type != "application/json":
         raise ApiError(400, "Content-Type must be application/json")
     try:
-        body = _json.loads(await request.read() or b"null")
+        body = json.loads(await request.read() or b"null")
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON body: {exc}") from None
     if not isinstance(body, dict):
@@ -715,9 +711,3 @@ class SimWorkerApi:
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-
-def config_snapshot(config: SimWorkerConfig) -> dict:
-    """The config as plain data (for logs and the ready file)."""
-    out = asdict(config)
-    out["timing_overrides"] = dict(config.timing_overrides)
-    return out

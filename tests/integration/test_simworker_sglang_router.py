@@ -70,12 +70,12 @@ def requests_total(url: str) -> float:
 
 async def test_sglang_router_routes_to_both_simworkers(tmp_path):
     procs: list[subprocess.Popen] = []
+    urls: list[str] = []
     try:
         for name in ("a", "b"):
             proc, url = start_simworker(tmp_path, name)
             procs.append(proc)
-        urls = [f"http://127.0.0.1:{json.loads((tmp_path / f'{n}.ready.json').read_text())['port']}"
-                for n in ("a", "b")]
+            urls.append(url)
         router_port = _free_port()
         router_log = open(tmp_path / "router.log", "w")
         router = subprocess.Popen(
