@@ -324,15 +324,14 @@ class SimEngine:
             seq_len = len(r.seq)
             gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page, r.match)
             r.match = (cache.generation, gpu, host)
-            locked_evictable = sum(1 for n in gpu if n.ref == 0)
             uncached_pages = -(-seq_len // page) - len(gpu)
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
-            room = cache.available_pages - locked_evictable
-            if self._running:
-                if uncached_pages + out_pages > room - reserved:
-                    break
-            elif uncached_pages > room:
+            need = uncached_pages + (out_pages + reserved if self._running else 0)
+            if need > cache.available_pages:
+                break                         # fails even before its own cached pages are locked
+            # Its matched pages that are evictable now stop being evictable once it holds them.
+            if need > cache.available_pages - sum(1 for n in gpu if n.ref == 0):
                 break
             self._waiting.pop(0)
             r.match = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import struct
 import sys
 from array import array
 from typing import Iterable, Sequence
@@ -49,14 +50,6 @@ def token_bytes(token_ids: Iterable[int]) -> bytes:
     if sys.byteorder != "little":
         arr.byteswap()
     return arr.tobytes()
-
-
-def _ids_of(page: bytes) -> tuple[int, ...]:
-    arr = array("I")
-    arr.frombytes(page)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return tuple(arr)
 
 
 def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
@@ -121,6 +114,7 @@ class RadixCache:
         self._computed: dict[int, None] = {}
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
+        self._ids_of = struct.Struct(f"<{page_size}I").unpack     # page bytes -> token ids
         self.generation = 0                    # bumped by flush: earlier matches are void
 
     # -- accounting --------------------------------------------------------------------------
@@ -234,7 +228,7 @@ class RadixCache:
             self.evictable_pages += 1
             self._push_gpu(node)
         self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                       _ids_of(node.key), self.page_size, GPU))
+                                       self._ids_of(node.key), self.page_size, GPU))
 
     def _write_host(self, node: PageNode) -> bool:
         if self.host_used >= self.host_pages and not self._evict_host(1):
@@ -243,7 +237,7 @@ class RadixCache:
         self.host_used += 1
         node.parent.host_children += 1
         self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                       _ids_of(node.key), self.page_size, HOST))
+                                       self._ids_of(node.key), self.page_size, HOST))
         return True
 
     # -- eviction ----------------------------------------------------------------------------
@@ -310,6 +304,8 @@ class RadixCache:
     def _drop(self, node: PageNode) -> None:
         """Remove a node that has no copy left, with its (host-only) subtree."""
         del node.parent.children[node.key]
+        if not node.children:
+            return
         stack = list(node.children.values())
         node.children = {}
         while stack:
