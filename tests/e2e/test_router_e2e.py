@@ -4,6 +4,7 @@ driven by the official openai client. Skipped until `python -m services.schedule
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 import pytest
@@ -70,10 +71,10 @@ async def test_memory_pressure_pauses_and_resumes_and_every_program_completes(tm
                         "--soft-demote-threshold", "0.4", "--acting-decay-tau-seconds", "0.2",
                         "--resume-timeout-seconds", "20"))
     try:
-        done = await asyncio.gather(*(_program(url, f"long-{i}", 4, 24, 400) for i in range(6)))
+        done = await asyncio.gather(*(_program(url, f"long-{i}", 4, 24, 1500) for i in range(6)))
         assert done == [4] * 6
         log = sched.log_text()
         assert "reason=pressure" in log or "reason=admission_full" in log
-        assert "thunderagent.program resumed" in log
+        assert re.search(r"thunderagent.program resumed|scheduler.tick resumed=[1-9]", log)
     finally:
         await st.close()

@@ -72,7 +72,8 @@ async def test_program_turns_are_admitted_routed_and_completed(env):
     client = env.openai(**session_headers("prog-1"))
     for turn in range(3):
         stream = await client.chat.completions.create(model=MODEL, messages=_turn_messages(turn), max_tokens=12,
-                                                      stream=True, stream_options={"include_usage": True})
+                                                      stream=True, stream_options={"include_usage": True},
+                                                      extra_body={"ignore_eos": True})
         text, usage = "", None
         async for chunk in stream:
             if chunk.choices:
@@ -81,7 +82,8 @@ async def test_program_turns_are_admitted_routed_and_completed(env):
                 usage = chunk.usage
         assert text and usage is not None and usage.completion_tokens == 12
         assert usage.prompt_tokens_details is not None
-    answer = await client.chat.completions.create(model=MODEL, messages=_turn_messages(3), max_tokens=5)
+    answer = await client.chat.completions.create(model=MODEL, messages=_turn_messages(3), max_tokens=5,
+                                                  extra_body={"ignore_eos": True})
     assert answer.usage.completion_tokens == 5 and answer.usage.prompt_tokens_details.cached_tokens > 0
 
     admits = [a for a in env.sched.of("Admit") if a.session_id == "prog-1"]
@@ -157,7 +159,7 @@ async def test_invalid_requests_get_4xx_and_nothing_is_forwarded(env, headers, b
 async def test_client_disconnect_aborts_upstream_and_completes_cancelled(env):
     client = env.openai(**session_headers("prog-cancel"))
     stream = await client.chat.completions.create(model=MODEL, messages=_turn_messages(0), max_tokens=50000,
-                                                  stream=True)
+                                                  stream=True, extra_body={"ignore_eos": True})
     received = 0
     async for chunk in stream:
         received += 1
