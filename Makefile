@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
-	@echo "make bench-capacity - capacity service scale benchmark (writes bench/results/capacity_scale.json)"
+	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
+	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -47,7 +48,11 @@ proto-check: venv
 bench-capacity: venv
 	$(PY) -m bench.capacity_scale --out bench/results/capacity_scale.json
 
-bench: bench-capacity
+bench-simworker: venv
+	$(PY) -m bench.simworker_live --out bench/results/simworker_live.json
+	$(PY) -m bench.simworker_core --out bench/results/simworker_core.json
+
+bench: bench-capacity bench-simworker
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

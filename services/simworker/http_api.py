@@ -279,8 +279,18 @@ class SimWorkerApi:
         self.host_total_tokens = host_total_tokens
         self.state = "starting"          # starting | ready | shutting_down
         self._frontend_s = frontend_s
+        # The publisher's bound endpoint: with `tcp://*:0` only the bound port tells subscribers where to go.
+        self.kv_events_bound_endpoint: str | None = None
         self._model_names = {config.served_model_name, config.model_path}
         self._created = int(time.time())
+
+    def _kv_events_config_json(self) -> str | None:
+        if self.config.kv_events is None:
+            return None
+        reported = json.loads(self.config.kv_events.to_json())
+        if self.kv_events_bound_endpoint:
+            reported["endpoint"] = self.kv_events_bound_endpoint
+        return json.dumps(reported)
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -596,7 +606,7 @@ class SimWorkerApi:
             "schedule_low_priority_values_first": c.schedule_low_priority_values_first,
             "enable_metrics": c.enable_metrics,
             "enable_cache_report": c.enable_cache_report,
-            "kv_events_config": c.kv_events.to_json() if c.kv_events else None,
+            "kv_events_config": self._kv_events_config_json(),
             "stream_interval": c.stream_interval,
             "disaggregation_mode": "null",
             "skip_tokenizer_init": False,

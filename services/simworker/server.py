@@ -172,6 +172,7 @@ async def start_simworker(
         api = SimWorkerApi(config, driver, tokenizer, metrics, kv_bytes_per_token=kv_bytes,
                            host_total_tokens=host_total_tokens(config, kv_bytes),
                            frontend_s=profile.frontend_s)
+        api.kv_events_bound_endpoint = publisher.endpoint if publisher is not None else None
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `finally` aborts the engine request (SGLang aborts on disconnect too).
         runner = web.AppRunner(api.build_app(), handler_cancellation=True, access_log=None)

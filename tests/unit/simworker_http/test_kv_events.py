@@ -113,3 +113,19 @@ async def test_server_publishes_engine_events_and_flush(make_worker):
     finally:
         sub.close(linger=0)
         ctx.destroy(linger=0)
+
+
+async def test_server_info_reports_the_bound_publisher_endpoint(make_worker):
+    """With a wildcard port, /server_info must name the port subscribers can actually reach."""
+    import json as _json
+
+    import aiohttp
+
+    worker = await make_worker("--kv-events-endpoint", "tcp://127.0.0.1:*")
+    async with aiohttp.ClientSession() as http:
+        async with http.get(worker.url + "/server_info") as r:
+            info = await r.json()
+    reported = _json.loads(info["kv_events_config"])
+    assert reported["publisher"] == "zmq"
+    assert reported["endpoint"] == worker.kv_events_endpoint
+    assert not reported["endpoint"].endswith(":*")
