@@ -23,6 +23,7 @@ class ProgressBar:
         self.extra = ""
         self._start = clock()
         self._last_draw = -1e9
+        self._drawn_done = -1
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def advance(self, n: int = 1, extra: str | None = None) -> None:
@@ -37,6 +38,7 @@ class ProgressBar:
         if not force and now - self._last_draw < interval and self.done < self.total:
             return
         self._last_draw = now
+        self._drawn_done = self.done
         self.stream.write(self.render(now) + ("\r" if self._tty and self.done < self.total else "\n"))
         self.stream.flush()
 
@@ -53,6 +55,7 @@ class ProgressBar:
                 f"{elapsed:6.1f}s eta {eta_text} {self.extra}").rstrip()
 
     def close(self) -> None:
-        self._maybe_draw(force=True)
+        if self._drawn_done != self.done:
+            self._maybe_draw(force=True)
         if self._tty and self.done < self.total:
             self.stream.write("\n")

@@ -26,6 +26,12 @@ class ClusterConfig:
     worker_timing_profile: str = "glm45-fp8-h200"
     model_name: str = "bandmaster-sim"
     poll_interval_seconds: float = 1.0
+    http_port: int = 8000
+    """The router's OpenAI/SGLang HTTP port (0 = any free port)."""
+    scheduler: bool = True
+    """Start the program scheduler; off = KV-aware routing only."""
+    scheduler_args: tuple[str, ...] = ()
+    """Extra scheduler flags (e.g. --pause-threshold 0.9), appended last so they win."""
     state_dir: Path | None = None
     log_level: str = "INFO"
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
@@ -39,6 +45,7 @@ class ClusterConfig:
                 "worker_host_kv_tokens >= 0")
         require(self.worker_page_size >= 1, "worker_page_size", self.worker_page_size, "worker_page_size >= 1")
         require(self.worker_speedup > 0, "worker_speedup", self.worker_speedup, "worker_speedup > 0")
+        require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
         require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
                 "poll_interval_seconds > 0")
         for url in self.worker_urls:
@@ -50,9 +57,17 @@ class Cluster:
     supervisor: Supervisor
     workers: list[str] = field(default_factory=list)
     capacity: Child | None = None
+    scheduler: Child | None = None
+    router: Child | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.router.ready['http_port']}" if self.router else ""
 
     def endpoints(self) -> list[tuple[str, str]]:
         rows = [(f"worker[{i}]", url) for i, url in enumerate(self.workers)]
+        if self.router is not None:
+            rows.append(("router HTTP (OpenAI API)", self.http_url + "/v1"))
         for child in self.supervisor.children:
             if child.spec.kind == "grpc":
                 rows.append((child.spec.name, child.endpoint))
@@ -92,6 +107,35 @@ def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
     return ChildSpec(name="capacity", module="services.capacity", args=args)
 
 
+def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
+    # The control loop's time constants are in wall seconds; simulated workers run `speedup` times
+    # faster than the hardware they model, so the loop runs that much faster too.
+    speedup = config.worker_speedup if not config.worker_urls else 1.0
+    args = [
+        "--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
+        "--log-level", config.log_level,
+        "--scheduler-interval-seconds", f"{max(0.05, 5.0 / speedup):g}",
+        "--acting-decay-tau-seconds", f"{1.0 / speedup:g}",
+        "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
+        "--program-idle-ttl-seconds", f"{900.0 / speedup:g}",
+        # Chat prompts reach the router as text; without a tokenizer it matches prefixes on text
+        # chunks (approximate mode), so KV events cannot be used. See docs/router-selection.md.
+        "--no-use-kv-events",
+        *config.scheduler_args,
+    ]
+    return ChildSpec(name="scheduler", module="services.scheduler", args=args)
+
+
+def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None) -> ChildSpec:
+    args = ["--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
+            "--http-port", str(config.http_port), "--log-level", config.log_level]
+    if scheduler_addr:
+        args += ["--scheduler-addr", scheduler_addr]
+    else:
+        args += ["--no-scheduler", "--no-use-kv-events"]
+    return ChildSpec(name="router", module="services.router", args=args)
+
+
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:
     """Start workers (unless real URLs are given), then the control plane; raise StartupError on failure."""
     supervisor = supervisor or Supervisor(config.state_dir)
@@ -103,6 +147,11 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
             started = supervisor.start_all([simworker_spec(config, i) for i in range(config.workers)])
             cluster.workers = [child.endpoint for child in started]
         (cluster.capacity,) = supervisor.start_all([capacity_spec(config, cluster.workers)])
+        scheduler_addr = None
+        if config.scheduler:
+            (cluster.scheduler,) = supervisor.start_all([scheduler_spec(config, cluster.capacity.endpoint)])
+            scheduler_addr = cluster.scheduler.endpoint
+        (cluster.router,) = supervisor.start_all([router_spec(config, cluster.capacity.endpoint, scheduler_addr)])
     except BaseException:
         supervisor.stop_all()
         raise

@@ -26,6 +26,11 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
                         help="simulated workers run this many times faster than the real hardware")
     parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile")
     parser.add_argument("--model-name", default="bandmaster-sim")
+    parser.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI/SGLang HTTP port (0 = any)")
+    parser.add_argument("--no-scheduler", action="store_true",
+                        help="start no program scheduler: the router does KV-aware routing only")
+    parser.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
+                        help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)")
     parser.add_argument("--state-dir", type=Path, default=None, help="where child logs and ready files go")
     parser.add_argument("--log-level", default="INFO")
 
@@ -36,6 +41,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
         worker_speedup=args.worker_speedup, worker_timing_profile=args.worker_timing_profile,
         model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
+        http_port=args.http_port, scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
     )
     values.update(overrides)
     return ClusterConfig(**values)
