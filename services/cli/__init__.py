@@ -16,6 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     up.add_parser(commands)
     demo.add_parser(commands)
+    _add_bench(commands)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
@@ -24,6 +25,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _add_bench(commands) -> None:
+    from bench import run as bench_run
+
+    parser = commands.add_parser("bench", help="play agent programs against an OpenAI-compatible endpoint")
+    bench_run.add_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        import asyncio
+        import json
+
+        report = asyncio.run(bench_run.run_from_args(args))
+        print(json.dumps(report["summary"], indent=1))
+        return 0 if report["summary"]["turns_failed"] == 0 else 1
+
+    parser.set_defaults(run=run)
 
 
 if __name__ == "__main__":
