@@ -1,0 +1,1 @@
+"""Protobuf <-> domain conversion, input validation, and the capacity follower. Protobuf stops here."""

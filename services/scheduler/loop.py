@@ -1,0 +1,311 @@
+"""The async shell around the pure scheduler core: tick loop, held admissions, resume timers, events.
+
+One event loop owns everything and the core is synchronous, so calls are serialised without
+locks: nothing awaits between a core call and the publishing of the `Effects` it returned.
+
+- Held admissions: `admit` returns at once with the core's decision; a WAIT registers a future
+  that a later resolution (resume, forced resume, release, expiry) completes. Whoever holds a
+  future calls `cancel` in `finally` if it gives up, which rolls the admission back in the core.
+- Resume timers: each held admission has a forced-resume deadline (`core.resume_deadline`) on the
+  injected clock. A timer task sleeps until the earliest one and calls `core.force_resume`; tests
+  on a FakeClock advance the clock and call `wake_timers()` (or `fire_due_resumes()` directly).
+- Tick loop: every `scheduler_interval_seconds`, `core.tick(now)` in a `scheduler.tick` span. A
+  failing tick is logged with its exception and retried next interval; the loop never stops.
+- Events fan out to WatchEvents subscribers through bounded queues: a slow watcher loses its
+  oldest events and never blocks the tick.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import logging
+import time
+
+from opentelemetry import trace
+
+from services.common.clock import Clock
+from services.scheduler.core import (
+    AdmitResult,
+    CapacitySnapshot,
+    Decision,
+    Effects,
+    ProgramEvent,
+    ReplicaKey,
+    SchedulerCore,
+    TickResult,
+    TurnOutcome,
+    Verdict,
+)
+from services.scheduler.metrics import SchedulerMetrics
+
+log = logging.getLogger("services.scheduler")
+# The core's own records (`scheduler.tick ...`, `thunderagent.program ...`, DEBUG per program).
+core_log = logging.getLogger("services.scheduler.control")
+
+DEFAULT_WATCH_QUEUE = 1024
+# Complete is idempotent per request_id: remember this many recent ids.
+COMPLETED_MEMORY = 65_536
+
+
+class ShuttingDown(Exception):
+    """The scheduler is stopping; a held admission was rolled back (gRPC: UNAVAILABLE)."""
+
+
+class EventQueue:
+    """One WatchEvents subscriber: bounded, drop-oldest."""
+
+    __slots__ = ("events", "wake", "closed", "dropped")
+
+    def __init__(self, maxlen: int) -> None:
+        self.events: collections.deque[ProgramEvent] = collections.deque(maxlen=maxlen)
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.dropped = 0
+
+    def put(self, events: tuple[ProgramEvent, ...]) -> int:
+        overflow = max(0, len(self.events) + len(events) - (self.events.maxlen or 0))
+        self.events.extend(events)
+        self.dropped += overflow
+        self.wake.set()
+        return overflow
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+
+class SchedulerRuntime:
+    def __init__(self, core: SchedulerCore, *, clock: Clock, metrics: SchedulerMetrics, tracer: trace.Tracer,
+                 interval_s: float, watch_queue: int = DEFAULT_WATCH_QUEUE) -> None:
+        self.core = core
+        self.clock = clock
+        self.metrics = metrics
+        self.tracer = tracer
+        self.interval_s = interval_s
+        self.watch_queue = watch_queue
+        self._held: dict[str, asyncio.Future[Decision]] = {}
+        self._held_since: dict[str, float] = {}
+        self._deadlines: list[tuple[float, str]] = []
+        self._timer_wake = asyncio.Event()
+        self._subscribers: set[EventQueue] = set()
+        self._completed: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+        self.ticks = 0
+        self.capacity_received = False
+        metrics.watch_core(core, clock.monotonic, lambda: len(self._held))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, *, tick_loop: bool = True) -> None:
+        self._tasks.append(asyncio.create_task(self._timer_loop(), name="scheduler-resume-timers"))
+        if tick_loop:
+            self._tasks.append(asyncio.create_task(self._tick_loop(), name="scheduler-tick"))
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    async def stop(self) -> None:
+        """Release held admissions with ShuttingDown (rolled back), stop loops, end event streams."""
+        if self._stopping:
+            return
+        self._stopping = True
+        now = self.clock.monotonic()
+        for request_id, future in list(self._held.items()):
+            self._held.pop(request_id, None)
+            self._observe_hold(request_id, "shutdown")
+            self._publish(self.core.cancel_admission(now, request_id))
+            if not future.done():
+                future.set_exception(ShuttingDown("scheduler is shutting down"))
+        for queue in list(self._subscribers):
+            queue.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ------------------------------------------------------------------ operations (servicer)
+
+    def admit(self, session_id: str, parent_session_id: str, estimated_prompt_tokens: int,
+              request_id: str) -> AdmitResult:
+        """The core's decision now. On WAIT the admission is held: `wait(request_id)` returns its
+        resolution, and the caller must `cancel(request_id)` if it stops waiting."""
+        if self._stopping:
+            raise ShuttingDown("scheduler is shutting down")
+        now = self.clock.monotonic()
+        result = self.core.admit(now, session_id, parent_session_id, estimated_prompt_tokens, request_id)
+        if result.decision.request_id == request_id and result.decision.verdict is Verdict.WAIT:
+            self._held[request_id] = asyncio.get_running_loop().create_future()
+            self._held_since[request_id] = now
+            deadline = self.core.resume_deadline(request_id)
+            if deadline is not None:
+                heapq.heappush(self._deadlines, (deadline, request_id))
+                self._timer_wake.set()
+        self._publish(result.effects)
+        return result
+
+    async def wait(self, request_id: str) -> Decision:
+        """Wait for a held admission's resolution. Cancellation propagates; the caller rolls back."""
+        future = self._held.get(request_id)
+        if future is None:
+            raise KeyError(request_id)
+        return await asyncio.shield(future)
+
+    def cancel(self, request_id: str) -> None:
+        """Roll an admission back (client gone, deadline passed). Idempotent; never awaits."""
+        if request_id in self._held:
+            self._held.pop(request_id)
+            self._observe_hold(request_id, "cancelled")
+        self._publish(self.core.cancel_admission(self.clock.monotonic(), request_id))
+
+    def bind(self, request_id: str, replica: ReplicaKey) -> bool:
+        return self.core.bind_request(request_id, replica)
+
+    def complete(self, session_id: str, request_id: str, replica: ReplicaKey | None, prompt_tokens: int,
+                 completion_tokens: int, cached_tokens: int, outcome: TurnOutcome) -> bool:
+        """False when this request_id was already completed (idempotent retry: nothing changes)."""
+        if request_id in self._completed:
+            self._completed.move_to_end(request_id)
+            return False
+        self._completed[request_id] = None
+        if len(self._completed) > COMPLETED_MEMORY:
+            self._completed.popitem(last=False)
+        effects = self.core.complete(self.clock.monotonic(), session_id, request_id, replica, prompt_tokens,
+                                     completion_tokens, cached_tokens, outcome)
+        self._publish(effects)
+        return True
+
+    def release(self, session_id: str) -> bool:
+        released, effects = self.core.release(self.clock.monotonic(), session_id)
+        self._publish(effects)
+        return released
+
+    def apply_capacity(self, snapshot: CapacitySnapshot) -> None:
+        self._publish(self.core.apply_capacity(self.clock.monotonic(), snapshot))
+        self.capacity_received = True
+        self.metrics.capacity_snapshots.inc()
+
+    def subscribe(self) -> EventQueue:
+        queue = EventQueue(self.watch_queue)
+        if self._stopping:
+            queue.close()
+        self._subscribers.add(queue)
+        self.metrics.watchers.set(len(self._subscribers))
+        return queue
+
+    def unsubscribe(self, queue: EventQueue) -> None:
+        self._subscribers.discard(queue)
+        self.metrics.watchers.set(len(self._subscribers))
+
+    @property
+    def held_count(self) -> int:
+        return len(self._held)
+
+    def is_held(self, request_id: str) -> bool:
+        return request_id in self._held
+
+    # ------------------------------------------------------------------ tick
+
+    def tick_once(self) -> TickResult | None:
+        """One control step (also the tests' hook). Returns None if the core raised."""
+        started = time.perf_counter()
+        with self.tracer.start_as_current_span("scheduler.tick") as span:
+            try:
+                result = self.core.tick(self.clock.monotonic())
+            except Exception as exc:
+                self.metrics.tick_failures.inc()
+                span.record_exception(exc)
+                span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+                log.exception("scheduler tick failed; retrying next interval")
+                return None
+            self._publish(Effects(result.events, result.logs, result.resolutions))
+            self.ticks += 1
+            span.set_attribute("scheduler.paused", result.paused)
+            span.set_attribute("scheduler.marked", result.marked)
+            span.set_attribute("scheduler.resumed", result.resumed)
+            span.set_attribute("scheduler.forced", result.forced)
+            span.set_attribute("scheduler.expired", result.expired)
+            span.set_attribute("scheduler.replicas", len(result.replicas))
+            span.set_attribute("scheduler.held_admissions", len(self._held))
+        self.metrics.tick_seconds.observe(time.perf_counter() - started)
+        return result
+
+    async def _tick_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.interval_s
+        while not self._stopping:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self.tick_once()
+            # Fixed rate; after a stall, skip missed ticks instead of bunching them.
+            next_at = max(next_at + self.interval_s, loop.time())
+
+    # ------------------------------------------------------------------ forced-resume timers
+
+    def wake_timers(self) -> None:
+        """Re-evaluate the earliest forced-resume deadline (after a FakeClock moved)."""
+        self._timer_wake.set()
+
+    def fire_due_resumes(self) -> int:
+        """Force-resume every held admission whose deadline has passed on the injected clock."""
+        now = self.clock.monotonic()
+        fired = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(self._deadlines)
+            if request_id not in self._held:
+                continue  # resolved or cancelled meanwhile
+            deadline = self.core.resume_deadline(request_id)
+            if deadline is None:
+                continue
+            if deadline > now:
+                heapq.heappush(self._deadlines, (deadline, request_id))
+                continue
+            self._publish(self.core.force_resume(now, request_id))
+            fired += 1
+        return fired
+
+    async def _timer_loop(self) -> None:
+        while not self._stopping:
+            self._timer_wake.clear()
+            delay = None
+            if self._deadlines:
+                delay = max(0.0, self._deadlines[0][0] - self.clock.monotonic())
+            try:
+                await asyncio.wait_for(self._timer_wake.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            try:
+                self.fire_due_resumes()
+            except Exception:
+                log.exception("forced resume failed; the next tick retries it")
+
+    # ------------------------------------------------------------------ publishing
+
+    def _publish(self, effects: Effects) -> None:
+        for record in effects.logs:
+            core_log.log(record.level, "%s", record.message)
+        if effects.events and self._subscribers:
+            for queue in self._subscribers:
+                dropped = queue.put(effects.events)
+                if dropped:
+                    self.metrics.watch_dropped.inc(dropped)
+        for decision in effects.resolutions:
+            future = self._held.pop(decision.request_id, None)
+            if future is None:
+                continue
+            if decision.program_gone:
+                outcome = "released"
+            elif decision.forced_resume:
+                outcome = "forced"
+            else:
+                outcome = "resumed"
+            self._observe_hold(decision.request_id, outcome)
+            if not future.done():
+                future.set_result(decision)
+
+    def _observe_hold(self, request_id: str, outcome: str) -> None:
+        since = self._held_since.pop(request_id, None)
+        if since is not None:
+            self.metrics.hold_seconds.labels(outcome).observe(max(0.0, self.clock.monotonic() - since))

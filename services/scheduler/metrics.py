@@ -1,0 +1,109 @@
+"""Prometheus metrics of the scheduler, on the ServiceHost's per-instance registry.
+
+Two kinds: instruments the shell updates as things happen (tick duration, hold time, tick
+failures, capacity stream state, dropped watch events), and a collector that reads the core's
+table and totals at scrape time, so the tick never pays for metrics it does not need and the
+totals can never drift from the core's own counters.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.scheduler.core import Band, Lifecycle, SchedulerCore, Status
+
+_HOLD_BUCKETS_S = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 1800.0, 3600.0)
+_TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PREFIX = "bandmaster_scheduler"
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.tick_seconds = Histogram(f"{PREFIX}_tick_seconds", "Duration of one control tick (core + publishing)",
+                                      buckets=_TICK_BUCKETS_S, registry=registry)
+        self.tick_failures = Counter(f"{PREFIX}_tick_failures_total", "Ticks that raised (retried next interval)",
+                                     registry=registry)
+        self.hold_seconds = Histogram(f"{PREFIX}_admission_hold_seconds",
+                                      "How long held Admit calls waited, by how they ended", ["outcome"],
+                                      buckets=_HOLD_BUCKETS_S, registry=registry)
+        self.capacity_connected = Gauge(f"{PREFIX}_capacity_stream_connected",
+                                        "1 while the WatchWorkers stream to the capacity service is up",
+                                        registry=registry)
+        self.capacity_reconnects = Counter(f"{PREFIX}_capacity_stream_failures_total",
+                                           "WatchWorkers stream failures (each is followed by a reconnect)",
+                                           registry=registry)
+        self.capacity_snapshots = Counter(f"{PREFIX}_capacity_snapshots_total", "Capacity snapshots applied",
+                                          registry=registry)
+        self.watch_dropped = Counter(f"{PREFIX}_watch_events_dropped_total",
+                                     "WatchEvents events dropped because a watcher was too slow", registry=registry)
+        self.watchers = Gauge(f"{PREFIX}_watchers", "Open WatchEvents streams", registry=registry)
+        for outcome in ("resumed", "forced", "released", "cancelled", "shutdown"):
+            self.hold_seconds.labels(outcome)
+
+    def watch_core(self, core: SchedulerCore, now: Callable[[], float], held: Callable[[], int]) -> None:
+        """Register the scrape-time collector over `core` (one per registry)."""
+        self.registry.register(_CoreCollector(core, now, held))
+
+
+class _CoreCollector(Collector):
+    def __init__(self, core: SchedulerCore, now: Callable[[], float], held: Callable[[], int]) -> None:
+        self.core = core
+        self.now = now
+        self.held = held
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on the table at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        core = self.core
+        now = self.now()
+        stats = core.stats(now)
+        programs = GaugeMetricFamily(f"{PREFIX}_programs", "Programs in the table by lifecycle and status",
+                                     labels=["lifecycle", "status"])
+        counts = {(lc, st): 0 for lc in Lifecycle for st in Status}
+        for view in core.programs():
+            counts[(view.lifecycle, view.status)] += 1
+        for (lc, st), n in counts.items():
+            programs.add_metric([lc.value, st.value], n)
+        yield programs
+
+        util = GaugeMetricFamily(f"{PREFIX}_replica_utilization",
+                                 "Pause-side working set / retention budget per replica", labels=["worker_id", "dp_rank"])
+        used = GaugeMetricFamily(f"{PREFIX}_replica_used_tokens", "Pause-side working set per replica",
+                                 labels=["worker_id", "dp_rank"])
+        retention = GaugeMetricFamily(f"{PREFIX}_replica_retention_tokens", "Retention budget per replica",
+                                      labels=["worker_id", "dp_rank"])
+        band = GaugeMetricFamily(f"{PREFIX}_replica_band", "1 for the replica's current band, 0 for the others",
+                                 labels=["worker_id", "dp_rank", "band"])
+        for r in stats.replicas:
+            key = [r.replica.worker_id, str(r.replica.dp_rank)]
+            util.add_metric(key, r.utilization)
+            used.add_metric(key, r.used_tokens)
+            retention.add_metric(key, r.retention_tokens)
+            for b in Band:
+                band.add_metric([*key, b.value], 1.0 if r.band is b else 0.0)
+        yield from (util, used, retention, band)
+
+        for name, value, text in (
+                ("pauses", stats.pauses_total, "Programs paused (pressure, marked, admission_full)"),
+                ("resumes", stats.resumes_total, "Programs resumed, forced resumes included"),
+                ("forced_resumes", stats.forced_resumes_total, "Forced resumes after resume_timeout_seconds"),
+                ("marks", stats.marks_total, "Reasoning programs marked to pause at their next tool boundary"),
+                ("expired", stats.expired_total, "Programs released after program_idle_ttl_seconds idle"),
+                ("released", stats.released_total, "Programs released by their final request"),
+                ("admissions", stats.admissions_total, "Admissions started"),
+                ("admissions_cancelled", stats.admissions_cancelled_total, "Admissions rolled back")):
+            family = CounterMetricFamily(f"{PREFIX}_{name}", text)
+            family.add_metric([], value)
+            yield family
+        held = GaugeMetricFamily(f"{PREFIX}_held_admissions", "Admit calls currently held (program paused)")
+        held.add_metric([], self.held())
+        yield held
+        version = GaugeMetricFamily(f"{PREFIX}_capacity_version", "Version of the capacity snapshot in use")
+        version.add_metric([], stats.capacity_version)
+        yield version

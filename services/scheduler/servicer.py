@@ -1,0 +1,189 @@
+"""The gRPC edge of the scheduler. Thin: validate, call the runtime, convert, map errors.
+
+Domain errors map to status codes in `_status` and nowhere else. `Admit` may hold the call while
+its program is paused; whatever ends the wait early (client cancel, deadline, shutdown) rolls the
+admission back before the RPC ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import AsyncIterator
+
+import grpc
+from opentelemetry import propagate, trace
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.scheduler.adapters.proto import (
+    InvalidArgument,
+    WallTime,
+    decision_to_proto,
+    event_to_proto,
+    outcome_from_proto,
+    program_to_proto,
+    replica_from_fields,
+    replica_stats_to_proto,
+    router_config_to_proto,
+    stats_to_proto,
+    validate_request_id,
+    validate_session_id,
+    validate_tokens,
+)
+from services.scheduler.config import KvRouterConfig
+from services.scheduler.core import DuplicateRequest, MissingRequestId, Verdict
+from services.scheduler.loop import SchedulerRuntime, ShuttingDown
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+class ProgramNotFound(LookupError):
+    """GetProgram for an unknown session id (gRPC: NOT_FOUND)."""
+
+
+class HoldDeadlineExceeded(Exception):
+    """The caller's deadline passed while its admission was held (gRPC: DEADLINE_EXCEEDED)."""
+
+
+_DOMAIN_ERRORS = (InvalidArgument, MissingRequestId, DuplicateRequest, ProgramNotFound, ShuttingDown,
+                  HoldDeadlineExceeded)
+
+
+def _status(exc: Exception) -> grpc.StatusCode:
+    """The one mapping from domain errors to gRPC codes."""
+    if isinstance(exc, (InvalidArgument, MissingRequestId)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, DuplicateRequest):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(exc, ProgramNotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, ShuttingDown):
+        return grpc.StatusCode.UNAVAILABLE
+    if isinstance(exc, HoldDeadlineExceeded):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.INTERNAL
+
+
+@contextlib.asynccontextmanager
+async def _domain_errors(context: grpc.aio.ServicerContext):
+    try:
+        yield
+    except _DOMAIN_ERRORS as exc:
+        await context.abort(_status(exc), str(exc))
+
+
+def _trace_context(context: grpc.aio.ServicerContext):
+    """W3C trace context (`traceparent`, `tracestate`) from the incoming metadata."""
+    carrier = {key: value for key, value in (context.invocation_metadata() or ())
+               if isinstance(value, str)}
+    return propagate.extract(carrier)
+
+
+class SchedulerServicer(pb_grpc.SchedulerServicer):
+    def __init__(self, runtime: SchedulerRuntime, kv_router: KvRouterConfig, tracer: trace.Tracer) -> None:
+        self.runtime = runtime
+        self.kv_router = kv_router
+        self.tracer = tracer
+
+    async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
+        with self.tracer.start_as_current_span("scheduler.admit", context=_trace_context(context),
+                                               kind=trace.SpanKind.SERVER) as span:
+            async with _domain_errors(context):
+                session_id = validate_session_id(request.session_id)
+                parent = validate_session_id(request.parent_session_id, "parent_session_id")
+                request_id = validate_request_id(request.request_id)
+                validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
+                span.set_attribute("scheduler.passthrough", not session_id)
+                result = self.runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
+                decision = result.decision
+                held = decision.verdict is Verdict.WAIT
+                span.set_attribute("scheduler.held", held)
+                if held:
+                    decision = await self._hold(request_id, context)
+                span.set_attribute("scheduler.pinned", decision.pinned)
+                span.set_attribute("scheduler.was_paused", decision.was_paused)
+                span.set_attribute("scheduler.forced_resume", decision.forced_resume)
+                span.set_attribute("scheduler.priority", decision.priority)
+                return decision_to_proto(decision)
+
+    async def _hold(self, request_id: str, context: grpc.aio.ServicerContext):
+        """Wait for the resolution; roll back on cancellation or the caller's deadline."""
+        timeout = context.time_remaining()
+        resolved = False
+        try:
+            decision = await asyncio.wait_for(self.runtime.wait(request_id), timeout=timeout)
+            resolved = True
+            return decision
+        except TimeoutError:
+            raise HoldDeadlineExceeded("deadline exceeded while the program was paused; admission rolled back") \
+                from None
+        finally:
+            if not resolved:
+                self.runtime.cancel(request_id)
+
+    async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
+        async with _domain_errors(context):
+            request_id = validate_request_id(request.request_id)
+            replica = replica_from_fields(request.worker_id, request.dp_rank)
+            if replica is None:
+                raise InvalidArgument("worker_id is required")
+            return pb.BindResponse(bound=self.runtime.bind(request_id, replica))
+
+    async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
+        async with _domain_errors(context):
+            session_id = validate_session_id(request.session_id)
+            request_id = validate_request_id(request.request_id)
+            validate_tokens(prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
+                            cached_tokens=request.cached_tokens)
+            replica = replica_from_fields(request.worker_id, request.dp_rank)
+            outcome = outcome_from_proto(request.outcome)
+            self.runtime.complete(session_id, request_id, replica, request.prompt_tokens, request.completion_tokens,
+                                  request.cached_tokens, outcome)
+            return pb.CompleteResponse()
+
+    async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
+        async with _domain_errors(context):
+            session_id = validate_session_id(request.session_id)
+            if not session_id:
+                raise InvalidArgument("session_id is required")
+            return pb.ReleaseResponse(released=self.runtime.release(session_id))
+
+    async def GetProgram(self, request: pb.GetProgramRequest, context: grpc.aio.ServicerContext) -> pb.Program:
+        async with _domain_errors(context):
+            session_id = validate_session_id(request.session_id)
+            view = self.runtime.core.program(session_id) if session_id else None
+            if view is None:
+                raise ProgramNotFound(f"no program {session_id!r}")
+            return program_to_proto(view, WallTime.now(self.runtime.clock))
+
+    async def ListPrograms(self, request: pb.ListProgramsRequest,
+                           context: grpc.aio.ServicerContext) -> pb.ListProgramsResponse:
+        clock = self.runtime.clock
+        now = clock.monotonic()
+        wall = WallTime.now(clock)
+        core = self.runtime.core
+        return pb.ListProgramsResponse(programs=[program_to_proto(v, wall) for v in core.programs(now)],
+                                       replicas=[replica_stats_to_proto(r) for r in core.replica_stats(now)])
+
+    async def WatchEvents(self, request: pb.WatchEventsRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProgramEvent]:
+        queue = self.runtime.subscribe()
+        try:
+            while True:
+                await queue.wake.wait()
+                queue.wake.clear()
+                if queue.closed:
+                    return
+                wall = WallTime.now(self.runtime.clock)
+                while queue.events:
+                    yield event_to_proto(queue.events.popleft(), wall)
+        finally:
+            self.runtime.unsubscribe(queue)
+
+    async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.Stats:
+        return stats_to_proto(self.runtime.core.stats(self.runtime.clock.monotonic()))
+
+    async def GetRouterConfig(self, request: pb.GetRouterConfigRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RouterConfig:
+        return router_config_to_proto(self.kv_router)
