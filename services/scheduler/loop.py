@@ -87,6 +87,10 @@ class SchedulerRuntime:
         self.watch_queue = watch_queue
         self._held: dict[str, asyncio.Future[Decision]] = {}
         self._held_since: dict[str, float] = {}
+        # Per-program admission gate: while one admission of a program is held, the next waits here.
+        self._gates: dict[str, tuple[str, asyncio.Event]] = {}
+        self._held_session: dict[str, str] = {}
+        self.gate_waiting = 0  # admissions waiting behind a held turn of the same program
         self._deadlines: list[tuple[float, str]] = []
         self._timer_wake = asyncio.Event()
         self._subscribers: set[EventQueue] = set()
@@ -120,6 +124,9 @@ class SchedulerRuntime:
             self._publish(self.core.cancel_admission(now, request_id))
             if not future.done():
                 future.set_exception(ShuttingDown("scheduler is shutting down"))
+        for _, event in list(self._gates.values()):
+            event.set()
+        self._gates.clear()
         for queue in list(self._subscribers):
             queue.close()
         for task in self._tasks:
@@ -140,12 +147,37 @@ class SchedulerRuntime:
         if result.decision.request_id == request_id and result.decision.verdict is Verdict.WAIT:
             self._held[request_id] = asyncio.get_running_loop().create_future()
             self._held_since[request_id] = now
+            self._gates[session_id] = (request_id, asyncio.Event())
+            self._held_session[request_id] = session_id
             deadline = self.core.resume_deadline(request_id)
             if deadline is not None:
                 heapq.heappush(self._deadlines, (deadline, request_id))
                 self._timer_wake.set()
         self._publish(result.effects)
         return result
+
+    def gated(self, session_id: str) -> bool:
+        return bool(session_id) and session_id in self._gates
+
+    async def pass_gate(self, session_id: str) -> None:
+        """Wait while another admission of this program is held (the reference's per-program gate), so
+        that a program's turns are admitted one at a time and each rollback restores the previous
+        admission's state. Nothing to undo if the caller gives up here."""
+        self.gate_waiting += 1
+        try:
+            while session_id and session_id in self._gates:
+                if self._stopping:
+                    raise ShuttingDown("scheduler is shutting down")
+                await self._gates[session_id][1].wait()
+        finally:
+            self.gate_waiting -= 1
+
+    def _open_gate(self, request_id: str) -> None:
+        session_id = self._held_session.pop(request_id, None)
+        gate = self._gates.get(session_id) if session_id is not None else None
+        if gate is not None and gate[0] == request_id:
+            del self._gates[session_id]
+            gate[1].set()
 
     async def wait(self, request_id: str) -> Decision:
         """Wait for a held admission's resolution. Cancellation propagates; the caller rolls back."""
@@ -306,6 +338,7 @@ class SchedulerRuntime:
                 future.set_result(decision)
 
     def _observe_hold(self, request_id: str, outcome: str) -> None:
+        self._open_gate(request_id)
         since = self._held_since.pop(request_id, None)
         if since is not None:
             self.metrics.hold_seconds.labels(outcome).observe(max(0.0, self.clock.monotonic() - since))

@@ -95,6 +95,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 request_id = validate_request_id(request.request_id)
                 validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
                 span.set_attribute("scheduler.passthrough", not session_id)
+                if self.runtime.gated(session_id):
+                    try:
+                        await asyncio.wait_for(self.runtime.pass_gate(session_id), timeout=context.time_remaining())
+                    except TimeoutError:
+                        raise HoldDeadlineExceeded("deadline exceeded while another turn of the program was held") \
+                            from None
                 result = self.runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
                 decision = result.decision
                 held = decision.verdict is Verdict.WAIT
