@@ -1,0 +1,100 @@
+"""One program's chat as the live path sees it: the worker's prompt token ids and the router's prompt.
+
+The live runner (bench/run.py) sends a growing OpenAI message list: a shared system prompt, then per
+turn a new user message and, after the answer, the assistant's text. On the worker that list goes
+through the simworker chat template (`services.simworker.chat.render_chat`) and tokenizer
+(`services.simworker.core.tokenizer.encode`); on the router it becomes `chat_routing_text` (one JSON
+line per message) hashed in text chunks, with `len(text) // 4` as the token estimate it sends to the
+scheduler. This class produces exactly those, incrementally, so that a long program costs O(new
+tokens) per turn rather than re-rendering and re-tokenizing its whole history.
+
+Why the incremental token ids are exact: the tokenizer's pieces are `\\s*\\S{1,4}` (plus one piece
+of trailing whitespace at the very end). A piece can never span a point where a non-space character
+is followed by whitespace, so `encode(a + b) == encode(a) + encode(b)` whenever `a` ends with a
+non-space character and `b` starts with whitespace. The chat template puts exactly such a point
+after every role marker (`<|user|>` + `\\n`), so the history up to the last role marker is encoded
+once and only the last message and the generation prompt are encoded per turn (tested against
+`encode(render_chat(messages))`).
+"""
+
+from __future__ import annotations
+
+from services.router.core.hashing import digest_to_block_id, page_digests, text_chunk_hashes
+from services.router.core.types import Prompt
+from services.router.http_api import chat_routing_text
+from services.router.turns import CHARS_PER_TOKEN
+from services.simworker.core.tokenizer import encode
+
+# The generation prompt the template appends after the last message (add_generation_prompt).
+_GENERATION_PROMPT = "<|assistant|>\n"
+
+
+class Conversation:
+    """Messages of one program and what the worker and the router derive from them."""
+
+    __slots__ = ("messages", "_done_ids", "_tail_text", "_routing_parts", "_routing_chars",
+                 "_page_size", "_page_ids", "_page_digest", "_page_ids_tokens")
+
+    def __init__(self, system_text: str, page_size: int) -> None:
+        self.messages: list[dict] = []
+        # Token ids of the rendered history up to and including the last message's role marker.
+        self._done_ids: list[int] = []
+        # The rendered last message after its role marker: "\n{content}\n".
+        self._tail_text = ""
+        self._routing_parts: list[str] = []
+        self._routing_chars = 0
+        # Token-mode router prompt: chained page ids of the complete pages seen so far.
+        self._page_size = page_size
+        self._page_ids: list[int] = []
+        self._page_digest = b""
+        self._page_ids_tokens = 0
+        self.append("system", system_text)
+
+    def append(self, role: str, content: str) -> None:
+        message = {"role": role, "content": content}
+        self.messages.append(message)
+        # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
+        self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
+        self._tail_text = f"\n{content}\n"
+        part = chat_routing_text([message])
+        self._routing_parts.append(part)
+        self._routing_chars += len(part)
+
+    def prompt_ids(self) -> list[int]:
+        """What the simworker's chat endpoint submits: encode(render_chat(messages))."""
+        return self._done_ids + encode(self._tail_text + _GENERATION_PROMPT)
+
+    @property
+    def routing_text_chars(self) -> int:
+        return self._routing_chars
+
+    def estimated_prompt_tokens(self) -> int:
+        """The router's estimate for a text prompt (what it sends to Admit): len(text) // 4."""
+        return max(1, self._routing_chars // CHARS_PER_TOKEN)
+
+    def text_prompt(self, chunk_chars: int) -> Prompt:
+        """The live router's approximate-mode prompt: text chunks of chat_routing_text(messages).
+
+        Same as `KvRouterCore.prompt_from_text(text, len(text) // 4)` (tested)."""
+        text = "".join(self._routing_parts)
+        if len(self._routing_parts) > 1:
+            self._routing_parts = [text]       # keep the join O(new text) next turn
+        isl = self.estimated_prompt_tokens()
+        tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
+        return Prompt(tuple(text_chunk_hashes(text, chunk_chars)), isl, tokens_per_chunk)
+
+    def token_prompt(self, ids: list[int]) -> Prompt:
+        """A token-mode prompt of `ids` (this turn's `prompt_ids()`): the chained page ids of
+        `KvRouterCore.prompt_from_tokens` (tested). Pages inside the encoded history never change,
+        so their digests are kept; only pages past it (last message, generation prompt) are hashed
+        per turn. The generation prompt's trailing newline token is replaced by the next turn's
+        text, so a page holding it must not be kept."""
+        page = self._page_size
+        stable = len(self._done_ids) // page * page
+        if stable > self._page_ids_tokens:
+            digests = page_digests(self._done_ids[self._page_ids_tokens:stable], page, self._page_digest)
+            self._page_ids.extend(digest_to_block_id(d) for d in digests)
+            self._page_digest = digests[-1]
+            self._page_ids_tokens = stable
+        tail = page_digests(ids[self._page_ids_tokens:len(ids) // page * page], page, self._page_digest)
+        return Prompt(tuple(self._page_ids) + tuple(digest_to_block_id(d) for d in tail), len(ids), float(page))

@@ -1,0 +1,195 @@
+"""What one simulated run is: the arm, the workload, the workers, the control plane's settings.
+
+`SimScenario` is frozen and validated on construction (ConfigError naming the rule). The worker
+side is built exactly as `bandmaster up` builds it (services/cli/cluster.py `simworker_spec` ->
+services/simworker/server.py `build_engine`), and the retention budget exactly as the capacity
+service derives it from the worker's /server_info (services/capacity/core/cards.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
+from services.common.config import require
+from services.router.core.params import KvRouterParams
+from services.scheduler.core.model import ReplicaCapacity
+from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import PAUSE_POLICIES
+from services.simworker.config import SimWorkerConfig
+from services.simworker.core.api import Engine
+from services.simworker.core.timing import TimingProfile
+from services.simworker.server import build_engine, host_total_tokens
+
+ARMS = ("bandmaster", "kv", "round_robin")
+WORKLOADS = ("swe", "synthetic", "short")
+ROUTER_PROMPT_MODES = ("text", "tokens")
+
+# Router constants that the live stack counts in wall seconds (services/router/config.py,
+# services/router/core/params.py). Under `live_speedup` they are that many times longer in
+# virtual time, as they are in a live run against simworkers at that --speedup.
+ROUTER_TTL_WALL_S = 120.0
+ROUTER_REQUEST_EXPIRY_WALL_S = 300.0
+ROUTER_SWEEP_WALL_S = 5.0
+# `bandmaster up` never ticks the scheduler faster than this (wall seconds).
+SCHEDULER_MIN_INTERVAL_WALL_S = 0.05
+
+
+@dataclass(frozen=True)
+class SimScenario:
+    """One run. Times are in simulated (modelled-hardware) seconds unless the name says wall."""
+
+    arm: str = "bandmaster"
+    """bandmaster (scheduler core + router core), kv (router core only), round_robin."""
+    workload: str = "swe"
+    programs: int = 8
+    parallel: int = 0
+    """Programs in flight at once (0 = all), as bench/run.py --parallel."""
+    max_turns: int | None = None
+    token_scale: float = 1.0
+    tool_time_scale: float = 1.0
+    seed: int = 0
+    """Workload seed (synthetic workloads, new-message texts) and the router's random source."""
+
+    workers: int = 2
+    worker_kv_tokens: int = 65_536
+    worker_host_kv_tokens: int = 0
+    worker_page_size: int = 16
+    worker_timing_profile: str = "glm45-fp8-h200"
+    worker_max_running_requests: int = 256
+    worker_chunked_prefill_size: int = 8_192
+    worker_context_length: int = 131_072
+
+    control: ControlParams = field(default_factory=ControlParams)
+    """The scheduler's control law (bandmaster arm). Defaults are `bandmaster up`'s, in simulated seconds."""
+    pause_policy: str = "threshold"
+    router_prompt: str = "text"
+    """text: the live router's approximate text-chunk prompts; tokens: exact token pages (faster)."""
+    router_temperature: float = 0.0
+    kv_overlap_score_weight: float = 1.0
+    live_speedup: float = 1.0
+    """Model a live run at this simworker --speedup: the router's wall-clock constants (history
+    TTL, request expiry, sweep) become this many times longer in simulated seconds."""
+    frontend_latency: bool = True
+    """Add the profile's frontend latency (HTTP, tokenization) before a request reaches the engine,
+    as the live simworker does."""
+    request_overhead_s: float = 0.0
+    """Extra simulated seconds per turn between the client's send and the router's admission
+    (client/router/scheduler round trips), for comparing with a live stack; 0 = none."""
+    max_simulated_s: float = 30 * 24 * 3600.0
+    """Safety horizon: the run stops (and says so) if programs are still running at this time."""
+
+    def __post_init__(self) -> None:
+        require(self.arm in ARMS, "arm", self.arm, f"arm in {{{', '.join(ARMS)}}}")
+        require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
+        require(self.programs >= 1, "programs", self.programs, "programs >= 1")
+        require(self.parallel >= 0, "parallel", self.parallel, "parallel >= 0")
+        require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
+        require(math.isfinite(self.token_scale) and self.token_scale > 0, "token_scale", self.token_scale,
+                "token_scale > 0")
+        require(math.isfinite(self.tool_time_scale) and self.tool_time_scale >= 0, "tool_time_scale",
+                self.tool_time_scale, "tool_time_scale >= 0")
+        require(1 <= self.workers <= 4096, "workers", self.workers, "1 <= workers <= 4096")
+        require(self.worker_page_size >= 2, "worker_page_size", self.worker_page_size,
+                "worker_page_size >= 2 (the KV router needs pages of more than one token)")
+        require(self.worker_kv_tokens >= self.worker_page_size, "worker_kv_tokens", self.worker_kv_tokens,
+                "worker_kv_tokens >= worker_page_size")
+        require(self.worker_host_kv_tokens == 0 or self.worker_host_kv_tokens > self.worker_kv_tokens,
+                "worker_host_kv_tokens", self.worker_host_kv_tokens,
+                "worker_host_kv_tokens == 0 or worker_host_kv_tokens > worker_kv_tokens (SGLang's host pool rule)")
+        require(isinstance(self.control, ControlParams), "control", self.control, "control is a ControlParams")
+        require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
+                f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
+        require(self.router_prompt in ROUTER_PROMPT_MODES, "router_prompt", self.router_prompt,
+                f"router_prompt in {{{', '.join(ROUTER_PROMPT_MODES)}}}")
+        require(math.isfinite(self.live_speedup) and self.live_speedup > 0, "live_speedup", self.live_speedup,
+                "live_speedup > 0")
+        require(math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0, "request_overhead_s",
+                self.request_overhead_s, "request_overhead_s >= 0")
+        require(self.max_simulated_s > 0, "max_simulated_s", self.max_simulated_s, "max_simulated_s > 0")
+        # Fail here, not mid-run: the worker and router configs validate their own rules.
+        self.worker_config(0)
+        self.router_params()
+
+    # -- the worker side, as `bandmaster up` builds it ------------------------------------------
+
+    def worker_config(self, index: int) -> SimWorkerConfig:
+        """The simworker config of worker `index` (cluster.py `simworker_spec`: seed = index,
+        HiCache write_back with ratio = host / GPU printed to 6 decimals)."""
+        hierarchical = self.worker_host_kv_tokens > 0
+        ratio = float(f"{self.worker_host_kv_tokens / self.worker_kv_tokens:.6f}") if hierarchical else 2.0
+        return SimWorkerConfig(
+            max_total_tokens=self.worker_kv_tokens, page_size=self.worker_page_size,
+            max_running_requests=self.worker_max_running_requests,
+            chunked_prefill_size=self.worker_chunked_prefill_size, context_length=self.worker_context_length,
+            enable_hierarchical_cache=hierarchical, hicache_ratio=ratio,
+            hicache_write_policy="write_back" if hierarchical else "write_through",
+            timing_profile=self.worker_timing_profile, seed=index, enable_cache_report=True)
+
+    def build_worker(self, index: int) -> tuple[Engine, TimingProfile, ReplicaCapacity]:
+        """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it."""
+        config = self.worker_config(index)
+        engine, profile = build_engine(config)
+        return engine, profile, replica_capacity(worker_id(index), config, profile)
+
+    # -- the control plane -----------------------------------------------------------------------
+
+    def router_params(self) -> KvRouterParams:
+        """What the live router resolves under `bandmaster up`: KV events off (chat prompts are
+        text), block size = the workers' page size, otherwise the core's defaults."""
+        return KvRouterParams(
+            router_temperature=self.router_temperature, kv_overlap_score_weight=self.kv_overlap_score_weight,
+            use_kv_events=False, block_size=self.worker_page_size,
+            router_ttl_s=ROUTER_TTL_WALL_S * self.live_speedup,
+            request_expiry_s=ROUTER_REQUEST_EXPIRY_WALL_S * self.live_speedup)
+
+    @property
+    def router_sweep_interval_s(self) -> float:
+        return ROUTER_SWEEP_WALL_S * self.live_speedup
+
+    @property
+    def sample_interval_s(self) -> float:
+        """Timeline sampling period: the scheduler's tick (every arm samples at the same times)."""
+        return self.control.scheduler_interval_seconds
+
+
+def live_control_params(speedup: float, **overrides: float) -> ControlParams:
+    """The control law `bandmaster up --speedup S` runs, in simulated seconds: cluster.py passes
+    interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S and idle TTL 900/S wall seconds, which
+    are S times longer in simulated time (so only the 0.05 s floor shows at high speedups)."""
+    values = dict(scheduler_interval_seconds=max(SCHEDULER_MIN_INTERVAL_WALL_S, 5.0 / speedup) * speedup,
+                  acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0)
+    values.update(overrides)
+    return ControlParams(**values)
+
+
+def worker_id(index: int) -> str:
+    return f"worker-{index}"
+
+
+def server_info(config: SimWorkerConfig, profile: TimingProfile) -> dict:
+    """The fields of the simworker's /server_info that the capacity service reads
+    (services/simworker/http_api.py `server_info`)."""
+    info = {
+        "served_model_name": config.served_model_name, "model_path": config.model_path,
+        "page_size": config.page_size, "dp_size": 1, "max_running_requests": config.max_running_requests,
+        "max_total_num_tokens": config.max_total_tokens, "context_length": config.context_length,
+        "enable_hierarchical_cache": config.enable_hierarchical_cache, "hicache_ratio": config.hicache_ratio,
+        "hicache_size": config.hicache_size, "hicache_write_policy": config.hicache_write_policy,
+        "hicache_storage_backend": config.hicache_storage_backend,
+        "kv_bytes_per_token": profile.kv_bytes_per_token,
+    }
+    if config.enable_hierarchical_cache:
+        info["hicache_host_total_tokens"] = host_total_tokens(config, profile.kv_bytes_per_token)
+    return info
+
+
+def replica_capacity(worker: str, config: SimWorkerConfig, profile: TimingProfile) -> ReplicaCapacity:
+    """The capacity service's retention budget for this worker (GPU KV + counted host tokens)
+    and its request slots, as the scheduler receives them."""
+    card = derive_card(server_info(config, profile))
+    if not hasattr(card, "gpu_kv_tokens"):
+        raise ValueError(f"the capacity service would reject worker {worker}: {card}")
+    (replica,) = replicas_for(worker, card, RetentionSettings())
+    return ReplicaCapacity(worker, replica.dp_rank, replica.retention_tokens, replica.max_programs)

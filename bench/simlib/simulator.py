@@ -1,0 +1,493 @@
+"""The discrete-event loop: programs, router, scheduler and engines in virtual time, no processes.
+
+One heap of timed events drives everything. Per turn it follows the live request path
+(bench/run.py -> services/router/turns.py -> simworker):
+
+    turn start (client sends)          t0
+    Admit (scheduler core)             t0 + request_overhead_s; WAIT -> held until a Decision with
+                                       the same request id comes back in some call's Effects
+    pick + commit (router core), Bind  same instant (round_robin: the next worker in turn)
+    engine.submit                      + the profile's frontend latency (the live simworker sleeps it)
+    engine steps                       step(now) when a worker is idle and has work, or when its
+                                       previous step ends; outputs are delivered at now + duration
+    first token -> router first_token; last token -> router finish, Complete (scheduler core)
+    tool wait, next turn ...           after the last turn: Release (the final request)
+
+Scheduler ticks run every `scheduler_interval_seconds`; each held admission also gets a timer at
+its forced-resume deadline. Every arm samples a per-worker timeline at the tick times.
+Deterministic for a scenario: ties in time are broken by insertion order, and the only
+randomness (router ties, workload texts) comes from seeded sources.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.run import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord, build_workload
+from bench.simlib.conversation import Conversation
+from bench.simlib.scenario import SimScenario, worker_id
+from bench.workloads import Program
+from services.router.core.kv_router import KvRouterCore
+from services.router.core.select import Candidate
+from services.router.core.types import Replica
+from services.scheduler.core.model import (
+    CapacitySnapshot,
+    Decision,
+    Effects,
+    EventKind,
+    ReplicaKey,
+    TurnOutcome,
+    Verdict,
+)
+from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import make_pause_policy
+from services.scheduler.core.scheduler import SchedulerCore
+from services.simworker.core.api import EngineRequest, RequestOutput, StepResult
+from services.simworker.core.tokenizer import decode, text_of_n_tokens
+
+# Event kinds, in the order they run when due at the same instant with equal insertion order.
+_TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP = range(8)
+
+_SCHEDULER_EVENTS = {EventKind.PAUSED: "pause", EventKind.RESUMED: "resume",
+                     EventKind.FORCED_RESUME: "forced_resume", EventKind.MARKED: "mark",
+                     EventKind.SOFT_DEMOTED: "soft_demote"}
+
+
+@dataclass
+class _ProgramRun:
+    index: int
+    program: Program
+    record: ProgramRecord
+    conversation: Conversation
+    rng: random.Random
+    started_s: float
+    turn: int = 0
+
+
+@dataclass
+class _TurnRun:
+    request_id: str
+    run: _ProgramRun
+    k: int
+    sent_s: float
+    output_tokens: int
+    prompt_ids: list[int] = field(default_factory=list)
+    decision: Decision | None = None
+    worker: int = -1
+    first_token_s: float | None = None
+    output_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Worker:
+    index: int
+    worker_id: str
+    engine: Any
+    profile: Any
+    replica: Replica
+    key: ReplicaKey
+    busy: bool = False          # a step is in progress (its end event is queued) or a kick is queued
+
+
+@dataclass
+class SimResult:
+    """What `simulate` returns: the live runner's RunResult plus the simulator's own records."""
+
+    scenario: SimScenario
+    run: RunResult
+    worker_counters: dict[str, dict[str, int]]
+    scheduler_counters: dict[str, float]
+    timeline: dict[str, Any]
+    cpu_s: float
+    events: int
+    completed: bool
+
+    def summary(self) -> dict:
+        """bench/run.py's summary keys (wall_s and simulated_minutes are simulated time here),
+        then the simulator's cost."""
+        out = self.run.summary()
+        out["sim_cpu_s"] = round(self.cpu_s, 3)
+        out["sim_events"] = self.events
+        out["sim_completed"] = self.completed
+        # Cost figures: programs simulated per CPU-second, and simulated seconds per CPU-second.
+        out["sim_programs_per_cpu_s"] = round(out["programs_done"] / self.cpu_s, 3) if self.cpu_s > 0 else 0.0
+        out["sim_speed_x"] = round(self.run.wall_s / self.cpu_s, 1) if self.cpu_s > 0 else 0.0
+        return out
+
+    def report(self) -> dict:
+        from dataclasses import asdict
+
+        return {"summary": self.summary(),
+                "scheduler": self.scheduler_counters,
+                "workers": self.worker_counters,
+                "timeline": self.timeline,
+                "turns": [asdict(t) for t in self.run.turns],
+                "programs": [asdict(p) for p in self.run.programs]}
+
+
+class Simulator:
+    def __init__(self, scenario: SimScenario) -> None:
+        self.s = scenario
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self.events = 0
+        self.workers: list[_Worker] = []
+        capacities = []
+        for i in range(scenario.workers):
+            engine, profile, capacity = scenario.build_worker(i)
+            wid = worker_id(i)
+            self.workers.append(_Worker(i, wid, engine, profile, Replica(wid, 0), ReplicaKey(wid, 0)))
+            capacities.append(capacity)
+        self.capacities = tuple(capacities)
+        self._by_key = {w.key: w for w in self.workers}
+        self._by_replica = {w.replica: w for w in self.workers}
+        self._candidates = [Candidate(w.replica) for w in self.workers]
+        self.router: KvRouterCore | None = None
+        if scenario.arm in ("kv", "bandmaster"):
+            self.router = KvRouterCore(scenario.router_params(), random.Random(f"router:{scenario.seed}"))
+        self.scheduler: SchedulerCore | None = None
+        if scenario.arm == "bandmaster":
+            self.scheduler = SchedulerCore(scenario.control, make_pause_policy(scenario.pause_policy))
+            self.scheduler.apply_capacity(0.0, CapacitySnapshot(1, self.capacities))
+        self._rr_next = 0
+        self.programs = build_workload(scenario.workload, scenario.programs, seed=scenario.seed,
+                                       max_turns=scenario.max_turns, token_scale=scenario.token_scale,
+                                       tool_time_scale=scenario.tool_time_scale)
+        self._queue = list(enumerate(self.programs))
+        self._queue.reverse()
+        self._live_programs = 0
+        self._system_text = text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0)
+        self._in_flight: dict[str, _TurnRun] = {}
+        self._held: dict[str, _TurnRun] = {}
+        self.result = RunResult(scenario.arm, scenario.parallel or scenario.programs, 0.0, 1.0)
+        self._samples: dict[str, list[list]] = {w.worker_id: [] for w in self.workers}
+        self._control_events: list[list] = []
+        self._pending_counts: dict[str, dict[str, int]] = {w.worker_id: {} for w in self.workers}
+        self._hold_s: list[float] = []
+        self._soft_demotes = 0
+
+    # -- the event heap --------------------------------------------------------------------------
+
+    def _at(self, when: float, kind: int, payload: Any = None) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (when, self._seq, kind, payload))
+
+    def run(self) -> SimResult:
+        started_cpu = time.process_time()
+        s = self.s
+        for _ in range(min(s.parallel or s.programs, len(self._queue))):
+            self._start_next_program()
+        if self._live_programs:
+            self._at(s.sample_interval_s, _TICK)
+            if self.router is not None:
+                self._at(s.router_sweep_interval_s, _SWEEP)
+        heap = self._heap
+        handlers = (self._on_turn, self._on_admit, self._on_arrive, self._on_kick, self._on_step_end,
+                    self._on_deadline, self._on_tick, self._on_sweep)
+        completed = True
+        while heap:
+            when, _, kind, payload = heapq.heappop(heap)
+            if when > s.max_simulated_s:
+                completed = False
+                break
+            self.now = when
+            self.events += 1
+            handlers[kind](payload)
+        self.result.wall_s = self._makespan_s if completed else self.now
+        return SimResult(s, self.result, self._worker_counters(), self._scheduler_counters(),
+                         self._timeline(), time.process_time() - started_cpu, self.events,
+                         completed and not self._live_programs and not self._queue)
+
+    _makespan_s = 0.0
+
+    # -- programs (the live runner's slots) -------------------------------------------------------
+
+    def _start_next_program(self) -> None:
+        if not self._queue:
+            return
+        index, program = self._queue.pop()
+        record = ProgramRecord(program.program_id, len(program.turns))
+        self.result.programs.append(record)
+        run = _ProgramRun(index, program, record, Conversation(self._system_text, self.s.worker_page_size),
+                          random.Random(f"{self.s.seed}:{program.program_id}"), self.now)
+        self._live_programs += 1
+        self._on_turn(run)
+
+    def _on_turn(self, run: _ProgramRun) -> None:
+        """The client sends turn k: a new user message of the planned size (bench/run.py _play)."""
+        k = run.turn
+        if k >= len(run.program.turns):
+            self._end_program(run)     # the tool time after the last turn has passed
+            return
+        program = run.program
+        new_tokens = max(1, program.new_prompt_tokens(k) - (SYSTEM_PROMPT_TOKENS if k == 0 else 0))
+        run.conversation.append("user", text_of_n_tokens(new_tokens, run.rng.randrange(1 << 30)))
+        turn = _TurnRun(f"{run.index}:{k}", run, k, self.now, program.turns[k].output_tokens)
+        if self.s.request_overhead_s > 0:
+            self._at(self.now + self.s.request_overhead_s, _ADMIT, turn)
+        else:
+            self._on_admit(turn)
+
+    def _end_program(self, run: _ProgramRun) -> None:
+        record = run.record
+        record.duration_s = self.now - run.started_s
+        record.finished = record.turns_done == record.turns_planned
+        self._makespan_s = max(self._makespan_s, self.now)
+        if self.scheduler is not None:
+            _, effects = self.scheduler.release(self.now, program_session(run))
+            self._apply(effects)
+        self._live_programs -= 1
+        self._start_next_program()
+
+    # -- admission and routing (the router's TurnRunner) -----------------------------------------
+
+    def _on_admit(self, turn: _TurnRun) -> None:
+        if self.scheduler is None:
+            self._route(turn, None)
+            return
+        result = self.scheduler.admit(self.now, program_session(turn.run), "",
+                                      turn.run.conversation.estimated_prompt_tokens(), turn.request_id)
+        if result.decision.verdict is Verdict.WAIT:
+            self._held[turn.request_id] = turn
+            deadline = self.scheduler.resume_deadline(turn.request_id)
+            if deadline is not None:
+                self._at(deadline, _DEADLINE, turn.request_id)
+            self._apply(result.effects)
+            return
+        self._apply(result.effects)
+        self._route(turn, result.decision)
+
+    def _route(self, turn: _TurnRun, decision: Decision | None) -> None:
+        turn.decision = decision
+        conversation = turn.run.conversation
+        turn.prompt_ids = conversation.prompt_ids()
+        router = self.router
+        if router is None:
+            worker = self.workers[self._rr_next % len(self.workers)]
+            self._rr_next += 1
+        else:
+            if self.s.router_prompt == "text":
+                prompt = conversation.text_prompt(router.params.text_chunk_chars)
+            else:
+                prompt = conversation.token_prompt(turn.prompt_ids)
+            pinned = None
+            if decision is not None and decision.replica is not None:
+                pinned = Replica(decision.replica.worker_id, decision.replica.dp_rank)
+            pick = router.pick(prompt, self._candidates, self.now, pinned=pinned)
+            router.commit(turn.request_id, pick, self.now)
+            worker = self._by_replica[pick.replica]
+            if self.scheduler is not None and decision is not None and pinned != pick.replica:
+                self.scheduler.bind_request(turn.request_id, worker.key)
+        turn.worker = worker.index
+        delay = worker.profile.frontend_s(len(turn.prompt_ids)) if self.s.frontend_latency else 0.0
+        self._at(self.now + delay, _ARRIVE, turn)
+
+    def _on_arrive(self, turn: _TurnRun) -> None:
+        worker = self.workers[turn.worker]
+        priority = turn.decision.priority if turn.decision is not None else None
+        worker.engine.submit(EngineRequest(turn.request_id, tuple(turn.prompt_ids), turn.output_tokens,
+                                           priority=priority, ignore_eos=True), self.now)
+        self._in_flight[turn.request_id] = turn
+        if not worker.busy:
+            # Step after everything else due now, so simultaneous arrivals share the first step.
+            worker.busy = True
+            self._at(self.now, _KICK, worker)
+
+    # -- engines (the simworker driver) ----------------------------------------------------------
+
+    def _on_kick(self, worker: _Worker) -> None:
+        self._step(worker)
+
+    def _step(self, worker: _Worker) -> None:
+        engine = worker.engine
+        if not engine.has_work():
+            worker.busy = False
+            return
+        result = engine.step(self.now)
+        if result.duration_s > 0:
+            self._at(self.now + result.duration_s, _STEP_END, (worker, result))
+        elif result.outputs:
+            self._on_step_end((worker, result))
+        else:
+            worker.busy = False     # nothing can progress until the next submit
+
+    def _on_step_end(self, payload: tuple[_Worker, StepResult]) -> None:
+        worker, result = payload
+        for output in result.outputs:
+            self._deliver(output)
+        self._step(worker)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        turn = self._in_flight.get(output.rid)
+        if turn is None:
+            return
+        if output.new_token_ids:
+            if turn.first_token_s is None:
+                turn.first_token_s = self.now
+                if self.router is not None:
+                    self.router.first_token(turn.request_id)
+            turn.output_ids.extend(output.new_token_ids)
+        if output.finished:
+            del self._in_flight[output.rid]
+            self._finish_turn(turn, output)
+
+    def _finish_turn(self, turn: _TurnRun, output: RequestOutput) -> None:
+        run = turn.run
+        reason = (output.finish_reason or {}).get("type")
+        ok = reason != "abort" and turn.first_token_s is not None
+        worker = self.workers[turn.worker]
+        if self.router is not None:
+            self.router.finish(turn.request_id)
+        if self.scheduler is not None and turn.decision is not None:
+            self._apply(self.scheduler.complete(
+                self.now, program_session(run), turn.request_id, worker.key, output.prompt_tokens,
+                output.completion_tokens, output.cached_tokens, TurnOutcome.OK if ok else TurnOutcome.FAILED))
+        ttft_s = (turn.first_token_s if turn.first_token_s is not None else self.now) - turn.sent_s
+        self.result.turns.append(TurnRecord(
+            run.program.program_id, turn.k, ok=ok, ttft_s=round(ttft_s, 4), turn_s=round(self.now - turn.sent_s, 4),
+            prompt_tokens=output.prompt_tokens, cached_tokens=output.cached_tokens,
+            completion_tokens=output.completion_tokens,
+            error="" if ok else f"finish_reason={reason}"))
+        if not ok:
+            run.record.errors += 1
+            self._end_program(run)
+            return
+        run.record.turns_done += 1
+        run.conversation.append("assistant", decode(turn.output_ids))
+        tool_s = run.program.turns[turn.k].tool_seconds_after
+        run.turn += 1
+        if tool_s > 0:
+            self._at(self.now + tool_s, _TURN, run)
+        else:
+            self._on_turn(run)
+
+    # -- the scheduler's shell: ticks, timers, resolutions ---------------------------------------
+
+    def _apply(self, effects: Effects) -> None:
+        for event in effects.events:
+            name = _SCHEDULER_EVENTS.get(event.kind)
+            if name is None:
+                continue
+            if event.kind is EventKind.SOFT_DEMOTED:
+                self._soft_demotes += 1
+            wid = event.replica.worker_id if event.replica is not None else ""
+            if name != "soft_demote":
+                self._control_events.append([round(self.now, 3), name, wid, event.session_id, event.tokens])
+            if wid in self._pending_counts:
+                counts = self._pending_counts[wid]
+                counts[name] = counts.get(name, 0) + 1
+        for decision in effects.resolutions:
+            turn = self._held.pop(decision.request_id, None)
+            if turn is None:
+                continue
+            self._hold_s.append(decision.held_seconds)
+            if decision.program_gone:
+                decision = None      # released while held: the live router routes it unpinned
+            self._route(turn, decision)
+
+    def _on_deadline(self, request_id: str) -> None:
+        if request_id in self._held and self.scheduler is not None:
+            self._apply(self.scheduler.force_resume(self.now, request_id))
+
+    def _on_tick(self, _: Any) -> None:
+        replicas = {}
+        if self.scheduler is not None:
+            tick = self.scheduler.tick(self.now)
+            self._apply(Effects(tick.events, tick.logs, tick.resolutions))
+            replicas = {r.replica: r for r in tick.replicas}
+        self._sample(replicas)
+        if self._live_programs or self._queue:
+            self._at(self.now + self.s.sample_interval_s, _TICK)
+
+    def _on_sweep(self, _: Any) -> None:
+        if self.router is not None:
+            self.router.sweep(self.now)
+        if self._live_programs or self._queue:
+            self._at(self.now + self.s.router_sweep_interval_s, _SWEEP)
+
+    # -- records -----------------------------------------------------------------------------------
+
+    def _sample(self, replicas: dict) -> None:
+        t = round(self.now, 3)
+        for worker in self.workers:
+            stats = worker.engine.stats()
+            r = replicas.get(worker.key)
+            counts = self._pending_counts[worker.worker_id]
+            self._samples[worker.worker_id].append([
+                t,
+                round(r.utilization, 4) if r is not None else None,
+                round(r.used_decayed_tokens / r.retention_tokens, 4) if r is not None else None,
+                r.band.value if r is not None else None,
+                r.active_programs if r is not None else None,
+                r.resident_programs if r is not None else None,
+                round(stats.token_usage, 4), stats.num_running_reqs, stats.num_queue_reqs,
+                counts.get("pause", 0), counts.get("resume", 0) + counts.get("forced_resume", 0),
+                counts.get("mark", 0), counts.get("soft_demote", 0),
+            ])
+            counts.clear()
+
+    def _timeline(self) -> dict:
+        p: ControlParams = self.s.control
+        return {
+            "interval_s": self.s.sample_interval_s,
+            "bands": {"pause_threshold": p.pause_threshold, "soft_demote_threshold": p.soft_demote_threshold,
+                      "pause_target": min(p.pause_target, p.pause_threshold), "resume_ceiling": p.resume_ceiling},
+            "retention_tokens": {c.worker_id: c.retention_tokens for c in self.capacities},
+            "columns": ["t_s", "utilisation", "utilisation_decayed", "band", "reasoning_programs",
+                        "resident_programs", "engine_token_usage", "engine_running", "engine_queued",
+                        "pauses", "resumes", "marks", "soft_demotes"],
+            "workers": self._samples,
+            "control_events_columns": ["t_s", "kind", "worker", "program", "tokens"],
+            "control_events": self._control_events,
+        }
+
+    def _worker_counters(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for worker in self.workers:
+            st = worker.engine.stats()
+            out[worker.worker_id] = {
+                "recomputed_tokens": st.recomputed_tokens_total, "retractions": st.retractions_total,
+                "host_loadbacks": st.host_loadbacks_total, "host_loadback_tokens": st.host_loadback_tokens_total,
+                "prompt_tokens": st.prompt_tokens_total, "cached_tokens": st.cached_tokens_total,
+                "generation_tokens": st.generation_tokens_total, "evicted_tokens": st.evicted_tokens_total,
+                "requests": st.requests_total, "aborted_requests": st.aborted_requests_total,
+            }
+        return out
+
+    def _scheduler_counters(self) -> dict[str, float]:
+        core = self.scheduler
+        if core is None:
+            return {}
+        holds = sorted(self._hold_s)
+        return {
+            "pauses": core.pauses_total, "resumes": core.resumes_total,
+            "forced_resumes": core.forced_resumes_total, "marks": core.marks_total,
+            "soft_demotions": self._soft_demotes, "expired": core.expired_total,
+            "released": core.released_total, "admissions": core.admissions_total,
+            "held_admissions": len(holds),
+            "hold_p50_s": round(holds[len(holds) // 2], 3) if holds else 0.0,
+            "hold_max_s": round(holds[-1], 3) if holds else 0.0,
+        }
+
+
+def program_session(run: _ProgramRun) -> str:
+    """The X-Dynamo-Session-ID the live runner sends: the program id."""
+    return run.program.program_id
+
+
+def simulate(scenario: SimScenario) -> SimResult:
+    """Run one scenario to completion in virtual time."""
+    simulator = Simulator(scenario)
+    result = simulator.run()
+    totals: dict[str, int] = {}
+    for counters in result.worker_counters.values():
+        for name, value in counters.items():
+            totals[name] = totals.get(name, 0) + value
+    # The live runner's worker_* keys (bench/run.py COUNTERS), plus the simulator's extra ones.
+    result.run.worker_counters = totals
+    return result
