@@ -1,0 +1,252 @@
+"""Scheduler benchmark: control tick cost at scale, and Admit+Complete round trips over real gRPC.
+
+    python -m bench.scheduler_bench --out bench/results/scheduler.json [--smoke]
+
+1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
+   in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
+   a share of programs takes a turn between ticks.
+2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
+   so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers
+   in this process each loop Admit -> Complete for their own program over a few gRPC channels.
+   One round trip = Admit + Complete; we report round trips per second and the p50/p99 latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict
+from services.testing.sglang_stub import SglangStub, sglang_info
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+# ---------------------------------------------------------------------- 1. tick
+
+
+def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7) -> dict:
+    rng = random.Random(seed)
+    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
+    sizes = [min(120_000, int(rng.lognormvariate(9.0, 0.9))) for _ in range(programs)]
+    # Budget = the total footprint: placement keeps replicas under the pause threshold, turns then grow
+    # programs past it, so every tick has pauses, marks and resumes to do.
+    per_replica = int(sum(s + 100 for s in sizes) / replicas)
+    core.apply_capacity(0.0, CapacitySnapshot(1, tuple(ReplicaCapacity(f"w{i // 8}", i % 8, per_replica, 64)
+                                                       for i in range(replicas))))
+    now = 0.0
+    counter = 0
+    in_flight: dict[str, str] = {}
+    for i, size in enumerate(sizes):
+        counter += 1
+        rid = f"r{counter}"
+        result = core.admit(now, f"p{i}", f"p{i // 10 * 10}" if i % 10 else "", size // 4, rid)
+        if result.decision.verdict is Verdict.PLACED and rng.random() < 0.9:
+            core.complete(now, f"p{i}", rid, result.decision.replica, size, size // 20)
+        else:
+            in_flight[f"p{i}"] = rid
+    durations_ms: list[float] = []
+    totals = {"paused": 0, "marked": 0, "resumed": 0, "expired": 0}
+    for _ in range(ticks):
+        now += 5.0
+        # Between ticks: a share of the programs finish or start a turn.
+        for sid in rng.sample(range(programs), max(1, programs // 20)):
+            name = f"p{sid}"
+            if name in in_flight:
+                rid = in_flight.pop(name)
+                core.complete(now, name, rid, None, sizes[sid], sizes[sid] // 20)
+            elif core.program(name) is not None:
+                counter += 1
+                rid = f"r{counter}"
+                core.admit(now, name, "", 0, rid)
+                in_flight[name] = rid
+        started = time.perf_counter()
+        result = core.tick(now)
+        durations_ms.append((time.perf_counter() - started) * 1e3)
+        for key in totals:
+            totals[key] += getattr(result, key)
+    stats = core.stats(now)
+    return {
+        "programs": programs, "replicas": replicas, "ticks": ticks, "retention_tokens_per_replica": per_replica,
+        "tick_ms": {"p50": percentile(durations_ms, 50), "p99": percentile(durations_ms, 99),
+                    "max": max(durations_ms), "mean": sum(durations_ms) / len(durations_ms)},
+        "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
+    }
+
+
+# ---------------------------------------------------------------------- 2. rpc
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BANDMASTER_", "DYN_THUNDERAGENT_", "DYN_ROUTER_", "OTEL_"))}
+    env["PYTHONPATH"] = str(ROOT)
+    env["BANDMASTER_LOG_LEVEL"] = "WARNING"
+    return env
+
+
+async def _wait_file(path: Path, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return json.loads(path.read_text())
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{path} did not appear")
+
+
+async def _terminate(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
+    stub = SglangStub(sglang_info(max_total_num_tokens=50_000_000, page_size=16, dp_size=8,
+                                  enable_dp_attention=True, max_running_requests=100_000))
+    await stub.start()
+    procs: list[asyncio.subprocess.Process] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            cap_ready, sched_ready = Path(tmp) / "cap.json", Path(tmp) / "sched.json"
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.capacity", "--worker-url", stub.url, "--listen", "127.0.0.1:0",
+                "--metrics-port", "-1", "--ready-file", str(cap_ready), "--poll-interval-seconds", "1",
+                "--poll-timeout-seconds", "1", cwd=ROOT, env=_env()))
+            cap = await _wait_file(cap_ready, 30)
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.scheduler", "--capacity-addr", cap["grpc"], "--listen",
+                "127.0.0.1:0", "--metrics-port", "-1", "--ready-file", str(sched_ready),
+                "--scheduler-interval-seconds", "1", cwd=ROOT, env=_env()))
+            sched = await _wait_file(sched_ready, 30)
+            chans = [grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
+                     for _ in range(channels)]
+            clients = [pb_grpc.SchedulerStub(c) for c in chans]
+            deadline = time.monotonic() + 30
+            while True:
+                stats = await clients[0].GetStats(pb.GetStatsRequest(), timeout=5)
+                if stats.replicas:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("scheduler never received a capacity snapshot")
+                await asyncio.sleep(0.05)
+            latencies_ms: list[float] = []
+            held = 0
+            stop_at = 0.0
+
+            async def caller(i: int) -> None:
+                nonlocal held
+                client = clients[i % len(clients)]
+                sid = f"bench-{i}"
+                turn = 0
+                while time.monotonic() < stop_at:
+                    turn += 1
+                    rid = f"{sid}-{turn}"
+                    started = time.perf_counter()
+                    resp = await client.Admit(pb.AdmitRequest(session_id=sid, request_id=rid,
+                                                              estimated_prompt_tokens=2_000), timeout=30)
+                    await client.Complete(pb.CompleteRequest(
+                        session_id=sid, request_id=rid, worker_id=resp.worker_id, dp_rank=resp.dp_rank,
+                        prompt_tokens=2_000, completion_tokens=200), timeout=30)
+                    latencies_ms.append((time.perf_counter() - started) * 1e3)
+                    held += resp.was_paused
+
+            # Warm-up (channel set-up, first program creation), then the measured window.
+            stop_at = time.monotonic() + min(1.0, duration_s / 4)
+            await asyncio.gather(*(caller(i) for i in range(callers)))
+            latencies_ms.clear()
+            started = time.monotonic()
+            stop_at = started + duration_s
+            await asyncio.gather(*(caller(i) for i in range(callers)))
+            elapsed = time.monotonic() - started
+            stats = await clients[0].GetStats(pb.GetStatsRequest(), timeout=5)
+            for c in chans:
+                await c.close()
+            return {
+                "callers": callers, "channels": channels, "duration_s": round(elapsed, 3),
+                "round_trips": len(latencies_ms), "round_trips_per_s": len(latencies_ms) / elapsed,
+                "latency_ms": {"p50": percentile(latencies_ms, 50), "p99": percentile(latencies_ms, 99),
+                               "max": max(latencies_ms)},
+                "held": held, "pauses_total": stats.pauses_total, "programs": stats.programs_active,
+                "replicas": len(stats.replicas),
+            }
+        finally:
+            for proc in reversed(procs):
+                await _terminate(proc)
+            await stub.stop()
+
+
+# ---------------------------------------------------------------------- report
+
+
+def _table(report: dict) -> str:
+    from services.cli.table import render_table
+
+    t, r = report["tick"], report["rpc"]
+    rows = [
+        [f"tick ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
+        ["", "p99 ms", t["tick_ms"]["p99"]],
+        ["", "paused / marked / resumed", f"{t['activity']['paused']} / {t['activity']['marked']} / "
+                                          f"{t['activity']['resumed']}"],
+        [f"Admit+Complete ({r['callers']} callers, gRPC)", "round trips/s", r["round_trips_per_s"]],
+        ["", "p50 ms", r["latency_ms"]["p50"]],
+        ["", "p99 ms", r["latency_ms"]["p99"]],
+        ["", "held / pauses", f"{r['held']} / {r['pauses_total']}"],
+    ]
+    return render_table(["benchmark", "figure", "value"], rows, title="scheduler benchmark")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scheduler_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/scheduler.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    parser.add_argument("--programs", type=int, default=10_000)
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--ticks", type=int, default=50)
+    parser.add_argument("--callers", type=int, default=500)
+    parser.add_argument("--duration-seconds", type=float, default=10.0)
+    parser.add_argument("--channels", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.programs, args.replicas, args.ticks = 500, 8, 5
+        args.callers, args.duration_seconds, args.channels = 20, 1.0, 2
+    tick = bench_tick(args.programs, args.replicas, args.ticks)
+    rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels))
+    report = {
+        "benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "rpc": rpc,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(_table(report))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`bandmaster programs --scheduler-addr HOST:PORT`: the scheduler's program table and replica bands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+import grpc
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.cli.table import render_table
+from services.common.config import parse_host_port
+
+_STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}
+_LIFECYCLE = {pb.LIFECYCLE_ACTIVE: "active", pb.LIFECYCLE_PAUSED: "paused"}
+_BAND = {pb.BAND_NORMAL: "normal", pb.BAND_SOFT_DEMOTE: "soft_demote", pb.BAND_PAUSE: "pause"}
+
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("programs", help="print the scheduler's program table and per-replica bands")
+    parser.add_argument("--scheduler-addr", default="127.0.0.1:50052", help="scheduler gRPC address host:port")
+    parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the ListPrograms call")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    parse_host_port(args.scheduler_addr, "scheduler_addr")  # ConfigError -> exit 2 in services.cli.main
+    try:
+        with grpc.insecure_channel(args.scheduler_addr) as channel:
+            listing = pb_grpc.SchedulerStub(channel).ListPrograms(pb.ListProgramsRequest(),
+                                                                  timeout=args.timeout_seconds)
+    except grpc.RpcError as exc:
+        print(f"bandmaster programs: {args.scheduler_addr}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    print(render(listing))
+    return 0
+
+
+def render(listing: pb.ListProgramsResponse) -> str:
+    programs = render_table(
+        ["program", "lifecycle", "status", "tokens", "estimated", "worker", "dp", "marked", "demoted", "turns"],
+        [[label, _LIFECYCLE.get(p.lifecycle, "?"), _STATUS.get(p.status, "?"),
+          p.token_total, "yes" if p.tokens_estimated else "", p.worker_id or "-",
+          p.dp_rank if p.worker_id else "-", "yes" if p.marked else "", "yes" if p.soft_demoted else "", p.turns]
+         for label, p in _tree(listing.programs)],
+        title=f"programs ({len(listing.programs)})")
+    replicas = render_table(
+        ["worker", "dp", "retention", "used", "used_decayed", "util", "band", "in_flight", "resident",
+         "passthrough", "max"],
+        [[r.worker_id, r.dp_rank, r.retention_tokens, r.used_tokens, r.used_decayed_tokens, f"{r.utilization:.1%}",
+          _BAND.get(r.band, "?"), r.active_programs, r.resident_programs, r.passthrough_requests,
+          r.max_programs or "-"]
+         for r in sorted(listing.replicas, key=lambda r: (r.worker_id, r.dp_rank))],
+        title=f"replicas ({len(listing.replicas)})")
+    return f"{programs}\n\n{replicas}"
+
+
+def _tree(programs: Sequence[pb.Program]) -> list[tuple[str, pb.Program]]:
+    """Depth-first by parent, children indented; orphans (parent unknown) are roots."""
+    by_id = {p.session_id: p for p in programs}
+    roots = sorted((p for p in programs if p.parent_session_id not in by_id), key=lambda p: p.session_id)
+    out: list[tuple[str, pb.Program]] = []
+    seen: set[str] = set()
+
+    def visit(program: pb.Program, depth: int) -> None:
+        if program.session_id in seen:
+            return
+        seen.add(program.session_id)
+        out.append((("  " * (depth - 1) + "└ " if depth else "") + program.session_id, program))
+        for child in sorted(program.children):
+            if child in by_id:
+                visit(by_id[child], depth + 1)
+
+    for root in roots:
+        visit(root, 0)
+    for program in sorted(programs, key=lambda p: p.session_id):  # cycles cannot happen, but never drop a row
+        visit(program, 0)
+    return out
