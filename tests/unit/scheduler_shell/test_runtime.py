@@ -1,15 +1,12 @@
 """The shell's own machinery: capacity follower, tick loop resilience, bounded event queues."""
 
-import asyncio
 import logging
 
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from services.scheduler.adapters.capacity import CapacityFollower
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.core import EventKind, ProgramEvent, ReplicaCapacity
 from services.scheduler.loop import EventQueue

@@ -6,7 +6,6 @@ import logging
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
