@@ -1,5 +1,6 @@
 """The shell's own machinery: capacity follower, tick loop resilience, bounded event queues."""
 
+import dataclasses
 import logging
 
 import grpc
@@ -134,8 +135,7 @@ def test_metrics_register_on_a_fresh_registry():
 
 
 async def test_capacity_unreachable_still_serves_and_admits_any():
-    running = await start_scheduler(config().__class__(**{**config().__dict__, "capacity_addr": "127.0.0.1:1"}),
-                                    tick_loop=False)
+    running = await start_scheduler(dataclasses.replace(config(), capacity_addr="127.0.0.1:1"), tick_loop=False)
     try:
         running.follower.initial_backoff_s = 0.01
         await wait_for(lambda: running.follower.failures >= 1)
