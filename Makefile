@@ -6,12 +6,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
+	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 
 $(STAMP): pyproject.toml
@@ -52,7 +53,10 @@ bench-simworker: venv
 	$(PY) -m bench.simworker_live --out bench/results/simworker_live.json
 	$(PY) -m bench.simworker_core --out bench/results/simworker_core.json
 
-bench: bench-capacity bench-simworker
+bench-scheduler: venv
+	$(PY) -m bench.scheduler_bench --out bench/results/scheduler.json
+
+bench: bench-capacity bench-simworker bench-scheduler
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -207,7 +207,16 @@ class SchedulerCore:
         self.admissions_cancelled_total += 1
         self._drop_waiter(turn.session_id, request_id)
         program = self._programs.get(turn.session_id)
-        if program is not turn.program or program.admission_epoch != turn.epoch:
+        if program is not turn.program:
+            return acc.effects()
+        if program.admission_epoch != turn.epoch:
+            # A later admission of the same program captured its `before` after this one; it now
+            # inherits ours, so cancelling it too restores the state before both (turns serialise).
+            later = [t for t in self._turns.values() if t.program is program and t.epoch > turn.epoch]
+            if later:
+                successor = min(later, key=lambda t: t.epoch)
+                successor.before = turn.before
+                successor.paused_seq_before = turn.paused_seq_before
             return acc.effects()
         if turn.before is None:
             self._remove(program)

@@ -343,14 +343,26 @@ def test_cancelled_admission_restores_prior_turn_exactly():
     core.cancel_admission(2.0, first)  # a later turn owns it: no rollback
     assert core.program("p").token_total == 777
     core.cancel_admission(2.0, second)
-    assert core.program("p").token_total == 500  # the state after the first admission
+    # Both turns cancelled: the table is as it was before the first admission (reference §6 #37).
+    assert core.program("p") == before
     third = rid()
     core.admit(3.0, "p", "", 600, third)
     core.cancel_admission(3.0, third)
     core.check_invariants()
-    # Rolling back the remaining waiter's admission is skipped (epoch moved on); the first is gone.
-    assert core.program("p").lifecycle is Lifecycle.PAUSED and "p" in core.paused_ids()
-    assert before.token_total == 110 and before.turns == 1
+    assert core.program("p") == before
+    assert before.token_total == 110 and before.turns == 1 and "p" in core.paused_ids()
+
+
+def test_two_cancelled_admissions_of_a_new_program_leave_no_trace():
+    core = make_core({("1", 0): 1000})
+    first, second = rid(), rid()
+    core.admit(1.0, "n", "", 500, first)
+    core.admit(1.5, "n", "", 777, second)
+    core.cancel_admission(2.0, first)
+    core.cancel_admission(2.0, second)
+    assert core.program("n") is None
+    assert "n" not in core.paused_ids()
+    core.check_invariants()
 
 
 def test_cancelled_admission_of_existing_program_restores_fields_and_queue_position():
