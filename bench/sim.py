@@ -1,0 +1,105 @@
+"""`python -m bench.sim`: the offline simulator. The live bench's scenarios in virtual time, no processes.
+
+It composes the real pure cores — the simworker engine (`SimEngine`), the router's KV cost model
+(`KvRouterCore`) and the program scheduler (`SchedulerCore`) — in a discrete-event loop (see
+bench/simlib/simulator.py and docs/simulator.md), and prints the same summary as `bench/run.py`
+(`wall_s` and `simulated_minutes` are simulated time here), plus its own CPU cost.
+
+    python -m bench.sim --arm bandmaster --workload swe --programs 256 --workers 8 \\
+        --worker-kv-tokens 400000 --seed 0 --out report.json
+
+Arms: `bandmaster` (scheduler core + router core), `kv` (router core only, as `bandmaster up
+--no-scheduler`), `round_robin`. Every scheduler control flag of `services.scheduler`
+(`--pause-threshold`, `--scheduler-interval-seconds`, ... and `--pause-policy`) is accepted, in
+simulated seconds. Python API: `simulate(SimScenario(...)) -> SimResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from bench.simlib import SimResult, SimScenario, simulate
+from bench.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
+from services.common.config import parse_settings
+from services.common.errors import ConfigError
+from services.scheduler.config import CONTROL_SETTINGS, SERVICE_SETTINGS
+from services.scheduler.core.params import ControlParams
+
+__all__ = ["SimResult", "SimScenario", "simulate", "scenario_from_args", "main"]
+
+# The scheduler's own flag definitions: same names, types, defaults and validation as the service.
+_SCHEDULER_SETTINGS = [*CONTROL_SETTINGS, *[s for s in SERVICE_SETTINGS if s.name == "pause_policy"]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0],
+                                     epilog="Scheduler control flags (see `python -m services.scheduler --help`) "
+                                            "are passed through, in simulated seconds.")
+    parser.add_argument("--arm", default="bandmaster", choices=ARMS)
+    parser.add_argument("--workload", default="swe", choices=WORKLOADS)
+    parser.add_argument("--programs", type=int, default=8, help="programs in total")
+    parser.add_argument("--parallel", type=int, default=0, help="programs in flight at once (default: all)")
+    parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--token-scale", type=float, default=1.0)
+    parser.add_argument("--tool-time-scale", type=float, default=1.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--worker-kv-tokens", type=int, default=65_536)
+    parser.add_argument("--worker-host-kv-tokens", type=int, default=0)
+    parser.add_argument("--worker-page-size", type=int, default=16)
+    parser.add_argument("--timing-profile", default="glm45-fp8-h200")
+    parser.add_argument("--router-prompt", default="text", choices=ROUTER_PROMPT_MODES,
+                        help="text: the live router's text-chunk prompts; tokens: exact token pages (faster)")
+    parser.add_argument("--router-temperature", type=float, default=0.0)
+    parser.add_argument("--kv-overlap-score-weight", type=float, default=1.0)
+    parser.add_argument("--live-speedup", type=float, default=1.0,
+                        help="model a live run at this simworker --speedup (router wall-clock constants scale)")
+    parser.add_argument("--request-overhead-seconds", type=float, default=0.0,
+                        help="extra simulated seconds per turn before admission (client/router round trips)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON report (summary, counters, timeline)")
+    parser.add_argument("--no-turns", action="store_true", help="leave per-turn and per-program rows out of --out")
+    return parser
+
+
+def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Namespace]:
+    """Flags -> a validated SimScenario. Unknown flags go to the scheduler's settings parser, which
+    raises ConfigError for anything it does not know either."""
+    args, rest = build_parser().parse_known_args(list(argv))
+    values = parse_settings(_SCHEDULER_SETTINGS, rest, {}, prog="python -m bench.sim")
+    control = ControlParams(**{s.name: values[s.name] for s in CONTROL_SETTINGS})
+    scenario = SimScenario(
+        arm=args.arm, workload=args.workload, programs=args.programs, parallel=args.parallel,
+        max_turns=args.max_turns, token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
+        seed=args.seed, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
+        worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
+        worker_timing_profile=args.timing_profile, control=control, pause_policy=values["pause_policy"],
+        router_prompt=args.router_prompt, router_temperature=args.router_temperature,
+        kv_overlap_score_weight=args.kv_overlap_score_weight, live_speedup=args.live_speedup,
+        request_overhead_s=args.request_overhead_seconds)
+    return scenario, args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        scenario, args = scenario_from_args(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"bench.sim: {exc}", file=sys.stderr)
+        return 2
+    result = simulate(scenario)
+    report = result.report()
+    if args.no_turns:
+        report.pop("turns")
+        report.pop("programs")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report["summary"], indent=1))
+    return 0 if result.completed and report["summary"]["turns_failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
