@@ -1,0 +1,59 @@
+"""The simulator builds the same prompts as the live path: worker token ids and router prompts."""
+
+import random
+
+import pytest
+
+from bench.run import SYSTEM_PROMPT_TOKENS
+from bench.simlib.conversation import Conversation
+from services.router.core.kv_router import KvRouterCore
+from services.router.core.params import KvRouterParams
+from services.router.http_api import chat_routing_text
+from services.router.turns import TurnRunner, TurnSpec, Api
+from services.router.session import SessionIdentity
+from services.simworker.chat import render_chat
+from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
+
+
+def _grow(conversation: Conversation, turns: int, rng: random.Random):
+    """Yield after each user message, then add an answer decoded from generated-word ids."""
+    for k in range(turns):
+        conversation.append("user", text_of_n_tokens(rng.randint(1, 300), rng.randrange(1 << 30)))
+        yield k
+        conversation.append("assistant", decode(ids_of_n_tokens(rng.randint(1, 80), rng.randrange(1 << 30))))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prompt_ids_equal_the_simworker_chat_path(seed):
+    conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
+    for _ in _grow(conversation, 6, random.Random(seed)):
+        assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+
+
+def test_odd_contents_still_split_exactly():
+    # Contents ending in spaces or without a leading space, and empty ones.
+    conversation = Conversation("sys  ", page_size=4)
+    for role, content in [("user", "x"), ("assistant", ""), ("user", "  a  b   "), ("assistant", "<|tool|>\n")]:
+        conversation.append(role, content)
+        assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_text_prompt_equals_the_live_routers(seed):
+    core = KvRouterCore(KvRouterParams(use_kv_events=False), random.Random(0))
+    conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
+    for _ in _grow(conversation, 5, random.Random(seed)):
+        text = chat_routing_text(conversation.messages)
+        spec = TurnSpec(Api.CHAT, {}, SessionIdentity("p"), None, True, prompt_text=text)
+        expected = core.prompt_from_text(text, TurnRunner.estimated_tokens(spec))
+        assert conversation.estimated_prompt_tokens() == TurnRunner.estimated_tokens(spec)
+        assert conversation.text_prompt(core.params.text_chunk_chars) == expected
+
+
+@pytest.mark.parametrize("page", [2, 16])
+def test_token_prompt_equals_prompt_from_tokens(page):
+    core = KvRouterCore(KvRouterParams(use_kv_events=False, block_size=page), random.Random(0))
+    conversation = Conversation(text_of_n_tokens(37, 0), page_size=page)
+    for _ in _grow(conversation, 6, random.Random(3)):
+        ids = conversation.prompt_ids()
+        assert conversation.token_prompt(ids) == core.prompt_from_tokens(ids)
