@@ -81,6 +81,9 @@ async def test_sglang_router_routes_to_both_simworkers(tmp_path):
         router = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
              "--host", "127.0.0.1", "--port", str(router_port), "--policy", "round_robin",
+             # Its Prometheus exporter defaults to a fixed port (29000): take a free one so that
+             # parallel runs on one machine do not collide.
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
              "--log-level", "warn"],
             cwd=ROOT, stdout=router_log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})
         procs.append(router)
