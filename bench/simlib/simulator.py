@@ -290,8 +290,15 @@ class Simulator:
     def _on_arrive(self, turn: _TurnRun) -> None:
         worker = self.workers[turn.worker]
         priority = turn.decision.priority if turn.decision is not None else None
-        worker.engine.submit(EngineRequest(turn.request_id, tuple(turn.prompt_ids), turn.output_tokens,
-                                           priority=priority, ignore_eos=True), self.now)
+        try:
+            worker.engine.submit(EngineRequest(turn.request_id, tuple(turn.prompt_ids), turn.output_tokens,
+                                               priority=priority, ignore_eos=True), self.now)
+        except ValueError as exc:
+            # The live simworker answers 400 (prompt longer than the context or the KV pool): the
+            # turn fails, and the live runner ends the program.
+            self._finish_turn(turn, RequestOutput(turn.request_id, (), len(turn.prompt_ids), 0, 0, True,
+                                                  {"type": "abort", "message": f"rejected: {exc}"}))
+            return
         self._in_flight[turn.request_id] = turn
         if not worker.busy:
             # Step after everything else due now, so simultaneous arrivals share the first step.
@@ -352,7 +359,7 @@ class Simulator:
             run.program.program_id, turn.k, ok=ok, ttft_s=round(ttft_s, 4), turn_s=round(self.now - turn.sent_s, 4),
             prompt_tokens=output.prompt_tokens, cached_tokens=output.cached_tokens,
             completion_tokens=output.completion_tokens,
-            error="" if ok else f"finish_reason={reason}"))
+            error="" if ok else str((output.finish_reason or {}).get("message") or f"finish_reason={reason}")[:200]))
         if not ok:
             run.record.errors += 1
             self._end_program(run)

@@ -189,3 +189,18 @@ def test_cli_refuses_invalid_scheduler_flags(capsys):
     assert sim.main(["--pause-threshold", "0.5", "--pause-target", "0.9"]) == 2
     assert "pause_target" in capsys.readouterr().err
     assert sim.main(["--no-such-flag", "1"]) == 2
+
+
+def test_a_prompt_the_worker_cannot_hold_fails_the_turn_and_ends_the_program():
+    # 4K-token pools cannot hold the trace's first prompts (several thousand tokens at scale 1).
+    for arm in ("bandmaster", "kv"):
+        simulator = Simulator(SimScenario(arm=arm, workload="swe", programs=2, max_turns=3, workers=1,
+                                          worker_kv_tokens=2_048))
+        result = simulator.run()
+        summary = result.summary()
+        assert summary["turns_failed"] >= 1 and summary["programs_done"] < 2 and result.completed
+        failed = [t for t in result.run.turns if not t.ok]
+        assert all("does not fit" in t.error for t in failed)
+        if simulator.scheduler is not None:
+            assert simulator.scheduler.programs() == ()
+        assert len(simulator.router.load) == 0
