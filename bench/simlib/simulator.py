@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.run import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord, build_workload
@@ -119,8 +119,6 @@ class SimResult:
         return out
 
     def report(self) -> dict:
-        from dataclasses import asdict
-
         return {"summary": self.summary(),
                 "scheduler": self.scheduler_counters,
                 "workers": self.worker_counters,
@@ -199,7 +197,14 @@ class Simulator:
             self.events += 1
             handlers[kind](payload)
         self.result.wall_s = self._makespan_s if completed else self.now
-        return SimResult(s, self.result, self._worker_counters(), self._scheduler_counters(),
+        per_worker = self._worker_counters()
+        totals: dict[str, int] = {}
+        for counters in per_worker.values():
+            for name, value in counters.items():
+                totals[name] = totals.get(name, 0) + value
+        # The live runner's worker_* keys (bench/run.py COUNTERS), plus the simulator's extra ones.
+        self.result.worker_counters = totals
+        return SimResult(s, self.result, per_worker, self._scheduler_counters(),
                          self._timeline(), time.process_time() - started_cpu, self.events,
                          completed and not self._live_programs and not self._queue)
 
@@ -489,12 +494,4 @@ def program_session(run: _ProgramRun) -> str:
 
 def simulate(scenario: SimScenario) -> SimResult:
     """Run one scenario to completion in virtual time."""
-    simulator = Simulator(scenario)
-    result = simulator.run()
-    totals: dict[str, int] = {}
-    for counters in result.worker_counters.values():
-        for name, value in counters.items():
-            totals[name] = totals.get(name, 0) + value
-    # The live runner's worker_* keys (bench/run.py COUNTERS), plus the simulator's extra ones.
-    result.run.worker_counters = totals
-    return result
+    return Simulator(scenario).run()
