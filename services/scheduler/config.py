@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.scheduler.core.params import ControlParams
-from services.scheduler.core.policies import DEFAULT_PAUSE_POLICY, PAUSE_POLICIES
+from services.scheduler.core.policies import DEFAULT_PAUSE_POLICY, PAUSE_POLICIES, CostAwarePauseParams
 
 ENV_PREFIX = "BANDMASTER_SCHEDULER"
 TA = "DYN_THUNDERAGENT_"
@@ -55,6 +55,28 @@ SERVICE_SETTINGS = [
             env=f"{ENV_PREFIX}_CAPACITY_ADDR"),
 ]
 
+# Parameters of `--pause-policy cost_aware` (core/policies/cost_aware.py); ignored by other policies.
+_CA = f"{ENV_PREFIX}_COST_AWARE_"
+COST_AWARE_SETTINGS = [
+    Setting("cost_aware_prefill_tokens_per_s", float, CostAwarePauseParams.prefill_tokens_per_s,
+            "cost_aware: prior prefill rate (tokens/s) until time-to-first-token observations arrive",
+            env=_CA + "PREFILL_TOKENS_PER_S"),
+    Setting("cost_aware_prefill_quadratic_tokens", float, CostAwarePauseParams.prefill_quadratic_tokens,
+            "cost_aware: context length at which attention doubles the linear prefill cost",
+            env=_CA + "PREFILL_QUADRATIC_TOKENS"),
+    Setting("cost_aware_tool_seconds", float, CostAwarePauseParams.tool_seconds,
+            "cost_aware: prior mean tool time (s) until tool times are observed", env=_CA + "TOOL_SECONDS"),
+    Setting("cost_aware_stall_share", float, CostAwarePauseParams.stall_share,
+            "cost_aware: share of the replica budget counted as stalled while a context is recomputed (0..1)",
+            env=_CA + "STALL_SHARE"),
+    Setting("cost_aware_prior_observations", float, CostAwarePauseParams.prior_observations,
+            "cost_aware: weight of the priors, in observations", env=_CA + "PRIOR_OBSERVATIONS"),
+    Setting("cost_aware_half_life_observations", float, CostAwarePauseParams.half_life_observations,
+            "cost_aware: observations after which an observation counts half", env=_CA + "HALF_LIFE_OBSERVATIONS"),
+    Setting("cost_aware_scale_reasoning", bool, CostAwarePauseParams.scale_reasoning,
+            "cost_aware: weigh reasoning programs by their hold fraction too", env=_CA + "SCALE_REASONING"),
+]
+
 # KvRouter flags (kvrouter_sglang.md §A.9): accepted, validated and forwarded to the router.
 KV_ROUTER_SETTINGS = [
     Setting("router_temperature", float, 0.0, "softmax temperature of worker selection (0 = argmin)",
@@ -91,6 +113,7 @@ KV_ROUTER_SETTINGS = [
 SETTINGS = [
     *CONTROL_SETTINGS,
     *SERVICE_SETTINGS,
+    *COST_AWARE_SETTINGS,
     *KV_ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
 ]
@@ -146,6 +169,8 @@ class SchedulerConfig:
     control: ControlParams = field(default_factory=ControlParams)
     """The control law; its __post_init__ enforces every relation of the seed reference."""
     pause_policy: str = DEFAULT_PAUSE_POLICY
+    cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
+    """Parameters of the cost_aware pause policy (validated even when another policy is chosen)."""
     capacity_addr: str = "127.0.0.1:50051"
     kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
     listen: str = "127.0.0.1:50052"
@@ -158,9 +183,15 @@ class SchedulerConfig:
         require(isinstance(self.control, ControlParams), "control", self.control, "control must be ControlParams")
         require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
                 f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
+        require(isinstance(self.cost_aware, CostAwarePauseParams), "cost_aware", self.cost_aware,
+                "cost_aware must be CostAwarePauseParams")
         parse_host_port(self.capacity_addr, "capacity_addr")
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
                         "shutdown_grace_seconds": self.shutdown_grace_seconds})
+
+    def pause_policy_params(self) -> Any:
+        """The params for `make_pause_policy(self.pause_policy, ...)` (None: the policy's defaults)."""
+        return self.cost_aware if self.pause_policy == "cost_aware" else None
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
@@ -169,9 +200,15 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
                             description="Bandmaster scheduler: program table, control bands, admission")
     control = ControlParams(**{s.name: values[s.name] for s in CONTROL_SETTINGS})
     kv_router = KvRouterConfig(**{s.name: values[s.name] for s in KV_ROUTER_SETTINGS})
+    prefix = len("cost_aware_")
+    try:
+        cost_aware = CostAwarePauseParams(**{s.name[prefix:]: values[s.name] for s in COST_AWARE_SETTINGS})
+    except ConfigError as exc:  # name the flag's setting, not the dataclass field
+        raise ConfigError("cost_aware_" + exc.field, exc.value, exc.reason) from None
     return SchedulerConfig(
         control=control,
         pause_policy=values["pause_policy"],
+        cost_aware=cost_aware,
         capacity_addr=values["capacity_addr"],
         kv_router=kv_router,
         listen=values["listen"],
@@ -182,4 +219,4 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     )
 
 
-__all__ = ["ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]
+__all__ = ["COST_AWARE_SETTINGS", "ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]

@@ -99,6 +99,13 @@ class SchedulerCore:
     def __init__(self, params: ControlParams | None = None, policy: PausePolicy | None = None) -> None:
         self.params = params or ControlParams()
         self.policy = policy or make_pause_policy()
+        # Optional policy hooks (see policies/base.py): a per-program pause-side weight,
+        # observations of tool times and prefills, and a once-per-tick refresh of the
+        # estimates behind that weight. A policy without them (threshold) gets the raw weight.
+        self._policy_weight = getattr(self.policy, "weight_tokens", None)
+        self._observe_tool = getattr(self.policy, "observe_tool", None)
+        self._observe_prefill = getattr(self.policy, "observe_prefill", None)
+        self._refresh_policy = getattr(self.policy, "refresh", None)
         self._programs: dict[str, Program] = {}
         self._paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
         self._children: dict[str, dict[str, None]] = {}
@@ -157,6 +164,9 @@ class SchedulerCore:
         created = program is None
         if program is None:
             program = self._create(now, sid, parent_session_id)
+        if (self._observe_tool is not None and program is not None and program.status is Status.ACTING
+                and program.acting_since is not None):
+            self._observe_tool(now - program.acting_since)  # the tool call that just ended
         program.turns += 1
         program.admission_epoch += 1
         if estimate > 0:
@@ -258,11 +268,15 @@ class SchedulerCore:
 
     def complete(self, now: float, session_id: str, request_id: str, replica: ReplicaKey | None,
                  prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                 outcome: TurnOutcome = TurnOutcome.OK) -> Effects:
+                 outcome: TurnOutcome = TurnOutcome.OK, ttft_s: float | None = None) -> Effects:
         """A turn ended: the program is at a tool boundary (ACTING). token_total becomes
-        prompt + completion when the worker reported them. A marked program is paused here."""
-        del cached_tokens  # the whole context stays resident whether or not it was cached
+        prompt + completion when the worker reported them. A marked program is paused here.
+        `ttft_s` (dispatch to first token, when the caller knows it) feeds the policy's prefill
+        estimate; the whole context stays resident whether or not it was cached."""
         acc = _Acc()
+        if (self._observe_prefill is not None and ttft_s is not None and outcome is TurnOutcome.OK
+                and prompt_tokens > cached_tokens >= 0):
+            self._observe_prefill(int(prompt_tokens) - int(cached_tokens), float(ttft_s))
         pt = self._passthrough.pop(request_id, None)
         if pt is not None:
             self._recharge_passthrough(request_id, None)
@@ -323,6 +337,11 @@ class SchedulerCore:
         acc = _Acc()
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
+        if self._refresh_policy is not None and self._refresh_policy():
+            # The policy's estimates moved: re-charge the placed programs (their weight depends on them).
+            for program in list(self._programs.values()):
+                if program.session_id in self._charge:
+                    self._recharge(program)
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = forced = 0
         if self._caps:
@@ -481,13 +500,14 @@ class SchedulerCore:
     def _resume_target(self, program: Program, order: list[ReplicaKey], room: dict[ReplicaKey, int],
                        slots: dict[ReplicaKey, int | None]) -> ReplicaKey | None:
         req = program.token_total + self.params.buffer_per_program_tokens
-        charge = raw_weight_tokens(program, self.params.acting_token_weight) + self.params.buffer_per_program_tokens
+        buffer = self.params.buffer_per_program_tokens
         takes_slot = program.status is Status.REASONING
 
         def fits(key: ReplicaKey) -> bool:
             cap = self._caps[key]
             return (req <= room[key]
-                    and self._used[key] + charge < cap.retention_tokens * self.params.pause_threshold
+                    and self._used[key] + self._weight(program, key) + buffer
+                    < cap.retention_tokens * self.params.pause_threshold
                     and not (takes_slot and slots[key] == 0))
 
         last = program.last_replica
@@ -542,7 +562,7 @@ class SchedulerCore:
             plan = self.policy.plan(PauseContext(
                 replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
                 reasoning_count=self._inflight[key], count_target=count_target, buffer_tokens=buffer,
-                weight_tokens=lambda q: raw_weight_tokens(q, p.acting_token_weight), now=now))
+                weight_tokens=lambda q, key=key: self._weight(q, key), now=now))
             for sid in plan.pause:
                 program = self._programs[sid]
                 if program.replica != key or program.status is not Status.ACTING or program.marked:
@@ -720,9 +740,13 @@ class SchedulerCore:
         if gate:
             return None
         buffer = self.params.buffer_per_program_tokens
-        charge = program.token_total + buffer
+        if self._policy_weight is None:
+            charge = program.token_total + buffer
+            charges = dict.fromkeys(self._caps, charge)
+        else:
+            charges = {key: self._weight(program, key) + buffer for key in self._caps}
         feasible = [key for key, cap in self._caps.items()
-                    if self._used[key] + charge < cap.retention_tokens * self.params.pause_threshold
+                    if self._used[key] + charges[key] < cap.retention_tokens * self.params.pause_threshold
                     and (cap.max_programs <= 0 or self._inflight[key] < cap.max_programs)]
         if not feasible:
             return None
@@ -772,7 +796,7 @@ class SchedulerCore:
                 or self._programs.get(sid) is not program):
             return
         buffer = self.params.buffer_per_program_tokens
-        amount = raw_weight_tokens(program, self.params.acting_token_weight) + buffer
+        amount = self._weight(program, key) + buffer
         in_flight = program.status is Status.REASONING
         base = buffer + (program.token_total if in_flight else 0)
         self._charge[sid] = (key, amount, in_flight, base)
@@ -803,6 +827,13 @@ class SchedulerCore:
         term = tokens * 2.0 ** max(-_REBASE_EXPONENT * 2, (since - anchor) / tau)
         members[sid] = (tokens, since, term)
         self._acting_sum[key] += term
+
+    def _weight(self, program: Program, key: ReplicaKey) -> int:
+        """w(p) on the pause side: raw, or the policy's weight given the raw one and the budget."""
+        raw = raw_weight_tokens(program, self.params.acting_token_weight)
+        if self._policy_weight is None:
+            return raw
+        return self._policy_weight(program, raw, self._caps[key].retention_tokens)
 
     def _recharge_passthrough(self, request_id: str, pt: _Passthrough | None) -> None:
         old = self._pt_charge.pop(request_id, None)
@@ -854,7 +885,7 @@ class SchedulerCore:
             else:
                 assert program.session_id not in self._paused, program
                 if program.replica in self._caps:
-                    used[program.replica] += (raw_weight_tokens(program, self.params.acting_token_weight)
+                    used[program.replica] += (self._weight(program, program.replica)
                                               + self.params.buffer_per_program_tokens)
                     inflight[program.replica] += program.status is Status.REASONING
         for rid, (key, amount) in self._pt_charge.items():

@@ -1,9 +1,8 @@
 """Pause policies, registered explicitly here and nowhere else.
 
-To add a policy (e.g. the cost-aware one that weighs the expected recompute time of an evicted
-context against the capacity a pause leaves idle): write `policies/<name>.py` with a params
-dataclass, a policy class implementing `PausePolicy.plan`, a factory, the formula in its
-docstring and a table test; then add one line to `PAUSE_POLICIES`.
+To add a policy: write `policies/<name>.py` with a params dataclass, a policy class implementing
+`PausePolicy.plan` (and, optionally, the `WorkingSetHooks` of policies/base.py), a factory, the
+formula in its docstring and a table test; then add one line to `PAUSE_POLICIES`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,12 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from services.common.errors import ConfigError
-from services.scheduler.core.policies.base import PauseContext, PausePlan, PausePolicy
+from services.scheduler.core.policies.base import PauseContext, PausePlan, PausePolicy, WorkingSetHooks
+from services.scheduler.core.policies.cost_aware import (
+    CostAwarePauseParams,
+    CostAwarePausePolicy,
+    make_cost_aware_policy,
+)
 from services.scheduler.core.policies.threshold import (
     ThresholdPauseParams,
     ThresholdPausePolicy,
@@ -26,6 +30,7 @@ class PolicyEntry(NamedTuple):
 
 PAUSE_POLICIES: dict[str, PolicyEntry] = {
     "threshold": PolicyEntry(ThresholdPauseParams, make_threshold_policy),
+    "cost_aware": PolicyEntry(CostAwarePauseParams, make_cost_aware_policy),
 }
 
 DEFAULT_PAUSE_POLICY = "threshold"
@@ -41,6 +46,8 @@ def make_pause_policy(name: str = DEFAULT_PAUSE_POLICY, params: Any = None) -> P
 
 
 __all__ = [
+    "CostAwarePauseParams",
+    "CostAwarePausePolicy",
     "DEFAULT_PAUSE_POLICY",
     "PAUSE_POLICIES",
     "PauseContext",
@@ -48,6 +55,8 @@ __all__ = [
     "PausePolicy",
     "ThresholdPauseParams",
     "ThresholdPausePolicy",
+    "WorkingSetHooks",
+    "make_cost_aware_policy",
     "make_pause_policy",
     "make_threshold_policy",
 ]

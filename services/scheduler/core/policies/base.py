@@ -8,7 +8,7 @@ does the accounting and writes the events; the policy only chooses.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence, runtime_checkable
 
 from services.scheduler.core.model import Program, ReplicaKey
 
@@ -40,3 +40,27 @@ class PausePolicy(Protocol):
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         """Choose what to pause and mark on one replica in the pause band."""
+
+
+@runtime_checkable
+class WorkingSetHooks(Protocol):
+    """Optional: a policy that also decides how much a program weighs in the pause-side
+    working set (and so in the pause band, admission and the resume guard). The core looks these
+    methods up once; a policy without them (threshold) gets the raw weight floor(T * w_a).
+
+    The weight may depend only on the program, the replica's budget and estimates that change in
+    `refresh`, which the core calls at the start of every tick (and then re-charges the placed
+    programs), so the incremental accounting stays exact between ticks."""
+
+    def weight_tokens(self, program: Program, raw_tokens: int, capacity_tokens: int) -> int:
+        """Pause-side weight of a program whose threshold weight is `raw_tokens` (T if REASONING,
+        floor(T * w_a) if ACTING) on a replica with `capacity_tokens` of budget."""
+
+    def observe_tool(self, seconds: float) -> None:
+        """A tool call lasted `seconds` (Complete -> the program's next Admit)."""
+
+    def observe_prefill(self, uncached_tokens: int, ttft_s: float) -> None:
+        """A turn prefilled `uncached_tokens` and produced its first token `ttft_s` after dispatch."""
+
+    def refresh(self) -> bool:
+        """Fold observations into the estimates; True if weights may have changed."""

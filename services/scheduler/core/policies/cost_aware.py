@@ -1,0 +1,164 @@
+"""The cost-aware pause policy ("cost_aware"): hold an idle context only when holding is cheaper
+than recomputing it.
+
+Formula. For an ACTING program p with T = token_total tokens on a replica whose retention budget
+is C tokens, with rho the estimated prefill rate (tokens/s), K the quadratic knee of prefill cost
+(tokens), m the estimated mean tool time (s) and sigma = stall_share:
+
+    recompute seconds      r(T)   = T / rho * (1 + T / K)          (linear GEMMs + attention ~ T^2)
+    cost of evicting p     E(p)   = max(T, sigma * C) * r(T)       (KV token-seconds that stall meanwhile)
+    cost of holding p      H(p)   = T * m                          (its KV through the rest of the tool;
+                                                                    memoryless tools: E[rest] = m)
+    hold fraction          phi(p) = min(1, E(p) / H(p))
+    pause-side weight      w(p)   = floor(floor(T * w_a) * phi(p)) (w_a = acting_token_weight)
+
+REASONING programs keep w(p) = T. So a program whose recompute is expensive relative to the
+KV-time it would hold (long context, short tool, big pool) counts fully and gets the reference
+treatment; a cheap one (short context, long tool, small pool) counts little or nothing, and the
+engine may evict it, as plain KV-aware routing would. The weight enters the pause band, admission
+and the resume guard through the core's working set, so with phi = 1 everywhere this policy is
+the threshold policy.
+
+Pause plan: the threshold plan (ACTING shortest-first down to target, then just enough REASONING
+marks) over the programs that count; an ACTING program with w(p) = 0 is already let go and is
+never paused (pausing it would free only the buffer and leave its next turn waiting).
+
+Estimates (learnt online, folded in by `refresh` once per tick so that weights stay constant
+between ticks and the core's incremental accounting stays exact):
+
+    m   = (n0 * m0 + sum of decayed tool times) / (n0 + decayed count)
+    rho = (n0 * rho0 * r0 + sum of decayed u * (1 + u / K)) / (n0 * r0 + sum of decayed ttft)
+
+with tool times observed between a Complete and the program's next Admit, and (u, ttft) the
+uncached prompt tokens and time to first token of a turn (only when the caller reports ttft;
+queueing inflates ttft, which errs toward holding, i.e. toward the reference). Observations decay
+by 2^(-1/half_life) each, and n0 = prior_observations pseudo-observations of the static defaults
+(m0, rho0; r0 = 1 s) keep the estimates sensible before any observation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from services.common.errors import ConfigError
+from services.scheduler.core.model import Program, Status
+from services.scheduler.core.policies.base import PauseContext, PausePlan
+from services.scheduler.core.policies.threshold import ThresholdPauseParams, ThresholdPausePolicy
+
+# Smallest uncached prompt whose time to first token says something about the prefill rate.
+MIN_PREFILL_SAMPLE_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class CostAwarePauseParams:
+    prefill_tokens_per_s: float = 18_000.0
+    """Prior prefill rate rho0 (tokens/s) until time-to-first-token observations arrive
+    (GLM-4.5-FP8 on 8x H200 at short context, shared/traces/TIMING.md)."""
+    prefill_quadratic_tokens: float = 77_000.0
+    """K: context length at which attention doubles the linear prefill cost."""
+    tool_seconds: float = 2.0
+    """Prior mean tool time m0 (s) until tool times are observed."""
+    stall_share: float = 1.0
+    """sigma: share of the replica's budget that waits while a context is recomputed (1: the
+    whole batch stalls, the engine is saturated; 0: only the program's own KV, the paper's c^2)."""
+    prior_observations: float = 8.0
+    """n0: weight of the static defaults, in observations."""
+    half_life_observations: float = 200.0
+    """Observations after which an observation counts half (tracks workload drift)."""
+    scale_reasoning: bool = True
+    """Weigh REASONING programs by phi too: a context not worth holding is not worth reserving
+    room for either; its turns queue in the engine (at step granularity) rather than in the
+    paused queue (at tick granularity)."""
+    mark_all_reasoning: bool = False
+    """As in the threshold policy."""
+
+    def __post_init__(self) -> None:
+        def finite(name: str) -> float:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(name, value, f"{name} must be a finite number")
+            return value
+
+        for name, rule in (("prefill_tokens_per_s", "> 0"), ("prefill_quadratic_tokens", "> 0"),
+                           ("tool_seconds", "> 0"), ("half_life_observations", "> 0")):
+            if not finite(name) > 0:
+                raise ConfigError(name, getattr(self, name), f"{name} {rule}")
+        if not 0 <= finite("stall_share") <= 1:
+            raise ConfigError("stall_share", self.stall_share, "0 <= stall_share <= 1")
+        if not finite("prior_observations") > 0:
+            raise ConfigError("prior_observations", self.prior_observations, "prior_observations > 0")
+
+
+class CostAwarePausePolicy:
+    name = "cost_aware"
+
+    def __init__(self, params: CostAwarePauseParams) -> None:
+        self.params = params
+        self._threshold = ThresholdPausePolicy(ThresholdPauseParams(params.mark_all_reasoning))
+        self._keep = 2.0 ** (-1.0 / params.half_life_observations)
+        # Decayed sums of observations not yet folded in, and of those folded in.
+        self._tool_n = self._tool_sum = 0.0
+        self._prefill_work = self._prefill_s = 0.0
+        self._pending = False
+        self.tool_seconds = params.tool_seconds
+        self.prefill_tokens_per_s = params.prefill_tokens_per_s
+
+    # -- observations (any time) and estimates (folded in once per tick) ---------------------------
+
+    def observe_tool(self, seconds: float) -> None:
+        """A program's tool call lasted `seconds` (Complete -> its next Admit)."""
+        if seconds >= 0 and math.isfinite(seconds):
+            self._tool_n = self._tool_n * self._keep + 1.0
+            self._tool_sum = self._tool_sum * self._keep + seconds
+            self._pending = True
+
+    def observe_prefill(self, uncached_tokens: int, ttft_s: float) -> None:
+        """A turn prefilled `uncached_tokens` and showed its first token `ttft_s` after dispatch."""
+        if uncached_tokens >= MIN_PREFILL_SAMPLE_TOKENS and ttft_s > 0 and math.isfinite(ttft_s):
+            u = float(uncached_tokens)
+            self._prefill_work = self._prefill_work * self._keep + u * (1.0 + u / self.params.prefill_quadratic_tokens)
+            self._prefill_s = self._prefill_s * self._keep + ttft_s
+            self._pending = True
+
+    def refresh(self) -> bool:
+        """Fold the observations into the estimates; True if the weights may have changed."""
+        if not self._pending:
+            return False
+        self._pending = False
+        p = self.params
+        n0 = p.prior_observations
+        self.tool_seconds = (n0 * p.tool_seconds + self._tool_sum) / (n0 + self._tool_n)
+        self.prefill_tokens_per_s = (n0 * p.prefill_tokens_per_s + self._prefill_work) / (n0 + self._prefill_s)
+        return True
+
+    # -- the formula ------------------------------------------------------------------------------
+
+    def recompute_seconds(self, tokens: int) -> float:
+        return tokens / self.prefill_tokens_per_s * (1.0 + tokens / self.params.prefill_quadratic_tokens)
+
+    def hold_fraction(self, tokens: int, capacity_tokens: int) -> float:
+        """phi = min(1, E / H): the share of an idle context worth holding."""
+        if tokens <= 0:
+            return 1.0
+        stalled = max(float(tokens), self.params.stall_share * capacity_tokens)
+        evict = stalled * self.recompute_seconds(tokens)
+        hold = tokens * self.tool_seconds
+        return min(1.0, evict / hold)
+
+    def weight_tokens(self, program: Program, raw_tokens: int, capacity_tokens: int) -> int:
+        """The pause-side weight of a program whose threshold weight is `raw_tokens`."""
+        if program.status is not Status.ACTING and not self.params.scale_reasoning:
+            return raw_tokens
+        return math.floor(raw_tokens * self.hold_fraction(program.token_total, capacity_tokens))
+
+    def plan(self, ctx: PauseContext) -> PausePlan:
+        counted = [q for q in ctx.programs if q.status is not Status.ACTING or ctx.weight_tokens(q) > 0]
+        if len(counted) == len(ctx.programs):
+            return self._threshold.plan(ctx)
+        return self._threshold.plan(dataclasses.replace(ctx, programs=counted))
+
+
+def make_cost_aware_policy(params: CostAwarePauseParams | None = None) -> CostAwarePausePolicy:
+    return CostAwarePausePolicy(params or CostAwarePauseParams())

@@ -1,0 +1,186 @@
+"""The cost-aware pause policy: formula table, params, estimates, plan, and its use by the core."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.common.errors import ConfigError
+from services.scheduler.config import load_config
+from services.scheduler.core import ReplicaKey, SchedulerCore, Status, Verdict
+from services.scheduler.core.model import Program
+from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import (
+    CostAwarePauseParams,
+    PauseContext,
+    WorkingSetHooks,
+    make_pause_policy,
+)
+from tests.unit.scheduler.helpers import snapshot
+from tests.unit.scheduler.test_properties import check_all, op, params_strategy, run
+
+R = Status.REASONING
+A = Status.ACTING
+KEY = ReplicaKey("w", 0)
+
+
+def prog(i: int, tokens: int, status: Status = A, marked: bool = False) -> Program:
+    return Program(f"p{i}", "", 0.0, i, status=status, token_total=tokens, marked=marked, replica=KEY)
+
+
+def policy(**kw):
+    return make_pause_policy("cost_aware", CostAwarePauseParams(**kw))
+
+
+# rho = 10k tok/s, K = 100k, m = tool seconds; r(T) = T/rho * (1 + T/K); phi = min(1, max(T, sigma C) r / (T m)).
+@pytest.mark.parametrize("tokens, capacity, tool_s, sigma, phi", [
+    (2_000, 16_000, 2.0, 0.0, 2_000 / 10_000 * 1.02 / 2.0),             # short context, own KV only: 0.102
+    (2_000, 16_000, 2.0, 1.0, 16_000 * 0.2 * 1.02 / (2_000 * 2.0)),     # the whole 16K batch stalls: 0.816
+    (2_000, 16_000, 0.5, 1.0, 1.0),                                      # short tool: hold
+    (30_000, 32_000, 1.0, 0.0, 1.0),                                     # r = 3.9 s > 1 s tool: hold
+    (30_000, 32_000, 10.0, 0.0, 3.0 * 1.3 / 10.0),                       # long tool: 0.39
+    (30_000, 200_000, 10.0, 1.0, 1.0),                                   # big pool: hold
+    (0, 16_000, 2.0, 0.0, 1.0),                                          # nothing to weigh
+])
+def test_hold_fraction_table(tokens, capacity, tool_s, sigma, phi):
+    p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=100_000, tool_seconds=tool_s, stall_share=sigma)
+    assert p.hold_fraction(tokens, capacity) == pytest.approx(phi)
+
+
+@pytest.mark.parametrize("status, scale_reasoning, raw, weight", [
+    (A, True, 2_000, math.floor(2_000 * 0.102)),
+    (A, False, 2_000, math.floor(2_000 * 0.102)),
+    (A, True, 1_000, math.floor(1_000 * 0.102)),   # acting_token_weight 0.5: phi scales the raw weight
+    (R, True, 2_000, math.floor(2_000 * 0.102)),
+    (R, False, 2_000, 2_000),
+])
+def test_weight_tokens_table(status, scale_reasoning, raw, weight):
+    p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=100_000, tool_seconds=2.0, stall_share=0.0,
+               scale_reasoning=scale_reasoning)
+    assert p.weight_tokens(prog(0, 2_000, status), raw, 16_000) == weight
+
+
+@pytest.mark.parametrize("field, value", [
+    ("prefill_tokens_per_s", 0.0), ("prefill_tokens_per_s", float("nan")), ("prefill_quadratic_tokens", -1.0),
+    ("tool_seconds", 0.0), ("stall_share", 1.5), ("stall_share", -0.1), ("prior_observations", 0.0),
+    ("half_life_observations", 0.0), ("tool_seconds", True),
+])
+def test_params_refuse_invalid_values_naming_the_field(field, value):
+    with pytest.raises(ConfigError) as info:
+        CostAwarePauseParams(**{field: value})
+    assert info.value.field == field
+
+
+def test_flags_and_env_reach_the_params_and_errors_name_the_flag():
+    cfg = load_config(["--pause-policy", "cost_aware", "--cost-aware-stall-share", "0.25"],
+                      {"BANDMASTER_SCHEDULER_COST_AWARE_TOOL_SECONDS": "1.5"})
+    assert cfg.pause_policy_params() == CostAwarePauseParams(stall_share=0.25, tool_seconds=1.5)
+    assert load_config([], {}).pause_policy_params() is None
+    with pytest.raises(ConfigError) as info:
+        load_config(["--cost-aware-stall-share", "2"], {})
+    assert info.value.field == "cost_aware_stall_share"
+
+
+def test_estimates_start_at_the_priors_and_move_only_on_refresh():
+    p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=1e12, tool_seconds=2.0, prior_observations=2.0,
+               half_life_observations=1e12)
+    assert not p.refresh()
+    p.observe_tool(5.0)
+    p.observe_tool(5.0)
+    p.observe_prefill(20_000, 0.5)      # 40k tok/s
+    p.observe_prefill(100, 10.0)        # too small to say anything: ignored
+    assert (p.tool_seconds, p.prefill_tokens_per_s) == (2.0, 10_000)
+    assert p.refresh() and not p.refresh()
+    assert p.tool_seconds == pytest.approx((2 * 2.0 + 10.0) / 4)
+    assert p.prefill_tokens_per_s == pytest.approx((2 * 10_000 + 20_000) / (2 + 0.5))
+
+
+def test_plan_skips_acting_programs_that_do_not_count():
+    p = policy()
+    programs = [prog(0, 1_000), prog(1, 5_000), prog(2, 3_000), prog(3, 4_000, R)]
+    weights = {"p0": 0, "p1": 5_000, "p2": 3_000, "p3": 4_000}
+    ctx = PauseContext(KEY, programs, 12_400, 8_000, 1, None, 100, lambda q: weights[q.session_id], 0.0)
+    plan = p.plan(ctx)
+    assert plan.pause == ("p2", "p1")   # shortest first among those that count; p0 is already let go
+    assert plan.mark == ()
+
+
+def test_threshold_has_no_hooks_and_cost_aware_has_them():
+    assert not isinstance(make_pause_policy("threshold"), WorkingSetHooks)
+    assert isinstance(make_pause_policy("cost_aware"), WorkingSetHooks)
+
+
+def _core(**kw) -> SchedulerCore:
+    core = SchedulerCore(ControlParams(), policy(**kw))
+    core.tick(0.0, snapshot({("w", 0): 16_000}))
+    return core
+
+
+def test_cheap_contexts_neither_hold_admission_nor_get_paused():
+    # 2K contexts, 2 s tools, 18k tok/s, own KV only: phi ~ 0.06, so 12 programs (24K raw) fit in 16K.
+    core = _core(stall_share=0.0)
+    for i in range(12):
+        result = core.admit(0.0, f"p{i}", "", 2_000, f"r{i}")
+        assert result.decision.verdict is Verdict.PLACED
+        core.complete(0.5, f"p{i}", f"r{i}", result.decision.replica, 2_000, 100)
+    tick = core.tick(5.0)
+    assert tick.paused == 0 and core.paused_ids() == ()
+    core.check_invariants(5.0)
+
+
+def test_expensive_contexts_get_the_reference_treatment():
+    # 6K contexts in a 16K budget with the whole batch stalling: phi = 1, as the threshold policy.
+    ca, th = _core(stall_share=1.0, tool_seconds=0.5), SchedulerCore(ControlParams())
+    th.tick(0.0, snapshot({("w", 0): 16_000}))
+    for core in (ca, th):
+        verdicts = []
+        for i in range(3):
+            result = core.admit(0.0, f"p{i}", "", 6_000, f"r{i}")
+            verdicts.append(result.decision.verdict)
+            if result.decision.verdict is Verdict.PLACED:
+                core.complete(0.5, f"p{i}", f"r{i}", result.decision.replica, 6_000, 100)
+        assert verdicts == [Verdict.PLACED, Verdict.PLACED, Verdict.WAIT]
+    assert ca.stats(1.0).replicas[0].used_tokens == th.stats(1.0).replicas[0].used_tokens
+
+
+def test_the_core_feeds_tool_times_and_ttft_and_recharges_on_refresh():
+    core = _core(stall_share=0.0, prior_observations=1.0, half_life_observations=1e12)
+    result = core.admit(0.0, "p", "", 2_000, "r0")
+    core.complete(1.0, "p", "r0", result.decision.replica, 2_000, 100, cached_tokens=0, ttft_s=0.05)
+    before = core.stats(1.0).replicas[0].used_tokens
+    core.admit(11.0, "p", "", 2_200, "r1")      # a 10 s tool call ended
+    core.complete(12.0, "p", "r1", KEY, 2_200, 100, cached_tokens=2_100)   # no ttft: no prefill sample
+    p = core.policy
+    assert p.tool_seconds == 2.0                # not folded in before the tick
+    core.tick(15.0)
+    assert p.tool_seconds == pytest.approx((2.0 + 10.0) / 2)
+    assert p.prefill_tokens_per_s == pytest.approx((18_000 + 2_000 * (1 + 2_000 / 77_000)) / 1.05)
+    core.check_invariants(15.0)
+    assert core.stats(15.0).replicas[0].used_tokens < before   # longer tools: worth holding less
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(params_strategy, st.lists(op, max_size=40), st.sampled_from([0.0, 0.5, 1.0]), st.booleans())
+def test_invariants_hold_under_random_operations(params, ops, sigma, scale_reasoning):
+    core = SchedulerCore(params, policy(stall_share=sigma, scale_reasoning=scale_reasoning, tool_seconds=3.0,
+                                        prior_observations=1.0))
+    run(core, ops, check_all)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(params_strategy, st.lists(op, max_size=40))
+def test_with_every_context_worth_holding_it_is_the_threshold_policy(params, ops):
+    # Tools of ~0 s make phi = 1 for every program: every decision must match the reference's.
+    seen = {"threshold": [], "cost_aware": []}
+
+    def record(name):
+        def check(kind, core, now, result, before):
+            seen[name].append((kind, result))
+        return check
+
+    run(SchedulerCore(params, make_pause_policy("threshold")), ops, record("threshold"))
+    run(SchedulerCore(params, policy(tool_seconds=1e-9, prior_observations=1e12)), ops, record("cost_aware"))
+    assert seen["threshold"] == seen["cost_aware"]
