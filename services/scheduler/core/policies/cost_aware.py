@@ -60,9 +60,10 @@ class CostAwarePauseParams:
     """K: context length at which attention doubles the linear prefill cost."""
     tool_seconds: float = 2.0
     """Prior mean tool time m0 (s) until tool times are observed."""
-    stall_share: float = 1.0
-    """sigma: share of the replica's budget that waits while a context is recomputed (1: the
-    whole batch stalls, the engine is saturated; 0: only the program's own KV, the paper's c^2)."""
+    stall_share: float = 0.0
+    """sigma: share of the replica's budget counted as waiting while a context is recomputed
+    (0: only the program's own KV, the paper's c^2 space-time; 1: the whole batch stalls). 0 won
+    on both workloads in the policy study (docs/policy-study.md)."""
     prior_observations: float = 8.0
     """n0: weight of the static defaults, in observations."""
     half_life_observations: float = 200.0
