@@ -73,6 +73,9 @@ COST_AWARE_SETTINGS = [
             "cost_aware: weight of the priors, in observations", env=_CA + "PRIOR_OBSERVATIONS"),
     Setting("cost_aware_half_life_observations", float, CostAwarePauseParams.half_life_observations,
             "cost_aware: observations after which an observation counts half", env=_CA + "HALF_LIFE_OBSERVATIONS"),
+    Setting("cost_aware_min_hold_fraction", float, CostAwarePauseParams.min_hold_fraction,
+            "cost_aware: contexts whose hold fraction is below this are let go entirely (0..1; 1 = binary rule)",
+            env=_CA + "MIN_HOLD_FRACTION"),
     Setting("cost_aware_scale_reasoning", bool, CostAwarePauseParams.scale_reasoning,
             "cost_aware: weigh reasoning programs by their hold fraction too", env=_CA + "SCALE_REASONING"),
 ]

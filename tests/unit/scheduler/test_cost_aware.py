@@ -50,23 +50,36 @@ def test_hold_fraction_table(tokens, capacity, tool_s, sigma, phi):
     assert p.hold_fraction(tokens, capacity) == pytest.approx(phi)
 
 
-@pytest.mark.parametrize("status, scale_reasoning, raw, weight", [
-    (A, True, 2_000, math.floor(2_000 * 0.102)),
-    (A, False, 2_000, math.floor(2_000 * 0.102)),
-    (A, True, 1_000, math.floor(1_000 * 0.102)),   # acting_token_weight 0.5: phi scales the raw weight
-    (R, True, 2_000, math.floor(2_000 * 0.102)),
-    (R, False, 2_000, 2_000),
+# phi = 0.102 for a 2K context with 2 s tools (first row above).
+@pytest.mark.parametrize("status, scale_reasoning, phi_min, raw, weight", [
+    (A, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
+    (A, False, 0.0, 2_000, math.floor(2_000 * 0.102)),
+    (A, True, 0.0, 1_000, math.floor(1_000 * 0.102)),   # acting_token_weight 0.5: phi scales the raw weight
+    (R, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
+    (R, False, 0.0, 2_000, 2_000),
+    (A, True, 0.1, 2_000, math.floor(2_000 * 0.102)),   # at or above phi_min: counted
+    (A, True, 0.2, 2_000, 0),                           # below phi_min: let go
+    (A, True, 1.0, 2_000, 0),                           # the default: binary
+    (R, True, 1.0, 2_000, 0),
+    (R, False, 1.0, 2_000, 2_000),
 ])
-def test_weight_tokens_table(status, scale_reasoning, raw, weight):
+def test_weight_tokens_table(status, scale_reasoning, phi_min, raw, weight):
     p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=100_000, tool_seconds=2.0, stall_share=0.0,
-               scale_reasoning=scale_reasoning)
+               scale_reasoning=scale_reasoning, min_hold_fraction=phi_min)
     assert p.weight_tokens(prog(0, 2_000, status), raw, 16_000) == weight
+
+
+@pytest.mark.parametrize("tokens, weight", [(2_000, 0), (30_000, 30_000)])
+def test_default_rule_holds_a_context_iff_recompute_outlasts_the_tool(tokens, weight):
+    # Defaults: rho 18k tok/s, K 77k, own KV only, phi_min 1; tool prior 2 s.
+    # r(2K) = 0.11 s < 2 s: let go; r(30K) = 2.3 s >= 2 s: held in full.
+    assert make_pause_policy("cost_aware").weight_tokens(prog(0, tokens), tokens, 64_000) == weight
 
 
 @pytest.mark.parametrize("field, value", [
     ("prefill_tokens_per_s", 0.0), ("prefill_tokens_per_s", float("nan")), ("prefill_quadratic_tokens", -1.0),
     ("tool_seconds", 0.0), ("stall_share", 1.5), ("stall_share", -0.1), ("prior_observations", 0.0),
-    ("half_life_observations", 0.0), ("tool_seconds", True),
+    ("half_life_observations", 0.0), ("tool_seconds", True), ("min_hold_fraction", 1.1),
 ])
 def test_params_refuse_invalid_values_naming_the_field(field, value):
     with pytest.raises(ConfigError) as info:
@@ -147,7 +160,7 @@ def test_expensive_contexts_get_the_reference_treatment():
 
 
 def test_the_core_feeds_tool_times_and_ttft_and_recharges_on_refresh():
-    core = _core(stall_share=0.0, prior_observations=1.0, half_life_observations=1e12)
+    core = _core(stall_share=0.0, prior_observations=1.0, half_life_observations=1e12, min_hold_fraction=0.0)
     result = core.admit(0.0, "p", "", 2_000, "r0")
     core.complete(1.0, "p", "r0", result.decision.replica, 2_000, 100, cached_tokens=0, ttft_s=0.05)
     before = core.stats(1.0).replicas[0].used_tokens
@@ -163,10 +176,11 @@ def test_the_core_feeds_tool_times_and_ttft_and_recharges_on_refresh():
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(params_strategy, st.lists(op, max_size=40), st.sampled_from([0.0, 0.5, 1.0]), st.booleans())
-def test_invariants_hold_under_random_operations(params, ops, sigma, scale_reasoning):
+@given(params_strategy, st.lists(op, max_size=40), st.sampled_from([0.0, 0.5, 1.0]), st.booleans(),
+       st.sampled_from([0.0, 0.5, 1.0]))
+def test_invariants_hold_under_random_operations(params, ops, sigma, scale_reasoning, phi_min):
     core = SchedulerCore(params, policy(stall_share=sigma, scale_reasoning=scale_reasoning, tool_seconds=3.0,
-                                        prior_observations=1.0))
+                                        prior_observations=1.0, min_hold_fraction=phi_min))
     run(core, ops, check_all)
 
 

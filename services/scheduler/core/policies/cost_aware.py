@@ -10,9 +10,14 @@ is C tokens, with rho the estimated prefill rate (tokens/s), K the quadratic kne
     cost of holding p      H(p)   = T * m                          (its KV through the rest of the tool;
                                                                     memoryless tools: E[rest] = m)
     hold fraction          phi(p) = min(1, E(p) / H(p))
-    pause-side weight      w(p)   = floor(floor(T * w_a) * phi(p)) (w_a = acting_token_weight)
+    pause-side weight      w(p)   = floor(raw(p) * phi(p))  if phi(p) >= phi_min, else 0
 
-REASONING programs keep w(p) = T. So a program whose recompute is expensive relative to the
+with raw(p) the threshold policy's weight (T if REASONING, floor(T * w_a) if ACTING). REASONING
+programs are weighed by phi too (`scale_reasoning`): a context not worth holding is not worth
+reserving room for either; its turns queue in the engine, at step granularity, rather than in the
+paused queue, at tick granularity. With the defaults (sigma = 0, phi_min = 1) the rule is binary
+and reads: hold a context iff recomputing it would take at least as long as the tool call it
+waits through, r(T) >= m. So a program whose recompute is expensive relative to the
 KV-time it would hold (long context, short tool, big pool) counts fully and gets the reference
 treatment; a cheap one (short context, long tool, small pool) counts little or nothing, and the
 engine may evict it, as plain KV-aware routing would. The weight enters the pause band, admission
@@ -68,6 +73,11 @@ class CostAwarePauseParams:
     """n0: weight of the static defaults, in observations."""
     half_life_observations: float = 200.0
     """Observations after which an observation counts half (tracks workload drift)."""
+    min_hold_fraction: float = 1.0
+    """phi_min: a context with phi below this is let go entirely (weight 0): the engine manages it
+    as plain KV-aware routing would, and it is never paused or held. The default 1 makes the rule
+    binary (hold iff E >= H), which beat smooth weights in the policy study: a replica mixing
+    partly-held contexts paid both the pauses and the thrashing."""
     scale_reasoning: bool = True
     """Weigh REASONING programs by phi too: a context not worth holding is not worth reserving
     room for either; its turns queue in the engine (at step granularity) rather than in the
@@ -88,6 +98,8 @@ class CostAwarePauseParams:
                 raise ConfigError(name, getattr(self, name), f"{name} {rule}")
         if not 0 <= finite("stall_share") <= 1:
             raise ConfigError("stall_share", self.stall_share, "0 <= stall_share <= 1")
+        if not 0 <= finite("min_hold_fraction") <= 1:
+            raise ConfigError("min_hold_fraction", self.min_hold_fraction, "0 <= min_hold_fraction <= 1")
         if not finite("prior_observations") > 0:
             raise ConfigError("prior_observations", self.prior_observations, "prior_observations > 0")
 
@@ -152,7 +164,8 @@ class CostAwarePausePolicy:
         """The pause-side weight of a program whose threshold weight is `raw_tokens`."""
         if program.status is not Status.ACTING and not self.params.scale_reasoning:
             return raw_tokens
-        return math.floor(raw_tokens * self.hold_fraction(program.token_total, capacity_tokens))
+        phi = self.hold_fraction(program.token_total, capacity_tokens)
+        return math.floor(raw_tokens * phi) if phi >= self.params.min_hold_fraction else 0
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         counted = [q for q in ctx.programs if q.status is not Status.ACTING or ctx.weight_tokens(q) > 0]
