@@ -1,0 +1,502 @@
+"""`python -m bench.compare`: every routing arm on the same workers, swept over parallel programs.
+
+    python -m bench.compare --mode sim|live|both --workload swe|short|both \\
+        --out-dir bench/results/agentic [--smoke] [--arms kv,bandmaster,...] \\
+        [--pause-policy threshold,cost_aware] [--jobs N]
+
+The ThunderAgent evaluation (steps/min and KV hit rate against the number of parallel programs) for
+two workloads: long-context coding agents (the shipped SWE-agent trace) and short-context tool
+agents (`short_context_agents`). Arms, each on a fresh copy of the same simworker settings:
+
+* `round_robin`        - sim: the simulator's round-robin arm; live: `sglang-router --policy round_robin`.
+* `kv`                 - our router with the scheduler disabled (KV-aware routing only).
+* `sglang_cache_aware` - `sglang-router --policy cache_aware` (live only: the simulator has no model of it).
+* `bandmaster-<policy>` - capacity + scheduler + router, one arm per selected pause policy.
+
+A scenario spec per workload fixes the workers, the KV per worker, the turns per program, the token
+scale and the parallel-program counts. "Memory that fits" = the workers' KV pool / the mean peak
+context of the workload's programs; every point records its oversubscription factor
+(parallel / fits). Sim mode runs every arm at every point through `bench.simlib.simulate`; live mode
+starts each arm's processes per point, plays the programs with the `bench/run.py` Runner at
+`--time-scale` = the workers' speedup, reads the workers' counters and stops the stack. The sim sweep
+is the large one; the live sweep is a few points with fewer turns so that it finishes in about
+15 minutes. Results go to `<out-dir>/results.json` (rewritten after every run, so a partial sweep
+is kept), then `bench/report.py` writes the PNGs and `summary.md` and the targets are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from bench.run import Runner, build_workload, scrape_counters
+from services.common.config import require
+from services.scheduler.core.policies import PAUSE_POLICIES
+
+MODES = ("sim", "live")
+WORKLOADS = ("swe", "short")
+BASE_ARMS = ("round_robin", "kv", "sglang_cache_aware")
+BANDMASTER = "bandmaster"
+LIVE_ONLY_ARMS = frozenset({"sglang_cache_aware"})
+MODEL = "bandmaster-sim"
+RESULTS_FILE = "results.json"
+# Keys of a run's summary that the report and the JSON keep (RunResult.summary() plus the sim's
+# worker totals); the rest (sim cost, wall time) is per-run noise.
+SUMMARY_KEYS = (
+    "arm", "parallel_programs", "programs_done", "programs_total", "turns_ok", "turns_failed", "wall_s",
+    "simulated_minutes", "steps_per_min", "programs_per_min", "program_time_p50_s", "program_time_p90_s",
+    "ttft_p50_s", "ttft_p90_s", "kv_hit_rate", "worker_recomputed_tokens", "worker_retractions",
+    "worker_host_loadback_tokens", "worker_prompt_tokens", "worker_cached_tokens", "sim_cpu_s",
+)
+
+
+# ------------------------------------------------------------------------------------ scenarios
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """One workload's sweep: the workers every arm runs on and the parallel-program counts."""
+
+    workload: str
+    workers: int
+    worker_kv_tokens: int
+    max_turns: int
+    """Turns per program: programs are truncated to this many (the short generator makes 8)."""
+    token_scale: float
+    parallel: tuple[int, ...]
+    """Parallel-program counts, from below saturation to about 4x the memory that fits."""
+    programs_per_slot: int = 1
+    """Programs in total per parallel slot (1: every program starts at once, as the published scenario)."""
+    seed: int = 0
+    speedup: float = 4.0
+    """Live only: the simworkers' --speedup, and the Runner's --time-scale."""
+
+    def __post_init__(self) -> None:
+        require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
+        require(self.workers >= 1, "workers", self.workers, "workers >= 1")
+        require(self.worker_kv_tokens >= 16, "worker_kv_tokens", self.worker_kv_tokens, "worker_kv_tokens >= 16")
+        require(self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
+        require(self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0")
+        require(len(self.parallel) >= 1 and all(p >= 1 for p in self.parallel), "parallel", self.parallel,
+                "at least one point, every point >= 1")
+        require(list(self.parallel) == sorted(set(self.parallel)), "parallel", self.parallel,
+                "points strictly increasing")
+        require(self.programs_per_slot >= 1, "programs_per_slot", self.programs_per_slot, "programs_per_slot >= 1")
+        require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
+
+    def programs(self, parallel: int) -> list:
+        """The point's programs, exactly as the live runner and the simulator build them."""
+        return build_workload(self.workload, parallel * self.programs_per_slot, seed=self.seed,
+                              max_turns=self.max_turns, token_scale=self.token_scale, tool_time_scale=1.0)
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.workers * self.worker_kv_tokens
+
+    def mean_context_tokens(self) -> float:
+        """Mean peak context (last prompt + its output) over the programs of the largest point: what one
+        program needs resident to run its last turn without recompute."""
+        return statistics.fmean(p.peak_context_tokens for p in self.programs(self.parallel[-1]))
+
+    def fits_programs(self) -> float:
+        """Programs whose mean peak context fits in the workers' KV pool at once (saturation)."""
+        return self.pool_tokens / self.mean_context_tokens()
+
+    def describe(self) -> dict:
+        fits = self.fits_programs()
+        return {**asdict(self), "parallel": list(self.parallel), "pool_tokens": self.pool_tokens,
+                "mean_context_tokens": round(self.mean_context_tokens(), 1), "fits_programs": round(fits, 2),
+                "oversubscription": [round(p / fits, 2) for p in self.parallel]}
+
+
+# The large sweep (simulator). SWE: the trace's real context sizes (mean peak ~20K tokens at 20
+# turns) on 2 x 128K tokens, so about 13 programs fit. Short: the published scenario, 2 workers x 16K
+# tokens, 8 turns, with 32 parallel programs as one point (~3x); about 10 programs fit.
+SIM_SPECS = {
+    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=131_072, max_turns=20, token_scale=1.0,
+                     parallel=(6, 13, 26, 38, 51)),
+    "short": SweepSpec("short", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=1.0,
+                       parallel=(5, 10, 20, 32, 40)),
+}
+# The live sweep: two points (below saturation, ~3x), fewer turns and smaller contexts, at speedup 4
+# (docs/simulator.md: the live stack tracks the simulator within ~4% at S = 4 on small scenarios).
+LIVE_SPECS = {
+    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=0.25,
+                     parallel=(6, 36), speedup=4.0),
+    "short": SweepSpec("short", workers=2, worker_kv_tokens=16_384, max_turns=4, token_scale=1.0,
+                       parallel=(6, 40), speedup=4.0),
+}
+# `--smoke`: tiny programs, two sim points, one live point (the `make test` version).
+SMOKE_SIM_SPECS = {
+    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=1_024, max_turns=3, token_scale=0.05, parallel=(2, 12)),
+    "short": SweepSpec("short", workers=2, worker_kv_tokens=1_024, max_turns=3, token_scale=0.2, parallel=(2, 8)),
+}
+SMOKE_LIVE_SPECS = {
+    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.05, parallel=(3,),
+                     speedup=20.0),
+    "short": SweepSpec("short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,),
+                       speedup=20.0),
+}
+
+
+def specs_for(mode: str, smoke: bool) -> dict[str, SweepSpec]:
+    if mode == "sim":
+        return SMOKE_SIM_SPECS if smoke else SIM_SPECS
+    return SMOKE_LIVE_SPECS if smoke else LIVE_SPECS
+
+
+def arms_for(mode: str, selected: Sequence[str], policies: Sequence[str]) -> list[str]:
+    """Arm names in plotting order; `bandmaster` expands to one arm per pause policy."""
+    out = []
+    for arm in selected:
+        if arm == BANDMASTER:
+            out += [f"{BANDMASTER}-{p}" for p in policies]
+        elif mode == "live" or arm not in LIVE_ONLY_ARMS:
+            out.append(arm)
+    return out
+
+
+def policy_of(arm: str) -> str | None:
+    return arm.split("-", 1)[1] if arm.startswith(BANDMASTER + "-") else None
+
+
+# ------------------------------------------------------------------------------------ sim mode
+
+
+def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
+    """One arm at one point in the simulator: the summary, the scheduler counters and (Bandmaster
+    arms) the utilisation timeline."""
+    from bench.simlib import SimScenario, simulate
+
+    policy = policy_of(arm)
+    scenario = SimScenario(
+        arm=BANDMASTER if policy else arm, workload=spec.workload, programs=parallel * spec.programs_per_slot,
+        parallel=parallel, max_turns=spec.max_turns, token_scale=spec.token_scale, seed=spec.seed,
+        workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, pause_policy=policy or "threshold",
+        # Exact token pages: ~30% cheaper than the live router's text chunks, same cost formula
+        # and the same relative figures (docs/simulator.md, "Prompts").
+        router_prompt="tokens")
+    result = simulate(scenario)
+    summary = result.summary()
+    row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
+           "scheduler": result.scheduler_counters, "completed": result.completed}
+    if policy:
+        row["timeline"] = result.timeline
+    if not result.completed:
+        row["error"] = "the simulation hit its horizon with programs still running"
+    return row
+
+
+# ----------------------------------------------------------------------------------- live mode
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chat_ok(base_url: str) -> bool:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _wait_routable(base_url: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """A front door is ready once it answers a chat request (routers learn workers in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while not _chat_ok(base_url):
+        if not alive():
+            raise RuntimeError(f"the router behind {base_url} exited during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{base_url} never routed a request within {timeout_s:.0f}s")
+        time.sleep(0.2)
+
+
+@dataclass
+class LiveStack:
+    """One arm's processes: workers and a front door; `stop` leaves nothing running."""
+
+    url: str
+    workers: list[str]
+    session_headers: bool
+    stop: Callable[[], None]
+    counters: Callable[[], dict] = field(default=lambda: {})
+
+
+def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
+    from services.cli.cluster import ClusterConfig, simworker_spec, start_cluster
+    from services.cli.demo import scheduler_counts, wait_for_workers
+    from services.cli.supervisor import Supervisor, _die_with_parent
+
+    policy = policy_of(arm)
+    config = ClusterConfig(
+        workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, worker_speedup=spec.speedup,
+        model_name=MODEL, http_port=0, scheduler=policy is not None,
+        scheduler_args=("--pause-policy", policy) if policy else (), state_dir=state_dir, log_level="WARNING",
+        extra_worker_args=("--log-level", "WARNING"))
+    if arm in ("kv",) or policy:
+        cluster = start_cluster(config)
+        try:
+            wait_for_workers(cluster.capacity.endpoint, spec.workers)
+            _wait_routable(cluster.http_url, lambda: not cluster.supervisor.failed())
+        except BaseException:
+            cluster.stop()
+            raise
+        return LiveStack(cluster.http_url, cluster.workers, True, cluster.stop,
+                         (lambda: scheduler_counts(cluster)) if policy else (lambda: {}))
+
+    # sglang-router in front of simworkers started exactly as `bandmaster up` starts them.
+    sglang_policy = {"round_robin": "round_robin", "sglang_cache_aware": "cache_aware"}[arm]
+    supervisor = Supervisor(state_dir)
+    router: subprocess.Popen | None = None
+    try:
+        workers = [c.endpoint for c in supervisor.start_all([simworker_spec(config, i) for i in range(spec.workers)])]
+        port = _free_port()
+        with open(state_dir / "sglang-router.log", "wb") as log:
+            router = subprocess.Popen(
+                [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
+                 "--host", "127.0.0.1", "--port", str(port), "--policy", sglang_policy, "--log-level", "warn",
+                 # Its metrics port defaults to a fixed 29000: take a free one so runs do not collide.
+                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                env={**os.environ, "RUST_LOG": "warn"})
+        url = f"http://127.0.0.1:{port}"
+        _wait_routable(url, lambda: router.poll() is None)
+    except BaseException:
+        _stop_process(router)
+        supervisor.stop_all()
+        raise
+
+    def stop() -> None:
+        _stop_process(router)
+        supervisor.stop_all()
+
+    # sglang-router knows no programs: plain requests, no session headers and no final request.
+    return LiveStack(url, workers, False, stop)
+
+
+def _stop_process(process: subprocess.Popen | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
+    """Start the arm's stack, play the point's programs closed loop, read the counters, stop."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    stack = start_live_stack(spec, arm, state_dir)
+    try:
+        programs = spec.programs(parallel)
+
+        async def play() -> dict:
+            runner = Runner(stack.url + "/v1", MODEL, session_headers=stack.session_headers,
+                            time_scale=spec.speedup, seed=spec.seed, arm=arm)
+            before = await scrape_counters(stack.workers)
+            result = await runner.run(programs, parallel)
+            after = await scrape_counters(stack.workers)
+            result.worker_counters = {k: after[k] - before[k] for k in after}
+            return result.summary()
+
+        summary = asyncio.run(play())
+        scheduler = stack.counters()
+    finally:
+        stack.stop()
+    row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary}, "scheduler": scheduler}
+    if summary["turns_failed"]:
+        row["error"] = f"{summary['turns_failed']} turns failed"
+    return row
+
+
+# -------------------------------------------------------------------------------------- driver
+
+
+def _job(args: tuple) -> tuple:
+    """A picklable sim job for the process pool: (workload, parallel, arm) -> row."""
+    spec, arm, parallel = args
+    started = time.monotonic()
+    try:
+        row = sim_run(spec, arm, parallel)
+    except Exception as exc:  # noqa: BLE001 - one failing arm is recorded, the sweep goes on
+        row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    row["elapsed_s"] = round(time.monotonic() - started, 2)
+    return spec.workload, parallel, arm, row
+
+
+def new_sweep(mode: str, spec: SweepSpec, arms: Sequence[str]) -> dict:
+    described = spec.describe()
+    return {"mode": mode, "workload": spec.workload, "spec": described, "arms": list(arms),
+            "points": [{"parallel": p, "programs": p * spec.programs_per_slot, "oversubscription": o,
+                        "arms": {}} for p, o in zip(spec.parallel, described["oversubscription"])]}
+
+
+def _point(sweep: dict, parallel: int) -> dict:
+    return next(p for p in sweep["points"] if p["parallel"] == parallel)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _brief(row: dict) -> str:
+    if "summary" not in row:
+        return "ERROR " + row.get("error", "")
+    s = row["summary"]
+    extra = f" pauses {row['scheduler'].get('pauses')}" if row.get("scheduler") else ""
+    err = f" ERROR {row['error']}" if row.get("error") else ""
+    return (f"{s['steps_per_min']:8.1f} steps/min  KV hit {s['kv_hit_rate']:.3f}  TTFT p90 {s['ttft_p90_s']:.2f}s"
+            f"{extra}  ({row.get('elapsed_s', 0):.0f}s){err}")
+
+
+def run_sim(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], jobs: int) -> None:
+    work = [(specs[w], arm, p) for w, sweep in sweeps.items() for p in specs[w].parallel for arm in sweep["arms"]]
+    # The biggest runs first, so that a pool of several processes ends together.
+    work.sort(key=lambda job: -job[2])
+    done = 0
+
+    def record(result: tuple) -> None:
+        nonlocal done
+        workload, parallel, arm, row = result
+        _point(sweeps[workload], parallel)["arms"][arm] = row
+        done += 1
+        _log(f"[sim {done}/{len(work)}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
+        save()
+
+    if jobs <= 1:
+        for job in work:
+            record(_job(job))
+        return
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for result in pool.map(_job, work):
+            record(result)
+
+
+def run_live(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], log_dir: Path) -> None:
+    work = [(w, p, arm) for w, sweep in sweeps.items() for p in specs[w].parallel for arm in sweep["arms"]]
+    for n, (workload, parallel, arm) in enumerate(work, 1):
+        started = time.monotonic()
+        try:
+            row = live_run(specs[workload], arm, parallel, log_dir / f"{workload}-{parallel}-{arm}")
+        except Exception as exc:  # noqa: BLE001 - a stack that fails to start is recorded, the sweep goes on
+            row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+        row["elapsed_s"] = round(time.monotonic() - started, 2)
+        _point(sweeps[workload], parallel)["arms"][arm] = row
+        _log(f"[live {n}/{len(work)}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
+        save()
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parents[1], timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _csv(values: Iterable[str], allowed: Sequence[str], name: str) -> list[str]:
+    out = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    unknown = [v for v in out if v not in allowed]
+    if unknown:
+        raise SystemExit(f"bench.compare: unknown {name} {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return list(dict.fromkeys(out))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", default="sim", choices=("sim", "live", "both"))
+    parser.add_argument("--workload", default="both", choices=("swe", "short", "both"))
+    parser.add_argument("--out-dir", type=Path, default=Path("bench/results/agentic"))
+    parser.add_argument("--smoke", action="store_true", help="tiny programs, 2 sim points, 1 live point")
+    parser.add_argument("--arms", action="append", default=[],
+                        help=f"comma list from {', '.join((*BASE_ARMS, BANDMASTER))} (default: all)")
+    parser.add_argument("--pause-policy", action="append", default=[],
+                        help=f"Bandmaster arms' pause policies, comma list from {', '.join(PAUSE_POLICIES)} "
+                             "(default: all registered)")
+    parser.add_argument("--jobs", type=int, default=1, help="sim runs in parallel processes")
+    parser.add_argument("--no-report", action="store_true", help="write results.json only")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    arms = _csv(args.arms, (*BASE_ARMS, BANDMASTER), "arm") or [*BASE_ARMS, BANDMASTER]
+    policies = _csv(args.pause_policy, tuple(PAUSE_POLICIES), "pause policy") or list(PAUSE_POLICIES)
+    modes = MODES if args.mode == "both" else (args.mode,)
+    workloads = WORKLOADS if args.workload == "both" else (args.workload,)
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {
+        "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": _git_commit(),
+                 "argv": list(sys.argv[1:] if argv is None else argv), "smoke": args.smoke,
+                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                             "platform": platform.platform()},
+                 "pause_policies": policies},
+        "sweeps": [],
+    }
+    path = out_dir / RESULTS_FILE
+
+    def save() -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(path)
+
+    started = time.monotonic()
+    for mode in modes:
+        specs = {w: specs_for(mode, args.smoke)[w] for w in workloads}
+        mode_arms = arms_for(mode, arms, policies)
+        sweeps = {w: new_sweep(mode, spec, mode_arms) for w, spec in specs.items()}
+        results["sweeps"].extend(sweeps.values())
+        for w, sweep in sweeps.items():
+            s = sweep["spec"]
+            _log(f"{mode} {w}: {s['workers']} workers x {s['worker_kv_tokens']} KV tokens, {s['max_turns']} turns, "
+                 f"token scale {s['token_scale']}; mean peak context {s['mean_context_tokens']:.0f} -> "
+                 f"{s['fits_programs']:.1f} programs fit; points {s['parallel']} = {s['oversubscription']}x")
+        save()
+        if mode == "sim":
+            run_sim(sweeps, specs, save, args.jobs)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bandmaster-compare-") as logs:
+                run_live(sweeps, specs, save, Path(logs))
+    results["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
+    save()
+    _log(f"wrote {path}")
+    errors = [(s["mode"], s["workload"], p["parallel"], arm) for s in results["sweeps"] for p in s["points"]
+              for arm, row in p["arms"].items() if row.get("error")]
+    if not args.no_report:
+        from bench import report
+
+        report.write_report(results, out_dir)
+        print(report.targets_text(report.evaluate_targets(results)))
+    for error in errors:
+        _log(f"ERROR in {error}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,374 @@
+"""`python -m bench.report`: plots, a markdown summary and the targets, from `bench.compare`'s JSON.
+
+    python -m bench.report --results bench/results/agentic/results.json [--out-dir DIR]
+
+Per sweep (mode x workload) it writes `<mode>_<workload>_steps.png` (steps/min against parallel
+programs per arm, as ThunderAgent's Fig. 4), `<mode>_<workload>_kv_hit.png` (KV hit rate per arm),
+and for simulated sweeps `<mode>_<workload>_timeline.png` (one worker's utilisation against the
+scheduler's bands, with its pause and resume events). `summary.md` has one table per sweep
+(arm x parallel programs -> steps/min, KV hit, TTFT p90) and then every target as PASS/MISS with its
+ratio. Targets are ratios between arms measured in the same run, never absolute speeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+BANDMASTER_PREFIX = "bandmaster-"
+# Long-context target: Bandmaster against these arms at 2-4x oversubscription.
+LONG_BASELINES = ("sglang_cache_aware", "kv")
+LONG_SPEEDUP = 2.5
+LONG_KV_HIT = 0.97
+# "2-4x oversubscribed": the points are placed by rounding parallel = factor x fits, so allow 5%.
+LONG_RANGE = (2.0 * 0.95, 4.0 * 1.05)
+NOT_SLOWER = 0.97       # short context and below saturation: within 3% of the best arm
+FLAT = 0.90             # past saturation: within 10% of the arm's peak
+
+ARM_STYLE = {
+    "round_robin": ("#7f7f7f", "s", "round-robin"),
+    "kv": ("#1f77b4", "o", "KV-aware only (our router, no scheduler)"),
+    "sglang_cache_aware": ("#ff7f0e", "D", "sglang-router cache_aware"),
+    "bandmaster-threshold": ("#2ca02c", "^", "Bandmaster (threshold)"),
+    "bandmaster-cost_aware": ("#d62728", "v", "Bandmaster (cost_aware)"),
+}
+WORKLOAD_TITLE = {"swe": "long-context coding agents (SWE-agent trace)", "short": "short-context tool agents"}
+
+
+# ------------------------------------------------------------------------------------- reading
+
+
+def arm_rows(sweep: dict, arm: str) -> list[tuple[dict, dict]]:
+    """(point, summary) for the points where `arm` ran without error, in parallel order."""
+    out = []
+    for point in sweep["points"]:
+        row = point["arms"].get(arm)
+        if row and not row.get("error") and "summary" in row:
+            out.append((point, row["summary"]))
+    return out
+
+
+def steps(sweep: dict, arm: str, parallel: int) -> float | None:
+    point = next((p for p in sweep["points"] if p["parallel"] == parallel), None)
+    row = point["arms"].get(arm) if point else None
+    if not row or row.get("error") or "summary" not in row:
+        return None
+    return row["summary"]["steps_per_min"]
+
+
+def bandmaster_arms(sweep: dict) -> list[str]:
+    return [a for a in sweep["arms"] if a.startswith(BANDMASTER_PREFIX)]
+
+
+# ------------------------------------------------------------------------------------- targets
+
+
+@dataclass
+class Target:
+    mode: str
+    workload: str
+    arm: str
+    name: str
+    threshold: float
+    value: float | None
+    """The worst case over the points the target covers (a ratio, or the KV hit rate)."""
+    points: list[int]
+    detail: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.value is None:
+            return "N/A"
+        return "PASS" if self.value >= self.threshold else "MISS"
+
+
+def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: list[dict],
+                  baseline_of) -> Target:
+    """min over `points` of steps(arm) / baseline_of(point); the detail names the worst point."""
+    worst: tuple[float, int, str] | None = None
+    missing = []
+    for point in points:
+        mine = steps(sweep, arm, point["parallel"])
+        base, base_arm = baseline_of(point)
+        if mine is None or not base:
+            missing.append(point["parallel"])
+            continue
+        r = mine / base
+        if worst is None or r < worst[0]:
+            worst = (r, point["parallel"], base_arm)
+    detail = f"worst at {worst[1]} programs vs {worst[2]}" if worst else "no comparable points"
+    if missing:
+        detail += f"; missing at {missing}"
+    return Target(sweep["mode"], sweep["workload"], arm, name, threshold,
+                  round(worst[0], 3) if worst and not missing else None, [p["parallel"] for p in points], detail)
+
+
+def evaluate_targets(results: dict) -> list[Target]:
+    """The issue's targets for every Bandmaster arm of every sweep (N/A where a sweep lacks the
+    points or the arms a target needs, e.g. sglang-router in simulated sweeps)."""
+    out: list[Target] = []
+    for sweep in results["sweeps"]:
+        others = [a for a in sweep["arms"] if not a.startswith(BANDMASTER_PREFIX)]
+        below = [p for p in sweep["points"] if p["oversubscription"] < 1.0]
+        above = [p for p in sweep["points"] if p["oversubscription"] > 1.0]
+        for arm in bandmaster_arms(sweep):
+            def best_other(point: dict) -> tuple[float | None, str]:
+                candidates = [(steps(sweep, a, point["parallel"]), a) for a in others]
+                candidates = [c for c in candidates if c[0] is not None]
+                return max(candidates) if candidates else (None, "-")
+
+            def best_any(point: dict) -> tuple[float | None, str]:
+                candidates = [(steps(sweep, a, point["parallel"]), a) for a in sweep["arms"]]
+                candidates = [c for c in candidates if c[0] is not None]
+                return max(candidates) if candidates else (None, "-")
+
+            if sweep["workload"] == "swe":
+                long_points = [p for p in sweep["points"] if LONG_RANGE[0] <= p["oversubscription"] <= LONG_RANGE[1]]
+                for base in LONG_BASELINES:
+                    if base in sweep["arms"] and long_points:
+                        out.append(_ratio_target(
+                            sweep, arm, f"long context, 2-4x: steps/min >= {LONG_SPEEDUP}x {base}", LONG_SPEEDUP,
+                            long_points, lambda p, b=base: (steps(sweep, b, p["parallel"]), b)))
+                if long_points:
+                    hits = [(s["kv_hit_rate"], p["parallel"]) for p, s in arm_rows(sweep, arm)
+                            if p in long_points]
+                    worst = min(hits) if len(hits) == len(long_points) else None
+                    out.append(Target(sweep["mode"], "swe", arm, f"long context, 2-4x: KV hit >= {LONG_KV_HIT:.0%}",
+                                      LONG_KV_HIT, worst[0] if worst else None, [p["parallel"] for p in long_points],
+                                      f"worst at {worst[1]} programs" if worst else "missing points"))
+            if sweep["workload"] == "short" and others:
+                out.append(_ratio_target(sweep, arm, "short context: never > 3% slower than the best other arm",
+                                         NOT_SLOWER, sweep["points"], best_other))
+            if below:
+                out.append(_ratio_target(sweep, arm, "below saturation: within 3% of the best arm", NOT_SLOWER,
+                                         below, best_any))
+            rows = arm_rows(sweep, arm)
+            if above and rows:
+                peak = max(s["steps_per_min"] for _, s in rows)
+                past = [(s["steps_per_min"] / peak, p["parallel"]) for p, s in rows if p in above] if peak else []
+                worst = min(past) if len(past) == len(above) else None
+                out.append(Target(sweep["mode"], sweep["workload"], arm,
+                                  "past saturation: steps/min within 10% of its peak", FLAT,
+                                  round(worst[0], 3) if worst else None, [p["parallel"] for p in above],
+                                  f"worst at {worst[1]} programs (peak {peak:.1f})" if worst else "missing points"))
+    return out
+
+
+def targets_text(targets: Sequence[Target]) -> str:
+    lines = ["targets (worst case over the points each one covers):"]
+    for t in targets:
+        value = "-" if t.value is None else f"{t.value:.3f}"
+        lines.append(f"  {t.status:4s} {t.mode:4s} {t.workload:5s} {t.arm:22s} {t.name}: {value} "
+                     f"(needs >= {t.threshold:g}; {t.detail})")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------- plots
+
+
+def _style(arm: str) -> tuple[str, str, str]:
+    return ARM_STYLE.get(arm, ("#9467bd", "x", arm))
+
+
+def _subtitle(sweep: dict) -> str:
+    s = sweep["spec"]
+    kv = s["worker_kv_tokens"]
+    kv_text = f"{kv // 1024}K" if kv % 1024 == 0 else f"{kv:,}"
+    text = (f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {s['max_turns']} turns/program, "
+            f"token scale {s['token_scale']:g}; {s['fits_programs']:.1f} programs fit")
+    if sweep["mode"] == "live":
+        text += f"; speedup {s['speedup']:g}"
+    return text
+
+
+def _sweep_axes(ax, sweep: dict) -> None:
+    fits = sweep["spec"]["fits_programs"]
+    ax.axvline(fits, color="#555555", linestyle=":", linewidth=1)
+    ax.annotate("KV pool full", (fits, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
+                textcoords="offset points", fontsize=8, color="#555555")
+    ax.set_xlabel("parallel programs")
+    ax.set_xlim(0, max(p["parallel"] for p in sweep["points"]) * 1.05)
+    top = ax.secondary_xaxis("top", functions=(lambda x: x / fits, lambda x: x * fits))
+    top.set_xlabel("oversubscription (parallel programs / programs that fit)", fontsize=8)
+    ax.grid(True, alpha=0.3)
+
+
+def _metric_figure(sweep: dict, path: Path, key: str, ylabel: str, title: str, percent: bool = False) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for arm in sweep["arms"]:
+        rows = arm_rows(sweep, arm)
+        if not rows:
+            continue
+        color, marker, label = _style(arm)
+        ax.plot([p["parallel"] for p, _ in rows], [s[key] for _, s in rows], color=color, marker=marker,
+                label=label, linewidth=1.8, markersize=6)
+    _sweep_axes(ax, sweep)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0, top=1.02 if percent else None)
+    if percent:
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_title(f"{title}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}\n{_subtitle(sweep)}",
+                 fontsize=9, pad=34)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_steps(sweep: dict, path: Path) -> Path:
+    return _metric_figure(sweep, path, "steps_per_min", "steps per minute (modelled hardware)", "Throughput")
+
+
+def plot_kv_hit(sweep: dict, path: Path) -> Path:
+    return _metric_figure(sweep, path, "kv_hit_rate", "KV hit rate (cached / prompt tokens)", "KV hit rate",
+                          percent=True)
+
+
+def timeline_point(sweep: dict, arm: str, factor: float = 3.0) -> dict | None:
+    """The point nearest `factor`x oversubscription at which `arm` has a timeline."""
+    candidates = [p for p in sweep["points"] if (p["arms"].get(arm) or {}).get("timeline")]
+    return min(candidates, key=lambda p: abs(p["oversubscription"] - factor)) if candidates else None
+
+
+def plot_timeline(sweep: dict, path: Path, worker: str | None = None) -> Path | None:
+    """One worker's utilisation over time per Bandmaster arm, against the scheduler's bands."""
+    panels = [(arm, timeline_point(sweep, arm)) for arm in bandmaster_arms(sweep)]
+    panels = [(arm, point) for arm, point in panels if point is not None]
+    if not panels:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.6 * len(panels)), squeeze=False)
+    for ax, (arm, point) in zip(axes[:, 0], panels):
+        timeline = point["arms"][arm]["timeline"]
+        name = worker or sorted(timeline["workers"])[0]
+        cols = {c: i for i, c in enumerate(timeline["columns"])}
+        rows = [r for r in timeline["workers"][name] if r[cols["utilisation"]] is not None]
+        t_min = [r[cols["t_s"]] / 60 for r in rows]
+        util = [r[cols["utilisation"]] for r in rows]
+        ax.plot(t_min, util, color="#2ca02c", linewidth=1.4, label="utilisation (working set / retention)")
+        ax.plot(t_min, [r[cols["utilisation_decayed"]] for r in rows], color="#2ca02c", linewidth=0.9,
+                linestyle="--", alpha=0.7, label="resume-side utilisation (acting tokens decayed)")
+        ax.plot(t_min, [r[cols["engine_token_usage"]] for r in rows], color="#7f7f7f", linewidth=0.8,
+                alpha=0.8, label="engine KV token usage")
+        bands = timeline["bands"]
+        top = max([1.1, *[u + 0.08 for u in util]])
+        ax.axhspan(bands["soft_demote_threshold"], bands["pause_threshold"], color="#ff7f0e", alpha=0.08)
+        ax.axhspan(bands["pause_threshold"], top, color="#d62728", alpha=0.06)
+        for key, color, style, label in (
+                ("pause_threshold", "#d62728", "-", "pause threshold"),
+                ("soft_demote_threshold", "#ff7f0e", "-", "soft-demote threshold"),
+                ("resume_ceiling", "#1f77b4", "-.", "resume line (threshold - hysteresis)"),
+                ("pause_target", "#9467bd", ":", "pause target")):
+            ax.axhline(bands[key], color=color, linestyle=style, linewidth=1.0,
+                       label=f"{label} {bands[key]:.2f}")
+        events = [e for e in timeline["control_events"] if e[2] == name]
+        pauses = [e[0] / 60 for e in events if e[1] == "pause"]
+        resumes = [e[0] / 60 for e in events if e[1] in ("resume", "forced_resume")]
+        ax.plot(pauses, [top - 0.03] * len(pauses), linestyle="none", marker="v", color="#d62728",
+                markersize=5, label=f"pause ({len(pauses)})")
+        ax.plot(resumes, [top - 0.08] * len(resumes), linestyle="none", marker="^", color="#1f77b4",
+                markersize=5, label=f"resume ({len(resumes)})")
+        ax.set_ylim(0, top)
+        ax.set_xlim(left=0)
+        ax.set_xlabel("simulated minutes")
+        ax.set_ylabel("fraction of retention budget")
+        ax.set_title(f"{_style(arm)[2]}: {name}, {point['parallel']} parallel programs "
+                     f"({point['oversubscription']:.1f}x)\n{WORKLOAD_TITLE.get(sweep['workload'], '')}, "
+                     f"{sweep['mode']}", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.subplots_adjust(hspace=0.55)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps the legends outside the axes
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------ markdown
+
+
+def _cell(row: dict | None) -> str:
+    if not row:
+        return "-"
+    if row.get("error") or "summary" not in row:
+        return "error"
+    s = row["summary"]
+    return f"{s['steps_per_min']:.1f} / {s['kv_hit_rate']:.1%} / {s['ttft_p90_s']:.2f}"
+
+
+def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
+    meta = results.get("meta", {})
+    lines = ["# Agentic comparison: summary", "",
+             f"Generated by `python -m bench.compare {' '.join(meta.get('argv', []))}` at commit "
+             f"`{meta.get('git_commit', '?')}` on {meta.get('created', '?')}"
+             + (" (smoke)" if meta.get("smoke") else "") + ". Times are the modelled hardware's seconds.", ""]
+    for sweep in results["sweeps"]:
+        s = sweep["spec"]
+        lines += [f"## {sweep['mode']}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}", "",
+                  f"{_subtitle(sweep)} (mean peak context {s['mean_context_tokens']:,.0f} tokens, pool "
+                  f"{s['pool_tokens']:,} tokens). Cells: steps/min / KV hit / TTFT p90 (s).", ""]
+        header = ["arm", *[f"{p['parallel']} ({p['oversubscription']:.1f}x)" for p in sweep["points"]]]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for arm in sweep["arms"]:
+            lines.append("| " + " | ".join([arm, *[_cell(p["arms"].get(arm)) for p in sweep["points"]]]) + " |")
+        paused = [(arm, [(p["arms"].get(arm) or {}).get("scheduler", {}).get("pauses") for p in sweep["points"]])
+                  for arm in bandmaster_arms(sweep)]
+        for arm, counts in paused:
+            lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
+        lines.append("")
+    lines += ["## Targets", "", "Worst case over the points each target covers; ratios of arms measured in the same run.",
+              "", "| result | mode | workload | arm | target | value | needs | where |", "|---|---|---|---|---|---|---|---|"]
+    for t in targets:
+        value = "-" if t.value is None else f"{t.value:.3f}"
+        lines.append(f"| {t.status} | {t.mode} | {t.workload} | {t.arm} | {t.name} | {value} | >= {t.threshold:g} "
+                     f"| {t.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict, out_dir: Path) -> list[Path]:
+    """All PNGs, summary.md and targets.json into `out_dir`; returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for sweep in results["sweeps"]:
+        stem = f"{sweep['mode']}_{sweep['workload']}"
+        if not any(arm_rows(sweep, arm) for arm in sweep["arms"]):
+            continue
+        written.append(plot_steps(sweep, out_dir / f"{stem}_steps.png"))
+        written.append(plot_kv_hit(sweep, out_dir / f"{stem}_kv_hit.png"))
+        timeline = plot_timeline(sweep, out_dir / f"{stem}_timeline.png")
+        if timeline is not None:
+            written.append(timeline)
+    targets = evaluate_targets(results)
+    (out_dir / "summary.md").write_text(summary_markdown(results, targets))
+    (out_dir / "targets.json").write_text(json.dumps([{**asdict(t), "status": t.status} for t in targets], indent=1))
+    return [*written, out_dir / "summary.md", out_dir / "targets.json"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("bench/results/agentic/results.json"))
+    parser.add_argument("--out-dir", type=Path, default=None, help="default: the results file's directory")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text())
+    for path in write_report(results, args.out_dir or args.results.parent):
+        print(path)
+    print(targets_text(evaluate_targets(results)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

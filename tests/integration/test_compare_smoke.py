@@ -1,0 +1,91 @@
+"""`bench.compare` end to end, small: every simulated arm on both workloads, and a live run of the
+Bandmaster and KV-aware arms, each followed by the report. Shapes and errors only, never speed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import compare
+from services.scheduler.core.policies import PAUSE_POLICIES
+
+pytestmark = pytest.mark.integration
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_png(path) -> None:
+    assert path.exists(), path
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000, path
+
+
+def _assert_sweep(sweep: dict, mode: str, arms: list[str], points: int) -> None:
+    assert sweep["mode"] == mode
+    assert sweep["arms"] == arms
+    spec = sweep["spec"]
+    assert spec["fits_programs"] > 0 and spec["mean_context_tokens"] > 0
+    assert len(sweep["points"]) == points
+    for point in sweep["points"]:
+        assert point["oversubscription"] == pytest.approx(point["parallel"] / spec["fits_programs"], abs=0.01)
+        assert sorted(point["arms"]) == sorted(arms)
+        for arm, row in point["arms"].items():
+            assert "error" not in row, (arm, row)
+            summary = row["summary"]
+            assert summary["turns_failed"] == 0 and summary["turns_ok"] > 0, (arm, summary)
+            assert summary["programs_done"] == point["programs"], (arm, summary)
+            assert summary["steps_per_min"] > 0 and 0 <= summary["kv_hit_rate"] <= 1
+            if arm.startswith("bandmaster-"):
+                assert "pauses" in row["scheduler"]
+
+
+def test_full_specs_span_below_saturation_to_about_4x():
+    for specs in (compare.SIM_SPECS, compare.LIVE_SPECS):
+        for spec in specs.values():
+            factors = spec.describe()["oversubscription"]
+            assert factors[0] < 1.0 and 2.5 <= factors[-1] <= 4.5, (spec.workload, factors)
+    # The published short-context scenario is one point of the sim sweep: 2 x 16K, 32 x 8 turns, ~3x.
+    short = compare.SIM_SPECS["short"]
+    assert (short.workers, short.worker_kv_tokens, short.max_turns) == (2, 16_384, 8) and 32 in short.parallel
+
+
+def test_sim_smoke_every_arm_both_workloads(tmp_path):
+    assert compare.main(["--mode", "sim", "--workload", "both", "--smoke", "--out-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    arms = ["round_robin", "kv", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
+    assert [s["workload"] for s in results["sweeps"]] == ["swe", "short"]
+    for sweep in results["sweeps"]:
+        _assert_sweep(sweep, "sim", arms, points=2)
+        for point in sweep["points"]:
+            timeline = point["arms"]["bandmaster-threshold"]["timeline"]
+            assert {"bands", "columns", "workers", "control_events"} <= set(timeline)
+        for kind in ("steps", "kv_hit", "timeline"):
+            _assert_png(tmp_path / f"sim_{sweep['workload']}_{kind}.png")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "## Targets" in summary and "| bandmaster-threshold |" in summary
+    targets = json.loads((tmp_path / "targets.json").read_text())
+    assert targets and {t["status"] for t in targets} <= {"PASS", "MISS", "N/A"}
+
+
+def test_live_smoke_bandmaster_and_kv(tmp_path):
+    argv = ["--mode", "live", "--workload", "short", "--smoke", "--arms", "kv,bandmaster",
+            "--pause-policy", "threshold", "--out-dir", str(tmp_path)]
+    assert compare.main(argv) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    (sweep,) = results["sweeps"]
+    _assert_sweep(sweep, "live", ["kv", "bandmaster-threshold"], points=1)
+    _assert_png(tmp_path / "live_short_steps.png")
+    _assert_png(tmp_path / "live_short_kv_hit.png")
+    assert "## live: short-context tool agents" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.slow
+def test_live_full_sweep(tmp_path):
+    """The full live sweep (`make bench` runs it too): ~15 minutes, every arm incl. sglang-router."""
+    assert compare.main(["--mode", "live", "--workload", "both", "--out-dir", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [s["workload"] for s in results["sweeps"]] == ["swe", "short"]
+    arms = ["round_robin", "kv", "sglang_cache_aware", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
+    for sweep in results["sweeps"]:
+        _assert_sweep(sweep, "live", arms, points=len(compare.LIVE_SPECS[sweep["workload"]].parallel))
