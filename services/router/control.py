@@ -119,11 +119,11 @@ class SchedulerClient:
                           pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
 
     async def complete(self, session_id: str, request_id: str, worker_id: str, dp_rank: int, prompt_tokens: int,
-                       completion_tokens: int, cached_tokens: int, outcome: int) -> None:
+                       completion_tokens: int, cached_tokens: int, outcome: int, *, ttft_s: float = 0.0) -> None:
         await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
             session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
             prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
-            cached_tokens=max(0, cached_tokens), outcome=outcome))
+            cached_tokens=max(0, cached_tokens), outcome=outcome, ttft_seconds=max(0.0, ttft_s)))
 
     async def release(self, session_id: str) -> bool:
         answer = await self._short("Release", self._stub.Release, pb.ReleaseRequest(session_id=session_id))

@@ -169,6 +169,7 @@ class _Bookkeeping:
     replica: Replica | None = None
     usage: Usage = field(default_factory=Usage)
     bind_task: asyncio.Task | None = None
+    ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)
 
 
 class OpenTurn:
@@ -338,7 +339,8 @@ class TurnRunner:
                 await asyncio.gather(bind_task, return_exceptions=True)
             await scheduler.complete(spec.identity.session_id, spec.request_id,
                                      replica.worker_id if replica else "", replica.dp_rank if replica else 0,
-                                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome)
+                                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome,
+                                     ttft_s=book.ttft_s)
 
         self._spawn(complete())
 
@@ -449,6 +451,7 @@ class TurnRunner:
                     book: _Bookkeeping) -> OpenTurn:
         headers: dict[str, str] = {}
         propagate.inject(headers)
+        dispatched_at = time.monotonic()
         response = await self.upstream.post(worker.url + spec.api.value, spec.body, headers)
         first_line: bytes | None = None
         try:
@@ -463,6 +466,7 @@ class TurnRunner:
                     if line.startswith(b"data:"):
                         first_line = line
                         break
+                book.ttft_s = time.monotonic() - dispatched_at
                 core = self.fleet.core
                 if core is not None:
                     core.first_token(spec.request_id)

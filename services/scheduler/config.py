@@ -48,8 +48,14 @@ CONTROL_SETTINGS = [
             env=TA + "PROGRAM_IDLE_TTL_SECONDS"),
 ]
 
+# The service runs the cost-aware policy unless told otherwise: it equals the reference ("threshold")
+# wherever every context is worth holding and stops pausing where recompute is cheaper than holding
+# (docs/policy-study.md). The pure core's own default stays the reference policy.
+SERVICE_DEFAULT_PAUSE_POLICY = "cost_aware"
+
 SERVICE_SETTINGS = [
-    Setting("pause_policy", str, DEFAULT_PAUSE_POLICY, "pause policy", env=f"{ENV_PREFIX}_PAUSE_POLICY",
+    Setting("pause_policy", str, SERVICE_DEFAULT_PAUSE_POLICY,
+            "pause policy: threshold (the reference) or cost_aware", env=f"{ENV_PREFIX}_PAUSE_POLICY",
             choices=tuple(sorted(PAUSE_POLICIES))),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
             env=f"{ENV_PREFIX}_CAPACITY_ADDR"),
@@ -171,7 +177,7 @@ class SchedulerConfig:
 
     control: ControlParams = field(default_factory=ControlParams)
     """The control law; its __post_init__ enforces every relation of the seed reference."""
-    pause_policy: str = DEFAULT_PAUSE_POLICY
+    pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY
     cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
     """Parameters of the cost_aware pause policy (validated even when another policy is chosen)."""
     capacity_addr: str = "127.0.0.1:50051"

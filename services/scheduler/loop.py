@@ -197,7 +197,8 @@ class SchedulerRuntime:
         return self.core.bind_request(request_id, replica)
 
     def complete(self, session_id: str, request_id: str, replica: ReplicaKey | None, prompt_tokens: int,
-                 completion_tokens: int, cached_tokens: int, outcome: TurnOutcome) -> bool:
+                 completion_tokens: int, cached_tokens: int, outcome: TurnOutcome, *,
+                 ttft_s: float | None = None) -> bool:
         """False when this request_id was already completed (idempotent retry: nothing changes)."""
         if request_id in self._completed:
             self._completed.move_to_end(request_id)
@@ -206,7 +207,7 @@ class SchedulerRuntime:
         if len(self._completed) > COMPLETED_MEMORY:
             self._completed.popitem(last=False)
         effects = self.core.complete(self.clock.monotonic(), session_id, request_id, replica, prompt_tokens,
-                                     completion_tokens, cached_tokens, outcome)
+                                     completion_tokens, cached_tokens, outcome, ttft_s=ttft_s)
         self._publish(effects)
         return True
 

@@ -8,6 +8,7 @@ admission back before the RPC ends.
 from __future__ import annotations
 
 import asyncio
+import math
 import contextlib
 from typing import AsyncIterator
 
@@ -144,8 +145,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                             cached_tokens=request.cached_tokens)
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             outcome = outcome_from_proto(request.outcome)
+            if not math.isfinite(request.ttft_seconds) or request.ttft_seconds < 0:
+                raise InvalidArgument("ttft_seconds must be a finite number >= 0")
             self.runtime.complete(session_id, request_id, replica, request.prompt_tokens, request.completion_tokens,
-                                  request.cached_tokens, outcome)
+                                  request.cached_tokens, outcome, ttft_s=request.ttft_seconds or None)
             return pb.CompleteResponse()
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:

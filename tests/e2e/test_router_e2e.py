@@ -64,12 +64,18 @@ async def test_multi_turn_programs_and_passthrough_complete(tmp_path):
         await st.close()
 
 
-async def test_memory_pressure_pauses_and_resumes_and_every_program_completes(tmp_path):
+@pytest.mark.parametrize("policy_args", [
+    ("--pause-policy", "threshold"),
+    # The cost-aware policy holds a context only when recomputing it would outlast the tool call;
+    # a slow prefill prior makes these small contexts worth holding, so it pauses them too.
+    ("--pause-policy", "cost_aware", "--cost-aware-prefill-tokens-per-s", "50"),
+], ids=["threshold", "cost_aware"])
+async def test_memory_pressure_pauses_and_resumes_and_every_program_completes(tmp_path, policy_args):
     st, workers, sched, router, url = await _cluster(
         tmp_path, "--max-total-tokens", "6000",
         scheduler_args=("--scheduler-interval-seconds", "0.1", "--pause-threshold", "0.6", "--pause-target", "0.4",
                         "--soft-demote-threshold", "0.4", "--acting-decay-tau-seconds", "0.2",
-                        "--resume-timeout-seconds", "20"))
+                        "--resume-timeout-seconds", "20", *policy_args))
     try:
         done = await asyncio.gather(*(_program(url, f"long-{i}", 4, 24, 1500) for i in range(6)))
         assert done == [4] * 6

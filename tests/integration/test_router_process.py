@@ -98,6 +98,8 @@ async def test_program_turns_are_admitted_routed_and_completed(env):
     assert all(c.outcome == spb.TURN_OUTCOME_OK and c.prompt_tokens > 0 and c.worker_id for c in done)
     assert [c.completion_tokens for c in done] == [12, 12, 12, 5]
     assert done[-1].cached_tokens > 0
+    # Streaming turns report dispatch-to-first-token; the non-streaming one cannot (0 = unknown).
+    assert all(c.ttft_seconds > 0 for c in done[:3]) and done[-1].ttft_seconds == 0
     # The history is re-sent each turn: approximate KV routing keeps the program on one worker.
     assert len({c.worker_id for c in done}) == 1
 

@@ -92,7 +92,10 @@ async def test_scheduler_process_pauses_holds_resumes_and_follows_workers(tmp_pa
             "--capacity-addr", cap_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
             "--ready-file", str(sched_ready), "--scheduler-interval-seconds", "0.2",
             # Decay slowly: the resume side then sees what the pause side sees (no churn in the test).
-            "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1"], sched_log)
+            "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1",
+            # The reference policy: the test's small contexts are cheap to recompute, so the default
+            # cost_aware policy would (rightly) not pause them.
+            "--pause-policy", "threshold"], sched_log)
         info = await _ready(sched_ready)
         async with grpc.aio.insecure_channel(info["grpc"]) as channel:
             client = pb_grpc.SchedulerStub(channel)

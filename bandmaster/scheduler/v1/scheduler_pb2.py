@@ -25,23 +25,23 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'bandmaster/scheduler/v1/scheduler.proto\x12\x17\x62\x61ndmaster.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"r\n\x0c\x41\x64mitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x1f\n\x17\x65stimated_prompt_tokens\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xe3\x01\n\rAdmitResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x14\n\x0cheld_seconds\x18\x05 \x01(\x01\x12\x15\n\rforced_resume\x18\x06 \x01(\x08\x12\x17\n\x0f\x61\x64mission_epoch\x18\x07 \x01(\x04\x12\x12\n\nwas_paused\x18\x08 \x01(\x08\x12\x18\n\x10was_soft_demoted\x18\t \x01(\x08\x12\x18\n\x10priority_seconds\x18\n \x01(\x01\"E\n\x0b\x42indRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\x05\"\x1d\n\x0c\x42indResponse\x12\r\n\x05\x62ound\x18\x01 \x01(\x08\"\xdd\x01\n\x0f\x43ompleteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x03\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\x12\x35\n\x07outcome\x18\x08 \x01(\x0e\x32$.bandmaster.scheduler.v1.TurnOutcome\"\x12\n\x10\x43ompleteResponse\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xd6\x03\n\x07Program\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x36\n\x06status\x18\x03 \x01(\x0e\x32&.bandmaster.scheduler.v1.ProgramStatus\x12\x35\n\tlifecycle\x18\x04 \x01(\x0e\x32\".bandmaster.scheduler.v1.Lifecycle\x12\x13\n\x0btoken_total\x18\x05 \x01(\x03\x12\x18\n\x10tokens_estimated\x18\x06 \x01(\x08\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x08 \x01(\x05\x12\x0e\n\x06marked\x18\t \x01(\x08\x12\x14\n\x0csoft_demoted\x18\n \x01(\x08\x12\r\n\x05turns\x18\x0b \x01(\x04\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_activity\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpaused_since\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63hildren\x18\x0f \x03(\t\"\'\n\x11GetProgramRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xae\x02\n\x12ReplicaUtilization\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x18\n\x10retention_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13used_decayed_tokens\x18\x05 \x01(\x03\x12\x13\n\x0butilization\x18\x06 \x01(\x01\x12+\n\x04\x62\x61nd\x18\x07 \x01(\x0e\x32\x1d.bandmaster.scheduler.v1.Band\x12\x17\n\x0f\x61\x63tive_programs\x18\x08 \x01(\x05\x12\x1c\n\x14passthrough_requests\x18\t \x01(\x05\x12\x19\n\x11resident_programs\x18\n \x01(\x05\x12\x14\n\x0cmax_programs\x18\x0b \x01(\x05\"\x15\n\x13ListProgramsRequest\"\x89\x01\n\x14ListProgramsResponse\x12\x32\n\x08programs\x18\x01 \x03(\x0b\x32 .bandmaster.scheduler.v1.Program\x12=\n\x08replicas\x18\x02 \x03(\x0b\x32+.bandmaster.scheduler.v1.ReplicaUtilization\"\xc0\x01\n\x0cProgramEvent\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".bandmaster.scheduler.v1.EventKind\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x07 \x01(\t\"\x14\n\x12WatchEventsRequest\"\x11\n\x0fGetStatsRequest\"\xcf\x03\n\x05Stats\x12\x17\n\x0fprograms_active\x18\x01 \x01(\x05\x12\x17\n\x0fprograms_paused\x18\x02 \x01(\x05\x12\x1a\n\x12programs_reasoning\x18\x03 \x01(\x05\x12\x17\n\x0fprograms_acting\x18\x04 \x01(\x05\x12\x14\n\x0cpauses_total\x18\x05 \x01(\x04\x12\x15\n\rresumes_total\x18\x06 \x01(\x04\x12\x1c\n\x14\x66orced_resumes_total\x18\x07 \x01(\x04\x12\x1a\n\x12waiting_admissions\x18\x08 \x01(\x05\x12=\n\x08replicas\x18\t \x03(\x0b\x32+.bandmaster.scheduler.v1.ReplicaUtilization\x12\x18\n\x10\x63\x61pacity_version\x18\n \x01(\x04\x12\x13\n\x0bmarks_total\x18\x0b \x01(\x04\x12\x15\n\rexpired_total\x18\x0c \x01(\x04\x12\x16\n\x0ereleased_total\x18\r \x01(\x04\x12\x18\n\x10\x61\x64missions_total\x18\x0e \x01(\x04\x12\"\n\x1a\x61\x64missions_cancelled_total\x18\x0f \x01(\x04\x12\x1d\n\x15passthrough_in_flight\x18\x10 \x01(\x05\"\x18\n\x16GetRouterConfigRequest\"\xfd\x02\n\x0cRouterConfig\x12\x1a\n\x12router_temperature\x18\x01 \x01(\x01\x12\x1f\n\x17kv_overlap_score_weight\x18\x02 \x01(\x01\x12\x15\n\ruse_kv_events\x18\x03 \x01(\x08\x12\"\n\x1arouter_track_active_blocks\x18\x04 \x01(\x08\x12\"\n\x1arouter_track_output_blocks\x18\x05 \x01(\x08\x12\x1e\n\x16router_assume_kv_reuse\x18\x06 \x01(\x08\x12#\n\x1brouter_track_prefill_tokens\x18\x07 \x01(\x08\x12\x17\n\x0frouter_ttl_secs\x18\x08 \x01(\x01\x12\x19\n\x11router_block_size\x18\t \x01(\x05\x12\x1e\n\x16router_queue_threshold\x18\n \x01(\x01\x12\x1b\n\x13router_queue_policy\x18\x0b \x01(\t\x12\x1b\n\x13router_replica_sync\x18\x0c \x01(\x08*h\n\rProgramStatus\x12\x1e\n\x1aPROGRAM_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROGRAM_STATUS_REASONING\x10\x01\x12\x19\n\x15PROGRAM_STATUS_ACTING\x10\x02*R\n\tLifecycle\x12\x19\n\x15LIFECYCLE_UNSPECIFIED\x10\x00\x12\x14\n\x10LIFECYCLE_ACTIVE\x10\x01\x12\x14\n\x10LIFECYCLE_PAUSED\x10\x02*u\n\x0bTurnOutcome\x12\x1c\n\x18TURN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTURN_OUTCOME_OK\x10\x01\x12\x1a\n\x16TURN_OUTCOME_CANCELLED\x10\x02\x12\x17\n\x13TURN_OUTCOME_FAILED\x10\x03*S\n\x04\x42\x61nd\x12\x14\n\x10\x42\x41ND_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x42\x41ND_NORMAL\x10\x01\x12\x14\n\x10\x42\x41ND_SOFT_DEMOTE\x10\x02\x12\x0e\n\nBAND_PAUSE\x10\x03*\xf2\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ADMITTED\x10\x01\x12\x15\n\x11\x45VENT_KIND_PAUSED\x10\x02\x12\x15\n\x11\x45VENT_KIND_MARKED\x10\x03\x12\x1b\n\x17\x45VENT_KIND_SOFT_DEMOTED\x10\x04\x12\x16\n\x12\x45VENT_KIND_RESUMED\x10\x05\x12\x1c\n\x18\x45VENT_KIND_FORCED_RESUME\x10\x06\x12\x17\n\x13\x45VENT_KIND_RELEASED\x10\x07\x12\x16\n\x12\x45VENT_KIND_EXPIRED\x10\x08\x32\xe6\x06\n\tScheduler\x12V\n\x05\x41\x64mit\x12%.bandmaster.scheduler.v1.AdmitRequest\x1a&.bandmaster.scheduler.v1.AdmitResponse\x12S\n\x04\x42ind\x12$.bandmaster.scheduler.v1.BindRequest\x1a%.bandmaster.scheduler.v1.BindResponse\x12_\n\x08\x43omplete\x12(.bandmaster.scheduler.v1.CompleteRequest\x1a).bandmaster.scheduler.v1.CompleteResponse\x12\\\n\x07Release\x12\'.bandmaster.scheduler.v1.ReleaseRequest\x1a(.bandmaster.scheduler.v1.ReleaseResponse\x12Z\n\nGetProgram\x12*.bandmaster.scheduler.v1.GetProgramRequest\x1a .bandmaster.scheduler.v1.Program\x12k\n\x0cListPrograms\x12,.bandmaster.scheduler.v1.ListProgramsRequest\x1a-.bandmaster.scheduler.v1.ListProgramsResponse\x12\x63\n\x0bWatchEvents\x12+.bandmaster.scheduler.v1.WatchEventsRequest\x1a%.bandmaster.scheduler.v1.ProgramEvent0\x01\x12T\n\x08GetStats\x12(.bandmaster.scheduler.v1.GetStatsRequest\x1a\x1e.bandmaster.scheduler.v1.Stats\x12i\n\x0fGetRouterConfig\x12/.bandmaster.scheduler.v1.GetRouterConfigRequest\x1a%.bandmaster.scheduler.v1.RouterConfigb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'bandmaster/scheduler/v1/scheduler.proto\x12\x17\x62\x61ndmaster.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"r\n\x0c\x41\x64mitRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x1f\n\x17\x65stimated_prompt_tokens\x18\x03 \x01(\x03\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xe3\x01\n\rAdmitResponse\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x0e\n\x06pinned\x18\x03 \x01(\x08\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x14\n\x0cheld_seconds\x18\x05 \x01(\x01\x12\x15\n\rforced_resume\x18\x06 \x01(\x08\x12\x17\n\x0f\x61\x64mission_epoch\x18\x07 \x01(\x04\x12\x12\n\nwas_paused\x18\x08 \x01(\x08\x12\x18\n\x10was_soft_demoted\x18\t \x01(\x08\x12\x18\n\x10priority_seconds\x18\n \x01(\x01\"E\n\x0b\x42indRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\x05\"\x1d\n\x0c\x42indResponse\x12\r\n\x05\x62ound\x18\x01 \x01(\x08\"\xf3\x01\n\x0f\x43ompleteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x06 \x01(\x03\x12\x15\n\rcached_tokens\x18\x07 \x01(\x03\x12\x35\n\x07outcome\x18\x08 \x01(\x0e\x32$.bandmaster.scheduler.v1.TurnOutcome\x12\x14\n\x0cttft_seconds\x18\t \x01(\x01\"\x12\n\x10\x43ompleteResponse\"$\n\x0eReleaseRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"\xd6\x03\n\x07Program\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x19\n\x11parent_session_id\x18\x02 \x01(\t\x12\x36\n\x06status\x18\x03 \x01(\x0e\x32&.bandmaster.scheduler.v1.ProgramStatus\x12\x35\n\tlifecycle\x18\x04 \x01(\x0e\x32\".bandmaster.scheduler.v1.Lifecycle\x12\x13\n\x0btoken_total\x18\x05 \x01(\x03\x12\x18\n\x10tokens_estimated\x18\x06 \x01(\x08\x12\x11\n\tworker_id\x18\x07 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x08 \x01(\x05\x12\x0e\n\x06marked\x18\t \x01(\x08\x12\x14\n\x0csoft_demoted\x18\n \x01(\x08\x12\r\n\x05turns\x18\x0b \x01(\x04\x12.\n\ncreated_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x31\n\rlast_activity\x18\r \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0cpaused_since\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63hildren\x18\x0f \x03(\t\"\'\n\x11GetProgramRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\xae\x02\n\x12ReplicaUtilization\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x18\n\x10retention_tokens\x18\x03 \x01(\x03\x12\x13\n\x0bused_tokens\x18\x04 \x01(\x03\x12\x1b\n\x13used_decayed_tokens\x18\x05 \x01(\x03\x12\x13\n\x0butilization\x18\x06 \x01(\x01\x12+\n\x04\x62\x61nd\x18\x07 \x01(\x0e\x32\x1d.bandmaster.scheduler.v1.Band\x12\x17\n\x0f\x61\x63tive_programs\x18\x08 \x01(\x05\x12\x1c\n\x14passthrough_requests\x18\t \x01(\x05\x12\x19\n\x11resident_programs\x18\n \x01(\x05\x12\x14\n\x0cmax_programs\x18\x0b \x01(\x05\"\x15\n\x13ListProgramsRequest\"\x89\x01\n\x14ListProgramsResponse\x12\x32\n\x08programs\x18\x01 \x03(\x0b\x32 .bandmaster.scheduler.v1.Program\x12=\n\x08replicas\x18\x02 \x03(\x0b\x32+.bandmaster.scheduler.v1.ReplicaUtilization\"\xc0\x01\n\x0cProgramEvent\x12\x30\n\x04kind\x18\x01 \x01(\x0e\x32\".bandmaster.scheduler.v1.EventKind\x12\x12\n\nsession_id\x18\x02 \x01(\t\x12\x11\n\tworker_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x04 \x01(\x05\x12\x0e\n\x06tokens\x18\x05 \x01(\x03\x12&\n\x02\x61t\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x07 \x01(\t\"\x14\n\x12WatchEventsRequest\"\x11\n\x0fGetStatsRequest\"\xcf\x03\n\x05Stats\x12\x17\n\x0fprograms_active\x18\x01 \x01(\x05\x12\x17\n\x0fprograms_paused\x18\x02 \x01(\x05\x12\x1a\n\x12programs_reasoning\x18\x03 \x01(\x05\x12\x17\n\x0fprograms_acting\x18\x04 \x01(\x05\x12\x14\n\x0cpauses_total\x18\x05 \x01(\x04\x12\x15\n\rresumes_total\x18\x06 \x01(\x04\x12\x1c\n\x14\x66orced_resumes_total\x18\x07 \x01(\x04\x12\x1a\n\x12waiting_admissions\x18\x08 \x01(\x05\x12=\n\x08replicas\x18\t \x03(\x0b\x32+.bandmaster.scheduler.v1.ReplicaUtilization\x12\x18\n\x10\x63\x61pacity_version\x18\n \x01(\x04\x12\x13\n\x0bmarks_total\x18\x0b \x01(\x04\x12\x15\n\rexpired_total\x18\x0c \x01(\x04\x12\x16\n\x0ereleased_total\x18\r \x01(\x04\x12\x18\n\x10\x61\x64missions_total\x18\x0e \x01(\x04\x12\"\n\x1a\x61\x64missions_cancelled_total\x18\x0f \x01(\x04\x12\x1d\n\x15passthrough_in_flight\x18\x10 \x01(\x05\"\x18\n\x16GetRouterConfigRequest\"\xfd\x02\n\x0cRouterConfig\x12\x1a\n\x12router_temperature\x18\x01 \x01(\x01\x12\x1f\n\x17kv_overlap_score_weight\x18\x02 \x01(\x01\x12\x15\n\ruse_kv_events\x18\x03 \x01(\x08\x12\"\n\x1arouter_track_active_blocks\x18\x04 \x01(\x08\x12\"\n\x1arouter_track_output_blocks\x18\x05 \x01(\x08\x12\x1e\n\x16router_assume_kv_reuse\x18\x06 \x01(\x08\x12#\n\x1brouter_track_prefill_tokens\x18\x07 \x01(\x08\x12\x17\n\x0frouter_ttl_secs\x18\x08 \x01(\x01\x12\x19\n\x11router_block_size\x18\t \x01(\x05\x12\x1e\n\x16router_queue_threshold\x18\n \x01(\x01\x12\x1b\n\x13router_queue_policy\x18\x0b \x01(\t\x12\x1b\n\x13router_replica_sync\x18\x0c \x01(\x08*h\n\rProgramStatus\x12\x1e\n\x1aPROGRAM_STATUS_UNSPECIFIED\x10\x00\x12\x1c\n\x18PROGRAM_STATUS_REASONING\x10\x01\x12\x19\n\x15PROGRAM_STATUS_ACTING\x10\x02*R\n\tLifecycle\x12\x19\n\x15LIFECYCLE_UNSPECIFIED\x10\x00\x12\x14\n\x10LIFECYCLE_ACTIVE\x10\x01\x12\x14\n\x10LIFECYCLE_PAUSED\x10\x02*u\n\x0bTurnOutcome\x12\x1c\n\x18TURN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fTURN_OUTCOME_OK\x10\x01\x12\x1a\n\x16TURN_OUTCOME_CANCELLED\x10\x02\x12\x17\n\x13TURN_OUTCOME_FAILED\x10\x03*S\n\x04\x42\x61nd\x12\x14\n\x10\x42\x41ND_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x42\x41ND_NORMAL\x10\x01\x12\x14\n\x10\x42\x41ND_SOFT_DEMOTE\x10\x02\x12\x0e\n\nBAND_PAUSE\x10\x03*\xf2\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45VENT_KIND_ADMITTED\x10\x01\x12\x15\n\x11\x45VENT_KIND_PAUSED\x10\x02\x12\x15\n\x11\x45VENT_KIND_MARKED\x10\x03\x12\x1b\n\x17\x45VENT_KIND_SOFT_DEMOTED\x10\x04\x12\x16\n\x12\x45VENT_KIND_RESUMED\x10\x05\x12\x1c\n\x18\x45VENT_KIND_FORCED_RESUME\x10\x06\x12\x17\n\x13\x45VENT_KIND_RELEASED\x10\x07\x12\x16\n\x12\x45VENT_KIND_EXPIRED\x10\x08\x32\xe6\x06\n\tScheduler\x12V\n\x05\x41\x64mit\x12%.bandmaster.scheduler.v1.AdmitRequest\x1a&.bandmaster.scheduler.v1.AdmitResponse\x12S\n\x04\x42ind\x12$.bandmaster.scheduler.v1.BindRequest\x1a%.bandmaster.scheduler.v1.BindResponse\x12_\n\x08\x43omplete\x12(.bandmaster.scheduler.v1.CompleteRequest\x1a).bandmaster.scheduler.v1.CompleteResponse\x12\\\n\x07Release\x12\'.bandmaster.scheduler.v1.ReleaseRequest\x1a(.bandmaster.scheduler.v1.ReleaseResponse\x12Z\n\nGetProgram\x12*.bandmaster.scheduler.v1.GetProgramRequest\x1a .bandmaster.scheduler.v1.Program\x12k\n\x0cListPrograms\x12,.bandmaster.scheduler.v1.ListProgramsRequest\x1a-.bandmaster.scheduler.v1.ListProgramsResponse\x12\x63\n\x0bWatchEvents\x12+.bandmaster.scheduler.v1.WatchEventsRequest\x1a%.bandmaster.scheduler.v1.ProgramEvent0\x01\x12T\n\x08GetStats\x12(.bandmaster.scheduler.v1.GetStatsRequest\x1a\x1e.bandmaster.scheduler.v1.Stats\x12i\n\x0fGetRouterConfig\x12/.bandmaster.scheduler.v1.GetRouterConfigRequest\x1a%.bandmaster.scheduler.v1.RouterConfigb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bandmaster.scheduler.v1.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PROGRAMSTATUS']._serialized_start=2962
-  _globals['_PROGRAMSTATUS']._serialized_end=3066
-  _globals['_LIFECYCLE']._serialized_start=3068
-  _globals['_LIFECYCLE']._serialized_end=3150
-  _globals['_TURNOUTCOME']._serialized_start=3152
-  _globals['_TURNOUTCOME']._serialized_end=3269
-  _globals['_BAND']._serialized_start=3271
-  _globals['_BAND']._serialized_end=3354
-  _globals['_EVENTKIND']._serialized_start=3357
-  _globals['_EVENTKIND']._serialized_end=3599
+  _globals['_PROGRAMSTATUS']._serialized_start=2984
+  _globals['_PROGRAMSTATUS']._serialized_end=3088
+  _globals['_LIFECYCLE']._serialized_start=3090
+  _globals['_LIFECYCLE']._serialized_end=3172
+  _globals['_TURNOUTCOME']._serialized_start=3174
+  _globals['_TURNOUTCOME']._serialized_end=3291
+  _globals['_BAND']._serialized_start=3293
+  _globals['_BAND']._serialized_end=3376
+  _globals['_EVENTKIND']._serialized_start=3379
+  _globals['_EVENTKIND']._serialized_end=3621
   _globals['_ADMITREQUEST']._serialized_start=101
   _globals['_ADMITREQUEST']._serialized_end=215
   _globals['_ADMITRESPONSE']._serialized_start=218
@@ -51,35 +51,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BINDRESPONSE']._serialized_start=518
   _globals['_BINDRESPONSE']._serialized_end=547
   _globals['_COMPLETEREQUEST']._serialized_start=550
-  _globals['_COMPLETEREQUEST']._serialized_end=771
-  _globals['_COMPLETERESPONSE']._serialized_start=773
-  _globals['_COMPLETERESPONSE']._serialized_end=791
-  _globals['_RELEASEREQUEST']._serialized_start=793
-  _globals['_RELEASEREQUEST']._serialized_end=829
-  _globals['_RELEASERESPONSE']._serialized_start=831
-  _globals['_RELEASERESPONSE']._serialized_end=866
-  _globals['_PROGRAM']._serialized_start=869
-  _globals['_PROGRAM']._serialized_end=1339
-  _globals['_GETPROGRAMREQUEST']._serialized_start=1341
-  _globals['_GETPROGRAMREQUEST']._serialized_end=1380
-  _globals['_REPLICAUTILIZATION']._serialized_start=1383
-  _globals['_REPLICAUTILIZATION']._serialized_end=1685
-  _globals['_LISTPROGRAMSREQUEST']._serialized_start=1687
-  _globals['_LISTPROGRAMSREQUEST']._serialized_end=1708
-  _globals['_LISTPROGRAMSRESPONSE']._serialized_start=1711
-  _globals['_LISTPROGRAMSRESPONSE']._serialized_end=1848
-  _globals['_PROGRAMEVENT']._serialized_start=1851
-  _globals['_PROGRAMEVENT']._serialized_end=2043
-  _globals['_WATCHEVENTSREQUEST']._serialized_start=2045
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=2065
-  _globals['_GETSTATSREQUEST']._serialized_start=2067
-  _globals['_GETSTATSREQUEST']._serialized_end=2084
-  _globals['_STATS']._serialized_start=2087
-  _globals['_STATS']._serialized_end=2550
-  _globals['_GETROUTERCONFIGREQUEST']._serialized_start=2552
-  _globals['_GETROUTERCONFIGREQUEST']._serialized_end=2576
-  _globals['_ROUTERCONFIG']._serialized_start=2579
-  _globals['_ROUTERCONFIG']._serialized_end=2960
-  _globals['_SCHEDULER']._serialized_start=3602
-  _globals['_SCHEDULER']._serialized_end=4472
+  _globals['_COMPLETEREQUEST']._serialized_end=793
+  _globals['_COMPLETERESPONSE']._serialized_start=795
+  _globals['_COMPLETERESPONSE']._serialized_end=813
+  _globals['_RELEASEREQUEST']._serialized_start=815
+  _globals['_RELEASEREQUEST']._serialized_end=851
+  _globals['_RELEASERESPONSE']._serialized_start=853
+  _globals['_RELEASERESPONSE']._serialized_end=888
+  _globals['_PROGRAM']._serialized_start=891
+  _globals['_PROGRAM']._serialized_end=1361
+  _globals['_GETPROGRAMREQUEST']._serialized_start=1363
+  _globals['_GETPROGRAMREQUEST']._serialized_end=1402
+  _globals['_REPLICAUTILIZATION']._serialized_start=1405
+  _globals['_REPLICAUTILIZATION']._serialized_end=1707
+  _globals['_LISTPROGRAMSREQUEST']._serialized_start=1709
+  _globals['_LISTPROGRAMSREQUEST']._serialized_end=1730
+  _globals['_LISTPROGRAMSRESPONSE']._serialized_start=1733
+  _globals['_LISTPROGRAMSRESPONSE']._serialized_end=1870
+  _globals['_PROGRAMEVENT']._serialized_start=1873
+  _globals['_PROGRAMEVENT']._serialized_end=2065
+  _globals['_WATCHEVENTSREQUEST']._serialized_start=2067
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=2087
+  _globals['_GETSTATSREQUEST']._serialized_start=2089
+  _globals['_GETSTATSREQUEST']._serialized_end=2106
+  _globals['_STATS']._serialized_start=2109
+  _globals['_STATS']._serialized_end=2572
+  _globals['_GETROUTERCONFIGREQUEST']._serialized_start=2574
+  _globals['_GETROUTERCONFIGREQUEST']._serialized_end=2598
+  _globals['_ROUTERCONFIG']._serialized_start=2601
+  _globals['_ROUTERCONFIG']._serialized_end=2982
+  _globals['_SCHEDULER']._serialized_start=3624
+  _globals['_SCHEDULER']._serialized_end=4494
 # @@protoc_insertion_point(module_scope)

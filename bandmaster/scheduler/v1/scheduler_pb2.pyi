@@ -124,7 +124,7 @@ class BindResponse(_message.Message):
     def __init__(self, bound: _Optional[bool] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
-    __slots__ = ("session_id", "request_id", "worker_id", "dp_rank", "prompt_tokens", "completion_tokens", "cached_tokens", "outcome")
+    __slots__ = ("session_id", "request_id", "worker_id", "dp_rank", "prompt_tokens", "completion_tokens", "cached_tokens", "outcome", "ttft_seconds")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class CompleteRequest(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TTFT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     request_id: str
     worker_id: str
@@ -141,7 +142,8 @@ class CompleteRequest(_message.Message):
     completion_tokens: int
     cached_tokens: int
     outcome: TurnOutcome
-    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., outcome: _Optional[_Union[TurnOutcome, str]] = ...) -> None: ...
+    ttft_seconds: float
+    def __init__(self, session_id: _Optional[str] = ..., request_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., outcome: _Optional[_Union[TurnOutcome, str]] = ..., ttft_seconds: _Optional[float] = ...) -> None: ...
 
 class CompleteResponse(_message.Message):
     __slots__ = ()

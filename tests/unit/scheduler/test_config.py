@@ -21,7 +21,7 @@ def test_defaults():
     for name, value in DEFAULTS.items():
         assert getattr(cfg.control, name) == value, name
     assert (cfg.pause_policy, cfg.capacity_addr, cfg.listen, cfg.metrics_port) == (
-        "threshold", "127.0.0.1:50051", "127.0.0.1:50052", 9102)
+        "cost_aware", "127.0.0.1:50051", "127.0.0.1:50052", 9102)
     assert cfg.kv_router.use_kv_events is True and cfg.kv_router.router_temperature == 0.0
 
 

@@ -91,7 +91,8 @@ def test_flags_and_env_reach_the_params_and_errors_name_the_flag():
     cfg = load_config(["--pause-policy", "cost_aware", "--cost-aware-stall-share", "0.25"],
                       {"BANDMASTER_SCHEDULER_COST_AWARE_TOOL_SECONDS": "1.5"})
     assert cfg.pause_policy_params() == CostAwarePauseParams(stall_share=0.25, tool_seconds=1.5)
-    assert load_config([], {}).pause_policy_params() is None
+    assert load_config(["--pause-policy", "threshold"], {}).pause_policy_params() is None
+    assert load_config([], {}).pause_policy_params() == CostAwarePauseParams()  # the service default
     with pytest.raises(ConfigError) as info:
         load_config(["--cost-aware-stall-share", "2"], {})
     assert info.value.field == "cost_aware_stall_share"

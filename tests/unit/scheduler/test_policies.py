@@ -46,9 +46,9 @@ def test_threshold_policy(spec, used, target, pause, mark, mark_all):
 
 
 def test_registry_is_explicit_and_refuses_unknown_names():
-    assert set(PAUSE_POLICIES) == {"threshold"}
+    assert set(PAUSE_POLICIES) == {"threshold", "cost_aware"}
     with pytest.raises(ConfigError):
-        make_pause_policy("cost_aware")
+        make_pause_policy("nope")
     with pytest.raises(ConfigError):
         make_pause_policy("threshold", params=object())
 

@@ -77,8 +77,10 @@ class FakeCapacity:
 def config(**control) -> SchedulerConfig:
     params = dict(scheduler_interval_seconds=5.0, resume_timeout_seconds=1800.0)
     params.update(control)
-    return SchedulerConfig(control=ControlParams(**params), listen="127.0.0.1:0", metrics_port=-1,
-                           shutdown_grace_seconds=0.5)
+    # These tests pin the reference ("threshold") behaviour with small token counts; the service's
+    # default cost_aware policy would rightly not pause such cheap contexts.
+    return SchedulerConfig(control=ControlParams(**params), pause_policy="threshold", listen="127.0.0.1:0",
+                           metrics_port=-1, shutdown_grace_seconds=0.5)
 
 
 @dataclass

@@ -215,6 +215,8 @@ async def test_watch_events_streams_pause_and_resume(make_harness):
     ("Complete", pb.CompleteRequest(session_id="p", request_id="r", completion_tokens=-1), "completion_tokens"),
     ("Complete", pb.CompleteRequest(session_id="p", request_id="r", cached_tokens=-1), "cached_tokens"),
     ("Complete", pb.CompleteRequest(session_id="p", request_id="r", outcome=7), "outcome"),
+    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=-1.0), "ttft_seconds"),
+    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=float("nan")), "ttft_seconds"),
     ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w", dp_rank=-1), "dp_rank"),
     ("Bind", pb.BindRequest(request_id="r", worker_id=""), "worker_id is required"),
     ("Bind", pb.BindRequest(request_id="", worker_id="w"), "request_id is required"),
@@ -372,3 +374,18 @@ async def test_shutdown_goes_not_serving_then_releases_held_admits_unavailable(h
         await call
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert h.core.program("new") is None  # rolled back
+
+
+async def test_configured_pause_policy_and_its_parameters_reach_the_core():
+    from services.scheduler.config import load_config
+    from services.scheduler.server import start_scheduler
+    from tests.unit.scheduler_shell.support import FakeCapacity
+
+    config = load_config(["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7",
+                          "--listen", "127.0.0.1:0", "--metrics-port", "-1"], {})
+    running = await start_scheduler(config, capacity_stub=FakeCapacity(), tick_loop=False)
+    try:
+        assert running.core.policy.name == "cost_aware"
+        assert running.core.policy.params.tool_seconds == 7.0
+    finally:
+        await running.stop()
