@@ -9,9 +9,9 @@ bench/simlib/simulator.py and docs/simulator.md), and prints the same summary as
         --worker-kv-tokens 400000 --seed 0 --out report.json
 
 Arms: `bandmaster` (scheduler core + router core), `kv` (router core only, as `bandmaster up
---no-scheduler`), `round_robin`. Every scheduler control flag of `services.scheduler`
-(`--pause-threshold`, `--scheduler-interval-seconds`, ... and `--pause-policy`) is accepted, in
-simulated seconds. Python API: `simulate(SimScenario(...)) -> SimResult`.
+--no-scheduler`), `round_robin`. Every flag of `python -m services.scheduler` that shapes
+decisions is accepted (`--pause-threshold`, `--scheduler-interval-seconds`, `--pause-policy`,
+`--cost-aware-*`, `--router-temperature`, `--kv-overlap-score-weight`, ...), in simulated seconds. Python API: `simulate(SimScenario(...)) -> SimResult`.
 """
 
 from __future__ import annotations
@@ -24,16 +24,10 @@ from typing import Sequence
 
 from bench.simlib import SimResult, SimScenario, simulate
 from bench.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
-from services.common.config import parse_settings
 from services.common.errors import ConfigError
-from services.scheduler.config import CONTROL_SETTINGS, SERVICE_SETTINGS
-from services.scheduler.core.params import ControlParams
+from services.scheduler.config import load_config
 
 __all__ = ["SimResult", "SimScenario", "simulate", "scenario_from_args", "main"]
-
-# The scheduler's own flag definitions: same names, types, defaults and validation as the service.
-_SCHEDULER_SETTINGS = [*CONTROL_SETTINGS, *[s for s in SERVICE_SETTINGS if s.name == "pause_policy"]]
-
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0],
@@ -53,8 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timing-profile", default="glm45-fp8-h200")
     parser.add_argument("--router-prompt", default="text", choices=ROUTER_PROMPT_MODES,
                         help="text: the live router's text-chunk prompts; tokens: exact token pages (faster)")
-    parser.add_argument("--router-temperature", type=float, default=0.0)
-    parser.add_argument("--kv-overlap-score-weight", type=float, default=1.0)
     parser.add_argument("--live-speedup", type=float, default=1.0,
                         help="model a live run at this simworker --speedup (router wall-clock constants scale)")
     parser.add_argument("--request-overhead-seconds", type=float, default=0.0,
@@ -66,19 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Namespace]:
-    """Flags -> a validated SimScenario. Unknown flags go to the scheduler's settings parser, which
-    raises ConfigError for anything it does not know either."""
+    """Flags -> a validated SimScenario. Other flags go to the scheduler service's own
+    `load_config` (control law, --pause-policy and its cost_aware flags, the KvRouter flags it
+    forwards to the router), which raises ConfigError for anything it does not know either."""
     args, rest = build_parser().parse_known_args(list(argv))
-    values = parse_settings(_SCHEDULER_SETTINGS, rest, {}, prog="python -m bench.sim")
-    control = ControlParams(**{s.name: values[s.name] for s in CONTROL_SETTINGS})
+    scheduler = load_config(rest, {})
     scenario = SimScenario(
         arm=args.arm, workload=args.workload, programs=args.programs, parallel=args.parallel,
         max_turns=args.max_turns, token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
         seed=args.seed, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
         worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
-        worker_timing_profile=args.timing_profile, control=control, pause_policy=values["pause_policy"],
-        router_prompt=args.router_prompt, router_temperature=args.router_temperature,
-        kv_overlap_score_weight=args.kv_overlap_score_weight, live_speedup=args.live_speedup,
+        worker_timing_profile=args.timing_profile, control=scheduler.control, pause_policy=scheduler.pause_policy,
+        cost_aware=scheduler.cost_aware, kv_router=scheduler.kv_router,
+        router_prompt=args.router_prompt, live_speedup=args.live_speedup,
         request_overhead_s=args.request_overhead_seconds)
     return scenario, args
 

@@ -16,7 +16,8 @@ from services.common.config import require
 from services.router.core.params import KvRouterParams
 from services.scheduler.core.model import ReplicaCapacity
 from services.scheduler.core.params import ControlParams
-from services.scheduler.core.policies import PAUSE_POLICIES
+from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig
+from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import Engine
 from services.simworker.core.timing import TimingProfile
@@ -27,9 +28,9 @@ WORKLOADS = ("swe", "synthetic", "short")
 ROUTER_PROMPT_MODES = ("text", "tokens")
 
 # Router constants that the live stack counts in wall seconds (services/router/config.py,
-# services/router/core/params.py). Under `live_speedup` they are that many times longer in
-# virtual time, as they are in a live run against simworkers at that --speedup.
-ROUTER_TTL_WALL_S = 120.0
+# services/router/core/params.py; the history TTL is kv_router.router_ttl_secs). Under
+# `live_speedup` they are that many times longer in virtual time, as they are in a live run
+# against simworkers at that --speedup.
 ROUTER_REQUEST_EXPIRY_WALL_S = 300.0
 ROUTER_SWEEP_WALL_S = 5.0
 # `bandmaster up` never ticks the scheduler faster than this (wall seconds).
@@ -63,11 +64,15 @@ class SimScenario:
 
     control: ControlParams = field(default_factory=ControlParams)
     """The scheduler's control law (bandmaster arm). Defaults are `bandmaster up`'s, in simulated seconds."""
-    pause_policy: str = "threshold"
+    pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY
+    """The scheduler service's default (services/scheduler/config.py), not the pure core's."""
+    cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
+    """Parameters of the cost_aware pause policy (used when pause_policy is cost_aware)."""
+    kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
+    """The KvRouter settings the scheduler forwards to the router (temperature, overlap weight,
+    output blocks, TTL); the live router applies the same values in both routed arms."""
     router_prompt: str = "text"
     """text: the live router's approximate text-chunk prompts; tokens: exact token pages (faster)."""
-    router_temperature: float = 0.0
-    kv_overlap_score_weight: float = 1.0
     live_speedup: float = 1.0
     """Model a live run at this simworker --speedup: the router's wall-clock constants (history
     TTL, request expiry, sweep) become this many times longer in simulated seconds."""
@@ -101,6 +106,10 @@ class SimScenario:
         require(isinstance(self.control, ControlParams), "control", self.control, "control is a ControlParams")
         require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
                 f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
+        require(isinstance(self.cost_aware, CostAwarePauseParams), "cost_aware", self.cost_aware,
+                "cost_aware is a CostAwarePauseParams")
+        require(isinstance(self.kv_router, KvRouterConfig), "kv_router", self.kv_router,
+                "kv_router is a KvRouterConfig")
         require(self.router_prompt in ROUTER_PROMPT_MODES, "router_prompt", self.router_prompt,
                 f"router_prompt in {{{', '.join(ROUTER_PROMPT_MODES)}}}")
         require(math.isfinite(self.live_speedup) and self.live_speedup > 0, "live_speedup", self.live_speedup,
@@ -111,6 +120,7 @@ class SimScenario:
         # Fail here, not mid-run: the worker and router configs validate their own rules.
         self.worker_config(0)
         self.router_params()
+        self.make_pause_policy()
 
     # -- the worker side, as `bandmaster up` builds it ------------------------------------------
 
@@ -135,13 +145,19 @@ class SimScenario:
 
     # -- the control plane -----------------------------------------------------------------------
 
+    def make_pause_policy(self):
+        """The policy the scheduler service builds (server.py: make_pause_policy(name, params))."""
+        return make_pause_policy(self.pause_policy, self.cost_aware if self.pause_policy == "cost_aware" else None)
+
     def router_params(self) -> KvRouterParams:
-        """What the live router resolves under `bandmaster up`: KV events off (chat prompts are
-        text), block size = the workers' page size, otherwise the core's defaults."""
+        """What the live router resolves under `bandmaster up` (turns.py `resolve_params`): KV
+        events off (chat prompts are text), block size = the workers' page size, the forwarded
+        KvRouter settings otherwise. The history TTL counts wall seconds live (see live_speedup)."""
+        kv = self.kv_router
         return KvRouterParams(
-            router_temperature=self.router_temperature, kv_overlap_score_weight=self.kv_overlap_score_weight,
-            use_kv_events=False, block_size=self.worker_page_size,
-            router_ttl_s=ROUTER_TTL_WALL_S * self.live_speedup,
+            router_temperature=kv.router_temperature, kv_overlap_score_weight=kv.kv_overlap_score_weight,
+            use_kv_events=False, router_track_output_blocks=kv.router_track_output_blocks,
+            block_size=self.worker_page_size, router_ttl_s=kv.router_ttl_secs * self.live_speedup,
             request_expiry_s=ROUTER_REQUEST_EXPIRY_WALL_S * self.live_speedup)
 
     @property

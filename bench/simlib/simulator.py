@@ -44,7 +44,6 @@ from services.scheduler.core.model import (
     Verdict,
 )
 from services.scheduler.core.params import ControlParams
-from services.scheduler.core.policies import make_pause_policy
 from services.scheduler.core.scheduler import SchedulerCore
 from services.simworker.core.api import EngineRequest, RequestOutput, StepResult
 from services.simworker.core.tokenizer import decode, text_of_n_tokens
@@ -78,6 +77,7 @@ class _TurnRun:
     prompt_ids: list[int] = field(default_factory=list)
     decision: Decision | None = None
     worker: int = -1
+    dispatched_s: float = 0.0
     first_token_s: float | None = None
     output_ids: list[int] = field(default_factory=list)
 
@@ -150,7 +150,7 @@ class Simulator:
             self.router = KvRouterCore(scenario.router_params(), random.Random(f"router:{scenario.seed}"))
         self.scheduler: SchedulerCore | None = None
         if scenario.arm == "bandmaster":
-            self.scheduler = SchedulerCore(scenario.control, make_pause_policy(scenario.pause_policy))
+            self.scheduler = SchedulerCore(scenario.control, scenario.make_pause_policy())
             self.scheduler.apply_capacity(0.0, CapacitySnapshot(1, self.capacities))
         self._rr_next = 0
         self.programs = build_workload(scenario.workload, scenario.programs, seed=scenario.seed,
@@ -289,6 +289,7 @@ class Simulator:
             if self.scheduler is not None and decision is not None and pinned != pick.replica:
                 self.scheduler.bind_request(turn.request_id, worker.key)
         turn.worker = worker.index
+        turn.dispatched_s = self.now
         delay = worker.profile.frontend_s(len(turn.prompt_ids)) if self.s.frontend_latency else 0.0
         self._at(self.now + delay, _ARRIVE, turn)
 
@@ -358,7 +359,9 @@ class Simulator:
         if self.scheduler is not None and turn.decision is not None:
             self._apply(self.scheduler.complete(
                 self.now, program_session(run), turn.request_id, worker.key, output.prompt_tokens,
-                output.completion_tokens, output.cached_tokens, TurnOutcome.OK if ok else TurnOutcome.FAILED))
+                output.completion_tokens, output.cached_tokens, TurnOutcome.OK if ok else TurnOutcome.FAILED,
+                # The router reports dispatch -> first token of the answer (0 = unknown).
+                ttft_s=((turn.first_token_s - turn.dispatched_s) or None) if turn.first_token_s is not None else None))
         ttft_s = (turn.first_token_s if turn.first_token_s is not None else self.now) - turn.sent_s
         self.result.turns.append(TurnRecord(
             run.program.program_id, turn.k, ok=ok, ttft_s=round(ttft_s, 4), turn_s=round(self.now - turn.sent_s, 4),

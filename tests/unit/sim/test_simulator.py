@@ -15,8 +15,9 @@ from services.scheduler.core.params import ControlParams
 from services.simworker.server import host_total_tokens
 
 SMALL = dict(workload="swe", programs=4, max_turns=4, token_scale=0.25, workers=2, worker_kv_tokens=16_384)
-# Enough pressure that the scheduler pauses and resumes (checked below).
-PRESSURE = dict(workload="swe", programs=8, max_turns=8, token_scale=0.5, workers=2, worker_kv_tokens=16_384)
+# Enough pressure that the reference (threshold) policy pauses and resumes (checked below).
+PRESSURE = dict(workload="swe", programs=8, max_turns=8, token_scale=0.5, workers=2, worker_kv_tokens=16_384,
+                pause_policy="threshold")
 
 
 @pytest.mark.parametrize("field,value,rule", [
@@ -204,3 +205,25 @@ def test_a_prompt_the_worker_cannot_hold_fails_the_turn_and_ends_the_program():
         if simulator.scheduler is not None:
             assert simulator.scheduler.programs() == ()
         assert len(simulator.router.load) == 0
+
+
+def test_default_policy_is_the_services_and_its_flags_reach_it():
+    from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY
+    from services.scheduler.core.policies import CostAwarePauseParams
+
+    assert SimScenario().pause_policy == SERVICE_DEFAULT_PAUSE_POLICY
+    scenario, _ = sim.scenario_from_args(["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7",
+                                          "--router-temperature", "0.5"])
+    assert scenario.cost_aware == CostAwarePauseParams(tool_seconds=7.0)
+    assert scenario.router_params().router_temperature == 0.5
+    assert scenario.make_pause_policy().name == "cost_aware"
+    threshold, _ = sim.scenario_from_args(["--pause-policy", "threshold"])
+    assert threshold.make_pause_policy().name == "threshold"
+
+
+@pytest.mark.parametrize("policy", ["threshold", "cost_aware"])
+def test_both_policies_complete_under_pressure(policy):
+    simulator = Simulator(SimScenario(arm="bandmaster", **{**PRESSURE, "pause_policy": policy}))
+    result = simulator.run()
+    assert result.completed and result.summary()["turns_ok"] == 64
+    simulator.scheduler.check_invariants(simulator.now)
