@@ -1,0 +1,472 @@
+"""Proxy overhead: added TTFT and streamed tokens/s through our router vs direct vs sglang-router.
+
+    python -m bench.router_bench --out bench/results/router_bench.json [--smoke] [--duration-s S]
+                                 [--concurrency 64,256] [--repeats 2]
+
+One set of simworker processes at a high `--speedup` (the simulated GPU takes next to no time, so
+the HTTP/SSE path dominates) is put behind every proxy at once:
+
+* `direct`               - no proxy; stream i talks to worker i mod N.
+* `bandmaster`           - capacity + scheduler + router (`start_cluster`); every stream is one
+                           program (`X-Dynamo-Session-ID`), closed by a final request at the end.
+* `bandmaster-nosched`   - a second router on the same capacity service with `--no-scheduler`
+                           (KV-aware pick only, no Admit round trip); no session headers.
+* `sglang-router`        - `sglang_router.launch_router --policy cache_aware` on the same workers.
+
+This process is the load generator: C closed-loop aiohttp SSE streams of `/v1/chat/completions`
+(fixed prompt size, fixed `max_tokens` with `ignore_eos`). Each phase = one arm at one concurrency
+for a warm-up then a fixed measured window; phases run arm by arm in alternating order (ABCD, then
+DCBA, ...) so that drift on the shared machine hits every arm alike. Per phase we record TTFT
+(send -> first content token), streamed tokens and completed requests inside the window, errors
+(non-200, transport failures, short streams, failed finals; warm-up and drain included) and the CPU
+seconds every process used. Arms are then compared by ratio, never against absolute thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from services.cli.cluster import Cluster, ClusterConfig, router_spec, start_cluster
+from services.cli.supervisor import Supervisor
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "router-bench-model"
+ARMS = ("direct", "bandmaster", "bandmaster-nosched", "sglang-router")
+# One filler word is one simworker token (pieces of <= 4 non-space characters), so the prompt size
+# is controlled by the word count; the chat template adds a handful of tokens.
+FILLER_WORD = " tok"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------------------------- stats
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def summary_ms(values_s: list[float]) -> dict:
+    ms = [v * 1000 for v in values_s]
+    return {"p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
+            "mean": statistics.fmean(ms) if ms else float("nan"), "n": len(ms)}
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+@dataclass
+class PhaseStats:
+    """Counters of one phase. `measuring` is flipped by the phase clock, not by the streams."""
+
+    measuring: bool = False
+    tokens: int = 0
+    tokens_all: int = 0
+    """Tokens of the whole phase (warm-up and drain too): the denominator of the phase's CPU seconds."""
+    requests: int = 0
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    ttft_s: list[float] = field(default_factory=list)
+
+    def error(self, kind: str) -> None:
+        self.errors += 1
+        self.error_kinds[kind] = self.error_kinds.get(kind, 0) + 1
+
+
+# ---------------------------------------------------------------------------------------- load
+
+
+@dataclass(frozen=True)
+class Load:
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    warmup_s: float
+    duration_s: float
+
+
+async def stream_loop(session: aiohttp.ClientSession, url: str, load: Load, stats: PhaseStats, index: int,
+                      session_id: str | None, stop: asyncio.Event) -> None:
+    """One closed-loop stream; with `session_id` every request is a turn of that program, then a final."""
+    headers = {"X-Dynamo-Session-ID": session_id} if session_id else {}
+    prompt = f"stream {index}:" + FILLER_WORD * load.prompt_tokens
+    turn = 0
+    while not stop.is_set():
+        turn += 1
+        body = {"model": MODEL, "stream": True, "max_tokens": load.max_tokens, "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": f"{prompt} turn {turn}"}]}
+        sent = time.monotonic()
+        counted = stats.measuring
+        content_chunks = 0
+        usage_tokens = -1
+        try:
+            async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as response:
+                if response.status != 200:
+                    await response.read()
+                    stats.error(f"http_{response.status}")
+                    continue
+                # Byte tests rather than json.loads per line keep the client cheap: it shares two cores
+                # with the workers and proxies. Only the usage line is parsed.
+                async for line in response.content:
+                    if b'{"content":"' in line:
+                        if content_chunks == 0 and counted:
+                            stats.ttft_s.append(time.monotonic() - sent)
+                        content_chunks += 1
+                        stats.tokens_all += 1
+                        if stats.measuring:
+                            stats.tokens += 1
+                    elif b'"usage":{' in line and line.startswith(b"data: {"):
+                        usage_tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            stats.error("transport")
+            continue
+        if content_chunks != load.max_tokens or usage_tokens != load.max_tokens:
+            stats.error("short_stream")
+        elif stats.measuring:
+            stats.requests += 1
+    if session_id:
+        final = {**headers, "X-Dynamo-Session-Final": "true"}
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "done"}], "max_tokens": 1}
+        try:
+            async with session.post(url + "/v1/chat/completions", json=body, headers=final) as response:
+                await response.read()
+                if response.status != 200:
+                    stats.error(f"final_http_{response.status}")
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            stats.error("final_transport")
+
+
+async def run_phase(urls: list[str], load: Load, session_prefix: str | None) -> tuple[PhaseStats, float]:
+    """Warm up, measure for `duration_s`, stop issuing, drain. Returns the stats and the window length."""
+    stats = PhaseStats()
+    stop = asyncio.Event()
+    connector = aiohttp.TCPConnector(limit=load.concurrency + 8, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        tasks = [asyncio.create_task(stream_loop(
+            session, urls[i % len(urls)], load, stats, i,
+            f"{session_prefix}-{i}" if session_prefix else None, stop)) for i in range(load.concurrency)]
+        await asyncio.sleep(load.warmup_s)
+        stats.measuring = True
+        started = time.monotonic()
+        await asyncio.sleep(load.duration_s)
+        stats.measuring = False
+        window_s = time.monotonic() - started
+        stop.set()
+        await asyncio.gather(*tasks)
+    return stats, window_s
+
+
+# ---------------------------------------------------------------------------------------- stack
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def worker_requests(url: str) -> float:
+    """`sglang:num_requests_total` of one worker (requests its engine accepted)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return float("nan")
+    match = re.search(r"^sglang:num_requests_total\{[^}]*\} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else float("nan")
+
+
+def _chat_ok(base: str) -> bool:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
+    request = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Stack:
+    cluster: Cluster
+    nosched_url: str
+    sglang: subprocess.Popen
+    sglang_url: str
+    pids: dict[str, list[int]]
+
+    def urls(self, arm: str) -> list[str]:
+        return {"direct": self.cluster.workers, "bandmaster": [self.cluster.http_url],
+                "bandmaster-nosched": [self.nosched_url], "sglang-router": [self.sglang_url]}[arm]
+
+    def cpu(self) -> dict[str, float]:
+        return {group: sum(cpu_seconds(pid) for pid in pids) for group, pids in self.pids.items()}
+
+    def stop(self) -> None:
+        if self.sglang.poll() is None:
+            self.sglang.send_signal(signal.SIGTERM)
+            try:
+                self.sglang.wait(10)
+            except subprocess.TimeoutExpired:
+                self.sglang.kill()
+                self.sglang.wait()
+        self.cluster.stop()
+
+
+def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) -> Stack:
+    config = ClusterConfig(
+        workers=workers, worker_speedup=speedup, worker_kv_tokens=kv_tokens, model_name=MODEL, http_port=0,
+        log_level="WARNING",
+        extra_worker_args=("--max-running-requests", str(max_running), "--log-level", "WARNING"))
+    cluster = start_cluster(config, Supervisor())
+    sglang = None
+    try:
+        nosched_spec = router_spec(config, cluster.capacity.endpoint, None)
+        nosched_spec.name = "router-nosched"  # the supervisor names ready and log files after the child
+        (nosched,) = cluster.supervisor.start_all([nosched_spec])
+        nosched_url = f"http://127.0.0.1:{nosched.ready['http_port']}"
+        port = _free_port()
+        log = open(cluster.supervisor.state_dir / "sglang-router.log", "wb")
+        sglang = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *cluster.workers,
+             "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
+             # Its metrics port defaults to a fixed 29000: a second router on the machine would collide.
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
+        log.close()
+        sglang_url = f"http://127.0.0.1:{port}"
+        # Every front door must answer a chat request before any phase starts: sglang-router registers
+        # its workers in the background, our routers learn them from the capacity watch.
+        deadline = time.monotonic() + 60
+        pending = {cluster.http_url, nosched_url, sglang_url}
+        while pending:
+            if sglang.poll() is not None:
+                raise RuntimeError("sglang-router exited during start-up; see "
+                                   f"{cluster.supervisor.state_dir / 'sglang-router.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"never routed a request: {sorted(pending)}")
+            pending = {url for url in pending if not _chat_ok(url)}
+            time.sleep(0.2)
+    except BaseException:
+        if sglang is not None and sglang.poll() is None:
+            sglang.kill()
+            sglang.wait()
+        cluster.stop()
+        raise
+    children = {child.spec.name: child.process.pid for child in cluster.supervisor.children}
+    pids = {
+        "workers": [pid for name, pid in children.items() if name.startswith("simworker")],
+        "capacity": [children["capacity"]],
+        "scheduler": [children["scheduler"]],
+        "router": [children["router"]],
+        "router-nosched": [children["router-nosched"]],
+        "sglang-router": [sglang.pid],
+        "client": [os.getpid()],
+    }
+    return Stack(cluster, nosched_url, sglang, sglang_url, pids)
+
+
+# ---------------------------------------------------------------------------------------- report
+
+# Processes that only the arm's own proxy path uses (the others idle during its phases).
+PROXY_CPU_GROUPS = {"direct": (), "bandmaster": ("router", "scheduler"), "bandmaster-nosched": ("router-nosched",),
+                    "sglang-router": ("sglang-router",)}
+
+
+def phase_order(repeats: int, concurrencies: list[int]) -> list[tuple[int, int, str]]:
+    """(rep, concurrency, arm): per repetition each concurrency runs every arm, alternating direction."""
+    order = []
+    for rep in range(repeats):
+        for position, concurrency in enumerate(concurrencies):
+            # Each concurrency alternates ABCD / DCBA from one repetition to the next.
+            arms = list(reversed(ARMS)) if (rep + position) % 2 else list(ARMS)
+            order += [(rep, concurrency, arm) for arm in arms]
+    return order
+
+
+def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float]],
+              concurrencies: list[int]) -> dict:
+    """Per concurrency and arm: pooled TTFT percentiles, mean rates over repetitions, deltas and ratios."""
+    out: dict[str, dict] = {}
+    for concurrency in concurrencies:
+        rows: dict[str, dict] = {}
+        for arm in ARMS:
+            mine = [p for p in phases if p["arm"] == arm and p["concurrency"] == concurrency]
+            tokens = sum(p["tokens"] for p in mine)
+            window = sum(p["window_s"] for p in mine)
+            proxy_cpu = sum(sum(p["cpu_s"][g] for g in PROXY_CPU_GROUPS[arm]) for p in mine)
+            tokens_all = sum(p["tokens_all"] for p in mine)
+            rows[arm] = {
+                "ttft_ms": summary_ms(ttft_samples[(concurrency, arm)]),
+                "streamed_tokens_per_s": tokens / window,
+                "streamed_tokens_per_s_by_repeat": [round(p["streamed_tokens_per_s"], 1) for p in mine],
+                "requests_per_s": sum(p["requests"] for p in mine) / window,
+                "requests": sum(p["requests"] for p in mine),
+                "errors": sum(p["errors"] for p in mine),
+                # CPU of the arm's own proxy processes (router + scheduler for bandmaster) per streamed token.
+                "proxy_cpu_ms_per_1k_tokens": 1e6 * proxy_cpu / tokens_all if tokens_all else float("nan"),
+                "client_cpu_fraction": sum(p["cpu_s"]["client"] for p in mine) / window,
+                "busiest_worker_share": max(max(p["worker_share"]) for p in mine),
+            }
+        for arm, row in rows.items():
+            for base in ("direct", "sglang-router"):
+                ref = rows[base]
+                row[f"vs_{base}"] = {
+                    "added_ttft_ms_p50": row["ttft_ms"]["p50"] - ref["ttft_ms"]["p50"],
+                    "added_ttft_ms_p99": row["ttft_ms"]["p99"] - ref["ttft_ms"]["p99"],
+                    "ttft_p50_ratio": ratio(row["ttft_ms"]["p50"], ref["ttft_ms"]["p50"]),
+                    "ttft_p99_ratio": ratio(row["ttft_ms"]["p99"], ref["ttft_ms"]["p99"]),
+                    "tokens_per_s_ratio": ratio(row["streamed_tokens_per_s"], ref["streamed_tokens_per_s"]),
+                }
+        out[str(concurrency)] = rows
+    return out
+
+
+def print_table(summary: dict) -> None:
+    header = (f"{'conc':>4} {'arm':19} {'TTFT p50':>9} {'p99':>8} {'+p50 vs dir':>11} {'+p99 vs dir':>11} "
+              f"{'tok/s':>8} {'req/s':>7} {'tok/s÷dir':>9} {'tok/s÷sgl':>9} {'p50÷sgl':>7} {'cpu/1k':>6} {'errors':>6}")
+    print(header)
+    print("-" * len(header))
+    for concurrency, rows in summary.items():
+        for arm, r in rows.items():
+            print(f"{concurrency:>4} {arm:19} {r['ttft_ms']['p50']:9.1f} {r['ttft_ms']['p99']:8.1f} "
+                  f"{r['vs_direct']['added_ttft_ms_p50']:+11.1f} {r['vs_direct']['added_ttft_ms_p99']:+11.1f} "
+                  f"{r['streamed_tokens_per_s']:8.0f} {r['requests_per_s']:7.1f} "
+                  f"{r['vs_direct']['tokens_per_s_ratio']:9.2f} {r['vs_sglang-router']['tokens_per_s_ratio']:9.2f} "
+                  f"{r['vs_sglang-router']['ttft_p50_ratio']:7.2f} {r['proxy_cpu_ms_per_1k_tokens']:6.0f} "
+                  f"{r['errors']:6d}")
+    print("TTFT in ms (client send -> first content token); tok/s = streamed tokens per wall second;\n"
+          "cpu/1k = CPU ms of the arm's proxy processes (router + scheduler for bandmaster) per 1000 streamed tokens.")
+
+
+# ---------------------------------------------------------------------------------------- main
+
+
+async def run_phases(stack: Stack, order: list[tuple[int, int, str]], make_load) -> tuple[list[dict], dict]:
+    phases: list[dict] = []
+    ttft: dict[tuple[int, str], list[float]] = {}
+    for index, (rep, concurrency, arm) in enumerate(order):
+        load = make_load(concurrency)
+        prefix = f"rb{os.getpid()}-{index}" if arm == "bandmaster" else None
+        cpu0 = stack.cpu()
+        served0 = [worker_requests(url) for url in stack.cluster.workers]
+        stats, window_s = await run_phase(stack.urls(arm), load, prefix)
+        cpu1 = stack.cpu()
+        served = [worker_requests(url) - before for url, before in zip(stack.cluster.workers, served0)]
+        ttft.setdefault((concurrency, arm), []).extend(stats.ttft_s)
+        phase = {
+            "index": index, "repeat": rep, "concurrency": concurrency, "arm": arm, "window_s": round(window_s, 3),
+            "requests": stats.requests, "tokens": stats.tokens, "tokens_all": stats.tokens_all, "errors": stats.errors,
+            "error_kinds": stats.error_kinds,
+            "streamed_tokens_per_s": stats.tokens / window_s, "requests_per_s": stats.requests / window_s,
+            "ttft_ms": summary_ms(stats.ttft_s),
+            # Whole phase (warm-up and drain included), per process group.
+            "cpu_s": {group: round(cpu1[group] - cpu0[group], 3) for group in cpu0},
+            # Share of the phase's requests each worker served (the routing balance of the arm).
+            "worker_share": [round(n / sum(served), 3) if sum(served) else float("nan") for n in served],
+        }
+        phases.append(phase)
+        print(f"  [{index + 1}/{len(order)}] c={concurrency:<4} {arm:19} ttft p50 {phase['ttft_ms']['p50']:7.1f} ms "
+              f"p99 {phase['ttft_ms']['p99']:7.1f} ms  {phase['streamed_tokens_per_s']:7.0f} tok/s  "
+              f"errors {stats.errors}  workers {'/'.join(f'{x:.2f}' for x in phase['worker_share'])}", flush=True)
+    return phases, ttft
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/router_bench.json")
+    parser.add_argument("--smoke", action="store_true", help="seconds, not minutes: for the test suite")
+    parser.add_argument("--concurrency", default=None, help="comma-separated stream counts (default 64,256)")
+    parser.add_argument("--duration-s", type=float, default=None, help="measured window per phase")
+    parser.add_argument("--warmup-s", type=float, default=None, help="unmeasured start of each phase")
+    parser.add_argument("--repeats", type=int, default=None, help="passes over all arms (alternating order)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--speedup", type=float, default=1000.0)
+    parser.add_argument("--prompt-tokens", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=None)
+    args = parser.parse_args(argv)
+    concurrencies = [int(c) for c in (args.concurrency or ("8" if args.smoke else "64,256")).split(",")]
+    duration_s = args.duration_s or (1.0 if args.smoke else 8.0)
+    warmup_s = args.warmup_s if args.warmup_s is not None else (0.5 if args.smoke else 2.0)
+    repeats = args.repeats or (1 if args.smoke else 3)
+    prompt_tokens = args.prompt_tokens or (64 if args.smoke else 256)
+    max_tokens = args.max_tokens or (16 if args.smoke else 64)
+    max_concurrency = max(concurrencies)
+    # Every stream holds prompt + output tokens; KV is sized so that nothing queues or pauses on it.
+    kv_tokens = max(65_536, 4 * max_concurrency * (prompt_tokens + max_tokens + 32))
+    max_running = max(256, max_concurrency)
+    order = phase_order(repeats, concurrencies)
+
+    def make_load(concurrency: int) -> Load:
+        return Load(concurrency, prompt_tokens, max_tokens, warmup_s, duration_s)
+
+    print(f"router bench: {args.workers} simworkers at speedup {args.speedup:g}, prompt ~{prompt_tokens} tokens, "
+          f"{max_tokens} tokens/request; {len(order)} phases of {warmup_s:g}+{duration_s:g} s", flush=True)
+    started = time.monotonic()
+    stack = start_stack(args.workers, args.speedup, kv_tokens, max_running)
+    try:
+        phases, ttft = asyncio.run(run_phases(stack, order, make_load))
+        failed = [c.spec.name for c in stack.cluster.supervisor.failed()] + (
+            ["sglang-router"] if stack.sglang.poll() is not None else [])
+    finally:
+        stack.stop()
+    summary = aggregate(phases, ttft, concurrencies)
+    report = {
+        "benchmark": "router_bench",
+        "smoke": args.smoke,
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
+                    "note": "client, proxies and workers share these CPUs; compare ratios within one run"},
+        "config": {"workers": args.workers, "speedup": args.speedup, "prompt_tokens": prompt_tokens,
+                   "max_tokens": max_tokens, "concurrency": concurrencies, "duration_s": duration_s,
+                   "warmup_s": warmup_s, "repeats": repeats, "arms": list(ARMS), "worker_kv_tokens": kv_tokens,
+                   "worker_max_running_requests": max_running, "sglang_router_policy": "cache_aware",
+                   "order": [f"{c}:{arm}" for _, c, arm in order]},
+        "wall_s": round(time.monotonic() - started, 1),
+        "processes_exited_early": failed,
+        "summary": summary,
+        "phases": phases,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print()
+    print_table(summary)
+    print(f"report written to {out} ({report['wall_s']:.0f} s)")
+    errors = sum(p["errors"] for p in phases)
+    empty = [p for p in phases if p["requests"] == 0]
+    return 0 if errors == 0 and not empty and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
