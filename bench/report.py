@@ -28,6 +28,8 @@ LONG_KV_HIT = 0.97
 LONG_RANGE = (2.0 * 0.95, 4.0 * 1.05)
 NOT_SLOWER = 0.97       # short context and below saturation: within 3% of the best arm
 FLAT = 0.90             # past saturation: within 10% of the arm's peak
+# "Past saturation" starts here: the point at ~1x is where the curve bends, not past it.
+PAST_SATURATION = 1.5
 
 ARM_STYLE = {
     "round_robin": ("#7f7f7f", "s", "round-robin"),
@@ -114,7 +116,7 @@ def evaluate_targets(results: dict) -> list[Target]:
     for sweep in results["sweeps"]:
         others = [a for a in sweep["arms"] if not a.startswith(BANDMASTER_PREFIX)]
         below = [p for p in sweep["points"] if p["oversubscription"] < 1.0]
-        above = [p for p in sweep["points"] if p["oversubscription"] > 1.0]
+        above = [p for p in sweep["points"] if p["oversubscription"] >= PAST_SATURATION]
         for arm in bandmaster_arms(sweep):
             def best_other(point: dict) -> tuple[float | None, str]:
                 candidates = [(steps(sweep, a, point["parallel"]), a) for a in others]
@@ -122,7 +124,7 @@ def evaluate_targets(results: dict) -> list[Target]:
                 return max(candidates) if candidates else (None, "-")
 
             def best_any(point: dict) -> tuple[float | None, str]:
-                candidates = [(steps(sweep, a, point["parallel"]), a) for a in sweep["arms"]]
+                candidates = [(steps(sweep, a, point["parallel"]), a) for a in (*others, arm)]
                 candidates = [c for c in candidates if c[0] is not None]
                 return max(candidates) if candidates else (None, "-")
 
@@ -147,12 +149,13 @@ def evaluate_targets(results: dict) -> list[Target]:
                 out.append(_ratio_target(sweep, arm, "below saturation: within 3% of the best arm", NOT_SLOWER,
                                          below, best_any))
             rows = arm_rows(sweep, arm)
-            if above and rows:
+            # Flatness needs at least two points past saturation (one point is its own peak).
+            if len(above) >= 2 and rows:
                 peak = max(s["steps_per_min"] for _, s in rows)
                 past = [(s["steps_per_min"] / peak, p["parallel"]) for p, s in rows if p in above] if peak else []
                 worst = min(past) if len(past) == len(above) else None
                 out.append(Target(sweep["mode"], sweep["workload"], arm,
-                                  "past saturation: steps/min within 10% of its peak", FLAT,
+                                  "past saturation (>= 1.5x): steps/min within 10% of its peak", FLAT,
                                   round(worst[0], 3) if worst else None, [p["parallel"] for p in above],
                                   f"worst at {worst[1]} programs (peak {peak:.1f})" if worst else "missing points"))
     return out
@@ -191,7 +194,7 @@ def _sweep_axes(ax, sweep: dict) -> None:
     ax.annotate("KV pool full", (fits, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
                 textcoords="offset points", fontsize=8, color="#555555")
     ax.set_xlabel("parallel programs")
-    ax.set_xlim(0, max(p["parallel"] for p in sweep["points"]) * 1.05)
+    ax.set_xlim(0, max(fits, *[p["parallel"] for p in sweep["points"]]) * 1.08)
     top = ax.secondary_xaxis("top", functions=(lambda x: x / fits, lambda x: x * fits))
     top.set_xlabel("oversubscription (parallel programs / programs that fit)", fontsize=8)
     ax.grid(True, alpha=0.3)
@@ -220,8 +223,7 @@ def _metric_figure(sweep: dict, path: Path, key: str, ylabel: str, title: str, p
     ax.set_title(f"{title}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}\n{_subtitle(sweep)}",
                  fontsize=9, pad=34)
     ax.legend(fontsize=8, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -261,27 +263,29 @@ def plot_timeline(sweep: dict, path: Path, worker: str | None = None) -> Path | 
         t_min = [r[cols["t_s"]] / 60 for r in rows]
         util = [r[cols["utilisation"]] for r in rows]
         ax.plot(t_min, util, color="#2ca02c", linewidth=1.4, label="utilisation (working set / retention)")
-        ax.plot(t_min, [r[cols["utilisation_decayed"]] for r in rows], color="#2ca02c", linewidth=0.9,
+        decayed = [r[cols["utilisation_decayed"]] for r in rows]
+        ax.plot(t_min, decayed, color="#2ca02c", linewidth=0.9,
                 linestyle="--", alpha=0.7, label="resume-side utilisation (acting tokens decayed)")
         ax.plot(t_min, [r[cols["engine_token_usage"]] for r in rows], color="#7f7f7f", linewidth=0.8,
                 alpha=0.8, label="engine KV token usage")
         bands = timeline["bands"]
-        top = max([1.1, *[u + 0.08 for u in util]])
+        top = max([1.0, *util, *decayed]) + 0.15     # room above the curves for the event markers
         ax.axhspan(bands["soft_demote_threshold"], bands["pause_threshold"], color="#ff7f0e", alpha=0.08)
         ax.axhspan(bands["pause_threshold"], top, color="#d62728", alpha=0.06)
-        for key, color, style, label in (
-                ("pause_threshold", "#d62728", "-", "pause threshold"),
-                ("soft_demote_threshold", "#ff7f0e", "-", "soft-demote threshold"),
-                ("resume_ceiling", "#1f77b4", "-.", "resume line (threshold - hysteresis)"),
-                ("pause_target", "#9467bd", ":", "pause target")):
-            ax.axhline(bands[key], color=color, linestyle=style, linewidth=1.0,
+        # The pause target is drawn last and thicker: by default it equals the soft-demote threshold.
+        for key, color, style, width, label in (
+                ("pause_threshold", "#d62728", "-", 1.0, "pause threshold"),
+                ("soft_demote_threshold", "#ff7f0e", "-", 1.0, "soft-demote threshold"),
+                ("resume_ceiling", "#1f77b4", "-.", 1.0, "resume line (threshold - hysteresis)"),
+                ("pause_target", "#9467bd", ":", 2.0, "pause target")):
+            ax.axhline(bands[key], color=color, linestyle=style, linewidth=width,
                        label=f"{label} {bands[key]:.2f}")
         events = [e for e in timeline["control_events"] if e[2] == name]
         pauses = [e[0] / 60 for e in events if e[1] == "pause"]
         resumes = [e[0] / 60 for e in events if e[1] in ("resume", "forced_resume")]
-        ax.plot(pauses, [top - 0.03] * len(pauses), linestyle="none", marker="v", color="#d62728",
+        ax.plot(pauses, [top - 0.05] * len(pauses), linestyle="none", marker="v", color="#d62728",
                 markersize=5, label=f"pause ({len(pauses)})")
-        ax.plot(resumes, [top - 0.08] * len(resumes), linestyle="none", marker="^", color="#1f77b4",
+        ax.plot(resumes, [top - 0.11] * len(resumes), linestyle="none", marker="^", color="#1f77b4",
                 markersize=5, label=f"resume ({len(resumes)})")
         ax.set_ylim(0, top)
         ax.set_xlim(left=0)
