@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
+	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live (bench/results/agentic/)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 
@@ -60,7 +61,10 @@ bench-scheduler: venv
 bench-router: venv
 	$(PY) -m bench.router_bench --out bench/results/router_bench.json
 
-bench: bench-capacity bench-simworker bench-scheduler bench-router
+bench-agentic: venv
+	$(PY) -m bench.compare --mode both --workload both --out-dir bench/results/agentic --jobs 2
+
+bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
