@@ -16,7 +16,7 @@ from services.common.config import require
 from services.router.core.params import KvRouterParams
 from services.scheduler.core.model import ReplicaCapacity
 from services.scheduler.core.params import ControlParams
-from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig
+from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig, service_control_params
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import Engine
@@ -62,7 +62,7 @@ class SimScenario:
     worker_chunked_prefill_size: int = 8_192
     worker_context_length: int = 131_072
 
-    control: ControlParams = field(default_factory=ControlParams)
+    control: ControlParams = field(default_factory=service_control_params)
     """The scheduler's control law (bandmaster arm). Defaults are `bandmaster up`'s, in simulated seconds."""
     pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY
     """The scheduler service's default (services/scheduler/config.py), not the pure core's."""
@@ -172,12 +172,13 @@ class SimScenario:
 
 def live_control_params(speedup: float, **overrides: float) -> ControlParams:
     """The control law `bandmaster up --speedup S` runs, in simulated seconds: cluster.py passes
-    interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S and idle TTL 900/S wall seconds, which
+    interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S, idle TTL 900/S and resume aging 60/S wall seconds, which
     are S times longer in simulated time (so only the 0.05 s floor shows at high speedups)."""
     values = dict(scheduler_interval_seconds=max(SCHEDULER_MIN_INTERVAL_WALL_S, 5.0 / speedup) * speedup,
-                  acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0)
+                  acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0,
+                  resume_aging_seconds=60.0)
     values.update(overrides)
-    return ControlParams(**values)
+    return service_control_params(**values)
 
 
 def worker_id(index: int) -> str:

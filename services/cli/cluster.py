@@ -118,6 +118,7 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
         "--acting-decay-tau-seconds", f"{1.0 / speedup:g}",
         "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
         "--program-idle-ttl-seconds", f"{900.0 / speedup:g}",
+        "--resume-aging-seconds", f"{60.0 / speedup:g}",
         # Chat prompts reach the router as text; without a tokenizer it matches prefixes on text
         # chunks (approximate mode), so KV events cannot be used. See docs/router-selection.md.
         "--no-use-kv-events",

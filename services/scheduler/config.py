@@ -46,6 +46,11 @@ CONTROL_SETTINGS = [
             env=TA + "ACTING_DECAY_TAU_SECONDS"),
     Setting("program_idle_ttl_seconds", float, 900.0, "release a program idle at a tool boundary this long (0 disables)",
             env=TA + "PROGRAM_IDLE_TTL_SECONDS"),
+    # Ours, not the seed's: bounds how long shortest-first resume can pass over a large program
+    # (the seed relies on --resume-timeout-seconds alone). 0 restores the reference behaviour.
+    Setting("resume_aging_seconds", float, 60.0,
+            "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
+            "itself (0 disables)", env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS"),
 ]
 
 # The service runs the cost-aware policy unless told otherwise: it equals the reference ("threshold")
@@ -229,3 +234,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
 
 
 __all__ = ["COST_AWARE_SETTINGS", "ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]
+
+
+def service_control_params(**overrides: float) -> ControlParams:
+    """The control law the scheduler service runs with no flags and no environment (its defaults,
+    which add resume aging to the seed's), with `overrides` applied."""
+    values = {s.name: s.default for s in CONTROL_SETTINGS}
+    values.update(overrides)
+    return ControlParams(**values)

@@ -57,6 +57,11 @@ class ControlParams:
     """Time constant of the 2^(-idle/tau) decay of ACTING tokens in the resume-side working set."""
     program_idle_ttl_seconds: float = 900.0
     """An ACTING program idle this long is released (0 disables)."""
+    resume_aging_seconds: float = 0.0
+    """A held admission that has waited this long makes room for itself: ACTING programs on the
+    replica it can best use are paused (shortest first) until it fits, then it resumes there
+    (0 disables; the reference relies on forced resume after resume_timeout_seconds alone; a value at
+    or above resume_timeout_seconds never acts, since forced resume comes first)."""
     buffer_per_program_tokens: int = BUFFER_PER_PROGRAM_TOKENS
     """Per-program allowance added to every program's weight (not a flag, as in the reference)."""
 
@@ -64,7 +69,7 @@ class ControlParams:
         for name in ("pause_threshold", "soft_demote_threshold", "pause_target", "resume_hysteresis",
                      "resume_priority_boost", "resume_timeout_seconds", "scheduler_interval_seconds",
                      "soft_demote_priority_jump", "acting_token_weight", "acting_decay_tau_seconds",
-                     "program_idle_ttl_seconds"):
+                     "program_idle_ttl_seconds", "resume_aging_seconds"):
             _finite(name, getattr(self, name))
         p = self.pause_threshold
         _require(0 <= p <= 1, "pause_threshold", p, "0 <= pause_threshold <= 1")
@@ -84,6 +89,8 @@ class ControlParams:
                  self.acting_decay_tau_seconds, "acting_decay_tau_seconds >= 0.001")
         _require(self.program_idle_ttl_seconds >= 0, "program_idle_ttl_seconds", self.program_idle_ttl_seconds,
                  "program_idle_ttl_seconds >= 0")
+        _require(self.resume_aging_seconds >= 0, "resume_aging_seconds", self.resume_aging_seconds,
+                 "resume_aging_seconds >= 0")
         _require(isinstance(self.buffer_per_program_tokens, int) and self.buffer_per_program_tokens >= 0,
                  "buffer_per_program_tokens", self.buffer_per_program_tokens, "buffer_per_program_tokens >= 0")
 

@@ -347,6 +347,8 @@ class SchedulerCore:
         if self._caps:
             self._soft_demote(now, acc)
             resumed = self._resume(now, acc)
+        if self._caps and self.params.resume_aging_seconds > 0:
+            resumed += self._resume_aged(now, acc)
         forced = self._force_overdue(now, acc)
         if self._caps:
             paused, marked = self._pause_over_threshold(now, acc)
@@ -519,6 +521,69 @@ class SchedulerCore:
             if fits(key):
                 return key
         return None
+
+    def _resume_aged(self, now: float, acc: _Acc) -> int:
+        """Bound the wait of large programs that best-fit resume keeps passing over.
+
+        Shortest-first resume starves a large paused program while smaller ones keep taking the
+        room it needs; the reference bounds that only by forced resume after
+        resume_timeout_seconds (30 min). Here a held admission that has waited
+        resume_aging_seconds makes room: on the replica where pausing its ACTING programs frees
+        the most (room_r = capacity * pause_threshold - (used - sum of unmarked ACTING weights)),
+        those programs are paused shortest first until the aged one fits below the pause
+        threshold, and it resumes there. Oldest first, at most one per replica per tick, so
+        memory rotates between waiting programs instead of starving the largest. A program that
+        cannot fit even an emptied replica is resumed, pausing nobody, where the most is free: it
+        thrashes wherever it runs, and holding it only adds latency.
+        """
+        age = self.params.resume_aging_seconds
+        buffer = self.params.buffer_per_program_tokens
+        threshold = self.params.pause_threshold
+        aged: list[tuple[float, Program]] = []
+        for sid, request_ids in self._waiting.items():
+            program = self._programs[sid]
+            if program.lifecycle is not Lifecycle.PAUSED:
+                continue
+            started = min(self._turns[rid].started_at for rid in request_ids)
+            if now - started >= age:
+                aged.append((started, program))
+        aged.sort(key=lambda item: (item[0], item[1].seq))
+        used_targets: set[ReplicaKey] = set()
+        resumed = 0
+        for started, program in aged:
+            best: tuple[float, ReplicaKey, list[Program]] | None = None
+            for key, cap in self._caps.items():
+                if key in used_targets:
+                    continue
+                movable = sorted((q for sid in self._resident[key]
+                                  if (q := self._programs[sid]).status is Status.ACTING and not q.marked),
+                                 key=lambda q: (q.token_total, q.seq))
+                reclaimable = sum(self._weight(q, key) + buffer for q in movable)
+                room = cap.retention_tokens * threshold - (self._used[key] - reclaimable)
+                if best is None or room > best[0]:
+                    best = (room, key, movable)
+            if best is None:
+                break
+            room, target, movable = best
+            need = self._weight(program, target) + buffer
+            if need >= room:
+                # It cannot fit even an emptied replica: pausing others would not help it, so it
+                # goes where the most is free now and pauses nobody.
+                free = [k for k in self._caps if k not in used_targets]
+                target = max(free, key=lambda k: self._caps[k].retention_tokens - self._used[k])
+                movable = []
+            limit = self._caps[target].retention_tokens * threshold
+            for victim in movable:
+                if self._used[target] + need < limit:
+                    break
+                self._pause(now, victim, "aging", acc)
+            used_targets.add(target)
+            self._resume_onto(now, program, target, acc, forced=False, held_s=now - started)
+            acc.logs.append(LogRecord(INFO, "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
+                                      "worker=%s tokens=%d" % (program.session_id, now - started,
+                                                               target.worker_id, program.token_total)))
+            resumed += 1
+        return resumed
 
     def _force_overdue(self, now: float, acc: _Acc) -> int:
         timeout = self.params.resume_timeout_seconds
