@@ -81,7 +81,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                 spec = spec_from_request(request)
                 turn = await self.runner.open(spec)
             except RouterError as err:
-                self.metrics.requests.labels("grpc", path, f"error_{err.http_status}").inc()
+                self.metrics.request("grpc", path, f"error_{err.http_status}").inc()
                 await _abort(context, err)
                 return
             outcome = Outcome.CANCELLED
@@ -120,9 +120,9 @@ class RouterServicer(pb_grpc.RouterServicer):
                                            usage=pb.Usage(prompt_tokens=u.prompt_tokens,
                                                           completion_tokens=u.completion_tokens,
                                                           cached_tokens=u.cached_tokens))
-                self.metrics.requests.labels("grpc", path, "ok" if outcome == Outcome.OK else "failed").inc()
+                self.metrics.request("grpc", path, "ok" if outcome == Outcome.OK else "failed").inc()
             except asyncio.CancelledError:
-                self.metrics.requests.labels("grpc", path, "cancelled").inc()
+                self.metrics.request("grpc", path, "cancelled").inc()
                 raise
             finally:
                 await turn.close(outcome)
@@ -138,7 +138,7 @@ class RouterServicer(pb_grpc.RouterServicer):
         ctx = propagate.extract(dict(context.invocation_metadata() or ()))
         with self.tracer.start_as_current_span("router.release", context=ctx, kind=trace.SpanKind.SERVER):
             released = await self.runner.release(sid)
-        self.metrics.requests.labels("grpc", "final", "ok").inc()
+        self.metrics.request("grpc", "final", "ok").inc()
         return pb.ReleaseResponse(released=released)
 
 

@@ -24,7 +24,7 @@ from services.router import session
 from services.router.control import Outcome
 from services.router.errors import BadRequest, BodyTooLarge, RouterError, WorkerFailed, WorkerTimeout
 from services.router.metrics import RouterMetrics
-from services.router.turns import Api, LineKind, TurnRunner, TurnSpec
+from services.router.turns import Api, TurnRunner, TurnSpec
 from services.router.upstream import dumps, loads
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class HttpApi:
                     body["stream_options"] = options
                 turn = await self.runner.open(spec)
             except RouterError as err:
-                self.metrics.requests.labels(route, path, f"error_{err.http_status}").inc()
+                self.metrics.request(route, path, f"error_{err.http_status}").inc()
                 span.set_attribute("router.error", err.__class__.__name__)
                 return _error_response(err)
             if spec.stream:
@@ -264,46 +264,40 @@ class HttpApi:
                 answer = await turn.json()
                 outcome = Outcome.OK
             except RouterError as err:
-                self.metrics.requests.labels(route, path, f"error_{err.http_status}").inc()
+                self.metrics.request(route, path, f"error_{err.http_status}").inc()
                 return _error_response(err)
             except asyncio.CancelledError:
                 outcome = Outcome.CANCELLED
-                self.metrics.requests.labels(route, path, "cancelled").inc()
+                self.metrics.request(route, path, "cancelled").inc()
                 raise
             finally:
                 await turn.close(outcome)
-            self.metrics.requests.labels(route, path, "ok").inc()
+            self.metrics.request(route, path, "ok").inc()
             return web.Response(body=dumps(answer), content_type="application/json")
 
     async def _stream(self, request: web.Request, turn, route: str, path: str,
                       client_usage: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         outcome = Outcome.CANCELLED
-        skip_blank = False
         try:
             await response.prepare(request)
             try:
-                async for line, kind in turn.lines():
-                    if kind is LineKind.USAGE and not client_usage:
-                        skip_blank = True
-                        continue
-                    if kind is LineKind.BLANK and skip_blank:
-                        skip_blank = False
-                        continue
-                    await response.write(line)
+                # One write per read from the worker, not per line: see SseRelay.
+                async for block in turn.sse(client_usage):
+                    await response.write(block)
                 outcome = Outcome.OK
             except (WorkerFailed, WorkerTimeout) as err:
                 outcome = Outcome.FAILED
                 self.metrics.upstream_errors.labels(err.__class__.__name__, "stream").inc()
                 await response.write(b"\n" + _sse(err.body()) + _DONE)
-            self.metrics.requests.labels(route, path, "ok" if outcome == Outcome.OK else "failed").inc()
+            self.metrics.request(route, path, "ok" if outcome == Outcome.OK else "failed").inc()
             await response.write_eof()
         except ConnectionResetError:
             outcome = Outcome.CANCELLED
-            self.metrics.requests.labels(route, path, "cancelled").inc()
+            self.metrics.request(route, path, "cancelled").inc()
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED
-            self.metrics.requests.labels(route, path, "cancelled").inc()
+            self.metrics.request(route, path, "cancelled").inc()
             raise
         finally:
             await turn.close(outcome)
@@ -312,7 +306,7 @@ class HttpApi:
     async def _final(self, request: web.Request, spec: TurnSpec) -> web.StreamResponse:
         released = await self.runner.release(spec.identity.session_id)
         log.debug("final request for %s: released=%s", spec.identity.session_id, released)
-        self.metrics.requests.labels(_ROUTE_NAMES[spec.api], "final", "ok").inc()
+        self.metrics.request(_ROUTE_NAMES[spec.api], "final", "ok").inc()
         model = spec.model or next(iter(self.runner.fleet.model_names), "bandmaster")
         include_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
         answer = empty_completion(spec.api, model, spec.stream, include_usage)

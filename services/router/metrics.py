@@ -35,3 +35,18 @@ class RouterMetrics:
         self.scheduler_reachable = Gauge("bandmaster_router_scheduler_reachable",
                                          "0 while the router fails open", registry=r)
         self.scheduler_reachable.set(1)
+        self._children: dict[tuple, object] = {}
+
+    def request(self, route: str, path: str, outcome: str):
+        """The `requests` child of these labels, looked up once (labels() validates and locks each call)."""
+        return self._child(self.requests, route, path, outcome)
+
+    def pick(self, reason: str):
+        return self._child(self.picks, reason)
+
+    def _child(self, metric, *labels: str):
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child

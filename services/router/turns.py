@@ -3,13 +3,16 @@
     turn = await runner.open(spec)          # Admit (may wait while the program is paused), pick, Bind,
                                             # send upstream and wait for the first chunk; one retry on
                                             # another worker if that fails before the first token
-    async for line, kind in turn.lines():   # the worker's SSE lines, forwarded as they arrive
-        ...
+    async for block in turn.sse(usage):     # HTTP: the worker's SSE bytes, whole lines, as they arrive
+        ...                                 # (gRPC: `async for line, kind in turn.lines()`)
     await turn.close(outcome)               # in `finally`: abort upstream if still open, free the load,
                                             # Complete in the background
 
 The token path does no JSON work except on the chunk that carries usage (or, for /generate, the
-last chunk), and no logging. Bookkeeping (Bind, Complete) runs in background tasks off the stream.
+last chunk), and no logging. `SseRelay` forwards each read from the worker as one block when C-level
+byte tests show it holds only plain data and blank lines; only a block with a line that needs
+attention (usage, an error event, a suppressed blank, anything else) is taken apart line by line.
+Bookkeeping (Bind, Complete) runs in background tasks off the stream.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class LineKind(enum.Enum):
     USAGE = 1       # OpenAI usage-only chunk (choices: [])
     DONE = 2        # data: [DONE]
     BLANK = 3       # event separator
+    ERROR = 4       # data: {"error": ...}: the worker failed mid-stream (never forwarded)
 
 
 @dataclass
@@ -190,54 +194,95 @@ class OpenTurn:
         self.finish_reason: str | None = None
         self._closed = False
 
-    async def lines(self) -> AsyncIterator[tuple[bytes, LineKind]]:
-        """The worker's SSE lines. Raises WorkerFailed / WorkerTimeout if the stream breaks (the
-        caller has already sent the first token by then)."""
-        api = self.spec.api
+    async def sse(self, include_usage: bool) -> AsyncIterator[bytes]:
+        """The worker's SSE stream for an HTTP client, as blocks of whole lines: the usage-only chunk
+        carries `prompt_tokens_details` and is dropped (with its blank line) unless `include_usage`.
+        Raises WorkerFailed / WorkerTimeout if the stream breaks, after yielding what preceded the break
+        (the caller has already sent the first token by then)."""
+        relay = SseRelay(self.spec.api, include_usage, self._absorb_openai)
         core = self._runner.fleet.core
         track_output = core is not None and core.params.router_track_output_blocks
-        chunks = 0
-        last_data: bytes | None = None
+        reported = 0
         content = self.response.content
-        pending = self._first_line
+        data = self._first_line or b""
         self._first_line = None
         try:
+            if data:
+                # Whatever arrived with the first token goes out in the same write.
+                try:
+                    data += content.read_nowait()
+                except (asyncio.TimeoutError, aiohttp.ClientError):
+                    pass  # readany raises it again, after the first line went out
             while True:
-                if pending is not None:
-                    line, pending = pending, None
-                else:
-                    line = await content.readline()
-                    if not line:
+                if not data:
+                    data = await content.readany()
+                    if not data:
                         break
-                if line.startswith(b"data:"):
-                    if line.startswith(b"data: [DONE]"):
-                        yield line, LineKind.DONE
-                        continue
-                    if line.startswith(b'data: {"error"'):
-                        raise WorkerFailed(_stream_error(line))
-                    chunks += 1
-                    if track_output and core is not None and chunks % 8 == 0:
-                        core.output_progress(self.spec.request_id, chunks)
-                    if api is Api.GENERATE:
-                        last_data = line
-                    elif b'"usage":{' in line:
-                        chunk = loads(memoryview(line)[5:])
-                        self._absorb_openai(chunk)
-                        if not chunk.get("choices"):
-                            # Once per turn: make prompt_tokens_details.cached_tokens always present.
-                            if ensure_cached_details(chunk):
-                                line = b"data: " + dumps(chunk) + b"\n"
-                            yield line, LineKind.USAGE
-                            continue
-                    yield line, LineKind.DATA
-                elif line in (b"\n", b"\r\n"):
-                    yield line, LineKind.BLANK
+                out = relay.feed(data)
+                data = b""
+                if track_output and relay.chunks - reported >= 8:
+                    reported = relay.chunks - relay.chunks % 8
+                    core.output_progress(self.spec.request_id, reported)
+                if out:
+                    yield out
+                if relay.error is not None:
+                    raise WorkerFailed(relay.error)
         except asyncio.TimeoutError:
             raise WorkerTimeout(f"worker {self.worker.worker_id} went silent mid-stream") from None
         except aiohttp.ClientError as exc:
             raise WorkerFailed(f"worker {self.worker.worker_id} broke the stream: {exc.__class__.__name__}") from None
-        if last_data is not None:
-            self._absorb_generate(loads(memoryview(last_data)[5:]))
+        out = relay.end()
+        if track_output and relay.chunks - reported >= 8:
+            core.output_progress(self.spec.request_id, relay.chunks - relay.chunks % 8)
+        if out:
+            yield out
+        if relay.error is not None:
+            raise WorkerFailed(relay.error)
+        last = relay.last_data_line()
+        if last is not None:
+            self._absorb_generate(loads(memoryview(last)[5:]))
+
+    async def lines(self) -> AsyncIterator[tuple[bytes, LineKind]]:
+        """The worker's SSE lines that are forwarded (data, usage, [DONE], blank), one by one, for
+        callers that look at every chunk. Raises WorkerFailed / WorkerTimeout if the stream breaks."""
+        relay = SseRelay(self.spec.api, True, self._absorb_openai)
+        core = self._runner.fleet.core
+        track_output = core is not None and core.params.router_track_output_blocks
+        reported = 0
+        content = self.response.content
+        data = self._first_line or b""
+        self._first_line = None
+        try:
+            while True:
+                if not data:
+                    data = await content.readany()
+                    if not data:
+                        break
+                block = relay.complete_lines(data)
+                data = b""
+                for line in split_lines(block):
+                    line, kind = relay.classify(line)
+                    if kind is LineKind.ERROR:
+                        raise WorkerFailed(_stream_error(line))
+                    if track_output and relay.chunks - reported >= 8:
+                        reported = relay.chunks - relay.chunks % 8
+                        core.output_progress(self.spec.request_id, reported)
+                    if kind is not None:
+                        yield line, kind
+        except asyncio.TimeoutError:
+            raise WorkerTimeout(f"worker {self.worker.worker_id} went silent mid-stream") from None
+        except aiohttp.ClientError as exc:
+            raise WorkerFailed(f"worker {self.worker.worker_id} broke the stream: {exc.__class__.__name__}") from None
+        tail = relay.take_partial()
+        if tail:
+            line, kind = relay.classify(tail)
+            if kind is LineKind.ERROR:
+                raise WorkerFailed(_stream_error(line))
+            if kind is not None:
+                yield line, kind
+        last = relay.last_data_line()
+        if last is not None:
+            self._absorb_generate(loads(memoryview(last)[5:]))
 
     async def json(self) -> dict:
         try:
@@ -282,6 +327,133 @@ class OpenTurn:
         self._closed = True
         self.response.close()
         self._runner._finish(self.spec, self.admission, self.book, outcome)
+
+
+class SseRelay:
+    """What of a worker's SSE bytes reaches the client, one read at a time. No I/O.
+
+    `feed(data)` takes the bytes of one read and returns the bytes to forward: the whole lines so far
+    (a trailing partial line waits for the next read; `end()` flushes it). A block of only data lines
+    and blank lines, none of them an error event or (OpenAI APIs) a usage chunk, is returned as it is,
+    after a handful of `bytes.count` calls. Any other block goes through `classify` line by line, which
+    is the one statement of the rules:
+
+    * `data: [DONE]` is forwarded; `data: {"error"...` stops the stream (`error` is set and what came
+      before it in the block is returned);
+    * every other data line is an output chunk (`chunks`); for /generate the last one carries the usage;
+    * an OpenAI chunk with `"usage":{` is parsed (`absorb_usage`); a usage-only chunk (no choices)
+      gets `prompt_tokens_details` and is forwarded only with `include_usage`, else it and the next
+      blank line are dropped;
+    * blank lines (event separators) are forwarded; other lines (comments, `event:`) are not.
+    """
+
+    def __init__(self, api: Api, include_usage: bool, absorb_usage: Callable[[dict], None]) -> None:
+        self._generate = api is Api.GENERATE
+        self._include_usage = include_usage
+        self._absorb_usage = absorb_usage
+        self._partial = b""
+        self._skip_blank = False
+        self._last_data = b""   # /generate: a block whose last data line is the latest chunk
+        self.chunks = 0         # data lines seen, [DONE] and errors excluded
+        self.error: str | None = None
+
+    def complete_lines(self, data: bytes) -> bytes:
+        """`data` after the partial line kept from before, up to its last newline (the rest is kept)."""
+        if self._partial:
+            data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        if cut == len(data):
+            self._partial = b""
+            return data
+        self._partial = data[cut:]
+        return data[:cut]
+
+    def take_partial(self) -> bytes:
+        tail, self._partial = self._partial, b""
+        return tail
+
+    def feed(self, data: bytes) -> bytes:
+        block = self.complete_lines(data)
+        if not block:
+            return b""
+        if not self._skip_blank and b'data: {"error"' not in block and (
+                self._generate or b'"usage":{' not in block):
+            # Every line must be a data line or a blank line. The counts find distinct lines, so they
+            # add up to the number of lines only if that holds (a miscount sends the block line by line).
+            data_lines = block.count(b"\ndata:") + block.startswith(b"data:")
+            if data_lines + block.count(b"\n\n") + block.startswith(b"\n") == block.count(b"\n"):
+                done = block.count(b"\ndata: [DONE]") + block.startswith(b"data: [DONE]")
+                if data_lines > done:
+                    self.chunks += data_lines - done
+                    if self._generate:
+                        self._last_data = block
+                return block
+        return self._by_line(block)
+
+    def end(self) -> bytes:
+        """The worker closed the stream: a last line without a newline is still a line."""
+        tail = self.take_partial()
+        return self._by_line(tail) if tail else b""
+
+    def last_data_line(self) -> bytes | None:
+        """/generate: the last data chunk of the stream (None if there was none)."""
+        lines = [line for line in split_lines(self._last_data)
+                 if line.startswith(b"data:") and not line.startswith(b"data: [DONE]")]
+        return lines[-1] if lines else None
+
+    def _by_line(self, block: bytes) -> bytes:
+        out: list[bytes] = []
+        for line in split_lines(block):
+            line, kind = self.classify(line)
+            if kind is LineKind.DATA or kind is LineKind.DONE:
+                out.append(line)
+            elif kind is LineKind.BLANK:
+                if self._skip_blank:
+                    self._skip_blank = False
+                else:
+                    out.append(line)
+            elif kind is LineKind.USAGE:
+                if self._include_usage:
+                    out.append(line)
+                else:
+                    self._skip_blank = True
+            elif kind is LineKind.ERROR:
+                self.error = _stream_error(line)
+                break
+        return b"".join(out)
+
+    def classify(self, line: bytes) -> tuple[bytes, LineKind | None]:
+        """One line: (the line to forward, possibly rewritten; its kind, None = not forwarded)."""
+        if line.startswith(b"data:"):
+            if line.startswith(b"data: [DONE]"):
+                return line, LineKind.DONE
+            if line.startswith(b'data: {"error"'):
+                return line, LineKind.ERROR
+            self.chunks += 1
+            if self._generate:
+                self._last_data = line
+            elif b'"usage":{' in line:
+                chunk = loads(memoryview(line)[5:])
+                self._absorb_usage(chunk)
+                if not chunk.get("choices"):
+                    # Once per turn: make prompt_tokens_details.cached_tokens always present.
+                    if ensure_cached_details(chunk):
+                        line = b"data: " + dumps(chunk) + b"\n"
+                    return line, LineKind.USAGE
+            return line, LineKind.DATA
+        if line == b"\n" or line == b"\r\n":
+            return line, LineKind.BLANK
+        return line, None
+
+
+def split_lines(block: bytes) -> list[bytes]:
+    """`block` cut after every newline (the last piece may have none); no other separator counts."""
+    lines = block.split(b"\n")
+    last = lines.pop()
+    lines = [line + b"\n" for line in lines]
+    if last:
+        lines.append(last)
+    return lines
 
 
 def ensure_cached_details(chunk: dict) -> bool:
@@ -429,7 +601,7 @@ class TurnRunner:
             span.set_attributes(decision.span_attributes())
             span.set_attribute("router.session", "program" if spec.identity.is_program else "passthrough")
         core.commit(spec.request_id, decision, now)
-        self.metrics.picks.labels(decision.reason.value).inc()
+        self.metrics.pick(decision.reason.value).inc()
         log.debug("turn %s -> %s/%d (%s, overlap %d blocks)", spec.request_id, decision.replica.worker_id,
                   decision.replica.dp_rank, decision.reason.value, decision.overlap_blocks)
         book.replica = decision.replica
@@ -482,5 +654,5 @@ class TurnRunner:
         return OpenTurn(self, spec, admission, response, worker, replica, first_line, book)
 
 
-__all__ = ["Api", "Fleet", "LineKind", "OpenTurn", "TurnRunner", "TurnSpec", "Usage", "WorkerRejected",
-           "resolve_params"]
+__all__ = ["Api", "Fleet", "LineKind", "OpenTurn", "SseRelay", "TurnRunner", "TurnSpec", "Usage", "WorkerRejected",
+           "resolve_params", "split_lines"]
