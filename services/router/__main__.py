@@ -1,29 +1,25 @@
-"""`python -m services.router`: invalid configuration -> stderr naming the rule, exit 2."""
+"""`python -m services.router [flags]`: run the router until SIGINT/SIGTERM.
+
+Invalid configuration prints the ConfigError, which names the violated rule, to stderr and exits 2.
+"""
 
 from __future__ import annotations
 
-import os
 import sys
 
-from services.common.errors import ConfigError
-from services.common.grpc_server import run, serve_until_signal
-from services.common.logs import setup_logging
+from services.common.entrypoint import service_main
 from services.router.config import load_config
 
 
-async def _main() -> int:
-    try:
-        config = load_config(sys.argv[1:], os.environ)
-    except ConfigError as exc:
-        print(f"router: {exc}", file=sys.stderr)
-        return 2
-    setup_logging(config.log_level)
-    from services.router.server import start_router
+def _start(config, *, telemetry):
+    from services.router.server import start_router  # the data plane's imports are heavy; config errors are not
 
-    running = await start_router(config)
-    await serve_until_signal(running.host_)
-    return 0
+    return start_router(config, telemetry=telemetry)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return service_main("router", load_config, _start, lambda running: running.host_, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run(_main))
+    sys.exit(main())

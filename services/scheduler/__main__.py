@@ -7,31 +7,15 @@ configuration prints the ConfigError, which names the violated rule, to stderr a
 
 from __future__ import annotations
 
-import os
 import sys
 
-from services.common.errors import ConfigError
-from services.common.grpc_server import run, serve_until_signal
-from services.common.logs import setup_logging
-from services.common.telemetry import setup_telemetry
+from services.common.entrypoint import service_main
 from services.scheduler.config import load_config
 from services.scheduler.server import start_scheduler
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
-    except ConfigError as exc:
-        print(f"scheduler: {exc}", file=sys.stderr)
-        return 2
-
-    async def serve() -> int:
-        setup_logging(config.log_level)
-        running = await start_scheduler(config, telemetry=setup_telemetry("bandmaster-scheduler"))
-        await serve_until_signal(running.host)
-        return 0
-
-    return run(serve)
+    return service_main("scheduler", load_config, start_scheduler, lambda running: running.host, argv)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
     state = tmp_path / "state"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--worker-kv-tokens", "8192",
-         "--speedup", "20", "--state-dir", str(state)],
+         "--speedup", "20", "--http-port", "0", "--state-dir", str(state)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -1,0 +1,41 @@
+"""The one `python -m services.<name>` entry point shape every gRPC service shares.
+
+Parse flags and environment with the service's `load_config`; on a `ConfigError` print it (it names
+the violated rule) to stderr and exit 2 without starting anything; otherwise set up logging and
+telemetry, start the service on uvloop and serve until SIGINT/SIGTERM, then shut down gracefully.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Awaitable, Callable, Mapping, Sequence
+
+from services.common.errors import ConfigError
+from services.common.grpc_server import ServiceHost, run, serve_until_signal
+from services.common.logs import setup_logging
+from services.common.telemetry import setup_telemetry
+
+
+def service_main(
+    name: str,
+    load_config: Callable[[Sequence[str], Mapping[str, str]], Any],
+    start: Callable[..., Awaitable[Any]],
+    host_of: Callable[[Any], ServiceHost],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Run service `name`: `start(config, telemetry=...)` returns a running object whose
+    `host_of(running)` is its ServiceHost."""
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> int:
+        setup_logging(config.log_level)
+        running = await start(config, telemetry=setup_telemetry(f"bandmaster-{name}"))
+        await serve_until_signal(host_of(running))
+        return 0
+
+    return run(serve)
