@@ -54,7 +54,8 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert "capacity" in output and "worker[1]" in output, output
 
         ready = {p.name: json.loads(p.read_text()) for p in state.glob("*.ready.json")}
-        assert set(ready) >= {"capacity.ready.json", "simworker-0.ready.json", "simworker-1.ready.json"}
+        assert set(ready) >= {"capacity.ready.json", "scheduler.ready.json", "router.ready.json",
+                              "simworker-0.ready.json", "simworker-1.ready.json"}
         child_pids = [r["pid"] for r in ready.values()]
         assert all(_alive(pid) for pid in child_pids)
 
