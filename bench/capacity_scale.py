@@ -34,16 +34,11 @@ from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
 from services.testing.sglang_stub import SglangStub, sglang_info
+from bench.stats import percentile, wait_for_json_file as _wait_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def mixed_info(i: int) -> object:
@@ -133,13 +128,6 @@ class Watcher:
         return time.perf_counter()
 
 
-async def _wait_file(path: Path, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{path} did not appear")
 
 
 async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:

@@ -32,7 +32,6 @@ import platform
 import re
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ import aiohttp
 
 from services.cli.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from services.cli.supervisor import Supervisor
+from bench.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -58,17 +58,8 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # ---------------------------------------------------------------------------------------- stats
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
-def summary_ms(values_s: list[float]) -> dict:
-    ms = [v * 1000 for v in values_s]
-    return {"p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
-            "mean": statistics.fmean(ms) if ms else float("nan"), "n": len(ms)}
 
 
 def ratio(a: float, b: float) -> float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Sequence
 import aiohttp
 
 from bench.progress import ProgressBar
+from bench.stats import interpolated_percentile
 from bench.workloads import Program, scale, short_context_agents, swe_agent_programs, synthetic_like
 
 SESSION = "X-Dynamo-Session-ID"
@@ -100,12 +100,7 @@ class RunResult:
 
 
 def _pct(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo), 4)
+    return round(interpolated_percentile(values, q), 4)
 
 
 class Runner:

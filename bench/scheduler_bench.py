@@ -31,15 +31,11 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict
 from services.testing.sglang_stub import SglangStub, sglang_info
+from bench.stats import percentile, wait_for_json_file as _wait_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 # ---------------------------------------------------------------------- 1. tick
@@ -105,13 +101,6 @@ def _env() -> dict[str, str]:
     return env
 
 
-async def _wait_file(path: Path, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{path} did not appear")
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:

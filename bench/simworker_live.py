@@ -20,31 +20,21 @@ import os
 import platform
 import re
 import signal
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
+from bench.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
 SYSTEM_PROMPT = " ".join(f"rule {i}: read the repository, run the tests, fix what fails." for i in range(60))
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
-def summary_ms(values_s: list[float]) -> dict:
-    ms = [v * 1000 for v in values_s]
-    return {"p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
-            "mean": statistics.fmean(ms) if ms else float("nan"), "n": len(ms)}
 
 
 async def _wait_ready(path: Path, proc: asyncio.subprocess.Process, timeout_s: float) -> dict:

@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from bench.stats import interpolated_percentile
 from services.common.config import require
 
 
@@ -80,25 +81,17 @@ def scale(
 def summarize(programs: Sequence[Program]) -> dict:
     """Statistics in the shape of shared/traces/README.md's summary table."""
 
-    def pct(values: list[float], q: float) -> float:
-        if not values:
-            return 0.0
-        ordered = sorted(values)
-        pos = (len(ordered) - 1) * q
-        lo, hi = math.floor(pos), math.ceil(pos)
-        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
     turns = [t for p in programs for t in p.turns]
     tools = [t.tool_seconds_after for p in programs for t in p.turns[:-1]]
     return {
         "programs": len(programs),
         "turns": len(turns),
         "turns_per_program_median": statistics.median(len(p.turns) for p in programs) if programs else 0,
-        "input_tokens_median": pct([t.input_tokens for t in turns], 0.5),
-        "input_tokens_p90": pct([t.input_tokens for t in turns], 0.9),
-        "output_tokens_median": pct([t.output_tokens for t in turns], 0.5),
+        "input_tokens_median": interpolated_percentile([t.input_tokens for t in turns], 0.5),
+        "input_tokens_p90": interpolated_percentile([t.input_tokens for t in turns], 0.9),
+        "output_tokens_median": interpolated_percentile([t.output_tokens for t in turns], 0.5),
         "output_tokens_mean": statistics.fmean(t.output_tokens for t in turns) if turns else 0.0,
-        "tool_seconds_median": pct(tools, 0.5),
-        "tool_seconds_p90": pct(tools, 0.9),
-        "peak_context_median": pct([p.peak_context_tokens for p in programs], 0.5),
+        "tool_seconds_median": interpolated_percentile(tools, 0.5),
+        "tool_seconds_p90": interpolated_percentile(tools, 0.9),
+        "peak_context_median": interpolated_percentile([p.peak_context_tokens for p in programs], 0.5),
     }
