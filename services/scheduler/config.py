@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.scheduler.core.params import ControlParams
-from services.scheduler.core.policies import DEFAULT_PAUSE_POLICY, PAUSE_POLICIES, CostAwarePauseParams
+from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
 ENV_PREFIX = "BANDMASTER_SCHEDULER"
 TA = "DYN_THUNDERAGENT_"

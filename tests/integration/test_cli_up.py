@@ -1,7 +1,6 @@
 """`bandmaster up` as a user starts it: real child processes, readiness, endpoints, clean stop, no orphans."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

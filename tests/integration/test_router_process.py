@@ -4,7 +4,6 @@ records every call: program turns, passthrough, final requests, validation, disc
 
 from __future__ import annotations
 
-import asyncio
 
 import aiohttp
 import pytest

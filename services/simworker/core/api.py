@@ -17,7 +17,7 @@ clock reads. The engine is deterministic for a given seed and sequence of calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Protocol
 
 from services.common.errors import ConfigError
 

@@ -13,7 +13,6 @@ from bench.simlib import SimScenario, Simulator, live_control_params, simulate
 from bench.simlib.scenario import replica_capacity, server_info, worker_id
 from services.capacity.core.cards import derive_card, replicas_for, RetentionSettings
 from services.common.errors import ConfigError
-from services.scheduler.core.params import ControlParams
 from services.simworker.server import host_total_tokens
 
 SMALL = dict(workload="swe", programs=4, max_turns=4, token_scale=0.25, workers=2, worker_kv_tokens=16_384)
