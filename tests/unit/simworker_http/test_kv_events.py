@@ -89,10 +89,15 @@ async def test_server_publishes_engine_events_and_flush(make_worker):
     seen: list = []
     try:
         async with aiohttp.ClientSession() as http:
+            attempt = [0]
+
             async def stored_seen():
-                # Requests until the (asynchronously joined) subscriber has seen a BlockStored.
+                # Requests until the (asynchronously joined) subscriber has seen a BlockStored. Each
+                # attempt sends a new prompt: a repeated one would hit the cache and store nothing.
+                attempt[0] += 1
+                first = 300 + 100 * attempt[0]
                 async with http.post(worker.url + "/generate", json={
-                        "input_ids": list(range(300, 321)), "sampling_params": {"max_new_tokens": 1}}) as r:
+                        "input_ids": list(range(first, first + 21)), "sampling_params": {"max_new_tokens": 1}}) as r:
                     assert r.status == 200
                 while await sub.poll(timeout=20):
                     seen.extend(msgpack.unpackb((await sub.recv_multipart())[2])[1])
