@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import signal
@@ -76,8 +77,10 @@ class SweepSpec:
     workload: str
     workers: int
     worker_kv_tokens: int
-    max_turns: int
-    """Turns per program: programs are truncated to this many (the short generator makes 8)."""
+    max_turns: int | None
+    """Turns per program: programs are truncated to this many; None = full length (the SWE trace's
+    programs run 43 turns on average and their contexts grow to ~40K tokens; the short generator
+    makes 8)."""
     token_scale: float
     parallel: tuple[int, ...]
     """Parallel-program counts, from below saturation to about 4x the memory that fits."""
@@ -91,7 +94,8 @@ class SweepSpec:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
         require(self.workers >= 1, "workers", self.workers, "workers >= 1")
         require(self.worker_kv_tokens >= 16, "worker_kv_tokens", self.worker_kv_tokens, "worker_kv_tokens >= 16")
-        require(self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
+        require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns,
+                "max_turns is None or >= 1")
         require(self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0")
         require(len(self.parallel) >= 1 and all(p >= 1 for p in self.parallel), "parallel", self.parallel,
                 "at least one point, every point >= 1")
@@ -125,12 +129,15 @@ class SweepSpec:
                 "oversubscription": [round(p / fits, 2) for p in self.parallel]}
 
 
-# The large sweep (simulator). SWE: the trace's real context sizes (mean peak ~20K tokens at 20
-# turns) on 2 x 128K tokens, so about 13 programs fit. Short: the published scenario, 2 workers x 16K
-# tokens, 8 turns, with 32 parallel programs as one point (~3x); about 10 programs fit.
+# The large sweep (simulator). SWE: full-length trace programs at their real sizes (prompts of ~20K
+# tokens growing to a median peak of ~40K; mean peak ~44K over the 24 programs of the largest point)
+# on 2 x 128K tokens, so about 6 programs fit; points at ~0.5, 1, 2, 3 and 4x. Truncating programs
+# (the earlier 20 turns) kept contexts near 20K and the reachable KV hit rate near 94%. Short: the
+# published scenario, 2 workers x 16K tokens, 8 turns, with 32 parallel programs as one point
+# (~3x); about 10 programs fit.
 SIM_SPECS = {
-    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=131_072, max_turns=20, token_scale=1.0,
-                     parallel=(6, 13, 26, 38, 51)),
+    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=131_072, max_turns=None, token_scale=1.0,
+                     parallel=(3, 6, 12, 18, 24)),
     "short": SweepSpec("short", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=1.0,
                        parallel=(5, 10, 20, 32, 40)),
 }
@@ -179,10 +186,147 @@ def policy_of(arm: str) -> str | None:
 # ------------------------------------------------------------------------------------ sim mode
 
 
+# A re-prefill is "full" when the turn found at most this share of its previous context cached.
+FULL_REPREFILL_CACHED_SHARE = 0.10
+
+
+class _MeteredEngine:
+    """Delegates to a simulated engine and adds up its step durations (the engine's busy time)."""
+
+    def __init__(self, engine) -> None:
+        self._engine = engine
+        self.busy_s = 0.0
+
+    def step(self, now: float):
+        result = self._engine.step(now)
+        self.busy_s += result.duration_s
+        return result
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
+def _prefill_s(profile, tokens: int, prefix_tokens: int, chunk_tokens: int) -> float:
+    """The engine's prefill cost of `tokens` on top of `prefix_tokens`, chunk by chunk (batch terms left out)."""
+    ms = 0.0
+    while tokens > 0:
+        t = min(tokens, chunk_tokens)
+        ms += profile.prefill_chunk_ms(t, prefix_tokens)
+        prefix_tokens += t
+        tokens -= t
+    return ms / 1000.0
+
+
+def run_breakdown(programs: Sequence, turns: Sequence, control_events: Sequence, profile, chunk_tokens: int,
+                  busy_s: float, makespan_s: float, workers: int) -> dict:
+    """Where a simulated run's uncached prompt tokens and engine time went.
+
+    A turn's prompt is [turn k-1's prompt | turn k-1's answer | the new observation], and its
+    uncached tokens (prompt - cached) are a suffix of it. They are split, from the end, into
+    `new_observation`, `previous_answer` (the simworker's chat template re-renders the answer, so
+    the engine's generated pages never match it: uncached in every arm) and re-prefill: context of
+    turn k-1's prompt that the engine had and computes again, `after_pause` when the program was
+    paused between the end of turn k-1 and turn k's first token, else `other` (evicted while in its
+    tool, retracted, or routed elsewhere). A program's first turn is `first_turn`.
+    `hit_rate_ceiling` = 1 - (everything but re-prefill) / prompt: the hit rate with no re-prefill.
+    Turn times are rebuilt from the records (every program starts at 0: programs_per_slot = 1).
+    Prefill seconds are the engine profile's cost of each part, so `recompute_share_of_busy` =
+    re-prefill seconds / the engines' summed step time.
+
+    The tail: steps/min counts every turn over the makespan, so one long program that runs on alone
+    sets it. `steps_per_min_first_90pct` is the rate up to the moment 90% of the turns had finished,
+    and `longest_program` names the program that ended last, with its pauses and the seconds it
+    spent paused (pause to the next resume).
+    """
+    tool_after = {p.program_id: [t.tool_seconds_after for t in p.turns] for p in programs}
+    pauses: dict[str, list[float]] = {}
+    paused_s: dict[str, float] = {}
+    since: dict[str, float] = {}
+    for t_s, kind, _worker, program, _tokens in control_events:
+        if kind == "pause":
+            pauses.setdefault(program, []).append(t_s)
+            since[program] = t_s
+        elif kind in ("resume", "forced_resume") and program in since:
+            paused_s[program] = paused_s.get(program, 0.0) + t_s - since.pop(program)
+    ends: list[float] = []
+    last_end: dict[str, float] = {}
+    by_program: dict[str, list] = {}
+    for turn in turns:
+        if turn.ok:
+            by_program.setdefault(turn.program_id, []).append(turn)
+    tokens = {"first_turn": 0, "new_observation": 0, "previous_answer": 0, "reprefill_after_pause": 0,
+              "reprefill_other": 0}
+    seconds = {"first_turn": 0.0, "new_tokens": 0.0, "reprefill": 0.0}
+    full = {"after_pause": 0, "other": 0}
+    prompt = cached = 0
+    for program_id, rows in by_program.items():
+        rows.sort(key=lambda r: r.turn)
+        sent = end = 0.0
+        previous = None
+        for row in rows:
+            if previous is not None:
+                sent = end + tool_after[program_id][previous.turn]
+            first_token = sent + row.ttft_s
+            uncached = row.prompt_tokens - row.cached_tokens
+            prompt += row.prompt_tokens
+            cached += row.cached_tokens
+            if previous is None or row.turn != previous.turn + 1:
+                tokens["first_turn"] += uncached
+                seconds["first_turn"] += _prefill_s(profile, uncached, row.cached_tokens, chunk_tokens)
+            else:
+                context = previous.prompt_tokens + previous.completion_tokens
+                observation = min(uncached, max(0, row.prompt_tokens - context))
+                answer = min(uncached - observation, max(0, row.prompt_tokens - previous.prompt_tokens - observation))
+                again = uncached - observation - answer
+                paused = any(end < t <= first_token for t in pauses.get(program_id, ()))
+                tokens["new_observation"] += observation
+                tokens["previous_answer"] += answer
+                tokens["reprefill_after_pause" if paused else "reprefill_other"] += again
+                if again and row.cached_tokens <= FULL_REPREFILL_CACHED_SHARE * previous.prompt_tokens:
+                    full["after_pause" if paused else "other"] += 1
+                seconds["reprefill"] += _prefill_s(profile, again, row.cached_tokens, chunk_tokens)
+                seconds["new_tokens"] += _prefill_s(profile, observation + answer, row.cached_tokens + again,
+                                                    chunk_tokens)
+            end = sent + row.turn_s
+            ends.append(end)
+            previous = row
+        last_end[program_id] = end
+    capacity_s = makespan_s * workers
+    ends.sort()
+    n90 = math.ceil(0.9 * len(ends))
+    longest = max(last_end, key=last_end.get) if last_end else ""
+    uncached_total = sum(tokens.values())
+    reprefill = tokens["reprefill_after_pause"] + tokens["reprefill_other"]
+    return {
+        "prompt_tokens": prompt, "cached_tokens": cached,
+        "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
+        "hit_rate_ceiling": round(1 - (uncached_total - reprefill) / prompt, 4) if prompt else 0.0,
+        "uncached_tokens": tokens, "full_reprefills": full,
+        "engine_busy_s": round(busy_s, 2), "engine_capacity_s": round(capacity_s, 2),
+        "busy_share": round(busy_s / capacity_s, 4) if capacity_s else 0.0,
+        "prefill_s": {k: round(v, 2) for k, v in seconds.items()},
+        "recompute_share_of_busy": round(seconds["reprefill"] / busy_s, 4) if busy_s else 0.0,
+        "steps_per_min_first_90pct": round(n90 / (ends[n90 - 1] / 60), 3) if ends and ends[n90 - 1] > 0 else 0.0,
+        "longest_program": {"program_id": longest, "turns": len(by_program.get(longest, ())),
+                            "end_s": round(last_end.get(longest, 0.0), 1), "pauses": len(pauses.get(longest, ())),
+                            "paused_s": round(paused_s.get(longest, 0.0), 1)},
+    }
+
+
+def _engine_queue(timeline: dict) -> dict:
+    """Mean requests queued and running per worker over the run's samples (the engines' own queues)."""
+    cols = {c: i for i, c in enumerate(timeline["columns"])}
+    rows = [r for samples in timeline["workers"].values() for r in samples]
+    if not rows:
+        return {"queued_mean": 0.0, "running_mean": 0.0}
+    return {"queued_mean": round(statistics.fmean(r[cols["engine_queued"]] for r in rows), 2),
+            "running_mean": round(statistics.fmean(r[cols["engine_running"]] for r in rows), 2)}
+
+
 def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
-    """One arm at one point in the simulator: the summary, the scheduler counters and (Bandmaster
-    arms) the utilisation timeline."""
-    from bench.simlib import SimScenario, simulate
+    """One arm at one point in the simulator: the summary, the scheduler counters, where the
+    uncached tokens and engine time went, and (Bandmaster arms) the utilisation timeline."""
+    from bench.simlib import SimScenario, Simulator
 
     policy = policy_of(arm)
     scenario = SimScenario(
@@ -192,10 +336,21 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
         # Exact token pages: ~30% cheaper than the live router's text chunks, same cost formula
         # and the same relative figures (docs/simulator.md, "Prompts").
         router_prompt="tokens")
-    result = simulate(scenario)
+    simulator = Simulator(scenario)
+    meters = []
+    for worker in simulator.workers:
+        worker.engine = _MeteredEngine(worker.engine)
+        meters.append(worker.engine)
+    result = simulator.run()
     summary = result.summary()
     row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
            "scheduler": result.scheduler_counters, "completed": result.completed}
+    if spec.programs_per_slot == 1:
+        row["breakdown"] = {
+            **run_breakdown(simulator.programs, result.run.turns, result.timeline["control_events"],
+                            simulator.workers[0].profile, scenario.worker_chunked_prefill_size,
+                            sum(m.busy_s for m in meters), result.run.wall_s, spec.workers),
+            "engine_queue": _engine_queue(result.timeline)}
     if policy:
         row["timeline"] = result.timeline
     if not result.completed:
@@ -474,7 +629,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["sweeps"].extend(sweeps.values())
         for w, sweep in sweeps.items():
             s = sweep["spec"]
-            _log(f"{mode} {w}: {s['workers']} workers x {s['worker_kv_tokens']} KV tokens, {s['max_turns']} turns, "
+            turns = "full-length programs" if s["max_turns"] is None else f"{s['max_turns']} turns"
+            _log(f"{mode} {w}: {s['workers']} workers x {s['worker_kv_tokens']} KV tokens, {turns}, "
                  f"token scale {s['token_scale']}; mean peak context {s['mean_context_tokens']:.0f} -> "
                  f"{s['fits_programs']:.1f} programs fit; points {s['parallel']} = {s['oversubscription']}x")
         save()

@@ -27,7 +27,8 @@ LONG_KV_HIT = 0.97
 # "2-4x oversubscribed": the points are placed by rounding parallel = factor x fits, so allow 5%.
 LONG_RANGE = (2.0 * 0.95, 4.0 * 1.05)
 NOT_SLOWER = 0.97       # short context and below saturation: within 3% of the best arm
-FLAT = 0.90             # past saturation: within 10% of the arm's peak
+FLAT = 0.90             # past saturation: never below 90% of the arm's running peak
+FLAT_NAME = "past saturation (>= 1.5x): steps/min >= 90% of its running peak"
 # "Past saturation" starts here: the point at ~1x is where the curve bends, not past it.
 PAST_SATURATION = 1.5
 
@@ -109,6 +110,36 @@ def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: li
                   round(worst[0], 3) if worst and not missing else None, [p["parallel"] for p in points], detail)
 
 
+def running_peak_ratios(values: Sequence[float]) -> list[float]:
+    """values[i] / max(values[:i + 1]): how far each point sits below the best point up to it."""
+    out, peak = [], 0.0
+    for value in values:
+        peak = max(peak, value)
+        out.append(value / peak if peak else 1.0)
+    return out
+
+
+def _flatness_target(sweep: dict, arm: str, above: list[dict]) -> Target | None:
+    """Throughput must not collapse past saturation: every point at >= 1.5x is >= 90% of the arm's
+    running peak (the best steps/min over all points up to and including it, below saturation too).
+    A curve that keeps rising passes; a drop of more than 10% from any earlier point fails. Needs at
+    least two points past saturation (one point cannot show a trend)."""
+    if len(above) < 2:
+        return None
+    rows = arm_rows(sweep, arm)
+    names = [p["parallel"] for p in above]
+    ratios = running_peak_ratios([s["steps_per_min"] for _, s in rows])
+    past = [(r, p["parallel"], s["steps_per_min"]) for r, (p, s) in zip(ratios, rows) if p in above]
+    # A point that failed or is missing anywhere up to the last covered one leaves the peak unknown.
+    covered = [p["parallel"] for p in sweep["points"] if p["parallel"] <= names[-1]]
+    if [p["parallel"] for p, _ in rows if p["parallel"] <= names[-1]] != covered:
+        return Target(sweep["mode"], sweep["workload"], arm, FLAT_NAME, FLAT, None, names, "missing points")
+    worst = min(past)
+    peak = max(s["steps_per_min"] for p, s in rows if p["parallel"] <= worst[1])
+    return Target(sweep["mode"], sweep["workload"], arm, FLAT_NAME, FLAT, round(worst[0], 3), names,
+                  f"worst at {worst[1]} programs ({worst[2]:.1f} vs running peak {peak:.1f})")
+
+
 def evaluate_targets(results: dict) -> list[Target]:
     """The issue's targets for every Bandmaster arm of every sweep (N/A where a sweep lacks the
     points or the arms a target needs, e.g. sglang-router in simulated sweeps)."""
@@ -148,16 +179,9 @@ def evaluate_targets(results: dict) -> list[Target]:
             if below:
                 out.append(_ratio_target(sweep, arm, "below saturation: within 3% of the best arm", NOT_SLOWER,
                                          below, best_any))
-            rows = arm_rows(sweep, arm)
-            # Flatness needs at least two points past saturation (one point is its own peak).
-            if len(above) >= 2 and rows:
-                peak = max(s["steps_per_min"] for _, s in rows)
-                past = [(s["steps_per_min"] / peak, p["parallel"]) for p, s in rows if p in above] if peak else []
-                worst = min(past) if len(past) == len(above) else None
-                out.append(Target(sweep["mode"], sweep["workload"], arm,
-                                  "past saturation (>= 1.5x): steps/min within 10% of its peak", FLAT,
-                                  round(worst[0], 3) if worst else None, [p["parallel"] for p in above],
-                                  f"worst at {worst[1]} programs (peak {peak:.1f})" if worst else "missing points"))
+            flat = _flatness_target(sweep, arm, above)
+            if flat is not None:
+                out.append(flat)
     return out
 
 
@@ -181,7 +205,8 @@ def _subtitle(sweep: dict) -> str:
     s = sweep["spec"]
     kv = s["worker_kv_tokens"]
     kv_text = f"{kv // 1024}K" if kv % 1024 == 0 else f"{kv:,}"
-    text = (f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {s['max_turns']} turns/program, "
+    turns = "full-length programs" if s.get("max_turns") is None else f"{s['max_turns']} turns/program"
+    text = (f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {turns}, "
             f"token scale {s['token_scale']:g}; {s['fits_programs']:.1f} programs fit")
     if sweep["mode"] == "live":
         text += f"; speedup {s['speedup']:g}"
@@ -314,6 +339,47 @@ def _cell(row: dict | None) -> str:
     return f"{s['steps_per_min']:.1f} / {s['kv_hit_rate']:.1%} / {s['ttft_p90_s']:.2f}"
 
 
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def breakdown_markdown(sweep: dict) -> list[str]:
+    """The simulator's per-run breakdown (bench.compare `run_breakdown`): where the uncached prompt
+    tokens and the engines' time went, with the scheduler's pauses and holds. Empty for live sweeps."""
+    rows = [(p, arm, p["arms"][arm]) for p in sweep["points"] for arm in sweep["arms"]
+            if (p["arms"].get(arm) or {}).get("breakdown")]
+    if not rows:
+        return []
+    lines = ["Where the prompt tokens and the engine time went (simulator). Uncached tokens as a share of all "
+             "prompt tokens: first turns, new observations, the previous answer (never a hit: the chat template "
+             "re-renders it), re-prefill of context the engine had (after a pause of the program / other); "
+             "ceiling = the hit rate with no re-prefill. Full = turns that recomputed >= 90% of the previous "
+             "prompt. Busy = engine step time / (makespan x workers); recompute = re-prefill seconds / busy "
+             "seconds. Queue = mean requests waiting in an engine. Pauses / forced resumes, held turns and hold "
+             "p50 / max (s) are the scheduler's. 90% = steps/min until 90% of the turns had finished (without "
+             "the tail); last = the program that ended last: turns, end (min), pauses, minutes paused.", "",
+             "| point | arm | hit | ceiling | first | observation | answer | re-prefill pause / other | full "
+             "pause / other | busy | recompute | queue | pauses / forced | held (p50 / max s) | 90% | last |",
+             "|" + "---|" * 16]
+    for point, arm, row in rows:
+        b = row["breakdown"]
+        last = b["longest_program"]
+        u, prompt = b["uncached_tokens"], b["prompt_tokens"]
+        sched = row.get("scheduler") or {}
+        held = (f"{sched['held_admissions']} ({sched['hold_p50_s']:.0f} / {sched['hold_max_s']:.0f})"
+                if sched else "-")
+        pauses = f"{sched['pauses']} / {sched['forced_resumes']}" if sched else "-"
+        lines.append(
+            f"| {point['parallel']} ({point['oversubscription']:.1f}x) | {arm} | {b['hit_rate']:.1%} | "
+            f"{b['hit_rate_ceiling']:.1%} | {_share(u['first_turn'], prompt)} | {_share(u['new_observation'], prompt)} | "
+            f"{_share(u['previous_answer'], prompt)} | {_share(u['reprefill_after_pause'], prompt)} / "
+            f"{_share(u['reprefill_other'], prompt)} | {b['full_reprefills']['after_pause']} / "
+            f"{b['full_reprefills']['other']} | {b['busy_share']:.0%} | {b['recompute_share_of_busy']:.1%} | "
+            f"{b['engine_queue']['queued_mean']:.1f} | {pauses} | {held} | {b['steps_per_min_first_90pct']:.1f} | "
+            f"{last['turns']} turns, {last['end_s'] / 60:.1f} / {last['pauses']} / {last['paused_s'] / 60:.1f} |")
+    return [*lines, ""]
+
+
 def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
     meta = results.get("meta", {})
     lines = ["# Agentic comparison: summary", "",
@@ -334,6 +400,7 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
         for arm, counts in paused:
             lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
         lines.append("")
+        lines += breakdown_markdown(sweep)
     lines += ["## Targets", "", "Worst case over the points each target covers; ratios of arms measured in the same run.",
               "", "| result | mode | workload | arm | target | value | needs | where |", "|---|---|---|---|---|---|---|---|"]
     for t in targets:

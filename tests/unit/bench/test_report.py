@@ -39,8 +39,35 @@ def test_long_context_targets_use_the_worst_point_in_the_2_to_4x_range():
     assert (vs_sglang.value, vs_sglang.status) == (2.75, "PASS")
     hit = targets["long context, 2-4x: KV hit >= 97%"]
     assert (hit.value, hit.status) == (0.98, "PASS")   # the 0.5x point is outside the range
-    flat = targets["past saturation (>= 1.5x): steps/min within 10% of its peak"]
+    flat = targets[report.FLAT_NAME]
     assert flat.value == pytest.approx(110 / 120, abs=1e-3) and flat.status == "PASS"
+
+
+@pytest.mark.parametrize("curve, value, status", [
+    ((50, 100, 120, 140, 160), 1.0, "PASS"),            # still rising past saturation
+    ((50, 100, 120, 110, 112), 0.917, "PASS"),          # dips 8% below the running peak
+    ((50, 100, 120, 130, 110), 0.846, "MISS"),          # the last point falls 15% below 130
+    ((50, 150, 120, 130, 140), 0.8, "MISS"),            # the peak at 1x counts: 120 is 80% of 150
+    ((50, 100, 89, 95, 98), 0.89, "MISS"),              # just over 10% down at the first point past 1.5x
+])
+def test_flatness_holds_every_point_past_saturation_to_its_running_peak(curve, value, status):
+    arms = [{"kv": _row(1), BM: _row(v)} for v in curve]
+    sweep = _sweep("short", "sim", [(p, o, rows) for p, o, rows in
+                                    zip((5, 10, 20, 30, 40), (0.5, 1.0, 2.0, 3.0, 4.0), arms)])
+    flat = _targets(sweep)[report.FLAT_NAME]
+    assert (flat.value, flat.status, flat.points) == (pytest.approx(value, abs=1e-3), status, [20, 30, 40])
+
+
+def test_flatness_needs_two_points_past_saturation_and_no_gaps():
+    one = _sweep("short", "sim", [(5, 0.5, {BM: _row(50)}), (20, 2.0, {BM: _row(40)})])
+    assert report.FLAT_NAME not in _targets(one)
+    gap = _sweep("short", "sim", [(5, 0.5, {BM: _row(50)}), (10, 1.0, {BM: {"error": "boom"}}),
+                                  (20, 2.0, {BM: _row(40)}), (30, 3.0, {BM: _row(45)})])
+    assert _targets(gap)[report.FLAT_NAME].status == "N/A"
+
+
+def test_running_peak_ratios():
+    assert report.running_peak_ratios([1, 2, 1, 4, 3]) == [1.0, 1.0, 0.5, 1.0, 0.75]
 
 
 @pytest.mark.parametrize("bm, best, status", [(97.0, 100.0, "PASS"), (96.9, 100.0, "MISS"), (105.0, 100.0, "PASS")])
@@ -93,9 +120,20 @@ def _timeline() -> dict:
             "control_events": [[30.0, "pause", "worker-0", "p1", 1000], [45.0, "resume", "worker-0", "p1", 1000]]}
 
 
+def _breakdown() -> dict:
+    return {"prompt_tokens": 1000, "cached_tokens": 800, "hit_rate": 0.8, "hit_rate_ceiling": 0.9,
+            "uncached_tokens": {"first_turn": 10, "new_observation": 50, "previous_answer": 40,
+                                "reprefill_after_pause": 70, "reprefill_other": 30},
+            "full_reprefills": {"after_pause": 2, "other": 1}, "busy_share": 0.95, "recompute_share_of_busy": 0.123,
+            "engine_queue": {"queued_mean": 1.25, "running_mean": 3.0}, "steps_per_min_first_90pct": 42.0,
+            "longest_program": {"program_id": "p", "turns": 9, "end_s": 600.0, "pauses": 2, "paused_s": 120.0}}
+
+
 def test_write_report_writes_plots_markdown_and_targets(tmp_path):
+    scheduler = {"pauses": 3, "forced_resumes": 1, "held_admissions": 4, "hold_p50_s": 12.4, "hold_max_s": 60.0}
     sweep = _sweep("swe", "sim", [
-        (5, 0.5, {"round_robin": _row(90), "kv": _row(100), BM: _row(100, timeline=_timeline())}),
+        (5, 0.5, {"round_robin": _row(90), "kv": _row(100, breakdown=_breakdown(), scheduler={}),
+                  BM: {**_row(100, timeline=_timeline(), breakdown=_breakdown()), "scheduler": scheduler}}),
         (30, 3.0, {"round_robin": _row(40), "kv": _row(50), BM: _row(130, hit=0.99, timeline=_timeline())}),
     ])
     results = {"meta": {"argv": ["--mode", "sim"], "git_commit": "abc", "created": "now"}, "sweeps": [sweep]}
@@ -110,6 +148,10 @@ def test_write_report_writes_plots_markdown_and_targets(tmp_path):
     assert f"| {BM} | 100.0 / 90.0% / 0.50 | 130.0 / 99.0% / 0.50 |" in markdown
     assert "| MISS | sim | swe | bandmaster-threshold | long context, 2-4x: steps/min >= 2.5x kv | 2.600" not in markdown
     assert "| PASS | sim | swe | bandmaster-threshold | long context, 2-4x: steps/min >= 2.5x kv | 2.600" in markdown
+    # The simulator's breakdown: one row per arm that has one, scheduler columns for Bandmaster only.
+    assert ("| 5 (0.5x) | kv | 80.0% | 90.0% | 1.0% | 5.0% | 4.0% | 7.0% / 3.0% | 2 / 1 | 95% | 12.3% | 1.2 "
+            "| - | - | 42.0 | 9 turns, 10.0 / 2 / 2.0 |") in markdown
+    assert f"| 5 (0.5x) | {BM} | 80.0% |" in markdown and "| 3 / 1 | 4 (12 / 60) |" in markdown
 
 
 def test_timeline_point_prefers_about_3x():

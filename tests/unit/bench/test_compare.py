@@ -1,0 +1,87 @@
+"""bench/compare.py: the sweep specs and the simulator breakdown, on hand-made turn records."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import compare
+from bench.run import TurnRecord
+from bench.workloads.model import Program, Turn
+from services.common.config import ConfigError
+
+
+class _LinearProfile:
+    """1 ms per prefilled token, whatever the prefix: prefill seconds = tokens / 1000."""
+
+    def prefill_chunk_ms(self, tokens: int, prefix_tokens: int) -> float:
+        return float(tokens)
+
+
+def _program() -> Program:
+    return Program("p", (Turn(100, 10, 2.0), Turn(150, 10, 1.0), Turn(200, 10, 0.0)))
+
+
+def _turns(third_cached: int) -> list[TurnRecord]:
+    # Turn 0: 0 -> 1 s; turn 1: sent at 3 s (tool 2 s), ends at 4 s; turn 2: sent at 5 s, first token at 8 s.
+    return [TurnRecord("p", 0, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=100, cached_tokens=0, completion_tokens=10),
+            TurnRecord("p", 1, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=150, cached_tokens=100,
+                       completion_tokens=10),
+            TurnRecord("p", 2, True, ttft_s=3.0, turn_s=4.0, prompt_tokens=200, cached_tokens=third_cached,
+                       completion_tokens=10)]
+
+
+def _breakdown(turns, events) -> dict:
+    return compare.run_breakdown([_program()], turns, events, _LinearProfile(), chunk_tokens=64, busy_s=2.0,
+                                 makespan_s=10.0, workers=1)
+
+
+@pytest.mark.parametrize("events, after_pause", [
+    ([[4.5, "pause", "worker-0", "p", 150], [6.0, "resume", "worker-0", "p", 150]], True),
+    ([[3.5, "pause", "worker-0", "p", 150]], False),      # during turn 1, before the turn-2 gap
+    ([[4.5, "pause", "worker-0", "q", 150]], False),      # another program
+    ([[8.5, "pause", "worker-0", "p", 150]], False),      # after turn 2's first token
+])
+def test_breakdown_splits_uncached_tokens_and_attributes_reprefill_to_pauses(events, after_pause):
+    b = _breakdown(_turns(third_cached=0), events)
+    # Turn 2 recomputes all 150 tokens of turn 1's prompt, then its answer (10) and observation (40).
+    assert b["uncached_tokens"] == {"first_turn": 100, "new_observation": 80, "previous_answer": 20,
+                                    "reprefill_after_pause": 150 if after_pause else 0,
+                                    "reprefill_other": 0 if after_pause else 150}
+    assert b["full_reprefills"] == ({"after_pause": 1, "other": 0} if after_pause else {"after_pause": 0, "other": 1})
+    assert (b["prompt_tokens"], b["cached_tokens"]) == (450, 100)
+    assert b["hit_rate"] == pytest.approx(100 / 450, abs=1e-4)
+    assert b["hit_rate_ceiling"] == pytest.approx(1 - 200 / 450, abs=1e-4)
+    assert b["prefill_s"] == {"first_turn": 0.1, "new_tokens": 0.1, "reprefill": 0.15}
+    assert (b["busy_share"], b["recompute_share_of_busy"]) == (0.2, 0.075)
+    # Turns end at 1, 4 and 9 s: 90% of 3 turns is all 3, at 9 s.
+    assert b["steps_per_min_first_90pct"] == pytest.approx(3 / (9 / 60), abs=1e-3)
+    assert b["longest_program"] == {"program_id": "p", "turns": 3, "end_s": 9.0,
+                                    "pauses": 1 if events[0][3] == "p" else 0,
+                                    "paused_s": 1.5 if after_pause else 0.0}
+
+
+def test_a_partial_hit_is_reprefill_but_not_a_full_one():
+    b = _breakdown(_turns(third_cached=100), [])
+    assert b["uncached_tokens"]["reprefill_other"] == 50
+    assert b["full_reprefills"] == {"after_pause": 0, "other": 0}
+
+
+def test_failed_turns_are_left_out():
+    turns = _turns(third_cached=150)
+    turns[2].ok = False
+    b = _breakdown(turns, [])
+    assert b["prompt_tokens"] == 250 and b["uncached_tokens"]["new_observation"] == 40
+
+
+def test_the_long_context_sweep_runs_full_length_programs_from_half_to_four_times_what_fits():
+    spec = compare.SIM_SPECS["swe"]
+    assert spec.max_turns is None and (spec.workers, spec.worker_kv_tokens) == (2, 131_072)
+    described = spec.describe()
+    # The trace's contexts: ~40K tokens at their peak, so only a handful of programs fit in 2 x 128K.
+    assert described["mean_context_tokens"] > 35_000
+    assert described["oversubscription"] == pytest.approx([0.5, 1.0, 2.0, 3.0, 4.0], abs=0.1)
+
+
+def test_max_turns_is_none_or_positive():
+    with pytest.raises(ConfigError):
+        compare.SweepSpec("swe", workers=2, worker_kv_tokens=1_024, max_turns=0, token_scale=1.0, parallel=(1,))
