@@ -32,19 +32,24 @@ Estimates (learnt online, folded in by `refresh` once per tick so that weights s
 between ticks and the core's incremental accounting stays exact):
 
     m   = (n0 * m0 + sum of decayed tool times) / (n0 + decayed count)
-    rho = (n0 * rho0 * r0 + sum of decayed u * (1 + u / K)) / (n0 * r0 + sum of decayed ttft)
+    rho = the 97th percentile of {n0 copies of rho0} + the last 256 rates u * (1 + u / K) / ttft
 
 with tool times observed between a Complete and the program's next Admit, and (u, ttft) the
-uncached prompt tokens and time to first token of a turn (only when the caller reports ttft;
-queueing inflates ttft, which errs toward holding, i.e. toward the reference). Observations decay
-by 2^(-1/half_life) each, and n0 = prior_observations pseudo-observations of the static defaults
-(m0, rho0; r0 = 1 s) keep the estimates sensible before any observation.
+uncached prompt tokens and time to first token of a turn (only when the caller reports ttft).
+A turn's ttft is its prefill plus however long it queued in the engine, so every observed rate is
+at most the engine's real prefill rate, and under load most are far below it; a mean of them
+would read queueing as slow prefill and hold contexts that are cheap to recompute (exactly when
+the engine is busiest). The upper quantile of recent rates estimates the unqueued rate; it is not
+the maximum, so that a turn whose cached-token count was under-reported cannot set it alone. Tool
+observations decay by 2^(-1/half_life) each, and n0 = prior_observations pseudo-observations of
+the static defaults (m0, rho0) keep the estimates sensible before any observation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from services.common.errors import ConfigError
@@ -54,6 +59,9 @@ from services.scheduler.core.policies.threshold import ThresholdPauseParams, Thr
 
 # Smallest uncached prompt whose time to first token says something about the prefill rate.
 MIN_PREFILL_SAMPLE_TOKENS = 256
+# Recent prefill-rate samples kept, and the quantile of them taken as the engine's unqueued rate.
+PREFILL_WINDOW = 256
+PREFILL_QUANTILE = 0.97
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,7 @@ class CostAwarePausePolicy:
         self._keep = 2.0 ** (-1.0 / params.half_life_observations)
         # Decayed sums of observations not yet folded in, and of those folded in.
         self._tool_n = self._tool_sum = 0.0
-        self._prefill_work = self._prefill_s = 0.0
+        self._prefill_rates: deque[float] = deque(maxlen=PREFILL_WINDOW)
         self._pending = False
         self.tool_seconds = params.tool_seconds
         self.prefill_tokens_per_s = params.prefill_tokens_per_s
@@ -131,8 +139,7 @@ class CostAwarePausePolicy:
         """A turn prefilled `uncached_tokens` and showed its first token `ttft_s` after dispatch."""
         if uncached_tokens >= MIN_PREFILL_SAMPLE_TOKENS and ttft_s > 0 and math.isfinite(ttft_s):
             u = float(uncached_tokens)
-            self._prefill_work = self._prefill_work * self._keep + u * (1.0 + u / self.params.prefill_quadratic_tokens)
-            self._prefill_s = self._prefill_s * self._keep + ttft_s
+            self._prefill_rates.append(u * (1.0 + u / self.params.prefill_quadratic_tokens) / ttft_s)
             self._pending = True
 
     def refresh(self) -> bool:
@@ -143,7 +150,9 @@ class CostAwarePausePolicy:
         p = self.params
         n0 = p.prior_observations
         self.tool_seconds = (n0 * p.tool_seconds + self._tool_sum) / (n0 + self._tool_n)
-        self.prefill_tokens_per_s = (n0 * p.prefill_tokens_per_s + self._prefill_work) / (n0 + self._prefill_s)
+        if self._prefill_rates:
+            samples = sorted([p.prefill_tokens_per_s] * round(n0) + list(self._prefill_rates))
+            self.prefill_tokens_per_s = samples[min(len(samples) - 1, math.floor(PREFILL_QUANTILE * len(samples)))]
         return True
 
     # -- the formula ------------------------------------------------------------------------------
