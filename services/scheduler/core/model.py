@@ -98,6 +98,7 @@ class Program:
     last_replica: ReplicaKey | None = None  # where its KV last lived; preferred on resume
     marked: bool = False
     soft_demoted_until: float = 0.0
+    pause_protected_until: float = 0.0  # resumed by aging: not paused again for pressure before this
     admission_epoch: int = 0
     turns: int = 0
     last_activity: float = 0.0

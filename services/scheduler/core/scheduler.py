@@ -532,7 +532,8 @@ class SchedulerCore:
         the most (room_r = capacity * pause_threshold - (used - sum of unmarked ACTING weights)),
         those programs are paused shortest first until the aged one fits below the pause
         threshold, and it resumes there. Oldest first, at most one per replica per tick, so
-        memory rotates between waiting programs instead of starving the largest. A program that
+        memory rotates between waiting programs instead of starving the largest; a program resumed
+        this way is not paused for pressure for the next resume_aging_seconds / 2 (its quantum). A program that
         cannot fit even an emptied replica is resumed, pausing nobody, where the most is free: it
         thrashes wherever it runs, and holding it only adds latency.
         """
@@ -578,6 +579,9 @@ class SchedulerCore:
                     break
                 self._pause(now, victim, "aging", acc)
             used_targets.add(target)
+            # Its quantum: a pause cycle may not send it straight back to the queue (a program too
+            # large to share a replica would otherwise bounce between pause and aging every turn).
+            program.pause_protected_until = now + age / 2
             self._resume_onto(now, program, target, acc, forced=False, held_s=now - started)
             acc.logs.append(LogRecord(INFO, "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
                                       "worker=%s tokens=%d" % (program.session_id, now - started,
@@ -622,7 +626,8 @@ class SchedulerCore:
                 if self._used[key] <= token_target and (count_target is None or self._inflight[key] <= count_target):
                     self._unmark(key)  # pressure is gone: marks are not sticky
                 continue
-            programs = sorted((self._programs[sid] for sid in self._resident[key]), key=lambda q: q.seq)
+            programs = sorted((q for sid in self._resident[key]
+                               if (q := self._programs[sid]).pause_protected_until <= now), key=lambda q: q.seq)
             before = self._used[key]
             plan = self.policy.plan(PauseContext(
                 replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
