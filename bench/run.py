@@ -257,11 +257,26 @@ async def scrape_counters(worker_urls: Sequence[str]) -> dict[str, float]:
     return totals
 
 
+def stratified_programs(source: Sequence[Program], count: int, *, seed: int) -> list[Program]:
+    """`count` programs with the same size mix as `source` whatever `count` is.
+
+    Whole copies of `source`, then for the remainder the programs at evenly spaced ranks of peak
+    context (rank floor((i + 1/2) * n / r)), so that a sweep's small and large points see the same
+    distribution of program sizes rather than the trace's first programs at one point and its
+    largest at another; shuffled with `seed` so that with fewer slots than programs the large ones
+    do not all start last."""
+    ordered = sorted(source, key=lambda p: (p.peak_context_tokens, p.program_id))
+    n = len(ordered)
+    whole, rest = divmod(count, n)
+    chosen = ordered * whole + [ordered[int((i + 0.5) * n / rest)] for i in range(rest)]
+    random.Random(f"workload:{seed}").shuffle(chosen)
+    return chosen
+
+
 def build_workload(name: str, programs: int, *, seed: int, max_turns: int | None, token_scale: float,
                    tool_time_scale: float) -> list[Program]:
     if name == "swe":
-        source = swe_agent_programs()
-        chosen = [source[i % len(source)] for i in range(programs)]
+        chosen = stratified_programs(swe_agent_programs(), programs, seed=seed)
         base = scale(chosen, token_scale=token_scale, tool_time_scale=tool_time_scale, max_turns=max_turns)
         return [Program(f"{p.program_id}#{i}", p.turns, p.run_concurrency) for i, p in enumerate(base)]
     if name == "synthetic":

@@ -67,3 +67,17 @@ def test_scale_keeps_append_structure(token_scale, tool_scale, max_turns):
 def test_scale_rejects_bad_knobs(kwargs):
     with pytest.raises(ConfigError):
         scale(swe_agent_programs()[:1], **kwargs)
+
+
+def test_stratified_selection_keeps_the_size_mix_at_every_count():
+    from bench.run import stratified_programs
+
+    source = swe_agent_programs()
+    reference = summarize(source)["peak_context_median"]
+    for count in (6, 12, 24, 40):
+        chosen = stratified_programs(source, count, seed=0)
+        assert len(chosen) == count
+        assert summarize(chosen)["peak_context_median"] == pytest.approx(reference, rel=0.15)
+    everything = stratified_programs(source, len(source) + 3, seed=1)
+    assert {p.program_id for p in source} <= {p.program_id for p in everything}
+    assert stratified_programs(source, 10, seed=2) == stratified_programs(source, 10, seed=2)
