@@ -62,6 +62,10 @@ class ControlParams:
     replica it can best use are paused (shortest first) until it fits, then it resumes there
     (0 disables; the reference relies on forced resume after resume_timeout_seconds alone; a value at
     or above resume_timeout_seconds never acts, since forced resume comes first)."""
+    soft_pinning: bool = False
+    """While every replica is below the soft-demote band and nothing is paused, admissions leave
+    the worker to the router ("any") and follow its choice through Bind; under pressure they pin
+    as the reference always does (False = always pin, the reference)."""
     buffer_per_program_tokens: int = BUFFER_PER_PROGRAM_TOKENS
     """Per-program allowance added to every program's weight (not a flag, as in the reference)."""
 

@@ -71,6 +71,7 @@ class _Turn:
     paused_seq_before: int | None
     waiting: bool = False
     was_paused: bool = False
+    unpinned: bool = False  # answered "any" while placed: Bind may move the program
 
 
 @dataclass(slots=True)
@@ -260,10 +261,13 @@ class SchedulerCore:
             return False
         program = self._programs.get(turn.session_id)
         if (program is not turn.program or program.admission_epoch != turn.epoch
-                or program.lifecycle is not Lifecycle.ACTIVE or program.replica is not None):
+                or program.lifecycle is not Lifecycle.ACTIVE):
             return False
-        self._place(program, replica)
-        self._recharge(program)
+        if program.replica is not None and not turn.unpinned:
+            return False  # pinned by admission: placement stays authoritative
+        if program.replica != replica:
+            self._place(program, replica)
+            self._recharge(program)
         return True
 
     def complete(self, now: float, session_id: str, request_id: str, replica: ReplicaKey | None,
@@ -789,9 +793,20 @@ class SchedulerCore:
         demoted = program.soft_demoted_until > now
         jump_s = ((self.params.resume_priority_boost if turn.was_paused else 0.0)
                   + (self.params.soft_demote_priority_jump if demoted else 0.0))
-        return Decision(turn.request_id, turn.session_id, Verdict.PLACED, program.replica,
+        replica = program.replica
+        if replica is not None and not forced and self._may_leave_placement_to_router():
+            # Nothing is under pressure: the router's KV cost (overlap and live load) picks, and
+            # Bind moves the program if it chose elsewhere. Pinning here only costs balance.
+            replica = None
+            turn.unpinned = True
+        return Decision(turn.request_id, turn.session_id, Verdict.PLACED, replica,
                         to_sglang_priority(jump_s), jump_s, turn.epoch, was_paused=turn.was_paused,
                         was_soft_demoted=demoted, forced_resume=forced, held_seconds=now - turn.started_at)
+
+    def _may_leave_placement_to_router(self) -> bool:
+        if not self.params.soft_pinning or self._paused or self._waiting:
+            return False
+        return all(self._band(key) is Band.NORMAL for key in self._caps)
 
     def _drop_waiter(self, sid: str, request_id: str) -> None:
         waiting = self._waiting.get(sid)
