@@ -119,6 +119,10 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
         "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
         "--program-idle-ttl-seconds", f"{900.0 / speedup:g}",
         "--resume-aging-seconds", f"{60.0 / speedup:g}",
+        # The cost-aware policy's priors are in the modelled hardware's seconds; what it observes
+        # (tool times, time to first token) arrives in wall seconds, S times shorter.
+        "--cost-aware-tool-seconds", f"{2.0 / speedup:g}",
+        "--cost-aware-prefill-tokens-per-s", f"{18_000.0 * speedup:g}",
         # Chat prompts reach the router as text; without a tokenizer it matches prefixes on text
         # chunks (approximate mode), so KV events cannot be used. See docs/router-selection.md.
         "--no-use-kv-events",

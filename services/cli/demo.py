@@ -22,9 +22,9 @@ def add_parser(commands) -> None:
     add_cluster_arguments(parser)
     parser.add_argument("--programs", type=int, default=16, help="agent programs to run, all in parallel")
     parser.add_argument("--max-turns", type=int, default=16, help="turns per program (the trace's first turns)")
-    parser.add_argument("--token-scale", type=float, default=0.5, help="scale the trace's token counts")
+    parser.add_argument("--token-scale", type=float, default=1.0, help="scale the trace's token counts")
     parser.add_argument("--workload", default="swe", choices=("swe", "synthetic", "short"))
-    parser.set_defaults(run=run, worker_speedup=20.0, worker_kv_tokens=32_768, http_port=0, log_level="WARNING")
+    parser.set_defaults(run=run, worker_speedup=20.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
 
 
 def wait_for_workers(address: str, expected: int, timeout_s: float = 30.0) -> capacity_pb2.WorkersSnapshot:
