@@ -194,85 +194,78 @@ class OpenTurn:
         self.finish_reason: str | None = None
         self._closed = False
 
-    async def sse(self, include_usage: bool) -> AsyncIterator[bytes]:
-        """The worker's SSE stream for an HTTP client, as blocks of whole lines: the usage-only chunk
-        carries `prompt_tokens_details` and is dropped (with its blank line) unless `include_usage`.
-        Raises WorkerFailed / WorkerTimeout if the stream breaks, after yielding what preceded the break
-        (the caller has already sent the first token by then)."""
-        relay = SseRelay(self.spec.api, include_usage, self._absorb_openai)
-        core = self._runner.fleet.core
-        track_output = core is not None and core.params.router_track_output_blocks
-        reported = 0
+    async def _blocks(self, *, merge_first: bool) -> AsyncIterator[bytes]:
+        """Raw upstream bytes as they arrive, starting with the already-read first line; read
+        failures become WorkerTimeout / WorkerFailed (the caller has already sent the first token)."""
         content = self.response.content
         data = self._first_line or b""
         self._first_line = None
         try:
-            if data:
+            if data and merge_first:
                 # Whatever arrived with the first token goes out in the same write.
                 try:
                     data += content.read_nowait()
                 except (asyncio.TimeoutError, aiohttp.ClientError):
                     pass  # readany raises it again, after the first line went out
             while True:
+                if data:
+                    yield data
+                data = await content.readany()
                 if not data:
-                    data = await content.readany()
-                    if not data:
-                        break
-                out = relay.feed(data)
-                data = b""
-                if track_output and relay.chunks - reported >= 8:
-                    reported = relay.chunks - relay.chunks % 8
-                    core.output_progress(self.spec.request_id, reported)
-                if out:
-                    yield out
-                if relay.error is not None:
-                    raise WorkerFailed(relay.error)
+                    return
         except asyncio.TimeoutError:
             raise WorkerTimeout(f"worker {self.worker.worker_id} went silent mid-stream") from None
         except aiohttp.ClientError as exc:
             raise WorkerFailed(f"worker {self.worker.worker_id} broke the stream: {exc.__class__.__name__}") from None
+
+    def _report_output(self, relay: "SseRelay", reported: int) -> int:
+        """Tell the selection core about output progress every 8 chunks; returns what was reported."""
+        core = self._runner.fleet.core
+        if core is not None and core.params.router_track_output_blocks and relay.chunks - reported >= 8:
+            reported = relay.chunks - relay.chunks % 8
+            core.output_progress(self.spec.request_id, reported)
+        return reported
+
+    def _absorb_last_generate_line(self, relay: "SseRelay") -> None:
+        last = relay.last_data_line()
+        if last is not None:
+            self._absorb_generate(loads(memoryview(last)[5:]))
+
+    async def sse(self, include_usage: bool) -> AsyncIterator[bytes]:
+        """The worker's SSE stream for an HTTP client, as blocks of whole lines: the usage-only chunk
+        carries `prompt_tokens_details` and is dropped (with its blank line) unless `include_usage`.
+        Raises WorkerFailed / WorkerTimeout if the stream breaks, after yielding what preceded the break
+        (the caller has already sent the first token by then)."""
+        relay = SseRelay(self.spec.api, include_usage, self._absorb_openai)
+        reported = 0
+        async for data in self._blocks(merge_first=True):
+            out = relay.feed(data)
+            reported = self._report_output(relay, reported)
+            if out:
+                yield out
+            if relay.error is not None:
+                raise WorkerFailed(relay.error)
         out = relay.end()
-        if track_output and relay.chunks - reported >= 8:
-            core.output_progress(self.spec.request_id, relay.chunks - relay.chunks % 8)
+        self._report_output(relay, reported)
         if out:
             yield out
         if relay.error is not None:
             raise WorkerFailed(relay.error)
-        last = relay.last_data_line()
-        if last is not None:
-            self._absorb_generate(loads(memoryview(last)[5:]))
+        self._absorb_last_generate_line(relay)
 
     async def lines(self) -> AsyncIterator[tuple[bytes, LineKind]]:
         """The worker's SSE lines that are forwarded (data, usage, [DONE], blank), one by one, for
         callers that look at every chunk. Raises WorkerFailed / WorkerTimeout if the stream breaks."""
         relay = SseRelay(self.spec.api, True, self._absorb_openai)
-        core = self._runner.fleet.core
-        track_output = core is not None and core.params.router_track_output_blocks
         reported = 0
-        content = self.response.content
-        data = self._first_line or b""
-        self._first_line = None
-        try:
-            while True:
-                if not data:
-                    data = await content.readany()
-                    if not data:
-                        break
-                block = relay.complete_lines(data)
-                data = b""
-                for line in split_lines(block):
-                    line, kind = relay.classify(line)
-                    if kind is LineKind.ERROR:
-                        raise WorkerFailed(_stream_error(line))
-                    if track_output and relay.chunks - reported >= 8:
-                        reported = relay.chunks - relay.chunks % 8
-                        core.output_progress(self.spec.request_id, reported)
-                    if kind is not None:
-                        yield line, kind
-        except asyncio.TimeoutError:
-            raise WorkerTimeout(f"worker {self.worker.worker_id} went silent mid-stream") from None
-        except aiohttp.ClientError as exc:
-            raise WorkerFailed(f"worker {self.worker.worker_id} broke the stream: {exc.__class__.__name__}") from None
+        async for data in self._blocks(merge_first=False):
+            for line in split_lines(relay.complete_lines(data)):
+                line, kind = relay.classify(line)
+                if kind is LineKind.ERROR:
+                    raise WorkerFailed(_stream_error(line))
+                reported = self._report_output(relay, reported)
+                if kind is not None:
+                    yield line, kind
         tail = relay.take_partial()
         if tail:
             line, kind = relay.classify(tail)
@@ -280,9 +273,7 @@ class OpenTurn:
                 raise WorkerFailed(_stream_error(line))
             if kind is not None:
                 yield line, kind
-        last = relay.last_data_line()
-        if last is not None:
-            self._absorb_generate(loads(memoryview(last)[5:]))
+        self._absorb_last_generate_line(relay)
 
     async def json(self) -> dict:
         try:
