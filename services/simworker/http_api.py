@@ -494,15 +494,19 @@ class SimWorkerApi:
                                                               gen if continuous else None))
                 reason, matched = self._finish_fields(gen)
                 await response.write(self._chat_chunk(head, {}, reason, matched, gen if continuous else None))
-                if include_usage:
-                    await response.write(b"data: " + dumps({**head, "choices": [], "usage": self._usage(gen)})
-                                         + b"\n\n")
-                await response.write(_DONE)
+                await self._end_stream(response, head, gen, include_usage)
             except ConnectionResetError:
                 pass
             return response
         finally:
             gen.close()
+
+    async def _end_stream(self, response: web.StreamResponse, head: dict, gen: Generation,
+                          include_usage: bool) -> None:
+        """The OpenAI stream's tail: the usage-only chunk when asked for, then [DONE]."""
+        if include_usage:
+            await response.write(b"data: " + dumps({**head, "choices": [], "usage": self._usage(gen)}) + b"\n\n")
+        await response.write(_DONE)
 
     def _chat_chunk(self, head: dict, delta: dict, reason: str | None, matched: Any,
                     usage_of: Generation | None) -> bytes:
@@ -555,10 +559,7 @@ class SimWorkerApi:
                     chunk = {**head, "choices": [choice],
                              "usage": self._usage(gen) if continuous else None}
                     await response.write(b"data: " + dumps(chunk) + b"\n\n")
-                if include_usage:
-                    await response.write(b"data: " + dumps({**head, "choices": [], "usage": self._usage(gen)})
-                                         + b"\n\n")
-                await response.write(_DONE)
+                await self._end_stream(response, head, gen, include_usage)
             except ConnectionResetError:
                 pass
             return response
