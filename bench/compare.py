@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from bench.peers import launch_sglang_router
 from bench.run import Runner, build_workload, scrape_counters
 from services.common.config import require
 from services.scheduler.core.policies import PAUSE_POLICIES
@@ -361,12 +361,6 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
 # ----------------------------------------------------------------------------------- live mode
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _chat_ok(base_url: str) -> bool:
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
     request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
@@ -403,7 +397,7 @@ class LiveStack:
 def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
     from services.cli.cluster import ClusterConfig, simworker_spec, start_cluster
     from services.cli.demo import scheduler_counts, wait_for_workers
-    from services.cli.supervisor import Supervisor, _die_with_parent
+    from services.cli.supervisor import Supervisor
 
     policy = policy_of(arm)
     config = ClusterConfig(
@@ -428,16 +422,7 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
     router: subprocess.Popen | None = None
     try:
         workers = [c.endpoint for c in supervisor.start_all([simworker_spec(config, i) for i in range(spec.workers)])]
-        port = _free_port()
-        with open(state_dir / "sglang-router.log", "wb") as log:
-            router = subprocess.Popen(
-                [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *workers,
-                 "--host", "127.0.0.1", "--port", str(port), "--policy", sglang_policy, "--log-level", "warn",
-                 # Its metrics port defaults to a fixed 29000: take a free one so runs do not collide.
-                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
-                env={**os.environ, "RUST_LOG": "warn"})
-        url = f"http://127.0.0.1:{port}"
+        router, url = launch_sglang_router(workers, sglang_policy, state_dir / "sglang-router.log")
         _wait_routable(url, lambda: router.poll() is None)
     except BaseException:
         _stop_process(router)

@@ -31,7 +31,6 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,7 @@ import aiohttp
 from services.cli.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from services.cli.supervisor import Supervisor
 from bench.stats import summary_ms
+from bench.peers import launch_sglang_router
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -172,12 +172,6 @@ async def run_phase(urls: list[str], load: Load, session_prefix: str | None) -> 
 # ---------------------------------------------------------------------------------------- stack
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), from /proc."""
     try:
@@ -247,16 +241,8 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         nosched_spec.name = "router-nosched"  # the supervisor names ready and log files after the child
         (nosched,) = cluster.supervisor.start_all([nosched_spec])
         nosched_url = f"http://127.0.0.1:{nosched.ready['http_port']}"
-        port = _free_port()
-        log = open(cluster.supervisor.state_dir / "sglang-router.log", "wb")
-        sglang = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *cluster.workers,
-             "--host", "127.0.0.1", "--port", str(port), "--policy", "cache_aware", "--log-level", "warn",
-             # Its metrics port defaults to a fixed 29000: a second router on the machine would collide.
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port())],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env={**os.environ, "RUST_LOG": "warn"})
-        log.close()
-        sglang_url = f"http://127.0.0.1:{port}"
+        sglang, sglang_url = launch_sglang_router(cluster.workers, "cache_aware",
+                                                  cluster.supervisor.state_dir / "sglang-router.log")
         # Every front door must answer a chat request before any phase starts: sglang-router registers
         # its workers in the background, our routers learn them from the capacity watch.
         deadline = time.monotonic() + 60

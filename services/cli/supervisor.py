@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """Ask the kernel to SIGTERM this process when its parent dies (runs between fork and exec)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -87,7 +88,7 @@ class Supervisor:
         with open(log_path, "ab") as log_fh:
             process = subprocess.Popen(
                 cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=_die_with_parent, cwd=os.getcwd(),
+                preexec_fn=die_with_parent, cwd=os.getcwd(),
             )
         child = Child(spec, process, ready_file, log_path)
         self.children.append(child)

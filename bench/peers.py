@@ -1,0 +1,33 @@
+"""The peer systems benchmarks run beside Bandmaster, started the same way everywhere."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from services.cli.supervisor import die_with_parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+    """SGLang's own router (`sglang-router` from PyPI) in front of `worker_urls`; returns the process
+    and its base URL. It registers workers in the background: callers wait until it routes."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
+             "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--log-level", "warn",
+             # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+            env={**os.environ, "RUST_LOG": "warn"})
+    return process, f"http://127.0.0.1:{port}"
