@@ -38,14 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from bench.peers import launch_sglang_router
+from bench.peers import chat_ok, launch_sglang_router
 from bench.run import Runner, build_workload, scrape_counters
 from services.common.config import require
 from services.scheduler.core.policies import PAUSE_POLICIES
@@ -361,21 +359,12 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
 # ----------------------------------------------------------------------------------- live mode
 
 
-def _chat_ok(base_url: str) -> bool:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
-    request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def _wait_routable(base_url: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
     """A front door is ready once it answers a chat request (routers learn workers in the background)."""
     deadline = time.monotonic() + timeout_s
-    while not _chat_ok(base_url):
+    while not chat_ok(base_url, MODEL):
         if not alive():
             raise RuntimeError(f"the router behind {base_url} exited during start-up")
         if time.monotonic() > deadline:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Sequence
 
@@ -31,3 +34,15 @@ def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
             env={**os.environ, "RUST_LOG": "warn"})
     return process, f"http://127.0.0.1:{port}"
+
+
+def chat_ok(base_url: str, model: str) -> bool:
+    """True when `base_url` answers a one-token chat completion: the front door routes."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
+    request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -44,7 +44,7 @@ import aiohttp
 from services.cli.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from services.cli.supervisor import Supervisor
 from bench.stats import summary_ms
-from bench.peers import launch_sglang_router
+from bench.peers import chat_ok, launch_sglang_router
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -192,15 +192,6 @@ def worker_requests(url: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
-def _chat_ok(base: str) -> bool:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
-    request = urllib.request.Request(base + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 @dataclass
@@ -253,7 +244,7 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
                                    f"{cluster.supervisor.state_dir / 'sglang-router.log'}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"never routed a request: {sorted(pending)}")
-            pending = {url for url in pending if not _chat_ok(url)}
+            pending = {url for url in pending if not chat_ok(url, MODEL)}
             time.sleep(0.2)
     except BaseException:
         if sglang is not None and sglang.poll() is None:
