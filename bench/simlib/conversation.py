@@ -19,7 +19,7 @@ once and only the last message and the generation prompt are encoded per turn (t
 
 from __future__ import annotations
 
-from services.router.core.hashing import digest_to_block_id, page_digests, text_chunk_hashes
+from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
 from services.router.core.types import Prompt
 from services.router.http_api import chat_routing_text
 from services.router.turns import CHARS_PER_TOKEN
@@ -33,7 +33,8 @@ class Conversation:
     """Messages of one program and what the worker and the router derive from them."""
 
     __slots__ = ("messages", "_done_ids", "_tail_text", "_routing_parts", "_routing_chars",
-                 "_page_size", "_page_ids", "_page_digest", "_page_ids_tokens")
+                 "_page_size", "_page_ids", "_page_digest", "_page_ids_tokens",
+                 "_chunk_chars", "_chunk_ids", "_chunk_digest")
 
     def __init__(self, system_text: str, page_size: int) -> None:
         self.messages: list[dict] = []
@@ -48,6 +49,10 @@ class Conversation:
         self._page_ids: list[int] = []
         self._page_digest = b""
         self._page_ids_tokens = 0
+        # Text-mode router prompt: chained chunk ids of the routing text hashed so far (it only grows).
+        self._chunk_chars = 0
+        self._chunk_ids: list[int] = []
+        self._chunk_digest = TEXT_ROOT_DIGEST
         self.append("system", system_text)
 
     def append(self, role: str, content: str) -> None:
@@ -75,13 +80,20 @@ class Conversation:
     def text_prompt(self, chunk_chars: int) -> Prompt:
         """The live router's approximate-mode prompt: text chunks of chat_routing_text(messages).
 
-        Same as `KvRouterCore.prompt_from_text(text, len(text) // 4)` (tested)."""
+        Same as `KvRouterCore.prompt_from_text(text, len(text) // 4)` (tested). The routing text
+        is one line per message and only grows, so each chunk is hashed once."""
         text = "".join(self._routing_parts)
         if len(self._routing_parts) > 1:
             self._routing_parts = [text]       # keep the join O(new text) next turn
+        if chunk_chars != self._chunk_chars:
+            self._chunk_chars, self._chunk_ids, self._chunk_digest = chunk_chars, [], TEXT_ROOT_DIGEST
+        digests = text_chunk_digests(text, chunk_chars, len(self._chunk_ids) * chunk_chars, self._chunk_digest)
+        if digests:
+            self._chunk_ids.extend(map(digest_to_block_id, digests))
+            self._chunk_digest = digests[-1]
         isl = self.estimated_prompt_tokens()
         tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
-        return Prompt(tuple(text_chunk_hashes(text, chunk_chars)), isl, tokens_per_chunk)
+        return Prompt(tuple(self._chunk_ids), isl, tokens_per_chunk)
 
     def token_prompt(self, ids: list[int]) -> Prompt:
         """A token-mode prompt of `ids` (this turn's `prompt_ids()`): the chained page ids of

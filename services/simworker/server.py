@@ -70,6 +70,7 @@ def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineC
         enable_priority_scheduling=config.enable_priority_scheduling,
         schedule_low_priority_values_first=config.schedule_low_priority_values_first,
         seed=config.seed,
+        emit_kv_events=config.kv_events is not None,
     )
 
 

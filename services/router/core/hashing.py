@@ -25,17 +25,21 @@ text invalidates every later chunk, as it would for tokens.
 from __future__ import annotations
 
 import hashlib
+import struct
 import sys
 from array import array
 from typing import Sequence
 
 # Root of every text chain: keeps text ids and token ids in disjoint hash domains.
-_TEXT_ROOT_DIGEST = hashlib.sha256(b"bandmaster.router.text-chunks.v1").digest()
+TEXT_ROOT_DIGEST = hashlib.sha256(b"bandmaster.router.text-chunks.v1").digest()
+
+
+_INT64_BE = struct.Struct(">q").unpack_from
 
 
 def digest_to_block_id(digest: bytes) -> int:
     """First 8 bytes of a SHA-256 digest as a signed int64 (SGLang's `hash_str_to_int64`)."""
-    return int.from_bytes(digest[:8], "big", signed=True)
+    return _INT64_BE(digest)[0]
 
 
 def _le_u32_bytes(token_ids: Sequence[int]) -> bytes:
@@ -67,13 +71,24 @@ def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     return [digest_to_block_id(d) for d in page_digests(token_ids, block_size)]
 
 
-def text_chunk_hashes(text: str, chunk_chars: int) -> list[int]:
-    """Ids of the complete `chunk_chars`-character chunks of a rendered prompt, chained."""
+def text_chunk_digests(text: str, chunk_chars: int, start: int = 0,
+                       parent_digest: bytes = TEXT_ROOT_DIGEST) -> list[bytes]:
+    """Chained digests of the complete chunks of `text[start:]`, continuing `parent_digest`
+    (the digest of the chunk ending at `start`; `start` must be a multiple of `chunk_chars`).
+    Lets a caller that knows its text only grows hash each chunk once."""
     if chunk_chars < 1:
         raise ValueError("chunk_chars must be >= 1")
-    ids: list[int] = []
-    previous = _TEXT_ROOT_DIGEST
-    for start in range(0, len(text) - chunk_chars + 1, chunk_chars):
-        previous = hashlib.sha256(previous + text[start:start + chunk_chars].encode("utf-8", "surrogatepass")).digest()
-        ids.append(digest_to_block_id(previous))
-    return ids
+    if start % chunk_chars:
+        raise ValueError("start must be a chunk boundary")
+    digests: list[bytes] = []
+    previous = parent_digest
+    sha256 = hashlib.sha256
+    for begin in range(start, len(text) - chunk_chars + 1, chunk_chars):
+        previous = sha256(previous + text[begin:begin + chunk_chars].encode("utf-8", "surrogatepass")).digest()
+        digests.append(previous)
+    return digests
+
+
+def text_chunk_hashes(text: str, chunk_chars: int) -> list[int]:
+    """Ids of the complete `chunk_chars`-character chunks of a rendered prompt, chained."""
+    return [digest_to_block_id(d) for d in text_chunk_digests(text, chunk_chars)]

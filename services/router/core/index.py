@@ -20,7 +20,7 @@ are pruned (deepest first within one insertion, so prefixes outlive their extens
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Generic, Iterable, Sequence, TypeVar
 
 from services.router.core.events import AllBlocksCleared, BlockRemoved, BlockStored, EventOutcome, KvEvent
@@ -250,44 +250,136 @@ class KvEventIndex(_BlockIndex[_Held]):
         self._by_external.pop(replica, None)
 
 
-class RoutingHistoryIndex(_BlockIndex[float]):
+class _History:
+    """One replica's routing history: block id -> the record that last named it."""
+
+    __slots__ = ("record_of", "records")
+
+    def __init__(self) -> None:
+        self.record_of: dict[int, int] = {}
+        # (record number, expiry, block ids) oldest first; a record's blocks that a later record
+        # named again belong to that later one.
+        self.records: deque[tuple[int, float, Sequence[int]]] = deque()
+
+
+class RoutingHistoryIndex:
     """Prefix index fed by the router's own decisions; each entry expires `ttl_s` after its
-    last recording (entry value = expiry time). Time is passed in; nothing reads a clock."""
+    last recording. Time is passed in; nothing reads a clock.
+
+    Every recording names a whole chain (the prompt's ids from its first block), and a chained
+    id names its whole prefix, so what a replica holds is closed under prefixes: expiry and
+    pruning drop a record's blocks deepest first, and an ancestor is always named by every
+    record that names a descendant. A replica's leading match is therefore found by bisection
+    (O(log n) lookups), and recording is a bulk dict update: both stay cheap for prompts of
+    tens of thousands of tokens. Same public surface as `KvEventIndex`."""
 
     def __init__(self, *, ttl_s: float, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
-        super().__init__(max_blocks_per_worker=max_blocks_per_worker, prune_target_ratio=prune_target_ratio)
+        if max_blocks_per_worker < 1 or not 0 < prune_target_ratio <= 1:
+            raise ValueError("max_blocks_per_worker >= 1 and 0 < prune_target_ratio <= 1")
         if not ttl_s > 0:
             raise ValueError("ttl_s > 0")
         self.ttl_s = ttl_s
+        self._max_blocks = max_blocks_per_worker
+        self._prune_to = int(max_blocks_per_worker * prune_target_ratio)
+        self._replicas: dict[Replica, _History] = {}
+        self._records = 0
         self.expired_blocks_total = 0
+        self.pruned_blocks_total = 0
 
-    def record(self, replica: Replica, block_hashes: Sequence[int], now: float) -> None:
-        """Remember that `replica` now holds this prefix, until `now + ttl_s`."""
-        expiry = now + self.ttl_s
-        for block_id in reversed(block_hashes):   # deepest first: see _BlockIndex._prune
-            self._put(replica, block_id, expiry)
-        self._prune(replica)
-
-    def expire(self, now: float) -> int:
-        """Drop every entry whose expiry is <= now. Returns how many were dropped.
-
-        Each replica's entries are in recording order and share one TTL, so the oldest is
-        first and the scan stops at the first live entry (amortised O(expired))."""
-        dropped = 0
-        for replica in list(self._blocks):
-            blocks = self._blocks[replica]
-            while blocks:
-                block_id, expiry = next(iter(blocks.items()))
-                if expiry > now:
-                    break
-                self._drop(replica, block_id)
-                dropped += 1
-            if not blocks:
-                del self._blocks[replica]
-        self.expired_blocks_total += dropped
-        return dropped
+    # -- queries ---------------------------------------------------------------------------
 
     def find_matches(self, block_hashes: Sequence[int], now: float) -> dict[Replica, int]:
         """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`."""
         self.expire(now)
-        return self._match(block_hashes)
+        scores: dict[Replica, int] = {}
+        if not block_hashes:
+            return scores
+        first = block_hashes[0]
+        for replica, history in self._replicas.items():
+            held = history.record_of
+            if first not in held:
+                continue
+            low, high = 1, len(block_hashes)       # held[:low] is known; find the largest prefix
+            while low < high:
+                mid = (low + high + 1) // 2
+                if block_hashes[mid - 1] in held:
+                    low = mid
+                else:
+                    high = mid - 1
+            scores[replica] = low
+        return scores
+
+    def tree_size(self, replica: Replica) -> int:
+        """Blocks the index holds for `replica` (the temperature-0 tie-break)."""
+        history = self._replicas.get(replica)
+        return len(history.record_of) if history else 0
+
+    def replicas(self) -> list[Replica]:
+        return list(self._replicas)
+
+    def holds(self, replica: Replica, block_id: int) -> bool:
+        history = self._replicas.get(replica)
+        return history is not None and block_id in history.record_of
+
+    # -- mutation --------------------------------------------------------------------------
+
+    def record(self, replica: Replica, block_hashes: Sequence[int], now: float) -> None:
+        """Remember that `replica` now holds this prefix (a whole chain), until `now + ttl_s`."""
+        if not block_hashes:
+            return
+        history = self._replicas.get(replica)
+        if history is None:
+            history = self._replicas[replica] = _History()
+        self._records += 1
+        history.record_of.update(dict.fromkeys(block_hashes, self._records))
+        history.records.append((self._records, now + self.ttl_s, block_hashes))
+        if len(history.record_of) > self._max_blocks:
+            self._prune(replica, history)
+
+    def expire(self, now: float) -> int:
+        """Drop every entry whose expiry is <= now. Returns how many were dropped.
+
+        Records share one TTL, so the oldest is first and the scan stops at the first live one
+        (amortised O(expired))."""
+        dropped = 0
+        for replica in list(self._replicas):
+            history = self._replicas[replica]
+            records = history.records
+            while records and records[0][1] <= now:
+                number, _, block_hashes = records.popleft()
+                dropped += self._forget(history, number, block_hashes, len(block_hashes))
+            if not records:
+                del self._replicas[replica]
+        self.expired_blocks_total += dropped
+        return dropped
+
+    def remove_worker(self, replica: Replica) -> int:
+        """Forget everything about `replica`. Returns the number of blocks dropped."""
+        history = self._replicas.pop(replica, None)
+        return len(history.record_of) if history else 0
+
+    @staticmethod
+    def _forget(history: _History, number: int, block_hashes: Sequence[int], limit: int) -> int:
+        """Drop up to `limit` of a record's blocks that no later record named, deepest first."""
+        held = history.record_of
+        dropped = 0
+        for block_id in reversed(block_hashes):
+            if dropped >= limit:
+                break
+            if held.get(block_id) == number:
+                del held[block_id]
+                dropped += 1
+        return dropped
+
+    def _prune(self, replica: Replica, history: _History) -> None:
+        """Past the bound: drop least recently recorded blocks (oldest record first, deepest
+        first within it) down to the prune target."""
+        records = history.records
+        while records and len(history.record_of) > self._prune_to:
+            number, _, block_hashes = records[0]
+            excess = len(history.record_of) - self._prune_to
+            self.pruned_blocks_total += self._forget(history, number, block_hashes, excess)
+            if len(history.record_of) > self._prune_to:
+                records.popleft()          # every block it still owned is gone
+        if not history.record_of:
+            del self._replicas[replica]

@@ -29,19 +29,18 @@ class ReplicaLoad:
 
 
 class _Request:
-    __slots__ = ("replica", "block_hashes", "isl_tokens", "prefill_tokens", "expected_output_tokens",
-                 "output_tokens", "output_blocks", "exclusive_blocks", "added_at")
+    __slots__ = ("replica", "block_set", "isl_tokens", "prefill_tokens",
+                 "expected_output_tokens", "output_tokens", "output_blocks", "added_at")
 
-    def __init__(self, replica: Replica, block_hashes: tuple[int, ...], isl_tokens: int, prefill_tokens: int,
+    def __init__(self, replica: Replica, block_hashes: Sequence[int], isl_tokens: int, prefill_tokens: int,
                  expected_output_tokens: int | None, added_at: float) -> None:
         self.replica = replica
-        self.block_hashes = block_hashes
+        self.block_set = frozenset(block_hashes)      # distinct prompt blocks
         self.isl_tokens = isl_tokens
         self.prefill_tokens = prefill_tokens        # 0 once the first token arrived
         self.expected_output_tokens = expected_output_tokens
         self.output_tokens = 0
         self.output_blocks = 0
-        self.exclusive_blocks = 0                   # prompt blocks no other active request holds
         self.added_at = added_at
 
     def decay_fraction(self) -> float:
@@ -52,10 +51,17 @@ class _Request:
 
 
 class _ReplicaState:
-    __slots__ = ("owners", "prefill_tokens", "request_ids", "output_blocks", "decayed")
+    """Distinct active prompt blocks as a set, plus the extra holders of shared blocks.
+
+    A block held by k >= 1 active requests is in `blocks`; when k >= 2, `extra[block] = k - 1`.
+    Agent prompts share little between concurrent requests (the system prompt), so adding and
+    freeing a request are bulk set operations plus a loop over its shared blocks only."""
+
+    __slots__ = ("blocks", "extra", "prefill_tokens", "request_ids", "output_blocks", "decayed")
 
     def __init__(self) -> None:
-        self.owners: dict[int, set[str]] = {}       # prompt block -> active requests holding it
+        self.blocks: set[int] = set()
+        self.extra: dict[int, int] = {}
         self.prefill_tokens = 0
         self.request_ids: set[str] = set()
         self.output_blocks = 0
@@ -82,7 +88,7 @@ class ActiveLoad:
         state = self._replicas.get(replica)
         if state is None:
             return new_tokens, len(distinct_blocks)
-        new_blocks = sum(1 for h in distinct_blocks if h not in state.owners)
+        new_blocks = len(distinct_blocks) - len(state.blocks.intersection(distinct_blocks))
         return state.prefill_tokens + new_tokens, self._decode_blocks(state) + new_blocks
 
     def load(self, replica: Replica) -> ReplicaLoad:
@@ -99,10 +105,12 @@ class ActiveLoad:
         return len(self._requests)
 
     def _decode_blocks(self, state: _ReplicaState) -> int:
-        blocks = float(len(state.owners) + state.output_blocks)
+        blocks = float(len(state.blocks) + state.output_blocks)
         for request_id in state.decayed:   # only requests with an expected length and output
             request = self._requests[request_id]
-            blocks -= (1.0 - request.decay_fraction()) * (request.exclusive_blocks + request.output_blocks)
+            # Its exclusive blocks: the ones no other active request holds.
+            exclusive = len(request.block_set) - len(request.block_set.intersection(state.extra))
+            blocks -= (1.0 - request.decay_fraction()) * (exclusive + request.output_blocks)
         return round(blocks)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -113,7 +121,7 @@ class ActiveLoad:
         if request_id in self._requests:
             return False
         new_tokens = max(isl_tokens - cached_tokens, 0)
-        request = _Request(replica, tuple(dict.fromkeys(block_hashes)), isl_tokens, new_tokens,
+        request = _Request(replica, block_hashes, isl_tokens, new_tokens,
                            expected_output_tokens, now)
         self._requests[request_id] = request
         state = self._replicas.get(replica)
@@ -121,15 +129,12 @@ class ActiveLoad:
             state = self._replicas[replica] = _ReplicaState()
         state.request_ids.add(request_id)
         state.prefill_tokens += new_tokens
-        for block_id in request.block_hashes:
-            owners = state.owners.get(block_id)
-            if owners is None:
-                state.owners[block_id] = {request_id}
-                request.exclusive_blocks += 1
-            else:
-                if len(owners) == 1:
-                    self._requests[next(iter(owners))].exclusive_blocks -= 1
-                owners.add(request_id)
+        shared = state.blocks.intersection(request.block_set)
+        if shared:
+            extra = state.extra
+            for block_id in shared:
+                extra[block_id] = extra.get(block_id, 0) + 1
+        state.blocks |= request.block_set
         return True
 
     def mark_prefill_completed(self, request_id: str) -> bool:
@@ -172,13 +177,15 @@ class ActiveLoad:
         state.output_blocks -= request.output_blocks
         state.request_ids.discard(request_id)
         state.decayed.discard(request_id)
-        for block_id in request.block_hashes:
-            owners = state.owners[block_id]
-            owners.discard(request_id)
-            if not owners:
-                del state.owners[block_id]
-            elif len(owners) == 1:
-                self._requests[next(iter(owners))].exclusive_blocks += 1
+        extra = state.extra
+        shared = request.block_set.intersection(extra) if extra else ()
+        for block_id in shared:
+            holders = extra[block_id] - 1
+            if holders:
+                extra[block_id] = holders
+            else:
+                del extra[block_id]
+        state.blocks -= request.block_set.difference(shared) if shared else request.block_set
         if not state.request_ids:
             del self._replicas[request.replica]
         return True

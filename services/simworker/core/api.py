@@ -144,6 +144,9 @@ class EngineConfig:
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
     seed: int = 0
+    emit_kv_events: bool = True
+    """False when nothing subscribes to KV events (no --kv-events-config, the offline
+    simulator): the engine then skips building them. Scheduling is identical either way."""
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

@@ -110,7 +110,7 @@ class SimEngine:
         self.total_pages = config.max_total_tokens // config.page_size
         host_tokens = config.host_tokens() if config.enable_hierarchical_cache else 0
         self.cache = RadixCache(config.page_size, self.total_pages, host_tokens // config.page_size,
-                                config.hicache_write_policy)
+                                config.hicache_write_policy, emit_events=config.emit_kv_events)
         self._waiting: list[_Req] = []
         self._running: list[_Req] = []
         self._by_rid: dict[str, _Req] = {}
@@ -209,7 +209,7 @@ class SimEngine:
             r.kv_len += 1
             if r.kv_len % page == 0:
                 cache.private_pages -= 1
-                self._add_page(r, r.kv_len // page - 1, count_recompute=False)
+                self._add_pages(r, r.kv_len // page - 1, r.kv_len // page, count_recompute=False)
             context_tokens += r.kv_len
 
         # 2. prefill: continue in-progress chunks, then admit.
@@ -331,7 +331,8 @@ class SimEngine:
             if need > cache.available_pages:
                 break                         # fails even before its own cached pages are locked
             # Its matched pages that are evictable now stop being evictable once it holds them.
-            if need > cache.available_pages - sum(1 for n in gpu if n.ref == 0):
+            if need > cache.available_pages - len(gpu) and need > cache.available_pages - sum(
+                    1 for n in gpu if n.ref == 0):
                 break
             self._waiting.pop(0)
             r.match = None
@@ -381,23 +382,30 @@ class SimEngine:
         new = old + tokens
         if old % page:
             cache.private_pages -= 1
-        for index in range(old // page, new // page):
-            self._add_page(r, index, count_recompute=True)
+        self._add_pages(r, old // page, new // page, count_recompute=True)
         if new % page:
             cache.private_pages += 1
         r.kv_len = new
         chunks.append((tokens, old))
         return tokens
 
-    def _add_page(self, r: _Req, index: int, count_recompute: bool) -> None:
+    def _add_pages(self, r: _Req, first: int, last: int, count_recompute: bool) -> None:
+        """Pages first..last-1 of `r` were computed: insert them into the tree, held by `r`."""
+        if first >= last:
+            return
         page = self.page_size
-        parent = r.nodes[-1] if r.nodes else self.cache.root
-        key = r.seq[index * page:(index + 1) * page].tobytes()
-        node, recomputed = self.cache.insert(parent, key)
-        self.cache.lock((node,), hit=False)
-        r.nodes.append(node)
-        if recomputed and count_recompute:
-            self._recomputed_total += page
+        nodes = r.nodes
+        parent = nodes[-1] if nodes else self.cache.root
+        insert = self.cache.insert_locked
+        data = r.seq[first * page:last * page].tobytes()
+        width = 4 * page
+        recomputed = 0
+        for start in range(0, len(data), width):
+            parent, again = insert(parent, data[start:start + width])
+            nodes.append(parent)
+            recomputed += again
+        if count_recompute:
+            self._recomputed_total += recomputed * page
 
     def _sample(self, r: _Req) -> None:
         max_new = r.req.max_new_tokens

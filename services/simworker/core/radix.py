@@ -35,6 +35,7 @@ import heapq
 import struct
 import sys
 from array import array
+from collections import OrderedDict
 from typing import Iterable, Sequence
 
 from services.simworker.core.api import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -57,8 +58,12 @@ def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
     return hashlib.sha256(parent_digest + page).digest()
 
 
+_INT64_BE = struct.Struct(">q").unpack_from
+
+
 def digest_to_int64(digest: bytes) -> int:
-    return int.from_bytes(digest[:8], "big", signed=True)
+    """First 8 bytes of the digest, big-endian, as a signed int64."""
+    return _INT64_BE(digest)[0]
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
@@ -82,7 +87,7 @@ class PageNode:
         self.key = key
         self.children: dict[bytes, PageNode] = {}
         self.digest = digest
-        self.hash = digest_to_int64(digest) if digest else 0
+        self.hash = _INT64_BE(digest)[0] if digest else 0
         self.ref = 0
         self.last_access = 0.0
         self.on_gpu = False
@@ -94,7 +99,8 @@ class PageNode:
 
 class RadixCache:
     def __init__(self, page_size: int, total_pages: int, host_pages: int = 0,
-                 write_policy: str = "write_through", computed_memory_pages: int = 0) -> None:
+                 write_policy: str = "write_through", computed_memory_pages: int = 0,
+                 emit_events: bool = True) -> None:
         self.page_size = page_size
         self.total_pages = total_pages
         self.host_pages = host_pages
@@ -107,11 +113,12 @@ class RadixCache:
         self.evictable_pages = 0               # GPU nodes with ref == 0
         self.host_used = 0
         self.events: list[KvEvent] = []
+        self.emit_events = emit_events         # False: nobody subscribes, skip building events
         self._gpu_heap: list[tuple[float, int, PageNode]] = []
         self._host_heap: list[tuple[float, int, PageNode]] = []
         self._tick = 0
         # Bounded memory of page hashes ever computed here, to tell recompute from first compute.
-        self._computed: dict[int, None] = {}
+        self._computed: OrderedDict[int, None] = OrderedDict()
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
         self._ids_of = struct.Struct(f"<{page_size}I").unpack     # page bytes -> token ids
@@ -210,7 +217,32 @@ class RadixCache:
         if not recomputed:
             self._computed[node.hash] = None
             if len(self._computed) > self._computed_max:
-                del self._computed[next(iter(self._computed))]
+                self._computed.popitem(last=False)
+        self._to_gpu(node)
+        if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
+            self._write_host(node)
+        return node, recomputed
+
+    def insert_locked(self, parent: PageNode, key: bytes) -> tuple[PageNode, bool]:
+        """`insert` and take a reference on the page for the request that computed it, in one
+        step: the same state as `insert` then `lock((node,), hit=False)`, without passing
+        through the evictable state in between."""
+        node = parent.children.get(key)
+        if node is not None and node.on_gpu:
+            if node.ref == 0:
+                self.evictable_pages -= 1
+            node.ref += 1
+            return node, True
+        if node is None:
+            node = PageNode(parent, key, hashlib.sha256(parent.digest + key).digest())
+            parent.children[key] = node
+        computed = self._computed
+        recomputed = node.hash in computed
+        if not recomputed:
+            computed[node.hash] = None
+            if len(computed) > self._computed_max:
+                computed.popitem(last=False)
+        node.ref += 1
         self._to_gpu(node)
         if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
             self._write_host(node)
@@ -227,8 +259,9 @@ class RadixCache:
         if node.ref == 0:
             self.evictable_pages += 1
             self._push_gpu(node)
-        self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                       self._ids_of(node.key), self.page_size, GPU))
+        if self.emit_events:
+            self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
+                                           self._ids_of(node.key), self.page_size, GPU))
 
     def _write_host(self, node: PageNode) -> bool:
         if self.host_used >= self.host_pages and not self._evict_host(1):
@@ -236,8 +269,9 @@ class RadixCache:
         node.on_host = True
         self.host_used += 1
         node.parent.host_children += 1
-        self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                       self._ids_of(node.key), self.page_size, HOST))
+        if self.emit_events:
+            self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
+                                           self._ids_of(node.key), self.page_size, HOST))
         return True
 
     # -- eviction ----------------------------------------------------------------------------
@@ -270,7 +304,8 @@ class RadixCache:
         self.evictable_pages -= 1
         self.evicted_pages_total += 1
         parent.gpu_children -= 1
-        self.events.append(BlockRemoved((node.hash,), GPU))
+        if self.emit_events:
+            self.events.append(BlockRemoved((node.hash,), GPU))
         if self.host_pages > 0 and not node.on_host and self.write_policy == "write_back":
             self._write_host(node)
         if node.on_host:
@@ -293,7 +328,8 @@ class RadixCache:
             node.on_host = False
             self.host_used -= 1
             parent.host_children -= 1
-            self.events.append(BlockRemoved((node.hash,), HOST))
+            if self.emit_events:
+                self.events.append(BlockRemoved((node.hash,), HOST))
             self._drop(node)
             if (parent is not self.root and parent.on_host and not parent.on_gpu and parent.ref == 0
                     and parent.host_children == 0):
@@ -313,7 +349,8 @@ class RadixCache:
             if child.on_host:
                 child.on_host = False
                 self.host_used -= 1
-                self.events.append(BlockRemoved((child.hash,), HOST))
+                if self.emit_events:
+                    self.events.append(BlockRemoved((child.hash,), HOST))
             stack.extend(child.children.values())
             child.children = {}
         node.host_children = 0
@@ -328,7 +365,8 @@ class RadixCache:
         self.gpu_pages = self.evictable_pages = self.host_used = 0
         self._gpu_heap.clear()
         self._host_heap.clear()
-        self.events.append(AllBlocksCleared())
+        if self.emit_events:
+            self.events.append(AllBlocksCleared())
 
     def drain_events(self) -> tuple[KvEvent, ...]:
         events = tuple(self.events)

@@ -264,3 +264,57 @@ def test_index_mirrors_the_simworker_cache():
         q = token_block_hashes(prompt, page)
         expected = next((d for d, h in enumerate(q) if h not in held), len(q))
         assert index.find_matches(q).get(A, 0) == expected
+
+
+class _HistoryModel:
+    """The plain definition of the routing history: per replica, block -> expiry in least
+    recently recorded order (a record puts its blocks deepest first); LRU pruning; a match is
+    the contiguous held prefix."""
+
+    def __init__(self, ttl, max_blocks, ratio):
+        from collections import OrderedDict
+        self.ttl, self.max_blocks, self.prune_to = ttl, max_blocks, int(max_blocks * ratio)
+        self.blocks: dict = {}
+        self.OrderedDict = OrderedDict
+
+    def record(self, replica, hashes, now):
+        blocks = self.blocks.setdefault(replica, self.OrderedDict())
+        for h in reversed(hashes):
+            blocks.pop(h, None)
+            blocks[h] = now + self.ttl
+        if len(blocks) > self.max_blocks:
+            while len(blocks) > self.prune_to:
+                blocks.popitem(last=False)
+
+    def find_matches(self, hashes, now):
+        for replica in list(self.blocks):
+            self.blocks[replica] = self.OrderedDict((h, e) for h, e in self.blocks[replica].items() if e > now)
+            if not self.blocks[replica]:
+                del self.blocks[replica]
+        out = {}
+        for replica, blocks in self.blocks.items():
+            n = 0
+            while n < len(hashes) and hashes[n] in blocks:
+                n += 1
+            if n:
+                out[replica] = n
+        return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(WORKERS), chains, st.floats(0, 6), st.booleans()), max_size=30),
+       st.integers(1, 8), st.sampled_from([0.5, 0.75, 1.0]))
+def test_history_index_equals_its_plain_definition(steps, max_blocks, ratio):
+    index = RoutingHistoryIndex(ttl_s=10.0, max_blocks_per_worker=max_blocks, prune_target_ratio=ratio)
+    model = _HistoryModel(10.0, max_blocks, ratio)
+    now = 0.0
+    for worker, blocks, dt, probe in steps:
+        now += dt
+        hashes = query(*blocks)
+        if probe:
+            assert index.find_matches(hashes, now) == model.find_matches(hashes, now)
+            for w in WORKERS:
+                assert index.tree_size(w) == len(model.blocks.get(w, ()))
+        else:
+            index.record(worker, hashes, now)
+            model.record(worker, hashes, now)
