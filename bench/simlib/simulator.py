@@ -21,6 +21,8 @@ randomness (router ties, workload texts) comes from seeded sources.
 
 from __future__ import annotations
 
+import bisect
+import gc
 import heapq
 import random
 import time
@@ -49,7 +51,10 @@ from services.simworker.core.api import EngineRequest, RequestOutput, StepResult
 from services.simworker.core.tokenizer import decode, text_of_n_tokens
 
 # Event kinds, in the order they run when due at the same instant with equal insertion order.
-_TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP = range(8)
+_TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP, _RUN_END = range(9)
+
+# Longest pure-decode run planned as one event (see SimEngine.plan_decode).
+MAX_RUN_STEPS = 512
 
 _SCHEDULER_EVENTS = {EventKind.PAUSED: "pause", EventKind.RESUMED: "resume",
                      EventKind.FORCED_RESUME: "forced_resume", EventKind.MARKED: "mark",
@@ -91,6 +96,9 @@ class _Worker:
     replica: Replica
     key: ReplicaKey
     busy: bool = False          # a step is in progress (its end event is queued) or a kick is queued
+    run: tuple[float, ...] | None = None     # end times of the planned decode run in progress
+    run_steps: int = 0          # how many of them will be committed (cut by arrivals)
+    run_generation: int = 0     # ignores the end events of runs that were cut
 
 
 @dataclass
@@ -176,6 +184,17 @@ class Simulator:
         heapq.heappush(self._heap, (when, self._seq, kind, payload))
 
     def run(self) -> SimResult:
+        # The engines' prefix trees are millions of small linked objects that live for the
+        # whole run: with the default thresholds the cyclic collector rescans them every few
+        # thousand allocations. Collect far less often while simulating (results unchanged).
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(thresholds[0], 200_000), max(thresholds[1], 100), max(thresholds[2], 1_000))
+        try:
+            return self._run()
+        finally:
+            gc.set_threshold(*thresholds)
+
+    def _run(self) -> SimResult:
         started_cpu = time.process_time()
         s = self.s
         for _ in range(min(s.parallel or s.programs, len(self._queue))):
@@ -186,7 +205,7 @@ class Simulator:
                 self._at(s.router_sweep_interval_s, _SWEEP)
         heap = self._heap
         handlers = (self._on_turn, self._on_admit, self._on_arrive, self._on_kick, self._on_step_end,
-                    self._on_deadline, self._on_tick, self._on_sweep)
+                    self._on_deadline, self._on_tick, self._on_sweep, self._on_run_end)
         completed = True
         while heap:
             when, _, kind, payload = heapq.heappop(heap)
@@ -306,6 +325,14 @@ class Simulator:
                                                   {"type": "abort", "message": f"rejected: {exc}"}))
             return
         self._in_flight[turn.request_id] = turn
+        if worker.run is not None:
+            # A decode run is in progress: the engine sees this request at the first step
+            # boundary at or after now, exactly as when stepping one iteration at a time.
+            steps = bisect.bisect_left(worker.run, self.now) + 1
+            if steps < worker.run_steps:
+                worker.run_steps = steps
+                worker.run_generation += 1
+                self._at(worker.run[steps - 1], _RUN_END, (worker, worker.run_generation))
         if not worker.busy:
             # Step after everything else due now, so simultaneous arrivals share the first step.
             worker.busy = True
@@ -321,6 +348,13 @@ class Simulator:
         if not engine.has_work():
             worker.busy = False
             return
+        if self.s.fuse_decode:
+            ends = engine.plan_decode(self.now, MAX_RUN_STEPS)
+            if ends:
+                worker.run, worker.run_steps = ends, len(ends)
+                worker.run_generation += 1
+                self._at(ends[-1], _RUN_END, (worker, worker.run_generation))
+                return
         result = engine.step(self.now)
         if result.duration_s > 0:
             self._at(self.now + result.duration_s, _STEP_END, (worker, result))
@@ -331,6 +365,16 @@ class Simulator:
 
     def _on_step_end(self, payload: tuple[_Worker, StepResult]) -> None:
         worker, result = payload
+        for output in result.outputs:
+            self._deliver(output)
+        self._step(worker)
+
+    def _on_run_end(self, payload: tuple[_Worker, int]) -> None:
+        worker, generation = payload
+        if generation != worker.run_generation:
+            return                  # this run was cut short; its new end event is the live one
+        result = worker.engine.commit_decode(worker.run_steps)
+        worker.run = None
         for output in result.outputs:
             self._deliver(output)
         self._step(worker)

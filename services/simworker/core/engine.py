@@ -175,6 +175,7 @@ class SimEngine:
         del self._by_rid[rid]
         self._aborted_total += 1
         self._pending.append(self._output(r, (), True, {"type": "abort", "message": "Abort requested"}))
+        self._plan = None
         return True
 
     def flush_cache(self) -> bool:
@@ -187,6 +188,7 @@ class SimEngine:
         return bool(self._waiting or self._running or self._pending)
 
     def step(self, now: float) -> StepResult:
+        self._plan = None
         outputs: list[RequestOutput] = self._pending
         self._pending = []
         self._now = now
@@ -268,6 +270,148 @@ class SimEngine:
         self._gen_total += generated
         self._record_throughput(now, duration_s, generated)
         return StepResult(duration_s, tuple(outputs), cache.drain_events())
+
+    # -- decode runs (the offline simulator's fast path) ---------------------------------------
+
+    def plan_decode(self, now: float, max_steps: int) -> tuple[float, ...]:
+        """End times of the next steps if they are certain to be pure decode steps, or ().
+
+        A run is planned only when the batch is all decoding and nothing waits; it stops at the
+        first step in which a request finishes and before decode pages could run short (the
+        point where `step` would retract). Given only `submit` calls meanwhile (they just
+        queue), `commit_decode(k)` then has exactly the effect of `step` called at `now`,
+        ends[0], ..., ends[k - 2], with the same floats: a driver in virtual time can advance
+        many decode iterations with one event and still stop at any step boundary when a new
+        request arrives. `abort` cancels the plan. Returns () unless at least 2 steps fit."""
+        self._plan = None
+        running = self._running
+        if max_steps < 2 or self._pending or self._waiting or not running:
+            return ()
+        page = self.page_size
+        steps = max_steps
+        context = 0
+        for r in running:
+            if r.state != _DECODE:
+                return ()
+            steps = min(steps, self._steps_to_finish(r))
+            context += r.kv_len
+        if steps < 2:
+            return ()
+        # Decode pages: request r takes a new page in run step j (0-based) when (kv_len + j) % page == 0.
+        available = self.cache.available_pages
+        residues = [(-r.kv_len) % page for r in running]
+        need_by_residue = [0] * page
+        for residue in residues:
+            need_by_residue[residue] += 1
+        profile = self.profile
+        by_utilisation = profile.decode_x == "kv_utilisation"
+        pool = self.total_pages * page
+        batch = len(running)
+        ends: list[float] = []
+        durations: list[float] = []
+        t = now
+        used = 0
+        for j in range(steps):
+            used += need_by_residue[j % page]
+            if used > available:
+                break
+            context += batch
+            ms = profile.decode_ms(context, pool) if by_utilisation else profile.decode_ms(context, 0)
+            if ms <= 0.0:
+                break
+            duration = ms / 1000.0
+            t = t + duration
+            ends.append(t)
+            durations.append(duration)
+        if len(ends) < 2:
+            return ()
+        self._plan = (now, tuple(ends), tuple(durations), tuple(running))
+        return self._plan[1]
+
+    def commit_decode(self, steps: int) -> StepResult:
+        """Apply the first `steps` steps of the last `plan_decode` (see there): one output per
+        request carrying all its new tokens, and the steps' KV events."""
+        plan = self._plan
+        self._plan = None
+        if plan is None or not 1 <= steps <= len(plan[1]) or tuple(self._running) != plan[3]:
+            raise RuntimeError("commit_decode needs a current plan_decode of at least that many steps")
+        start, ends, durations, batch = plan
+        cache = self.cache
+        page = self.page_size
+        # Sample every request's tokens up front: each has its own generator, so the draws are
+        # the ones step-by-step decoding makes, and KV placement only reads earlier positions.
+        finishing: list[_Req] = []
+        for r in batch:
+            self._sample_run(r, steps)
+            if r.state == -1:
+                finishing.append(r)
+        full_by_residue: list[list[_Req]] = [[] for _ in range(page)]
+        alloc_by_residue = [0] * page
+        kv0 = {}
+        for r in batch:
+            kv0[id(r)] = r.kv_len
+            alloc_by_residue[(-r.kv_len) % page] += 1
+            full_by_residue[(-r.kv_len - 1) % page].append(r)
+        now = start
+        for j in range(steps):
+            need = alloc_by_residue[j % page]
+            cache.ensure_free(need)
+            cache.private_pages += need
+            for r in full_by_residue[j % page]:
+                cache.private_pages -= 1
+                index = (kv0[id(r)] + j + 1) // page - 1
+                self._add_pages(r, index, index + 1, count_recompute=False)
+            self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
+            self._record_throughput(now, durations[j], len(batch))
+            if j < steps - 1:
+                now = ends[j]
+        for r in batch:
+            r.kv_len = kv0[id(r)] + steps
+        self._now = now                     # the last step's start: finished requests free then
+        for r in finishing:
+            self._free(r, now)
+            del self._by_rid[r.rid]
+        outputs = []
+        for r in batch:
+            outputs.append(self._output(r, tuple(r.new_ids), r.state == -1, r.reason))
+            r.new_ids = []
+        if finishing:
+            self._running = [r for r in batch if r.state != -1]
+        self._gen_total += steps * len(batch)
+        return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
+
+    def _steps_to_finish(self, r: _Req) -> int:
+        """Decode steps until `r` finishes (its last token is sampled in that step)."""
+        max_new = r.req.max_new_tokens
+        if not r.req.ignore_eos and r.generated < r.target <= max_new:
+            return r.target - r.generated
+        return max(1, max_new - r.generated)
+
+    def _sample_run(self, r: _Req, steps: int) -> None:
+        """`steps` calls of `_sample` at once (the plan guarantees no finish before the last)."""
+        rnd = r.rng.random
+        ids = [WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in range(steps - 1)]
+        r.generated += steps - 1
+        r.seq.extend(ids)
+        r.new_ids.extend(ids)
+        r.state = _DECODE
+        self._sample_last(r)
+
+    def _sample_last(self, r: _Req) -> None:
+        max_new = r.req.max_new_tokens
+        r.generated += 1
+        if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
+            r.seq.append(EOS_TOKEN_ID)
+            r.new_ids.append(EOS_TOKEN_ID)
+            r.state = -1
+            r.reason = {"type": "stop", "matched": EOS_TOKEN_ID}
+            return
+        token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
+        r.seq.append(token)
+        r.new_ids.append(token)
+        if r.generated >= max_new:
+            r.state = -1
+            r.reason = {"type": "length", "length": max_new}
 
     def stats(self) -> EngineStats:
         cache = self.cache
@@ -536,3 +680,4 @@ class SimEngine:
             self._gen_window_span_s -= old_duration
 
     _now = 0.0
+    _plan: tuple | None = None
