@@ -19,6 +19,8 @@ once and only the last message and the generation prompt are encoded per turn (t
 
 from __future__ import annotations
 
+import functools
+
 from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
 from services.router.core.types import Prompt
 from services.router.http_api import chat_routing_text
@@ -29,10 +31,16 @@ from services.simworker.core.tokenizer import encode
 _GENERATION_PROMPT = "<|assistant|>\n"
 
 
+@functools.lru_cache(maxsize=64)
+def _template_ids(text: str) -> tuple[int, ...]:
+    """Ids of a fixed piece of the chat template (a role marker or the generation prompt)."""
+    return tuple(encode(text))
+
+
 class Conversation:
     """Messages of one program and what the worker and the router derive from them."""
 
-    __slots__ = ("messages", "_done_ids", "_tail_text", "_routing_parts", "_routing_chars",
+    __slots__ = ("messages", "_done_ids", "_tail_text", "_tail_ids", "_routing_parts", "_routing_chars",
                  "_page_size", "_page_ids", "_page_digest", "_page_ids_tokens",
                  "_chunk_chars", "_chunk_ids", "_chunk_digest")
 
@@ -42,6 +50,9 @@ class Conversation:
         self._done_ids: list[int] = []
         # The rendered last message after its role marker: "\n{content}\n".
         self._tail_text = ""
+        # encode("\n" + content) of the last message when it ends with a non-space character
+        # (then the rest of the template after it can be encoded on its own); else None.
+        self._tail_ids: list[int] | None = None
         self._routing_parts: list[str] = []
         self._routing_chars = 0
         # Token-mode router prompt: chained page ids of the complete pages seen so far.
@@ -59,14 +70,21 @@ class Conversation:
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
-        self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
+        if self._tail_ids is not None:
+            self._done_ids.extend(self._tail_ids)
+            self._done_ids.extend(_template_ids(f"\n<|{role}|>"))
+        else:
+            self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
         self._tail_text = f"\n{content}\n"
+        self._tail_ids = encode(f"\n{content}") if content and not content[-1].isspace() else None
         part = chat_routing_text([message])
         self._routing_parts.append(part)
         self._routing_chars += len(part)
 
     def prompt_ids(self) -> list[int]:
         """What the simworker's chat endpoint submits: encode(render_chat(messages))."""
+        if self._tail_ids is not None:
+            return [*self._done_ids, *self._tail_ids, *_template_ids("\n" + _GENERATION_PROMPT)]
         return self._done_ids + encode(self._tail_text + _GENERATION_PROMPT)
 
     @property

@@ -362,6 +362,9 @@ class RoutingHistoryIndex:
     def _forget(history: _History, number: int, block_hashes: Sequence[int], limit: int) -> int:
         """Drop up to `limit` of a record's blocks that no later record named, deepest first."""
         held = history.record_of
+        deepest = held.get(block_hashes[-1])
+        if deepest is not None and deepest != number:
+            return 0        # a later record named the whole chain again: nothing left to drop
         dropped = 0
         for block_id in reversed(block_hashes):
             if dropped >= limit:

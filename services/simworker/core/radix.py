@@ -157,14 +157,18 @@ class RadixCache:
                 gpu = list(known[1][:max_pages])
                 node = gpu[-1]
                 first = len(gpu)
+        # GPU pages first: a GPU node's parent is always on the GPU, so the walk can only pass
+        # from GPU to host-only pages, never back.
+        append = gpu.append
+        on_gpu = True
         for start in range(first * width, max_pages * width, width):
             child = node.children.get(data[start:start + width])
             if child is None:
                 break
-            if child.on_gpu:
-                gpu.append(child)
-            else:
-                host.append(child)
+            if on_gpu and not child.on_gpu:
+                on_gpu = False
+                append = host.append
+            append(child)
             node = child
         return gpu, host
 
