@@ -540,14 +540,7 @@ class SimEngine:
         page = self.page_size
         nodes = r.nodes
         parent = nodes[-1] if nodes else self.cache.root
-        insert = self.cache.insert_locked
-        data = r.seq[first * page:last * page].tobytes()
-        width = 4 * page
-        recomputed = 0
-        for start in range(0, len(data), width):
-            parent, again = insert(parent, data[start:start + width])
-            nodes.append(parent)
-            recomputed += again
+        recomputed = self.cache.insert_run(parent, r.seq[first * page:last * page].tobytes(), nodes)
         if count_recompute:
             self._recomputed_total += recomputed * page
 

@@ -252,6 +252,54 @@ class RadixCache:
             self._write_host(node)
         return node, recomputed
 
+    def insert_run(self, parent: PageNode, data: bytes, nodes: list[PageNode]) -> int:
+        """`insert_locked` for consecutive pages (`data` = their token bytes) under `parent`,
+        appending each page's node to `nodes`. Returns how many were recomputed. One loop, so
+        that long prefills cost a few microseconds per page."""
+        width = 4 * self.page_size
+        computed = self._computed
+        computed_max = self._computed_max
+        host_copy = self.host_pages > 0 and self.write_policy == "write_through"
+        events = self.emit_events
+        sha256 = hashlib.sha256
+        append = nodes.append
+        recomputed = 0
+        added = 0
+        for start in range(0, len(data), width):
+            key = data[start:start + width]
+            node = parent.children.get(key)
+            if node is not None and node.on_gpu:
+                if node.ref == 0:
+                    self.evictable_pages -= 1
+                node.ref += 1
+                recomputed += 1
+                append(node)
+                parent = node
+                continue
+            if node is None:
+                node = PageNode(parent, key, sha256(parent.digest + key).digest())
+                parent.children[key] = node
+            page_hash = node.hash
+            if page_hash in computed:
+                recomputed += 1
+            else:
+                computed[page_hash] = None
+                if len(computed) > computed_max:
+                    computed.popitem(last=False)
+            node.ref += 1
+            node.on_gpu = True
+            added += 1
+            parent.gpu_children += 1
+            if events:
+                self.events.append(BlockStored((page_hash,), parent.hash if parent is not self.root else None,
+                                               self._ids_of(key), self.page_size, GPU))
+            if host_copy and not node.on_host:
+                self._write_host(node)
+            append(node)
+            parent = node
+        self.gpu_pages += added
+        return recomputed
+
     def load_back(self, node: PageNode) -> None:
         """Copy a host-only page back to the GPU (the caller holds a free page and a ref)."""
         self._to_gpu(node)
@@ -291,6 +339,36 @@ class RadixCache:
         return self.free_pages >= pages
 
     def evict_gpu(self, pages: int) -> int:
+        if self.host_pages > 0 or self.emit_events:
+            return self._evict_gpu_general(pages)
+        # No host tier and no event subscriber: `_evict_one_gpu` reduced to what it does then,
+        # in one loop (evicting is most of what a thrashing engine does).
+        done = 0
+        heap = self._gpu_heap
+        heappop, heappush = heapq.heappop, heapq.heappush
+        root = self.root
+        tick = self._tick
+        while done < pages and heap:
+            stamp, _, node = heappop(heap)
+            if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+                continue                        # stale entry
+            parent = node.parent
+            node.on_gpu = False
+            parent.gpu_children -= 1
+            del parent.children[node.key]       # no host copy: the node is gone (its subtree
+            if node.children:                   # can only be host-only, i.e. empty here)
+                self._drop_children(node)
+            if parent is not root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
+                tick += 1
+                heappush(heap, (parent.last_access, tick, parent))
+            done += 1
+        self._tick = tick
+        self.gpu_pages -= done
+        self.evictable_pages -= done
+        self.evicted_pages_total += done
+        return done
+
+    def _evict_gpu_general(self, pages: int) -> int:
         done = 0
         heap = self._gpu_heap
         while done < pages and heap:
@@ -344,8 +422,10 @@ class RadixCache:
     def _drop(self, node: PageNode) -> None:
         """Remove a node that has no copy left, with its (host-only) subtree."""
         del node.parent.children[node.key]
-        if not node.children:
-            return
+        if node.children:
+            self._drop_children(node)
+
+    def _drop_children(self, node: PageNode) -> None:
         stack = list(node.children.values())
         node.children = {}
         while stack:
