@@ -99,6 +99,8 @@ class _Worker:
     run: tuple[float, ...] | None = None     # end times of the planned decode run in progress
     run_steps: int = 0          # how many of them will be committed (cut by arrivals)
     run_generation: int = 0     # ignores the end events of runs that were cut
+    run_committed: int = 0      # steps of the run already applied to the engine (see _catch_up)
+    run_outputs: tuple = ()     # outputs of a run committed to its end before the end came
 
 
 @dataclass
@@ -328,7 +330,7 @@ class Simulator:
         if worker.run is not None:
             # A decode run is in progress: the engine sees this request at the first step
             # boundary at or after now, exactly as when stepping one iteration at a time.
-            steps = bisect.bisect_left(worker.run, self.now) + 1
+            steps = max(bisect.bisect_left(worker.run, self.now) + 1, worker.run_committed)
             if steps < worker.run_steps:
                 worker.run_steps = steps
                 worker.run_generation += 1
@@ -373,11 +375,33 @@ class Simulator:
         worker, generation = payload
         if generation != worker.run_generation:
             return                  # this run was cut short; its new end event is the live one
-        result = worker.engine.commit_decode(worker.run_steps)
-        worker.run = None
-        for output in result.outputs:
+        if worker.run_committed < worker.run_steps:
+            outputs = worker.engine.commit_decode(worker.run_steps - worker.run_committed).outputs
+        else:
+            outputs = worker.run_outputs
+        worker.run, worker.run_committed, worker.run_outputs = None, 0, ()
+        for output in outputs:
             self._deliver(output)
         self._step(worker)
+
+    def _catch_up(self, worker: _Worker) -> None:
+        """Commit the steps of a decode run that have started by now (an engine applies a step
+        when it starts and reports at its end), so that gauges read now are exactly what
+        stepping one iteration at a time shows. Tokens of finished steps are delivered; the
+        outputs of the run's last step wait for its end."""
+        run = worker.run
+        if run is None:
+            return
+        started = min(bisect.bisect_right(run, self.now) + 1, worker.run_steps)
+        if started <= worker.run_committed:
+            return
+        result = worker.engine.commit_decode(started - worker.run_committed)
+        worker.run_committed = started
+        if started < worker.run_steps:
+            for output in result.outputs:
+                self._deliver(output)
+        else:
+            worker.run_outputs = result.outputs
 
     def _deliver(self, output: RequestOutput) -> None:
         turn = self._in_flight.get(output.rid)
@@ -454,6 +478,8 @@ class Simulator:
             self._apply(self.scheduler.force_resume(self.now, request_id))
 
     def _on_tick(self, _: Any) -> None:
+        for worker in self.workers:
+            self._catch_up(worker)
         replicas = {}
         if self.scheduler is not None:
             tick = self.scheduler.tick(self.now)

@@ -330,7 +330,9 @@ class SimEngine:
 
     def commit_decode(self, steps: int) -> StepResult:
         """Apply the first `steps` steps of the last `plan_decode` (see there): one output per
-        request carrying all its new tokens, and the steps' KV events."""
+        request carrying all its new tokens, and the steps' KV events. The rest of the plan
+        stays valid, so a run can also be committed in pieces (a driver that samples the
+        engine's gauges mid-run commits what has happened by then)."""
         plan = self._plan
         self._plan = None
         if plan is None or not 1 <= steps <= len(plan[1]) or tuple(self._running) != plan[3]:
@@ -378,6 +380,8 @@ class SimEngine:
         if finishing:
             self._running = [r for r in batch if r.state != -1]
         self._gen_total += steps * len(batch)
+        if steps < len(ends):
+            self._plan = (ends[steps - 1], ends[steps:], durations[steps:], batch)
         return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
 
     def _steps_to_finish(self, r: _Req) -> int:

@@ -98,6 +98,17 @@ def test_deterministic_for_a_scenario():
     assert _essential(simulate(scenario)) == _essential(simulate(scenario))
 
 
+@pytest.mark.parametrize("arm", ["bandmaster", "kv"])
+def test_decode_runs_change_nothing_but_the_cost(arm):
+    """One event per pure-decode run (the default) vs one per engine step: the same run."""
+    fused = simulate(SimScenario(arm=arm, **PRESSURE))
+    stepped = simulate(SimScenario(arm=arm, fuse_decode=False, **PRESSURE))
+    assert _essential(fused) == _essential(stepped)
+    assert fused.report()["turns"] == stepped.report()["turns"]
+    assert fused.worker_counters == stepped.worker_counters
+    assert fused.events < stepped.events / 2
+
+
 def test_round_robin_alternates_workers():
     result = simulate(SimScenario(arm="round_robin", **SMALL))
     requests = [c["requests"] for c in result.worker_counters.values()]
