@@ -78,18 +78,27 @@ class ActiveLoad:
 
     # -- queries (the selection hot path) --------------------------------------------------
 
-    def potential(self, replica: Replica, distinct_blocks: AbstractSet[int], isl_tokens: int,
+    def potential(self, replica: Replica, prompt_blocks: Sequence[int], isl_tokens: int,
                   cached_tokens: int) -> tuple[int, int]:
         """(prefill tokens, decode blocks) `replica` would carry if this prompt landed there.
 
-        `distinct_blocks` is the set of the prompt's block ids (built once per pick, not per
-        replica); blocks already active on the replica are not counted twice."""
+        `prompt_blocks` is the prompt's chain of block ids (hashing.py: each id names its whole
+        prefix). Every active request holds a whole chain too, so the prompt blocks already
+        active on the replica are a prefix of the prompt's chain: found by bisection, not
+        counted twice."""
         new_tokens = max(isl_tokens - cached_tokens, 0)
         state = self._replicas.get(replica)
         if state is None:
-            return new_tokens, len(distinct_blocks)
-        new_blocks = len(distinct_blocks) - len(state.blocks.intersection(distinct_blocks))
-        return state.prefill_tokens + new_tokens, self._decode_blocks(state) + new_blocks
+            return new_tokens, len(prompt_blocks)
+        active = state.blocks
+        shared, high = 0, len(prompt_blocks)        # prompt_blocks[:shared] are active
+        while shared < high:
+            mid = (shared + high + 1) // 2
+            if prompt_blocks[mid - 1] in active:
+                shared = mid
+            else:
+                high = mid - 1
+        return state.prefill_tokens + new_tokens, self._decode_blocks(state) + len(prompt_blocks) - shared
 
     def load(self, replica: Replica) -> ReplicaLoad:
         state = self._replicas.get(replica)

@@ -120,12 +120,11 @@ def filter_candidates(candidates: Iterable[Candidate], pinned: Replica | None) -
 def score_candidates(replicas: Sequence[Replica], prompt: Prompt, overlaps: Mapping[Replica, int],
                      tree_sizes: Mapping[Replica, int], load: ActiveLoad, policy: CostPolicy,
                      overlap_weight: float, block_size: int) -> list[WorkerScore]:
-    distinct_blocks = frozenset(prompt.block_hashes)
     scores = []
     for replica in replicas:
         overlap = overlaps.get(replica, 0)
         cached = prompt.cached_tokens(overlap)
-        prefill_tokens, decode_blocks = load.potential(replica, distinct_blocks, prompt.isl_tokens, cached)
+        prefill_tokens, decode_blocks = load.potential(replica, prompt.block_hashes, prompt.isl_tokens, cached)
         cost = policy(CostInputs(prefill_tokens, decode_blocks, block_size, overlap_weight))
         scores.append(WorkerScore(replica, overlap, cached, prefill_tokens, decode_blocks,
                                   tree_sizes.get(replica, 0), cost))

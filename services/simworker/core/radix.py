@@ -35,7 +35,7 @@ import heapq
 import struct
 import sys
 from array import array
-from collections import OrderedDict
+from collections import deque
 from typing import Iterable, Sequence
 
 from services.simworker.core.api import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -118,7 +118,8 @@ class RadixCache:
         self._host_heap: list[tuple[float, int, PageNode]] = []
         self._tick = 0
         # Bounded memory of page hashes ever computed here, to tell recompute from first compute.
-        self._computed: OrderedDict[int, None] = OrderedDict()
+        self._computed: set[int] = set()
+        self._computed_order: deque[int] = deque()      # oldest first, to forget beyond the bound
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
         self._ids_of = struct.Struct(f"<{page_size}I").unpack     # page bytes -> token ids
@@ -219,9 +220,7 @@ class RadixCache:
             parent.children[key] = node
         recomputed = node.hash in self._computed
         if not recomputed:
-            self._computed[node.hash] = None
-            if len(self._computed) > self._computed_max:
-                self._computed.popitem(last=False)
+            self._remember(node.hash)
         self._to_gpu(node)
         if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
             self._write_host(node)
@@ -240,12 +239,9 @@ class RadixCache:
         if node is None:
             node = PageNode(parent, key, hashlib.sha256(parent.digest + key).digest())
             parent.children[key] = node
-        computed = self._computed
-        recomputed = node.hash in computed
+        recomputed = node.hash in self._computed
         if not recomputed:
-            computed[node.hash] = None
-            if len(computed) > self._computed_max:
-                computed.popitem(last=False)
+            self._remember(node.hash)
         node.ref += 1
         self._to_gpu(node)
         if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
@@ -258,6 +254,7 @@ class RadixCache:
         that long prefills cost a few microseconds per page."""
         width = 4 * self.page_size
         computed = self._computed
+        order = self._computed_order
         computed_max = self._computed_max
         host_copy = self.host_pages > 0 and self.write_policy == "write_through"
         events = self.emit_events
@@ -283,9 +280,10 @@ class RadixCache:
             if page_hash in computed:
                 recomputed += 1
             else:
-                computed[page_hash] = None
-                if len(computed) > computed_max:
-                    computed.popitem(last=False)
+                computed.add(page_hash)
+                order.append(page_hash)
+                if len(order) > computed_max:
+                    computed.discard(order.popleft())
             node.ref += 1
             node.on_gpu = True
             added += 1
@@ -299,6 +297,12 @@ class RadixCache:
             parent = node
         self.gpu_pages += added
         return recomputed
+
+    def _remember(self, page_hash: int) -> None:
+        self._computed.add(page_hash)
+        self._computed_order.append(page_hash)
+        if len(self._computed_order) > self._computed_max:
+            self._computed.discard(self._computed_order.popleft())
 
     def load_back(self, node: PageNode) -> None:
         """Copy a host-only page back to the GPU (the caller holds a free page and a ref)."""

@@ -59,11 +59,11 @@ def test_shared_prompt_blocks_count_once():
 def test_potential_load_of_a_new_prompt(blocks, isl, cached, expected):
     load = tracker()
     load.add_request("r1", A, [1, 2, 5], 9, 4, now=0.0)     # prefill 5 tokens, 3 blocks
-    assert load.potential(A, frozenset(blocks), isl, cached) == expected
+    assert load.potential(A, blocks, isl, cached) == expected
 
 
 def test_unknown_replica_has_only_the_new_prompt():
-    assert tracker().potential(W, frozenset({1, 2}), 10, 4) == (6, 2)
+    assert tracker().potential(W, [1, 2], 10, 4) == (6, 2)
 
 
 def test_output_blocks_are_counted_only_when_tracked():
@@ -142,3 +142,28 @@ def test_load_returns_to_zero_and_never_goes_negative(operations):
     for n in range(6):
         load.free(f"r{n}")
     assert load.load(A) == load.load(W) == ReplicaLoad(0, 0, 0)
+
+
+chains = st.lists(st.sampled_from("XYZPQ"), min_size=0, max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 4), chains), max_size=20), chains)
+def test_potential_counts_exactly_the_prompt_blocks_not_yet_active(operations, probe):
+    """Prompts are chains (each id names its prefix): the bisection equals the set difference."""
+    from services.router.core.hashing import token_block_hashes
+
+    def chain(letters):
+        return token_block_hashes([ord(c) for c in letters for _ in range(B)], B)
+
+    load = tracker()
+    for add, n, letters in operations:
+        if add:
+            load.add_request(f"r{n}", A, chain(letters), isl_tokens=4 * len(letters), cached_tokens=0, now=0.0)
+        else:
+            load.free(f"r{n}")
+    prompt = chain(probe)
+    state = load._replicas.get(A)
+    active = state.blocks if state else set()
+    _, decode = load.potential(A, prompt, 0, 0)
+    assert decode == load.load(A).active_decode_blocks + len(set(prompt) - active)
