@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -14,6 +14,7 @@ help:
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live (bench/results/agentic/)"
+	@echo "make bench-sim       - the offline simulator's cost: 256 programs on 8 workers, per arm (bench/results/sim_scale.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 
@@ -64,7 +65,10 @@ bench-router: venv
 bench-agentic: venv
 	$(PY) -m bench.compare --mode both --workload both --out-dir bench/results/agentic --jobs 2
 
-bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic
+bench-sim: venv
+	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
+
+bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

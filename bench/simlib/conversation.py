@@ -25,7 +25,7 @@ from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, p
 from services.router.core.types import Prompt
 from services.router.http_api import chat_routing_text
 from services.router.turns import CHARS_PER_TOKEN
-from services.simworker.core.tokenizer import encode
+from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode
 
 # The generation prompt the template appends after the last message (add_generation_prompt).
 _GENERATION_PROMPT = "<|assistant|>\n"
@@ -66,7 +66,19 @@ class Conversation:
         self._chunk_digest = TEXT_ROOT_DIGEST
         self.append("system", system_text)
 
-    def append(self, role: str, content: str) -> None:
+    def append_words(self, role: str, word_ids: list[int]) -> None:
+        """`append(role, decode(word_ids))` for ids of generated words only (what the simworker
+        samples and `ids_of_n_tokens` draws), without re-tokenizing the text: each word is one
+        piece that starts with a space, so the message encodes to its own ids except the first,
+        which the template's newline joins."""
+        if not word_ids or min(word_ids) < WORD_ID_BASE or max(word_ids) >= WORD_ID_BASE + NUM_WORDS:
+            self.append(role, decode(word_ids))
+            return
+        content = decode(word_ids)
+        first = encode("\n" + WORDS[word_ids[0] - WORD_ID_BASE])
+        self.append(role, content, tail_ids=[*first, *word_ids[1:]])
+
+    def append(self, role: str, content: str, tail_ids: list[int] | None = None) -> None:
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
@@ -76,7 +88,9 @@ class Conversation:
         else:
             self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
         self._tail_text = f"\n{content}\n"
-        self._tail_ids = encode(f"\n{content}") if content and not content[-1].isspace() else None
+        if tail_ids is None and content and not content[-1].isspace():
+            tail_ids = encode(f"\n{content}")
+        self._tail_ids = tail_ids
         part = chat_routing_text([message])
         self._routing_parts.append(part)
         self._routing_chars += len(part)

@@ -48,7 +48,7 @@ from services.scheduler.core.model import (
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.scheduler import SchedulerCore
 from services.simworker.core.api import EngineRequest, RequestOutput, StepResult
-from services.simworker.core.tokenizer import decode, text_of_n_tokens
+from services.simworker.core.tokenizer import ids_of_n_tokens, text_of_n_tokens
 
 # Event kinds, in the order they run when due at the same instant with equal insertion order.
 _TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP, _RUN_END = range(9)
@@ -252,7 +252,8 @@ class Simulator:
             return
         program = run.program
         new_tokens = max(1, program.new_prompt_tokens(k) - (SYSTEM_PROMPT_TOKENS if k == 0 else 0))
-        run.conversation.append("user", text_of_n_tokens(new_tokens, run.rng.randrange(1 << 30)))
+        # The live runner's text_of_n_tokens(n, seed), as word ids (the same words).
+        run.conversation.append_words("user", ids_of_n_tokens(new_tokens, run.rng.randrange(1 << 30)))
         turn = _TurnRun(f"{run.index}:{k}", run, k, self.now, program.turns[k].output_tokens)
         if self.s.request_overhead_s > 0:
             self._at(self.now + self.s.request_overhead_s, _ADMIT, turn)
@@ -441,7 +442,7 @@ class Simulator:
             self._end_program(run)
             return
         run.record.turns_done += 1
-        run.conversation.append("assistant", decode(turn.output_ids))
+        run.conversation.append_words("assistant", turn.output_ids)
         tool_s = run.program.turns[turn.k].tool_seconds_after
         run.turn += 1
         if tool_s > 0:

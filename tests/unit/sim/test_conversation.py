@@ -15,19 +15,35 @@ from services.simworker.chat import render_chat
 from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
 
 
-def _grow(conversation: Conversation, turns: int, rng: random.Random):
-    """Yield after each user message, then add an answer decoded from generated-word ids."""
+def _grow(conversation: Conversation, turns: int, rng: random.Random, words: bool = False):
+    """Yield after each user message, then add an answer decoded from generated-word ids
+    (`words`: both through `append_words`, as the simulator does)."""
     for k in range(turns):
-        conversation.append("user", text_of_n_tokens(rng.randint(1, 300), rng.randrange(1 << 30)))
+        if words:
+            conversation.append_words("user", ids_of_n_tokens(rng.randint(1, 300), rng.randrange(1 << 30)))
+        else:
+            conversation.append("user", text_of_n_tokens(rng.randint(1, 300), rng.randrange(1 << 30)))
         yield k
-        conversation.append("assistant", decode(ids_of_n_tokens(rng.randint(1, 80), rng.randrange(1 << 30))))
+        answer = ids_of_n_tokens(rng.randint(1, 80), rng.randrange(1 << 30))
+        if words:
+            conversation.append_words("assistant", answer)
+        else:
+            conversation.append("assistant", decode(answer))
 
 
+@pytest.mark.parametrize("words", [False, True])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_prompt_ids_equal_the_simworker_chat_path(seed):
+def test_prompt_ids_equal_the_simworker_chat_path(seed, words):
     conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
-    for _ in _grow(conversation, 6, random.Random(seed)):
+    for _ in _grow(conversation, 6, random.Random(seed), words):
         assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+
+
+def test_append_words_falls_back_for_ids_that_are_not_words():
+    conversation = Conversation("sys", page_size=4)
+    conversation.append_words("user", [])
+    conversation.append_words("assistant", [5, 300, 20_000])      # special and hashed ids
+    assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
 
 
 def test_odd_contents_still_split_exactly():
