@@ -200,6 +200,11 @@ class _MeteredEngine:
         self.busy_s += result.duration_s
         return result
 
+    def commit_decode(self, steps: int):
+        result = self._engine.commit_decode(steps)   # duration_s = the committed steps' span
+        self.busy_s += result.duration_s
+        return result
+
     def __getattr__(self, name: str):
         return getattr(self._engine, name)
 

@@ -85,3 +85,17 @@ def test_the_long_context_sweep_runs_full_length_programs_from_half_to_four_time
 def test_max_turns_is_none_or_positive():
     with pytest.raises(ConfigError):
         compare.SweepSpec("swe", workers=2, worker_kv_tokens=1_024, max_turns=0, token_scale=1.0, parallel=(1,))
+
+
+def test_metered_engine_counts_decode_runs_as_busy_time():
+    from bench.compare import _MeteredEngine
+    from services.simworker.core.api import EngineRequest
+    from tests.unit.simworker.helpers import make_engine
+
+    engine = _MeteredEngine(make_engine())
+    engine.submit(EngineRequest("a", tuple(range(1000, 1010)), 30, ignore_eos=True), 0.0)
+    first = engine.step(0.0)
+    ends = engine.plan_decode(first.duration_s, 10)
+    engine.commit_decode(4)
+    engine.commit_decode(len(ends) - 4)
+    assert engine.busy_s == pytest.approx(ends[-1])
