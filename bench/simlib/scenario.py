@@ -176,11 +176,11 @@ class SimScenario:
 
 def live_control_params(speedup: float, **overrides: float) -> ControlParams:
     """The control law `bandmaster up --speedup S` runs, in simulated seconds: cluster.py passes
-    interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S, idle TTL 900/S and resume aging 60/S wall seconds, which
+    interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S, idle TTL 900/S and resume aging 300/S wall seconds, which
     are S times longer in simulated time (so only the 0.05 s floor shows at high speedups)."""
     values = dict(scheduler_interval_seconds=max(SCHEDULER_MIN_INTERVAL_WALL_S, 5.0 / speedup) * speedup,
                   acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0,
-                  resume_aging_seconds=60.0)
+                  resume_aging_seconds=300.0)
     values.update(overrides)
     return service_control_params(**values)
 

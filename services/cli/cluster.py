@@ -118,7 +118,7 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
         "--acting-decay-tau-seconds", f"{1.0 / speedup:g}",
         "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
         "--program-idle-ttl-seconds", f"{900.0 / speedup:g}",
-        "--resume-aging-seconds", f"{60.0 / speedup:g}",
+        "--resume-aging-seconds", f"{300.0 / speedup:g}",
         # The cost-aware policy's priors are in the modelled hardware's seconds; what it observes
         # (tool times, time to first token) arrives in wall seconds, S times shorter.
         "--cost-aware-tool-seconds", f"{2.0 / speedup:g}",

@@ -51,7 +51,7 @@ CONTROL_SETTINGS = [
     Setting("soft_pinning", bool, True,
             "while no replica is under pressure, let the router's KV cost pick the worker and follow it "
             "(--no-soft-pinning: always pin, as the reference)", env=f"{ENV_PREFIX}_SOFT_PINNING"),
-    Setting("resume_aging_seconds", float, 60.0,
+    Setting("resume_aging_seconds", float, 300.0,
             "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
             "itself (0 disables)", env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS"),
 ]
