@@ -28,7 +28,7 @@ import hashlib
 import struct
 import sys
 from array import array
-from typing import Sequence
+from typing import Container, Sequence
 
 # Root of every text chain: keeps text ids and token ids in disjoint hash domains.
 TEXT_ROOT_DIGEST = hashlib.sha256(b"bandmaster.router.text-chunks.v1").digest()
@@ -69,6 +69,20 @@ def page_digests(token_ids: Sequence[int], page_size: int, parent_digest: bytes 
 def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Ids of the complete `block_size`-token pages of a prompt, chained from the root."""
     return [digest_to_block_id(d) for d in page_digests(token_ids, block_size)]
+
+
+def held_prefix(block_hashes: Sequence[int], held: Container[int]) -> int:
+    """How many leading blocks of a chain `held` contains, when what it holds is closed under
+    prefixes (a chained id names its whole prefix, so any set built from whole chains is). Found
+    by bisection: O(log n) lookups instead of a walk over a prompt of thousands of blocks."""
+    low, high = 0, len(block_hashes)       # block_hashes[:low] is held
+    while low < high:
+        mid = (low + high + 1) // 2
+        if block_hashes[mid - 1] in held:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def text_chunk_digests(text: str, chunk_chars: int, start: int = 0,

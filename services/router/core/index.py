@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from typing import Generic, Iterable, Sequence, TypeVar
 
 from services.router.core.events import AllBlocksCleared, BlockRemoved, BlockStored, EventOutcome, KvEvent
-from services.router.core.hashing import digest_to_block_id, page_digests
+from services.router.core.hashing import digest_to_block_id, held_prefix, page_digests
 from services.router.core.types import Replica
 
 _Entry = TypeVar("_Entry")
@@ -296,17 +296,8 @@ class RoutingHistoryIndex:
             return scores
         first = block_hashes[0]
         for replica, history in self._replicas.items():
-            held = history.record_of
-            if first not in held:
-                continue
-            low, high = 1, len(block_hashes)       # held[:low] is known; find the largest prefix
-            while low < high:
-                mid = (low + high + 1) // 2
-                if block_hashes[mid - 1] in held:
-                    low = mid
-                else:
-                    high = mid - 1
-            scores[replica] = low
+            if first in history.record_of:
+                scores[replica] = held_prefix(block_hashes, history.record_of)
         return scores
 
     def tree_size(self, replica: Replica) -> int:

@@ -16,8 +16,9 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Sequence
+from typing import Sequence
 
+from services.router.core.hashing import held_prefix
 from services.router.core.types import Replica
 
 
@@ -90,14 +91,7 @@ class ActiveLoad:
         state = self._replicas.get(replica)
         if state is None:
             return new_tokens, len(prompt_blocks)
-        active = state.blocks
-        shared, high = 0, len(prompt_blocks)        # prompt_blocks[:shared] are active
-        while shared < high:
-            mid = (shared + high + 1) // 2
-            if prompt_blocks[mid - 1] in active:
-                shared = mid
-            else:
-                high = mid - 1
+        shared = held_prefix(prompt_blocks, state.blocks)
         return state.prefill_tokens + new_tokens, self._decode_blocks(state) + len(prompt_blocks) - shared
 
     def load(self, replica: Replica) -> ReplicaLoad:
