@@ -20,6 +20,8 @@ once and only the last message and the generation prompt are encoded per turn (t
 from __future__ import annotations
 
 import functools
+from array import array
+from typing import Sequence
 
 from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
 from services.router.core.types import Prompt
@@ -47,7 +49,7 @@ class Conversation:
     def __init__(self, system_text: str, page_size: int) -> None:
         self.messages: list[dict] = []
         # Token ids of the rendered history up to and including the last message's role marker.
-        self._done_ids: list[int] = []
+        self._done_ids = array("I")
         # The rendered last message after its role marker: "\n{content}\n".
         self._tail_text = ""
         # encode("\n" + content) of the last message when it ends with a non-space character
@@ -95,11 +97,16 @@ class Conversation:
         self._routing_parts.append(part)
         self._routing_chars += len(part)
 
-    def prompt_ids(self) -> list[int]:
-        """What the simworker's chat endpoint submits: encode(render_chat(messages))."""
+    def prompt_ids(self) -> array:
+        """What the simworker's chat endpoint submits: encode(render_chat(messages)), as an
+        array('I') (the engine copies it into its own array without converting each id)."""
+        ids = array("I", self._done_ids)
         if self._tail_ids is not None:
-            return [*self._done_ids, *self._tail_ids, *_template_ids("\n" + _GENERATION_PROMPT)]
-        return self._done_ids + encode(self._tail_text + _GENERATION_PROMPT)
+            ids.extend(self._tail_ids)
+            ids.extend(_template_ids("\n" + _GENERATION_PROMPT))
+        else:
+            ids.extend(encode(self._tail_text + _GENERATION_PROMPT))
+        return ids
 
     @property
     def routing_text_chars(self) -> int:
@@ -127,7 +134,7 @@ class Conversation:
         tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
         return Prompt(tuple(self._chunk_ids), isl, tokens_per_chunk)
 
-    def token_prompt(self, ids: list[int]) -> Prompt:
+    def token_prompt(self, ids: Sequence[int]) -> Prompt:
         """A token-mode prompt of `ids` (this turn's `prompt_ids()`): the chained page ids of
         `KvRouterCore.prompt_from_tokens` (tested). Pages inside the encoded history never change,
         so their digests are kept; only pages past it (last message, generation prompt) are hashed

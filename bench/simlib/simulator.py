@@ -27,7 +27,7 @@ import heapq
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from bench.run import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord, build_workload
 from bench.simlib.conversation import Conversation
@@ -79,7 +79,7 @@ class _TurnRun:
     k: int
     sent_s: float
     output_tokens: int
-    prompt_ids: list[int] = field(default_factory=list)
+    prompt_ids: Sequence[int] = ()
     decision: Decision | None = None
     worker: int = -1
     dispatched_s: float = 0.0
@@ -319,7 +319,7 @@ class Simulator:
         worker = self.workers[turn.worker]
         priority = turn.decision.priority if turn.decision is not None else None
         try:
-            worker.engine.submit(EngineRequest(turn.request_id, tuple(turn.prompt_ids), turn.output_tokens,
+            worker.engine.submit(EngineRequest(turn.request_id, turn.prompt_ids, turn.output_tokens,
                                                priority=priority, ignore_eos=True), self.now)
         except ValueError as exc:
             # The live simworker answers 400 (prompt longer than the context or the KV pool): the

@@ -17,7 +17,7 @@ clock reads. The engine is deterministic for a given seed and sequence of calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, Sequence
 
 from services.common.errors import ConfigError
 
@@ -27,7 +27,8 @@ WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 @dataclass(frozen=True)
 class EngineRequest:
     rid: str
-    input_ids: tuple[int, ...]
+    input_ids: Sequence[int]
+    """Token ids (a tuple, or an array('I'), which the engine copies without converting each id)."""
     max_new_tokens: int
     priority: int | None = None
     ignore_eos: bool = False

@@ -36,14 +36,14 @@ def _grow(conversation: Conversation, turns: int, rng: random.Random, words: boo
 def test_prompt_ids_equal_the_simworker_chat_path(seed, words):
     conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
     for _ in _grow(conversation, 6, random.Random(seed), words):
-        assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+        assert list(conversation.prompt_ids()) == encode(render_chat(conversation.messages))
 
 
 def test_append_words_falls_back_for_ids_that_are_not_words():
     conversation = Conversation("sys", page_size=4)
     conversation.append_words("user", [])
     conversation.append_words("assistant", [5, 300, 20_000])      # special and hashed ids
-    assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+    assert list(conversation.prompt_ids()) == encode(render_chat(conversation.messages))
 
 
 def test_odd_contents_still_split_exactly():
@@ -51,7 +51,7 @@ def test_odd_contents_still_split_exactly():
     conversation = Conversation("sys  ", page_size=4)
     for role, content in [("user", "x"), ("assistant", ""), ("user", "  a  b   "), ("assistant", "<|tool|>\n")]:
         conversation.append(role, content)
-        assert conversation.prompt_ids() == encode(render_chat(conversation.messages))
+        assert list(conversation.prompt_ids()) == encode(render_chat(conversation.messages))
 
 
 @pytest.mark.parametrize("seed", [0, 5])
