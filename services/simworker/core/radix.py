@@ -208,50 +208,14 @@ class RadixCache:
 
     # -- computing and loading pages ---------------------------------------------------------
 
-    def insert(self, parent: PageNode, key: bytes) -> tuple[PageNode, bool]:
-        """Record a page just computed on the GPU under `parent`; the caller must have a free page
-        (or be turning its private tail into this page). Returns (node, recomputed)."""
-        node = parent.children.get(key)
-        if node is not None and node.on_gpu:
-            # Computed twice concurrently (SGLang frees the duplicate at insert): share the node.
-            return node, True
-        if node is None:
-            node = PageNode(parent, key, chain_digest(parent.digest, key))
-            parent.children[key] = node
-        recomputed = node.hash in self._computed
-        if not recomputed:
-            self._remember(node.hash)
-        self._to_gpu(node)
-        if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
-            self._write_host(node)
-        return node, recomputed
-
-    def insert_locked(self, parent: PageNode, key: bytes) -> tuple[PageNode, bool]:
-        """`insert` and take a reference on the page for the request that computed it, in one
-        step: the same state as `insert` then `lock((node,), hit=False)`, without passing
-        through the evictable state in between."""
-        node = parent.children.get(key)
-        if node is not None and node.on_gpu:
-            if node.ref == 0:
-                self.evictable_pages -= 1
-            node.ref += 1
-            return node, True
-        if node is None:
-            node = PageNode(parent, key, hashlib.sha256(parent.digest + key).digest())
-            parent.children[key] = node
-        recomputed = node.hash in self._computed
-        if not recomputed:
-            self._remember(node.hash)
-        node.ref += 1
-        self._to_gpu(node)
-        if self.host_pages > 0 and self.write_policy == "write_through" and not node.on_host:
-            self._write_host(node)
-        return node, recomputed
-
     def insert_run(self, parent: PageNode, data: bytes, nodes: list[PageNode]) -> int:
-        """`insert_locked` for consecutive pages (`data` = their token bytes) under `parent`,
-        appending each page's node to `nodes`. Returns how many were recomputed. One loop, so
-        that long prefills cost a few microseconds per page."""
+        """Record consecutive pages just computed on the GPU (`data` = their token bytes) under
+        `parent`, each held by the request that computed it, appending their nodes to `nodes`;
+        the caller must have a free page for each (or be turning its private tail into one).
+        Returns how many were recomputed (computed here before). A page already on the GPU
+        (computed twice concurrently: SGLang frees the duplicate at insert) is shared. Pages go
+        straight to held, never through the evictable state; one loop, so that long prefills
+        cost a few microseconds per page."""
         width = 4 * self.page_size
         computed = self._computed
         order = self._computed_order
@@ -297,12 +261,6 @@ class RadixCache:
             parent = node
         self.gpu_pages += added
         return recomputed
-
-    def _remember(self, page_hash: int) -> None:
-        self._computed.add(page_hash)
-        self._computed_order.append(page_hash)
-        if len(self._computed_order) > self._computed_max:
-            self._computed.discard(self._computed_order.popleft())
 
     def load_back(self, node: PageNode) -> None:
         """Copy a host-only page back to the GPU (the caller holds a free page and a ref)."""
