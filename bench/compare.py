@@ -398,6 +398,8 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
         workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, worker_speedup=spec.speedup,
         model_name=MODEL, http_port=0, scheduler=policy is not None,
         scheduler_args=("--pause-policy", policy) if policy else (), state_dir=state_dir, log_level="WARNING",
+        # Seeded tie-breaks: the kv and Bandmaster arms route alike from run to run.
+        router_args=("--seed", str(spec.seed)),
         extra_worker_args=("--log-level", "WARNING"))
     if arm in ("kv",) or policy:
         cluster = start_cluster(config)

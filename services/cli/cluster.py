@@ -32,6 +32,8 @@ class ClusterConfig:
     """Start the program scheduler; off = KV-aware routing only."""
     scheduler_args: tuple[str, ...] = ()
     """Extra scheduler flags (e.g. --pause-threshold 0.9), appended last so they win."""
+    router_args: tuple[str, ...] = ()
+    """Extra router flags (e.g. --seed 0 for reproducible tie-breaks), appended last so they win."""
     state_dir: Path | None = None
     log_level: str = "INFO"
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
@@ -138,7 +140,7 @@ def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str |
         args += ["--scheduler-addr", scheduler_addr]
     else:
         args += ["--no-scheduler", "--no-use-kv-events"]
-    return ChildSpec(name="router", module="services.router", args=args)
+    return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args])
 
 
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:

@@ -31,6 +31,8 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
                         help="start no program scheduler: the router does KV-aware routing only")
     parser.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
                         help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)")
+    parser.add_argument("--router-arg", action="append", default=[], dest="router_args",
+                        help="extra flag for the router, e.g. --router-arg=--seed=0 (repeatable)")
     parser.add_argument("--state-dir", type=Path, default=None, help="where child logs and ready files go")
     parser.add_argument("--log-level", default="INFO")
 
@@ -42,6 +44,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         worker_speedup=args.worker_speedup, worker_timing_profile=args.worker_timing_profile,
         model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
         http_port=args.http_port, scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
+        router_args=tuple(args.router_args),
     )
     values.update(overrides)
     return ClusterConfig(**values)

@@ -1,0 +1,30 @@
+"""What `bandmaster up` passes its children: flags from the command line reach the right child."""
+
+import argparse
+
+from services.cli.cluster import ClusterConfig, router_spec, scheduler_spec
+from services.cli.up import add_cluster_arguments, cluster_config
+
+
+def _config(*argv: str) -> ClusterConfig:
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    return cluster_config(parser.parse_args(list(argv)))
+
+
+def test_router_and_scheduler_extra_flags_come_last_so_they_win():
+    config = _config("--router-arg=--seed=7", "--scheduler-arg=--pause-threshold=0.9")
+    router = router_spec(config, "127.0.0.1:1", "127.0.0.1:2")
+    assert router.args[-1] == "--seed=7" and "--scheduler-addr" in router.args
+    assert scheduler_spec(config, "127.0.0.1:1").args[-1] == "--pause-threshold=0.9"
+
+
+def test_time_constants_are_divided_by_the_speedup():
+    args = scheduler_spec(_config("--speedup", "20"), "127.0.0.1:1").args
+    assert args[args.index("--resume-aging-seconds") + 1] == "15"
+    assert args[args.index("--resume-timeout-seconds") + 1] == "90"
+
+
+def test_without_scheduler_the_router_routes_alone():
+    router = router_spec(_config("--no-scheduler"), "127.0.0.1:1", None)
+    assert "--no-scheduler" in router.args and "--scheduler-addr" not in router.args
