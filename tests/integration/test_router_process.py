@@ -13,8 +13,8 @@ from openai import AsyncOpenAI
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from clients import BandmasterClient, session_headers
 from tests.support.eventually import assert_eventually
-from tests.unit.router_shell import stack
-from tests.unit.router_shell.doubles import MODEL, RecordingScheduler
+from tests.support import router_stack as stack
+from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

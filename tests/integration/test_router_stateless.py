@@ -11,8 +11,8 @@ from openai import AsyncOpenAI
 
 from clients import session_headers
 from tests.support.eventually import assert_eventually
-from tests.unit.router_shell import stack
-from tests.unit.router_shell.doubles import MODEL, RecordingScheduler
+from tests.support import router_stack as stack
+from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,8 @@ from services.common.telemetry import setup_telemetry
 from services.router.config import KvOverrides, RouterConfig
 from services.router.server import start_router
 from tests.support.eventually import assert_eventually
-from tests.unit.router_shell import stack
-from tests.unit.router_shell.doubles import MODEL, RecordingScheduler
+from tests.support import router_stack as stack
+from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = pytest.mark.integration
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"

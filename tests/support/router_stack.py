@@ -19,7 +19,7 @@ import aiohttp
 
 from tests.support.eventually import assert_eventually
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def scheduler_available() -> bool:
