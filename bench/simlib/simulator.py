@@ -9,7 +9,10 @@ One heap of timed events drives everything. Per turn it follows the live request
     pick + commit (router core), Bind  same instant (round_robin: the next worker in turn)
     engine.submit                      + the profile's frontend latency (the live simworker sleeps it)
     engine steps                       step(now) when a worker is idle and has work, or when its
-                                       previous step ends; outputs are delivered at now + duration
+                                       previous step ends; outputs are delivered at now + duration;
+                                       pure-decode stretches as one event (plan_decode /
+                                       commit_decode, cut at the first step boundary after an
+                                       arrival; see docs/simulator.md "Decode runs")
     first token -> router first_token; last token -> router finish, Complete (scheduler core)
     tool wait, next turn ...           after the last turn: Release (the final request)
 

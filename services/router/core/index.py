@@ -11,7 +11,9 @@ Two feeds fill it:
   engine's own block ids are used only to find a replica's blocks again (parents, removals);
   the index re-hashes the event's token ids itself, so it works with any engine hash rule.
 - `RoutingHistoryIndex`: no events; the router records each of its own routing decisions and
-  forgets it `ttl_s` later (re-routing the same prefix refreshes it).
+  forgets it `ttl_s` later (re-routing the same prefix refreshes it). Its records are whole
+  chains, so what a replica holds is closed under prefixes and a match is a bisection
+  (`hashing.held_prefix`) rather than a walk.
 
 Memory is bounded per replica: past `max_blocks_per_worker` the least recently stored blocks
 are pruned (deepest first within one insertion, so prefixes outlive their extensions) down to

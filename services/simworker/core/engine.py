@@ -299,10 +299,9 @@ class SimEngine:
             return ()
         # Decode pages: request r takes a new page in run step j (0-based) when (kv_len + j) % page == 0.
         available = self.cache.available_pages
-        residues = [(-r.kv_len) % page for r in running]
         need_by_residue = [0] * page
-        for residue in residues:
-            need_by_residue[residue] += 1
+        for r in running:
+            need_by_residue[(-r.kv_len) % page] += 1
         profile = self.profile
         by_utilisation = profile.decode_x == "kv_utilisation"
         pool = self.total_pages * page
@@ -349,9 +348,7 @@ class SimEngine:
                 finishing.append(r)
         full_by_residue: list[list[_Req]] = [[] for _ in range(page)]
         alloc_by_residue = [0] * page
-        kv0 = {}
-        for r in batch:
-            kv0[id(r)] = r.kv_len
+        for r in batch:                     # r.kv_len stays the run's start until the end
             alloc_by_residue[(-r.kv_len) % page] += 1
             full_by_residue[(-r.kv_len - 1) % page].append(r)
         now = start
@@ -361,14 +358,14 @@ class SimEngine:
             cache.private_pages += need
             for r in full_by_residue[j % page]:
                 cache.private_pages -= 1
-                index = (kv0[id(r)] + j + 1) // page - 1
+                index = (r.kv_len + j + 1) // page - 1
                 self._add_pages(r, index, index + 1, count_recompute=False)
             self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
             self._record_throughput(now, durations[j], len(batch))
             if j < steps - 1:
                 now = ends[j]
         for r in batch:
-            r.kv_len = kv0[id(r)] + steps
+            r.kv_len += steps
         self._now = now                     # the last step's start: finished requests free then
         for r in finishing:
             self._free(r, now)
@@ -402,6 +399,7 @@ class SimEngine:
         self._sample_last(r)
 
     def _sample_last(self, r: _Req) -> None:
+        """Sample one token; a request that finishes is marked (state -1, reason), not freed."""
         max_new = r.req.max_new_tokens
         r.generated += 1
         if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
@@ -549,19 +547,9 @@ class SimEngine:
             self._recomputed_total += recomputed * page
 
     def _sample(self, r: _Req) -> None:
-        max_new = r.req.max_new_tokens
-        r.generated += 1
-        if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
-            token = EOS_TOKEN_ID
-            r.seq.append(token)
-            r.new_ids.append(token)
-            self._finish(r, {"type": "stop", "matched": EOS_TOKEN_ID})
-            return
-        token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
-        r.seq.append(token)
-        r.new_ids.append(token)
-        if r.generated >= max_new:
-            self._finish(r, {"type": "length", "length": max_new})
+        self._sample_last(r)
+        if r.state == -1:
+            self._finish(r, r.reason)
 
     def _finish(self, r: _Req, reason: dict) -> None:
         r.state = -1
