@@ -3,6 +3,7 @@
 Parse flags and environment with the service's `load_config`; on a `ConfigError` print it (it names
 the violated rule) to stderr and exit 2 without starting anything; otherwise set up logging and
 telemetry, start the service on uvloop and serve until SIGINT/SIGTERM, then shut down gracefully.
+A `ConfigError` raised while starting (a file a flag names cannot be loaded) also exits 2.
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ def service_main(
 
     async def serve() -> int:
         setup_logging(config.log_level)
-        running = await start(config, telemetry=setup_telemetry(f"bandmaster-{name}"))
+        try:
+            running = await start(config, telemetry=setup_telemetry(f"bandmaster-{name}"))
+        except ConfigError as exc:  # found while starting, e.g. a file named by a flag
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 2
         await serve_until_signal(host_of(running))
         return 0
 

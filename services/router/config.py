@@ -44,6 +44,10 @@ ROUTER_SETTINGS = [
     Setting("capacity_retry_max_seconds", float, 5.0, "longest back-off between capacity watch reconnects",
             env=_env("capacity_retry_max_seconds")),
     Setting("seed", int, -1, "seed of the selection core's random source (-1 = from the OS)", env=_env("seed")),
+    Setting("tokenizer", str, "",
+            "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json (its chat template). "
+            "Text prompts are then tokenized exactly and routed on token pages, which KV events can match; "
+            "empty = approximate text-chunk mode", env=_env("tokenizer")),
     # KvRouter flags (reference/kvrouter_sglang.md §A.9); None = take the scheduler's value.
     Setting("router_temperature", float, None, "softmax temperature of worker selection (0 = argmin)",
             env="DYN_ROUTER_TEMPERATURE"),
@@ -104,6 +108,8 @@ class RouterConfig:
     sweep_interval_seconds: float = 5.0
     capacity_retry_max_seconds: float = 5.0
     seed: int = -1
+    tokenizer: str = ""
+    """Directory of the model's tokenizer files; empty = approximate text mode. Loaded by `start_router`."""
     kv: KvOverrides = KvOverrides()
 
     def __post_init__(self) -> None:

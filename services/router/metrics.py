@@ -16,6 +16,14 @@ class RouterMetrics:
                                 ("route", "path", "outcome"), registry=r)
         self.in_flight = Gauge("bandmaster_router_requests_in_flight", "Turns being served", registry=r)
         self.picks = Counter("bandmaster_router_picks", "Worker selections by reason", ("reason",), registry=r)
+        self.prompts = Counter("bandmaster_router_prompts",
+                               "Turns by how their prompt was hashed: tokens (exact), text (approximate), "
+                               "text_fallback (a tokenizer is configured but the chat template failed)",
+                               ("mode",), registry=r)
+        self.predicted_cached_tokens = Counter(
+            "bandmaster_router_predicted_cached_tokens",
+            "Prompt tokens the chosen worker holds according to the router's prefix index (compare with the "
+            "workers' cached_tokens)", registry=r)
         self.retries = Counter("bandmaster_router_retries", "Turns retried on another worker before the first token",
                                registry=r)
         self.upstream_errors = Counter("bandmaster_router_upstream_errors", "Worker failures by kind and phase",
@@ -43,6 +51,9 @@ class RouterMetrics:
 
     def pick(self, reason: str):
         return self._child(self.picks, reason)
+
+    def prompt(self, mode: str):
+        return self._child(self.prompts, mode)
 
     def _child(self, metric, *labels: str):
         key = (metric, *labels)

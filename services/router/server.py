@@ -19,6 +19,7 @@ from aiohttp import web
 
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
+from services.common.tokenizer import load_tokenizer
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.router.adapters.capacity import CapacityWatch
 from services.router.adapters.kv_events import KvEventFeeds
@@ -27,6 +28,7 @@ from services.router.control import SchedulerClient
 from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.http_api import HttpApi
 from services.router.metrics import RouterMetrics
+from services.router.prompts import PromptTokenizer
 from services.router.turns import Fleet, TurnRunner, resolve_params
 from services.router.upstream import Upstream
 
@@ -88,8 +90,21 @@ async def _sweep_loop(fleet: Fleet, interval_s: float, clock: SystemClock) -> No
                 log.warning("sweep force-freed %d requests that never finished", len(result.expired_requests))
 
 
+def _log_prompt_mode(config: RouterConfig, prompts: PromptTokenizer | None, use_kv_events: bool) -> None:
+    if prompts is None:
+        if use_kv_events:
+            log.warning("KV events are on but no --tokenizer is given: chat and text prompts are hashed as text "
+                        "chunks, which the event index never matches (only token-id prompts use it)")
+        return
+    tokenizer = prompts.tokenizer
+    log.info("prompts: tokenized with %s (vocabulary %d, chat template %s)", config.tokenizer, tokenizer.vocab_size,
+             "yes" if tokenizer.has_chat_template else "none: chat prompts use the text approximation")
+
+
 async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = None) -> RunningRouter:
-    """Start every component on the running loop; return once the HTTP and gRPC APIs serve."""
+    """Start every component on the running loop; return once the HTTP and gRPC APIs serve.
+    Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded."""
+    prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
     telemetry = telemetry or setup_telemetry("bandmaster-router")
     tracer = telemetry.tracer("bandmaster.router")
     metrics = RouterMetrics()
@@ -107,9 +122,11 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
                         config.scheduler_addr)
 
     fleet = Fleet(lambda page_size: resolve_params(config.kv, scheduler_config, page_size), config.seed)
+    _log_prompt_mode(config, prompts, resolve_params(config.kv, scheduler_config, None).use_kv_events)
     upstream = Upstream(connect_timeout_s=config.upstream_connect_timeout_seconds,
                         idle_timeout_s=config.upstream_idle_timeout_seconds)
-    runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, admit_timeout_s=config.admit_timeout_seconds)
+    runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, admit_timeout_s=config.admit_timeout_seconds,
+                        prompts=prompts)
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
 
     def on_workers(workers) -> None:

@@ -29,6 +29,7 @@ from typing import AsyncIterator, Callable
 import aiohttp
 from opentelemetry import propagate, trace
 
+from services.common.tokenizer import ChatTemplateError
 from services.router.adapters.capacity import WorkerView
 from services.router.config import KvOverrides
 from services.router.control import Admission, Outcome, SchedulerClient
@@ -40,12 +41,13 @@ from services.router.core.types import Prompt, Replica
 from services.router.errors import (ModelNotFound, NoHealthyWorker, RouterError, WorkerFailed, WorkerRejected,
                                     WorkerTimeout)
 from services.router.metrics import RouterMetrics
+from services.router.prompts import PromptMode, PromptTokenizer
 from services.router.session import SessionIdentity
 from services.router.upstream import Upstream, dumps, loads
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4  # prompt-size estimate for text prompts (the router has no tokenizer)
+CHARS_PER_TOKEN = 4  # prompt-size estimate for text prompts when the router has no tokenizer
 
 
 class Api(enum.Enum):
@@ -77,7 +79,7 @@ class TurnSpec:
     model: str | None
     stream: bool
     prompt_text: str = ""           # rendered prompt, when the request is text
-    prompt_token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None   # given by the client, or from the model tokenizer
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -467,12 +469,13 @@ def _stream_error(line: bytes) -> str:
 
 class TurnRunner:
     def __init__(self, fleet: Fleet, upstream: Upstream, scheduler: SchedulerClient | None, metrics: RouterMetrics,
-                 tracer: trace.Tracer, *, admit_timeout_s: float) -> None:
+                 tracer: trace.Tracer, *, admit_timeout_s: float, prompts: PromptTokenizer | None = None) -> None:
         self.fleet = fleet
         self.upstream = upstream
         self.scheduler = scheduler
         self.metrics = metrics
         self.tracer = tracer
+        self.prompts = prompts
         self._admit_timeout_s = admit_timeout_s
         self._background: set[asyncio.Task] = set()
 
@@ -520,6 +523,22 @@ class TurnRunner:
             return len(spec.prompt_token_ids)
         return max(1, len(spec.prompt_text) // CHARS_PER_TOKEN)
 
+    async def tokenize(self, spec: TurnSpec) -> PromptMode:
+        """With a model tokenizer, give a text prompt its exact token ids (the chat template renders a
+        chat request). A request the template cannot render keeps the text approximation: the worker,
+        not the router, decides whether it is bad input."""
+        if spec.prompt_token_ids is not None:
+            return PromptMode.TOKENS
+        if self.prompts is None:
+            return PromptMode.TEXT
+        try:
+            spec.prompt_token_ids = await self.prompts.token_ids(
+                spec.prompt_text, chat_request=spec.body if spec.api is Api.CHAT else None)
+        except ChatTemplateError as exc:
+            log.debug("turn %s: prompt not tokenized, routing on its text: %s", spec.request_id, exc)
+            return PromptMode.TEXT_FALLBACK
+        return PromptMode.TOKENS
+
     async def release(self, session_id: str) -> bool:
         if self.scheduler is None:
             return False
@@ -528,6 +547,8 @@ class TurnRunner:
     async def open(self, spec: TurnSpec) -> OpenTurn:
         """Admit, pick and connect. On failure the turn is completed here and a RouterError raised."""
         views = self.fleet.serving(spec.model)  # 503/404 before the scheduler is bothered
+        mode = await self.tokenize(spec)
+        self.metrics.prompt(mode.value).inc()
         admission: Admission | None = None
         if self.scheduler is not None:
             admission = await self.scheduler.admit(spec.identity.session_id, spec.identity.parent_session_id,
@@ -593,6 +614,7 @@ class TurnRunner:
             span.set_attribute("router.session", "program" if spec.identity.is_program else "passthrough")
         core.commit(spec.request_id, decision, now)
         self.metrics.pick(decision.reason.value).inc()
+        self.metrics.predicted_cached_tokens.inc(decision.chosen.cached_tokens)
         log.debug("turn %s -> %s/%d (%s, overlap %d blocks)", spec.request_id, decision.replica.worker_id,
                   decision.replica.dp_rank, decision.reason.value, decision.overlap_blocks)
         book.replica = decision.replica
