@@ -1,4 +1,7 @@
-"""The simworker chat template: OpenAI messages -> one prompt string.
+"""The simworker's built-in chat template: OpenAI messages -> one prompt string.
+
+Used with the built-in tokenizer; with `--tokenizer-path` the model's own chat template renders the
+request instead (services/common/tokenizer.py).
 
 The template is deliberately simple and stable, so that a multi-turn conversation that
 re-sends its history renders to a prompt whose prefix is the previous turn's prompt plus
@@ -17,11 +20,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from services.common.tokenizer import ChatTemplateError  # one error type for both templates (HTTP 400)
+
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
-
-class ChatTemplateError(ValueError):
-    """A message list that cannot be rendered (maps to HTTP 400)."""
 
 
 def _content_text(content: Any, index: int) -> str:

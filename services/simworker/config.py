@@ -35,6 +35,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("model_path", str, DEFAULT_MODEL_PATH, "model path reported by /server_info and /model_info (nothing is loaded)"),
     _s("served_model_name", str, "", "model name served on the OpenAI routes (default: --model-path)"),
     _s("model_name", str, "", "alias of --served-model-name"),
+    _s("tokenizer_path", str, "", "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json "
+       "(its chat template); prompts are then tokenized as SGLang does (default: the built-in stand-in tokenizer)"),
+    _s("tokenizer", str, "", "alias of --tokenizer-path (the router's name for it)"),
     _s("max_total_tokens", int, 65_536, "GPU KV pool size in tokens (SGLang's max_total_num_tokens)"),
     _s("page_size", int, 16, "tokens per KV page (radix cache and KV-event granularity)"),
     _s("max_running_requests", int, 256, "cap on concurrently running requests"),
@@ -118,6 +121,8 @@ class SimWorkerConfig:
     port: int = 30000
     model_path: str = DEFAULT_MODEL_PATH
     served_model_name: str = DEFAULT_MODEL_PATH
+    tokenizer_path: str = ""
+    """Directory of the model's tokenizer files; empty = the built-in tokenizer. Loaded by `start_simworker`."""
     max_total_tokens: int = 65_536
     page_size: int = 16
     max_running_requests: int = 256
@@ -229,11 +234,15 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
     if served and alias and served != alias:
         raise ConfigError("model_name", alias, "--model-name is an alias of --served-model-name; they disagree")
     served = served or alias or v["model_path"]
+    tokenizer_path, tokenizer_alias = v["tokenizer_path"], v["tokenizer"]
+    if tokenizer_path and tokenizer_alias and tokenizer_path != tokenizer_alias:
+        raise ConfigError("tokenizer", tokenizer_alias, "--tokenizer is an alias of --tokenizer-path; they disagree")
     return SimWorkerConfig(
         host=v["host"],
         port=v["port"],
         model_path=v["model_path"],
         served_model_name=served,
+        tokenizer_path=tokenizer_path or tokenizer_alias,
         max_total_tokens=v["max_total_tokens"],
         page_size=v["page_size"],
         max_running_requests=v["max_running_requests"],

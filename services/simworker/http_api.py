@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
 
-from services.simworker.chat import ChatTemplateError, render_chat
+from services.simworker.chat import ChatTemplateError
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import EngineRequest, RequestOutput
 from services.simworker.driver import DriverStopped, EngineDriver
@@ -54,6 +54,9 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def chat_ids(self, body: dict) -> list[int]:
+        """Prompt ids of an OpenAI chat request; raises ChatTemplateError (HTTP 400) for bad messages."""
 
 
 class ApiError(Exception):
@@ -458,13 +461,11 @@ class SimWorkerApi:
             if body.get("messages") is None:
                 raise ApiError(400, "messages is required")
             try:
-                prompt = render_chat(body["messages"],
-                                     add_generation_prompt=body.get("add_generation_prompt", True),
-                                     continue_final_message=bool(body.get("continue_final_message", False)))
+                prompt_ids = self.tokenizer.chat_ids(body)
             except ChatTemplateError as exc:
                 raise ApiError(400, str(exc)) from None
             include_usage, continuous = self._stream_options(body)
-            gen = await self._openai_common(body, self.tokenizer.encode(prompt))
+            gen = await self._openai_common(body, prompt_ids)
         except ApiError as exc:
             return _error(exc)
         created = int(time.time())
@@ -584,7 +585,7 @@ class SimWorkerApi:
         c = self.config
         return {
             "model_path": c.model_path,
-            "tokenizer_path": c.model_path,
+            "tokenizer_path": c.tokenizer_path or c.model_path,
             "served_model_name": c.served_model_name,
             "host": c.host,
             "port": c.port,
@@ -643,7 +644,8 @@ class SimWorkerApi:
         return _json_response(info)
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return _json_response({"model_path": self.config.model_path, "tokenizer_path": self.config.model_path,
+        return _json_response({"model_path": self.config.model_path,
+                               "tokenizer_path": self.config.tokenizer_path or self.config.model_path,
                                "is_generation": True, "preferred_sampling_params": None,
                                "weight_version": WEIGHT_VERSION, "has_image_understanding": False,
                                "has_audio_understanding": False, "model_type": "simworker",

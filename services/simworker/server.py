@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 from aiohttp import web
 
+from services.common.tokenizer import ModelTokenizer, load_tokenizer
+from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.timing import TimingProfile, load_profile
@@ -41,7 +43,7 @@ _PROBE_FILTER = _DropHttp2Probes()
 
 
 class CoreTokenizer:
-    """The engine core's tokenizer module behind the `Tokenizer` protocol."""
+    """The engine core's tokenizer module and the built-in chat template behind the `Tokenizer` protocol."""
 
     def __init__(self) -> None:
         from services.simworker.core import tokenizer
@@ -54,6 +56,28 @@ class CoreTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._module.decode(ids)
+
+    def chat_ids(self, body: dict) -> list[int]:
+        return self.encode(render_chat(body.get("messages"),
+                                       add_generation_prompt=body.get("add_generation_prompt", True),
+                                       continue_final_message=bool(body.get("continue_final_message", False))))
+
+
+class ModelPromptTokenizer(CoreTokenizer):
+    """Prompts through the model's tokenizer and chat template, exactly as SGLang (and the router with
+    the same `--tokenizer`) tokenizes them, so prompt token counts and KV-event block hashes agree.
+    Output stays the engine's: it samples ids from the built-in word list, so they are decoded (and
+    EOS recognised) with the built-in tokenizer."""
+
+    def __init__(self, model: ModelTokenizer) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, text: str) -> list[int]:
+        return self.model.encode(text)
+
+    def chat_ids(self, body: dict) -> list[int]:
+        return self.model.chat_token_ids(body)
 
 
 def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineConfig:
@@ -150,10 +174,13 @@ async def start_simworker(
 ) -> RunningSimWorker:
     """Start a simworker on the running loop.
 
-    `engine` and `tokenizer` default to the core's SimEngine and tokenizer; a caller that
-    passes its own engine may pass the `profile` it was built with (for kv_bytes_per_token
-    and the frontend latency), else the configured profile is loaded.
+    `engine` and `tokenizer` default to the core's SimEngine and tokenizer (the model's, with
+    `--tokenizer-path`; a ConfigError if it cannot be loaded); a caller that passes its own
+    engine may pass the `profile` it was built with (for kv_bytes_per_token and the frontend
+    latency), else the configured profile is loaded.
     """
+    if tokenizer is None and config.tokenizer_path:
+        tokenizer = ModelPromptTokenizer(load_tokenizer(config.tokenizer_path))
     if engine is None:
         engine, profile = build_engine(config)
     elif profile is None:
@@ -192,7 +219,7 @@ async def start_simworker(
     if config.ready_file:
         write_ready_file(config.ready_file, {"port": port, "pid": os.getpid(), "url": worker.url,
                                              "kv_events_endpoint": worker.kv_events_endpoint})
-    log.info("simworker serving %s on %s (profile %s, speedup %g, KV %d tokens, page %d)",
+    log.info("simworker serving %s on %s (profile %s, speedup %g, KV %d tokens, page %d, tokenizer %s)",
              config.served_model_name, worker.url, config.timing_profile, config.speedup,
-             config.max_total_tokens, config.page_size)
+             config.max_total_tokens, config.page_size, config.tokenizer_path or "built-in")
     return worker
