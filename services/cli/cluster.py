@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ class ClusterConfig:
     """Extra scheduler flags (e.g. --pause-threshold 0.9), appended last so they win."""
     router_args: tuple[str, ...] = ()
     """Extra router flags (e.g. --seed 0 for reproducible tie-breaks), appended last so they win."""
+    tokenizer: str = ""
+    """The model's tokenizer directory, given to the router and the simulated workers: prompts are then
+    routed on exact token pages and KV events are used. Empty = approximate text routing, no KV events."""
     state_dir: Path | None = None
     log_level: str = "INFO"
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
@@ -92,6 +96,11 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
         "--seed", str(index),
         "--enable-cache-report",
     ]
+    if config.tokenizer:
+        # Exact token pages on both sides: the router can index the workers' KV events. The publisher
+        # binds an ephemeral loopback port, which the router reads from /server_info.
+        args += ["--tokenizer-path", config.tokenizer,
+                 "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"})]
     if config.worker_host_kv_tokens:
         # write_back keeps the host tier disjoint from the GPU pool, so the host figure is counted in full.
         args += ["--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
@@ -125,9 +134,9 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
         # (tool times, time to first token) arrives in wall seconds, S times shorter.
         "--cost-aware-tool-seconds", f"{2.0 / speedup:g}",
         "--cost-aware-prefill-tokens-per-s", f"{18_000.0 * speedup:g}",
-        # Chat prompts reach the router as text; without a tokenizer it matches prefixes on text
-        # chunks (approximate mode), so KV events cannot be used. See docs/router-selection.md.
-        "--no-use-kv-events",
+        # Without a tokenizer, chat prompts reach the router as text and it matches prefixes on text
+        # chunks (approximate mode), which KV events cannot match. See docs/router-selection.md.
+        *([] if config.tokenizer else ["--no-use-kv-events"]),
         *config.scheduler_args,
     ]
     return ChildSpec(name="scheduler", module="services.scheduler", args=args)
@@ -136,10 +145,12 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
 def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None) -> ChildSpec:
     args = ["--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
             "--http-port", str(config.http_port), "--log-level", config.log_level]
+    if config.tokenizer:
+        args += ["--tokenizer", config.tokenizer]
     if scheduler_addr:
         args += ["--scheduler-addr", scheduler_addr]
     else:
-        args += ["--no-scheduler", "--no-use-kv-events"]
+        args += ["--no-scheduler", "--use-kv-events" if config.tokenizer else "--no-use-kv-events"]
     return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args])
 
 

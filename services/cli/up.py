@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -26,6 +27,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
                         help="simulated workers run this many times faster than the real hardware")
     parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile")
     parser.add_argument("--model-name", default="bandmaster-sim")
+    parser.add_argument("--tokenizer", default="",
+                        help="the model's tokenizer directory (tokenizer.json + tokenizer_config.json) for the router "
+                             "and the simulated workers: exact token routing with KV events (default: text routing)")
     parser.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI/SGLang HTTP port (0 = any)")
     parser.add_argument("--no-scheduler", action="store_true",
                         help="start no program scheduler: the router does KV-aware routing only")
@@ -45,6 +49,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
         http_port=args.http_port, scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
         router_args=tuple(args.router_args),
+        tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
     )
     values.update(overrides)
     return ClusterConfig(**values)

@@ -1,8 +1,9 @@
 """What `bandmaster up` passes its children: flags from the command line reach the right child."""
 
 import argparse
+import json
 
-from services.cli.cluster import ClusterConfig, router_spec, scheduler_spec
+from services.cli.cluster import ClusterConfig, router_spec, scheduler_spec, simworker_spec
 from services.cli.up import add_cluster_arguments, cluster_config
 
 
@@ -28,3 +29,24 @@ def test_time_constants_are_divided_by_the_speedup():
 def test_without_scheduler_the_router_routes_alone():
     router = router_spec(_config("--no-scheduler"), "127.0.0.1:1", None)
     assert "--no-scheduler" in router.args and "--scheduler-addr" not in router.args
+
+
+def test_a_tokenizer_reaches_router_and_workers_and_turns_kv_events_on(tmp_path):
+    config = _config("--tokenizer", str(tmp_path))
+    worker = simworker_spec(config, 0).args
+    assert worker[worker.index("--tokenizer-path") + 1] == str(tmp_path)
+    assert json.loads(worker[worker.index("--kv-events-config") + 1])["publisher"] == "zmq"
+    router = router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
+    assert router[router.index("--tokenizer") + 1] == str(tmp_path)
+    assert "--no-use-kv-events" not in scheduler_spec(config, "127.0.0.1:1").args
+    alone = router_spec(config, "127.0.0.1:1", None).args
+    assert "--use-kv-events" in alone and "--no-use-kv-events" not in alone
+
+
+def test_without_a_tokenizer_routing_stays_on_text_without_kv_events():
+    config = _config()
+    assert "--no-use-kv-events" in scheduler_spec(config, "127.0.0.1:1").args
+    assert "--no-use-kv-events" in router_spec(config, "127.0.0.1:1", None).args
+    assert "--tokenizer" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
+    worker = simworker_spec(config, 0).args
+    assert "--tokenizer-path" not in worker and "--kv-events-config" not in worker
