@@ -26,7 +26,20 @@ import aiohttp
 
 from bench.progress import ProgressBar
 from bench.stats import interpolated_percentile
-from bench.workloads import Program, scale, short_context_agents, swe_agent_programs, synthetic_like
+from bench.workloads import (
+    DEFAULT_DRAW,
+    DEFAULT_SPLIT,
+    DRAWS,
+    SPLITS,
+    Program,
+    draw_programs,
+    scale,
+    short_context_agents,
+    split_programs,
+    synthetic_like,
+    trace_programs,
+)
+from services.common.config import require
 
 SESSION = "X-Dynamo-Session-ID"
 FINAL = "X-Dynamo-Session-Final"
@@ -257,35 +270,34 @@ async def scrape_counters(worker_urls: Sequence[str]) -> dict[str, float]:
     return totals
 
 
-def stratified_programs(source: Sequence[Program], count: int, *, seed: int) -> list[Program]:
-    """`count` programs with the same size mix as `source` whatever `count` is.
-
-    Whole copies of `source`, then for the remainder the programs at evenly spaced ranks of peak
-    context (rank floor((i + 1/2) * n / r)), so that a sweep's small and large points see the same
-    distribution of program sizes rather than the trace's first programs at one point and its
-    largest at another; shuffled with `seed` so that with fewer slots than programs the large ones
-    do not all start last."""
-    ordered = sorted(source, key=lambda p: (p.peak_context_tokens, p.program_id))
-    n = len(ordered)
-    whole, rest = divmod(count, n)
-    chosen = ordered * whole + [ordered[int((i + 0.5) * n / rest)] for i in range(rest)]
-    random.Random(f"workload:{seed}").shuffle(chosen)
-    return chosen
-
-
 def build_workload(name: str, programs: int, *, seed: int, max_turns: int | None, token_scale: float,
-                   tool_time_scale: float) -> list[Program]:
+                   tool_time_scale: float, trace: str | Path | None = None, split: str = DEFAULT_SPLIT,
+                   draw: str = DEFAULT_DRAW, include_longest: bool = False) -> list[Program]:
+    """The programs of a run, exactly as the live runner and the simulator play them.
+
+    `swe`: `programs` drawn (`draw`, seeded) from the `split` part of `trace` (default: the shipped
+    SWE-agent programs), renamed `<id>#<i>` so that repeats are distinct programs. `synthetic`:
+    drawn from the same source's distributions. `short`: generated (no trace, no split)."""
     if name == "swe":
-        chosen = stratified_programs(swe_agent_programs(), programs, seed=seed)
+        source = split_source(trace, split)
+        chosen = draw_programs(source, programs, draw=draw, seed=seed, include_longest=include_longest)
         base = scale(chosen, token_scale=token_scale, tool_time_scale=tool_time_scale, max_turns=max_turns)
         return [Program(f"{p.program_id}#{i}", p.turns, p.run_concurrency) for i, p in enumerate(base)]
     if name == "synthetic":
-        base = synthetic_like(programs, seed=seed)
+        base = synthetic_like(programs, seed=seed, source=split_source(trace, split))
     elif name == "short":
         base = short_context_agents(programs, seed=seed)
     else:
         raise SystemExit(f"unknown workload {name!r} (swe, synthetic, short)")
     return scale(base, token_scale=token_scale, tool_time_scale=tool_time_scale, max_turns=max_turns)
+
+
+def split_source(trace: str | Path | None, split: str) -> list[Program]:
+    """The `split` part of `trace` (default: the shipped programs); ConfigError if it is empty."""
+    source = split_programs(trace_programs(trace), split)
+    require(len(source) >= 1, "split", split,
+            f"the {split!r} part of {trace or 'the shipped trace'} holds no programs (try --split all)")
+    return source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -302,13 +314,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-session-headers", action="store_true", help="send no session headers (plain routing)")
     parser.add_argument("--worker-url", action="append", default=[], help="simworker URL whose counters to read")
     parser.add_argument("--seed", type=int, default=0)
+    add_program_arguments(parser)
     parser.add_argument("--arm", default="endpoint", help="label for the report")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
 
 
+def add_program_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where a run's programs come from (the live runner, bench.sim and bench.evaluate share these)."""
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format "
+                             "(default: the shipped SWE-agent programs)")
+    parser.add_argument("--split", default=DEFAULT_SPLIT, choices=SPLITS,
+                        help="part of the trace: tune (default), heldout or all (bench/workloads/draws.py)")
+    parser.add_argument("--draw", default=DEFAULT_DRAW, choices=DRAWS,
+                        help="stratified: the trace's size mix (default); random: uniform with replacement")
+    parser.add_argument("--include-longest", action="store_true",
+                        help="make sure the draw holds the split's longest program (most turns)")
+
+
 async def run_from_args(args: argparse.Namespace) -> dict:
     programs = build_workload(args.workload, args.programs, seed=args.seed, max_turns=args.max_turns,
-                              token_scale=args.token_scale, tool_time_scale=args.tool_time_scale)
+                              token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
+                              trace=args.trace, split=args.split, draw=args.draw,
+                              include_longest=args.include_longest)
     total_turns = sum(len(p.turns) for p in programs)
     progress = ProgressBar(total_turns, label=f"{args.arm} turns")
     runner = Runner(args.endpoint, args.model, session_headers=not args.no_session_headers,

@@ -70,7 +70,7 @@ def test_scale_rejects_bad_knobs(kwargs):
 
 
 def test_stratified_selection_keeps_the_size_mix_at_every_count():
-    from bench.run import stratified_programs
+    from bench.workloads import stratified_programs
 
     source = swe_agent_programs()
     reference = summarize(source)["peak_context_median"]
