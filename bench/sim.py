@@ -9,7 +9,12 @@ bench/simlib/simulator.py and docs/simulator.md), and prints the same summary as
         --worker-kv-tokens 400000 --seed 0 --out report.json
 
 Arms: `bandmaster` (scheduler core + router core), `kv` (router core only, as `bandmaster up
---no-scheduler`), `round_robin`. Every flag of `python -m services.scheduler` that shapes
+--no-scheduler`), `round_robin`, and `oracle`: the kv arm with effectively unlimited GPU KV
+(nothing is ever evicted), the ceiling the others are measured against. Programs come from the
+shipped SWE-agent trace or `--trace FILE` (JSONL in shared/traces/swe_agent_trace.jsonl's format),
+its `--split` (tune by default: the held-out third is kept out of tuning), drawn `--draw
+stratified|random`. `--mode steady` plays `--programs` through `--parallel` slots and also
+reports `steady_steps_per_min` (warm-up and drain left out). Every flag of `python -m services.scheduler` that shapes
 decisions is accepted (`--pause-threshold`, `--scheduler-interval-seconds`, `--pause-policy`,
 `--cost-aware-*`, `--router-temperature`, `--kv-overlap-score-weight`, ...), in simulated seconds. Python API: `simulate(SimScenario(...)) -> SimResult`.
 """
@@ -22,12 +27,15 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from bench.run import add_program_arguments
 from bench.simlib import SimResult, SimScenario, simulate
 from bench.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
 from services.common.errors import ConfigError
 from services.scheduler.config import load_config
 
 __all__ = ["SimResult", "SimScenario", "simulate", "scenario_from_args", "main"]
+
+MODES = ("closed", "steady")
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0],
@@ -37,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="swe", choices=WORKLOADS)
     parser.add_argument("--programs", type=int, default=8, help="programs in total")
     parser.add_argument("--parallel", type=int, default=0, help="programs in flight at once (default: all)")
+    parser.add_argument("--mode", default="closed", choices=MODES,
+                        help="closed: one batch, steps/min over the makespan; steady: --programs through "
+                             "--parallel slots, plus steps/min between warm-up and the last start")
+    add_program_arguments(parser)
     parser.add_argument("--max-turns", type=int, default=None)
     parser.add_argument("--token-scale", type=float, default=1.0)
     parser.add_argument("--tool-time-scale", type=float, default=1.0)
@@ -63,8 +75,12 @@ def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Names
     forwards to the router), which raises ConfigError for anything it does not know either."""
     args, rest = build_parser().parse_known_args(list(argv))
     scheduler = load_config(rest, {})
+    if args.mode == "steady" and not 1 <= args.parallel < args.programs:
+        raise ConfigError("parallel", args.parallel, "--mode steady needs 1 <= --parallel < --programs")
     scenario = SimScenario(
-        arm=args.arm, workload=args.workload, programs=args.programs, parallel=args.parallel,
+        arm=args.arm, workload=args.workload, trace=None if args.trace is None else str(args.trace),
+        split=args.split, draw=args.draw, include_longest=args.include_longest,
+        programs=args.programs, parallel=args.parallel,
         max_turns=args.max_turns, token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
         seed=args.seed, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
         worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,

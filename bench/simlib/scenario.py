@@ -9,8 +9,11 @@ service derives it from the worker's /server_info (services/capacity/core/cards.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
+from bench.run import SYSTEM_PROMPT_TOKENS, build_workload, split_source
+from bench.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.config import require
 from services.router.core.params import KvRouterParams
@@ -20,10 +23,10 @@ from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConf
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import Engine
-from services.simworker.core.timing import TimingProfile
+from services.simworker.core.timing import TimingProfile, load_profile
 from services.simworker.server import build_engine, host_total_tokens
 
-ARMS = ("bandmaster", "kv", "round_robin")
+ARMS = ("bandmaster", "kv", "round_robin", "oracle")
 WORKLOADS = ("swe", "synthetic", "short")
 ROUTER_PROMPT_MODES = ("text", "tokens")
 
@@ -33,6 +36,13 @@ ROUTER_PROMPT_MODES = ("text", "tokens")
 # against simworkers at that --speedup.
 ROUTER_REQUEST_EXPIRY_WALL_S = 300.0
 ROUTER_SWEEP_WALL_S = 5.0
+# The oracle's pool (see SimScenario.oracle_worker_kv_tokens): at least this many times the
+# scenario's, and at least what every program of the run holds at once, with every answer it
+# generated (a dead branch: the chat template re-renders the answer) and this many tokens per turn
+# for the template's role markers and partly filled pages.
+ORACLE_POOL_FACTOR = 10
+ORACLE_SLACK_TOKENS_PER_TURN = 64
+
 # `bandmaster up` never ticks the scheduler faster than this (wall seconds).
 SCHEDULER_MIN_INTERVAL_WALL_S = 0.05
 
@@ -42,8 +52,18 @@ class SimScenario:
     """One run. Times are in simulated (modelled-hardware) seconds unless the name says wall."""
 
     arm: str = "bandmaster"
-    """bandmaster (scheduler core + router core), kv (router core only), round_robin."""
+    """bandmaster (scheduler core + router core), kv (router core only), round_robin, oracle (the kv
+    arm with effectively unlimited GPU KV: nothing is ever evicted; see `oracle_worker_kv_tokens`)."""
     workload: str = "swe"
+    trace: str | None = None
+    """JSONL trace in shared/traces/swe_agent_trace.jsonl's format for the swe and synthetic
+    workloads; None = the shipped SWE-agent programs."""
+    split: str = DEFAULT_SPLIT
+    """Part of the trace the programs come from: tune, heldout or all (bench/workloads/draws.py)."""
+    draw: str = DEFAULT_DRAW
+    """stratified (the trace's size mix) or random (uniform with replacement, seeded by `seed`)."""
+    include_longest: bool = False
+    """Make sure the draw holds the split's longest program."""
     programs: int = 8
     parallel: int = 0
     """Programs in flight at once (0 = all), as bench/run.py --parallel."""
@@ -92,6 +112,8 @@ class SimScenario:
     def __post_init__(self) -> None:
         require(self.arm in ARMS, "arm", self.arm, f"arm in {{{', '.join(ARMS)}}}")
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
+        require(self.split in SPLITS, "split", self.split, f"split in {{{', '.join(SPLITS)}}}")
+        require(self.draw in DRAWS, "draw", self.draw, f"draw in {{{', '.join(DRAWS)}}}")
         require(self.programs >= 1, "programs", self.programs, "programs >= 1")
         require(self.parallel >= 0, "parallel", self.parallel, "parallel >= 0")
         require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
@@ -121,10 +143,50 @@ class SimScenario:
         require(math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0, "request_overhead_s",
                 self.request_overhead_s, "request_overhead_s >= 0")
         require(self.max_simulated_s > 0, "max_simulated_s", self.max_simulated_s, "max_simulated_s > 0")
+        if self.arm == "oracle":
+            # A pool-size-dependent decode cost would make the oracle's steps faster by itself.
+            decode_x = load_profile(self.worker_timing_profile).decode_x
+            require(decode_x == "context_k", "arm", self.arm,
+                    f"the oracle needs a timing profile whose decode cost depends on the decoding context "
+                    f"(decode_x context_k), not on the pool size; {self.worker_timing_profile} has {decode_x}")
+        if self.workload in ("swe", "synthetic"):
+            split_source(self.trace, self.split)     # a bad trace file or an empty split fails here
         # Fail here, not mid-run: the worker and router configs validate their own rules.
         self.worker_config(0)
         self.router_params()
         self.make_pause_policy()
+
+    # -- the programs ------------------------------------------------------------------------------
+
+    def build_programs(self) -> list[Program]:
+        """The run's programs, exactly as the live runner builds them (bench/run.py build_workload)."""
+        return build_workload(self.workload, self.programs, seed=self.seed, max_turns=self.max_turns,
+                              token_scale=self.token_scale, tool_time_scale=self.tool_time_scale,
+                              trace=self.trace, split=self.split, draw=self.draw,
+                              include_longest=self.include_longest)
+
+    def oracle_worker_kv_tokens(self, programs: Sequence[Program]) -> int:
+        """The oracle's GPU KV per worker: max(10 x worker_kv_tokens, what all of `programs` hold at
+        once), so that nothing is ever evicted whichever worker the programs land on. A program
+        holds its peak context, every answer it generated (dead branches: the next prompt carries a
+        re-rendered copy) and 64 tokens per turn of template and page slack; plus the system
+        prompt once. Decode cost depends on the summed context of the decoding requests, not on
+        the pool (`decode_x` context_k, checked on construction), so the bigger pool does not make
+        a step faster by itself: it only removes eviction and the recompute that follows."""
+        held = SYSTEM_PROMPT_TOKENS + sum(
+            p.peak_context_tokens + sum(t.output_tokens for t in p.turns) + ORACLE_SLACK_TOKENS_PER_TURN * len(p.turns)
+            for p in programs)
+        tokens = max(ORACLE_POOL_FACTOR * self.worker_kv_tokens, held)
+        return -(-tokens // self.worker_page_size) * self.worker_page_size
+
+    def engine_scenario(self, programs: Sequence[Program]) -> "SimScenario":
+        """The scenario the workers are built from: this one, or for the oracle the same with its
+        pool (`oracle_worker_kv_tokens`) and the host tier, if any, at the same host/GPU ratio."""
+        if self.arm != "oracle":
+            return self
+        gpu = self.oracle_worker_kv_tokens(programs)
+        host = round(self.worker_host_kv_tokens * gpu / self.worker_kv_tokens) if self.worker_host_kv_tokens else 0
+        return replace(self, worker_kv_tokens=gpu, worker_host_kv_tokens=host)
 
     # -- the worker side, as `bandmaster up` builds it ------------------------------------------
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from bench.run import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord, build_workload
+from bench.run import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord
 from bench.simlib.conversation import Conversation
 from bench.simlib.scenario import SimScenario, worker_id
 from bench.workloads import Program
@@ -118,11 +118,18 @@ class SimResult:
     cpu_s: float
     events: int
     completed: bool
+    steady: dict = field(default_factory=dict)
+    """`steady_state` of the run: throughput between warm-up and the last program's start."""
+    oracle_worker_kv_tokens: int | None = None
+    """The oracle arm's GPU KV per worker (None in the other arms)."""
 
     def summary(self) -> dict:
         """bench/run.py's summary keys (wall_s and simulated_minutes are simulated time here),
-        then the simulator's cost."""
+        the steady-state throughput, then the simulator's cost."""
         out = self.run.summary()
+        out.update(self.steady)
+        if self.oracle_worker_kv_tokens is not None:
+            out["oracle_worker_kv_tokens"] = self.oracle_worker_kv_tokens
         out["sim_cpu_s"] = round(self.cpu_s, 3)
         out["sim_events"] = self.events
         out["sim_completed"] = self.completed
@@ -147,10 +154,14 @@ class Simulator:
         self._heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
         self.events = 0
+        self.programs = scenario.build_programs()
+        # The oracle's workers have its unlimited pool; everything else is the scenario's.
+        engines = scenario.engine_scenario(self.programs)
+        self.oracle_worker_kv_tokens = engines.worker_kv_tokens if scenario.arm == "oracle" else None
         self.workers: list[_Worker] = []
         capacities = []
         for i in range(scenario.workers):
-            engine, profile, capacity = scenario.build_worker(i)
+            engine, profile, capacity = engines.build_worker(i)
             wid = worker_id(i)
             self.workers.append(_Worker(i, wid, engine, profile, Replica(wid, 0), ReplicaKey(wid, 0)))
             capacities.append(capacity)
@@ -159,16 +170,13 @@ class Simulator:
         self._by_replica = {w.replica: w for w in self.workers}
         self._candidates = [Candidate(w.replica) for w in self.workers]
         self.router: KvRouterCore | None = None
-        if scenario.arm in ("kv", "bandmaster"):
+        if scenario.arm in ("kv", "bandmaster", "oracle"):
             self.router = KvRouterCore(scenario.router_params(), random.Random(f"router:{scenario.seed}"))
         self.scheduler: SchedulerCore | None = None
         if scenario.arm == "bandmaster":
             self.scheduler = SchedulerCore(scenario.control, scenario.make_pause_policy())
             self.scheduler.apply_capacity(0.0, CapacitySnapshot(1, self.capacities))
         self._rr_next = 0
-        self.programs = build_workload(scenario.workload, scenario.programs, seed=scenario.seed,
-                                       max_turns=scenario.max_turns, token_scale=scenario.token_scale,
-                                       tool_time_scale=scenario.tool_time_scale)
         self._queue = list(enumerate(self.programs))
         self._queue.reverse()
         self._live_programs = 0
@@ -181,6 +189,10 @@ class Simulator:
         self._pending_counts: dict[str, dict[str, int]] = {w.worker_id: {} for w in self.workers}
         self._hold_s: list[float] = []
         self._soft_demotes = 0
+        # For the steady-state figure: when turns and programs ended, when the last program started.
+        self._turn_end_s: list[float] = []
+        self._program_end_s: list[float] = []
+        self._last_start_s = 0.0
 
     # -- the event heap --------------------------------------------------------------------------
 
@@ -228,9 +240,12 @@ class Simulator:
                 totals[name] = totals.get(name, 0) + value
         # The live runner's worker_* keys (bench/run.py COUNTERS), plus the simulator's extra ones.
         self.result.worker_counters = totals
+        parallel = s.parallel or s.programs
+        steady = steady_state(self._turn_end_s, self._program_end_s, self._last_start_s, parallel, s.programs)
         return SimResult(s, self.result, per_worker, self._scheduler_counters(),
                          self._timeline(), time.process_time() - started_cpu, self.events,
-                         completed and not self._live_programs and not self._queue)
+                         completed and not self._live_programs and not self._queue, steady,
+                         self.oracle_worker_kv_tokens)
 
     _makespan_s = 0.0
 
@@ -242,6 +257,7 @@ class Simulator:
         index, program = self._queue.pop()
         record = ProgramRecord(program.program_id, len(program.turns))
         self.result.programs.append(record)
+        self._last_start_s = self.now
         run = _ProgramRun(index, program, record, Conversation(self._system_text, self.s.worker_page_size),
                           random.Random(f"{self.s.seed}:{program.program_id}"), self.now)
         self._live_programs += 1
@@ -268,6 +284,7 @@ class Simulator:
         record.duration_s = self.now - run.started_s
         record.finished = record.turns_done == record.turns_planned
         self._makespan_s = max(self._makespan_s, self.now)
+        self._program_end_s.append(self.now)
         if self.scheduler is not None:
             _, effects = self.scheduler.release(self.now, program_session(run))
             self._apply(effects)
@@ -445,6 +462,7 @@ class Simulator:
             self._end_program(run)
             return
         run.record.turns_done += 1
+        self._turn_end_s.append(self.now)
         run.conversation.append_words("assistant", turn.output_ids)
         tool_s = run.program.turns[turn.k].tool_seconds_after
         run.turn += 1
@@ -562,6 +580,28 @@ class Simulator:
             "hold_p50_s": round(holds[len(holds) // 2], 3) if holds else 0.0,
             "hold_max_s": round(holds[-1], 3) if holds else 0.0,
         }
+
+
+def steady_state(turn_end_s: Sequence[float], program_end_s: Sequence[float], last_start_s: float,
+                 parallel: int, programs: int) -> dict:
+    """Throughput of a run with fewer slots than programs, without its warm-up and its drain.
+
+    Warm-up ends when `parallel` programs have finished (every slot has started a replacement
+    program at least once on average); the window closes when the last program starts (after
+    that, slots empty and the run drains). `steady_steps_per_min` = turns that completed inside
+    the window per minute of it. None when there is no window: every program starts at once
+    (`parallel >= programs`), or the last program starts before warm-up ends."""
+    none = {"steady_steps_per_min": None, "steady_window_s": None}
+    if parallel >= programs or len(program_end_s) < parallel:
+        return none
+    ends = sorted(program_end_s)
+    start, end = ends[parallel - 1], last_start_s
+    if end <= start:
+        return none
+    turn_ends = sorted(turn_end_s)
+    turns = bisect.bisect_right(turn_ends, end) - bisect.bisect_right(turn_ends, start)
+    return {"steady_steps_per_min": round(turns / ((end - start) / 60.0), 3),
+            "steady_window_s": [round(start, 3), round(end, 3)]}
 
 
 def program_session(run: _ProgramRun) -> str:
