@@ -1,8 +1,8 @@
 """`python -m bench.compare`: every routing arm on the same workers, swept over parallel programs.
 
     python -m bench.compare --mode sim|live|both --workload swe|short|both \\
-        --out-dir bench/results/agentic [--smoke] [--arms kv,bandmaster,...] \\
-        [--pause-policy threshold,cost_aware] [--jobs N]
+        --out-dir bench/results/agentic [--smoke] [--arms kv,oracle,bandmaster,...] \\
+        [--pause-policy threshold,cost_aware] [--jobs N] [--trace FILE] [--split tune|heldout|all]
 
 The ThunderAgent evaluation (steps/min and KV hit rate against the number of parallel programs) for
 two workloads: long-context coding agents (the shipped SWE-agent trace) and short-context tool
@@ -10,6 +10,8 @@ agents (`short_context_agents`). Arms, each on a fresh copy of the same simworke
 
 * `round_robin`        - sim: the simulator's round-robin arm; live: `sglang-router --policy round_robin`.
 * `kv`                 - our router with the scheduler disabled (KV-aware routing only).
+* `oracle`             - sim only: the kv arm with effectively unlimited GPU KV (nothing is ever
+                         evicted); every arm's steps/min is also reported as a ratio to it.
 * `sglang_cache_aware` - `sglang-router --policy cache_aware` (live only: the simulator has no model of it).
 * `bandmaster-<policy>` - capacity + scheduler + router, one arm per selected pause policy.
 
@@ -22,6 +24,12 @@ starts each arm's processes per point, plays the programs with the `bench/run.py
 is the large one; the live sweep is a few points with fewer turns so that it finishes in about
 15 minutes. Results go to `<out-dir>/results.json` (rewritten after every run, so a partial sweep
 is kept), then `bench/report.py` writes the PNGs and `summary.md` and the targets are printed.
+
+Live mode also simulates every live point (the `live-sim` sweeps: the same programs, the live
+control law and router clocks at the live speedup, `bench.simlib.live_control_params`), so that the
+report can check that the live ratio Bandmaster / kv reproduces the simulator's within 10%.
+SWE programs come from the tuning part of the shipped trace unless `--trace` / `--split` say
+otherwise (bench/workloads/draws.py).
 """
 
 from __future__ import annotations
@@ -39,20 +47,26 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from bench.peers import chat_ok, launch_sglang_router
 from bench.run import Runner, build_workload, scrape_counters
+from bench.workloads import DEFAULT_SPLIT, SPLITS
 from services.common.config import require
+from services.common.errors import ConfigError
 from services.scheduler.core.policies import PAUSE_POLICIES
 
 MODES = ("sim", "live")
+LIVE_SIM = "live-sim"
+"""The mode of a sweep that simulates a live sweep's points (the live-ratio check)."""
 WORKLOADS = ("swe", "short")
-BASE_ARMS = ("round_robin", "kv", "sglang_cache_aware")
+ORACLE = "oracle"
+BASE_ARMS = ("round_robin", "kv", "sglang_cache_aware", ORACLE)
 BANDMASTER = "bandmaster"
 LIVE_ONLY_ARMS = frozenset({"sglang_cache_aware"})
+SIM_ONLY_ARMS = frozenset({ORACLE})
 MODEL = "bandmaster-sim"
 RESULTS_FILE = "results.json"
 # Keys of a run's summary that the report and the JSON keep (RunResult.summary() plus the sim's
@@ -61,7 +75,8 @@ SUMMARY_KEYS = (
     "arm", "parallel_programs", "programs_done", "programs_total", "turns_ok", "turns_failed", "wall_s",
     "simulated_minutes", "steps_per_min", "programs_per_min", "program_time_p50_s", "program_time_p90_s",
     "ttft_p50_s", "ttft_p90_s", "kv_hit_rate", "worker_recomputed_tokens", "worker_retractions",
-    "worker_host_loadback_tokens", "worker_prompt_tokens", "worker_cached_tokens", "sim_cpu_s",
+    "worker_host_loadback_tokens", "worker_prompt_tokens", "worker_cached_tokens", "worker_evicted_tokens",
+    "steady_steps_per_min", "steady_window_s", "oracle_worker_kv_tokens", "sim_cpu_s",
 )
 
 
@@ -87,6 +102,10 @@ class SweepSpec:
     seed: int = 0
     speedup: float = 4.0
     """Live only: the simworkers' --speedup, and the Runner's --time-scale."""
+    trace: str | None = None
+    """SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format); None = shipped."""
+    split: str = DEFAULT_SPLIT
+    """The part of the trace the SWE programs come from (bench/workloads/draws.py)."""
 
     def __post_init__(self) -> None:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
@@ -101,11 +120,13 @@ class SweepSpec:
                 "points strictly increasing")
         require(self.programs_per_slot >= 1, "programs_per_slot", self.programs_per_slot, "programs_per_slot >= 1")
         require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
+        require(self.split in SPLITS, "split", self.split, f"split in {{{', '.join(SPLITS)}}}")
 
     def programs(self, parallel: int) -> list:
         """The point's programs, exactly as the live runner and the simulator build them."""
         return build_workload(self.workload, parallel * self.programs_per_slot, seed=self.seed,
-                              max_turns=self.max_turns, token_scale=self.token_scale, tool_time_scale=1.0)
+                              max_turns=self.max_turns, token_scale=self.token_scale, tool_time_scale=1.0,
+                              trace=self.trace, split=self.split)
 
     @property
     def pool_tokens(self) -> int:
@@ -167,12 +188,14 @@ def specs_for(mode: str, smoke: bool) -> dict[str, SweepSpec]:
 
 
 def arms_for(mode: str, selected: Sequence[str], policies: Sequence[str]) -> list[str]:
-    """Arm names in plotting order; `bandmaster` expands to one arm per pause policy."""
+    """Arm names in plotting order; `bandmaster` expands to one arm per pause policy. Live-only arms
+    are left out of sim sweeps, sim-only ones (the oracle) out of live sweeps."""
+    skip = SIM_ONLY_ARMS if mode == "live" else LIVE_ONLY_ARMS
     out = []
     for arm in selected:
         if arm == BANDMASTER:
             out += [f"{BANDMASTER}-{p}" for p in policies]
-        elif mode == "live" or arm not in LIVE_ONLY_ARMS:
+        elif arm not in skip:
             out.append(arm)
     return out
 
@@ -326,19 +349,25 @@ def _engine_queue(timeline: dict) -> dict:
             "running_mean": round(statistics.fmean(r[cols["engine_running"]] for r in rows), 2)}
 
 
-def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
+def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) -> dict:
     """One arm at one point in the simulator: the summary, the scheduler counters, where the
-    uncached tokens and engine time went, and (Bandmaster arms) the utilisation timeline."""
-    from bench.simlib import SimScenario, Simulator
+    uncached tokens and engine time went, and (Bandmaster arms) the utilisation timeline.
+
+    `as_live`: model the live run of this point instead (the live-ratio check): the control law
+    and router clocks of `bandmaster up --speedup <spec.speedup>` and the live router's text
+    prompts; summary and counters only."""
+    from bench.simlib import SimScenario, Simulator, live_control_params
 
     policy = policy_of(arm)
+    live = dict(control=live_control_params(spec.speedup), live_speedup=spec.speedup, router_prompt="text")
     scenario = SimScenario(
         arm=BANDMASTER if policy else arm, workload=spec.workload, programs=parallel * spec.programs_per_slot,
         parallel=parallel, max_turns=spec.max_turns, token_scale=spec.token_scale, seed=spec.seed,
+        trace=spec.trace, split=spec.split,
         workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, pause_policy=policy or "threshold",
         # Exact token pages: ~30% cheaper than the live router's text chunks, same cost formula
         # and the same relative figures (docs/simulator.md, "Prompts").
-        router_prompt="tokens")
+        **(live if as_live else dict(router_prompt="tokens")))
     simulator = Simulator(scenario)
     meters = []
     for worker in simulator.workers:
@@ -348,6 +377,10 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
     summary = result.summary()
     row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
            "scheduler": result.scheduler_counters, "completed": result.completed}
+    if not result.completed:
+        row["error"] = "the simulation hit its horizon with programs still running"
+    if as_live:
+        return row
     if spec.programs_per_slot == 1:
         row["breakdown"] = {
             **run_breakdown(simulator.programs, result.run.turns, result.timeline["control_events"],
@@ -356,8 +389,6 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
             "engine_queue": _engine_queue(result.timeline)}
     if policy:
         row["timeline"] = result.timeline
-    if not result.completed:
-        row["error"] = "the simulation hit its horizon with programs still running"
     return row
 
 
@@ -474,11 +505,11 @@ def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
 
 
 def _job(args: tuple) -> tuple:
-    """A picklable sim job for the process pool: (workload, parallel, arm) -> row."""
-    spec, arm, parallel = args
+    """A picklable sim job for the process pool: (spec, arm, parallel, as_live) -> (workload, parallel, arm, row)."""
+    spec, arm, parallel, as_live = args
     started = time.monotonic()
     try:
-        row = sim_run(spec, arm, parallel)
+        row = sim_run(spec, arm, parallel, as_live=as_live)
     except Exception as exc:  # noqa: BLE001 - one failing arm is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     row["elapsed_s"] = round(time.monotonic() - started, 2)
@@ -510,8 +541,10 @@ def _brief(row: dict) -> str:
             f"{extra}  ({row.get('elapsed_s', 0):.0f}s){err}")
 
 
-def run_sim(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], jobs: int) -> None:
-    work = [(specs[w], arm, p) for w, sweep in sweeps.items() for p in specs[w].parallel for arm in sweep["arms"]]
+def run_sim(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], jobs: int,
+            *, as_live: bool = False) -> None:
+    work = [(specs[w], arm, p, as_live) for w, sweep in sweeps.items() for p in specs[w].parallel
+            for arm in sweep["arms"]]
     # The biggest runs first, so that a pool of several processes ends together.
     work.sort(key=lambda job: -job[2])
     done = 0
@@ -521,7 +554,8 @@ def run_sim(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable
         workload, parallel, arm, row = result
         _point(sweeps[workload], parallel)["arms"][arm] = row
         done += 1
-        _log(f"[sim {done}/{len(work)}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
+        label = LIVE_SIM if as_live else "sim"
+        _log(f"[{label} {done}/{len(work)}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
         save()
 
     if jobs <= 1:
@@ -576,7 +610,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: all registered)")
     parser.add_argument("--jobs", type=int, default=1, help="sim runs in parallel processes")
     parser.add_argument("--no-report", action="store_true", help="write results.json only")
+    parser.add_argument("--trace", type=Path, default=None,
+                        help="SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format)")
+    parser.add_argument("--split", default=DEFAULT_SPLIT, choices=SPLITS,
+                        help="part of the trace the SWE programs come from (default: tune)")
     return parser
+
+
+def live_sim_arms(live_arms: Sequence[str]) -> list[str]:
+    """The arms of a live sweep that the live-ratio check simulates: kv and the Bandmaster arms."""
+    return [a for a in live_arms if a == "kv" or policy_of(a)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -602,9 +645,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(path)
 
+    source = dict(trace=None if args.trace is None else str(args.trace), split=args.split)
+    try:
+        for w in workloads:
+            replace(specs_for("sim", args.smoke)[w], **source).programs(1)   # a bad trace fails here
+    except ConfigError as exc:
+        _log(f"bench.compare: {exc}")
+        return 2
     started = time.monotonic()
     for mode in modes:
-        specs = {w: specs_for(mode, args.smoke)[w] for w in workloads}
+        specs = {w: replace(specs_for(mode, args.smoke)[w], **source) for w in workloads}
         mode_arms = arms_for(mode, arms, policies)
         sweeps = {w: new_sweep(mode, spec, mode_arms) for w, spec in specs.items()}
         results["sweeps"].extend(sweeps.values())
@@ -618,16 +668,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if mode == "sim":
             run_sim(sweeps, specs, save, args.jobs)
         else:
+            # The simulator at the live points first (seconds): the reference of the live-ratio check.
+            checked = live_sim_arms(mode_arms)
+            if "kv" in checked and len(checked) > 1:
+                twins = {w: new_sweep(LIVE_SIM, spec, checked) for w, spec in specs.items()}
+                results["sweeps"].extend(twins.values())
+                run_sim(twins, specs, save, args.jobs, as_live=True)
             with tempfile.TemporaryDirectory(prefix="bandmaster-compare-") as logs:
                 run_live(sweeps, specs, save, Path(logs))
+    from bench import report
+
+    for sweep in results["sweeps"]:
+        for point, ratios in zip(sweep["points"], report.oracle_ratios(sweep)):
+            if ratios:
+                point["ratio_to_oracle"] = ratios
     results["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
     save()
     _log(f"wrote {path}")
     errors = [(s["mode"], s["workload"], p["parallel"], arm) for s in results["sweeps"] for p in s["points"]
               for arm, row in p["arms"].items() if row.get("error")]
     if not args.no_report:
-        from bench import report
-
         report.write_report(results, out_dir)
         print(report.targets_text(report.evaluate_targets(results)))
     for error in errors:

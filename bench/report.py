@@ -7,7 +7,11 @@ programs per arm, as ThunderAgent's Fig. 4), `<mode>_<workload>_kv_hit.png` (KV 
 and for simulated sweeps `<mode>_<workload>_timeline.png` (one worker's utilisation against the
 scheduler's bands, with its pause and resume events). `summary.md` has one table per sweep
 (arm x parallel programs -> steps/min, KV hit, TTFT p90) and then every target as PASS/MISS with its
-ratio. Targets are ratios between arms measured in the same run, never absolute speeds.
+ratio. Targets are ratios between arms measured in the same run, never absolute speeds. The
+`oracle` arm (sim only: kv with unlimited KV) is the ceiling: every arm's steps/min is also given as
+a ratio to it, and it is never the "best other arm" of a target. Live sweeps are checked against
+their `live-sim` twins (the simulator at the same points): the live ratio Bandmaster / kv must be
+within 10% of the simulated one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,10 @@ from pathlib import Path
 from typing import Sequence
 
 BANDMASTER_PREFIX = "bandmaster-"
+ORACLE = "oracle"
+LIVE_SIM = "live-sim"
+# Arms that are references, not competitors: never the best other arm of a target.
+REFERENCE_ARMS = frozenset({ORACLE})
 # Long-context target: Bandmaster against these arms at 2-4x oversubscription.
 LONG_BASELINES = ("sglang_cache_aware", "kv")
 LONG_SPEEDUP = 2.5
@@ -31,11 +39,15 @@ FLAT = 0.90             # past saturation: never below 90% of the arm's running 
 FLAT_NAME = "past saturation (>= 1.5x): steps/min >= 90% of its running peak"
 # "Past saturation" starts here: the point at ~1x is where the curve bends, not past it.
 PAST_SATURATION = 1.5
+# Live against the simulator: the live ratio Bandmaster / kv within 10% of the simulated one.
+LIVE_RATIO_TOLERANCE = 0.10
+LIVE_RATIO_NAME = "live ratio to kv within 10% of the sim's at the same scenario"
 
 ARM_STYLE = {
     "round_robin": ("#7f7f7f", "s", "round-robin"),
     "kv": ("#1f77b4", "o", "KV-aware only (our router, no scheduler)"),
     "sglang_cache_aware": ("#ff7f0e", "D", "sglang-router cache_aware"),
+    "oracle": ("#000000", "*", "oracle (kv with unlimited KV: the ceiling)"),
     "bandmaster-threshold": ("#2ca02c", "^", "Bandmaster (threshold)"),
     "bandmaster-cost_aware": ("#d62728", "v", "Bandmaster (cost_aware)"),
 }
@@ -67,6 +79,21 @@ def bandmaster_arms(sweep: dict) -> list[str]:
     return [a for a in sweep["arms"] if a.startswith(BANDMASTER_PREFIX)]
 
 
+def oracle_ratios(sweep: dict) -> list[dict[str, float]]:
+    """Per point, every arm's steps/min / the oracle's ({} where the oracle did not run)."""
+    out = []
+    for point in sweep["points"]:
+        ceiling = steps(sweep, ORACLE, point["parallel"])
+        ratios = {}
+        if ceiling:
+            for arm in sweep["arms"]:
+                mine = steps(sweep, arm, point["parallel"])
+                if mine is not None:
+                    ratios[arm] = round(mine / ceiling, 4)
+        out.append(ratios)
+    return out
+
+
 # ------------------------------------------------------------------------------------- targets
 
 
@@ -81,12 +108,19 @@ class Target:
     """The worst case over the points the target covers (a ratio, or the KV hit rate)."""
     points: list[int]
     detail: str = ""
+    maximum: float | None = None
+    """Two-sided targets: the value must also be <= this (None: one-sided, >= threshold only)."""
 
     @property
     def status(self) -> str:
         if self.value is None:
             return "N/A"
-        return "PASS" if self.value >= self.threshold else "MISS"
+        within = self.value >= self.threshold and (self.maximum is None or self.value <= self.maximum)
+        return "PASS" if within else "MISS"
+
+    @property
+    def needs(self) -> str:
+        return f">= {self.threshold:g}" if self.maximum is None else f"{self.threshold:g}..{self.maximum:g}"
 
 
 def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: list[dict],
@@ -140,12 +174,39 @@ def _flatness_target(sweep: dict, arm: str, above: list[dict]) -> Target | None:
                   f"worst at {worst[1]} programs ({worst[2]:.1f} vs running peak {peak:.1f})")
 
 
+def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
+    """live (arm / kv) over sim (arm / kv) at every point both ran; the worst is the farthest from 1."""
+    worst: tuple[float, int, float, float] | None = None
+    missing = []
+    for point in live["points"]:
+        p = point["parallel"]
+        values = (steps(live, arm, p), steps(live, "kv", p), steps(twin, arm, p), steps(twin, "kv", p))
+        if any(not v for v in values):
+            missing.append(p)
+            continue
+        live_ratio, sim_ratio = values[0] / values[1], values[2] / values[3]
+        r = live_ratio / sim_ratio
+        if worst is None or abs(r - 1) > abs(worst[0] - 1):
+            worst = (r, p, live_ratio, sim_ratio)
+    detail = (f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst
+              else "no comparable points")
+    if missing:
+        detail += f"; missing at {missing}"
+    return Target(live["mode"], live["workload"], arm, LIVE_RATIO_NAME, 1 - LIVE_RATIO_TOLERANCE,
+                  round(worst[0], 3) if worst and not missing else None, [p["parallel"] for p in live["points"]],
+                  detail, maximum=1 + LIVE_RATIO_TOLERANCE)
+
+
 def evaluate_targets(results: dict) -> list[Target]:
     """The issue's targets for every Bandmaster arm of every sweep (N/A where a sweep lacks the
-    points or the arms a target needs, e.g. sglang-router in simulated sweeps)."""
+    points or the arms a target needs, e.g. sglang-router in simulated sweeps). `live-sim` sweeps
+    are references only: they feed the live-ratio target of the live sweep of their workload."""
     out: list[Target] = []
+    twins = {s["workload"]: s for s in results["sweeps"] if s["mode"] == LIVE_SIM}
     for sweep in results["sweeps"]:
-        others = [a for a in sweep["arms"] if not a.startswith(BANDMASTER_PREFIX)]
+        if sweep["mode"] == LIVE_SIM:
+            continue
+        others = [a for a in sweep["arms"] if not a.startswith(BANDMASTER_PREFIX) and a not in REFERENCE_ARMS]
         below = [p for p in sweep["points"] if p["oversubscription"] < 1.0]
         above = [p for p in sweep["points"] if p["oversubscription"] >= PAST_SATURATION]
         for arm in bandmaster_arms(sweep):
@@ -182,6 +243,9 @@ def evaluate_targets(results: dict) -> list[Target]:
             flat = _flatness_target(sweep, arm, above)
             if flat is not None:
                 out.append(flat)
+            twin = twins.get(sweep["workload"])
+            if sweep["mode"] == "live" and twin is not None and "kv" in sweep["arms"] and arm in twin["arms"]:
+                out.append(_live_ratio_target(sweep, twin, arm))
     return out
 
 
@@ -190,7 +254,7 @@ def targets_text(targets: Sequence[Target]) -> str:
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.3f}"
         lines.append(f"  {t.status:4s} {t.mode:4s} {t.workload:5s} {t.arm:22s} {t.name}: {value} "
-                     f"(needs >= {t.threshold:g}; {t.detail})")
+                     f"(needs {t.needs}; {t.detail})")
     return "\n".join(lines)
 
 
@@ -208,7 +272,7 @@ def _subtitle(sweep: dict) -> str:
     turns = "full-length programs" if s.get("max_turns") is None else f"{s['max_turns']} turns/program"
     text = (f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {turns}, "
             f"token scale {s['token_scale']:g}; {s['fits_programs']:.1f} programs fit")
-    if sweep["mode"] == "live":
+    if sweep["mode"] in ("live", LIVE_SIM):
         text += f"; speedup {s['speedup']:g}"
     return text
 
@@ -395,6 +459,13 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arm in sweep["arms"]:
             lines.append("| " + " | ".join([arm, *[_cell(p["arms"].get(arm)) for p in sweep["points"]]]) + " |")
+        ratios = oracle_ratios(sweep)
+        if any(ratios):
+            lines += ["", "Steps/min as a ratio to the oracle (kv with unlimited KV) at the same point:", "",
+                      "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            for arm in sweep["arms"]:
+                cells = [f"{r[arm]:.3f}" if arm in r else "-" for r in ratios]
+                lines.append("| " + " | ".join([arm, *cells]) + " |")
         paused = [(arm, [(p["arms"].get(arm) or {}).get("scheduler", {}).get("pauses") for p in sweep["points"]])
                   for arm in bandmaster_arms(sweep)]
         for arm, counts in paused:
@@ -405,7 +476,7 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
               "", "| result | mode | workload | arm | target | value | needs | where |", "|---|---|---|---|---|---|---|---|"]
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.3f}"
-        lines.append(f"| {t.status} | {t.mode} | {t.workload} | {t.arm} | {t.name} | {value} | >= {t.threshold:g} "
+        lines.append(f"| {t.status} | {t.mode} | {t.workload} | {t.arm} | {t.name} | {value} | {t.needs} "
                      f"| {t.detail} |")
     return "\n".join(lines) + "\n"
 
@@ -416,8 +487,8 @@ def write_report(results: dict, out_dir: Path) -> list[Path]:
     written: list[Path] = []
     for sweep in results["sweeps"]:
         stem = f"{sweep['mode']}_{sweep['workload']}"
-        if not any(arm_rows(sweep, arm) for arm in sweep["arms"]):
-            continue
+        if sweep["mode"] == LIVE_SIM or not any(arm_rows(sweep, arm) for arm in sweep["arms"]):
+            continue    # the live-sim twins are in the tables and the live-ratio target, not plotted
         written.append(plot_steps(sweep, out_dir / f"{stem}_steps.png"))
         written.append(plot_kv_hit(sweep, out_dir / f"{stem}_kv_hit.png"))
         timeline = plot_timeline(sweep, out_dir / f"{stem}_timeline.png")

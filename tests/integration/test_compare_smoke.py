@@ -53,10 +53,12 @@ def test_full_specs_span_below_saturation_to_about_4x():
 def test_sim_smoke_every_arm_both_workloads(tmp_path):
     assert compare.main(["--mode", "sim", "--workload", "both", "--smoke", "--out-dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    arms = ["round_robin", "kv", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
+    arms = ["round_robin", "kv", "oracle", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
     assert [s["workload"] for s in results["sweeps"]] == ["swe", "short"]
     for sweep in results["sweeps"]:
         _assert_sweep(sweep, "sim", arms, points=2)
+        for point in sweep["points"]:
+            assert point["ratio_to_oracle"]["oracle"] == 1.0 and set(point["ratio_to_oracle"]) == set(arms)
         for point in sweep["points"]:
             timeline = point["arms"]["bandmaster-threshold"]["timeline"]
             assert {"bands", "columns", "workers", "control_events"} <= set(timeline)
@@ -64,6 +66,7 @@ def test_sim_smoke_every_arm_both_workloads(tmp_path):
             _assert_png(tmp_path / f"sim_{sweep['workload']}_{kind}.png")
     summary = (tmp_path / "summary.md").read_text()
     assert "## Targets" in summary and "| bandmaster-threshold |" in summary
+    assert "ratio to the oracle" in summary
     targets = json.loads((tmp_path / "targets.json").read_text())
     assert targets and {t["status"] for t in targets} <= {"PASS", "MISS", "N/A"}
 
@@ -73,11 +76,16 @@ def test_live_smoke_bandmaster_and_kv(tmp_path):
             "--pause-policy", "threshold", "--out-dir", str(tmp_path)]
     assert compare.main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    (sweep,) = results["sweeps"]
+    twin, sweep = results["sweeps"]
     _assert_sweep(sweep, "live", ["kv", "bandmaster-threshold"], points=1)
+    # The simulator at the same point: the reference of the live-ratio check.
+    _assert_sweep(twin, "live-sim", ["kv", "bandmaster-threshold"], points=1)
     _assert_png(tmp_path / "live_short_steps.png")
     _assert_png(tmp_path / "live_short_kv_hit.png")
     assert "## live: short-context tool agents" in (tmp_path / "summary.md").read_text()
+    targets = json.loads((tmp_path / "targets.json").read_text())
+    (check,) = [t for t in targets if t["name"].startswith("live ratio to kv")]
+    assert check["status"] in ("PASS", "MISS") and check["value"] is not None
 
 
 @pytest.mark.slow
@@ -85,7 +93,8 @@ def test_live_full_sweep(tmp_path):
     """The full live sweep (`make bench` runs it too): ~15 minutes, every arm incl. sglang-router."""
     assert compare.main(["--mode", "live", "--workload", "both", "--out-dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    assert [s["workload"] for s in results["sweeps"]] == ["swe", "short"]
+    live = [s for s in results["sweeps"] if s["mode"] == "live"]
+    assert [s["workload"] for s in live] == ["swe", "short"]
     arms = ["round_robin", "kv", "sglang_cache_aware", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
-    for sweep in results["sweeps"]:
+    for sweep in live:
         _assert_sweep(sweep, "live", arms, points=len(compare.LIVE_SPECS[sweep["workload"]].parallel))

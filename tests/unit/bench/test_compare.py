@@ -99,3 +99,28 @@ def test_metered_engine_counts_decode_runs_as_busy_time():
     engine.commit_decode(4)
     engine.commit_decode(len(ends) - 4)
     assert engine.busy_s == pytest.approx(ends[-1])
+
+
+def test_the_oracle_runs_in_the_simulator_only_and_sglang_live_only():
+    selected = ["round_robin", "kv", "sglang_cache_aware", "oracle", "bandmaster"]
+    assert compare.arms_for("sim", selected, ["cost_aware"]) == ["round_robin", "kv", "oracle", "bandmaster-cost_aware"]
+    assert compare.arms_for("live", selected, ["cost_aware"]) == [
+        "round_robin", "kv", "sglang_cache_aware", "bandmaster-cost_aware"]
+    # The live-ratio check simulates kv and the Bandmaster arms of a live sweep.
+    assert compare.live_sim_arms(["round_robin", "kv", "sglang_cache_aware", "bandmaster-threshold"]) == [
+        "kv", "bandmaster-threshold"]
+
+
+def test_a_live_point_simulated_as_live_runs_the_live_control_law():
+    spec = compare.SweepSpec("short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,),
+                             speedup=20.0)
+    row = compare.sim_run(spec, "bandmaster-threshold", 3, as_live=True)
+    assert row["summary"]["turns_ok"] == 6 and "breakdown" not in row and "timeline" not in row
+
+
+def test_a_bad_trace_exits_2(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nope\n")
+    assert compare.main(["--mode", "sim", "--workload", "swe", "--smoke", "--trace", str(bad),
+                         "--out-dir", str(tmp_path)]) == 2
+    assert f"{bad}:1" in capsys.readouterr().err

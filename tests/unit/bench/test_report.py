@@ -158,3 +158,41 @@ def test_timeline_point_prefers_about_3x():
     sweep = _sweep("swe", "sim", [(p, o, {BM: _row(1, timeline=_timeline())}) for p, o in
                                   ((5, 0.5), (20, 2.0), (32, 3.2), (40, 4.0))])
     assert report.timeline_point(sweep, BM)["parallel"] == 32
+
+
+def test_the_oracle_is_a_reference_never_the_best_other_arm():
+    sweep = _sweep("short", "sim", [
+        (5, 0.5, {"kv": _row(100), "oracle": _row(200), BM: _row(100)}),
+        (30, 3.0, {"kv": _row(100), "oracle": _row(200), BM: _row(98)}),
+    ])
+    targets = _targets(sweep)
+    assert targets["short context: never > 3% slower than the best other arm"].value == 0.98
+    assert targets["below saturation: within 3% of the best arm"].value == 1.0
+    assert report.oracle_ratios(sweep) == [{"kv": 0.5, "oracle": 1.0, BM: 0.5}, {"kv": 0.5, "oracle": 1.0, BM: 0.49}]
+    assert report.oracle_ratios(_sweep("short", "sim", [(5, 0.5, {"kv": _row(100)})])) == [{}]
+
+
+@pytest.mark.parametrize("live_bm, sim_bm, value, status", [
+    (110.0, 100.0, 1.1, "PASS"),          # live 1.10x kv, sim 1.00x: 10% apart, the edge
+    (120.0, 100.0, 1.2, "MISS"),
+    (80.0, 100.0, 0.8, "MISS"),
+    (95.0, 100.0, 0.95, "PASS"),
+])
+def test_live_ratio_to_kv_must_be_within_10_percent_of_the_simulated_one(live_bm, sim_bm, value, status):
+    live = _sweep("swe", "live", [(6, 0.5, {"kv": _row(100), BM: _row(100)}),
+                                  (36, 2.9, {"kv": _row(100), BM: _row(live_bm)})])
+    twin = _sweep("swe", "live-sim", [(6, 0.5, {"kv": _row(50), BM: _row(50)}),
+                                      (36, 2.9, {"kv": _row(100), BM: _row(sim_bm)})])
+    rows = report.evaluate_targets({"sweeps": [twin, live]})
+    (check,) = [t for t in rows if t.name == report.LIVE_RATIO_NAME]
+    assert (check.value, check.status, check.mode, check.needs) == (pytest.approx(value), status, "live", "0.9..1.1")
+    assert "36 programs" in check.detail
+    # The twin is a reference: no targets of its own.
+    assert all(t.mode != "live-sim" for t in rows)
+
+
+def test_live_ratio_is_not_applicable_without_a_simulated_point():
+    live = _sweep("swe", "live", [(36, 2.9, {"kv": _row(100), BM: _row(100)})])
+    twin = _sweep("swe", "live-sim", [(36, 2.9, {"kv": _row(100), BM: {"error": "boom"}})])
+    (check,) = [t for t in report.evaluate_targets({"sweeps": [twin, live]}) if t.name == report.LIVE_RATIO_NAME]
+    assert check.status == "N/A"
