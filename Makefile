@@ -13,7 +13,8 @@ help:
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
-	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live (bench/results/agentic/)"
+	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
+	@echo "                       against the oracle and kv over many draws (bench/results/agentic/, evaluate.md)"
 	@echo "make bench-sim       - the offline simulator's cost: 256 programs on 8 workers, per arm (bench/results/sim_scale.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
@@ -64,6 +65,7 @@ bench-router: venv
 
 bench-agentic: venv
 	$(PY) -m bench.compare --mode both --workload both --out-dir bench/results/agentic --jobs 2
+	$(PY) -m bench.evaluate --out-dir bench/results/agentic --jobs 2
 
 bench-sim: venv
 	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
