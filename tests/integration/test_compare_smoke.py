@@ -76,7 +76,7 @@ def test_live_smoke_bandmaster_and_kv(tmp_path):
             "--pause-policy", "threshold", "--out-dir", str(tmp_path)]
     assert compare.main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    twin, sweep = results["sweeps"]
+    sweep, twin = results["sweeps"]
     _assert_sweep(sweep, "live", ["kv", "bandmaster-threshold"], points=1)
     # The simulator at the same point: the reference of the live-ratio check.
     _assert_sweep(twin, "live-sim", ["kv", "bandmaster-threshold"], points=1)
