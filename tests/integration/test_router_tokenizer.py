@@ -5,6 +5,9 @@ worker then finds in its cache; which can only hold if router and worker tokeniz
 
 from __future__ import annotations
 
+import asyncio
+import sys
+
 import aiohttp
 import pytest
 import pytest_asyncio
@@ -130,3 +133,15 @@ async def test_completions_text_is_routed_on_the_same_pages(env, tokenizer_dir):
     again = await client.completions.create(model=MODEL, prompt=prompt + "And again.", max_tokens=2)
     predicted = await stack.metric(url, "bandmaster_router_predicted_cached_tokens_total") - before
     assert again.usage.prompt_tokens_details.cached_tokens == predicted > 0
+
+
+@pytest.mark.parametrize("module, args", [("services.router", ["--no-scheduler", "--tokenizer"]),
+                                          ("services.simworker", ["--port", "0", "--tokenizer-path"])])
+async def test_an_unloadable_tokenizer_is_a_configuration_error_exit_2(tmp_path, module, args):
+    missing = tmp_path / "no-such-model"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", module, *args, str(missing), cwd=stack.ROOT, env=stack.base_env(),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 2
+    assert "invalid configuration: tokenizer=" in stderr.decode() and str(missing) in stderr.decode()
