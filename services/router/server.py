@@ -19,8 +19,8 @@ from aiohttp import web
 
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
-from services.common.tokenizer import load_tokenizer
 from services.common.telemetry import Telemetry, setup_telemetry
+from services.common.tokenizer import load_tokenizer
 from services.router.adapters.capacity import CapacityWatch
 from services.router.adapters.kv_events import KvEventFeeds
 from services.router.config import RouterConfig
