@@ -359,7 +359,8 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
     from bench.simlib import SimScenario, Simulator, live_control_params
 
     policy = policy_of(arm)
-    live = dict(control=live_control_params(spec.speedup), live_speedup=spec.speedup, router_prompt="text")
+    live = dict(control=live_control_params(spec.speedup, policy or "threshold"), live_speedup=spec.speedup,
+                router_prompt="text")
     scenario = SimScenario(
         arm=BANDMASTER if policy else arm, workload=spec.workload, programs=parallel * spec.programs_per_slot,
         parallel=parallel, max_turns=spec.max_turns, token_scale=spec.token_scale, seed=spec.seed,

@@ -82,8 +82,9 @@ class SimScenario:
     worker_chunked_prefill_size: int = 8_192
     worker_context_length: int = 131_072
 
-    control: ControlParams = field(default_factory=service_control_params)
-    """The scheduler's control law (bandmaster arm). Defaults are `bandmaster up`'s, in simulated seconds."""
+    control: ControlParams | None = None
+    """The scheduler's control law (bandmaster arm). None: the service's defaults for `pause_policy`
+    (`bandmaster up`'s; the reference bands under threshold), in simulated seconds."""
     pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY
     """The scheduler service's default (services/scheduler/config.py), not the pure core's."""
     cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
@@ -129,6 +130,9 @@ class SimScenario:
         require(self.worker_host_kv_tokens == 0 or self.worker_host_kv_tokens > self.worker_kv_tokens,
                 "worker_host_kv_tokens", self.worker_host_kv_tokens,
                 "worker_host_kv_tokens == 0 or worker_host_kv_tokens > worker_kv_tokens (SGLang's host pool rule)")
+        if self.control is None:
+            object.__setattr__(self, "control", service_control_params(
+                self.pause_policy if self.pause_policy in PAUSE_POLICIES else SERVICE_DEFAULT_PAUSE_POLICY))
         require(isinstance(self.control, ControlParams), "control", self.control, "control is a ControlParams")
         require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
                 f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
@@ -236,7 +240,8 @@ class SimScenario:
         return self.control.scheduler_interval_seconds
 
 
-def live_control_params(speedup: float, **overrides: float) -> ControlParams:
+def live_control_params(speedup: float, pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY,
+                        **overrides: float) -> ControlParams:
     """The control law `bandmaster up --speedup S` runs, in simulated seconds: cluster.py passes
     interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S, idle TTL 900/S and resume aging 300/S wall seconds, which
     are S times longer in simulated time (so only the 0.05 s floor shows at high speedups)."""
@@ -244,7 +249,7 @@ def live_control_params(speedup: float, **overrides: float) -> ControlParams:
                   acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0,
                   resume_aging_seconds=300.0)
     values.update(overrides)
-    return service_control_params(**values)
+    return service_control_params(pause_policy, **values)
 
 
 def worker_id(index: int) -> str:

@@ -81,7 +81,8 @@ def build_parser(prog: str, description: str, settings: Sequence[Setting]) -> ar
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for s in settings:
         env_note = f" [env {s.env}]" if s.env else ""
-        default_note = f" (default: {s.default!r})" if not s.repeated else ""
+        # A None default is resolved by the service (its help says how).
+        default_note = f" (default: {s.default!r})" if not s.repeated and s.default is not None else ""
         help_text = f"{s.help}{default_note}{env_note}"
         if s.type is bool:
             parser.add_argument(

@@ -20,16 +20,21 @@ from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParam
 ENV_PREFIX = "BANDMASTER_SCHEDULER"
 TA = "DYN_THUNDERAGENT_"
 
+# Band settings whose default depends on --pause-policy (POLICY_DEFAULTS): the reference's values
+# under `threshold`, the program-aware law's under every other policy. A flag or environment
+# variable always wins.
+_POLICY_DEFAULTED = "(default: %s with --pause-policy threshold, %s otherwise)"
+
 CONTROL_SETTINGS = [
-    Setting("pause_threshold", float, 0.95,
-            "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle",
-            env=TA + "PAUSE_THRESHOLD"),
-    Setting("soft_demote_threshold", float, 0.80, "start of the soft-demote band below the pause threshold",
-            env=TA + "SOFT_DEMOTE_THRESHOLD"),
-    Setting("pause_target", float, 0.80, "setpoint that a pause cycle drives utilisation toward",
-            env=TA + "PAUSE_TARGET"),
-    Setting("resume_hysteresis", float, 0.10, "headroom below pause-threshold required before resume (absolute)",
-            env=TA + "RESUME_HYSTERESIS"),
+    Setting("pause_threshold", float, None,
+            "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle "
+            + _POLICY_DEFAULTED % (0.95, 1.0), env=TA + "PAUSE_THRESHOLD"),
+    Setting("soft_demote_threshold", float, None, "start of the soft-demote band below the pause threshold "
+            + _POLICY_DEFAULTED % (0.80, "pause-threshold - 0.05"), env=TA + "SOFT_DEMOTE_THRESHOLD"),
+    Setting("pause_target", float, None, "setpoint that a pause cycle drives utilisation toward "
+            + _POLICY_DEFAULTED % (0.80, "pause-threshold - 0.05"), env=TA + "PAUSE_TARGET"),
+    Setting("resume_hysteresis", float, None, "headroom below pause-threshold required before resume (absolute) "
+            + _POLICY_DEFAULTED % (0.10, 0.03), env=TA + "RESUME_HYSTERESIS"),
     Setting("resume_priority_boost", float, 1.0, "transient priority seconds added to a resumed request",
             env=TA + "RESUME_PRIORITY_BOOST"),
     Setting("resume_timeout_seconds", float, 1800.0, "forced-resume cap that bounds starvation",
@@ -54,7 +59,41 @@ CONTROL_SETTINGS = [
     Setting("resume_aging_seconds", float, 300.0,
             "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
             "itself (0 disables)", env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS"),
+    Setting("tail_protection_quantile", float, None,
+            "a program that has run more turns than this quantile of released programs' turn counts is never "
+            "paused for pressure and resumes first (0 disables) " + _POLICY_DEFAULTED % (0.0, 0.75),
+            env=f"{ENV_PREFIX}_TAIL_PROTECTION_QUANTILE"),
 ]
+
+# The defaults of the policy-dependent control settings. `threshold` keeps the reference's control
+# law exactly. The program-aware law (every other policy) drives the GPU pool toward full rather
+# than toward 80%: a pause cycle starts only when the working set reaches the whole budget (1.0,
+# where the engine itself would begin to evict) and stops 5% below it, the room the resident
+# programs' next turns take (a turn adds its answer and the next observation, about 1-1.5K tokens
+# on SWE-agent programs, for the 4-6 programs that share a 128K worker); a resume needs only 3%
+# of headroom on top of the program itself. The reference's 20% margin kept a fifth of the pool
+# idle and decoded with 60% of it (docs/scheduler.md, "Program-aware bands").
+REFERENCE_BANDS = {"pause_threshold": 0.95, "soft_demote_threshold": 0.80, "pause_target": 0.80,
+                   "resume_hysteresis": 0.10, "tail_protection_quantile": 0.0}
+PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
+PROGRAM_AWARE_GROWTH_MARGIN = 0.05
+"""Pause target and soft-demote start, below the pause threshold: the room the resident programs'
+next turns take."""
+PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
+PROGRAM_AWARE_TAIL_QUANTILE = 0.75
+
+
+def policy_control_defaults(pause_policy: str, pause_threshold: float | None = None) -> dict[str, float]:
+    """The control defaults that depend on the pause policy: the reference's bands under
+    `threshold`; otherwise the program-aware bands, whose target and soft-demote start sit
+    PROGRAM_AWARE_GROWTH_MARGIN below the pause threshold (the given one, or 1.0)."""
+    if pause_policy == "threshold":
+        return dict(REFERENCE_BANDS)
+    threshold = PROGRAM_AWARE_PAUSE_THRESHOLD if pause_threshold is None else pause_threshold
+    below = max(0.0, threshold - PROGRAM_AWARE_GROWTH_MARGIN)
+    return {"pause_threshold": threshold, "soft_demote_threshold": below, "pause_target": below,
+            "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
+            "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE}
 
 # The service runs the cost-aware policy unless told otherwise: it equals the reference ("threshold")
 # wherever every context is worth holding and stops pausing where recompute is cheaper than holding
@@ -215,7 +254,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     """Flags win over environment, environment over defaults; raises ConfigError."""
     values = parse_settings(SETTINGS, argv, env, prog="bandmaster-scheduler",
                             description="Bandmaster scheduler: program table, control bands, admission")
-    control = ControlParams(**{s.name: values[s.name] for s in CONTROL_SETTINGS})
+    control_values = {s.name: values[s.name] for s in CONTROL_SETTINGS}
+    for name, default in policy_control_defaults(values["pause_policy"], control_values["pause_threshold"]).items():
+        if control_values[name] is None:
+            control_values[name] = default
+    control = ControlParams(**control_values)
     kv_router = KvRouterConfig(**{s.name: values[s.name] for s in KV_ROUTER_SETTINGS})
     prefix = len("cost_aware_")
     try:
@@ -239,9 +282,11 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
 __all__ = ["COST_AWARE_SETTINGS", "ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]
 
 
-def service_control_params(**overrides: float) -> ControlParams:
-    """The control law the scheduler service runs with no flags and no environment (its defaults,
-    which add resume aging to the seed's), with `overrides` applied."""
+def service_control_params(pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY, **overrides: float) -> ControlParams:
+    """The control law the scheduler service runs with no flags and no environment under
+    `pause_policy` (its defaults, which add resume aging to the seed's and, under any policy but
+    threshold, the program-aware bands), with `overrides` applied."""
     values = {s.name: s.default for s in CONTROL_SETTINGS}
+    values.update(policy_control_defaults(pause_policy, overrides.get("pause_threshold")))
     values.update(overrides)
     return ControlParams(**values)

@@ -17,6 +17,10 @@ BUFFER_PER_PROGRAM_TOKENS = 100
 MIN_ACTING_DECAY_TAU_SECONDS = 1e-3
 # Soft demotion lasts one and a half ticks so that it survives until the next tick renews it.
 SOFT_DEMOTE_WINDOW_TICKS = 1.5
+# Released programs needed before tail protection judges a program's age, and how many recent
+# releases it remembers (the quantile follows workload drift).
+TAIL_MIN_RELEASES = 4
+TAIL_WINDOW_RELEASES = 256
 # SGLang priority units per "priority second" of the reference (see `to_sglang_priority`).
 PRIORITY_UNITS_PER_SECOND = 1.0
 
@@ -66,6 +70,13 @@ class ControlParams:
     """While every replica is below the soft-demote band and nothing is paused, admissions leave
     the worker to the router ("any") and follow its choice through Bind; under pressure they pin
     as the reference always does (False = always pin, the reference)."""
+    tail_protection_quantile: float = 0.0
+    """Tail protection (0 disables, the reference): once TAIL_MIN_RELEASES programs have been
+    released, a program that has already run more turns than this quantile of the released
+    programs' turn counts is a tail program. It is never paused for pressure or to make room for
+    an aged admission, and when it waits in the paused queue it resumes first. Agent run lengths
+    are heavy-tailed, so the programs that have outlived most others are the ones with the most
+    work left: they set a batch's makespan, and every second they spend paused is added to it."""
     buffer_per_program_tokens: int = BUFFER_PER_PROGRAM_TOKENS
     """Per-program allowance added to every program's weight (not a flag, as in the reference)."""
 
@@ -73,7 +84,7 @@ class ControlParams:
         for name in ("pause_threshold", "soft_demote_threshold", "pause_target", "resume_hysteresis",
                      "resume_priority_boost", "resume_timeout_seconds", "scheduler_interval_seconds",
                      "soft_demote_priority_jump", "acting_token_weight", "acting_decay_tau_seconds",
-                     "program_idle_ttl_seconds", "resume_aging_seconds"):
+                     "program_idle_ttl_seconds", "resume_aging_seconds", "tail_protection_quantile"):
             _finite(name, getattr(self, name))
         p = self.pause_threshold
         _require(0 <= p <= 1, "pause_threshold", p, "0 <= pause_threshold <= 1")
@@ -95,6 +106,8 @@ class ControlParams:
                  "program_idle_ttl_seconds >= 0")
         _require(self.resume_aging_seconds >= 0, "resume_aging_seconds", self.resume_aging_seconds,
                  "resume_aging_seconds >= 0")
+        _require(0 <= self.tail_protection_quantile < 1, "tail_protection_quantile", self.tail_protection_quantile,
+                 "0 <= tail_protection_quantile < 1")
         _require(isinstance(self.buffer_per_program_tokens, int) and self.buffer_per_program_tokens >= 0,
                  "buffer_per_program_tokens", self.buffer_per_program_tokens, "buffer_per_program_tokens >= 0")
 

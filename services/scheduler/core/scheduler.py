@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -43,7 +44,12 @@ from services.scheduler.core.model import (
     TurnOutcome,
     Verdict,
 )
-from services.scheduler.core.params import ControlParams, to_sglang_priority
+from services.scheduler.core.params import (
+    TAIL_MIN_RELEASES,
+    TAIL_WINDOW_RELEASES,
+    ControlParams,
+    to_sglang_priority,
+)
 from services.scheduler.core.policies import PauseContext, PausePolicy, make_pause_policy
 from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_tokens
 
@@ -131,6 +137,10 @@ class SchedulerCore:
         self._passthrough: dict[str, _Passthrough] = {}
         self._next_seq = 0
         self._next_pause_seq = 0
+        # Tail protection: turn counts of recently released programs and the quantile of them
+        # above which a live program counts as a tail program (None: protection not active).
+        self._released_turns: deque[int] = deque(maxlen=TAIL_WINDOW_RELEASES)
+        self._tail_turns: int | None = None
         # Totals (not table state: a rolled-back admission does not un-count them).
         self.pauses_total = 0
         self.resumes_total = 0
@@ -318,6 +328,7 @@ class SchedulerCore:
             return False, acc.effects()
         self._end(now, program, EventKind.RELEASED, "final", acc)
         self.released_total += 1
+        self._note_release(program.turns)
         acc.logs.append(LogRecord(INFO, "thunderagent.program terminated program=%s remaining=%d"
                                   % (program.session_id, len(self._programs))))
         return True, acc.effects()
@@ -561,7 +572,8 @@ class SchedulerCore:
                 if key in used_targets:
                     continue
                 movable = sorted((q for sid in self._resident[key]
-                                  if (q := self._programs[sid]).status is Status.ACTING and not q.marked),
+                                  if (q := self._programs[sid]).status is Status.ACTING and not q.marked
+                                  and not self._is_tail(q)),
                                  key=lambda q: (q.token_total, q.seq))
                 reclaimable = sum(self._weight(q, key) + buffer for q in movable)
                 room = cap.retention_tokens * threshold - (self._used[key] - reclaimable)
@@ -631,7 +643,8 @@ class SchedulerCore:
                     self._unmark(key)  # pressure is gone: marks are not sticky
                 continue
             programs = sorted((q for sid in self._resident[key]
-                               if (q := self._programs[sid]).pause_protected_until <= now), key=lambda q: q.seq)
+                               if (q := self._programs[sid]).pause_protected_until <= now
+                               and not self._is_tail(q)), key=lambda q: q.seq)
             before = self._used[key]
             plan = self.policy.plan(PauseContext(
                 replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
@@ -839,13 +852,29 @@ class SchedulerCore:
         return max(feasible, key=lambda k: self._caps[k].retention_tokens - decayed[k])
 
     def _resume_group(self, program: Program) -> int:
-        """0: an existing program whose next turn waits; 1: a new program queued at admission;
-        2: a paused ACTING program with no turn waiting."""
+        """-1: a tail program whose next turn waits; 0: an existing program whose next turn waits;
+        1: a new program queued at admission; 2: a paused ACTING program with no turn waiting."""
+        if program.status is Status.REASONING and self._is_tail(program):
+            return -1
         if program.turns > 1 and program.status is Status.REASONING:
             return 0
         if program.turns <= 1 and program.status is Status.REASONING:
             return 1
         return 2
+
+    def _note_release(self, turns: int) -> None:
+        q = self.params.tail_protection_quantile
+        if q <= 0:
+            return
+        self._released_turns.append(turns)
+        if len(self._released_turns) >= TAIL_MIN_RELEASES:
+            ordered = sorted(self._released_turns)
+            self._tail_turns = ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
+
+    def _is_tail(self, program: Program) -> bool:
+        """A program that has run more turns than most released programs ran in all (see
+        ControlParams.tail_protection_quantile)."""
+        return self._tail_turns is not None and program.turns > self._tail_turns
 
     def _band(self, key: ReplicaKey) -> Band:
         cap = self._caps[key]

@@ -16,10 +16,46 @@ DEFAULTS = {
 }
 
 
+PROGRAM_AWARE_BANDS = {"pause_threshold": 1.0, "soft_demote_threshold": 0.95, "pause_target": 0.95,
+                       "resume_hysteresis": 0.03, "tail_protection_quantile": 0.75}
+
+
+def test_reference_defaults_under_threshold_policy():
+    """The reference control law is unchanged behind --pause-policy threshold (flag or env)."""
+    for cfg in (load_config(["--pause-policy", "threshold"], {}),
+                load_config([], {"BANDMASTER_SCHEDULER_PAUSE_POLICY": "threshold"})):
+        for name, value in DEFAULTS.items():
+            assert getattr(cfg.control, name) == value, name
+        assert cfg.control.tail_protection_quantile == 0.0
+
+
+def test_program_aware_defaults_under_other_policies():
+    cfg = load_config([], {})
+    for name, value in {**DEFAULTS, **PROGRAM_AWARE_BANDS}.items():
+        assert getattr(cfg.control, name) == value, name
+
+
+@pytest.mark.parametrize("policy", ["threshold", "cost_aware"])
+def test_explicit_band_flags_win_over_policy_defaults(policy):
+    cfg = load_config(["--pause-policy", policy, "--pause-threshold", "0.9", "--pause-target", "0.7"],
+                      {"DYN_THUNDERAGENT_RESUME_HYSTERESIS": "0.2", "BANDMASTER_SCHEDULER_TAIL_PROTECTION_QUANTILE": "0.5"})
+    assert (cfg.control.pause_threshold, cfg.control.pause_target, cfg.control.resume_hysteresis,
+            cfg.control.tail_protection_quantile) == (0.9, 0.7, 0.2, 0.5)
+
+
+def test_program_aware_bands_follow_an_explicit_pause_threshold():
+    cfg = load_config(["--pause-threshold", "0.9"], {})
+    assert (cfg.control.pause_target, cfg.control.soft_demote_threshold) == pytest.approx((0.85, 0.85))
+    assert cfg.control.resume_hysteresis == 0.03
+
+
+def test_tail_protection_quantile_is_validated():
+    with pytest.raises(ConfigError, match="tail_protection_quantile"):
+        load_config(["--tail-protection-quantile", "1.0"], {})
+
+
 def test_defaults():
     cfg = load_config([], {})
-    for name, value in DEFAULTS.items():
-        assert getattr(cfg.control, name) == value, name
     assert (cfg.pause_policy, cfg.capacity_addr, cfg.listen, cfg.metrics_port) == (
         "cost_aware", "127.0.0.1:50051", "127.0.0.1:50052", 9102)
     assert cfg.kv_router.use_kv_events is True and cfg.kv_router.router_temperature == 0.0
@@ -71,6 +107,7 @@ def test_flag_and_env_names(flag, env, field, value):
     (["--capacity-addr", "nohost"], "expected host:port"),
 ])
 def test_every_relation_is_refused_by_name(argv, reason):
+    argv = ["--pause-policy", "threshold", *argv]  # the reference's bands, which these cases cross
     with pytest.raises(ConfigError) as info:
         load_config(argv, {})
     assert info.value.reason == reason

@@ -64,6 +64,8 @@ def test_retention_budget_is_what_the_capacity_service_derives(gpu, host):
 
 def test_live_control_params_follow_bandmaster_up():
     assert live_control_params(1.0) == service_control_params()
+    assert live_control_params(1.0, "threshold") == service_control_params("threshold")
+    assert live_control_params(1.0, "threshold").pause_threshold == 0.95
     assert live_control_params(1.0).resume_aging_seconds == 300.0
     assert live_control_params(20.0).scheduler_interval_seconds == pytest.approx(5.0)
     # `bandmaster up` floors the wall interval at 50 ms: at 400x that is 20 simulated seconds.
