@@ -17,14 +17,27 @@ from services.cli.up import add_cluster_arguments, cluster_config
 from services.common.logs import setup_logging
 
 
+ARMS = {"bandmaster": "Bandmaster", "kv": "KV routing only"}
+# Simulated workers that fall further behind their modelled clock than this share of the run's
+# wall time were CPU-starved: the figures then measure the machine, not the scheduling.
+STARVED_LATE_FRACTION = 0.10
+
+
 def add_parser(commands) -> None:
-    parser = commands.add_parser("demo", help="start a local cluster, run a short workload, print results, stop")
+    parser = commands.add_parser("demo", help="run Bandmaster and KV-only routing side by side on a local cluster, "
+                                              "print both and the ratio, stop",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_cluster_arguments(parser)
-    parser.add_argument("--programs", type=int, default=16, help="agent programs to run, all in parallel")
-    parser.add_argument("--max-turns", type=int, default=16, help="turns per program (the trace's first turns)")
+    parser.add_argument("--programs", type=int, default=18, help="agent programs to run, all in parallel")
+    parser.add_argument("--max-turns", type=int, default=32, help="turns per program (the trace's first turns)")
     parser.add_argument("--token-scale", type=float, default=1.0, help="scale the trace's token counts")
     parser.add_argument("--workload", default="swe", choices=("swe", "synthetic", "short"))
-    parser.set_defaults(run=run, worker_speedup=20.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
+    parser.add_argument("--arms", default="bandmaster,kv",
+                        help="comma-separated arms, run one after the other on fresh clusters: "
+                             "bandmaster (scheduler on), kv (bandmaster up --no-scheduler)")
+    parser.add_argument("--no-predict", dest="predict", action="store_false",
+                        help="skip the offline simulator's prediction of the same runs")
+    parser.set_defaults(run=run, worker_speedup=10.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
 
 
 def wait_for_workers(address: str, expected: int, timeout_s: float = 30.0) -> capacity_pb2.WorkersSnapshot:
@@ -56,23 +69,72 @@ def capacity_table(snapshot: capacity_pb2.WorkersSnapshot) -> str:
     )
 
 
-async def _run_workload(args: argparse.Namespace, cluster) -> dict:
-    from bench.progress import ProgressBar
-    from bench.run import Runner, build_workload, scrape_counters
+def demo_programs(args: argparse.Namespace):
+    from bench.run import build_workload
 
-    programs = build_workload(args.workload, args.programs, seed=0, max_turns=args.max_turns,
-                              token_scale=args.token_scale, tool_time_scale=1.0)
-    progress = ProgressBar(sum(len(p.turns) for p in programs), label="turns", log_every_s=2.0)
+    return build_workload(args.workload, args.programs, seed=0, max_turns=args.max_turns,
+                          token_scale=args.token_scale, tool_time_scale=1.0)
+
+
+async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
+    from bench.progress import ProgressBar
+    from bench.run import Runner, scrape_counters
+
+    programs = demo_programs(args)
+    progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns", log_every_s=2.0)
     runner = Runner(cluster.http_url + "/v1", args.model_name, time_scale=args.worker_speedup, progress=progress,
-                    arm="bandmaster")
+                    arm=arm)
     before = await scrape_counters(cluster.workers)
+    late_before = await worker_late_s(cluster.workers)
+    started = time.monotonic()
     result = await runner.run(programs, len(programs))
+    elapsed = time.monotonic() - started
     progress.close()
     after = await scrape_counters(cluster.workers)
+    late_after = await worker_late_s(cluster.workers)
     result.worker_counters = {k: after[k] - before[k] for k in after}
     summary = result.summary()
     summary.update(scheduler_counts(cluster))
+    # The worst worker's lag behind its simulated clock, as a share of the run's wall time.
+    lags = [late_after[url] - late_before[url] for url in late_after if url in late_before]
+    summary["late_fraction"] = max(lags) / elapsed if lags and elapsed > 0 else None
     return summary
+
+
+async def worker_late_s(urls: list[str]) -> dict[str, float]:
+    """Each simulated worker's accumulated lag behind its modelled clock (seconds of wall time);
+    real SGLang servers report none and are left out."""
+    import aiohttp
+
+    out: dict[str, float] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for url in urls:
+            try:
+                async with session.get(url.rstrip("/") + "/server_info") as response:
+                    info = await response.json()
+                late = info["internal_states"][0]["simworker_late_s_total"]
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
+                continue
+            out[url] = float(late)
+    return out
+
+
+def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | None:
+    """The offline simulator's steps/min for the same runs (bench/simlib, modelling this live stack),
+    or None when the cluster is not the simulated one it models."""
+    if args.worker_urls or args.scheduler_args or args.router_args or args.worker_host_kv_tokens or args.tokenizer:
+        return None
+    from bench.simlib import SimScenario, live_control_params, simulate
+
+    out = {}
+    for arm in arms:
+        scenario = SimScenario(
+            arm=arm, workload=args.workload, programs=args.programs, max_turns=args.max_turns,
+            token_scale=args.token_scale, seed=0, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
+            worker_page_size=args.worker_page_size, control=live_control_params(args.worker_speedup),
+            live_speedup=args.worker_speedup, router_prompt="text")
+        out[arm] = simulate(scenario).summary()["steps_per_min"]
+    return out
 
 
 def scheduler_counts(cluster) -> dict:
@@ -85,25 +147,87 @@ def scheduler_counts(cluster) -> dict:
     return {"pauses": stats.pauses_total, "resumes": stats.resumes_total, "forced_resumes": stats.forced_resumes_total}
 
 
-def results_table(summary: dict) -> str:
-    rows = [
-        ["programs done", f"{summary['programs_done']} / {summary['programs_total']}"],
-        ["turns (ok / failed)", f"{summary['turns_ok']} / {summary['turns_failed']}"],
-        ["steps per minute", f"{summary['steps_per_min']:.1f}"],
-        ["program time p50 / p90", f"{summary['program_time_p50_s']:.1f} s / {summary['program_time_p90_s']:.1f} s"],
-        ["time to first token p50 / p90", f"{summary['ttft_p50_s']:.2f} s / {summary['ttft_p90_s']:.2f} s"],
-        ["KV hit rate", f"{summary['kv_hit_rate']:.1%}"],
-        ["recomputed tokens (workers)", f"{int(summary.get('worker_recomputed_tokens', 0)):,}"],
-        ["pauses / resumes", f"{summary.get('pauses', 0)} / {summary.get('resumes', 0)}"],
-    ]
-    return render_table(["result", "value"], rows,
-                        title="Results (times in simulated seconds of the modelled hardware)")
+ROWS = [
+    ("programs done", lambda s: f"{s['programs_done']} / {s['programs_total']}", None),
+    ("turns ok / failed", lambda s: f"{s['turns_ok']} / {s['turns_failed']}", None),
+    ("steps per minute", lambda s: f"{s['steps_per_min']:.1f}", "steps_per_min"),
+    ("program time p50 / p90", lambda s: f"{s['program_time_p50_s']:.0f} s / {s['program_time_p90_s']:.0f} s", None),
+    ("time to first token p50 / p90", lambda s: f"{s['ttft_p50_s']:.2f} s / {s['ttft_p90_s']:.2f} s", None),
+    ("KV hit rate", lambda s: f"{s['kv_hit_rate']:.1%}", None),
+    ("recomputed tokens (workers)", lambda s: f"{int(s.get('worker_recomputed_tokens', 0)):,}", None),
+    ("pauses / resumes", lambda s: f"{s.get('pauses', 0)} / {s.get('resumes', 0)}" if "pauses" in s else "-", None),
+    ("workers behind their clock", lambda s: "-" if s.get("late_fraction") is None else f"{s['late_fraction']:.1%}",
+     None),
+]
+
+
+def results_table(summaries: dict[str, dict]) -> str:
+    arms = list(summaries)
+    ratio = len(arms) == 2
+    headers = ["result", *(ARMS[a] for a in arms)] + (["ratio"] if ratio else [])
+    rows = []
+    for label, show, key in ROWS:
+        row = [label, *(show(summaries[a]) for a in arms)]
+        if ratio:
+            first, second = (summaries[a].get(key) if key else None for a in arms)
+            row.append(f"{first / second:.2f}x" if key and first and second else "")
+        rows.append(row)
+    return render_table(headers, rows, title="Results (times in simulated seconds of the modelled hardware)")
+
+
+def verdict(summaries: dict[str, dict], predicted: dict[str, float] | None) -> list[str]:
+    """The lines under the table: the ratio, the simulator's prediction, and a warning when the
+    machine could not keep the simulated workers on their clock."""
+    lines = []
+    if set(summaries) == {"bandmaster", "kv"} and summaries["kv"]["steps_per_min"] > 0:
+        live = summaries["bandmaster"]["steps_per_min"] / summaries["kv"]["steps_per_min"]
+        lines.append(f"Bandmaster ran {live:.2f}x the steps per minute of KV-aware routing alone.")
+        if predicted and predicted.get("kv"):
+            sim = predicted["bandmaster"] / predicted["kv"]
+            lines.append(f"The offline simulator predicts {sim:.2f}x for the same runs "
+                         f"({predicted['bandmaster']:.1f} vs {predicted['kv']:.1f} steps/min; "
+                         f"make bench-agentic measures many more).")
+    starved = [ARMS[a] for a, s in summaries.items()
+               if s.get("late_fraction") is not None and s["late_fraction"] > STARVED_LATE_FRACTION]
+    if starved:
+        lines.append(f"WARNING: this machine was CPU-starved during the {' and '.join(starved)} run "
+                     f"(simulated workers fell more than {STARVED_LATE_FRACTION:.0%} of the time behind their clock), "
+                     f"so these figures measure the machine more than the scheduling. Re-run on an idle machine "
+                     f"or with a lower --speedup.")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    config = cluster_config(args)
-    print(f"Starting a local cluster: {config.workers} simulated workers, capacity service ...", flush=True)
+    arms = ["kv"] if args.no_scheduler else [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if not arms or unknown or len(set(arms)) != len(arms):
+        print(f"bandmaster demo: --arms takes distinct names from {', '.join(ARMS)} (got {args.arms!r})",
+              file=sys.stderr)
+        return 2
+    programs = demo_programs(args)
+    print(f"Workload: {len(programs)} real SWE-agent programs ({args.workload}, up to {args.max_turns} turns each, "
+          f"{sum(len(p.turns) for p in programs)} turns), all in parallel, on {args.workers} simulated workers of "
+          f"{args.worker_kv_tokens:,} KV tokens running {args.worker_speedup:g}x faster than the modelled hardware.",
+          flush=True)
+    predicted = predict(args, arms) if args.predict else None
+    summaries: dict[str, dict] = {}
+    for arm in arms:
+        code = run_arm(args, arm, summaries)
+        if code:
+            return code
+    print()
+    print(results_table(summaries))
+    for line in verdict(summaries, predicted):
+        print(line)
+    failed = any(s["turns_failed"] or s["programs_done"] != s["programs_total"] for s in summaries.values())
+    return 1 if failed else 0
+
+
+def run_arm(args: argparse.Namespace, arm: str, summaries: dict[str, dict]) -> int:
+    config = cluster_config(args, scheduler=arm == "bandmaster")
+    what = "capacity, scheduler and router" if config.scheduler else "capacity and router (no scheduler)"
+    print(f"\n[{ARMS[arm]}] starting a local cluster: {config.workers} simulated workers, {what} ...", flush=True)
     try:
         cluster = start_cluster(config)
     except StartupError as exc:
@@ -112,18 +236,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(render_table(["process", "endpoint"], cluster.endpoints()))
         snapshot = wait_for_workers(cluster.capacity.endpoint, len(cluster.workers))
-        print()
-        print(capacity_table(snapshot))
+        if len(summaries) == 0:
+            print()
+            print(capacity_table(snapshot))
         healthy = sum(1 for w in snapshot.workers if w.health == capacity_pb2.WORKER_HEALTH_HEALTHY)
         if healthy < len(cluster.workers):
             print(f"bandmaster demo: only {healthy} of {len(cluster.workers)} workers became healthy", file=sys.stderr)
             return 1
-        print(f"\nRunning {args.programs} agent programs ({args.workload} workload, {args.max_turns} turns each) "
-              f"through {cluster.http_url}/v1 ...", flush=True)
-        summary = asyncio.run(_run_workload(args, cluster))
-        print()
-        print(results_table(summary))
-        return 0 if summary["turns_failed"] == 0 and summary["programs_done"] == summary["programs_total"] else 1
+        print(f"[{ARMS[arm]}] running the programs through {cluster.http_url}/v1 ...", flush=True)
+        summaries[arm] = asyncio.run(_run_workload(args, cluster, arm))
+        return 0
     finally:
         cluster.stop()
-        print("\nCluster stopped.", flush=True)
+        print(f"[{ARMS[arm]}] cluster stopped.", flush=True)

@@ -1,0 +1,52 @@
+"""`bandmaster demo`: the side-by-side table, the verdict lines and the starvation warning."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from services.cli import demo
+
+
+def summary(steps_per_min: float, late: float | None = 0.01, **extra) -> dict:
+    return {"programs_done": 2, "programs_total": 2, "turns_ok": 10, "turns_failed": 0,
+            "steps_per_min": steps_per_min, "program_time_p50_s": 10.0, "program_time_p90_s": 20.0,
+            "ttft_p50_s": 0.5, "ttft_p90_s": 1.0, "kv_hit_rate": 0.9, "worker_recomputed_tokens": 100,
+            "late_fraction": late, **extra}
+
+
+def test_table_has_both_arms_and_the_ratio():
+    text = demo.results_table({"bandmaster": summary(60.0, pauses=3, resumes=3), "kv": summary(50.0)})
+    assert "Bandmaster" in text and "KV routing only" in text and "ratio" in text
+    steps = next(line for line in text.splitlines() if line.startswith("steps per minute"))
+    assert steps.rstrip().endswith("1.20x")
+    assert "3 / 3" in text  # pauses / resumes of the scheduler arm
+
+
+def test_single_arm_table_has_no_ratio_column():
+    assert "ratio" not in demo.results_table({"kv": summary(50.0)})
+
+
+def test_verdict_states_ratio_and_prediction():
+    lines = demo.verdict({"bandmaster": summary(60.0), "kv": summary(50.0)}, {"bandmaster": 44.0, "kv": 40.0})
+    assert lines[0] == "Bandmaster ran 1.20x the steps per minute of KV-aware routing alone."
+    assert "predicts 1.10x" in lines[1]
+    assert not any("WARNING" in line for line in lines)
+
+
+@pytest.mark.parametrize("late, warned", [(None, False), (0.05, False), (0.10, False), (0.25, True)])
+def test_starvation_warning(late, warned):
+    lines = demo.verdict({"bandmaster": summary(60.0, late=late), "kv": summary(50.0)}, None)
+    assert any("CPU-starved" in line for line in lines) is warned
+
+
+def test_parser_defaults_and_bad_arms(capsys):
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["demo"])
+    assert (args.arms, args.programs, args.max_turns, args.worker_speedup, args.worker_kv_tokens) == (
+        "bandmaster,kv", 18, 32, 10.0, 65_536)
+    bad = parser.parse_args(["demo", "--arms", "bandmaster,nope"])
+    assert demo.run(bad) == 2
+    assert "--arms" in capsys.readouterr().err
