@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
+from services.common.redact import redact_url
 from services.capacity.core.state import Expectation, Origin
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
@@ -54,23 +55,27 @@ SETTINGS: list[Setting] = [
 
 
 def validate_worker_url(url: str) -> str:
-    """Canonical http(s)://host:port[/prefix] without a trailing slash; ValueError says what is wrong."""
+    """Canonical http(s)://host:port[/prefix] without a trailing slash; ValueError says what is wrong.
+
+    The message quotes the URL with any credentials redacted (they are refused, never echoed).
+    """
     if not isinstance(url, str) or not url.strip():
         raise ValueError("url is required")
     text = url.strip()
+    shown = redact_url(text)
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise ValueError(f"url {text!r}: {exc}") from None
+        raise ValueError(f"url {shown!r}: {redact_url(str(exc))}") from None
     if parts.scheme not in ("http", "https"):
-        raise ValueError(f"url {text!r}: scheme must be http or https")
+        raise ValueError(f"url {shown!r}: scheme must be http or https")
     if not parts.hostname:
-        raise ValueError(f"url {text!r}: host is required")
+        raise ValueError(f"url {shown!r}: host is required")
     if port is None or port == 0:
-        raise ValueError(f"url {text!r}: an explicit non-zero port is required")
+        raise ValueError(f"url {shown!r}: an explicit non-zero port is required")
     if parts.query or parts.fragment or parts.username or parts.password:
-        raise ValueError(f"url {text!r}: no query, fragment or credentials allowed")
+        raise ValueError(f"url {shown!r}: no query, fragment or credentials allowed")
     return text.rstrip("/")
 
 
@@ -177,7 +182,8 @@ def read_config_file(path: str) -> tuple[StaticWorker, ...]:
         try:
             url = validate_worker_url(entry.get("url", ""))
         except ValueError as exc:
-            raise ConfigError(f"{where}.url", entry.get("url"), str(exc)) from None
+            raw = entry.get("url")
+            raise ConfigError(f"{where}.url", redact_url(raw) if isinstance(raw, str) else raw, str(exc)) from None
         worker_id = entry.get("id", worker_id_for(url))
         if not isinstance(worker_id, str):
             raise ConfigError(f"{where}.id", worker_id, "must be a string")
@@ -202,7 +208,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
         try:
             canonical = validate_worker_url(url)
         except ValueError as exc:
-            raise ConfigError("worker_url", url, str(exc)) from None
+            raise ConfigError("worker_url", redact_url(url), str(exc)) from None
         workers.append(StaticWorker(worker_id_for(canonical), canonical, Origin.FLAG))
     config_file = values.pop("config_file")
     if config_file:

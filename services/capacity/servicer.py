@@ -19,6 +19,7 @@ from services.capacity.core.cards import recompute
 from services.capacity.core.errors import AlreadyExists, InvalidArgument
 from services.capacity.core.state import Origin
 from services.capacity.loop import CapacityRuntime
+from services.common.redact import redact_url
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Capacity"].full_name
 
@@ -37,7 +38,8 @@ async def _domain_errors(context: grpc.aio.ServicerContext):
     try:
         yield
     except (InvalidArgument, ValueError, AlreadyExists) as exc:
-        await context.abort(_status(exc), str(exc))
+        # Credentials a caller put in a URL are refused, and never echoed back.
+        await context.abort(_status(exc), redact_url(str(exc)))
 
 
 class CapacityServicer(pb_grpc.CapacityServicer):

@@ -112,3 +112,19 @@ def test_valid_urls(url, canonical):
 def test_invalid_urls(url):
     with pytest.raises(ValueError):
         validate_worker_url(url)
+
+
+@pytest.mark.parametrize("url", ["http://user:hunter2@a:1", "user:hunter2@a:1", "ftp://user:hunter2@a:1",
+                                 "http://user:hunter2@a", "http://user:hunter2@a:1?x=1", "http://user:hunter2@a:x"])
+def test_credentials_in_urls_are_never_echoed(url, tmp_path):
+    with pytest.raises(ValueError) as info:
+        validate_worker_url(url)
+    assert "hunter2" not in str(info.value) and "***@" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        load_config(["--worker-url", url], {})
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value.value)
+    path = tmp_path / "c.toml"
+    path.write_text(f'[[workers]]\nurl = "{url}"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config-file", str(path)], {})
+    assert "hunter2" not in str(info.value) and "hunter2" not in repr(info.value.value)

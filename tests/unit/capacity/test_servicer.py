@@ -108,6 +108,15 @@ async def test_register_invalid_argument(client, request_kwargs):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+@pytest.mark.parametrize("url", ["http://user:hunter2@127.0.0.1:1", "user:hunter2@127.0.0.1:1",
+                                 "http://user:hunter2@127.0.0.1"])
+async def test_register_never_echoes_credentials(client, url):
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await client.RegisterWorker(pb.RegisterWorkerRequest(url=url))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "hunter2" not in info.value.details() and "***@" in info.value.details()
+
+
 async def test_heartbeat_updates_load(client, stub):
     await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
     resp = await client.Heartbeat(pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(num_running_reqs=4,
