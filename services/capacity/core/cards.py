@@ -48,7 +48,11 @@ from services.capacity.core.state import (
 MAX_TOKENS = 2**40
 MAX_PAGE_SIZE = 2**16
 MAX_DP_SIZE = 4096
+MAX_HICACHE_SIZE_GB = 2**20          # a petabyte of host memory per server
+MAX_TEXT_CHARS = 512                 # model names, versions, policies: they travel in every snapshot
+TEXT_FIELDS = ("served_model_name", "model_path", "version", "hicache_write_policy", "hicache_storage_backend")
 _INT32_MAX = 2**31 - 1
+_SHOW_CHARS = 40
 
 _COUNTED_POLICIES = ("write_back", "write_through")
 
@@ -62,6 +66,35 @@ def positive_int(value: Any) -> int | None:
             return None
         value = int(value)
     return value if value > 0 else None
+
+
+def _number(value: Any) -> int | float | None:
+    """An int or float JSON number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value
+
+
+def _finite(value: int | float) -> bool:
+    # math.isfinite() raises OverflowError on ints beyond a float's range; ints are finite.
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def _show(value: Any) -> str:
+    """A short rendering of any JSON value for rejection details: never long, never raises."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        # str() of an int with more than 4300 digits raises ValueError; big ones are shown by size.
+        return str(value) if -10**18 < value < 10**18 else f"{'-' if value < 0 else ''}<{value.bit_length()}-bit integer>"
+    if isinstance(value, str):
+        # repr() escapes what UTF-8 cannot encode (lone surrogates), so the detail always encodes.
+        return repr(value) if len(value) <= _SHOW_CHARS else f"{value[:_SHOW_CHARS]!r}... ({len(value)} chars)"
+    if isinstance(value, Mapping):
+        return "a JSON object"
+    if isinstance(value, (list, tuple)):
+        return "a JSON array"
+    return f"a {type(value).__name__}"
 
 
 def _strict_positive_int(value: Any) -> int | None:
@@ -86,10 +119,10 @@ def _tokens(info: Mapping[str, Any]) -> int | CardRejection:
     tokens = positive_int(raw)
     if tokens is None:
         return _reject(CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID,
-                       f"max_total_num_tokens {raw!r} is not a positive number")
+                       f"max_total_num_tokens {_show(raw)} is not a positive number")
     if tokens > MAX_TOKENS:
         return _reject(CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD,
-                       f"max_total_num_tokens {tokens} exceeds {MAX_TOKENS}")
+                       f"max_total_num_tokens {_show(raw)} exceeds {MAX_TOKENS}")
     return tokens
 
 
@@ -101,9 +134,9 @@ def _page_size(info: Mapping[str, Any]) -> int | CardRejection:
         return _reject(CardRejectReason.PAGE_SIZE_MISSING, "page_size missing")
     page = _strict_positive_int(raw)
     if page is None:
-        return _reject(CardRejectReason.PAGE_SIZE_INVALID, f"page_size {raw!r} is not a positive integer")
+        return _reject(CardRejectReason.PAGE_SIZE_INVALID, f"page_size {_show(raw)} is not a positive integer")
     if page > MAX_PAGE_SIZE:
-        return _reject(CardRejectReason.PAGE_SIZE_ABSURD, f"page_size {page} exceeds {MAX_PAGE_SIZE}")
+        return _reject(CardRejectReason.PAGE_SIZE_ABSURD, f"page_size {_show(raw)} exceeds {MAX_PAGE_SIZE}")
     return page
 
 
@@ -113,9 +146,9 @@ def _dp_size(info: Mapping[str, Any]) -> int | CardRejection:
         return 1  # not a DP deployment
     dp = _strict_positive_int(raw)
     if dp is None:
-        return _reject(CardRejectReason.DP_SIZE_INVALID, f"dp_size {raw!r} is not a positive integer")
+        return _reject(CardRejectReason.DP_SIZE_INVALID, f"dp_size {_show(raw)} is not a positive integer")
     if dp > MAX_DP_SIZE:
-        return _reject(CardRejectReason.DP_SIZE_ABSURD, f"dp_size {dp} exceeds {MAX_DP_SIZE}")
+        return _reject(CardRejectReason.DP_SIZE_ABSURD, f"dp_size {_show(raw)} exceeds {MAX_DP_SIZE}")
     return dp
 
 
@@ -132,7 +165,9 @@ def _host_pool_tokens(pool_tokens: int, page_size: int) -> int:
 
 
 def _is_deepseek_v4(info: Mapping[str, Any]) -> bool:
-    names = [info.get("model_path"), info.get("served_model_name"), *(info.get("architectures") or [])]
+    architectures = info.get("architectures")
+    names = [info.get("model_path"), info.get("served_model_name"),
+             *(architectures if isinstance(architectures, list) else ())]
     for name in names:
         if isinstance(name, str):
             flat = name.lower().replace("-", "").replace("_", "")
@@ -141,38 +176,55 @@ def _is_deepseek_v4(info: Mapping[str, Any]) -> bool:
     return False
 
 
-def host_tokens(info: Mapping[str, Any], device_tokens: int, page_size: int) -> tuple[int, HostNotCounted | None]:
-    """Native HiCache host tokens to count, or (0, why not). Call only with HiCache enabled."""
+def host_tokens(info: Mapping[str, Any], device_tokens: int,
+                page_size: int) -> tuple[int, HostNotCounted | None] | CardRejection:
+    """Native HiCache host tokens to count, or (0, why not). Call only with HiCache enabled.
+
+    A figure of the wrong type or an unsupported setup counts no host tokens (the budget is GPU
+    only); a well-formed figure no machine can have (a host pool above MAX_TOKENS) rejects the card.
+    """
     if "hicache_host_total_tokens" in info:
-        raw_host: Any = info["hicache_host_total_tokens"]
+        raw = info["hicache_host_total_tokens"]
+        host = positive_int(raw)
+        if host is None:
+            return 0, HostNotCounted.HOST_TOKENS_INVALID
+        if host > MAX_TOKENS:
+            return _reject(CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+                           f"hicache_host_total_tokens {_show(raw)} exceeds {MAX_TOKENS}")
     else:
-        size_gb = info.get("hicache_size", 0)
-        if size_gb is None:
-            size_gb = 0
-        if isinstance(size_gb, bool) or not isinstance(size_gb, (int, float)) or not math.isfinite(size_gb) \
-                or size_gb < 0:
+        raw = info.get("hicache_size", 0)
+        size_gb = _number(0 if raw is None else raw)
+        if size_gb is None or not _finite(size_gb) or size_gb < 0:
             return 0, HostNotCounted.HICACHE_SIZE_INVALID
         if size_gb > 0:
+            if size_gb > MAX_HICACHE_SIZE_GB:
+                return _reject(CardRejectReason.HICACHE_SIZE_ABSURD,
+                               f"hicache_size {_show(raw)} exceeds {MAX_HICACHE_SIZE_GB} GB")
             bytes_per_token = positive_int(info.get("kv_bytes_per_token"))
             if bytes_per_token is None:
                 return 0, HostNotCounted.EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN
-            raw_host = _host_pool_tokens(int(size_gb * 1e9 // bytes_per_token), page_size)
+            host = _host_pool_tokens(int(size_gb * 1e9 // bytes_per_token), page_size)
+            if host > MAX_TOKENS:
+                return _reject(CardRejectReason.HICACHE_SIZE_ABSURD,
+                               f"hicache_size {_show(raw)} GB at {bytes_per_token} bytes per token exceeds "
+                               f"{MAX_TOKENS} host tokens")
         else:
             dcp = info.get("dcp_size")
             if dcp is not None and not (isinstance(dcp, int) and not isinstance(dcp, bool) and dcp <= 1):
                 return 0, HostNotCounted.DCP_UNSUPPORTED
             if _is_deepseek_v4(info):
                 return 0, HostNotCounted.MODEL_UNSUPPORTED
-            ratio = info.get("hicache_ratio")
-            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
-                    or ratio <= 0:
+            raw_ratio = info.get("hicache_ratio")
+            ratio = _number(raw_ratio)
+            if ratio is None or not _finite(ratio) or ratio <= 0:
                 return 0, HostNotCounted.RATIO_INVALID
-            raw_host = _host_pool_tokens(math.floor(device_tokens * ratio), page_size)
-    host = positive_int(raw_host)
-    if host is None:
-        return 0, HostNotCounted.HOST_TOKENS_INVALID
-    if host > MAX_TOKENS:
-        return 0, HostNotCounted.HOST_TOKENS_ABSURD
+            # Bounded before multiplying, so the product is a finite float (or an exact int).
+            host = MAX_TOKENS + 1 if ratio > MAX_TOKENS else \
+                _host_pool_tokens(math.floor(device_tokens * ratio), page_size)
+            if host > MAX_TOKENS:
+                return _reject(CardRejectReason.HICACHE_RATIO_ABSURD,
+                               f"hicache_ratio {_show(raw_ratio)} x max_total_num_tokens {device_tokens} exceeds "
+                               f"{MAX_TOKENS} host tokens")
     policy = info.get("hicache_write_policy")
     if not isinstance(policy, str) or not policy:
         return 0, HostNotCounted.WRITE_POLICY_MISSING
@@ -184,8 +236,20 @@ def host_tokens(info: Mapping[str, Any], device_tokens: int, page_size: int) -> 
     return 0, HostNotCounted.WRITE_POLICY_NOT_COUNTED
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
+def _text_field(info: Mapping[str, Any], name: str) -> str | CardRejection:
+    """A string field carried into the card: "" when absent or not a string; too long or not
+    encodable (it would break every snapshot that carries it) rejects the card."""
+    value = info.get(name)
+    if not isinstance(value, str):
+        return ""
+    if len(value) > MAX_TEXT_CHARS:
+        return _reject(CardRejectReason.TEXT_FIELD_TOO_LONG,
+                       f"{name} {_show(value)} exceeds {MAX_TEXT_CHARS} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return _reject(CardRejectReason.TEXT_FIELD_INVALID, f"{name} {_show(value)} is not encodable as UTF-8")
+    return value
 
 
 def derive_card(info: Any) -> Card | CardRejection:
@@ -201,8 +265,17 @@ def derive_card(info: Any) -> Card | CardRejection:
     dp = _dp_size(info)
     if isinstance(dp, CardRejection):
         return dp
+    texts: dict[str, str] = {}
+    for name in TEXT_FIELDS:
+        text = _text_field(info, name)
+        if isinstance(text, CardRejection):
+            return text
+        texts[name] = text
     hierarchical = info.get("enable_hierarchical_cache") is True
-    host, not_counted = host_tokens(info, device, page) if hierarchical else (0, None)
+    host_outcome = host_tokens(info, device, page) if hierarchical else (0, None)
+    if isinstance(host_outcome, CardRejection):
+        return host_outcome
+    host, not_counted = host_outcome
     dp_attention = info.get("enable_dp_attention") is True
     max_running = _strict_positive_int(info.get("max_running_requests")) or 0
     if dp_attention and dp > 1:
@@ -211,7 +284,6 @@ def derive_card(info: Any) -> Card | CardRejection:
     if max_running > _INT32_MAX:
         max_running = 0
     context = _strict_positive_int(info.get("context_length")) or 0
-    model = _text(info.get("served_model_name")) or _text(info.get("model_path"))
     return Card(
         gpu_kv_tokens=round_up_to_pages(device, page),
         device_tokens=device,
@@ -219,43 +291,57 @@ def derive_card(info: Any) -> Card | CardRejection:
         host_kv_tokens=host,
         host_not_counted=not_counted,
         hierarchical_cache=hierarchical,
-        hicache_write_policy=_text(info.get("hicache_write_policy")) if hierarchical else "",
-        hicache_storage_backend=_text(info.get("hicache_storage_backend")),
+        hicache_write_policy=texts["hicache_write_policy"] if hierarchical else "",
+        hicache_storage_backend=texts["hicache_storage_backend"],
         dp_size=dp,
         dp_attention=dp_attention,
         max_running_requests=max_running,
         context_length=context if context <= MAX_TOKENS else 0,
-        model_name=model,
-        version=_text(info.get("version")),
+        model_name=texts["served_model_name"] or texts["model_path"],
+        version=texts["version"],
     )
 
 
 def parse_card(body: bytes | str) -> Card | CardRejection:
     try:
         info = json.loads(body)
+    except RecursionError:
+        return _reject(CardRejectReason.JSON_TOO_DEEP, "JSON nested too deeply")
     except (ValueError, UnicodeDecodeError) as exc:
         return _reject(CardRejectReason.MALFORMED_JSON, f"malformed JSON ({exc.__class__.__name__})")
     return derive_card(info)
 
 
+# Bodies are keys: bound their total size too, or a few workers answering with distinct
+# multi-megabyte bodies would pin gigabytes (4096 entries x 8 MiB).
+CARD_CACHE_MAX_BYTES = 64 * 1024 * 1024
+
+
 class CardCache:
-    """Parsed cards memoised by the raw body, bounded (least recently used entry evicted).
+    """Parsed cards memoised by the raw body, bounded in entries and in body bytes (least recently
+    used entries evicted; a body larger than the byte bound is parsed but never kept).
 
     Upstream memoised without bound; a long-lived service polling restarting workers must not.
     Real SGLang bodies carry per-poll figures (`internal_states`), so hits mostly come from idle
     workers and stubs; a miss costs one JSON parse.
     """
 
-    def __init__(self, max_entries: int = 4096) -> None:
+    def __init__(self, max_entries: int = 4096, max_bytes: int = CARD_CACHE_MAX_BYTES) -> None:
         if max_entries < 1:
             raise ConfigError("card_cache_size", max_entries, "card_cache_size >= 1")
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._bytes = 0
         self._entries: OrderedDict[bytes, Card | CardRejection] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def body_bytes(self) -> int:
+        return self._bytes
 
     def parse(self, body: bytes) -> Card | CardRejection:
         cached = self._entries.get(body)
@@ -265,9 +351,12 @@ class CardCache:
             return cached
         self.misses += 1
         result = parse_card(body)
-        self._entries[body] = result
-        if len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        if len(body) <= self._max_bytes:
+            self._entries[body] = result
+            self._bytes += len(body)
+            while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
+                evicted, _ = self._entries.popitem(last=False)
+                self._bytes -= len(evicted)
         return result
 
 

@@ -31,6 +31,8 @@ class CardRejectReason(enum.Enum):
     """Why a /server_info body yields no budget at all. The value is a metric label."""
 
     MALFORMED_JSON = "malformed_json"
+    JSON_TOO_DEEP = "json_too_deep"
+    BODY_TOO_LARGE = "body_too_large"
     NOT_AN_OBJECT = "not_an_object"
     MAX_TOTAL_NUM_TOKENS_MISSING = "max_total_num_tokens_missing"
     MAX_TOTAL_NUM_TOKENS_INVALID = "max_total_num_tokens_invalid"
@@ -40,13 +42,19 @@ class CardRejectReason(enum.Enum):
     PAGE_SIZE_ABSURD = "page_size_absurd"
     DP_SIZE_INVALID = "dp_size_invalid"
     DP_SIZE_ABSURD = "dp_size_absurd"
+    # HiCache figures that no running server can have (the host pool would not fit in any machine):
+    HICACHE_HOST_TOTAL_TOKENS_ABSURD = "hicache_host_total_tokens_absurd"
+    HICACHE_RATIO_ABSURD = "hicache_ratio_absurd"
+    HICACHE_SIZE_ABSURD = "hicache_size_absurd"
+    TEXT_FIELD_TOO_LONG = "text_field_too_long"
+    TEXT_FIELD_INVALID = "text_field_invalid"        # not encodable as UTF-8 (a lone surrogate)
+    DERIVATION_ERROR = "derivation_error"            # a bug in the derivation, caught by the shell
 
 
 class HostNotCounted(enum.Enum):
     """Why a card with HiCache enabled still counts no host tokens (the budget is GPU only)."""
 
     HOST_TOKENS_INVALID = "host_tokens_invalid"                 # reported but not a positive int
-    HOST_TOKENS_ABSURD = "host_tokens_absurd"
     EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN = "explicit_size_without_bytes_per_token"
     HICACHE_SIZE_INVALID = "hicache_size_invalid"
     RATIO_INVALID = "ratio_invalid"

@@ -183,10 +183,69 @@ def test_host_tokens_truncated():
     assert card(hicache(hicache_host_total_tokens=123.9)).host_kv_tokens == 123
 
 
-def test_absurd_host_tokens_fall_back_to_gpu_only():
-    c = card(hicache(hicache_host_total_tokens=2**41))
-    assert (c.host_kv_tokens, c.host_not_counted) == (0, HostNotCounted.HOST_TOKENS_ABSURD)
-    assert c.gpu_kv_tokens == 16_000
+# --- Absurd magnitudes: no running SGLang server reports them, so the whole card is untrusted ---
+
+@pytest.mark.parametrize("overrides, reason, field", [
+    ({"hicache_host_total_tokens": 2**41}, CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+     "hicache_host_total_tokens"),
+    ({"hicache_host_total_tokens": 1e300}, CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+     "hicache_host_total_tokens"),
+    ({"hicache_ratio": 1e305}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+    ({"hicache_ratio": 10**400}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+    ({"hicache_ratio": 4, "max_total_num_tokens": 2**39}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+    ({"hicache_size": 1e300, "kv_bytes_per_token": 100}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+    ({"hicache_size": 1e300}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+    ({"hicache_size": 10**400, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+    ({"hicache_size": 2**19, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+])
+def test_absurd_hicache_figures_reject_the_card(overrides, reason, field):
+    # Regression (issue 11): 1e305 / 1e300 raised OverflowError / ValueError out of the poll.
+    result = derive_card(hicache(**overrides))
+    assert isinstance(result, CardRejection), result
+    assert result.reason is reason
+    assert str(result).startswith(f"server_info: {field} ") and "exceeds" in str(result)
+
+
+def test_hicache_figures_are_ignored_when_hicache_is_off():
+    c = card(info(hicache_ratio=1e305, hicache_size=1e300, hicache_host_total_tokens=2**60))
+    assert (c.host_kv_tokens, c.hierarchical_cache) == (0, False)
+
+
+@pytest.mark.parametrize("text", ["[" * 200_000, '{"a":' * 200_000, "[" * 100_000 + "]" * 100_000])
+def test_deeply_nested_json_is_a_rejection(text):
+    # Regression (issue 11): RecursionError escaped the poll.
+    result = parse_card(text.encode())
+    assert isinstance(result, CardRejection) and result.reason is CardRejectReason.JSON_TOO_DEEP
+    assert str(result) == "server_info: JSON nested too deeply"
+
+
+@pytest.mark.parametrize("field", ["served_model_name", "model_path", "version", "hicache_write_policy",
+                                   "hicache_storage_backend"])
+def test_text_fields_are_bounded_and_encodable(field):
+    long = derive_card(hicache(**{field: "x" * 10_000}))
+    assert isinstance(long, CardRejection) and long.reason is CardRejectReason.TEXT_FIELD_TOO_LONG
+    assert str(long).startswith(f"server_info: {field} ") and len(str(long)) < 200
+    # A lone surrogate (valid JSON escape, not encodable as UTF-8) would break every snapshot.
+    body = json.dumps(hicache(**{field: "\ud800"}))  # ensure_ascii: the escape \\ud800 travels as ASCII
+    bad = parse_card(body.encode())
+    assert isinstance(bad, CardRejection) and bad.reason is CardRejectReason.TEXT_FIELD_INVALID, bad
+    assert str(bad).startswith(f"server_info: {field} ")
+    str(bad).encode("utf-8")
+
+
+@pytest.mark.parametrize("value", ["x" * 1_000_000, [[[[1]]]] * 10_000, {"a": "b" * 100_000}, 10**5000, -10**5000],
+                         ids=["long-str", "long-list", "big-object", "huge-int", "huge-negative-int"])
+def test_rejection_details_are_short_whatever_the_value(value):
+    result = derive_card(info(max_total_num_tokens=value))
+    assert isinstance(result, CardRejection)
+    assert len(str(result)) < 200
+    result = derive_card(info(page_size=value))
+    assert isinstance(result, CardRejection) and len(str(result)) < 200
+
+
+def test_odd_architectures_do_not_crash():
+    for value in (5, 1.5, True, {"a": 1}, "DeepSeekV4ForCausalLM", None):
+        assert isinstance(derive_card(hicache(architectures=value)), Card)
 
 
 @pytest.mark.parametrize("device, ratio, page, expected", [
@@ -327,6 +386,18 @@ def test_card_cache_is_bounded_lru():
     assert cache.hits == 2
     cache.parse(bodies[1])
     assert cache.misses == 4
+
+
+def test_card_cache_is_bounded_in_body_bytes():
+    bodies = [json.dumps({"max_total_num_tokens": 1000 + i, "page_size": 1}).encode() for i in range(3)]
+    cache = CardCache(max_entries=100, max_bytes=len(bodies[0]) + 10)
+    for body in bodies:
+        cache.parse(body)
+        assert cache.body_bytes <= len(bodies[0]) + 10
+    assert len(cache) == 1
+    huge = json.dumps(info(pad="x" * 200)).encode()
+    assert isinstance(cache.parse(huge), Card)
+    assert len(cache) == 1 and cache.body_bytes == len(bodies[2])  # parsed, never kept
 
 
 def test_snapshot_returns_empty_for_no_workers():
