@@ -26,6 +26,10 @@ ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"
 _WORKER_KEYS = {"url", "id", "expected_gpu_kv_tokens", "expected_page_size"}
 MAX_WORKER_ID_LENGTH = 128
+# A real /server_info is a few KB (tens with many DP ranks); anything far larger is not one.
+DEFAULT_MAX_SERVER_INFO_BYTES = 8 * 1024 * 1024
+MIN_SERVER_INFO_BYTES = 1024                 # smaller than any real /server_info
+MAX_SERVER_INFO_BYTES = 1024 * 1024 * 1024   # one worker must not be able to make us hold more
 
 
 def _env(name: str) -> str:
@@ -50,6 +54,14 @@ SETTINGS: list[Setting] = [
             "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
             env=_env("cap_host_at_gpu")),
     Setting("card_cache_size", int, 4096, "parsed /server_info bodies kept (LRU)", env=_env("card_cache_size")),
+    Setting("max_server_info_bytes", int, DEFAULT_MAX_SERVER_INFO_BYTES,
+            "a larger /server_info body is a card rejection (body_too_large)", env=_env("max_server_info_bytes")),
+    Setting("confirm_increase_polls", int, 2,
+            "consecutive polls a budget raise (recovery, a larger card) must be seen on before it is published; "
+            "drops are immediate; 1 = no damping", env=_env("confirm_increase_polls")),
+    Setting("transition_log_interval_seconds", float, 60.0,
+            "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
+            "(0 = log every transition)", env=_env("transition_log_interval_seconds")),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
 ]
 
@@ -118,6 +130,12 @@ class CapacityConfig:
     cap_host_at_gpu: bool = False
     """[LATEST] cap: count at most G host tokens per replica."""
     card_cache_size: int = 4096
+    max_server_info_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES
+    """A /server_info body larger than this is rejected (read to its end otherwise)."""
+    confirm_increase_polls: int = 2
+    """Consecutive polls that must agree before a worker's budget goes up (drops are immediate)."""
+    transition_log_interval_seconds: float = 60.0
+    """Rate limit of transition log lines per worker and kind; 0 = none."""
     listen: str = "127.0.0.1:50051"
     metrics_port: int = 9101
     log_level: str = "INFO"
@@ -140,6 +158,14 @@ class CapacityConfig:
         require(self.watch_heartbeat_seconds > 0, "watch_heartbeat_seconds", self.watch_heartbeat_seconds,
                 "watch_heartbeat_seconds > 0")
         require(self.card_cache_size >= 1, "card_cache_size", self.card_cache_size, "card_cache_size >= 1")
+        require(self.max_server_info_bytes >= MIN_SERVER_INFO_BYTES, "max_server_info_bytes",
+                self.max_server_info_bytes, f"max_server_info_bytes >= {MIN_SERVER_INFO_BYTES}")
+        require(self.max_server_info_bytes <= MAX_SERVER_INFO_BYTES, "max_server_info_bytes",
+                self.max_server_info_bytes, f"max_server_info_bytes <= {MAX_SERVER_INFO_BYTES}")
+        require(self.confirm_increase_polls >= 1, "confirm_increase_polls", self.confirm_increase_polls,
+                "confirm_increase_polls >= 1 (1 = no damping)")
+        require(self.transition_log_interval_seconds >= 0, "transition_log_interval_seconds",
+                self.transition_log_interval_seconds, "transition_log_interval_seconds >= 0 (0 = log every transition)")
         ids: dict[str, str] = {}
         urls: dict[str, str] = {}
         for w in self.workers:

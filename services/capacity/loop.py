@@ -19,8 +19,9 @@ from services.capacity.adapters.poller import SglangPoller
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import CapacityView, RetentionSettings, recompute
 from services.capacity.core.registry import PollFailed, PollOk, PollResult, Registry, Transition, TransitionKind
-from services.capacity.core.state import CardRejection, Expectation, Load, Origin, WorkerState
+from services.capacity.core.state import CardRejection, Expectation, Load, Origin, PollFailureReason, WorkerState
 from services.capacity.metrics import CapacityMetrics
+from services.capacity.transition_log import TransitionLog
 from services.common.clock import Clock
 
 log = logging.getLogger("services.capacity")
@@ -50,7 +51,7 @@ class Mailbox:
 class CapacityRuntime:
     def __init__(self, *, registry: Registry, retention: RetentionSettings, poller: SglangPoller, clock: Clock,
                  metrics: CapacityMetrics, tracer: trace.Tracer, poll_interval_s: float,
-                 heartbeat_interval_s: float) -> None:
+                 heartbeat_interval_s: float, transition_log_interval_s: float = 60.0) -> None:
         self.registry = registry
         self.retention = retention
         self.poller = poller
@@ -59,6 +60,7 @@ class CapacityRuntime:
         self.tracer = tracer
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._transitions = TransitionLog(log, transition_log_interval_s)
         self._mailboxes: set[Mailbox] = set()
         self._dirty = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -210,6 +212,7 @@ class CapacityRuntime:
             if polls:
                 await asyncio.gather(*polls, return_exceptions=True)
             self._log(self.registry.expire(self.clock.monotonic()))
+            self._transitions.flush(self.clock.monotonic())
             self._dirty.set()
             delay = self.poll_interval_s - (time.monotonic() - started)
             try:
@@ -230,7 +233,13 @@ class CapacityRuntime:
             log.error("poll of worker %s crashed", worker_id, exc_info=task.exception())
 
     async def _poll_one(self, worker_id: str, url: str) -> None:
-        result = await self.poller.poll(url)
+        try:
+            result: PollResult = await self.poller.poll(url)
+        except Exception as exc:
+            # The poller turns everything a worker can do into a result; this is a bug in it. The
+            # worker must still not keep its last card as if the poll had succeeded.
+            log.exception("poll of worker %s failed unexpectedly", worker_id)
+            result = PollFailed(PollFailureReason.ERROR, type(exc).__name__)
         self.apply(worker_id, url, result)
 
     def apply(self, worker_id: str, url: str, result: PollResult) -> None:
@@ -247,11 +256,5 @@ class CapacityRuntime:
         self._log(transitions)
         self._dirty.set()
 
-    @staticmethod
-    def _log(transitions: list[Transition]) -> None:
-        for t in transitions:
-            if t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY" or t.kind in (
-                    TransitionKind.CARD_REJECTED, TransitionKind.MISMATCH):
-                log.warning("%s", t.message())
-            else:
-                log.info("%s", t.message())
+    def _log(self, transitions: list[Transition]) -> None:
+        self._transitions.emit(transitions, self.clock.monotonic())

@@ -43,18 +43,21 @@ async def start_capacity(config: CapacityConfig, *, telemetry: Telemetry | None 
     host = ServiceHost("capacity", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
                        shutdown_grace_seconds=config.shutdown_grace_seconds)
     tracer = telemetry.tracer("services.capacity") if telemetry else trace.get_tracer("services.capacity")
+    retention = RetentionSettings(cap_host_at_gpu=config.cap_host_at_gpu)
     registry = Registry(RegistrySettings(unhealthy_after_failures=config.unhealthy_after_failures,
-                                         remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds))
+                                         remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds,
+                                         confirm_increase_polls=config.confirm_increase_polls), retention)
     cache = CardCache(config.card_cache_size)
     runtime = CapacityRuntime(
         registry=registry,
-        retention=RetentionSettings(cap_host_at_gpu=config.cap_host_at_gpu),
-        poller=SglangPoller(config.poll_timeout_seconds, cache),
+        retention=retention,
+        poller=SglangPoller(config.poll_timeout_seconds, cache, max_body_bytes=config.max_server_info_bytes),
         clock=clock,
         metrics=CapacityMetrics(host.registry),
         tracer=tracer,
         poll_interval_s=config.poll_interval_seconds,
         heartbeat_interval_s=config.watch_heartbeat_seconds,
+        transition_log_interval_s=config.transition_log_interval_seconds,
     )
     for worker in config.workers:
         runtime.add_worker(worker.worker_id, worker.url, worker.origin, worker.expectation)

@@ -1,7 +1,14 @@
 """Outbound HTTP: one poll of one SGLang worker -> a `PollResult`.
 
 A poll is `GET /server_info` (falling back to `/get_server_info` when the server answers 404,
-as SGLang releases before the rename do) and `GET /health`, concurrently, under one deadline.
+as SGLang releases before the rename do) and `GET /health`, concurrently, under one deadline
+that covers connecting, the headers and the whole body.
+
+The body is read to its end however it arrives (Content-Length or chunked, in any number of
+pieces), up to `max_body_bytes`: a larger body is a card rejection (`body_too_large`), refused
+from its Content-Length before reading when the server declares one. Nothing that a worker
+sends makes `poll` raise: the outcome is a `PollOk` (a card or a typed rejection) or a
+`PollFailed` with a reason; error details never carry URL credentials.
 """
 
 from __future__ import annotations
@@ -11,28 +18,37 @@ import logging
 
 import aiohttp
 
+from services.capacity.config import DEFAULT_MAX_SERVER_INFO_BYTES
 from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk, PollResult
-from services.capacity.core.state import PollFailureReason
+from services.capacity.core.state import CardRejection, CardRejectReason, PollFailureReason
+from services.common.redact import redact_url
 
 log = logging.getLogger(__name__)
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
-# A real /server_info is a few KB (tens with many DP ranks); anything far larger is not one.
-MAX_BODY_BYTES = 8 * 1024 * 1024
+READ_CHUNK_BYTES = 64 * 1024
+# Plain bodies only: a compressed one could inflate far past the cap inside the decompressor.
+_HEADERS = {"Accept-Encoding": "identity"}
 
 
 class _Failed(Exception):
     def __init__(self, reason: PollFailureReason, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
-        self.detail = detail
+        self.detail = redact_url(detail)
+
+
+def _describe(exc: BaseException) -> str:
+    return redact_url(f"{type(exc).__name__}: {exc}")
 
 
 class SglangPoller:
-    def __init__(self, timeout_s: float, cache: CardCache, *, max_concurrency: int = 256) -> None:
+    def __init__(self, timeout_s: float, cache: CardCache, *, max_body_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES,
+                 max_concurrency: int = 256) -> None:
         self._timeout_s = timeout_s
         self._cache = cache
+        self._max_body_bytes = max_body_bytes
         # Bounds sockets and file descriptors when thousands of workers are polled at once.
         self._gate = asyncio.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
@@ -42,7 +58,9 @@ class SglangPoller:
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_concurrency, ttl_dns_cache=60)
-        self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False)
+        # The session timeout backs up the per-poll deadline below; neither lets a worker hold a poll.
+        self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False, auto_decompress=False,
+                                              timeout=aiohttp.ClientTimeout(total=self._timeout_s * 2))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -61,7 +79,7 @@ class SglangPoller:
                     body, health = await asyncio.gather(self._server_info(url), self._health(url),
                                                         return_exceptions=True)
             except TimeoutError:
-                return PollFailed(PollFailureReason.TIMEOUT, f"no answer within {self._timeout_s:g}s")
+                return PollFailed(PollFailureReason.TIMEOUT, f"no complete answer within {self._timeout_s:g}s")
         # /server_info problems win: without a card the health answer does not matter.
         for outcome in (body, health):
             if isinstance(outcome, _Failed):
@@ -69,33 +87,57 @@ class SglangPoller:
             if isinstance(outcome, BaseException):
                 if isinstance(outcome, asyncio.CancelledError):
                     raise outcome
-                return PollFailed(PollFailureReason.CONNECTION, f"{type(outcome).__name__}: {outcome}")
+                if not isinstance(outcome, Exception):
+                    raise outcome
+                return PollFailed(PollFailureReason.CONNECTION, _describe(outcome))
+        if isinstance(body, CardRejection):
+            return PollOk(body)
         assert isinstance(body, bytes)
-        return PollOk(self._cache.parse(body))
+        return PollOk(self._card(url, body))
 
-    async def _get(self, url: str) -> tuple[int, bytes]:
+    def _card(self, url: str, body: bytes):
+        try:
+            return self._cache.parse(body)
+        except Exception as exc:
+            # A bug in the derivation must not leave the worker's previous card standing.
+            log.exception("card derivation failed for %s (%d bytes)", redact_url(url), len(body))
+            return CardRejection(CardRejectReason.DERIVATION_ERROR, f"card derivation failed ({type(exc).__name__})")
+
+    async def _read_body(self, resp: aiohttp.ClientResponse) -> bytes | CardRejection:
+        too_large = CardRejection(CardRejectReason.BODY_TOO_LARGE, f"body exceeds {self._max_body_bytes} bytes")
+        if resp.content_length is not None and resp.content_length > self._max_body_bytes:
+            return too_large
+        body = bytearray()
+        while True:
+            piece = await resp.content.read(READ_CHUNK_BYTES)
+            if not piece:
+                return bytes(body)
+            body += piece
+            if len(body) > self._max_body_bytes:
+                return too_large
+
+    async def _get(self, url: str, *, read_body: bool) -> tuple[int, bytes | CardRejection]:
         assert self._session is not None
         try:
-            async with self._session.get(url, allow_redirects=False) as resp:
-                data = await resp.content.read(MAX_BODY_BYTES + 1)
-                return resp.status, data
-        except aiohttp.ClientConnectionError as exc:
-            raise _Failed(PollFailureReason.CONNECTION, f"{type(exc).__name__}: {exc}") from None
+            async with self._session.get(url, allow_redirects=False, headers=_HEADERS) as resp:
+                if resp.status != 200 or not read_body:
+                    return resp.status, b""
+                return resp.status, await self._read_body(resp)
         except aiohttp.ClientError as exc:
-            raise _Failed(PollFailureReason.CONNECTION, f"{type(exc).__name__}: {exc}") from None
+            raise _Failed(PollFailureReason.CONNECTION, _describe(exc)) from None
+        except (OSError, ValueError) as exc:
+            raise _Failed(PollFailureReason.CONNECTION, _describe(exc)) from None
 
-    async def _server_info(self, url: str) -> bytes:
+    async def _server_info(self, url: str) -> bytes | CardRejection:
         known = self._info_path.get(url)
         paths = (known,) if known else SERVER_INFO_PATHS
         status = 0
         for path in paths:
-            status, data = await self._get(url + path)
+            status, data = await self._get(url + path, read_body=True)
             if status == 404:
                 continue
             if status != 200:
                 raise _Failed(PollFailureReason.HTTP_STATUS, f"{path}: HTTP {status}")
-            if len(data) > MAX_BODY_BYTES:
-                raise _Failed(PollFailureReason.HTTP_STATUS, f"{path}: body larger than {MAX_BODY_BYTES} bytes")
             self._info_path[url] = path
             return data
         if known:
@@ -104,6 +146,6 @@ class SglangPoller:
         raise _Failed(PollFailureReason.HTTP_STATUS, f"/server_info and /get_server_info: HTTP {status}")
 
     async def _health(self, url: str) -> None:
-        status, _ = await self._get(url + "/health")
+        status, _ = await self._get(url + "/health", read_body=False)
         if status != 200:
             raise _Failed(PollFailureReason.HEALTH, f"/health: HTTP {status}")

@@ -394,9 +394,19 @@ class CapacityView:
         return [r for w in self.workers for r in w.replicas]
 
 
+def host_counted(card: Card, settings: RetentionSettings) -> int:
+    """Host tokens counted per rank: all of them, or at most G with the cap."""
+    return min(card.host_kv_tokens, card.gpu_kv_tokens) if settings.cap_host_at_gpu else card.host_kv_tokens
+
+
+def card_retention_tokens(card: Card, settings: RetentionSettings) -> int:
+    """The worker's whole budget from this card: (G + counted H) per rank, times the ranks."""
+    return (card.gpu_kv_tokens + host_counted(card, settings)) * card.dp_size
+
+
 def replicas_for(worker_id: str, card: Card, settings: RetentionSettings) -> tuple[ReplicaView, ...]:
     gpu = card.gpu_kv_tokens
-    host = min(card.host_kv_tokens, gpu) if settings.cap_host_at_gpu else card.host_kv_tokens
+    host = host_counted(card, settings)
     source = RetentionSource.GPU_PLUS_HOST if host > 0 else RetentionSource.GPU_ONLY
     return tuple(
         ReplicaView(worker_id, rank, gpu + host, source, gpu, host, card.max_running_requests)
@@ -405,13 +415,17 @@ def replicas_for(worker_id: str, card: Card, settings: RetentionSettings) -> tup
 
 
 def exclusion(state: WorkerState) -> str:
-    """Why this worker contributes no budget, or "" if it does."""
+    """Why this worker contributes no budget, or "" if it does. Always the latest poll's outcome:
+    a failure clears an earlier rejection or mismatch, an answer clears an earlier failure."""
     if state.rejection is not None:
         return str(state.rejection)
     if state.mismatch:
         return state.mismatch
+    if state.recovering:
+        return state.recovering
     if state.health is Health.PENDING:
-        return "pending: no successful poll yet"
+        last = f" (last: {state.last_failure.value})" if state.last_failure else ""
+        return f"pending: no successful poll yet{last}"
     if state.health is Health.UNHEALTHY:
         last = state.last_failure.value if state.last_failure else "unknown"
         return f"unhealthy: polls failing (last: {last})"

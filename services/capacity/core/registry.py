@@ -5,17 +5,29 @@ caused (for INFO logs and metrics) and bumps `version` only when something exter
 changed (see `WorkerState.visible`).
 
 Rules:
-* A successful poll makes a worker HEALTHY and resets its failure count, unless its card is
-  rejected or contradicts the registrant's expected figures: then it is UNHEALTHY at once (the
-  card cannot be trusted) and carries the reason.
-* `unhealthy_after_failures` failed polls in a row make it UNHEALTHY; it is kept (visible, no
-  budget) and polled on.
-* An RPC-registered worker that has been UNHEALTHY because its polls fail for longer than
-  `remove_unhealthy_after_seconds` (0 = never) is removed. Flag and config-file workers are the
-  operator's static inventory: they are never removed, only polled until they come back.
-  A worker that answers but whose card is rejected (or contradicts its registration) is not
-  removed while it answers: it is reachable, and its reason stays visible to operators.
-* A new card that differs from the old one (a restart with other settings) replaces it.
+* Lowering a worker's budget is immediate; raising it must hold (`confirm_increase_polls`):
+  - a card that is rejected or contradicts the registrant's expected figures makes the worker
+    UNHEALTHY at once (the card cannot be trusted), with the reason;
+  - `unhealthy_after_failures` failed polls in a row make it UNHEALTHY; it is kept (visible, no
+    budget) and polled on;
+  - a new card with less budget (retention tokens over all ranks, or max_programs) and more of
+    neither replaces the old one at once;
+  - any other new card (more budget, or the same budget with other figures), and recovery from
+    UNHEALTHY, is published only once the same accepted card has been seen on
+    `confirm_increase_polls` consecutive polls. Until then the old card stays published and an
+    UNHEALTHY worker says `unhealthy: recovering (k of N consecutive good polls)`.
+  A worker alternating between two cards therefore settles on the smaller one and stays there,
+  and one flapping between a good and a rejected card stays UNHEALTHY.
+  A new worker's first card is published at once (there is nothing to flap from).
+* The state always reflects the latest poll: a failure clears an earlier rejection or mismatch
+  (the reason becomes `unhealthy: polls failing (last: timeout)`), an answer clears the failure.
+* An RPC-registered worker that is UNHEALTHY and whose polls have been failing for longer than
+  `remove_unhealthy_after_seconds` (0 = never) is removed; the clock starts when it goes
+  UNHEALTHY by failing, or when an UNHEALTHY worker that was answering stops answering. Flag
+  and config-file workers are the operator's static inventory: they are never removed, only
+  polled until they come back. A worker that answers but whose card is rejected (or contradicts
+  its registration) is not removed while it answers: it is reachable, and its reason stays
+  visible to operators.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ import enum
 from dataclasses import dataclass, replace
 
 from services.common.errors import ConfigError
+from services.capacity.core.cards import RetentionSettings, card_retention_tokens
 from services.capacity.core.errors import AlreadyExists
 from services.capacity.core.state import (
     Card,
@@ -43,6 +56,8 @@ class RegistrySettings:
     """Consecutive failed polls that make a worker UNHEALTHY."""
     remove_unhealthy_after_seconds: float = 300.0
     """How long an RPC-registered worker may stay UNHEALTHY (polls failing) before removal; 0 = never."""
+    confirm_increase_polls: int = 2
+    """Consecutive polls a budget raise (recovery, a larger card) must be seen on; 1 = at once."""
 
     def __post_init__(self) -> None:
         if isinstance(self.unhealthy_after_failures, bool) or self.unhealthy_after_failures < 1:
@@ -51,6 +66,9 @@ class RegistrySettings:
         if not self.remove_unhealthy_after_seconds >= 0:
             raise ConfigError("remove_unhealthy_after_seconds", self.remove_unhealthy_after_seconds,
                               "remove_unhealthy_after_seconds >= 0 (0 = never)")
+        if isinstance(self.confirm_increase_polls, bool) or self.confirm_increase_polls < 1:
+            raise ConfigError("confirm_increase_polls", self.confirm_increase_polls,
+                              "confirm_increase_polls >= 1 (1 = no damping)")
 
 
 class WorkerIdTaken(AlreadyExists):
@@ -74,6 +92,7 @@ class TransitionKind(enum.Enum):
     CARD_CHANGED = "card_changed"
     CARD_REJECTED = "card_rejected"
     MISMATCH = "mismatch"
+    CARD_HELD = "card_held"          # a budget raise seen, not yet for confirm_increase_polls polls (DEBUG)
 
 
 @dataclass(frozen=True)
@@ -105,9 +124,13 @@ class PollFailed:
 PollResult = PollOk | PollFailed
 
 
+_UNLIMITED_PROGRAMS = 2**63  # max_running_requests 0 = no limit = more than any figure
+
+
 class Registry:
-    def __init__(self, settings: RegistrySettings) -> None:
+    def __init__(self, settings: RegistrySettings, retention: RetentionSettings = RetentionSettings()) -> None:
         self.settings = settings
+        self.retention = retention
         self._workers: dict[str, WorkerState] = {}
         self._by_url: dict[str, str] = {}
         # Starts at 1 so that known_version 0 (the proto default) never matches a real snapshot.
@@ -149,7 +172,7 @@ class Registry:
         if existing is not None:
             if existing.expectation == expectation:
                 return existing, []
-            updated = self._judge(replace(existing, expectation=expectation))
+            updated = self._rejudge(replace(existing, expectation=expectation))
             self._put(updated, existing)
             return updated, self._card_transitions(existing, updated)
         state = WorkerState(worker_id=worker_id, url=url, origin=origin, registered_at=now, expectation=expectation)
@@ -179,35 +202,82 @@ class Registry:
         old = self._workers.get(worker_id)
         if old is None:
             return []
+        held: Transition | None = None
         if isinstance(result, PollOk):
-            if isinstance(result.card, CardRejection):
-                new = replace(old, rejection=result.card, consecutive_failures=0, last_failure=None,
-                              last_success_wall=now_wall, last_failure_detail="")
-            else:
-                new = replace(old, card=result.card, rejection=None, consecutive_failures=0, last_failure=None,
-                              last_success_wall=now_wall, last_failure_detail="")
-            new = self._judge(new)
+            new, held = self._answered(old, result.card, now_wall)
         else:
-            failures = old.consecutive_failures + 1
-            new = replace(old, consecutive_failures=failures, last_failure=result.reason,
-                          last_failure_detail=result.detail)
-            if failures >= self.settings.unhealthy_after_failures:
-                new = replace(new, health=Health.UNHEALTHY)
-        if new.health is Health.UNHEALTHY and old.health is not Health.UNHEALTHY:
-            new = replace(new, unhealthy_since=now)
-        elif new.health is not Health.UNHEALTHY:
-            new = replace(new, unhealthy_since=None)
+            new = self._failed(old, result, now)
+        if new.health is not Health.UNHEALTHY:
+            new = replace(new, failing_since=None)
         self._put(new, old)
-        return self._card_transitions(old, new)
+        transitions = self._card_transitions(old, new)
+        if held is not None:
+            transitions.append(held)
+        return transitions
 
-    def _judge(self, state: WorkerState) -> WorkerState:
-        """Health and mismatch after a successful poll (or a changed expectation)."""
-        if state.rejection is not None:
-            return replace(state, health=Health.UNHEALTHY, mismatch="")
+    def _failed(self, old: WorkerState, result: PollFailed, now: float) -> WorkerState:
+        failures = old.consecutive_failures + 1
+        # The latest outcome is this failure: an earlier rejection, mismatch or recovery no longer applies.
+        new = replace(old, consecutive_failures=failures, last_failure=result.reason,
+                      last_failure_detail=result.detail, rejection=None, mismatch="", recovering="",
+                      candidate=None, candidate_polls=0)
+        if failures >= self.settings.unhealthy_after_failures:
+            new = replace(new, health=Health.UNHEALTHY)
+        if new.health is Health.UNHEALTHY and (old.health is not Health.UNHEALTHY or old.last_failure is None):
+            new = replace(new, failing_since=now)   # the removal clock starts when it stops answering
+        return new
+
+    def _answered(self, old: WorkerState, outcome: Card | CardRejection,
+                  now_wall: float) -> tuple[WorkerState, Transition | None]:
+        base = replace(old, consecutive_failures=0, last_failure=None, last_failure_detail="",
+                       last_success_wall=now_wall, recovering="")
+        if isinstance(outcome, CardRejection):
+            return replace(base, rejection=outcome, mismatch="", health=Health.UNHEALTHY, candidate=None,
+                           candidate_polls=0), None
+        mismatch = base.expectation.contradiction(outcome)
+        if mismatch:
+            return replace(base, card=outcome, rejection=None, mismatch=mismatch, health=Health.UNHEALTHY,
+                           candidate=None, candidate_polls=0), None
+        base = replace(base, rejection=None, mismatch="")
+        needed = self.settings.confirm_increase_polls
+        polls = old.candidate_polls + 1 if old.candidate == outcome else 1
+        if self._at_once(old, outcome) or polls >= needed:
+            return replace(base, card=outcome, health=Health.HEALTHY, candidate=None, candidate_polls=0), None
+        recovering = "" if old.health is Health.HEALTHY else \
+            f"unhealthy: recovering ({polls} of {needed} consecutive good polls)"
+        held = Transition(TransitionKind.CARD_HELD, old.worker_id,
+                          old.card.describe() if old.health is Health.HEALTHY and old.card else old.health.value,
+                          outcome.describe(), f"{polls} of {needed} consecutive polls")
+        return replace(base, candidate=outcome, candidate_polls=polls, recovering=recovering), held
+
+    def _at_once(self, old: WorkerState, card: Card) -> bool:
+        """Publish this accepted card now? Yes for a first card, the same card, or a pure drop."""
+        if old.health is Health.PENDING or self.settings.confirm_increase_polls <= 1:
+            return True
+        if old.health is not Health.HEALTHY or old.card is None:
+            return False          # recovery raises the budget from nothing
+        if card == old.card:
+            return True
+        new_tokens, new_programs = self._budget(card)
+        old_tokens, old_programs = self._budget(old.card)
+        return new_tokens <= old_tokens and new_programs <= old_programs and \
+            (new_tokens < old_tokens or new_programs < old_programs)
+
+    def _budget(self, card: Card) -> tuple[int, int]:
+        return card_retention_tokens(card, self.retention), card.max_running_requests or _UNLIMITED_PROGRAMS
+
+    @staticmethod
+    def _rejudge(state: WorkerState) -> WorkerState:
+        """After the registrant changed its expectation: check the published card against it."""
         if state.card is None:
             return state
         mismatch = state.expectation.contradiction(state.card)
-        return replace(state, mismatch=mismatch, health=Health.UNHEALTHY if mismatch else Health.HEALTHY)
+        if state.health is Health.HEALTHY and mismatch:
+            return replace(state, mismatch=mismatch, health=Health.UNHEALTHY, candidate=None, candidate_polls=0)
+        if state.mismatch:
+            # UNHEALTHY only because of the old expectation: the card itself was accepted on the last poll.
+            return replace(state, mismatch=mismatch, health=Health.UNHEALTHY if mismatch else Health.HEALTHY)
+        return state
 
     @staticmethod
     def _card_transitions(old: WorkerState, new: WorkerState) -> list[Transition]:
@@ -243,7 +313,7 @@ class Registry:
         doomed = [
             s.worker_id for s in self._workers.values()
             if s.origin is Origin.RPC and s.health is Health.UNHEALTHY and s.last_failure is not None
-            and s.unhealthy_since is not None and now - s.unhealthy_since >= limit
+            and s.failing_since is not None and now - s.failing_since >= limit
         ]
         out: list[Transition] = []
         for wid in doomed:

@@ -72,6 +72,7 @@ class PollFailureReason(enum.Enum):
     CONNECTION = "connection"
     HTTP_STATUS = "http_status"        # /server_info answered something other than 200 (or 404 twice)
     HEALTH = "health"                  # /health answered non-200
+    ERROR = "error"                    # the poll itself failed unexpectedly (a bug; logged with its traceback)
 
 
 @dataclass(frozen=True)
@@ -139,9 +140,9 @@ class Expectation:
 class WorkerState:
     """One worker as the registry knows it.
 
-    `consecutive_failures`, `last_success_wall`, `unhealthy_since` and `last_failure_detail`
-    are liveness bookkeeping: they change on polls without changing the snapshot version.
-    Everything else is externally visible and bumps the version when it changes.
+    `consecutive_failures`, `last_success_wall`, `failing_since`, `last_failure_detail` and the
+    held `candidate` card are liveness bookkeeping: they change on polls without changing the
+    snapshot version. Everything else is externally visible and bumps the version when it changes.
     """
 
     worker_id: str
@@ -150,18 +151,21 @@ class WorkerState:
     registered_at: float                 # monotonic seconds
     expectation: Expectation = Expectation()
     health: Health = Health.PENDING
-    card: Card | None = None
+    card: Card | None = None             # the published card (the one budgets are computed from)
     rejection: CardRejection | None = None
     mismatch: str = ""                   # contradiction between expectation and card
     last_failure: PollFailureReason | None = None
+    recovering: str = ""                 # UNHEALTHY, answering well, not yet for long enough
     load: Load = Load()
     # liveness, not versioned:
     consecutive_failures: int = 0
     last_success_wall: float | None = None
-    unhealthy_since: float | None = None  # monotonic seconds
+    failing_since: float | None = None   # monotonic seconds: UNHEALTHY and not answering since (removal clock)
     last_failure_detail: str = ""
+    candidate: Card | None = None        # a budget-raising card seen on `candidate_polls` polls in a row
+    candidate_polls: int = 0
 
     def visible(self) -> tuple:
         """The fields whose change is an externally visible change (bumps the version)."""
         return (self.worker_id, self.url, self.origin, self.expectation, self.health, self.card,
-                self.rejection, self.mismatch, self.last_failure, self.load)
+                self.rejection, self.mismatch, self.last_failure, self.recovering, self.load)

@@ -13,6 +13,17 @@ def test_defaults():
     assert (cfg.listen, cfg.metrics_port, cfg.poll_interval_seconds) == ("127.0.0.1:50051", 9101, 5.0)
     assert (cfg.unhealthy_after_failures, cfg.remove_unhealthy_after_seconds) == (3, 300.0)
     assert cfg.cap_host_at_gpu is False
+    assert (cfg.max_server_info_bytes, cfg.confirm_increase_polls, cfg.transition_log_interval_seconds) == (
+        8 * 1024 * 1024, 2, 60.0)
+
+
+def test_reliability_settings_from_flags_and_env():
+    cfg = load_config(["--confirm-increase-polls", "3"],
+                      {"BANDMASTER_CAPACITY_MAX_SERVER_INFO_BYTES": "65536",
+                       "BANDMASTER_CAPACITY_CONFIRM_INCREASE_POLLS": "5",
+                       "BANDMASTER_CAPACITY_TRANSITION_LOG_INTERVAL_SECONDS": "0"})
+    assert (cfg.max_server_info_bytes, cfg.confirm_increase_polls, cfg.transition_log_interval_seconds) == (
+        65536, 3, 0.0)
 
 
 def test_flags_and_env():
@@ -65,6 +76,12 @@ def test_config_file(tmp_path):
     (["--worker-url", "http://a:1?x=1"], {}, "worker_url", "no query"),
     (["--worker-url", "http://a:1", "--worker-url", "http://a:1/"], {}, "workers", "worker ids must be unique"),
     (["--bogus"], {}, "argv", "unrecognized arguments"),
+    (["--max-server-info-bytes", "1000"], {}, "max_server_info_bytes", "max_server_info_bytes >= 1024"),
+    (["--max-server-info-bytes", str(2**31)], {}, "max_server_info_bytes", "max_server_info_bytes <= 1073741824"),
+    ([], {"BANDMASTER_CAPACITY_CONFIRM_INCREASE_POLLS": "0"}, "confirm_increase_polls",
+     "confirm_increase_polls >= 1 (1 = no damping)"),
+    (["--transition-log-interval-seconds", "-1"], {}, "transition_log_interval_seconds",
+     "transition_log_interval_seconds >= 0 (0 = log every transition)"),
 ])
 def test_invalid_combinations_refuse_to_start(argv, env, field, rule):
     with pytest.raises(ConfigError) as info:

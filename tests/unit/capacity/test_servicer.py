@@ -1,6 +1,7 @@
 """The Capacity gRPC service against a real in-process server on 127.0.0.1:0 and sglang_stub workers."""
 
 import asyncio
+import logging
 
 import grpc
 import pytest
@@ -13,7 +14,10 @@ from services.capacity.config import CapacityConfig, StaticWorker
 from services.capacity.core.state import Origin
 from services.capacity.server import start_capacity
 from services.common.telemetry import setup_telemetry
+from services.capacity.core.cards import derive_card
+from services.capacity.core.registry import PollOk
 from services.testing.sglang_stub import SglangStub, sglang_info
+from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
 
 H = pb.WorkerHealth
@@ -320,3 +324,72 @@ async def test_shutdown_ends_watch_streams(stub):
                 snap = await next_snapshot(stream)
                 if snap is grpc.aio.EOF:
                     raise StopAsyncIteration
+
+
+async def health_of(client, worker_id, health):
+    w = await worker(client, worker_id)
+    assert w is not None and w.health == health, w
+    return w
+
+
+@pytest.mark.parametrize("bad", [
+    {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_ratio": 1e305},
+    {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_size": 1e300,
+     "kv_bytes_per_token": 100},
+])
+async def test_an_absurd_card_never_leaves_a_stale_healthy_card(client, stub, bad):
+    # Regression (issue 11): OverflowError/ValueError escaped every poll; the worker stayed HEALTHY.
+    await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
+    await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_HEALTHY), timeout_s=5)
+    stub.set_info({**stub.info, **bad})
+    w = await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_UNHEALTHY), timeout_s=5)
+    field = "hicache_ratio" if "hicache_ratio" in bad else "hicache_size"
+    assert w.excluded_reason.startswith(f"server_info: {field} ") and not w.replicas
+
+
+async def test_deep_json_never_leaves_a_stale_healthy_card(client):
+    # Regression (issue 11): RecursionError escaped every poll; the worker stayed HEALTHY.
+    raw = await RawWorker(Answer.json(sglang_info(max_total_num_tokens=1000, page_size=1))).start()
+    try:
+        await client.RegisterWorker(pb.RegisterWorkerRequest(url=raw.url, worker_id="w1"))
+        await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_HEALTHY), timeout_s=5)
+        raw.answer = Answer(b"[" * 200_000)
+        w = await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_UNHEALTHY), timeout_s=5)
+        assert w.excluded_reason == "server_info: JSON nested too deeply"
+    finally:
+        await raw.stop()
+
+
+async def test_a_poller_bug_marks_the_worker_failing(client, stub, service, monkeypatch, caplog):
+    await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
+    await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_HEALTHY), timeout_s=5)
+
+    async def broken(url):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(service.runtime.poller, "poll", broken)
+    w = await assert_eventually(lambda: health_of(client, "w1", H.WORKER_HEALTH_UNHEALTHY), timeout_s=5)
+    assert w.excluded_reason == "unhealthy: polls failing (last: error)"
+    assert "poll of worker w1 failed unexpectedly" in caplog.text
+
+
+async def test_flapping_workers_are_damped_and_logged_once(service, caplog):
+    caplog.set_level(logging.INFO, logger="services.capacity")
+    runtime = service.runtime
+    url = "http://127.0.0.1:9"
+    runtime.registry.add("w1", url, Origin.RPC, 0.0)
+    small, big = PollOk(derive_card({"max_total_num_tokens": 1000, "page_size": 1})), \
+        PollOk(derive_card({"max_total_num_tokens": 2000, "page_size": 1}))
+    rejected = PollOk(derive_card({"max_total_num_tokens": 0, "page_size": 1}))
+    runtime.apply("w1", url, big)
+    for _ in range(20):
+        runtime.apply("w1", url, small)
+        runtime.apply("w1", url, big)
+    assert runtime.registry.get("w1").card == small.card      # settled on the smaller card
+    for _ in range(20):
+        runtime.apply("w1", url, rejected)
+        runtime.apply("w1", url, small)
+    messages = [r.getMessage() for r in caplog.records if "worker w1" in r.getMessage()]
+    assert sum("card_changed" in m for m in messages) == 1
+    assert sum("card_rejected" in m for m in messages) == 1
+    assert sum("health: HEALTHY -> UNHEALTHY" in m for m in messages) == 1
