@@ -142,6 +142,10 @@ class SchedulerRuntime:
         resolution, and the caller must `cancel(request_id)` if it stops waiting."""
         if self._stopping:
             raise ShuttingDown("scheduler is shutting down")
+        if self.gated(session_id):
+            # Only `pass_gate` may lead here for a gated program, and it returns with the gate open;
+            # replacing a held turn's gate would strand everything waiting behind it.
+            raise RuntimeError(f"admission of {session_id!r} bypassed the per-program gate")
         now = self.clock.monotonic()
         result = self.core.admit(now, session_id, parent_session_id, estimated_prompt_tokens, request_id)
         if result.decision.request_id == request_id and result.decision.verdict is Verdict.WAIT:

@@ -98,7 +98,11 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 span.set_attribute("scheduler.passthrough", not session_id)
                 if self.runtime.gated(session_id):
                     try:
-                        await asyncio.wait_for(self.runtime.pass_gate(session_id), timeout=context.time_remaining())
+                        # Awaited in this task (not through wait_for's inner task, which on Python 3.11
+                        # swallows a cancellation that lands as the gate opens): a cancelled call stops
+                        # here, and one that passes admits before anything else can run.
+                        async with asyncio.timeout(context.time_remaining()):
+                            await self.runtime.pass_gate(session_id)
                     except TimeoutError:
                         raise HoldDeadlineExceeded("deadline exceeded while another turn of the program was held") \
                             from None
@@ -115,11 +119,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 return decision_to_proto(decision)
 
     async def _hold(self, request_id: str, context: grpc.aio.ServicerContext):
-        """Wait for the resolution; roll back on cancellation or the caller's deadline."""
+        """Wait for the resolution; roll back on cancellation or the caller's deadline.
+
+        The wait runs in this task under `asyncio.timeout`: `asyncio.wait_for` (Python 3.11) returns the
+        inner result when the call is cancelled just as it resolves, and a cancelled call then went on
+        holding an admission nobody waited for until its deadline."""
         timeout = context.time_remaining()
         resolved = False
         try:
-            decision = await asyncio.wait_for(self.runtime.wait(request_id), timeout=timeout)
+            async with asyncio.timeout(timeout):
+                decision = await self.runtime.wait(request_id)
             resolved = True
             return decision
         except TimeoutError:
