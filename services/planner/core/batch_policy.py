@@ -200,13 +200,13 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         if idle:
             return BatchPlan(None, 0.0, decision_id, lease, cfg.min_replicas, diag)
         # Hold the current count while batch state is busy or unknown (the dispatcher still has
-        # work, or the fleet is moving). Unlike the reference, a stable fleet whose batch work is
-        # authoritatively drained gets no batch opinion even with online traffic: the load and
-        # program scalers own online capacity here, and a hold floor would veto their scale-downs.
+        # work, or says nothing fresh). Unlike the reference, once batch work is authoritatively
+        # drained the policy has no opinion even with online traffic or a moving fleet: the load
+        # and program scalers own online capacity here, and a hold floor would veto their
+        # scale-downs and every start-up reversal.
         drained = feedback_fresh and feedback is not None and feedback.queued_requests == 0 \
             and feedback.inflight_requests == 0
-        floor = None if capacity.desired is None or (capacity.stable and drained) \
-            else min(cfg.max_replicas, capacity.desired)
+        floor = None if capacity.desired is None or drained else min(cfg.max_replicas, capacity.desired)
         return BatchPlan(floor, 0.0, decision_id, lease, None, diag)
 
     # Safety gate.

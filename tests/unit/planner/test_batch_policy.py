@@ -168,7 +168,8 @@ def test_idle_target_is_withheld_until_every_idle_signal_is_authoritative(change
 
 def test_busy_or_unknown_batch_state_without_jobs_holds_the_current_count():
     assert plan(obs([], feedback_=feedback(queued=3), inv=inventory(5))).replica_floor == 5
-    assert plan(obs([], inv=inventory(5, 6))).replica_floor == 6
+    assert plan(obs([], feedback_=None, inv=inventory(5, 6))).replica_floor == 6
+    assert plan(obs([], feedback_=feedback(age_s=61), inv=inventory(5))).replica_floor == 5
 
 
 def test_drained_batch_with_online_traffic_leaves_online_scaling_to_the_scalers():
