@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import contextlib
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
 from opentelemetry import propagate, trace
@@ -88,6 +88,19 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.tracer = tracer
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
+        return await self._admit(request, context, None)
+
+    async def AdmitStream(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> None:
+        """Admit, with `held` sent as soon as the call is held (the router's decision deadline covers
+        only the first message)."""
+        async def on_held() -> None:
+            await context.write(pb.AdmitUpdate(held=pb.AdmitHeld(
+                max_hold_seconds=self.runtime.core.params.resume_timeout_seconds)))
+
+        await context.write(pb.AdmitUpdate(decision=await self._admit(request, context, on_held)))
+
+    async def _admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext,
+                     on_held: Callable[[], Awaitable[None]] | None) -> pb.AdmitResponse:
         with self.tracer.start_as_current_span("scheduler.admit", context=_trace_context(context),
                                                kind=trace.SpanKind.SERVER) as span:
             async with _domain_errors(context):
@@ -97,6 +110,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
                 span.set_attribute("scheduler.passthrough", not session_id)
                 if self.runtime.gated(session_id):
+                    if on_held is not None:
+                        await on_held()
                     try:
                         # Awaited in this task (not through wait_for's inner task, which on Python 3.11
                         # swallows a cancellation that lands as the gate opens): a cancelled call stops
@@ -111,14 +126,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 held = decision.verdict is Verdict.WAIT
                 span.set_attribute("scheduler.held", held)
                 if held:
-                    decision = await self._hold(request_id, context)
+                    decision = await self._hold(request_id, context, on_held)
                 span.set_attribute("scheduler.pinned", decision.pinned)
                 span.set_attribute("scheduler.was_paused", decision.was_paused)
                 span.set_attribute("scheduler.forced_resume", decision.forced_resume)
                 span.set_attribute("scheduler.priority", decision.priority)
                 return decision_to_proto(decision)
 
-    async def _hold(self, request_id: str, context: grpc.aio.ServicerContext):
+    async def _hold(self, request_id: str, context: grpc.aio.ServicerContext,
+                    on_held: Callable[[], Awaitable[None]] | None = None):
         """Wait for the resolution; roll back on cancellation or the caller's deadline.
 
         The wait runs in this task under `asyncio.timeout`: `asyncio.wait_for` (Python 3.11) returns the
@@ -127,6 +143,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         timeout = context.time_remaining()
         resolved = False
         try:
+            if on_held is not None:
+                await on_held()
             async with asyncio.timeout(timeout):
                 decision = await self.runtime.wait(request_id)
             resolved = True

@@ -107,6 +107,20 @@ class AdmitResponse(_message.Message):
     priority_seconds: float
     def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ..., was_paused: _Optional[bool] = ..., was_soft_demoted: _Optional[bool] = ..., priority_seconds: _Optional[float] = ...) -> None: ...
 
+class AdmitHeld(_message.Message):
+    __slots__ = ("max_hold_seconds",)
+    MAX_HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    max_hold_seconds: float
+    def __init__(self, max_hold_seconds: _Optional[float] = ...) -> None: ...
+
+class AdmitUpdate(_message.Message):
+    __slots__ = ("held", "decision")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    held: AdmitHeld
+    decision: AdmitResponse
+    def __init__(self, held: _Optional[_Union[AdmitHeld, _Mapping]] = ..., decision: _Optional[_Union[AdmitResponse, _Mapping]] = ...) -> None: ...
+
 class BindRequest(_message.Message):
     __slots__ = ("request_id", "worker_id", "dp_rank")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.FromString,
                 _registered_method=True)
+        self.AdmitStream = channel.unary_stream(
+                '/bandmaster.scheduler.v1.Scheduler/AdmitStream',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.FromString,
+                _registered_method=True)
         self.Bind = channel.unary_unary(
                 '/bandmaster.scheduler.v1.Scheduler/Bind',
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindRequest.SerializeToString,
@@ -86,6 +91,16 @@ class SchedulerServicer:
 
     def Admit(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitStream(self, request, context):
+        """Admit with a first answer at once: `decision`, or `held` followed later by the decision. A
+        caller can then tell "alive, says wait" (held) from "not answering" (nothing within its short
+        decision deadline), and bound a held wait by `max_hold_seconds`. Same validation, holding,
+        cancellation and rollback as Admit.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -145,6 +160,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Admit,
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.SerializeToString,
+            ),
+            'AdmitStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.AdmitStream,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.SerializeToString,
             ),
             'Bind': grpc.unary_unary_rpc_method_handler(
                     servicer.Bind,
@@ -214,6 +234,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/Admit',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/AdmitStream',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.FromString,
             options,
             channel_credentials,
             insecure,
