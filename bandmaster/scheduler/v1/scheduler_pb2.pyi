@@ -84,7 +84,7 @@ class AdmitRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
-    __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch", "was_paused", "was_soft_demoted", "priority_seconds")
+    __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch", "was_paused", "was_soft_demoted", "priority_seconds", "lease_ttl_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_FIELD_NUMBER: _ClassVar[int]
     PINNED_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class AdmitResponse(_message.Message):
     WAS_PAUSED_FIELD_NUMBER: _ClassVar[int]
     WAS_SOFT_DEMOTED_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     dp_rank: int
     pinned: bool
@@ -105,7 +106,8 @@ class AdmitResponse(_message.Message):
     was_paused: bool
     was_soft_demoted: bool
     priority_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ..., was_paused: _Optional[bool] = ..., was_soft_demoted: _Optional[bool] = ..., priority_seconds: _Optional[float] = ...) -> None: ...
+    lease_ttl_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ..., was_paused: _Optional[bool] = ..., was_soft_demoted: _Optional[bool] = ..., priority_seconds: _Optional[float] = ..., lease_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class AdmitHeld(_message.Message):
     __slots__ = ("max_hold_seconds",)
@@ -162,6 +164,22 @@ class CompleteRequest(_message.Message):
 class CompleteResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RenewLeasesRequest(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RenewLeasesResponse(_message.Message):
+    __slots__ = ("renewed", "unknown_request_ids", "lease_ttl_seconds")
+    RENEWED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    renewed: int
+    unknown_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    lease_ttl_seconds: float
+    def __init__(self, renewed: _Optional[int] = ..., unknown_request_ids: _Optional[_Iterable[str]] = ..., lease_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("session_id",)
@@ -280,7 +298,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Stats(_message.Message):
-    __slots__ = ("programs_active", "programs_paused", "programs_reasoning", "programs_acting", "pauses_total", "resumes_total", "forced_resumes_total", "waiting_admissions", "replicas", "capacity_version", "marks_total", "expired_total", "released_total", "admissions_total", "admissions_cancelled_total", "passthrough_in_flight")
+    __slots__ = ("programs_active", "programs_paused", "programs_reasoning", "programs_acting", "pauses_total", "resumes_total", "forced_resumes_total", "waiting_admissions", "replicas", "capacity_version", "marks_total", "expired_total", "released_total", "admissions_total", "admissions_cancelled_total", "passthrough_in_flight", "completes_ignored_total", "tickets_expired_total", "tickets_in_flight", "state_recovery_seconds", "state_recovered_programs")
     PROGRAMS_ACTIVE_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_PAUSED_FIELD_NUMBER: _ClassVar[int]
     PROGRAMS_REASONING_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +315,11 @@ class Stats(_message.Message):
     ADMISSIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ADMISSIONS_CANCELLED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PASSTHROUGH_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETES_IGNORED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_EXPIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    TICKETS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    STATE_RECOVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STATE_RECOVERED_PROGRAMS_FIELD_NUMBER: _ClassVar[int]
     programs_active: int
     programs_paused: int
     programs_reasoning: int
@@ -313,7 +336,12 @@ class Stats(_message.Message):
     admissions_total: int
     admissions_cancelled_total: int
     passthrough_in_flight: int
-    def __init__(self, programs_active: _Optional[int] = ..., programs_paused: _Optional[int] = ..., programs_reasoning: _Optional[int] = ..., programs_acting: _Optional[int] = ..., pauses_total: _Optional[int] = ..., resumes_total: _Optional[int] = ..., forced_resumes_total: _Optional[int] = ..., waiting_admissions: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ..., capacity_version: _Optional[int] = ..., marks_total: _Optional[int] = ..., expired_total: _Optional[int] = ..., released_total: _Optional[int] = ..., admissions_total: _Optional[int] = ..., admissions_cancelled_total: _Optional[int] = ..., passthrough_in_flight: _Optional[int] = ...) -> None: ...
+    completes_ignored_total: int
+    tickets_expired_total: int
+    tickets_in_flight: int
+    state_recovery_seconds: float
+    state_recovered_programs: int
+    def __init__(self, programs_active: _Optional[int] = ..., programs_paused: _Optional[int] = ..., programs_reasoning: _Optional[int] = ..., programs_acting: _Optional[int] = ..., pauses_total: _Optional[int] = ..., resumes_total: _Optional[int] = ..., forced_resumes_total: _Optional[int] = ..., waiting_admissions: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaUtilization, _Mapping]]] = ..., capacity_version: _Optional[int] = ..., marks_total: _Optional[int] = ..., expired_total: _Optional[int] = ..., released_total: _Optional[int] = ..., admissions_total: _Optional[int] = ..., admissions_cancelled_total: _Optional[int] = ..., passthrough_in_flight: _Optional[int] = ..., completes_ignored_total: _Optional[int] = ..., tickets_expired_total: _Optional[int] = ..., tickets_in_flight: _Optional[int] = ..., state_recovery_seconds: _Optional[float] = ..., state_recovered_programs: _Optional[int] = ...) -> None: ...
 
 class GetRouterConfigRequest(_message.Message):
     __slots__ = ()

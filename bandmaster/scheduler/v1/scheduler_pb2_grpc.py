@@ -54,6 +54,11 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.RenewLeases = channel.unary_unary(
+                '/bandmaster.scheduler.v1.Scheduler/RenewLeases',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/bandmaster.scheduler.v1.Scheduler/Release',
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.ReleaseRequest.SerializeToString,
@@ -117,6 +122,12 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RenewLeases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -175,6 +186,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteResponse.SerializeToString,
+            ),
+            'RenewLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.RenewLeases,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -315,6 +331,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/Complete',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RenewLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/RenewLeases',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RenewLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,
