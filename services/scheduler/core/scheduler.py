@@ -807,14 +807,24 @@ class SchedulerCore:
         jump_s = ((self.params.resume_priority_boost if turn.was_paused else 0.0)
                   + (self.params.soft_demote_priority_jump if demoted else 0.0))
         replica = program.replica
-        if replica is not None and not forced and self._may_leave_placement_to_router():
-            # Nothing is under pressure: the router's KV cost (overlap and live load) picks, and
-            # Bind moves the program if it chose elsewhere. Pinning here only costs balance.
+        if replica is not None and not forced and (self._may_leave_placement_to_router()
+                                                   or self._let_go(program, replica)):
+            # Nothing is under pressure, or the policy does not hold this context anyway: the
+            # router's KV cost (overlap and live load) picks, and Bind moves the program if it
+            # chose elsewhere. Pinning here only costs balance.
             replica = None
             turn.unpinned = True
         return Decision(turn.request_id, turn.session_id, Verdict.PLACED, replica,
                         to_sglang_priority(jump_s), jump_s, turn.epoch, was_paused=turn.was_paused,
                         was_soft_demoted=demoted, forced_resume=forced, held_seconds=now - turn.started_at)
+
+    def _let_go(self, program: Program, replica: ReplicaKey) -> bool:
+        """A program whose context the policy does not hold (weight 0: recomputing it is cheaper
+        than holding it through its tools) gains nothing from a pin: its KV is the engine's to
+        evict, as under plain KV routing, so with soft pinning its turns are routed like KV
+        routing's."""
+        return (self.params.soft_pinning and self._policy_weight is not None and replica in self._caps
+                and self._weight(program, replica) == 0 and not self._paused and not self._waiting)
 
     def _may_leave_placement_to_router(self) -> bool:
         if not self.params.soft_pinning or self._paused or self._waiting:

@@ -34,3 +34,47 @@ def test_the_reference_always_pins():
     core = make_core({("a", 0): 10_000, ("b", 0): 10_000})
     decision = core.admit(0.0, "p", "", 1_000, rid()).decision
     assert decision.replica is not None
+
+
+def _cost_aware_core(**params):
+    from services.scheduler.core import ControlParams, SchedulerCore
+    from services.scheduler.core.policies import CostAwarePauseParams, make_pause_policy
+    from tests.unit.scheduler.helpers import snapshot
+
+    # Tools of 100 s: recomputing anything below ~1.3M tokens is cheaper than holding it, so every
+    # context weighs 0 (the policy lets it go).
+    policy = make_pause_policy("cost_aware", CostAwarePauseParams(tool_seconds=100.0, prior_observations=1e9))
+    core = SchedulerCore(ControlParams(soft_pinning=True, **params), policy)
+    core.apply_capacity(0.0, snapshot({("a", 0): 10_000, ("b", 0): 10_000}))
+    return core
+
+
+def test_a_context_the_policy_lets_go_is_routed_like_kv_routing_under_pressure():
+    core = _cost_aware_core()
+    place_acting(core, "heavy", 9_700, ("a", 0))  # raw tokens put a in the soft-demote band, but they weigh 0
+    core._programs["heavy"].soft_demoted_until = 0.0
+    # Pressure by count: a resident program that counts (REASONING, weight > 0) would pin; ours weighs 0.
+    request_id = rid()
+    core.admit(0.0, "p", "", 500, request_id)
+    core.complete(0.0, "p", request_id, core.program("p").replica or A, 500, 0)
+    # Make a replica look pressured for the pin rule: fill b's accounting with a counted passthrough.
+    core.admit(0.0, "", "", 9_800, "pt")
+    core.bind_request("pt", B)
+    again = rid()
+    decision = core.admit(1.0, "p", "", 600, again).decision
+    assert decision.verdict is Verdict.PLACED and decision.replica is None   # let go: the router picks
+    core.check_invariants(1.0)
+
+
+def test_once_programs_are_held_a_let_go_context_is_pinned_again():
+    core = _cost_aware_core()
+    core.admit(0.0, "", "", 9_800, "pt")
+    core.bind_request("pt", B)
+    request_id = rid()
+    core.admit(0.0, "p", "", 500, request_id)
+    core.complete(0.0, "p", request_id, core.program("p").replica or A, 500, 0)
+    core._paused["ghost"] = 0  # something is held: placement stays authoritative
+    core._programs["ghost"] = core._programs["p"].__class__("ghost", "", 0.0, 99)
+    core._programs["ghost"].lifecycle = type(core._programs["ghost"].lifecycle).PAUSED
+    decision = core.admit(1.0, "p", "", 600, rid()).decision
+    assert decision.replica is not None
