@@ -45,8 +45,6 @@ log = logging.getLogger("services.scheduler")
 core_log = logging.getLogger("services.scheduler.control")
 
 DEFAULT_WATCH_QUEUE = 1024
-# Complete is idempotent per request_id: remember this many recent ids.
-COMPLETED_MEMORY = 65_536
 
 
 class ShuttingDown(Exception):
@@ -94,7 +92,6 @@ class SchedulerRuntime:
         self._deadlines: list[tuple[float, str]] = []
         self._timer_wake = asyncio.Event()
         self._subscribers: set[EventQueue] = set()
-        self._completed: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
         self.ticks = 0
@@ -202,18 +199,12 @@ class SchedulerRuntime:
 
     def complete(self, session_id: str, request_id: str, replica: ReplicaKey | None, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, outcome: TurnOutcome, *,
-                 ttft_s: float | None = None) -> bool:
-        """False when this request_id was already completed (idempotent retry: nothing changes)."""
-        if request_id in self._completed:
-            self._completed.move_to_end(request_id)
-            return False
-        self._completed[request_id] = None
-        if len(self._completed) > COMPLETED_MEMORY:
-            self._completed.popitem(last=False)
+                 ttft_s: float | None = None) -> None:
+        """End a turn. Idempotent: a request id without a ticket (completed already, expired, unknown)
+        is ignored and counted by the core, and changes nothing."""
         effects = self.core.complete(self.clock.monotonic(), session_id, request_id, replica, prompt_tokens,
                                      completion_tokens, cached_tokens, outcome, ttft_s=ttft_s)
         self._publish(effects)
-        return True
 
     def release(self, session_id: str) -> bool:
         released, effects = self.core.release(self.clock.monotonic(), session_id)

@@ -8,7 +8,6 @@ admission back before the RPC ends.
 from __future__ import annotations
 
 import asyncio
-import math
 import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -31,9 +30,10 @@ from services.scheduler.adapters.proto import (
     validate_request_id,
     validate_session_id,
     validate_tokens,
+    validate_ttft,
 )
 from services.scheduler.config import KvRouterConfig
-from services.scheduler.core import DuplicateRequest, MissingRequestId, Verdict
+from services.scheduler.core import DuplicateRequest, MissingRequestId, RequestMismatch, Verdict
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
@@ -47,13 +47,13 @@ class HoldDeadlineExceeded(Exception):
     """The caller's deadline passed while its admission was held (gRPC: DEADLINE_EXCEEDED)."""
 
 
-_DOMAIN_ERRORS = (InvalidArgument, MissingRequestId, DuplicateRequest, ProgramNotFound, ShuttingDown,
-                  HoldDeadlineExceeded)
+_DOMAIN_ERRORS = (InvalidArgument, MissingRequestId, RequestMismatch, DuplicateRequest, ProgramNotFound,
+                  ShuttingDown, HoldDeadlineExceeded)
 
 
 def _status(exc: Exception) -> grpc.StatusCode:
     """The one mapping from domain errors to gRPC codes."""
-    if isinstance(exc, (InvalidArgument, MissingRequestId)):
+    if isinstance(exc, (InvalidArgument, MissingRequestId, RequestMismatch)):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, DuplicateRequest):
         return grpc.StatusCode.ALREADY_EXISTS
@@ -172,10 +172,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                             cached_tokens=request.cached_tokens)
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             outcome = outcome_from_proto(request.outcome)
-            if not math.isfinite(request.ttft_seconds) or request.ttft_seconds < 0:
-                raise InvalidArgument("ttft_seconds must be a finite number >= 0")
+            ttft_s = validate_ttft(request.ttft_seconds)
             self.runtime.complete(session_id, request_id, replica, request.prompt_tokens, request.completion_tokens,
-                                  request.cached_tokens, outcome, ttft_s=request.ttft_seconds or None)
+                                  request.cached_tokens, outcome, ttft_s=ttft_s or None)
             return pb.CompleteResponse()
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:

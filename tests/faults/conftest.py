@@ -8,7 +8,7 @@ W = ("w1", 0)
 
 
 @pytest.fixture
-async def capacity():
+async def scripted_capacity():
     """One replica of 10,000 tokens."""
     cap = ScriptedCapacity({W: 10_000})
     await cap.start()

@@ -41,8 +41,8 @@ async def _cancel_storm(client: Client, sids: list[str], calls: int, cancel_afte
     assert all(isinstance(r, (asyncio.CancelledError, grpc.aio.AioRpcError)) for r in results)
 
 
-async def test_cancelling_many_held_admits_leaves_the_table_as_it_was(tmp_path, capacity):
-    sched = await start_scheduler(tmp_path, capacity.address, "--pause-target", "0.92")
+async def test_cancelling_many_held_admits_leaves_the_table_as_it_was(tmp_path, scripted_capacity):
+    sched = await start_scheduler(tmp_path, scripted_capacity.address, "--pause-target", "0.92")
     client = Client.connect(sched.ready["grpc"])
     try:
         await _paused_program(client)
@@ -64,8 +64,8 @@ async def test_cancelling_many_held_admits_leaves_the_table_as_it_was(tmp_path, 
         await sched.stop()
 
 
-async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_path, capacity):
-    sched = await start_scheduler(tmp_path, capacity.address)
+async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_path, scripted_capacity):
+    sched = await start_scheduler(tmp_path, scripted_capacity.address)
     client = Client.connect(sched.ready["grpc"])
     try:
         await client.wait_replicas(1)

@@ -30,6 +30,10 @@ from services.scheduler.core import (
 
 MAX_ID_BYTES = 256
 _INT32_MAX = 2**31 - 1
+MAX_TOKENS = _INT32_MAX
+"""Bound on every token count a caller sends (no context is two billion tokens long); sums of them
+stay far inside int64, so no figure the scheduler reports can overflow its proto field."""
+MAX_TTFT_SECONDS = 86_400.0
 
 
 class InvalidArgument(ValueError):
@@ -58,6 +62,14 @@ def validate_tokens(**counts: int) -> None:
     for name, value in counts.items():
         if value < 0:
             raise InvalidArgument(f"{name} must be >= 0, got {value}")
+        if value > MAX_TOKENS:
+            raise InvalidArgument(f"{name} must be <= {MAX_TOKENS}, got {value}")
+
+
+def validate_ttft(value: float) -> float:
+    if not (0.0 <= value <= MAX_TTFT_SECONDS):  # also false for NaN
+        raise InvalidArgument(f"ttft_seconds must be a finite number in [0, {MAX_TTFT_SECONDS:g}]")
+    return value
 
 
 def replica_from_fields(worker_id: str, dp_rank: int, field_name: str = "worker_id") -> ReplicaKey | None:
@@ -178,7 +190,9 @@ def stats_to_proto(s: Stats) -> pb.Stats:
         waiting_admissions=s.waiting_admissions, replicas=[replica_stats_to_proto(r) for r in s.replicas],
         capacity_version=s.capacity_version, marks_total=s.marks_total, expired_total=s.expired_total,
         released_total=s.released_total, admissions_total=s.admissions_total,
-        admissions_cancelled_total=s.admissions_cancelled_total, passthrough_in_flight=s.passthrough_in_flight)
+        admissions_cancelled_total=s.admissions_cancelled_total, passthrough_in_flight=s.passthrough_in_flight,
+        completes_ignored_total=s.completes_ignored_total, tickets_expired_total=s.tickets_expired_total,
+        tickets_in_flight=min(s.tickets_in_flight, _INT32_MAX))
 
 
 def router_config_to_proto(kv: KvRouterConfig) -> pb.RouterConfig:

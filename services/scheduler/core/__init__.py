@@ -11,7 +11,7 @@ Public API (the gRPC shell is written against this):
 - `ControlParams` (validated), `to_sglang_priority`, pause policies in `policies`.
 """
 
-from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, SchedulerError
+from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, RequestMismatch, SchedulerError
 from services.scheduler.core.model import (
     AdmitResult,
     Band,
@@ -39,7 +39,7 @@ from services.scheduler.core.scheduler import SchedulerCore, normalise_session_i
 __all__ = [
     "AdmitResult", "Band", "BUFFER_PER_PROGRAM_TOKENS", "CapacitySnapshot", "ControlParams", "Decision",
     "DuplicateRequest", "Effects", "EventKind", "Lifecycle", "LogRecord", "MissingRequestId", "PAUSE_POLICIES",
-    "ProgramEvent", "ProgramView", "ReplicaCapacity", "ReplicaKey", "ReplicaStats", "SchedulerCore",
+    "ProgramEvent", "ProgramView", "ReplicaCapacity", "ReplicaKey", "ReplicaStats", "RequestMismatch", "SchedulerCore",
     "SchedulerError", "Stats", "Status", "TickResult", "TurnOutcome", "Verdict", "make_pause_policy",
     "normalise_session_id", "to_sglang_priority",
 ]

@@ -11,3 +11,7 @@ class DuplicateRequest(SchedulerError):
 
 class MissingRequestId(SchedulerError):
     """An admission came without a request id (gRPC: INVALID_ARGUMENT)."""
+
+
+class RequestMismatch(SchedulerError):
+    """A Complete named another program than its request was admitted for (gRPC: INVALID_ARGUMENT)."""

@@ -197,6 +197,9 @@ class Stats:
     passthrough_in_flight: int
     capacity_version: int
     replicas: tuple[ReplicaStats, ...]
+    completes_ignored_total: int = 0  # Complete for a request id with no ticket: ignored, table unchanged
+    tickets_in_flight: int = 0  # admitted turns not yet completed (held ones included)
+    tickets_expired_total: int = 0  # turns ended because their lease lapsed
 
 
 @dataclass(frozen=True)

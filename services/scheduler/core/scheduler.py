@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from services.scheduler.core.errors import DuplicateRequest, MissingRequestId
+from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, RequestMismatch
 from services.scheduler.core.model import (
     DEBUG,
     INFO,
@@ -150,6 +150,7 @@ class SchedulerCore:
         self.released_total = 0
         self.admissions_total = 0
         self.admissions_cancelled_total = 0
+        self.completes_ignored_total = 0
 
     # ------------------------------------------------------------------ admission
 
@@ -286,8 +287,24 @@ class SchedulerCore:
         """A turn ended: the program is at a tool boundary (ACTING). token_total becomes
         prompt + completion when the worker reported them. A marked program is paused here.
         `ttft_s` (dispatch to first token, when the caller knows it) feeds the policy's prefill
-        estimate; the whole context stays resident whether or not it was cached."""
+        estimate; the whole context stays resident whether or not it was cached.
+
+        The ticket (the admitted turn) is authoritative: a request id with none (never admitted,
+        already completed, expired, or still held) is ignored and counted, and never changes the
+        table; a `session_id` other than the admitted one is a RequestMismatch."""
         acc = _Acc()
+        turn = self._turns.get(request_id)
+        sid = normalise_session_id(session_id)
+        if request_id in self._passthrough:
+            if sid:
+                raise RequestMismatch(f"session_id {sid!r} does not match request {request_id!r} "
+                                      "(admitted as a passthrough request)")
+        elif turn is None or turn.waiting:
+            self.completes_ignored_total += 1
+            return acc.effects()
+        elif sid and sid != turn.session_id:
+            raise RequestMismatch(f"session_id {sid!r} does not match request {request_id!r} "
+                                  f"(admitted for {turn.session_id!r})")
         if (self._observe_prefill is not None and ttft_s is not None and outcome is TurnOutcome.OK
                 and prompt_tokens > cached_tokens >= 0):
             self._observe_prefill(int(prompt_tokens) - int(cached_tokens), float(ttft_s))
@@ -295,13 +312,11 @@ class SchedulerCore:
         if pt is not None:
             self._recharge_passthrough(request_id, None)
             return acc.effects()
-        turn = self._turns.pop(request_id, None)
-        sid = normalise_session_id(session_id) or (turn.session_id if turn else "")
-        if turn is not None:
-            self._drop_waiter(turn.session_id, request_id)
-        program = self._programs.get(sid)
-        if program is None:
-            return acc.effects()  # released meanwhile: nothing to account
+        assert turn is not None
+        del self._turns[request_id]
+        program = self._programs.get(turn.session_id)
+        if program is not turn.program:
+            return acc.effects()  # released (and perhaps re-created) meanwhile: nothing to account
         reported = max(0, int(prompt_tokens)) + max(0, int(completion_tokens))
         if reported > 0:
             program.token_total = reported
@@ -719,6 +734,7 @@ class SchedulerCore:
             forced_resumes_total=self.forced_resumes_total, marks_total=self.marks_total,
             expired_total=self.expired_total, released_total=self.released_total,
             admissions_total=self.admissions_total, admissions_cancelled_total=self.admissions_cancelled_total,
+            completes_ignored_total=self.completes_ignored_total, tickets_in_flight=len(self._turns),
             waiting_admissions=sum(len(r) for r in self._waiting.values()),
             passthrough_in_flight=len(self._passthrough), capacity_version=self._capacity_version,
             replicas=self.replica_stats(now))

@@ -75,7 +75,10 @@ def test_a_waiting_tail_program_resumes_before_shorter_ones(quantile, first):
                      pause_threshold=1.0, pause_target=0.95, resume_hysteresis=0.03, soft_demote_threshold=0.95)
     _release_programs(core, [1, 1, 3, 3])  # tail: more than 3 turns
     place_reasoning(core, "filler", 6_000, W)  # in flight: counts fully on the resume side
-    requests = {"old": _park(core, "old", 4, 3_000), "young": _park(core, "young", 2, 500)}
+    # Both run their turns before either parks: a held admission queues every new program behind it.
+    _run_turns(core, "old", 4, 3_000)
+    _run_turns(core, "young", 2, 500)
+    requests = {"old": _park(core, "old", 0, 3_000), "young": _park(core, "young", 0, 500)}
     # Room for one of them: 9,700 - 6,100 = 3,600 < 3,100 + 600.
     resolved = [d.request_id for d in core.tick(3.0).resolutions]
     assert resolved == [requests[first]]
