@@ -25,43 +25,49 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#bandmaster/planner/v1/planner.proto\x12\x15\x62\x61ndmaster.planner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x02\n\x08\x42\x61tchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x16\n\x0etotal_requests\x18\x03 \x01(\x03\x12\x1b\n\x13\x64ispatched_requests\x18\x04 \x01(\x03\x12\x1a\n\x12\x63ompleted_requests\x18\x05 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x05state\x18\x07 \x01(\x0e\x32$.bandmaster.planner.v1.BatchJobState\x12\x30\n\x0csubmitted_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"~\n\x15SubmitBatchJobRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x16\n\x0etotal_requests\x18\x02 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"$\n\x12GetBatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x14ListBatchJobsRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"F\n\x15ListBatchJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.bandmaster.planner.v1.BatchJob\"\x94\x01\n\x05Lease\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x19\n\x11max_admission_rps\x18\x02 \x01(\x01\x12\x1b\n\x13valid_until_unix_ms\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x05 \x01(\x04\x12\x17\n\x0fwriter_sequence\x18\x06 \x01(\x04\"\"\n\x0fGetLeaseRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"$\n\x11WatchLeaseRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"q\n\x15ReportDispatchRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x12\n\ndispatched\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06queued\x18\x04 \x01(\x03\x12\x10\n\x08inflight\x18\x05 \x01(\x03\"\x18\n\x16ReportDispatchResponse\"y\n\rReplicaTarget\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x35\n\nprovenance\x18\x03 \x01(\x0e\x32!.bandmaster.planner.v1.Provenance\x12\x0e\n\x06reason\x18\x04 \x01(\t\"\xbf\x01\n\x04Plan\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12.\n\ndecided_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06leases\x18\x03 \x03(\x0b\x32\x1c.bandmaster.planner.v1.Lease\x12\x35\n\x07targets\x18\x04 \x03(\x0b\x32$.bandmaster.planner.v1.ReplicaTarget\x12\r\n\x05\x61udit\x18\x05 \x03(\t\"\x10\n\x0eGetPlanRequest*\x9f\x01\n\rBatchJobState\x12\x1f\n\x1b\x42\x41TCH_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x42\x41TCH_JOB_STATE_RUNNING\x10\x02\x12\x18\n\x14\x42\x41TCH_JOB_STATE_DONE\x10\x03\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_FAILED\x10\x04*\x90\x01\n\nProvenance\x12\x1a\n\x16PROVENANCE_UNSPECIFIED\x10\x00\x12\x16\n\x12PROVENANCE_PROPOSE\x10\x01\x12\x18\n\x14PROVENANCE_RECONCILE\x10\x02\x12\x18\n\x14PROVENANCE_CONSTRAIN\x10\x03\x12\x1a\n\x16PROVENANCE_FAIL_CLOSED\x10\x04\x32\x99\x05\n\x07Planner\x12_\n\x0eSubmitBatchJob\x12,.bandmaster.planner.v1.SubmitBatchJobRequest\x1a\x1f.bandmaster.planner.v1.BatchJob\x12Y\n\x0bGetBatchJob\x12).bandmaster.planner.v1.GetBatchJobRequest\x1a\x1f.bandmaster.planner.v1.BatchJob\x12j\n\rListBatchJobs\x12+.bandmaster.planner.v1.ListBatchJobsRequest\x1a,.bandmaster.planner.v1.ListBatchJobsResponse\x12P\n\x08GetLease\x12&.bandmaster.planner.v1.GetLeaseRequest\x1a\x1c.bandmaster.planner.v1.Lease\x12V\n\nWatchLease\x12(.bandmaster.planner.v1.WatchLeaseRequest\x1a\x1c.bandmaster.planner.v1.Lease0\x01\x12m\n\x0eReportDispatch\x12,.bandmaster.planner.v1.ReportDispatchRequest\x1a-.bandmaster.planner.v1.ReportDispatchResponse\x12M\n\x07GetPlan\x12%.bandmaster.planner.v1.GetPlanRequest\x1a\x1b.bandmaster.planner.v1.Planb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#bandmaster/planner/v1/planner.proto\x12\x15\x62\x61ndmaster.planner.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xde\x02\n\x08\x42\x61tchJob\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07pool_id\x18\x02 \x01(\t\x12\x16\n\x0etotal_requests\x18\x03 \x01(\x03\x12\x1b\n\x13\x64ispatched_requests\x18\x04 \x01(\x03\x12\x1a\n\x12\x63ompleted_requests\x18\x05 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x05state\x18\x07 \x01(\x0e\x32$.bandmaster.planner.v1.BatchJobState\x12\x30\n\x0csubmitted_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06status\x18\t \x01(\t\x12\x17\n\x0f\x66\x61iled_requests\x18\n \x01(\x03\x12\x10\n\x08\x65ndpoint\x18\x0b \x01(\t\x12\x10\n\x08\x65xternal\x18\x0c \x01(\x08\"~\n\x15SubmitBatchJobRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x16\n\x0etotal_requests\x18\x02 \x01(\x03\x12,\n\x08\x64\x65\x61\x64line\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06job_id\x18\x04 \x01(\t\"$\n\x12GetBatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x14ListBatchJobsRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"F\n\x15ListBatchJobsResponse\x12-\n\x04jobs\x18\x01 \x03(\x0b\x32\x1f.bandmaster.planner.v1.BatchJob\"\x94\x01\n\x05Lease\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x19\n\x11max_admission_rps\x18\x02 \x01(\x01\x12\x1b\n\x13valid_until_unix_ms\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\t\x12\x14\n\x0cwriter_epoch\x18\x05 \x01(\x04\x12\x17\n\x0fwriter_sequence\x18\x06 \x01(\x04\"\"\n\x0fGetLeaseRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"$\n\x11WatchLeaseRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\"\xea\x01\n\x15ReportDispatchRequest\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x12\n\ndispatched\x18\x02 \x01(\x03\x12\x11\n\tcompleted\x18\x03 \x01(\x03\x12\x0e\n\x06queued\x18\x04 \x01(\x03\x12\x10\n\x08inflight\x18\x05 \x01(\x03\x12\x0e\n\x06job_id\x18\x06 \x01(\t\x12\x0e\n\x06\x66\x61iled\x18\x07 \x01(\x03\x12\x1b\n\x13\x61\x63tual_dispatch_rps\x18\x08 \x01(\x01\x12!\n\x19\x61pplied_max_admission_rps\x18\t \x01(\x01\x12\x17\n\x0fhas_applied_cap\x18\n \x01(\x08\"\x18\n\x16ReportDispatchResponse\"\xb9\x01\n\rReplicaTarget\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\x10\n\x08replicas\x18\x02 \x01(\x05\x12\x35\n\nprovenance\x18\x03 \x01(\x0e\x32!.bandmaster.planner.v1.Provenance\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x06 \x01(\t\x12\x0c\n\x04kind\x18\x07 \x01(\t\x12\x10\n\x08replayed\x18\x08 \x01(\x08\"\xd4\x03\n\x12ObservationSummary\x12\x12\n\njobs_known\x18\x01 \x01(\x08\x12\x13\n\x0b\x61\x63tive_jobs\x18\x02 \x01(\x05\x12\x1a\n\x12remaining_requests\x18\x03 \x01(\x03\x12\x15\n\rtraffic_known\x18\x04 \x01(\x08\x12\x1a\n\x12online_offered_rps\x18\x05 \x01(\x01\x12\x17\n\x0finventory_known\x18\x06 \x01(\x08\x12\x16\n\x0eready_replicas\x18\x07 \x01(\x05\x12\x18\n\x10\x64\x65sired_replicas\x18\x08 \x01(\x05\x12\x18\n\x10pending_replicas\x18\t \x01(\x05\x12\x1b\n\x13scaling_in_progress\x18\n \x01(\x08\x12\x16\n\x0e\x66\x65\x65\x64\x62\x61\x63k_known\x18\x0b \x01(\x08\x12\x17\n\x0fqueued_requests\x18\x0c \x01(\x03\x12\x19\n\x11inflight_requests\x18\r \x01(\x03\x12\x1b\n\x13\x61\x63tual_dispatch_rps\x18\x0e \x01(\x01\x12\x16\n\x0eprograms_known\x18\x0f \x01(\x08\x12\x17\n\x0fpaused_programs\x18\x10 \x01(\x05\x12\x13\n\x0butilization\x18\x11 \x01(\x01\x12\x15\n\rsource_errors\x18\x12 \x03(\t\"\x8a\x06\n\x04Plan\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x01 \x01(\t\x12.\n\ndecided_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x06leases\x18\x03 \x03(\x0b\x32\x1c.bandmaster.planner.v1.Lease\x12\x35\n\x07targets\x18\x04 \x03(\x0b\x32$.bandmaster.planner.v1.ReplicaTarget\x12\r\n\x05\x61udit\x18\x05 \x03(\t\x12\x0e\n\x06\x61\x63tion\x18\x06 \x01(\t\x12\x1b\n\x13\x66\x61il_closed_reasons\x18\x07 \x03(\t\x12\x16\n\x0epolicy_reasons\x18\x08 \x03(\t\x12\x19\n\x11has_replica_floor\x18\t \x01(\x08\x12\x15\n\rreplica_floor\x18\n \x01(\x05\x12\x17\n\x0fhas_idle_target\x18\x0b \x01(\x08\x12\x13\n\x0bidle_target\x18\x0c \x01(\x05\x12\x14\n\x0chas_scale_to\x18\r \x01(\x08\x12\x10\n\x08scale_to\x18\x0e \x01(\x05\x12\x10\n\x08\x61\x64visory\x18\x0f \x01(\x08\x12\x17\n\x0f\x65\x66\x66\x65\x63ts_outcome\x18\x10 \x01(\t\x12\x15\n\reffects_error\x18\x11 \x01(\t\x12\x1a\n\x12required_batch_rps\x18\x12 \x01(\x01\x12\"\n\x1aplanned_batch_capacity_rps\x18\x13 \x01(\x01\x12 \n\x18minimum_deadline_slack_s\x18\x14 \x01(\x01\x12>\n\x0bobservation\x18\x15 \x01(\x0b\x32).bandmaster.planner.v1.ObservationSummary\x12J\n\x10proposer_reasons\x18\x16 \x03(\x0b\x32\x30.bandmaster.planner.v1.Plan.ProposerReasonsEntry\x12\x14\n\x0ctick_seconds\x18\x17 \x01(\x01\x1a\x36\n\x14ProposerReasonsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x10\n\x0eGetPlanRequest*\xdb\x01\n\rBatchJobState\x12\x1f\n\x1b\x42\x41TCH_JOB_STATE_UNSPECIFIED\x10\x00\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_QUEUED\x10\x01\x12\x1b\n\x17\x42\x41TCH_JOB_STATE_RUNNING\x10\x02\x12\x18\n\x14\x42\x41TCH_JOB_STATE_DONE\x10\x03\x12\x1a\n\x16\x42\x41TCH_JOB_STATE_FAILED\x10\x04\x12\x1d\n\x19\x42\x41TCH_JOB_STATE_CANCELLED\x10\x05\x12\x1b\n\x17\x42\x41TCH_JOB_STATE_EXPIRED\x10\x06*\x90\x01\n\nProvenance\x12\x1a\n\x16PROVENANCE_UNSPECIFIED\x10\x00\x12\x16\n\x12PROVENANCE_PROPOSE\x10\x01\x12\x18\n\x14PROVENANCE_RECONCILE\x10\x02\x12\x18\n\x14PROVENANCE_CONSTRAIN\x10\x03\x12\x1a\n\x16PROVENANCE_FAIL_CLOSED\x10\x04\x32\x99\x05\n\x07Planner\x12_\n\x0eSubmitBatchJob\x12,.bandmaster.planner.v1.SubmitBatchJobRequest\x1a\x1f.bandmaster.planner.v1.BatchJob\x12Y\n\x0bGetBatchJob\x12).bandmaster.planner.v1.GetBatchJobRequest\x1a\x1f.bandmaster.planner.v1.BatchJob\x12j\n\rListBatchJobs\x12+.bandmaster.planner.v1.ListBatchJobsRequest\x1a,.bandmaster.planner.v1.ListBatchJobsResponse\x12P\n\x08GetLease\x12&.bandmaster.planner.v1.GetLeaseRequest\x1a\x1c.bandmaster.planner.v1.Lease\x12V\n\nWatchLease\x12(.bandmaster.planner.v1.WatchLeaseRequest\x1a\x1c.bandmaster.planner.v1.Lease0\x01\x12m\n\x0eReportDispatch\x12,.bandmaster.planner.v1.ReportDispatchRequest\x1a-.bandmaster.planner.v1.ReportDispatchResponse\x12M\n\x07GetPlan\x12%.bandmaster.planner.v1.GetPlanRequest\x1a\x1b.bandmaster.planner.v1.Planb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bandmaster.planner.v1.planner_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_BATCHJOBSTATE']._serialized_start=1352
-  _globals['_BATCHJOBSTATE']._serialized_end=1511
-  _globals['_PROVENANCE']._serialized_start=1514
-  _globals['_PROVENANCE']._serialized_end=1658
+  _globals['_PLAN_PROPOSERREASONSENTRY']._loaded_options = None
+  _globals['_PLAN_PROPOSERREASONSENTRY']._serialized_options = b'8\001'
+  _globals['_BATCHJOBSTATE']._serialized_start=2674
+  _globals['_BATCHJOBSTATE']._serialized_end=2893
+  _globals['_PROVENANCE']._serialized_start=2896
+  _globals['_PROVENANCE']._serialized_end=3040
   _globals['_BATCHJOB']._serialized_start=96
-  _globals['_BATCHJOB']._serialized_end=369
-  _globals['_SUBMITBATCHJOBREQUEST']._serialized_start=371
-  _globals['_SUBMITBATCHJOBREQUEST']._serialized_end=497
-  _globals['_GETBATCHJOBREQUEST']._serialized_start=499
-  _globals['_GETBATCHJOBREQUEST']._serialized_end=535
-  _globals['_LISTBATCHJOBSREQUEST']._serialized_start=537
-  _globals['_LISTBATCHJOBSREQUEST']._serialized_end=576
-  _globals['_LISTBATCHJOBSRESPONSE']._serialized_start=578
-  _globals['_LISTBATCHJOBSRESPONSE']._serialized_end=648
-  _globals['_LEASE']._serialized_start=651
-  _globals['_LEASE']._serialized_end=799
-  _globals['_GETLEASEREQUEST']._serialized_start=801
-  _globals['_GETLEASEREQUEST']._serialized_end=835
-  _globals['_WATCHLEASEREQUEST']._serialized_start=837
-  _globals['_WATCHLEASEREQUEST']._serialized_end=873
-  _globals['_REPORTDISPATCHREQUEST']._serialized_start=875
-  _globals['_REPORTDISPATCHREQUEST']._serialized_end=988
-  _globals['_REPORTDISPATCHRESPONSE']._serialized_start=990
-  _globals['_REPORTDISPATCHRESPONSE']._serialized_end=1014
-  _globals['_REPLICATARGET']._serialized_start=1016
-  _globals['_REPLICATARGET']._serialized_end=1137
-  _globals['_PLAN']._serialized_start=1140
-  _globals['_PLAN']._serialized_end=1331
-  _globals['_GETPLANREQUEST']._serialized_start=1333
-  _globals['_GETPLANREQUEST']._serialized_end=1349
-  _globals['_PLANNER']._serialized_start=1661
-  _globals['_PLANNER']._serialized_end=2326
+  _globals['_BATCHJOB']._serialized_end=446
+  _globals['_SUBMITBATCHJOBREQUEST']._serialized_start=448
+  _globals['_SUBMITBATCHJOBREQUEST']._serialized_end=574
+  _globals['_GETBATCHJOBREQUEST']._serialized_start=576
+  _globals['_GETBATCHJOBREQUEST']._serialized_end=612
+  _globals['_LISTBATCHJOBSREQUEST']._serialized_start=614
+  _globals['_LISTBATCHJOBSREQUEST']._serialized_end=653
+  _globals['_LISTBATCHJOBSRESPONSE']._serialized_start=655
+  _globals['_LISTBATCHJOBSRESPONSE']._serialized_end=725
+  _globals['_LEASE']._serialized_start=728
+  _globals['_LEASE']._serialized_end=876
+  _globals['_GETLEASEREQUEST']._serialized_start=878
+  _globals['_GETLEASEREQUEST']._serialized_end=912
+  _globals['_WATCHLEASEREQUEST']._serialized_start=914
+  _globals['_WATCHLEASEREQUEST']._serialized_end=950
+  _globals['_REPORTDISPATCHREQUEST']._serialized_start=953
+  _globals['_REPORTDISPATCHREQUEST']._serialized_end=1187
+  _globals['_REPORTDISPATCHRESPONSE']._serialized_start=1189
+  _globals['_REPORTDISPATCHRESPONSE']._serialized_end=1213
+  _globals['_REPLICATARGET']._serialized_start=1216
+  _globals['_REPLICATARGET']._serialized_end=1401
+  _globals['_OBSERVATIONSUMMARY']._serialized_start=1404
+  _globals['_OBSERVATIONSUMMARY']._serialized_end=1872
+  _globals['_PLAN']._serialized_start=1875
+  _globals['_PLAN']._serialized_end=2653
+  _globals['_PLAN_PROPOSERREASONSENTRY']._serialized_start=2599
+  _globals['_PLAN_PROPOSERREASONSENTRY']._serialized_end=2653
+  _globals['_GETPLANREQUEST']._serialized_start=2655
+  _globals['_GETPLANREQUEST']._serialized_end=2671
+  _globals['_PLANNER']._serialized_start=3043
+  _globals['_PLANNER']._serialized_end=3708
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,203 @@
+"""The OpenAI Batch API over HTTP (aiohttp), backed by the durable registry.
+
+    POST /v1/files                    multipart {file, purpose="batch"} -> file object
+    GET  /v1/files/{id}               file object
+    GET  /v1/files/{id}/content       input, output or error JSONL
+    POST /v1/batches                  {input_file_id, endpoint, completion_window, metadata?} -> batch
+    GET  /v1/batches?after=&limit=    {object: "list", data, first_id, last_id, has_more}, newest first
+    GET  /v1/batches/{id}             batch
+    POST /v1/batches/{id}/cancel      batch (idempotent)
+    GET  /health
+
+Errors are OpenAI-style bodies {"error": {message, type, param, code}}; every domain error maps
+to its HTTP status in `_error_response` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+from services.common.clock import Clock
+from services.planner.adapters.registry import Conflict, NotFound, Registry
+from services.planner.core.batch_api import (BatchInputError, check_endpoint, error_body, parse_batch_input,
+                                             parse_completion_window)
+
+log = logging.getLogger("services.planner.http")
+MAX_LIST_LIMIT = 100
+
+
+def _error_response(exc: Exception) -> web.Response:
+    """The one mapping from domain errors to HTTP statuses."""
+    if isinstance(exc, BatchInputError):
+        body = error_body(exc.message, code=exc.code, param=exc.param)
+        if exc.line is not None:
+            body["error"]["line"] = exc.line
+        return web.json_response(body, status=exc.status)
+    if isinstance(exc, NotFound):
+        return web.json_response(error_body(f"No such object: {exc.args[0]}", code="not_found"), status=404)
+    if isinstance(exc, Conflict):
+        return web.json_response(error_body(str(exc), code="conflict"), status=400)
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return web.json_response(error_body("request body too large", code="file_too_large", param="file"),
+                                 status=413)
+    if isinstance(exc, web.HTTPException):
+        return web.json_response(error_body(exc.reason or "error", code=str(exc.status)), status=exc.status)
+    log.exception("batch API error", exc_info=exc)
+    return web.json_response(error_body("internal error", type_="server_error"), status=500)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    try:
+        return await handler(request)
+    except (BatchInputError, NotFound, Conflict, web.HTTPException) as exc:
+        return _error_response(exc)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        return _error_response(exc)
+
+
+class BatchApi:
+    def __init__(self, registry: Registry, clock: Clock, *, max_requests: int, max_file_bytes: int,
+                 pool_id: str = "default", on_change: Callable[[], None] = lambda: None) -> None:
+        self.registry = registry
+        self.clock = clock
+        self.max_requests = max_requests
+        self.max_file_bytes = max_file_bytes
+        self.pool_id = pool_id
+        self.on_change = on_change
+        self.app = web.Application(client_max_size=max_file_bytes + 1024 * 1024, middlewares=[_errors])
+        r = self.app.router
+        r.add_post("/v1/files", self.create_file)
+        r.add_get("/v1/files/{id}", self.get_file)
+        r.add_get("/v1/files/{id}/content", self.file_content)
+        r.add_post("/v1/batches", self.create_batch)
+        r.add_get("/v1/batches", self.list_batches)
+        r.add_get("/v1/batches/{id}", self.get_batch)
+        r.add_post("/v1/batches/{id}/cancel", self.cancel_batch)
+        r.add_get("/health", self.health)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    def _now(self) -> int:
+        return int(self.clock.wall())
+
+    async def start(self, host: str, port: int) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def create_file(self, request: web.Request) -> web.Response:
+        if not request.content_type.startswith("multipart/"):
+            raise BatchInputError("expected multipart/form-data with fields 'file' and 'purpose'")
+        reader = await request.multipart()
+        purpose: str | None = None
+        data: bytes | None = None
+        filename = "batch.jsonl"
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            if part.name == "purpose":
+                purpose = (await part.text()).strip()
+            elif part.name == "file":
+                filename = part.filename or filename
+                chunks, size = [], 0
+                while chunk := await part.read_chunk(1 << 16):
+                    size += len(chunk)
+                    if size > self.max_file_bytes:
+                        raise BatchInputError(f"file is larger than {self.max_file_bytes} bytes", status=413,
+                                              code="file_too_large", param="file")
+                    chunks.append(chunk)
+                data = b"".join(chunks)
+        if purpose != "batch":
+            raise BatchInputError(f"purpose {purpose!r} is not supported (only 'batch')", param="purpose")
+        if data is None:
+            raise BatchInputError("a 'file' field is required", param="file")
+        # Parsing a large file is CPU work: off the event loop. Nothing is stored unless it all parses.
+        lines = await asyncio.to_thread(parse_batch_input, data, max_requests=self.max_requests,
+                                        max_file_bytes=self.max_file_bytes)
+        obj = self.registry.add_input_file(filename, data, lines, self._now())
+        log.info("file %s: %d requests, %d bytes", obj["id"], len(lines), len(data))
+        return web.json_response(obj)
+
+    async def get_file(self, request: web.Request) -> web.Response:
+        return web.json_response(self.registry.get_file(request.match_info["id"]))
+
+    async def file_content(self, request: web.Request) -> web.Response:
+        data = self.registry.file_content(request.match_info["id"])
+        return web.Response(body=data, content_type="application/jsonl")
+
+    async def create_batch(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise BatchInputError("the body must be a JSON object") from None
+        if not isinstance(body, dict):
+            raise BatchInputError("the body must be a JSON object")
+        file_id = body.get("input_file_id")
+        if not isinstance(file_id, str) or not file_id:
+            raise BatchInputError("input_file_id is required", param="input_file_id")
+        window_s = parse_completion_window(body.get("completion_window"))
+        metadata = body.get("metadata")
+        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or not all(
+                isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+                for k, v in metadata.items())):
+            raise BatchInputError("metadata must map at most 16 string keys (<= 64 chars) to strings (<= 512 chars)",
+                                  param="metadata")
+        try:
+            urls = self.registry.input_urls(file_id)
+        except NotFound:
+            raise BatchInputError(f"input file {file_id} does not exist", param="input_file_id",
+                                  code="not_found", status=404) from None
+        endpoint = check_endpoint(body.get("endpoint"), urls)
+        batch = self.registry.create_batch(file_id, endpoint, body["completion_window"].strip(), window_s, metadata,
+                                           self._now(), self.pool_id)
+        log.info("batch %s: %d requests to %s within %s", batch["id"], batch["request_counts"]["total"], endpoint,
+                 batch["completion_window"])
+        self.on_change()
+        return web.json_response(_public(batch))
+
+    async def list_batches(self, request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "20"))
+        except ValueError:
+            raise BatchInputError("limit must be an integer", param="limit") from None
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise BatchInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
+        after = request.query.get("after") or None
+        try:
+            items, has_more = self.registry.list_batches(after, limit)
+        except NotFound:
+            raise BatchInputError(f"after: no batch {after}", param="after") from None
+        data = [_public(b) for b in items]
+        return web.json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                                  "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+
+    async def get_batch(self, request: web.Request) -> web.Response:
+        return web.json_response(_public(self.registry.get_batch(request.match_info["id"])))
+
+    async def cancel_batch(self, request: web.Request) -> web.Response:
+        batch = self.registry.cancel(request.match_info["id"], self._now())
+        self.on_change()
+        return web.json_response(_public(batch))
+
+
+def _public(batch: dict) -> dict:
+    return {k: v for k, v in batch.items() if k not in ("external", "pool_id", "dispatched")}

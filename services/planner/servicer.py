@@ -1,0 +1,127 @@
+"""The gRPC edge of the planner. Thin: validate, call the registry/runtime, map errors (`_status`)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from typing import AsyncIterator
+
+import grpc
+
+from bandmaster.planner.v1 import planner_pb2 as pb
+from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from services.common.clock import Clock
+from services.planner.adapters.proto import batch_to_proto, lease_to_proto, plan_to_proto
+from services.planner.adapters.registry import Conflict, NotFound, Registry
+from services.planner.core.types import DispatcherFeedback
+from services.planner.loop import PlannerRuntime
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Planner"].full_name
+
+
+class InvalidArgument(ValueError):
+    pass
+
+
+def _status(exc: Exception) -> grpc.StatusCode:
+    """The one mapping from domain errors to gRPC codes."""
+    if isinstance(exc, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(exc, Conflict):
+        return grpc.StatusCode.ALREADY_EXISTS
+    if isinstance(exc, (InvalidArgument, ValueError)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+@contextlib.asynccontextmanager
+async def _domain_errors(context: grpc.aio.ServicerContext):
+    try:
+        yield
+    except (NotFound, Conflict, InvalidArgument, ValueError) as exc:
+        detail = f"not found: {exc.args[0]}" if isinstance(exc, NotFound) else str(exc)
+        await context.abort(_status(exc), detail)
+
+
+class PlannerServicer(pb_grpc.PlannerServicer):
+    def __init__(self, runtime: PlannerRuntime, registry: Registry, clock: Clock) -> None:
+        self.runtime = runtime
+        self.registry = registry
+        self.clock = clock
+        self.external_feedback: DispatcherFeedback | None = None
+
+    def _pool(self, pool_id: str) -> str:
+        if pool_id and pool_id != self.runtime.pool_id:
+            raise NotFound(f"pool {pool_id} (this planner owns {self.runtime.pool_id})")
+        return self.runtime.pool_id
+
+    async def SubmitBatchJob(self, request: pb.SubmitBatchJobRequest, context) -> pb.BatchJob:
+        async with _domain_errors(context):
+            pool = self._pool(request.pool_id)
+            now = self.clock.wall()
+            if request.total_requests <= 0:
+                raise InvalidArgument("total_requests must be positive")
+            if not request.HasField("deadline") or request.deadline.ToNanoseconds() / 1e9 <= now:
+                raise InvalidArgument("deadline must be in the future")
+            job_id = request.job_id or f"job_{secrets.token_hex(12)}"
+            b = self.registry.create_external_job(job_id, request.total_requests,
+                                                  int(request.deadline.ToNanoseconds() // 1_000_000_000), int(now), pool)
+            return batch_to_proto(b)
+
+    async def GetBatchJob(self, request: pb.GetBatchJobRequest, context) -> pb.BatchJob:
+        async with _domain_errors(context):
+            return batch_to_proto(self.registry.get_batch(request.job_id))
+
+    async def ListBatchJobs(self, request: pb.ListBatchJobsRequest, context) -> pb.ListBatchJobsResponse:
+        async with _domain_errors(context):
+            pool = self._pool(request.pool_id)
+            jobs, after = [], None
+            while True:
+                page, more = self.registry.list_batches(after, 100)
+                jobs.extend(batch_to_proto(b) for b in page if b["pool_id"] == pool)
+                if not more or not page:
+                    break
+                after = page[-1]["id"]
+            return pb.ListBatchJobsResponse(jobs=jobs)
+
+    async def GetLease(self, request: pb.GetLeaseRequest, context) -> pb.Lease:
+        async with _domain_errors(context):
+            self._pool(request.pool_id)
+            return lease_to_proto(self.runtime.board.lease)
+
+    async def WatchLease(self, request: pb.WatchLeaseRequest, context) -> AsyncIterator[pb.Lease]:
+        async with _domain_errors(context):
+            self._pool(request.pool_id)
+        board = self.runtime.board
+        event = board.subscribe()
+        try:
+            sent = -1
+            while True:
+                if board.version != sent and board.lease is not None:
+                    sent = board.version
+                    yield lease_to_proto(board.lease)
+                event.clear()
+                if board.version == sent:
+                    await event.wait()
+        finally:
+            board.unsubscribe(event)
+
+    async def ReportDispatch(self, request: pb.ReportDispatchRequest, context) -> pb.ReportDispatchResponse:
+        async with _domain_errors(context):
+            self._pool(request.pool_id)
+            if min(request.dispatched, request.completed, request.queued, request.inflight, request.failed) < 0:
+                raise InvalidArgument("counts must be >= 0")
+            if request.job_id:
+                self.registry.report_external(request.job_id, request.dispatched, request.completed, request.failed,
+                                              int(self.clock.wall()))
+            self.external_feedback = DispatcherFeedback(
+                self.clock.monotonic(), 1.0, int(request.queued), int(request.inflight),
+                max(0.0, request.actual_dispatch_rps),
+                request.applied_max_admission_rps if request.has_applied_cap else None)
+            return pb.ReportDispatchResponse()
+
+    async def GetPlan(self, request: pb.GetPlanRequest, context) -> pb.Plan:
+        record = self.runtime.last
+        if record is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "no tick has run yet")
+        return plan_to_proto(record)
