@@ -9,6 +9,7 @@ would refuse.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -106,6 +107,10 @@ SERVICE_SETTINGS = [
             choices=tuple(sorted(PAUSE_POLICIES))),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
             env=f"{ENV_PREFIX}_CAPACITY_ADDR"),
+    Setting("ticket_lease_seconds", float, 30.0,
+            "an admitted turn whose router does not renew it (RenewLeases) within this many seconds is ended as "
+            "if Complete(CANCELLED) had arrived, so a router crash cannot leave programs REASONING (0 = never)",
+            env=f"{ENV_PREFIX}_TICKET_LEASE_SECONDS"),
 ]
 
 # Parameters of `--pause-policy cost_aware` (core/policies/cost_aware.py); ignored by other policies.
@@ -228,6 +233,8 @@ class SchedulerConfig:
     cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
     """Parameters of the cost_aware pause policy (validated even when another policy is chosen)."""
     capacity_addr: str = "127.0.0.1:50051"
+    ticket_lease_seconds: float = 30.0
+    """Lease of an admitted turn, renewed by its router; 0 = turns end only by Complete."""
     kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
     listen: str = "127.0.0.1:50052"
     metrics_port: int = 9102
@@ -242,6 +249,8 @@ class SchedulerConfig:
         require(isinstance(self.cost_aware, CostAwarePauseParams), "cost_aware", self.cost_aware,
                 "cost_aware must be CostAwarePauseParams")
         parse_host_port(self.capacity_addr, "capacity_addr")
+        require(math.isfinite(self.ticket_lease_seconds) and self.ticket_lease_seconds >= 0, "ticket_lease_seconds",
+                self.ticket_lease_seconds, "0 <= ticket_lease_seconds < inf")
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
                         "shutdown_grace_seconds": self.shutdown_grace_seconds})
 
@@ -270,6 +279,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         pause_policy=values["pause_policy"],
         cost_aware=cost_aware,
         capacity_addr=values["capacity_addr"],
+        ticket_lease_seconds=values["ticket_lease_seconds"],
         kv_router=kv_router,
         listen=values["listen"],
         metrics_port=values["metrics_port"],

@@ -9,7 +9,8 @@ locks: nothing awaits between a core call and the publishing of the `Effects` it
 - Resume timers: each held admission has a forced-resume deadline (`core.resume_deadline`) on the
   injected clock. A timer task sleeps until the earliest one and calls `core.force_resume`; tests
   on a FakeClock advance the clock and call `wake_timers()` (or `fire_due_resumes()` directly).
-- Tick loop: every `scheduler_interval_seconds`, `core.tick(now)` in a `scheduler.tick` span. A
+- Tick loop: every `scheduler_interval_seconds`, `core.expire_leases(now)` (turns whose router
+  stopped renewing them end as if cancelled) then `core.tick(now)`, in one `scheduler.tick` span. A
   failing tick is logged with its exception and retried next interval; the loop never stops.
 - Events fan out to WatchEvents subscribers through bounded queues: a slow watcher loses its
   oldest events and never blocks the tick.
@@ -197,6 +198,10 @@ class SchedulerRuntime:
     def bind(self, request_id: str, replica: ReplicaKey) -> bool:
         return self.core.bind_request(request_id, replica)
 
+    def renew_leases(self, request_ids: list[str]) -> tuple[str, ...]:
+        """Renew the named tickets' leases; returns the ids with no ticket."""
+        return self.core.renew_leases(self.clock.monotonic(), request_ids)
+
     def complete(self, session_id: str, request_id: str, replica: ReplicaKey | None, prompt_tokens: int,
                  completion_tokens: int, cached_tokens: int, outcome: TurnOutcome, *,
                  ttft_s: float | None = None) -> None:
@@ -242,7 +247,9 @@ class SchedulerRuntime:
         started = time.perf_counter()
         with self.tracer.start_as_current_span("scheduler.tick") as span:
             try:
-                result = self.core.tick(self.clock.monotonic())
+                now = self.clock.monotonic()
+                self._publish(self.core.expire_leases(now))
+                result = self.core.tick(now)
             except Exception as exc:
                 self.metrics.tick_failures.inc()
                 span.record_exception(exc)

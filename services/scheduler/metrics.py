@@ -97,10 +97,17 @@ class _CoreCollector(Collector):
                 ("expired", stats.expired_total, "Programs released after program_idle_ttl_seconds idle"),
                 ("released", stats.released_total, "Programs released by their final request"),
                 ("admissions", stats.admissions_total, "Admissions started"),
-                ("admissions_cancelled", stats.admissions_cancelled_total, "Admissions rolled back")):
+                ("admissions_cancelled", stats.admissions_cancelled_total, "Admissions rolled back"),
+                ("completes_ignored", stats.completes_ignored_total,
+                 "Complete calls for a request id with no ticket (unknown, repeated, expired, held): ignored"),
+                ("tickets_expired", stats.tickets_expired_total,
+                 "Admitted turns ended because their router stopped renewing their lease")):
             family = CounterMetricFamily(f"{PREFIX}_{name}", text)
             family.add_metric([], value)
             yield family
+        tickets = GaugeMetricFamily(f"{PREFIX}_tickets_in_flight", "Admitted turns not yet completed (held ones included)")
+        tickets.add_metric([], stats.tickets_in_flight)
+        yield tickets
         held = GaugeMetricFamily(f"{PREFIX}_held_admissions", "Admit calls currently held (program paused)")
         held.add_metric([], self.held())
         yield held

@@ -56,7 +56,8 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
                        shutdown_grace_seconds=config.shutdown_grace_seconds)
     tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
     metrics = SchedulerMetrics(host.registry)
-    core = SchedulerCore(config.control, make_pause_policy(config.pause_policy, config.pause_policy_params()))
+    core = SchedulerCore(config.control, make_pause_policy(config.pause_policy, config.pause_policy_params()),
+                         ticket_lease_seconds=config.ticket_lease_seconds)
     runtime = SchedulerRuntime(core, clock=clock, metrics=metrics, tracer=tracer,
                                interval_s=config.control.scheduler_interval_seconds)
     channel = None

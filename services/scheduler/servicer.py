@@ -37,6 +37,8 @@ from services.scheduler.core import DuplicateRequest, MissingRequestId, RequestM
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
+MAX_RENEW_IDS = 10_000
+"""RenewLeases ids per call (10,000 ids of up to 256 bytes stay under gRPC's 4 MB message limit)."""
 
 
 class ProgramNotFound(LookupError):
@@ -131,7 +133,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 span.set_attribute("scheduler.was_paused", decision.was_paused)
                 span.set_attribute("scheduler.forced_resume", decision.forced_resume)
                 span.set_attribute("scheduler.priority", decision.priority)
-                return decision_to_proto(decision)
+                return decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
 
     async def _hold(self, request_id: str, context: grpc.aio.ServicerContext,
                     on_held: Callable[[], Awaitable[None]] | None = None):
@@ -155,6 +157,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         finally:
             if not resolved:
                 self.runtime.cancel(request_id)
+
+    async def RenewLeases(self, request: pb.RenewLeasesRequest,
+                          context: grpc.aio.ServicerContext) -> pb.RenewLeasesResponse:
+        async with _domain_errors(context):
+            if len(request.request_ids) > MAX_RENEW_IDS:
+                raise InvalidArgument(f"request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.request_ids)}")
+            ids = [validate_request_id(rid, f"request_ids[{i}]") for i, rid in enumerate(request.request_ids)]
+            unknown = self.runtime.renew_leases(ids)
+            return pb.RenewLeasesResponse(renewed=len(ids) - len(unknown), unknown_request_ids=unknown,
+                                          lease_ttl_seconds=self.runtime.core.ticket_lease_seconds)
 
     async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
         async with _domain_errors(context):

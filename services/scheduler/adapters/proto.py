@@ -143,13 +143,14 @@ _EVENT = {
 }
 
 
-def decision_to_proto(d: Decision) -> pb.AdmitResponse:
+def decision_to_proto(d: Decision, lease_ttl_seconds: float = 0.0) -> pb.AdmitResponse:
     replica = d.replica
     return pb.AdmitResponse(
         worker_id=replica.worker_id if replica else "", dp_rank=replica.dp_rank if replica else 0,
         pinned=replica is not None, priority=d.priority, held_seconds=max(0.0, d.held_seconds),
         forced_resume=d.forced_resume, admission_epoch=d.admission_epoch, was_paused=d.was_paused,
-        was_soft_demoted=d.was_soft_demoted, priority_seconds=d.priority_seconds)
+        was_soft_demoted=d.was_soft_demoted, priority_seconds=d.priority_seconds,
+        lease_ttl_seconds=lease_ttl_seconds)
 
 
 def program_to_proto(view: ProgramView, wall: WallTime) -> pb.Program:

@@ -78,6 +78,7 @@ class _Turn:
     waiting: bool = False
     was_paused: bool = False
     unpinned: bool = False  # answered "any" while placed: Bind may move the program
+    lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,7 @@ class _Passthrough:
     tokens: int
     replica: ReplicaKey | None
     started_at: float
+    lease_until: float | None = None
 
 
 @dataclass
@@ -103,9 +105,15 @@ class _Acc:
 class SchedulerCore:
     """The program table and control law. See docs/scheduler.md for the semantics."""
 
-    def __init__(self, params: ControlParams | None = None, policy: PausePolicy | None = None) -> None:
+    def __init__(self, params: ControlParams | None = None, policy: PausePolicy | None = None, *,
+                 ticket_lease_seconds: float = 0.0) -> None:
         self.params = params or ControlParams()
         self.policy = policy or make_pause_policy()
+        if not (0.0 <= ticket_lease_seconds < math.inf):
+            raise ValueError(f"ticket_lease_seconds must be finite and >= 0, got {ticket_lease_seconds}")
+        # A placed turn (ticket) lives until its Complete, or until its lease lapses unrenewed (its
+        # router died mid-turn): see renew_leases / expire_leases. 0 = tickets never expire.
+        self.ticket_lease_seconds = ticket_lease_seconds
         # Optional policy hooks (see policies/base.py): a per-program pause-side weight,
         # observations of tool times and prefills, and a once-per-tick refresh of the
         # estimates behind that weight. A policy without them (threshold) gets the raw weight.
@@ -151,6 +159,7 @@ class SchedulerCore:
         self.admissions_total = 0
         self.admissions_cancelled_total = 0
         self.completes_ignored_total = 0
+        self.tickets_expired_total = 0
 
     # ------------------------------------------------------------------ admission
 
@@ -167,7 +176,7 @@ class SchedulerCore:
         estimate = max(0, int(estimated_prompt_tokens))
         sid = normalise_session_id(session_id)
         if not sid:
-            self._passthrough[request_id] = _Passthrough(request_id, estimate, None, now)
+            self._passthrough[request_id] = _Passthrough(request_id, estimate, None, now, self._lease(now))
             return AdmitResult(Decision(request_id, "", Verdict.PLACED, None, 0, 0.0, 0), acc.effects())
 
         program = self._programs.get(sid)
@@ -211,6 +220,7 @@ class SchedulerCore:
                                 was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)
+        turn.lease_until = self._lease(now)
         acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, program.replica, program.token_total, now))
         return AdmitResult(decision, acc.effects())
 
@@ -333,6 +343,64 @@ class SchedulerCore:
             program.marked = False
             self._pause(now, program, "marked", acc)
         self._recharge(program)
+        return acc.effects()
+
+    # ------------------------------------------------------------------ ticket leases
+
+    def _lease(self, now: float) -> float | None:
+        return now + self.ticket_lease_seconds if self.ticket_lease_seconds > 0 else None
+
+    def renew_leases(self, now: float, request_ids: Iterable[str]) -> tuple[str, ...]:
+        """Extend the lease of each named ticket to now + ticket_lease_seconds; return the ids that
+        have no ticket (completed, expired, never admitted), which the caller may stop renewing. A
+        held admission's ticket is known but has no lease: its Admit call is its liveness."""
+        until = self._lease(now)
+        unknown = []
+        for rid in request_ids:
+            ticket = self._turns.get(rid) or self._passthrough.get(rid)
+            if ticket is None:
+                unknown.append(rid)
+            elif until is not None and not getattr(ticket, "waiting", False):
+                ticket.lease_until = until
+        return tuple(unknown)
+
+    def expire_leases(self, now: float) -> Effects:
+        """End every placed turn whose lease lapsed, as if Complete(outcome=CANCELLED, no counts)
+        had arrived: the program goes to ACTING (paused there if marked) and its token_total stays
+        the last known one, so idle expiry and pauses see it again. A passthrough request stops being
+        charged. A lapsed ticket of an older turn (a newer one is in flight) is only dropped. A ticket
+        placed by a resume starts its lease at the first call after it. O(tickets in flight)."""
+        acc = _Acc()
+        if self.ticket_lease_seconds <= 0:
+            return acc.effects()
+        for rid, pt in list(self._passthrough.items()):
+            if pt.lease_until is None:
+                pt.lease_until = self._lease(now)
+            elif pt.lease_until <= now:
+                del self._passthrough[rid]
+                self._recharge_passthrough(rid, None)
+                self.tickets_expired_total += 1
+                acc.logs.append(LogRecord(INFO, "thunderagent.program lease_expired passthrough request=%s "
+                                          "age=%.1fs" % (rid, now - pt.started_at)))
+        for rid, turn in list(self._turns.items()):
+            if turn.waiting:
+                continue
+            if turn.lease_until is None:
+                turn.lease_until = self._lease(now)
+                continue
+            if turn.lease_until > now:
+                continue
+            self.tickets_expired_total += 1
+            program = self._programs.get(turn.session_id)
+            if (program is turn.program and program.admission_epoch == turn.epoch
+                    and program.status is Status.REASONING):
+                effects = self.complete(now, "", rid, None, 0, 0, 0, TurnOutcome.CANCELLED)
+                acc.events.extend(effects.events)
+                acc.logs.extend(effects.logs)
+            else:
+                del self._turns[rid]
+            acc.logs.append(LogRecord(INFO, "thunderagent.program lease_expired program=%s request=%s age=%.1fs"
+                                      % (turn.session_id, rid, now - turn.started_at)))
         return acc.effects()
 
     def release(self, now: float, session_id: str) -> tuple[bool, Effects]:
@@ -734,7 +802,9 @@ class SchedulerCore:
             forced_resumes_total=self.forced_resumes_total, marks_total=self.marks_total,
             expired_total=self.expired_total, released_total=self.released_total,
             admissions_total=self.admissions_total, admissions_cancelled_total=self.admissions_cancelled_total,
-            completes_ignored_total=self.completes_ignored_total, tickets_in_flight=len(self._turns),
+            completes_ignored_total=self.completes_ignored_total,
+            tickets_in_flight=len(self._turns) + len(self._passthrough),
+            tickets_expired_total=self.tickets_expired_total,
             waiting_admissions=sum(len(r) for r in self._waiting.values()),
             passthrough_in_flight=len(self._passthrough), capacity_version=self._capacity_version,
             replicas=self.replica_stats(now))

@@ -143,3 +143,13 @@ def test_config_is_frozen_and_validated_on_construction():
         SchedulerConfig(pause_policy="nope")
     with pytest.raises(ConfigError):
         ControlParams(pause_threshold=0.5)  # default target 0.8 > 0.5
+
+
+def test_ticket_lease_flag_env_and_bounds():
+    assert load_config([], {}).ticket_lease_seconds == 30.0
+    assert load_config(["--ticket-lease-seconds", "12"], {}).ticket_lease_seconds == 12.0
+    assert load_config([], {"BANDMASTER_SCHEDULER_TICKET_LEASE_SECONDS": "0"}).ticket_lease_seconds == 0.0
+    for bad in ("-1", "inf"):
+        with pytest.raises(ConfigError) as info:
+            load_config(["--ticket-lease-seconds", bad], {})
+        assert info.value.field == "ticket_lease_seconds"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 import grpc
@@ -74,13 +75,18 @@ class FakeCapacity:
             grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details))
 
 
-def config(**control) -> SchedulerConfig:
+SERVICE_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)} - {"control"}
+
+
+def config(**settings) -> SchedulerConfig:
+    """Control-law settings by name, plus any SchedulerConfig field (e.g. ticket_lease_seconds)."""
+    service = {name: settings.pop(name) for name in list(settings) if name in SERVICE_FIELDS}
     params = dict(scheduler_interval_seconds=5.0, resume_timeout_seconds=1800.0)
-    params.update(control)
+    params.update(settings)
     # These tests pin the reference ("threshold") behaviour with small token counts; the service's
     # default cost_aware policy would rightly not pause such cheap contexts.
-    return SchedulerConfig(control=ControlParams(**params), pause_policy="threshold", listen="127.0.0.1:0",
-                           metrics_port=-1, shutdown_grace_seconds=0.5)
+    return SchedulerConfig(**{"control": ControlParams(**params), "pause_policy": "threshold",
+                              "listen": "127.0.0.1:0", "metrics_port": -1, "shutdown_grace_seconds": 0.5, **service})
 
 
 @dataclass

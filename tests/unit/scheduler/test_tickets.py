@@ -1,0 +1,142 @@
+"""Ticket leases: an admitted turn whose router stops renewing it ends as if Complete(CANCELLED) arrived."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core import (
+    ControlParams,
+    Lifecycle,
+    ReplicaKey,
+    SchedulerCore,
+    Status,
+    TurnOutcome,
+    Verdict,
+)
+from tests.unit.scheduler.helpers import rid, snapshot
+
+W = ("w", 0)
+LEASE_S = 30.0
+
+
+def core_with(lease_s: float = LEASE_S, caps: dict | None = None, **params) -> SchedulerCore:
+    core = SchedulerCore(ControlParams(**params), ticket_lease_seconds=lease_s)
+    core.apply_capacity(0.0, snapshot(caps or {W: 100_000}))
+    return core
+
+
+def acting(core: SchedulerCore, sid: str, tokens: int, now: float = 0.0) -> None:
+    request_id = rid()
+    core.admit(now, sid, "", tokens, request_id)
+    core.complete(now, sid, request_id, ReplicaKey(*W), tokens, 0)
+
+
+def test_the_issue_a_turn_whose_router_died_stays_reasoning_without_leases():
+    """The reference behaviour (lease 0): 141 s later, past a 90 s idle TTL, still REASONING, counted."""
+    core = core_with(0.0, program_idle_ttl_seconds=90.0)
+    acting(core, "p", 2_000)
+    core.admit(1.0, "p", "", 3_000, "r2")  # its router is SIGKILLed mid-turn: no Complete ever comes
+    core.expire_leases(142.0)
+    core.tick(142.0)
+    view = core.program("p")
+    assert view.status is Status.REASONING and view.token_total == 3_000
+
+
+def test_a_lapsed_lease_ends_the_turn_and_idle_expiry_follows():
+    core = core_with(program_idle_ttl_seconds=90.0)
+    acting(core, "p", 2_000)
+    core.admit(1.0, "p", "", 3_000, "r2")
+    assert core.expire_leases(30.9).logs == ()  # lease until 31.0
+    effects = core.expire_leases(31.0)
+    view = core.program("p")
+    assert view.status is Status.ACTING and view.token_total == 3_000 and view.turns == 2
+    assert any("lease_expired program=p request=r2" in r.message for r in effects.logs)
+    stats = core.stats(31.0)
+    assert stats.tickets_expired_total == 1 and stats.tickets_in_flight == 0
+    core.check_invariants(31.0)
+    core.tick(121.0)  # idle 90 s at a tool boundary: released by the idle TTL
+    assert core.program("p") is None
+
+
+def test_renewal_keeps_a_long_turn_and_a_late_complete_after_expiry_is_ignored():
+    core = core_with()
+    core.admit(0.0, "p", "", 1_000, "r1")
+    for now in (20.0, 45.0, 70.0):
+        assert core.renew_leases(now, ["r1", "gone"]) == ("gone",)
+        core.expire_leases(now + 1.0)
+        assert core.program("p").status is Status.REASONING
+    core.expire_leases(100.0)  # last renewal at 70: lease until 100
+    assert core.program("p").status is Status.ACTING
+    assert core.renew_leases(101.0, ["r1"]) == ("r1",)
+    core.complete(102.0, "p", "r1", ReplicaKey(*W), 9_000, 9_000)
+    assert core.program("p").token_total == 1_000 and core.completes_ignored_total == 1
+
+
+def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_the_resume():
+    core = core_with(caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8,
+                     resume_hysteresis=0.1)
+    acting(core, "big", 9_000)
+    assert core.admit(0.0, "new", "", 500, "n1").decision.verdict is Verdict.WAIT
+    core.expire_leases(1_000.0)
+    assert core.waiting_request_ids() == ("n1",)
+    assert core.renew_leases(1_000.0, ["n1"]) == ()  # known, nothing to renew
+    core.release(1_000.0, "big")
+    assert [d.request_id for d in core.tick(1_000.0).resolutions] == ["n1"]
+    core.expire_leases(1_001.0)  # the first look after the resume starts the lease
+    core.expire_leases(1_030.9)
+    assert core.program("new").status is Status.REASONING
+    core.expire_leases(1_031.0)
+    assert core.program("new").status is Status.ACTING
+    core.check_invariants(1_031.0)
+
+
+def test_a_lapsed_older_turn_does_not_end_the_newer_one():
+    core = core_with()
+    core.admit(0.0, "p", "", 1_000, "r1")  # never completed
+    core.admit(20.0, "p", "", 1_500, "r2")
+    core.expire_leases(30.0)  # r1 lapses: dropped, the program's turn in flight is r2's
+    view = core.program("p")
+    assert view.status is Status.REASONING and view.admission_epoch == 2
+    assert core.stats(30.0).tickets_expired_total == 1
+    core.expire_leases(50.0)
+    assert core.program("p").status is Status.ACTING
+
+
+def test_a_lapsed_passthrough_request_stops_being_charged():
+    core = core_with()
+    core.admit(0.0, "", "", 4_000, "pt")
+    assert core.bind_request("pt", ReplicaKey(*W))
+    assert core.replica_stats(0.0)[0].used_tokens == 4_100
+    core.expire_leases(30.0)
+    stats = core.stats(30.0)
+    assert stats.passthrough_in_flight == 0 and stats.replicas[0].used_tokens == 0
+    assert stats.tickets_expired_total == 1
+    core.check_invariants(30.0)
+
+
+def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
+    core = core_with(caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8,
+                     resume_hysteresis=0.1)
+    acting(core, "p", 5_000)
+    core.admit(0.0, "p", "", 9_800, "r1")  # a live program keeps its placement
+    core.tick(1.0)  # pause band, nothing ACTING: p is marked
+    assert core.program("p").marked
+    core.expire_leases(31.0)
+    view = core.program("p")
+    assert view.status is Status.ACTING and view.lifecycle is Lifecycle.PAUSED
+    core.check_invariants(31.0)
+
+
+def test_negative_or_infinite_lease_is_refused():
+    for value in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="ticket_lease_seconds"):
+            SchedulerCore(ControlParams(), ticket_lease_seconds=value)
+
+
+def test_complete_outcome_of_an_expired_turn_is_cancelled():
+    """The lapse reads as a cancelled turn: the estimate stays an estimate."""
+    core = core_with()
+    core.admit(0.0, "p", "", 1_000, "r1")
+    core.expire_leases(30.0)
+    view = core.program("p")
+    assert view.tokens_estimated and TurnOutcome.CANCELLED.value == "cancelled"
