@@ -9,6 +9,7 @@ fails a turn. The W3C trace context of the current span is injected into every c
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 # Codes that mean "the scheduler cannot decide now": fail open. Anything else from Admit is a bug
 # on one side or the other; we fail open too (the data plane must not stop), but log it as an error.
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 
 
 class Outcome:
@@ -57,9 +59,44 @@ class SchedulerClient:
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._outage_since: float | None = None
+        # Ticket leases: the request ids of admitted turns still running, renewed together.
+        self._leases: dict[str, None] = {}
+        self._lease_ttl_s = 0.0
+        self._renewer: asyncio.Task | None = None
 
     async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            await asyncio.gather(self._renewer, return_exceptions=True)
         await self._channel.close()
+
+    # -- ticket leases ---------------------------------------------------------------------------
+    # The scheduler ends an admitted turn whose lease lapses (as if it was cancelled), so that a
+    # router that dies mid-turn cannot leave its programs REASONING. While a turn runs, it is renewed
+    # with every other running turn in one RenewLeases call per third of the lease.
+
+    def _hold_lease(self, request_id: str, lease_ttl_s: float) -> None:
+        if lease_ttl_s <= 0:
+            return  # leases off at the scheduler
+        self._leases[request_id] = None
+        self._lease_ttl_s = lease_ttl_s
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases(),
+                                                                   name="scheduler-lease-renewal")
+
+    async def _renew_leases(self) -> None:
+        while self._leases:
+            await asyncio.sleep(self._lease_ttl_s / 3)
+            ids = list(self._leases)
+            for start in range(0, len(ids), RENEW_BATCH):
+                answer = await self._short("RenewLeases", self._stub.RenewLeases,
+                                           pb.RenewLeasesRequest(request_ids=ids[start:start + RENEW_BATCH]))
+                if answer is None:
+                    continue  # logged; the next period tries again, well within the lease
+                for request_id in answer.unknown_request_ids:  # completed or expired there
+                    self._leases.pop(request_id, None)
+                if answer.lease_ttl_seconds > 0:
+                    self._lease_ttl_s = answer.lease_ttl_seconds
 
     @property
     def in_outage(self) -> bool:
@@ -98,6 +135,7 @@ class SchedulerClient:
             return None
         self._ok()
         self._metrics.admit_wait.observe(answer.held_seconds)
+        self._hold_lease(request_id, answer.lease_ttl_seconds)
         return Admission(answer.worker_id, answer.dp_rank, answer.pinned and bool(answer.worker_id),
                          answer.priority, answer.held_seconds, answer.was_paused)
 
@@ -120,10 +158,13 @@ class SchedulerClient:
 
     async def complete(self, session_id: str, request_id: str, worker_id: str, dp_rank: int, prompt_tokens: int,
                        completion_tokens: int, cached_tokens: int, outcome: int, *, ttft_s: float = 0.0) -> None:
-        await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
-            session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
-            prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
-            cached_tokens=max(0, cached_tokens), outcome=outcome, ttft_seconds=max(0.0, ttft_s)))
+        try:
+            await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
+                session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
+                prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
+                cached_tokens=max(0, cached_tokens), outcome=outcome, ttft_seconds=max(0.0, ttft_s)))
+        finally:
+            self._leases.pop(request_id, None)  # the turn is over (if Complete failed, its lease lapses)
 
     async def release(self, session_id: str) -> bool:
         answer = await self._short("Release", self._stub.Release, pb.ReleaseRequest(session_id=session_id))
