@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
+from services.router.core.breaker import BreakerParams
+from services.router.core.limits import ClientLimitParams
 
 PROG = "python -m services.router"
 ENV_PREFIX = "BANDMASTER_ROUTER"
@@ -29,16 +31,66 @@ ROUTER_SETTINGS = [
             env=_env("scheduler"), flag="--scheduler"),
     Setting("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (larger -> 413)",
             env=_env("max_body_bytes")),
-    Setting("admit_timeout_seconds", float, 3600.0,
-            "longest a turn waits in scheduler Admit (a paused program) before failing open",
-            env=_env("admit_timeout_seconds")),
+    Setting("admit_decision_timeout_seconds", float, 2.0,
+            "longest wait for the scheduler's first answer to Admit (a decision, or 'held'); no answer = the "
+            "turn fails open and the scheduler counts as down until a probe answers",
+            env=_env("admit_decision_timeout_seconds")),
+    Setting("admit_hold_timeout_seconds", float, 3600.0,
+            "cap of a held turn's wait (a paused program); the scheduler's announced bound (its resume "
+            "timeout) plus the decision timeout applies when shorter; past it the turn fails open",
+            env=_env("admit_hold_timeout_seconds")),
+    Setting("scheduler_retry_seconds", float, 1.0,
+            "while the scheduler is down, turns fail open at once except one probe Admit per this interval",
+            env=_env("scheduler_retry_seconds")),
     Setting("scheduler_timeout_seconds", float, 2.0, "deadline of Bind, Complete, Release and GetRouterConfig",
             env=_env("scheduler_timeout_seconds")),
     Setting("upstream_connect_timeout_seconds", float, 5.0, "connect timeout to a worker",
             env=_env("upstream_connect_timeout_seconds")),
-    Setting("upstream_idle_timeout_seconds", float, 300.0,
-            "longest silence from a worker (before the first byte or between chunks) before the turn fails",
-            env=_env("upstream_idle_timeout_seconds")),
+    Setting("upstream_first_token_timeout_seconds", float, 60.0,
+            "streamed turns: longest wall time from dispatch to the worker's first token; past it the turn "
+            "is retried once on another worker",
+            env=_env("upstream_first_token_timeout_seconds")),
+    Setting("upstream_inter_token_timeout_seconds", float, 30.0,
+            "streamed turns: longest silence between chunks after the first; past it the stream ends with an "
+            "error event", env=_env("upstream_inter_token_timeout_seconds")),
+    Setting("upstream_response_timeout_seconds", float, 600.0,
+            "non-streamed turns: longest wall time from dispatch to the whole answer",
+            env=_env("upstream_response_timeout_seconds")),
+    Setting("worker_failure_threshold", int, 3,
+            "consecutive failures (refused, reset, 5xx, timeouts) that take a worker out of rotation (0 = never)",
+            env=_env("worker_failure_threshold")),
+    Setting("worker_eject_seconds", float, 5.0,
+            "time a worker stays out of rotation before one probe turn; doubles after each failed probe",
+            env=_env("worker_eject_seconds")),
+    Setting("worker_eject_max_seconds", float, 60.0, "cap of the doubling of worker_eject_seconds",
+            env=_env("worker_eject_max_seconds")),
+    Setting("http_header_timeout_seconds", float, 10.0,
+            "longest a client may take to send a request's headers (from connect, or from its first byte on "
+            "a kept-alive connection); the connection is then closed", env=_env("http_header_timeout_seconds")),
+    Setting("http_body_timeout_seconds", float, 30.0, "longest a client may take to send a request body (-> 408)",
+            env=_env("http_body_timeout_seconds")),
+    Setting("http_keepalive_timeout_seconds", float, 60.0, "an idle kept-alive connection is closed after this",
+            env=_env("http_keepalive_timeout_seconds")),
+    Setting("http_max_connections", int, 2048,
+            "open client connections on the HTTP port; more are answered 503 and closed",
+            env=_env("http_max_connections")),
+    Setting("http_metrics", bool, False,
+            "also serve /metrics on the public HTTP port (the metrics port always serves it)",
+            env=_env("http_metrics")),
+    Setting("http_server_version", bool, False,
+            "name the HTTP framework and its version in the Server header (off: 'Server: bandmaster')",
+            env=_env("http_server_version")),
+    Setting("client_max_programs", int, 2048,
+            "programs (session ids) one client (bearer token, else address) may hold open; more -> 429 (0 = no cap)",
+            env=_env("client_max_programs")),
+    Setting("client_new_programs_per_second", float, 50.0,
+            "sustained rate of new programs per client; faster -> 429 (0 = no limit)",
+            env=_env("client_new_programs_per_second")),
+    Setting("client_new_programs_burst", int, 200, "new programs a client may start at once before the rate applies",
+            env=_env("client_new_programs_burst")),
+    Setting("client_program_idle_seconds", float, 900.0,
+            "a program not seen for this long stops counting against its client's cap",
+            env=_env("client_program_idle_seconds")),
     Setting("sweep_interval_seconds", float, 5.0, "period of the selection core's sweep (stale load, expired history)",
             env=_env("sweep_interval_seconds")),
     Setting("capacity_retry_max_seconds", float, 5.0, "longest back-off between capacity watch reconnects",
@@ -101,10 +153,29 @@ class RouterConfig:
     ready_file: str = ""
     no_scheduler: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
-    admit_timeout_seconds: float = 3600.0
+    admit_decision_timeout_seconds: float = 2.0
+    admit_hold_timeout_seconds: float = 3600.0
+    scheduler_retry_seconds: float = 1.0
     scheduler_timeout_seconds: float = 2.0
     upstream_connect_timeout_seconds: float = 5.0
-    upstream_idle_timeout_seconds: float = 300.0
+    upstream_first_token_timeout_seconds: float = 60.0
+    upstream_inter_token_timeout_seconds: float = 30.0
+    upstream_response_timeout_seconds: float = 600.0
+    worker_failure_threshold: int = 3
+    worker_eject_seconds: float = 5.0
+    worker_eject_max_seconds: float = 60.0
+    http_header_timeout_seconds: float = 10.0
+    http_body_timeout_seconds: float = 30.0
+    http_keepalive_timeout_seconds: float = 60.0
+    http_max_connections: int = 2048
+    http_metrics: bool = False
+    """Serve /metrics on the public HTTP port too (off: only on the metrics port)."""
+    http_server_version: bool = False
+    """Send the framework's `Server` header (name and version) instead of `bandmaster`."""
+    client_max_programs: int = 2048
+    client_new_programs_per_second: float = 50.0
+    client_new_programs_burst: int = 200
+    client_program_idle_seconds: float = 900.0
     sweep_interval_seconds: float = 5.0
     capacity_retry_max_seconds: float = 5.0
     seed: int = -1
@@ -120,12 +191,40 @@ class RouterConfig:
                         "shutdown_grace_seconds": self.shutdown_grace_seconds})
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
         require(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "max_body_bytes >= 1024")
-        for name in ("admit_timeout_seconds", "scheduler_timeout_seconds", "upstream_connect_timeout_seconds",
-                     "upstream_idle_timeout_seconds", "sweep_interval_seconds", "capacity_retry_max_seconds"):
+        for name in ("admit_decision_timeout_seconds", "admit_hold_timeout_seconds", "scheduler_retry_seconds",
+                     "scheduler_timeout_seconds", "upstream_connect_timeout_seconds",
+                     "upstream_first_token_timeout_seconds", "upstream_inter_token_timeout_seconds",
+                     "upstream_response_timeout_seconds", "worker_eject_seconds", "http_header_timeout_seconds",
+                     "http_body_timeout_seconds", "http_keepalive_timeout_seconds", "client_program_idle_seconds",
+                     "sweep_interval_seconds", "capacity_retry_max_seconds"):
             value = getattr(self, name)
             require(value > 0, name, value, f"{name} > 0")
-        require(self.scheduler_timeout_seconds <= self.admit_timeout_seconds, "scheduler_timeout_seconds",
-                self.scheduler_timeout_seconds, "scheduler_timeout_seconds <= admit_timeout_seconds")
+        require(self.admit_decision_timeout_seconds <= self.admit_hold_timeout_seconds,
+                "admit_decision_timeout_seconds", self.admit_decision_timeout_seconds,
+                "admit_decision_timeout_seconds <= admit_hold_timeout_seconds")
+        require(self.worker_eject_max_seconds >= self.worker_eject_seconds, "worker_eject_max_seconds",
+                self.worker_eject_max_seconds, "worker_eject_max_seconds >= worker_eject_seconds")
+        for name in ("worker_failure_threshold", "client_max_programs", "client_new_programs_per_second"):
+            value = getattr(self, name)
+            require(value >= 0, name, value, f"{name} >= 0 (0 = off)")
+        require(self.http_max_connections >= 1, "http_max_connections", self.http_max_connections,
+                "http_max_connections >= 1")
+        require(self.client_new_programs_burst >= 1, "client_new_programs_burst", self.client_new_programs_burst,
+                "client_new_programs_burst >= 1")
+
+    @property
+    def worker_breaker(self) -> BreakerParams:
+        return BreakerParams(self.worker_failure_threshold, self.worker_eject_seconds, self.worker_eject_max_seconds)
+
+    @property
+    def scheduler_breaker(self) -> BreakerParams:
+        """Threshold 1: one unanswered Admit and turns fail open at once until a probe answers."""
+        return BreakerParams(1, self.scheduler_retry_seconds, self.scheduler_retry_seconds)
+
+    @property
+    def client_limits(self) -> ClientLimitParams:
+        return ClientLimitParams(self.client_max_programs, self.client_new_programs_per_second,
+                                 self.client_new_programs_burst, self.client_program_idle_seconds)
 
     @property
     def host(self) -> str:

@@ -1,10 +1,21 @@
 """The router's client of the scheduler: Admit, Bind, Complete, Release, GetRouterConfig.
 
-Failing open is decided here and only here. `admit` returns None when the scheduler cannot decide
-(unreachable, UNAVAILABLE, or the admission wait ran out): the turn is then routed by KV cost alone,
-`bandmaster_router_scheduler_fail_open_total` counts it, and one WARN is logged per outage (an INFO
-when the scheduler answers again). Bind/Complete/Release are short, bounded calls whose failure never
-fails a turn. The W3C trace context of the current span is injected into every call's metadata.
+Failing open is decided here and only here. `admit` returns None when the scheduler cannot decide,
+and the turn is then routed by KV cost alone (`bandmaster_router_scheduler_fail_open_total{reason}`,
+one WARN per outage, an INFO when the scheduler answers again):
+
+* `AdmitStream` must send its first message (the decision, or `held`) within the decision deadline
+  (`admit_decision_timeout_seconds`, ~2 s). No first message = the scheduler is frozen or cut off:
+  `no_answer`. UNAVAILABLE and friends: `unreachable`.
+* A held call waits for the decision as long as the scheduler said it may hold it
+  (`held.max_hold_seconds`, its resume timeout) plus the decision deadline, and never longer than
+  `admit_hold_timeout_seconds`: past that, `hold_overrun`.
+* Either failure opens a circuit breaker (threshold 1): later turns fail open at once (`outage`)
+  without waiting, except one probe Admit per `scheduler_retry_seconds`; a probe that gets an answer
+  closes it.
+
+Bind/Complete/Release are short, bounded calls whose failure never fails a turn. The W3C trace context
+of the current span is injected into every call's metadata.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from opentelemetry import propagate
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -51,11 +63,25 @@ def _metadata() -> tuple[tuple[str, str], ...]:
     return tuple(carrier.items())
 
 
+class FailOpen:
+    """Why a turn went without admission (the `reason` label of the fail-open counter)."""
+
+    UNREACHABLE = "unreachable"      # UNAVAILABLE / DEADLINE_EXCEEDED / UNKNOWN
+    NO_ANSWER = "no_answer"          # no first message within the decision deadline
+    HOLD_OVERRUN = "hold_overrun"    # held longer than the scheduler's own bound
+    OUTAGE = "outage"                # the scheduler is known down: not asked
+    ERROR = "error"                  # any other status (a bug on one side): logged at ERROR
+
+
 class SchedulerClient:
-    def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float) -> None:
+    def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float, decision_timeout_s: float,
+                 hold_timeout_s: float, breaker: BreakerParams) -> None:
         self.address = address
         self._metrics = metrics
         self._timeout_s = call_timeout_s
+        self._decision_s = decision_timeout_s
+        self._hold_cap_s = hold_timeout_s
+        self._breaker = CircuitBreaker(breaker)
         self._channel = grpc.aio.insecure_channel(address)
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._outage_since: float | None = None
@@ -103,36 +129,88 @@ class SchedulerClient:
         return self._outage_since is not None
 
     def _ok(self) -> None:
-        if self._outage_since is not None:
+        self._breaker.on_success(time.monotonic())
+        # A Complete that succeeds while the breaker is open ends nothing: the next probe Admit does.
+        if self._outage_since is not None and self._breaker.state is CircuitState.CLOSED:
             log.info("scheduler %s reachable again after %.1fs; admission resumes", self.address,
                      time.monotonic() - self._outage_since)
             self._outage_since = None
             self._metrics.scheduler_reachable.set(1)
 
-    def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
+    def _down(self, method: str, why: str) -> None:
         self._metrics.scheduler_errors.labels(method).inc()
+        now = time.monotonic()
+        self._breaker.on_failure(now)
         if self._outage_since is None:
-            self._outage_since = time.monotonic()
+            self._outage_since = now
             self._metrics.scheduler_reachable.set(0)
-            log.warning("scheduler %s unreachable (%s: %s); failing open to KV-aware routing", self.address,
-                        exc.code().name, exc.details())
+            log.warning("scheduler %s unreachable (%s); failing open to KV-aware routing", self.address, why)
 
-    async def admit(self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int,
-                    timeout_s: float) -> Admission | None:
+    def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
+        self._down(method, f"{exc.code().name}: {exc.details()}")
+
+    def _fail_open(self, reason: str) -> None:
+        self._metrics.fail_open.labels(reason).inc()
+
+    async def admit(self, session_id: str, parent_session_id: str, request_id: str,
+                    estimated_prompt_tokens: int) -> Admission | None:
         """Admission, or None to fail open. Raises CancelledError when the caller is cancelled
         (gRPC then cancels the call and the scheduler rolls the admission back)."""
+        now = time.monotonic()
+        if not self._breaker.available(now):
+            self._fail_open(FailOpen.OUTAGE)
+            return None
+        self._breaker.on_dispatch(now)  # the probe, when one is due
         request = pb.AdmitRequest(session_id=session_id, parent_session_id=parent_session_id,
                                   estimated_prompt_tokens=estimated_prompt_tokens, request_id=request_id)
+        loop = asyncio.get_running_loop()
+        cap_at = loop.time() + self._hold_cap_s
+        call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=_metadata())
+        deadline = min(loop.time() + self._decision_s, cap_at)
+        held = decided = False
         try:
-            answer = await self._stub.Admit(request, timeout=timeout_s, metadata=_metadata())
+            while True:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                        update = await call.read()
+                except TimeoutError:
+                    if held:
+                        log.warning("scheduler held turn %s past its own bound; failing open", request_id)
+                        self._down("Admit", "a held turn was not answered within the scheduler's bound")
+                        self._fail_open(FailOpen.HOLD_OVERRUN)
+                    else:
+                        self._down("Admit", f"no answer to Admit within {self._decision_s:g}s")
+                        self._fail_open(FailOpen.NO_ANSWER)
+                    return None
+                if update is grpc.aio.EOF:
+                    raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                               "AdmitStream ended without a decision")
+                if update.HasField("decision"):
+                    answer = update.decision
+                    decided = True
+                    break
+                # Held: the scheduler is alive and says wait. It answers again within its bound.
+                if not held:
+                    held = True
+                    self._ok()
+                bound_s = update.held.max_hold_seconds
+                deadline = cap_at if bound_s <= 0 else min(cap_at, loop.time() + bound_s + self._decision_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise
-            if exc.code() not in _UNREACHABLE:
+            if exc.code() in _UNREACHABLE:
+                self._unreachable("Admit", exc)
+                self._fail_open(FailOpen.UNREACHABLE)
+            else:
+                # The scheduler answered: it is up, but refused (a bug on one side). The turn fails open.
+                self._ok()
+                self._metrics.scheduler_errors.labels("Admit").inc()
                 log.error("scheduler Admit failed with %s: %s; failing open", exc.code().name, exc.details())
-            self._unreachable("Admit", exc)
-            self._metrics.fail_open.inc()
+                self._fail_open(FailOpen.ERROR)
             return None
+        finally:
+            if not decided:
+                call.cancel()  # the scheduler rolls the admission back
         self._ok()
         self._metrics.admit_wait.observe(answer.held_seconds)
         self._hold_lease(request_id, answer.lease_ttl_seconds)

@@ -1,7 +1,8 @@
 """The router's domain errors and their one mapping to HTTP statuses, OpenAI error bodies and gRPC codes.
 
 Handlers raise a `RouterError`; the HTTP edge turns it into `{"error": {message, type, param, code}}`
-with `http_status`, the gRPC edge into `grpc_code`. Nothing else maps errors.
+with `http_status` (and `Retry-After` when `retry_after_s` is set), the gRPC edge into `grpc_code`.
+Nothing else maps errors. Messages never quote credentials or worker URLs.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ class RouterError(Exception):
     grpc_code = grpc.StatusCode.INTERNAL
     error_type = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after_s = retry_after_s
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
@@ -35,6 +38,45 @@ class BadRequest(RouterError):
 
 class BodyTooLarge(BadRequest):
     http_status = 413
+
+
+class RequestTimeout(BadRequest):
+    """The client did not send its body within the body timeout (the connection is closed)."""
+
+    http_status = 408
+    grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class NotFound(RouterError):
+    """No such route."""
+
+    http_status = 404
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    error_type = "invalid_request_error"
+
+
+class MethodNotAllowed(NotFound):
+    http_status = 405
+
+
+class TooManyRequests(RouterError):
+    """A client over its program cap or new-program rate (`code` says which)."""
+
+    http_status = 429
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    error_type = "rate_limit_error"
+
+
+class Overloaded(RouterError):
+    """The HTTP port is at its connection cap."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+    error_type = "service_unavailable"
+
+
+class Internal(RouterError):
+    """A bug: the client gets a generic message, the log the traceback."""
 
 
 class ModelNotFound(RouterError):

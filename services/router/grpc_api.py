@@ -15,7 +15,7 @@ from opentelemetry import propagate, trace
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
-from services.router import session
+from services.router import session, validation
 from services.router.control import Outcome
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
 from services.router.metrics import RouterMetrics
@@ -27,8 +27,17 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 
 
 async def _abort(context: grpc.aio.ServicerContext, err: RouterError) -> None:
-    """The one mapping of domain errors to gRPC status codes."""
-    await context.abort(err.grpc_code, err.message)
+    """The one mapping of domain errors to gRPC status codes (a wait, when there is one, as `retry-after`)."""
+    trailers = () if err.retry_after_s is None else (("retry-after", str(max(1, int(-(-err.retry_after_s // 1))))),)
+    await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
+
+
+def client_of(context: grpc.aio.ServicerContext) -> str:
+    """The client the per-client limits count against: its bearer token's hash, else its address."""
+    metadata = dict(context.invocation_metadata() or ())
+    peer = context.peer() or ""
+    address = peer.split(":", 1)[1].rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return session.client_identity(metadata.get("authorization"), address)
 
 
 def spec_from_request(request: pb.GenerateRequest) -> TurnSpec:
@@ -45,10 +54,11 @@ def spec_from_request(request: pb.GenerateRequest) -> TurnSpec:
         body["temperature"] = s.temperature
     if s.HasField("top_p"):
         body["top_p"] = s.top_p
+    validation.sampling(body, prefix="sampling.")
     if s.stop:
         body["stop"] = list(s.stop)
     which = request.WhichOneof("input")
-    kwargs = {"request_id": request.request_id} if request.request_id else {}
+    kwargs = {"request_id": validation.request_id(request.request_id)} if request.request_id else {}
     if which == "chat":
         if not request.chat.messages:
             raise BadRequest("chat.messages must not be empty", param="chat")
@@ -79,6 +89,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             span.set_attribute("router.route", "grpc")
             try:
                 spec = spec_from_request(request)
+                spec.client = client_of(context)
                 turn = await self.runner.open(spec)
             except RouterError as err:
                 self.metrics.request("grpc", path, f"error_{err.http_status}").inc()
@@ -137,7 +148,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             raise AssertionError("unreachable")
         ctx = propagate.extract(dict(context.invocation_metadata() or ()))
         with self.tracer.start_as_current_span("router.release", context=ctx, kind=trace.SpanKind.SERVER):
-            released = await self.runner.release(sid)
+            released = await self.runner.release(sid, client_of(context))
         self.metrics.request("grpc", "final", "ok").inc()
         return pb.ReleaseResponse(released=released)
 

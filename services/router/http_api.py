@@ -1,10 +1,13 @@
-"""The router's public HTTP API (aiohttp): OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-SGLang `/generate`, `/health`, `/metrics`.
+"""The router's public HTTP API: OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+SGLang `/generate`, `/health`, and `/metrics` only with `--http-metrics` (the metrics port serves it).
 
-Validation happens before anything is forwarded: session headers (session.py), body size, JSON shape and
-types. Domain errors become OpenAI-style bodies in `_error_response` only. A streamed turn is answered
-only once the worker produced its first chunk (so a failure before it can be retried invisibly); after
-that a failure ends the stream with `data: {"error": ...}` and `data: [DONE]`.
+Served by `http_server.GuardedServer` (connection cap, header deadline, JSON errors for malformed
+HTTP). Validation happens before anything is forwarded: session headers (session.py), body size and
+time (`--http-body-timeout-seconds`, 408), encoding, JSON shape, types and ranges (validation.py).
+Domain errors become OpenAI-style bodies in `http_server.error_response` only; an unexpected exception
+is a counted, logged 500 with a generic body. A streamed turn is answered only once the worker produced
+its first chunk (so a failure before it can be retried invisibly); after that a failure ends the stream
+with `data: {"error": ...}` and `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -16,13 +19,16 @@ import uuid
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from opentelemetry import propagate, trace
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.router import session
+from services.router import session, validation
 from services.router.control import Outcome
-from services.router.errors import BadRequest, BodyTooLarge, RouterError, WorkerFailed, WorkerTimeout
+from services.router.errors import (BadRequest, BodyTooLarge, Internal, MethodNotAllowed, NotFound, RequestTimeout,
+                                    RouterError, WorkerFailed, WorkerTimeout)
+from services.router.http_server import HttpLimits, error_response
 from services.router.metrics import RouterMetrics
 from services.router.turns import Api, TurnRunner, TurnSpec
 from services.router.upstream import dumps, loads
@@ -32,11 +38,6 @@ log = logging.getLogger(__name__)
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
 _ROUTE_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "completions", Api.GENERATE: "generate"}
-
-
-def _error_response(err: RouterError) -> web.Response:
-    """The one mapping of domain errors to HTTP."""
-    return web.Response(status=err.http_status, body=dumps(err.body()), content_type="application/json")
 
 
 def _sse(obj: Any) -> bytes:
@@ -53,12 +54,6 @@ def _positive_int(body: dict, key: str) -> None:
         raise BadRequest(f"{key} must be a positive integer", param=key)
 
 
-def _number(body: dict, key: str) -> None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise BadRequest(f"{key} must be a number", param=key)
-
-
 def _common(body: dict) -> tuple[str | None, bool]:
     model = body.get("model")
     if model is not None and (not isinstance(model, str) or not model):
@@ -73,17 +68,12 @@ def _common(body: dict) -> tuple[str | None, bool]:
         raise BadRequest("stream_options must be an object", param="stream_options")
     for key in ("max_tokens", "max_completion_tokens"):
         _positive_int(body, key)
-    for key in ("temperature", "top_p"):
-        _number(body, key)
+    validation.sampling(body)
     stop = body.get("stop")
     if stop is not None and not isinstance(stop, str) and not (
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
     return model, stream
-
-
-def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
 
 
 def chat_routing_text(messages: list) -> str:
@@ -113,9 +103,10 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
             return TurnSpec(api, body, identity, model, stream, prompt_text=prompt)
-        if _is_token_list(prompt) and prompt:
+        if validation.is_token_list(prompt) and prompt:
             return TurnSpec(api, body, identity, model, stream, prompt_token_ids=prompt)
-        raise BadRequest("prompt must be a non-empty string or list of token ids", param="prompt")
+        raise BadRequest(f"prompt must be a non-empty string or list of token ids (0..{validation.MAX_TOKEN_ID})",
+                         param="prompt")
     # /generate: SGLang's native shape
     model = None
     stream = body.get("stream", False)
@@ -128,6 +119,7 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
         value = params.get("max_new_tokens")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
             raise BadRequest("sampling_params.max_new_tokens must be a non-negative integer", param="sampling_params")
+        validation.sampling(params, validation.GENERATE_RANGES, prefix="sampling_params.")
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
         raise BadRequest("give exactly one of text or input_ids", param="text")
@@ -135,8 +127,9 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
         if not isinstance(text, str) or not text:
             raise BadRequest("text must be a non-empty string", param="text")
         return TurnSpec(api, body, identity, model, stream, prompt_text=text)
-    if not _is_token_list(ids) or not ids:
-        raise BadRequest("input_ids must be a non-empty list of non-negative integers", param="input_ids")
+    if not validation.is_token_list(ids) or not ids:
+        raise BadRequest(f"input_ids must be a non-empty list of token ids (0..{validation.MAX_TOKEN_ID})",
+                         param="input_ids")
     return TurnSpec(api, body, identity, model, stream, prompt_token_ids=ids)
 
 
@@ -175,109 +168,151 @@ def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) ->
 
 
 class HttpApi:
-    def __init__(self, runner: TurnRunner, metrics: RouterMetrics, tracer: trace.Tracer, *, max_body_bytes: int,
-                 has_scheduler: bool) -> None:
+    def __init__(self, runner: TurnRunner, metrics: RouterMetrics, tracer: trace.Tracer, *, limits: HttpLimits,
+                 body_timeout_s: float, serve_metrics: bool, has_scheduler: bool) -> None:
         self.runner = runner
         self.metrics = metrics
         self.tracer = tracer
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.max_body_bytes = limits.max_body_bytes
+        self.body_timeout_s = body_timeout_s
         self.has_scheduler = has_scheduler
+        self._headers = limits.server_header
+        self._sse_headers = {**_SSE_HEADERS, **self._headers}
+        self.routes: dict[str, dict[str, Any]] = {
+            "/v1/chat/completions": {"POST": self.chat},
+            "/v1/completions": {"POST": self.completions},
+            "/generate": {"POST": self.generate},
+            "/v1/models": {"GET": self.models},
+            "/health": {"GET": self.health},
+        }
+        if serve_metrics:
+            self.routes["/metrics"] = {"GET": self.metrics_page}
 
-    def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
-        app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_route("POST", "/generate", self.generate)
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_page)
-        return app
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """The dispatch: path, then method. Anything unknown is an OpenAI-style 404 / 405."""
+        methods = self.routes.get(request.path)
+        if methods is None:
+            return self._error(NotFound(f"no route {request.path!r}", code="not_found"))
+        handler = methods.get(request.method)
+        if handler is None:
+            response = self._error(MethodNotAllowed(f"{request.method} is not allowed on {request.path}",
+                                                    code="method_not_allowed"))
+            response.headers["Allow"] = ", ".join(methods)
+            return response
+        return await handler(request)
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    def _error(self, err: RouterError) -> web.Response:
+        return error_response(err, self._headers)
+
+    def _json(self, obj: Any, status: int = 200) -> web.Response:
+        return web.Response(status=status, body=dumps(obj), content_type="application/json", headers=self._headers)
+
+    async def chat(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._turn(request, Api.CHAT)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._turn(request, Api.COMPLETIONS)
 
-    async def generate(self, request: web.Request) -> web.StreamResponse:
+    async def generate(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._turn(request, Api.GENERATE)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: web.BaseRequest) -> web.Response:
         created = int(time.time())
         data = [{"id": name, "object": "model", "created": created, "owned_by": "bandmaster"}
                 for name in self.runner.fleet.model_names]
-        return web.json_response({"object": "list", "data": data})
+        return self._json({"object": "list", "data": data})
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: web.BaseRequest) -> web.Response:
         workers = len(self.runner.fleet.workers)
-        return web.json_response({"status": "ok" if workers else "no_healthy_worker", "workers": workers},
-                                 status=200 if workers else 503)
+        return self._json({"status": "ok" if workers else "no_healthy_worker", "workers": workers},
+                          status=200 if workers else 503)
 
-    async def metrics_page(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics_page(self, request: web.BaseRequest) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST, **self._headers})
 
-    async def _read_body(self, request: web.Request) -> dict:
+    async def _read_body(self, request: web.BaseRequest) -> dict:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
         try:
-            raw = await request.read()
+            async with asyncio.timeout(self.body_timeout_s):
+                raw = await request.read()
+        except TimeoutError:
+            self.metrics.http_timeouts.labels("body").inc()
+            raise RequestTimeout(f"request body not received within {self.body_timeout_s:g}s",
+                                 code="body_timeout") from None
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes") from None
+        except (web.RequestPayloadError, HttpProcessingError):
+            # A body that does not decode (e.g. gzip Content-Encoding over garbage) or breaks its framing.
+            raise BadRequest("the body does not match its Content-Encoding or framing", code="malformed_body") \
+                from None
         try:
             body = loads(raw) if raw else None
         except ValueError as exc:
             raise BadRequest(f"malformed JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
+        validation.encodable(body)
         return body
 
-    async def _turn(self, request: web.Request, api: Api) -> web.StreamResponse:
+    async def _turn(self, request: web.BaseRequest, api: Api) -> web.StreamResponse:
         route = _ROUTE_NAMES[api]
         ctx = propagate.extract(request.headers)
         with self.tracer.start_as_current_span("router.request", context=ctx, kind=trace.SpanKind.SERVER) as span:
             span.set_attribute("router.route", route)
-            path = "passthrough"
+            path = session.path_label(request.headers)
             try:
-                identity = session.from_headers(request.headers)
-                body = await self._read_body(request)
-                spec = build_spec(api, body, identity)
-                if identity.is_program:
-                    path = "program"
-                span.set_attribute("router.path", path)
-                if identity.final and identity.is_program:
-                    return await self._final(request, spec)
-                client_usage = True
-                if spec.stream and api is not Api.GENERATE:
-                    options = dict(body.get("stream_options") or {})
-                    client_usage = bool(options.get("include_usage"))
-                    options["include_usage"] = True
-                    body["stream_options"] = options
-                turn = await self.runner.open(spec)
-            except RouterError as err:
-                self.metrics.request(route, path, f"error_{err.http_status}").inc()
-                span.set_attribute("router.error", err.__class__.__name__)
-                return _error_response(err)
-            if spec.stream:
-                return await self._stream(request, turn, route, path, client_usage)
-            outcome = Outcome.FAILED
-            try:
-                answer = await turn.json()
-                outcome = Outcome.OK
-            except RouterError as err:
-                self.metrics.request(route, path, f"error_{err.http_status}").inc()
-                return _error_response(err)
-            except asyncio.CancelledError:
-                outcome = Outcome.CANCELLED
-                self.metrics.request(route, path, "cancelled").inc()
-                raise
-            finally:
-                await turn.close(outcome)
-            self.metrics.request(route, path, "ok").inc()
-            return web.Response(body=dumps(answer), content_type="application/json")
+                try:
+                    identity = session.from_headers(request.headers)
+                    body = await self._read_body(request)
+                    spec = build_spec(api, body, identity)
+                    span.set_attribute("router.path", path)
+                    spec.client = session.client_identity(request.headers.get("Authorization"), request.remote)
+                    if identity.final and identity.is_program:
+                        path = "final"
+                        return await self._final(request, spec)
+                    client_usage = True
+                    if spec.stream and api is not Api.GENERATE:
+                        options = dict(body.get("stream_options") or {})
+                        client_usage = bool(options.get("include_usage"))
+                        options["include_usage"] = True
+                        body["stream_options"] = options
+                    turn = await self.runner.open(spec)
+                except RouterError as err:
+                    self.metrics.request(route, path, f"error_{err.http_status}").inc()
+                    span.set_attribute("router.error", err.__class__.__name__)
+                    return self._error(err)
+                if not spec.stream:
+                    return await self._answer(turn, route, path)
+            except Exception:  # a bug: counted, logged with its traceback, a generic 500 to the client
+                log.exception("unhandled error in %s", route)
+                self.metrics.request(route, path, "error_500").inc()
+                span.set_attribute("router.error", "Internal")
+                return self._error(Internal("internal error"))
+            return await self._stream(request, turn, route, path, client_usage)
 
-    async def _stream(self, request: web.Request, turn, route: str, path: str,
+    async def _answer(self, turn, route: str, path: str) -> web.Response:
+        outcome = Outcome.FAILED
+        try:
+            answer = await turn.json()
+            outcome = Outcome.OK
+        except RouterError as err:
+            self.metrics.request(route, path, f"error_{err.http_status}").inc()
+            return self._error(err)
+        except asyncio.CancelledError:
+            outcome = Outcome.CANCELLED
+            self.metrics.request(route, path, "cancelled").inc()
+            raise
+        finally:
+            await turn.close(outcome)
+        self.metrics.request(route, path, "ok").inc()
+        return web.Response(body=dumps(answer), content_type="application/json", headers=self._headers)
+
+    async def _stream(self, request: web.BaseRequest, turn, route: str, path: str,
                       client_usage: bool) -> web.StreamResponse:
-        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response = web.StreamResponse(headers=self._sse_headers)
         outcome = Outcome.CANCELLED
         try:
             await response.prepare(request)
@@ -303,16 +338,17 @@ class HttpApi:
             await turn.close(outcome)
         return response
 
-    async def _final(self, request: web.Request, spec: TurnSpec) -> web.StreamResponse:
-        released = await self.runner.release(spec.identity.session_id)
+    async def _final(self, request: web.BaseRequest, spec: TurnSpec) -> web.StreamResponse:
+        released = await self.runner.release(spec.identity.session_id, spec.client)
         log.debug("final request for %s: released=%s", spec.identity.session_id, released)
         self.metrics.request(_ROUTE_NAMES[spec.api], "final", "ok").inc()
         model = spec.model or next(iter(self.runner.fleet.model_names), "bandmaster")
         include_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
         answer = empty_completion(spec.api, model, spec.stream, include_usage)
         if isinstance(answer, web.Response):
+            answer.headers.update(self._headers)
             return answer
-        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response = web.StreamResponse(headers=self._sse_headers)
         await response.prepare(request)
         for chunk in answer:
             await response.write(chunk)

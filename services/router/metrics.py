@@ -29,7 +29,9 @@ class RouterMetrics:
         self.upstream_errors = Counter("bandmaster_router_upstream_errors", "Worker failures by kind and phase",
                                        ("kind", "phase"), registry=r)
         self.fail_open = Counter("bandmaster_router_scheduler_fail_open",
-                                 "Turns routed without the scheduler because it was unreachable", registry=r)
+                                 "Turns routed without admission, by why: unreachable, no_answer (nothing within "
+                                 "the decision deadline), hold_overrun, outage (known down: not asked), error",
+                                 ("reason",), registry=r)
         self.scheduler_errors = Counter("bandmaster_router_scheduler_errors", "Failed scheduler calls by method",
                                         ("method",), registry=r)
         self.admit_wait = Histogram("bandmaster_router_admit_wait_seconds", "Time a turn waited in Admit",
@@ -40,6 +42,22 @@ class RouterMetrics:
                              registry=r)
         self.capacity_connected = Gauge("bandmaster_router_capacity_connected",
                                         "1 while the capacity watch stream is open", registry=r)
+        self.circuit_transitions = Counter(
+            "bandmaster_router_worker_circuit_transitions",
+            "Worker circuit-breaker transitions by new state (open = out of rotation, half_open = probing, "
+            "closed = back) and reason", ("state", "reason"), registry=r)
+        self.workers_out_of_rotation = Gauge("bandmaster_router_workers_out_of_rotation",
+                                             "Workers taken out of rotation by their circuit breaker", registry=r)
+        self.client_limited = Counter("bandmaster_router_client_limited",
+                                      "New programs refused with 429 by reason (too_many_programs, new_program_rate)",
+                                      ("reason",), registry=r)
+        self.http_connections = Gauge("bandmaster_router_http_connections", "Open client connections on the HTTP port",
+                                      registry=r)
+        self.http_connections_refused = Counter("bandmaster_router_http_connections_refused",
+                                                "Client connections refused at the connection cap (503)", registry=r)
+        self.http_timeouts = Counter("bandmaster_router_http_timeouts",
+                                     "Client connections closed for slowness, by phase (header, body)", ("phase",),
+                                     registry=r)
         self.scheduler_reachable = Gauge("bandmaster_router_scheduler_reachable",
                                          "0 while the router fails open", registry=r)
         self.scheduler_reachable.set(1)

@@ -12,7 +12,9 @@ import asyncio
 import json
 import logging
 import os
+import resource
 import tempfile
+import time
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -23,12 +25,16 @@ from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
 from services.router.adapters.capacity import CapacityWatch
 from services.router.adapters.kv_events import KvEventFeeds
+from services.router.circuits import WorkerCircuits
 from services.router.config import RouterConfig
 from services.router.control import SchedulerClient
 from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
+from services.router.core.limits import ClientLimits
 from services.router.http_api import HttpApi
+from services.router.http_server import HttpLimits, start_http
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptTokenizer
+from services.router.redaction import install_log_redaction
 from services.router.turns import Fleet, TurnRunner, resolve_params
 from services.router.upstream import Upstream
 
@@ -39,7 +45,7 @@ log = logging.getLogger(__name__)
 class RunningRouter:
     config: RouterConfig
     host_: ServiceHost
-    http_runner: web.AppRunner
+    http_runner: web.BaseRunner
     http_port: int
     fleet: Fleet
     runner: TurnRunner
@@ -81,13 +87,33 @@ def write_ready_file(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
-async def _sweep_loop(fleet: Fleet, interval_s: float, clock: SystemClock) -> None:
+async def _sweep_loop(fleet: Fleet, limits: ClientLimits | None, interval_s: float, clock: SystemClock) -> None:
     while True:
         await asyncio.sleep(interval_s)
         if fleet.core is not None:
             result = fleet.core.sweep(clock.monotonic())
             if result.expired_requests:
                 log.warning("sweep force-freed %d requests that never finished", len(result.expired_requests))
+        if limits is not None:
+            limits.sweep(time.monotonic())
+
+
+def _check_file_limit(max_connections: int) -> None:
+    """Each client connection and each in-flight turn's worker connection is a file descriptor: make
+    sure the process may open enough for the connection cap (raise the soft limit when the hard one
+    allows), or say plainly that the cap will not be reached."""
+    needed = 2 * max_connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning("open-file limit %d is below the %d that --http-max-connections %d needs: the process runs out "
+                    "of file descriptors before the cap applies", soft, needed, max_connections)
 
 
 def _log_prompt_mode(config: RouterConfig, prompts: PromptTokenizer | None, use_kv_events: bool) -> None:
@@ -105,6 +131,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     """Start every component on the running loop; return once the HTTP and gRPC APIs serve.
     Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded."""
     prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
+    install_log_redaction()
     telemetry = telemetry or setup_telemetry("bandmaster-router")
     tracer = telemetry.tracer("bandmaster.router")
     metrics = RouterMetrics()
@@ -113,7 +140,9 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
                        telemetry=telemetry, shutdown_grace_seconds=config.shutdown_grace_seconds)
 
     scheduler = None if config.no_scheduler else SchedulerClient(
-        config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds)
+        config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,
+        decision_timeout_s=config.admit_decision_timeout_seconds, hold_timeout_s=config.admit_hold_timeout_seconds,
+        breaker=config.scheduler_breaker)
     scheduler_config = None
     if scheduler is not None:
         scheduler_config = await scheduler.router_config()
@@ -124,12 +153,18 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     fleet = Fleet(lambda page_size: resolve_params(config.kv, scheduler_config, page_size), config.seed)
     _log_prompt_mode(config, prompts, resolve_params(config.kv, scheduler_config, None).use_kv_events)
     upstream = Upstream(connect_timeout_s=config.upstream_connect_timeout_seconds,
-                        idle_timeout_s=config.upstream_idle_timeout_seconds)
-    runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, admit_timeout_s=config.admit_timeout_seconds,
+                        first_token_timeout_s=config.upstream_first_token_timeout_seconds,
+                        inter_token_timeout_s=config.upstream_inter_token_timeout_seconds,
+                        response_timeout_s=config.upstream_response_timeout_seconds)
+    circuits = WorkerCircuits(config.worker_breaker, metrics)
+    limit_params = config.client_limits
+    limits = ClientLimits(limit_params) if limit_params.max_programs or limit_params.new_programs_per_s else None
+    runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, circuits=circuits, limits=limits,
                         prompts=prompts)
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
 
     def on_workers(workers) -> None:
+        circuits.forget(workers)
         if fleet.subscribes_to_kv_events:
             feeds.update(workers)
 
@@ -138,16 +173,19 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
 
     add_to_server(RouterServicer(runner, metrics, tracer), host.server)
     host.add_service(SERVICE_NAME)
-    api = HttpApi(runner, metrics, tracer, max_body_bytes=config.max_body_bytes, has_scheduler=scheduler is not None)
-    http_runner = web.AppRunner(api.build_app(), handler_cancellation=True, access_log=None)
+    http_limits = HttpLimits(header_timeout_s=config.http_header_timeout_seconds,
+                             keepalive_timeout_s=config.http_keepalive_timeout_seconds,
+                             max_connections=config.http_max_connections, max_body_bytes=config.max_body_bytes,
+                             server_version=config.http_server_version)
+    api = HttpApi(runner, metrics, tracer, limits=http_limits, body_timeout_s=config.http_body_timeout_seconds,
+                  serve_metrics=config.http_metrics, has_scheduler=scheduler is not None)
+    _check_file_limit(config.http_max_connections)
 
     await host.start()
-    await http_runner.setup()
-    site = web.TCPSite(http_runner, host.host, config.http_port, reuse_address=True)
-    await site.start()
-    http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    http_runner, http_port = await start_http(api.handle, http_limits, metrics, host.host, config.http_port)
     watch.start()
-    sweeper = asyncio.create_task(_sweep_loop(fleet, config.sweep_interval_seconds, clock), name="router-sweep")
+    sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock),
+                                  name="router-sweep")
 
     async def stop_components() -> None:
         # Stop taking requests, let in-flight turns finish within the grace period, then the rest.

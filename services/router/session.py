@@ -1,12 +1,17 @@
 """Session identity of a request: `X-Dynamo-Session-ID`, `X-Dynamo-Parent-Session-ID`, `X-Dynamo-Session-Final`.
 
 Values are trimmed and an empty value counts as absent. A present value longer than 256 bytes or with a
-character outside printable ASCII is refused (`BadRequest`), before anything reaches the scheduler or a
-worker. A parent equal to the session id is dropped (reference/thunderagent.md §1.1).
+character outside printable ASCII (whatever bytes the client sent), or a header given more than once, is
+refused (`BadRequest`), before anything reaches the scheduler or a worker. A parent equal to the session
+id is dropped (reference/thunderagent.md §1.1).
+
+`client_identity` names the client the per-client limits count against: a hash of its bearer token when
+it sends one (never the token itself), else its address.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -38,10 +43,11 @@ def normalize_session_id(value: str | None, field: str) -> str:
     text = value.strip()
     if not text:
         return ""
-    if len(text.encode("utf-8")) > MAX_SESSION_ID_BYTES:
-        raise BadRequest(f"{field} is longer than {MAX_SESSION_ID_BYTES} bytes", param=field)
-    if not all(" " <= ch <= "~" for ch in text):
+    # ASCII first: a header's undecodable bytes arrive as surrogates, which cannot even be encoded.
+    if not text.isascii() or not text.isprintable():
         raise BadRequest(f"{field} must be printable ASCII", param=field)
+    if len(text) > MAX_SESSION_ID_BYTES:
+        raise BadRequest(f"{field} is longer than {MAX_SESSION_ID_BYTES} bytes", param=field)
     return text
 
 
@@ -65,7 +71,34 @@ def identity(session_id: str | None, parent_session_id: str | None = None, final
     return SessionIdentity(sid, parent, final)
 
 
+def _single(headers: Mapping[str, str], name: str) -> str | None:
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        values = getall(name, ())
+        if len(values) > 1:
+            raise BadRequest(f"{name} must be given once", param=name)
+        return values[0] if values else None
+    return headers.get(name)
+
+
 def from_headers(headers: Mapping[str, str]) -> SessionIdentity:
-    """Session identity of an HTTP request (header names are case-insensitive in `headers`)."""
-    return identity(headers.get(SESSION_HEADER), headers.get(PARENT_HEADER), parse_final(headers.get(FINAL_HEADER)),
-                    names=(SESSION_HEADER, PARENT_HEADER))
+    """Session identity of an HTTP request (`headers`: case-insensitive, a multidict or a plain mapping)."""
+    return identity(_single(headers, SESSION_HEADER), _single(headers, PARENT_HEADER),
+                    parse_final(_single(headers, FINAL_HEADER)), names=(SESSION_HEADER, PARENT_HEADER))
+
+
+def path_label(headers: Mapping[str, str]) -> str:
+    """`program` when a session header is present (valid or not), else `passthrough` (a metrics label)."""
+    value = headers.get(SESSION_HEADER)
+    return "program" if value is not None and value.strip() else "passthrough"
+
+
+def client_identity(authorization: str | None, address: str | None) -> str:
+    """`token:<sha256 prefix>` of a bearer token (or any Authorization value), else `addr:<host>`."""
+    if authorization and authorization.strip():
+        value = authorization.strip()
+        if value[:7].lower() == "bearer ":
+            value = value[7:].strip()
+        digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return f"token:{digest}"
+    return f"addr:{address or 'unknown'}"

@@ -38,16 +38,24 @@ from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
 from services.router.core.select import Candidate, NoWorkerAvailable
 from services.router.core.types import Prompt, Replica
-from services.router.errors import (ModelNotFound, NoHealthyWorker, RouterError, WorkerFailed, WorkerRejected,
-                                    WorkerTimeout)
+from services.router.circuits import WorkerCircuits
+from services.router.core.limits import ClientLimits
+from services.router.errors import (ModelNotFound, NoHealthyWorker, RouterError, TooManyRequests, WorkerFailed,
+                                    WorkerRejected, WorkerTimeout)
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptMode, PromptTokenizer
+from services.router.redaction import redact
 from services.router.session import SessionIdentity
 from services.router.upstream import Upstream, dumps, loads
 
 log = logging.getLogger(__name__)
 
 CHARS_PER_TOKEN = 4  # prompt-size estimate for text prompts when the router has no tokenizer
+_LIMIT_MESSAGES = {
+    "too_many_programs": "this client holds too many open programs; end some (X-Dynamo-Session-Final: true) "
+                         "or retry later",
+    "new_program_rate": "this client starts new programs too fast; retry later",
+}
 
 
 class Api(enum.Enum):
@@ -81,6 +89,7 @@ class TurnSpec:
     prompt_text: str = ""           # rendered prompt, when the request is text
     prompt_token_ids: list[int] | None = None   # given by the client, or from the model tokenizer
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    client: str = ""                # who sent it (edge.client_identity), for the per-client limits
 
 
 def resolve_params(overrides: KvOverrides, scheduler_config, page_size: int | None) -> KvRouterParams:
@@ -195,6 +204,9 @@ class OpenTurn:
         self.usage = book.usage
         self.finish_reason: str | None = None
         self._closed = False
+        # A streamed turn told the worker's breaker "alive" at its first token; a non-streamed one
+        # tells it once the whole answer arrived (or not: see close).
+        self._verdict_pending = not spec.stream
 
     async def _blocks(self, *, merge_first: bool) -> AsyncIterator[bytes]:
         """Raw upstream bytes as they arrive, starting with the already-read first line; read
@@ -289,6 +301,8 @@ class OpenTurn:
         else:
             self._absorb_openai(body)
             ensure_cached_details(body)
+        self._verdict_pending = False
+        self._runner.circuits.succeeded(self.worker.worker_id)
         return body
 
     def _absorb_openai(self, chunk: dict) -> None:
@@ -319,6 +333,11 @@ class OpenTurn:
             return
         self._closed = True
         self.response.close()
+        circuits = self._runner.circuits
+        if outcome == Outcome.FAILED:   # the worker broke the stream, went silent, or failed the answer
+            circuits.failed(self.worker.worker_id, "failed after the first token")
+        elif self._verdict_pending:
+            circuits.abandoned(self.worker.worker_id)
         self._runner._finish(self.spec, self.admission, self.book, outcome)
 
 
@@ -462,21 +481,23 @@ def ensure_cached_details(chunk: dict) -> bool:
 def _stream_error(line: bytes) -> str:
     try:
         err = loads(memoryview(line)[5:]).get("error")
-        return str(err.get("message") if isinstance(err, dict) else err)
+        return redact(str(err.get("message") if isinstance(err, dict) else err))
     except Exception:
         return "worker reported an error mid-stream"
 
 
 class TurnRunner:
     def __init__(self, fleet: Fleet, upstream: Upstream, scheduler: SchedulerClient | None, metrics: RouterMetrics,
-                 tracer: trace.Tracer, *, admit_timeout_s: float, prompts: PromptTokenizer | None = None) -> None:
+                 tracer: trace.Tracer, *, circuits: WorkerCircuits, limits: ClientLimits | None = None,
+                 prompts: PromptTokenizer | None = None) -> None:
         self.fleet = fleet
         self.upstream = upstream
         self.scheduler = scheduler
         self.metrics = metrics
         self.tracer = tracer
         self.prompts = prompts
-        self._admit_timeout_s = admit_timeout_s
+        self.circuits = circuits
+        self.limits = limits
         self._background: set[asyncio.Task] = set()
 
     # -- bookkeeping off the stream -----------------------------------------------------------
@@ -539,21 +560,34 @@ class TurnRunner:
             return PromptMode.TEXT_FALLBACK
         return PromptMode.TOKENS
 
-    async def release(self, session_id: str) -> bool:
+    async def release(self, session_id: str, client: str = "") -> bool:
+        if self.limits is not None:
+            self.limits.release(client, session_id)
         if self.scheduler is None:
             return False
         return await self.scheduler.release(session_id)
 
+    def _check_client_limits(self, spec: TurnSpec) -> None:
+        """A new program over its client's cap or rate: TooManyRequests (429) before anything else."""
+        if self.limits is None or not spec.identity.is_program:
+            return
+        verdict = self.limits.admit(spec.client, spec.identity.session_id, time.monotonic())
+        if not verdict.allowed:
+            reason = verdict.reason.value if verdict.reason else "limited"
+            self.metrics.client_limited.labels(reason).inc()
+            raise TooManyRequests(_LIMIT_MESSAGES.get(reason, "too many requests"), code=reason,
+                                  retry_after_s=verdict.retry_after_s)
+
     async def open(self, spec: TurnSpec) -> OpenTurn:
         """Admit, pick and connect. On failure the turn is completed here and a RouterError raised."""
         views = self.fleet.serving(spec.model)  # 503/404 before the scheduler is bothered
+        self._check_client_limits(spec)
         mode = await self.tokenize(spec)
         self.metrics.prompt(mode.value).inc()
         admission: Admission | None = None
         if self.scheduler is not None:
             admission = await self.scheduler.admit(spec.identity.session_id, spec.identity.parent_session_id,
-                                                   spec.request_id, self.estimated_tokens(spec),
-                                                   self._admit_timeout_s)
+                                                   spec.request_id, self.estimated_tokens(spec))
         if admission is not None:
             spec.body["priority"] = admission.priority
         book = _Bookkeeping()
@@ -572,17 +606,24 @@ class TurnRunner:
 
     async def _connect(self, spec: TurnSpec, admission: Admission | None, book: _Bookkeeping,
                        views: list[WorkerView]) -> OpenTurn:
+        """Pick among the workers in rotation and send; a failure before the first token is retried once
+        on another worker. Every attempt gives the worker's breaker a verdict (or abandons it)."""
         excluded: set[str] = set()
         last_error: RouterError | None = None
         for attempt in range(2):
-            candidates_views = [v for v in views if v.worker_id not in excluded]
+            if attempt:
+                views = self.fleet.serving(spec.model)  # the view may have changed meanwhile
+            candidates_views = self.circuits.routable([v for v in views if v.worker_id not in excluded])
             if not candidates_views:
+                if last_error is None:
+                    retry_s = self.circuits.retry_after(views)
+                    raise NoHealthyWorker("every worker is out of rotation after repeated failures",
+                                          retry_after_s=retry_s)
                 break
             if attempt:
                 self.metrics.retries.inc()
-                views = self.fleet.serving(spec.model)  # the view may have changed meanwhile
-                candidates_views = [v for v in views if v.worker_id not in excluded] or candidates_views
             worker, replica = self._pick(spec, admission if attempt == 0 else None, candidates_views, book)
+            self.circuits.dispatched(worker.worker_id)
             try:
                 return await self._send(spec, admission, worker, replica, book)
             except (WorkerFailed, WorkerTimeout) as exc:
@@ -590,11 +631,18 @@ class TurnRunner:
                 self.metrics.upstream_errors.labels(exc.__class__.__name__, phase).inc()
                 log.debug("turn %s: worker %s failed before the first token: %s", spec.request_id,
                           worker.worker_id, exc)
+                self.circuits.failed(worker.worker_id, exc.message)
                 excluded.add(worker.worker_id)
                 last_error = exc
                 core = self.fleet.core
                 if core is not None:
                     core.finish(spec.request_id)
+            except WorkerRejected:
+                self.circuits.succeeded(worker.worker_id)  # it answered: alive, the request was bad
+                raise
+            except BaseException:
+                self.circuits.abandoned(worker.worker_id)
+                raise
         raise last_error or NoHealthyWorker("no healthy worker left to retry on")
 
     def _pick(self, spec: TurnSpec, admission: Admission | None, views: list[WorkerView],
@@ -637,11 +685,18 @@ class TurnRunner:
         headers: dict[str, str] = {}
         propagate.inject(headers)
         dispatched_at = time.monotonic()
-        response = await self.upstream.post(worker.url + spec.api.value, spec.body, headers)
+        if not spec.stream:
+            response = await self.upstream.post(worker.worker_id, worker.url + spec.api.value, spec.body, headers,
+                                                stream=False)
+            return OpenTurn(self, spec, admission, response, worker, replica, None, book)
+        # Streamed: the first data line must come within the first-token timeout (wall time from
+        # dispatch); a failure before it is retried elsewhere, invisibly to the client.
+        response: aiohttp.ClientResponse | None = None
         first_line: bytes | None = None
         try:
-            if spec.stream:
-                # Wait for the first data line: a failure before it is retried elsewhere, invisibly.
+            async with asyncio.timeout(self.upstream.first_token_timeout_s):
+                response = await self.upstream.post(worker.worker_id, worker.url + spec.api.value, spec.body,
+                                                    headers, stream=True)
                 while True:
                     line = await response.content.readline()
                     if not line:
@@ -651,19 +706,24 @@ class TurnRunner:
                     if line.startswith(b"data:"):
                         first_line = line
                         break
-                book.ttft_s = time.monotonic() - dispatched_at
-                core = self.fleet.core
-                if core is not None:
-                    core.first_token(spec.request_id)
-        except asyncio.TimeoutError:
-            response.close()
-            raise WorkerTimeout(f"worker {worker.worker_id} sent no first token in time") from None
+        except TimeoutError:
+            if response is not None:
+                response.close()
+            raise WorkerTimeout(f"worker {worker.worker_id} sent no first token within "
+                                f"{self.upstream.first_token_timeout_s:g}s") from None
         except aiohttp.ClientError as exc:
-            response.close()
+            response.close()  # type: ignore[union-attr]  (post maps its own ClientErrors)
             raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None
         except BaseException:
-            response.close()
+            if response is not None:
+                response.close()
             raise
+        self.upstream.streaming_started(response)
+        self.circuits.succeeded(worker.worker_id)
+        book.ttft_s = time.monotonic() - dispatched_at
+        core = self.fleet.core
+        if core is not None:
+            core.first_token(spec.request_id)
         return OpenTurn(self, spec, admission, response, worker, replica, first_line, book)
 
 

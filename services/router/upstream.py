@@ -1,7 +1,15 @@
-"""HTTP to the workers: one pooled aiohttp session, connect and idle timeouts, and failures as domain errors.
+"""HTTP to the workers: one pooled aiohttp session, per-phase timeouts, and failures as domain errors.
 
 Closing the response is how a request is aborted upstream (SGLang aborts a request whose client went
-away). `sock_read` is the idle timeout: it bounds the wait for the first byte and every gap between chunks.
+away). Timeouts (all configurable):
+
+* connect: `connect_timeout_s`;
+* streamed: the socket read timeout is the first-token timeout until the caller saw the first token
+  (`streaming_started` then shortens it to the inter-token timeout); the caller also bounds the
+  first token by wall time;
+* non-streamed: the whole answer within `response_timeout_s`.
+
+Error messages name the worker by id, never by URL (a URL may carry credentials).
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from typing import Mapping
 import aiohttp
 
 from services.router.errors import WorkerFailed, WorkerRejected, WorkerTimeout
+from services.router.redaction import redact
 
 try:
     import orjson
@@ -31,26 +40,36 @@ except ImportError:  # pragma: no cover
 
 
 class Upstream:
-    def __init__(self, *, connect_timeout_s: float, idle_timeout_s: float) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, connect=connect_timeout_s,
-                                              sock_read=idle_timeout_s)
-        self.session = aiohttp.ClientSession(timeout=self._timeout,
+    def __init__(self, *, connect_timeout_s: float, first_token_timeout_s: float, inter_token_timeout_s: float,
+                 response_timeout_s: float) -> None:
+        self.first_token_timeout_s = first_token_timeout_s
+        self.inter_token_timeout_s = inter_token_timeout_s
+        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
+                                                     sock_connect=connect_timeout_s, sock_read=first_token_timeout_s)
+        self._answer_timeout = aiohttp.ClientTimeout(total=response_timeout_s, connect=connect_timeout_s,
+                                                     sock_connect=connect_timeout_s)
+        # The session's default serves the other calls (/server_info of the KV-event feeds).
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
+                                                                           sock_connect=connect_timeout_s,
+                                                                           sock_read=first_token_timeout_s),
                                              connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                                              auto_decompress=False)
 
     async def close(self) -> None:
         await self.session.close()
 
-    async def post(self, url: str, body: dict, headers: Mapping[str, str]) -> aiohttp.ClientResponse:
+    async def post(self, worker_id: str, url: str, body: dict, headers: Mapping[str, str], *,
+                   stream: bool) -> aiohttp.ClientResponse:
         """Send the request; return the open 2xx response. Raises WorkerFailed (connection refused,
-        reset, 5xx), WorkerTimeout (connect or first-byte timeout) or WorkerRejected (4xx)."""
+        reset, 5xx), WorkerTimeout (connect or answer timeout) or WorkerRejected (4xx)."""
         try:
             response = await self.session.post(url, data=dumps(body),
-                                               headers={"Content-Type": "application/json", **headers})
+                                               headers={"Content-Type": "application/json", **headers},
+                                               timeout=self._stream_timeout if stream else self._answer_timeout)
         except asyncio.TimeoutError:
-            raise WorkerTimeout(f"worker {url} did not answer in time") from None
+            raise WorkerTimeout(f"worker {worker_id} did not answer in time") from None
         except aiohttp.ClientError as exc:
-            raise WorkerFailed(f"worker {url} failed: {exc.__class__.__name__}: {exc}") from None
+            raise WorkerFailed(f"worker {worker_id} failed: {exc.__class__.__name__}") from None
         if response.status < 400:
             return response
         try:
@@ -59,10 +78,18 @@ class Upstream:
             text = ""
         finally:
             response.release()
-        message = _error_message(text) or f"worker answered HTTP {response.status}"
+        message = redact(_error_message(text) or f"worker answered HTTP {response.status}")
         if response.status >= 500:
-            raise WorkerFailed(f"worker {url} answered {response.status}: {message}")
+            raise WorkerFailed(f"worker {worker_id} answered {response.status}: {message}")
         raise WorkerRejected(response.status, message)
+
+    def streaming_started(self, response: aiohttp.ClientResponse) -> None:
+        """The first token arrived: from now on every gap between chunks is bounded by the inter-token
+        timeout (the read timer restarts now)."""
+        connection = response.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = self.inter_token_timeout_s
+            connection.protocol.start_timeout()
 
 
 def _error_message(text: str) -> str:

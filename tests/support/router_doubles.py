@@ -5,6 +5,7 @@ scheduler service can be started in its place) and a worker that fails on purpos
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,10 +27,14 @@ class Call:
 
 @dataclass
 class RecordingScheduler(pb_grpc.SchedulerServicer):
-    """Admits everything at once, except sessions in `hold` (held until removed from it)."""
+    """Admits everything at once, except sessions in `hold` (held until removed from it; AdmitStream says
+    `held` with `max_hold_seconds` first) and sessions in `silent` (never answered: a frozen scheduler).
+    Admit and AdmitStream are both recorded as "Admit"."""
 
     calls: list[Call] = field(default_factory=list)
     hold: set[str] = field(default_factory=set)
+    silent: set[str] = field(default_factory=set)
+    max_hold_seconds: float = 1800.0
     priority: int = 7
     pin: tuple[str, int] | None = None
     released: set[str] = field(default_factory=set)
@@ -48,6 +53,18 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
             await asyncio.sleep(0.02)
         worker, rank = self.pin or ("", 0)
         return pb.AdmitResponse(worker_id=worker, dp_rank=rank, pinned=bool(worker), priority=self.priority)
+
+    async def AdmitStream(self, request, context):
+        self._record("Admit", request, context)
+        while request.session_id in self.silent:
+            await asyncio.sleep(0.02)
+        if request.session_id in self.hold:
+            await context.write(pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.max_hold_seconds)))
+        while request.session_id in self.hold:
+            await asyncio.sleep(0.02)
+        worker, rank = self.pin or ("", 0)
+        await context.write(pb.AdmitUpdate(decision=pb.AdmitResponse(
+            worker_id=worker, dp_rank=rank, pinned=bool(worker), priority=self.priority)))
 
     async def Bind(self, request, context):
         self._record("Bind", request, context)
@@ -81,12 +98,22 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
 
 
 class FaultyWorker:
-    """Looks like a healthy SGLang server to the capacity service; generation fails as told:
-    `refuse` = 500 before anything, `break` = one content chunk, then the connection is cut."""
+    """Looks like a healthy SGLang server to the capacity service; generation behaves as `mode` says
+    (changeable at any time):
+
+    * `ok`     - a valid answer (streamed: role chunk, two content chunks, finish, usage, [DONE]);
+    * `refuse` - 500 before anything;
+    * `break`  - streamed: one content chunk, then the connection is cut;
+    * `hang`   - nothing at all (not even headers) until `gate` is set, then as `ok`;
+    * `stall`  - streamed: headers, then nothing until `gate` is set, then as `ok`;
+    * `stall_after_first` - streamed: the first content chunk, then nothing until `gate` is set.
+    """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests = 0
+        self.gate = asyncio.Event()
+        self.error_message = "boom"
         info = sglang_info(max_total_num_tokens=32768, page_size=16, model_path=MODEL)
         info["served_model_name"] = MODEL
         self.info = info
@@ -105,18 +132,37 @@ class FaultyWorker:
 
     async def _generate(self, request):
         self.requests += 1
-        await request.read()
-        if self.mode == "refuse":
-            return web.json_response({"object": "error", "message": "boom", "type": "InternalServerError",
-                                      "code": 500}, status=500)
+        mode = self.mode
+        body = await request.json()
+        if mode == "refuse":
+            return web.json_response({"object": "error", "message": self.error_message,
+                                      "type": "InternalServerError", "code": 500}, status=500)
+        if mode == "hang":
+            await self.gate.wait()
+        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if not body.get("stream"):
+            return web.json_response({"id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
+                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok ok"},
+                                                   "finish_reason": "stop"}], "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if mode == "stall":
+            await self.gate.wait()
         head = '{"id":"x","object":"chat.completion.chunk","created":1,"model":"%s","choices":' % MODEL
         await response.write(('data: ' + head + '[{"index":0,"delta":{"role":"assistant","content":""},'
                               '"finish_reason":null}]}\n\n').encode())
         await response.write(('data: ' + head + '[{"index":0,"delta":{"content":"partial"},'
                               '"finish_reason":null}]}\n\n').encode())
-        request.transport.close()  # cut the connection mid-stream
+        if mode == "break":
+            request.transport.close()  # cut the connection mid-stream
+            return response
+        if mode == "stall_after_first":
+            await self.gate.wait()
+        await response.write(('data: ' + head + '[{"index":0,"delta":{"content":" ok"},'
+                              '"finish_reason":"stop"}]}\n\n').encode())
+        await response.write(('data: ' + head + '[],"usage":%s}\n\n' % json.dumps(usage)).encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
         return response
 
     async def start(self) -> None:

@@ -108,15 +108,29 @@ async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str 
                  name: str = "router", env: dict[str, str] | None = None) -> Proc:
     sched = ["--scheduler-addr", scheduler_addr] if scheduler_addr else ["--no-scheduler"]
     return await spawn(name, "services.router", ["--capacity-addr", capacity_addr, *sched, "--listen", "127.0.0.1:0",
-                                                 "--http-port", "0", "--metrics-port", "-1", *args], tmp, env=env)
+                                                 "--http-port", "0", "--metrics-port", "0", *args], tmp, env=env)
+
+
+# A router serves /metrics on its metrics port only (not on the public HTTP port): `metric` given a
+# router's HTTP URL reads its metrics port instead.
+_METRICS_URL: dict[str, str] = {}
 
 
 def router_url(proc: Proc) -> str:
-    return f"http://127.0.0.1:{proc.ready['http_port']}"
+    url = f"http://127.0.0.1:{proc.ready['http_port']}"
+    if proc.ready.get("metrics_port"):
+        _METRICS_URL[url] = metrics_url(proc)
+    return url
+
+
+def metrics_url(proc: Proc) -> str:
+    return f"http://127.0.0.1:{proc.ready['metrics_port']}"
 
 
 async def metric(url: str, name: str, labels: str | None = None) -> float:
-    """Sum of the samples of `name` (optionally only those whose labels contain `labels`) at url/metrics."""
+    """Sum of the samples of `name` (optionally only those whose labels contain `labels`) at url/metrics
+    (for a router's HTTP URL: at its metrics port)."""
+    url = _METRICS_URL.get(url, url)
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{url}/metrics") as r:
             text = await r.text()

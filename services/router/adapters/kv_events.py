@@ -102,7 +102,8 @@ class KvEventFeeds:
                     r.raise_for_status()
                     return publisher_endpoint_from_info(await r.json())
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                log.debug("kv events: /server_info of %s failed (%s); retrying", view.worker_id, exc)
+                log.debug("kv events: /server_info of %s failed (%s); retrying", view.worker_id,
+                          exc.__class__.__name__)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 

@@ -28,11 +28,11 @@ class LimitReason(enum.Enum):
 
 @dataclass(frozen=True)
 class ClientLimitParams:
-    max_programs: int = 1000
+    max_programs: int = 2048
     """Programs one client may hold open (0 = no cap)."""
-    new_programs_per_s: float = 20.0
+    new_programs_per_s: float = 50.0
     """Sustained rate of new programs per client (0 = no rate limit)."""
-    new_programs_burst: int = 100
+    new_programs_burst: int = 200
     """New programs a client may start at once before the rate applies."""
     program_idle_s: float = 900.0
     """A program not seen for this long stops counting against its client."""

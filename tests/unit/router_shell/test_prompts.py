@@ -29,7 +29,7 @@ def tok(tokenizer_dir):
 
 
 def _runner(prompts: PromptTokenizer | None) -> TurnRunner:
-    return TurnRunner(None, None, None, RouterMetrics(), None, admit_timeout_s=1.0, prompts=prompts)  # type: ignore[arg-type]
+    return TurnRunner(None, None, None, RouterMetrics(), None, circuits=None, prompts=prompts)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("argv, env, expected", [

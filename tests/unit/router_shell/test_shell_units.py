@@ -47,9 +47,55 @@ def test_config_flags_env_and_rules():
     for argv, rule in [(["--block-size", "1"], "block_size > 1"),
                        (["--max-body-bytes", "10"], "max_body_bytes >= 1024"),
                        (["--scheduler-addr", "nohost"], "expected host:port"),
-                       (["--upstream-idle-timeout-seconds", "0"], "upstream_idle_timeout_seconds > 0")]:
+                       (["--upstream-first-token-timeout-seconds", "0"], "upstream_first_token_timeout_seconds > 0")]:
         with pytest.raises(ConfigError, match=rule):
             load_config(argv, {})
+
+
+def test_reliability_settings_defaults_env_and_flags():
+    c = load_config([], {})
+    assert (c.admit_decision_timeout_seconds, c.admit_hold_timeout_seconds, c.scheduler_retry_seconds) == (2, 3600, 1)
+    assert (c.upstream_first_token_timeout_seconds, c.upstream_inter_token_timeout_seconds,
+            c.upstream_response_timeout_seconds) == (60, 30, 600)
+    assert (c.worker_failure_threshold, c.worker_eject_seconds, c.worker_eject_max_seconds) == (3, 5, 60)
+    assert (c.http_header_timeout_seconds, c.http_body_timeout_seconds, c.http_keepalive_timeout_seconds,
+            c.http_max_connections) == (10, 30, 60, 2048)
+    assert not c.http_metrics and not c.http_server_version
+    assert (c.client_max_programs, c.client_new_programs_per_second, c.client_new_programs_burst,
+            c.client_program_idle_seconds) == (2048, 50, 200, 900)
+    c = load_config(["--admit-decision-timeout-seconds", "0.5", "--http-metrics", "--worker-failure-threshold", "0"],
+                    {"BANDMASTER_ROUTER_UPSTREAM_INTER_TOKEN_TIMEOUT_SECONDS": "7",
+                     "BANDMASTER_ROUTER_HTTP_SERVER_VERSION": "true", "BANDMASTER_ROUTER_CLIENT_MAX_PROGRAMS": "5",
+                     "BANDMASTER_ROUTER_ADMIT_DECISION_TIMEOUT_SECONDS": "9"})
+    assert c.admit_decision_timeout_seconds == 0.5 and c.http_metrics and c.worker_failure_threshold == 0
+    assert c.upstream_inter_token_timeout_seconds == 7 and c.http_server_version and c.client_max_programs == 5
+    assert c.worker_breaker.failure_threshold == 0 and c.client_limits.max_programs == 5
+    assert c.scheduler_breaker.failure_threshold == 1 and c.scheduler_breaker.open_s == c.scheduler_retry_seconds
+
+
+@pytest.mark.parametrize("argv, rule", [
+    (["--admit-decision-timeout-seconds", "0"], "admit_decision_timeout_seconds > 0"),
+    (["--admit-decision-timeout-seconds", "10", "--admit-hold-timeout-seconds", "5"],
+     "admit_decision_timeout_seconds <= admit_hold_timeout_seconds"),
+    (["--scheduler-retry-seconds", "-1"], "scheduler_retry_seconds > 0"),
+    (["--upstream-inter-token-timeout-seconds", "0"], "upstream_inter_token_timeout_seconds > 0"),
+    (["--upstream-response-timeout-seconds", "0"], "upstream_response_timeout_seconds > 0"),
+    (["--worker-failure-threshold", "-1"], "worker_failure_threshold >= 0"),
+    (["--worker-eject-seconds", "10", "--worker-eject-max-seconds", "5"],
+     "worker_eject_max_seconds >= worker_eject_seconds"),
+    (["--http-header-timeout-seconds", "0"], "http_header_timeout_seconds > 0"),
+    (["--http-body-timeout-seconds", "0"], "http_body_timeout_seconds > 0"),
+    (["--http-keepalive-timeout-seconds", "0"], "http_keepalive_timeout_seconds > 0"),
+    (["--http-max-connections", "0"], "http_max_connections >= 1"),
+    (["--client-max-programs", "-1"], "client_max_programs >= 0"),
+    (["--client-new-programs-per-second", "-1"], "client_new_programs_per_second >= 0"),
+    (["--client-new-programs-burst", "0"], "client_new_programs_burst >= 1"),
+    (["--client-program-idle-seconds", "0"], "client_program_idle_seconds > 0"),
+    (["--admit-timeout-seconds", "5"], "unrecognized arguments"),
+])
+def test_reliability_settings_refuse_invalid_values_naming_the_rule(argv, rule):
+    with pytest.raises(ConfigError, match=rule):
+        load_config(argv, {})
 
 
 def test_kv_params_precedence_flags_then_scheduler_then_defaults():
