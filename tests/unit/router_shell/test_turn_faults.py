@@ -206,3 +206,27 @@ async def test_grpc_generate_refuses_invalid_fields_at_the_edge(request_id, samp
         assert not r.sched.of("Admit") and r.workers[0].requests == 0
     finally:
         await r.close()
+
+
+async def test_grpc_generate_over_the_client_limits_is_resource_exhausted_with_retry_after():
+    r = await InProcessRouter.start(["ok"], client_max_programs=1, client_new_programs_per_second=0,
+                                    client_program_idle_seconds=30)
+    try:
+        async with grpc.aio.insecure_channel(r.running.grpc_address) as channel:
+            stub = rpb_grpc.RouterStub(channel)
+            metadata = (("authorization", "Bearer grpc-client"),)
+            chunks = [c async for c in stub.Generate(rpb.GenerateRequest(session_id="g1", prompt="hello"),
+                                                     metadata=metadata)]
+            assert chunks[-1].finish_reason == "stop"
+            call = stub.Generate(rpb.GenerateRequest(session_id="g2", prompt="hello"), metadata=metadata)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                async for _ in call:
+                    pass
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert 25 <= int(dict(err.value.trailing_metadata())["retry-after"]) <= 30
+            await stub.Release(rpb.ReleaseRequest(session_id="g1"), metadata=metadata)
+            chunks = [c async for c in stub.Generate(rpb.GenerateRequest(session_id="g2", prompt="hello"),
+                                                     metadata=metadata)]
+            assert chunks[-1].finish_reason == "stop"
+    finally:
+        await r.close()
