@@ -38,7 +38,11 @@ def _env():
 
 @pytest.mark.parametrize("argv, env, relation", [
     (["--pause-threshold", "0.7", "--pause-target", "0.8"], {}, "0 <= pause_target <= pause_threshold"),
-    ([], {"DYN_THUNDERAGENT_SOFT_DEMOTE_THRESHOLD": "0.99"}, "0 <= soft_demote_threshold <= pause_threshold"),
+    # Above the reference's pause threshold (0.95; the program-aware default is 1.0).
+    (["--pause-policy", "threshold"], {"DYN_THUNDERAGENT_SOFT_DEMOTE_THRESHOLD": "0.99"},
+     "0 <= soft_demote_threshold <= pause_threshold"),
+    ([], {"DYN_THUNDERAGENT_PAUSE_THRESHOLD": "0.9", "DYN_THUNDERAGENT_SOFT_DEMOTE_THRESHOLD": "0.95"},
+     "0 <= soft_demote_threshold <= pause_threshold"),
     (["--scheduler-interval-seconds", "0"], {}, "scheduler_interval_seconds > 0"),
     (["--router-track-output-blocks", "--no-router-track-active-blocks"], {},
      "router_track_output_blocks requires router_track_active_blocks"),
