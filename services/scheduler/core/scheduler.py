@@ -51,6 +51,15 @@ from services.scheduler.core.params import (
     to_sglang_priority,
 )
 from services.scheduler.core.policies import PauseContext, PausePolicy, make_pause_policy
+from services.scheduler.core.state import (
+    STATE_FORMAT,
+    TOTAL_NAMES,
+    Changes,
+    CoreMeta,
+    CoreState,
+    ProgramRecord,
+    TicketRecord,
+)
 from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_tokens
 
 # Exponent range kept in the running decayed sums (2^512 is far from float overflow).
@@ -160,6 +169,15 @@ class SchedulerCore:
         self.admissions_cancelled_total = 0
         self.completes_ignored_total = 0
         self.tickets_expired_total = 0
+        # Durable state (core/state.py): change tracking is off until the shell turns it on.
+        self._tracking = False
+        self._dirty_programs: set[str] = set()
+        self._dirty_tickets: set[str] = set()
+        self._flushed_tickets: set[str] = set()
+        # Restored programs and passthrough requests placed on a replica that no capacity snapshot
+        # has shown since the restart: charged there when it appears (see _settle).
+        self._unsettled: set[str] = set()
+        self._unsettled_pt: set[str] = set()
 
     # ------------------------------------------------------------------ admission
 
@@ -276,6 +294,8 @@ class SchedulerCore:
         if pt is not None:
             pt.replica = replica
             self._recharge_passthrough(request_id, pt)
+            if self._tracking:
+                self._dirty_tickets.add(request_id)
             return True
         turn = self._turns.get(request_id)
         if turn is None:
@@ -439,7 +459,7 @@ class SchedulerCore:
             # The policy's estimates moved: re-charge the placed programs (their weight depends on them).
             for program in list(self._programs.values()):
                 if program.session_id in self._charge:
-                    self._recharge(program)
+                    self._recharge(program, touched=False)
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = forced = 0
         if self._caps:
@@ -498,6 +518,8 @@ class SchedulerCore:
             self._acting_sum.setdefault(key, 0.0)
             self._acting_anchor.setdefault(key, 0.0)
             self._acting_members.setdefault(key, {})
+        if self._unsettled or self._unsettled_pt:
+            self._settle()
 
     def _expire_idle(self, now: float, acc: _Acc) -> int:
         ttl = self.params.program_idle_ttl_seconds
@@ -755,6 +777,140 @@ class SchedulerCore:
             marked_total += len(plan.mark)
         return paused_total, marked_total
 
+    # ------------------------------------------------------------------ durable state
+
+    def track_changes(self) -> None:
+        """Start recording which programs and tickets change (for `take_changes`)."""
+        self._tracking = True
+
+    def take_changes(self) -> Changes:
+        """The programs and tickets changed, created or removed since the last call (export each id:
+        None means delete it). O(changed programs + tickets in flight)."""
+        programs, self._dirty_programs = self._dirty_programs, set()
+        current = set(self._turns)
+        current.update(self._passthrough)
+        tickets = (current ^ self._flushed_tickets) | (self._dirty_tickets & current)
+        self._flushed_tickets = current
+        self._dirty_tickets = set()
+        return Changes(frozenset(programs), frozenset(tickets))
+
+    def export_program(self, session_id: str) -> ProgramRecord | None:
+        p = self._programs.get(session_id)
+        if p is None:
+            return None
+        return ProgramRecord(p.session_id, p.parent_session_id, p.created_at, p.seq, p.status, p.lifecycle,
+                             p.token_total, p.tokens_estimated, p.replica, p.last_replica, p.pause_protected_until,
+                             p.admission_epoch, p.turns, p.last_activity, p.acting_since, p.paused_since,
+                             self._paused.get(session_id))
+
+    def export_ticket(self, request_id: str) -> TicketRecord | None:
+        turn = self._turns.get(request_id)
+        if turn is not None:
+            return TicketRecord(request_id, turn.session_id, turn.epoch, turn.started_at, turn.was_paused)
+        pt = self._passthrough.get(request_id)
+        if pt is not None:
+            return TicketRecord(request_id, "", 0, pt.started_at, tokens=pt.tokens, replica=pt.replica)
+        return None
+
+    def export_meta(self) -> CoreMeta:
+        return CoreMeta(self._next_seq, self._next_pause_seq, tuple(self._released_turns),
+                        {name: getattr(self, name) for name in TOTAL_NAMES})
+
+    def export_state(self) -> CoreState:
+        """Everything `restore` needs; also resets change tracking (the export is the new baseline)."""
+        self.take_changes()
+        tickets = [self.export_ticket(rid) for rid in (*self._turns, *self._passthrough)]
+        return CoreState(tuple(self.export_program(sid) for sid in self._programs),  # type: ignore[misc]
+                         tuple(t for t in tickets if t is not None), self.export_meta())
+
+    def restore(self, now: float, state: CoreState) -> Effects:
+        """Rebuild the table from `state` (times already on this process's clock) into an empty core.
+
+        A turn whose program waited in the paused queue had its Admit call end with the old process,
+        and a turn whose ticket was not stored cannot be completed: a REASONING program without a
+        stored ticket for its current turn is at a tool boundary as far as anyone can tell, so it is
+        ACTING from `now`. Stored tickets of running turns get a fresh lease: their router renews
+        them, or they lapse. Placements wait for the capacity snapshot (see _settle)."""
+        if self._programs or self._turns or self._passthrough:
+            raise RuntimeError("restore needs an empty core")
+        if state.meta.format > STATE_FORMAT:
+            raise ValueError(f"state format {state.meta.format} is newer than this scheduler's ({STATE_FORMAT})")
+        acc = _Acc()
+        meta = state.meta
+        next_seq, next_pause_seq = meta.next_seq, meta.next_pause_seq
+        for rec in state.programs:
+            program = Program(
+                session_id=rec.session_id, parent_session_id=rec.parent_session_id, created_at=rec.created_at,
+                seq=rec.seq, status=rec.status, lifecycle=rec.lifecycle, token_total=max(0, rec.token_total),
+                tokens_estimated=rec.tokens_estimated, replica=rec.replica, last_replica=rec.last_replica,
+                pause_protected_until=rec.pause_protected_until, admission_epoch=rec.admission_epoch,
+                turns=rec.turns, last_activity=rec.last_activity, acting_since=rec.acting_since,
+                paused_since=rec.paused_since)
+            sid = program.session_id
+            self._programs[sid] = program
+            next_seq = max(next_seq, program.seq + 1)
+            if program.lifecycle is Lifecycle.PAUSED:
+                program.replica = None
+                seq = rec.paused_seq if rec.paused_seq is not None else next_pause_seq
+                self._paused[sid] = seq
+                next_pause_seq = max(next_pause_seq, seq + 1)
+            if program.parent_session_id:
+                self._children.setdefault(program.parent_session_id, {})[sid] = None
+            if program.replica is not None:
+                self._unsettled.add(sid)
+        self._next_seq, self._next_pause_seq = next_seq, next_pause_seq
+        running: dict[str, int] = {}
+        for rec in state.tickets:
+            if not rec.session_id:
+                self._passthrough[rec.request_id] = _Passthrough(rec.request_id, max(0, rec.tokens), rec.replica,
+                                                                 rec.started_at, self._lease(now))
+                if rec.replica is not None:
+                    self._unsettled_pt.add(rec.request_id)
+                continue
+            program = self._programs.get(rec.session_id)
+            if (program is None or rec.epoch > program.admission_epoch
+                    or (program.lifecycle is Lifecycle.PAUSED and rec.epoch == program.admission_epoch)):
+                continue  # its program is gone, or it was held: its Admit call ended with the old process
+            self._turns[rec.request_id] = _Turn(
+                rec.request_id, rec.session_id, program, rec.epoch, rec.started_at, dataclasses.replace(program),
+                self._paused.get(rec.session_id), was_paused=rec.was_paused, lease_until=self._lease(now))
+            running[rec.session_id] = max(running.get(rec.session_id, 0), rec.epoch)
+        ended = 0
+        for program in self._programs.values():
+            if program.status is Status.REASONING and running.get(program.session_id) != program.admission_epoch:
+                program.status = Status.ACTING
+                program.acting_since = now
+                ended += 1
+        self._released_turns.extend(meta.released_turns[-TAIL_WINDOW_RELEASES:])
+        self._refresh_tail()
+        for name in TOTAL_NAMES:
+            setattr(self, name, int(meta.totals.get(name, 0)))
+        for program in self._programs.values():
+            self._recharge(program)
+        if self._caps:
+            self._settle()
+        acc.logs.append(LogRecord(INFO, "scheduler.recovered programs=%d paused=%d tickets=%d ended_turns=%d"
+                                  % (len(self._programs), len(self._paused),
+                                     len(self._turns) + len(self._passthrough), ended)))
+        return acc.effects()
+
+    def _settle(self) -> None:
+        """Charge restored placements whose replica the snapshot now has; forget the settled ones."""
+        for sid in list(self._unsettled):
+            program = self._programs.get(sid)
+            if program is None or program.replica is None:
+                self._unsettled.discard(sid)
+            elif program.replica in self._caps:
+                self._unsettled.discard(sid)
+                self._recharge(program, touched=False)
+        for rid in list(self._unsettled_pt):
+            pt = self._passthrough.get(rid)
+            if pt is None or pt.replica is None:
+                self._unsettled_pt.discard(rid)
+            elif pt.replica in self._caps:
+                self._unsettled_pt.discard(rid)
+                self._recharge_passthrough(rid, pt)
+
     # ------------------------------------------------------------------ views
 
     def program(self, session_id: str) -> ProgramView | None:
@@ -963,7 +1119,11 @@ class SchedulerCore:
         if q <= 0:
             return
         self._released_turns.append(turns)
-        if len(self._released_turns) >= TAIL_MIN_RELEASES:
+        self._refresh_tail()
+
+    def _refresh_tail(self) -> None:
+        q = self.params.tail_protection_quantile
+        if q > 0 and len(self._released_turns) >= TAIL_MIN_RELEASES:
             ordered = sorted(self._released_turns)
             self._tail_turns = ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
 
@@ -987,8 +1147,11 @@ class SchedulerCore:
         for sid in self._resident[key]:
             self._programs[sid].marked = False
 
-    def _recharge(self, program: Program) -> None:
+    def _recharge(self, program: Program, *, touched: bool = True) -> None:
+        """Re-account `program` after a change (`touched`: a change worth persisting)."""
         sid = program.session_id
+        if touched and self._tracking:
+            self._dirty_programs.add(sid)
         old = self._charge.pop(sid, None)
         if old is not None:
             key, amount, in_flight, base = old
