@@ -10,11 +10,13 @@ would refuse.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
+from services.common.redact import redact_url
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
@@ -171,9 +173,45 @@ KV_ROUTER_SETTINGS = [
             env="DYN_ROUTER_BLOCK_SIZE"),
 ]
 
+# Durable state (services/scheduler/persist.py): an embedded SQLite file unless Redis is configured.
+STATE_SETTINGS = [
+    Setting("state_path", str, None,
+            "SQLite file the program table is kept in and recovered from at start; empty or 'none' = in memory "
+            "only (default: $XDG_STATE_HOME/bandmaster/scheduler.sqlite, else ~/.local/state/bandmaster/...)",
+            env=f"{ENV_PREFIX}_STATE_PATH"),
+    Setting("state_redis_url", str, "",
+            "keep the table in Redis instead (redis://[user:password@]host:port/db, rediss://, unix://); "
+            "--state-path is then not used", env=f"{ENV_PREFIX}_STATE_REDIS_URL"),
+    Setting("state_redis_prefix", str, "bandmaster:scheduler:", "prefix of the scheduler's Redis keys",
+            env=f"{ENV_PREFIX}_STATE_REDIS_PREFIX"),
+    Setting("state_flush_seconds", float, 1.0,
+            "changes are written in one batch this often (the most a crash can lose)",
+            env=f"{ENV_PREFIX}_STATE_FLUSH_SECONDS"),
+    Setting("state_write_timeout_seconds", float, 2.0,
+            "bound on one state write (and on each Redis command); a slower store counts as failing",
+            env=f"{ENV_PREFIX}_STATE_WRITE_TIMEOUT_SECONDS"),
+    Setting("state_load_timeout_seconds", float, 30.0,
+            "how long the start waits for the state store to answer before refusing to start",
+            env=f"{ENV_PREFIX}_STATE_LOAD_TIMEOUT_SECONDS"),
+]
+MEMORY_STATE = ("", "none")
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def default_state_path(env: Mapping[str, str]) -> str:
+    """$XDG_STATE_HOME/bandmaster/scheduler.sqlite, else $HOME/.local/state/bandmaster/scheduler.sqlite,
+    else ./bandmaster-state/scheduler.sqlite (a function of `env` only)."""
+    if env.get("XDG_STATE_HOME", "").strip():
+        return os.path.join(env["XDG_STATE_HOME"], "bandmaster", "scheduler.sqlite")
+    if env.get("HOME", "").strip():
+        return os.path.join(env["HOME"], ".local", "state", "bandmaster", "scheduler.sqlite")
+    return os.path.join("bandmaster-state", "scheduler.sqlite")
+
+
 SETTINGS = [
     *CONTROL_SETTINGS,
     *SERVICE_SETTINGS,
+    *STATE_SETTINGS,
     *COST_AWARE_SETTINGS,
     *KV_ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
@@ -235,6 +273,14 @@ class SchedulerConfig:
     capacity_addr: str = "127.0.0.1:50051"
     ticket_lease_seconds: float = 30.0
     """Lease of an admitted turn, renewed by its router; 0 = turns end only by Complete."""
+    state_path: str = ""
+    """SQLite file of the durable state; "" = in memory (the service's flag defaults to a file)."""
+    state_redis_url: str = ""
+    """Redis instead of SQLite when set."""
+    state_redis_prefix: str = "bandmaster:scheduler:"
+    state_flush_seconds: float = 1.0
+    state_write_timeout_seconds: float = 2.0
+    state_load_timeout_seconds: float = 30.0
     kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
     listen: str = "127.0.0.1:50052"
     metrics_port: int = 9102
@@ -251,6 +297,22 @@ class SchedulerConfig:
         parse_host_port(self.capacity_addr, "capacity_addr")
         require(math.isfinite(self.ticket_lease_seconds) and self.ticket_lease_seconds >= 0, "ticket_lease_seconds",
                 self.ticket_lease_seconds, "0 <= ticket_lease_seconds < inf")
+        for name in ("state_flush_seconds", "state_write_timeout_seconds", "state_load_timeout_seconds"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value > 0, name, value, f"0 < {name} < inf")
+        if self.state_redis_url:
+            require(self.state_redis_url.startswith(_REDIS_SCHEMES), "state_redis_url",
+                    redact_url(self.state_redis_url), "state_redis_url starts with redis://, rediss:// or unix://")
+        prefix = self.state_redis_prefix
+        require(0 < len(prefix) <= 128 and prefix.isascii() and prefix.isprintable() and " " not in prefix,
+                "state_redis_prefix", prefix, "state_redis_prefix is 1-128 printable ASCII characters, no spaces")
+
+    @property
+    def state_store(self) -> str:
+        """Where the durable state lives: "redis", "sqlite" or "memory"."""
+        if self.state_redis_url:
+            return "redis"
+        return "memory" if self.state_path.strip().lower() in MEMORY_STATE else "sqlite"
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
                         "shutdown_grace_seconds": self.shutdown_grace_seconds})
 
@@ -280,6 +342,12 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         cost_aware=cost_aware,
         capacity_addr=values["capacity_addr"],
         ticket_lease_seconds=values["ticket_lease_seconds"],
+        state_path=default_state_path(env) if values["state_path"] is None else values["state_path"],
+        state_redis_url=values["state_redis_url"],
+        state_redis_prefix=values["state_redis_prefix"],
+        state_flush_seconds=values["state_flush_seconds"],
+        state_write_timeout_seconds=values["state_write_timeout_seconds"],
+        state_load_timeout_seconds=values["state_load_timeout_seconds"],
         kv_router=kv_router,
         listen=values["listen"],
         metrics_port=values["metrics_port"],

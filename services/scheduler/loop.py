@@ -97,6 +97,7 @@ class SchedulerRuntime:
         self._stopping = False
         self.ticks = 0
         self.capacity_received = False
+        self.recovery = None  # persist.Recovery when the table was recovered from a store at start
         metrics.watch_core(core, clock.monotonic, lambda: len(self._held))
 
     # ------------------------------------------------------------------ lifecycle

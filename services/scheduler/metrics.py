@@ -44,6 +44,22 @@ class SchedulerMetrics:
         self.watchers = Gauge(f"{PREFIX}_watchers", "Open WatchEvents streams", registry=registry)
         for outcome in ("resumed", "forced", "released", "cancelled", "shutdown"):
             self.hold_seconds.labels(outcome)
+        # Durable state (persist.py).
+        self.state_recovery_seconds = Gauge(f"{PREFIX}_state_recovery_seconds",
+                                            "Time to load and rebuild the program table at start", registry=registry)
+        self.state_recovered_programs = Gauge(f"{PREFIX}_state_recovered_programs",
+                                              "Programs recovered from the state store at start", registry=registry)
+        self.state_write_seconds = Histogram(f"{PREFIX}_state_write_seconds", "Duration of one state batch write",
+                                             buckets=_TICK_BUCKETS_S, registry=registry)
+        self.state_writes = Counter(f"{PREFIX}_state_writes_total", "State batches written, by kind (delta, full)",
+                                    ["kind"], registry=registry)
+        self.state_write_failures = Counter(f"{PREFIX}_state_write_failures_total",
+                                            "State writes (or pings before a full rewrite) that failed or timed out",
+                                            registry=registry)
+        self.state_store_up = Gauge(f"{PREFIX}_state_store_up",
+                                    "1 while the state store takes writes (0 during an outage)", registry=registry)
+        for kind in ("delta", "full"):
+            self.state_writes.labels(kind)
 
     def watch_core(self, core: SchedulerCore, now: Callable[[], float], held: Callable[[], int]) -> None:
         """Register the scrape-time collector over `core` (one per registry)."""

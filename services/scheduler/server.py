@@ -12,13 +12,22 @@ from opentelemetry import trace
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.clock import Clock, SystemClock
+from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
 from services.common.telemetry import Telemetry
 from services.scheduler.adapters.capacity import CapacityFollower
+from services.scheduler.adapters.state_store import (
+    RedisStateStore,
+    SqliteStateStore,
+    StateStore,
+    StoreError,
+    StoreLocked,
+)
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.core import SchedulerCore, make_pause_policy
 from services.scheduler.loop import SchedulerRuntime
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.persist import StatePersister
 from services.scheduler.servicer import SERVICE_NAME, SchedulerServicer
 
 log = logging.getLogger("services.scheduler")
@@ -30,6 +39,7 @@ class RunningScheduler:
     runtime: SchedulerRuntime
     follower: CapacityFollower
     config: SchedulerConfig
+    persister: StatePersister | None = None
 
     @property
     def address(self) -> str:
@@ -60,6 +70,9 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
                          ticket_lease_seconds=config.ticket_lease_seconds)
     runtime = SchedulerRuntime(core, clock=clock, metrics=metrics, tracer=tracer,
                                interval_s=config.control.scheduler_interval_seconds)
+    # The table is recovered before anything is served: no RPC ever sees it half-built.
+    persister = await _recover_state(config, core, clock, metrics)
+    runtime.recovery = persister.recovery if persister is not None else None
     channel = None
     if capacity_stub is None:
         channel = grpc.aio.insecure_channel(config.capacity_addr)
@@ -70,23 +83,59 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
     host.add_service(SERVICE_NAME)
 
     async def stop_components() -> None:
-        # Health is NOT_SERVING by now: release held Admits (UNAVAILABLE), then stop the loops.
+        # Health is NOT_SERVING by now: release held Admits (UNAVAILABLE), then stop the loops,
+        # then write the last batch of state (rolled-back admissions included).
         await runtime.stop()
         await follower.stop()
+        if persister is not None:
+            await persister.stop()
         if channel is not None:
             await channel.close()
 
     host.on_stop(stop_components)
     runtime.start(tick_loop=tick_loop)
     follower.start()
+    if persister is not None:
+        persister.start()
     try:
         await host.start()
     except BaseException:
         await stop_components()
         raise
     c = config.control
-    log.info("scheduler started (interval=%ss, pause=%.2f, soft=%.2f, target=%.2f, policy=%s, capacity=%s)",
-             c.scheduler_interval_seconds, c.pause_threshold, c.soft_demote_threshold, c.pause_target,
-             config.pause_policy, config.capacity_addr)
+    log.info("scheduler started (interval=%ss, pause=%.2f, soft=%.2f, target=%.2f, policy=%s, capacity=%s, "
+             "state=%s, ticket lease=%gs)", c.scheduler_interval_seconds, c.pause_threshold, c.soft_demote_threshold,
+             c.pause_target, config.pause_policy, config.capacity_addr,
+             persister.store.description if persister is not None else "memory", config.ticket_lease_seconds)
     host.write_ready_file(config.ready_file)
-    return RunningScheduler(host, runtime, follower, config)
+    return RunningScheduler(host, runtime, follower, config, persister)
+
+
+def _state_store(config: SchedulerConfig) -> StateStore | None:
+    if config.state_store == "redis":
+        return RedisStateStore(config.state_redis_url, config.state_redis_prefix, config.state_write_timeout_seconds)
+    if config.state_store == "sqlite":
+        return SqliteStateStore(config.state_path)
+    return None
+
+
+async def _recover_state(config: SchedulerConfig, core: SchedulerCore, clock: Clock,
+                         metrics: SchedulerMetrics) -> StatePersister | None:
+    """Open the configured store and rebuild the table from it. A store that cannot be opened or read
+    is a ConfigError naming the setting (the service then exits 2 rather than start with no table)."""
+    store = _state_store(config)
+    if store is None:
+        return None
+    field = "state_redis_url" if config.state_store == "redis" else "state_path"
+    persister = StatePersister(core, store, clock, metrics, flush_s=config.state_flush_seconds,
+                               write_timeout_s=config.state_write_timeout_seconds)
+    try:
+        await store.open()
+        await persister.recover(config.state_load_timeout_seconds)
+    except StoreLocked as exc:
+        await store.close()
+        raise ConfigError(field, store.description, f"{exc}; give each scheduler its own state") from None
+    except (StoreError, ValueError) as exc:
+        await store.close()
+        raise ConfigError(field, store.description, str(exc)) from None
+    return persister

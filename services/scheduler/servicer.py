@@ -229,7 +229,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             self.runtime.unsubscribe(queue)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.Stats:
-        return stats_to_proto(self.runtime.core.stats(self.runtime.clock.monotonic()))
+        stats = stats_to_proto(self.runtime.core.stats(self.runtime.clock.monotonic()))
+        recovery = self.runtime.recovery
+        if recovery is not None:
+            stats.state_recovery_seconds = recovery.seconds
+            stats.state_recovered_programs = recovery.programs
+        return stats
 
     async def GetRouterConfig(self, request: pb.GetRouterConfigRequest,
                               context: grpc.aio.ServicerContext) -> pb.RouterConfig:

@@ -78,12 +78,19 @@ class ScriptedCapacity(cap_pb_grpc.CapacityServicer):
 
 async def start_scheduler(tmp: Path, capacity_addr: str, *args: str, name: str = "scheduler",
                           listen: str = "127.0.0.1:0") -> stack.Proc:
-    """The scheduler as a real process (reference policy, fast ticks), serving on `listen`."""
+    """The scheduler as a real process (reference policy, fast ticks), serving on `listen`; its state
+    in `tmp/<name>.state.sqlite` unless `args` name a store."""
+    state = [] if any(a.startswith(("--state-path", "--state-redis-url")) for a in args) else [
+        "--state-path", str(tmp / f"{name}.state.sqlite")]
     return await stack.spawn(name, "services.scheduler", [
         "--capacity-addr", capacity_addr, "--listen", listen, "--metrics-port", "0",
         "--pause-policy", "threshold", "--scheduler-interval-seconds", "0.1",
         # Decay slowly: the resume side sees what the pause side sees (no churn in the tests).
-        "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1", *args], tmp)
+        "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1", *state, *args], tmp)
+
+
+async def metric(proc: stack.Proc, name: str) -> float:
+    return await stack.metric(stack.metrics_url(proc), name)
 
 
 def kill(proc: stack.Proc) -> None:

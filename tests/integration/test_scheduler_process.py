@@ -99,7 +99,7 @@ async def test_scheduler_process_pauses_holds_resumes_and_follows_workers(tmp_pa
             "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1",
             # The reference policy: the test's small contexts are cheap to recompute, so the default
             # cost_aware policy would (rightly) not pause them.
-            "--pause-policy", "threshold"], sched_log)
+            "--pause-policy", "threshold", "--state-path", str(tmp_path / "scheduler.sqlite")], sched_log)
         info = await _ready(sched_ready)
         async with grpc.aio.insecure_channel(info["grpc"]) as channel:
             client = pb_grpc.SchedulerStub(channel)

@@ -100,8 +100,10 @@ async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Proc:
 
 async def scheduler(tmp: Path, capacity_addr: str, *args: str, listen: str = "127.0.0.1:0",
                     name: str = "scheduler") -> Proc:
+    # Its own state file: tests never share (or lock) the default one under the user's home.
     return await spawn(name, "services.scheduler", ["--capacity-addr", capacity_addr, "--listen", listen,
-                                                    "--metrics-port", "-1", *args], tmp)
+                                                    "--metrics-port", "-1",
+                                                    "--state-path", str(tmp / f"{name}.state.sqlite"), *args], tmp)
 
 
 async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str | None = None,

@@ -153,3 +153,35 @@ def test_ticket_lease_flag_env_and_bounds():
         with pytest.raises(ConfigError) as info:
             load_config(["--ticket-lease-seconds", bad], {})
         assert info.value.field == "ticket_lease_seconds"
+
+
+def test_state_store_defaults_and_choices():
+    from services.scheduler.config import default_state_path
+
+    assert default_state_path({"XDG_STATE_HOME": "/x"}) == "/x/bandmaster/scheduler.sqlite"
+    assert default_state_path({"HOME": "/home/u"}) == "/home/u/.local/state/bandmaster/scheduler.sqlite"
+    assert default_state_path({}) == "bandmaster-state/scheduler.sqlite"
+    cfg = load_config([], {"HOME": "/home/u"})
+    assert cfg.state_store == "sqlite" and cfg.state_path == "/home/u/.local/state/bandmaster/scheduler.sqlite"
+    assert (cfg.state_flush_seconds, cfg.state_write_timeout_seconds, cfg.state_load_timeout_seconds) == (1.0, 2.0, 30.0)
+    assert load_config(["--state-path", "/s.db"], {}).state_path == "/s.db"
+    assert load_config([], {"BANDMASTER_SCHEDULER_STATE_PATH": "/e.db"}).state_path == "/e.db"
+    for memory in ("", "none", "NONE"):
+        assert load_config(["--state-path", memory], {}).state_store == "memory"
+    redis_cfg = load_config(["--state-redis-url", "redis://h:6379/1"], {})
+    assert redis_cfg.state_store == "redis" and redis_cfg.state_redis_prefix == "bandmaster:scheduler:"
+    assert SchedulerConfig().state_store == "memory"  # the dataclass (tests, embedding) keeps nothing
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--state-redis-url", "http://user:secret@h:1"], "state_redis_url"),
+    (["--state-flush-seconds", "0"], "state_flush_seconds"),
+    (["--state-write-timeout-seconds", "-1"], "state_write_timeout_seconds"),
+    (["--state-load-timeout-seconds", "inf"], "state_load_timeout_seconds"),
+    (["--state-redis-prefix", "has space"], "state_redis_prefix"),
+])
+def test_state_settings_are_validated(argv, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, {})
+    assert info.value.field == field
+    assert "secret" not in str(info.value)

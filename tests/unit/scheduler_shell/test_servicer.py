@@ -382,7 +382,7 @@ async def test_configured_pause_policy_and_its_parameters_reach_the_core():
     from tests.unit.scheduler_shell.support import FakeCapacity
 
     config = load_config(["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7",
-                          "--listen", "127.0.0.1:0", "--metrics-port", "-1"], {})
+                          "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--state-path", "none"], {})
     running = await start_scheduler(config, capacity_stub=FakeCapacity(), tick_loop=False)
     try:
         assert running.core.policy.name == "cost_aware"

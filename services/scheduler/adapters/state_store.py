@@ -1,0 +1,359 @@
+"""Where the scheduler's durable state lives: an embedded SQLite file (default) or Redis.
+
+Both stores keep three things, keyed so that a write only touches what changed: one record per
+program (by session id), one per running turn (by request id), and one meta record (creation and
+pause sequences, tail-protection history, totals). A write is a batch applied atomically (one
+SQLite transaction, one Redis MULTI/EXEC): either a delta (upserts and deletes) or a full
+replacement. Records are JSON; their times are wall-clock seconds, so a restarted process (another
+monotonic clock) maps them onto its own.
+
+- SQLite: WAL journal, `synchronous=FULL` (one fsync per batch, on the store's own thread, never on
+  the event loop or per RPC); an exclusive `flock` on `<path>.lock` keeps a second scheduler off the
+  same file (the scheduler is a single active replica).
+- Redis: hashes `<prefix>programs` and `<prefix>tickets`, strings `<prefix>meta` and
+  `<prefix>generation`. A full write sets a new generation; a delta checks it in the same
+  transaction, so a Redis that lost its data (restarted empty) is noticed and rewritten in full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import fcntl
+import os
+import secrets
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import orjson
+
+from services.common.redact import redact_url
+from services.scheduler.core import Lifecycle, ReplicaKey, Status
+from services.scheduler.core.state import CoreMeta, CoreState, ProgramRecord, TicketRecord
+
+
+class StoreError(Exception):
+    """The store cannot be opened, read or written."""
+
+
+class StoreLocked(StoreError):
+    """Another scheduler holds the state file."""
+
+
+class StoreLost(StoreError):
+    """The store no longer holds what was written to it (e.g. Redis restarted empty)."""
+
+
+@dataclass
+class WriteBatch:
+    """Records to write (None = delete). `full`: replace everything the store holds."""
+
+    programs: dict[str, bytes | None] = field(default_factory=dict)
+    tickets: dict[str, bytes | None] = field(default_factory=dict)
+    meta: bytes = b""
+    full: bool = False
+
+
+@dataclass
+class StoredState:
+    programs: list[bytes] = field(default_factory=list)
+    tickets: list[bytes] = field(default_factory=list)
+    meta: bytes | None = None
+
+
+class StateStore(Protocol):
+    description: str  # for logs: "sqlite:/path" or the Redis URL without credentials
+
+    async def open(self) -> None: ...
+    async def load(self) -> StoredState: ...
+    async def write(self, batch: WriteBatch) -> None: ...
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------- records <-> JSON
+
+
+def _t(value: float | None, offset_s: float) -> float | None:
+    return None if value is None else value + offset_s
+
+
+def _replica(value: ReplicaKey | None) -> list | None:
+    return None if value is None else [value.worker_id, value.dp_rank]
+
+
+def _replica_from(value) -> ReplicaKey | None:
+    return None if value is None else ReplicaKey(str(value[0]), int(value[1]))
+
+
+def encode_program(r: ProgramRecord, wall_offset_s: float) -> bytes:
+    """`wall_offset_s` = wall clock - monotonic clock of the exporting process."""
+    return orjson.dumps({
+        "session_id": r.session_id, "parent": r.parent_session_id, "created_at": r.created_at + wall_offset_s,
+        "seq": r.seq, "status": r.status.value, "lifecycle": r.lifecycle.value, "token_total": r.token_total,
+        "tokens_estimated": r.tokens_estimated, "replica": _replica(r.replica),
+        "last_replica": _replica(r.last_replica), "pause_protected_until": r.pause_protected_until + wall_offset_s,
+        "admission_epoch": r.admission_epoch, "turns": r.turns, "last_activity": r.last_activity + wall_offset_s,
+        "acting_since": _t(r.acting_since, wall_offset_s), "paused_since": _t(r.paused_since, wall_offset_s),
+        "paused_seq": r.paused_seq})
+
+
+def decode_program(data: bytes, wall_offset_s: float) -> ProgramRecord:
+    d = orjson.loads(data)
+    back = -wall_offset_s
+    return ProgramRecord(
+        session_id=str(d["session_id"]), parent_session_id=str(d["parent"]), created_at=float(d["created_at"]) + back,
+        seq=int(d["seq"]), status=Status(d["status"]), lifecycle=Lifecycle(d["lifecycle"]),
+        token_total=int(d["token_total"]), tokens_estimated=bool(d["tokens_estimated"]),
+        replica=_replica_from(d["replica"]), last_replica=_replica_from(d["last_replica"]),
+        pause_protected_until=float(d["pause_protected_until"]) + back, admission_epoch=int(d["admission_epoch"]),
+        turns=int(d["turns"]), last_activity=float(d["last_activity"]) + back,
+        acting_since=_t(d["acting_since"], back), paused_since=_t(d["paused_since"], back),
+        paused_seq=None if d["paused_seq"] is None else int(d["paused_seq"]))
+
+
+def encode_ticket(r: TicketRecord, wall_offset_s: float) -> bytes:
+    return orjson.dumps({"request_id": r.request_id, "session_id": r.session_id, "epoch": r.epoch,
+                         "started_at": r.started_at + wall_offset_s, "was_paused": r.was_paused,
+                         "tokens": r.tokens, "replica": _replica(r.replica)})
+
+
+def decode_ticket(data: bytes, wall_offset_s: float) -> TicketRecord:
+    d = orjson.loads(data)
+    return TicketRecord(str(d["request_id"]), str(d["session_id"]), int(d["epoch"]),
+                        float(d["started_at"]) - wall_offset_s, bool(d["was_paused"]), int(d["tokens"]),
+                        _replica_from(d["replica"]))
+
+
+def encode_meta(m: CoreMeta) -> bytes:
+    return orjson.dumps({"format": m.format, "next_seq": m.next_seq, "next_pause_seq": m.next_pause_seq,
+                         "released_turns": list(m.released_turns), "totals": m.totals})
+
+
+def decode_meta(data: bytes | None) -> CoreMeta:
+    if not data:
+        return CoreMeta()
+    d = orjson.loads(data)
+    return CoreMeta(int(d["next_seq"]), int(d["next_pause_seq"]), tuple(int(t) for t in d["released_turns"]),
+                    {str(k): int(v) for k, v in d["totals"].items()}, int(d["format"]))
+
+
+@dataclass
+class Decoded:
+    state: CoreState
+    skipped: int  # records that could not be read (logged, never fatal)
+
+
+def decode_state(stored: StoredState, wall_offset_s: float) -> Decoded:
+    """Unreadable records are skipped and counted: one bad row must not keep the scheduler down."""
+    skipped = 0
+    programs, tickets = [], []
+    for data in stored.programs:
+        try:
+            programs.append(decode_program(data, wall_offset_s))
+        except (ValueError, KeyError, TypeError, IndexError):
+            skipped += 1
+    for data in stored.tickets:
+        try:
+            tickets.append(decode_ticket(data, wall_offset_s))
+        except (ValueError, KeyError, TypeError, IndexError):
+            skipped += 1
+    try:
+        meta = decode_meta(stored.meta)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        meta, skipped = CoreMeta(), skipped + 1
+    return Decoded(CoreState(tuple(programs), tuple(tickets), meta), skipped)
+
+
+# ---------------------------------------------------------------------- SQLite
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS programs (session_id TEXT PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS tickets (request_id TEXT PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+
+class SqliteStateStore:
+    """One file; every call runs on the store's single thread, in order."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.description = f"sqlite:{self.path}"
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-state")
+        self._conn: sqlite3.Connection | None = None
+        self._lock_fd: int | None = None
+
+    async def _run(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    def _open(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StoreLocked(f"{self.path} is in use by another scheduler") from None
+            raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
+        try:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            self._unlock()
+            raise StoreError(f"{self.path} is not a usable SQLite database: {exc}") from None
+        self._conn = conn
+
+    async def load(self) -> StoredState:
+        return await self._run(self._load)
+
+    def _load(self) -> StoredState:
+        conn = self._require()
+        try:
+            programs = [row[0] for row in conn.execute("SELECT record FROM programs")]
+            tickets = [row[0] for row in conn.execute("SELECT record FROM tickets")]
+            meta = conn.execute("SELECT value FROM meta WHERE key = 'core'").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read {self.path}: {exc}") from None
+        return StoredState(programs, tickets, meta[0] if meta else None)
+
+    async def write(self, batch: WriteBatch) -> None:
+        await self._run(self._write, batch)
+
+    def _write(self, batch: WriteBatch) -> None:
+        conn = self._require()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if batch.full:
+                    conn.execute("DELETE FROM programs")
+                    conn.execute("DELETE FROM tickets")
+                for table, key, records in (("programs", "session_id", batch.programs),
+                                            ("tickets", "request_id", batch.tickets)):
+                    upserts = [(k, v) for k, v in records.items() if v is not None]
+                    deletes = [(k,) for k, v in records.items() if v is None]
+                    if upserts:
+                        conn.executemany(f"INSERT OR REPLACE INTO {table} ({key}, record) VALUES (?, ?)", upserts)
+                    if deletes and not batch.full:
+                        conn.executemany(f"DELETE FROM {table} WHERE {key} = ?", deletes)
+                if batch.meta:
+                    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('core', ?)", (batch.meta,))
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write {self.path}: {exc}") from None
+
+    async def ping(self) -> None:
+        await self._run(lambda: self._require().execute("SELECT 1").fetchone())
+
+    async def close(self) -> None:
+        await self._run(self._close)
+        self._executor.shutdown(wait=True)
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._unlock()
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def _require(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError("store is not open")
+        return self._conn
+
+
+# ---------------------------------------------------------------------- Redis
+
+
+class RedisStateStore:
+    """Every command bounded by `timeout_s` (connect and reply), no client-side retries: the caller
+    decides what a failure means."""
+
+    def __init__(self, url: str, prefix: str, timeout_s: float) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.description = redact_url(url)
+        self._client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+                                               retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._programs = f"{prefix}programs"
+        self._tickets = f"{prefix}tickets"
+        self._meta = f"{prefix}meta"
+        self._generation_key = f"{prefix}generation"
+        self._generation: bytes | None = None
+
+    async def open(self) -> None:
+        return None  # connects on first use; load() is the first call
+
+    async def load(self) -> StoredState:
+        from redis.exceptions import RedisError
+
+        try:
+            pipe = self._client.pipeline(transaction=True)
+            pipe.hvals(self._programs).hvals(self._tickets).get(self._meta).get(self._generation_key)
+            programs, tickets, meta, generation = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"cannot read {self.description}: {redact_url(str(exc))}") from None
+        self._generation = generation
+        return StoredState(list(programs), list(tickets), meta)
+
+    async def write(self, batch: WriteBatch) -> None:
+        from redis.exceptions import RedisError
+
+        pipe = self._client.pipeline(transaction=True)
+        generation = self._generation
+        if batch.full:
+            generation = secrets.token_hex(8).encode()
+            pipe.delete(self._programs, self._tickets)
+            pipe.set(self._generation_key, generation)
+        else:
+            pipe.get(self._generation_key)
+        for key, records in ((self._programs, batch.programs), (self._tickets, batch.tickets)):
+            upserts = {k: v for k, v in records.items() if v is not None}
+            deletes = [k for k, v in records.items() if v is None]
+            if upserts:
+                pipe.hset(key, mapping=upserts)
+            if deletes and not batch.full:
+                pipe.hdel(key, *deletes)
+        if batch.meta:
+            pipe.set(self._meta, batch.meta)
+        try:
+            results = await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"cannot write {self.description}: {redact_url(str(exc))}") from None
+        if batch.full:
+            self._generation = generation
+        elif results[0] != generation:
+            raise StoreLost(f"{self.description} lost the scheduler state (generation {results[0]!r})")
+
+    async def ping(self) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            await self._client.ping()
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{self.description} unreachable: {redact_url(str(exc))}") from None
+
+    async def close(self) -> None:
+        await self._client.aclose()

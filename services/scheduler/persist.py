@@ -1,0 +1,205 @@
+"""Durable scheduler state: recover the table at start, then write what changed in batches.
+
+Nothing is written per RPC. Every `flush_s` (default 1 s) the persister takes the core's changes
+(`take_changes`: programs and tickets touched since the last batch), encodes them on the event
+loop and hands one batch to the store (SQLite: one transaction and one fsync on the store's own
+thread; Redis: one MULTI/EXEC), bounded by `write_timeout_s`. A batch that fails or times out is not
+retried piecemeal: the store is marked stale and, once it answers a ping again, the whole table is
+written in one replacing batch. So a store outage never blocks an RPC or a tick, costs one WARNING
+(and one INFO when it ends) per episode plus a failure counter, and ends with the store exact.
+
+Loss window: a SIGKILL loses at most the changes of the last `flush_s` plus the batch being written
+(and, with Redis, whatever Redis itself does not persist). A graceful stop writes a last batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from services.common.clock import Clock
+from services.scheduler.adapters.state_store import (
+    StateStore,
+    StoreError,
+    StoreLost,
+    WriteBatch,
+    decode_state,
+    encode_meta,
+    encode_program,
+    encode_ticket,
+)
+from services.scheduler.core import SchedulerCore
+from services.scheduler.metrics import SchedulerMetrics
+
+log = logging.getLogger("services.scheduler.state")
+
+
+@dataclass(frozen=True)
+class Recovery:
+    programs: int
+    paused: int
+    tickets: int
+    skipped: int
+    load_s: float
+    rebuild_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.load_s + self.rebuild_s
+
+
+class StatePersister:
+    def __init__(self, core: SchedulerCore, store: StateStore, clock: Clock, metrics: SchedulerMetrics, *,
+                 flush_s: float, write_timeout_s: float) -> None:
+        self.core = core
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.flush_s = flush_s
+        self.write_timeout_s = write_timeout_s
+        self.recovery: Recovery | None = None
+        self._needs_full = True  # the first batch after recovery makes the store exactly the table
+        self._failing_since: float | None = None
+        self._task: asyncio.Task | None = None
+
+    def _wall_offset(self) -> float:
+        return self.clock.wall() - self.clock.monotonic()
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self, load_timeout_s: float) -> Recovery:
+        """Load the stored table and rebuild the core from it (before anything is served). Retries a
+        store that does not answer until `load_timeout_s`; raises StoreError past it."""
+        started = time.perf_counter()
+        deadline = time.monotonic() + load_timeout_s
+        delay_s = 0.2
+        while True:
+            try:
+                async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                    stored = await self.store.load()
+                break
+            except (StoreError, TimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise StoreError(f"cannot load the scheduler state from {self.store.description} within "
+                                     f"{load_timeout_s:g}s: {exc or 'timed out'}") from None
+                log.warning("scheduler state: %s not readable yet (%s); retrying", self.store.description, exc)
+                await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
+                delay_s = min(2.0, delay_s * 2)
+        loaded = time.perf_counter()
+        decoded = decode_state(stored, self._wall_offset())
+        effects = self.core.restore(self.clock.monotonic(), decoded.state)
+        self.core.track_changes()
+        done = time.perf_counter()
+        stats = self.core.stats(self.clock.monotonic())
+        self.recovery = Recovery(len(decoded.state.programs), stats.programs_paused, stats.tickets_in_flight,
+                                 decoded.skipped, loaded - started, done - loaded)
+        self.metrics.state_recovery_seconds.set(self.recovery.seconds)
+        self.metrics.state_recovered_programs.set(self.recovery.programs)
+        for record in effects.logs:
+            logging.getLogger("services.scheduler.control").log(record.level, "%s", record.message)
+        if decoded.skipped:
+            log.warning("scheduler state: %d unreadable records in %s were skipped", decoded.skipped,
+                        self.store.description)
+        log.info("scheduler state: recovered %d programs (%d paused, %d turns in flight) from %s in %.3fs "
+                 "(load %.3fs, rebuild %.3fs)", self.recovery.programs, self.recovery.paused, self.recovery.tickets,
+                 self.store.description, self.recovery.seconds, self.recovery.load_s, self.recovery.rebuild_s)
+        return self.recovery
+
+    # ------------------------------------------------------------------ writing
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="scheduler-state-writer")
+
+    async def stop(self) -> None:
+        """Stop the loop, write a last batch (bounded), close the store."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        try:
+            await self.flush()
+        finally:
+            await self.store.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_s)
+            try:
+                await self.flush()
+            except Exception:  # never let a bug stop the writer; the next batch rewrites everything
+                self._needs_full = True
+                log.exception("scheduler state: writer failed; the whole table is rewritten next")
+
+    @property
+    def healthy(self) -> bool:
+        return self._failing_since is None
+
+    async def flush(self) -> bool:
+        """Write one batch: the changes since the last one, or the whole table when the store may be
+        stale. False if the store failed (or was not reachable for a full rewrite)."""
+        if self._needs_full:
+            try:
+                async with asyncio.timeout(self.write_timeout_s):
+                    await self.store.ping()
+            except (StoreError, TimeoutError, OSError) as exc:
+                self._failed(exc)
+                return False
+            batch = self._full_batch()
+        else:
+            batch = self._delta_batch()
+            if batch is None:
+                return True
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.write_timeout_s):
+                await self.store.write(batch)
+        except StoreLost as exc:
+            log.warning("scheduler state: %s; writing the whole table again", exc)
+            self._needs_full = True
+            return await self.flush()
+        except (StoreError, TimeoutError, OSError) as exc:
+            self._needs_full = True  # this batch's changes are lost to the store: rewrite everything
+            self._failed(exc)
+            return False
+        self.metrics.state_write_seconds.observe(time.perf_counter() - started)
+        self.metrics.state_writes.labels("full" if batch.full else "delta").inc()
+        if batch.full:
+            self._needs_full = False
+        if self._failing_since is not None:
+            log.info("scheduler state: %s writable again after %.1fs; table rewritten (%d programs)",
+                     self.store.description, time.monotonic() - self._failing_since, len(batch.programs))
+            self._failing_since = None
+        self.metrics.state_store_up.set(1)
+        return True
+
+    def _failed(self, exc: BaseException) -> None:
+        self.metrics.state_write_failures.inc()
+        self.metrics.state_store_up.set(0)
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.warning("scheduler state: cannot write to %s (%s); serving on, the table is rewritten when it "
+                        "answers again", self.store.description, exc or type(exc).__name__)
+
+    def _full_batch(self) -> WriteBatch:
+        offset = self._wall_offset()
+        state = self.core.export_state()  # also the new baseline of change tracking
+        return WriteBatch(programs={r.session_id: encode_program(r, offset) for r in state.programs},
+                          tickets={r.request_id: encode_ticket(r, offset) for r in state.tickets},
+                          meta=encode_meta(state.meta), full=True)
+
+    def _delta_batch(self) -> WriteBatch | None:
+        changes = self.core.take_changes()
+        if not changes:
+            return None
+        offset = self._wall_offset()
+        programs: dict[str, bytes | None] = {}
+        for sid in changes.programs:
+            record = self.core.export_program(sid)
+            programs[sid] = None if record is None else encode_program(record, offset)
+        tickets: dict[str, bytes | None] = {}
+        for rid in changes.tickets:
+            record = self.core.export_ticket(rid)
+            tickets[rid] = None if record is None else encode_ticket(record, offset)
+        return WriteBatch(programs, tickets, encode_meta(self.core.export_meta()))
