@@ -39,6 +39,10 @@ class ClusterConfig:
     """The model's tokenizer directory, given to the router and the simulated workers: prompts are then
     routed on exact token pages and KV events are used. Empty = approximate text routing, no KV events."""
     state_dir: Path | None = None
+    scheduler_state: bool = False
+    """Keep the scheduler's program table in `<state dir>/scheduler-state.sqlite`, recovered when the
+    cluster starts again on the same state dir (`bandmaster up`); off = in memory (demo, benchmarks:
+    every run starts from an empty table)."""
     log_level: str = "INFO"
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -118,7 +122,10 @@ def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
     return ChildSpec(name="capacity", module="services.capacity", args=args)
 
 
-def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
+SCHEDULER_STATE_FILE = "scheduler-state.sqlite"
+
+
+def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | None = None) -> ChildSpec:
     # The control loop's time constants are in wall seconds; simulated workers run `speedup` times
     # faster than the hardware they model, so the loop runs that much faster too.
     speedup = config.worker_speedup if not config.worker_urls else 1.0
@@ -137,6 +144,7 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str) -> ChildSpec:
         # Without a tokenizer, chat prompts reach the router as text and it matches prefixes on text
         # chunks (approximate mode), which KV events cannot match. See docs/router-selection.md.
         *([] if config.tokenizer else ["--no-use-kv-events"]),
+        "--state-path", str(state_dir / SCHEDULER_STATE_FILE) if config.scheduler_state and state_dir else "none",
         *config.scheduler_args,
     ]
     return ChildSpec(name="scheduler", module="services.scheduler", args=args)
@@ -167,7 +175,8 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
         (cluster.capacity,) = supervisor.start_all([capacity_spec(config, cluster.workers)])
         scheduler_addr = None
         if config.scheduler:
-            (cluster.scheduler,) = supervisor.start_all([scheduler_spec(config, cluster.capacity.endpoint)])
+            (cluster.scheduler,) = supervisor.start_all([scheduler_spec(config, cluster.capacity.endpoint,
+                                                                        supervisor.state_dir)])
             scheduler_addr = cluster.scheduler.endpoint
         (cluster.router,) = supervisor.start_all([router_spec(config, cluster.capacity.endpoint, scheduler_addr)])
     except BaseException:

@@ -37,7 +37,9 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
                         help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)")
     parser.add_argument("--router-arg", action="append", default=[], dest="router_args",
                         help="extra flag for the router, e.g. --router-arg=--seed=0 (repeatable)")
-    parser.add_argument("--state-dir", type=Path, default=None, help="where child logs and ready files go")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where child logs and ready files go; `bandmaster up` also keeps the scheduler's program "
+                             "table there (scheduler-state.sqlite), recovered when it is started again with it")
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -63,7 +65,7 @@ def add_parser(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    config = cluster_config(args)
+    config = cluster_config(args, scheduler_state=True)
     stop_requested = False
 
     def request_stop(_signum, _frame) -> None:

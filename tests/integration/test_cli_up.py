@@ -72,6 +72,8 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
         assert _wait(lambda: not any(_alive(pid) for pid in child_pids), 10), "children outlived `bandmaster up`"
+        # The scheduler kept its table in the state dir (recovered by the next `up` on it).
+        assert (state / "scheduler-state.sqlite").is_file()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -50,3 +50,14 @@ def test_without_a_tokenizer_routing_stays_on_text_without_kv_events():
     assert "--tokenizer" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
     worker = simworker_spec(config, 0).args
     assert "--tokenizer-path" not in worker and "--kv-events-config" not in worker
+
+
+def test_up_keeps_the_scheduler_state_in_its_state_dir_and_others_keep_it_in_memory(tmp_path):
+    args = scheduler_spec(_config(), "127.0.0.1:1", tmp_path).args
+    assert args[args.index("--state-path") + 1] == "none"  # demo and benchmarks: a fresh table every run
+    durable = ClusterConfig(scheduler_state=True)
+    args = scheduler_spec(durable, "127.0.0.1:1", tmp_path).args
+    assert args[args.index("--state-path") + 1] == str(tmp_path / "scheduler-state.sqlite")
+    # A --scheduler-arg still wins (it comes last).
+    override = ClusterConfig(scheduler_state=True, scheduler_args=("--state-path=/elsewhere.sqlite",))
+    assert scheduler_spec(override, "127.0.0.1:1", tmp_path).args[-1] == "--state-path=/elsewhere.sqlite"
