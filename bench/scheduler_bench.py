@@ -9,6 +9,12 @@
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers
    in this process each loop Admit -> Complete for their own program over a few gRPC channels.
    One round trip = Admit + Complete; we report round trips per second and the p50/p99 latency.
+   The scheduler keeps its table in a SQLite file (the service default), so this includes the
+   batched write-through.
+3. recovery: a table of 10,000 programs (the tick benchmark's, after a few ticks: some paused, some
+   turns in flight) stored in SQLite (and in Redis when `redis-server` is installed); the time a
+   restarting scheduler takes to load it and rebuild its core (the figure it logs and exports as
+   `bandmaster_scheduler_state_recovery_seconds`), median of 3.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ import json
 import os
 import platform
 import random
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +38,20 @@ import grpc
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from prometheus_client import CollectorRegistry
+
+from services.common.clock import SystemClock
+from services.scheduler.adapters.state_store import (
+    RedisStateStore,
+    SqliteStateStore,
+    WriteBatch,
+    encode_meta,
+    encode_program,
+    encode_ticket,
+)
 from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.persist import StatePersister
 from services.testing.sglang_stub import SglangStub, sglang_info
 from bench.stats import percentile, wait_for_json_file as _wait_file
 
@@ -41,9 +63,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # ---------------------------------------------------------------------- 1. tick
 
 
-def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7) -> dict:
+def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7,
+               core: SchedulerCore | None = None) -> dict:
     rng = random.Random(seed)
-    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
+    core = core or SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
     sizes = [min(120_000, int(rng.lognormvariate(9.0, 0.9))) for _ in range(programs)]
     # Budget = the total footprint: placement keeps replicas under the pause threshold, turns then grow
     # programs past it, so every tick has pauses, marks and resumes to do.
@@ -129,7 +152,8 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
             procs.append(await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "services.scheduler", "--capacity-addr", cap["grpc"], "--listen",
                 "127.0.0.1:0", "--metrics-port", "-1", "--ready-file", str(sched_ready),
-                "--scheduler-interval-seconds", "1", cwd=ROOT, env=_env()))
+                "--scheduler-interval-seconds", "1", "--state-path", str(Path(tmp) / "scheduler.sqlite"),
+                cwd=ROOT, env=_env()))
             sched = await _wait_file(sched_ready, 30)
             chans = [grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
                      for _ in range(channels)]
@@ -188,13 +212,90 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
             await stub.stop()
 
 
+# ---------------------------------------------------------------------- 3. recovery
+
+
+def _stored_table(programs: int, replicas: int) -> WriteBatch:
+    """The tick benchmark's table after a few ticks, as the full batch a scheduler would write."""
+    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0),
+                         ticket_lease_seconds=30.0)
+    bench_tick(programs, replicas, ticks=3, core=core)
+    clock = SystemClock()
+    offset = clock.wall() - clock.monotonic()
+    state = core.export_state()
+    return WriteBatch({r.session_id: encode_program(r, offset) for r in state.programs},
+                      {r.request_id: encode_ticket(r, offset) for r in state.tickets},
+                      encode_meta(state.meta), full=True)
+
+
+async def _time_recovery(make_store, batch: WriteBatch, repeats: int) -> dict:
+    store = make_store()
+    await store.open()
+    await store.load()
+    await store.write(batch)
+    await store.close()
+    runs = []
+    for _ in range(repeats):
+        store = make_store()
+        await store.open()
+        core = SchedulerCore(ControlParams(), ticket_lease_seconds=30.0)
+        persister = StatePersister(core, store, SystemClock(), SchedulerMetrics(CollectorRegistry()), flush_s=1.0,
+                                   write_timeout_s=10.0)
+        runs.append(await persister.recover(60.0))
+        await store.close()
+    runs.sort(key=lambda r: r.seconds)
+    median = runs[len(runs) // 2]
+    return {"recovery_s": round(median.seconds, 4), "load_s": round(median.load_s, 4),
+            "rebuild_s": round(median.rebuild_s, 4), "programs": median.programs, "paused": median.paused,
+            "tickets": median.tickets, "runs_s": [round(r.seconds, 4) for r in runs]}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict:
+    batch = _stored_table(programs, replicas)
+    report: dict = {"programs": programs, "replicas": replicas,
+                    "stored_bytes": sum(len(v) for v in batch.programs.values() if v)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.sqlite"
+        report["sqlite"] = await _time_recovery(lambda: SqliteStateStore(path), batch, repeats)
+        binary = shutil.which("redis-server")
+        if binary is None:
+            report["redis"] = None  # not installed (make system-deps installs it)
+            return report
+        port = _free_port()
+        server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+            url = f"redis://127.0.0.1:{port}/0"
+            report["redis"] = await _time_recovery(lambda: RedisStateStore(url, "bench:", 10.0), batch, repeats)
+        finally:
+            server.terminate()
+            server.wait(10)
+    return report
+
+
 # ---------------------------------------------------------------------- report
 
 
 def _table(report: dict) -> str:
     from services.cli.table import render_table
 
-    t, r = report["tick"], report["rpc"]
+    t, r, s = report["tick"], report["rpc"], report["recovery"]
     rows = [
         [f"tick ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
@@ -204,6 +305,8 @@ def _table(report: dict) -> str:
         ["", "p50 ms", r["latency_ms"]["p50"]],
         ["", "p99 ms", r["latency_ms"]["p99"]],
         ["", "held / pauses", f"{r['held']} / {r['pauses_total']}"],
+        [f"recovery ({s['programs']:,} programs)", "SQLite s", s["sqlite"]["recovery_s"]],
+        ["", "Redis s", s["redis"]["recovery_s"] if s["redis"] else "not installed"],
     ]
     return render_table(["benchmark", "figure", "value"], rows, title="scheduler benchmark")
 
@@ -224,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         args.callers, args.duration_seconds, args.channels = 20, 1.0, 2
     tick = bench_tick(args.programs, args.replicas, args.ticks)
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels))
+    recovery = asyncio.run(bench_recovery(args.programs, args.replicas))
     report = {
-        "benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "rpc": rpc,
+        "benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "rpc": rpc, "recovery": recovery,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -23,3 +23,7 @@ def test_scheduler_bench_smoke(tmp_path):
     assert report["rpc"]["round_trips"] > 0 and report["rpc"]["replicas"] == 8
     assert report["rpc"]["held"] == 0 and report["rpc"]["pauses_total"] == 0
     assert "round trips/s" in proc.stdout
+    recovery = report["recovery"]
+    assert recovery["programs"] == 500 and recovery["sqlite"]["programs"] == 500
+    assert 0 < recovery["sqlite"]["recovery_s"] and recovery["sqlite"]["paused"] > 0
+    assert recovery["redis"] is None or recovery["redis"]["programs"] == 500
