@@ -13,6 +13,7 @@ from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.clock import Clock, SystemClock
 from services.common.errors import ConfigError
+from services.common.redact import redact_url
 from services.common.grpc_server import ServiceHost
 from services.common.telemetry import Telemetry
 from services.scheduler.adapters.capacity import CapacityFollower
@@ -123,10 +124,14 @@ async def _recover_state(config: SchedulerConfig, core: SchedulerCore, clock: Cl
                          metrics: SchedulerMetrics) -> StatePersister | None:
     """Open the configured store and rebuild the table from it. A store that cannot be opened or read
     is a ConfigError naming the setting (the service then exits 2 rather than start with no table)."""
-    store = _state_store(config)
+    field = "state_redis_url" if config.state_store == "redis" else "state_path"
+    try:
+        store = _state_store(config)
+    except ImportError as exc:  # the `redis` package is an optional dependency
+        raise ConfigError(field, redact_url(config.state_redis_url),
+                          f"the Redis store needs the `redis` package ({exc.name} is not installed)") from None
     if store is None:
         return None
-    field = "state_redis_url" if config.state_store == "redis" else "state_path"
     persister = StatePersister(core, store, clock, metrics, flush_s=config.state_flush_seconds,
                                write_timeout_s=config.state_write_timeout_seconds)
     try:

@@ -237,3 +237,29 @@ async def test_a_state_file_in_use_refuses_the_start_naming_the_setting(tmp_path
     finally:
         await first.channel.close()
         await first.running.stop()
+
+
+async def test_a_redis_store_that_never_answers_refuses_the_start_within_the_load_timeout():
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(ConfigError) as err:
+        await start_harness(state_redis_url="redis://user:secret@127.0.0.1:1/0", state_load_timeout_seconds=0.5,
+                            state_write_timeout_seconds=0.2)
+    assert asyncio.get_running_loop().time() - started < 5
+    assert err.value.field == "state_redis_url" and "within 0.5s" in err.value.reason
+    assert "secret" not in str(err.value)
+
+
+async def test_without_the_redis_package_the_redis_store_is_a_config_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_redis(name, *args, **kwargs):
+        if name == "redis" or name.startswith("redis."):
+            raise ImportError(f"No module named {name!r}", name=name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_redis)
+    with pytest.raises(ConfigError) as err:
+        await start_harness(state_redis_url="redis://127.0.0.1:1/0")
+    assert err.value.field == "state_redis_url" and "`redis` package" in err.value.reason
