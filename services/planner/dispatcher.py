@@ -57,6 +57,7 @@ class Dispatcher:
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
         self.applied_rate: float | None = None
+        self._closing = False
 
     def wake(self) -> None:
         self._wake.set()
@@ -69,6 +70,9 @@ class Dispatcher:
         self._task = asyncio.create_task(self._run(), name="planner-dispatcher")
 
     async def stop(self) -> None:
+        # A flag as well as the cancel: on 3.11 `wait_for` can swallow a cancel that races a wake.
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -97,7 +101,7 @@ class Dispatcher:
                                   applied)
 
     async def _run(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 moved = self.registry.advance(int(self.clock.wall()))
                 if moved:
@@ -109,6 +113,8 @@ class Dispatcher:
                 log.exception("dispatcher step failed")
                 delay = 1.0
             self._wake.clear()
+            if self._closing:
+                return
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=delay)
             except TimeoutError:

@@ -89,7 +89,7 @@ class BatchApi:
         return int(self.clock.wall())
 
     async def start(self, host: str, port: int) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()

@@ -1,0 +1,233 @@
+"""The Batch API against the official `openai` client, end to end through the dispatcher, and every
+bad input as a clear 4xx with nothing stored."""
+
+import io
+import json
+
+import openai
+import pytest
+
+from services.planner.server import start_planner
+from tests.support.eventually import assert_eventually
+from tests.unit.planner.fakes import FakeUpstream, batch_jsonl, planner_config
+
+
+@pytest.fixture
+async def upstream():
+    up = await FakeUpstream().start()
+    yield up
+    await up.stop()
+
+
+@pytest.fixture
+async def planner(tmp_path, upstream):
+    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url, max_batch_requests=20))
+    yield running
+    await running.stop()
+
+
+def client_for(running) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
+
+
+async def test_openai_client_batch_round_trip(planner, upstream):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(5))), purpose="batch")
+    assert f.purpose == "batch" and f.bytes > 0 and f.object == "file"
+    assert (await client.files.retrieve(f.id)).id == f.id
+    batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                        metadata={"who": "test"})
+    assert batch.status == "validating" and batch.request_counts.total == 5
+    assert batch.expires_at == batch.created_at + 86400
+
+    async def done():
+        b = await client.batches.retrieve(batch.id)
+        return b if b.status == "completed" else None
+    b = await assert_eventually(done, timeout_s=15)
+    assert b.request_counts.completed == 5 and b.request_counts.failed == 0
+    assert b.in_progress_at and b.completed_at and b.finalizing_at and b.output_file_id and b.error_file_id is None
+    out = await client.files.content(b.output_file_id)
+    lines = [json.loads(ln) for ln in out.text.splitlines()]
+    assert sorted(ln["custom_id"] for ln in lines) == [f"req-{i}" for i in range(5)]
+    for ln in lines:
+        assert ln["id"].startswith("batch_req_") and ln["error"] is None
+        assert ln["response"]["status_code"] == 200 and ln["response"]["body"]["object"] == "chat.completion"
+        assert ln["response"]["request_id"]
+    # Batch traffic: no session header, marked as batch.
+    assert all("X-Dynamo-Session-ID" not in h and h["X-Bandmaster-Traffic"] == "batch" for h in upstream.headers)
+    assert len(upstream.requests) == 5
+    # The input file content is served back unchanged.
+    assert (await client.files.content(f.id)).content == batch_jsonl(5)
+
+
+async def test_failed_requests_go_to_the_error_file(planner, upstream):
+    client = client_for(planner)
+    upstream.status_queue.extend([400])
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(2, url="/v1/completions"))),
+                                  purpose="batch")
+    batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="1h")
+
+    async def done():
+        b = await client.batches.retrieve(batch.id)
+        return b if b.status == "completed" else None
+    b = await assert_eventually(done, timeout_s=15)
+    assert (b.request_counts.completed, b.request_counts.failed) == (1, 1)
+    err = [json.loads(ln) for ln in (await client.files.content(b.error_file_id)).text.splitlines()]
+    assert err[0]["response"]["status_code"] == 400 and err[0]["response"]["body"]["error"]["message"] == "nope"
+
+
+async def test_retryable_upstream_errors_are_retried(planner, upstream):
+    client = client_for(planner)
+    upstream.status_queue.extend([503, 429])
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+    async def done():
+        b = await client.batches.retrieve(batch.id)
+        return b if b.status == "completed" else None
+    b = await assert_eventually(done, timeout_s=15)
+    assert b.request_counts.completed == 1 and len(upstream.requests) == 3
+
+
+async def test_list_paginates_newest_first(planner):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    ids = [(await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                        completion_window="24h")).id for _ in range(3)]
+    page = await client.batches.list(limit=2)
+    assert [b.id for b in page.data] == ids[::-1][:2] and page.has_more
+    seen = [b.id async for b in client.batches.list(limit=2)]
+    assert seen == ids[::-1]
+
+
+async def test_cancel_is_idempotent_and_unsent_requests_land_in_the_error_file(tmp_path, upstream):
+    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url, max_batch_admission_rps=0.0))
+    try:
+        client = client_for(running)
+        f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(3))), purpose="batch")
+        batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                            completion_window="24h")
+        first = await client.batches.cancel(batch.id)
+        assert first.status in ("cancelling", "cancelled") and first.cancelling_at
+        second = await client.batches.cancel(batch.id)
+        assert second.status in ("cancelling", "cancelled") and second.cancelling_at == first.cancelling_at
+
+        async def cancelled():
+            b = await client.batches.retrieve(batch.id)
+            return b if b.status == "cancelled" else None
+        b = await assert_eventually(cancelled, timeout_s=10)
+        assert b.cancelled_at and b.output_file_id is None
+        err = [json.loads(ln) for ln in (await client.files.content(b.error_file_id)).text.splitlines()]
+        assert {e["error"]["code"] for e in err} == {"batch_cancelled"} and len(err) == 3
+        assert upstream.requests == []       # the lease (cap 0) never admitted anything
+        assert (await client.batches.cancel(batch.id)).status == "cancelled"
+    finally:
+        await running.stop()
+
+
+def _lines(*items) -> bytes:
+    return ("\n".join(json.dumps(i) if not isinstance(i, str) else i for i in items) + "\n").encode()
+
+
+GOOD = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": []}}
+BAD_FILES = [
+    ("malformed line", _lines(GOOD, "{not json"), 400, "invalid_json_line"),
+    ("duplicate custom_id", _lines(GOOD, GOOD), 400, "duplicate_custom_id"),
+    ("unsupported endpoint", _lines({**GOOD, "url": "/v1/embeddings"}), 400, "unsupported_url"),
+    ("missing custom_id", _lines({k: v for k, v in GOOD.items() if k != "custom_id"}), 400, "invalid_custom_id"),
+    ("not an object", _lines([1, 2]), 400, "invalid_json_line"),
+    ("body not an object", _lines({**GOOD, "body": "x"}), 400, "invalid_body"),
+    ("GET method", _lines({**GOOD, "method": "GET"}), 400, "invalid_method"),
+    ("streaming", _lines({**GOOD, "body": {"stream": True}}), 400, "invalid_body"),
+    ("empty", b"\n\n", 400, "empty_file"),
+    ("too many lines", batch_jsonl(21), 413, "too_many_requests"),
+]
+
+
+@pytest.mark.parametrize("name, data, status, code", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+async def test_bad_input_files_are_refused_whole(planner, name, data, status, code):
+    client = client_for(planner)
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    assert info.value.status_code == status
+    assert info.value.body["code"] == code and info.value.body["message"]
+    assert planner.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
+
+
+async def test_hundred_thousand_lines_are_refused_with_413(tmp_path):
+    running = await start_planner(planner_config(tmp_path))      # default limit 50,000
+    try:
+        client = client_for(running)
+        with pytest.raises(openai.APIStatusError) as info:
+            await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(100_000))), purpose="batch")
+        assert info.value.status_code == 413
+    finally:
+        await running.stop()
+
+
+async def test_wrong_purpose_is_refused(planner):
+    with pytest.raises(openai.BadRequestError, match="purpose"):
+        await client_for(planner).files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="fine-tune")
+
+
+@pytest.mark.parametrize("window", ["0s", "-1h", "1000d", "8d", "30s", "soon", "24 h", "", 24])
+async def test_completion_windows_outside_the_documented_range_are_refused(planner, window):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as info:
+        await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window=window)
+    assert info.value.body["param"] == "completion_window"
+    assert planner.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("window, seconds", [("24h", 86400), ("1m", 60), ("7d", 604800), ("90m", 5400)])
+async def test_documented_completion_windows_are_accepted(planner, window, seconds):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    b = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window=window)
+    assert b.expires_at - b.created_at == seconds
+
+
+async def test_endpoint_must_match_the_lines(planner):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    with pytest.raises(openai.BadRequestError, match="not only"):
+        await client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="not supported"):
+        await client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
+
+
+async def test_unknown_ids_are_404(planner):
+    client = client_for(planner)
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.retrieve("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.cancel("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        await client.files.retrieve("file_nope")
+    with pytest.raises(openai.NotFoundError):
+        await client.files.content("file_nope")
+    with pytest.raises(openai.NotFoundError):
+        await client.batches.create(input_file_id="file_nope", endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+
+
+async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
+    cfg = planner_config(tmp_path, dispatch_url=upstream.url, max_batch_admission_rps=0.0)
+    running = await start_planner(cfg)
+    client = client_for(running)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(4))), purpose="batch")
+    batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+    await running.stop()
+    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url))
+    try:
+        client = client_for(running)
+        assert (await client.files.retrieve(f.id)).bytes == len(batch_jsonl(4))
+
+        async def done():
+            b = await client.batches.retrieve(batch.id)
+            return b if b.status == "completed" else None
+        b = await assert_eventually(done, timeout_s=15)
+        assert b.request_counts.completed == 4 and len(upstream.requests) == 4
+    finally:
+        await running.stop()
