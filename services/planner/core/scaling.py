@@ -62,9 +62,9 @@ def load_proposal(obs: Observation, cfg: LoadScalingConfig, desired: int | None)
     if not cfg.enabled:
         return None, "disabled"
     inv = obs.inventory
-    if inv is None or desired is None:
+    if inv is None:
         return None, "no_inventory"
-    if inv.scaling_in_progress or inv.pending > 0 or inv.expected is None:
+    if inv.scaling_in_progress or inv.pending > 0 or inv.expected is None or desired is None:
         return None, "scaling_in_progress"
     if obs.loads is None:
         return None, "no_load_data"

@@ -1,0 +1,109 @@
+"""The planner's gRPC edge against a real server on 127.0.0.1:0: leases, plans, jobs, dispatch reports, health."""
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from bandmaster.planner.v1 import planner_pb2 as pb
+from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from services.planner.server import start_planner
+from tests.support.eventually import assert_eventually
+from tests.unit.planner.fakes import planner_config
+
+
+@pytest.fixture
+async def running(tmp_path):
+    r = await start_planner(planner_config(tmp_path))
+    yield r
+    await r.stop()
+
+
+@pytest.fixture
+async def stub(running):
+    channel = grpc.aio.insecure_channel(running.address)
+    yield pb_grpc.PlannerStub(channel)
+    await channel.close()
+
+
+def ts(seconds: float) -> Timestamp:
+    t = Timestamp()
+    t.FromNanoseconds(int(seconds * 1e9))
+    return t
+
+
+async def test_health_serving_after_the_startup_lease(running):
+    async with grpc.aio.insecure_channel(running.address) as ch:
+        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="bandmaster.planner.v1.Planner"))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_get_lease_and_watch_lease(stub):
+    lease = await stub.GetLease(pb.GetLeaseRequest(pool_id="default"))
+    assert lease.writer_epoch == 1 and lease.valid_until_unix_ms > 0
+    stream = stub.WatchLease(pb.WatchLeaseRequest())
+    first = await stream.read()
+    second = await asyncio.wait_for(stream.read(), 5)
+    assert second.writer_sequence > first.writer_sequence
+    stream.cancel()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.GetLease(pb.GetLeaseRequest(pool_id="other"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_get_plan_returns_the_last_decision_with_provenance(stub, running):
+    await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=5000, deadline=ts(time.time() + 100),
+                                                       job_id="ext-1"))
+
+    async def plan_with_job():
+        p = await stub.GetPlan(pb.GetPlanRequest())
+        return p if p.observation.active_jobs == 1 else None
+    plan = await assert_eventually(plan_with_job, timeout_s=5)
+    assert plan.decision_id.startswith("d-") and plan.effects_outcome == "applied"
+    assert plan.has_replica_floor and plan.replica_floor >= 1
+    sources = {t.source: t for t in plan.targets}
+    assert sources["native_batch_policy"].provenance == pb.PROVENANCE_RECONCILE
+    assert sources["native_max_replicas"].kind == "AT_MOST"
+    assert plan.required_batch_rps > 0 and plan.leases and plan.audit
+    assert plan.observation.jobs_known and plan.observation.traffic_known
+
+
+async def test_submit_batch_job_is_idempotent_and_validated(stub):
+    deadline = ts(time.time() + 3600)
+    a = await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=10, deadline=deadline, job_id="j1"))
+    b = await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=10, deadline=deadline, job_id="j1"))
+    assert a.job_id == b.job_id == "j1" and a.external and a.state == pb.BATCH_JOB_STATE_RUNNING
+    for bad, code in [
+        (pb.SubmitBatchJobRequest(total_requests=11, deadline=deadline, job_id="j1"), grpc.StatusCode.ALREADY_EXISTS),
+        (pb.SubmitBatchJobRequest(total_requests=0, deadline=deadline), grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.SubmitBatchJobRequest(total_requests=1, deadline=ts(time.time() - 1)), grpc.StatusCode.INVALID_ARGUMENT),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.SubmitBatchJob(bad)
+        assert info.value.code() == code
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.GetBatchJob(pb.GetBatchJobRequest(job_id="nope"))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    jobs = await stub.ListBatchJobs(pb.ListBatchJobsRequest())
+    assert [j.job_id for j in jobs.jobs] == ["j1"]
+
+
+async def test_report_dispatch_updates_an_external_job_and_feeds_the_tick(stub, running):
+    await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=4, deadline=ts(time.time() + 3600), job_id="j"))
+    await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="j", dispatched=4, completed=3, failed=1, queued=0,
+                                                       inflight=0, actual_dispatch_rps=2.0,
+                                                       applied_max_admission_rps=5.0, has_applied_cap=True))
+    job = await stub.GetBatchJob(pb.GetBatchJobRequest(job_id="j"))
+    assert (job.status, job.completed_requests, job.failed_requests) == ("completed", 3, 1)
+
+    async def idle_plan():
+        p = await stub.GetPlan(pb.GetPlanRequest())
+        return p if p.observation.feedback_known and p.has_idle_target else None
+    plan = await assert_eventually(idle_plan, timeout_s=5)
+    assert plan.idle_target == 0 and plan.observation.actual_dispatch_rps == 2.0
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportDispatch(pb.ReportDispatchRequest(queued=-1))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
