@@ -1,8 +1,9 @@
 """gRPC server bootstrap shared by every service.
 
-`ServiceHost` owns the pieces every service has: a `grpc.aio` server with `grpc.health.v1` and
-reflection, a Prometheus `/metrics` HTTP endpoint, and graceful shutdown in the right order:
-health -> NOT_SERVING, stop background loops, `server.stop(grace)`, flush telemetry.
+`ServiceHost` owns the pieces every service has: a `grpc.aio` server with `grpc.health.v1` (and
+reflection when `--grpc-reflection` asks for it), TLS / mutual TLS and the bearer-token interceptor
+from the service's `SecurityConfig`, a Prometheus `/metrics` HTTP endpoint, and graceful shutdown in
+the right order: health -> NOT_SERVING, stop background loops, `server.stop(grace)`, flush telemetry.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.config import parse_host_port
+from services.common.security import SecurityConfig, Verdict, log_posture
 from services.common.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class ServiceHost:
         telemetry: Telemetry | None = None,
         shutdown_grace_seconds: float = 5.0,
         interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+        security: SecurityConfig | None = None,
     ) -> None:
         self.name = name
         self.host, self._port = parse_host_port(listen, "listen")
@@ -49,7 +52,13 @@ class ServiceHost:
         self.registry = registry or CollectorRegistry()
         self.telemetry = telemetry
         self.grace = shutdown_grace_seconds
-        self.server = grpc.aio.server(interceptors=list(interceptors))
+        self.security = security or SecurityConfig()
+        self.auth_refusals = Counter("bandmaster_auth_refusals", "calls refused for a missing, unknown or "
+                                     "under-privileged bearer token", ["interface", "reason"], registry=self.registry)
+        token_check = self.security.server_interceptor(self.count_refusal)
+        # The token check runs first: a refused call reaches no other interceptor.
+        chain = [token_check, *interceptors] if token_check is not None else list(interceptors)
+        self.server = grpc.aio.server(interceptors=chain)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = []
@@ -60,6 +69,9 @@ class ServiceHost:
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopped = asyncio.Event()
+
+    def count_refusal(self, interface: str, verdict: Verdict) -> None:
+        self.auth_refusals.labels(interface, verdict.value).inc()
 
     def add_service(self, full_name: str) -> None:
         """Record a service added to `self.server` (for health and reflection)."""
@@ -78,12 +90,18 @@ class ServiceHost:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def start(self) -> None:
-        reflection.enable_server_reflection(
-            [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME],
-            self.server,
-        )
+        if self.security.grpc_reflection:
+            reflection.enable_server_reflection(
+                [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME],
+                self.server,
+            )
         bind = f"[{self.host}]:{self._port}" if ":" in self.host else f"{self.host}:{self._port}"
-        self.grpc_port = self.server.add_insecure_port(bind)
+        credentials = self.security.server_credentials()
+        if credentials is None:
+            self.grpc_port = self.server.add_insecure_port(bind)
+        else:
+            self.grpc_port = self.server.add_secure_port(bind, credentials)
         if self.grpc_port == 0:
             raise OSError(f"{self.name}: could not bind gRPC on {bind}")
         await self.server.start()
@@ -95,7 +113,9 @@ class ServiceHost:
             self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         for service in ["", *self._service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("%s serving gRPC on %s, metrics on port %s", self.name, self.address, self.metrics_port or "off")
+        log_posture(self.name, self.security, self.host)
+        log.info("%s serving gRPC on %s (%s), metrics on port %s", self.name, self.address, self.security.describe(),
+                 self.metrics_port or "off")
 
     def write_ready_file(self, path: str) -> None:
         """Publish the bound ports atomically for a supervising process."""

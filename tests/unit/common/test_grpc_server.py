@@ -1,4 +1,5 @@
-"""ServiceHost: health, reflection, /metrics and graceful shutdown order, against a real server on port 0."""
+"""ServiceHost: health, reflection (only when asked), /metrics and graceful shutdown order, against a real
+server on port 0."""
 
 import json
 
@@ -9,10 +10,36 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import Counter
 
 from services.common.grpc_server import ServiceHost
+from services.common.security import SecurityConfig
+
+
+async def _list_services(channel) -> list[str]:
+    def requests():
+        yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+    async for response in reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(requests()):
+        return [s.name for s in response.list_services_response.service]
+    return []
+
+
+async def test_reflection_is_off_by_default():
+    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=-1, shutdown_grace_seconds=0.2)
+    await host.start()
+    try:
+        async with grpc.aio.insecure_channel(host.address) as ch:
+            try:
+                await _list_services(ch)
+            except grpc.aio.AioRpcError as exc:
+                assert exc.code() == grpc.StatusCode.UNIMPLEMENTED
+            else:
+                raise AssertionError("reflection answered without --grpc-reflection")
+    finally:
+        await host.stop()
 
 
 async def test_health_reflection_metrics_and_shutdown(tmp_path):
-    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.5)
+    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.5,
+                       security=SecurityConfig(grpc_reflection=True))
     Counter("bandmaster_test_things", "things", registry=host.registry).inc(3)
     order = []
 
@@ -31,15 +58,7 @@ async def test_health_reflection_metrics_and_shutdown(tmp_path):
     async with grpc.aio.insecure_channel(host.address) as ch:
         reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
-
-        def requests():
-            yield reflection_pb2.ServerReflectionRequest(list_services="")
-
-        names = []
-        async for response in reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(requests()):
-            names = [s.name for s in response.list_services_response.service]
-            break
-        assert "grpc.health.v1.Health" in names
+        assert "grpc.health.v1.Health" in await _list_services(ch)
 
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{host.metrics_port}/metrics") as response:

@@ -1,0 +1,508 @@
+"""Transport security and bearer tokens, the same on every service.
+
+One settings group (`security_settings(prefix)`), the same flags on every gRPC service:
+
+    --tls-cert, --tls-key   this process's certificate chain and private key (PEM). The gRPC server
+                            presents them (and the router's HTTP port, which then serves HTTPS); every
+                            outbound gRPC channel presents them as its client certificate.
+    --tls-ca                CA bundle (PEM). Server: every client must present a certificate signed by
+                            it (mutual TLS). Client: servers are verified against it (without it: the
+                            system roots).
+    --control-token-file    bearer token(s) of the control plane (env BANDMASTER_CONTROL_TOKEN)
+    --data-token-file       bearer token(s) of the data plane (env BANDMASTER_DATA_TOKEN)
+    --grpc-reflection       serve gRPC reflection (off by default)
+
+Roles (`required_role`): every RPC is a control RPC except the data-plane RPCs in `DATA_METHODS`
+and the health checks in `PUBLIC_METHODS`. When a control token is configured, a control RPC needs
+it; a data token there is PERMISSION_DENIED. When a data token is configured, a data RPC needs a
+data token or a control token. A missing or unknown token is UNAUTHENTICATED. A token file may hold
+several tokens, one per line (rotation: old and new both accepted); outbound calls send the first
+control token. Tokens are compared with `hmac.compare_digest`, never logged, never in a repr.
+
+`load_security(values, env)` reads and checks every file when the service starts (ConfigError naming
+the rule); `SecurityConfig` makes the gRPC server credentials, the token interceptor, the outbound
+channels and the HTTP TLS context from what it read. docs/security.md has the threat model.
+"""
+
+from __future__ import annotations
+
+import enum
+import hmac
+import json
+import logging
+import os
+import ssl
+import stat
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+
+import grpc
+from aiohttp import web
+
+from services.common.config import Setting
+from services.common.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+CONTROL_TOKEN_ENV = "BANDMASTER_CONTROL_TOKEN"
+DATA_TOKEN_ENV = "BANDMASTER_DATA_TOKEN"
+MIN_TOKEN_LENGTH = 16
+SECURITY_NAMES = ("tls_cert", "tls_key", "tls_ca", "control_token_file", "data_token_file", "grpc_reflection")
+
+# The role table (docs/security.md). Full gRPC method names: /package.Service/Method.
+PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
+DATA_METHODS = frozenset({"/bandmaster.router.v1.Router/Generate", "/bandmaster.router.v1.Router/Release"})
+PUBLIC_HTTP_PATHS = frozenset({"/health"})
+
+
+class Role(enum.Enum):
+    PUBLIC = "public"
+    DATA = "data"
+    CONTROL = "control"
+
+
+class Verdict(enum.Enum):
+    ALLOW = "allow"
+    UNAUTHENTICATED = "unauthenticated"          # no token, or one no role knows
+    PERMISSION_DENIED = "permission_denied"      # a data token on a control RPC
+
+
+def required_role(method: str) -> Role:
+    if method in PUBLIC_METHODS:
+        return Role.PUBLIC
+    return Role.DATA if method in DATA_METHODS else Role.CONTROL
+
+
+class Tokens:
+    """The accepted bearer tokens of one role. The repr never shows them."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Iterable[str]) -> None:
+        self._values = tuple(v.encode("ascii") for v in values)
+        if not self._values:
+            raise ValueError("at least one token")
+
+    def __repr__(self) -> str:
+        return f"Tokens(<{len(self._values)} redacted>)"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokens) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(self._values)
+
+    def matches(self, presented: bytes) -> bool:
+        """Constant time in the presented token; every accepted token is compared (no early exit)."""
+        found = False
+        for value in self._values:
+            found |= hmac.compare_digest(value, presented)
+        return found
+
+    def overlaps(self, other: "Tokens") -> bool:
+        return any(other.matches(v) for v in self._values)
+
+    @property
+    def first(self) -> str:
+        """The token outbound calls send."""
+        return self._values[0].decode("ascii")
+
+
+def bearer_of(authorization: str | None) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` value (scheme case-insensitive), else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token.encode("utf-8", "surrogateescape")
+
+
+def authorize(role: Role, presented: bytes | None, control: Tokens | None, data: Tokens | None) -> Verdict:
+    """The one decision: may a caller presenting `presented` call an RPC (or path) of `role`?"""
+    if role is Role.PUBLIC:
+        return Verdict.ALLOW
+    if role is Role.CONTROL and control is None:
+        return Verdict.ALLOW
+    if role is Role.DATA and data is None and control is None:
+        return Verdict.ALLOW
+    if role is Role.DATA and data is None:
+        # Only a control token configured: the data plane is open (the operator did not ask for a token).
+        return Verdict.ALLOW
+    if presented is None:
+        return Verdict.UNAUTHENTICATED
+    # Both comparisons always run: the time taken does not say which role a token has.
+    is_control = control.matches(presented) if control is not None else False
+    is_data = data.matches(presented) if data is not None else False
+    if is_control:
+        return Verdict.ALLOW
+    if is_data:
+        return Verdict.ALLOW if role is Role.DATA else Verdict.PERMISSION_DENIED
+    return Verdict.UNAUTHENTICATED
+
+
+def _env(prefix: str, name: str) -> str:
+    return f"{prefix}_{name.upper()}"
+
+
+def security_settings(prefix: str) -> list[Setting]:
+    """The security group every gRPC service adds to its SETTINGS (same flags everywhere)."""
+    return [
+        Setting("tls_cert", str, "", "PEM certificate chain this process presents: the gRPC server's (and the "
+                "router's HTTPS port's) and, on outbound gRPC channels, the client certificate; needs --tls-key",
+                env=_env(prefix, "tls_cert")),
+        Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env(prefix, "tls_key")),
+        Setting("tls_ca", str, "", "PEM CA bundle: the gRPC server then requires client certificates signed by it "
+                "(mutual TLS), and outbound channels verify servers against it (default: system roots)",
+                env=_env(prefix, "tls_ca")),
+        Setting("control_token_file", str, "", "file with the control-plane bearer token(s), one per line: "
+                f"required on control RPCs and sent on outbound calls (or env {CONTROL_TOKEN_ENV})",
+                env=_env(prefix, "control_token_file")),
+        Setting("data_token_file", str, "", "file with the data-plane bearer token(s), one per line: required on "
+                f"the router's HTTP API and Generate/Release (or env {DATA_TOKEN_ENV})",
+                env=_env(prefix, "data_token_file")),
+        Setting("grpc_reflection", bool, False, "serve gRPC server reflection (a control RPC when a control token "
+                "is set)", env=_env(prefix, "grpc_reflection")),
+    ]
+
+
+# -- outbound channels ---------------------------------------------------------------------------
+
+class _BearerDetails:
+    def __init__(self, token: str) -> None:
+        self._pair = ("authorization", f"Bearer {token}")
+
+    def details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        metadata = grpc.aio.Metadata(*tuple(d.metadata or ()), self._pair)
+        return grpc.aio.ClientCallDetails(d.method, d.timeout, metadata, d.credentials, d.wait_for_ready)
+
+
+class _UnaryUnary(_BearerDetails, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, client_call_details, request):
+        return await continuation(self.details(client_call_details), request)
+
+
+class _UnaryStream(_BearerDetails, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, client_call_details, request):
+        return await continuation(self.details(client_call_details), request)
+
+
+class _StreamUnary(_BearerDetails, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return await continuation(self.details(client_call_details), request_iterator)
+
+
+class _StreamStream(_BearerDetails, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return await continuation(self.details(client_call_details), request_iterator)
+
+
+def bearer_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    """Client interceptors that add `authorization: Bearer <token>` to every call of a channel."""
+    return [_UnaryUnary(token), _UnaryStream(token), _StreamUnary(token), _StreamStream(token)]
+
+
+# -- the server side -----------------------------------------------------------------------------
+
+def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only aborts with `code`."""
+
+    async def unary(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, details)
+
+    async def streaming(_request: Any, context: grpc.aio.ServicerContext):
+        await context.abort(code, details)
+        yield  # pragma: no cover - abort raises
+
+    behavior = streaming if handler.response_streaming else unary
+    factory = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return factory(behavior, request_deserializer=handler.request_deserializer,
+                   response_serializer=handler.response_serializer)
+
+
+_REFUSAL_TEXT = {
+    Verdict.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"),
+    Verdict.PERMISSION_DENIED: (grpc.StatusCode.PERMISSION_DENIED, "a data-plane token may not call control RPCs"),
+}
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Checks the `authorization` metadata of every call against the role table (`authorize`)."""
+
+    def __init__(self, control: Tokens | None, data: Tokens | None,
+                 on_refusal: Callable[[str, Verdict], None] | None = None) -> None:
+        self.control = control
+        self.data = data
+        self._on_refusal = on_refusal
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        presented = None
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                presented = bearer_of(value if isinstance(value, str) else value.decode("latin-1"))
+                break
+        verdict = authorize(required_role(method), presented, self.control, self.data)
+        if verdict is Verdict.ALLOW:
+            return handler
+        log.debug("refused %s: %s", method, verdict.value)
+        if self._on_refusal is not None:
+            self._on_refusal("grpc", verdict)
+        code, details = _REFUSAL_TEXT[verdict]
+        return _refusal(handler, code, details)
+
+
+# -- the HTTP side (the router's OpenAI API) -----------------------------------------------------
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def openai_auth_error(verdict: Verdict, headers: Mapping[str, str] | None = None) -> web.Response:
+    """What OpenAI answers for a missing/invalid key (401) or a key without the permission (403)."""
+    if verdict is Verdict.PERMISSION_DENIED:
+        status, message, code = 403, "this token may not use this endpoint", "insufficient_permissions"
+    else:
+        status, message, code = 401, "missing or invalid bearer token (Authorization: Bearer <token>)", \
+            "invalid_api_key"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json",
+                        headers={**(headers or {}), "WWW-Authenticate": 'Bearer realm="bandmaster"'})
+
+
+def bearer_guard(handler: Handler, control: Tokens | None, data: Tokens | None, *,
+                 headers: Mapping[str, str] | None = None, public_paths: frozenset[str] = PUBLIC_HTTP_PATHS,
+                 on_refusal: Callable[[str, Verdict], None] | None = None) -> Handler:
+    """`handler` behind the data-plane bearer token: every path but `public_paths` needs a data (or
+    control) token when one is configured; otherwise OpenAI-style 401 JSON, before the body is read."""
+    if data is None and control is None:
+        return handler
+
+    async def guarded(request: web.BaseRequest) -> web.StreamResponse:
+        if request.path in public_paths:
+            return await handler(request)
+        verdict = authorize(Role.DATA, bearer_of(request.headers.get("Authorization")), control, data)
+        if verdict is not Verdict.ALLOW:
+            if on_refusal is not None:
+                on_refusal("http", verdict)
+            return openai_auth_error(verdict, headers)
+        return await handler(request)
+
+    return guarded
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SecurityConfig:
+    """What a service serves and dials with. The default is plaintext, no tokens, no reflection.
+
+    A CA without a certificate only makes sense for a client (verify servers, present nothing);
+    `load_security` refuses it for a service."""
+
+    tls_cert: str = ""
+    """Path of the certificate chain (for messages); the PEM bytes are in `cert_pem`."""
+    tls_key: str = ""
+    tls_ca: str = ""
+    cert_pem: bytes | None = field(default=None, repr=False)
+    key_pem: bytes | None = field(default=None, repr=False)
+    ca_pem: bytes | None = field(default=None, repr=False)
+    control_tokens: Tokens | None = None
+    """Accepted on control RPCs (and data ones); the first is sent on outbound calls."""
+    data_tokens: Tokens | None = None
+    """Accepted on data-plane RPCs and the router's HTTP API only."""
+    grpc_reflection: bool = False
+    notes: tuple[str, ...] = ()
+    """Warnings found while loading (a group/world-readable token file), logged when the service starts."""
+
+    def __post_init__(self) -> None:
+        if (self.cert_pem is None) != (self.key_pem is None):
+            raise ConfigError("tls_key" if self.key_pem is None else "tls_cert", "",
+                              "--tls-cert and --tls-key go together")
+        if self.control_tokens is not None and self.data_tokens is not None \
+                and self.control_tokens.overlaps(self.data_tokens):
+            raise ConfigError("data_token_file", "<redacted>", "the data token must differ from the control token "
+                              "(otherwise data-plane clients could call control RPCs)")
+
+    @property
+    def tls(self) -> bool:
+        return self.cert_pem is not None
+
+    @property
+    def mutual_tls(self) -> bool:
+        """A server with a CA asks every client for a certificate signed by it."""
+        return self.tls and self.ca_pem is not None
+
+    @property
+    def outbound_tls(self) -> bool:
+        return self.cert_pem is not None or self.ca_pem is not None
+
+    def describe(self) -> str:
+        """The start log line's summary, e.g. 'mTLS, control token, data token'."""
+        parts = ["mTLS" if self.mutual_tls else "TLS" if self.tls else "plaintext"]
+        if self.control_tokens is not None:
+            parts.append("control token")
+        if self.data_tokens is not None:
+            parts.append("data token")
+        if self.grpc_reflection:
+            parts.append("reflection")
+        return ", ".join(parts)
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if not self.tls:
+            return None
+        return grpc.ssl_server_credentials([(self.key_pem, self.cert_pem)], root_certificates=self.ca_pem,
+                                           require_client_auth=self.mutual_tls)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.outbound_tls:
+            return None
+        return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem,
+                                            certificate_chain=self.cert_pem)
+
+    def server_interceptor(self, on_refusal: Callable[[str, Verdict], None] | None = None
+                           ) -> TokenInterceptor | None:
+        if self.control_tokens is None and self.data_tokens is None:
+            return None
+        return TokenInterceptor(self.control_tokens, self.data_tokens, on_refusal)
+
+    def channel(self, address: str, options: Sequence[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+        """An outbound channel to `address`: TLS (with this process's client certificate) when TLS is
+        configured, and the first control token on every call when one is."""
+        interceptors = bearer_interceptors(self.control_tokens.first) if self.control_tokens is not None else None
+        credentials = self.channel_credentials()
+        if credentials is None:
+            return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+
+    def http_ssl_context(self) -> ssl.SSLContext | None:
+        """Server-side TLS for an HTTP port (no client certificate asked: the bearer token authenticates)."""
+        if not self.tls:
+            return None
+        assert self.cert_pem is not None and self.key_pem is not None
+        return _server_context(self.tls_cert, self.tls_key)
+
+
+def _server_context(cert_path: str, key_path: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def _read(field_name: str, path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise ConfigError(field_name, path, f"cannot read: {exc.strerror or exc}") from None
+    if not data.strip():
+        raise ConfigError(field_name, path, "the file is empty")
+    return data
+
+
+def _check_pem(values: Mapping[str, str]) -> None:
+    """Parse the files the way TLS will use them, so that a wrong file is refused at start, by name."""
+    cert, key, ca = values["tls_cert"], values["tls_key"], values["tls_ca"]
+    if cert:
+        try:
+            _server_context(cert, key)
+        except ssl.SSLError as exc:
+            raise ConfigError("tls_key", key, f"not a PEM private key matching --tls-cert ({exc.reason or exc})") \
+                from None
+    if ca:
+        try:
+            ssl.create_default_context(cafile=ca)
+        except ssl.SSLError as exc:
+            raise ConfigError("tls_ca", ca, f"not a PEM CA bundle ({exc.reason or exc})") from None
+
+
+def _parse_tokens(field_name: str, shown: str, text: str) -> Tokens:
+    tokens = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not tokens:
+        raise ConfigError(field_name, shown, "no token (the file is empty or only comments)")
+    for i, token in enumerate(tokens, 1):
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ConfigError(field_name, shown, f"token {i} is shorter than {MIN_TOKEN_LENGTH} characters")
+        if not all(0x21 <= ord(c) <= 0x7E for c in token):
+            raise ConfigError(field_name, shown, f"token {i} must be printable ASCII without spaces")
+    return Tokens(tokens)
+
+
+def _load_tokens(field_name: str, path: str, env_name: str, env: Mapping[str, str],
+                 notes: list[str]) -> Tokens | None:
+    from_env = env.get(env_name, "").strip()
+    if path and from_env:
+        raise ConfigError(field_name, path, f"give the token by --{field_name.replace('_', '-')} or {env_name}, "
+                          "not both")
+    if from_env:
+        return _parse_tokens(env_name, "<redacted>", from_env)
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ConfigError(field_name, path, f"cannot read: {exc.strerror or exc}") from None
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(field_name, path, f"writable by other users (mode {stat.S_IMODE(mode):o}): chmod 600")
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        notes.append(f"{field_name} {path} is readable by other users (mode {stat.S_IMODE(mode):o}); chmod 600")
+    try:
+        text = _read(field_name, path).decode("ascii")
+    except UnicodeDecodeError:
+        raise ConfigError(field_name, path, "tokens must be printable ASCII") from None
+    return _parse_tokens(field_name, path, text)
+
+
+def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityConfig:
+    """Pop the security group out of `values` (from `parse_settings`), read and check every file it
+    names, and return the config. Raises ConfigError naming the setting and the rule."""
+    raw = {name: values.pop(name) for name in SECURITY_NAMES}
+    if bool(raw["tls_cert"]) != bool(raw["tls_key"]):
+        missing = "tls_key" if raw["tls_cert"] else "tls_cert"
+        raise ConfigError(missing, "", "--tls-cert and --tls-key go together")
+    if raw["tls_ca"] and not raw["tls_cert"]:
+        raise ConfigError("tls_ca", raw["tls_ca"], "--tls-ca (mutual TLS) needs --tls-cert and --tls-key: "
+                          "the server must present a certificate of its own")
+    pem = {name: _read(name, raw[name]) if raw[name] else None for name in ("tls_cert", "tls_key", "tls_ca")}
+    _check_pem(raw)
+    notes: list[str] = []
+    control = _load_tokens("control_token_file", raw["control_token_file"], CONTROL_TOKEN_ENV, env, notes)
+    data = _load_tokens("data_token_file", raw["data_token_file"], DATA_TOKEN_ENV, env, notes)
+    return SecurityConfig(tls_cert=raw["tls_cert"], tls_key=raw["tls_key"], tls_ca=raw["tls_ca"],
+                          cert_pem=pem["tls_cert"], key_pem=pem["tls_key"], ca_pem=pem["tls_ca"],
+                          control_tokens=control, data_tokens=data, grpc_reflection=bool(raw["grpc_reflection"]),
+                          notes=tuple(notes))
+
+
+def client_security(*, tls_ca: str = "", tls_cert: str = "", tls_key: str = "", control_token_file: str = "",
+                    env: Mapping[str, str] | None = None) -> SecurityConfig:
+    """For client-only tools (the CLI, tests): `--tls-ca` alone (verify the server, present no
+    certificate) is allowed here."""
+    if bool(tls_cert) != bool(tls_key):
+        raise ConfigError("tls_key" if tls_cert else "tls_cert", "", "--tls-cert and --tls-key go together")
+    pem = {name: _read(name, path) if path else None
+           for name, path in (("tls_cert", tls_cert), ("tls_key", tls_key), ("tls_ca", tls_ca))}
+    control = _load_tokens("control_token_file", control_token_file, CONTROL_TOKEN_ENV, env or {}, [])
+    return SecurityConfig(tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, cert_pem=pem["tls_cert"],
+                          key_pem=pem["tls_key"], ca_pem=pem["tls_ca"], control_tokens=control)
+
+
+def log_posture(name: str, security: SecurityConfig, host: str) -> None:
+    """One INFO line of what protects the service, and the warnings an operator should see."""
+    for note in security.notes:
+        log.warning("%s: %s", name, note)
+    loopback = host in ("127.0.0.1", "::1", "localhost")
+    if not loopback and security.control_tokens is None:
+        log.warning("%s listens on %s with no control token: anyone who reaches the port may call its control "
+                    "RPCs (see docs/security.md)", name, host)
+    if not loopback and not security.tls and (security.control_tokens or security.data_tokens):
+        log.warning("%s: bearer tokens travel in clear text on %s; give --tls-cert/--tls-key", name, host)
