@@ -1,0 +1,137 @@
+"""`python -m services.planner` as a real process, dispatching a batch to a real simworker.
+
+A batch submitted with the official openai client completes through the simworker's OpenAI API;
+the planner is SIGKILLed mid-batch and restarted on the same registry: every request is in the
+output exactly once, none lost. Bad configuration and an unreachable Redis refuse to start.
+"""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from bandmaster.planner.v1 import planner_pb2 as pb
+from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from tests.support.eventually import wait_until
+from tests.support.redis_server import free_port
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "bandmaster/simworker"
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_PLANNER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    return env
+
+
+def _ready(path: Path, timeout_s=60):
+    return wait_until(lambda: path.exists() and json.loads(path.read_text()), timeout_s=timeout_s, interval_s=0.05)
+
+
+@pytest.fixture
+def simworker(tmp_path):
+    ready = tmp_path / "sim.json"
+    proc = subprocess.Popen([sys.executable, "-m", "services.simworker", "--port", "0", "--ready-file", str(ready),
+                             "--speedup", "50", "--log-level", "WARNING"], cwd=ROOT, env=_env())
+    try:
+        yield f"http://127.0.0.1:{_ready(ready)['port']}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def start_planner(tmp_path, dispatch_url, *extra):
+    ready = tmp_path / "planner-ready.json"
+    if ready.exists():
+        ready.unlink()
+    log = open(tmp_path / "planner.log", "a")
+    proc = subprocess.Popen([
+        sys.executable, "-m", "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+        "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
+        "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "2",
+        "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "1", "--drain-lease-duration-seconds", "10",
+        "--assume-no-online-traffic", "--virtual-initial-replicas", "1", "--safe-rps-per-replica", "50",
+        "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0", "--dispatch-url", dispatch_url,
+        *extra], cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    return proc, _ready(ready)
+
+
+def batch_file(n):
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}],
+                                  "max_tokens": 4}}) for i in range(n)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
+    (["--lease-store", "redis"], "--redis-url is required"),
+    (["--bogus"], "unrecognized arguments"),
+])
+def test_invalid_config_exits_2_naming_the_rule(argv, message):
+    proc = subprocess.run([sys.executable, "-m", "services.planner", *argv], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr and "invalid configuration" in proc.stderr
+
+
+def test_unreachable_redis_refuses_to_start(tmp_path):
+    port = free_port()
+    proc = subprocess.run([sys.executable, "-m", "services.planner", "--lease-store", "redis", "--redis-url",
+                           f"redis://:hunter2@127.0.0.1:{port}/0", "--registry-path", str(tmp_path / "r.sqlite3"),
+                           "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--http-listen", "127.0.0.1:0",
+                           "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "unreachable at start-up, refusing to start" in proc.stderr and "hunter2" not in proc.stderr
+
+
+def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simworker):
+    n = 40
+    proc, ready = start_planner(tmp_path, simworker, "--max-batch-admission-rps", "8")
+    try:
+        client = openai.OpenAI(base_url=ready["http"] + "/v1", api_key="unused", max_retries=0)
+        f = client.files.create(file=("in.jsonl", io.BytesIO(batch_file(n))), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
+
+        def partly_done():
+            b = client.batches.retrieve(batch.id)
+            return b if 5 <= b.request_counts.completed < n else None
+        wait_until(partly_done, timeout_s=60, interval_s=0.1)
+        with grpc.insecure_channel(ready["grpc"]) as ch:
+            plan = pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
+            assert plan.observation.active_jobs == 1 and plan.leases[0].max_admission_rps == pytest.approx(8)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    proc, ready = start_planner(tmp_path, simworker)
+    try:
+        client = openai.OpenAI(base_url=ready["http"] + "/v1", api_key="unused", max_retries=0)
+
+        def done():
+            b = client.batches.retrieve(batch.id)
+            return b if b.status == "completed" else None
+        b = wait_until(done, timeout_s=90, interval_s=0.2)
+        assert b.request_counts.total == n and b.request_counts.completed == n and b.request_counts.failed == 0
+        lines = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+        ids = [x["custom_id"] for x in lines]
+        assert sorted(ids) == sorted(f"r{i}" for i in range(n))         # none lost, none twice
+        assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in lines)
+        assert b.error_file_id is None
+        assert [x.id for x in client.batches.list()] == [batch.id]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    log = (tmp_path / "planner.log").read_text()
+    assert "shutdown zero lease published" in log
