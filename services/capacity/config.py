@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
+from services.common.security import SecurityConfig, load_security, security_settings
 from services.capacity.core.state import Expectation, Origin
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
@@ -63,6 +64,7 @@ SETTINGS: list[Setting] = [
             "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
             "(0 = log every transition)", env=_env("transition_log_interval_seconds")),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
+    *security_settings(ENV_PREFIX),
 ]
 
 
@@ -141,6 +143,8 @@ class CapacityConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    security: SecurityConfig = SecurityConfig()
+    """TLS, tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
@@ -229,6 +233,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
     values = parse_settings(SETTINGS, argv, env, prog=PROG,
                             description="Bandmaster capacity service: worker registry and retention budgets")
+    security = load_security(values, env)
     workers: list[StaticWorker] = []
     for url in values.pop("worker_url"):
         try:
@@ -239,4 +244,4 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     config_file = values.pop("config_file")
     if config_file:
         workers.extend(read_config_file(config_file))
-    return CapacityConfig(workers=tuple(workers), **values)
+    return CapacityConfig(workers=tuple(workers), security=security, **values)

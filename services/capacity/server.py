@@ -41,7 +41,7 @@ async def start_capacity(config: CapacityConfig, *, telemetry: Telemetry | None 
     """Build and start the service; returns once it serves gRPC and polls its workers."""
     clock = clock or SystemClock()
     host = ServiceHost("capacity", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
-                       shutdown_grace_seconds=config.shutdown_grace_seconds)
+                       shutdown_grace_seconds=config.shutdown_grace_seconds, security=config.security)
     tracer = telemetry.tracer("services.capacity") if telemetry else trace.get_tracer("services.capacity")
     retention = RetentionSettings(cap_host_at_gpu=config.cap_host_at_gpu)
     registry = Registry(RegistrySettings(unhealthy_after_failures=config.unhealthy_after_failures,

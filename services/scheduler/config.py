@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
+from services.common.security import SecurityConfig, load_security, security_settings
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
@@ -215,6 +216,7 @@ SETTINGS = [
     *COST_AWARE_SETTINGS,
     *KV_ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
+    *security_settings(ENV_PREFIX),
 ]
 
 
@@ -287,6 +289,8 @@ class SchedulerConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    security: SecurityConfig = SecurityConfig()
+    """TLS, tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
         require(isinstance(self.control, ControlParams), "control", self.control, "control must be ControlParams")
@@ -325,6 +329,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     """Flags win over environment, environment over defaults; raises ConfigError."""
     values = parse_settings(SETTINGS, argv, env, prog="bandmaster-scheduler",
                             description="Bandmaster scheduler: program table, control bands, admission")
+    security = load_security(values, env)
     control_values = {s.name: values[s.name] for s in CONTROL_SETTINGS}
     for name, default in policy_control_defaults(values["pause_policy"], control_values["pause_threshold"]).items():
         if control_values[name] is None:
@@ -354,6 +359,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         log_level=values["log_level"],
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         ready_file=values["ready_file"],
+        security=security,
     )
 
 

@@ -6,7 +6,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 from opentelemetry import trace
 
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
@@ -64,7 +63,7 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
     """
     clock = clock or SystemClock()
     host = ServiceHost("scheduler", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
-                       shutdown_grace_seconds=config.shutdown_grace_seconds)
+                       shutdown_grace_seconds=config.shutdown_grace_seconds, security=config.security)
     tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
     metrics = SchedulerMetrics(host.registry)
     core = SchedulerCore(config.control, make_pause_policy(config.pause_policy, config.pause_policy_params()),
@@ -76,7 +75,7 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
     runtime.recovery = persister.recovery if persister is not None else None
     channel = None
     if capacity_stub is None:
-        channel = grpc.aio.insecure_channel(config.capacity_addr)
+        channel = config.security.channel(config.capacity_addr)
         capacity_stub = cap_pb_grpc.CapacityStub(channel)
     follower = CapacityFollower(capacity_stub, runtime.apply_capacity, metrics, address=config.capacity_addr,
                                 idle_timeout_s=capacity_idle_timeout_s)
