@@ -1,0 +1,129 @@
+"""The registry's per-request state machine (restart safety, exactly-once results, expiry) and the
+dispatcher's rate: never above the lease, nothing on an expired lease."""
+
+import asyncio
+import time
+
+import pytest
+
+from services.common.clock import SystemClock
+from services.planner.adapters.registry import Registry
+from services.planner.core.batch_api import parse_batch_input
+from services.planner.core.types import Lease
+from services.planner.dispatcher import Dispatcher
+from tests.unit.planner.fakes import FakeUpstream, batch_jsonl
+
+
+def new_batch(reg: Registry, n=3, now=1000, window_s=3600):
+    data = batch_jsonl(n)
+    f = reg.add_input_file("in.jsonl", data, parse_batch_input(data), now)
+    return reg.create_batch(f["id"], "/v1/chat/completions", "1h", window_s, None, now)
+
+
+def test_claim_recover_and_exactly_once_results(tmp_path):
+    reg = Registry(str(tmp_path / "r.sqlite3"))
+    b = new_batch(reg)
+    assert reg.claim(5) == []                      # still validating
+    reg.advance(1001)
+    claimed = reg.claim(2)
+    assert [c.custom_id for c in claimed] == ["req-0", "req-1"] and claimed[0].attempts == 1
+    assert reg.queue_counts() == (1, 2)
+    line = {"id": "x", "custom_id": "req-0", "response": {"status_code": 200}, "error": None}
+    assert reg.record_result(b["id"], 0, "output", line)
+    assert not reg.record_result(b["id"], 0, "output", line)        # never twice
+    reg.close()
+    reg = Registry(str(tmp_path / "r.sqlite3"))                     # a restart
+    assert reg.recover() == 1                                       # req-1 was in flight
+    again = reg.claim(5)
+    assert [c.custom_id for c in again] == ["req-1", "req-2"] and again[0].attempts == 2
+    for c in again:
+        reg.record_result(c.batch_id, c.idx, "output", {"custom_id": c.custom_id})
+    assert reg.advance(1002) == [(b["id"], "in_progress", "completed")]
+    out = reg.file_content(reg.get_batch(b["id"])["output_file_id"]).decode().splitlines()
+    assert len(out) == 3 and reg.get_batch(b["id"])["request_counts"]["completed"] == 3
+
+
+def test_expiry_closes_unsent_requests_and_waits_for_in_flight(tmp_path):
+    reg = Registry(":memory:")
+    b = new_batch(reg, n=3, now=1000, window_s=60)
+    reg.advance(1000)
+    c = reg.claim(1)[0]
+    assert reg.advance(1061) == []                  # one still in flight
+    assert reg.get_batch(b["id"])["status"] == "in_progress"
+    reg.record_result(c.batch_id, c.idx, "output", {"custom_id": c.custom_id})
+    assert reg.advance(1062) == [(b["id"], "in_progress", "expired")]
+    got = reg.get_batch(b["id"])
+    assert got["expired_at"] == 1062 and got["output_file_id"] and got["error_file_id"]
+    errors = reg.file_content(got["error_file_id"]).decode()
+    assert errors.count("batch_expired") == 2
+
+
+def test_job_demands_are_the_non_terminal_batches(tmp_path):
+    reg = Registry(":memory:")
+    b = new_batch(reg, n=3, now=1000)
+    (d,) = reg.job_demands(5.0)
+    assert (d.job_id, d.total_requests, d.deadline_wall_s, d.observed_at_s) == (b["id"], 3, 4600.0, 5.0)
+    reg.cancel(b["id"], 1001)
+    assert reg.job_demands(6.0)[0].status == "cancelling"
+    reg.advance(1002)
+    assert reg.job_demands(7.0) == ()
+
+
+class LeaseBox:
+    def __init__(self):
+        self.lease = None
+
+    def set(self, rate, ttl_s):
+        now = time.monotonic()
+        self.lease = Lease("default", rate, int((time.time() + ttl_s) * 1000), "d", 1, 1, now + ttl_s)
+
+
+@pytest.fixture
+async def upstream():
+    up = await FakeUpstream().start()
+    yield up
+    await up.stop()
+
+
+async def test_dispatch_never_exceeds_the_leased_rate(upstream):
+    reg = Registry(":memory:")
+    new_batch(reg, n=40, now=int(time.time()))
+    box = LeaseBox()
+    d = Dispatcher(reg, lambda: box.lease, SystemClock(), base_url=upstream.url, max_inflight=16)
+    await d.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert upstream.requests == []                     # no lease: nothing
+        box.set(10.0, 30)
+        d.wake()
+        started = time.monotonic()
+        await asyncio.sleep(1.0)
+        elapsed = time.monotonic() - started
+        assert 5 <= len(upstream.requests) <= 10 * elapsed + 1
+        box.set(10.0, 0.0)                                  # expired
+        await asyncio.sleep(0.1)
+        seen = len(upstream.requests)
+        await asyncio.sleep(0.5)
+        assert len(upstream.requests) == seen
+        fb = d.feedback()
+        assert fb.applied_max_admission_rps is None and fb.queued_requests == 40 - seen
+        box.set(0.0, 30)                                    # an explicit pause
+        assert d.feedback().applied_max_admission_rps == 0.0
+    finally:
+        await d.stop()
+
+
+async def test_max_inflight_bounds_concurrency(upstream):
+    reg = Registry(":memory:")
+    new_batch(reg, n=10, now=int(time.time()))
+    box = LeaseBox()
+    box.set(1000.0, 30)
+    upstream.gate = asyncio.Event()
+    d = Dispatcher(reg, lambda: box.lease, SystemClock(), base_url=upstream.url, max_inflight=3)
+    await d.start()
+    try:
+        await asyncio.sleep(0.5)
+        assert len(upstream.requests) == 3 and d.feedback().inflight_requests == 3
+        upstream.gate.set()
+    finally:
+        await d.stop()
