@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
+from services.common.security import SecurityConfig, load_security, security_settings
 from services.router.core.breaker import BreakerParams
 from services.router.core.limits import ClientLimitParams
 
@@ -115,7 +116,7 @@ ROUTER_SETTINGS = [
             env="DYN_ROUTER_TTL_SECS"),
 ]
 
-SETTINGS = [*ROUTER_SETTINGS, *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103)]
+SETTINGS = [*ROUTER_SETTINGS, *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103), *security_settings(ENV_PREFIX)]
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,8 @@ class RouterConfig:
     tokenizer: str = ""
     """Directory of the model's tokenizer files; empty = approximate text mode. Loaded by `start_router`."""
     kv: KvOverrides = KvOverrides()
+    security: SecurityConfig = SecurityConfig()
+    """TLS (gRPC, and HTTPS on the HTTP port), tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.capacity_addr, "capacity_addr")
@@ -242,4 +245,5 @@ def config_from_values(values: Mapping[str, Any]) -> RouterConfig:
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:
     """The one mapping from flags and environment to a validated `RouterConfig`."""
     values = parse_settings(SETTINGS, argv, env, prog=PROG, description="Bandmaster router (data plane)")
-    return config_from_values(values)
+    security = load_security(values, env)
+    return config_from_values({**values, "security": security})

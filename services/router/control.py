@@ -75,14 +75,14 @@ class FailOpen:
 
 class SchedulerClient:
     def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float, decision_timeout_s: float,
-                 hold_timeout_s: float, breaker: BreakerParams) -> None:
+                 hold_timeout_s: float, breaker: BreakerParams, channel: grpc.aio.Channel | None = None) -> None:
         self.address = address
         self._metrics = metrics
         self._timeout_s = call_timeout_s
         self._decision_s = decision_timeout_s
         self._hold_cap_s = hold_timeout_s
         self._breaker = CircuitBreaker(breaker)
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = channel or grpc.aio.insecure_channel(address)
         self._stub = pb_grpc.SchedulerStub(self._channel)
         self._outage_since: float | None = None
         # Ticket leases: the request ids of admitted turns still running, renewed together.

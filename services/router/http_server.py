@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
@@ -213,11 +214,12 @@ class GuardedServer(web.Server):
 
 
 async def start_http(handler: Handler, limits: HttpLimits, metrics: RouterMetrics, host: str,
-                     port: int) -> tuple[web.ServerRunner, int]:
-    """Serve `handler` on host:port; returns the runner (cleanup() stops it) and the bound port."""
+                     port: int, ssl_context: ssl.SSLContext | None = None) -> tuple[web.ServerRunner, int]:
+    """Serve `handler` on host:port (HTTPS with `ssl_context`); returns the runner (cleanup() stops it) and the
+    bound port."""
     runner = web.ServerRunner(GuardedServer(handler, limits, metrics), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, bound

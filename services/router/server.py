@@ -21,6 +21,7 @@ from aiohttp import web
 
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
+from services.common.security import bearer_guard
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
 from services.router.adapters.capacity import CapacityWatch
@@ -70,7 +71,8 @@ class RunningRouter:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        scheme = "https" if self.config.security.tls else "http"
+        return f"{scheme}://{self.host}:{self.http_port}"
 
     async def stop(self) -> None:
         await self.host_.stop()
@@ -137,12 +139,13 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     metrics = RouterMetrics()
     clock = SystemClock()
     host = ServiceHost("router", listen=config.listen, metrics_port=config.metrics_port, registry=metrics.registry,
-                       telemetry=telemetry, shutdown_grace_seconds=config.shutdown_grace_seconds)
+                       telemetry=telemetry, shutdown_grace_seconds=config.shutdown_grace_seconds,
+                       security=config.security)
 
     scheduler = None if config.no_scheduler else SchedulerClient(
         config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,
         decision_timeout_s=config.admit_decision_timeout_seconds, hold_timeout_s=config.admit_hold_timeout_seconds,
-        breaker=config.scheduler_breaker)
+        breaker=config.scheduler_breaker, channel=config.security.channel(config.scheduler_addr))
     scheduler_config = None
     if scheduler is not None:
         scheduler_config = await scheduler.router_config()
@@ -169,7 +172,8 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
             feeds.update(workers)
 
     fleet.on_workers.append(on_workers)
-    watch = CapacityWatch(config.capacity_addr, metrics, fleet.update, retry_max_s=config.capacity_retry_max_seconds)
+    watch = CapacityWatch(config.capacity_addr, metrics, fleet.update, retry_max_s=config.capacity_retry_max_seconds,
+                          channel=config.security.channel(config.capacity_addr))
 
     add_to_server(RouterServicer(runner, metrics, tracer), host.server)
     host.add_service(SERVICE_NAME)
@@ -182,7 +186,11 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     _check_file_limit(config.http_max_connections)
 
     await host.start()
-    http_runner, http_port = await start_http(api.handle, http_limits, metrics, host.host, config.http_port)
+    # The data-plane token guards every path but /health (off when no token is configured).
+    handler = bearer_guard(api.handle, config.security.control_tokens, config.security.data_tokens,
+                           headers=http_limits.server_header, on_refusal=host.count_refusal)
+    http_runner, http_port = await start_http(handler, http_limits, metrics, host.host, config.http_port,
+                                              ssl_context=config.security.http_ssl_context())
     watch.start()
     sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock),
                                   name="router-sweep")

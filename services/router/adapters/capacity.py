@@ -46,12 +46,13 @@ def view_from_snapshot(snapshot: pb.WorkersSnapshot) -> dict[str, WorkerView]:
 
 
 class CapacityWatch:
-    def __init__(self, address: str, metrics: RouterMetrics, on_change: Listener, *, retry_max_s: float) -> None:
+    def __init__(self, address: str, metrics: RouterMetrics, on_change: Listener, *, retry_max_s: float,
+                 channel: grpc.aio.Channel | None = None) -> None:
         self.address = address
         self._metrics = metrics
         self._on_change = on_change
         self._retry_max_s = retry_max_s
-        self._channel = grpc.aio.insecure_channel(address)
+        self._channel = channel or grpc.aio.insecure_channel(address)
         self._stub = pb_grpc.CapacityStub(self._channel)
         self._task: asyncio.Task | None = None
         self.version = 0
