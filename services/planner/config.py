@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
+from services.common.security import SecurityConfig, load_security, security_settings
 from services.planner.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS
 
 ENV_PREFIX = "BANDMASTER_PLANNER"
@@ -115,6 +116,7 @@ SETTINGS: list[Setting] = [
     _s("watts_per_replica", float, 0.0, "watts one replica draws"),
     _s("total_power_limit_watts", float, -1.0, "watts the pool may draw (-1 = no budget)"),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50061", 9105),
+    *security_settings(ENV_PREFIX),
 ]
 
 
@@ -190,6 +192,8 @@ class PlannerConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    security: SecurityConfig = SecurityConfig()
+    """TLS, tokens, reflection of the gRPC server and channels (services/common/security.py)."""
 
     @property
     def control_key(self) -> str:
@@ -290,6 +294,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> PlannerConfig:
     values = parse_settings(SETTINGS, argv, env, prog=PROG,
                             description="Bandmaster planner: batch jobs (OpenAI Batch API), drain leases, replica "
                                         "targets")
+    values["security"] = load_security(values, env)
     known = {f.name for f in fields(PlannerConfig)}
     assert set(values) <= known, set(values) - known
     return PlannerConfig(**values)

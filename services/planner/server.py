@@ -126,13 +126,13 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
     clock = clock or SystemClock()
     settings = build_settings(config)
     host = ServiceHost("planner", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
-                       shutdown_grace_seconds=config.shutdown_grace_seconds)
+                       shutdown_grace_seconds=config.shutdown_grace_seconds, security=config.security)
     tracer = telemetry.tracer("services.planner") if telemetry else trace.get_tracer("services.planner")
     metrics = PlannerMetrics(host.registry)
     channels: list[grpc.aio.Channel] = []
 
     def stub(address: str, module):
-        channel = grpc.aio.insecure_channel(address)
+        channel = config.security.channel(address)
         channels.append(channel)
         return module(channel)
 
