@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -18,6 +18,7 @@ help:
 	@echo "make bench-sim       - the offline simulator's cost: 256 programs on 8 workers, per arm (bench/results/sim_scale.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
+	@echo "make bench-planner   - planner tick with 1,000 jobs on 64 workers, lease publication to Redis (bench/results/planner.json)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -69,6 +70,9 @@ bench-agentic: venv
 
 bench-sim: venv
 	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
+
+bench-planner: venv system-deps
+	$(PY) -m bench.planner_bench --out bench/results/planner.json
 
 bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim
 

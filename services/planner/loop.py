@@ -184,6 +184,7 @@ class PlannerRuntime:
         if self.advisory:
             return TickRecord(d, obs, True, "advisory")
         # 1. The lease first.
+        publish_started = time.perf_counter()
         try:
             lease = await asyncio.wait_for(self.store.publish(d.lease, self.clock.monotonic(), self.clock.wall()),
                                            self.effect_timeout_s)
@@ -193,6 +194,7 @@ class PlannerRuntime:
         except (LeaseStoreError, TimeoutError, OSError) as exc:
             self.metrics.effects.labels("lease", "unknown").inc()
             return self._stopped(d, obs, "lease_unknown", exc)
+        self.metrics.lease_publish_seconds.observe(time.perf_counter() - publish_started)
         self.metrics.effects.labels("lease", "applied").inc()
         self._published(lease)
         # 2. Then the replicas.

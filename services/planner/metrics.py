@@ -29,6 +29,9 @@ class PlannerMetrics:
         self.tick_seconds = Histogram("bandmaster_planner_tick_seconds", "Duration of one tick (observe + decide + "
                                       "effects)", buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
                                       registry=r)
+        self.lease_publish_seconds = Histogram(
+            "bandmaster_planner_lease_publish_seconds", "Time to publish one lease to the store (acknowledged)",
+            buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.effects = Counter("bandmaster_planner_effects", "Effects by kind and outcome", ["effect", "outcome"],
                                registry=r)
         self.scale_actions = Counter("bandmaster_planner_scale_actions", "Replica changes actuated", ["direction"],
