@@ -26,9 +26,9 @@ class PlannerMetrics:
         self.fail_closed = Counter("bandmaster_planner_fail_closed", "Ticks that failed closed, by reason",
                                    ["reason"], registry=r)
         self.ticks = Counter("bandmaster_planner_ticks", "Ticks by action", ["action"], registry=r)
-        self.tick_seconds = Histogram("bandmaster_planner_tick_seconds", "Duration of one tick (observe + decide + "
-                                      "effects)", buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
-                                      registry=r)
+        self.tick_seconds = Histogram(
+            "bandmaster_planner_tick_seconds", "Duration of one tick (observe + decide + effects)",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 5, 10, 30), registry=r)
         self.lease_publish_seconds = Histogram(
             "bandmaster_planner_lease_publish_seconds", "Time to publish one lease to the store (acknowledged)",
             buckets=(0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5), registry=r)

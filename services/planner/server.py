@@ -175,8 +175,13 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
         router = RouterTrafficSource(config.router_metrics_url, clock, timeout_s=config.observe_timeout_seconds,
                                      dispatched=(lambda: dispatcher.finished_total) if subtract else None,
                                      dispatch_inflight=(lambda: len(dispatcher.inflight)) if subtract else None)
+    def jobs(now_mono: float):
+        # Batch lifecycle moves on every tick too (expiry, finalizing), dispatcher or not.
+        _log_transitions(registry.advance(int(clock.wall())), metrics)
+        return registry.job_demands(now_mono, config.work_class)
+
     collector = Collector(
-        clock, jobs=lambda now: registry.job_demands(now, config.work_class), inventory=connector.inventory,
+        clock, jobs=jobs, inventory=connector.inventory,
         timeout_s=config.observe_timeout_seconds, feedback=feedback, router=router,
         scheduler=SchedulerSource(scheduler_stub, clock, timeout_s=config.observe_timeout_seconds)
         if scheduler_stub else None,
