@@ -7,7 +7,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
 from services.cli.supervisor import Child, ChildSpec, Supervisor
+from services.common.certs import LocalPki, ensure_local_pki
 from services.common.config import require
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,9 @@ class ClusterConfig:
     every run starts from an empty table)."""
     log_level: str = "INFO"
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
+    secure: bool = False
+    """Mutual TLS on every gRPC port, HTTPS on the router's, control and data bearer tokens: a local CA,
+    certificates and tokens are made in `<state dir>/secure/` (docs/security.md)."""
 
     def __post_init__(self) -> None:
         require(self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given")
@@ -69,10 +75,13 @@ class Cluster:
     capacity: Child | None = None
     scheduler: Child | None = None
     router: Child | None = None
+    pki: LocalPki | None = None
+    """The CA, certificates and token files of a secure cluster."""
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.router.ready['http_port']}" if self.router else ""
+        scheme = "https" if self.pki is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.router.ready['http_port']}" if self.router else ""
 
     def endpoints(self) -> list[tuple[str, str]]:
         rows = [(f"worker[{i}]", url) for i, url in enumerate(self.workers)]
@@ -162,23 +171,47 @@ def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str |
     return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args])
 
 
+SECURE_DIR = "secure"
+SECURE_NAMES = ("capacity", "scheduler", "router", "client")
+"""Who gets a certificate: each control-plane service, and `client` for the supervisor's health probes,
+the CLI and the user's own gRPC clients."""
+
+
+def secure_cluster(supervisor: Supervisor) -> LocalPki:
+    """Make (or reuse) the local CA and tokens, issue the certificates, and give the supervisor's
+    health probes the client certificate."""
+    pki = ensure_local_pki(supervisor.state_dir / SECURE_DIR, SECURE_NAMES)
+    supervisor.grpc_credentials = grpc.ssl_channel_credentials(
+        root_certificates=pki.ca.read_bytes(), private_key=pki.key("client").read_bytes(),
+        certificate_chain=pki.cert("client").read_bytes())
+    return pki
+
+
+def _secured(spec: ChildSpec, pki: LocalPki | None) -> ChildSpec:
+    if pki is None:
+        return spec
+    return ChildSpec(spec.name, spec.module, [*pki.service_args(spec.name), *spec.args], spec.kind, spec.env)
+
+
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:
     """Start workers (unless real URLs are given), then the control plane; raise StartupError on failure."""
     supervisor = supervisor or Supervisor(config.state_dir)
     cluster = Cluster(supervisor)
     try:
+        pki = cluster.pki = secure_cluster(supervisor) if config.secure else None
         if config.worker_urls:
             cluster.workers = list(config.worker_urls)
         else:
             started = supervisor.start_all([simworker_spec(config, i) for i in range(config.workers)])
             cluster.workers = [child.endpoint for child in started]
-        (cluster.capacity,) = supervisor.start_all([capacity_spec(config, cluster.workers)])
+        (cluster.capacity,) = supervisor.start_all([_secured(capacity_spec(config, cluster.workers), pki)])
         scheduler_addr = None
         if config.scheduler:
-            (cluster.scheduler,) = supervisor.start_all([scheduler_spec(config, cluster.capacity.endpoint,
-                                                                        supervisor.state_dir)])
+            (cluster.scheduler,) = supervisor.start_all([_secured(scheduler_spec(config, cluster.capacity.endpoint,
+                                                                                 supervisor.state_dir), pki)])
             scheduler_addr = cluster.scheduler.endpoint
-        (cluster.router,) = supervisor.start_all([router_spec(config, cluster.capacity.endpoint, scheduler_addr)])
+        (cluster.router,) = supervisor.start_all([_secured(router_spec(config, cluster.capacity.endpoint,
+                                                                       scheduler_addr), pki)])
     except BaseException:
         supervisor.stop_all()
         raise

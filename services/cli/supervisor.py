@@ -2,7 +2,8 @@
 
 Each child is started with `--ready-file`: once it serves it writes its bound ports there as JSON.
 Readiness is then confirmed the way a user would check it: `grpc.health.v1` SERVING for gRPC
-services, `GET /health` 200 for HTTP ones. Children get PR_SET_PDEATHSIG so that even a SIGKILL of
+services (over mutual TLS with `grpc_credentials` when the cluster is secure), `GET /health` 200 for
+HTTP ones. Children get PR_SET_PDEATHSIG so that even a SIGKILL of
 the supervisor does not leave them running.
 """
 
@@ -73,10 +74,13 @@ class StartupError(RuntimeError):
 class Supervisor:
     """Owns the children of one `bandmaster up`."""
 
-    def __init__(self, state_dir: Path | None = None, python: str = sys.executable) -> None:
+    def __init__(self, state_dir: Path | None = None, python: str = sys.executable,
+                 grpc_credentials: grpc.ChannelCredentials | None = None) -> None:
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="bandmaster-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.python = python
+        self.grpc_credentials = grpc_credentials
+        """Credentials of the health probes (a client certificate, when the children require one)."""
         self.children: list[Child] = []
 
     def start(self, spec: ChildSpec) -> Child:
@@ -115,7 +119,7 @@ class Supervisor:
 
     def _probe(self, child: Child) -> bool:
         if child.spec.kind == "grpc":
-            return grpc_serving(child.endpoint)
+            return grpc_serving(child.endpoint, credentials=self.grpc_credentials)
         return http_ok(child.endpoint + "/health")
 
     def tail(self, child: Child, lines: int = 20) -> str:
@@ -159,9 +163,10 @@ class Supervisor:
         return [c for c in self.children if c.process.poll() is not None]
 
 
-def grpc_serving(address: str, timeout_s: float = 1.0) -> bool:
+def grpc_serving(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> bool:
     try:
-        with grpc.insecure_channel(address) as channel:
+        with (grpc.secure_channel(address, credentials) if credentials is not None
+              else grpc.insecure_channel(address)) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
             return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from services.cli.cluster import ClusterConfig, start_cluster
+from services.cli.cluster import Cluster, ClusterConfig, start_cluster
 from services.cli.supervisor import StartupError
 from services.cli.table import render_table
 from services.common.logs import setup_logging
@@ -52,6 +52,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         http_port=args.http_port, scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
         router_args=tuple(args.router_args),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
+        secure=getattr(args, "secure", False),
     )
     values.update(overrides)
     return ClusterConfig(**values)
@@ -60,7 +61,29 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
 def add_parser(commands) -> None:
     parser = commands.add_parser("up", help="start the local cluster in the foreground (Ctrl-C stops it)")
     add_cluster_arguments(parser)
+    parser.add_argument("--secure", action="store_true",
+                        help="mutual TLS on every gRPC port, HTTPS and a bearer token on the router's HTTP API, a "
+                             "control token on control RPCs: a local CA, certificates and tokens are made in "
+                             "<state dir>/secure/ (reused when it already holds them); see docs/security.md")
     parser.set_defaults(run=run)
+
+
+def connect_help(cluster: Cluster) -> str:
+    """How a client reaches a secure cluster (paths only: a token is never printed)."""
+    pki = cluster.pki
+    assert pki is not None
+    return "\n".join([
+        f"secure: mutual TLS on gRPC, HTTPS on {cluster.http_url} (CA {pki.ca})",
+        f"  data token (HTTP API, Router.Generate/Release): {pki.data_token_file}",
+        f"  control token (control RPCs):                   {pki.control_token_file}",
+        f"  gRPC client certificate: {pki.cert('client')}  key: {pki.key('client')}",
+        f"  curl --cacert {pki.ca} -H \"Authorization: Bearer $(cat {pki.data_token_file})\" {cluster.http_url}/v1/models",
+        f"  OpenAI(base_url=\"{cluster.http_url}/v1\", api_key=open(\"{pki.data_token_file}\").read().strip(), "
+        f"http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=\"{pki.ca}\")))",
+        f"  bandmaster programs --scheduler-addr {cluster.scheduler.endpoint if cluster.scheduler else 'HOST:PORT'} "
+        f"--tls-ca {pki.ca} --tls-cert {pki.cert('client')} --tls-key {pki.key('client')} "
+        f"--control-token-file {pki.control_token_file}",
+    ])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
+        if cluster.pki is not None:
+            print(connect_help(cluster))
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
         while not stop_requested:
             dead = cluster.supervisor.failed()
