@@ -21,7 +21,7 @@ import pytest
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from tests.support.eventually import wait_until
-from tests.support.redis_server import free_port
+from tests.support.redis_server import free_port, redis_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,3 +135,84 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
         assert proc.wait(timeout=20) == 0
     log = (tmp_path / "planner.log").read_text()
     assert "shutdown zero lease published" in log
+
+
+def _planner_cmd(tmp_path, ready, *extra):
+    return [sys.executable, "-m", "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+            "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
+            "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "3",
+            "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "2", "--drain-lease-duration-seconds", "20",
+            "--assume-no-online-traffic", "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0",
+            *extra]
+
+
+def _submit(address, total=100, job_id="ext-1"):
+    from google.protobuf.timestamp_pb2 import Timestamp
+    deadline = Timestamp()
+    deadline.FromSeconds(int(time.time()) + 600)
+    with grpc.insecure_channel(address) as ch:
+        return pb_grpc.PlannerStub(ch).SubmitBatchJob(
+            pb.SubmitBatchJobRequest(total_requests=total, deadline=deadline, job_id=job_id), timeout=5)
+
+
+def test_redis_lease_store_process(tmp_path, redis_server):
+    import redis as redis_lib
+
+    r = redis_lib.Redis(port=redis_server.port, decode_responses=True)
+    ready = tmp_path / "ready.json"
+    proc = subprocess.Popen(_planner_cmd(tmp_path, ready, "--lease-store", "redis", "--redis-url", redis_server.url,
+                                         "--virtual-initial-replicas", "2", "--safe-rps-per-replica", "5",
+                                         "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5"),
+                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        info = _ready(ready)
+        key = "bandmaster:drain-limit:default"
+        assert r.hget(key, "writer_epoch") == "1"
+        _submit(info["grpc"])
+        wait_until(lambda: float(r.hget(key, "max_admission_rps") or 0) == 10.0, timeout_s=20)
+        assert 0 < r.pttl(key) <= 20_000
+        assert r.hget("{" + key + "}:planner-writer-fence", "epoch") == "1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    assert r.hget(key, "max_admission_rps") == "0" and r.hget(key, "decision_id").startswith("planner-shutdown-")
+
+
+def test_local_connector_scales_from_zero_and_registers_with_capacity(tmp_path):
+    from bandmaster.capacity.v1 import capacity_pb2 as cpb
+    from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
+
+    cap_ready = tmp_path / "capacity.json"
+    capacity = subprocess.Popen([sys.executable, "-m", "services.capacity", "--listen", "127.0.0.1:0",
+                                 "--metrics-port", "-1", "--poll-interval-seconds", "0.5",
+                                 "--poll-timeout-seconds", "0.5", "--ready-file", str(cap_ready)],
+                                cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    planner = None
+    try:
+        cap = _ready(cap_ready)["grpc"]
+        ready = tmp_path / "ready.json"
+        planner = subprocess.Popen(_planner_cmd(tmp_path, ready, "--connector", "local", "--capacity", cap,
+                                                "--local-worker-arg=--speedup", "--local-worker-arg=50",
+                                                "--local-worker-arg=--log-level", "--local-worker-arg=WARNING",
+                                                "--safe-rps-per-replica", "5", "--max-replicas", "2"),
+                                   cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        info = _ready(ready)
+        _submit(info["grpc"], total=50)
+
+        def healthy_worker():
+            with grpc.insecure_channel(cap) as ch:
+                snap = cpb_grpc.CapacityStub(ch).ListWorkers(cpb.ListWorkersRequest(), timeout=5)
+            return [w for w in snap.workers if w.health == cpb.WORKER_HEALTH_HEALTHY and w.worker_id.startswith("local-")]
+        workers = wait_until(healthy_worker, timeout_s=60, interval_s=0.2)
+        assert len(workers) >= 1
+
+        def positive_lease():
+            with grpc.insecure_channel(info["grpc"]) as ch:
+                return pb_grpc.PlannerStub(ch).GetLease(pb.GetLeaseRequest(), timeout=5).max_admission_rps > 0
+        wait_until(positive_lease, timeout_s=30, interval_s=0.2)
+    finally:
+        if planner is not None:
+            planner.send_signal(signal.SIGTERM)
+            assert planner.wait(timeout=30) == 0
+        capacity.send_signal(signal.SIGTERM)
+        capacity.wait(timeout=20)
