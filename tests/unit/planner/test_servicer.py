@@ -107,3 +107,28 @@ async def test_report_dispatch_updates_an_external_job_and_feeds_the_tick(stub, 
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ReportDispatch(pb.ReportDispatchRequest(queued=-1))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_one_span_per_tick_and_metrics(tmp_path):
+    import aiohttp
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from services.common.telemetry import setup_telemetry
+
+    exporter = InMemorySpanExporter()
+    telemetry = setup_telemetry("bandmaster-planner", exporter=exporter, set_global=False)
+    r = await start_planner(planner_config(tmp_path, metrics_port=0), telemetry=telemetry)
+    try:
+        await assert_eventually(lambda: len([s for s in exporter.get_finished_spans() if s.name == "planner.tick"]) >= 2,
+                                timeout_s=5)
+        span = [s for s in exporter.get_finished_spans() if s.name == "planner.tick"][-1]
+        assert {"planner.action", "planner.lease_rps", "planner.effects"} <= set(span.attributes)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{r.host.metrics_port}/metrics") as resp:
+                text = await resp.text()
+        for name in ("bandmaster_planner_lease_max_admission_rps", "bandmaster_planner_target_replicas",
+                     'bandmaster_planner_fail_closed_total{reason="policy_safety_pause"}',
+                     "bandmaster_planner_tick_seconds_bucket", "bandmaster_planner_lease_publish_seconds_count"):
+            assert name in text
+    finally:
+        await r.stop()
