@@ -6,6 +6,12 @@
                 print(chunk.text, end="")
 
     openai = AsyncOpenAI(base_url=..., default_headers=session_headers("agent-42"))
+
+A secure router (docs/security.md) wants TLS credentials (a client certificate under mutual TLS) and
+the data-plane token:
+
+    credentials = grpc.ssl_channel_credentials(ca_pem, client_key_pem, client_cert_pem)
+    BandmasterClient(address, credentials=credentials, token=open("data.token").read().strip())
 """
 
 from __future__ import annotations
@@ -86,15 +92,20 @@ class Program:
 
 class BandmasterClient:
     def __init__(self, address: str, *, timeout_s: float | None = None,
-                 metadata: Mapping[str, str] | None = None) -> None:
+                 metadata: Mapping[str, str] | None = None, credentials: grpc.ChannelCredentials | None = None,
+                 token: str | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.metadata = tuple((metadata or {}).items())
+        if token:
+            self.metadata += (("authorization", f"Bearer {token}"),)
+        self._credentials = credentials
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.RouterStub | None = None
 
     async def __aenter__(self) -> "BandmasterClient":
-        self._channel = grpc.aio.insecure_channel(self.address)
+        self._channel = (grpc.aio.secure_channel(self.address, self._credentials) if self._credentials is not None
+                         else grpc.aio.insecure_channel(self.address))
         self._stub = pb_grpc.RouterStub(self._channel)
         return self
 

@@ -181,6 +181,19 @@ def test_connect_help_names_files_never_tokens(cluster):
         assert _token(token_file) not in text
 
 
+async def test_the_client_sdk_generates_over_mutual_tls_with_the_data_token(cluster):
+    from clients.bandmaster_client import BandmasterClient
+
+    pki = cluster.pki
+    credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes(), pki.key("client").read_bytes(),
+                                               pki.cert("client").read_bytes())
+    async with BandmasterClient(cluster.router.endpoint, credentials=credentials, timeout_s=30,
+                                token=_token(pki.data_token_file)) as client:
+        async with client.program("secure-sdk-program") as program:
+            chunks = [c async for c in program.chat([{"role": "user", "content": "hi"}], max_tokens=4)]
+    assert chunks and chunks[-1].finish_reason
+
+
 def test_no_token_in_any_log(cluster):
     # After every test above has run (module order): refusals were logged nowhere with a token in them.
     tokens = [_token(cluster.pki.data_token_file), _token(cluster.pki.control_token_file)]
