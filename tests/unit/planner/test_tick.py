@@ -81,9 +81,10 @@ def test_rule8_budget_clamp_to_a_no_op_still_pauses():
 
 
 def test_rule13_positive_cap_never_exceeds_ready_headroom():
-    d, _ = run(obs([job(remaining=2000)], traffic_=traffic(80.0)))
-    assert d.scale_to == 10 + 0 or d.scale_to is None or d.scale_to >= 10
-    assert d.lease.max_admission_rps <= 10 * 10 - 80
+    d, _ = run(obs([job(remaining=3000)], traffic_=traffic(80.0)))
+    assert d.scale_to == 11 and d.lease.max_admission_rps == 10 * 10 - 80     # the floor rises, admission does not
+    d, _ = run(obs([job(remaining=2000)], traffic_=traffic(80.0), inv=inventory(1, None, scaling=True, pending=9)))
+    assert d.lease.max_admission_rps == 0                                       # pending replicas give no headroom
 
 
 def test_proposer_exception_is_a_pipeline_failure(monkeypatch):
