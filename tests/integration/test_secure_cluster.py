@@ -150,8 +150,11 @@ async def test_grpc_roles_over_mutual_tls(cluster):
             await scheduler.Release(scheduler_pb2.ReleaseRequest(session_id="secure-program"), timeout=5,
                                     metadata=_bearer(pki.data_token_file))
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
-        await scheduler.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5,
-                                 metadata=_bearer(pki.control_token_file))
+        # The router admitted the first test's turn through the scheduler (mTLS + its control token),
+        # rather than failing open.
+        program = await scheduler.GetProgram(scheduler_pb2.GetProgramRequest(session_id="secure-program"),
+                                             timeout=5, metadata=_bearer(pki.control_token_file))
+        assert program.turns >= 1
 
     # The router's gRPC data plane takes the data token (and nothing less).
     router_channel = client_security(tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")),
