@@ -35,7 +35,8 @@ RETRYABLE = {408, 429, 500, 502, 503, 504}
 class Dispatcher:
     def __init__(self, registry: Registry, lease: Callable[[], Lease | None], clock: Clock, *, base_url: str,
                  max_inflight: int = 16, timeout_s: float = 600.0, max_attempts: int = 3,
-                 priority: int | None = None, window_s: float = 10.0, metrics=None,
+                 priority: int | None = None, window_s: float = 10.0, metrics=None, token: str = "",
+                 ssl_context=None,
                  on_transition: Callable[[list], None] = lambda moved: None) -> None:
         self.registry = registry
         self.lease = lease
@@ -47,6 +48,8 @@ class Dispatcher:
         self.priority = priority
         self.window_s = window_s
         self.metrics = metrics
+        self.token = token
+        self.ssl_context = ssl_context
         self.on_transition = on_transition
         self.inflight: dict[tuple[str, int], asyncio.Task] = {}
         self.sent_total = 0
@@ -66,7 +69,9 @@ class Dispatcher:
         recovered = self.registry.recover()
         if recovered:
             log.info("dispatcher: %d requests interrupted by the last shutdown go back to the queue", recovered)
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=5.0))
+        connector = aiohttp.TCPConnector(ssl=self.ssl_context) if self.ssl_context is not None else None
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=5.0),
+                                              connector=connector)
         self._task = asyncio.create_task(self._run(), name="planner-dispatcher")
 
     async def stop(self) -> None:
@@ -163,6 +168,8 @@ class Dispatcher:
             body["priority"] = self.priority
         headers = {"X-Bandmaster-Batch-Id": item.batch_id, "X-Bandmaster-Traffic": "batch",
                    "X-Request-Id": f"{item.batch_id}-{item.idx}-{item.attempts}"}
+        if self.token:
+            headers["Authorization"] = "Bearer " + self.token
         status: int | None = None
         payload: object = None
         request_id = ""

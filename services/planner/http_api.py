@@ -23,6 +23,7 @@ from typing import Awaitable, Callable
 from aiohttp import web
 
 from services.common.clock import Clock
+from services.common.security import SecurityConfig, bearer_guard
 from services.planner.adapters.registry import Conflict, NotFound, Registry
 from services.planner.core.batch_api import (BatchInputError, check_endpoint, error_body, parse_batch_input,
                                              parse_completion_window)
@@ -65,14 +66,25 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
 
 class BatchApi:
     def __init__(self, registry: Registry, clock: Clock, *, max_requests: int, max_file_bytes: int,
-                 pool_id: str = "default", on_change: Callable[[], None] = lambda: None) -> None:
+                 pool_id: str = "default", on_change: Callable[[], None] = lambda: None,
+                 security: SecurityConfig | None = None) -> None:
         self.registry = registry
         self.clock = clock
         self.max_requests = max_requests
         self.max_file_bytes = max_file_bytes
         self.pool_id = pool_id
         self.on_change = on_change
-        self.app = web.Application(client_max_size=max_file_bytes + 1024 * 1024, middlewares=[_errors])
+        self.security = security or SecurityConfig()
+        control, data = self.security.control_tokens, self.security.data_tokens
+
+        @web.middleware
+        async def _auth(request: web.Request, handler):
+            # The Batch API is data plane, like the router's OpenAI API: a data (or control) token
+            # when one is configured; /health stays public.
+            return await bearer_guard(handler, control, data)(request)
+
+        middlewares = [_auth, _errors] if control is not None or data is not None else [_errors]
+        self.app = web.Application(client_max_size=max_file_bytes + 1024 * 1024, middlewares=middlewares)
         r = self.app.router
         r.add_post("/v1/files", self.create_file)
         r.add_get("/v1/files/{id}", self.get_file)
@@ -91,7 +103,7 @@ class BatchApi:
     async def start(self, host: str, port: int) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = web.TCPSite(self._runner, host, port, ssl_context=self.security.http_ssl_context())
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

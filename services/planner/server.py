@@ -65,7 +65,8 @@ class RunningPlanner:
     @property
     def http_url(self) -> str:
         host, _ = parse_host_port(self.config.http_listen, "http_listen")
-        return f"http://{host}:{self.api.port}"
+        scheme = "https" if self.config.security.tls else "http"
+        return f"{scheme}://{host}:{self.api.port}"
 
     async def stop(self) -> None:
         await self.host.stop()
@@ -161,7 +162,7 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
         dispatcher = Dispatcher(registry, lambda: runtime_ref[0].board.lease, clock, base_url=config.dispatch_url,
                                 max_inflight=config.dispatch_max_inflight, timeout_s=config.dispatch_timeout_seconds,
                                 max_attempts=config.dispatch_max_attempts, priority=config.dispatch_priority,
-                                metrics=metrics, on_transition=lambda moved: _log_transitions(moved, metrics))
+                                metrics=metrics, token=_dispatch_token(config), ssl_context=_dispatch_ssl(config), on_transition=lambda moved: _log_transitions(moved, metrics))
     servicer_ref: list[PlannerServicer] = []
 
     def feedback():
@@ -217,7 +218,8 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
         raise ConfigError("redis_url" if config.lease_store == "redis" else "lease_store", where,
                           f"the lease store is unreachable at start-up, refusing to start ({exc})") from None
     api = BatchApi(registry, clock, max_requests=config.max_batch_requests, max_file_bytes=config.max_file_bytes,
-                   pool_id=config.pool_id, on_change=dispatcher.wake if dispatcher else (lambda: None))
+                   pool_id=config.pool_id, on_change=dispatcher.wake if dispatcher else (lambda: None),
+                   security=config.security)
     servicer = PlannerServicer(runtime, registry, clock)
     servicer_ref.append(servicer)
     pb_grpc.add_PlannerServicer_to_server(servicer, host.server)
@@ -242,6 +244,23 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
              config.dispatch_url or "(external dispatcher)")
     _write_ready_file(config.ready_file, running)
     return running
+
+
+def _dispatch_token(config: PlannerConfig) -> str:
+    """The router's HTTP API takes a data (or control) token: the first data token, else the first control one."""
+    sec = config.security
+    if sec.data_tokens is not None:
+        return sec.data_tokens.first
+    return sec.control_tokens.first if sec.control_tokens is not None else ""
+
+
+def _dispatch_ssl(config: PlannerConfig):
+    """Verify an https dispatch target against --tls-ca when one is given (else the system roots)."""
+    if not config.dispatch_url.startswith("https://") or config.security.ca_pem is None:
+        return None
+    import ssl
+
+    return ssl.create_default_context(cadata=config.security.ca_pem.decode())
 
 
 def _log_transitions(moved: list, metrics: PlannerMetrics) -> None:

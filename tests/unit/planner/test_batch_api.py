@@ -231,3 +231,29 @@ async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
         assert b.request_counts.completed == 4 and len(upstream.requests) == 4
     finally:
         await running.stop()
+
+
+async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_path, upstream):
+    import dataclasses
+
+    from services.common.security import SecurityConfig, Tokens
+
+    token = "d" * 32
+    cfg = dataclasses.replace(planner_config(tmp_path, dispatch_url=upstream.url),
+                              security=SecurityConfig(data_tokens=Tokens([token])))
+    running = await start_planner(cfg)
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            await openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="wrong-" + "x" * 20,
+                                     max_retries=0).batches.list()
+        client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key=token, max_retries=0)
+        f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+        b = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+        async def done():
+            got = await client.batches.retrieve(b.id)
+            return got if got.status == "completed" else None
+        await assert_eventually(done, timeout_s=15)
+        assert upstream.headers[0]["Authorization"] == f"Bearer {token}"
+    finally:
+        await running.stop()
