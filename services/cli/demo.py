@@ -21,6 +21,26 @@ ARMS = {"bandmaster": "Bandmaster", "kv": "KV routing only"}
 # Simulated workers that fall further behind their modelled clock than this share of the run's
 # wall time were CPU-starved: the figures then measure the machine, not the scheduling.
 STARVED_LATE_FRACTION = 0.10
+# A machine whose cores were busier than this over a run had no CPU to spare: the router, the
+# scheduler and the client queue for CPU even when the simulated workers keep their clock.
+STARVED_CPU_BUSY = 0.90
+
+
+def cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (None where there is none)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def add_parser(commands) -> None:
@@ -86,9 +106,11 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
                     arm=arm)
     before = await scrape_counters(cluster.workers)
     late_before = await worker_late_s(cluster.workers)
+    cpu_before = cpu_times()
     started = time.monotonic()
     result = await runner.run(programs, len(programs))
     elapsed = time.monotonic() - started
+    cpu_busy = busy_share(cpu_before, cpu_times())
     progress.close()
     after = await scrape_counters(cluster.workers)
     late_after = await worker_late_s(cluster.workers)
@@ -98,6 +120,7 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
     # The worst worker's lag behind its simulated clock, as a share of the run's wall time.
     lags = [late_after[url] - late_before[url] for url in late_after if url in late_before]
     summary["late_fraction"] = max(lags) / elapsed if lags and elapsed > 0 else None
+    summary["cpu_busy"] = cpu_busy
     return summary
 
 
@@ -158,7 +181,13 @@ ROWS = [
     ("pauses / resumes", lambda s: f"{s.get('pauses', 0)} / {s.get('resumes', 0)}" if "pauses" in s else "-", None),
     ("workers behind their clock", lambda s: "-" if s.get("late_fraction") is None else f"{s['late_fraction']:.1%}",
      None),
+    ("machine CPU busy (all cores)", lambda s: "-" if s.get("cpu_busy") is None else f"{s['cpu_busy']:.0%}", None),
 ]
+
+
+def starved(summary: dict) -> bool:
+    late, busy = summary.get("late_fraction"), summary.get("cpu_busy")
+    return (late is not None and late > STARVED_LATE_FRACTION) or (busy is not None and busy > STARVED_CPU_BUSY)
 
 
 def results_table(summaries: dict[str, dict]) -> str:
@@ -187,13 +216,13 @@ def verdict(summaries: dict[str, dict], predicted: dict[str, float] | None) -> l
             lines.append(f"The offline simulator predicts {sim:.2f}x for the same runs "
                          f"({predicted['bandmaster']:.1f} vs {predicted['kv']:.1f} steps/min; "
                          f"make bench-agentic measures many more).")
-    starved = [ARMS[a] for a, s in summaries.items()
-               if s.get("late_fraction") is not None and s["late_fraction"] > STARVED_LATE_FRACTION]
-    if starved:
-        lines.append(f"WARNING: this machine was CPU-starved during the {' and '.join(starved)} run "
-                     f"(simulated workers fell more than {STARVED_LATE_FRACTION:.0%} of the time behind their clock), "
-                     f"so these figures measure the machine more than the scheduling. Re-run on an idle machine "
-                     f"or with a lower --speedup.")
+    hungry = [ARMS[a] for a, s in summaries.items() if starved(s)]
+    if hungry:
+        lines.append(f"WARNING: this machine was CPU-starved during the {' and '.join(hungry)} "
+                     f"run{'s' if len(hungry) > 1 else ''} (its cores were more than {STARVED_CPU_BUSY:.0%} busy, or "
+                     f"the simulated workers fell more than {STARVED_LATE_FRACTION:.0%} of the time behind their "
+                     f"clock), so these figures measure the machine more than the scheduling. Re-run on an idle "
+                     f"machine or with a lower --speedup.")
     return lines
 
 

@@ -35,10 +35,19 @@ def test_verdict_states_ratio_and_prediction():
     assert not any("WARNING" in line for line in lines)
 
 
-@pytest.mark.parametrize("late, warned", [(None, False), (0.05, False), (0.10, False), (0.25, True)])
-def test_starvation_warning(late, warned):
-    lines = demo.verdict({"bandmaster": summary(60.0, late=late), "kv": summary(50.0)}, None)
+@pytest.mark.parametrize("late, busy, warned", [
+    (None, None, False), (0.05, 0.5, False), (0.10, 0.9, False), (0.25, 0.5, True), (0.01, 0.97, True)])
+def test_starvation_warning(late, busy, warned):
+    lines = demo.verdict({"bandmaster": summary(60.0, late=late, cpu_busy=busy), "kv": summary(50.0)}, None)
     assert any("CPU-starved" in line for line in lines) is warned
+
+
+def test_busy_share_from_proc_stat_samples():
+    assert demo.busy_share((10.0, 100.0), (55.0, 200.0)) == pytest.approx(0.45)
+    assert demo.busy_share(None, (1.0, 2.0)) is None
+    assert demo.busy_share((1.0, 2.0), (1.0, 2.0)) is None
+    sample = demo.cpu_times()
+    assert sample is None or 0 <= sample[0] <= sample[1]
 
 
 def test_parser_defaults_and_bad_arms(capsys):
