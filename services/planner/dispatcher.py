@@ -30,6 +30,7 @@ from services.planner.core.types import DispatcherFeedback, Lease
 
 log = logging.getLogger("services.planner.dispatcher")
 RETRYABLE = {408, 429, 500, 502, 503, 504}
+ADVANCE_INTERVAL_S = 0.25
 
 
 class Dispatcher:
@@ -61,8 +62,11 @@ class Dispatcher:
         self._session: aiohttp.ClientSession | None = None
         self.applied_rate: float | None = None
         self._closing = False
+        self._advanced_at = -1e18
 
     def wake(self) -> None:
+        """A new lease or a batch created/cancelled: look again now (and move batches along)."""
+        self._advanced_at = -1e18
         self._wake.set()
 
     async def start(self) -> None:
@@ -108,9 +112,13 @@ class Dispatcher:
     async def _run(self) -> None:
         while not self._closing:
             try:
-                moved = self.registry.advance(int(self.clock.wall()))
-                if moved:
-                    self.on_transition(moved)
+                # The batch lifecycle needs no faster cadence than this; sending can be far faster.
+                now = self.clock.monotonic()
+                if now - self._advanced_at >= ADVANCE_INTERVAL_S:
+                    self._advanced_at = now
+                    moved = self.registry.advance(int(self.clock.wall()))
+                    if moved:
+                        self.on_transition(moved)
                 delay = self._step()
             except asyncio.CancelledError:
                 raise

@@ -244,10 +244,17 @@ class Registry:
     # --- lifecycle (called by the dispatcher loop) ---
 
     def advance(self, now: int) -> list[tuple[str, str, str]]:
-        """Move every non-terminal batch along; returns (batch_id, old, new) transitions."""
+        """Move every non-terminal batch along; returns (batch_id, old, new) transitions.
+
+        Called every tick and every dispatcher step: one read of the open batches and one grouped
+        count of their open requests; a transaction only for a batch that changes."""
         moved: list[tuple[str, str, str]] = []
         rows = self.db.execute("SELECT id, status, expires_at, external FROM batches WHERE status NOT IN "
                                "('completed', 'failed', 'expired', 'cancelled')").fetchall()
+        if not rows:
+            return moved
+        open_counts = dict(self.db.execute("SELECT batch_id, COUNT(*) FROM requests WHERE state IN "
+                                           "('queued', 'sending') GROUP BY batch_id").fetchall())
         for r in rows:
             bid, status = r["id"], r["status"]
             if r["external"]:
@@ -255,18 +262,22 @@ class Registry:
                     self.db.execute("UPDATE batches SET status = 'expired', expired_at = ? WHERE id = ?", (now, bid))
                     moved.append((bid, status, "expired"))
                 continue
+            expiring = status in ("validating", "in_progress") and now >= r["expires_at"]
+            open_ = open_counts.get(bid, 0)
+            if status != "validating" and not expiring and open_:
+                continue                       # the common case: work still running, nothing to write
             with self._tx():
                 if status == "validating":
                     self.db.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ? WHERE id = ?",
                                     (now, bid))
                     moved.append((bid, status, "in_progress"))
                     status = "in_progress"
-                if status == "in_progress" and now >= r["expires_at"]:
+                if expiring:
                     self._close_queued(bid, "batch_expired", "This request could not be executed before the "
                                                              "completion window expired.")
                     status = "expiring"
-                open_ = self.db.execute("SELECT COUNT(*) FROM requests WHERE batch_id = ? AND state IN "
-                                        "('queued', 'sending')", (bid,)).fetchone()[0]
+                    open_ = self.db.execute("SELECT COUNT(*) FROM requests WHERE batch_id = ? AND state = "
+                                            "'sending'", (bid,)).fetchone()[0]
                 if open_:
                     continue
                 final = {"in_progress": "completed", "expiring": "expired", "cancelling": "cancelled"}.get(status)
@@ -345,9 +356,9 @@ class Registry:
 
     def queue_counts(self) -> tuple[int, int]:
         """(queued, sending) over in-progress batches."""
-        rows = dict(self.db.execute("SELECT r.state, COUNT(*) FROM requests r JOIN batches b ON b.id = r.batch_id "
-                                    "WHERE r.state IN ('queued', 'sending') AND b.status IN "
-                                    "('validating', 'in_progress', 'cancelling') GROUP BY r.state").fetchall())
+        # Requests of terminal batches are never queued or sending (closed when the batch ends).
+        rows = dict(self.db.execute("SELECT state, COUNT(*) FROM requests WHERE state IN ('queued', 'sending') "
+                                    "GROUP BY state").fetchall())
         return rows.get("queued", 0), rows.get("sending", 0)
 
     def request_states(self, batch_id: str) -> dict[str, int]:
