@@ -121,7 +121,12 @@ class StatePersister:
         try:
             await self.flush()
         finally:
-            await self.store.close()
+            try:
+                async with asyncio.timeout(self.write_timeout_s):  # a hung store must not hang the stop
+                    await self.store.close()
+            except TimeoutError:
+                log.warning("scheduler state: %s did not close within %gs", self.store.description,
+                            self.write_timeout_s)
 
     async def _loop(self) -> None:
         while True:
@@ -140,6 +145,9 @@ class StatePersister:
         """Write one batch: the changes since the last one, or the whole table when the store may be
         stale. False if the store failed (or was not reachable for a full rewrite)."""
         if self._needs_full:
+            # The full rewrite will export everything: what changed meanwhile need not be remembered
+            # (a long outage with many programs coming and going must not grow the change sets).
+            self.core.take_changes()
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await self.store.ping()

@@ -77,9 +77,10 @@ async def test_redis_stopped_then_continued(tmp_path, scripted_capacity, redis_s
         await asyncio.sleep(FLUSH_S * 5)
         table = {sid: (p.token_total, p.turns) for sid, p in (await client.programs()).items()}
         assert len(table) == 25
+        assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-    assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
+        await sched.stop()
 
 
 async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_path, scripted_capacity,
@@ -100,9 +101,10 @@ async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_pa
         await asyncio.sleep(FLUSH_S * 5)
         table = {sid: (p.token_total, p.turns) for sid, p in (await client.programs()).items()}
         assert len(table) == 15
+        assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-    assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
+        await sched.stop()
 
 
 async def test_redis_restarted_empty_between_two_writes_is_noticed(tmp_path, scripted_capacity, redis_server):
@@ -125,6 +127,7 @@ async def test_redis_restarted_empty_between_two_writes_is_noticed(tmp_path, scr
         await assert_eventually(rewritten, timeout_s=10)
         await asyncio.sleep(2.5)
         table = {sid: (p.token_total, p.turns) for sid, p in (await client.programs()).items()}
+        assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-    assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
+        await sched.stop()  # already gone on success; stopped here when an assertion failed first

@@ -262,8 +262,10 @@ class SqliteStateStore:
         await self._run(lambda: self._require().execute("SELECT 1").fetchone())
 
     async def close(self) -> None:
-        await self._run(self._close)
-        self._executor.shutdown(wait=True)
+        try:
+            await self._run(self._close)  # after any write still queued on the store's thread
+        finally:
+            self._executor.shutdown(wait=False)
 
     def _close(self) -> None:
         if self._conn is not None:
