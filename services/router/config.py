@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
@@ -96,6 +97,12 @@ ROUTER_SETTINGS = [
             env=_env("sweep_interval_seconds")),
     Setting("capacity_retry_max_seconds", float, 5.0, "longest back-off between capacity watch reconnects",
             env=_env("capacity_retry_max_seconds")),
+    Setting("planner_url", str, "",
+            "the planner's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
+            "there; empty = those routes answer 501", env=_env("planner_url")),
+    Setting("batch_priority", int, -10,
+            "SGLang priority of requests marked X-Bandmaster-Traffic: batch (larger runs first; online turns get "
+            "the scheduler's, -2..+1 by default)", env=_env("batch_priority")),
     Setting("seed", int, -1, "seed of the selection core's random source (-1 = from the OS)", env=_env("seed")),
     Setting("tokenizer", str, "",
             "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json (its chat template). "
@@ -179,6 +186,10 @@ class RouterConfig:
     client_program_idle_seconds: float = 900.0
     sweep_interval_seconds: float = 5.0
     capacity_retry_max_seconds: float = 5.0
+    planner_url: str = ""
+    """The planner's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 501."""
+    batch_priority: int = -10
+    """SGLang `priority` of batch traffic (`X-Bandmaster-Traffic: batch`), in place of the scheduler's."""
     seed: int = -1
     tokenizer: str = ""
     """Directory of the model's tokenizer files; empty = approximate text mode. Loaded by `start_router`."""
@@ -210,6 +221,8 @@ class RouterConfig:
         for name in ("worker_failure_threshold", "client_max_programs", "client_new_programs_per_second"):
             value = getattr(self, name)
             require(value >= 0, name, value, f"{name} >= 0 (0 = off)")
+        if self.planner_url:
+            validate_base_url(self.planner_url, "planner_url")
         require(self.http_max_connections >= 1, "http_max_connections", self.http_max_connections,
                 "http_max_connections >= 1")
         require(self.client_new_programs_burst >= 1, "client_new_programs_burst", self.client_new_programs_burst,
@@ -232,6 +245,18 @@ class RouterConfig:
     @property
     def host(self) -> str:
         return parse_host_port(self.listen, "listen")[0]
+
+
+def validate_base_url(url: str, field: str) -> None:
+    """An http(s)://host:port base URL with no path beyond `/`, query or credentials."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    require(parts.scheme in ("http", "https") and bool(parts.hostname) and port is not None and port > 0
+            and parts.path in ("", "/") and not parts.query and not parts.fragment and parts.username is None,
+            field, url, f"{field} must be http(s)://host:port with an explicit port and no path")
 
 
 def config_from_values(values: Mapping[str, Any]) -> RouterConfig:

@@ -125,3 +125,11 @@ class ShuttingDown(RouterError):
     http_status = 503
     grpc_code = grpc.StatusCode.UNAVAILABLE
     error_type = "service_unavailable"
+
+
+class PlannerMissing(RouterError):
+    """A Batch API route (`/v1/files*`, `/v1/batches*`) on a router started without `--planner-url`."""
+
+    http_status = 501
+    grpc_code = grpc.StatusCode.UNIMPLEMENTED
+    error_type = "not_implemented_error"

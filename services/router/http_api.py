@@ -1,5 +1,6 @@
 """The router's public HTTP API: OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-SGLang `/generate`, `/health`, and `/metrics` only with `--http-metrics` (the metrics port serves it).
+SGLang `/generate`, `/health`, and `/metrics` only with `--http-metrics` (the metrics port serves it);
+the Batch API (`/v1/files*`, `/v1/batches*`) is the planner's, passed through (adapters/batch_api.py).
 
 Served by `http_server.GuardedServer` (connection cap, header deadline, JSON errors for malformed
 HTTP). Validation happens before anything is forwarded: session headers (session.py), body size and
@@ -25,9 +26,10 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.router import session, validation
+from services.router.adapters.batch_api import BatchApiProxy, is_batch_path
 from services.router.control import Outcome
-from services.router.errors import (BadRequest, BodyTooLarge, Internal, MethodNotAllowed, NotFound, RequestTimeout,
-                                    RouterError, WorkerFailed, WorkerTimeout)
+from services.router.errors import (BadRequest, BodyTooLarge, Internal, MethodNotAllowed, NotFound, PlannerMissing,
+                                    RequestTimeout, RouterError, WorkerFailed, WorkerTimeout)
 from services.router.http_server import HttpLimits, error_response
 from services.router.metrics import RouterMetrics
 from services.router.turns import Api, TurnRunner, TurnSpec
@@ -169,8 +171,10 @@ def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) ->
 
 class HttpApi:
     def __init__(self, runner: TurnRunner, metrics: RouterMetrics, tracer: trace.Tracer, *, limits: HttpLimits,
-                 body_timeout_s: float, serve_metrics: bool, has_scheduler: bool) -> None:
+                 body_timeout_s: float, serve_metrics: bool, has_scheduler: bool,
+                 batch_proxy: BatchApiProxy | None = None) -> None:
         self.runner = runner
+        self.batch_proxy = batch_proxy
         self.metrics = metrics
         self.tracer = tracer
         self.limits = limits
@@ -190,7 +194,10 @@ class HttpApi:
             self.routes["/metrics"] = {"GET": self.metrics_page}
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        """The dispatch: path, then method. Anything unknown is an OpenAI-style 404 / 405."""
+        """The dispatch: path, then method. Anything unknown is an OpenAI-style 404 / 405. The Batch API's
+        routes go to the planner whatever the method (it answers 404/405 itself)."""
+        if is_batch_path(request.path):
+            return await self.batch_api(request)
         methods = self.routes.get(request.path)
         if methods is None:
             return self._error(NotFound(f"no route {request.path!r}", code="not_found"))
@@ -201,6 +208,16 @@ class HttpApi:
             response.headers["Allow"] = ", ".join(methods)
             return response
         return await handler(request)
+
+    async def batch_api(self, request: web.BaseRequest) -> web.StreamResponse:
+        if self.batch_proxy is None:
+            response = self._error(PlannerMissing(
+                f"{request.path} is the Batch API, served by the planner: this router was started without "
+                "--planner-url (bandmaster up starts one unless --no-planner)", code="planner_not_configured"))
+        else:
+            response = await self.batch_proxy.forward(request, self._headers, self._error)
+        self.metrics.batch_api.labels(str(response.status)).inc()
+        return response
 
     def _error(self, err: RouterError) -> web.Response:
         return error_response(err, self._headers)
@@ -263,6 +280,7 @@ class HttpApi:
         with self.tracer.start_as_current_span("router.request", context=ctx, kind=trace.SpanKind.SERVER) as span:
             span.set_attribute("router.route", route)
             path = session.path_label(request.headers)
+            traffic = session.traffic(request.headers)
             try:
                 try:
                     identity = session.from_headers(request.headers)
@@ -270,6 +288,7 @@ class HttpApi:
                     spec = build_spec(api, body, identity)
                     span.set_attribute("router.path", path)
                     spec.client = session.client_identity(request.headers.get("Authorization"), request.remote)
+                    spec.traffic = traffic
                     if identity.final and identity.is_program:
                         path = "final"
                         return await self._final(request, spec)
@@ -281,37 +300,37 @@ class HttpApi:
                         body["stream_options"] = options
                     turn = await self.runner.open(spec)
                 except RouterError as err:
-                    self.metrics.request(route, path, f"error_{err.http_status}").inc()
+                    self.metrics.request(route, path, f"error_{err.http_status}", traffic).inc()
                     span.set_attribute("router.error", err.__class__.__name__)
                     return self._error(err)
                 if not spec.stream:
-                    return await self._answer(turn, route, path)
+                    return await self._answer(turn, route, path, traffic)
             except Exception:  # a bug: counted, logged with its traceback, a generic 500 to the client
                 log.exception("unhandled error in %s", route)
-                self.metrics.request(route, path, "error_500").inc()
+                self.metrics.request(route, path, "error_500", traffic).inc()
                 span.set_attribute("router.error", "Internal")
                 return self._error(Internal("internal error"))
-            return await self._stream(request, turn, route, path, client_usage)
+            return await self._stream(request, turn, route, path, client_usage, traffic)
 
-    async def _answer(self, turn, route: str, path: str) -> web.Response:
+    async def _answer(self, turn, route: str, path: str, traffic: str) -> web.Response:
         outcome = Outcome.FAILED
         try:
             answer = await turn.json()
             outcome = Outcome.OK
         except RouterError as err:
-            self.metrics.request(route, path, f"error_{err.http_status}").inc()
+            self.metrics.request(route, path, f"error_{err.http_status}", traffic).inc()
             return self._error(err)
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED
-            self.metrics.request(route, path, "cancelled").inc()
+            self.metrics.request(route, path, "cancelled", traffic).inc()
             raise
         finally:
             await turn.close(outcome)
-        self.metrics.request(route, path, "ok").inc()
+        self.metrics.request(route, path, "ok", traffic).inc()
         return web.Response(body=dumps(answer), content_type="application/json", headers=self._headers)
 
     async def _stream(self, request: web.BaseRequest, turn, route: str, path: str,
-                      client_usage: bool) -> web.StreamResponse:
+                      client_usage: bool, traffic: str) -> web.StreamResponse:
         response = web.StreamResponse(headers=self._sse_headers)
         outcome = Outcome.CANCELLED
         try:
@@ -325,14 +344,14 @@ class HttpApi:
                 outcome = Outcome.FAILED
                 self.metrics.upstream_errors.labels(err.__class__.__name__, "stream").inc()
                 await response.write(b"\n" + _sse(err.body()) + _DONE)
-            self.metrics.request(route, path, "ok" if outcome == Outcome.OK else "failed").inc()
+            self.metrics.request(route, path, "ok" if outcome == Outcome.OK else "failed", traffic).inc()
             await response.write_eof()
         except ConnectionResetError:
             outcome = Outcome.CANCELLED
-            self.metrics.request(route, path, "cancelled").inc()
+            self.metrics.request(route, path, "cancelled", traffic).inc()
         except asyncio.CancelledError:
             outcome = Outcome.CANCELLED
-            self.metrics.request(route, path, "cancelled").inc()
+            self.metrics.request(route, path, "cancelled", traffic).inc()
             raise
         finally:
             await turn.close(outcome)

@@ -7,14 +7,29 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+TRAFFIC = ("online", "batch")
+
 
 class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("bandmaster_router_requests", "Requests by API route, path and outcome",
-                                ("route", "path", "outcome"), registry=r)
-        self.in_flight = Gauge("bandmaster_router_requests_in_flight", "Turns being served", registry=r)
+        self.requests = Counter("bandmaster_router_requests",
+                                "Requests by API route, path, outcome and traffic (online, or batch: marked "
+                                "X-Bandmaster-Traffic: batch by the planner's dispatcher)",
+                                ("route", "path", "outcome", "traffic"), registry=r)
+        self.in_flight = Gauge("bandmaster_router_requests_in_flight", "Turns being served, by traffic",
+                               ("traffic",), registry=r)
+        for traffic in TRAFFIC:
+            self.in_flight.labels(traffic)  # both series exist from the start (a scrape sees 0, not absent)
+        self.ttft = Histogram("bandmaster_router_ttft_seconds",
+                              "Time to first token of streamed turns (dispatch to the worker's first chunk), by "
+                              "traffic", ("traffic",),
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.batch_api = Counter("bandmaster_router_batch_api_requests",
+                                 "Batch API calls forwarded to the planner (/v1/files*, /v1/batches*) by status "
+                                 "(not counted in bandmaster_router_requests: they are not inference)",
+                                 ("status",), registry=r)
         self.picks = Counter("bandmaster_router_picks", "Worker selections by reason", ("reason",), registry=r)
         self.prompts = Counter("bandmaster_router_prompts",
                                "Turns by how their prompt was hashed: tokens (exact), text (approximate), "
@@ -63,9 +78,15 @@ class RouterMetrics:
         self.scheduler_reachable.set(1)
         self._children: dict[tuple, object] = {}
 
-    def request(self, route: str, path: str, outcome: str):
+    def request(self, route: str, path: str, outcome: str, traffic: str = "online"):
         """The `requests` child of these labels, looked up once (labels() validates and locks each call)."""
-        return self._child(self.requests, route, path, outcome)
+        return self._child(self.requests, route, path, outcome, traffic)
+
+    def time_to_first_token(self, traffic: str):
+        return self._child(self.ttft, traffic)
+
+    def flight(self, traffic: str):
+        return self._child(self.in_flight, traffic)
 
     def pick(self, reason: str):
         return self._child(self.picks, reason)

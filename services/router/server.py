@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import resource
+import ssl
 import tempfile
 import time
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from services.common.grpc_server import ServiceHost
 from services.common.security import bearer_guard
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
+from services.router.adapters.batch_api import BatchApiProxy
 from services.router.adapters.capacity import CapacityWatch
 from services.router.adapters.kv_events import KvEventFeeds
 from services.router.circuits import WorkerCircuits
@@ -129,6 +131,13 @@ def _log_prompt_mode(config: RouterConfig, prompts: PromptTokenizer | None, use_
              "yes" if tokenizer.has_chat_template else "none: chat prompts use the text approximation")
 
 
+def _planner_ssl(config: RouterConfig) -> ssl.SSLContext | None:
+    """An https planner is verified against --tls-ca when one is given, else the system roots."""
+    if not config.planner_url.startswith("https://") or not config.security.ca_pem:
+        return None
+    return ssl.create_default_context(cadata=config.security.ca_pem.decode())
+
+
 async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = None) -> RunningRouter:
     """Start every component on the running loop; return once the HTTP and gRPC APIs serve.
     Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded."""
@@ -163,7 +172,10 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     limit_params = config.client_limits
     limits = ClientLimits(limit_params) if limit_params.max_programs or limit_params.new_programs_per_s else None
     runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, circuits=circuits, limits=limits,
-                        prompts=prompts)
+                        prompts=prompts, batch_priority=config.batch_priority)
+    batch_proxy = BatchApiProxy(config.planner_url, connect_timeout_s=config.upstream_connect_timeout_seconds,
+                                read_timeout_s=config.upstream_response_timeout_seconds,
+                                ssl_context=_planner_ssl(config)) if config.planner_url else None
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
 
     def on_workers(workers) -> None:
@@ -182,7 +194,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
                              max_connections=config.http_max_connections, max_body_bytes=config.max_body_bytes,
                              server_version=config.http_server_version)
     api = HttpApi(runner, metrics, tracer, limits=http_limits, body_timeout_s=config.http_body_timeout_seconds,
-                  serve_metrics=config.http_metrics, has_scheduler=scheduler is not None)
+                  serve_metrics=config.http_metrics, has_scheduler=scheduler is not None, batch_proxy=batch_proxy)
     _check_file_limit(config.http_max_connections)
 
     await host.start()
@@ -204,6 +216,8 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
         await feeds.stop()
         await runner.drain()
         await upstream.close()
+        if batch_proxy is not None:
+            await batch_proxy.close()
         if scheduler is not None:
             await scheduler.close()
 
@@ -213,6 +227,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
         write_ready_file(config.ready_file, {"service": "router", "grpc": host.address,
                                              "metrics_port": host.metrics_port, "http_port": http_port,
                                              "pid": os.getpid()})
-    log.info("router serving HTTP on %s:%d (scheduler %s, capacity %s)", host.host, http_port,
-             "off" if scheduler is None else config.scheduler_addr, config.capacity_addr)
+    log.info("router serving HTTP on %s:%d (scheduler %s, capacity %s, Batch API %s)", host.host, http_port,
+             "off" if scheduler is None else config.scheduler_addr, config.capacity_addr,
+             config.planner_url or "off")
     return running

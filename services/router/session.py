@@ -20,6 +20,7 @@ from services.router.errors import BadRequest
 SESSION_HEADER = "X-Dynamo-Session-ID"
 PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
 FINAL_HEADER = "X-Dynamo-Session-Final"
+TRAFFIC_HEADER = "X-Bandmaster-Traffic"
 MAX_SESSION_ID_BYTES = 256
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -102,3 +103,10 @@ def client_identity(authorization: str | None, address: str | None) -> str:
         digest = hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return f"token:{digest}"
     return f"addr:{address or 'unknown'}"
+
+
+def traffic(headers: Mapping[str, str]) -> str:
+    """`batch` when `X-Bandmaster-Traffic: batch` (the planner's dispatcher marks its requests so), else `online`.
+    Any other value is online: marking a request batch only ever lowers its priority."""
+    value = headers.get(TRAFFIC_HEADER)
+    return "batch" if value is not None and value.strip().lower() == "batch" else "online"

@@ -90,6 +90,7 @@ class TurnSpec:
     prompt_token_ids: list[int] | None = None   # given by the client, or from the model tokenizer
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     client: str = ""                # who sent it (edge.client_identity), for the per-client limits
+    traffic: str = "online"         # "batch" when marked X-Bandmaster-Traffic: batch (session.traffic)
 
 
 def resolve_params(overrides: KvOverrides, scheduler_config, page_size: int | None) -> KvRouterParams:
@@ -489,8 +490,9 @@ def _stream_error(line: bytes) -> str:
 class TurnRunner:
     def __init__(self, fleet: Fleet, upstream: Upstream, scheduler: SchedulerClient | None, metrics: RouterMetrics,
                  tracer: trace.Tracer, *, circuits: WorkerCircuits, limits: ClientLimits | None = None,
-                 prompts: PromptTokenizer | None = None) -> None:
+                 prompts: PromptTokenizer | None = None, batch_priority: int = -10) -> None:
         self.fleet = fleet
+        self.batch_priority = batch_priority
         self.upstream = upstream
         self.scheduler = scheduler
         self.metrics = metrics
@@ -516,7 +518,7 @@ class TurnRunner:
         core = self.fleet.core
         if core is not None:
             core.finish(spec.request_id)
-        self.metrics.in_flight.dec()
+        self.metrics.flight(spec.traffic).dec()
         if admission is None or self.scheduler is None:
             return
         scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
@@ -588,10 +590,13 @@ class TurnRunner:
         if self.scheduler is not None:
             admission = await self.scheduler.admit(spec.identity.session_id, spec.identity.parent_session_id,
                                                    spec.request_id, self.estimated_tokens(spec))
-        if admission is not None:
+        if spec.traffic == "batch":
+            # Batch work yields to every online turn in the worker's queue, whatever the scheduler said.
+            spec.body["priority"] = self.batch_priority
+        elif admission is not None:
             spec.body["priority"] = admission.priority
         book = _Bookkeeping()
-        self.metrics.in_flight.inc()
+        self.metrics.flight(spec.traffic).inc()
         outcome = Outcome.FAILED
         try:
             turn = await self._connect(spec, admission, book, views)
@@ -721,6 +726,7 @@ class TurnRunner:
         self.upstream.streaming_started(response)
         self.circuits.succeeded(worker.worker_id)
         book.ttft_s = time.monotonic() - dispatched_at
+        self.metrics.time_to_first_token(spec.traffic).observe(book.ttft_s)
         core = self.fleet.core
         if core is not None:
             core.first_token(spec.request_id)

@@ -112,6 +112,7 @@ class FaultyWorker:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self.requests = 0
+        self.last_body: dict = {}
         self.gate = asyncio.Event()
         self.error_message = "boom"
         info = sglang_info(max_total_num_tokens=32768, page_size=16, model_path=MODEL)
@@ -134,6 +135,7 @@ class FaultyWorker:
         self.requests += 1
         mode = self.mode
         body = await request.json()
+        self.last_body = body
         if mode == "refuse":
             return web.json_response({"object": "error", "message": self.error_message,
                                       "type": "InternalServerError", "code": 500}, status=500)

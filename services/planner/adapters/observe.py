@@ -9,8 +9,9 @@ Online traffic comes from the routers' `/metrics` (`bandmaster_router_requests_t
 as a rate between two scrapes: the first scrape only warms up; a counter reset, a failed scrape
 or a change in the set of routers re-warms) and `bandmaster_router_requests_in_flight`; else from
 the scheduler's GetStats (admissions rate, reasoning + passthrough in flight). When the batch
-dispatcher sends through those routers its own requests are subtracted
-(`subtract_dispatch`), so batch drain is not mistaken for online load.
+dispatcher sends through those routers its own requests are left out — a router that labels
+`traffic` counts them under `traffic="batch"`, which is skipped; from an unlabelled one they are
+subtracted (`subtract_dispatch`) — so batch drain is not mistaken for online load.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class RouterTrafficSource:
         self._baseline: _Baseline | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    async def _scrape(self, url: str) -> tuple[float, float, float, float]:
+    async def _scrape(self, url: str) -> tuple[float, float, float, float, bool]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         async with self._session.get(url + "/metrics") as resp:
@@ -65,8 +66,14 @@ class RouterTrafficSource:
                 raise RuntimeError(f"{url}/metrics answered {resp.status}")
             text = await resp.text()
         counter = in_flight = ttft_sum = ttft_count = 0.0
+        labelled = False
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                traffic = s.labels.get("traffic")
+                if traffic is not None:
+                    labelled = True
+                    if traffic == "batch":
+                        continue
                 if s.name == "bandmaster_router_requests_total":
                     counter += s.value
                 elif s.name == "bandmaster_router_requests_in_flight":
@@ -75,7 +82,7 @@ class RouterTrafficSource:
                     ttft_sum += s.value
                 elif s.name == "bandmaster_router_ttft_seconds_count":
                     ttft_count += s.value
-        return counter, in_flight, ttft_sum, ttft_count
+        return counter, in_flight, ttft_sum, ttft_count, labelled
 
     async def collect(self) -> OnlineTraffic:
         start = self.clock.monotonic()
@@ -98,7 +105,9 @@ class RouterTrafficSource:
         if window <= 0:
             raise WarmingUp("overlapping scrape windows")
         delta = counter - prev.counter
-        if self.dispatched:
+        # A router that labels its traffic already keeps the dispatcher's requests (traffic="batch") apart;
+        # subtracting them again would under-count online load, so only unlabelled routers are corrected.
+        if self.dispatched and not any(r[4] for r in results):
             delta = max(0.0, delta - (dispatched - prev.dispatched))
             in_flight = max(0.0, in_flight - (self.dispatch_inflight() if self.dispatch_inflight else 0))
         ttft = None

@@ -18,15 +18,24 @@ class RouterMetrics:
         self.total = 0
         self.in_flight = 3
         self.fail = False
+        self.batch: tuple[int, int] | None = None  # (requests, in flight) under traffic="batch"; None = unlabelled
 
     async def start(self):
         async def metrics(_r):
             if self.fail:
                 return web.Response(status=500)
-            body = ("# TYPE bandmaster_router_requests counter\n"
-                    f'bandmaster_router_requests_total{{route="openai",path="/v1/chat/completions",outcome="ok"}} {self.total}\n'
-                    "# TYPE bandmaster_router_requests_in_flight gauge\n"
-                    f"bandmaster_router_requests_in_flight {self.in_flight}\n")
+            if self.batch is None:
+                body = ("# TYPE bandmaster_router_requests counter\n"
+                        f'bandmaster_router_requests_total{{route="openai",path="/v1/chat/completions",outcome="ok"}} {self.total}\n'
+                        "# TYPE bandmaster_router_requests_in_flight gauge\n"
+                        f"bandmaster_router_requests_in_flight {self.in_flight}\n")
+            else:
+                body = ("# TYPE bandmaster_router_requests counter\n"
+                        f'bandmaster_router_requests_total{{route="chat",path="passthrough",outcome="ok",traffic="online"}} {self.total}\n'
+                        f'bandmaster_router_requests_total{{route="chat",path="passthrough",outcome="ok",traffic="batch"}} {self.batch[0]}\n'
+                        "# TYPE bandmaster_router_requests_in_flight gauge\n"
+                        f'bandmaster_router_requests_in_flight{{traffic="online"}} {self.in_flight}\n'
+                        f'bandmaster_router_requests_in_flight{{traffic="batch"}} {self.batch[1]}\n')
             return web.Response(text=body, content_type="text/plain")
         app = web.Application()
         app.router.add_get("/metrics", metrics)
@@ -82,6 +91,21 @@ async def test_router_traffic_subtracts_the_dispatchers_own_requests(router):
     router.total, sent["n"] = 50, 30
     t = await src.collect()
     assert t.offered_rps == pytest.approx(2.0) and t.active_requests == 1
+    await src.close()
+
+
+async def test_router_traffic_skips_batch_labelled_samples_and_subtracts_nothing_more(router):
+    clock = FakeClock()
+    sent = {"n": 0}
+    router.batch = (0, 0)
+    src = RouterTrafficSource([router.url], clock, timeout_s=2, dispatched=lambda: sent["n"],
+                              dispatch_inflight=lambda: 2)
+    with pytest.raises(WarmingUp):
+        await src.collect()
+    clock.advance(10)
+    router.total, router.batch, sent["n"] = 20, (30, 2), 30
+    t = await src.collect()
+    assert t.offered_rps == pytest.approx(2.0) and t.active_requests == 3
     await src.close()
 
 
