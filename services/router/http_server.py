@@ -23,7 +23,7 @@ import ssl
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http_exceptions import (BadHttpMethod, BadStatusLine, ContentEncodingError, ContentLengthError,
                                      HttpProcessingError, InvalidHeader, InvalidURLError, LineTooLong,
                                      TransferEncodingError)
@@ -108,6 +108,7 @@ class _Connection(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._counted = False
+        self.unsupported_version = False   # the request being handled named an HTTP version other than 1.x
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -149,6 +150,15 @@ class _Connection(web.RequestHandler):
             self._guard.metrics.http_timeouts.labels("header").inc()
             self.force_close()
 
+    def log_exception(self, *args, **kwargs) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, (web.RequestPayloadError, HttpProcessingError)):
+            # aiohttp drains a body the handler did not read (or refused) after answering; one that breaks
+            # its Content-Encoding or framing fails there. The client's fault, not an unhandled error.
+            log.debug("discarded the rest of a malformed request body (%s)", exc.__class__.__name__)
+            return
+        super().log_exception(*args, **kwargs)
+
     def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         err = malformed(exc, status)
@@ -184,6 +194,11 @@ class GuardedServer(web.Server):
         super().__init__(self.handle, request_factory=self._make_request, handler_cancellation=True)
 
     def _make_request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
+        if message.version not in (HttpVersion10, HttpVersion11) and isinstance(protocol, _Connection):
+            # llhttp takes "HTTP/0.9" and "HTTP/2.0" request lines and aiohttp answers in the request's
+            # version: refuse it (see handle) with an answer a client can read.
+            message = message._replace(version=HttpVersion10, should_close=True)
+            protocol.unsupported_version = True
         return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
                                client_max_size=self.limits.max_body_bytes)
 
@@ -206,6 +221,16 @@ class GuardedServer(web.Server):
         guarded = isinstance(connection, _Connection)
         if guarded:
             connection.request_started()
+            if connection.unsupported_version:
+                connection.unsupported_version = False
+                connection.request_finished()
+                log.debug("refused a request with an unsupported HTTP version from %s", request.remote)
+                self.metrics.request("http", "none", "error_400").inc()
+                err = BadRequest("malformed HTTP request: unsupported HTTP version (1.0 and 1.1 are served)",
+                                 code="malformed_http")
+                response = error_response(err, self.limits.server_header)
+                response.force_close()
+                return response
         try:
             return await self._app_handler(request)
         finally:
