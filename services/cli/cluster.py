@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,17 @@ class ClusterConfig:
     secure: bool = False
     """Mutual TLS on every gRPC port, HTTPS on the router's, control and data bearer tokens: a local CA,
     certificates and tokens are made in `<state dir>/secure/` (docs/security.md)."""
+    planner: bool = False
+    """Start the planner (Batch API, drain leases, replica targets) after the router, which forwards
+    `/v1/files*` and `/v1/batches*` to it (`bandmaster up` turns it on; `--no-planner` off)."""
+    planner_connector: str = "virtual"
+    """`virtual`: the fleet is the `workers` simulated workers this command starts, fixed (the planner's
+    replica targets are recorded, nothing is started); `local`: the planner owns the simulated workers,
+    starting `workers` of them as its idle target and up to `planner_max_replicas` for batch work."""
+    planner_max_replicas: int = 0
+    """Most workers the `local` connector runs (0 = workers + 2)."""
+    planner_args: tuple[str, ...] = ()
+    """Extra planner flags, appended last so they win."""
 
     def __post_init__(self) -> None:
         require(self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given")
@@ -64,6 +76,12 @@ class ClusterConfig:
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
         require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
                 "poll_interval_seconds > 0")
+        require(self.planner_connector in ("virtual", "local"), "planner_connector", self.planner_connector,
+                "planner_connector is virtual or local")
+        require(not (self.planner and self.planner_connector == "local" and self.worker_urls), "planner_connector",
+                self.planner_connector, "the local connector starts simulated workers: not with --worker-url")
+        require(self.planner_max_replicas == 0 or self.planner_max_replicas >= self.workers, "planner_max_replicas",
+                self.planner_max_replicas, "planner_max_replicas >= workers (0 = workers + 2)")
         for url in self.worker_urls:
             require(url.startswith(("http://", "https://")), "worker_url", url, "worker URLs start with http:// or https://")
 
@@ -75,6 +93,7 @@ class Cluster:
     capacity: Child | None = None
     scheduler: Child | None = None
     router: Child | None = None
+    planner: Child | None = None
     pki: LocalPki | None = None
     """The CA, certificates and token files of a secure cluster."""
 
@@ -87,6 +106,8 @@ class Cluster:
         rows = [(f"worker[{i}]", url) for i, url in enumerate(self.workers)]
         if self.router is not None:
             rows.append(("router HTTP (OpenAI API)", self.http_url + "/v1"))
+        if self.planner is not None:
+            rows.append(("planner Batch API (also via the router)", self.planner.ready.get("http", "") + "/v1"))
         for child in self.supervisor.children:
             if child.spec.kind == "grpc":
                 rows.append((child.spec.name, child.endpoint))
@@ -159,9 +180,12 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
     return ChildSpec(name="scheduler", module="services.scheduler", args=args)
 
 
-def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None) -> ChildSpec:
+def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None,
+                planner_url: str = "") -> ChildSpec:
     args = ["--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
             "--http-port", str(config.http_port), "--log-level", config.log_level]
+    if planner_url:
+        args += ["--planner-url", planner_url]
     if config.tokenizer:
         args += ["--tokenizer", config.tokenizer]
     if scheduler_addr:
@@ -171,8 +195,52 @@ def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str |
     return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args])
 
 
+PLANNER_REGISTRY_FILE = "planner.sqlite3"
+
+
+def local_worker_args(config: ClusterConfig) -> list[str]:
+    """The flags of a simulated worker the planner's local connector starts: those of `simworker_spec`
+    but the port (the connector gives `--port 0` and a ready file) and the seed."""
+    args = list(simworker_spec(config, 0).args)
+    for flag in ("--port", "--seed"):
+        i = args.index(flag)
+        del args[i:i + 2]
+    return args
+
+
+def planner_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None, router_url: str,
+                 router_metrics_url: str, http_port: int, state_dir: Path) -> ChildSpec:
+    """The planner after the router: its Batch API on `http_port` (the router forwards there), dispatching
+    through the router, reading online traffic from the router's /metrics."""
+    speedup = config.worker_speedup if not config.worker_urls else 1.0
+    args = ["--listen", "127.0.0.1:0", "--metrics-port", "0", "--http-listen", f"127.0.0.1:{http_port}",
+            "--registry-path", str(state_dir / PLANNER_REGISTRY_FILE), "--capacity", capacity_addr,
+            "--router-metrics-url", router_metrics_url, "--dispatch-url", router_url,
+            "--log-level", config.log_level,
+            # Decisions follow the simulated clock like the scheduler's loop; a tick stays >= 0.2 s.
+            "--tick-interval-seconds", f"{max(0.2, 5.0 / speedup):g}",
+            "--cold-start-margin-seconds", f"{30.0 / speedup:g}"]
+    if scheduler_addr:
+        args += ["--scheduler", scheduler_addr]
+    workers = len(config.worker_urls) or config.workers
+    if config.planner_connector == "local":
+        top = config.planner_max_replicas or workers + 2
+        args += ["--connector", "local", "--min-replicas", str(workers), "--max-replicas", str(top),
+                 "--local-max-workers", str(top), *(f"--local-worker-arg={a}" for a in local_worker_args(config))]
+    else:
+        args += ["--connector", "virtual", "--virtual-initial-replicas", str(workers), "--min-replicas", str(workers),
+                 "--max-replicas", str(workers)]
+    return ChildSpec(name="planner", module="services.planner", args=[*args, *config.planner_args])
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 SECURE_DIR = "secure"
-SECURE_NAMES = ("capacity", "scheduler", "router", "client")
+SECURE_NAMES = ("capacity", "scheduler", "router", "planner", "client")
 """Who gets a certificate: each control-plane service, and `client` for the supervisor's health probes,
 the CLI and the user's own gRPC clients."""
 
@@ -199,8 +267,11 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
     cluster = Cluster(supervisor)
     try:
         pki = cluster.pki = secure_cluster(supervisor) if config.secure else None
+        planner_owns_workers = config.planner and config.planner_connector == "local"
         if config.worker_urls:
             cluster.workers = list(config.worker_urls)
+        elif planner_owns_workers:
+            cluster.workers = []  # the planner starts them and registers them with the capacity service
         else:
             started = supervisor.start_all([simworker_spec(config, i) for i in range(config.workers)])
             cluster.workers = [child.endpoint for child in started]
@@ -210,8 +281,18 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
             (cluster.scheduler,) = supervisor.start_all([_secured(scheduler_spec(config, cluster.capacity.endpoint,
                                                                                  supervisor.state_dir), pki)])
             scheduler_addr = cluster.scheduler.endpoint
+        # The router forwards the Batch API to the planner, which starts after it (it dispatches through the
+        # router): the planner's HTTP port is chosen first so that both are told it.
+        planner_port = free_loopback_port() if config.planner else 0
+        scheme = "https" if pki is not None else "http"
+        planner_url = f"{scheme}://127.0.0.1:{planner_port}" if config.planner else ""
         (cluster.router,) = supervisor.start_all([_secured(router_spec(config, cluster.capacity.endpoint,
-                                                                       scheduler_addr), pki)])
+                                                                       scheduler_addr, planner_url), pki)])
+        if config.planner:
+            spec = planner_spec(config, cluster.capacity.endpoint, scheduler_addr, cluster.http_url,
+                                f"http://127.0.0.1:{cluster.router.ready['metrics_port']}", planner_port,
+                                supervisor.state_dir)
+            (cluster.planner,) = supervisor.start_all([_secured(spec, pki)])
     except BaseException:
         supervisor.stop_all()
         raise

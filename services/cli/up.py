@@ -65,6 +65,16 @@ def add_parser(commands) -> None:
                         help="mutual TLS on every gRPC port, HTTPS and a bearer token on the router's HTTP API, a "
                              "control token on control RPCs: a local CA, certificates and tokens are made in "
                              "<state dir>/secure/ (reused when it already holds them); see docs/security.md")
+    parser.add_argument("--no-planner", action="store_true",
+                        help="start no planner: no Batch API (/v1/files, /v1/batches answer 501), no drain leases")
+    parser.add_argument("--planner-connector", choices=("virtual", "local"), default="virtual",
+                        help="virtual (default): the planner sees the --workers simulated workers as a fixed fleet; "
+                             "local: the planner starts and stops the simulated workers itself (--workers as its idle "
+                             "target, more for batch work, up to --planner-max-replicas)")
+    parser.add_argument("--planner-max-replicas", type=int, default=0,
+                        help="most workers the local connector runs (default: --workers + 2)")
+    parser.add_argument("--planner-arg", action="append", default=[], dest="planner_args",
+                        help="extra flag for the planner, e.g. --planner-arg=--safe-rps-per-replica=20 (repeatable)")
     parser.set_defaults(run=run)
 
 
@@ -88,7 +98,9 @@ def connect_help(cluster: Cluster) -> str:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    config = cluster_config(args, scheduler_state=True)
+    config = cluster_config(args, scheduler_state=True, planner=not args.no_planner,
+                            planner_connector=args.planner_connector, planner_max_replicas=args.planner_max_replicas,
+                            planner_args=tuple(args.planner_args))
     stop_requested = False
 
     def request_stop(_signum, _frame) -> None:
@@ -104,6 +116,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
+        if cluster.planner is not None:
+            print(f"Batch API: {cluster.http_url}/v1/batches (through the router; the planner's own: "
+                  f"{cluster.planner.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
+                  f"{cluster.supervisor.state_dir}")
         if cluster.pki is not None:
             print(connect_help(cluster))
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)

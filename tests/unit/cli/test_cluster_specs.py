@@ -3,7 +3,11 @@
 import argparse
 import json
 
-from services.cli.cluster import ClusterConfig, router_spec, scheduler_spec, simworker_spec
+import pytest
+
+from services.cli.cluster import (ClusterConfig, local_worker_args, planner_spec, router_spec, scheduler_spec,
+                                  simworker_spec)
+from services.common.errors import ConfigError
 from services.cli.up import add_cluster_arguments, cluster_config
 
 
@@ -61,3 +65,50 @@ def test_up_keeps_the_scheduler_state_in_its_state_dir_and_others_keep_it_in_mem
     # A --scheduler-arg still wins (it comes last).
     override = ClusterConfig(scheduler_state=True, scheduler_args=("--state-path=/elsewhere.sqlite",))
     assert scheduler_spec(override, "127.0.0.1:1", tmp_path).args[-1] == "--state-path=/elsewhere.sqlite"
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def test_the_planner_follows_the_router_and_owns_a_fixed_virtual_fleet_by_default(tmp_path):
+    config = ClusterConfig(workers=3, worker_speedup=10, planner=True)
+    spec = planner_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8000", "http://127.0.0.1:9",
+                        8091, tmp_path)
+    args = spec.args
+    assert spec.name == "planner" and spec.module == "services.planner"
+    assert _flag(args, "--http-listen") == "127.0.0.1:8091" and _flag(args, "--listen") == "127.0.0.1:0"
+    assert _flag(args, "--metrics-port") == "0"
+    assert _flag(args, "--registry-path") == str(tmp_path / "planner.sqlite3")
+    assert _flag(args, "--capacity") == "127.0.0.1:1" and _flag(args, "--scheduler") == "127.0.0.1:2"
+    assert _flag(args, "--dispatch-url") == "http://127.0.0.1:8000"
+    assert _flag(args, "--router-metrics-url") == "http://127.0.0.1:9"
+    assert _flag(args, "--connector") == "virtual" and _flag(args, "--virtual-initial-replicas") == "3"
+    assert _flag(args, "--min-replicas") == "3" and _flag(args, "--max-replicas") == "3"
+    assert _flag(args, "--tick-interval-seconds") == "0.5"
+    assert _flag(router_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8091").args,
+                 "--planner-url") == "http://127.0.0.1:8091"
+    assert "--planner-url" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
+
+
+def test_the_local_connector_starts_workers_like_up_does(tmp_path):
+    config = _config("--workers", "2", "--speedup", "20", "--worker-kv-tokens", "8192")
+    config = ClusterConfig(**{**config.__dict__, "planner": True, "planner_connector": "local",
+                              "planner_args": ("--safe-rps-per-replica=9",)})
+    args = planner_spec(config, "127.0.0.1:1", None, "http://r:1", "http://r:2", 1, tmp_path).args
+    assert _flag(args, "--connector") == "local" and "--virtual-initial-replicas" not in args
+    assert _flag(args, "--min-replicas") == "2" and _flag(args, "--max-replicas") == "4"
+    assert "--scheduler" not in args and args[-1] == "--safe-rps-per-replica=9"
+    worker = [a.split("=", 1)[1] for a in args if a.startswith("--local-worker-arg=")]
+    assert _flag(worker, "--max-total-tokens") == "8192" and _flag(worker, "--speedup") == "20.0"
+    assert "--port" not in worker and "--seed" not in worker
+    assert worker == local_worker_args(config)
+
+
+def test_the_planner_config_is_validated():
+    with pytest.raises(ConfigError, match="planner_connector"):
+        ClusterConfig(planner=True, planner_connector="kubernetes")
+    with pytest.raises(ConfigError, match="planner_connector"):
+        ClusterConfig(planner=True, planner_connector="local", worker_urls=("http://127.0.0.1:1",))
+    with pytest.raises(ConfigError, match="planner_max_replicas"):
+        ClusterConfig(workers=3, planner_max_replicas=2)

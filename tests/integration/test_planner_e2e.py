@@ -1,0 +1,167 @@
+"""The planner end to end through the router: `bandmaster up` as a user starts it, the official `openai`
+client on the ROUTER's base URL (files.create, batches.create, batches.retrieve until completed,
+files.content: one output line per request with its custom_id); with `--planner-connector local` a batch
+makes the planner start workers (the capacity service sees them) and stop them again once it is done;
+a planner SIGKILLed mid-batch and restarted behind the same router loses and duplicates nothing."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import openai
+import pytest
+
+from bandmaster.capacity.v1 import capacity_pb2 as cpb
+from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
+from services.cli.cluster import ClusterConfig, start_cluster
+from services.cli.supervisor import Supervisor
+from tests.support.eventually import wait_until
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "bandmaster-sim"
+
+
+def batch_file(n: int) -> bytes:
+    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                         "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}],
+                                  "max_tokens": 4}}) for i in range(n)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def submit(client: openai.OpenAI, n: int, window: str = "1h"):
+    f = client.files.create(file=("in.jsonl", io.BytesIO(batch_file(n))), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window=window)
+
+
+def completed(client: openai.OpenAI, batch_id: str, timeout_s: float):
+    def done():
+        b = client.batches.retrieve(batch_id)
+        assert b.status not in ("failed", "expired", "cancelled"), b
+        return b if b.status == "completed" else None
+    return wait_until(done, timeout_s=timeout_s, interval_s=0.25)
+
+
+def assert_exactly_once(client: openai.OpenAI, batch, n: int) -> None:
+    assert batch.request_counts.total == n and batch.request_counts.completed == n, batch.request_counts
+    lines = [json.loads(x) for x in client.files.content(batch.output_file_id).text.splitlines()]
+    assert sorted(x["custom_id"] for x in lines) == sorted(f"r{i}" for i in range(n))  # none lost, none twice
+    assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in lines)
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_")}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    return env
+
+
+def _up(state: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--worker-kv-tokens", "8192",
+                             "--speedup", "50", "--http-port", "0", "--state-dir", str(state), *extra],
+                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C to stop" in line:
+            break
+    output = "".join(lines)
+    assert "Bandmaster is up" in output and "Batch API:" in output, output
+    router = json.loads((state / "router.ready.json").read_text())
+    return proc, f"http://127.0.0.1:{router['http_port']}/v1"
+
+
+def _down(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
+def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
+    state = tmp_path / "state"
+    proc, base_url = _up(state, "--workers", "2")
+    try:
+        planner = json.loads((state / "planner.ready.json").read_text())
+        assert {"grpc", "metrics_port", "http", "pid"} <= set(planner)
+        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        n = 30
+        batch = submit(client, n)
+        assert assert_exactly_once(client, completed(client, batch.id, 90), n) is None
+        assert [b.id for b in client.batches.list()] == [batch.id]
+        with pytest.raises(openai.NotFoundError):                   # the planner's 404 body, through the router
+            client.batches.retrieve("batch_missing")
+        # The router counted the dispatcher's requests as batch traffic, not online.
+        metrics = json.loads((state / "router.ready.json").read_text())["metrics_port"]
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
+        batch_ok = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("bandmaster_router_requests_total{") and 'traffic="batch"' in line
+                       and 'outcome="ok"' in line)
+        assert batch_ok >= n
+    finally:
+        _down(proc)
+    assert proc.returncode == 0
+
+
+def _local_workers(capacity_addr: str) -> int:
+    with grpc.insecure_channel(capacity_addr) as ch:
+        snap = cpb_grpc.CapacityStub(ch).ListWorkers(cpb.ListWorkersRequest(), timeout=5)
+    return sum(w.health == cpb.WORKER_HEALTH_HEALTHY for w in snap.workers)
+
+
+def test_the_local_connector_scales_up_for_a_batch_and_back_to_the_idle_target(tmp_path):
+    state = tmp_path / "state"
+    # One replica drains 10 rps safely; 700 requests due in a minute need two.
+    proc, base_url = _up(state, "--workers", "1", "--planner-connector", "local", "--planner-max-replicas", "3",
+                         "--planner-arg=--safe-rps-per-replica=10", "--planner-arg=--finalization-margin-seconds=2")
+    try:
+        capacity = json.loads((state / "capacity.ready.json").read_text())["grpc"]
+        wait_until(lambda: _local_workers(capacity) == 1, timeout_s=60, interval_s=0.25)
+        client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+        n = 700
+        batch = submit(client, n, window="1m")
+        wait_until(lambda: _local_workers(capacity) >= 2, timeout_s=45, interval_s=0.25)
+        assert_exactly_once(client, completed(client, batch.id, 75), n)
+        wait_until(lambda: _local_workers(capacity) == 1, timeout_s=45, interval_s=0.25)
+    finally:
+        _down(proc)
+
+
+def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothing(tmp_path):
+    cluster = start_cluster(ClusterConfig(workers=2, worker_kv_tokens=8192, worker_speedup=50, http_port=0,
+                                          planner=True, log_level="WARNING",
+                                          planner_args=("--max-batch-admission-rps=8",)),
+                            Supervisor(tmp_path / "state"))
+    try:
+        client = openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0)
+        n = 60
+        batch = submit(client, n)
+
+        def partly_done():
+            b = client.batches.retrieve(batch.id)
+            return b if 5 <= b.request_counts.completed < n else None
+        wait_until(partly_done, timeout_s=60, interval_s=0.1)
+        old = cluster.planner
+        old.process.send_signal(signal.SIGKILL)
+        old.process.wait(timeout=10)
+        cluster.supervisor.children.remove(old)
+        # Same spec: the same Batch API port (the router's --planner-url) and the same registry.
+        (cluster.planner,) = cluster.supervisor.start_all([old.spec])
+        assert_exactly_once(client, completed(client, batch.id, 90), n)
+    finally:
+        cluster.stop()
