@@ -10,13 +10,14 @@ from services.common.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.cli import demo, programs, up
+    from services.cli import demo, plan, programs, up
 
     parser = argparse.ArgumentParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
     commands = parser.add_subparsers(dest="command", required=True)
     up.add_parser(commands)
     demo.add_parser(commands)
     programs.add_parser(commands)
+    plan.add_parser(commands)
     _add_bench(commands)
     args = parser.parse_args(argv)
     try:

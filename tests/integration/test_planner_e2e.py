@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -107,12 +108,29 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
             client.batches.retrieve("batch_missing")
         # The router counted the dispatcher's requests as batch traffic, not online.
         metrics = json.loads((state / "router.ready.json").read_text())["metrics_port"]
-        import urllib.request
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         batch_ok = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith("bandmaster_router_requests_total{") and 'traffic="batch"' in line
                        and 'outcome="ok"' in line)
         assert batch_ok >= n
+        # The CLI on the same cluster, found through the state dir.
+        (tmp_path / "in.jsonl").write_bytes(batch_file(3))
+        cli = [sys.executable, "-m", "services.cli"]
+        submitted = subprocess.run([*cli, "batch", "--state-dir", str(state), "submit", str(tmp_path / "in.jsonl"),
+                                    "--window", "24h"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+        assert submitted.returncode == 0, submitted.stderr
+        cli_batch = submitted.stdout.strip()
+        completed(client, cli_batch, 60)
+        shown = subprocess.run([*cli, "batch", "--state-dir", str(state), "get", cli_batch, "--output"], cwd=ROOT,
+                               env=_env(), capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and '"status": "completed"' in shown.stdout and '"custom_id":"r2"' in shown.stdout.replace(" ", "")
+        listed = subprocess.run([*cli, "batch", "--state-dir", str(state), "list"], cwd=ROOT, env=_env(),
+                                capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and cli_batch in listed.stdout and batch.id in listed.stdout
+        plan = subprocess.run([*cli, "plan", "--state-dir", str(state)], cwd=ROOT, env=_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert plan.returncode == 0, plan.stderr
+        assert "replica opinions" in plan.stdout and "final" in plan.stdout and "online traffic" in plan.stdout
     finally:
         _down(proc)
     assert proc.returncode == 0

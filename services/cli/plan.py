@@ -1,0 +1,272 @@
+"""`bandmaster plan`: the planner's last tick (GetPlan) with provenance and diagnostics, and
+`bandmaster batch submit|list|get|cancel`: the Batch API through the router's base URL (official openai client).
+
+Both find the local cluster the way `bandmaster programs` does (a default loopback address, flags to
+override it), and also from `bandmaster up`'s `--state-dir`: its ready files give the addresses and, for a
+`--secure` cluster, its `secure/` directory gives the CA, the client certificate and the tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import ssl
+import sys
+from pathlib import Path
+
+import grpc
+
+from bandmaster.planner.v1 import planner_pb2 as pb
+from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from services.cli.table import render_table
+from services.common.certs import LocalPki
+from services.common.config import parse_host_port
+from services.common.security import DATA_TOKEN_ENV, client_security
+
+_PROVENANCE = {pb.PROVENANCE_PROPOSE: "PROPOSE", pb.PROVENANCE_RECONCILE: "RECONCILE",
+               pb.PROVENANCE_CONSTRAIN: "CONSTRAIN", pb.PROVENANCE_FAIL_CLOSED: "FAIL_CLOSED"}
+_WINDOW_UNITS = "smhd"
+
+
+def _ready(state_dir: Path | None, name: str) -> dict:
+    if state_dir is None:
+        return {}
+    try:
+        return json.loads((state_dir / f"{name}.ready.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _secure_dir(args: argparse.Namespace) -> Path | None:
+    state = getattr(args, "state_dir", None)
+    if state is not None and (state / "secure" / "ca.pem").exists():
+        return state / "secure"
+    return None
+
+
+def _add_security(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="the --state-dir of `bandmaster up`: addresses (and a --secure cluster's CA, client "
+                             "certificate and tokens) are read from it")
+    parser.add_argument("--tls-ca", default="", help="PEM CA bundle that signed the server's certificate (TLS)")
+    parser.add_argument("--tls-cert", default="", help="PEM client certificate (a server with --tls-ca asks for one)")
+    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    parser.add_argument("--control-token-file", default="",
+                        help="file with the control token (or env BANDMASTER_CONTROL_TOKEN)")
+    parser.add_argument("--data-token-file", default="",
+                        help="file with the data token for the router's HTTP API (or env BANDMASTER_DATA_TOKEN)")
+
+
+def _fill_from_state(args: argparse.Namespace) -> None:
+    """Flags win; a --secure cluster's state dir fills what is not given."""
+    secure = _secure_dir(args)
+    if secure is None:
+        return
+    pki = LocalPki(secure)
+    defaults = {"tls_ca": pki.ca, "tls_cert": pki.cert("client"), "tls_key": pki.key("client"),
+                "control_token_file": pki.control_token_file, "data_token_file": pki.data_token_file}
+    for name, path in defaults.items():
+        if not getattr(args, name) and path.exists():
+            setattr(args, name, str(path))
+
+
+# -- bandmaster plan --------------------------------------------------------------------------------
+
+def add_parser(commands) -> None:
+    parser = commands.add_parser("plan", help="print the planner's last decision: lease, replica opinions with "
+                                              "their provenance, fail-closed reasons, diagnostics")
+    parser.add_argument("--planner-addr", default="",
+                        help="planner gRPC address host:port (default: from --state-dir, else 127.0.0.1:50061)")
+    parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the GetPlan call")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    _add_security(parser)
+    parser.set_defaults(run=run_plan)
+
+    batch = commands.add_parser("batch", help="the Batch API through the router (OpenAI's, served by the planner)")
+    batch.add_argument("--base-url", default="",
+                       help="the router's OpenAI base URL (default: from --state-dir, else http://127.0.0.1:8000/v1)")
+    _add_security(batch)
+    actions = batch.add_subparsers(dest="action", required=True)
+    submit = actions.add_parser("submit", help="upload a JSONL file and create a batch")
+    submit.add_argument("file", type=Path, help="JSONL, one {custom_id, method, url, body} per line")
+    submit.add_argument("--window", default="24h", help="completion window: <integer><s|m|h|d> in [1m, 7d]")
+    submit.add_argument("--endpoint", default="", help="default: the url of the file's first line")
+    listing = actions.add_parser("list", help="the newest batches")
+    listing.add_argument("--limit", type=int, default=20)
+    for name, text in (("get", "one batch (with --output: its output and error lines)"), ("cancel", "cancel a batch")):
+        sub = actions.add_parser(name, help=text)
+        sub.add_argument("batch_id")
+        if name == "get":
+            sub.add_argument("--output", action="store_true", help="also print the output and error files")
+    batch.set_defaults(run=run_batch)
+
+
+def _planner_addr(args: argparse.Namespace) -> str:
+    if args.planner_addr:
+        return args.planner_addr
+    return _ready(args.state_dir, "planner").get("grpc") or "127.0.0.1:50061"
+
+
+def _channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
+    security = client_security(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                               control_token_file=args.control_token_file, env=os.environ)
+    metadata = ()
+    if security.control_tokens is not None:
+        metadata = (("authorization", f"Bearer {security.control_tokens.first}"),)
+    credentials = security.channel_credentials()
+    if credentials is None:
+        return grpc.insecure_channel(address), metadata
+    return grpc.secure_channel(address, credentials), metadata
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    _fill_from_state(args)
+    address = _planner_addr(args)
+    parse_host_port(address, "planner_addr")  # ConfigError -> exit 2 in services.cli.main
+    try:
+        channel, metadata = _channel(address, args)
+        with channel:
+            plan = pb_grpc.PlannerStub(channel).GetPlan(pb.GetPlanRequest(), timeout=args.timeout_seconds,
+                                                        metadata=metadata)
+    except grpc.RpcError as exc:
+        print(f"bandmaster plan: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(plan, preserving_proto_field_name=True), indent=1))
+    else:
+        print(render(plan))
+    return 0
+
+
+def _num(value: float, fmt: str = "{:.2f}") -> str:
+    return "inf" if value == float("inf") else fmt.format(value)
+
+
+def render(plan: pb.Plan) -> str:
+    """The decision first (what was published and actuated, and why not more), then the opinions that
+    made it, then what the planner saw."""
+    lease = plan.leases[0] if plan.leases else None
+    head = [
+        ["decision", f"{plan.decision_id} ({plan.tick_seconds * 1000:.0f} ms tick)" + (" ADVISORY" if plan.advisory
+                                                                                      else "")],
+        ["action", plan.action or "-"],
+        ["lease", f"{lease.max_admission_rps:g} rps (epoch {lease.writer_epoch}, seq {lease.writer_sequence})"
+         if lease else "none"],
+        ["replicas", ", ".join(part for part in (
+            f"floor {plan.replica_floor}" if plan.has_replica_floor else "",
+            f"idle target {plan.idle_target}" if plan.has_idle_target else "",
+            f"scaled to {plan.scale_to}" if plan.has_scale_to else "no scaling") if part)],
+        ["effects", plan.effects_outcome + (f": {plan.effects_error}" if plan.effects_error else "")],
+        ["fail-closed", ", ".join(plan.fail_closed_reasons) or "-"],
+        ["policy", "; ".join(plan.policy_reasons) or "-"],
+        ["batch", f"required {_num(plan.required_batch_rps)} rps, planned {_num(plan.planned_batch_capacity_rps)} rps, "
+                  f"min deadline slack {_num(plan.minimum_deadline_slack_s, '{:.0f}')} s"],
+    ]
+    targets = render_table(
+        ["source", "provenance", "kind", "replicas", "effect", "reason"],
+        [[t.source + (" (replayed)" if t.replayed else ""), _PROVENANCE.get(t.provenance, "?"), t.kind, t.replicas,
+          t.effect, t.reason] for t in plan.targets],
+        title=f"replica opinions ({len(plan.targets)})")
+    o = plan.observation
+
+    def known(flag: bool, text: str) -> str:
+        return text if flag else "unknown"
+
+    seen = [
+        ["jobs", known(o.jobs_known, f"{o.active_jobs} active, {o.remaining_requests} requests left")],
+        ["online traffic", known(o.traffic_known, f"{o.online_offered_rps:.2f} rps")],
+        ["fleet", known(o.inventory_known, f"{o.ready_replicas} ready, {o.pending_replicas} pending, desired "
+                                           f"{o.desired_replicas if o.desired_replicas >= 0 else 'unknown'}"
+                                           + (" (scaling)" if o.scaling_in_progress else ""))],
+        ["dispatcher", known(o.feedback_known, f"{o.queued_requests} queued, {o.inflight_requests} in flight, "
+                                               f"{o.actual_dispatch_rps:.2f} rps")],
+        ["programs", known(o.programs_known, f"{o.paused_programs} paused, utilisation {o.utilization:.1%}")],
+        *[[f"proposer {name}", why] for name, why in sorted(plan.proposer_reasons.items())],
+        *[["source error", err] for err in o.source_errors],
+    ]
+    return "\n\n".join([render_table(["", ""], head, title="plan"), targets,
+                        render_table(["", ""], seen, title="observation")])
+
+
+# -- bandmaster batch -------------------------------------------------------------------------------
+
+def _client(args: argparse.Namespace):
+    import openai
+
+    _fill_from_state(args)
+    base_url = args.base_url
+    if not base_url:
+        router = _ready(args.state_dir, "router")
+        scheme = "https" if _secure_dir(args) is not None else "http"
+        base_url = f"{scheme}://127.0.0.1:{router['http_port']}/v1" if router else "http://127.0.0.1:8000/v1"
+    token = os.environ.get(DATA_TOKEN_ENV, "")
+    if args.data_token_file:
+        lines = Path(args.data_token_file).read_text().split()
+        token = lines[0] if lines else ""
+    http_client = None
+    if args.tls_ca:
+        http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=args.tls_ca))
+    return openai.OpenAI(base_url=base_url, api_key=token or "unused", http_client=http_client, max_retries=2)
+
+
+def _check_window(window: str) -> None:
+    from services.common.errors import ConfigError
+
+    if len(window) < 2 or window[-1] not in _WINDOW_UNITS or not window[:-1].isdigit():
+        raise ConfigError("window", window, "window is <integer><s|m|h|d>, e.g. 24h")
+
+
+def _batch_row(b) -> list:
+    counts = b.request_counts
+    done = f"{counts.completed}/{counts.total}" + (f" ({counts.failed} failed)" if counts.failed else "") \
+        if counts else "-"
+    return [b.id, b.status, done, b.output_file_id or "-", b.error_file_id or "-"]
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    import openai
+
+    if args.action == "submit":
+        _check_window(args.window)
+    client = _client(args)
+    try:
+        if args.action == "submit":
+            endpoint = args.endpoint
+            if not endpoint:
+                with args.file.open("rb") as fh:
+                    first = fh.readline()
+                endpoint = json.loads(first).get("url", "/v1/chat/completions") if first.strip() else \
+                    "/v1/chat/completions"
+            with args.file.open("rb") as fh:
+                uploaded = client.files.create(file=(args.file.name, fh), purpose="batch")
+            batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint,
+                                          completion_window=args.window)  # type: ignore[arg-type]
+            print(batch.id)
+            return 0
+        if args.action == "list":
+            rows = [_batch_row(b) for b in client.batches.list(limit=args.limit).data]
+            print(render_table(["batch", "status", "done", "output", "errors"], rows, title=f"batches ({len(rows)})"))
+            return 0
+        if args.action == "cancel":
+            batch = client.batches.cancel(args.batch_id)
+            print(f"{batch.id}: {batch.status}")
+            return 0
+        batch = client.batches.retrieve(args.batch_id)
+        print(json.dumps(batch.model_dump(exclude_none=True), indent=1))
+        if args.output:
+            for file_id in (batch.output_file_id, batch.error_file_id):
+                if file_id:
+                    sys.stdout.write(client.files.content(file_id).text)
+        return 0
+    except json.JSONDecodeError as exc:
+        print(f"bandmaster batch: {args.file}: the first line is not JSON: {exc}", file=sys.stderr)
+        return 2
+    except openai.APIStatusError as exc:
+        print(f"bandmaster batch: {exc.status_code}: {exc.message}", file=sys.stderr)
+        return 1
+    except openai.APIConnectionError as exc:
+        print(f"bandmaster batch: {client.base_url}: {exc.message}", file=sys.stderr)
+        return 1
