@@ -23,6 +23,7 @@ import collections
 import heapq
 import logging
 import time
+from typing import Awaitable
 
 from opentelemetry import trace
 
@@ -182,12 +183,13 @@ class SchedulerRuntime:
             del self._gates[session_id]
             gate[1].set()
 
-    async def wait(self, request_id: str) -> Decision:
-        """Wait for a held admission's resolution. Cancellation propagates; the caller rolls back."""
+    def wait(self, request_id: str) -> Awaitable[Decision]:
+        """The resolution of a held admission, to await. Taken at once (a tick may resolve the admission
+        before the caller awaits it). Cancelling the wait leaves the admission held; the caller rolls back."""
         future = self._held.get(request_id)
         if future is None:
             raise KeyError(request_id)
-        return await asyncio.shield(future)
+        return asyncio.shield(future)
 
     def cancel(self, request_id: str) -> None:
         """Roll an admission back (client gone, deadline passed). Idempotent; never awaits."""

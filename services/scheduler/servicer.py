@@ -144,11 +144,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         holding an admission nobody waited for until its deadline."""
         timeout = context.time_remaining()
         resolved = False
+        # Taken before writing "held": the program may be resumed while that write is under way.
+        resolution = self.runtime.wait(request_id)
         try:
             if on_held is not None:
                 await on_held()
             async with asyncio.timeout(timeout):
-                decision = await self.runtime.wait(request_id)
+                decision = await resolution
             resolved = True
             return decision
         except TimeoutError:
@@ -156,6 +158,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 from None
         finally:
             if not resolved:
+                resolution.cancel()
                 self.runtime.cancel(request_id)
 
     async def RenewLeases(self, request: pb.RenewLeasesRequest,
