@@ -157,3 +157,39 @@ async def test_batch_traffic_gets_the_batch_priority_and_its_own_label(stream):
 def test_planner_url_is_validated(url):
     with pytest.raises(ConfigError, match="planner_url"):
         RouterConfig(no_scheduler=True, planner_url=url)
+
+
+async def test_a_gzip_body_is_forwarded_decoded_and_a_405_keeps_its_allow_header(planner):
+    import gzip
+
+    fake, url = planner
+    router = await InProcessRouter.start(["ok"], planner_url=url)
+    try:
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field("file", b'{"custom_id": "z"}\n', filename="in.jsonl", content_type="application/jsonl")
+        payload = form()
+        body = b"".join([chunk async for chunk in _chunks(payload)])
+        async with aiohttp.ClientSession() as http:
+            async with http.post(router.url + "/v1/files", data=gzip.compress(body),
+                                 headers={"Content-Type": payload.content_type, "Content-Encoding": "gzip"}) as r:
+                assert r.status == 200, await r.text()
+            async with http.delete(router.url + "/v1/batches") as r:
+                assert r.status == 405 and "GET" in r.headers["Allow"]
+        assert fake.seen[0]["bytes"] == len(b'{"custom_id": "z"}\n')
+    finally:
+        await router.close()
+
+
+async def _chunks(payload):
+    class Sink:
+        def __init__(self):
+            self.parts = []
+
+        async def write(self, data):
+            self.parts.append(bytes(data))
+
+    sink = Sink()
+    await payload.write(sink)
+    for part in sink.parts:
+        yield part
