@@ -20,7 +20,7 @@ import json
 import logging
 from typing import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from services.common.clock import Clock
 from services.common.security import SecurityConfig, bearer_guard
@@ -47,7 +47,17 @@ def _error_response(exc: Exception) -> web.Response:
         return web.json_response(error_body("request body too large", code="file_too_large", param="file"),
                                  status=413)
     if isinstance(exc, web.HTTPException):
-        return web.json_response(error_body(exc.reason or "error", code=str(exc.status)), status=exc.status)
+        # A 405 keeps its Allow header (RFC 9110 requires it).
+        return web.json_response(error_body(exc.reason or "error", code=str(exc.status)), status=exc.status,
+                                 headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+    if isinstance(exc, (web.RequestPayloadError, ConnectionResetError)):
+        # A body that breaks its Content-Encoding or framing, or a client gone mid-body: the client's doing.
+        # The connection closes (the rest of such a body cannot be read).
+        log.debug("request body not read: %s", exc.__class__.__name__)
+        response = web.json_response(error_body("the body does not match its Content-Encoding or framing",
+                                                code="malformed_body"), status=400)
+        response.force_close()
+        return response
     log.exception("batch API error", exc_info=exc)
     return web.json_response(error_body("internal error", type_="server_error"), status=500)
 
@@ -56,7 +66,8 @@ def _error_response(exc: Exception) -> web.Response:
 async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     try:
         return await handler(request)
-    except (BatchInputError, NotFound, Conflict, web.HTTPException) as exc:
+    except (BatchInputError, NotFound, Conflict, web.HTTPException, web.RequestPayloadError,
+            ConnectionResetError) as exc:
         return _error_response(exc)
     except asyncio.CancelledError:
         raise
@@ -118,26 +129,34 @@ class BatchApi:
     async def create_file(self, request: web.Request) -> web.Response:
         if not request.content_type.startswith("multipart/"):
             raise BatchInputError("expected multipart/form-data with fields 'file' and 'purpose'")
-        reader = await request.multipart()
         purpose: str | None = None
         data: bytes | None = None
         filename = "batch.jsonl"
-        while True:
-            part = await reader.next()
-            if part is None:
-                break
-            if part.name == "purpose":
-                purpose = (await part.text()).strip()
-            elif part.name == "file":
-                filename = part.filename or filename
-                chunks, size = [], 0
-                while chunk := await part.read_chunk(1 << 16):
-                    size += len(chunk)
-                    if size > self.max_file_bytes:
-                        raise BatchInputError(f"file is larger than {self.max_file_bytes} bytes", status=413,
-                                              code="file_too_large", param="file")
-                    chunks.append(chunk)
-                data = b"".join(chunks)
+        try:
+            reader = await request.multipart()
+            while True:
+                part = await reader.next()
+                if part is None:
+                    break
+                if not isinstance(part, BodyPartReader):
+                    raise BatchInputError("nested multipart parts are not supported")
+                if part.name == "purpose":
+                    purpose = (await part.text()).strip()
+                elif part.name == "file":
+                    filename = part.filename or filename
+                    chunks, size = [], 0
+                    while chunk := await part.read_chunk(1 << 16):
+                        size += len(chunk)
+                        if size > self.max_file_bytes:
+                            raise BatchInputError(f"file is larger than {self.max_file_bytes} bytes", status=413,
+                                                  code="file_too_large", param="file")
+                        chunks.append(chunk)
+                    data = b"".join(chunks)
+        except BatchInputError:
+            raise
+        except (ValueError, LookupError) as exc:
+            # No boundary, broken framing, a purpose in an unknown charset or not in its charset.
+            raise BatchInputError(f"malformed multipart/form-data body ({exc.__class__.__name__})") from None
         if purpose != "batch":
             raise BatchInputError(f"purpose {purpose!r} is not supported (only 'batch')", param="purpose")
         if data is None:

@@ -175,6 +175,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
                         prompts=prompts, batch_priority=config.batch_priority)
     batch_proxy = BatchApiProxy(config.planner_url, connect_timeout_s=config.upstream_connect_timeout_seconds,
                                 read_timeout_s=config.upstream_response_timeout_seconds,
+                                body_timeout_s=config.http_body_timeout_seconds,
                                 ssl_context=_planner_ssl(config)) if config.planner_url else None
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
 

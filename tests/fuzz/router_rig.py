@@ -1,5 +1,6 @@
 """An in-process router (tests/support/router_inprocess) in front of a healthy worker that answers every
-API the router forwards to, for the router's HTTP and gRPC fuzz modules.
+API the router forwards to, and a real in-process planner behind its Batch API (`/v1/files*`,
+`/v1/batches*`), for the router's HTTP and gRPC fuzz modules.
 
 The worker checks what it is sent: every forwarded body must be a JSON object of the API's shape;
 anything else is recorded in `bad_forwards` (the router forwarded something it should have refused).
@@ -10,14 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import shutil
+import tempfile
+from pathlib import Path
 
 from aiohttp import web
 
 from services.common.security import SecurityConfig, Tokens
+from services.planner.server import RunningPlanner, start_planner
 from services.testing.sglang_stub import sglang_info
 from tests.fuzz.common import LoopRig
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
+from tests.unit.planner.fakes import planner_config
 
 DATA_TOKEN = "fuzz-data-token"
 
@@ -91,8 +97,8 @@ class HealthyWorker:
                 "completion_tokens": 2, "cached_tokens": 0}
         if not body.get("stream"):
             return web.json_response({"text": "ok ok", "output_ids": [1, 2], "meta_info": meta})
-        return await self._sse(request, [{"text": "ok", "output_ids": [1], "meta_info": {**meta, "completion_tokens": 1}},
-                                         {"text": "ok ok", "output_ids": [1, 2], "meta_info": meta}])
+        first = {"text": "ok", "output_ids": [1], "meta_info": {**meta, "completion_tokens": 1}}
+        return await self._sse(request, [first, {"text": "ok ok", "output_ids": [1, 2], "meta_info": meta}])
 
     async def _sse(self, request: web.Request, chunks: list[dict]) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -135,15 +141,21 @@ ROUTER_SETTINGS = dict(client_max_programs=10**9, client_new_programs_per_second
 
 
 class RouterRig(LoopRig):
-    """An in-process router with one healthy worker (and the recording scheduler) on its own loop."""
+    """An in-process router with one healthy worker, the recording scheduler and a planner, on its own loop.
+
+    The planner holds one input file and one batch from the start (`file_id`, `batch_id`)."""
 
     def __init__(self, *, secured: bool = False) -> None:
         super().__init__()
         settings = dict(ROUTER_SETTINGS)
-        if secured:
-            settings["security"] = SecurityConfig(data_tokens=Tokens([DATA_TOKEN]))
+        security = SecurityConfig(data_tokens=Tokens([DATA_TOKEN])) if secured else SecurityConfig()
+        settings["security"] = security
+        self.tmp = Path(tempfile.mkdtemp(prefix="fuzz-planner-"))
         self.worker = HealthyWorker()
+        self.planner: RunningPlanner = self.run(start_planner(planner_config(self.tmp, security=security)))
+        settings["planner_url"] = self.planner.http_url
         self.router: InProcessRouter = self.run(self._start(settings))
+        self.file_id, self.batch_id = self.run(self._seed(secured))
 
     async def _start(self, settings: dict) -> InProcessRouter:
         await self.worker.start()
@@ -151,6 +163,24 @@ class RouterRig(LoopRig):
         router.workers.append(self.worker)
         router.set_workers([0])
         return router
+
+    async def _seed(self, secured: bool) -> tuple[str, str]:
+        import aiohttp
+        line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+        headers = {"Authorization": f"Bearer {DATA_TOKEN}"} if secured else {}
+        async with aiohttp.ClientSession(headers=headers) as session:
+            form = aiohttp.FormData()
+            form.add_field("purpose", "batch")
+            form.add_field("file", json.dumps(line).encode() + b"\n", filename="in.jsonl")
+            async with session.post(self.router.url + "/v1/files", data=form) as r:
+                assert r.status == 200, await r.text()
+                file_id = (await r.json())["id"]
+            async with session.post(self.router.url + "/v1/batches", json={
+                    "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}) as r:
+                assert r.status == 200, await r.text()
+                batch_id = (await r.json())["id"]
+        return file_id, batch_id
 
     @property
     def port(self) -> int:
@@ -175,4 +205,6 @@ class RouterRig(LoopRig):
 
     def close(self) -> None:
         self.run(self.router.close())
+        self.run(self.planner.stop())
         super().close()
+        shutil.rmtree(self.tmp, ignore_errors=True)

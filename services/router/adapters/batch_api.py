@@ -6,6 +6,8 @@ client unchanged, its error bodies included; the client's `Authorization` goes t
 checks the data token itself. Only end-to-end headers are forwarded (hop-by-hop ones are not).
 A planner that cannot be reached is a 502 (refused, reset) or 504 (timed out) in the router's own
 OpenAI-style body; without `--planner-url` every such route is a 501 naming the missing planner.
+A client body that stalls for `--http-body-timeout-seconds` is a 408, one that breaks its
+Content-Encoding a 400 (a gzip/deflate/br body is forwarded decoded).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Callable
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
-from services.router.errors import RouterError, WorkerFailed, WorkerTimeout
+from services.router.errors import BadRequest, RequestTimeout, RouterError, WorkerFailed, WorkerTimeout
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ _REQUEST_HEADERS = ("Authorization", "Content-Type", "Content-Length", "Content-
                     "Idempotency-Key", "OpenAI-Organization", "OpenAI-Project", "X-Request-Id", "traceparent",
                     "tracestate")
 _RESPONSE_HEADERS = ("Content-Type", "Content-Length", "Content-Disposition", "Content-Encoding", "X-Request-Id",
-                     "Retry-After")
+                     "Retry-After", "Allow")
 _CHUNK_BYTES = 256 * 1024
 
 
@@ -37,8 +40,9 @@ def is_batch_path(path: str) -> bool:
 
 class BatchApiProxy:
     def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 body_timeout_s: float = 30.0, ssl_context: ssl.SSLContext | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        self.body_timeout_s = body_timeout_s
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
                                               sock_read=read_timeout_s)
         self._ssl = ssl_context
@@ -59,14 +63,44 @@ class BatchApiProxy:
                       on_error: Callable[[RouterError], web.Response]) -> web.StreamResponse:
         """Send `request` to the planner and stream its answer back."""
         headers = {name: request.headers[name] for name in _REQUEST_HEADERS if name in request.headers}
-        data = request.content.iter_chunked(_CHUNK_BYTES) if request.body_exists else None
+        if "Content-Encoding" in headers:
+            # The router's HTTP server decodes a gzip/deflate/br body as it reads it: what goes on is the
+            # decoded body, whose length the planner learns from the chunked framing.
+            headers.pop("Content-Encoding")
+            headers.pop("Content-Length", None)
+        body_errors: list[RouterError] = []
+
+        async def body():
+            # Each piece of the client's body must come within the body timeout (an upload may be large,
+            # so the bound is on silence, not on the whole).
+            try:
+                while True:
+                    async with asyncio.timeout(self.body_timeout_s):
+                        chunk = await request.content.read(_CHUNK_BYTES)
+                    if not chunk:
+                        return
+                    yield chunk
+            except TimeoutError:
+                body_errors.append(RequestTimeout(f"request body stalled for {self.body_timeout_s:g}s",
+                                                  code="body_timeout"))
+                raise
+            except (web.RequestPayloadError, HttpProcessingError):
+                body_errors.append(BadRequest("the body does not match its Content-Encoding or framing",
+                                              code="malformed_body"))
+                raise
+
         url = self.base_url + request.rel_url.path_qs
         try:
-            upstream = await self._client().request(request.method, url, data=data, headers=headers,
-                                                    allow_redirects=False)
-        except asyncio.TimeoutError:
-            return on_error(WorkerTimeout("the planner's Batch API did not answer in time", code="planner_timeout"))
-        except (aiohttp.ClientError, OSError) as exc:
+            upstream = await self._client().request(request.method, url, data=body() if request.body_exists else None,
+                                                    headers=headers, allow_redirects=False)
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, web.RequestPayloadError,
+                HttpProcessingError) as exc:
+            if body_errors:
+                # The client's body stalled or broke its Content-Encoding or framing on the way: its fault.
+                return on_error(body_errors[0])
+            if isinstance(exc, asyncio.TimeoutError):
+                return on_error(WorkerTimeout("the planner's Batch API did not answer in time",
+                                              code="planner_timeout"))
             log.warning("Batch API request to the planner failed: %s", exc.__class__.__name__)
             return on_error(WorkerFailed("the planner's Batch API is unreachable", code="planner_unreachable"))
         async with upstream:
