@@ -9,14 +9,16 @@ the right order: health -> NOT_SERVING, stop background loops, `server.stop(grac
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
 import signal
-from typing import Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 import grpc
 from aiohttp import web
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -29,6 +31,63 @@ from services.common.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 Stopper = Callable[[], Awaitable[None]]
+
+
+class _Malformed:
+    """What the guarded deserializer returns for bytes that are not a valid request message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class DecodeGuard(grpc.aio.ServerInterceptor):
+    """A request message that does not parse (corrupt wire format, a string field that is not UTF-8, as any
+    client but this project's can send) ends INVALID_ARGUMENT instead of UNKNOWN with an ERROR traceback:
+    the deserializer of every unary-request handler returns a marker that the handler turns into the abort."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+            return handler
+        deserialize = handler.request_deserializer
+
+        def guarded(data: bytes) -> Any:
+            try:
+                return deserialize(data)
+            except DecodeError as exc:
+                return _Malformed(str(exc))
+
+        async def refuse(request: _Malformed, context: grpc.aio.ServicerContext) -> None:
+            log.debug("refused a malformed %s request: %s", handler_call_details.method, request.reason)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {request.reason}")
+
+        if handler.response_streaming:
+            inner = handler.unary_stream
+            if inspect.isasyncgenfunction(inner):
+                async def unary_stream(request, context):
+                    if isinstance(request, _Malformed):
+                        await refuse(request, context)
+                    async for item in inner(request, context):
+                        yield item
+            else:
+                async def unary_stream(request, context):
+                    if isinstance(request, _Malformed):
+                        await refuse(request, context)
+                    return await inner(request, context)
+            return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=guarded,
+                                                        response_serializer=handler.response_serializer)
+        inner = handler.unary_unary
+
+        async def unary_unary(request, context):
+            if isinstance(request, _Malformed):
+                await refuse(request, context)
+            result = inner(request, context)
+            return await result if inspect.isawaitable(result) else result
+
+        return grpc.unary_unary_rpc_method_handler(unary_unary, request_deserializer=guarded,
+                                                   response_serializer=handler.response_serializer)
 
 
 class ServiceHost:
@@ -56,8 +115,11 @@ class ServiceHost:
         self.auth_refusals = Counter("bandmaster_auth_refusals", "calls refused for a missing, unknown or "
                                      "under-privileged bearer token", ["interface", "reason"], registry=self.registry)
         token_check = self.security.server_interceptor(self.count_refusal)
-        # The token check runs first: a refused call reaches no other interceptor.
-        chain = [token_check, *interceptors] if token_check is not None else list(interceptors)
+        # The token check runs first: a refused call reaches no other interceptor. The decode guard wraps
+        # every handler (the refusal too), so a message that does not parse is INVALID_ARGUMENT.
+        chain = [DecodeGuard(), *interceptors]
+        if token_check is not None:
+            chain.insert(0, token_check)
         self.server = grpc.aio.server(interceptors=chain)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -133,11 +133,12 @@ class HealthyWorker:
             await self._runner.cleanup()
 
 
-# Limits far above what a run reaches (the limiter runs; it never refuses), short body and head deadlines
-# (a fuzzed Content-Length that promises more than is sent costs a quarter second, not thirty).
+# Limits far above what a run reaches (the limiter runs; it never refuses), a short body deadline (a fuzzed
+# Content-Length that promises more than is sent costs a quarter second, not thirty); the head deadline stays
+# long enough for a loaded machine (every head sent here is complete).
 ROUTER_SETTINGS = dict(client_max_programs=10**9, client_new_programs_per_second=1e9,
                        client_new_programs_burst=10**9, http_body_timeout_seconds=0.25,
-                       http_header_timeout_seconds=0.5, max_body_bytes=256 * 1024)
+                       http_header_timeout_seconds=5.0, max_body_bytes=256 * 1024)
 
 
 class RouterRig(LoopRig):
