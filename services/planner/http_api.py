@@ -21,6 +21,7 @@ import logging
 from typing import Awaitable, Callable
 
 from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from services.common.clock import Clock
 from services.common.security import SecurityConfig, bearer_guard
@@ -154,8 +155,8 @@ class BatchApi:
                     data = b"".join(chunks)
         except BatchInputError:
             raise
-        except (ValueError, LookupError) as exc:
-            # No boundary, broken framing, a purpose in an unknown charset or not in its charset.
+        except (ValueError, LookupError, HttpProcessingError) as exc:
+            # No boundary, broken framing or part headers, a purpose in an unknown charset or not in its charset.
             raise BatchInputError(f"malformed multipart/form-data body ({exc.__class__.__name__})") from None
         if purpose != "batch":
             raise BatchInputError(f"purpose {purpose!r} is not supported (only 'batch')", param="purpose")

@@ -647,11 +647,14 @@ def secured_rig():
 
 # -- properties -----------------------------------------------------------------------------------------
 
-def multipart_request(parts: list[tuple[bytes, bytes | None, bytes | None, bytes]], cut: int = 0) -> bytes:
-    body = multipart(parts, b"xYzZY")
-    body = body[:len(body) - cut]
+def files_request(body: bytes) -> bytes:
     return (b"POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
             b"Content-Type: multipart/form-data; boundary=xYzZY\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def multipart_request(parts: list[tuple[bytes, bytes | None, bytes | None, bytes]], cut: int = 0) -> bytes:
+    body = multipart(parts, b"xYzZY")
+    return files_request(body[:len(body) - cut])
 
 
 def raw_request(raw: bytes, **kwargs) -> Request:
@@ -681,6 +684,8 @@ def raw_request(raw: bytes, **kwargs) -> Request:
 @example(raw_request(multipart_request([(b"purpose", None, b"text/plain; charset=x", b"batch")])))
 @example(raw_request(multipart_request([(b"purpose", None, None, b"\xff\xfe")])))
 @example(raw_request(multipart_request([(b"purpose", None, None, b"batch")], cut=12)))
+@example(raw_request(files_request(b'--xYzZY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                                   b'--xYzZY\r\nContent-Disposition: form-data; name="file"\r\nC')))  # part head "C"
 # Found by this test: a Batch API body that stopped arriving held the request (the body timeout did not apply
 # to it), and the planner logged the upload cut off at ERROR.
 @example(raw_request(multipart_request([(b"purpose", None, None, b"batch")])[:-12]))
