@@ -33,6 +33,12 @@ log = logging.getLogger(__name__)
 Stopper = Callable[[], Awaitable[None]]
 
 
+MAX_DETAILS_BYTES = 1000
+"""Status details longer than this (UTF-8) are cut: an error that quotes a long client value would otherwise
+exceed the client's metadata limit once percent-encoded (up to 3 characters a byte), and the client would see
+RESOURCE_EXHAUSTED instead of the real status."""
+
+
 class _Malformed:
     """What the guarded deserializer returns for bytes that are not a valid request message."""
 
@@ -42,10 +48,31 @@ class _Malformed:
         self.reason = reason
 
 
-class DecodeGuard(grpc.aio.ServerInterceptor):
-    """A request message that does not parse (corrupt wire format, a string field that is not UTF-8, as any
-    client but this project's can send) ends INVALID_ARGUMENT instead of UNKNOWN with an ERROR traceback:
-    the deserializer of every unary-request handler returns a marker that the handler turns into the abort."""
+class _ClippedContext:
+    """The servicer context, with `abort` details cut to MAX_DETAILS_BYTES."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
+        encoded = details.encode("utf-8", "replace")
+        if len(encoded) > MAX_DETAILS_BYTES:
+            details = encoded[:MAX_DETAILS_BYTES - 3].decode("utf-8", "ignore") + "..."
+        await self._context.abort(code, details, trailing_metadata)
+
+
+class RequestGuard(grpc.aio.ServerInterceptor):
+    """What every unary-request handler gets from the host:
+
+    * a request message that does not parse (corrupt wire format, a string field that is not UTF-8, as any
+      client but this project's can send) ends INVALID_ARGUMENT instead of UNKNOWN with an ERROR traceback:
+      the guarded deserializer returns a marker that the handler turns into the abort;
+    * the details of an abort are cut to MAX_DETAILS_BYTES."""
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -67,12 +94,14 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
             inner = handler.unary_stream
             if inspect.isasyncgenfunction(inner):
                 async def unary_stream(request, context):
+                    context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
                     async for item in inner(request, context):
                         yield item
             else:
                 async def unary_stream(request, context):
+                    context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
                     return await inner(request, context)
@@ -81,6 +110,7 @@ class DecodeGuard(grpc.aio.ServerInterceptor):
         inner = handler.unary_unary
 
         async def unary_unary(request, context):
+            context = _ClippedContext(context)
             if isinstance(request, _Malformed):
                 await refuse(request, context)
             result = inner(request, context)
@@ -115,9 +145,9 @@ class ServiceHost:
         self.auth_refusals = Counter("bandmaster_auth_refusals", "calls refused for a missing, unknown or "
                                      "under-privileged bearer token", ["interface", "reason"], registry=self.registry)
         token_check = self.security.server_interceptor(self.count_refusal)
-        # The token check runs first: a refused call reaches no other interceptor. The decode guard wraps
+        # The token check runs first: a refused call reaches no other interceptor. The request guard wraps
         # every handler (the refusal too), so a message that does not parse is INVALID_ARGUMENT.
-        chain = [DecodeGuard(), *interceptors]
+        chain = [RequestGuard(), *interceptors]
         if token_check is not None:
             chain.insert(0, token_check)
         self.server = grpc.aio.server(interceptors=chain)

@@ -17,6 +17,8 @@ from services.planner.core.types import DispatcherFeedback
 from services.planner.loop import PlannerRuntime
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Planner"].full_name
+MAX_JOB_REQUESTS = 2**31 - 1
+"""Bound on one external job's requests: the plan sums jobs' remaining requests into an int64."""
 
 
 class InvalidArgument(ValueError):
@@ -59,8 +61,8 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         async with _domain_errors(context):
             pool = self._pool(request.pool_id)
             now = self.clock.wall()
-            if request.total_requests <= 0:
-                raise InvalidArgument("total_requests must be positive")
+            if not 0 < request.total_requests <= MAX_JOB_REQUESTS:
+                raise InvalidArgument(f"total_requests must be in [1, {MAX_JOB_REQUESTS}]")
             if not request.HasField("deadline") or request.deadline.ToNanoseconds() / 1e9 <= now:
                 raise InvalidArgument("deadline must be in the future")
             job_id = request.job_id or f"job_{secrets.token_hex(12)}"

@@ -11,12 +11,21 @@ import asyncio
 import logging
 import math
 
+import grpc
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 _SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 NORMAL = settings(deadline=None, suppress_health_check=_SUPPRESS, derandomize=True, database=None)
 SLOW = settings(deadline=None, suppress_health_check=_SUPPRESS)
+
+# What a call may end with: OK or a deliberate client error. RESOURCE_EXHAUSTED is deliberate only where a
+# service rate-limits (the router's per-client limits); elsewhere it meant status details too long to send.
+CLIENT_ERRORS = frozenset({grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                           grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+                           grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.ALREADY_EXISTS,
+                           grpc.StatusCode.OUT_OF_RANGE})
+RATE_LIMITED = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1

@@ -24,14 +24,11 @@ from hypothesis import strategies as st
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
-from tests.fuzz.common import INT32_MAX, INT32_MIN, NORMAL, PROTO_TEXT, SLOW, floats_any, int_in
+from tests.fuzz.common import (CLIENT_ERRORS, INT32_MAX, INT32_MIN, NORMAL, PROTO_TEXT, RATE_LIMITED, SLOW, floats_any,
+                               int_in)
 from tests.fuzz.router_rig import RouterRig
 from tests.support.router_doubles import MODEL
 
-CLIENT_ERRORS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.ALREADY_EXISTS,
-                 grpc.StatusCode.OUT_OF_RANGE}
 
 
 def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrategy:
@@ -87,7 +84,7 @@ async def call(rig: RouterRig, stub: pb_grpc.RouterStub, method: str, request, m
         code = grpc.StatusCode.OK
     except grpc.aio.AioRpcError as err:
         code = err.code()
-        assert code in CLIENT_ERRORS, (method, request, code, err.details())
+        assert code in CLIENT_ERRORS or code == RATE_LIMITED, (method, request, code, err.details())
         assert err.details()
     if currently_in_test_context():
         event(f"{method} {code.name}")

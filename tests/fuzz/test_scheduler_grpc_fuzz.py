@@ -27,14 +27,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from tests.fuzz.common import (INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW, LoopRig,
-                               floats_any, int_in)
+from tests.fuzz.common import (CLIENT_ERRORS, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW,
+                               LoopRig, floats_any, int_in)
 from tests.unit.scheduler_shell.support import start_harness, workers_snapshot
 
-CLIENT_ERRORS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-                 grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                 grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.ALREADY_EXISTS,
-                 grpc.StatusCode.OUT_OF_RANGE}
 RESUME_TIMEOUT_S = 1800.0
 CALL_TIMEOUT_S = 10.0
 
