@@ -464,6 +464,12 @@ class Response:
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    version: str = "HTTP/1.1"
+
+    @property
+    def closes(self) -> bool:
+        connection = (self.header("connection") or "").lower()
+        return connection == "close" or (self.version == "HTTP/1.0" and connection != "keep-alive")
 
     def header(self, name: str) -> str | None:
         return next((v for k, v in self.headers if k == name.lower()), None)
@@ -483,7 +489,7 @@ def parse_response(raw: bytes, head_only: bool) -> tuple[Response, bytes]:
             raw = rest
             continue
         break
-    response = Response(status, headers, b"")
+    response = Response(status, headers, b"", parts[0])
     if head_only or status in (204, 304):
         return response, rest
     if (response.header("transfer-encoding") or "").lower() == "chunked":
@@ -601,13 +607,14 @@ def check_one(rig: RouterRig, request: Request) -> None:
 
 
 def check_keep_alive(rig: RouterRig, request: Request) -> None:
-    """The fuzzed request, then a valid one on the same connection: the second is answered 200 unless the
-    first answer closed the connection."""
+    """The fuzzed request, then a valid one on the same connection: what follows the first answer (unless it
+    closed the connection) is answered below 500 too. (After a HEAD the framing of a refused request is
+    ambiguous: aiohttp answers one it cannot parse with a body, and closes.)"""
     request = with_ids(rig, request)
     follow = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
     raw = rig.run(exchange(rig.port, request.raw + follow))
     first = check_response(request, raw)
-    if first is not None and (first.header("connection") or "").lower() != "close":
+    if first is not None and not first.closes and not request.head_only:
         _, rest = parse_response(raw, request.head_only)
         if rest:
             second, _ = parse_response(rest, False)
@@ -696,6 +703,8 @@ def test_any_request_is_answered_below_500_with_openai_errors(rig, req):
 
 @given(requests(keep_alive=True))
 @settings(NORMAL, max_examples=100)
+# A refused HEAD (no Host) is answered with a body, then closed: not a second answer.
+@example(raw_request(b"HEAD /v1/chat/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n", head_only=True))
 def test_a_fuzzed_request_leaves_its_connection_usable(rig, req):
     check_keep_alive(rig, req)
 
