@@ -120,6 +120,14 @@ class RequestGuard(grpc.aio.ServerInterceptor):
                                                    response_serializer=handler.response_serializer)
 
 
+class _Health(health.aio.HealthServicer):
+    """grpc's asyncio health servicer, and `List` refused as UNIMPLEMENTED: the generated service has the
+    method but grpc's servicer does not implement it, so a call ended UNKNOWN with an ERROR traceback."""
+
+    async def List(self, request, context) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "grpc.health.v1.Health/List is not served")
+
+
 class ServiceHost:
     """One service's listening endpoints and lifecycle."""
 
@@ -151,7 +159,7 @@ class ServiceHost:
         if token_check is not None:
             chain.insert(0, token_check)
         self.server = grpc.aio.server(interceptors=chain)
-        self.health = health.aio.HealthServicer()
+        self.health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = []
         self._stoppers: list[Stopper] = []
