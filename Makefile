@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner clean help
+.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 	@echo "make bench-planner   - planner tick with 1,000 jobs on 64 workers, lease publication to Redis (bench/results/planner.json)"
+	@echo "make bench-soak      - 256 agent programs for 10 minutes through the full stack: lost programs (must be 0) and"
+	@echo "                       each service's RSS growth after warm-up (target < 10%) (bench/results/soak.json)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
@@ -73,6 +75,9 @@ bench-sim: venv
 
 bench-planner: venv system-deps
 	$(PY) -m bench.planner_bench --out bench/results/planner.json
+
+bench-soak: venv
+	$(PY) -m bench.soak --programs 256 --duration-s 600 --out bench/results/soak.json
 
 bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim
 
