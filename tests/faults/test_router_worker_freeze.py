@@ -16,7 +16,6 @@ import aiohttp
 import pytest
 
 from tests.support import router_stack as stack
-from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 
 pytestmark = pytest.mark.integration
@@ -24,13 +23,6 @@ pytestmark = pytest.mark.integration
 FIRST_TOKEN_S = 1.0
 INTER_TOKEN_S = 1.0
 
-
-async def _healthy(url: str, workers: int) -> None:
-    async def check():
-        async with aiohttp.ClientSession() as s:
-            async with s.get(url + "/health") as r:
-                return (await r.json())["workers"] == workers
-    await assert_eventually(check, timeout_s=20)
 
 
 async def _stream(url: str, i: int, max_tokens: int = 4) -> tuple[list[bytes], float]:
@@ -55,7 +47,7 @@ async def test_turns_sent_to_a_frozen_worker_are_retried_before_the_first_token(
                                            "10", "--upstream-first-token-timeout-seconds", str(FIRST_TOKEN_S),
                                            "--worker-failure-threshold", "2", "--worker-eject-seconds", "30"))
         url = stack.router_url(router)
-        await _healthy(url, 2)
+        await stack.healthy_workers(url, 2)
         frozen = workers[0]
         frozen.process.send_signal(signal.SIGSTOP)
 
@@ -92,7 +84,7 @@ async def test_a_stream_whose_worker_freezes_ends_with_an_error_event(tmp_path):
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events",
                                            "--upstream-inter-token-timeout-seconds", str(INTER_TOKEN_S)))
         url = stack.router_url(router)
-        await _healthy(url, 1)
+        await stack.healthy_workers(url, 1)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
             async with s.post(url + "/v1/chat/completions",
                               json={"model": MODEL, "stream": True, "max_tokens": 2000, "ignore_eos": True,

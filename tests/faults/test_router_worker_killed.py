@@ -13,18 +13,10 @@ import pytest
 
 from clients import session_headers
 from tests.support import router_stack as stack
-from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 
 pytestmark = pytest.mark.integration
 
-
-async def _healthy(url: str, workers: int) -> None:
-    async def check():
-        async with aiohttp.ClientSession() as s:
-            async with s.get(url + "/health") as r:
-                return (await r.json())["workers"] == workers
-    await assert_eventually(check, timeout_s=20)
 
 
 async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_turn_moves(tmp_path):
@@ -35,7 +27,7 @@ async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"] for w in workers]))
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events"))
         url = stack.router_url(router)
-        await _healthy(url, 2)
+        await stack.healthy_workers(url, 2)
         headers = session_headers("agent-1")
         body = {"model": MODEL, "stream": True, "max_tokens": 2000, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "write a long story"}]}

@@ -22,13 +22,6 @@ def _client(url: str, **headers) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=url + "/v1", api_key="none", default_headers=headers, max_retries=0)
 
 
-async def _healthy(url: str, workers: int) -> None:
-    async def check():
-        async with aiohttp.ClientSession() as s:
-            async with s.get(url + "/health") as r:
-                return (await r.json())["workers"] == workers
-    await assert_eventually(check, timeout_s=20)
-
 
 async def test_worker_failing_before_first_token_is_retried_on_another(tmp_path):
     st = stack.Stack(tmp_path)
@@ -41,7 +34,7 @@ async def test_worker_failing_before_first_token_is_retried_on_another(tmp_path)
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--router-temperature", "10",
                                            "--no-use-kv-events"))
         url = stack.router_url(router)
-        await _healthy(url, 2)
+        await stack.healthy_workers(url, 2)
         client = _client(url)
         for i in range(8):
             stream = await client.chat.completions.create(model=MODEL, max_tokens=3, stream=bool(i % 2),
@@ -69,7 +62,7 @@ async def test_worker_failing_after_first_token_ends_stream_with_error_and_faile
         cap = st.add(await stack.capacity(tmp_path, [faulty.url]))
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], scheduler_addr=address))
         url = stack.router_url(router)
-        await _healthy(url, 1)
+        await stack.healthy_workers(url, 1)
         async with aiohttp.ClientSession() as s:
             async with s.post(url + "/v1/chat/completions", headers=session_headers("prog-broken"),
                               json={"model": MODEL, "stream": True,
@@ -102,7 +95,7 @@ async def test_scheduler_outage_fails_open_then_admission_resumes(tmp_path):
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--block-size", "16",
                                            "--no-use-kv-events", scheduler_addr=address))
         url = stack.router_url(router)
-        await _healthy(url, 1)
+        await stack.healthy_workers(url, 1)
         client = _client(url, **session_headers("prog-open"))
         for i in range(3):
             answer = await client.chat.completions.create(model=MODEL, max_tokens=2,

@@ -145,6 +145,17 @@ async def metric(url: str, name: str, labels: str | None = None) -> float:
     return total
 
 
+async def healthy_workers(url: str, workers: int, timeout_s: float = 20) -> None:
+    """Wait until the router at `url` reports `workers` healthy workers on /health."""
+    from tests.support.eventually import assert_eventually
+
+    async def check():
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/health") as r:
+                return (await r.json())["workers"] == workers
+    await assert_eventually(check, timeout_s=timeout_s)
+
+
 async def worker_load(url: str) -> dict:
     async with aiohttp.ClientSession() as s:
         async with s.get(f"{url}/get_load") as r:
