@@ -27,6 +27,8 @@ ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"
 _WORKER_KEYS = {"url", "id", "expected_gpu_kv_tokens", "expected_page_size"}
 MAX_WORKER_ID_LENGTH = 128
+MAX_WORKER_URL_LENGTH = 2048
+"""A worker URL goes into every snapshot to every watcher, and prefixes every poll's request line."""
 # A real /server_info is a few KB (tens with many DP ranks); anything far larger is not one.
 DEFAULT_MAX_SERVER_INFO_BYTES = 8 * 1024 * 1024
 MIN_SERVER_INFO_BYTES = 1024                 # smaller than any real /server_info
@@ -76,6 +78,8 @@ def validate_worker_url(url: str) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ValueError("url is required")
     text = url.strip()
+    if len(text) > MAX_WORKER_URL_LENGTH:
+        raise ValueError(f"url is longer than {MAX_WORKER_URL_LENGTH} characters")
     shown = redact_url(text)
     try:
         parts = urlsplit(text)

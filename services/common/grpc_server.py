@@ -97,8 +97,14 @@ class RequestGuard(grpc.aio.ServerInterceptor):
                     context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
-                    async for item in inner(request, context):
-                        yield item
+                    responses = inner(request, context)
+                    try:
+                        async for item in responses:
+                            yield item
+                    finally:
+                        # Closed here, in the call's task: left to the garbage collector, its cleanup (a span's
+                        # context among it) would run later in another task.
+                        await responses.aclose()
             else:
                 async def unary_stream(request, context):
                     context = _ClippedContext(context)

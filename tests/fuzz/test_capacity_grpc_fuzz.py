@@ -160,6 +160,9 @@ def rig():
 # Found by this test: an error quoting a long URL or id overran the client's metadata limit (RESOURCE_EXHAUSTED
 # instead of INVALID_ARGUMENT); details are cut now (services/common/grpc_server.py).
 @example([("RegisterWorker", pb.RegisterWorkerRequest(url="http://127.0.0.1:" + "\u00e9" * 3_000))])
+# Found by this test: a 10,000-character path prefix was accepted; every poll's request line overran the
+# worker's limit (and the URL went into every snapshot). URLs are at most 2048 characters now.
+@example([("RegisterWorker", pb.RegisterWorkerRequest(url=f"http://127.0.0.1:{STUB}/" + "x" * 10_000))])
 @example([("RegisterWorker", pb.RegisterWorkerRequest(url="http://127.0.0.1:1",
                                                       worker_id="\t" + "\U0001f600" * 1_000))])
 def test_any_call_sequence_ends_in_client_errors_at_worst_and_no_poller_crashes(rig, script):

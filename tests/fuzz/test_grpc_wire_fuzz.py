@@ -233,6 +233,30 @@ def test_any_request_bytes_end_in_a_client_error_at_worst(rig, call):
     check_call(rig, *call)
 
 
+async def test_a_closed_stream_closes_the_servicer_stream_in_its_own_task():
+    """Found by this module ("Failed to detach context" logged at ERROR after a Generate stream was cancelled):
+    a servicer's stream left open when the call ended was finalized later, in another task."""
+    from services.common.grpc_server import RequestGuard
+
+    cleaned_up_in: list[asyncio.Task | None] = []
+
+    async def behavior(request, context):
+        try:
+            yield 1
+            yield 2
+        finally:
+            cleaned_up_in.append(asyncio.current_task())
+
+    async def continuation(details):
+        return grpc.unary_stream_rpc_method_handler(behavior, request_deserializer=bytes, response_serializer=bytes)
+
+    handler = await RequestGuard().intercept_service(continuation, None)
+    stream = handler.unary_stream(b"", object())
+    assert await stream.__anext__() == 1
+    await stream.aclose()                            # what grpc does when the call ends early
+    assert cleaned_up_in == [asyncio.current_task()]
+
+
 def test_every_service_still_answers(rig):
     rig.run(healthy(rig))
 
