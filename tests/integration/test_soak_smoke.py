@@ -22,7 +22,8 @@ REPORT_KEYS = {
 }
 PROGRAM_KEYS = {"started", "completed", "lost", "lost_turn_failed", "lost_unfinished_after_drain",
                 "running_at_deadline", "drain_s", "cancelled_at_drain"}
-SERVICE_KEYS = {"rss_warmup_kb", "rss_end_kb", "rss_after_drain_kb", "rss_max_kb", "growth_pct", "cpu_s"}
+SERVICE_KEYS = {"rss_warmup_kb", "rss_end_kb", "rss_after_drain_kb", "rss_max_kb", "growth_pct",
+                "steady_slope_kb_per_min", "cpu_s"}
 MACHINE_KEYS = {"cpus", "python", "platform", "cpu_busy", "late_fraction", "starved", "bench_client_cpu_s",
                 "soak_cpu_share"}
 
@@ -84,9 +85,15 @@ def test_memory_growth_is_between_window_medians():
                 [(1, 90), (2, 100), (3, 500), (4, 100), (8, 110), (9, 110), (10, 900), (11, 120)]]
     figures = soak.memory_figures(timeline, ["router"], warmup_s=4, end_s=10, window_s=3)["router"]
     assert figures == {"rss_warmup_kb": 100, "rss_end_kb": 110, "rss_after_drain_kb": 120, "rss_max_kb": 900,
-                       "growth_pct": 10.0}
+                       "growth_pct": 10.0, "steady_slope_kb_per_min": pytest.approx(5248.2, abs=0.1)}
     lost, growth = soak.targets(0, {"router": figures}, judge_memory=True)
     assert lost["status"] == "PASS" and growth["status"] == "MISS" and growth["service"] == "router"
+
+
+def test_steady_slope_is_a_least_squares_fit_per_minute():
+    climbing = [(t, 1000 + 2 * t) for t in range(0, 100, 5)]  # 2 kB/s
+    assert soak.slope_kb_per_min(climbing, 20, 80) == 120.0
+    assert soak.slope_kb_per_min(climbing, 20, 25) is None  # two samples: no slope
 
 
 def test_a_service_without_samples_cannot_pass_the_memory_target():
