@@ -32,6 +32,23 @@ async def _abort(context: grpc.aio.ServicerContext, err: RouterError) -> None:
     await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
 
 
+_END = object()
+
+
+async def _within(span: trace.Span, lines: AsyncIterator) -> AsyncIterator:
+    """Iterate `lines` with `span` current while each item is awaited (a failover's pick is its child)."""
+    iterator = aiter(lines)
+    try:
+        while True:
+            with trace.use_span(span):
+                item = await anext(iterator, _END)
+            if item is _END:
+                return
+            yield item
+    finally:
+        await iterator.aclose()
+
+
 def client_of(context: grpc.aio.ServicerContext) -> str:
     """The client the per-client limits count against: its bearer token's hash, else its address."""
     metadata = dict(context.invocation_metadata() or ())
@@ -85,12 +102,16 @@ class RouterServicer(pb_grpc.RouterServicer):
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
         ctx = propagate.extract(dict(context.invocation_metadata() or ()))
         path = "program" if request.session_id.strip() else "passthrough"
-        with self.tracer.start_as_current_span("router.request", context=ctx, kind=trace.SpanKind.SERVER) as span:
-            span.set_attribute("router.route", "grpc")
+        # The span is current only around awaits, never across a `yield`: grpc.aio may close this generator
+        # from another task, where detaching a context attached here fails (and logs at ERROR).
+        span = self.tracer.start_span("router.request", context=ctx, kind=trace.SpanKind.SERVER)
+        span.set_attribute("router.route", "grpc")
+        try:
             try:
-                spec = spec_from_request(request)
-                spec.client = client_of(context)
-                turn = await self.runner.open(spec)
+                with trace.use_span(span):
+                    spec = spec_from_request(request)
+                    spec.client = client_of(context)
+                    turn = await self.runner.open(spec)
             except RouterError as err:
                 self.metrics.request("grpc", path, f"error_{err.http_status}").inc()
                 await _abort(context, err)
@@ -100,7 +121,7 @@ class RouterServicer(pb_grpc.RouterServicer):
             try:
                 completion_tokens = 0
                 try:
-                    async for line, kind in turn.lines():
+                    async for line, kind in _within(span, turn.lines()):
                         if kind is not LineKind.DATA:
                             continue
                         chunk = loads(memoryview(line)[5:])
@@ -137,6 +158,8 @@ class RouterServicer(pb_grpc.RouterServicer):
                 raise
             finally:
                 await turn.close(outcome)
+        finally:
+            span.end()
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         try:
