@@ -56,7 +56,6 @@ SETTINGS: list[Setting] = [
     Setting("cap_host_at_gpu", bool, False,
             "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
             env=_env("cap_host_at_gpu")),
-    Setting("card_cache_size", int, 4096, "parsed /server_info bodies kept (LRU)", env=_env("card_cache_size")),
     Setting("max_server_info_bytes", int, DEFAULT_MAX_SERVER_INFO_BYTES,
             "a larger /server_info body is a card rejection (body_too_large)", env=_env("max_server_info_bytes")),
     Setting("confirm_increase_polls", int, 2,
@@ -135,7 +134,6 @@ class CapacityConfig:
     """A watcher that has received nothing for this long gets a heartbeat snapshot."""
     cap_host_at_gpu: bool = False
     """[LATEST] cap: count at most G host tokens per replica."""
-    card_cache_size: int = 4096
     max_server_info_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES
     """A /server_info body larger than this is rejected (read to its end otherwise)."""
     confirm_increase_polls: int = 2
@@ -165,7 +163,6 @@ class CapacityConfig:
                 self.remove_unhealthy_after_seconds, "remove_unhealthy_after_seconds >= 0 (0 = never)")
         require(self.watch_heartbeat_seconds > 0, "watch_heartbeat_seconds", self.watch_heartbeat_seconds,
                 "watch_heartbeat_seconds > 0")
-        require(self.card_cache_size >= 1, "card_cache_size", self.card_cache_size, "card_cache_size >= 1")
         require(self.max_server_info_bytes >= MIN_SERVER_INFO_BYTES, "max_server_info_bytes",
                 self.max_server_info_bytes, f"max_server_info_bytes >= {MIN_SERVER_INFO_BYTES}")
         require(self.max_server_info_bytes <= MAX_SERVER_INFO_BYTES, "max_server_info_bytes",

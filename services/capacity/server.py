@@ -47,7 +47,7 @@ async def start_capacity(config: CapacityConfig, *, telemetry: Telemetry | None 
     registry = Registry(RegistrySettings(unhealthy_after_failures=config.unhealthy_after_failures,
                                          remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds,
                                          confirm_increase_polls=config.confirm_increase_polls), retention)
-    cache = CardCache(config.card_cache_size)
+    cache = CardCache()
     runtime = CapacityRuntime(
         registry=registry,
         retention=retention,

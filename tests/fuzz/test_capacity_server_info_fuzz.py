@@ -177,7 +177,7 @@ class PollRig:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
         self.worker = RawWorker(Answer(b"{}"))
-        self.poller = SglangPoller(2.0, CardCache(max_entries=64), max_body_bytes=CAP)
+        self.poller = SglangPoller(2.0, CardCache(), max_body_bytes=CAP)
         self.loop.run_until_complete(self.worker.start())
         self.loop.run_until_complete(self.poller.start())
 

@@ -69,6 +69,7 @@ class SglangPoller:
 
     def forget(self, url: str) -> None:
         self._info_path.pop(url, None)
+        self._cache.forget(url)
 
     async def poll(self, url: str) -> PollResult:
         if self._session is None:
@@ -97,7 +98,7 @@ class SglangPoller:
 
     def _card(self, url: str, body: bytes):
         try:
-            return self._cache.parse(body)
+            return self._cache.parse(url, body)
         except Exception as exc:
             # A bug in the derivation must not leave the worker's previous card standing.
             log.exception("card derivation failed for %s (%d bytes)", redact_url(url), len(body))

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from services.common.errors import ConfigError
 from services.capacity.core.state import (
     Card,
     CardRejection,
@@ -312,52 +310,35 @@ def parse_card(body: bytes | str) -> Card | CardRejection:
     return derive_card(info)
 
 
-# Bodies are keys: bound their total size too, or a few workers answering with distinct
-# multi-megabyte bodies would pin gigabytes (4096 entries x 8 MiB).
-CARD_CACHE_MAX_BYTES = 64 * 1024 * 1024
-
-
 class CardCache:
-    """Parsed cards memoised by the raw body, bounded in entries and in body bytes (least recently
-    used entries evicted; a body larger than the byte bound is parsed but never kept).
+    """Each worker's last parsed card, reused while its `/server_info` body is byte-for-byte the same.
 
-    Upstream memoised without bound; a long-lived service polling restarting workers must not.
-    Real SGLang bodies carry per-poll figures (`internal_states`), so hits mostly come from idle
-    workers and stubs; a miss costs one JSON parse.
+    A body repeats only while its worker is idle: SGLang (and simworker) bodies carry per-poll figures
+    (`internal_states`), so under load every poll is new. Keeping one body per worker gets every hit a
+    cache of old bodies could get (a worker never goes back to an old body) at memory bounded by the fleet;
+    an LRU of old bodies had a hit rate near 0 under load and grew for minutes (the soak's capacity RSS).
     """
 
-    def __init__(self, max_entries: int = 4096, max_bytes: int = CARD_CACHE_MAX_BYTES) -> None:
-        if max_entries < 1:
-            raise ConfigError("card_cache_size", max_entries, "card_cache_size >= 1")
-        self._max_entries = max_entries
-        self._max_bytes = max_bytes
-        self._bytes = 0
-        self._entries: OrderedDict[bytes, Card | CardRejection] = OrderedDict()
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[bytes, Card | CardRejection]] = {}
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._last)
 
-    @property
-    def body_bytes(self) -> int:
-        return self._bytes
-
-    def parse(self, body: bytes) -> Card | CardRejection:
-        cached = self._entries.get(body)
-        if cached is not None:
-            self._entries.move_to_end(body)
+    def parse(self, worker: str, body: bytes) -> Card | CardRejection:
+        last = self._last.get(worker)
+        if last is not None and last[0] == body:
             self.hits += 1
-            return cached
+            return last[1]
         self.misses += 1
         result = parse_card(body)
-        if len(body) <= self._max_bytes:
-            self._entries[body] = result
-            self._bytes += len(body)
-            while len(self._entries) > self._max_entries or self._bytes > self._max_bytes:
-                evicted, _ = self._entries.popitem(last=False)
-                self._bytes -= len(evicted)
+        self._last[worker] = (body, result)
         return result
+
+    def forget(self, worker: str) -> None:
+        self._last.pop(worker, None)
 
 
 @dataclass(frozen=True)

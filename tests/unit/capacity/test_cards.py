@@ -367,37 +367,33 @@ def test_card_reports_metadata():
 # --- Memoisation ---
 
 def test_parsed_cards_cache_hits_on_repeat_snapshot():
-    cache = CardCache(max_entries=2)
+    cache = CardCache()
     body = json.dumps(info()).encode()
-    first = cache.parse(body)
-    assert cache.parse(body) is first
+    first = cache.parse("w0", body)
+    assert cache.parse("w0", body) is first
     assert (cache.hits, cache.misses) == (1, 1)
 
 
-def test_card_cache_is_bounded_lru():
-    cache = CardCache(max_entries=2)
-    bodies = [json.dumps(info(max_total_num_tokens=n)).encode() for n in (100, 200, 300)]
-    cache.parse(bodies[0])
-    cache.parse(bodies[1])
-    cache.parse(bodies[0])          # 0 is now most recent
-    cache.parse(bodies[2])          # evicts 1
-    assert len(cache) == 2
-    cache.parse(bodies[0])
-    assert cache.hits == 2
-    cache.parse(bodies[1])
-    assert cache.misses == 4
+def test_card_cache_keeps_one_body_per_worker_when_every_poll_differs():
+    """Regression (soak): under load every /server_info body is new; an LRU of old bodies grew for minutes."""
+    cache = CardCache()
+    for n in range(500):
+        for worker in ("w0", "w1"):
+            cache.parse(worker, json.dumps(info(max_total_num_tokens=1000 + n)).encode())
+    assert len(cache) == 2 and cache.hits == 0
 
 
-def test_card_cache_is_bounded_in_body_bytes():
-    bodies = [json.dumps({"max_total_num_tokens": 1000 + i, "page_size": 1}).encode() for i in range(3)]
-    cache = CardCache(max_entries=100, max_bytes=len(bodies[0]) + 10)
-    for body in bodies:
-        cache.parse(body)
-        assert cache.body_bytes <= len(bodies[0]) + 10
-    assert len(cache) == 1
-    huge = json.dumps(info(pad="x" * 200)).encode()
-    assert isinstance(cache.parse(huge), Card)
-    assert len(cache) == 1 and cache.body_bytes == len(bodies[2])  # parsed, never kept
+def test_card_cache_hits_only_on_the_same_workers_last_body():
+    cache = CardCache()
+    a, b = (json.dumps(info(max_total_num_tokens=n)).encode() for n in (100, 200))
+    cache.parse("w0", a)
+    cache.parse("w1", a)                 # same body, other worker: its own entry
+    cache.parse("w0", b)
+    cache.parse("w0", a)                 # an old body of w0's is parsed again
+    assert (cache.hits, cache.misses) == (0, 4)
+    cache.parse("w0", a)
+    cache.forget("w1")
+    assert cache.hits == 1 and len(cache) == 1
 
 
 def test_snapshot_returns_empty_for_no_workers():

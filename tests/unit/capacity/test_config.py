@@ -65,7 +65,6 @@ def test_config_file(tmp_path):
     (["--remove-unhealthy-after-seconds", "-1"], {}, "remove_unhealthy_after_seconds",
      "remove_unhealthy_after_seconds >= 0"),
     (["--watch-heartbeat-seconds", "0"], {}, "watch_heartbeat_seconds", "watch_heartbeat_seconds > 0"),
-    (["--card-cache-size", "0"], {}, "card_cache_size", "card_cache_size >= 1"),
     (["--poll-interval-seconds", "nan"], {}, "poll_interval_seconds", "expected float"),
     ([], {"BANDMASTER_CAPACITY_UNHEALTHY_AFTER_FAILURES": "three"}, "unhealthy_after_failures", "expected int"),
     (["--listen", "nohost"], {}, "listen", "expected host:port"),

@@ -78,7 +78,7 @@ async def test_truncated_body_is_a_connection_failure():
 
 async def test_a_derivation_bug_is_a_rejection_not_an_exception():
     class Broken(CardCache):
-        def parse(self, body):
+        def parse(self, worker, body):
             raise ZeroDivisionError("bug")
 
     result = await poll_once(Answer(padded_info(1024)), cache=Broken())
