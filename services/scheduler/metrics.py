@@ -105,6 +105,19 @@ class _CoreCollector(Collector):
                 band.add_metric([*key, b.value], 1.0 if r.band is b else 0.0)
         yield from (util, used, retention, band)
 
+        # The bands' edges as series, so a dashboard draws them next to the utilisation from the
+        # flags in force rather than from numbers copied into it.
+        params = core.params
+        thresholds = GaugeMetricFamily(
+            f"{PREFIX}_band_threshold_ratio",
+            "Utilisation fraction at each band edge: pause (pause_threshold), soft_demote (soft_demote_threshold), "
+            "resume (pause_threshold - resume_hysteresis: paused programs resume while the decayed working set "
+            "is below it), target (pause_target: where a pause cycle drives utilisation)", labels=["band"])
+        for name, value in (("pause", params.pause_threshold), ("soft_demote", params.soft_demote_threshold),
+                            ("resume", params.resume_ceiling), ("target", params.pause_target)):
+            thresholds.add_metric([name], value)
+        yield thresholds
+
         for name, value, text in (
                 ("pauses", stats.pauses_total, "Programs paused (pressure, marked, admission_full)"),
                 ("resumes", stats.resumes_total, "Programs resumed, forced resumes included"),
