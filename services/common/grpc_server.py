@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.config import parse_host_port
+from services.common.loop_lag import LoopLag
 from services.common.security import SecurityConfig, Verdict, log_posture
 from services.common.telemetry import Telemetry
 
@@ -175,6 +176,7 @@ class ServiceHost:
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopped = asyncio.Event()
+        self.loop_lag = LoopLag(name, self.registry)
 
     def count_refusal(self, interface: str, verdict: Verdict) -> None:
         self.auth_refusals.labels(interface, verdict.value).inc()
@@ -211,6 +213,7 @@ class ServiceHost:
         if self.grpc_port == 0:
             raise OSError(f"{self.name}: could not bind gRPC on {bind}")
         await self.server.start()
+        self.loop_lag.start()
         if self._metrics_port_wanted >= 0:
             self._http_runner = web.AppRunner(self.http_app, access_log=None)
             await self._http_runner.setup()
@@ -245,6 +248,7 @@ class ServiceHost:
             except Exception:
                 log.exception("%s: error while stopping a component", self.name)
         await self.server.stop(self.grace)
+        await self.loop_lag.stop()
         if self._http_runner is not None:
             await self._http_runner.cleanup()
         if self.telemetry is not None:

@@ -30,6 +30,7 @@ from opentelemetry import propagate
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.loop_lag import LoopLag
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.metrics import RouterMetrics
 
@@ -75,8 +76,10 @@ class FailOpen:
 
 class SchedulerClient:
     def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float, decision_timeout_s: float,
-                 hold_timeout_s: float, breaker: BreakerParams, channel: grpc.aio.Channel | None = None) -> None:
+                 hold_timeout_s: float, breaker: BreakerParams, channel: grpc.aio.Channel | None = None,
+                 loop_lag: LoopLag | None = None) -> None:
         self.address = address
+        self._loop_lag = loop_lag
         self._metrics = metrics
         self._timeout_s = call_timeout_s
         self._decision_s = decision_timeout_s
@@ -149,6 +152,11 @@ class SchedulerClient:
     def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
         self._down(method, f"{exc.code().name}: {exc.details()}")
 
+    def _we_were_stalled(self) -> bool:
+        """True when this process's event loop was blocked for a quarter of the decision window or more
+        within it: the deadline then judged our lateness, not the scheduler's."""
+        return self._loop_lag is not None and self._loop_lag.stalled_within(self._decision_s) >= self._decision_s / 4
+
     def _fail_open(self, reason: str) -> None:
         self._metrics.fail_open.labels(reason).inc()
 
@@ -167,13 +175,22 @@ class SchedulerClient:
         cap_at = loop.time() + self._hold_cap_s
         call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=_metadata())
         deadline = min(loop.time() + self._decision_s, cap_at)
-        held = decided = False
+        held = decided = extended = False
+        # One read outlives a missed deadline (a cancelled read cancels the call), so that a window given
+        # once more can still take the answer that was on its way.
+        reading: asyncio.Future | None = None
         try:
             while True:
-                try:
-                    async with asyncio.timeout(max(0.0, deadline - loop.time())):
-                        update = await call.read()
-                except TimeoutError:
+                if reading is None:
+                    reading = asyncio.ensure_future(call.read())
+                done, _ = await asyncio.wait((reading,), timeout=max(0.0, deadline - loop.time()))
+                if not done:
+                    if not extended and self._we_were_stalled():
+                        # Our own loop did not run for part of the window: the answer may be here already.
+                        extended = True
+                        self._metrics.admit_deadline_extended.inc()
+                        deadline = loop.time() + self._decision_s
+                        continue
                     if held:
                         log.warning("scheduler held turn %s past its own bound; failing open", request_id)
                         self._down("Admit", "a held turn was not answered within the scheduler's bound")
@@ -182,6 +199,7 @@ class SchedulerClient:
                         self._down("Admit", f"no answer to Admit within {self._decision_s:g}s")
                         self._fail_open(FailOpen.NO_ANSWER)
                     return None
+                update, reading = reading.result(), None
                 if update is grpc.aio.EOF:
                     raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                                "AdmitStream ended without a decision")
@@ -209,6 +227,8 @@ class SchedulerClient:
                 self._fail_open(FailOpen.ERROR)
             return None
         finally:
+            if reading is not None:
+                reading.cancel()
             if not decided:
                 call.cancel()  # the scheduler rolls the admission back
         self._ok()

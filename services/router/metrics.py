@@ -47,6 +47,10 @@ class RouterMetrics:
                                  "Turns routed without admission, by why: unreachable, no_answer (nothing within "
                                  "the decision deadline), hold_overrun, outage (known down: not asked), error",
                                  ("reason",), registry=r)
+        self.admit_deadline_extended = Counter(
+            "bandmaster_router_admit_deadline_extended",
+            "Admit decision windows given once more because the router's own event loop was blocked in them "
+            "(the scheduler's answer may have been waiting; see bandmaster_event_loop_lag_seconds)", registry=r)
         self.scheduler_errors = Counter("bandmaster_router_scheduler_errors", "Failed scheduler calls by method",
                                         ("method",), registry=r)
         self.admit_wait = Histogram("bandmaster_router_admit_wait_seconds", "Time a turn waited in Admit",

@@ -154,7 +154,8 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     scheduler = None if config.no_scheduler else SchedulerClient(
         config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,
         decision_timeout_s=config.admit_decision_timeout_seconds, hold_timeout_s=config.admit_hold_timeout_seconds,
-        breaker=config.scheduler_breaker, channel=config.security.channel(config.scheduler_addr))
+        breaker=config.scheduler_breaker, channel=config.security.channel(config.scheduler_addr),
+        loop_lag=host.loop_lag)
     scheduler_config = None
     if scheduler is not None:
         scheduler_config = await scheduler.router_config()

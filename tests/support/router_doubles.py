@@ -5,6 +5,7 @@ scheduler service can be started in its place) and a worker that fails on purpos
 from __future__ import annotations
 
 import asyncio
+import time
 import json
 from dataclasses import dataclass, field
 
@@ -34,6 +35,9 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
     calls: list[Call] = field(default_factory=list)
     hold: set[str] = field(default_factory=set)
     silent: set[str] = field(default_factory=set)
+    block_loop: dict[str, float] = field(default_factory=dict)
+    """session -> seconds: AdmitStream blocks the whole event loop that long (time.sleep) before answering,
+    as a stalled router process would be (router and double share the test's loop)."""
     max_hold_seconds: float = 1800.0
     priority: int = 7
     pin: tuple[str, int] | None = None
@@ -58,6 +62,8 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
         self._record("Admit", request, context)
         while request.session_id in self.silent:
             await asyncio.sleep(0.02)
+        if request.session_id in self.block_loop:
+            time.sleep(self.block_loop[request.session_id])
         if request.session_id in self.hold:
             await context.write(pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.max_hold_seconds)))
         while request.session_id in self.hold:

@@ -156,6 +156,23 @@ async def test_a_scheduler_that_does_not_answer_fails_open_within_the_decision_d
         await r.close()
 
 
+async def test_a_router_whose_own_loop_stalled_in_the_decision_window_waits_for_the_answer(caplog):
+    """Regression (soak): a router event loop blocked past the decision deadline woke to a due timer and failed
+    open, though the scheduler's answer was on its way; the window was the router's lateness, not the
+    scheduler's. The router now gives such a window once more."""
+    r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=0.3)
+    r.sched.block_loop["stalled"] = 0.6
+    try:
+        status, _, _ = await _chat(r, stream=True, session="stalled")
+        assert status == 200
+        assert r.sample("bandmaster_router_scheduler_fail_open_total", reason="no_answer") == 0
+        assert r.sample("bandmaster_router_admit_deadline_extended_total") == 1
+        assert r.sample("bandmaster_event_loop_lag_seconds_count") > 0
+        assert "failing open" not in caplog.text
+    finally:
+        await r.close()
+
+
 async def test_a_held_turn_waits_past_the_decision_deadline_then_runs():
     r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=0.2)
     r.sched.hold.add("paused")
