@@ -3,7 +3,8 @@
 Parse flags and environment with the service's `load_config`; on a `ConfigError` print it (it names
 the violated rule) to stderr and exit 2 without starting anything; otherwise set up logging and
 telemetry, start the service on uvloop and serve until SIGINT/SIGTERM, then shut down gracefully.
-A `ConfigError` raised while starting (a file a flag names cannot be loaded) also exits 2.
+A `ConfigError` raised while starting (a file a flag names cannot be loaded) also exits 2; a port that
+is already taken is one line naming it and the flag that moves it (exit 1), not a traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost, run, serve_until_signal
 from services.common.logs import setup_logging
+from services.common.ports import PortInUse
 from services.common.telemetry import setup_telemetry
 
 
@@ -40,6 +42,9 @@ def service_main(
         except ConfigError as exc:  # found while starting, e.g. a file named by a flag
             print(f"{name}: {exc}", file=sys.stderr)
             return 2
+        except PortInUse as exc:
+            print(f"{name}: {exc}", file=sys.stderr)
+            return 1
         await serve_until_signal(host_of(running))
         return 0
 

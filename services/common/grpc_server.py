@@ -25,7 +25,9 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.config import parse_host_port
+from services.common.http_errors import json_errors
 from services.common.loop_lag import LoopLag
+from services.common.ports import PortInUse, binding, port_free, require_free
 from services.common.security import SecurityConfig, Verdict, log_posture
 from services.common.telemetry import Telemetry
 
@@ -165,13 +167,14 @@ class ServiceHost:
         chain = [RequestGuard(), *interceptors]
         if token_check is not None:
             chain.insert(0, token_check)
-        self.server = grpc.aio.server(interceptors=chain)
+        # No SO_REUSEPORT (grpc's default): a second process on the same port must fail, not share it.
+        self.server = grpc.aio.server(interceptors=chain, options=[("grpc.so_reuseport", 0)])
         self.health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = []
         self._stoppers: list[Stopper] = []
         self._http_runner: web.AppRunner | None = None
-        self.http_app = web.Application()
+        self.http_app = web.Application(middlewares=[json_errors])
         self.http_app.router.add_get("/metrics", self._metrics)
         self.grpc_port = 0
         self.metrics_port = 0
@@ -197,6 +200,14 @@ class ServiceHost:
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def check_ports(self) -> None:
+        """Raise PortInUse when the gRPC or metrics port is taken: called by `start`, and by a service before it
+        builds anything that would need closing. A taken port is then one clear line, not grpc's own error log
+        and a RuntimeError."""
+        require_free(self.host, self._port, f"{self.name} gRPC", "--listen")
+        if self._metrics_port_wanted > 0:
+            require_free(self.host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port")
+
     async def start(self) -> None:
         if self.security.grpc_reflection:
             reflection.enable_server_reflection(
@@ -206,10 +217,16 @@ class ServiceHost:
             )
         bind = f"[{self.host}]:{self._port}" if ":" in self.host else f"{self.host}:{self._port}"
         credentials = self.security.server_credentials()
-        if credentials is None:
-            self.grpc_port = self.server.add_insecure_port(bind)
-        else:
-            self.grpc_port = self.server.add_secure_port(bind, credentials)
+        self.check_ports()
+        try:
+            if credentials is None:
+                self.grpc_port = self.server.add_insecure_port(bind)
+            else:
+                self.grpc_port = self.server.add_secure_port(bind, credentials)
+        except RuntimeError:  # grpc's "Failed to bind": taken between the check and the bind
+            if self._port and not port_free(self.host, self._port):
+                raise PortInUse(self.host, self._port, f"{self.name} gRPC", "--listen") from None
+            raise
         if self.grpc_port == 0:
             raise OSError(f"{self.name}: could not bind gRPC on {bind}")
         await self.server.start()
@@ -218,7 +235,8 @@ class ServiceHost:
             self._http_runner = web.AppRunner(self.http_app, access_log=None)
             await self._http_runner.setup()
             site = web.TCPSite(self._http_runner, self.host, self._metrics_port_wanted)
-            await site.start()
+            with binding(self.host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port"):
+                await site.start()
             self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         for service in ["", *self._service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -24,6 +24,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from services.common.clock import Clock
+from services.common.ports import binding
 from services.common.security import SecurityConfig, bearer_guard
 from services.planner.adapters.registry import Conflict, NotFound, Registry
 from services.planner.core.batch_api import (BatchInputError, check_endpoint, error_body, parse_batch_input,
@@ -116,7 +117,8 @@ class BatchApi:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=self.security.http_ssl_context())
-        await site.start()
+        with binding(host, port, "planner Batch API HTTP", "--http-listen"):
+            await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:

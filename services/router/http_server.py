@@ -28,6 +28,7 @@ from aiohttp.http_exceptions import (BadHttpMethod, BadStatusLine, ContentEncodi
                                      HttpProcessingError, InvalidHeader, InvalidURLError, LineTooLong,
                                      TransferEncodingError)
 
+from services.common.ports import PortInUse, binding
 from services.router.errors import BadRequest, Internal, Overloaded, RouterError
 from services.router.metrics import RouterMetrics
 from services.router.upstream import dumps
@@ -245,6 +246,11 @@ async def start_http(handler: Handler, limits: HttpLimits, metrics: RouterMetric
     runner = web.ServerRunner(GuardedServer(handler, limits, metrics), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
-    await site.start()
+    try:
+        with binding(host, port, "router HTTP", "--http-port"):
+            await site.start()
+    except PortInUse:
+        await runner.cleanup()
+        raise
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     return runner, bound

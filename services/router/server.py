@@ -22,6 +22,7 @@ from aiohttp import web
 
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
+from services.common.ports import require_free
 from services.common.security import bearer_guard
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
@@ -150,6 +151,9 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     host = ServiceHost("router", listen=config.listen, metrics_port=config.metrics_port, registry=metrics.registry,
                        telemetry=telemetry, shutdown_grace_seconds=config.shutdown_grace_seconds,
                        security=config.security)
+    # Taken ports are reported before anything that would need closing is built.
+    host.check_ports()
+    require_free(host.host, config.http_port, "router HTTP", "--http-port")
 
     scheduler = None if config.no_scheduler else SchedulerClient(
         config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,

@@ -12,6 +12,7 @@ import sys
 
 from services.common.errors import ConfigError
 from services.common.logs import setup_logging
+from services.common.ports import PortInUse
 from services.simworker.config import load_config
 from services.simworker.server import start_simworker
 
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # e.g. an unknown timing profile, found when the engine is built
         print(f"simworker: {exc}", file=sys.stderr)
         return 2
+    except PortInUse as exc:
+        print(f"simworker: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

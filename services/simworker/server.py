@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from aiohttp import web
 
+from services.common.ports import binding
 from services.common.tokenizer import ModelTokenizer, load_tokenizer
 from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
@@ -206,7 +207,8 @@ async def start_simworker(
         runner = web.AppRunner(api.build_app(), handler_cancellation=True, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-        await site.start()
+        with binding(config.host, config.port, "simworker HTTP", "--port"):
+            await site.start()
     except BaseException:
         if publisher is not None:
             await publisher.close()

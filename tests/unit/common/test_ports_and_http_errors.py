@@ -1,0 +1,43 @@
+"""Ports: a taken one is a PortInUse naming it and its flag (also when the holder is another gRPC server,
+which grpc's default SO_REUSEPORT would silently share with); the metrics port answers JSON errors."""
+
+import aiohttp
+import pytest
+
+from services.common.grpc_server import ServiceHost
+from services.common.ports import PortInUse, port_free
+
+
+async def test_a_second_service_on_the_same_grpc_port_is_refused_not_shared():
+    first = ServiceHost("first", listen="127.0.0.1:0", metrics_port=-1, shutdown_grace_seconds=0.1)
+    await first.start()
+    try:
+        assert not port_free("127.0.0.1", first.grpc_port)
+        second = ServiceHost("second", listen=f"127.0.0.1:{first.grpc_port}", metrics_port=-1)
+        with pytest.raises(PortInUse) as caught:
+            await second.start()
+        assert str(caught.value) == (f"port {first.grpc_port} (second gRPC) on 127.0.0.1 is already in use; "
+                                     "choose another with --listen")
+    finally:
+        await first.stop()
+
+
+async def test_the_metrics_port_answers_openai_style_json_errors():
+    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.1)
+    await host.start()
+    try:
+        base = f"http://127.0.0.1:{host.metrics_port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(base + "/nope") as response:
+                assert response.status == 404 and response.content_type == "application/json"
+                body = await response.json()
+                assert body == {"error": {"message": "no route '/nope'", "type": "invalid_request_error",
+                                          "param": None, "code": "not_found"}}
+            async with http.post(base + "/metrics") as response:
+                assert response.status == 405 and "GET" in response.headers["Allow"]
+                error = (await response.json())["error"]
+                assert error["code"] == "method_not_allowed" and set(error) == {"message", "type", "param", "code"}
+            async with http.get(base + "/metrics") as response:
+                assert response.status == 200
+    finally:
+        await host.stop()
