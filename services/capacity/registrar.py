@@ -1,0 +1,177 @@
+"""Worker registrar: keeps one worker registered with the capacity service for as long as it runs.
+
+`python -m services.capacity.registrar --capacity-addr capacity:50051 --worker-url http://10.1.2.3:30000`
+
+For platforms where workers come and go on their own, such as a Kubernetes worker Deployment that
+the planner scales: the registrar runs beside the worker (a sidecar container in the same pod) and
+
+* calls `RegisterWorker` at start, retrying until the capacity service answers;
+* calls it again every `--interval-seconds`. Registration is idempotent for the same id and URL, and
+  the capacity service keeps its registry in memory, so a restarted capacity service learns the
+  worker back within one interval;
+* on SIGTERM/SIGINT calls `DeregisterWorker` once (bounded by `--timeout-seconds`) and exits 0, so a
+  worker being scaled down leaves the routers' worker set before it stops serving.
+
+Registering a URL does not vouch for the worker: the capacity service polls it and counts it only
+once its `/server_info` and `/health` answer. A registration refused as invalid (a malformed URL, an
+id or URL taken by another worker) is logged and retried: a stale entry for a reused pod address
+disappears when the capacity service removes unhealthy RPC-registered workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import grpc
+
+from bandmaster.capacity.v1 import capacity_pb2 as pb
+from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
+from services.capacity.config import validate_worker_id, validate_worker_url, worker_id_for
+from services.common.config import Setting, parse_host_port, parse_settings, require
+from services.common.errors import ConfigError
+from services.common.logs import setup_logging
+from services.common.redact import redact_url
+from services.common.security import SecurityConfig, client_security
+
+log = logging.getLogger("services.capacity.registrar")
+
+ENV_PREFIX = "BANDMASTER_REGISTRAR"
+PROG = "python -m services.capacity.registrar"
+
+
+def _env(name: str) -> str:
+    return f"{ENV_PREFIX}_{name.upper()}"
+
+
+SETTINGS: list[Setting] = [
+    Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
+            env=_env("capacity_addr")),
+    Setting("worker_url", str, "", "base URL of the worker to register, http(s)://host:port (required)",
+            env=_env("worker_url")),
+    Setting("worker_id", str, "", "worker id (default: host:port of --worker-url)", env=_env("worker_id")),
+    Setting("interval_seconds", float, 10.0, "seconds between re-registrations (covers a capacity restart)",
+            env=_env("interval_seconds")),
+    Setting("timeout_seconds", float, 2.0, "deadline of each RegisterWorker / DeregisterWorker call",
+            env=_env("timeout_seconds")),
+    Setting("log_level", str, "INFO", "log level", env=_env("log_level"),
+            choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")),
+    Setting("tls_ca", str, "", "PEM CA bundle to verify the capacity service with (turns TLS on)",
+            env=_env("tls_ca")),
+    Setting("tls_cert", str, "", "PEM client certificate (mutual TLS); needs --tls-key", env=_env("tls_cert")),
+    Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env("tls_key")),
+    Setting("control_token_file", str, "", "file with the control-plane bearer token sent on every call "
+            "(or env BANDMASTER_CONTROL_TOKEN)", env=_env("control_token_file")),
+]
+
+
+@dataclass(frozen=True)
+class RegistrarConfig:
+    capacity_addr: str
+    worker_url: str
+    worker_id: str
+    interval_seconds: float = 10.0
+    timeout_seconds: float = 2.0
+    log_level: str = "INFO"
+    security: SecurityConfig = SecurityConfig()
+
+    def __post_init__(self) -> None:
+        parse_host_port(self.capacity_addr, "capacity_addr")
+        require(self.interval_seconds > 0, "interval_seconds", self.interval_seconds, "interval_seconds > 0")
+        require(0 < self.timeout_seconds <= self.interval_seconds, "timeout_seconds", self.timeout_seconds,
+                "0 < timeout_seconds <= interval_seconds")
+
+
+def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:
+    """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
+    values = parse_settings(SETTINGS, argv, env, prog=PROG,
+                            description="Keep one worker registered with the Bandmaster capacity service")
+    require(bool(values["worker_url"]), "worker_url", "", "--worker-url is required")
+    try:
+        url = validate_worker_url(values["worker_url"])
+        worker_id = validate_worker_id(values["worker_id"] or worker_id_for(url))
+    except ValueError as exc:
+        raise ConfigError("worker_url", redact_url(values["worker_url"]), str(exc)) from None
+    security = client_security(tls_ca=values.pop("tls_ca"), tls_cert=values.pop("tls_cert"),
+                               tls_key=values.pop("tls_key"), control_token_file=values.pop("control_token_file"),
+                               env=env)
+    values.update(worker_url=url, worker_id=worker_id)
+    return RegistrarConfig(security=security, **values)
+
+
+class Registrar:
+    """Register, keep registered, deregister on `stop()`."""
+
+    def __init__(self, config: RegistrarConfig) -> None:
+        self.config = config
+        self.registrations = 0
+        """Successful RegisterWorker calls (for tests and the log)."""
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        c = self.config
+        async with c.security.channel(c.capacity_addr) as channel:
+            stub = pb_grpc.CapacityStub(channel)
+            try:
+                while not self._stop.is_set():
+                    await self._register(stub)
+                    try:
+                        await asyncio.wait_for(self._stop.wait(), c.interval_seconds)
+                    except TimeoutError:
+                        pass
+            finally:
+                await self._deregister(stub)
+
+    async def _register(self, stub: pb_grpc.CapacityStub) -> None:
+        c = self.config
+        try:
+            await stub.RegisterWorker(pb.RegisterWorkerRequest(url=c.worker_url, worker_id=c.worker_id),
+                                      timeout=c.timeout_seconds)
+        except grpc.aio.AioRpcError as exc:
+            # Logged at WARNING every interval while it lasts: the worker is invisible to the routers.
+            log.warning("registering %s as %s with %s failed: %s %s", redact_url(c.worker_url), c.worker_id,
+                        c.capacity_addr, exc.code().name, exc.details())
+            return
+        if self.registrations == 0:
+            log.info("registered %s as %s with %s", redact_url(c.worker_url), c.worker_id, c.capacity_addr)
+        self.registrations += 1
+
+    async def _deregister(self, stub: pb_grpc.CapacityStub) -> None:
+        c = self.config
+        try:
+            await stub.DeregisterWorker(pb.DeregisterWorkerRequest(worker_id=c.worker_id), timeout=c.timeout_seconds)
+            log.info("deregistered %s from %s", c.worker_id, c.capacity_addr)
+        except grpc.aio.AioRpcError as exc:
+            # The capacity service removes an unreachable RPC-registered worker by itself later.
+            log.warning("deregistering %s failed: %s %s", c.worker_id, exc.code().name, exc.details())
+
+
+async def _serve(config: RegistrarConfig) -> None:
+    registrar = Registrar(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, registrar.stop)
+    await registrar.run()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        print(f"registrar: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.log_level)
+    asyncio.run(_serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
