@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# One image for every Bandmaster service (capacity, scheduler, router, planner, simworker): the
+# compose file and the Kubernetes manifests pick the service with the command
+# `python -m services.<name>`. docs/deploy/compose.md explains the cluster built from it.
+#
+# Pinned by exact tag so that a rebuild gets the same Python and Debian release; bump it on purpose.
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# --- build: resolve and install everything into a self-contained virtualenv -----------------------
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/bandmaster
+ENV PATH=/opt/bandmaster/bin:$PATH
+WORKDIR /src
+# The dependencies first, read from pyproject.toml: this layer is reused while only the code changes.
+# Every dependency ships wheels for linux/amd64 and linux/arm64, so no compiler is needed.
+COPY pyproject.toml README.md ./
+RUN python -c "import subprocess, sys, tomllib; \
+deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
+subprocess.check_call([sys.executable, '-m', 'pip', 'install', *deps])"
+COPY bandmaster ./bandmaster
+COPY services ./services
+COPY clients ./clients
+COPY bench ./bench
+RUN pip install --no-deps . && python -m compileall -q /opt/bandmaster
+
+# --- runtime: the virtualenv alone, run by an unprivileged user -----------------------------------
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PATH=/opt/bandmaster/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+RUN groupadd --system --gid 10001 bandmaster \
+ && useradd --system --uid 10001 --gid bandmaster --home-dir /var/lib/bandmaster --create-home \
+      --shell /usr/sbin/nologin bandmaster
+COPY --from=build /opt/bandmaster /opt/bandmaster
+# State that must outlive a container (the planner's registry) goes to a volume mounted here.
+WORKDIR /var/lib/bandmaster
+USER 10001:10001
+# capacity, scheduler, router, planner gRPC; router and planner HTTP; metrics; simworker HTTP.
+EXPOSE 50051 50052 50053 50061 8000 8090 9101 9102 9103 9105 30000
+# Probes the endpoints named in BANDMASTER_HEALTHCHECK (e.g. "grpc://127.0.0.1:50051"); the compose
+# file sets each service's own probe. services/common/healthcheck.py.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-m", "services.common.healthcheck"]
+CMD ["python", "-m", "services.router"]
