@@ -41,7 +41,19 @@ system-deps:
 demo: venv
 	$(PY) -m services.cli demo
 
-test: venv system-deps
+# promtool, for the alerting-rule tests: the binary alone, unpacked from Debian's prometheus package into
+# the venv (no Prometheus server is installed or started). Without apt those tests are skipped.
+PROMTOOL := $(VENV)/bin/promtool
+$(PROMTOOL): | $(STAMP)
+	@command -v apt-get >/dev/null 2>&1 || { echo "no apt-get: promtool checks will be skipped"; exit 0; }; \
+	  echo "unpacking promtool (Debian package prometheus) into $(VENV)/bin"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	  ( cd "$$tmp" && { apt-get download -qq prometheus >/dev/null 2>&1 || \
+	    { $$SUDO apt-get update -qq && apt-get download -qq prometheus >/dev/null 2>&1; }; } ) && \
+	  dpkg-deb --fsys-tarfile "$$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool > $(PROMTOOL).part && \
+	  chmod +x $(PROMTOOL).part && mv $(PROMTOOL).part $(PROMTOOL)
+
+test: venv system-deps $(PROMTOOL)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-slow: venv system-deps
