@@ -99,7 +99,7 @@ ROUTER_SETTINGS = [
             env=_env("capacity_retry_max_seconds")),
     Setting("planner_url", str, "",
             "the planner's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
-            "there; empty = those routes answer 501", env=_env("planner_url")),
+            "there; empty = those routes answer 404", env=_env("planner_url")),
     Setting("batch_priority", int, -10,
             "SGLang priority of requests marked X-Bandmaster-Traffic: batch (larger runs first; online turns get "
             "the scheduler's, -2..+1 by default)", env=_env("batch_priority")),
@@ -187,7 +187,7 @@ class RouterConfig:
     sweep_interval_seconds: float = 5.0
     capacity_retry_max_seconds: float = 5.0
     planner_url: str = ""
-    """The planner's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 501."""
+    """The planner's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 404."""
     batch_priority: int = -10
     """SGLang `priority` of batch traffic (`X-Bandmaster-Traffic: batch`), in place of the scheduler's."""
     seed: int = -1

@@ -128,8 +128,10 @@ class ShuttingDown(RouterError):
 
 
 class PlannerMissing(RouterError):
-    """A Batch API route (`/v1/files*`, `/v1/batches*`) on a router started without `--planner-url`."""
+    """A Batch API route (`/v1/files*`, `/v1/batches*`) on a router started without `--planner-url`: a 404
+    (the route is not served here; a client's mistake to fix by pointing at a router with a planner), not a 5xx
+    that monitoring would count as the router failing."""
 
-    http_status = 501
+    http_status = 404
     grpc_code = grpc.StatusCode.UNIMPLEMENTED
-    error_type = "not_implemented_error"
+    error_type = "not_found_error"

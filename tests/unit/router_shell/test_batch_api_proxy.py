@@ -1,6 +1,6 @@
 """The router's Batch API routes against an in-process router: forwarded to a fake planner with bodies
 streamed unchanged (a multipart upload, a JSONL download), statuses and error bodies passed through,
-`Authorization` forwarded; no `--planner-url` is a 501 naming the planner; an unreachable planner a 502.
+`Authorization` forwarded; no `--planner-url` is a 404 naming the planner; an unreachable planner a 502.
 Batch traffic (`X-Bandmaster-Traffic: batch`) gets the low priority and its own metric label."""
 
 from __future__ import annotations
@@ -104,13 +104,14 @@ async def test_upload_download_and_errors_pass_through(planner):
         await router.close()
 
 
-async def test_without_planner_url_the_batch_api_is_a_501_naming_the_planner():
+async def test_without_planner_url_the_batch_api_is_a_404_naming_the_planner():
+    """Was a 501: a 5xx for a client pointed at the wrong router, counted as a router failure."""
     router = await InProcessRouter.start(["ok"])
     try:
         async with aiohttp.ClientSession() as http:
             for method, path in (("POST", "/v1/files"), ("GET", "/v1/batches"), ("POST", "/v1/batches/b/cancel")):
                 async with http.request(method, router.url + path) as r:
-                    assert r.status == 501
+                    assert r.status == 404
                     err = (await r.json())["error"]
                     assert err["code"] == "planner_not_configured" and "--planner-url" in err["message"]
             async with http.get(router.url + "/v1/batchesX") as r:  # not a Batch API path
