@@ -145,12 +145,15 @@ class CapacityConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    trace_sample_ratio: float | None = None
+    """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                        "trace_sample_ratio": self.trace_sample_ratio})
         require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
                 "poll_interval_seconds > 0")
         require(self.poll_timeout_seconds > 0, "poll_timeout_seconds", self.poll_timeout_seconds,

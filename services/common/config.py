@@ -181,6 +181,9 @@ def serve_settings(prefix: str, grpc_default: str, metrics_default: int) -> list
                 env=f"{prefix}_SHUTDOWN_GRACE_SECONDS"),
         Setting("ready_file", str, "", "write the bound gRPC and metrics ports as JSON to this file once serving (used by `bandmaster up`)",
                 env=f"{prefix}_READY_FILE"),
+        Setting("trace_sample_ratio", float, None, "share of new traces to sample, 0..1, parent-based: a request "
+                "that arrives with a sampled traceparent is always traced (default: OTEL_TRACES_SAMPLER and "
+                "OTEL_TRACES_SAMPLER_ARG, else every trace)", env=f"{prefix}_TRACE_SAMPLE_RATIO"),
     ]
 
 
@@ -189,3 +192,8 @@ def validate_serve(values: Mapping[str, Any]) -> None:
     require(-1 <= values["metrics_port"] <= 65535, "metrics_port", values["metrics_port"], "-1 <= metrics_port <= 65535")
     require(values["shutdown_grace_seconds"] >= 0, "shutdown_grace_seconds", values["shutdown_grace_seconds"],
             "shutdown_grace_seconds >= 0")
+    validate_trace_sample_ratio(values.get("trace_sample_ratio"))
+
+
+def validate_trace_sample_ratio(ratio: float | None) -> None:
+    require(ratio is None or 0.0 <= ratio <= 1.0, "trace_sample_ratio", ratio, "0 <= trace_sample_ratio <= 1")

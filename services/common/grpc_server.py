@@ -29,7 +29,7 @@ from services.common.http_errors import json_errors
 from services.common.loop_lag import LoopLag
 from services.common.ports import PortInUse, binding, port_free, require_free
 from services.common.security import SecurityConfig, Verdict, log_posture
-from services.common.telemetry import Telemetry
+from services.common.telemetry import Telemetry, grpc_server_tracing
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,10 @@ class ServiceHost:
         token_check = self.security.server_interceptor(self.count_refusal)
         # The token check runs first: a refused call reaches no other interceptor. The request guard wraps
         # every handler (the refusal too), so a message that does not parse is INVALID_ARGUMENT.
-        chain = [RequestGuard(), *interceptors]
+        # Tracing (unary calls; the global provider without `telemetry`) wraps the guard, so a refused
+        # malformed request is a span with its status too.
+        tracing = telemetry.grpc_server_interceptor() if telemetry is not None else grpc_server_tracing()
+        chain = [tracing, RequestGuard(), *interceptors]
         if token_check is not None:
             chain.insert(0, token_check)
         # No SO_REUSEPORT (grpc's default): a second process on the same port must fail, not share it.

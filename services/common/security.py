@@ -374,10 +374,14 @@ class SecurityConfig:
             return None
         return TokenInterceptor(self.control_tokens, self.data_tokens, on_refusal)
 
-    def channel(self, address: str, options: Sequence[tuple[str, Any]] | None = None) -> grpc.aio.Channel:
+    def channel(self, address: str, options: Sequence[tuple[str, Any]] | None = None,
+                interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> grpc.aio.Channel:
         """An outbound channel to `address`: TLS (with this process's client certificate) when TLS is
-        configured, and the first control token on every call when one is."""
-        interceptors = bearer_interceptors(self.control_tokens.first) if self.control_tokens is not None else None
+        configured, and the first control token on every call when one is; `interceptors` (tracing) first."""
+        chain = list(interceptors)
+        if self.control_tokens is not None:
+            chain.extend(bearer_interceptors(self.control_tokens.first))
+        interceptors = chain or None
         credentials = self.channel_credentials()
         if credentials is None:
             return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)

@@ -1,21 +1,79 @@
 """OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, nothing otherwise.
 
 Tests pass an in-memory exporter. Spans are one per decision (`capacity.recompute`,
-`scheduler.tick`, ...), with few bounded attributes.
+`scheduler.tick`, ...), with few bounded attributes. docs/tracing.md lists them.
+
+Sampling is parent-based everywhere, so one decision at the root of a trace (normally the router's
+request span) holds for the whole agent turn. The root's rate is `--trace-sample-ratio` when a service
+is given one, else the standard OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (default: every trace).
+A malformed value is a ConfigError here, where the SDK alone would warn and sample everything.
+
+Propagation: unary gRPC calls go through the maintained instrumentation (opentelemetry-instrumentation-grpc)
+on both sides, installed once: the server interceptor by `ServiceHost`, the client interceptor on the
+channels that carry a turn. Server-streaming RPCs and HTTP keep hand-written propagation (see
+`GrpcServerTracing` and `http_server_middleware` for why).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping
+from typing import Awaitable, Callable, Collection, Mapping
 
-from opentelemetry import trace
+import grpc
+from aiohttp import web
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+
+from services.common.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# gRPC services whose calls are never traced: probes and tooling, not work.
+UNTRACED_GRPC_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                          "grpc.reflection.v1.ServerReflection")
+
+
+def trace_sampler(sample_ratio: float | None, env: Mapping[str, str]) -> Sampler | None:
+    """The sampler for one process.
+
+    `sample_ratio` (the `--trace-sample-ratio` flag): ParentBased(TraceIdRatioBased(ratio)). Without it,
+    OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG as the OpenTelemetry spec defines them, validated; a
+    sampler name that is not one of the spec's built-ins returns None, so that the SDK resolves it (a
+    sampler registered by an installed package)."""
+    if sample_ratio is not None:
+        if not 0.0 <= sample_ratio <= 1.0:
+            raise ConfigError("trace_sample_ratio", sample_ratio, "0 <= trace_sample_ratio <= 1")
+        return ParentBased(TraceIdRatioBased(sample_ratio))
+    name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
+    fixed = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF,
+             "parentbased_always_on": ParentBased(ALWAYS_ON), "parentbased_always_off": ParentBased(ALWAYS_OFF)}
+    if name in fixed:
+        return fixed[name]
+    if name not in ("traceidratio", "parentbased_traceidratio"):
+        return None
+    raw = env.get("OTEL_TRACES_SAMPLER_ARG")
+    if raw is None or raw.strip() == "":
+        ratio = 1.0  # the spec's default for a ratio sampler without an argument
+    else:
+        try:
+            ratio = float(raw)
+        except ValueError:
+            raise ConfigError("OTEL_TRACES_SAMPLER_ARG", raw, "a number in [0, 1]") from None
+        if not 0.0 <= ratio <= 1.0:
+            raise ConfigError("OTEL_TRACES_SAMPLER_ARG", raw, "a number in [0, 1]")
+    root = TraceIdRatioBased(ratio)
+    return root if name == "traceidratio" else ParentBased(root)
 
 
 class Telemetry:
@@ -28,6 +86,12 @@ class Telemetry:
 
     def tracer(self, name: str) -> trace.Tracer:
         return self.provider.get_tracer(name)
+
+    def grpc_server_interceptor(self) -> grpc.aio.ServerInterceptor:
+        return grpc_server_tracing(self.provider)
+
+    def grpc_client_interceptors(self) -> list[grpc.aio.ClientInterceptor]:
+        return grpc_client_tracing(self.provider)
 
     def shutdown(self) -> None:
         """Flush and stop exporting. Safe to call twice."""
@@ -43,11 +107,14 @@ def setup_telemetry(
     env: Mapping[str, str] | None = None,
     exporter: SpanExporter | None = None,
     set_global: bool = True,
+    sample_ratio: float | None = None,
 ) -> Telemetry:
     """Build the provider. `exporter` (tests) wins over the environment; with neither, spans are
-    created (so context still propagates) but never exported."""
+    created (so context still propagates) but never exported. Raises ConfigError for a sampling
+    setting out of range."""
     env = os.environ if env is None else env
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
+                              sampler=trace_sampler(sample_ratio, env))
     exporting = False
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -57,10 +124,122 @@ def setup_telemetry(
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         exporting = True
-        log.info("telemetry: exporting spans by OTLP for service %s", service_name)
+        log.info("telemetry: exporting spans by OTLP for service %s (sampler %s)", service_name,
+                 provider.sampler.get_description())
     if set_global:
         try:
             trace.set_tracer_provider(provider)
         except Exception:  # the global provider can only be set once per process
             log.debug("telemetry: global tracer provider already set")
     return Telemetry(service_name, provider, exporting)
+
+
+# --------------------------------------------------------------------------------------------
+# gRPC
+# --------------------------------------------------------------------------------------------
+
+def _traced_method(method: str) -> bool:
+    service = method.lstrip("/").split("/", 1)[0]
+    return service not in UNTRACED_GRPC_SERVICES
+
+
+class GrpcServerTracing(grpc.aio.ServerInterceptor):
+    """A SERVER span for every unary-response call, by the maintained grpc aio instrumentation.
+
+    Response-streaming handlers pass through untouched, because the instrumentation's stream wrapper
+    does not fit them: it keeps its span current across each `yield`, and grpc closes a stream that
+    ends early from another task, where the detach fails ('Failed to detach context' at ERROR); and it
+    iterates the handler's return value, so a handler that answers with `context.write` (AdmitStream)
+    would break. Those handlers (`Scheduler/AdmitStream`, `Router/Generate`) start their own SERVER
+    span from the metadata (`grpc_parent`), current only around awaits."""
+
+    def __init__(self, provider: trace.TracerProvider | None) -> None:
+        from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+        self._instrumentation = aio_server_interceptor(
+            tracer_provider=provider, filter_=lambda details: _traced_method(details.method))
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.response_streaming:
+            return handler
+
+        async def resolved(_details):
+            return handler
+
+        return await self._instrumentation.intercept_service(resolved, handler_call_details)
+
+
+def grpc_server_tracing(provider: trace.TracerProvider | None = None) -> grpc.aio.ServerInterceptor:
+    return GrpcServerTracing(provider)
+
+
+def grpc_client_tracing(provider: trace.TracerProvider | None = None) -> list[grpc.aio.ClientInterceptor]:
+    """CLIENT spans and W3C context in the metadata of unary-unary calls, by the instrumentation.
+
+    Only its unary-unary interceptor is used: its streaming ones end their span when the response
+    iterator is exhausted, and the router reads AdmitStream only up to the decision and then cancels it,
+    so that span would end whenever the garbage collector got to it. Streaming calls on a turn's path
+    inject by hand (`inject_metadata`)."""
+    from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+    return [i for i in aio_client_interceptors(tracer_provider=provider,
+                                               filter_=lambda details: _traced_method(_method_name(details)))
+            if isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)]
+
+
+def _method_name(details) -> str:
+    method = details.method
+    return method.decode() if isinstance(method, bytes) else method
+
+
+def inject_metadata(ctx: otel_context.Context | None = None) -> tuple[tuple[str, str], ...]:
+    """W3C trace context (`traceparent`, `tracestate`) of `ctx` (default: the current one) as gRPC metadata."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=ctx)
+    return tuple(carrier.items())
+
+
+def grpc_parent(context: grpc.aio.ServicerContext) -> tuple[otel_context.Context | None, trace.SpanKind]:
+    """Parent and kind for a handler's decision span.
+
+    Under `GrpcServerTracing` (unary calls) the instrumentation's SERVER span is current: the decision
+    span is its INTERNAL child (parent None = the current context). A streaming handler has no span
+    current: the caller's context comes from the metadata and the decision span is the SERVER span."""
+    if trace.get_current_span().get_span_context().is_valid:
+        return None, trace.SpanKind.INTERNAL
+    carrier = {key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
+    return propagate.extract(carrier), trace.SpanKind.SERVER
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP (aiohttp server)
+# --------------------------------------------------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def http_server_middleware(tracer: trace.Tracer, paths: Collection[str]):
+    """An aiohttp middleware: a SERVER span (`POST /generate`), child of the request's `traceparent`,
+    for each request to one of `paths` (the work routes; probes and /metrics stay untraced).
+
+    Hand-written rather than opentelemetry-instrumentation-aiohttp-server: its releases pin an
+    opentelemetry-semantic-conventions version other than the one the installed opentelemetry-sdk pins,
+    so the two cannot be installed together (docs/tracing.md)."""
+    traced = frozenset(paths)
+
+    @web.middleware
+    async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in traced:
+            return await handler(request)
+        with tracer.start_as_current_span(f"{request.method} {request.path}", context=propagate.extract(request.headers),
+                                          kind=trace.SpanKind.SERVER) as span:
+            span.set_attribute("http.request.method", request.method)
+            span.set_attribute("url.path", request.path)
+            response = await handler(request)
+            span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:
+                span.set_status(trace.Status(trace.StatusCode.ERROR))
+            return response
+
+    return trace_requests

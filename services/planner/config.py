@@ -192,6 +192,8 @@ class PlannerConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    trace_sample_ratio: float | None = None
+    """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection of the gRPC server and channels (services/common/security.py)."""
 
@@ -212,7 +214,8 @@ class PlannerConfig:
 
     def __post_init__(self) -> None:
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                        "trace_sample_ratio": self.trace_sample_ratio})
         parse_host_port(self.http_listen, "http_listen")
         require(bool(self.registry_path), "registry_path", self.registry_path, "registry_path must not be empty")
         require(1 <= self.max_batch_requests <= 1_000_000, "max_batch_requests", self.max_batch_requests,

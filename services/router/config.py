@@ -159,6 +159,8 @@ class RouterConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    trace_sample_ratio: float | None = None
+    """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     no_scheduler: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
     admit_decision_timeout_seconds: float = 2.0
@@ -202,7 +204,8 @@ class RouterConfig:
         if not self.no_scheduler:
             parse_host_port(self.scheduler_addr, "scheduler_addr")
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                        "trace_sample_ratio": self.trace_sample_ratio})
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
         require(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "max_body_bytes >= 1024")
         for name in ("admit_decision_timeout_seconds", "admit_hold_timeout_seconds", "scheduler_retry_seconds",

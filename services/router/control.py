@@ -14,8 +14,10 @@ one WARN per outage, an INFO when the scheduler answers again):
   without waiting, except one probe Admit per `scheduler_retry_seconds`; a probe that gets an answer
   closes it.
 
-Bind/Complete/Release are short, bounded calls whose failure never fails a turn. The W3C trace context
-of the current span is injected into every call's metadata.
+Bind/Complete/Release are short, bounded calls whose failure never fails a turn. Tracing: unary calls get
+their CLIENT span and `traceparent` from the gRPC instrumentation on the channel; AdmitStream is a stream
+the instrumentation does not fit (services/common/telemetry.py), so `admit` opens its own CLIENT span
+(`router.admit`) and injects its context by hand.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import time
 from dataclasses import dataclass
 
 import grpc
-from opentelemetry import propagate
+from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.loop_lag import LoopLag
+from services.common.telemetry import inject_metadata
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.metrics import RouterMetrics
 
@@ -77,6 +80,7 @@ class FailOpen:
 class SchedulerClient:
     def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float, decision_timeout_s: float,
                  hold_timeout_s: float, breaker: BreakerParams, channel: grpc.aio.Channel | None = None,
+                 tracer: trace.Tracer | None = None,
                  loop_lag: LoopLag | None = None) -> None:
         self.address = address
         self._loop_lag = loop_lag
@@ -87,6 +91,7 @@ class SchedulerClient:
         self._breaker = CircuitBreaker(breaker)
         self._channel = channel or grpc.aio.insecure_channel(address)
         self._stub = pb_grpc.SchedulerStub(self._channel)
+        self._tracer = tracer or trace.get_tracer(__name__)
         self._outage_since: float | None = None
         # Ticket leases: the request ids of admitted turns still running, renewed together.
         self._leases: dict[str, None] = {}
@@ -163,7 +168,22 @@ class SchedulerClient:
     async def admit(self, session_id: str, parent_session_id: str, request_id: str,
                     estimated_prompt_tokens: int) -> Admission | None:
         """Admission, or None to fail open. Raises CancelledError when the caller is cancelled
-        (gRPC then cancels the call and the scheduler rolls the admission back)."""
+        (gRPC then cancels the call and the scheduler rolls the admission back).
+
+        Under a CLIENT span, current only while this coroutine runs (no generator, no yield), whose context
+        goes to the scheduler in the AdmitStream metadata."""
+        with self._tracer.start_as_current_span("router.admit", kind=trace.SpanKind.CLIENT, attributes={
+                "rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler",
+                "rpc.method": "AdmitStream"}) as span:
+            admission = await self._admit(session_id, parent_session_id, request_id, estimated_prompt_tokens)
+            span.set_attribute("router.fail_open", admission is None)
+            if admission is not None:
+                span.set_attribute("router.held_seconds", admission.held_seconds)
+                span.set_attribute("router.pinned", admission.pinned)
+            return admission
+
+    async def _admit(self, session_id: str, parent_session_id: str, request_id: str,
+                     estimated_prompt_tokens: int) -> Admission | None:
         now = time.monotonic()
         if not self._breaker.available(now):
             self._fail_open(FailOpen.OUTAGE)
@@ -173,7 +193,7 @@ class SchedulerClient:
                                   estimated_prompt_tokens=estimated_prompt_tokens, request_id=request_id)
         loop = asyncio.get_running_loop()
         cap_at = loop.time() + self._hold_cap_s
-        call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=_metadata())
+        call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
         deadline = min(loop.time() + self._decision_s, cap_at)
         held = decided = extended = False
         # One read outlives a missed deadline (a cancelled read cancels the call), so that a window given
@@ -239,7 +259,7 @@ class SchedulerClient:
 
     async def _short(self, method: str, call, request):
         try:
-            answer = await call(request, timeout=self._timeout_s, metadata=_metadata())
+            answer = await call(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in _UNREACHABLE:
                 self._unreachable(method, exc)

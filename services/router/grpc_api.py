@@ -11,10 +11,11 @@ import asyncio
 from typing import AsyncIterator
 
 import grpc
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
+from services.common.telemetry import grpc_parent
 from services.router import session, validation
 from services.router.control import Outcome
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
@@ -100,11 +101,11 @@ class RouterServicer(pb_grpc.RouterServicer):
 
     async def Generate(self, request: pb.GenerateRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
-        ctx = propagate.extract(dict(context.invocation_metadata() or ()))
+        ctx, kind = grpc_parent(context)  # a streaming handler: not instrumented (GrpcServerTracing says why)
         path = "program" if request.session_id.strip() else "passthrough"
         # The span is current only around awaits, never across a `yield`: grpc.aio may close this generator
         # from another task, where detaching a context attached here fails (and logs at ERROR).
-        span = self.tracer.start_span("router.request", context=ctx, kind=trace.SpanKind.SERVER)
+        span = self.tracer.start_span("router.request", context=ctx, kind=kind)
         span.set_attribute("router.route", "grpc")
         try:
             try:
@@ -169,8 +170,8 @@ class RouterServicer(pb_grpc.RouterServicer):
         except RouterError as err:
             await _abort(context, err)
             raise AssertionError("unreachable")
-        ctx = propagate.extract(dict(context.invocation_metadata() or ()))
-        with self.tracer.start_as_current_span("router.release", context=ctx, kind=trace.SpanKind.SERVER):
+        ctx, kind = grpc_parent(context)  # unary: a child of the instrumentation's SERVER span
+        with self.tracer.start_as_current_span("router.release", context=ctx, kind=kind):
             released = await self.runner.release(sid, client_of(context))
         self.metrics.request("grpc", "final", "ok").inc()
         return pb.ReleaseResponse(released=released)

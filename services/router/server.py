@@ -144,7 +144,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded."""
     prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
     install_log_redaction()
-    telemetry = telemetry or setup_telemetry("bandmaster-router")
+    telemetry = telemetry or setup_telemetry("bandmaster-router", sample_ratio=config.trace_sample_ratio)
     tracer = telemetry.tracer("bandmaster.router")
     metrics = RouterMetrics()
     clock = SystemClock()
@@ -158,7 +158,8 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     scheduler = None if config.no_scheduler else SchedulerClient(
         config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,
         decision_timeout_s=config.admit_decision_timeout_seconds, hold_timeout_s=config.admit_hold_timeout_seconds,
-        breaker=config.scheduler_breaker, channel=config.security.channel(config.scheduler_addr),
+        breaker=config.scheduler_breaker, tracer=tracer,
+        channel=config.security.channel(config.scheduler_addr, interceptors=telemetry.grpc_client_interceptors()),
         loop_lag=host.loop_lag)
     scheduler_config = None
     if scheduler is not None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 import aiohttp
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from services.common.tokenizer import ChatTemplateError
@@ -186,6 +187,8 @@ class _Bookkeeping:
     usage: Usage = field(default_factory=Usage)
     bind_task: asyncio.Task | None = None
     ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)
+    trace_context: otel_context.Context | None = None  # the turn's (its request span's), for Complete
+    upstream_span: trace.Span | None = None  # CLIENT span of the worker request in use, ended at close
 
 
 class OpenTurn:
@@ -339,7 +342,17 @@ class OpenTurn:
             circuits.failed(self.worker.worker_id, "failed after the first token")
         elif self._verdict_pending:
             circuits.abandoned(self.worker.worker_id)
+        span = self.book.upstream_span
+        if span is not None:
+            span.set_attribute("http.response.status_code", self.response.status)
+            span.set_attribute("router.outcome", _OUTCOME_NAMES.get(outcome, "unknown"))
+            if outcome == Outcome.FAILED:
+                span.set_status(trace.Status(trace.StatusCode.ERROR, "failed after the first token"))
+            span.end()
         self._runner._finish(self.spec, self.admission, self.book, outcome)
+
+
+_OUTCOME_NAMES = {Outcome.OK: "ok", Outcome.CANCELLED: "cancelled", Outcome.FAILED: "failed"}
 
 
 class SseRelay:
@@ -524,12 +537,18 @@ class TurnRunner:
         scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
 
         async def complete() -> None:
-            if bind_task is not None:
-                await asyncio.gather(bind_task, return_exceptions=True)
-            await scheduler.complete(spec.identity.session_id, spec.request_id,
-                                     replica.worker_id if replica else "", replica.dp_rank if replica else 0,
-                                     usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome,
-                                     ttft_s=book.ttft_s)
+            # In the turn's trace even when the turn is closed outside its request span (a stream).
+            token = otel_context.attach(book.trace_context) if book.trace_context is not None else None
+            try:
+                if bind_task is not None:
+                    await asyncio.gather(bind_task, return_exceptions=True)
+                await scheduler.complete(spec.identity.session_id, spec.request_id,
+                                         replica.worker_id if replica else "", replica.dp_rank if replica else 0,
+                                         usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome,
+                                         ttft_s=book.ttft_s)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
 
         self._spawn(complete())
 
@@ -595,7 +614,7 @@ class TurnRunner:
             spec.body["priority"] = self.batch_priority
         elif admission is not None:
             spec.body["priority"] = admission.priority
-        book = _Bookkeeping()
+        book = _Bookkeeping(trace_context=otel_context.get_current())
         self.metrics.flight(spec.traffic).inc()
         outcome = Outcome.FAILED
         try:
@@ -687,8 +706,26 @@ class TurnRunner:
 
     async def _send(self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica,
                     book: _Bookkeeping) -> OpenTurn:
+        """Dispatch under a CLIENT span whose context the worker gets in `traceparent`. The span ends with
+        the worker's answer (at `OpenTurn.close`), or here when the attempt fails. Propagated by hand: the
+        aiohttp client instrumentation cannot be installed beside this opentelemetry-sdk (docs/tracing.md),
+        and its span would end at the response headers, not with the streamed answer."""
+        span = self.tracer.start_span("router.upstream", kind=trace.SpanKind.CLIENT, attributes={
+            "http.request.method": "POST", "url.path": spec.api.value, "router.worker_id": worker.worker_id,
+            "router.dp_rank": replica.dp_rank, "router.stream": spec.stream})
         headers: dict[str, str] = {}
-        propagate.inject(headers)
+        propagate.inject(headers, context=trace.set_span_in_context(span))
+        try:
+            turn = await self._dispatch(spec, admission, worker, replica, book, headers)
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, exc.__class__.__name__))
+            span.end()
+            raise
+        book.upstream_span = span
+        return turn
+
+    async def _dispatch(self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica,
+                        book: _Bookkeeping, headers: dict[str, str]) -> OpenTurn:
         dispatched_at = time.monotonic()
         if not spec.stream:
             response = await self.upstream.post(worker.worker_id, worker.url + spec.api.value, spec.body, headers,

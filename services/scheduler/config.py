@@ -289,6 +289,8 @@ class SchedulerConfig:
     log_level: str = "INFO"
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
+    trace_sample_ratio: float | None = None
+    """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection (services/common/security.py)."""
 
@@ -318,7 +320,8 @@ class SchedulerConfig:
             return "redis"
         return "memory" if self.state_path.strip().lower() in MEMORY_STATE else "sqlite"
         validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds})
+                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                        "trace_sample_ratio": self.trace_sample_ratio})
 
     def pause_policy_params(self) -> Any:
         """The params for `make_pause_policy(self.pause_policy, ...)` (None: the policy's defaults)."""
@@ -359,6 +362,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         log_level=values["log_level"],
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         ready_file=values["ready_file"],
+        trace_sample_ratio=values["trace_sample_ratio"],
         security=security,
     )
 

@@ -12,10 +12,11 @@ import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.telemetry import grpc_parent
 from services.scheduler.adapters.proto import (
     InvalidArgument,
     WallTime,
@@ -76,13 +77,6 @@ async def _domain_errors(context: grpc.aio.ServicerContext):
         await context.abort(_status(exc), str(exc))
 
 
-def _trace_context(context: grpc.aio.ServicerContext):
-    """W3C trace context (`traceparent`, `tracestate`) from the incoming metadata."""
-    carrier = {key: value for key, value in (context.invocation_metadata() or ())
-               if isinstance(value, str)}
-    return propagate.extract(carrier)
-
-
 class SchedulerServicer(pb_grpc.SchedulerServicer):
     def __init__(self, runtime: SchedulerRuntime, kv_router: KvRouterConfig, tracer: trace.Tracer) -> None:
         self.runtime = runtime
@@ -103,8 +97,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def _admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext,
                      on_held: Callable[[], Awaitable[None]] | None) -> pb.AdmitResponse:
-        with self.tracer.start_as_current_span("scheduler.admit", context=_trace_context(context),
-                                               kind=trace.SpanKind.SERVER) as span:
+        # Unary Admit: a child of the instrumentation's SERVER span. AdmitStream is not instrumented (a
+        # streaming handler, see GrpcServerTracing): this span is its SERVER span, from the metadata.
+        trace_parent, kind = grpc_parent(context)
+        with self.tracer.start_as_current_span("scheduler.admit", context=trace_parent, kind=kind) as span:
             async with _domain_errors(context):
                 session_id = validate_session_id(request.session_id)
                 parent = validate_session_id(request.parent_session_id, "parent_session_id")
@@ -112,6 +108,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
                 span.set_attribute("scheduler.passthrough", not session_id)
                 if self.runtime.gated(session_id):
+                    span.add_event("scheduler.gated")
                     if on_held is not None:
                         await on_held()
                     try:
@@ -128,7 +125,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 held = decision.verdict is Verdict.WAIT
                 span.set_attribute("scheduler.held", held)
                 if held:
+                    span.add_event("scheduler.held")
                     decision = await self._hold(request_id, context, on_held)
+                    span.add_event("scheduler.resumed", {"scheduler.forced_resume": decision.forced_resume})
                 span.set_attribute("scheduler.pinned", decision.pinned)
                 span.set_attribute("scheduler.was_paused", decision.was_paused)
                 span.set_attribute("scheduler.forced_resume", decision.forced_resume)
@@ -177,7 +176,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             if replica is None:
                 raise InvalidArgument("worker_id is required")
-            return pb.BindResponse(bound=self.runtime.bind(request_id, replica))
+            bound = self.runtime.bind(request_id, replica)
+            trace.get_current_span().set_attribute("scheduler.bound", bound)
+            return pb.BindResponse(bound=bound)
 
     async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         async with _domain_errors(context):
@@ -190,6 +191,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             ttft_s = validate_ttft(request.ttft_seconds)
             self.runtime.complete(session_id, request_id, replica, request.prompt_tokens, request.completion_tokens,
                                   request.cached_tokens, outcome, ttft_s=ttft_s or None)
+            span = trace.get_current_span()  # the instrumentation's SERVER span
+            span.set_attribute("scheduler.outcome", outcome.value)
+            span.set_attribute("scheduler.prompt_tokens", request.prompt_tokens)
+            span.set_attribute("scheduler.cached_tokens", request.cached_tokens)
             return pb.CompleteResponse()
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
@@ -197,7 +202,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             session_id = validate_session_id(request.session_id)
             if not session_id:
                 raise InvalidArgument("session_id is required")
-            return pb.ReleaseResponse(released=self.runtime.release(session_id))
+            released = self.runtime.release(session_id)
+            trace.get_current_span().set_attribute("scheduler.released", released)
+            return pb.ReleaseResponse(released=released)
 
     async def GetProgram(self, request: pb.GetProgramRequest, context: grpc.aio.ServicerContext) -> pb.Program:
         async with _domain_errors(context):

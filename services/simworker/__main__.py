@@ -12,13 +12,15 @@ import sys
 
 from services.common.errors import ConfigError
 from services.common.logs import setup_logging
+from services.common.telemetry import setup_telemetry
 from services.common.ports import PortInUse
 from services.simworker.config import load_config
 from services.simworker.server import start_simworker
 
 
 async def _serve(config) -> None:
-    worker = await start_simworker(config)
+    telemetry = setup_telemetry("bandmaster-simworker", sample_ratio=config.trace_sample_ratio)
+    worker = await start_simworker(config, telemetry=telemetry)
     # The bound port on stdout, for people and for launchers that read it.
     print(f"simworker listening on {worker.url} port={worker.port} pid={os.getpid()}", flush=True)
     stop = asyncio.Event()

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from services.common.config import Setting, parse_settings, require
+from services.common.config import Setting, parse_settings, require, validate_trace_sample_ratio
 from services.common.errors import ConfigError
 from services.simworker.core.timing import host_tokens_from_gb
 
@@ -61,6 +61,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("stream_interval", int, 1, "tokens per streamed chunk"),
     _s("ready_file", str, "", "write {\"port\": .., \"pid\": ..} JSON here once serving (atomic rename)"),
     _s("log_level", str, "INFO", "log level", choices=LOG_LEVELS),
+    _s("trace_sample_ratio", float, None, "share of new traces to sample, 0..1, parent-based (default: "
+       "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
+       "OTEL_EXPORTER_OTLP_ENDPOINT is set"),
     _s("health_generate_timeout_s", float, 20.0, "how long /health_generate waits for its one token"),
 )
 
@@ -146,6 +149,8 @@ class SimWorkerConfig:
     enable_cache_report: bool = False
     stream_interval: int = 1
     ready_file: str = ""
+    trace_sample_ratio: float | None = None
+    """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     log_level: str = "INFO"
     health_generate_timeout_s: float = 20.0
 
@@ -178,6 +183,7 @@ class SimWorkerConfig:
         require(math.isfinite(self.speedup) and self.speedup > 0, "speedup", self.speedup, "speedup > 0")
         require(self.stream_interval >= 1, "stream_interval", self.stream_interval, "stream_interval >= 1")
         require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"log_level in {LOG_LEVELS}")
+        validate_trace_sample_ratio(self.trace_sample_ratio)
         require(self.health_generate_timeout_s > 0, "health_generate_timeout_s", self.health_generate_timeout_s,
                 "health_generate_timeout_s > 0")
         require(self.schedule_low_priority_values_first is False or self.enable_priority_scheduling,
@@ -265,5 +271,6 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
         stream_interval=v["stream_interval"],
         ready_file=v["ready_file"],
         log_level=v["log_level"],
+        trace_sample_ratio=v["trace_sample_ratio"],
         health_generate_timeout_s=v["health_generate_timeout_s"],
     )

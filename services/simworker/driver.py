@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from services.simworker.core.api import Engine, EngineRequest, KvEvent, RequestOutput
 
@@ -64,6 +64,12 @@ class EngineDriver:
 
     def _wall_at(self, virtual_s: float) -> float:
         return self._t0 + virtual_s / self.speedup
+
+    def epoch_ns_at(self, virtual_times: Sequence[float]) -> list[int]:
+        """The Unix times (ns) at which the engine's clock reads each of `virtual_times` (span event
+        timestamps), all through one reading of the wall and monotonic clocks, so that they keep their order."""
+        offset_s = self._wall() - self._monotonic()
+        return [int((offset_s + self._wall_at(v)) * 1e9) for v in virtual_times]
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:

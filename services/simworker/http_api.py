@@ -5,7 +5,8 @@ driver, turn the stream of `RequestOutput`s into SGLang's (`/generate`) or OpenA
 (`/v1/*`) wire shapes. `Generation` is the one place that owns a request's text, stop
 strings, stream interval, latency metrics and its release: whatever way a handler exits
 (finish, client disconnect, cancellation), `Generation.close()` aborts the engine request if it
-is still in flight, as SGLang does on disconnect.
+is still in flight, as SGLang does on disconnect. With tracing, it also records where the request's
+time went (queue, prefill, decode) as events on the request's SERVER span (docs/tracing.md).
 
 Errors use OpenAI's body `{"object": "error", "message", "type", "code"}` with a 4xx status,
 mapped in one place (`_error`).
@@ -21,7 +22,9 @@ import uuid
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
+from opentelemetry import trace
 
+from services.common.telemetry import http_server_middleware
 from services.simworker.chat import ChatTemplateError
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import EngineRequest, RequestOutput
@@ -46,6 +49,8 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _DONE = b"data: [DONE]\n\n"
 # /generate's default when sampling_params.max_new_tokens is absent (SGLang's default).
 DEFAULT_GENERATE_MAX_NEW_TOKENS = 128
+# The routes that run the engine: each request to one gets a SERVER span (probes and polls do not).
+TRACED_PATHS = ("/generate", "/v1/chat/completions", "/v1/completions")
 
 
 class Tokenizer(Protocol):
@@ -92,7 +97,8 @@ class Generation:
 
     __slots__ = ("rid", "prompt_tokens", "output_ids", "text", "finish_reason", "completion_tokens",
                  "cached_tokens", "num_retractions", "e2e_latency_s", "_driver", "_tokenizer", "_metrics",
-                 "_queue", "_stop", "_stop_scan_from", "_interval", "_arrival_v", "_last_v", "_done")
+                 "_queue", "_stop", "_stop_scan_from", "_interval", "_arrival_v", "_last_v", "_done",
+                 "_span", "_submitted_v", "_admitted_v", "_first_v", "_end_v")
 
     def __init__(self, driver: EngineDriver, tokenizer: Tokenizer, metrics: SimWorkerMetrics | None,
                  request: EngineRequest, stop: Sequence[str], stream_interval: int,
@@ -115,6 +121,12 @@ class Generation:
         self._arrival_v = driver.now() if arrival_v is None else arrival_v
         self._last_v: float | None = None
         self._done = False
+        # Phases in engine (virtual) time, for the span events written at close.
+        self._span = trace.get_current_span()
+        self._submitted_v = driver.now()
+        self._admitted_v: float | None = None
+        self._first_v: float | None = None
+        self._end_v: float | None = None
         try:
             self._queue = driver.submit(request)
         except KeyError:
@@ -152,8 +164,12 @@ class Generation:
         if output.prompt_tokens:
             self.cached_tokens = output.cached_tokens
         self.num_retractions = max(self.num_retractions, output.num_retractions)
+        if self._admitted_v is None and output.admitted_at is not None:
+            self._admitted_v = output.admitted_at
         delta = ""
         if new_ids:
+            if self._first_v is None:
+                self._first_v = t_v
             if self._metrics is not None:
                 if self._last_v is None:
                     self._metrics.observe_ttft(t_v - self._arrival_v)
@@ -190,6 +206,7 @@ class Generation:
     def _finish(self, reason: dict, t_v: float) -> None:
         self._done = True
         self.finish_reason = reason
+        self._end_v = t_v
         self.e2e_latency_s = t_v - self._arrival_v
         if self._metrics is not None:
             self._metrics.observe_e2e(self.e2e_latency_s)
@@ -199,6 +216,43 @@ class Generation:
         if not self._done:
             self._done = True
             self._driver.release(self.rid)
+        span, self._span = self._span, None
+        if span is not None and span.is_recording():
+            self._trace_phases(span)
+
+    def _trace_phases(self, span: trace.Span) -> None:
+        """Events at the start and end of each phase, in engine time mapped to wall time:
+
+            queue    submitted to the engine -> first admitted (prefill begins)
+            prefill  admitted -> first token (the step that finished the prefill samples it)
+            decode   first token -> last token, or the abort
+
+        and the phases' lengths in engine seconds as attributes. A phase the request never reached has
+        no events (a request aborted while queued has `queue.start` only)."""
+        end_v = self._end_v if self._end_v is not None else self._driver.now()
+        admitted, first = self._admitted_v, self._first_v
+        marks = [("queue.start", self._submitted_v)]
+        if admitted is not None:
+            marks += [("queue.end", admitted), ("prefill.start", admitted)]
+            if first is not None:
+                marks += [("prefill.end", first), ("decode.start", first), ("decode.end", end_v)]
+        for (name, at_v), at_ns in zip(marks, self._driver.epoch_ns_at([v for _, v in marks])):
+            span.add_event(name, {"simworker.engine_time_s": at_v}, timestamp=at_ns)
+        attributes = {
+            "simworker.frontend_s": self._submitted_v - self._arrival_v,
+            "simworker.queue_s": (admitted if admitted is not None else end_v) - self._submitted_v,
+            "simworker.prompt_tokens": self.prompt_tokens,
+            "simworker.cached_tokens": self.cached_tokens,
+            "simworker.completion_tokens": self.completion_tokens,
+            "simworker.retractions": self.num_retractions,
+            "simworker.finish_reason": (self.finish_reason or {}).get("type") or "abort",
+            "simworker.speedup": self._driver.speedup,
+        }
+        if admitted is not None:
+            attributes["simworker.prefill_s"] = (first if first is not None else end_v) - admitted
+        if first is not None:
+            attributes["simworker.decode_s"] = end_v - first
+        span.set_attributes(attributes)
 
     def meta_info(self) -> dict:
         meta = {
@@ -273,8 +327,9 @@ class SimWorkerApi:
 
     def __init__(self, config: SimWorkerConfig, driver: EngineDriver, tokenizer: Tokenizer,
                  metrics: SimWorkerMetrics, *, kv_bytes_per_token: float, host_total_tokens: int,
-                 frontend_s: Callable[[int], float] | None = None) -> None:
+                 frontend_s: Callable[[int], float] | None = None, tracer: trace.Tracer | None = None) -> None:
         self.config = config
+        self.tracer = tracer
         self.driver = driver
         self.tokenizer = tokenizer
         self.metrics = metrics
@@ -296,7 +351,8 @@ class SimWorkerApi:
         return json.dumps(reported)
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [http_server_middleware(self.tracer, TRACED_PATHS)] if self.tracer is not None else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         r = app.router
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)

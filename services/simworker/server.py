@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from aiohttp import web
+from opentelemetry import trace
 
 from services.common.ports import binding
+from services.common.telemetry import Telemetry
 from services.common.tokenizer import ModelTokenizer, load_tokenizer
 from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
@@ -139,6 +141,7 @@ class RunningSimWorker:
     api: SimWorkerApi
     runner: web.AppRunner
     publisher: KvEventPublisher | None
+    telemetry: Telemetry | None = None
 
     @property
     def url(self) -> str:
@@ -162,6 +165,8 @@ class RunningSimWorker:
         await self.runner.cleanup()
         if self.publisher is not None:
             await self.publisher.close()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
         self.api.state = "stopped"
         log.info("simworker stopped (port %d)", self.port)
 
@@ -172,13 +177,15 @@ async def start_simworker(
     engine: Engine | None = None,
     tokenizer: Tokenizer | None = None,
     profile: TimingProfile | None = None,
+    telemetry: Telemetry | None = None,
 ) -> RunningSimWorker:
     """Start a simworker on the running loop.
 
     `engine` and `tokenizer` default to the core's SimEngine and tokenizer (the model's, with
     `--tokenizer-path`; a ConfigError if it cannot be loaded); a caller that passes its own
     engine may pass the `profile` it was built with (for kv_bytes_per_token and the frontend
-    latency), else the configured profile is loaded.
+    latency), else the configured profile is loaded. Spans go to `telemetry`'s provider (the global
+    one without it).
     """
     if tokenizer is None and config.tokenizer_path:
         tokenizer = ModelPromptTokenizer(load_tokenizer(config.tokenizer_path))
@@ -200,7 +207,9 @@ async def start_simworker(
 
         api = SimWorkerApi(config, driver, tokenizer, metrics, kv_bytes_per_token=kv_bytes,
                            host_total_tokens=host_total_tokens(config, kv_bytes),
-                           frontend_s=profile.frontend_s)
+                           frontend_s=profile.frontend_s,
+                           tracer=(telemetry.tracer("bandmaster.simworker") if telemetry is not None
+                                   else trace.get_tracer("bandmaster.simworker")))
         api.kv_events_bound_endpoint = publisher.endpoint if publisher is not None else None
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `finally` aborts the engine request (SGLang aborts on disconnect too).
@@ -217,7 +226,7 @@ async def start_simworker(
     driver.start()
     api.state = "ready"
     worker = RunningSimWorker(config=config, port=port, engine=engine, driver=driver, api=api, runner=runner,
-                              publisher=publisher)
+                              publisher=publisher, telemetry=telemetry)
     if config.ready_file:
         write_ready_file(config.ready_file, {"port": port, "pid": os.getpid(), "url": worker.url,
                                              "kv_events_endpoint": worker.kv_events_endpoint})

@@ -44,7 +44,9 @@ async def test_trace_continues_through_router_to_scheduler_in_memory(tmp_path):
             s.name == "router.request" for s in exporter.get_finished_spans()) else None)
         by_name = {s.name: s for s in spans}
         assert {"router.request", "router.pick"} <= by_name.keys()
-        assert all(format(s.context.trace_id, "032x") == TRACE_ID for s in spans)
+        # The start-up GetRouterConfig call is a trace of its own; every span of the request is in its trace.
+        assert all(format(s.context.trace_id, "032x") == TRACE_ID for s in spans
+                   if not s.name.endswith("/GetRouterConfig")), [s.name for s in spans]
         assert by_name["router.pick"].parent.span_id == by_name["router.request"].context.span_id
         assert by_name["router.pick"].attributes["router.reason"]
         admit = next(c for c in sched.calls if c.method == "Admit")

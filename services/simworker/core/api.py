@@ -53,6 +53,9 @@ class RequestOutput:
     finish_reason: dict | None = None
     num_retractions: int = 0
     host_cached_tokens: int = 0     # part of cached_tokens loaded back from the host tier
+    admitted_at: float | None = None
+    """When the request first left the waiting queue (its prefill began), in the `now` of the step that
+    admitted it; None if it never did (aborted while queued). Queue wait = admitted_at - arrival."""
 
 
 @dataclass(frozen=True)

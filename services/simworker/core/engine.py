@@ -71,7 +71,7 @@ _LITTLE = sys.byteorder == "little"
 class _Req:
     __slots__ = ("rid", "req", "order", "seq", "prompt_len", "kv_len", "nodes", "state", "generated",
                  "target", "rng", "cached_tokens", "host_cached_tokens", "retractions", "admitted_once",
-                 "new_ids", "reason", "match")
+                 "admitted_at", "new_ids", "reason", "match")
 
     def __init__(self, request: EngineRequest, order: tuple, seed: int) -> None:
         self.rid = request.rid
@@ -95,6 +95,7 @@ class _Req:
         self.host_cached_tokens = 0
         self.retractions = 0
         self.admitted_once = False
+        self.admitted_at: float | None = None  # when it left the waiting queue the first time (virtual s)
         self.new_ids: list[int] = []
         self.reason: dict | None = None
         self.match: tuple | None = None       # last prefix match while waiting (see RadixCache.match)
@@ -495,6 +496,7 @@ class SimEngine:
             r.kv_len = len(r.nodes) * page
             if not r.admitted_once:
                 r.admitted_once = True
+                r.admitted_at = now
                 r.cached_tokens = r.kv_len
                 r.host_cached_tokens = len(host) * page
                 self._record_hit(r.prompt_len, r.cached_tokens)
@@ -642,7 +644,7 @@ class SimEngine:
 
     def _output(self, r: _Req, new_ids: tuple, finished: bool, reason: dict | None) -> RequestOutput:
         return RequestOutput(r.rid, new_ids, r.prompt_len, r.generated, r.cached_tokens, finished, reason,
-                             r.retractions, r.host_cached_tokens)
+                             r.retractions, r.host_cached_tokens, r.admitted_at)
 
     def _record_hit(self, prompt: int, cached: int) -> None:
         self._hits.append((prompt, cached))
