@@ -27,8 +27,8 @@ from services.common.clock import Clock
 from services.common.ports import binding
 from services.common.security import SecurityConfig, bearer_guard
 from services.planner.adapters.registry import Conflict, NotFound, Registry
-from services.planner.core.batch_api import (BatchInputError, check_endpoint, error_body, parse_batch_input,
-                                             parse_completion_window)
+from services.planner.core.batch_api import (BatchInputError, check_endpoint, check_id, error_body,
+                                             parse_batch_input, parse_completion_window)
 
 log = logging.getLogger("services.planner.http")
 MAX_LIST_LIMIT = 100
@@ -172,10 +172,10 @@ class BatchApi:
         return web.json_response(obj)
 
     async def get_file(self, request: web.Request) -> web.Response:
-        return web.json_response(self.registry.get_file(request.match_info["id"]))
+        return web.json_response(self.registry.get_file(_path_id(request)))
 
     async def file_content(self, request: web.Request) -> web.Response:
-        data = self.registry.file_content(request.match_info["id"])
+        data = self.registry.file_content(_path_id(request))
         return web.Response(body=data, content_type="application/jsonl")
 
     async def create_batch(self, request: web.Request) -> web.Response:
@@ -188,6 +188,7 @@ class BatchApi:
         file_id = body.get("input_file_id")
         if not isinstance(file_id, str) or not file_id:
             raise BatchInputError("input_file_id is required", param="input_file_id")
+        _checked(file_id, "input_file_id")
         window_s = parse_completion_window(body.get("completion_window"))
         metadata = body.get("metadata")
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or not all(
@@ -216,6 +217,8 @@ class BatchApi:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise BatchInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
         after = request.query.get("after") or None
+        if after is not None:
+            _checked(after, "after")
         try:
             items, has_more = self.registry.list_batches(after, limit)
         except NotFound:
@@ -225,12 +228,23 @@ class BatchApi:
                                   "last_id": data[-1]["id"] if data else None, "has_more": has_more})
 
     async def get_batch(self, request: web.Request) -> web.Response:
-        return web.json_response(_public(self.registry.get_batch(request.match_info["id"])))
+        return web.json_response(_public(self.registry.get_batch(_path_id(request))))
 
     async def cancel_batch(self, request: web.Request) -> web.Response:
-        batch = self.registry.cancel(request.match_info["id"], self._now())
+        batch = self.registry.cancel(_path_id(request), self._now())
         self.on_change()
         return web.json_response(_public(batch))
+
+
+def _checked(value: str, param: str) -> str:
+    try:
+        return check_id(value, param)
+    except ValueError as exc:
+        raise BatchInputError(str(exc), param=param) from None
+
+
+def _path_id(request: web.Request) -> str:
+    return _checked(request.match_info["id"], "id")
 
 
 def _public(batch: dict) -> dict:

@@ -13,6 +13,7 @@ from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.common.clock import Clock
 from services.planner.adapters.proto import batch_to_proto, lease_to_proto, plan_to_proto
 from services.planner.adapters.registry import Conflict, NotFound, Registry
+from services.planner.core.batch_api import check_id
 from services.planner.core.types import DispatcherFeedback
 from services.planner.loop import PlannerRuntime
 
@@ -53,6 +54,8 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         self.external_feedback: DispatcherFeedback | None = None
 
     def _pool(self, pool_id: str) -> str:
+        if pool_id:
+            check_id(pool_id, "pool_id")
         if pool_id and pool_id != self.runtime.pool_id:
             raise NotFound(f"pool {pool_id} (this planner owns {self.runtime.pool_id})")
         return self.runtime.pool_id
@@ -65,14 +68,14 @@ class PlannerServicer(pb_grpc.PlannerServicer):
                 raise InvalidArgument(f"total_requests must be in [1, {MAX_JOB_REQUESTS}]")
             if not request.HasField("deadline") or request.deadline.ToNanoseconds() / 1e9 <= now:
                 raise InvalidArgument("deadline must be in the future")
-            job_id = request.job_id or f"job_{secrets.token_hex(12)}"
+            job_id = check_id(request.job_id, "job_id") if request.job_id else f"job_{secrets.token_hex(12)}"
             b = self.registry.create_external_job(job_id, request.total_requests,
                                                   int(request.deadline.ToNanoseconds() // 1_000_000_000), int(now), pool)
             return batch_to_proto(b)
 
     async def GetBatchJob(self, request: pb.GetBatchJobRequest, context) -> pb.BatchJob:
         async with _domain_errors(context):
-            return batch_to_proto(self.registry.get_batch(request.job_id))
+            return batch_to_proto(self.registry.get_batch(check_id(request.job_id, "job_id")))
 
     async def ListBatchJobs(self, request: pb.ListBatchJobsRequest, context) -> pb.ListBatchJobsResponse:
         async with _domain_errors(context):
@@ -114,7 +117,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             if min(request.dispatched, request.completed, request.queued, request.inflight, request.failed) < 0:
                 raise InvalidArgument("counts must be >= 0")
             if request.job_id:
-                self.registry.report_external(request.job_id, request.dispatched, request.completed, request.failed,
+                self.registry.report_external(check_id(request.job_id, "job_id"), request.dispatched, request.completed, request.failed,
                                               int(self.clock.wall()))
             self.external_feedback = DispatcherFeedback(
                 self.clock.monotonic(), 1.0, int(request.queued), int(request.inflight),

@@ -29,6 +29,21 @@ _WINDOW = re.compile(r"^([0-9]{1,9})([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+MAX_ID_CHARS = 64
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+
+
+def check_id(value: str, field: str) -> str:
+    """An object id (file, batch, job, pool) as a client may name it: 1-64 characters of [A-Za-z0-9._:-],
+    starting with a letter or digit. Ids are keys and appear in logs, lease records and error messages:
+    anything else (control bytes, a kilobyte of text) is refused before it is stored or echoed."""
+    if not _ID.match(value):
+        shown = value[:16].encode("unicode_escape").decode("ascii")
+        raise ValueError(f"{field} must be 1-{MAX_ID_CHARS} characters of letters, digits and '._:-' "
+                         f"(got {shown!r}{'...' if len(value) > 16 else ''})")
+    return value
+
+
 class BatchInputError(ValueError):
     """Bad input. `status` is the HTTP status (400 or 413); `param`/`line` locate it."""
 

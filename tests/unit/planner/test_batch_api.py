@@ -257,3 +257,20 @@ async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_pa
         assert upstream.headers[0]["Authorization"] == f"Bearer {token}"
     finally:
         await running.stop()
+
+
+@pytest.mark.parametrize("bad, raw", [("x" * 65, "x" * 65), ("a%0Ab", "a\nb"), ("a%20b", "a b"),
+                                      ("%C3%A9", "\u00e9")])
+async def test_ids_in_paths_bodies_and_queries_are_checked(planner, bad, raw):
+    """Regression: any id reached the registry and came back in the error message."""
+    import aiohttp
+
+    body = {"input_file_id": raw, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    async with aiohttp.ClientSession() as http:
+        for method, path, payload in [("GET", f"/v1/files/{bad}", None), ("GET", f"/v1/files/{bad}/content", None),
+                                      ("GET", f"/v1/batches/{bad}", None),
+                                      ("POST", f"/v1/batches/{bad}/cancel", None),
+                                      ("GET", f"/v1/batches?after={bad}", None), ("POST", "/v1/batches", body)]:
+            async with http.request(method, planner.http_url + path, json=payload) as r:
+                assert r.status == 400, (path, await r.text())
+                assert "letters, digits" in (await r.json())["error"]["message"]

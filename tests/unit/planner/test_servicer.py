@@ -132,3 +132,19 @@ async def test_one_span_per_tick_and_metrics(tmp_path):
             assert name in text
     finally:
         await r.stop()
+
+
+@pytest.mark.parametrize("job_id", ["x" * 65, "a\nb", "job 1", "-leading-dash", "caf\u00e9"])
+async def test_client_named_ids_are_refused_unless_short_and_plain(stub, job_id):
+    """Regression: a job id of any length or bytes was stored, put in lease audit lines and echoed."""
+    deadline = ts(time.time() + 3600)
+    for call, request in [
+        (stub.SubmitBatchJob, pb.SubmitBatchJobRequest(total_requests=1, deadline=deadline, job_id=job_id)),
+        (stub.GetBatchJob, pb.GetBatchJobRequest(job_id=job_id)),
+        (stub.GetLease, pb.GetLeaseRequest(pool_id=job_id)),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call(request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "letters, digits" in info.value.details() and "\n" not in info.value.details()
+    assert not (await stub.ListBatchJobs(pb.ListBatchJobsRequest())).jobs
