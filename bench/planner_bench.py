@@ -238,7 +238,8 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
     env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_")}
     env["PYTHONPATH"] = str(ROOT)
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--speedup",
-                           str(speedup), "--http-port", "0", "--state-dir", str(tmp), "--log-level", "WARNING",
+                           str(speedup), "--ports", "auto", "--state-dir", str(tmp), "--cluster-file", str(tmp / "cluster.json"),
+                           "--log-level", "WARNING",
                            f"--planner-arg=--safe-rps-per-replica={safe_rps}"], cwd=ROOT, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -1,4 +1,4 @@
-"""The `bandmaster` command: `up`, `demo` (and, as services land, more)."""
+"""The `bandmaster` command: `up`, `status`, `programs`, `plan`, `batch`, `demo`, `bench`."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from services.common.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.cli import demo, plan, programs, up
+    from services.cli import demo, plan, programs, status, up
+    from services.cli.help import CliParser
 
-    parser = argparse.ArgumentParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = CliParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=CliParser)
     up.add_parser(commands)
     demo.add_parser(commands)
     programs.add_parser(commands)
     plan.add_parser(commands)
+    status.add_parser(commands)
     _add_bench(commands)
     args = parser.parse_args(argv)
     try:

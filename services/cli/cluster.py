@@ -13,8 +13,50 @@ import grpc
 from services.cli.supervisor import Child, ChildSpec, Supervisor
 from services.common.certs import LocalPki, ensure_local_pki
 from services.common.config import require
+from services.common.ports import DEFAULT_PORTS
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ClusterPorts:
+    """Where the cluster's processes listen on loopback; 0 = any free port. The default (all 0) suits
+    tests, benchmarks and the demo, which may run several clusters at once; `bandmaster up` uses `fixed()`,
+    the documented ports, so that clients and `bandmaster programs/plan/status` find it without flags.
+    The router's HTTP port is `ClusterConfig.http_port`."""
+
+    capacity: int = 0
+    scheduler: int = 0
+    router: int = 0
+    """The router's gRPC port (Router.Generate / Release)."""
+    planner: int = 0
+    planner_http: int = 0
+    """The planner's own Batch API (the router forwards /v1/files*, /v1/batches* there)."""
+    capacity_metrics: int = 0
+    scheduler_metrics: int = 0
+    router_metrics: int = 0
+    planner_metrics: int = 0
+    first_worker: int = 0
+    """Simulated worker i listens on first_worker + i (0 = each on any free port)."""
+
+    @classmethod
+    def fixed(cls) -> "ClusterPorts":
+        d = DEFAULT_PORTS
+        return cls(capacity=d["capacity"], scheduler=d["scheduler"], router=d["router"], planner=d["planner"],
+                   planner_http=d["planner_http"], capacity_metrics=d["capacity_metrics"],
+                   scheduler_metrics=d["scheduler_metrics"], router_metrics=d["router_metrics"],
+                   planner_metrics=d["planner_metrics"], first_worker=d["simworker"])
+
+    def worker(self, index: int) -> int:
+        return self.first_worker + index if self.first_worker else 0
+
+
+PORT_LABELS = {
+    "capacity": "capacity gRPC", "scheduler": "scheduler gRPC", "router": "router gRPC",
+    "planner": "planner gRPC", "planner_http": "planner Batch API HTTP", "capacity_metrics": "capacity /metrics",
+    "scheduler_metrics": "scheduler /metrics", "router_metrics": "router /metrics",
+    "planner_metrics": "planner /metrics", "http": "router HTTP", "first_worker": "simulated worker",
+}
 
 
 @dataclass(frozen=True)
@@ -63,6 +105,23 @@ class ClusterConfig:
     """Most workers the `local` connector runs (0 = workers + 2)."""
     planner_args: tuple[str, ...] = ()
     """Extra planner flags, appended last so they win."""
+    ports: ClusterPorts = field(default_factory=ClusterPorts)
+    """The gRPC, metrics, Batch API and simulated worker ports (default: any free ones)."""
+
+    def planned_ports(self) -> list[tuple[str, int]]:
+        """(which, port) of every fixed port this cluster will bind, `which` a ClusterPorts field, `http`
+        or `first_worker` for each simulated worker; ports left to the system (0) are not listed."""
+        wanted = [("capacity", self.ports.capacity), ("capacity_metrics", self.ports.capacity_metrics),
+                  ("router", self.ports.router), ("router_metrics", self.ports.router_metrics),
+                  ("http", self.http_port)]
+        if self.scheduler:
+            wanted += [("scheduler", self.ports.scheduler), ("scheduler_metrics", self.ports.scheduler_metrics)]
+        if self.planner:
+            wanted += [("planner", self.ports.planner), ("planner_metrics", self.ports.planner_metrics),
+                       ("planner_http", self.ports.planner_http)]
+        if not self.worker_urls and not (self.planner and self.planner_connector == "local"):
+            wanted += [("first_worker", self.ports.worker(i)) for i in range(self.workers)]
+        return [(which, port) for which, port in wanted if port]
 
     def __post_init__(self) -> None:
         require(self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given")
@@ -84,6 +143,13 @@ class ClusterConfig:
                 self.planner_max_replicas, "planner_max_replicas >= workers (0 = workers + 2)")
         for url in self.worker_urls:
             require(url.startswith(("http://", "https://")), "worker_url", url, "worker URLs start with http:// or https://")
+        for name, port in self.ports.__dict__.items():
+            require(0 <= port <= 65535, f"ports.{name}", port, "0 <= port <= 65535")
+        taken: dict[int, str] = {}
+        for which, port in self.planned_ports():
+            require(port <= 65535, which, port, "port <= 65535 (the simulated workers count up from the first)")
+            require(port not in taken, which, port, f"each port is used once ({taken.get(port)} has it too)")
+            taken[port] = which
 
 
 @dataclass
@@ -121,7 +187,7 @@ class Cluster:
 
 def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
     args = [
-        "--host", "127.0.0.1", "--port", "0",
+        "--host", "127.0.0.1", "--port", str(config.ports.worker(index)),
         "--served-model-name", config.model_name,
         "--max-total-tokens", str(config.worker_kv_tokens),
         "--page-size", str(config.worker_page_size),
@@ -144,8 +210,8 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
 
 
 def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
-    args = ["--listen", "127.0.0.1:0", "--metrics-port", "0", "--log-level", config.log_level,
-            "--poll-interval-seconds", str(config.poll_interval_seconds),
+    args = ["--listen", f"127.0.0.1:{config.ports.capacity}", "--metrics-port", str(config.ports.capacity_metrics),
+            "--log-level", config.log_level, "--poll-interval-seconds", str(config.poll_interval_seconds),
             "--poll-timeout-seconds", str(min(2.0, config.poll_interval_seconds / 2))]
     for url in worker_urls:
         args += ["--worker-url", url]
@@ -160,8 +226,8 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
     # faster than the hardware they model, so the loop runs that much faster too.
     speedup = config.worker_speedup if not config.worker_urls else 1.0
     args = [
-        "--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
-        "--log-level", config.log_level,
+        "--capacity-addr", capacity_addr, "--listen", f"127.0.0.1:{config.ports.scheduler}",
+        "--metrics-port", str(config.ports.scheduler_metrics), "--log-level", config.log_level,
         "--scheduler-interval-seconds", f"{max(0.05, 5.0 / speedup):g}",
         "--acting-decay-tau-seconds", f"{1.0 / speedup:g}",
         "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
@@ -182,8 +248,9 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
 
 def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None,
                 planner_url: str = "") -> ChildSpec:
-    args = ["--capacity-addr", capacity_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
-            "--http-port", str(config.http_port), "--log-level", config.log_level]
+    args = ["--capacity-addr", capacity_addr, "--listen", f"127.0.0.1:{config.ports.router}",
+            "--metrics-port", str(config.ports.router_metrics), "--http-port", str(config.http_port),
+            "--log-level", config.log_level]
     if planner_url:
         args += ["--planner-url", planner_url]
     if config.tokenizer:
@@ -213,7 +280,8 @@ def planner_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str 
     """The planner after the router: its Batch API on `http_port` (the router forwards there), dispatching
     through the router, reading online traffic from the router's /metrics."""
     speedup = config.worker_speedup if not config.worker_urls else 1.0
-    args = ["--listen", "127.0.0.1:0", "--metrics-port", "0", "--http-listen", f"127.0.0.1:{http_port}",
+    args = ["--listen", f"127.0.0.1:{config.ports.planner}", "--metrics-port", str(config.ports.planner_metrics),
+            "--http-listen", f"127.0.0.1:{http_port}",
             "--registry-path", str(state_dir / PLANNER_REGISTRY_FILE), "--capacity", capacity_addr,
             "--router-metrics-url", router_metrics_url, "--dispatch-url", router_url,
             "--log-level", config.log_level,
@@ -283,7 +351,7 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
             scheduler_addr = cluster.scheduler.endpoint
         # The router forwards the Batch API to the planner, which starts after it (it dispatches through the
         # router): the planner's HTTP port is chosen first so that both are told it.
-        planner_port = free_loopback_port() if config.planner else 0
+        planner_port = (config.ports.planner_http or free_loopback_port()) if config.planner else 0
         scheme = "https" if pki is not None else "http"
         planner_url = f"{scheme}://127.0.0.1:{planner_port}" if config.planner else ""
         (cluster.router,) = supervisor.start_all([_secured(router_spec(config, cluster.capacity.endpoint,

@@ -45,8 +45,7 @@ def busy_share(before: tuple[float, float] | None, after: tuple[float, float] | 
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("demo", help="run Bandmaster and KV-only routing side by side on a local cluster, "
-                                              "print both and the ratio, stop",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                              "print both and the ratio, stop")
     add_cluster_arguments(parser)
     parser.add_argument("--programs", type=int, default=18, help="agent programs to run, all in parallel")
     parser.add_argument("--max-turns", type=int, default=32, help="turns per program (the trace's first turns)")

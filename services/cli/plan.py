@@ -1,9 +1,9 @@
 """`bandmaster plan`: the planner's last tick (GetPlan) with provenance and diagnostics, and
 `bandmaster batch submit|list|get|cancel`: the Batch API through the router's base URL (official openai client).
 
-Both find the local cluster the way `bandmaster programs` does (a default loopback address, flags to
-override it), and also from `bandmaster up`'s `--state-dir`: its ready files give the addresses and, for a
-`--secure` cluster, its `secure/` directory gives the CA, the client certificate and the tokens.
+Both find the local cluster as services/cli/endpoints.py says (flags, `--state-dir`, the running
+`bandmaster up`'s discovery file, the default ports); a `--secure` cluster's `secure/` directory gives the
+CA, the client certificate and the tokens.
 """
 
 from __future__ import annotations
@@ -19,56 +19,14 @@ import grpc
 
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from services.cli import endpoints
 from services.cli.table import render_table
-from services.common.certs import LocalPki
 from services.common.config import parse_host_port
-from services.common.security import DATA_TOKEN_ENV, client_security
+from services.common.security import DATA_TOKEN_ENV
 
 _PROVENANCE = {pb.PROVENANCE_PROPOSE: "PROPOSE", pb.PROVENANCE_RECONCILE: "RECONCILE",
                pb.PROVENANCE_CONSTRAIN: "CONSTRAIN", pb.PROVENANCE_FAIL_CLOSED: "FAIL_CLOSED"}
 _WINDOW_UNITS = "smhd"
-
-
-def _ready(state_dir: Path | None, name: str) -> dict:
-    if state_dir is None:
-        return {}
-    try:
-        return json.loads((state_dir / f"{name}.ready.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _secure_dir(args: argparse.Namespace) -> Path | None:
-    state = getattr(args, "state_dir", None)
-    if state is not None and (state / "secure" / "ca.pem").exists():
-        return state / "secure"
-    return None
-
-
-def _add_security(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="the --state-dir of `bandmaster up`: addresses (and a --secure cluster's CA, client "
-                             "certificate and tokens) are read from it")
-    parser.add_argument("--tls-ca", default="", help="PEM CA bundle that signed the server's certificate (TLS)")
-    parser.add_argument("--tls-cert", default="", help="PEM client certificate (a server with --tls-ca asks for one)")
-    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    parser.add_argument("--control-token-file", default="",
-                        help="file with the control token (or env BANDMASTER_CONTROL_TOKEN)")
-    parser.add_argument("--data-token-file", default="",
-                        help="file with the data token for the router's HTTP API (or env BANDMASTER_DATA_TOKEN)")
-
-
-def _fill_from_state(args: argparse.Namespace) -> None:
-    """Flags win; a --secure cluster's state dir fills what is not given."""
-    secure = _secure_dir(args)
-    if secure is None:
-        return
-    pki = LocalPki(secure)
-    defaults = {"tls_ca": pki.ca, "tls_cert": pki.cert("client"), "tls_key": pki.key("client"),
-                "control_token_file": pki.control_token_file, "data_token_file": pki.data_token_file}
-    for name, path in defaults.items():
-        if not getattr(args, name) and path.exists():
-            setattr(args, name, str(path))
 
 
 # -- bandmaster plan --------------------------------------------------------------------------------
@@ -77,16 +35,17 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("plan", help="print the planner's last decision: lease, replica opinions with "
                                               "their provenance, fail-closed reasons, diagnostics")
     parser.add_argument("--planner-addr", default="",
-                        help="planner gRPC address host:port (default: from --state-dir, else 127.0.0.1:50061)")
+                        help="planner gRPC address host:port (default: from --state-dir or the running `bandmaster up`, "
+                             "else 127.0.0.1:50061)")
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the GetPlan call")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    _add_security(parser)
+    endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run_plan)
 
     batch = commands.add_parser("batch", help="the Batch API through the router (OpenAI's, served by the planner)")
     batch.add_argument("--base-url", default="",
                        help="the router's OpenAI base URL (default: from --state-dir, else http://127.0.0.1:8000/v1)")
-    _add_security(batch)
+    endpoints.add_connection_arguments(batch)
     actions = batch.add_subparsers(dest="action", required=True)
     submit = actions.add_parser("submit", help="upload a JSONL file and create a batch")
     submit.add_argument("file", type=Path, help="JSONL, one {custom_id, method, url, body} per line")
@@ -102,30 +61,13 @@ def add_parser(commands) -> None:
     batch.set_defaults(run=run_batch)
 
 
-def _planner_addr(args: argparse.Namespace) -> str:
-    if args.planner_addr:
-        return args.planner_addr
-    return _ready(args.state_dir, "planner").get("grpc") or "127.0.0.1:50061"
-
-
-def _channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
-    security = client_security(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                               control_token_file=args.control_token_file, env=os.environ)
-    metadata = ()
-    if security.control_tokens is not None:
-        metadata = (("authorization", f"Bearer {security.control_tokens.first}"),)
-    credentials = security.channel_credentials()
-    if credentials is None:
-        return grpc.insecure_channel(address), metadata
-    return grpc.secure_channel(address, credentials), metadata
-
-
 def run_plan(args: argparse.Namespace) -> int:
-    _fill_from_state(args)
-    address = _planner_addr(args)
+    endpoints.discover(args, args.planner_addr)
+    endpoints.fill_security(args)
+    address = endpoints.grpc_address(args, args.planner_addr, "planner")
     parse_host_port(address, "planner_addr")  # ConfigError -> exit 2 in services.cli.main
     try:
-        channel, metadata = _channel(address, args)
+        channel, metadata = endpoints.channel(address, args)
         with channel:
             plan = pb_grpc.PlannerStub(channel).GetPlan(pb.GetPlanRequest(), timeout=args.timeout_seconds,
                                                         metadata=metadata)
@@ -196,11 +138,12 @@ def render(plan: pb.Plan) -> str:
 def _client(args: argparse.Namespace):
     import openai
 
-    _fill_from_state(args)
+    endpoints.discover(args, args.base_url)
+    endpoints.fill_security(args)
     base_url = args.base_url
     if not base_url:
-        router = _ready(args.state_dir, "router")
-        scheme = "https" if _secure_dir(args) is not None else "http"
+        router = endpoints.ready(args.state_dir, "router")
+        scheme = "https" if endpoints.secure_dir(args) is not None else "http"
         base_url = f"{scheme}://127.0.0.1:{router['http_port']}/v1" if router else "http://127.0.0.1:8000/v1"
     token = os.environ.get(DATA_TOKEN_ENV, "")
     if args.data_token_file:

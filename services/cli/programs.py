@@ -1,9 +1,9 @@
-"""`bandmaster programs --scheduler-addr HOST:PORT`: the scheduler's program table and replica bands."""
+"""`bandmaster programs`: the scheduler's program table and replica bands (the cluster is found as
+services/cli/endpoints.py says: `--scheduler-addr`, `--state-dir`, the running `bandmaster up`, port 50052)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Sequence
 
@@ -11,9 +11,9 @@ import grpc
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.cli import endpoints
 from services.cli.table import render_table
 from services.common.config import parse_host_port
-from services.common.security import client_security
 
 _STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}
 _LIFECYCLE = {pb.LIFECYCLE_ACTIVE: "active", pb.LIFECYCLE_PAUSED: "paused"}
@@ -22,39 +22,26 @@ _BAND = {pb.BAND_NORMAL: "normal", pb.BAND_SOFT_DEMOTE: "soft_demote", pb.BAND_P
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("programs", help="print the scheduler's program table and per-replica bands")
-    parser.add_argument("--scheduler-addr", default="127.0.0.1:50052", help="scheduler gRPC address host:port")
+    parser.add_argument("--scheduler-addr", default="",
+                        help="scheduler gRPC address host:port (default: from --state-dir or the running "
+                             "`bandmaster up`, else 127.0.0.1:50052)")
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the ListPrograms call")
-    parser.add_argument("--tls-ca", default="", help="PEM CA bundle that signed the scheduler's certificate (TLS)")
-    parser.add_argument("--tls-cert", default="", help="PEM client certificate (a scheduler with --tls-ca asks for one)")
-    parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    parser.add_argument("--control-token-file", default="",
-                        help="file with the control token (or env BANDMASTER_CONTROL_TOKEN)")
+    endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run)
 
 
-def _channel(args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
-    """The channel to the scheduler (TLS when a CA or certificate is given) and the call metadata (the
-    control token, when one is given)."""
-    security = client_security(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                               control_token_file=args.control_token_file, env=os.environ)
-    metadata = ()
-    if security.control_tokens is not None:
-        metadata = (("authorization", f"Bearer {security.control_tokens.first}"),)
-    credentials = security.channel_credentials()
-    if credentials is None:
-        return grpc.insecure_channel(args.scheduler_addr), metadata
-    return grpc.secure_channel(args.scheduler_addr, credentials), metadata
-
-
 def run(args: argparse.Namespace) -> int:
-    parse_host_port(args.scheduler_addr, "scheduler_addr")  # ConfigError -> exit 2 in services.cli.main
+    endpoints.discover(args, args.scheduler_addr)
+    endpoints.fill_security(args)
+    address = endpoints.grpc_address(args, args.scheduler_addr, "scheduler")
+    parse_host_port(address, "scheduler_addr")  # ConfigError -> exit 2 in services.cli.main
     try:
-        channel, metadata = _channel(args)
+        channel, metadata = endpoints.channel(address, args)
         with channel:
             listing = pb_grpc.SchedulerStub(channel).ListPrograms(pb.ListProgramsRequest(),
                                                                   timeout=args.timeout_seconds, metadata=metadata)
     except grpc.RpcError as exc:
-        print(f"bandmaster programs: {args.scheduler_addr}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"bandmaster programs: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     print(render(listing))
     return 0

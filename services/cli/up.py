@@ -1,4 +1,10 @@
-"""`bandmaster up`: the embedded local cluster, in the foreground until Ctrl-C or SIGTERM."""
+"""`bandmaster up`: the embedded local cluster, in the foreground until Ctrl-C or SIGTERM.
+
+It listens on the documented fixed ports (each with a flag; `--ports auto` takes any free ones), checks
+them before starting anything, says loudly when no worker is healthy (and fails then with
+`--require-healthy`, the default with `--worker-url`), and publishes where it is in a discovery file
+(services/cli/endpoints.py) that `bandmaster programs / plan / status / batch` read, removed on exit.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +13,27 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from services.cli.cluster import Cluster, ClusterConfig, start_cluster
+import grpc
+
+from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
+from services.cli import endpoints
+from services.cli.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, start_cluster
 from services.cli.supervisor import StartupError
 from services.cli.table import render_table
 from services.common.logs import setup_logging
+from services.common.ports import DEFAULT_PORTS, port_free
+
+PORT_FLAGS = {
+    "capacity": "--capacity-port", "scheduler": "--scheduler-port", "router": "--router-port",
+    "planner": "--planner-port", "planner_http": "--planner-http-port", "capacity_metrics": "--capacity-metrics-port",
+    "scheduler_metrics": "--scheduler-metrics-port", "router_metrics": "--router-metrics-port",
+    "planner_metrics": "--planner-metrics-port", "first_worker": "--worker-port", "http": "--http-port",
+}
+"""The `bandmaster up` flag of each ClusterPorts field (and of the router's HTTP port)."""
+_DEFAULT_OF = {"first_worker": "simworker", "http": "router_http"}
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: int = 2) -> None:
@@ -22,15 +43,18 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
     parser.add_argument("--worker-kv-tokens", type=int, default=65_536, help="GPU KV pool of each simulated worker")
     parser.add_argument("--worker-host-kv-tokens", type=int, default=0,
                         help="HiCache host tier of each simulated worker, in tokens (0 = off)")
-    parser.add_argument("--worker-page-size", type=int, default=16)
+    parser.add_argument("--worker-page-size", type=int, default=16, help="KV page size of each simulated worker")
     parser.add_argument("--speedup", type=float, default=1.0, dest="worker_speedup",
                         help="simulated workers run this many times faster than the real hardware")
-    parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile")
-    parser.add_argument("--model-name", default="bandmaster-sim")
+    parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile",
+                        help="the hardware and model the simulated workers' timing models (docs/simworker.md)")
+    parser.add_argument("--model-name", default="bandmaster-sim", help="the model name the simulated workers serve")
     parser.add_argument("--tokenizer", default="",
                         help="the model's tokenizer directory (tokenizer.json + tokenizer_config.json) for the router "
                              "and the simulated workers: exact token routing with KV events (default: text routing)")
-    parser.add_argument("--http-port", type=int, default=8000, help="the router's OpenAI/SGLang HTTP port (0 = any)")
+    parser.add_argument("--http-port", type=int, default=None, metavar="PORT",
+                        help=f"the router's OpenAI/SGLang HTTP port (default: {DEFAULT_PORTS['router_http']}; "
+                             "0 = any free port)")
     parser.add_argument("--no-scheduler", action="store_true",
                         help="start no program scheduler: the router does KV-aware routing only")
     parser.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
@@ -40,7 +64,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where child logs and ready files go; `bandmaster up` also keeps the scheduler's program "
                              "table there (scheduler-state.sqlite), recovered when it is started again with it")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--log-level", default="INFO", help="log level of every child process")
 
 
 def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
@@ -49,7 +73,8 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
         worker_speedup=args.worker_speedup, worker_timing_profile=args.worker_timing_profile,
         model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
-        http_port=args.http_port, scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
+        http_port=DEFAULT_PORTS["router_http"] if args.http_port is None else args.http_port,
+        scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
         router_args=tuple(args.router_args),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
         secure=getattr(args, "secure", False),
@@ -58,9 +83,62 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
     return ClusterConfig(**values)
 
 
+def add_port_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ports", choices=("fixed", "auto"), default="fixed",
+                        help="fixed: the documented ports below; auto: any free port for every one not given by "
+                             "its flag (several clusters at once, tests)")
+    for which, flag in PORT_FLAGS.items():
+        if which == "http":
+            continue  # declared with the other cluster arguments
+        port = DEFAULT_PORTS[_DEFAULT_OF.get(which, which)]
+        what = PORT_LABELS[which] + (" (the next ones count up from it)" if which == "first_worker" else "")
+        parser.add_argument(flag, type=int, default=None, dest=f"port_{which}", metavar="PORT",
+                            help=f"{what} port (default: {port}; 0 = any free port)")
+
+
+def cluster_ports(args: argparse.Namespace) -> ClusterPorts:
+    """The ports of `bandmaster up`: each flag given wins; the others are the documented defaults, or 0
+    (any free port) with `--ports auto`."""
+    values = {}
+    for which in PORT_FLAGS:
+        if which == "http":
+            continue
+        given = getattr(args, f"port_{which}")
+        fallback = DEFAULT_PORTS[_DEFAULT_OF.get(which, which)] if args.ports == "fixed" else 0
+        values[which] = fallback if given is None else given
+    return ClusterPorts(**values)
+
+
+def busy_ports(config: ClusterConfig) -> list[tuple[int, str]]:
+    """(port, message) of each fixed port that another process holds, the message naming the port and the
+    flag that moves it."""
+    lines = []
+    seen_worker = 0
+    for which, port in config.planned_ports():
+        label = PORT_LABELS[which]
+        if which == "first_worker":
+            label = f"simulated worker {seen_worker}"
+            seen_worker += 1
+        if not port_free("127.0.0.1", port):
+            lines.append((port, f"port {port} ({label}) is already in use; choose another with "
+                                f"{PORT_FLAGS[which]} (or --ports auto)"))
+    return lines
+
+
 def add_parser(commands) -> None:
     parser = commands.add_parser("up", help="start the local cluster in the foreground (Ctrl-C stops it)")
     add_cluster_arguments(parser)
+    add_port_arguments(parser)
+    parser.add_argument("--require-healthy", action=argparse.BooleanOptionalAction, default=None,
+                        help="fail (exit 1, naming each worker and its error) unless a worker is healthy within "
+                             "--healthy-timeout-seconds (default: on with --worker-url, off for simulated workers, "
+                             "where no healthy worker is a loud warning)")
+    parser.add_argument("--healthy-timeout-seconds", type=float, default=60.0,
+                        help="how long to wait for every worker to become healthy before reporting")
+    parser.add_argument("--cluster-file", type=Path, default=None,
+                        help="the discovery file written while the cluster runs, which `bandmaster programs`, "
+                             f"`plan`, `status` and `batch` read (default: ${endpoints.CLUSTER_FILE_ENV}, else "
+                             "$XDG_RUNTIME_DIR/bandmaster/cluster.json, else ~/.bandmaster/cluster.json)")
     parser.add_argument("--secure", action="store_true",
                         help="mutual TLS on every gRPC port, HTTPS and a bearer token on the router's HTTP API, a "
                              "control token on control RPCs: a local CA, certificates and tokens are made in "
@@ -96,11 +174,109 @@ def connect_help(cluster: Cluster) -> str:
     ])
 
 
+@dataclass(frozen=True)
+class FleetHealth:
+    """What the capacity service says of the workers: how many are healthy, and for each one that is
+    not, its URL and why."""
+
+    healthy: int
+    total: int
+    problems: tuple[tuple[str, str], ...]
+
+    @property
+    def settled(self) -> bool:
+        return self.healthy == self.total
+
+
+def fleet_health(snapshot: capacity_pb2.WorkersSnapshot) -> FleetHealth:
+    problems = []
+    healthy = 0
+    for worker in snapshot.workers:
+        if worker.health == capacity_pb2.WORKER_HEALTH_HEALTHY:
+            healthy += 1
+            continue
+        state = capacity_pb2.WorkerHealth.Name(worker.health).removeprefix("WORKER_HEALTH_").lower()
+        why = worker.excluded_reason or (f"{worker.consecutive_failures} failed polls" if worker.consecutive_failures
+                                         else "not answered yet")
+        problems.append((worker.url or worker.worker_id, why if why.startswith(state) else f"{state}: {why}"))
+    return FleetHealth(healthy, len(snapshot.workers), tuple(problems))
+
+
+def no_healthy_worker_banner(health: FleetHealth, waited_s: float) -> str:
+    """The loud console warning (and, with --require-healthy, the error) for a fleet without a healthy worker."""
+    rule = "!" * 78
+    lines = [rule, f"NO HEALTHY WORKER after {waited_s:.0f} s: requests will fail with 503 until one is.",
+             *(f"  {url}: {why}" for url, why in health.problems)]
+    if not health.problems:
+        lines.append("  (the capacity service knows no worker)")
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _control_call(cluster: Cluster):
+    """A channel to the capacity service and the call metadata (the control token of a secure cluster)."""
+    address = cluster.capacity.endpoint if cluster.capacity else ""
+    credentials = cluster.supervisor.grpc_credentials
+    if credentials is None or cluster.pki is None:
+        return grpc.insecure_channel(address), ()
+    token = cluster.pki.control_token_file.read_text().split()[0]
+    return grpc.secure_channel(address, credentials), (("authorization", f"Bearer {token}"),)
+
+
+def read_fleet_health(cluster: Cluster, timeout_s: float = 5.0) -> FleetHealth | None:
+    channel, metadata = _control_call(cluster)
+    try:
+        with channel:
+            snapshot = capacity_pb2_grpc.CapacityStub(channel).ListWorkers(
+                capacity_pb2.ListWorkersRequest(), timeout=timeout_s, metadata=metadata)
+    except grpc.RpcError:
+        return None
+    return fleet_health(snapshot)
+
+
+def wait_for_fleet(cluster: Cluster, timeout_s: float, should_stop) -> tuple[FleetHealth | None, float]:
+    """Poll until every worker is healthy or `timeout_s` passed; returns the last view and the wait."""
+    started = time.monotonic()
+    health = None
+    while True:
+        health = read_fleet_health(cluster) or health
+        waited = time.monotonic() - started
+        if (health is not None and health.total and health.settled) or waited >= timeout_s or should_stop():
+            return health, waited
+        time.sleep(0.2)
+
+
+def discovery_record(cluster: Cluster) -> dict:
+    """What the discovery file says: this process, the state dir, and every address."""
+    record = {"pid": os.getpid(), "state_dir": str(cluster.supervisor.state_dir), "secure": cluster.pki is not None,
+              "http_url": cluster.http_url, "workers": list(cluster.workers)}
+    for child in cluster.supervisor.children:
+        if child.spec.kind == "grpc":
+            record[child.spec.name] = child.endpoint
+    if cluster.planner is not None:
+        record["planner_http"] = cluster.planner.ready.get("http", "")
+    return record
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    if args.ports == "auto" and args.http_port is None:
+        args.http_port = 0
     config = cluster_config(args, scheduler_state=True, planner=not args.no_planner,
                             planner_connector=args.planner_connector, planner_max_replicas=args.planner_max_replicas,
-                            planner_args=tuple(args.planner_args))
+                            planner_args=tuple(args.planner_args), ports=cluster_ports(args))
+    require_healthy = bool(config.worker_urls) if args.require_healthy is None else args.require_healthy
+    taken = busy_ports(config)
+    if taken:
+        # The first taken port in full; the others (another cluster holds them all, typically) in one line.
+        print(f"bandmaster up: {taken[0][1]}", file=sys.stderr)
+        if len(taken) > 1:
+            print(f"bandmaster up: also taken: {', '.join(str(port) for port, _ in taken[1:])}", file=sys.stderr)
+        other = endpoints.read_cluster_file(args.cluster_file or endpoints.cluster_file())
+        if other:
+            print(f"bandmaster up: another Bandmaster cluster is running (pid {other['pid']}, state dir "
+                  f"{other.get('state_dir')}): stop it, or start this one with --ports auto", file=sys.stderr)
+        return 1
     stop_requested = False
 
     def request_stop(_signum, _frame) -> None:
@@ -114,23 +290,58 @@ def run(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"bandmaster up: {exc}", file=sys.stderr)
         return 1
+    cluster_file = args.cluster_file or endpoints.cluster_file()
+    published = False
     try:
+        health, waited = wait_for_fleet(cluster, args.healthy_timeout_seconds, lambda: stop_requested)
+        if health is None or health.healthy == 0:
+            banner = no_healthy_worker_banner(health or FleetHealth(0, 0, ()), waited)
+            if require_healthy and not stop_requested:
+                print(banner, file=sys.stderr)
+                print("bandmaster up: --require-healthy: stopping (start the workers first, or give "
+                      "--no-require-healthy to run without them)", file=sys.stderr, flush=True)
+                return 1
+            print(banner, file=sys.stderr, flush=True)
+        elif health.problems:
+            for url, why in health.problems:
+                print(f"bandmaster up: WARNING: worker {url} is not healthy ({why})", file=sys.stderr, flush=True)
         print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
+        if health is None or health.healthy == 0:
+            print("Bandmaster is up WITHOUT A HEALTHY WORKER (see the warning above).")
         if cluster.planner is not None:
             print(f"Batch API: {cluster.http_url}/v1/batches (through the router; the planner's own: "
                   f"{cluster.planner.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
                   f"{cluster.supervisor.state_dir}")
         if cluster.pki is not None:
             print(connect_help(cluster))
+        published = endpoints.write_cluster_file(cluster_file, discovery_record(cluster))
+        if published:
+            print(f"cluster file: {cluster_file}   (bandmaster status / programs / plan find this cluster)")
+        else:
+            print(f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
+                  f"one with --state-dir {cluster.supervisor.state_dir}")
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
+        last_healthy = health.healthy if health is not None else 0
+        next_check = time.monotonic() + 2.0
         while not stop_requested:
             dead = cluster.supervisor.failed()
             if dead:
                 names = ", ".join(f"{c.spec.name} (exit {c.process.returncode})" for c in dead)
                 print(f"bandmaster up: {names} stopped unexpectedly; stopping the cluster", file=sys.stderr)
                 return 1
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + 2.0
+                now = read_fleet_health(cluster)
+                if now is not None and (now.healthy == 0) != (last_healthy == 0):
+                    if now.healthy == 0:
+                        print(no_healthy_worker_banner(now, 0).replace(" after 0 s", ""), file=sys.stderr, flush=True)
+                    else:
+                        print(f"bandmaster up: {now.healthy} of {now.total} workers healthy again", flush=True)
+                    last_healthy = now.healthy
             time.sleep(0.2)
         return 0
     finally:
+        if published:
+            endpoints.remove_cluster_file(cluster_file, os.getpid())
         cluster.stop()
         print("Bandmaster stopped.", flush=True)

@@ -81,8 +81,13 @@ def build_parser(prog: str, description: str, settings: Sequence[Setting]) -> ar
     parser = _Parser(prog=prog, description=description, allow_abbrev=False)
     for s in settings:
         env_note = f" [env {s.env}]" if s.env else ""
-        # A None default is resolved by the service (its help says how).
-        default_note = f" (default: {s.default!r})" if not s.repeated and s.default is not None else ""
+        # --help shows every default; a None one is resolved by the service (its help says how, else "none").
+        if s.repeated:
+            default_note = f" (default: {', '.join(map(str, s.default))})" if s.default else " (default: none)"
+        elif s.default is not None:
+            default_note = f" (default: {s.default!r})"
+        else:
+            default_note = "" if "default" in s.help.lower() else " (default: none)"
         help_text = f"{s.help}{default_note}{env_note}"
         if s.type is bool:
             parser.add_argument(

@@ -24,6 +24,7 @@ def _env(name: str) -> str:
     return f"{ENV_PREFIX}_{name.upper()}"
 
 
+_FROM_SCHEDULER = " (default: the scheduler's value)"
 ROUTER_SETTINGS = [
     Setting("scheduler_addr", str, "127.0.0.1:50052", "scheduler gRPC address host:port", env=_env("scheduler_addr")),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity gRPC address host:port", env=_env("capacity_addr")),
@@ -109,17 +110,19 @@ ROUTER_SETTINGS = [
             "Text prompts are then tokenized exactly and routed on token pages, which KV events can match; "
             "empty = approximate text-chunk mode", env=_env("tokenizer")),
     # KvRouter flags (reference/kvrouter_sglang.md §A.9); None = take the scheduler's value.
-    Setting("router_temperature", float, None, "softmax temperature of worker selection (0 = argmin)",
+    Setting("router_temperature", float, None, "softmax temperature of worker selection (0 = argmin)" + _FROM_SCHEDULER,
             env="DYN_ROUTER_TEMPERATURE"),
-    Setting("kv_overlap_score_weight", float, None, "weight of the prefill (uncached tokens) term",
+    Setting("kv_overlap_score_weight", float, None, "weight of the prefill (uncached tokens) term" + _FROM_SCHEDULER,
             env="DYN_KV_OVERLAP_SCORE_WEIGHT"),
-    Setting("use_kv_events", bool, None, "index the workers' ZMQ KV events (else routing history with a TTL)",
+    Setting("use_kv_events", bool, None,
+            "index the workers' ZMQ KV events (else routing history with a TTL)" + _FROM_SCHEDULER,
             env="DYN_USE_KV_EVENTS"),
-    Setting("router_track_output_blocks", bool, None, "count generated tokens as decode blocks",
+    Setting("router_track_output_blocks", bool, None, "count generated tokens as decode blocks" + _FROM_SCHEDULER,
             env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS"),
     Setting("block_size", int, None, "KV block size in tokens (default: the workers' page_size)",
             env="DYN_ROUTER_BLOCK_SIZE"),
-    Setting("router_ttl_secs", float, None, "approximate mode: seconds a routing decision is remembered",
+    Setting("router_ttl_secs", float, None,
+            "approximate mode: seconds a routing decision is remembered" + _FROM_SCHEDULER,
             env="DYN_ROUTER_TTL_SECS"),
 ]
 

@@ -1,13 +1,18 @@
-"""`bandmaster up` as a user starts it: real child processes, readiness, endpoints, clean stop, no orphans."""
+"""`bandmaster up` as a user starts it: real child processes, readiness, endpoints, clean stop, no orphans;
+its discovery file found by `bandmaster status` and `programs`; a taken port and a fleet without a healthy
+worker said plainly. Every cluster here runs on `--ports auto` so that tests never collide."""
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import grpc
+import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 
@@ -31,25 +36,45 @@ def _wait(predicate, timeout_s):
     return False
 
 
+def _until_up(proc) -> str:
+    lines = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "Ctrl-C to stop" in line:
+            break
+    return "".join(lines)
+
+
+def _cli(*argv: str, cluster_file: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BANDMASTER_CLUSTER_FILE": str(cluster_file)}
+    return subprocess.run([sys.executable, "-m", "services.cli", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
 def test_up_serves_and_stops_without_orphans(tmp_path):
     state = tmp_path / "state"
+    cluster_file = tmp_path / "run" / "cluster.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--worker-kv-tokens", "8192",
-         "--speedup", "20", "--http-port", "0", "--state-dir", str(state)],
+         "--speedup", "20", "--ports", "auto", "--state-dir", str(state), "--cluster-file", str(cluster_file)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        lines = []
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C to stop" in line:
-                break
-        output = "".join(lines)
+        output = _until_up(proc)
         assert "Bandmaster is up" in output, output
+        assert "NO HEALTHY WORKER" not in output, output
         assert "capacity" in output and "worker[1]" in output, output
 
         ready = {p.name: json.loads(p.read_text()) for p in state.glob("*.ready.json")}
@@ -67,10 +92,21 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
 
             assert _wait(two_healthy, 30)
 
+        # The discovery file names this cluster: the client commands find it without flags.
+        record = json.loads(cluster_file.read_text())
+        assert record["capacity"] == ready["capacity.ready.json"]["grpc"] and record["state_dir"] == str(state)
+        status = _cli("status", "--once", cluster_file=cluster_file)
+        assert status.returncode == 0, status.stderr
+        assert "workers (2 of 2 healthy" in status.stdout and "utilisation" in status.stdout, status.stdout
+        assert "drain leases (1)" in status.stdout, status.stdout
+        programs = _cli("programs", cluster_file=cluster_file)
+        assert programs.returncode == 0 and "replicas (2)" in programs.stdout, programs.stderr
+
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
+        assert not cluster_file.exists(), "the discovery file outlived its cluster"
         assert _wait(lambda: not any(_alive(pid) for pid in child_pids), 10), "children outlived `bandmaster up`"
         # The scheduler kept its table in the state dir (recovered by the next `up` on it).
         assert (state / "scheduler-state.sqlite").is_file()
@@ -91,9 +127,65 @@ def test_up_reports_a_child_that_cannot_start(tmp_path):
     # An unknown timing profile is refused by the simulated worker itself (exit 2).
     result = subprocess.run(
         [sys.executable, "-m", "services.cli", "up", "--workers", "1", "--worker-kv-tokens", "64",
-         "--worker-page-size", "64", "--state-dir", str(tmp_path), "--timing-profile", "no-such-profile"],
+         "--worker-page-size", "64", "--state-dir", str(tmp_path), "--timing-profile", "no-such-profile",
+         "--ports", "auto"],
         cwd=ROOT, capture_output=True, text=True, timeout=90,
     )
     assert result.returncode == 1
     assert "simworker-0 exited with code 2" in result.stderr
     assert not any(_alive(int(json.loads(p.read_text())["pid"])) for p in Path(tmp_path).glob("*.ready.json"))
+
+
+def test_up_on_a_taken_port_says_which_and_the_flag_that_moves_it(tmp_path, taken_port):
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--workers", "1", "--ports", "auto", "--scheduler-port",
+         str(taken_port), "--state-dir", str(tmp_path / "state"), "--cluster-file", str(tmp_path / "cluster.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"bandmaster up: port {taken_port} (scheduler gRPC) is already in use; choose "
+                                     "another with --scheduler-port (or --ports auto)")
+    assert not list((tmp_path / "state").glob("*.ready.json")), "children were started"
+
+
+def _unreachable_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one(tmp_path):
+    url = _unreachable_url()
+    result = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--worker-url", url, "--ports", "auto", "--no-planner",
+         "--healthy-timeout-seconds", "5", "--state-dir", str(tmp_path / "state"),
+         "--cluster-file", str(tmp_path / "cluster.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Bandmaster is up" not in result.stdout
+    assert "NO HEALTHY WORKER" in result.stderr and "--require-healthy" in result.stderr, result.stderr
+    worker_line = next(line for line in result.stderr.splitlines() if url in line)
+    assert "pending" in worker_line or "unhealthy" in worker_line, worker_line
+    assert not (tmp_path / "cluster.json").exists()
+
+
+def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
+    url = _unreachable_url()
+    cluster_file = tmp_path / "cluster.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "up", "--worker-url", url, "--no-require-healthy", "--ports", "auto",
+         "--no-planner", "--healthy-timeout-seconds", "2", "--state-dir", str(tmp_path / "state"),
+         "--cluster-file", str(cluster_file)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output = _until_up(proc)
+        assert "NO HEALTHY WORKER" in output and url in output, output
+        assert "Bandmaster is up WITHOUT A HEALTHY WORKER" in output, output
+        status = _cli("status", "--once", cluster_file=cluster_file)
+        assert status.returncode == 0 and "NO HEALTHY WORKER" in status.stdout, status.stdout + status.stderr
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -66,7 +66,8 @@ def _env() -> dict[str, str]:
 
 def _up(state: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--worker-kv-tokens", "8192",
-                             "--speedup", "50", "--http-port", "0", "--state-dir", str(state), *extra],
+                             "--speedup", "50", "--ports", "auto", "--state-dir", str(state),
+                             "--cluster-file", str(state / "cluster.json"), *extra],
                             cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 120

@@ -203,3 +203,10 @@ def test_no_token_in_any_log(cluster):
     for log in cluster.supervisor.state_dir.glob("*.log"):
         text = log.read_text(errors="replace")
         assert not any(token in text for token in tokens), log
+
+
+def test_status_cli_over_mutual_tls_from_the_state_dir(cluster, capsys):
+    # The state dir gives the addresses, the CA, the client certificate and the control token.
+    assert cli_main(["status", "--once", "--state-dir", str(cluster.supervisor.state_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "of 1 healthy" in out and "utilisation" in out and "scheduler not answering" not in out, out

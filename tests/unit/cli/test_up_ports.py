@@ -1,0 +1,151 @@
+"""`bandmaster up`'s ports, its healthy-worker verdict and its discovery file (the pure parts)."""
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from bandmaster.capacity.v1 import capacity_pb2 as cpb
+from services.capacity.config import SETTINGS as CAPACITY
+from services.cli import endpoints
+from services.cli.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
+from services.cli.up import (add_cluster_arguments, add_port_arguments, busy_ports, cluster_config, cluster_ports,
+                             fleet_health, no_healthy_worker_banner)
+from services.common.errors import ConfigError
+from services.common.ports import DEFAULT_PORTS
+from services.planner.config import SETTINGS as PLANNER
+from services.router.config import SETTINGS as ROUTER
+from services.scheduler.config import SETTINGS as SCHEDULER
+from services.simworker.config import SETTINGS as SIMWORKER
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    add_port_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _default(settings, name):
+    return next(s.default for s in settings if s.name == name)
+
+
+def test_the_documented_ports_are_the_services_own_defaults():
+    for settings, service in ((CAPACITY, "capacity"), (SCHEDULER, "scheduler"), (ROUTER, "router"),
+                              (PLANNER, "planner")):
+        assert _default(settings, "listen") == f"127.0.0.1:{DEFAULT_PORTS[service]}"
+        assert _default(settings, "metrics_port") == DEFAULT_PORTS[f"{service}_metrics"]
+    assert _default(ROUTER, "http_port") == DEFAULT_PORTS["router_http"]
+    assert _default(PLANNER, "http_listen") == f"127.0.0.1:{DEFAULT_PORTS['planner_http']}"
+    assert _default(SIMWORKER, "port") == DEFAULT_PORTS["simworker"]
+
+
+def test_up_uses_the_fixed_ports_and_each_flag_moves_one():
+    ports = cluster_ports(_args())
+    assert ports == ClusterPorts.fixed()
+    assert (ports.capacity, ports.scheduler, ports.router, ports.planner) == (50051, 50052, 50053, 50061)
+    assert cluster_ports(_args("--scheduler-port", "6000")).scheduler == 6000
+    assert cluster_config(_args()).http_port == 8000
+
+
+def test_ports_auto_leaves_every_port_not_given_to_the_system():
+    ports = cluster_ports(_args("--ports", "auto", "--router-port", "7001"))
+    assert ports.router == 7001
+    assert ports.capacity == ports.scheduler == ports.planner_http == ports.first_worker == 0
+
+
+def test_the_ports_reach_the_children_flags():
+    config = ClusterConfig(workers=2, ports=ClusterPorts.fixed())
+    capacity = capacity_spec(config, []).args
+    assert capacity[capacity.index("--listen") + 1] == "127.0.0.1:50051"
+    assert capacity[capacity.index("--metrics-port") + 1] == "9101"
+    router = router_spec(config, "127.0.0.1:50051", "127.0.0.1:50052").args
+    assert router[router.index("--listen") + 1] == "127.0.0.1:50053"
+    assert router[router.index("--http-port") + 1] == "8000"
+    assert [simworker_spec(config, i).args[3] for i in range(2)] == ["30000", "30001"]
+    # The library default (tests, benchmarks, the demo) stays any free port.
+    assert capacity_spec(ClusterConfig(), []).args[1] == "127.0.0.1:0"
+
+
+def test_a_port_given_twice_is_refused_naming_both():
+    with pytest.raises(ConfigError, match="each port is used once"):
+        ClusterConfig(workers=2, ports=ClusterPorts(capacity=40000, first_worker=39999))
+    with pytest.raises(ConfigError, match="port <= 65535"):
+        ClusterConfig(workers=3, ports=ClusterPorts(first_worker=65534), http_port=0)
+
+
+def test_busy_ports_names_the_port_and_the_up_flag_that_moves_it():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        config = ClusterConfig(workers=1, http_port=0, scheduler=False, ports=ClusterPorts(scheduler=port,
+                                                                                          router_metrics=port))
+        [(taken, line)] = busy_ports(config)  # the scheduler is off: its port is not wanted
+        assert taken == port
+        assert line == f"port {port} (router /metrics) is already in use; choose another with --router-metrics-port " \
+                       "(or --ports auto)"
+
+
+def _worker(url, health, reason="", failures=0):
+    return cpb.Worker(worker_id=url.rsplit("/", 1)[-1], url=url, health=health, excluded_reason=reason,
+                      consecutive_failures=failures)
+
+
+def test_fleet_health_names_each_unhealthy_worker_and_why():
+    snapshot = cpb.WorkersSnapshot(workers=[
+        _worker("http://a:1", cpb.WORKER_HEALTH_HEALTHY),
+        _worker("http://b:2", cpb.WORKER_HEALTH_UNHEALTHY, "unhealthy: polls failing (last: connection_refused)"),
+        _worker("http://c:3", cpb.WORKER_HEALTH_PENDING, failures=2),
+    ])
+    health = fleet_health(snapshot)
+    assert (health.healthy, health.total, health.settled) == (1, 3, False)
+    assert health.problems == (("http://b:2", "unhealthy: polls failing (last: connection_refused)"),
+                               ("http://c:3", "pending: 2 failed polls"))
+    banner = no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:])), 12.4)
+    assert "NO HEALTHY WORKER after 12 s" in banner and "http://b:2: unhealthy" in banner
+    assert "the capacity service knows no worker" in no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot()), 1)
+
+
+def test_the_discovery_file_belongs_to_one_live_cluster(tmp_path):
+    path = tmp_path / "run" / "cluster.json"
+    assert endpoints.write_cluster_file(path, {"pid": os.getpid(), "state_dir": "/s"})
+    assert endpoints.read_cluster_file(path)["state_dir"] == "/s"
+    # Another live process owns it: a second cluster does not overwrite it, nor removes it.
+    assert not endpoints.write_cluster_file(path, {"pid": os.getppid(), "state_dir": "/other"})
+    endpoints.remove_cluster_file(path, os.getppid())
+    assert path.exists()
+    endpoints.remove_cluster_file(path, os.getpid())
+    assert not path.exists()
+    # A record whose process is gone is no cluster.
+    path.write_text('{"pid": 999999999, "state_dir": "/gone"}')
+    assert endpoints.read_cluster_file(path) == {}
+
+
+def test_the_discovery_file_location_follows_the_environment(tmp_path):
+    assert endpoints.cluster_file({"BANDMASTER_CLUSTER_FILE": "/x/c.json", "HOME": "/h"}) == Path("/x/c.json")
+    assert endpoints.cluster_file({"XDG_RUNTIME_DIR": "/run/u", "HOME": "/h"}) == Path("/run/u/bandmaster/cluster.json")
+    assert endpoints.cluster_file({"HOME": "/h"}) == Path("/h/.bandmaster/cluster.json")
+
+
+def test_addresses_come_from_the_flag_then_the_state_dir_then_the_default(tmp_path):
+    (tmp_path / "scheduler.ready.json").write_text('{"grpc": "127.0.0.1:41000"}')
+    args = argparse.Namespace(state_dir=tmp_path)
+    assert endpoints.grpc_address(args, "10.0.0.1:1", "scheduler") == "10.0.0.1:1"
+    assert endpoints.grpc_address(args, "", "scheduler") == "127.0.0.1:41000"
+    assert endpoints.grpc_address(args, "", "planner") == "127.0.0.1:50061"
+    assert endpoints.grpc_address(argparse.Namespace(state_dir=None), "", "capacity") == "127.0.0.1:50051"
+
+
+def test_a_running_cluster_is_found_unless_an_address_is_given(tmp_path):
+    path = tmp_path / "cluster.json"
+    endpoints.write_cluster_file(path, {"pid": os.getpid(), "state_dir": str(tmp_path)})
+    env = {"BANDMASTER_CLUSTER_FILE": str(path)}
+    found = argparse.Namespace(state_dir=None)
+    endpoints.discover(found, "", env=env)
+    assert found.state_dir == tmp_path
+    named = argparse.Namespace(state_dir=None)
+    endpoints.discover(named, "10.0.0.1:50052", env=env)  # its certificates must not go to another server
+    assert named.state_dir is None
