@@ -7,6 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client import generate_latest
 
@@ -285,9 +286,30 @@ async def test_admit_continues_the_callers_trace(h):
         TraceContextTextMapPropagator().inject(carrier)
         trace_id = parent.get_span_context().trace_id
     await h.admit("p", "r1", 10, metadata=tuple(carrier.items()))
-    spans = [s for s in h.exporter.get_finished_spans() if s.name == "scheduler.admit"]
+    finished = h.exporter.get_finished_spans()
+    spans = [s for s in finished if s.name == "scheduler.admit"]
     assert spans and spans[-1].context.trace_id == trace_id
-    assert spans[-1].parent is not None and spans[-1].parent.span_id == parent.get_span_context().span_id
+    # Unary Admit: the gRPC instrumentation's SERVER span continues the caller's trace; the decision is its child.
+    rpc = next(s for s in finished if s.name == "/bandmaster.scheduler.v1.Scheduler/Admit")
+    assert rpc.kind is SpanKind.SERVER and rpc.parent.span_id == parent.get_span_context().span_id
+    assert spans[-1].parent.span_id == rpc.context.span_id and spans[-1].kind is SpanKind.INTERNAL
+
+
+async def test_admit_stream_is_its_own_server_span_in_the_callers_trace(h):
+    """AdmitStream is a streaming handler, which the instrumentation does not wrap: scheduler.admit is the
+    SERVER span, parented on the caller's traceparent, and nothing else is recorded for the call."""
+    provider = TracerProvider()
+    with provider.get_tracer("router").start_as_current_span("router.admit") as parent:
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+    call = h.client.AdmitStream(pb.AdmitRequest(session_id="p", request_id="r1", estimated_prompt_tokens=10),
+                                metadata=tuple(carrier.items()))
+    updates = [update async for update in call]
+    assert updates[-1].HasField("decision")
+    finished = h.exporter.get_finished_spans()
+    admit = next(s for s in finished if s.name == "scheduler.admit")
+    assert admit.kind is SpanKind.SERVER and admit.parent.span_id == parent.get_span_context().span_id
+    assert not [s for s in finished if s.name.endswith("/AdmitStream")]
 
 
 async def test_tick_logs_core_records_verbatim_and_makes_a_span(make_harness, caplog):
