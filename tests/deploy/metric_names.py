@@ -1,10 +1,8 @@
 """Metric names on both sides of a dashboard: those its PromQL uses, those a /metrics page exports.
 
 A dashboard panel that names a metric nobody exports draws nothing and raises no error, so the
-compose-equivalent run checks the names. PromQL is parsed roughly, on purpose: strings, label
-matchers, range selectors, grouping clauses and Grafana variables are removed, and what is left that
-looks like an identifier and is not a function call or a keyword is a metric name. That is enough for
-dashboard queries and needs no PromQL parser.
+compose-equivalent run checks the names. The PromQL side is tests/support/promql.py (shared with
+tests/unit/common/test_dashboard_alerts.py, which checks the same names against the registries).
 """
 
 from __future__ import annotations
@@ -12,56 +10,20 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Iterable
 
-_KEYWORDS = frozenset({
-    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
-    "inf", "nan", "start", "end", "atan2",
-})
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
-_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
-_IDENTIFIER = re.compile(r"(?<![\w:.$])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])")
+from tests.support import promql
 
 
 def promql_metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects (functions, labels, keywords and variables excluded)."""
-    text = _STRING.sub(" ", expr)
-    text = re.sub(r"\$\{[^}]*\}|\$\w+|\[\[[^\]]*\]\]", " ", text)   # Grafana variables
-    text = re.sub(r"\{[^}]*\}", " ", text)                           # label matchers
-    text = re.sub(r"\[[^\]]*\]", " ", text)                          # ranges, subqueries
-    text = _GROUPING.sub(" ", text)
-    names: set[str] = set()
-    for match in _IDENTIFIER.finditer(text):
-        name = match.group(1)
-        following = text[match.end():].lstrip()
-        if following.startswith("(") or name.lower() in _KEYWORDS:
-            continue
-        if re.fullmatch(r"\d+[smhdwy]?", name):  # a duration or number the class did not exclude
-            continue
-        names.add(name)
-    return names
-
-
-def dashboard_exprs(dashboard: Any) -> Iterator[str]:
-    """Every `expr` string anywhere in a Grafana dashboard JSON (panels, rows, library panels)."""
-    if isinstance(dashboard, dict):
-        for key, value in dashboard.items():
-            if key == "expr" and isinstance(value, str) and value.strip():
-                yield value
-            else:
-                yield from dashboard_exprs(value)
-    elif isinstance(dashboard, list):
-        for item in dashboard:
-            yield from dashboard_exprs(item)
+    """Metric names an expression selects (functions, labels, keywords and variables excluded):
+    the one implementation, tests/support/promql.py, which the dashboard and alert unit tests use too."""
+    return promql.metric_names(expr)
 
 
 def dashboard_metric_names(path: Path) -> dict[str, set[str]]:
-    """{metric name: the expressions that use it} for one dashboard file."""
-    used: dict[str, set[str]] = {}
-    for expr in dashboard_exprs(json.loads(path.read_text())):
-        for name in promql_metric_names(expr):
-            used.setdefault(name, set()).add(expr)
-    return used
+    """{metric name: where on the dashboard it is used (panel and query, or variable)} for one file."""
+    return promql.dashboard_metric_names(json.loads(path.read_text()))
 
 
 _TYPE_SUFFIXES = {
