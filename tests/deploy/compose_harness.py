@@ -35,9 +35,10 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -452,3 +453,17 @@ class ComposeRun:
         host, _, port = host_port.rpartition(":")
         address = self.stack.addresses.get(host)
         return f"{address}:{port}" if address else None
+
+
+@contextmanager
+def compose_stack(workdir: Path, env: Mapping[str, str] | None = None, timeout_s: float = 90.0) -> Iterator[ComposeRun]:
+    """docker-compose.yml, interpolated with `env`, running and healthy for the `with` body; always stopped."""
+    stack = plan(load_compose(COMPOSE_FILE, env), workdir / "services", pick_subnet())
+    logs = workdir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    run = ComposeRun(stack, logs)
+    try:
+        run.start(timeout_s=timeout_s)
+        yield run
+    finally:
+        run.stop()

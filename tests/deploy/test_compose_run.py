@@ -42,23 +42,13 @@ REQUEST_TIMEOUT_S = 30.0
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ch.ComposeRun]:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (make test installs it through `make system-deps`)")
-    workdir = tmp_path_factory.mktemp("compose")
-    plan = ch.plan(ch.load_compose(), workdir / "services", ch.pick_subnet())
-    assert set(plan.services) == {"simworker-1", "simworker-2", "capacity", "scheduler", "router-1", "router-2",
-                                  "planner", "redis"}, plan.services.keys()
-    assert set(plan.schema_only) == {"otel-collector", "jaeger", "prometheus", "grafana"}
-    logs = workdir / "logs"
-    logs.mkdir()
-    run = ch.ComposeRun(plan, logs)
-    try:
-        run.start(timeout_s=STARTUP_TIMEOUT_S)
+    with ch.compose_stack(tmp_path_factory.mktemp("compose"), timeout_s=STARTUP_TIMEOUT_S) as run:
         yield run
-    finally:
-        run.stop()
 
 
-def client(stack: ch.ComposeRun, router: str, headers: dict[str, str] | None = None) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.url(router, 8000, "/v1"), api_key="none", max_retries=0,
+def client(stack: ch.ComposeRun, router: str, headers: dict[str, str] | None = None,
+           api_key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.url(router, 8000, "/v1"), api_key=api_key, max_retries=0,
                          timeout=REQUEST_TIMEOUT_S, default_headers=headers or {})
 
 
@@ -77,6 +67,9 @@ def sample(text: str, name: str, label_fragment: str = "") -> float:
 
 
 def test_the_stack_is_what_the_compose_file_says(stack):
+    assert set(stack.stack.services) == {"simworker-1", "simworker-2", "capacity", "scheduler", "router-1",
+                                         "router-2", "planner", "redis"}
+    assert set(stack.stack.schema_only) == {"otel-collector", "jaeger", "prometheus", "grafana"}
     # Traces would go to the collector, which runs only in Docker: the variable is left out here.
     assert all(keys == ["OTEL_EXPORTER_OTLP_ENDPOINT"] for keys in stack.stack.dropped_env.values())
     assert stack.stack.services["capacity"].env["BANDMASTER_CAPACITY_WORKER_URLS"] == ",".join(
@@ -85,20 +78,25 @@ def test_the_stack_is_what_the_compose_file_says(stack):
         assert item.healthy and item.process.poll() is None, name
 
 
-def test_agent_program_across_both_routers(stack):
-    program = "compose-agent-1"
+def agent_program(stack: ch.ComposeRun, program: str, api_key: str = "none") -> None:
+    """Four turns alternating router-1 and router-2, then the final request on router-2."""
     messages = [{"role": "system", "content": "You are a coding agent."},
                 {"role": "user", "content": "Fix the failing test in tests/test_math.py."}]
     routers = ["router-1", "router-2"]
     for turn in range(4):
-        answer = client(stack, routers[turn % 2], {"X-Dynamo-Session-ID": program}).chat.completions.create(
+        answer = client(stack, routers[turn % 2], {"X-Dynamo-Session-ID": program}, api_key).chat.completions.create(
             model=MODEL, messages=messages, max_tokens=8)
         assert answer.choices[0].message.content, f"turn {turn} came back empty"
         assert answer.usage.prompt_tokens > 0 and answer.usage.completion_tokens > 0
         messages += [{"role": "assistant", "content": answer.choices[0].message.content},
                      {"role": "user", "content": f"tool output {turn}: 1 passed"}]
-    final = client(stack, "router-2", {"X-Dynamo-Session-ID": program, "X-Dynamo-Session-Final": "true"})
+    final = client(stack, "router-2", {"X-Dynamo-Session-ID": program, "X-Dynamo-Session-Final": "true"}, api_key)
     final.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+
+
+def test_agent_program_across_both_routers(stack):
+    agent_program(stack, "compose-agent-1")
+    routers = ["router-1", "router-2"]
     served = {r: sample(scrape(stack.url(r, 9103, "/metrics")), "bandmaster_router_requests_total",
                         'path="program"') for r in routers}
     assert all(count >= 2 for count in served.values()), f"program turns per router: {served}"
@@ -121,9 +119,10 @@ def batch_input(n: int) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def test_batch_through_the_router(stack):
-    api = client(stack, "router-1")
-    upload = api.files.create(file=("batch.jsonl", io.BytesIO(batch_input(3))), purpose="batch")
+def run_batch(stack: ch.ComposeRun, api_key: str = "none", n: int = 3) -> None:
+    """Upload n requests, create a batch through router-1, wait for it, check its output file."""
+    api = client(stack, "router-1", api_key=api_key)
+    upload = api.files.create(file=("batch.jsonl", io.BytesIO(batch_input(n))), purpose="batch")
     batch = api.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + BATCH_TIMEOUT_S
     while batch.status != "completed":
@@ -133,10 +132,14 @@ def test_batch_through_the_router(stack):
                                              f"{ch.log_tail(stack.running['planner'].log_path)}")
         time.sleep(0.5)
         batch = api.batches.retrieve(batch.id)
-    assert batch.request_counts.completed == 3 and batch.request_counts.failed == 0
+    assert batch.request_counts.completed == n and batch.request_counts.failed == 0
     lines = [json.loads(line) for line in api.files.content(batch.output_file_id).text.splitlines()]
-    assert sorted(line["custom_id"] for line in lines) == ["req-0", "req-1", "req-2"]
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"req-{i}" for i in range(n))
     assert all(line["response"]["status_code"] == 200 for line in lines)
+
+
+def test_batch_through_the_router(stack):
+    run_batch(stack)
     # The planner publishes its drain lease to the compose file's Redis (db 0, its default key).
     leases = redis.Redis(host=stack.stack.addresses["redis"], port=6379, db=0, socket_timeout=5)
     try:
