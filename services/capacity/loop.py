@@ -27,6 +27,7 @@ from services.common.clock import Clock
 log = logging.getLogger("services.capacity")
 
 PUBLISH_COALESCE_S = 0.01
+MAX_RECOMPUTE_LINKS = 8  # links to the requests behind one recompute (a heartbeat storm is coalesced)
 
 
 class Mailbox:
@@ -70,6 +71,9 @@ class CapacityRuntime:
         self._published_version = -1
         self._heartbeat: pb.WorkersSnapshot | None = None
         self._heartbeat_built_at = 0.0
+        # Sampled spans of the requests (RegisterWorker, Heartbeat, ...) whose change the next recompute
+        # publishes: that recompute runs in the publisher task, a trace of its own, linked to them.
+        self._causes: list[trace.SpanContext] = []
 
     # --- lifecycle ---
 
@@ -104,7 +108,7 @@ class CapacityRuntime:
         state, transitions = self.registry.add(worker_id, url, origin, self.clock.monotonic(), expectation)
         self._log(transitions)
         # Published by the publisher task: a burst of registrations costs one recompute, not one each.
-        self._dirty.set()
+        self._changed_by_request()
         if self._tasks and state.worker_id not in self._polls and state.card is None:
             # A new worker should not wait a whole interval for its first card.
             self._spawn_poll(state)
@@ -121,15 +125,22 @@ class CapacityRuntime:
         if poll is not None:
             poll.cancel()
         self._log(transitions)
-        self._dirty.set()
+        self._changed_by_request()
         return True
 
     def set_load(self, worker_id: str, load: Load) -> bool:
         before = self.registry.version
         known = self.registry.set_load(worker_id, load)
         if self.registry.version != before:
-            self._dirty.set()  # coalesced: a storm of heartbeats costs one recompute per loop turn
+            self._changed_by_request()  # coalesced: a storm of heartbeats costs one recompute per loop turn
         return known
+
+    def _changed_by_request(self) -> None:
+        """The registry moved in a request: publish soon, and link that recompute to the request's span."""
+        cause = trace.get_current_span().get_span_context()
+        if cause.is_valid and cause.trace_flags.sampled and len(self._causes) < MAX_RECOMPUTE_LINKS:
+            self._causes.append(cause)
+        self._dirty.set()
 
     def current(self) -> pb.WorkersSnapshot:
         """The latest published snapshot, publishing first if the registry moved on."""
@@ -171,7 +182,9 @@ class CapacityRuntime:
         """Recompute from a fresh registry snapshot; hand a new snapshot to watchers if the version moved."""
         started = time.perf_counter()
         version = self.registry.version
-        with self.tracer.start_as_current_span("capacity.recompute") as span:
+        links, self._causes = [trace.Link(cause) for cause in self._causes], []
+        # In a request's trace when a request publishes (ListWorkers, a watch opening); else its own trace.
+        with self.tracer.start_as_current_span("capacity.recompute", links=links) as span:
             view = recompute(self.retention, self.registry.snapshot())
             changed = version != self._published_version
             if changed:

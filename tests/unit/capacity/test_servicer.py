@@ -84,6 +84,24 @@ async def test_register_polls_and_reports_budget(client, stub, service):
     assert 'bandmaster_capacity_workers{health="HEALTHY"} 1.0' in text
 
 
+async def test_a_registration_is_linked_from_the_recompute_that_publishes_it(client, stub, service):
+    """The recompute runs in the publisher task (a trace of its own) and links the RegisterWorker call's span."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    metadata = (("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01"),)
+    await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"), metadata=metadata)
+
+    def linked():
+        spans = service.exporter.get_finished_spans()
+        register = next(s for s in spans if s.name.endswith("/RegisterWorker"))
+        recomputes = [s for s in spans if s.name == "capacity.recompute"
+                      and any(link.context.span_id == register.context.span_id for link in s.links)]
+        return register, recomputes
+
+    register, recomputes = await assert_eventually(lambda: linked()[1] and linked(), timeout_s=5)
+    assert format(register.context.trace_id, "032x") == trace_id
+    assert all(format(s.context.trace_id, "032x") != trace_id for s in recomputes)
+
+
 async def test_register_is_idempotent_and_conflicts_are_already_exists(client, stub):
     first = await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
     again = await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url + "/", worker_id="w1"))
