@@ -1,7 +1,8 @@
 """Replace the generated part of a Markdown page: the lines between a BEGIN and an END marker.
 
-Shared by the doc generators in scripts/ (metrics_table.py, flags_table.py); each writes its
-section with `--write` and exits 1 with `--check` when the committed page differs.
+Shared by the generators in scripts/ (metrics_table.py and flags_table.py write a section of a page,
+grafana_dashboard.py a whole file): `--write` rewrites, `--check` exits 1 when the committed text
+differs.
 """
 
 from __future__ import annotations
@@ -32,21 +33,27 @@ def splice(page: str, section: str, body: str) -> str:
     return f"{head}{begin}\n{body.rstrip()}\n{end}{tail}"
 
 
-def run(path: pathlib.Path, section: str, body: str, argv: list[str] | None, script: str) -> int:
-    """The command line of a generator: --check (default) compares, --write rewrites."""
-    parser = argparse.ArgumentParser(description=f"Generate the {section} section of {path.name}")
+def generate(path: pathlib.Path, wanted: str, argv: list[str] | None, script: str, what: str) -> int:
+    """The command line of a generator whose output is `wanted`, the whole of `path`:
+    --check (default) exits 1 when the committed file differs, --write rewrites it."""
+    parser = argparse.ArgumentParser(description=f"Generate {what}")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="rewrite the section in place")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the committed section is stale (default)")
+    mode.add_argument("--write", action="store_true", help="rewrite it in place")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the committed file is stale (default)")
     args = parser.parse_args(argv)
-    current = path.read_text()
-    wanted = splice(current, section, body)
+    current = path.read_text() if path.exists() else ""
     if args.write:
         if wanted != current:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(wanted)
-            print(f"{path}: {section} rewritten")
+            print(f"{path}: {what} rewritten")
         return 0
     if wanted != current:
-        print(f"{path}: the {section} section is stale; run `python {script} --write`", file=sys.stderr)
+        print(f"{path}: {what} is stale; run `python {script} --write`", file=sys.stderr)
         return 1
     return 0
+
+
+def run(path: pathlib.Path, section: str, body: str, argv: list[str] | None, script: str) -> int:
+    """`generate` for one marked section of a Markdown page."""
+    return generate(path, splice(path.read_text(), section, body), argv, script, f"the {section} section")

@@ -15,7 +15,6 @@ any Prometheus datasource.
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -23,6 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from scripts.doc_markers import generate  # noqa: E402
+
 OUT = ROOT / "deploy" / "grafana" / "dashboards" / "bandmaster.json"
 
 DATASOURCE = {"type": "prometheus", "uid": "${DS_PROMETHEUS}"}
@@ -380,23 +384,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help=f"rewrite {OUT.relative_to(ROOT)}")
-    mode.add_argument("--check", action="store_true", help="exit 1 if the committed JSON is stale (default)")
-    args = parser.parse_args(argv)
-    wanted = render()
-    current = OUT.read_text() if OUT.exists() else ""
-    if args.write:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        if wanted != current:
-            OUT.write_text(wanted)
-            print(f"{OUT}: rewritten")
-        return 0
-    if wanted != current:
-        print(f"{OUT} is stale; run `python scripts/grafana_dashboard.py --write`", file=sys.stderr)
-        return 1
-    return 0
+    return generate(OUT, render(), argv, "scripts/grafana_dashboard.py", "the Grafana dashboard")
 
 
 if __name__ == "__main__":
