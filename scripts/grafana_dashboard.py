@@ -117,9 +117,10 @@ def _panels() -> list[Row]:
                                Query("sum(bandmaster_scheduler_held_admissions)", "held turns")],
                   "Programs in the scheduler's table, and turns held in Admit because their program is paused.",
                   kind="stat", width=6, height=5),
-            Panel("Steps / min", [Query(f'sum(rate(bandmaster_router_requests_total{{outcome="ok"}}[{RATE}])) * 60',
-                                        "steps / min")],
-                  "Agent steps (LLM turns) completed through the routers per minute.",
+            Panel("Steps / min", [Query(f'sum(rate(bandmaster_router_requests_total{{outcome="ok", traffic="online"}}'
+                                        f'[{RATE}])) * 60', "online steps / min")],
+                  "Agent steps (LLM turns) the routers completed per minute, online traffic only (batch requests "
+                  "from the planner's dispatcher are in 'Steps / min by traffic').",
                   kind="stat", width=6, height=5, decimals=1),
             Panel("Scheduler reachable from routers", [Query("min(bandmaster_router_scheduler_reachable)", "")],
                   "0 while any router fails open: turns are routed by KV cost alone, without admission, "
@@ -190,10 +191,12 @@ def _panels() -> list[Row]:
                   "Time turns spent in the scheduler's Admit: near zero unless programs are paused.",
                   unit="s", width=8),
             Panel("Steps / min by traffic",
-                  [Query(f'sum by (traffic) (rate(bandmaster_router_requests_total{{outcome="ok"}}[{RATE}])) * 60',
-                         "{{traffic}}"),
+                  [Query(f'sum by (traffic, path) (rate(bandmaster_router_requests_total{{outcome="ok"}}[{RATE}])) * 60',
+                         "{{traffic}} {{path}}"),
                    Query(f"rate(bandmaster_scheduler_admissions_total[{RATE}]) * 60", "admissions")],
-                  "Completed turns per minute at the routers, and admissions at the scheduler.", width=8),
+                  "Completed turns per minute at the routers by traffic and path (program: with a session header; "
+                  "passthrough: without one; final: a program's last request), and admissions at the scheduler.",
+                  width=8),
             Panel("TTFT at the workers", _quantiles("sglang:time_to_first_token_seconds", "", ""),
                   "Time to first token as the workers measure it (queueing and prefill at the engine).",
                   unit="s", width=8),
