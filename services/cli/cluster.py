@@ -259,7 +259,9 @@ def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str |
         args += ["--scheduler-addr", scheduler_addr]
     else:
         args += ["--no-scheduler", "--use-kv-events" if config.tokenizer else "--no-use-kv-events"]
-    return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args])
+    # Its gRPC health follows the fleet (NOT_SERVING while no worker is healthy): ready once it answers.
+    return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args],
+                     serving_means_ready=False)
 
 
 PLANNER_REGISTRY_FILE = "planner.sqlite3"
@@ -326,7 +328,8 @@ def secure_cluster(supervisor: Supervisor) -> LocalPki:
 def _secured(spec: ChildSpec, pki: LocalPki | None) -> ChildSpec:
     if pki is None:
         return spec
-    return ChildSpec(spec.name, spec.module, [*pki.service_args(spec.name), *spec.args], spec.kind, spec.env)
+    return ChildSpec(spec.name, spec.module, [*pki.service_args(spec.name), *spec.args], spec.kind, spec.env,
+                     spec.serving_means_ready)
 
 
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:

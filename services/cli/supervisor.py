@@ -50,6 +50,9 @@ class ChildSpec:
     args: Sequence[str]
     kind: str = "grpc"
     env: dict[str, str] = field(default_factory=dict)
+    serving_means_ready: bool = True
+    """gRPC children: ready once health says SERVING; False: once health answers at all (the router, whose
+    health follows its fleet, is up and serving before any worker is healthy)."""
 
 
 @dataclass
@@ -119,7 +122,10 @@ class Supervisor:
 
     def _probe(self, child: Child) -> bool:
         if child.spec.kind == "grpc":
-            return grpc_serving(child.endpoint, credentials=self.grpc_credentials)
+            status = grpc_health(child.endpoint, credentials=self.grpc_credentials)
+            if child.spec.serving_means_ready:
+                return status == health_pb2.HealthCheckResponse.SERVING
+            return status is not None
         return http_ok(child.endpoint + "/health")
 
     def tail(self, child: Child, lines: int = 20) -> str:
@@ -163,14 +169,19 @@ class Supervisor:
         return [c for c in self.children if c.process.poll() is not None]
 
 
-def grpc_serving(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> bool:
+def grpc_health(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None
+                ) -> int | None:
+    """The overall `grpc.health.v1` status at `address`, None when it does not answer."""
     try:
         with (grpc.secure_channel(address, credentials) if credentials is not None
               else grpc.insecure_channel(address)) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-            return reply.status == health_pb2.HealthCheckResponse.SERVING
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s).status
     except grpc.RpcError:
-        return False
+        return None
+
+
+def grpc_serving(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    return grpc_health(address, timeout_s, credentials) == health_pb2.HealthCheckResponse.SERVING
 
 
 def http_ok(url: str, timeout_s: float = 1.0) -> bool:

@@ -135,8 +135,27 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
     return TurnSpec(api, body, identity, model, stream, prompt_token_ids=ids)
 
 
+_CONTENT_FIELDS = {Api.CHAT: ("messages",), Api.COMPLETIONS: ("prompt",), Api.GENERATE: ("text", "input_ids")}
+
+
+def has_content(api: Api, body: dict) -> bool:
+    """Whether a request carries something to generate from: chat `messages`, a completion `prompt`,
+    /generate `text` or `input_ids`, present and not empty."""
+    return any(body.get(name) not in (None, "", [], [""]) for name in _CONTENT_FIELDS[api])
+
+
+def release_only_shape(api: Api, body: dict) -> tuple[str | None, bool]:
+    """(model, stream) of a final request without content, validated like any request's. Raises BadRequest."""
+    if api is Api.GENERATE:
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("stream must be a boolean", param="stream")
+        return None, stream
+    return _common(body)
+
+
 def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) -> web.Response | list[bytes]:
-    """What a final request returns: a valid, empty completion (no worker is touched)."""
+    """What a final request without content returns: a valid, empty completion (no worker is touched)."""
     rid = "final-" + uuid.uuid4().hex
     created = int(time.time())
     usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
@@ -285,13 +304,17 @@ class HttpApi:
                 try:
                     identity = session.from_headers(request.headers)
                     body = await self._read_body(request)
+                    client = session.client_identity(request.headers.get("Authorization"), request.remote)
+                    if identity.final and identity.is_program:
+                        # The program's last request: served like any turn, then released (turns.py); one
+                        # without content only releases it and gets an empty completion.
+                        path = "final"
+                        if not has_content(api, body):
+                            return await self._final(request, api, body, identity.session_id, client)
                     spec = build_spec(api, body, identity)
                     span.set_attribute("router.path", path)
-                    spec.client = session.client_identity(request.headers.get("Authorization"), request.remote)
+                    spec.client = client
                     spec.traffic = traffic
-                    if identity.final and identity.is_program:
-                        path = "final"
-                        return await self._final(request, spec)
                     client_usage = True
                     if spec.stream and api is not Api.GENERATE:
                         options = dict(body.get("stream_options") or {})
@@ -357,13 +380,16 @@ class HttpApi:
             await turn.close(outcome)
         return response
 
-    async def _final(self, request: web.BaseRequest, spec: TurnSpec) -> web.StreamResponse:
-        released = await self.runner.release(spec.identity.session_id, spec.client)
-        log.debug("final request for %s: released=%s", spec.identity.session_id, released)
-        self.metrics.request(_ROUTE_NAMES[spec.api], "final", "ok").inc()
-        model = spec.model or next(iter(self.runner.fleet.model_names), "bandmaster")
-        include_usage = bool((spec.body.get("stream_options") or {}).get("include_usage"))
-        answer = empty_completion(spec.api, model, spec.stream, include_usage)
+    async def _final(self, request: web.BaseRequest, api: Api, body: dict, session_id: str,
+                     client: str) -> web.StreamResponse:
+        """A final request without content: release the program, answer an empty completion (no worker)."""
+        model, stream = release_only_shape(api, body)
+        released = await self.runner.release(session_id, client)
+        log.debug("final request without content for %s: released=%s", session_id, released)
+        self.metrics.request(_ROUTE_NAMES[api], "final", "ok").inc()
+        model = model or next(iter(self.runner.fleet.model_names), "bandmaster")
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        answer = empty_completion(api, model, stream, include_usage)
         if isinstance(answer, web.Response):
             answer.headers.update(self._headers)
             return answer

@@ -35,6 +35,7 @@ from services.router.control import SchedulerClient
 from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.core.limits import ClientLimits
 from services.router.http_api import HttpApi
+from services.router.health import FleetHealth
 from services.router.http_server import HttpLimits, start_http
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptTokenizer
@@ -205,6 +206,10 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     _check_file_limit(config.http_max_connections)
 
     await host.start()
+    # grpc.health.v1 follows the fleet like /health: NOT_SERVING until a healthy worker is known.
+    fleet_health = FleetHealth(host.health, ["", SERVICE_NAME])
+    await fleet_health.apply(bool(fleet.workers))
+    fleet.on_workers.append(fleet_health.on_workers)
     # The data-plane token guards every path but /health (off when no token is configured).
     handler = bearer_guard(api.handle, config.security.control_tokens, config.security.data_tokens,
                            headers=http_limits.server_header, on_refusal=host.count_refusal)

@@ -532,7 +532,15 @@ class TurnRunner:
         if core is not None:
             core.finish(spec.request_id)
         self.metrics.flight(spec.traffic).dec()
+        # A final request (X-Dynamo-Session-Final with content) is served like any turn; its program is
+        # released once the turn is over, whatever the outcome: its client slot now, at the scheduler
+        # after its Complete.
+        final = spec.identity.final and spec.identity.is_program
+        if final and self.limits is not None:
+            self.limits.release(spec.client, spec.identity.session_id)
         if admission is None or self.scheduler is None:
+            if final and self.scheduler is not None:
+                self._spawn(self.scheduler.release(spec.identity.session_id))
             return
         scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
 
@@ -542,10 +550,14 @@ class TurnRunner:
             try:
                 if bind_task is not None:
                     await asyncio.gather(bind_task, return_exceptions=True)
-                await scheduler.complete(spec.identity.session_id, spec.request_id,
-                                         replica.worker_id if replica else "", replica.dp_rank if replica else 0,
-                                         usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, outcome,
-                                         ttft_s=book.ttft_s)
+                try:
+                    await scheduler.complete(spec.identity.session_id, spec.request_id,
+                                             replica.worker_id if replica else "", replica.dp_rank if replica else 0,
+                                             usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
+                                             outcome, ttft_s=book.ttft_s)
+                finally:
+                    if final:
+                        await scheduler.release(spec.identity.session_id)
             finally:
                 if token is not None:
                     otel_context.detach(token)
