@@ -195,6 +195,15 @@ def test_every_alert_has_a_runbook_section(rules):
             assert anchor == rule["alert"].lower() and anchor in anchors, rule["alert"]
 
 
+def test_operations_page_anchors_resolve():
+    """Every `#anchor` link on the page and into a sibling doc names a heading there."""
+    page = OPERATIONS.read_text()
+    for target, anchor in re.findall(r"\]\(([\w./-]*)#([\w-]+)\)", page):
+        doc = OPERATIONS if not target else OPERATIONS.parent / target
+        if doc.exists():  # a page another change adds later is not checked here
+            assert anchor in _anchors(doc.read_text()), f"{target or 'operations.md'}#{anchor}"
+
+
 def test_every_alert_names_an_exported_series(rules, exported):
     for alert, expr in rule_exprs(rules):
         unknown = metric_names(expr) - set(exported) - PROMETHEUS_SYNTHETIC
