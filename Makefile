@@ -95,3 +95,9 @@ bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# docs/architecture.svg is generated from docs/architecture.dot; both are committed.
+.PHONY: docs-diagram
+docs-diagram:
+	@command -v dot >/dev/null 2>&1 || { echo "Graphviz 'dot' is needed: apt-get install graphviz"; exit 1; }
+	dot -Tsvg docs/architecture.dot -o docs/architecture.svg
