@@ -10,6 +10,7 @@ from openai import AsyncOpenAI
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as otlp
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as otlp_grpc
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from clients import session_headers
 from services.common.telemetry import setup_telemetry
@@ -53,6 +54,52 @@ async def test_trace_continues_through_router_to_scheduler_in_memory(tmp_path):
         assert admit.metadata["traceparent"].split("-")[1] == TRACE_ID
         complete = await assert_eventually(lambda: [c for c in sched.calls if c.method == "Complete"])
         assert complete[0].metadata["traceparent"].split("-")[1] == TRACE_ID
+    finally:
+        if router is not None:
+            await router.stop()
+        await st.close()
+        await sched.stop()
+
+
+async def test_grpc_generate_turn_is_one_trace_up_to_complete(tmp_path):
+    """Router/Generate is a stream: its turn is closed after the request span's last await, and Complete,
+    sent from a task of its own, still carries the turn's trace; so does the worker request."""
+    from bandmaster.router.v1 import router_pb2 as rpb
+    from bandmaster.router.v1 import router_pb2_grpc as rpb_grpc
+
+    st = stack.Stack(tmp_path)
+    sched = RecordingScheduler()
+    exporter = InMemorySpanExporter()
+    telemetry = setup_telemetry("bandmaster-router", exporter=exporter, set_global=False)
+    router = None
+    try:
+        address = await sched.start()
+        w = st.add(await stack.simworker(tmp_path, "w"))
+        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+        router = await start_router(RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address,
+                                                 kv=KvOverrides(use_kv_events=False)), telemetry=telemetry)
+        await assert_eventually(lambda: router.fleet.workers)
+        async with grpc.aio.insecure_channel(router.grpc_address) as channel:
+            chunks = [c async for c in rpb_grpc.RouterStub(channel).Generate(
+                rpb.GenerateRequest(session_id="traced-grpc", model=MODEL, prompt="hello",
+                                    sampling=rpb.SamplingParams(max_tokens=2)),
+                metadata=(("traceparent", TRACEPARENT),), timeout=30)]
+        assert chunks[-1].finish_reason
+        complete = await assert_eventually(lambda: [c for c in sched.calls if c.method == "Complete"])
+        assert complete[0].metadata["traceparent"].split("-")[1] == TRACE_ID
+        admit = next(c for c in sched.calls if c.method == "Admit")
+        assert admit.metadata["traceparent"].split("-")[1] == TRACE_ID
+
+        def spans():
+            finished = {s.name: s for s in exporter.get_finished_spans()}
+            return finished if {"router.request", "router.upstream", "router.admit"} <= finished.keys() else None
+
+        by_name = await assert_eventually(spans)
+        request = by_name["router.request"]
+        assert format(request.context.trace_id, "032x") == TRACE_ID and request.kind is SpanKind.SERVER
+        for name in ("router.upstream", "router.admit", "router.pick"):
+            assert by_name[name].parent.span_id == request.context.span_id, name
+        assert by_name["router.upstream"].attributes["router.outcome"] == "ok"
     finally:
         if router is not None:
             await router.stop()
