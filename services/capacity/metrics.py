@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.capacity.core.cards import CapacityView
-from services.capacity.core.state import Health
+from services.capacity.core.state import CardRejectReason, Health, PollFailureReason
 
 
 class CapacityMetrics:
@@ -29,8 +29,14 @@ class CapacityMetrics:
         self.watchers = Gauge("bandmaster_capacity_watchers", "Open WatchWorkers streams", registry=registry)
         self.version = Gauge("bandmaster_capacity_snapshot_version", "Version of the latest snapshot",
                              registry=registry)
+        # Every label value exists from the start: a scrape sees 0, not an absent series, so rate() and
+        # alerts on these counters work before the first failure.
         for health in Health:
             self.workers.labels(health.value)
+        for poll_reason in PollFailureReason:
+            self.poll_failures.labels(poll_reason.value)
+        for card_reason in CardRejectReason:
+            self.card_rejections.labels(card_reason.value)
         self._retention_seen: dict[tuple[str, str, str], int] = {}
 
     def observe_view(self, view: CapacityView, version: int) -> None:
