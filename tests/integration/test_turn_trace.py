@@ -171,6 +171,7 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
     otlp_grpc.add_TraceServiceServicer_to_server(receiver, otlp_server)
     port = otlp_server.add_insecure_port("127.0.0.1:0")
     await otlp_server.start()
+    channel = None
     env = stack.base_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true",
                          OTEL_BSP_SCHEDULE_DELAY="50")
     try:
@@ -192,6 +193,15 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
             "--http-port", "0", "--metrics-port", "0", "--no-use-kv-events"], tmp_path, env=env))
         url = stack.router_url(router)
         await stack.healthy_workers(url, 1)
+        channel = grpc.aio.insecure_channel(sched.ready["grpc"])
+        scheduler = spb_grpc.SchedulerStub(channel)
+
+        async def scheduler_sees_the_worker():
+            stats = await scheduler.GetStats(spb.GetStatsRequest(), timeout=5)
+            assert len(stats.replicas) == 1
+            return True
+
+        await assert_eventually(scheduler_sees_the_worker, timeout_s=30, interval_s=0.1)
         turn_names = {"router.request", "router.admit", "router.pick", "router.upstream", "scheduler.admit",
                       "POST /v1/completions", SCHEDULER + "Complete"}
 
@@ -207,18 +217,23 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
         admit = assert_turn_tree(tree)
         assert admit.attributes["scheduler.held"] is False and admit.attributes["scheduler.pinned"] is True
 
+        async def alpha_in_its_tool():  # the router sends Complete after answering: wait for it
+            program = await scheduler.GetProgram(spb.GetProgramRequest(session_id="alpha"), timeout=5)
+            assert program.status == spb.PROGRAM_STATUS_ACTING
+            return True
+
+        await assert_eventually(alpha_in_its_tool, timeout_s=30, interval_s=0.1)
+
         # 2. Program B's first turn does not fit beside A: its admission is held.
         b_id, b_header = traceparent(0xB1)
         held_turn = asyncio.ensure_future(turn(url, "bravo", b_header, 1200))
-        async with grpc.aio.insecure_channel(sched.ready["grpc"]) as channel:
-            scheduler = spb_grpc.SchedulerStub(channel)
 
-            async def waiting():
-                stats = await scheduler.GetStats(spb.GetStatsRequest(), timeout=5)
-                assert stats.waiting_admissions == 1
-                return True
+        async def waiting():
+            stats = await scheduler.GetStats(spb.GetStatsRequest(), timeout=5)
+            assert stats.waiting_admissions == 1
+            return True
 
-            await assert_eventually(waiting, timeout_s=30, interval_s=0.1)
+        await assert_eventually(waiting, timeout_s=30, interval_s=0.1)
         assert not held_turn.done()
 
         # 3. A's final request releases it; B is resumed and its turn runs.
@@ -247,5 +262,7 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
         assert any(s.name == "capacity.recompute" and s.service == "bandmaster-capacity" for s in receiver.spans)
         assert all(s.trace_id not in (a_id, b_id, r_id) for s in receiver.spans if s.name == "capacity.recompute")
     finally:
+        if channel is not None:
+            await channel.close()
         await st.close()
         await otlp_server.stop(0)
