@@ -57,10 +57,11 @@ _VARIABLE = re.compile(
 
 
 class InterpolationError(ValueError):
-    """A `${VAR:?message}` whose variable is missing, or a `$` that starts no valid reference."""
+    """A `${VAR:?message}` whose variable is missing, or an interpolated number that is not one."""
 
 
 def interpolate_string(text: str, env: Mapping[str, str]) -> str:
+    """One string with every reference replaced; `:-`/`:?` treat an empty variable as unset, `-`/`?` do not."""
     def replace(match: re.Match[str]) -> str:
         if match.group("escaped"):
             return "$"
@@ -74,8 +75,7 @@ def interpolate_string(text: str, env: Mapping[str, str]) -> str:
             raise InterpolationError(f"${{{name}}} is required: {arg or 'not set'}")
         return value or ""
 
-    out = _VARIABLE.sub(replace, text)
-    return out
+    return _VARIABLE.sub(replace, text)
 
 
 def interpolate(node: Any, env: Mapping[str, str]) -> Any:

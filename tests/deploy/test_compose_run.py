@@ -17,7 +17,6 @@ import json
 import shutil
 import time
 import urllib.request
-from pathlib import Path
 from typing import Iterator
 
 import openai
