@@ -219,6 +219,14 @@ def test_references_between_services_name_ports_they_listen_on():
                 assert port in listening[target], f"{name} reaches {target}:{port}; it listens on {listening[target]}"
 
 
+def test_stop_grace_outlasts_each_service_own_shutdown_grace():
+    for name, service in bandmaster_services(compose()).items():
+        config = load_service_config(service)
+        own = getattr(config, "shutdown_grace_seconds", 0.0)
+        compose_grace = ch.duration_seconds(service.get("stop_grace_period"), 10.0)  # Compose's default is 10s
+        assert compose_grace > own, f"{name}: Docker kills at {compose_grace:g}s, before its {own:g}s drain ends"
+
+
 def test_dependencies_wait_for_health_and_exist():
     doc = compose()
     for name, service in doc["services"].items():
