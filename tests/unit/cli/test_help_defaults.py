@@ -7,6 +7,7 @@ import pytest
 
 from services import cli
 from services.capacity.config import SETTINGS as CAPACITY
+from services.capacity.registrar import SETTINGS as REGISTRAR
 from services.common.config import build_parser
 from services.planner.config import SETTINGS as PLANNER
 from services.router.config import SETTINGS as ROUTER
@@ -60,7 +61,8 @@ def test_every_bandmaster_command_shows_its_defaults(monkeypatch):
 
 
 @pytest.mark.parametrize("name, settings", [("capacity", CAPACITY), ("scheduler", SCHEDULER), ("router", ROUTER),
-                                            ("planner", PLANNER), ("simworker", SIMWORKER)])
+                                            ("planner", PLANNER), ("simworker", SIMWORKER),
+                                            ("capacity.registrar", REGISTRAR)])
 def test_every_service_shows_its_defaults(name, settings):
     parser = build_parser(name, "", settings)
     assert _missing(parser) == []
