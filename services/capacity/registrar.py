@@ -5,7 +5,10 @@
 For platforms where workers come and go on their own, such as a Kubernetes worker Deployment that
 the planner scales: the registrar runs beside the worker (a sidecar container in the same pod) and
 
-* calls `RegisterWorker` at start, retrying until the capacity service answers;
+* waits until the worker's own `/health` answers 200 (a loading SGLang server can take minutes, and
+  a worker registered before it listens would be polled into UNHEALTHY and, past
+  `--remove-unhealthy-after-seconds`, removed), unless `--no-wait-for-health`;
+* then calls `RegisterWorker`, retrying until the capacity service answers;
 * calls it again every `--interval-seconds`. Registration is idempotent for the same id and URL, and
   the capacity service keeps its registry in memory, so a restarted capacity service learns the
   worker back within one interval;
@@ -28,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import aiohttp
 import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
@@ -43,6 +47,7 @@ log = logging.getLogger("services.capacity.registrar")
 
 ENV_PREFIX = "BANDMASTER_REGISTRAR"
 PROG = "python -m services.capacity.registrar"
+HEALTH_POLL_SECONDS = 1.0
 
 
 def _env(name: str) -> str:
@@ -57,8 +62,10 @@ SETTINGS: list[Setting] = [
     Setting("worker_id", str, "", "worker id (default: host:port of --worker-url)", env=_env("worker_id")),
     Setting("interval_seconds", float, 10.0, "seconds between re-registrations (covers a capacity restart)",
             env=_env("interval_seconds")),
-    Setting("timeout_seconds", float, 2.0, "deadline of each RegisterWorker / DeregisterWorker call",
+    Setting("timeout_seconds", float, 2.0, "deadline of each RegisterWorker / DeregisterWorker call and health check",
             env=_env("timeout_seconds")),
+    Setting("wait_for_health", bool, True, "register only once the worker's /health has answered 200",
+            env=_env("wait_for_health")),
     Setting("log_level", str, "INFO", "log level", env=_env("log_level"),
             choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")),
     Setting("tls_ca", str, "", "PEM CA bundle to verify the capacity service with (turns TLS on)",
@@ -77,6 +84,7 @@ class RegistrarConfig:
     worker_id: str
     interval_seconds: float = 10.0
     timeout_seconds: float = 2.0
+    wait_for_health: bool = True
     log_level: str = "INFO"
     security: SecurityConfig = SecurityConfig()
 
@@ -118,6 +126,8 @@ class Registrar:
 
     async def run(self) -> None:
         c = self.config
+        if c.wait_for_health and not await self._wait_until_healthy():
+            return  # stopped before the worker came up: nothing was registered
         async with c.security.channel(c.capacity_addr) as channel:
             stub = pb_grpc.CapacityStub(channel)
             try:
@@ -129,6 +139,26 @@ class Registrar:
                         pass
             finally:
                 await self._deregister(stub)
+
+    async def _wait_until_healthy(self) -> bool:
+        """Poll the worker's /health once a second until it answers 200; False if stopped first."""
+        c = self.config
+        url = f"{c.worker_url}/health"
+        timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
+        log.info("waiting for %s to answer 200 before registering", redact_url(url))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self._stop.is_set():
+                try:
+                    async with session.get(url) as response:
+                        if response.status == 200:
+                            return True
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                try:
+                    await asyncio.wait_for(self._stop.wait(), HEALTH_POLL_SECONDS)
+                except TimeoutError:
+                    pass
+        return False
 
     async def _register(self, stub: pb_grpc.CapacityStub) -> None:
         c = self.config

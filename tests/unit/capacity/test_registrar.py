@@ -4,6 +4,7 @@ after a capacity restart / deregister on stop against a real in-process capacity
 import asyncio
 
 import pytest
+from aiohttp import web
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
@@ -55,7 +56,8 @@ async def test_registers_reregisters_after_a_capacity_restart_and_deregisters_on
     capacity = await _capacity()
     address = capacity.address
     registrar = Registrar(load_config(["--capacity-addr", address, "--worker-url", "http://127.0.0.1:9",
-                                       "--interval-seconds", "0.2", "--timeout-seconds", "0.2"], {}))
+                                       "--interval-seconds", "0.2", "--timeout-seconds", "0.2",
+                                       "--no-wait-for-health"], {}))
     task = asyncio.create_task(registrar.run())
     try:
         async def registered():
@@ -75,3 +77,50 @@ async def test_registers_reregisters_after_a_capacity_restart_and_deregisters_on
         registrar.stop()
         await asyncio.gather(task, return_exceptions=True)
         await capacity.stop()
+
+
+async def test_waits_for_the_workers_health_before_registering():
+    answers: list[int] = []
+    status = {"code": 503}
+
+    async def health(_request):
+        answers.append(status["code"])
+        return web.Response(status=status["code"])
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    capacity = await _capacity()
+    registrar = Registrar(load_config(["--capacity-addr", capacity.address, "--worker-url",
+                                       f"http://127.0.0.1:{port}", "--interval-seconds", "0.2",
+                                       "--timeout-seconds", "0.2"], {}))
+    task = asyncio.create_task(registrar.run())
+    try:
+        # Two 503 answers seen: registration only ever follows a 200, so nothing is registered yet.
+        await assert_eventually(lambda: len(answers) >= 2)
+        assert registrar.registrations == 0
+        assert f"127.0.0.1:{port}" not in await _worker_ids(capacity.address)
+        status["code"] = 200
+
+        async def registered():
+            return f"127.0.0.1:{port}" in await _worker_ids(capacity.address)
+        await assert_eventually(registered)
+    finally:
+        registrar.stop()
+        await asyncio.gather(task, return_exceptions=True)
+        await capacity.stop()
+        await runner.cleanup()
+
+
+async def test_stopped_before_the_worker_is_healthy_registers_nothing():
+    registrar = Registrar(load_config(["--capacity-addr", "127.0.0.1:9", "--worker-url", "http://127.0.0.1:9",
+                                       "--timeout-seconds", "0.2"], {}))
+    task = asyncio.create_task(registrar.run())
+    await asyncio.sleep(0.05)
+    registrar.stop()
+    await asyncio.wait_for(task, 5)
+    assert registrar.registrations == 0
