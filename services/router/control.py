@@ -61,12 +61,6 @@ class Admission:
     was_paused: bool
 
 
-def _metadata() -> tuple[tuple[str, str], ...]:
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return tuple(carrier.items())
-
-
 class FailOpen:
     """Why a turn went without admission (the `reason` label of the fail-open counter)."""
 
