@@ -182,30 +182,37 @@ class FleetHealth:
     healthy: int
     total: int
     problems: tuple[tuple[str, str], ...]
+    pending: int = 0
+    """Workers not polled successfully yet and not yet declared unhealthy."""
 
     @property
     def settled(self) -> bool:
-        return self.healthy == self.total
+        """Nothing more to wait for: every worker is healthy, or some are and the others have been found
+        unhealthy (a fleet with none healthy is waited for until the timeout: its workers may be starting)."""
+        return self.total > 0 and (self.healthy == self.total or (self.healthy > 0 and self.pending == 0))
 
 
 def fleet_health(snapshot: capacity_pb2.WorkersSnapshot) -> FleetHealth:
     problems = []
-    healthy = 0
+    healthy = pending = 0
     for worker in snapshot.workers:
         if worker.health == capacity_pb2.WORKER_HEALTH_HEALTHY:
             healthy += 1
             continue
+        if worker.health == capacity_pb2.WORKER_HEALTH_PENDING:
+            pending += 1
         state = capacity_pb2.WorkerHealth.Name(worker.health).removeprefix("WORKER_HEALTH_").lower()
         why = worker.excluded_reason or (f"{worker.consecutive_failures} failed polls" if worker.consecutive_failures
                                          else "not answered yet")
         problems.append((worker.url or worker.worker_id, why if why.startswith(state) else f"{state}: {why}"))
-    return FleetHealth(healthy, len(snapshot.workers), tuple(problems))
+    return FleetHealth(healthy, len(snapshot.workers), tuple(problems), pending)
 
 
-def no_healthy_worker_banner(health: FleetHealth, waited_s: float) -> str:
+def no_healthy_worker_banner(health: FleetHealth, waited_s: float | None = None) -> str:
     """The loud console warning (and, with --require-healthy, the error) for a fleet without a healthy worker."""
     rule = "!" * 78
-    lines = [rule, f"NO HEALTHY WORKER after {waited_s:.0f} s: requests will fail with 503 until one is.",
+    after = f" after {waited_s:.0f} s" if waited_s is not None else ""
+    lines = [rule, f"NO HEALTHY WORKER{after}: requests will fail with 503 until one is.",
              *(f"  {url}: {why}" for url, why in health.problems)]
     if not health.problems:
         lines.append("  (the capacity service knows no worker)")
@@ -241,7 +248,7 @@ def wait_for_fleet(cluster: Cluster, timeout_s: float, should_stop) -> tuple[Fle
     while True:
         health = read_fleet_health(cluster) or health
         waited = time.monotonic() - started
-        if (health is not None and health.total and health.settled) or waited >= timeout_s or should_stop():
+        if (health is not None and health.settled) or waited >= timeout_s or should_stop():
             return health, waited
         time.sleep(0.2)
 
@@ -334,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
                 now = read_fleet_health(cluster)
                 if now is not None and (now.healthy == 0) != (last_healthy == 0):
                     if now.healthy == 0:
-                        print(no_healthy_worker_banner(now, 0).replace(" after 0 s", ""), file=sys.stderr, flush=True)
+                        print(no_healthy_worker_banner(now), file=sys.stderr, flush=True)
                     else:
                         print(f"bandmaster up: {now.healthy} of {now.total} workers healthy again", flush=True)
                     last_healthy = now.healthy

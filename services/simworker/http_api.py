@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 from aiohttp import web
 from opentelemetry import trace
 
+from services.common.http_errors import json_errors
 from services.common.telemetry import http_server_middleware
 from services.simworker.chat import ChatTemplateError
 from services.simworker.config import SimWorkerConfig
@@ -352,7 +353,8 @@ class SimWorkerApi:
 
     def build_app(self) -> web.Application:
         middlewares = [http_server_middleware(self.tracer, TRACED_PATHS)] if self.tracer is not None else []
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
+        # Unknown paths and wrong methods: JSON errors like every other Bandmaster port, not aiohttp's text.
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, json_errors])
         r = app.router
         r.add_route("POST", "/generate", self.generate)
         r.add_route("PUT", "/generate", self.generate)

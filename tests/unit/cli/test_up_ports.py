@@ -101,7 +101,11 @@ def test_fleet_health_names_each_unhealthy_worker_and_why():
         _worker("http://c:3", cpb.WORKER_HEALTH_PENDING, failures=2),
     ])
     health = fleet_health(snapshot)
-    assert (health.healthy, health.total, health.settled) == (1, 3, False)
+    assert (health.healthy, health.total, health.pending, health.settled) == (1, 3, 1, False)
+    # One healthy and the others found unhealthy: nothing more to wait for; none healthy: wait on.
+    assert fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[:2])).settled
+    assert not fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:2])).settled
+    assert not fleet_health(cpb.WorkersSnapshot()).settled
     assert health.problems == (("http://b:2", "unhealthy: polls failing (last: connection_refused)"),
                                ("http://c:3", "pending: 2 failed polls"))
     banner = no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:])), 12.4)
