@@ -301,9 +301,11 @@ def run(args: argparse.Namespace) -> int:
     published = False
     try:
         health, waited = wait_for_fleet(cluster, args.healthy_timeout_seconds, lambda: stop_requested)
+        if stop_requested:
+            return 0
         if health is None or health.healthy == 0:
             banner = no_healthy_worker_banner(health or FleetHealth(0, 0, ()), waited)
-            if require_healthy and not stop_requested:
+            if require_healthy:
                 print(banner, file=sys.stderr)
                 print("bandmaster up: --require-healthy: stopping (start the workers first, or give "
                       "--no-require-healthy to run without them)", file=sys.stderr, flush=True)
@@ -321,10 +323,15 @@ def run(args: argparse.Namespace) -> int:
                   f"{cluster.supervisor.state_dir}")
         if cluster.pki is not None:
             print(connect_help(cluster))
-        published = endpoints.write_cluster_file(cluster_file, discovery_record(cluster))
+        try:
+            published = endpoints.write_cluster_file(cluster_file, discovery_record(cluster))
+        except OSError as exc:
+            published = False
+            print(f"cluster file: cannot write {cluster_file} ({exc.strerror}); point the commands at this cluster "
+                  f"with --state-dir {cluster.supervisor.state_dir}")
         if published:
             print(f"cluster file: {cluster_file}   (bandmaster status / programs / plan find this cluster)")
-        else:
+        elif cluster_file.exists():
             print(f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
                   f"one with --state-dir {cluster.supervisor.state_dir}")
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
