@@ -112,17 +112,27 @@ async def test_passthrough_is_admitted_with_empty_session_bound_and_completed(en
     assert bind[0].worker_id == done[0].worker_id and done[0].completion_tokens == 4
 
 
-async def test_final_request_releases_and_touches_no_worker(env):
+async def test_a_final_request_is_served_then_released_and_one_without_content_touches_no_worker(env):
     client = env.openai(**session_headers("prog-final"))
     await client.chat.completions.create(model=MODEL, messages=_turn_messages(0), max_tokens=3)
-    before = await env.worker_requests()
     final = env.openai(**session_headers("prog-final", final=True))
+    before = await env.worker_requests()
     answer = await final.chat.completions.create(model=MODEL, messages=_turn_messages(1), max_tokens=3)
-    assert answer.choices[0].message.content == "" and answer.choices[0].finish_reason == "stop"
-    stream = await final.completions.create(model=MODEL, prompt="x", max_tokens=3, stream=True)
+    assert answer.choices[0].message.content and answer.usage.completion_tokens == 3  # the message was served
+    assert await env.worker_requests() > before
+
+    def released_after_complete():
+        calls = [(c.method, c.request.session_id) for c in env.sched.calls if c.method in ("Complete", "Release")]
+        mine = [method for method, session_id in calls if session_id == "prog-final"]
+        assert mine[-2:] == ["Complete", "Release"], mine
+        return True
+
+    await assert_eventually(released_after_complete)
+    # Without content: only the release (an empty completion), no worker.
+    before = await env.worker_requests()
+    stream = await final.completions.create(model=MODEL, prompt="", max_tokens=3, stream=True)
     assert [c.choices[0].text async for c in stream if c.choices] == [""]
     assert [r.session_id for r in env.sched.of("Release")].count("prog-final") == 2
-    assert env.sched.of("Release")[-2].session_id == "prog-final"
     assert await env.worker_requests() == before
 
 
