@@ -138,7 +138,7 @@ async def stream_loop(session: aiohttp.ClientSession, url: str, load: Load, stat
             stats.requests += 1
     if session_id:
         final = {**headers, "X-Dynamo-Session-Final": "true"}
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "done"}], "max_tokens": 1}
+        body = {"model": MODEL, "messages": []}  # no content: the final request only releases the program
         try:
             async with session.post(url + "/v1/chat/completions", json=body, headers=final) as response:
                 await response.read()

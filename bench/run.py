@@ -230,7 +230,9 @@ class Runner:
         return rec, "".join(pieces)
 
     async def _final(self, session, program_id: str) -> None:
-        body = {"model": self.model, "messages": [{"role": "user", "content": "done"}], "max_tokens": 1}
+        # No messages: the final request only releases the program (one with content would be served as a
+        # turn first, and held like any turn while the program is paused).
+        body = {"model": self.model, "messages": []}
         try:
             async with session.post(f"{self.endpoint}/chat/completions", json=body,
                                     headers={SESSION: program_id, FINAL: "true"}) as response:
