@@ -13,8 +13,11 @@ that programs do finish and new ones start). The slots' first programs start spr
 then whatever is still running is cancelled.
 
 Every `--sample-s` seconds the resident set (`VmRSS` in `/proc/<pid>/status`) of every child
-process is read. The first `--warmup-fraction` of the duration is warm-up (pools, caches and the
-program tables fill); a service's RSS at warm-up end and at the end is the median of its samples
+process is read. Memory is judged from the end of the warm-up: the latest of `--warmup-fraction` of
+the duration, the ramp plus the routers' prefix-index TTL (read from the scheduler: the index has
+turned over once), and the end of the last of the slots' first programs (the cohort that started
+together, and paused together, is gone), at most half the run (`memory_warmup_end`). A service's
+RSS at warm-up end and at the end is the median of its samples
 in the `--window-s` seconds before each point (a single sample can catch a transient peak), and
 its growth is end / warm-up - 1.
 
@@ -182,6 +185,21 @@ def memory_figures(timeline: Sequence[dict], services: Sequence[str], warmup_s: 
     return out
 
 
+def memory_warmup_end(config: "SoakConfig", cohort_end_s: float | None, index_ttl_s: float) -> tuple[float, str]:
+    """When memory is measured from: the stack is in its steady state only once (a) the slots' first programs,
+    which all started together and grow their contexts in step (the pause storm of a synchronised start),
+    have all finished, and (b) the router's prefix index, whose entries live `index_ttl_s`, has turned over
+    once since the ramp. At least `warmup_fraction` of the run, at most half of it (a run whose start-up takes
+    longer is too short to judge growth; the report then says "capped"). Returns (seconds, reason)."""
+    cap = config.duration_s / 2
+    candidates = {"warmup_fraction": config.warmup_s, "index_ttl": config.ramp_s + index_ttl_s}
+    candidates["first_programs"] = cohort_end_s if cohort_end_s is not None else float("inf")
+    reason, end = max(candidates.items(), key=lambda kv: kv[1])
+    if end > cap:
+        return max(cap, config.window_s), "capped"
+    return max(end, config.window_s), reason
+
+
 def targets(lost: int, memory: dict[str, dict], *, judge_memory: bool) -> list[dict]:
     """The two targets, PASS/MISS. The memory one names its worst service: one without a growth figure
     (it died, or was never sampled) if there is one, since it cannot pass, else the largest growth."""
@@ -251,6 +269,8 @@ class SoakRunner(Runner):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.running = 0
+        self.first_program_done_s: dict[int, float] = {}
+        """Slot -> seconds from the start to the end of its first program (the synchronised cohort)."""
         self.other_errors: Counter[str] = Counter()
         """Errors outside a turn: failed final requests, and a slot that died of an exception."""
 
@@ -276,6 +296,7 @@ class SoakRunner(Runner):
                         await self._play(session, program, system, record, result)
                     finally:
                         self.running -= 1
+                    self.first_program_done_s.setdefault(index, round(time.monotonic() - start, 2))
 
             tasks = [asyncio.create_task(slot(i)) for i in range(slots)]
             await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
@@ -411,6 +432,7 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
         exited = [c.spec.name for c in cluster.supervisor.failed()]
         cpu = {name: _delta(cpu_before[name], cpu_seconds(pid)) for name, pid in pids.items()}
         scheduler = scheduler_stats(cluster.scheduler.endpoint)
+        index_ttl_s = router_index_ttl(cluster.scheduler.endpoint)
         logs = {c.spec.name: c.log_path for c in cluster.supervisor.children}
     finally:
         cluster.stop()
@@ -419,7 +441,8 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
         found = log_problems(path.read_text(errors="replace").splitlines())
         if found:
             problems[name] = found
-    report = build_report(config, runner, sampler, drain, machine, cpu, scheduler, exited, problems, quick=quick)
+    report = build_report(config, runner, sampler, drain, machine, cpu, scheduler, exited, problems, quick=quick,
+                          index_ttl_s=index_ttl_s)
     if passed(report):
         shutil.rmtree(state_dir, ignore_errors=True)
     else:
@@ -439,6 +462,18 @@ def scheduler_stats(address: str) -> dict:
     return {f.name: getattr(stats, f.name) for f in stats.DESCRIPTOR.fields if not f.is_repeated}
 
 
+def router_index_ttl(address: str) -> float:
+    """The routers' prefix-index TTL in force (the scheduler hands it to every router)."""
+    import grpc
+
+    from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        config = scheduler_pb2_grpc.SchedulerStub(channel).GetRouterConfig(scheduler_pb2.GetRouterConfigRequest(),
+                                                                           timeout=5)
+    return float(config.router_ttl_secs)
+
+
 def _delta(before: float | None, after: float | None) -> float | None:
     return round(after - before, 2) if before is not None and after is not None else None
 
@@ -455,7 +490,8 @@ async def _progress(sampler: MemorySampler, config: SoakConfig) -> None:
 
 
 def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler, drain: dict, machine: dict,
-                 cpu: dict, scheduler: dict, exited: list[str], log_problems: dict, *, quick: bool) -> dict:
+                 cpu: dict, scheduler: dict, exited: list[str], log_problems: dict, *, quick: bool,
+                 index_ttl_s: float = 120.0) -> dict:
     result = runner.result
     summary = result.summary()
     programs = result.programs
@@ -466,9 +502,16 @@ def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler,
     if unfinished:
         errors["unfinished_after_drain"] = len(unfinished)
     errors.update(runner.other_errors)
-    memory = memory_figures(sampler.timeline, list(sampler.pids), config.warmup_s, config.duration_s, config.window_s)
+    first = runner.first_program_done_s
+    cohort_end_s = max(first.values()) if len(first) >= config.programs else None
+    warmup_end_s, warmup_reason = memory_warmup_end(config, cohort_end_s, index_ttl_s)
+    memory = memory_figures(sampler.timeline, list(sampler.pids), warmup_end_s, config.duration_s, config.window_s)
+    # The same growth from the fixed fraction, for comparison (not judged: see memory_warmup_end).
+    from_fraction = memory_figures(sampler.timeline, list(sampler.pids), config.warmup_s, config.duration_s,
+                                   config.window_s)
     for name, figures in memory.items():
         figures["cpu_s"] = cpu.get(name)
+        figures["growth_pct_from_warmup_fraction"] = from_fraction[name]["growth_pct"]
     lost = len(failed) + len(unfinished)
     checks = targets(lost, memory, judge_memory=not quick)
     # Steady-state rate: the turns completed between warm-up end and the deadline, per modelled minute.
@@ -503,8 +546,9 @@ def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler,
         "scheduler": scheduler,
         "services_exited": exited,
         "service_log_problems": log_problems,
-        "memory": {"warmup_end_s": config.warmup_s, "end_s": config.duration_s, "window_s": config.window_s,
-                   "services": memory},
+        "memory": {"warmup_end_s": warmup_end_s, "warmup_end_reason": warmup_reason,
+                   "first_programs_done_s": cohort_end_s, "router_index_ttl_s": index_ttl_s,
+                   "end_s": config.duration_s, "window_s": config.window_s, "services": memory},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
                     **machine},
         "targets": checks,
@@ -534,6 +578,9 @@ def text_summary(report: dict) -> str:
         f"machine: CPU busy {report['machine']['cpu_busy']} (this run {report['machine']['soak_cpu_share']}), "
         f"workers late {report['machine']['late_fraction']}"
         + (" (starved)" if report["machine"]["starved"] else ""),
+        f"memory judged from t={report['memory']['warmup_end_s']:.0f}s ({report['memory']['warmup_end_reason']}; "
+        f"first programs all done at {report['memory']['first_programs_done_s']}s, router index TTL "
+        f"{report['memory']['router_index_ttl_s']:g}s)",
         f"{'service':14s} {'warm-up MB':>10s} {'end MB':>8s} {'max MB':>8s} {'growth':>8s} {'MB/min':>7s} "
         f"{'CPU s':>7s}",
     ]

@@ -23,7 +23,7 @@ REPORT_KEYS = {
 PROGRAM_KEYS = {"started", "completed", "lost", "lost_turn_failed", "lost_unfinished_after_drain",
                 "running_at_deadline", "drain_s", "cancelled_at_drain"}
 SERVICE_KEYS = {"rss_warmup_kb", "rss_end_kb", "rss_after_drain_kb", "rss_max_kb", "growth_pct",
-                "steady_slope_kb_per_min", "cpu_s"}
+                "steady_slope_kb_per_min", "cpu_s", "growth_pct_from_warmup_fraction"}
 MACHINE_KEYS = {"cpus", "python", "platform", "cpu_busy", "late_fraction", "starved", "bench_client_cpu_s",
                 "soak_cpu_share"}
 
@@ -115,3 +115,14 @@ def test_log_problems_counts_warnings_and_errors_and_keeps_a_few_examples():
         "examples": ["WARNING services.router.control scheduler unreachable; failing open",
                      "ERROR services.router.turns upstream reset"]}
     assert soak.log_problems(lines[:1]) == {}
+
+
+def test_memory_is_judged_once_the_first_cohort_and_the_index_have_turned_over():
+    """Regression (soak): judged from 20% of the run, the router's prefix index (TTL 120 s) was still filling
+    and the scheduler still stepping up with the synchronised first programs' pause storm: +18% / +10.3%."""
+    config = soak.SoakConfig(duration_s=600, ramp_s=10, window_s=30)
+    assert soak.memory_warmup_end(config, 230.0, 120.0) == (230.0, "first_programs")
+    assert soak.memory_warmup_end(config, 90.0, 120.0) == (130.0, "index_ttl")
+    assert soak.memory_warmup_end(config, 90.0, 60.0) == (120.0, "warmup_fraction")
+    assert soak.memory_warmup_end(config, None, 120.0) == (300.0, "capped")   # a slot never finished
+    assert soak.memory_warmup_end(config, 450.0, 120.0) == (300.0, "capped")
