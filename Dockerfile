@@ -14,12 +14,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/bandmaster
 ENV PATH=/opt/bandmaster/bin:$PATH
 WORKDIR /src
-# The dependencies first, read from pyproject.toml: this layer is reused while only the code changes.
-# Every dependency ships wheels for linux/amd64 and linux/arm64, so no compiler is needed.
+# The dependencies first, exactly as requirements-runtime.lock pins them (versions and hashes): this
+# layer is reused while only the code changes. Every dependency ships wheels for linux/amd64 and
+# linux/arm64, so no compiler is needed.
+COPY requirements-runtime.lock ./
+RUN pip install --require-hashes -r requirements-runtime.lock
 COPY pyproject.toml README.md ./
-RUN python -c "import subprocess, sys, tomllib; \
-deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; \
-subprocess.check_call([sys.executable, '-m', 'pip', 'install', *deps])"
 COPY bandmaster ./bandmaster
 COPY services ./services
 COPY clients ./clients

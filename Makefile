@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
+.PHONY: demo test test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -22,14 +22,26 @@ help:
 	@echo "make bench-soak      - 256 agent programs for 10 minutes through the full stack: lost programs (must be 0) and"
 	@echo "                       each service's RSS growth after warm-up (target < 10%) (bench/results/soak.json)"
 
-$(STAMP): pyproject.toml
+# Installs exactly what requirements.lock pins (versions and hashes), then the project itself without
+# resolving anything. `make lock` refreshes the lock files from pyproject.toml.
+$(STAMP): pyproject.toml requirements.lock
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python >= 3.11 is required")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+# requirements.lock: everything (the services and the dev/test tools), pinned with hashes; what make demo,
+# make test and .ci/run install. requirements-runtime.lock: the services' own dependencies at the same
+# versions, what the container image installs.
+PIP_COMPILE := $(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe --strip-extras \
+	--no-emit-index-url --no-emit-find-links
+lock: venv
+	$(PY) -m pip install --quiet 'pip-tools==7.6.2'
+	$(PIP_COMPILE) --upgrade --extra dev -o requirements.lock pyproject.toml
+	$(PIP_COMPILE) -c requirements.lock -o requirements-runtime.lock pyproject.toml
 
 # System packages the tests need. Installed once; skipped when already present.
 system-deps:
