@@ -1,12 +1,11 @@
 """The gRPC edge of the capacity service. Thin: validate, call the runtime, map errors.
 
-Domain errors map to status codes in `_status` and nowhere else.
+Domain errors map to status codes in `DOMAIN_ERRORS` and nowhere else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import AsyncIterator
 
 import grpc
@@ -19,27 +18,18 @@ from services.capacity.core.cards import recompute
 from services.capacity.core.errors import AlreadyExists, InvalidArgument
 from services.capacity.core.state import Origin
 from services.capacity.loop import CapacityRuntime
+from services.common.grpc_errors import ErrorTable
 from services.common.redact import redact_url
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Capacity"].full_name
 
 
-def _status(exc: Exception) -> grpc.StatusCode:
-    """The one mapping from domain errors to gRPC codes."""
-    if isinstance(exc, (InvalidArgument, ValueError)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, AlreadyExists):
-        return grpc.StatusCode.ALREADY_EXISTS
-    return grpc.StatusCode.INTERNAL
-
-
-@contextlib.asynccontextmanager
-async def _domain_errors(context: grpc.aio.ServicerContext):
-    try:
-        yield
-    except (InvalidArgument, ValueError, AlreadyExists) as exc:
-        # Credentials a caller put in a URL are refused, and never echoed back.
-        await context.abort(_status(exc), redact_url(str(exc)))
+DOMAIN_ERRORS = ErrorTable(
+    [((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
+     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS)],
+    # Credentials a caller put in a URL are refused, and never echoed back.
+    message=lambda exc: redact_url(str(exc)))
+"""The one mapping from the capacity service's domain errors to gRPC codes."""
 
 
 class CapacityServicer(pb_grpc.CapacityServicer):
@@ -48,7 +38,7 @@ class CapacityServicer(pb_grpc.CapacityServicer):
 
     async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
                              context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             url = validate_worker_url(request.url)
             worker_id = validate_worker_id(request.worker_id or worker_id_for(url))
             expectation = expectation_from_proto(request)
@@ -58,7 +48,7 @@ class CapacityServicer(pb_grpc.CapacityServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest,
                         context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             if not request.worker_id:
                 raise InvalidArgument("worker_id is required")
             load = load_from_proto(request.load)
@@ -66,7 +56,7 @@ class CapacityServicer(pb_grpc.CapacityServicer):
 
     async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
                                context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             if not request.worker_id:
                 raise InvalidArgument("worker_id is required")
             # Idempotent: an unknown id is OK with removed=false, so a retried call is harmless.

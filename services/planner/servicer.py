@@ -1,8 +1,7 @@
-"""The gRPC edge of the planner. Thin: validate, call the registry/runtime, map errors (`_status`)."""
+"""The gRPC edge of the planner. Thin: validate, call the registry/runtime, map errors (`DOMAIN_ERRORS`)."""
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 from typing import AsyncIterator
 
@@ -11,6 +10,7 @@ import grpc
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.common.clock import Clock
+from services.common.grpc_errors import ErrorTable
 from services.planner.adapters.proto import batch_to_proto, lease_to_proto, plan_to_proto
 from services.planner.adapters.registry import Conflict, NotFound, Registry
 from services.planner.core.batch_api import check_id
@@ -26,24 +26,12 @@ class InvalidArgument(ValueError):
     pass
 
 
-def _status(exc: Exception) -> grpc.StatusCode:
-    """The one mapping from domain errors to gRPC codes."""
-    if isinstance(exc, NotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, Conflict):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, (InvalidArgument, ValueError)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    return grpc.StatusCode.INTERNAL
-
-
-@contextlib.asynccontextmanager
-async def _domain_errors(context: grpc.aio.ServicerContext):
-    try:
-        yield
-    except (NotFound, Conflict, InvalidArgument, ValueError) as exc:
-        detail = f"not found: {exc.args[0]}" if isinstance(exc, NotFound) else str(exc)
-        await context.abort(_status(exc), detail)
+DOMAIN_ERRORS = ErrorTable(
+    [(NotFound, grpc.StatusCode.NOT_FOUND),
+     (Conflict, grpc.StatusCode.ALREADY_EXISTS),
+     ((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT)],
+    message=lambda exc: f"not found: {exc.args[0]}" if isinstance(exc, NotFound) else str(exc))
+"""The one mapping from the planner's domain errors to gRPC codes."""
 
 
 class PlannerServicer(pb_grpc.PlannerServicer):
@@ -61,7 +49,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         return self.runtime.pool_id
 
     async def SubmitBatchJob(self, request: pb.SubmitBatchJobRequest, context) -> pb.BatchJob:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             pool = self._pool(request.pool_id)
             now = self.clock.wall()
             if not 0 < request.total_requests <= MAX_JOB_REQUESTS:
@@ -74,11 +62,11 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             return batch_to_proto(b)
 
     async def GetBatchJob(self, request: pb.GetBatchJobRequest, context) -> pb.BatchJob:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             return batch_to_proto(self.registry.get_batch(check_id(request.job_id, "job_id")))
 
     async def ListBatchJobs(self, request: pb.ListBatchJobsRequest, context) -> pb.ListBatchJobsResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             pool = self._pool(request.pool_id)
             jobs, after = [], None
             while True:
@@ -90,12 +78,12 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             return pb.ListBatchJobsResponse(jobs=jobs)
 
     async def GetLease(self, request: pb.GetLeaseRequest, context) -> pb.Lease:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             self._pool(request.pool_id)
             return lease_to_proto(self.runtime.board.lease)
 
     async def WatchLease(self, request: pb.WatchLeaseRequest, context) -> AsyncIterator[pb.Lease]:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             self._pool(request.pool_id)
         board = self.runtime.board
         event = board.subscribe()
@@ -112,7 +100,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             board.unsubscribe(event)
 
     async def ReportDispatch(self, request: pb.ReportDispatchRequest, context) -> pb.ReportDispatchResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             self._pool(request.pool_id)
             if min(request.dispatched, request.completed, request.queued, request.inflight, request.failed) < 0:
                 raise InvalidArgument("counts must be >= 0")

@@ -1,6 +1,6 @@
 """The gRPC edge of the scheduler. Thin: validate, call the runtime, convert, map errors.
 
-Domain errors map to status codes in `_status` and nowhere else. `Admit` may hold the call while
+Domain errors map to status codes in `DOMAIN_ERRORS` and nowhere else. `Admit` may hold the call while
 its program is paused; whatever ends the wait early (client cancel, deadline, shutdown) rolls the
 admission back before the RPC ends.
 """
@@ -8,7 +8,6 @@ admission back before the RPC ends.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -16,6 +15,7 @@ from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.grpc_errors import ErrorTable
 from services.common.telemetry import grpc_parent
 from services.scheduler.adapters.proto import (
     InvalidArgument,
@@ -50,31 +50,14 @@ class HoldDeadlineExceeded(Exception):
     """The caller's deadline passed while its admission was held (gRPC: DEADLINE_EXCEEDED)."""
 
 
-_DOMAIN_ERRORS = (InvalidArgument, MissingRequestId, RequestMismatch, DuplicateRequest, ProgramNotFound,
-                  ShuttingDown, HoldDeadlineExceeded)
-
-
-def _status(exc: Exception) -> grpc.StatusCode:
-    """The one mapping from domain errors to gRPC codes."""
-    if isinstance(exc, (InvalidArgument, MissingRequestId, RequestMismatch)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(exc, DuplicateRequest):
-        return grpc.StatusCode.ALREADY_EXISTS
-    if isinstance(exc, ProgramNotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(exc, ShuttingDown):
-        return grpc.StatusCode.UNAVAILABLE
-    if isinstance(exc, HoldDeadlineExceeded):
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-    return grpc.StatusCode.INTERNAL
-
-
-@contextlib.asynccontextmanager
-async def _domain_errors(context: grpc.aio.ServicerContext):
-    try:
-        yield
-    except _DOMAIN_ERRORS as exc:
-        await context.abort(_status(exc), str(exc))
+DOMAIN_ERRORS = ErrorTable([
+    ((InvalidArgument, MissingRequestId, RequestMismatch), grpc.StatusCode.INVALID_ARGUMENT),
+    (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
+    (ProgramNotFound, grpc.StatusCode.NOT_FOUND),
+    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+    (HoldDeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+])
+"""The one mapping from the scheduler's domain errors to gRPC codes."""
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
@@ -101,7 +84,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         # streaming handler, see GrpcServerTracing): this span is its SERVER span, from the metadata.
         trace_parent, kind = grpc_parent(context)
         with self.tracer.start_as_current_span("scheduler.admit", context=trace_parent, kind=kind) as span:
-            async with _domain_errors(context):
+            async with DOMAIN_ERRORS.guard(context):
                 session_id = validate_session_id(request.session_id)
                 parent = validate_session_id(request.parent_session_id, "parent_session_id")
                 request_id = validate_request_id(request.request_id)
@@ -162,7 +145,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def RenewLeases(self, request: pb.RenewLeasesRequest,
                           context: grpc.aio.ServicerContext) -> pb.RenewLeasesResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             if len(request.request_ids) > MAX_RENEW_IDS:
                 raise InvalidArgument(f"request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.request_ids)}")
             ids = [validate_request_id(rid, f"request_ids[{i}]") for i, rid in enumerate(request.request_ids)]
@@ -171,7 +154,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                                           lease_ttl_seconds=self.runtime.core.ticket_lease_seconds)
 
     async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             request_id = validate_request_id(request.request_id)
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             if replica is None:
@@ -181,7 +164,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             return pb.BindResponse(bound=bound)
 
     async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             session_id = validate_session_id(request.session_id)
             request_id = validate_request_id(request.request_id)
             validate_tokens(prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
@@ -198,7 +181,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             return pb.CompleteResponse()
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             session_id = validate_session_id(request.session_id)
             if not session_id:
                 raise InvalidArgument("session_id is required")
@@ -207,7 +190,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             return pb.ReleaseResponse(released=released)
 
     async def GetProgram(self, request: pb.GetProgramRequest, context: grpc.aio.ServicerContext) -> pb.Program:
-        async with _domain_errors(context):
+        async with DOMAIN_ERRORS.guard(context):
             session_id = validate_session_id(request.session_id)
             view = self.runtime.core.program(session_id) if session_id else None
             if view is None:
