@@ -52,7 +52,7 @@ from services.scheduler.adapters.state_store import (
 from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
-from services.testing.sglang_stub import SglangStub, sglang_info
+from tests.support.sglang_stub import SglangStub, sglang_info
 from bench.stats import percentile, wait_for_json_file as _wait_file
 
 ROOT = Path(__file__).resolve().parents[1]

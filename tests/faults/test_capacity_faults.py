@@ -17,7 +17,7 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from services.testing.sglang_stub import sglang_info
+from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
 from tests.support.router_stack import capacity, spawn
@@ -137,7 +137,7 @@ async def test_a_slow_worker_answering_in_pieces_is_accepted(tmp_path, chunked):
 
 
 async def test_a_killed_worker_is_unhealthy_then_removed(tmp_path):
-    stub = await spawn("worker", "services.testing.sglang_stub",
+    stub = await spawn("worker", "tests.support.sglang_stub",
                        ["--port", "0", "--max-total-num-tokens", "1000", "--page-size", "1"], tmp_path)
     proc = await start_capacity(tmp_path, [], "--remove-unhealthy-after-seconds", "1")
     try:

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from services.common.security import SecurityConfig, Tokens
 from services.planner.server import RunningPlanner, start_planner
-from services.testing.sglang_stub import sglang_info
+from tests.support.sglang_stub import sglang_info
 from tests.fuzz.common import LoopRig
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter

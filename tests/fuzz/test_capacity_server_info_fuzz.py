@@ -33,7 +33,7 @@ from services.capacity.core.cards import (
 )
 from services.capacity.core.registry import PollFailed, PollOk
 from services.capacity.core.state import Card, CardRejection, CardRejectReason, Health, Origin, WorkerState
-from services.testing.sglang_stub import sglang_info
+from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 
 NORMAL = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

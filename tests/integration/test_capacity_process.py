@@ -17,7 +17,7 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from services.testing.sglang_stub import SglangStub, sglang_info
+from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.eventually import assert_eventually
 
 pytestmark = pytest.mark.integration

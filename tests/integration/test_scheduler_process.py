@@ -19,7 +19,7 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.testing.sglang_stub import SglangStub, sglang_info
+from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.eventually import assert_eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

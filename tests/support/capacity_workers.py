@@ -1,6 +1,6 @@
 """A worker HTTP server on raw sockets, for the capacity service's poller, fault and fuzz tests.
 
-Unlike `services.testing.sglang_stub` (aiohttp, well behaved), every byte and pause is the
+Unlike `tests.support.sglang_stub` (aiohttp, well behaved), every byte and pause is the
 test's: a `/server_info` body written in pieces with delays, chunked or with a Content-Length
 (true or false), a status, or a server that accepts connections and never answers (`frozen`).
 `/health` answers 200 (or hangs too when frozen).

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.testing.sglang_stub import sglang_info
+from tests.support.sglang_stub import sglang_info
 
 MODEL = "bandmaster/simworker"
 

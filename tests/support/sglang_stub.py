@@ -11,7 +11,7 @@ hang past any deadline, malformed JSON) or restart the server with new info:
     GET  /_stub/state                                         counters and modes
 
 In-process tests use the same operations as methods. Run standalone with
-`python -m services.testing.sglang_stub --port P --max-total-num-tokens N ...`.
+`python -m tests.support.sglang_stub --port P --max-total-num-tokens N ...`.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ class SglangStub:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m services.testing.sglang_stub",
+    p = argparse.ArgumentParser(prog="python -m tests.support.sglang_stub",
                                 description="SGLang-shaped /server_info + /health server for tests and demos")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
