@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.replay import Program, Turn, median, replay_closed_loop
 from bench.workloads.traces import DATA as PROGRAMS_DATA
 from services.simworker.core.api import EngineConfig
 from services.simworker.core.engine import SimEngine
-from services.simworker.core.replay import Program, Turn, median, replay_closed_loop
 from services.simworker.core.timing import load_profile
 
 # The trace's figures ship with the repository (scripts/extract_trace_workload.py derives both

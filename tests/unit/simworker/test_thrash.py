@@ -3,9 +3,9 @@ turns, lose their prefixes and recompute them; the same turns with room hit ~100
 
 from __future__ import annotations
 
+from bench.replay import Program, Turn, replay_closed_loop
 from services.simworker.core.api import EngineConfig
 from services.simworker.core.engine import SimEngine
-from services.simworker.core.replay import Program, Turn, replay_closed_loop
 from services.simworker.core.timing import load_profile
 
 PAGE = 16

@@ -1,4 +1,7 @@
-"""Closed-loop replay of agent programs through an engine core, in virtual time (pure).
+"""Closed-loop replay of agent programs through the simworker engine core, in virtual time (pure).
+
+A bench harness (it drives `services.simworker.core` from outside, as the fidelity test and
+`bench.simworker_core` do), so it lives in `bench/`, not in the product's core.
 
 Each of `concurrency` workers runs one program at a time, as SWE-agent's `num_workers` did:
 container setup (`env_prepare_seconds`), then per turn an LLM call whose prompt has exactly
