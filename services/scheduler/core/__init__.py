@@ -9,6 +9,10 @@ Public API (the gRPC shell is written against this):
 - Outputs: `AdmitResult` (`Decision` + `Effects`), `Effects`, `TickResult`, `ProgramEvent`,
   `LogRecord`, `ProgramView`, `ReplicaStats`, `Stats`.
 - `ControlParams` (validated), `to_sglang_priority`, pause policies in `policies`.
+
+Inside, `SchedulerCore` (scheduler.py) composes the accounting (`accounting.Ledger`: program table,
+tickets, token sums, release statistics) and the control law (`control.ControlLaw`: bands and the
+pause / soft-demote / resume choices), each readable and tested alone.
 """
 
 from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, RequestMismatch, SchedulerError

@@ -1,25 +1,34 @@
-"""The scheduler core: program table, per-replica working sets, admission, tick.
+"""The scheduler core: admission, turns, leases, release, tick, durable state and views.
+
+A thin composition of the two concerns it holds: the accounting (`accounting.Ledger`: the program
+table, tickets, per-replica token sums and release statistics, with their invariants) and the
+control law (`control.ControlLaw`: bands, admission placement, soft demote, resume, aging, forced
+resume and pause choices, which read the ledger and act through this core's transitions).
 
 Pure and synchronous: no I/O, no clock reads (`now` is monotonic seconds passed in), no locks
 (the shell serialises calls). Every mutating call returns the `Effects` it caused (events for
 WatchEvents, log records, and held admissions it resolved) so that a thin async shell can
 publish them.
-
-Accounting is kept incrementally through one function, `_recharge`: after any change to a
-program, its old charge is removed from its replica and its current charge (w(p) + B when it is
-ACTIVE and placed on a replica of the snapshot, else nothing) is added. The decayed (resume-side)
-working set is time-dependent and is computed on demand.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Iterable
 
-from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, RequestMismatch
+from services.scheduler.core.accounting import (
+    Ledger,
+    Passthrough,
+    Turn,
+    normalise_session_id,
+)
+from services.scheduler.core.control import Acc, ControlLaw
+from services.scheduler.core.errors import (
+    DuplicateRequest,
+    MissingRequestId,
+    RequestMismatch,
+)
 from services.scheduler.core.model import (
     DEBUG,
     INFO,
@@ -45,12 +54,11 @@ from services.scheduler.core.model import (
     Verdict,
 )
 from services.scheduler.core.params import (
-    TAIL_MIN_RELEASES,
     TAIL_WINDOW_RELEASES,
     ControlParams,
     to_sglang_priority,
 )
-from services.scheduler.core.policies import PauseContext, PausePolicy, make_pause_policy
+from services.scheduler.core.policies import PausePolicy, make_pause_policy
 from services.scheduler.core.state import (
     STATE_FORMAT,
     TOTAL_NAMES,
@@ -60,59 +68,47 @@ from services.scheduler.core.state import (
     ProgramRecord,
     TicketRecord,
 )
-from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_tokens
 
-# Exponent range kept in the running decayed sums (2^512 is far from float overflow).
-_REBASE_EXPONENT = 512.0
+__all__ = ["SchedulerCore", "iter_events", "normalise_session_id"]
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 
-
-def normalise_session_id(session_id: str | None) -> str:
-    """Trimmed id; empty means "no program" (passthrough)."""
-    return (session_id or "").strip()
-
-
-@dataclass(slots=True)
-class _Turn:
-    """An admitted (or waiting) turn, kept until Complete or cancellation."""
-
-    request_id: str
-    session_id: str
-    program: Program  # identity check: a rollback never touches a replacement program
-    epoch: int
-    started_at: float
-    before: Program | None  # field copy taken before the admission; None = created by it
-    paused_seq_before: int | None
-    waiting: bool = False
-    was_paused: bool = False
-    unpinned: bool = False  # answered "any" while placed: Bind may move the program
-    lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
+# The accounting's ticket types and the effects accumulator, under the names this module had.
+_Turn = Turn
+_Passthrough = Passthrough
+_Acc = Acc
 
 
-@dataclass(slots=True)
-class _Passthrough:
-    request_id: str
-    tokens: int
-    replica: ReplicaKey | None
-    started_at: float
-    lease_until: float | None = None
-
-
-@dataclass
-class _Acc:
-    """Effects collected during one call."""
-
-    events: list[ProgramEvent] = field(default_factory=list)
-    logs: list[LogRecord] = field(default_factory=list)
-    resolutions: list[Decision] = field(default_factory=list)
-
-    def effects(self) -> Effects:
-        return Effects(tuple(self.events), tuple(self.logs), tuple(self.resolutions))
+def _ledger_field(name: str, doc: str = "") -> property:
+    """`SchedulerCore._<name>`: the ledger's `<name>` (the core's methods and tests read them so)."""
+    return property(lambda self: getattr(self.ledger, name),
+                    lambda self, value: setattr(self.ledger, name, value), doc=doc)
 
 
 class SchedulerCore:
-    """The program table and control law. See docs/scheduler.md for the semantics."""
+    """The program table and control law, composed. See docs/scheduler.md for the semantics."""
+
+    # The accounting's state, under the names the core's methods (and white-box tests) use.
+    _programs = _ledger_field("programs")
+    _paused = _ledger_field("paused")
+    _children = _ledger_field("children")
+    _caps = _ledger_field("caps")
+    _capacity_version = _ledger_field("capacity_version")
+    _used = _ledger_field("used")
+    _resident = _ledger_field("resident")
+    _charge = _ledger_field("charge")
+    _pt_count = _ledger_field("pt_count")
+    _turns = _ledger_field("turns")
+    _waiting = _ledger_field("waiting")
+    _passthrough = _ledger_field("passthrough")
+    _next_seq = _ledger_field("next_seq")
+    _next_pause_seq = _ledger_field("next_pause_seq")
+    _released_turns = _ledger_field("released_turns")
+    _tail_turns = _ledger_field("tail_turns")
+    _tracking = _ledger_field("tracking")
+    _dirty_tickets = _ledger_field("dirty_tickets")
+    _unsettled = _ledger_field("unsettled")
+    _unsettled_pt = _ledger_field("unsettled_pt")
 
     def __init__(self, params: ControlParams | None = None, policy: PausePolicy | None = None, *,
                  ticket_lease_seconds: float = 0.0) -> None:
@@ -130,34 +126,9 @@ class SchedulerCore:
         self._observe_tool = getattr(self.policy, "observe_tool", None)
         self._observe_prefill = getattr(self.policy, "observe_prefill", None)
         self._refresh_policy = getattr(self.policy, "refresh", None)
-        self._programs: dict[str, Program] = {}
-        self._paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
-        self._children: dict[str, dict[str, None]] = {}
-        self._caps: dict[ReplicaKey, ReplicaCapacity] = {}
-        self._capacity_version = 0
-        # Incremental raw accounting, per replica of the snapshot.
-        self._used: dict[ReplicaKey, int] = {}
-        self._inflight: dict[ReplicaKey, int] = {}  # REASONING programs + passthrough requests
-        self._resident: dict[ReplicaKey, dict[str, None]] = {}
-        self._charge: dict[str, tuple[ReplicaKey, int, bool, int]] = {}
-        # Resume-side (decayed) accounting in O(1) per replica: the ACTING part is
-        # 2^(-(now - anchor)/tau) * sum(T_i * 2^((acting_since_i - anchor)/tau)).
-        self._decay_base: dict[ReplicaKey, int] = {}  # REASONING tokens + every buffer + passthrough
-        self._acting_sum: dict[ReplicaKey, float] = {}
-        self._acting_anchor: dict[ReplicaKey, float] = {}
-        self._acting_members: dict[ReplicaKey, dict[str, tuple[int, float, float]]] = {}
-        self._pt_charge: dict[str, tuple[ReplicaKey, int]] = {}
-        self._pt_count: dict[ReplicaKey, int] = {}
-        # Turns and admissions.
-        self._turns: dict[str, _Turn] = {}
-        self._waiting: dict[str, dict[str, None]] = {}  # session id -> waiting request ids
-        self._passthrough: dict[str, _Passthrough] = {}
-        self._next_seq = 0
-        self._next_pause_seq = 0
-        # Tail protection: turn counts of recently released programs and the quantile of them
-        # above which a live program counts as a tail program (None: protection not active).
-        self._released_turns: deque[int] = deque(maxlen=TAIL_WINDOW_RELEASES)
-        self._tail_turns: int | None = None
+        self.ledger = Ledger(self.params, self._policy_weight)
+        self.control = ControlLaw(self.params, self.policy, self.ledger)
+        self._actions = _CoreActions(self)
         # Totals (not table state: a rolled-back admission does not un-count them).
         self.pauses_total = 0
         self.resumes_total = 0
@@ -169,15 +140,6 @@ class SchedulerCore:
         self.admissions_cancelled_total = 0
         self.completes_ignored_total = 0
         self.tickets_expired_total = 0
-        # Durable state (core/state.py): change tracking is off until the shell turns it on.
-        self._tracking = False
-        self._dirty_programs: set[str] = set()
-        self._dirty_tickets: set[str] = set()
-        self._flushed_tickets: set[str] = set()
-        # Restored programs and passthrough requests placed on a replica that no capacity snapshot
-        # has shown since the restart: charged there when it appears (see _settle).
-        self._unsettled: set[str] = set()
-        self._unsettled_pt: set[str] = set()
 
     # ------------------------------------------------------------------ admission
 
@@ -483,43 +445,9 @@ class SchedulerCore:
         return acc.effects()
 
     def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: _Acc) -> None:
-        caps: dict[ReplicaKey, ReplicaCapacity] = {}
-        for replica in snapshot.replicas:
-            # A replica without a positive budget is invisible, as in the reference.
-            if replica.retention_tokens > 0 and replica.key not in caps:
-                caps[replica.key] = replica
-        removed = [key for key in self._caps if key not in caps]
-        self._caps = caps
-        self._capacity_version = snapshot.version
-        for key in removed:
-            unplaced = 0
-            for sid in list(self._resident.get(key, {})):
-                program = self._programs[sid]
-                program.replica = None  # re-placed on its next turn
-                if program.last_replica == key:
-                    program.last_replica = None
-                self._recharge(program)
-                unplaced += 1
-            for rid, pt in self._passthrough.items():
-                if pt.replica == key:
-                    pt.replica = None
-                    self._recharge_passthrough(rid, pt)
-            for table in (self._used, self._inflight, self._resident, self._pt_count, self._decay_base,
-                          self._acting_sum, self._acting_anchor, self._acting_members):
-                table.pop(key, None)
+        for key, unplaced in self.ledger.set_capacity(snapshot):
             acc.logs.append(LogRecord(INFO, "scheduler.capacity replica_removed worker=%s dp_rank=%s unplaced=%d"
                                       % (key.worker_id, key.dp_rank, unplaced)))
-        for key in caps:
-            self._used.setdefault(key, 0)
-            self._inflight.setdefault(key, 0)
-            self._resident.setdefault(key, {})
-            self._pt_count.setdefault(key, 0)
-            self._decay_base.setdefault(key, 0)
-            self._acting_sum.setdefault(key, 0.0)
-            self._acting_anchor.setdefault(key, 0.0)
-            self._acting_members.setdefault(key, {})
-        if self._unsettled or self._unsettled_pt:
-            self._settle()
 
     def _expire_idle(self, now: float, acc: _Acc) -> int:
         ttl = self.params.program_idle_ttl_seconds
@@ -537,245 +465,11 @@ class SchedulerCore:
                                                         len(self._programs))))
         return len(due)
 
-    def _soft_demote(self, now: float, acc: _Acc) -> None:
-        until = now + self.params.soft_demote_window_seconds
-        for key in self._caps:
-            if self._band(key) is not Band.SOFT_DEMOTE:
-                continue
-            for sid in self._resident[key]:
-                program = self._programs[sid]
-                if program.marked:
-                    continue
-                if program.soft_demoted_until <= now:
-                    acc.events.append(ProgramEvent(EventKind.SOFT_DEMOTED, sid, key, program.token_total, now))
-                program.soft_demoted_until = max(program.soft_demoted_until, until)
 
-    def _resume(self, now: float, acc: _Acc) -> int:
-        """Greedy best-fit-decreasing from the one global paused queue onto any replica.
 
-        Resume-side headroom R(r) = floor(capacity * c) - used_d(r), c = max(0, theta_p - h), where
-        used_d decays ACTING tokens by 2^(-idle/tau). A replica takes resumes while R(r) > B. A
-        candidate needs req = token_total + B of headroom, and its raw charge must keep the replica
-        below the pause threshold (so a resume never triggers a pause in the same tick).
-        """
-        if not self._paused:
-            return 0
-        p = self.params
-        buffer = p.buffer_per_program_tokens
-        c = p.resume_ceiling
-        room: dict[ReplicaKey, int] = {}
-        slots: dict[ReplicaKey, int | None] = {}
-        used_d = self._decayed_used(now)
-        for key, cap in self._caps.items():
-            r = math.floor(cap.retention_tokens * c) - used_d[key]
-            if r > buffer:
-                room[key] = r
-                slots[key] = (max(0, math.floor(cap.max_programs * c) - self._inflight[key])
-                              if cap.max_programs > 0 else None)
-        if not room:
-            return 0
-        candidates = sorted((self._programs[sid] for sid in self._paused),
-                            key=lambda q: (self._resume_group(q), q.token_total, self._paused[q.session_id]))
-        # Selection: a global knapsack over the summed headroom, in priority order.
-        budget = sum(room.values())
-        limited = all(s is not None for s in slots.values())
-        total_slots = sum(s for s in slots.values() if s is not None) if limited else None
-        selected: list[Program] = []
-        cumulative = slots_needed = 0
-        for program in candidates:
-            req = program.token_total + buffer
-            takes_slot = program.status is Status.REASONING
-            if takes_slot and total_slots is not None and slots_needed >= total_slots:
-                continue
-            if cumulative + req <= budget:
-                selected.append(program)
-                cumulative += req
-                slots_needed += takes_slot
-        if not selected:
-            return 0
-        # Placement: largest first onto the replica with most headroom (its previous one if it fits).
-        selected.sort(key=lambda q: q.token_total, reverse=True)
-        min_req = min(q.token_total for q in selected) + buffer
-        order = sorted(room, key=lambda k: room[k], reverse=True)
-        resumed = 0
-        for program in selected:
-            if not order or min_req > room[order[0]]:
-                break
-            target = self._resume_target(program, order, room, slots)
-            if target is None:
-                continue
-            req = program.token_total + buffer
-            self._resume_onto(now, program, target, acc, forced=False, held_s=None)
-            resumed += 1
-            room[target] -= req
-            if program.status is Status.REASONING and slots[target] is not None:
-                slots[target] -= 1
-            order.remove(target)
-            if room[target] > buffer:
-                # Keep the list sorted by headroom (descending); it is short (one entry per replica).
-                idx = 0
-                while idx < len(order) and room[order[idx]] >= room[target]:
-                    idx += 1
-                order.insert(idx, target)
-        return resumed
 
-    def _resume_target(self, program: Program, order: list[ReplicaKey], room: dict[ReplicaKey, int],
-                       slots: dict[ReplicaKey, int | None]) -> ReplicaKey | None:
-        req = program.token_total + self.params.buffer_per_program_tokens
-        buffer = self.params.buffer_per_program_tokens
-        takes_slot = program.status is Status.REASONING
 
-        def fits(key: ReplicaKey) -> bool:
-            cap = self._caps[key]
-            return (req <= room[key]
-                    and self._used[key] + self._weight(program, key) + buffer
-                    < cap.retention_tokens * self.params.pause_threshold
-                    and not (takes_slot and slots[key] == 0))
 
-        last = program.last_replica
-        if last is not None and last in room and last in order and fits(last):
-            return last  # its KV may still be in the HiCache host tier there
-        for key in order:
-            if room[key] < req:
-                break  # sorted by headroom: nothing further fits
-            if fits(key):
-                return key
-        return None
-
-    def _resume_aged(self, now: float, acc: _Acc) -> int:
-        """Bound the wait of large programs that best-fit resume keeps passing over.
-
-        Shortest-first resume starves a large paused program while smaller ones keep taking the
-        room it needs; the reference bounds that only by forced resume after
-        resume_timeout_seconds (30 min). Here a held admission that has waited
-        resume_aging_seconds makes room: on the replica where pausing its ACTING programs frees
-        the most (room_r = capacity * pause_threshold - (used - sum of unmarked ACTING weights)),
-        those programs are paused shortest first until the aged one fits below the pause
-        threshold, and it resumes there. Oldest first, at most one per replica per tick, so
-        memory rotates between waiting programs instead of starving the largest; a program resumed
-        this way is not paused for pressure for the next resume_aging_seconds / 2 (its quantum). A program that
-        cannot fit even an emptied replica is resumed, pausing nobody, where the most is free: it
-        thrashes wherever it runs, and holding it only adds latency.
-        """
-        age = self.params.resume_aging_seconds
-        buffer = self.params.buffer_per_program_tokens
-        threshold = self.params.pause_threshold
-        aged: list[tuple[float, Program]] = []
-        for sid, request_ids in self._waiting.items():
-            program = self._programs[sid]
-            if program.lifecycle is not Lifecycle.PAUSED:
-                continue
-            started = min(self._turns[rid].started_at for rid in request_ids)
-            if now - started >= age:
-                aged.append((started, program))
-        aged.sort(key=lambda item: (item[0], item[1].seq))
-        used_targets: set[ReplicaKey] = set()
-        resumed = 0
-        for started, program in aged:
-            best: tuple[float, ReplicaKey, list[Program]] | None = None
-            for key, cap in self._caps.items():
-                if key in used_targets:
-                    continue
-                movable = sorted((q for sid in self._resident[key]
-                                  if (q := self._programs[sid]).status is Status.ACTING and not q.marked
-                                  and not self._is_tail(q)),
-                                 key=lambda q: (q.token_total, q.seq))
-                reclaimable = sum(self._weight(q, key) + buffer for q in movable)
-                room = cap.retention_tokens * threshold - (self._used[key] - reclaimable)
-                if best is None or room > best[0]:
-                    best = (room, key, movable)
-            if best is None:
-                break
-            room, target, movable = best
-            need = self._weight(program, target) + buffer
-            if need >= room:
-                # It cannot fit even an emptied replica: pausing others would not help it, so it
-                # goes where the most is free now and pauses nobody.
-                free = [k for k in self._caps if k not in used_targets]
-                target = max(free, key=lambda k: self._caps[k].retention_tokens - self._used[k])
-                movable = []
-            limit = self._caps[target].retention_tokens * threshold
-            for victim in movable:
-                if self._used[target] + need < limit:
-                    break
-                self._pause(now, victim, "aging", acc)
-            used_targets.add(target)
-            # Its quantum: a pause cycle may not send it straight back to the queue (a program too
-            # large to share a replica would otherwise bounce between pause and aging every turn).
-            program.pause_protected_until = now + age / 2
-            self._resume_onto(now, program, target, acc, forced=False, held_s=now - started)
-            acc.logs.append(LogRecord(INFO, "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
-                                      "worker=%s tokens=%d" % (program.session_id, now - started,
-                                                               target.worker_id, program.token_total)))
-            resumed += 1
-        return resumed
-
-    def _force_overdue(self, now: float, acc: _Acc) -> int:
-        timeout = self.params.resume_timeout_seconds
-        overdue: list[tuple[Program, float]] = []
-        seen: set[str] = set()
-        for sid, request_ids in self._waiting.items():
-            for rid in request_ids:
-                waited_s = now - self._turns[rid].started_at
-                if waited_s >= timeout and sid not in seen:
-                    overdue.append((self._programs[sid], waited_s))
-                    seen.add(sid)
-        for program, waited_s in overdue:
-            if program.lifecycle is Lifecycle.PAUSED:
-                self._forced_resume(now, program, waited_s, acc)
-        return len(overdue)
-
-    def _forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:
-        """Onto argmax(capacity - used_d) over the whole snapshot; None (any worker) when empty."""
-        target = None
-        if self._caps:
-            used_d = self._decayed_used(now)
-            target = max(self._caps, key=lambda k: self._caps[k].retention_tokens - used_d[k])
-        acc.logs.append(LogRecord(WARNING, "Forced resume for %s after %.1fs" % (program.session_id, waited_s)))
-        self.forced_resumes_total += 1
-        self._resume_onto(now, program, target, acc, forced=True, held_s=waited_s)
-
-    def _pause_over_threshold(self, now: float, acc: _Acc) -> tuple[int, int]:
-        p = self.params
-        buffer = p.buffer_per_program_tokens
-        target_frac = min(p.pause_target, p.pause_threshold)
-        paused_total = marked_total = 0
-        for key, cap in self._caps.items():
-            token_target = cap.retention_tokens * target_frac
-            count_target = cap.max_programs * target_frac if cap.max_programs > 0 else None
-            if self._band(key) is not Band.PAUSE:
-                if self._used[key] <= token_target and (count_target is None or self._inflight[key] <= count_target):
-                    self._unmark(key)  # pressure is gone: marks are not sticky
-                continue
-            programs = sorted((q for sid in self._resident[key]
-                               if (q := self._programs[sid]).pause_protected_until <= now
-                               and not self._is_tail(q)), key=lambda q: q.seq)
-            before = self._used[key]
-            plan = self.policy.plan(PauseContext(
-                replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
-                reasoning_count=self._inflight[key], count_target=count_target, buffer_tokens=buffer,
-                weight_tokens=lambda q, key=key: self._weight(q, key), now=now))
-            for sid in plan.pause:
-                program = self._programs[sid]
-                if program.replica != key or program.status is not Status.ACTING or program.marked:
-                    raise ValueError(f"pause policy {self.policy.name!r} chose an invalid program {sid!r}")
-                self._pause(now, program, "pressure", acc)
-                self._recharge(program)
-            for sid in plan.mark:
-                program = self._programs[sid]
-                if program.replica != key or program.status is not Status.REASONING or program.marked:
-                    raise ValueError(f"pause policy {self.policy.name!r} chose an invalid mark {sid!r}")
-                program.marked = True
-                self.marks_total += 1
-                acc.events.append(ProgramEvent(EventKind.MARKED, sid, key, program.token_total, now, "pressure"))
-            if plan.pause or plan.mark:
-                acc.logs.append(LogRecord(INFO, "scheduler.tick worker=%s dp_rank=%s paused=%d marked=%d "
-                                          "util=%.4f -> %.4f" % (key.worker_id, key.dp_rank, len(plan.pause),
-                                                                 len(plan.mark), before / cap.retention_tokens,
-                                                                 self._used[key] / cap.retention_tokens)))
-            paused_total += len(plan.pause)
-            marked_total += len(plan.mark)
-        return paused_total, marked_total
 
     # ------------------------------------------------------------------ durable state
 
@@ -783,16 +477,11 @@ class SchedulerCore:
         """Start recording which programs and tickets change (for `take_changes`)."""
         self._tracking = True
 
+
     def take_changes(self) -> Changes:
         """The programs and tickets changed, created or removed since the last call (export each id:
         None means delete it). O(changed programs + tickets in flight)."""
-        programs, self._dirty_programs = self._dirty_programs, set()
-        current = set(self._turns)
-        current.update(self._passthrough)
-        tickets = (current ^ self._flushed_tickets) | (self._dirty_tickets & current)
-        self._flushed_tickets = current
-        self._dirty_tickets = set()
-        return Changes(frozenset(programs), frozenset(tickets))
+        return self.ledger.take_changes()
 
     def export_program(self, session_id: str) -> ProgramRecord | None:
         p = self._programs.get(session_id)
@@ -894,22 +583,6 @@ class SchedulerCore:
                                      len(self._turns) + len(self._passthrough), ended)))
         return acc.effects()
 
-    def _settle(self) -> None:
-        """Charge restored placements whose replica the snapshot now has; forget the settled ones."""
-        for sid in list(self._unsettled):
-            program = self._programs.get(sid)
-            if program is None or program.replica is None:
-                self._unsettled.discard(sid)
-            elif program.replica in self._caps:
-                self._unsettled.discard(sid)
-                self._recharge(program, touched=False)
-        for rid in list(self._unsettled_pt):
-            pt = self._passthrough.get(rid)
-            if pt is None or pt.replica is None:
-                self._unsettled_pt.discard(rid)
-            elif pt.replica in self._caps:
-                self._unsettled_pt.discard(rid)
-                self._recharge_passthrough(rid, pt)
 
     # ------------------------------------------------------------------ views
 
@@ -967,28 +640,83 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ internals
 
+    # The accounting and the control law, under the names the core's methods use.
+
+    def _recharge(self, program: Program, *, touched: bool = True) -> None:
+        self.ledger.recharge(program, touched=touched)
+
+    def _recharge_passthrough(self, request_id: str, pt: _Passthrough | None) -> None:
+        self.ledger.recharge_passthrough(request_id, pt)
+
+    def _weight(self, program: Program, key: ReplicaKey) -> int:
+        return self.ledger.weight(program, key)
+
+    def _decayed_used(self, now: float) -> dict[ReplicaKey, int]:
+        return self.ledger.decayed_used(now)
+
+    def _decayed_used_one(self, now: float, key: ReplicaKey) -> int:
+        return self.ledger.decayed_used_one(now, key)
+
+    def _is_tail(self, program: Program) -> bool:
+        return self.ledger.is_tail(program)
+
+    def _band(self, key: ReplicaKey) -> Band:
+        return self.control.band(key)
+
     def _create(self, now: float, sid: str, parent_session_id: str) -> Program:
-        parent = normalise_session_id(parent_session_id)
-        if parent == sid:
-            parent = ""  # a program is not its own parent
-        program = Program(session_id=sid, parent_session_id=parent, created_at=now, seq=self._next_seq,
-                          last_activity=now)
-        self._next_seq += 1
-        self._programs[sid] = program
-        if parent:
-            self._children.setdefault(parent, {})[sid] = None
-        return program
+        return self.ledger.create(now, sid, parent_session_id)
 
     def _remove(self, program: Program) -> None:
-        sid = program.session_id
-        del self._programs[sid]
-        self._paused.pop(sid, None)
-        self._recharge(program)
-        parent = program.parent_session_id
-        if parent and parent in self._children:
-            self._children[parent].pop(sid, None)
-            if not self._children[parent]:
-                del self._children[parent]
+        self.ledger.remove(program)
+
+    def _place(self, program: Program, replica: ReplicaKey) -> None:
+        self.ledger.place(program, replica)
+
+    def _settle(self) -> None:
+        self.ledger.settle()
+
+    def _drop_waiter(self, sid: str, request_id: str) -> None:
+        self.ledger.drop_waiter(sid, request_id)
+
+    def _note_release(self, turns: int) -> None:
+        self.ledger.note_release(turns)
+
+    def _refresh_tail(self) -> None:
+        self.ledger.refresh_tail()
+
+    def _choose_admission_replica(self, now: float, program: Program, *, gate: bool) -> ReplicaKey | None:
+        return self.control.choose_admission_replica(now, program, gate=gate)
+
+    def _soft_demote(self, now: float, acc: _Acc) -> None:
+        self.control.soft_demote(now, acc)
+
+    def _resume(self, now: float, acc: _Acc) -> int:
+        return self.control.resume(now, self._actions, acc)
+
+    def _resume_aged(self, now: float, acc: _Acc) -> int:
+        return self.control.resume_aged(now, self._actions, acc)
+
+    def _force_overdue(self, now: float, acc: _Acc) -> int:
+        return self.control.force_overdue(now, self._actions, acc)
+
+    def _pause_over_threshold(self, now: float, acc: _Acc) -> tuple[int, int]:
+        return self.control.pause_over_threshold(now, self._actions, acc)
+
+    # ------------------------------------------------------------------ transitions
+
+    def _forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:
+        """Onto argmax(capacity - used_d) over the whole snapshot; None (any worker) when empty."""
+        target = self.control.forced_target(now)
+        acc.logs.append(LogRecord(WARNING, "Forced resume for %s after %.1fs" % (program.session_id, waited_s)))
+        self.forced_resumes_total += 1
+        self._resume_onto(now, program, target, acc, forced=True, held_s=waited_s)
+
+    def _mark(self, now: float, program: Program, key: ReplicaKey, acc: _Acc) -> None:
+        program.marked = True
+        self.marks_total += 1
+        acc.events.append(ProgramEvent(EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure"))
+
+
 
     def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: _Acc) -> None:
         """Release or expire: held admissions proceed unpinned with priority 0."""
@@ -1003,17 +731,13 @@ class SchedulerCore:
         self._remove(program)
         acc.events.append(ProgramEvent(kind, sid, replica, program.token_total, now, reason))
 
-    def _place(self, program: Program, replica: ReplicaKey) -> None:
-        program.replica = replica
-        program.last_replica = replica
 
     def _pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
         replica = program.replica
         program.lifecycle = Lifecycle.PAUSED
         program.replica = None  # a paused program is never placed
         program.paused_since = now
-        self._paused[program.session_id] = self._next_pause_seq
-        self._next_pause_seq += 1
+        self.ledger.enqueue_paused(program.session_id)
         self.pauses_total += 1
         self._recharge(program)
         acc.events.append(ProgramEvent(EventKind.PAUSED, program.session_id, replica, program.token_total, now, reason))
@@ -1049,8 +773,8 @@ class SchedulerCore:
         jump_s = ((self.params.resume_priority_boost if turn.was_paused else 0.0)
                   + (self.params.soft_demote_priority_jump if demoted else 0.0))
         replica = program.replica
-        if replica is not None and not forced and (self._may_leave_placement_to_router()
-                                                   or self._let_go(program, replica)):
+        if replica is not None and not forced and (self.control.may_leave_placement_to_router()
+                                                   or self.control.let_go(program, replica)):
             # Nothing is under pressure, or the policy does not hold this context anyway: the
             # router's KV cost (overlap and live load) picks, and Bind moves the program if it
             # chose elsewhere. Pinning here only costs balance.
@@ -1060,182 +784,28 @@ class SchedulerCore:
                         to_sglang_priority(jump_s), jump_s, turn.epoch, was_paused=turn.was_paused,
                         was_soft_demoted=demoted, forced_resume=forced, held_seconds=now - turn.started_at)
 
-    def _let_go(self, program: Program, replica: ReplicaKey) -> bool:
-        """A program whose context the policy does not hold (weight 0: recomputing it is cheaper
-        than holding it through its tools) gains nothing from a pin: its KV is the engine's to
-        evict, as under plain KV routing, so with soft pinning its turns are routed like KV
-        routing's."""
-        return (self.params.soft_pinning and self._policy_weight is not None and replica in self._caps
-                and self._weight(program, replica) == 0 and not self._paused and not self._waiting)
 
-    def _may_leave_placement_to_router(self) -> bool:
-        if not self.params.soft_pinning or self._paused or self._waiting:
-            return False
-        return all(self._band(key) is Band.NORMAL for key in self._caps)
 
-    def _drop_waiter(self, sid: str, request_id: str) -> None:
-        waiting = self._waiting.get(sid)
-        if waiting is not None:
-            waiting.pop(request_id, None)
-            if not waiting:
-                del self._waiting[sid]
 
     def _any_waiting(self) -> bool:
         return bool(self._waiting)
 
-    def _choose_admission_replica(self, now: float, program: Program, *, gate: bool) -> ReplicaKey | None:
-        """Feasible: the raw working set stays below the pause threshold and a request slot is free.
-        Among those, the most headroom by the decayed working set (in-flight load, not idle
-        residents). A new program queues behind held admissions (`gate`)."""
-        if gate:
-            return None
-        buffer = self.params.buffer_per_program_tokens
-        if self._policy_weight is None:
-            charge = program.token_total + buffer
-            charges = dict.fromkeys(self._caps, charge)
-        else:
-            charges = {key: self._weight(program, key) + buffer for key in self._caps}
-        feasible = [key for key, cap in self._caps.items()
-                    if self._used[key] + charges[key] < cap.retention_tokens * self.params.pause_threshold
-                    and (cap.max_programs <= 0 or self._inflight[key] < cap.max_programs)]
-        if not feasible:
-            return None
-        decayed = {key: self._decayed_used_one(now, key) for key in feasible}
-        return max(feasible, key=lambda k: self._caps[k].retention_tokens - decayed[k])
 
-    def _resume_group(self, program: Program) -> int:
-        """-1: a tail program whose next turn waits; 0: an existing program whose next turn waits;
-        1: a new program queued at admission; 2: a paused ACTING program with no turn waiting."""
-        if program.status is Status.REASONING and self._is_tail(program):
-            return -1
-        if program.turns > 1 and program.status is Status.REASONING:
-            return 0
-        if program.turns <= 1 and program.status is Status.REASONING:
-            return 1
-        return 2
 
-    def _note_release(self, turns: int) -> None:
-        q = self.params.tail_protection_quantile
-        if q <= 0:
-            return
-        self._released_turns.append(turns)
-        self._refresh_tail()
 
-    def _refresh_tail(self) -> None:
-        q = self.params.tail_protection_quantile
-        if q > 0 and len(self._released_turns) >= TAIL_MIN_RELEASES:
-            ordered = sorted(self._released_turns)
-            self._tail_turns = ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
 
-    def _is_tail(self, program: Program) -> bool:
-        """A program that has run more turns than most released programs ran in all (see
-        ControlParams.tail_protection_quantile)."""
-        return self._tail_turns is not None and program.turns > self._tail_turns
 
-    def _band(self, key: ReplicaKey) -> Band:
-        cap = self._caps[key]
-        p = self.params
-        util = self._used[key] / cap.retention_tokens
-        count_util = self._inflight[key] / cap.max_programs if cap.max_programs > 0 else 0.0
-        if util >= p.pause_threshold or (cap.max_programs > 0 and count_util > p.pause_threshold):
-            return Band.PAUSE
-        if max(util, count_util) >= p.soft_demote_threshold:
-            return Band.SOFT_DEMOTE
-        return Band.NORMAL
 
-    def _unmark(self, key: ReplicaKey) -> None:
-        for sid in self._resident[key]:
-            self._programs[sid].marked = False
 
-    def _recharge(self, program: Program, *, touched: bool = True) -> None:
-        """Re-account `program` after a change (`touched`: a change worth persisting)."""
-        sid = program.session_id
-        if touched and self._tracking:
-            self._dirty_programs.add(sid)
-        old = self._charge.pop(sid, None)
-        if old is not None:
-            key, amount, in_flight, base = old
-            self._used[key] -= amount
-            self._inflight[key] -= in_flight
-            self._decay_base[key] -= base
-            del self._resident[key][sid]
-            member = self._acting_members[key].pop(sid, None)
-            if member is not None:
-                self._acting_sum[key] -= member[2]
-                if not self._acting_members[key]:
-                    self._acting_sum[key] = 0.0  # drop accumulated rounding
-        key = program.replica
-        if (key is None or key not in self._caps or program.lifecycle is not Lifecycle.ACTIVE
-                or self._programs.get(sid) is not program):
-            return
-        buffer = self.params.buffer_per_program_tokens
-        amount = self._weight(program, key) + buffer
-        in_flight = program.status is Status.REASONING
-        base = buffer + (program.token_total if in_flight else 0)
-        self._charge[sid] = (key, amount, in_flight, base)
-        self._used[key] += amount
-        self._inflight[key] += in_flight
-        self._decay_base[key] += base
-        self._resident[key][sid] = None
-        if not in_flight and program.token_total > 0:
-            self._add_acting(key, sid, program.token_total, program.acting_since)
 
-    def _add_acting(self, key: ReplicaKey, sid: str, tokens: int, acting_since: float | None) -> None:
-        tau = self.params.acting_decay_tau_seconds
-        members = self._acting_members[key]
-        if not members:
-            self._acting_anchor[key] = acting_since if acting_since is not None else 0.0
-            self._acting_sum[key] = 0.0
-        anchor = self._acting_anchor[key]
-        since = anchor if acting_since is None else acting_since
-        if (since - anchor) / tau > _REBASE_EXPONENT:
-            # Keep the running sum finite: move the anchor forward and recompute the terms.
-            anchor = self._acting_anchor[key] = since
-            total = 0.0
-            for other, (t, s0, _) in list(members.items()):
-                term = t * 2.0 ** max(-_REBASE_EXPONENT * 2, (s0 - anchor) / tau)
-                members[other] = (t, s0, term)
-                total += term
-            self._acting_sum[key] = total
-        term = tokens * 2.0 ** max(-_REBASE_EXPONENT * 2, (since - anchor) / tau)
-        members[sid] = (tokens, since, term)
-        self._acting_sum[key] += term
 
-    def _weight(self, program: Program, key: ReplicaKey) -> int:
-        """w(p) on the pause side: raw, or the policy's weight given the raw one and the budget."""
-        raw = raw_weight_tokens(program, self.params.acting_token_weight)
-        if self._policy_weight is None:
-            return raw
-        return self._policy_weight(program, raw, self._caps[key].retention_tokens)
 
-    def _recharge_passthrough(self, request_id: str, pt: _Passthrough | None) -> None:
-        old = self._pt_charge.pop(request_id, None)
-        if old is not None:
-            key, amount = old
-            self._decay_base[key] -= amount
-            self._used[key] -= amount
-            self._inflight[key] -= 1
-            self._pt_count[key] -= 1
-        if pt is None or pt.replica is None or pt.replica not in self._caps:
-            return
-        amount = pt.tokens + self.params.buffer_per_program_tokens
-        self._pt_charge[request_id] = (pt.replica, amount)
-        self._decay_base[pt.replica] += amount
-        self._used[pt.replica] += amount
-        self._inflight[pt.replica] += 1
-        self._pt_count[pt.replica] += 1
 
-    def _decayed_used(self, now: float) -> dict[ReplicaKey, int]:
-        return {key: self._decayed_used_one(now, key) for key in self._caps}
 
-    def _decayed_used_one(self, now: float, key: ReplicaKey) -> int:
-        """used_d(r) = base + floor(2^(-(now - anchor)/tau) * S): O(1). The floor applies to the
-        replica's acting sum rather than per program (differs by < 1 token per program)."""
-        acting = 0
-        if self._acting_members[key]:
-            exponent = -max(0.0, now - self._acting_anchor[key]) / self.params.acting_decay_tau_seconds
-            acting = max(0, math.floor(self._acting_sum[key] * 2.0 ** max(exponent, -1074.0)))
-        return self._decay_base[key] + acting
+
+    def check_invariants(self, now: float | None = None) -> None:
+        """Recompute the accounting from scratch and compare (used by tests and debug builds)."""
+        self.ledger.check_invariants(now)
 
     def _view(self, program: Program, now: float | None) -> ProgramView:
         at = program.last_activity if now is None else now
@@ -1247,38 +817,28 @@ class SchedulerCore:
             last_activity=program.last_activity, paused_since=program.paused_since,
             children=tuple(self._children.get(program.session_id, ())))
 
-    def check_invariants(self, now: float | None = None) -> None:
-        """Recompute the accounting from scratch and compare (used by tests and debug builds)."""
-        used = {k: 0 for k in self._caps}
-        inflight = {k: 0 for k in self._caps}
-        for program in self._programs.values():
-            assert program.token_total >= 0, program
-            if program.lifecycle is Lifecycle.PAUSED:
-                assert program.replica is None and program.session_id in self._paused, program
-            else:
-                assert program.session_id not in self._paused, program
-                if program.replica in self._caps:
-                    used[program.replica] += (self._weight(program, program.replica)
-                                              + self.params.buffer_per_program_tokens)
-                    inflight[program.replica] += program.status is Status.REASONING
-        for rid, (key, amount) in self._pt_charge.items():
-            used[key] += amount
-            inflight[key] += 1
-        assert used == self._used, (used, self._used)
-        assert inflight == self._inflight, (inflight, self._inflight)
-        assert set(self._paused) <= set(self._programs)
-        if now is not None:
-            p = self.params
-            for key in self._caps:
-                members = [self._programs[sid] for sid in self._resident[key]]
-                exact = sum(decayed_weight_tokens(q, now, p.acting_decay_tau_seconds) + p.buffer_per_program_tokens
-                            for q in members)
-                exact += sum(amount for k, amount in self._pt_charge.values() if k == key)
-                fast = self._decayed_used_one(now, key)
-                assert abs(fast - exact) <= len(members) + 1, (key, fast, exact)
-        for sid, rids in self._waiting.items():
-            assert sid in self._programs and self._programs[sid].lifecycle is Lifecycle.PAUSED
-            assert all(self._turns[r].waiting for r in rids)
+
+
+class _CoreActions:
+    """The core's transitions, as the control law's `Actions`."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: SchedulerCore) -> None:
+        self._core = core
+
+    def pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
+        self._core._pause(now, program, reason, acc)
+
+    def resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *,
+                    forced: bool, held_s: float | None) -> None:
+        self._core._resume_onto(now, program, target, acc, forced=forced, held_s=held_s)
+
+    def forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:
+        self._core._forced_resume(now, program, waited_s, acc)
+
+    def mark(self, now: float, program: Program, key: ReplicaKey, acc: _Acc) -> None:
+        self._core._mark(now, program, key, acc)
 
 
 def iter_events(effects: Iterable[Effects]) -> list[ProgramEvent]:

@@ -1,0 +1,385 @@
+"""The scheduler's accounting: the program table, the tickets, the per-replica token sums and the
+release statistics behind tail protection. No control decisions are made here (see control.py).
+
+Invariants (`Ledger.check_invariants` recomputes them from scratch):
+
+- a PAUSED program is unplaced and in `paused`; an ACTIVE one is not in `paused`;
+- `used[r]` = sum over ACTIVE programs placed on r of w(p) + B, plus each passthrough request bound to
+  r (its estimate + B); `inflight[r]` counts the REASONING programs and passthrough requests there;
+- the decayed working set `decayed_used_one(now, r)` is within one token per resident of the exact
+  sum of decayed weights;
+- every waiting admission belongs to a PAUSED program and its ticket is marked waiting.
+
+Accounting is kept incrementally through one function, `recharge`: after any change to a program,
+its old charge is removed from its replica and its current charge (w(p) + B when it is ACTIVE and
+placed on a replica of the snapshot, else nothing) is added. The decayed (resume-side) working set
+is time-dependent and is computed on demand in O(1) per replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from services.scheduler.core.model import (
+    CapacitySnapshot,
+    Lifecycle,
+    Program,
+    ReplicaCapacity,
+    ReplicaKey,
+    Status,
+)
+from services.scheduler.core.params import (
+    TAIL_MIN_RELEASES,
+    TAIL_WINDOW_RELEASES,
+    ControlParams,
+)
+from services.scheduler.core.state import Changes
+from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_tokens
+
+# Exponent range kept in the running decayed sums (2^512 is far from float overflow).
+REBASE_EXPONENT = 512.0
+
+PolicyWeight = Callable[[Program, int, int], int]
+"""A pause policy's weight: (program, raw weight, replica retention tokens) -> tokens."""
+
+
+def normalise_session_id(session_id: str | None) -> str:
+    """Trimmed id; empty means "no program" (passthrough)."""
+    return (session_id or "").strip()
+
+
+@dataclass(slots=True)
+class Turn:
+    """An admitted (or waiting) turn, kept until Complete or cancellation."""
+
+    request_id: str
+    session_id: str
+    program: Program  # identity check: a rollback never touches a replacement program
+    epoch: int
+    started_at: float
+    before: Program | None  # field copy taken before the admission; None = created by it
+    paused_seq_before: int | None
+    waiting: bool = False
+    was_paused: bool = False
+    unpinned: bool = False  # answered "any" while placed: Bind may move the program
+    lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
+
+
+@dataclass(slots=True)
+class Passthrough:
+    request_id: str
+    tokens: int
+    replica: ReplicaKey | None
+    started_at: float
+    lease_until: float | None = None
+
+
+class Ledger:
+    """Program table, tickets and per-replica working sets, kept consistent by `recharge`."""
+
+    def __init__(self, params: ControlParams, policy_weight: PolicyWeight | None = None) -> None:
+        self.params = params
+        self.policy_weight = policy_weight
+        self.programs: dict[str, Program] = {}
+        self.paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
+        self.children: dict[str, dict[str, None]] = {}
+        self.caps: dict[ReplicaKey, ReplicaCapacity] = {}
+        self.capacity_version = 0
+        # Incremental raw accounting, per replica of the snapshot.
+        self.used: dict[ReplicaKey, int] = {}
+        self.inflight: dict[ReplicaKey, int] = {}  # REASONING programs + passthrough requests
+        self.resident: dict[ReplicaKey, dict[str, None]] = {}
+        self.charge: dict[str, tuple[ReplicaKey, int, bool, int]] = {}
+        # Resume-side (decayed) accounting in O(1) per replica: the ACTING part is
+        # 2^(-(now - anchor)/tau) * sum(T_i * 2^((acting_since_i - anchor)/tau)).
+        self.decay_base: dict[ReplicaKey, int] = {}  # REASONING tokens + every buffer + passthrough
+        self.acting_sum: dict[ReplicaKey, float] = {}
+        self.acting_anchor: dict[ReplicaKey, float] = {}
+        self.acting_members: dict[ReplicaKey, dict[str, tuple[int, float, float]]] = {}
+        self.pt_charge: dict[str, tuple[ReplicaKey, int]] = {}
+        self.pt_count: dict[ReplicaKey, int] = {}
+        # Turns and admissions (tickets).
+        self.turns: dict[str, Turn] = {}
+        self.waiting: dict[str, dict[str, None]] = {}  # session id -> waiting request ids
+        self.passthrough: dict[str, Passthrough] = {}
+        self.next_seq = 0
+        self.next_pause_seq = 0
+        # Tail protection: turn counts of recently released programs and the quantile of them
+        # above which a live program counts as a tail program (None: protection not active).
+        self.released_turns: deque[int] = deque(maxlen=TAIL_WINDOW_RELEASES)
+        self.tail_turns: int | None = None
+        # Durable state (core/state.py): change tracking is off until the shell turns it on.
+        self.tracking = False
+        self.dirty_programs: set[str] = set()
+        self.dirty_tickets: set[str] = set()
+        self.flushed_tickets: set[str] = set()
+        # Restored programs and passthrough requests placed on a replica that no capacity snapshot
+        # has shown since the restart: charged there when it appears (see settle).
+        self.unsettled: set[str] = set()
+        self.unsettled_pt: set[str] = set()
+
+    # ------------------------------------------------------------------ the table
+
+    def create(self, now: float, sid: str, parent_session_id: str) -> Program:
+        parent = normalise_session_id(parent_session_id)
+        if parent == sid:
+            parent = ""  # a program is not its own parent
+        program = Program(session_id=sid, parent_session_id=parent, created_at=now, seq=self.next_seq,
+                          last_activity=now)
+        self.next_seq += 1
+        self.programs[sid] = program
+        if parent:
+            self.children.setdefault(parent, {})[sid] = None
+        return program
+
+    def remove(self, program: Program) -> None:
+        sid = program.session_id
+        del self.programs[sid]
+        self.paused.pop(sid, None)
+        self.recharge(program)
+        parent = program.parent_session_id
+        if parent and parent in self.children:
+            self.children[parent].pop(sid, None)
+            if not self.children[parent]:
+                del self.children[parent]
+
+    @staticmethod
+    def place(program: Program, replica: ReplicaKey) -> None:
+        program.replica = replica
+        program.last_replica = replica
+
+    def enqueue_paused(self, sid: str) -> None:
+        """Put `sid` at the back of the global paused queue."""
+        self.paused[sid] = self.next_pause_seq
+        self.next_pause_seq += 1
+
+    def drop_waiter(self, sid: str, request_id: str) -> None:
+        waiting = self.waiting.get(sid)
+        if waiting is not None:
+            waiting.pop(request_id, None)
+            if not waiting:
+                del self.waiting[sid]
+
+    # ------------------------------------------------------------------ capacity
+
+    def set_capacity(self, snapshot: CapacitySnapshot) -> list[tuple[ReplicaKey, int]]:
+        """Take a new snapshot; programs and passthrough requests on a replica that left it are
+        unplaced (re-placed on their next turn). Returns each removed replica with its unplaced count."""
+        caps: dict[ReplicaKey, ReplicaCapacity] = {}
+        for replica in snapshot.replicas:
+            # A replica without a positive budget is invisible, as in the reference.
+            if replica.retention_tokens > 0 and replica.key not in caps:
+                caps[replica.key] = replica
+        removed = [key for key in self.caps if key not in caps]
+        self.caps = caps
+        self.capacity_version = snapshot.version
+        out = []
+        for key in removed:
+            unplaced = 0
+            for sid in list(self.resident.get(key, {})):
+                program = self.programs[sid]
+                program.replica = None  # re-placed on its next turn
+                if program.last_replica == key:
+                    program.last_replica = None
+                self.recharge(program)
+                unplaced += 1
+            for rid, pt in self.passthrough.items():
+                if pt.replica == key:
+                    pt.replica = None
+                    self.recharge_passthrough(rid, pt)
+            for table in (self.used, self.inflight, self.resident, self.pt_count, self.decay_base,
+                          self.acting_sum, self.acting_anchor, self.acting_members):
+                table.pop(key, None)
+            out.append((key, unplaced))
+        for key in caps:
+            self.used.setdefault(key, 0)
+            self.inflight.setdefault(key, 0)
+            self.resident.setdefault(key, {})
+            self.pt_count.setdefault(key, 0)
+            self.decay_base.setdefault(key, 0)
+            self.acting_sum.setdefault(key, 0.0)
+            self.acting_anchor.setdefault(key, 0.0)
+            self.acting_members.setdefault(key, {})
+        if self.unsettled or self.unsettled_pt:
+            self.settle()
+        return out
+
+    def settle(self) -> None:
+        """Charge restored placements whose replica the snapshot now has; forget the settled ones."""
+        for sid in list(self.unsettled):
+            program = self.programs.get(sid)
+            if program is None or program.replica is None:
+                self.unsettled.discard(sid)
+            elif program.replica in self.caps:
+                self.unsettled.discard(sid)
+                self.recharge(program, touched=False)
+        for rid in list(self.unsettled_pt):
+            pt = self.passthrough.get(rid)
+            if pt is None or pt.replica is None:
+                self.unsettled_pt.discard(rid)
+            elif pt.replica in self.caps:
+                self.unsettled_pt.discard(rid)
+                self.recharge_passthrough(rid, pt)
+
+    # ------------------------------------------------------------------ charges
+
+    def weight(self, program: Program, key: ReplicaKey) -> int:
+        """w(p) on the pause side: raw, or the policy's weight given the raw one and the budget."""
+        raw = raw_weight_tokens(program, self.params.acting_token_weight)
+        if self.policy_weight is None:
+            return raw
+        return self.policy_weight(program, raw, self.caps[key].retention_tokens)
+
+    def recharge(self, program: Program, *, touched: bool = True) -> None:
+        """Re-account `program` after a change (`touched`: a change worth persisting)."""
+        sid = program.session_id
+        if touched and self.tracking:
+            self.dirty_programs.add(sid)
+        old = self.charge.pop(sid, None)
+        if old is not None:
+            key, amount, in_flight, base = old
+            self.used[key] -= amount
+            self.inflight[key] -= in_flight
+            self.decay_base[key] -= base
+            del self.resident[key][sid]
+            member = self.acting_members[key].pop(sid, None)
+            if member is not None:
+                self.acting_sum[key] -= member[2]
+                if not self.acting_members[key]:
+                    self.acting_sum[key] = 0.0  # drop accumulated rounding
+        key = program.replica
+        if (key is None or key not in self.caps or program.lifecycle is not Lifecycle.ACTIVE
+                or self.programs.get(sid) is not program):
+            return
+        buffer = self.params.buffer_per_program_tokens
+        amount = self.weight(program, key) + buffer
+        in_flight = program.status is Status.REASONING
+        base = buffer + (program.token_total if in_flight else 0)
+        self.charge[sid] = (key, amount, in_flight, base)
+        self.used[key] += amount
+        self.inflight[key] += in_flight
+        self.decay_base[key] += base
+        self.resident[key][sid] = None
+        if not in_flight and program.token_total > 0:
+            self._add_acting(key, sid, program.token_total, program.acting_since)
+
+    def _add_acting(self, key: ReplicaKey, sid: str, tokens: int, acting_since: float | None) -> None:
+        tau = self.params.acting_decay_tau_seconds
+        members = self.acting_members[key]
+        if not members:
+            self.acting_anchor[key] = acting_since if acting_since is not None else 0.0
+            self.acting_sum[key] = 0.0
+        anchor = self.acting_anchor[key]
+        since = anchor if acting_since is None else acting_since
+        if (since - anchor) / tau > REBASE_EXPONENT:
+            # Keep the running sum finite: move the anchor forward and recompute the terms.
+            anchor = self.acting_anchor[key] = since
+            total = 0.0
+            for other, (t, s0, _) in list(members.items()):
+                term = t * 2.0 ** max(-REBASE_EXPONENT * 2, (s0 - anchor) / tau)
+                members[other] = (t, s0, term)
+                total += term
+            self.acting_sum[key] = total
+        term = tokens * 2.0 ** max(-REBASE_EXPONENT * 2, (since - anchor) / tau)
+        members[sid] = (tokens, since, term)
+        self.acting_sum[key] += term
+
+    def recharge_passthrough(self, request_id: str, pt: Passthrough | None) -> None:
+        old = self.pt_charge.pop(request_id, None)
+        if old is not None:
+            key, amount = old
+            self.decay_base[key] -= amount
+            self.used[key] -= amount
+            self.inflight[key] -= 1
+            self.pt_count[key] -= 1
+        if pt is None or pt.replica is None or pt.replica not in self.caps:
+            return
+        amount = pt.tokens + self.params.buffer_per_program_tokens
+        self.pt_charge[request_id] = (pt.replica, amount)
+        self.decay_base[pt.replica] += amount
+        self.used[pt.replica] += amount
+        self.inflight[pt.replica] += 1
+        self.pt_count[pt.replica] += 1
+
+    def decayed_used(self, now: float) -> dict[ReplicaKey, int]:
+        return {key: self.decayed_used_one(now, key) for key in self.caps}
+
+    def decayed_used_one(self, now: float, key: ReplicaKey) -> int:
+        """used_d(r) = base + floor(2^(-(now - anchor)/tau) * S): O(1). The floor applies to the
+        replica's acting sum rather than per program (differs by < 1 token per program)."""
+        acting = 0
+        if self.acting_members[key]:
+            exponent = -max(0.0, now - self.acting_anchor[key]) / self.params.acting_decay_tau_seconds
+            acting = max(0, math.floor(self.acting_sum[key] * 2.0 ** max(exponent, -1074.0)))
+        return self.decay_base[key] + acting
+
+    # ------------------------------------------------------------------ release statistics
+
+    def note_release(self, turns: int) -> None:
+        q = self.params.tail_protection_quantile
+        if q <= 0:
+            return
+        self.released_turns.append(turns)
+        self.refresh_tail()
+
+    def refresh_tail(self) -> None:
+        q = self.params.tail_protection_quantile
+        if q > 0 and len(self.released_turns) >= TAIL_MIN_RELEASES:
+            ordered = sorted(self.released_turns)
+            self.tail_turns = ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
+
+    def is_tail(self, program: Program) -> bool:
+        """A program that has run more turns than most released programs ran in all (see
+        ControlParams.tail_protection_quantile)."""
+        return self.tail_turns is not None and program.turns > self.tail_turns
+
+    # ------------------------------------------------------------------ change tracking
+
+    def take_changes(self) -> Changes:
+        """The programs and tickets changed, created or removed since the last call (export each id:
+        None means delete it). O(changed programs + tickets in flight)."""
+        programs, self.dirty_programs = self.dirty_programs, set()
+        current = set(self.turns)
+        current.update(self.passthrough)
+        tickets = (current ^ self.flushed_tickets) | (self.dirty_tickets & current)
+        self.flushed_tickets = current
+        self.dirty_tickets = set()
+        return Changes(frozenset(programs), frozenset(tickets))
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self, now: float | None = None) -> None:
+        """Recompute the accounting from scratch and compare (used by tests and debug builds)."""
+        used = {k: 0 for k in self.caps}
+        inflight = {k: 0 for k in self.caps}
+        for program in self.programs.values():
+            assert program.token_total >= 0, program
+            if program.lifecycle is Lifecycle.PAUSED:
+                assert program.replica is None and program.session_id in self.paused, program
+            else:
+                assert program.session_id not in self.paused, program
+                if program.replica in self.caps:
+                    used[program.replica] += (self.weight(program, program.replica)
+                                              + self.params.buffer_per_program_tokens)
+                    inflight[program.replica] += program.status is Status.REASONING
+        for rid, (key, amount) in self.pt_charge.items():
+            used[key] += amount
+            inflight[key] += 1
+        assert used == self.used, (used, self.used)
+        assert inflight == self.inflight, (inflight, self.inflight)
+        assert set(self.paused) <= set(self.programs)
+        if now is not None:
+            p = self.params
+            for key in self.caps:
+                members = [self.programs[sid] for sid in self.resident[key]]
+                exact = sum(decayed_weight_tokens(q, now, p.acting_decay_tau_seconds) + p.buffer_per_program_tokens
+                            for q in members)
+                exact += sum(amount for k, amount in self.pt_charge.values() if k == key)
+                fast = self.decayed_used_one(now, key)
+                assert abs(fast - exact) <= len(members) + 1, (key, fast, exact)
+        for sid, rids in self.waiting.items():
+            assert sid in self.programs and self.programs[sid].lifecycle is Lifecycle.PAUSED
+            assert all(self.turns[r].waiting for r in rids)

@@ -1,0 +1,378 @@
+"""The scheduler's control law: bands, admission placement, and the tick's soft demote, resume,
+aging, forced resume and pause choices. It reads the ledger (accounting.py) and never changes its
+sums itself: every pause, resume and mark it chooses takes effect through `Actions`, the
+transitions the core owns (so the events, logs and totals of a choice are the same whoever makes it).
+
+Bands per replica r, with util = used(r) / capacity(r) and the in-flight count against max_programs:
+PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >= theta_s, else NORMAL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from services.scheduler.core.accounting import Ledger
+from services.scheduler.core.model import (
+    INFO,
+    Band,
+    Decision,
+    Effects,
+    EventKind,
+    Lifecycle,
+    LogRecord,
+    Program,
+    ProgramEvent,
+    ReplicaKey,
+    Status,
+)
+from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import PauseContext, PausePolicy
+
+
+@dataclass
+class Acc:
+    """Effects collected during one call."""
+
+    events: list[ProgramEvent] = field(default_factory=list)
+    logs: list[LogRecord] = field(default_factory=list)
+    resolutions: list[Decision] = field(default_factory=list)
+
+    def effects(self) -> Effects:
+        return Effects(tuple(self.events), tuple(self.logs), tuple(self.resolutions))
+
+
+class Actions(Protocol):
+    """How the control law's choices take effect (implemented by the core)."""
+
+    def pause(self, now: float, program: Program, reason: str, acc: Acc) -> None: ...
+
+    def resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *,
+                    forced: bool, held_s: float | None) -> None: ...
+
+    def forced_resume(self, now: float, program: Program, waited_s: float, acc: Acc) -> None: ...
+
+    def mark(self, now: float, program: Program, key: ReplicaKey, acc: Acc) -> None: ...
+
+
+class ControlLaw:
+    """Bands and the pause / soft-demote / resume choices, over a `Ledger`."""
+
+    def __init__(self, params: ControlParams, policy: PausePolicy, ledger: Ledger) -> None:
+        self.params = params
+        self.policy = policy
+        self.ledger = ledger
+
+    # ------------------------------------------------------------------ bands and placement
+
+    def band(self, key: ReplicaKey) -> Band:
+        ledger = self.ledger
+        cap = ledger.caps[key]
+        p = self.params
+        util = ledger.used[key] / cap.retention_tokens
+        count_util = ledger.inflight[key] / cap.max_programs if cap.max_programs > 0 else 0.0
+        if util >= p.pause_threshold or (cap.max_programs > 0 and count_util > p.pause_threshold):
+            return Band.PAUSE
+        if max(util, count_util) >= p.soft_demote_threshold:
+            return Band.SOFT_DEMOTE
+        return Band.NORMAL
+
+    def choose_admission_replica(self, now: float, program: Program, *, gate: bool) -> ReplicaKey | None:
+        """Feasible: the raw working set stays below the pause threshold and a request slot is free.
+        Among those, the most headroom by the decayed working set (in-flight load, not idle
+        residents). A new program queues behind held admissions (`gate`)."""
+        if gate:
+            return None
+        ledger = self.ledger
+        buffer = self.params.buffer_per_program_tokens
+        if ledger.policy_weight is None:
+            charge = program.token_total + buffer
+            charges = dict.fromkeys(ledger.caps, charge)
+        else:
+            charges = {key: ledger.weight(program, key) + buffer for key in ledger.caps}
+        feasible = [key for key, cap in ledger.caps.items()
+                    if ledger.used[key] + charges[key] < cap.retention_tokens * self.params.pause_threshold
+                    and (cap.max_programs <= 0 or ledger.inflight[key] < cap.max_programs)]
+        if not feasible:
+            return None
+        decayed = {key: ledger.decayed_used_one(now, key) for key in feasible}
+        return max(feasible, key=lambda k: ledger.caps[k].retention_tokens - decayed[k])
+
+    def may_leave_placement_to_router(self) -> bool:
+        ledger = self.ledger
+        if not self.params.soft_pinning or ledger.paused or ledger.waiting:
+            return False
+        return all(self.band(key) is Band.NORMAL for key in ledger.caps)
+
+    def let_go(self, program: Program, replica: ReplicaKey) -> bool:
+        """A program whose context the policy does not hold (weight 0: recomputing it is cheaper
+        than holding it through its tools) gains nothing from a pin: its KV is the engine's to
+        evict, as under plain KV routing, so with soft pinning its turns are routed like KV
+        routing's."""
+        ledger = self.ledger
+        return (self.params.soft_pinning and ledger.policy_weight is not None and replica in ledger.caps
+                and ledger.weight(program, replica) == 0 and not ledger.paused and not ledger.waiting)
+
+    def resume_group(self, program: Program) -> int:
+        """-1: a tail program whose next turn waits; 0: an existing program whose next turn waits;
+        1: a new program queued at admission; 2: a paused ACTING program with no turn waiting."""
+        if program.status is Status.REASONING and self.ledger.is_tail(program):
+            return -1
+        if program.turns > 1 and program.status is Status.REASONING:
+            return 0
+        if program.turns <= 1 and program.status is Status.REASONING:
+            return 1
+        return 2
+
+    # ------------------------------------------------------------------ the tick's steps
+
+    def soft_demote(self, now: float, acc: Acc) -> None:
+        ledger = self.ledger
+        until = now + self.params.soft_demote_window_seconds
+        for key in ledger.caps:
+            if self.band(key) is not Band.SOFT_DEMOTE:
+                continue
+            for sid in ledger.resident[key]:
+                program = ledger.programs[sid]
+                if program.marked:
+                    continue
+                if program.soft_demoted_until <= now:
+                    acc.events.append(ProgramEvent(EventKind.SOFT_DEMOTED, sid, key, program.token_total, now))
+                program.soft_demoted_until = max(program.soft_demoted_until, until)
+
+    def resume(self, now: float, act: Actions, acc: Acc) -> int:
+        """Greedy best-fit-decreasing from the one global paused queue onto any replica.
+
+        Resume-side headroom R(r) = floor(capacity * c) - used_d(r), c = max(0, theta_p - h), where
+        used_d decays ACTING tokens by 2^(-idle/tau). A replica takes resumes while R(r) > B. A
+        candidate needs req = token_total + B of headroom, and its raw charge must keep the replica
+        below the pause threshold (so a resume never triggers a pause in the same tick).
+        """
+        ledger = self.ledger
+        if not ledger.paused:
+            return 0
+        p = self.params
+        buffer = p.buffer_per_program_tokens
+        c = p.resume_ceiling
+        room: dict[ReplicaKey, int] = {}
+        slots: dict[ReplicaKey, int | None] = {}
+        used_d = ledger.decayed_used(now)
+        for key, cap in ledger.caps.items():
+            r = math.floor(cap.retention_tokens * c) - used_d[key]
+            if r > buffer:
+                room[key] = r
+                slots[key] = (max(0, math.floor(cap.max_programs * c) - ledger.inflight[key])
+                              if cap.max_programs > 0 else None)
+        if not room:
+            return 0
+        paused = ledger.paused
+        candidates = sorted((ledger.programs[sid] for sid in paused),
+                            key=lambda q: (self.resume_group(q), q.token_total, paused[q.session_id]))
+        # Selection: a global knapsack over the summed headroom, in priority order.
+        budget = sum(room.values())
+        limited = all(s is not None for s in slots.values())
+        total_slots = sum(s for s in slots.values() if s is not None) if limited else None
+        selected: list[Program] = []
+        cumulative = slots_needed = 0
+        for program in candidates:
+            req = program.token_total + buffer
+            takes_slot = program.status is Status.REASONING
+            if takes_slot and total_slots is not None and slots_needed >= total_slots:
+                continue
+            if cumulative + req <= budget:
+                selected.append(program)
+                cumulative += req
+                slots_needed += takes_slot
+        if not selected:
+            return 0
+        # Placement: largest first onto the replica with most headroom (its previous one if it fits).
+        selected.sort(key=lambda q: q.token_total, reverse=True)
+        min_req = min(q.token_total for q in selected) + buffer
+        order = sorted(room, key=lambda k: room[k], reverse=True)
+        resumed = 0
+        for program in selected:
+            if not order or min_req > room[order[0]]:
+                break
+            target = self.resume_target(program, order, room, slots)
+            if target is None:
+                continue
+            req = program.token_total + buffer
+            act.resume_onto(now, program, target, acc, forced=False, held_s=None)
+            resumed += 1
+            room[target] -= req
+            if program.status is Status.REASONING and slots[target] is not None:
+                slots[target] -= 1
+            order.remove(target)
+            if room[target] > buffer:
+                # Keep the list sorted by headroom (descending); it is short (one entry per replica).
+                idx = 0
+                while idx < len(order) and room[order[idx]] >= room[target]:
+                    idx += 1
+                order.insert(idx, target)
+        return resumed
+
+    def resume_target(self, program: Program, order: list[ReplicaKey], room: dict[ReplicaKey, int],
+                      slots: dict[ReplicaKey, int | None]) -> ReplicaKey | None:
+        ledger = self.ledger
+        req = program.token_total + self.params.buffer_per_program_tokens
+        buffer = self.params.buffer_per_program_tokens
+        takes_slot = program.status is Status.REASONING
+
+        def fits(key: ReplicaKey) -> bool:
+            cap = ledger.caps[key]
+            return (req <= room[key]
+                    and ledger.used[key] + ledger.weight(program, key) + buffer
+                    < cap.retention_tokens * self.params.pause_threshold
+                    and not (takes_slot and slots[key] == 0))
+
+        last = program.last_replica
+        if last is not None and last in room and last in order and fits(last):
+            return last  # its KV may still be in the HiCache host tier there
+        for key in order:
+            if room[key] < req:
+                break  # sorted by headroom: nothing further fits
+            if fits(key):
+                return key
+        return None
+
+    def resume_aged(self, now: float, act: Actions, acc: Acc) -> int:
+        """Bound the wait of large programs that best-fit resume keeps passing over.
+
+        Shortest-first resume starves a large paused program while smaller ones keep taking the
+        room it needs; the reference bounds that only by forced resume after
+        resume_timeout_seconds (30 min). Here a held admission that has waited
+        resume_aging_seconds makes room: on the replica where pausing its ACTING programs frees
+        the most (room_r = capacity * pause_threshold - (used - sum of unmarked ACTING weights)),
+        those programs are paused shortest first until the aged one fits below the pause
+        threshold, and it resumes there. Oldest first, at most one per replica per tick, so
+        memory rotates between waiting programs instead of starving the largest; a program resumed
+        this way is not paused for pressure for the next resume_aging_seconds / 2 (its quantum). A program that
+        cannot fit even an emptied replica is resumed, pausing nobody, where the most is free: it
+        thrashes wherever it runs, and holding it only adds latency.
+        """
+        ledger = self.ledger
+        age = self.params.resume_aging_seconds
+        buffer = self.params.buffer_per_program_tokens
+        threshold = self.params.pause_threshold
+        aged: list[tuple[float, Program]] = []
+        for sid, request_ids in ledger.waiting.items():
+            program = ledger.programs[sid]
+            if program.lifecycle is not Lifecycle.PAUSED:
+                continue
+            started = min(ledger.turns[rid].started_at for rid in request_ids)
+            if now - started >= age:
+                aged.append((started, program))
+        aged.sort(key=lambda item: (item[0], item[1].seq))
+        used_targets: set[ReplicaKey] = set()
+        resumed = 0
+        for started, program in aged:
+            best: tuple[float, ReplicaKey, list[Program]] | None = None
+            for key, cap in ledger.caps.items():
+                if key in used_targets:
+                    continue
+                movable = sorted((q for sid in ledger.resident[key]
+                                  if (q := ledger.programs[sid]).status is Status.ACTING and not q.marked
+                                  and not ledger.is_tail(q)),
+                                 key=lambda q: (q.token_total, q.seq))
+                reclaimable = sum(ledger.weight(q, key) + buffer for q in movable)
+                room = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
+                if best is None or room > best[0]:
+                    best = (room, key, movable)
+            if best is None:
+                break
+            room, target, movable = best
+            need = ledger.weight(program, target) + buffer
+            if need >= room:
+                # It cannot fit even an emptied replica: pausing others would not help it, so it
+                # goes where the most is free now and pauses nobody.
+                free = [k for k in ledger.caps if k not in used_targets]
+                target = max(free, key=lambda k: ledger.caps[k].retention_tokens - ledger.used[k])
+                movable = []
+            limit = ledger.caps[target].retention_tokens * threshold
+            for victim in movable:
+                if ledger.used[target] + need < limit:
+                    break
+                act.pause(now, victim, "aging", acc)
+            used_targets.add(target)
+            # Its quantum: a pause cycle may not send it straight back to the queue (a program too
+            # large to share a replica would otherwise bounce between pause and aging every turn).
+            program.pause_protected_until = now + age / 2
+            act.resume_onto(now, program, target, acc, forced=False, held_s=now - started)
+            acc.logs.append(LogRecord(INFO, "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
+                                      "worker=%s tokens=%d" % (program.session_id, now - started,
+                                                               target.worker_id, program.token_total)))
+            resumed += 1
+        return resumed
+
+    def force_overdue(self, now: float, act: Actions, acc: Acc) -> int:
+        ledger = self.ledger
+        timeout = self.params.resume_timeout_seconds
+        overdue: list[tuple[Program, float]] = []
+        seen: set[str] = set()
+        for sid, request_ids in ledger.waiting.items():
+            for rid in request_ids:
+                waited_s = now - ledger.turns[rid].started_at
+                if waited_s >= timeout and sid not in seen:
+                    overdue.append((ledger.programs[sid], waited_s))
+                    seen.add(sid)
+        for program, waited_s in overdue:
+            if program.lifecycle is Lifecycle.PAUSED:
+                act.forced_resume(now, program, waited_s, acc)
+        return len(overdue)
+
+    def forced_target(self, now: float) -> ReplicaKey | None:
+        """Where a forced resume goes: argmax(capacity - used_d) over the snapshot; None (any) when empty."""
+        ledger = self.ledger
+        if not ledger.caps:
+            return None
+        used_d = ledger.decayed_used(now)
+        return max(ledger.caps, key=lambda k: ledger.caps[k].retention_tokens - used_d[k])
+
+    def pause_over_threshold(self, now: float, act: Actions, acc: Acc) -> tuple[int, int]:
+        ledger = self.ledger
+        p = self.params
+        buffer = p.buffer_per_program_tokens
+        target_frac = min(p.pause_target, p.pause_threshold)
+        weight: Callable[[Program, ReplicaKey], int] = ledger.weight
+        paused_total = marked_total = 0
+        for key, cap in ledger.caps.items():
+            token_target = cap.retention_tokens * target_frac
+            count_target = cap.max_programs * target_frac if cap.max_programs > 0 else None
+            if self.band(key) is not Band.PAUSE:
+                if ledger.used[key] <= token_target and (count_target is None
+                                                          or ledger.inflight[key] <= count_target):
+                    self.unmark(key)  # pressure is gone: marks are not sticky
+                continue
+            programs = sorted((q for sid in ledger.resident[key]
+                               if (q := ledger.programs[sid]).pause_protected_until <= now
+                               and not ledger.is_tail(q)), key=lambda q: q.seq)
+            before = ledger.used[key]
+            plan = self.policy.plan(PauseContext(
+                replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
+                reasoning_count=ledger.inflight[key], count_target=count_target, buffer_tokens=buffer,
+                weight_tokens=lambda q, key=key: weight(q, key), now=now))
+            for sid in plan.pause:
+                program = ledger.programs[sid]
+                if program.replica != key or program.status is not Status.ACTING or program.marked:
+                    raise ValueError(f"pause policy {self.policy.name!r} chose an invalid program {sid!r}")
+                act.pause(now, program, "pressure", acc)
+                ledger.recharge(program)
+            for sid in plan.mark:
+                program = ledger.programs[sid]
+                if program.replica != key or program.status is not Status.REASONING or program.marked:
+                    raise ValueError(f"pause policy {self.policy.name!r} chose an invalid mark {sid!r}")
+                act.mark(now, program, key, acc)
+            if plan.pause or plan.mark:
+                acc.logs.append(LogRecord(INFO, "scheduler.tick worker=%s dp_rank=%s paused=%d marked=%d "
+                                          "util=%.4f -> %.4f" % (key.worker_id, key.dp_rank, len(plan.pause),
+                                                                 len(plan.mark), before / cap.retention_tokens,
+                                                                 ledger.used[key] / cap.retention_tokens)))
+            paused_total += len(plan.pause)
+            marked_total += len(plan.mark)
+        return paused_total, marked_total
+
+    def unmark(self, key: ReplicaKey) -> None:
+        ledger = self.ledger
+        for sid in ledger.resident[key]:
+            ledger.programs[sid].marked = False

@@ -1,0 +1,151 @@
+"""The control law alone (core/control.py), over a hand-built ledger and recording actions."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.core import Band, CapacitySnapshot, ControlParams, ReplicaCapacity, ReplicaKey, Status
+from services.scheduler.core.accounting import Ledger
+from services.scheduler.core.control import Acc, ControlLaw
+from services.scheduler.core.policies import make_pause_policy
+
+A = ReplicaKey("a", 0)
+B = ReplicaKey("b", 0)
+BUF = 100
+
+
+def law(caps: dict[ReplicaKey, int], max_programs: int = 0, **params) -> ControlLaw:
+    p = ControlParams(buffer_per_program_tokens=BUF, **params)
+    led = Ledger(p)
+    led.set_capacity(CapacitySnapshot(1, tuple(ReplicaCapacity(k.worker_id, k.dp_rank, t, max_programs)
+                                                for k, t in caps.items())))
+    return ControlLaw(p, make_pause_policy(), led)
+
+
+def put(control: ControlLaw, sid: str, tokens: int, key: ReplicaKey, status: Status = Status.ACTING):
+    led = control.ledger
+    program = led.create(0.0, sid, "")
+    program.token_total = tokens
+    program.status = status
+    program.acting_since = 0.0 if status is Status.ACTING else None
+    program.turns = 1
+    led.place(program, key)
+    led.recharge(program)
+    return program
+
+
+class Recorder:
+    """Actions that record the law's choices and apply them to the ledger as the core would."""
+
+    def __init__(self, control: ControlLaw) -> None:
+        self.ledger = control.ledger
+        self.calls: list[tuple[str, str]] = []
+
+    def pause(self, now, program, reason, acc) -> None:
+        from services.scheduler.core import Lifecycle
+        self.calls.append(("pause", program.session_id))
+        program.lifecycle = Lifecycle.PAUSED
+        program.replica = None
+        self.ledger.enqueue_paused(program.session_id)
+        self.ledger.recharge(program)
+
+    def resume_onto(self, now, program, target, acc, *, forced, held_s) -> None:
+        from services.scheduler.core import Lifecycle
+        self.calls.append(("resume", program.session_id))
+        program.lifecycle = Lifecycle.ACTIVE
+        self.ledger.paused.pop(program.session_id, None)
+        if target is not None:
+            self.ledger.place(program, target)
+        self.ledger.recharge(program)
+
+    def forced_resume(self, now, program, waited_s, acc) -> None:
+        self.resume_onto(now, program, None, acc, forced=True, held_s=waited_s)
+
+    def mark(self, now, program, key, acc) -> None:
+        self.calls.append(("mark", program.session_id))
+        program.marked = True
+
+
+@pytest.mark.parametrize("tokens, band", [
+    (7_000, Band.NORMAL),        # (7000 + 100) / 10000 = 0.71
+    (7_900, Band.SOFT_DEMOTE),   # 0.80 >= theta_s
+    (9_300, Band.SOFT_DEMOTE),   # 0.94
+    (9_400, Band.PAUSE),         # 0.95 >= theta_p
+])
+def test_band_by_utilisation(tokens: int, band: Band) -> None:
+    control = law({A: 10_000})
+    put(control, "p", tokens, A)
+    assert control.band(A) is band
+
+
+def test_band_by_program_count() -> None:
+    control = law({A: 1_000_000}, max_programs=2)
+    put(control, "p", 10, A, Status.REASONING)
+    assert control.band(A) is Band.NORMAL
+    put(control, "q", 10, A, Status.REASONING)
+    put(control, "r", 10, A, Status.REASONING)
+    assert control.band(A) is Band.PAUSE  # 3 / 2 > theta_p
+
+
+def test_admission_goes_where_the_most_is_free_and_below_the_threshold() -> None:
+    control = law({A: 10_000, B: 10_000})
+    put(control, "big", 6_000, A)
+    new = control.ledger.create(0.0, "new", "")
+    new.token_total = 1_000
+    assert control.choose_admission_replica(0.0, new, gate=False) == B
+    assert control.choose_admission_replica(0.0, new, gate=True) is None
+    put(control, "fill", 8_500, B)
+    new.token_total = 4_000
+    assert control.choose_admission_replica(0.0, new, gate=False) is None
+
+
+@pytest.mark.parametrize("status, turns, group", [
+    (Status.REASONING, 3, 0), (Status.REASONING, 1, 1), (Status.ACTING, 3, 2),
+])
+def test_resume_groups(status: Status, turns: int, group: int) -> None:
+    control = law({A: 10_000})
+    program = control.ledger.create(0.0, "p", "")
+    program.status, program.turns = status, turns
+    assert control.resume_group(program) == group
+
+
+def test_pause_over_threshold_pauses_acting_programs_until_the_target() -> None:
+    control = law({A: 10_000})
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+    acts = Recorder(control)
+    paused, marked = control.pause_over_threshold(0.0, acts, Acc())
+    assert paused >= 1 and marked == 0
+    assert all(kind == "pause" for kind, _ in acts.calls)
+    assert control.ledger.used[A] <= 10_000 * control.params.pause_target
+    control.ledger.check_invariants(0.0)
+
+
+def test_pause_over_threshold_marks_reasoning_programs_it_cannot_pause() -> None:
+    control = law({A: 10_000})
+    put(control, "r", 9_800, A, Status.REASONING)
+    acts = Recorder(control)
+    assert control.pause_over_threshold(0.0, acts, Acc()) == (0, 1)
+    assert acts.calls == [("mark", "r")]
+
+
+def test_resume_fills_headroom_smallest_first() -> None:
+    control = law({A: 10_000})
+    acts = Recorder(control)
+    for sid, tokens in (("large", 6_000), ("small", 1_000)):
+        program = put(control, sid, tokens, A)
+        acts.pause(0.0, program, "test", Acc())
+    acts.calls.clear()
+    put(control, "resident", 5_000, A, Status.REASONING)
+    assert control.resume(0.0, acts, Acc()) == 1
+    assert acts.calls == [("resume", "small")]
+    control.ledger.check_invariants(0.0)
+
+
+def test_soft_demote_emits_one_event_per_window() -> None:
+    control = law({A: 10_000})
+    put(control, "p", 8_000, A)
+    first, second = Acc(), Acc()
+    control.soft_demote(0.0, first)
+    control.soft_demote(1.0, second)
+    assert [e.session_id for e in first.events] == ["p"] and second.events == []
