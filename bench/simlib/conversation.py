@@ -24,9 +24,8 @@ from array import array
 from typing import Sequence
 
 from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
+from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
-from services.router.http_api import chat_routing_text
-from services.router.turns import CHARS_PER_TOKEN
 from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode
 
 # The generation prompt the template appends after the last message (add_generation_prompt).

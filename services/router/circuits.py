@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Callable, Iterable, Sequence
 
-from services.router.adapters.capacity import WorkerView
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState, Transition
+from services.router.core.types import WorkerView
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)

@@ -18,10 +18,10 @@ from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
 from services.common.telemetry import grpc_parent
 from services.router import session, validation
 from services.router.control import Outcome
+from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
 from services.router.metrics import RouterMetrics
 from services.router.turns import Api, LineKind, TurnRunner, TurnSpec
-from services.router.http_api import chat_routing_text
 from services.router.upstream import loads
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name

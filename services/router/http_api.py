@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.router import session, validation
 from services.router.adapters.batch_api import BatchApiProxy, is_batch_path
+from services.router.core.prompt_text import chat_routing_text
 from services.router.control import Outcome
 from services.router.errors import (BadRequest, BodyTooLarge, Internal, MethodNotAllowed, NotFound, PlannerMissing,
                                     RequestTimeout, RouterError, WorkerFailed, WorkerTimeout)
@@ -76,11 +77,6 @@ def _common(body: dict) -> tuple[str | None, bool]:
             isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
     return model, stream
-
-
-def chat_routing_text(messages: list) -> str:
-    """A stable rendering for the prefix index: history re-sent verbatim renders to the same prefix."""
-    return "".join(dumps(m).decode() + "\n" for m in messages)
 
 
 def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnSpec:

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
+from services.common.capacity_watch import CapacityWatch
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
 from services.common.ports import require_free
@@ -27,7 +29,7 @@ from services.common.security import bearer_guard
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
 from services.router.adapters.batch_api import BatchApiProxy
-from services.router.adapters.capacity import CapacityWatch
+from services.router.adapters.capacity import WorkerSet
 from services.router.adapters.kv_events import KvEventFeeds
 from services.router.circuits import WorkerCircuits
 from services.router.config import RouterConfig
@@ -140,9 +142,11 @@ def _planner_ssl(config: RouterConfig) -> ssl.SSLContext | None:
     return ssl.create_default_context(cadata=config.security.ca_pem.decode())
 
 
-async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = None) -> RunningRouter:
+async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = None,
+                       capacity_idle_timeout_s: float = 60.0) -> RunningRouter:
     """Start every component on the running loop; return once the HTTP and gRPC APIs serve.
-    Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded."""
+    Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded.
+    `capacity_idle_timeout_s`: a capacity stream silent this long (no snapshot, no heartbeat) is reopened."""
     prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
     install_log_redaction()
     telemetry = telemetry or setup_telemetry("bandmaster-router", sample_ratio=config.trace_sample_ratio)
@@ -192,8 +196,12 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
             feeds.update(workers)
 
     fleet.on_workers.append(on_workers)
-    watch = CapacityWatch(config.capacity_addr, metrics, fleet.update, retry_max_s=config.capacity_retry_max_seconds,
-                          channel=config.security.channel(config.capacity_addr))
+    capacity_channel = config.security.channel(config.capacity_addr)
+    worker_set = WorkerSet(metrics, fleet.update)
+    watch = CapacityWatch(cap_pb_grpc.CapacityStub(capacity_channel), worker_set.take, address=config.capacity_addr,
+                          logger=logging.getLogger("services.router.adapters.capacity"), on_connected=worker_set.connected,
+                          initial_backoff_s=0.1, max_backoff_s=config.capacity_retry_max_seconds,
+                          idle_timeout_s=capacity_idle_timeout_s, name="router-capacity-watch")
 
     add_to_server(RouterServicer(runner, metrics, tracer), host.server)
     host.add_service(SERVICE_NAME)
@@ -225,6 +233,7 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
         await http_runner.cleanup()
         sweeper.cancel()
         await watch.stop()
+        await capacity_channel.close()
         await feeds.stop()
         await runner.drain()
         await upstream.close()

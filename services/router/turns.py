@@ -31,14 +31,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from services.common.tokenizer import ChatTemplateError
-from services.router.adapters.capacity import WorkerView
 from services.router.config import KvOverrides
 from services.router.control import Admission, Outcome, SchedulerClient
 from services.router.core.events import EventOutcome, KvEvent
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
+from services.router.core.prompt_text import CHARS_PER_TOKEN
 from services.router.core.select import Candidate, NoWorkerAvailable
-from services.router.core.types import Prompt, Replica
+from services.router.core.types import Prompt, Replica, WorkerView
 from services.router.circuits import WorkerCircuits
 from services.router.core.limits import ClientLimits
 from services.router.errors import (ModelNotFound, NoHealthyWorker, RouterError, TooManyRequests, WorkerFailed,
@@ -51,7 +51,6 @@ from services.router.upstream import Upstream, dumps, loads
 
 log = logging.getLogger(__name__)
 
-CHARS_PER_TOKEN = 4  # prompt-size estimate for text prompts when the router has no tokenizer
 _LIMIT_MESSAGES = {
     "too_many_programs": "this client holds too many open programs; end some (X-Dynamo-Session-Final: true) "
                          "or retry later",

@@ -1,4 +1,4 @@
-"""Composition root: config -> core, runtime, capacity follower, servicer, ServiceHost."""
+"""Composition root: config -> core, runtime, capacity watch, servicer, ServiceHost."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from opentelemetry import trace
 
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.capacity_watch import CapacityWatch
 from services.common.clock import Clock, SystemClock
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.grpc_server import ServiceHost
 from services.common.telemetry import Telemetry
-from services.scheduler.adapters.capacity import CapacityFollower
+from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
     SqliteStateStore,
@@ -37,7 +38,7 @@ log = logging.getLogger("services.scheduler")
 class RunningScheduler:
     host: ServiceHost
     runtime: SchedulerRuntime
-    follower: CapacityFollower
+    follower: CapacityWatch
     config: SchedulerConfig
     persister: StatePersister | None = None
 
@@ -77,8 +78,11 @@ async def start_scheduler(config: SchedulerConfig, *, clock: Clock | None = None
     if capacity_stub is None:
         channel = config.security.channel(config.capacity_addr)
         capacity_stub = cap_pb_grpc.CapacityStub(channel)
-    follower = CapacityFollower(capacity_stub, runtime.apply_capacity, metrics, address=config.capacity_addr,
-                                idle_timeout_s=capacity_idle_timeout_s)
+    follower = CapacityWatch(capacity_stub, lambda snapshot: runtime.apply_capacity(capacity_from_proto(snapshot)),
+                             address=config.capacity_addr, logger=logging.getLogger("services.scheduler.capacity"),
+                             on_connected=lambda up: metrics.capacity_connected.set(1 if up else 0),
+                             on_failure=metrics.capacity_reconnects.inc, idle_timeout_s=capacity_idle_timeout_s,
+                             name="scheduler-capacity-watch")
     pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(runtime, config.kv_router, tracer), host.server)
     host.add_service(SERVICE_NAME)
 

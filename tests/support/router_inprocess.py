@@ -15,9 +15,8 @@ import asyncio
 from dataclasses import dataclass
 
 from services.common.telemetry import setup_telemetry
-from services.router.adapters.capacity import WorkerView
 from services.router.config import RouterConfig
-from services.router.core.types import Replica
+from services.router.core.types import Replica, WorkerView
 from services.router.server import RunningRouter, start_router
 from tests.support.router_doubles import MODEL, FaultyWorker, RecordingScheduler
 from tests.support.router_stack import free_port

@@ -1,1 +1,2 @@
-"""Outbound clients of the router: the capacity watch and the workers' KV-event feeds."""
+"""Outbound clients of the router (the scheduler, the workers, the Batch API, the workers' KV-event feeds) and
+its side of the capacity watch. Protobuf stops here."""

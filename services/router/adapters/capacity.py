@@ -1,38 +1,19 @@
-"""The router's view of the workers: the capacity service's WatchWorkers stream.
-
-Each snapshot replaces the view (recompute from a fresh snapshot, not deltas). Only HEALTHY workers
-with replicas are routable. The stream is reopened with exponential back-off when it breaks; the last
-view stays in force meanwhile (the data plane keeps running through a control-plane outage).
+"""The router's side of the capacity watch (the client is services/common/capacity_watch.py): each
+snapshot's routable workers replace the fleet's (recompute from a fresh snapshot, not deltas). Only
+HEALTHY workers with replicas are routable. While the stream is down the last view stays in force: the
+data plane keeps running through a control-plane outage.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
-from dataclasses import dataclass
 from typing import Callable
 
-import grpc
-
 from bandmaster.capacity.v1 import capacity_pb2 as pb
-from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from services.router.core.types import Replica
+from services.router.core.types import Replica, WorkerView
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WorkerView:
-    worker_id: str
-    url: str
-    model_name: str
-    page_size: int
-    replicas: tuple[Replica, ...]
-
-
-Listener = Callable[[dict[str, WorkerView]], None]
 
 
 def view_from_snapshot(snapshot: pb.WorkersSnapshot) -> dict[str, WorkerView]:
@@ -45,61 +26,17 @@ def view_from_snapshot(snapshot: pb.WorkersSnapshot) -> dict[str, WorkerView]:
     return out
 
 
-class CapacityWatch:
-    def __init__(self, address: str, metrics: RouterMetrics, on_change: Listener, *, retry_max_s: float,
-                 channel: grpc.aio.Channel | None = None) -> None:
-        self.address = address
+class WorkerSet:
+    """The callbacks the router gives the capacity watch: `take` each snapshot, `connected` the stream state.
+    Logs the transition (workers added and gone) and hands the new view to `on_change`."""
+
+    def __init__(self, metrics: RouterMetrics, on_change: Callable[[dict[str, WorkerView]], None]) -> None:
         self._metrics = metrics
         self._on_change = on_change
-        self._retry_max_s = retry_max_s
-        self._channel = channel or grpc.aio.insecure_channel(address)
-        self._stub = pb_grpc.CapacityStub(self._channel)
-        self._task: asyncio.Task | None = None
-        self.version = 0
         self.workers: dict[str, WorkerView] = {}
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="router-capacity-watch")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-        await self._channel.close()
-
-    async def _run(self) -> None:
-        delay_s = 0.1
-        lost_logged = False
-        while True:
-            stream = self._stub.WatchWorkers(pb.WatchWorkersRequest(known_version=0))
-            try:
-                async for snapshot in stream:
-                    if lost_logged:
-                        log.info("capacity watch %s re-established", self.address)
-                        lost_logged = False
-                    self._metrics.capacity_connected.set(1)
-                    delay_s = 0.1
-                    if snapshot.heartbeat and snapshot.version == self.version:
-                        continue
-                    self.version = snapshot.version
-                    self._apply(view_from_snapshot(snapshot))
-                failure = "stream ended"
-            except grpc.aio.AioRpcError as exc:
-                failure = f"{exc.code().name}: {exc.details()}"
-            finally:
-                stream.cancel()
-            self._metrics.capacity_connected.set(0)
-            if not lost_logged:
-                log.warning("capacity watch %s lost (%s); keeping %d known workers, retrying", self.address,
-                            failure, len(self.workers))
-                lost_logged = True
-            await asyncio.sleep(delay_s * (0.5 + random.random()))
-            delay_s = min(delay_s * 2, self._retry_max_s)
-
-    def _apply(self, view: dict[str, WorkerView]) -> None:
+    def take(self, snapshot: pb.WorkersSnapshot) -> None:
+        view = view_from_snapshot(snapshot)
         if view != self.workers:
             added = sorted(view.keys() - self.workers.keys())
             gone = sorted(self.workers.keys() - view.keys())
@@ -109,3 +46,6 @@ class CapacityWatch:
         self.workers = view
         self._metrics.workers.set(len(view))
         self._on_change(view)
+
+    def connected(self, up: bool) -> None:
+        self._metrics.capacity_connected.set(1 if up else 0)

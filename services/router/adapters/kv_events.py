@@ -18,9 +18,8 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from services.router.adapters.capacity import WorkerView
 from services.router.core.events import EventOutcome, KvEvent, decode_event_batch
-from services.router.core.types import Replica
+from services.router.core.types import Replica, WorkerView
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,17 @@ class Replica(NamedTuple):
 
 
 @dataclass(frozen=True)
+class WorkerView:
+    """A routable worker as the capacity service last described it (HEALTHY, with replicas)."""
+
+    worker_id: str
+    url: str
+    model_name: str
+    page_size: int
+    replicas: tuple[Replica, ...]
+
+
+@dataclass(frozen=True)
 class Prompt:
     """A prompt as the index and the load tracker see it.
 

@@ -1,1 +1,2 @@
-"""Protobuf <-> domain conversion, input validation, and the capacity follower. Protobuf stops here."""
+"""Protobuf <-> domain conversion, input validation, and the state stores. Protobuf stops here (the capacity
+watch client is services/common/capacity_watch.py; its snapshots are converted by `proto.capacity_from_proto`)."""

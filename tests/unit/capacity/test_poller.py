@@ -10,7 +10,7 @@ from services.capacity.adapters.poller import SglangPoller
 from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk
 from services.capacity.core.state import Card, CardRejection, CardRejectReason, PollFailureReason
-from services.testing.sglang_stub import sglang_info
+from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 
 MIB = 1024 * 1024

@@ -16,7 +16,7 @@ from services.capacity.server import start_capacity
 from services.common.telemetry import setup_telemetry
 from services.capacity.core.cards import derive_card
 from services.capacity.core.registry import PollOk
-from services.testing.sglang_stub import SglangStub, sglang_info
+from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
 

@@ -17,8 +17,7 @@ from services.router.config import KvOverrides, RouterConfig
 from services.router.server import RunningRouter, start_router
 from tests.support.eventually import assert_eventually
 
-pytestmark = [pytest.mark.timeout(60),
-              pytest.mark.xfail(strict=True, reason="the router's capacity watch freezes its worker set")]
+pytestmark = pytest.mark.timeout(60)
 
 
 def snapshot(version: int, *worker_ids: str) -> cap_pb.WorkersSnapshot:
@@ -70,7 +69,7 @@ async def test_a_stalled_stream_is_given_up_and_reopened():
     capacity = ScriptedCapacity()
     capacity.latest = snapshot(1, "w1")
     server, address = await _serve(capacity)
-    router = await _router(address)
+    router = await _router(address, capacity_idle_timeout_s=0.3)
     try:
         await assert_eventually(lambda: set(router.fleet.workers) == {"w1"})
         capacity.latest = snapshot(2, "w1", "w2")  # the open stream stalls: it never sends this

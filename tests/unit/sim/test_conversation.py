@@ -8,9 +8,9 @@ from bench.run import SYSTEM_PROMPT_TOKENS
 from bench.simlib.conversation import Conversation
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
-from services.router.http_api import chat_routing_text
-from services.router.turns import TurnRunner, TurnSpec, Api
+from services.router.core.prompt_text import chat_routing_text
 from services.router.session import SessionIdentity
+from services.router.turns import Api, TurnRunner, TurnSpec
 from services.simworker.chat import render_chat
 from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
 

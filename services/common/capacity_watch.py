@@ -1,0 +1,120 @@
+"""The one client of the capacity service's `WatchWorkers` stream (the scheduler's and the routers').
+
+Each real snapshot goes to the service's `on_snapshot` (recompute from a fresh snapshot, not deltas);
+a heartbeat that repeats the version already taken is skipped. The stream is given up and reopened,
+with exponential backoff and jitter, when it fails, ends, stays silent past `idle_timeout_s` (the
+capacity service heartbeats every 10 s by default: that is the deadline of this otherwise endless
+call), or when `on_snapshot` raises; the reopened stream starts with the latest snapshot, so nothing
+is lost. Meanwhile the last snapshot taken stays in force: the caller keeps running through a
+control-plane outage. WARN once per outage, INFO on recovery, on the caller's logger. A task that
+ends any other way is logged at ERROR by its done-callback: the view is frozen from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any, Callable
+
+import grpc
+
+from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
+
+
+def _ignore(*_: Any) -> None:
+    pass
+
+
+class CapacityWatch:
+    def __init__(self, stub: Any, on_snapshot: Callable[[cap_pb.WorkersSnapshot], None], *, address: str,
+                 logger: logging.Logger, on_connected: Callable[[bool], None] = _ignore,
+                 on_failure: Callable[[], None] = _ignore, initial_backoff_s: float = 0.2,
+                 max_backoff_s: float = 5.0, idle_timeout_s: float = 60.0, name: str = "capacity-watch") -> None:
+        self.stub = stub
+        self.on_snapshot = on_snapshot
+        self.address = address
+        self.log = logger
+        self.on_connected = on_connected
+        self.on_failure = on_failure
+        self.initial_backoff_s = initial_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.idle_timeout_s = idle_timeout_s
+        self.name = name
+        self.version = 0
+        self.connected = False
+        self.failures = 0
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name=self.name)
+        self._task.add_done_callback(self._ended)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            return
+        self._set_connected(False)
+        self.log.error("capacity watch of %s stopped (%r); the last snapshot (version %d) stays in force "
+                       "until a restart", self.address, task.exception(), self.version)
+
+    async def run(self) -> None:
+        backoff_s = self.initial_backoff_s
+        in_outage = False
+        while True:
+            try:
+                async for _ in self._follow_once():
+                    if in_outage:
+                        self.log.info("capacity stream to %s recovered (snapshot version %d)", self.address,
+                                      self.version)
+                        in_outage = False
+                    backoff_s = self.initial_backoff_s
+                reason = "stream ended"
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as exc:
+                reason = f"{exc.code().name}: {exc.details()}"
+            except TimeoutError:
+                reason = f"no snapshot or heartbeat for {self.idle_timeout_s:g}s"
+            except Exception as exc:  # a snapshot the caller could not take must not end the watch
+                self.log.exception("capacity snapshot from %s not applied", self.address)
+                reason = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._set_connected(False)
+            self.failures += 1
+            self.on_failure()
+            if not in_outage:
+                self.log.warning("capacity stream to %s lost (%s); keeping the last snapshot (version %d) and "
+                                 "reconnecting with backoff", self.address, reason, self.version)
+                in_outage = True
+            else:
+                self.log.debug("capacity stream still down: %s", reason)
+            await asyncio.sleep(backoff_s * random.uniform(0.5, 1.0))
+            backoff_s = min(self.max_backoff_s, backoff_s * 2)
+
+    async def _follow_once(self):
+        """Yield once per message received; hand each real (non-heartbeat) change to `on_snapshot`."""
+        call = self.stub.WatchWorkers(cap_pb.WatchWorkersRequest(known_version=0))
+        try:
+            iterator = call.__aiter__()
+            while True:
+                try:
+                    snapshot = await asyncio.wait_for(iterator.__anext__(), timeout=self.idle_timeout_s)
+                except StopAsyncIteration:
+                    return
+                self._set_connected(True)
+                if not (snapshot.heartbeat and snapshot.version == self.version):
+                    self.on_snapshot(snapshot)
+                    self.version = snapshot.version
+                yield snapshot
+        finally:
+            call.cancel()
+
+    def _set_connected(self, connected: bool) -> None:
+        self.connected = connected
+        self.on_connected(connected)
