@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ from services.common.config import parse_host_port
 from services.common.http_errors import json_errors
 from services.common.loop_lag import LoopLag
 from services.common.ports import PortInUse, binding, port_free, require_free
+from services.common.ready import write_ready_file
 from services.common.security import SecurityConfig, Verdict, log_posture
 from services.common.telemetry import Telemetry, grpc_server_tracing
 
@@ -249,13 +249,8 @@ class ServiceHost:
 
     def write_ready_file(self, path: str) -> None:
         """Publish the bound ports atomically for a supervising process."""
-        if not path:
-            return
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"service": self.name, "grpc": self.address, "metrics_port": self.metrics_port,
-                       "pid": os.getpid()}, fh)
-        os.replace(tmp, path)
+        write_ready_file(path, {"service": self.name, "grpc": self.address, "metrics_port": self.metrics_port,
+                                "pid": os.getpid()})
 
     async def stop(self) -> None:
         if self._stopped.is_set():

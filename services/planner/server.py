@@ -11,7 +11,6 @@ and stopped in reverse: the tick loop, then the shutdown zero lease, then the re
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from services.common.clock import Clock, SystemClock
 from services.common.config import parse_host_port
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
+from services.common.ready import write_ready_file
 from services.common.redact import redact_url
 from services.common.telemetry import Telemetry
 from services.planner.adapters.connectors import (Connector, KubernetesConnector, KubernetesTarget, LocalConnector,
@@ -113,13 +113,8 @@ def build_settings(config: PlannerConfig) -> TickSettings:
 
 
 def _write_ready_file(path: str, running: RunningPlanner) -> None:
-    if not path:
-        return
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump({"service": "planner", "grpc": running.address, "metrics_port": running.host.metrics_port,
-                   "http": running.http_url, "pid": os.getpid()}, fh)
-    os.replace(tmp, path)
+    write_ready_file(path, {"service": "planner", "grpc": running.address, "metrics_port": running.host.metrics_port,
+                            "http": running.http_url, "pid": os.getpid()})
 
 
 async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = None, clock: Clock | None = None,

@@ -9,12 +9,10 @@ the KV-event feeds, the HTTP API and the gRPC service, and shuts them down in or
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import resource
 import ssl
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -25,6 +23,7 @@ from services.common.capacity_watch import CapacityWatch
 from services.common.clock import SystemClock
 from services.common.grpc_server import ServiceHost
 from services.common.ports import require_free
+from services.common.ready import write_ready_file
 from services.common.security import bearer_guard
 from services.common.telemetry import Telemetry, setup_telemetry
 from services.common.tokenizer import load_tokenizer
@@ -85,14 +84,6 @@ class RunningRouter:
 
     async def wait_for_termination(self) -> None:
         await self.host_.wait_for_termination()
-
-
-def write_ready_file(path: str, payload: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ready-", dir=directory)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh)
-    os.replace(tmp, path)
 
 
 async def _sweep_loop(fleet: Fleet, limits: ClientLimits | None, interval_s: float, clock: SystemClock) -> None:

@@ -8,17 +8,16 @@ flight, stop the engine loop, close the publisher.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import tempfile
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 from aiohttp import web
 from opentelemetry import trace
 
 from services.common.ports import binding
+from services.common.ready import write_ready_file
 from services.common.telemetry import Telemetry
 from services.common.tokenizer import ModelTokenizer, load_tokenizer
 from services.simworker.chat import render_chat
@@ -114,22 +113,6 @@ def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: float) -> int
     if not config.enable_hierarchical_cache:
         return 0
     return engine_config(config, kv_bytes_per_token).host_tokens()
-
-
-def write_ready_file(path: str, payload: dict[str, Any]) -> None:
-    """Write JSON atomically: a temp file in the same directory, then rename."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".ready-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 @dataclass

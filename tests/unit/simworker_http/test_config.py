@@ -7,8 +7,8 @@ import json
 import pytest
 
 from services.common.errors import ConfigError
+from services.common.ready import write_ready_file
 from services.simworker.config import KvEventsConfig, load_config
-from services.simworker.server import write_ready_file
 
 
 def test_defaults():
