@@ -1,4 +1,4 @@
-"""The one `python -m services.<name>` entry point shape every gRPC service shares.
+"""The one `python -m services.<name>` entry point shape every service shares.
 
 Parse flags and environment with the service's `load_config`; on a `ConfigError` print it (it names
 the violated rule) to stderr and exit 2 without starting anything; otherwise set up logging and
@@ -14,7 +14,7 @@ import sys
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
 from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost, run, serve_until_signal
+from services.common.grpc_server import Stoppable, run, serve_until_signal
 from services.common.logs import setup_logging
 from services.common.ports import PortInUse
 from services.common.telemetry import setup_telemetry
@@ -24,11 +24,11 @@ def service_main(
     name: str,
     load_config: Callable[[Sequence[str], Mapping[str, str]], Any],
     start: Callable[..., Awaitable[Any]],
-    host_of: Callable[[Any], ServiceHost],
+    host_of: Callable[[Any], Stoppable],
     argv: Sequence[str] | None = None,
 ) -> int:
     """Run service `name`: `start(config, telemetry=...)` returns a running object whose
-    `host_of(running)` is its ServiceHost."""
+    `host_of(running)` is what a signal stops (its ServiceHost, or the running object itself)."""
     try:
         config = load_config(sys.argv[1:] if argv is None else argv, os.environ)
     except ConfigError as exc:

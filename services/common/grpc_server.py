@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import signal
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Protocol
 
 import grpc
 from aiohttp import web
@@ -275,7 +275,13 @@ class ServiceHost:
         await self._stopped.wait()
 
 
-async def serve_until_signal(host: ServiceHost) -> None:
+class Stoppable(Protocol):
+    """What `serve_until_signal` stops: a ServiceHost, or a service without one (the simworker)."""
+
+    async def stop(self) -> None: ...
+
+
+async def serve_until_signal(host: Stoppable) -> None:
     """Block until SIGINT/SIGTERM, then shut the host down gracefully."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
