@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
 from services.router.core.breaker import BreakerParams
@@ -24,7 +25,6 @@ def _env(name: str) -> str:
     return f"{ENV_PREFIX}_{name.upper()}"
 
 
-_FROM_SCHEDULER = " (default: the scheduler's value)"
 ROUTER_SETTINGS = [
     Setting("scheduler_addr", str, "127.0.0.1:50052", "scheduler gRPC address host:port", env=_env("scheduler_addr")),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity gRPC address host:port", env=_env("capacity_addr")),
@@ -110,21 +110,17 @@ ROUTER_SETTINGS = [
             "Text prompts are then tokenized exactly and routed on token pages, which KV events can match; "
             "empty = approximate text-chunk mode", env=_env("tokenizer")),
     # KvRouter flags (reference/kvrouter_sglang.md §A.9); None = take the scheduler's value.
-    Setting("router_temperature", float, None, "softmax temperature of worker selection (0 = argmin)" + _FROM_SCHEDULER,
-            env="DYN_ROUTER_TEMPERATURE"),
-    Setting("kv_overlap_score_weight", float, None, "weight of the prefill (uncached tokens) term" + _FROM_SCHEDULER,
-            env="DYN_KV_OVERLAP_SCORE_WEIGHT"),
-    Setting("use_kv_events", bool, None,
-            "index the workers' ZMQ KV events (else routing history with a TTL)" + _FROM_SCHEDULER,
-            env="DYN_USE_KV_EVENTS"),
-    Setting("router_track_output_blocks", bool, None, "count generated tokens as decode blocks" + _FROM_SCHEDULER,
-            env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS"),
+    *kv_router_flags.router_settings("router_temperature", "kv_overlap_score_weight", "use_kv_events",
+                                     "router_track_output_blocks"),
+    # The router's own: the prefix index must use the engine's pages, so it follows the workers (the
+    # scheduler's router_block_size, from the same environment variable, only when no worker says).
     Setting("block_size", int, None, "KV block size in tokens (default: the workers' page_size)",
             env="DYN_ROUTER_BLOCK_SIZE"),
-    Setting("router_ttl_secs", float, None,
-            "approximate mode: seconds a routing decision is remembered" + _FROM_SCHEDULER,
-            env="DYN_ROUTER_TTL_SECS"),
+    *kv_router_flags.router_settings("router_ttl_secs"),
 ]
+
+KV_FROM_SCHEDULER = tuple(s.name for s in ROUTER_SETTINGS if s.name in kv_router_flags.BY_NAME)
+"""The KvRouter flags the router overrides the scheduler's values with."""
 
 SETTINGS = [*ROUTER_SETTINGS, *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103), *security_settings(ENV_PREFIX)]
 
@@ -141,12 +137,8 @@ class KvOverrides:
     router_ttl_secs: float | None = None
 
     def __post_init__(self) -> None:
-        t, w = self.router_temperature, self.kv_overlap_score_weight
-        require(t is None or t >= 0, "router_temperature", t, "router_temperature >= 0")
-        require(w is None or w >= 0, "kv_overlap_score_weight", w, "kv_overlap_score_weight >= 0")
+        kv_router_flags.validate({name: getattr(self, name) for name in KV_FROM_SCHEDULER})
         require(self.block_size is None or self.block_size > 1, "block_size", self.block_size, "block_size > 1")
-        require(self.router_ttl_secs is None or self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs,
-                "router_ttl_secs > 0")
 
 
 @dataclass(frozen=True)
@@ -266,8 +258,7 @@ def validate_base_url(url: str, field: str) -> None:
 
 
 def config_from_values(values: Mapping[str, Any]) -> RouterConfig:
-    kv_names = ("router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_output_blocks",
-                "block_size", "router_ttl_secs")
+    kv_names = (*KV_FROM_SCHEDULER, "block_size")
     kv = KvOverrides(**{n: values[n] for n in kv_names})
     rest = {k: v for k, v in values.items() if k not in kv_names and k != "use_scheduler"}
     return RouterConfig(kv=kv, no_scheduler=not values["use_scheduler"], **rest)

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
@@ -142,37 +143,7 @@ COST_AWARE_SETTINGS = [
 ]
 
 # KvRouter flags (kvrouter_sglang.md §A.9): accepted, validated and forwarded to the router.
-KV_ROUTER_SETTINGS = [
-    Setting("router_temperature", float, 0.0, "softmax temperature of worker selection (0 = argmin)",
-            env="DYN_ROUTER_TEMPERATURE"),
-    Setting("kv_overlap_score_weight", float, 1.0, "weight of the prefill (uncached tokens) term",
-            env="DYN_KV_OVERLAP_SCORE_WEIGHT"),
-    Setting("use_kv_events", bool, True, "index KV events from workers (else approximate by routing history + TTL)",
-            env="DYN_USE_KV_EVENTS"),
-    Setting("router_replica_sync", bool, False, "share active-request state between router replicas",
-            env="DYN_ROUTER_REPLICA_SYNC"),
-    Setting("router_track_active_blocks", bool, True, "maintain decode-block load per worker",
-            env="DYN_ROUTER_TRACK_ACTIVE_BLOCKS"),
-    Setting("router_track_output_blocks", bool, False, "add output blocks with OSL decay to the load",
-            env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS"),
-    Setting("router_assume_kv_reuse", bool, True, "deduplicate active blocks by their hashes",
-            env="DYN_ROUTER_ASSUME_KV_REUSE"),
-    Setting("router_track_prefill_tokens", bool, True, "include prompt tokens in the prefill load",
-            env="DYN_ROUTER_TRACK_PREFILL_TOKENS"),
-    Setting("router_snapshot_threshold", int, 1_000_000, "events between index snapshots",
-            env="DYN_ROUTER_SNAPSHOT_THRESHOLD"),
-    Setting("router_reset_states", bool, False, "purge router state on start", env="DYN_ROUTER_RESET_STATES"),
-    Setting("router_ttl_secs", float, 120.0, "TTL of approximate (no-events) index entries",
-            env="DYN_ROUTER_TTL_SECS"),
-    Setting("router_event_threads", int, 4, "KV event indexer threads", env="DYN_ROUTER_EVENT_THREADS"),
-    Setting("router_queue_threshold", float, 0.0,
-            "hold requests while every worker's prefill load exceeds this multiple of its batch budget (0 = off)",
-            env="DYN_ROUTER_QUEUE_THRESHOLD"),
-    Setting("router_queue_policy", str, "fcfs", "router queue order", env="DYN_ROUTER_QUEUE_POLICY",
-            choices=("fcfs", "lcfs", "wspt")),
-    Setting("router_block_size", int, 128, "KV block size (tokens) of the router's prefix index",
-            env="DYN_ROUTER_BLOCK_SIZE"),
-]
+KV_ROUTER_SETTINGS = kv_router_flags.scheduler_settings()
 
 # Durable state (services/scheduler/persist.py): an embedded SQLite file unless Redis is configured.
 STATE_SETTINGS = [
@@ -220,44 +191,35 @@ SETTINGS = [
 ]
 
 
+_KV = kv_router_flags.BY_NAME
+
+
 @dataclass(frozen=True)
 class KvRouterConfig:
-    """KvRouter settings accepted by the scheduler and forwarded to the router unchanged."""
+    """KvRouter settings accepted by the scheduler and forwarded to the router unchanged (defaults and rules:
+    services/common/kv_router_flags.py)."""
 
-    router_temperature: float = 0.0
-    kv_overlap_score_weight: float = 1.0
-    use_kv_events: bool = True
-    router_replica_sync: bool = False
-    router_track_active_blocks: bool = True
-    router_track_output_blocks: bool = False
-    router_assume_kv_reuse: bool = True
-    router_track_prefill_tokens: bool = True
-    router_snapshot_threshold: int = 1_000_000
-    router_reset_states: bool = False
-    router_ttl_secs: float = 120.0
-    router_event_threads: int = 4
-    router_queue_threshold: float = 0.0
-    router_queue_policy: str = "fcfs"
-    router_block_size: int = 128
+    router_temperature: float = _KV["router_temperature"].default
+    kv_overlap_score_weight: float = _KV["kv_overlap_score_weight"].default
+    use_kv_events: bool = _KV["use_kv_events"].default
+    router_replica_sync: bool = _KV["router_replica_sync"].default
+    router_track_active_blocks: bool = _KV["router_track_active_blocks"].default
+    router_track_output_blocks: bool = _KV["router_track_output_blocks"].default
+    router_assume_kv_reuse: bool = _KV["router_assume_kv_reuse"].default
+    router_track_prefill_tokens: bool = _KV["router_track_prefill_tokens"].default
+    router_snapshot_threshold: int = _KV["router_snapshot_threshold"].default
+    router_reset_states: bool = _KV["router_reset_states"].default
+    router_ttl_secs: float = _KV["router_ttl_secs"].default
+    router_event_threads: int = _KV["router_event_threads"].default
+    router_queue_threshold: float = _KV["router_queue_threshold"].default
+    router_queue_policy: str = _KV["router_queue_policy"].default
+    router_block_size: int = _KV["router_block_size"].default
 
     def __post_init__(self) -> None:
-        require(self.router_temperature >= 0, "router_temperature", self.router_temperature,
-                "router_temperature >= 0")
-        require(self.kv_overlap_score_weight >= 0, "kv_overlap_score_weight", self.kv_overlap_score_weight,
-                "kv_overlap_score_weight >= 0")
+        kv_router_flags.validate(self.as_dict())
         require(not self.router_track_output_blocks or self.router_track_active_blocks,
                 "router_track_output_blocks", self.router_track_output_blocks,
                 "router_track_output_blocks requires router_track_active_blocks")
-        require(self.router_snapshot_threshold > 0, "router_snapshot_threshold", self.router_snapshot_threshold,
-                "router_snapshot_threshold > 0")
-        require(self.router_ttl_secs > 0, "router_ttl_secs", self.router_ttl_secs, "router_ttl_secs > 0")
-        require(self.router_event_threads >= 1, "router_event_threads", self.router_event_threads,
-                "router_event_threads >= 1")
-        require(self.router_queue_threshold >= 0, "router_queue_threshold", self.router_queue_threshold,
-                "router_queue_threshold >= 0")
-        require(self.router_queue_policy in ("fcfs", "lcfs", "wspt"), "router_queue_policy",
-                self.router_queue_policy, "router_queue_policy in {fcfs, lcfs, wspt}")
-        require(self.router_block_size > 0, "router_block_size", self.router_block_size, "router_block_size > 0")
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
