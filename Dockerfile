@@ -23,6 +23,7 @@ COPY pyproject.toml README.md ./
 COPY bandmaster ./bandmaster
 COPY services ./services
 COPY clients ./clients
+COPY harness ./harness
 COPY bench ./bench
 RUN pip install --no-deps . && python -m compileall -q /opt/bandmaster
 

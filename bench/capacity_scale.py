@@ -30,11 +30,11 @@ import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
+from harness.stats import percentile, wait_for_json_file as _wait_file
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
 from tests.support.sglang_stub import SglangStub, sglang_info
-from bench.stats import percentile, wait_for_json_file as _wait_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

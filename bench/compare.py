@@ -18,18 +18,18 @@ agents (`short_context_agents`). Arms, each on a fresh copy of the same simworke
 A scenario spec per workload fixes the workers, the KV per worker, the turns per program, the token
 scale and the parallel-program counts. "Memory that fits" = the workers' KV pool / the mean peak
 context of the workload's programs; every point records its oversubscription factor
-(parallel / fits). Sim mode runs every arm at every point through `bench.simlib.simulate`; live mode
-starts each arm's processes per point, plays the programs with the `bench/run.py` Runner at
+(parallel / fits). Sim mode runs every arm at every point through `harness.simlib.simulate`; live mode
+starts each arm's processes per point, plays the programs with the `harness/player.py` Runner at
 `--time-scale` = the workers' speedup, reads the workers' counters and stops the stack. The sim sweep
 is the large one; the live sweep is a few points with fewer turns so that it finishes in about
 15 minutes. Results go to `<out-dir>/results.json` (rewritten after every run, so a partial sweep
 is kept), then `bench/report.py` writes the PNGs and `summary.md` and the targets are printed.
 
 Live mode also simulates every live point (the `live-sim` sweeps: the same programs, the live
-control law and router clocks at the live speedup, `bench.simlib.live_control_params`), so that the
+control law and router clocks at the live speedup, `harness.simlib.live_control_params`), so that the
 report can check that the live ratio Bandmaster / kv reproduces the simulator's within 10%.
 SWE programs come from the tuning part of the shipped trace unless `--trace` / `--split` say
-otherwise (bench/workloads/draws.py).
+otherwise (harness/workloads/draws.py).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from bench.peers import chat_ok, launch_sglang_router
-from bench.run import Runner, build_workload, scrape_counters
-from bench.workloads import DEFAULT_SPLIT, SPLITS
+from harness.player import Runner, build_workload, scrape_counters
+from harness.workloads import DEFAULT_SPLIT, SPLITS
 from services.common.config import require
 from services.common.errors import ConfigError
 from services.scheduler.core.policies import PAUSE_POLICIES
@@ -105,7 +105,7 @@ class SweepSpec:
     trace: str | None = None
     """SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format); None = shipped."""
     split: str = DEFAULT_SPLIT
-    """The part of the trace the SWE programs come from (bench/workloads/draws.py)."""
+    """The part of the trace the SWE programs come from (harness/workloads/draws.py)."""
 
     def __post_init__(self) -> None:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
@@ -356,7 +356,7 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
     `as_live`: model the live run of this point instead (the live-ratio check): the control law
     and router clocks of `bandmaster up --speedup <spec.speedup>` and the live router's text
     prompts; summary and counters only."""
-    from bench.simlib import SimScenario, Simulator, live_control_params
+    from harness.simlib import SimScenario, Simulator, live_control_params
 
     policy = policy_of(arm)
     live = dict(control=live_control_params(spec.speedup, policy or "threshold"), live_speedup=spec.speedup,
@@ -421,9 +421,9 @@ class LiveStack:
 
 
 def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
-    from services.cli.cluster import ClusterConfig, simworker_spec, start_cluster
-    from services.cli.demo import scheduler_counts, wait_for_workers
-    from services.cli.supervisor import Supervisor
+    from harness.cluster import ClusterConfig, simworker_spec, start_cluster
+    from harness.probes import scheduler_counts, wait_for_workers
+    from harness.supervisor import Supervisor
 
     policy = policy_of(arm)
     config = ClusterConfig(

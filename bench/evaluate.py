@@ -17,7 +17,7 @@ the mean peak context of the trace's tuning part: 6.0 on the shipped trace, so 1
 | heldout | heldout | 2x, 3x, 4x | the closed batch on the held-out programs, fewer draws |
 
 Every point runs the arms `bandmaster` (the scheduler service's defaults, or the scheduler flags
-given here), `kv` (router only) and `oracle` (kv with unlimited KV, bench.simlib) on `draws`
+given here), `kv` (router only) and `oracle` (kv with unlimited KV, harness.simlib) on `draws`
 random draws of programs (uniform with replacement from the split; draw d has seed d, and draw 0
 always holds the split's longest program). Per draw the ratios bandmaster/oracle, bandmaster/kv and
 kv/oracle are taken on the same programs; per point the report gives their mean and worst (lowest)
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bench.report import Target, targets_text
-from bench.workloads import SPLITS, Program, scale, split_programs, trace_programs
+from harness.workloads import SPLITS, Program, scale, split_programs, trace_programs
 from services.common.config import require
 from services.common.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config
@@ -172,7 +172,7 @@ def build_jobs(spec: EvalSpec, groups: Sequence[str], factors: Sequence[int], ar
 def scenario_for(job: Job, spec: EvalSpec, trace: str | None, scheduler: SchedulerConfig):
     """The SimScenario of a job. The scheduler flags reach the Bandmaster arm only (the kv arm is
     `bandmaster up --no-scheduler`, whose router keeps its own defaults)."""
-    from bench.simlib import SimScenario
+    from harness.simlib import SimScenario
 
     flags = {}
     if job.arm == "bandmaster":
@@ -191,7 +191,7 @@ def scenario_for(job: Job, spec: EvalSpec, trace: str | None, scheduler: Schedul
 def run_job(args: tuple) -> tuple[Job, dict]:
     """One run -> (job, row). The row's `metric` is what the ratios compare: steps/min over the
     makespan, or in the steady group steps/min between warm-up and the last start."""
-    from bench.simlib import simulate
+    from harness.simlib import simulate
 
     job, spec, trace, scheduler = args
     started = time.monotonic()

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from services.cli.supervisor import die_with_parent
+from harness.supervisor import die_with_parent
 
 
 def free_port() -> int:

@@ -41,10 +41,10 @@ from pathlib import Path
 
 import aiohttp
 
-from services.cli.cluster import Cluster, ClusterConfig, router_spec, start_cluster
-from services.cli.supervisor import Supervisor
-from bench.stats import summary_ms
 from bench.peers import chat_ok, launch_sglang_router
+from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
+from harness.stats import summary_ms
+from harness.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"

@@ -40,6 +40,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from prometheus_client import CollectorRegistry
 
+from harness.stats import percentile, wait_for_json_file as _wait_file
 from services.common.clock import SystemClock
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -53,7 +54,6 @@ from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapa
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
 from tests.support.sglang_stub import SglangStub, sglang_info
-from bench.stats import percentile, wait_for_json_file as _wait_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,7 +293,7 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
 
 
 def _table(report: dict) -> str:
-    from services.cli.table import render_table
+    from harness.table import render_table
 
     t, r, s = report["tick"], report["rpc"], report["recovery"]
     rows = [

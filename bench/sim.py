@@ -2,7 +2,7 @@
 
 It composes the real pure cores — the simworker engine (`SimEngine`), the router's KV cost model
 (`KvRouterCore`) and the program scheduler (`SchedulerCore`) — in a discrete-event loop (see
-bench/simlib/simulator.py and docs/simulator.md), and prints the same summary as `bench/run.py`
+harness/simlib/simulator.py and docs/simulator.md), and prints the same summary as `harness/player.py`
 (`wall_s` and `simulated_minutes` are simulated time here), plus its own CPU cost.
 
     python -m bench.sim --arm bandmaster --workload swe --programs 256 --workers 8 \\
@@ -27,9 +27,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.run import add_program_arguments
-from bench.simlib import SimResult, SimScenario, simulate
-from bench.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
+from harness.player import add_program_arguments
+from harness.simlib import SimResult, SimScenario, simulate
+from harness.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
 from services.common.errors import ConfigError
 from services.scheduler.config import load_config
 

@@ -25,8 +25,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
-from bench.simlib import SimScenario, simulate
-from bench.simlib.scenario import ARMS
+from harness.simlib import SimScenario, simulate
+from harness.simlib.scenario import ARMS
 
 SCALE = dict(workload="swe", programs=256, workers=8, worker_kv_tokens=600_000, seed=0)
 EQUIVALENCE = dict(workload="swe", programs=24, workers=2, worker_kv_tokens=200_000, max_turns=12, seed=1)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import aiohttp
-from bench.stats import summary_ms
+from harness.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"

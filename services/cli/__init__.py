@@ -32,16 +32,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _add_bench(commands) -> None:
-    from bench import run as bench_run
+    from harness import player
 
     parser = commands.add_parser("bench", help="play agent programs against an OpenAI-compatible endpoint")
-    bench_run.add_arguments(parser)
+    player.add_arguments(parser)
 
     def run(args: argparse.Namespace) -> int:
         import asyncio
         import json
 
-        report = asyncio.run(bench_run.run_from_args(args))
+        report = asyncio.run(player.run_from_args(args))
         print(json.dumps(report["summary"], indent=1))
         return 0 if report["summary"]["turns_failed"] == 0 else 1
 

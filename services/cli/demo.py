@@ -7,40 +7,17 @@ import asyncio
 import sys
 import time
 
-import grpc
-
-from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
-from services.cli.cluster import start_cluster
-from services.cli.supervisor import StartupError
-from services.cli.table import render_table
+from bandmaster.capacity.v1 import capacity_pb2
+from harness.cluster import start_cluster
+from harness.probes import (STARVED_CPU_BUSY, STARVED_LATE_FRACTION, busy_share, cpu_times, scheduler_counts, starved,
+                            wait_for_workers, worker_late_s)
+from harness.supervisor import StartupError
+from harness.table import render_table
 from services.cli.up import add_cluster_arguments, cluster_config
 from services.common.logs import setup_logging
 
 
 ARMS = {"bandmaster": "Bandmaster", "kv": "KV routing only"}
-# Simulated workers that fall further behind their modelled clock than this share of the run's
-# wall time were CPU-starved: the figures then measure the machine, not the scheduling.
-STARVED_LATE_FRACTION = 0.10
-# A machine whose cores were busier than this over a run had no CPU to spare: the router, the
-# scheduler and the client queue for CPU even when the simulated workers keep their clock.
-STARVED_CPU_BUSY = 0.90
-
-
-def cpu_times() -> tuple[float, float] | None:
-    """(busy, total) jiffies of all cores since boot, from /proc/stat (None where there is none)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as fh:
-            fields = [float(x) for x in fh.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def busy_share(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def add_parser(commands) -> None:
@@ -57,19 +34,6 @@ def add_parser(commands) -> None:
     parser.add_argument("--no-predict", dest="predict", action="store_false",
                         help="skip the offline simulator's prediction of the same runs")
     parser.set_defaults(run=run, worker_speedup=10.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
-
-
-def wait_for_workers(address: str, expected: int, timeout_s: float = 30.0) -> capacity_pb2.WorkersSnapshot:
-    """Poll ListWorkers until `expected` workers are HEALTHY (the capacity service polls them itself)."""
-    deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
-        stub = capacity_pb2_grpc.CapacityStub(channel)
-        while True:
-            snapshot = stub.ListWorkers(capacity_pb2.ListWorkersRequest(), timeout=5)
-            healthy = [w for w in snapshot.workers if w.health == capacity_pb2.WORKER_HEALTH_HEALTHY]
-            if len(healthy) >= expected or time.monotonic() > deadline:
-                return snapshot
-            time.sleep(0.2)
 
 
 def capacity_table(snapshot: capacity_pb2.WorkersSnapshot) -> str:
@@ -89,15 +53,15 @@ def capacity_table(snapshot: capacity_pb2.WorkersSnapshot) -> str:
 
 
 def demo_programs(args: argparse.Namespace):
-    from bench.run import build_workload
+    from harness.player import build_workload
 
     return build_workload(args.workload, args.programs, seed=0, max_turns=args.max_turns,
                           token_scale=args.token_scale, tool_time_scale=1.0)
 
 
 async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
-    from bench.progress import ProgressBar
-    from bench.run import Runner, scrape_counters
+    from harness.player import Runner, scrape_counters
+    from harness.progress import ProgressBar
 
     programs = demo_programs(args)
     progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns", log_every_s=2.0)
@@ -123,30 +87,12 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
     return summary
 
 
-async def worker_late_s(urls: list[str]) -> dict[str, float]:
-    """Each simulated worker's accumulated lag behind its modelled clock (seconds of wall time);
-    real SGLang servers report none and are left out."""
-    import aiohttp
-
-    out: dict[str, float] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        for url in urls:
-            try:
-                async with session.get(url.rstrip("/") + "/server_info") as response:
-                    info = await response.json()
-                late = info["internal_states"][0]["simworker_late_s_total"]
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError, TypeError):
-                continue
-            out[url] = float(late)
-    return out
-
-
 def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | None:
-    """The offline simulator's steps/min for the same runs (bench/simlib, modelling this live stack),
+    """The offline simulator's steps/min for the same runs (harness/simlib, modelling this live stack),
     or None when the cluster is not the simulated one it models."""
     if args.worker_urls or args.scheduler_args or args.router_args or args.worker_host_kv_tokens or args.tokenizer:
         return None
-    from bench.simlib import SimScenario, live_control_params, simulate
+    from harness.simlib import SimScenario, live_control_params, simulate
 
     out = {}
     for arm in arms:
@@ -157,16 +103,6 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | Non
             live_speedup=args.worker_speedup, router_prompt="text")
         out[arm] = simulate(scenario).summary()["steps_per_min"]
     return out
-
-
-def scheduler_counts(cluster) -> dict:
-    if cluster.scheduler is None:
-        return {}
-    from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-
-    with grpc.insecure_channel(cluster.scheduler.endpoint) as channel:
-        stats = scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=5)
-    return {"pauses": stats.pauses_total, "resumes": stats.resumes_total, "forced_resumes": stats.forced_resumes_total}
 
 
 ROWS = [
@@ -182,11 +118,6 @@ ROWS = [
      None),
     ("machine CPU busy (all cores)", lambda s: "-" if s.get("cpu_busy") is None else f"{s['cpu_busy']:.0%}", None),
 ]
-
-
-def starved(summary: dict) -> bool:
-    late, busy = summary.get("late_fraction"), summary.get("cpu_busy")
-    return (late is not None and late > STARVED_LATE_FRACTION) or (busy is not None and busy > STARVED_CPU_BUSY)
 
 
 def results_table(summaries: dict[str, dict]) -> str:

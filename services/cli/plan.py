@@ -19,8 +19,8 @@ import grpc
 
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from harness.table import render_table
 from services.cli import endpoints
-from services.cli.table import render_table
 from services.common.config import parse_host_port
 from services.common.security import DATA_TOKEN_ENV
 

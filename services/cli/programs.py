@@ -11,8 +11,8 @@ import grpc
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from harness.table import render_table
 from services.cli import endpoints
-from services.cli.table import render_table
 from services.common.config import parse_host_port
 
 _STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}

@@ -25,8 +25,8 @@ import grpc
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from bandmaster.planner.v1 import planner_pb2, planner_pb2_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from harness.table import render_table
 from services.cli import endpoints
-from services.cli.table import render_table
 from services.common.config import parse_host_port
 from services.common.ports import DEFAULT_PORTS
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
+from harness.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, start_cluster
+from harness.supervisor import StartupError
+from harness.table import render_table
 from services.cli import endpoints
-from services.cli.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, start_cluster
-from services.cli.supervisor import StartupError
-from services.cli.table import render_table
 from services.common.logs import setup_logging
 from services.common.ports import DEFAULT_PORTS, port_free
 

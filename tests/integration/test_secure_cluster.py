@@ -16,8 +16,8 @@ import pytest
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from bandmaster.router.v1 import router_pb2, router_pb2_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
+from harness.cluster import ClusterConfig, start_cluster
 from services.cli import main as cli_main
-from services.cli.cluster import ClusterConfig, start_cluster
 from services.cli.up import connect_help
 from services.common.security import client_security
 

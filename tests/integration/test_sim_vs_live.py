@@ -1,7 +1,7 @@
 """The offline simulator agrees with the live stack on one shared small scenario (issue 6, item 3).
 
 The same programs run twice: live, through `start_cluster` (simworkers, capacity, scheduler, router
-as real processes) and the bench/run.py Runner; and simulated, through `bench.sim.simulate` with the
+as real processes) and the harness/player.py Runner; and simulated, through `bench.sim.simulate` with the
 same worker settings and the control law `bandmaster up --speedup S` runs. Steps per simulated
 minute must agree within 10% for the Bandmaster arm and the KV-aware arm.
 
@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from bench.run import Runner, build_workload, scrape_counters
-from bench.simlib import SimScenario, live_control_params, simulate
+from harness.player import Runner, build_workload, scrape_counters
+from harness.simlib import SimScenario, live_control_params, simulate
 
 pytestmark = pytest.mark.integration
 
@@ -38,8 +38,8 @@ def scenario(arm: str, speedup: float, *, programs: int, max_turns: int, kv_toke
 
 def run_live(s: SimScenario, speedup: float, state_dir) -> dict:
     """The same scenario through real processes and the live runner."""
-    from services.cli.cluster import ClusterConfig, start_cluster
-    from services.cli.demo import scheduler_counts, wait_for_workers
+    from harness.cluster import ClusterConfig, start_cluster
+    from harness.probes import scheduler_counts, wait_for_workers
 
     config = ClusterConfig(workers=s.workers, worker_kv_tokens=s.worker_kv_tokens,
                            worker_page_size=s.worker_page_size, worker_speedup=speedup,

@@ -1,7 +1,7 @@
 """The router's text view of a prompt when it has no tokenizer (approximate mode), pure.
 
 The HTTP and gRPC edges render chat messages with `chat_routing_text` for the prefix index and
-estimate prompt size with `CHARS_PER_TOKEN`; the offline simulator (bench/simlib) uses the same
+estimate prompt size with `CHARS_PER_TOKEN`; the offline simulator (harness/simlib) uses the same
 two so that its routing sees exactly the text the live router sees.
 """
 

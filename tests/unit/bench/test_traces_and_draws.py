@@ -1,4 +1,4 @@
-"""bench/workloads: trace files (`load_trace`), the held-out split and the draws."""
+"""harness/workloads: trace files (`load_trace`), the held-out split and the draws."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.run import build_workload
-from bench.workloads import (
+from harness.player import build_workload
+from harness.workloads import (
     draw_programs,
     is_held_out,
     load_trace,
@@ -18,7 +18,7 @@ from bench.workloads import (
     swe_agent_programs,
     trace_programs,
 )
-from bench.workloads.model import Program, Turn
+from harness.workloads.model import Program, Turn
 from services.common.errors import ConfigError
 
 SHARED_TRACE = Path("/work/shared/traces/swe_agent_trace.jsonl")

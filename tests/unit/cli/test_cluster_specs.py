@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from services.cli.cluster import (ClusterConfig, local_worker_args, planner_spec, router_spec, scheduler_spec,
-                                  simworker_spec)
+from harness.cluster import ClusterConfig, local_worker_args, planner_spec, router_spec, scheduler_spec, simworker_spec
 from services.common.errors import ConfigError
 from services.cli.up import add_cluster_arguments, cluster_config
 

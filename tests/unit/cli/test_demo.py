@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from harness import probes
 from services.cli import demo
 
 
@@ -43,10 +44,10 @@ def test_starvation_warning(late, busy, warned):
 
 
 def test_busy_share_from_proc_stat_samples():
-    assert demo.busy_share((10.0, 100.0), (55.0, 200.0)) == pytest.approx(0.45)
-    assert demo.busy_share(None, (1.0, 2.0)) is None
-    assert demo.busy_share((1.0, 2.0), (1.0, 2.0)) is None
-    sample = demo.cpu_times()
+    assert probes.busy_share((10.0, 100.0), (55.0, 200.0)) == pytest.approx(0.45)
+    assert probes.busy_share(None, (1.0, 2.0)) is None
+    assert probes.busy_share((1.0, 2.0), (1.0, 2.0)) is None
+    sample = probes.cpu_times()
     assert sample is None or 0 <= sample[0] <= sample[1]
 
 

@@ -3,8 +3,8 @@ the supervisor's health probes get the client certificate."""
 
 import argparse
 
-from services.cli.cluster import ClusterConfig, _secured, capacity_spec, router_spec, secure_cluster
-from services.cli.supervisor import Supervisor
+from harness.cluster import ClusterConfig, _secured, capacity_spec, router_spec, secure_cluster
+from harness.supervisor import Supervisor
 from services.cli.up import add_parser, cluster_config
 from services.common.config import parse_settings
 from services.common.security import load_security, security_settings

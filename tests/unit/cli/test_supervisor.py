@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from services.cli.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
+from harness.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -60,7 +60,7 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from services.cli.supervisor import ChildSpec, Supervisor
+        from harness.supervisor import ChildSpec, Supervisor
         s = Supervisor(Path({str(tmp_path)!r}) / "state")
         (c,) = s.start_all([ChildSpec("fake", "tests.unit.cli.fake_service", [])], timeout_s=30)
         Path({str(pid_file)!r}).write_text(str(c.process.pid))

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
+from harness.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.capacity.config import SETTINGS as CAPACITY
 from services.cli import endpoints
-from services.cli.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.cli.up import (add_cluster_arguments, add_port_arguments, busy_ports, cluster_config, cluster_ports,
                              fleet_health, no_healthy_worker_banner)
 from services.common.errors import ConfigError

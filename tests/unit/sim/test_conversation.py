@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from bench.run import SYSTEM_PROMPT_TOKENS
-from bench.simlib.conversation import Conversation
+from harness.player import SYSTEM_PROMPT_TOKENS
+from harness.simlib.conversation import Conversation
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
 from services.router.core.prompt_text import chat_routing_text

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from bench import sim
-from bench.simlib import SimScenario, Simulator, simulate
-from bench.simlib.simulator import steady_state
+from harness.simlib import SimScenario, Simulator, simulate
+from harness.simlib.simulator import steady_state
 from services.common.errors import ConfigError
 
 # Enough pressure that the kv arm evicts and recomputes.

@@ -6,7 +6,7 @@ programs on 8 workers, which docs/simulator.md reports CPU figures for.
 
 import pytest
 
-from bench.simlib import SimScenario, Simulator
+from harness.simlib import SimScenario, Simulator
 
 
 def _run(scenario: SimScenario):

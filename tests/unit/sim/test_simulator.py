@@ -8,9 +8,9 @@ import pytest
 from services.scheduler.config import service_control_params
 
 from bench import sim
-from bench.run import RunResult
-from bench.simlib import SimScenario, Simulator, live_control_params, simulate
-from bench.simlib.scenario import replica_capacity, server_info, worker_id
+from harness.player import RunResult
+from harness.simlib import SimScenario, Simulator, live_control_params, simulate
+from harness.simlib.scenario import replica_capacity, server_info, worker_id
 from services.capacity.core.cards import derive_card, replicas_for, RetentionSettings
 from services.common.errors import ConfigError
 from services.simworker.server import host_total_tokens

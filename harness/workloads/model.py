@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from bench.stats import interpolated_percentile
+from harness.stats import interpolated_percentile
 from services.common.config import require
 
 

@@ -8,7 +8,7 @@ programs a run plays: the fixed held-out split (`split_programs`) and stratified
 the runner and the simulator build the prompts from these figures.
 """
 
-from bench.workloads.draws import (
+from harness.workloads.draws import (
     DEFAULT_DRAW,
     DEFAULT_SPLIT,
     DRAWS,
@@ -19,9 +19,9 @@ from bench.workloads.draws import (
     split_programs,
     stratified_programs,
 )
-from bench.workloads.model import Program, Turn, scale, summarize
-from bench.workloads.synthetic import short_context_agents, synthetic_like
-from bench.workloads.traces import load_trace, swe_agent_programs, trace_programs
+from harness.workloads.model import Program, Turn, scale, summarize
+from harness.workloads.synthetic import short_context_agents, synthetic_like
+from harness.workloads.traces import load_trace, swe_agent_programs, trace_programs
 
 __all__ = ["DEFAULT_DRAW", "DEFAULT_SPLIT", "DRAWS", "SPLITS", "Program", "Turn", "draw_programs", "is_held_out",
            "load_trace", "longest_program", "scale", "short_context_agents", "split_programs", "stratified_programs",

@@ -1,7 +1,7 @@
 """What one simulated run is: the arm, the workload, the workers, the control plane's settings.
 
 `SimScenario` is frozen and validated on construction (ConfigError naming the rule). The worker
-side is built exactly as `bandmaster up` builds it (services/cli/cluster.py `simworker_spec` ->
+side is built exactly as `bandmaster up` builds it (harness/cluster.py `simworker_spec` ->
 services/simworker/server.py `build_engine`), and the retention budget exactly as the capacity
 service derives it from the worker's /server_info (services/capacity/core/cards.py).
 """
@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from bench.run import SYSTEM_PROMPT_TOKENS, build_workload, split_source
-from bench.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
+from harness.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
+from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.config import require
 from services.router.core.params import KvRouterParams
@@ -59,14 +59,14 @@ class SimScenario:
     """JSONL trace in shared/traces/swe_agent_trace.jsonl's format for the swe and synthetic
     workloads; None = the shipped SWE-agent programs."""
     split: str = DEFAULT_SPLIT
-    """Part of the trace the programs come from: tune, heldout or all (bench/workloads/draws.py)."""
+    """Part of the trace the programs come from: tune, heldout or all (harness/workloads/draws.py)."""
     draw: str = DEFAULT_DRAW
     """stratified (the trace's size mix) or random (uniform with replacement, seeded by `seed`)."""
     include_longest: bool = False
     """Make sure the draw holds the split's longest program."""
     programs: int = 8
     parallel: int = 0
-    """Programs in flight at once (0 = all), as bench/run.py --parallel."""
+    """Programs in flight at once (0 = all), as harness/player.py --parallel."""
     max_turns: int | None = None
     token_scale: float = 1.0
     tool_time_scale: float = 1.0
@@ -163,7 +163,7 @@ class SimScenario:
     # -- the programs ------------------------------------------------------------------------------
 
     def build_programs(self) -> list[Program]:
-        """The run's programs, exactly as the live runner builds them (bench/run.py build_workload)."""
+        """The run's programs, exactly as the live runner builds them (harness/player.py build_workload)."""
         return build_workload(self.workload, self.programs, seed=self.seed, max_turns=self.max_turns,
                               token_scale=self.token_scale, tool_time_scale=self.tool_time_scale,
                               trace=self.trace, split=self.split, draw=self.draw,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from services.cli.supervisor import Child, ChildSpec, Supervisor
+from harness.supervisor import Child, ChildSpec, Supervisor
 from services.common.certs import LocalPki, ensure_local_pki
 from services.common.config import require
 from services.common.ports import DEFAULT_PORTS

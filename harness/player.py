@@ -1,4 +1,4 @@
-"""`bandmaster bench` / `python -m bench.run`: play agent programs against an OpenAI-compatible endpoint.
+"""`bandmaster bench` / `python -m harness.player`: play agent programs against an OpenAI-compatible endpoint.
 
 N programs run in parallel, closed loop: each turn re-sends the whole growing conversation (the
 previous prompt, the text the model returned, and a new observation), streams the answer, then the
@@ -24,9 +24,9 @@ from typing import Sequence
 
 import aiohttp
 
-from bench.progress import ProgressBar
-from bench.stats import interpolated_percentile
-from bench.workloads import (
+from harness.progress import ProgressBar
+from harness.stats import interpolated_percentile
+from harness.workloads import (
     DEFAULT_DRAW,
     DEFAULT_SPLIT,
     DRAWS,
@@ -327,7 +327,7 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format "
                              "(default: the shipped SWE-agent programs)")
     parser.add_argument("--split", default=DEFAULT_SPLIT, choices=SPLITS,
-                        help="part of the trace: tune (default), heldout or all (bench/workloads/draws.py)")
+                        help="part of the trace: tune (default), heldout or all (harness/workloads/draws.py)")
     parser.add_argument("--draw", default=DEFAULT_DRAW, choices=DRAWS,
                         help="stratified: the trace's size mix (default); random: uniform with replacement")
     parser.add_argument("--include-longest", action="store_true",
