@@ -4,7 +4,7 @@ Each engine step's events become one batch, sent as three frames:
 
     [topic, seq (8-byte big-endian, from 0), msgpack([ts, [event, ...], attn_dp_rank])]
 
-with events as tagged arrays:
+with events as tagged arrays (`services.common.kv_events`, which the router decodes with):
 
     ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     ["BlockRemoved", block_hashes, medium]
@@ -24,12 +24,11 @@ import collections
 import logging
 from typing import Iterable
 
-import msgpack
 import zmq
 import zmq.asyncio
 
+from services.common.kv_events import KvEvent, encode_batch
 from services.simworker.config import KvEventsConfig
-from services.simworker.core.api import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 log = logging.getLogger(__name__)
 
@@ -39,21 +38,6 @@ _END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
 def should_bind(endpoint: str) -> bool:
     return any(marker in endpoint for marker in ("*", "::", "0.0.0.0", "ipc://", "inproc://"))
-
-
-def encode_event(event: KvEvent) -> list:
-    if isinstance(event, BlockStored):
-        return ["BlockStored", list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                event.block_size, None, event.medium]
-    if isinstance(event, BlockRemoved):
-        return ["BlockRemoved", list(event.block_hashes), event.medium]
-    if isinstance(event, AllBlocksCleared):
-        return ["AllBlocksCleared"]
-    raise TypeError(f"not a KV event: {event!r}")
-
-
-def encode_batch(ts: float, events: Iterable[KvEvent]) -> bytes:
-    return msgpack.packb([ts, [encode_event(e) for e in events], ATTN_DP_RANK], use_bin_type=True)
 
 
 class KvEventPublisher:
@@ -96,7 +80,7 @@ class KvEventPublisher:
         self._replay_task = asyncio.create_task(self._serve_replay(), name="kv-events-replay")
 
     def publish(self, ts: float, events: Iterable[KvEvent]) -> None:
-        payload = encode_batch(ts, events)
+        payload = encode_batch(ts, events, ATTN_DP_RANK)
         seq = self._seq.to_bytes(8, "big")
         self._seq += 1
         if self.config.buffer_steps > 0:

@@ -12,6 +12,9 @@ clock divided by `--speedup`) and the offline simulator (`bench/sim.py`, virtual
 for the next `submit` or `abort`. A step may also return `duration_s == 0` *with* outputs (the
 finished-abort outputs of requests aborted while nothing else ran): deliver them all the same. Everything here is plain data: no asyncio, no sockets, no
 clock reads. The engine is deterministic for a given seed and sequence of calls.
+
+A step's KV events are the one shared set in `services.common.kv_events` (the router decodes the same
+dataclasses from the wire); this module names them for the engine's users.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 from services.common.errors import ConfigError
+from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent  # noqa: F401
 
 WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 
@@ -56,29 +60,6 @@ class RequestOutput:
     admitted_at: float | None = None
     """When the request first left the waiting queue (its prefill began), in the `now` of the step that
     admitted it; None if it never did (aborted while queued). Queue wait = admitted_at - arrival."""
-
-
-@dataclass(frozen=True)
-class BlockStored:
-    block_hashes: tuple[int, ...]
-    parent_block_hash: int | None
-    token_ids: tuple[int, ...]
-    block_size: int
-    medium: str = "GPU"             # "GPU" | "CPU_PINNED"
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    block_hashes: tuple[int, ...]
-    medium: str = "GPU"
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    pass
-
-
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 import msgpack
 import pytest
 
-from services.router.core.events import (
+from services.common.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

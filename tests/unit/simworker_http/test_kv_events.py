@@ -8,9 +8,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_event
 from services.simworker.config import KvEventsConfig
-from services.simworker.core.api import AllBlocksCleared, BlockRemoved, BlockStored
-from services.simworker.kv_events import KvEventPublisher, encode_event, should_bind
+from services.simworker.kv_events import KvEventPublisher, should_bind
 from tests.support.eventually import assert_eventually
 
 
