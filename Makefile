@@ -6,11 +6,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
+	@echo "make lint   - import contracts (lint-imports), ruff check, mypy on the pure cores"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
@@ -64,6 +65,13 @@ $(PROMTOOL): | $(STAMP)
 	    { $$SUDO apt-get update -qq && apt-get download -qq prometheus >/dev/null 2>&1; }; } ) && \
 	  dpkg-deb --fsys-tarfile "$$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool > $(PROMTOOL).part && \
 	  chmod +x $(PROMTOOL).part && mv $(PROMTOOL).part $(PROMTOOL)
+
+# The boundaries, held by tools (configured in pyproject.toml): import contracts (services independent, cores
+# pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every services/*/core.
+lint: venv
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check
+	$(VENV)/bin/mypy
 
 test: venv system-deps $(PROMTOOL)
 	$(PY) -m pytest -q $(PYTEST_ARGS)

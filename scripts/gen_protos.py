@@ -23,9 +23,8 @@ OUT_DIR = ROOT / "bandmaster"
 
 
 def generate(out_dir: pathlib.Path) -> None:
-    from grpc_tools import protoc  # imported late: only the dev extra has it
-
     import grpc_tools
+    from grpc_tools import protoc  # imported late: only the dev extra has it
 
     include = pathlib.Path(grpc_tools.__file__).parent / "_proto"
     protos = sorted(str(p.relative_to(PROTO_DIR)) for p in PROTO_DIR.rglob("*.proto"))

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
+from services.capacity.core.state import Expectation, Origin
 from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
-from services.capacity.core.state import Expectation, Origin
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"

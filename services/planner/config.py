@@ -13,7 +13,6 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
-from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
 from services.planner.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS

@@ -27,8 +27,14 @@ from services.common.clock import Clock
 from services.common.ports import binding
 from services.common.security import SecurityConfig, bearer_guard
 from services.planner.adapters.registry import Conflict, NotFound, Registry
-from services.planner.core.batch_api import (BatchInputError, check_endpoint, check_id, error_body,
-                                             parse_batch_input, parse_completion_window)
+from services.planner.core.batch_api import (
+    BatchInputError,
+    check_endpoint,
+    check_id,
+    error_body,
+    parse_batch_input,
+    parse_completion_window,
+)
 
 log = logging.getLogger("services.planner.http")
 MAX_LIST_LIMIT = 100

@@ -188,7 +188,7 @@ class PlannerRuntime:
         try:
             lease = await asyncio.wait_for(self.store.publish(d.lease, self.clock.monotonic(), self.clock.wall()),
                                            self.effect_timeout_s)
-        except (LeaseRejected,) as exc:
+        except LeaseRejected as exc:
             self.metrics.effects.labels("lease", "failed").inc()
             return self._stopped(d, obs, "lease_failed", exc)
         except (LeaseStoreError, TimeoutError, OSError) as exc:

@@ -13,8 +13,8 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.capacity_watch import CapacityWatch
 from services.common.clock import Clock, SystemClock
 from services.common.errors import ConfigError
-from services.common.redact import redact_url
 from services.common.grpc_server import ServiceHost
+from services.common.redact import redact_url
 from services.common.telemetry import Telemetry
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.adapters.state_store import (

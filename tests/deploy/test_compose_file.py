@@ -143,7 +143,7 @@ def test_every_bandmaster_service_config_loads(env):
     services = bandmaster_services(compose(env))
     assert {service_module(s) for s in services.values()} == {
         "services.capacity", "services.scheduler", "services.router", "services.planner", "services.simworker"}
-    for name, service in services.items():
+    for service in services.values():
         load_service_config(service)  # raises ConfigError naming the flag or value
 
 

@@ -14,8 +14,7 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from tests.deploy import compose_harness as ch
-from tests.deploy.test_compose_run import (STARTUP_TIMEOUT_S, agent_program, client, run_batch, sample,
-                                           scrape)
+from tests.deploy.test_compose_run import STARTUP_TIMEOUT_S, agent_program, client, run_batch, sample, scrape
 
 pytestmark = pytest.mark.integration
 

@@ -218,7 +218,7 @@ def test_every_bandmaster_container_parses_with_its_service_config(target, secre
 @pytest.mark.parametrize("target", TARGETS)
 def test_environment_names_are_real_settings(target):
     """A renamed environment variable would be silently ignored; every one of ours must be a setting."""
-    for deployment, container in bandmaster_containers(rendered(target)):
+    for _deployment, container in bandmaster_containers(rendered(target)):
         module, _ = command_of(container)
         service = SERVICES[module]
         for item in container.get("env", []):

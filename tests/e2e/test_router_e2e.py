@@ -11,8 +11,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from clients import session_headers
-from tests.support.eventually import assert_eventually
 from tests.support import router_stack as stack
+from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 
 pytestmark = [pytest.mark.integration,

@@ -17,10 +17,10 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
 from tests.support.router_stack import capacity, spawn
+from tests.support.sglang_stub import sglang_info
 
 pytestmark = pytest.mark.integration
 H = pb.WorkerHealth

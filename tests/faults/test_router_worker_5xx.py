@@ -3,8 +3,6 @@ probed after the eject time, kept out while the probe fails, and back in rotatio
 
 from __future__ import annotations
 
-import asyncio
-
 import aiohttp
 import pytest
 

@@ -19,10 +19,10 @@ from aiohttp import web
 
 from services.common.security import SecurityConfig, Tokens
 from services.planner.server import RunningPlanner, start_planner
-from tests.support.sglang_stub import sglang_info
 from tests.fuzz.common import LoopRig
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
+from tests.support.sglang_stub import sglang_info
 from tests.unit.planner.fakes import planner_config
 
 DATA_TOKEN = "fuzz-data-token"

@@ -27,10 +27,22 @@ from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from services.capacity.config import CapacityConfig
 from services.capacity.server import start_capacity
-from tests.support.sglang_stub import SglangStub, sglang_info
-from tests.fuzz.common import (CLIENT_ERRORS, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW,
-                               UINT64_MAX, LoopRig, floats_any, int_in)
+from tests.fuzz.common import (
+    CLIENT_ERRORS,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    NORMAL,
+    PROTO_TEXT,
+    SLOW,
+    UINT64_MAX,
+    LoopRig,
+    floats_any,
+    int_in,
+)
 from tests.support.router_stack import free_port
+from tests.support.sglang_stub import SglangStub, sglang_info
 
 STUB, CLOSED = "{stub}", "{closed}"    # replaced by the healthy stub's port and a closed port
 

@@ -33,8 +33,8 @@ from services.capacity.core.cards import (
 )
 from services.capacity.core.registry import PollFailed, PollOk
 from services.capacity.core.state import Card, CardRejection, CardRejectReason, Health, Origin, WorkerState
-from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
+from tests.support.sglang_stub import sglang_info
 
 NORMAL = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 SLOW_EXAMPLES = 10_000

@@ -30,8 +30,7 @@ from hypothesis import strategies as st
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.planner.server import start_planner
-from tests.fuzz.common import (CLIENT_ERRORS, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW, LoopRig, floats_any,
-                               int_in)
+from tests.fuzz.common import CLIENT_ERRORS, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW, LoopRig, floats_any, int_in
 from tests.unit.planner.fakes import planner_config
 
 NOW = int(time.time())

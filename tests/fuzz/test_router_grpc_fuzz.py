@@ -19,16 +19,24 @@ from __future__ import annotations
 import grpc
 import pytest
 from hypothesis import event, given, settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
-from tests.fuzz.common import (CLIENT_ERRORS, INT32_MAX, INT32_MIN, NORMAL, PROTO_TEXT, RATE_LIMITED, SLOW, floats_any,
-                               int_in)
+from tests.fuzz.common import (
+    CLIENT_ERRORS,
+    INT32_MAX,
+    INT32_MIN,
+    NORMAL,
+    PROTO_TEXT,
+    RATE_LIMITED,
+    SLOW,
+    floats_any,
+    int_in,
+)
 from tests.fuzz.router_rig import RouterRig
 from tests.support.router_doubles import MODEL
-
 
 
 def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrategy:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import event, example, given, settings
-from hypothesis.control import currently_in_test_context
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from tests.fuzz.common import FLOAT_EXTREMES, INT_EXTREMES, NORMAL, ODD_TEXT, SLOW, floats_any
 from tests.fuzz.router_rig import DATA_TOKEN, ROUTER_SETTINGS, RouterRig

@@ -27,8 +27,19 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from tests.fuzz.common import (CLIENT_ERRORS, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, NORMAL, PROTO_TEXT, SLOW,
-                               LoopRig, floats_any, int_in)
+from tests.fuzz.common import (
+    CLIENT_ERRORS,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    NORMAL,
+    PROTO_TEXT,
+    SLOW,
+    LoopRig,
+    floats_any,
+    int_in,
+)
 from tests.unit.scheduler_shell.support import start_harness, workers_snapshot
 
 RESUME_TIMEOUT_S = 1800.0

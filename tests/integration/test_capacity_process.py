@@ -17,8 +17,8 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.eventually import assert_eventually
+from tests.support.sglang_stub import SglangStub, sglang_info
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -38,7 +38,7 @@ def test_router_bench_smoke(tmp_path):
     for concurrency in concurrencies:
         rows = report["summary"][str(concurrency)]
         assert set(rows) == set(ARMS)
-        for arm, row in rows.items():
+        for row in rows.values():
             assert row["errors"] == 0 and row["requests"] > 0
             for key in ("p50", "p99"):
                 assert row["ttft_ms"][key] > 0

@@ -11,8 +11,8 @@ from openai import AsyncOpenAI
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from clients import session_headers
-from tests.support.eventually import assert_eventually
 from tests.support import router_stack as stack
+from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL, FaultyWorker, RecordingScheduler
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,6 @@ records every call: program turns, passthrough, final requests, validation, disc
 
 from __future__ import annotations
 
-
 import aiohttp
 import pytest
 import pytest_asyncio
@@ -12,8 +11,8 @@ from openai import AsyncOpenAI
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from clients import BandmasterClient, session_headers
-from tests.support.eventually import assert_eventually
 from tests.support import router_stack as stack
+from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -172,7 +171,7 @@ async def test_client_disconnect_aborts_upstream_and_completes_cancelled(env):
     stream = await client.chat.completions.create(model=MODEL, messages=_turn_messages(0), max_tokens=50000,
                                                   stream=True, extra_body={"ignore_eos": True})
     received = 0
-    async for chunk in stream:
+    async for _chunk in stream:
         received += 1
         if received == 5:
             break
@@ -184,7 +183,7 @@ async def test_client_disconnect_aborts_upstream_and_completes_cancelled(env):
 
     async def drained():
         loads = [await stack.worker_load(w.ready["url"]) for w in env.workers]
-        return all(l["num_running_reqs"] == 0 and l["num_waiting_reqs"] == 0 for l in loads)
+        return all(load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 for load in loads)
     await assert_eventually(drained, timeout_s=10)
     done = await assert_eventually(lambda: [c for c in env.sched.of("Complete") if c.session_id == "prog-cancel"])
     assert done[0].outcome == spb.TURN_OUTCOME_CANCELLED

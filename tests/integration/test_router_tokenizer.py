@@ -55,7 +55,7 @@ async def _until_subscribed(url: str, workers) -> None:
     for worker in workers:
         attempt = 0
 
-        async def applied_one() -> bool:
+        async def applied_one(worker=worker) -> bool:  # bound now: awaited within this iteration
             nonlocal attempt
             attempt += 1
             before = await stack.metric(url, "bandmaster_router_kv_events_total", APPLIED)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-
 import grpc
 import pytest
 from openai import AsyncOpenAI
@@ -16,8 +15,8 @@ from clients import session_headers
 from services.common.telemetry import setup_telemetry
 from services.router.config import KvOverrides, RouterConfig
 from services.router.server import start_router
-from tests.support.eventually import assert_eventually
 from tests.support import router_stack as stack
+from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = pytest.mark.integration

@@ -19,8 +19,8 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.eventually import assert_eventually
+from tests.support.sglang_stub import SglangStub, sglang_info
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
-
 import urllib.error
 import urllib.request
+from pathlib import Path
+
 import openai
 import pytest
 

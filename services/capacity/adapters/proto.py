@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
-from services.capacity.core.errors import InvalidArgument
 from services.capacity.core.cards import CapacityView, ReplicaView, WorkerView
+from services.capacity.core.errors import InvalidArgument
 from services.capacity.core.state import Card, Expectation, Health, Load, Origin, RetentionSource
 
 _HEALTH = {

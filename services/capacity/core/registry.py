@@ -35,7 +35,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
-from services.common.errors import ConfigError
 from services.capacity.core.cards import RetentionSettings, card_retention_tokens
 from services.capacity.core.errors import AlreadyExists
 from services.capacity.core.state import (
@@ -48,6 +47,7 @@ from services.capacity.core.state import (
     PollFailureReason,
     WorkerState,
 )
+from services.common.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,15 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.clock import Clock
-from services.planner.core.types import (DispatcherFeedback, Inventory, JobDemand, Observation, OnlineTraffic,
-                                         ProgramSignal, ReplicaLoad)
+from services.planner.core.types import (
+    DispatcherFeedback,
+    Inventory,
+    JobDemand,
+    Observation,
+    OnlineTraffic,
+    ProgramSignal,
+    ReplicaLoad,
+)
 
 log = logging.getLogger("services.planner.observe")
 

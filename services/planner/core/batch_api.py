@@ -142,7 +142,7 @@ def check_endpoint(endpoint: object, lines_urls: set[str]) -> str:
     if other:
         raise BatchInputError(f"the input file has requests for {', '.join(other)}, not only {endpoint}",
                               param="input_file_id")
-    return endpoint  # type: ignore[return-value]
+    return endpoint
 
 
 def error_body(message: str, *, type_: str = "invalid_request_error", code: str | None = None,

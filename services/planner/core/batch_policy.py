@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.planner.core.types import DispatcherFeedback, Inventory, JobDemand, Observation, OnlineTraffic
 
@@ -170,7 +171,7 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
     feedback: DispatcherFeedback | None = obs.feedback
     online_fresh = traffic is not None and _fresh(traffic.observed_at_s, now, max_age)
     feedback_fresh = feedback is not None and _fresh(feedback.observed_at_s, now, max_age)
-    base = dict(
+    base: dict[str, Any] = dict(  # BatchDiagnostics fields of several types
         ready_replicas=capacity.ready, desired_replicas=capacity.desired,
         online_offered_rps=traffic.offered_rps if traffic else None,
         online_age_s=_age(traffic.observed_at_s, now) if traffic else None,
@@ -231,8 +232,8 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
             jobs_ok = False
     from_zero = (cfg.scale_from_zero_replicas if capacity.desired == 0 and (cap_rps is None or cap_rps > 0)
                  and jobs_ok else 0)
-    counts = dict(active_job_count=len(active), remaining_requests=remaining, oldest_job_age_s=oldest_age,
-                  job_stale=not jobs_ok)
+    counts: dict[str, Any] = dict(active_job_count=len(active), remaining_requests=remaining,
+                                  oldest_job_age_s=oldest_age, job_stale=not jobs_ok)
     if reasons:
         floor = None if hold_floor is None else max(hold_floor, from_zero)
         diag = BatchDiagnostics(safety_paused=True, infeasible=True, infeasible_reasons=tuple(dict.fromkeys(reasons)),
@@ -240,7 +241,7 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         return BatchPlan(floor, 0.0, decision_id, lease, None, diag)
 
     assert traffic is not None and capacity.usable is not None
-    O = traffic.offered_rps
+    O = traffic.offered_rps  # noqa: E741 -- the symbol of the formula in the module docstring
     # EDF demand bound.
     required = 0.0
     deadline_jobs = sorted((j for j in active if j.deadline_wall_s is not None),

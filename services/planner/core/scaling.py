@@ -72,9 +72,11 @@ def load_proposal(obs: Observation, cfg: LoadScalingConfig, desired: int | None)
         return None, "worker_count_mismatch"
     if inv.ready == 0:
         return None, "no_workers"
-    if any(l.token_usage > cfg.scale_up_kv_usage or l.queued_requests >= cfg.scale_up_queued for l in obs.loads):
+    if any(load.token_usage > cfg.scale_up_kv_usage or load.queued_requests >= cfg.scale_up_queued
+           for load in obs.loads):
         return Opinion("load", Stage.PROPOSE, TargetKind.SET, desired + 1, "scale_up", priority=10), "scale_up"
-    if inv.ready > 1 and all(l.token_usage < cfg.scale_down_kv_usage and l.queued_requests == 0 for l in obs.loads):
+    if inv.ready > 1 and all(load.token_usage < cfg.scale_down_kv_usage and load.queued_requests == 0
+                              for load in obs.loads):
         return Opinion("load", Stage.PROPOSE, TargetKind.SET, desired - 1, "scale_down", priority=10), "scale_down"
     return None, "no_change"
 

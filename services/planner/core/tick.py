@@ -22,9 +22,15 @@ from dataclasses import dataclass, field, replace
 
 from services.planner.core.batch_policy import BatchPlan, BatchPolicyConfig, plan_batch_schedule
 from services.planner.core.merge import MergeStep, merge
-from services.planner.core.scaling import (LoadScalingConfig, ProgramScalingConfig, ProgramWindows,
-                                           ThroughputScalingConfig, load_proposal, program_proposal,
-                                           throughput_proposal)
+from services.planner.core.scaling import (
+    LoadScalingConfig,
+    ProgramScalingConfig,
+    ProgramWindows,
+    ThroughputScalingConfig,
+    load_proposal,
+    program_proposal,
+    throughput_proposal,
+)
 from services.planner.core.throughput import EngineRate
 from services.planner.core.types import Inventory, LeaseDecision, Observation, Opinion, Stage, TargetKind
 

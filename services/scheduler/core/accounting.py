@@ -240,16 +240,16 @@ class Ledger:
             self.dirty_programs.add(sid)
         old = self.charge.pop(sid, None)
         if old is not None:
-            key, amount, in_flight, base = old
-            self.used[key] -= amount
-            self.inflight[key] -= in_flight
-            self.decay_base[key] -= base
-            del self.resident[key][sid]
-            member = self.acting_members[key].pop(sid, None)
+            old_key, amount, in_flight, base = old
+            self.used[old_key] -= amount
+            self.inflight[old_key] -= in_flight
+            self.decay_base[old_key] -= base
+            del self.resident[old_key][sid]
+            member = self.acting_members[old_key].pop(sid, None)
             if member is not None:
-                self.acting_sum[key] -= member[2]
-                if not self.acting_members[key]:
-                    self.acting_sum[key] = 0.0  # drop accumulated rounding
+                self.acting_sum[old_key] -= member[2]
+                if not self.acting_members[old_key]:
+                    self.acting_sum[old_key] = 0.0  # drop accumulated rounding
         key = program.replica
         if (key is None or key not in self.caps or program.lifecycle is not Lifecycle.ACTIVE
                 or self.programs.get(sid) is not program):
@@ -365,7 +365,7 @@ class Ledger:
                     used[program.replica] += (self.weight(program, program.replica)
                                               + self.params.buffer_per_program_tokens)
                     inflight[program.replica] += program.status is Status.REASONING
-        for rid, (key, amount) in self.pt_charge.items():
+        for key, amount in self.pt_charge.values():
             used[key] += amount
             inflight[key] += 1
         assert used == self.used, (used, self.used)

@@ -201,8 +201,8 @@ class ControlLaw:
             act.resume_onto(now, program, target, acc, forced=False, held_s=None)
             resumed += 1
             room[target] -= req
-            if program.status is Status.REASONING and slots[target] is not None:
-                slots[target] -= 1
+            if program.status is Status.REASONING and (slot := slots[target]) is not None:
+                slots[target] = slot - 1
             order.remove(target)
             if room[target] > buffer:
                 # Keep the list sorted by headroom (descending); it is short (one entry per replica).
@@ -348,10 +348,14 @@ class ControlLaw:
                                if (q := ledger.programs[sid]).pause_protected_until <= now
                                and not ledger.is_tail(q)), key=lambda q: q.seq)
             before = ledger.used[key]
+
+            def weight_on(q: Program, key: ReplicaKey = key) -> int:
+                return weight(q, key)
+
             plan = self.policy.plan(PauseContext(
                 replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
                 reasoning_count=ledger.inflight[key], count_target=count_target, buffer_tokens=buffer,
-                weight_tokens=lambda q, key=key: weight(q, key), now=now))
+                weight_tokens=weight_on, now=now))
             for sid in plan.pause:
                 program = ledger.programs[sid]
                 if program.replica != key or program.status is not Status.ACTING or program.marked:

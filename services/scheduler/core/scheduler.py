@@ -549,21 +549,22 @@ class SchedulerCore:
                 self._unsettled.add(sid)
         self._next_seq, self._next_pause_seq = next_seq, next_pause_seq
         running: dict[str, int] = {}
-        for rec in state.tickets:
-            if not rec.session_id:
-                self._passthrough[rec.request_id] = _Passthrough(rec.request_id, max(0, rec.tokens), rec.replica,
-                                                                 rec.started_at, self._lease(now))
-                if rec.replica is not None:
-                    self._unsettled_pt.add(rec.request_id)
+        for ticket in state.tickets:
+            if not ticket.session_id:
+                self._passthrough[ticket.request_id] = _Passthrough(
+                    ticket.request_id, max(0, ticket.tokens), ticket.replica, ticket.started_at, self._lease(now))
+                if ticket.replica is not None:
+                    self._unsettled_pt.add(ticket.request_id)
                 continue
-            program = self._programs.get(rec.session_id)
-            if (program is None or rec.epoch > program.admission_epoch
-                    or (program.lifecycle is Lifecycle.PAUSED and rec.epoch == program.admission_epoch)):
+            program = self._programs.get(ticket.session_id)
+            if (program is None or ticket.epoch > program.admission_epoch
+                    or (program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch)):
                 continue  # its program is gone, or it was held: its Admit call ended with the old process
-            self._turns[rec.request_id] = _Turn(
-                rec.request_id, rec.session_id, program, rec.epoch, rec.started_at, dataclasses.replace(program),
-                self._paused.get(rec.session_id), was_paused=rec.was_paused, lease_until=self._lease(now))
-            running[rec.session_id] = max(running.get(rec.session_id, 0), rec.epoch)
+            self._turns[ticket.request_id] = _Turn(
+                ticket.request_id, ticket.session_id, program, ticket.epoch, ticket.started_at,
+                dataclasses.replace(program), self._paused.get(ticket.session_id), was_paused=ticket.was_paused,
+                lease_until=self._lease(now))
+            running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
         ended = 0
         for program in self._programs.values():
             if program.status is Status.REASONING and running.get(program.session_id) != program.admission_epoch:

@@ -49,8 +49,7 @@ import sys
 from array import array
 from collections import deque
 
-from services.simworker.core.api import (EngineConfig, EngineRequest, EngineStats, RequestOutput,
-                                         StepResult)
+from services.simworker.core.api import EngineConfig, EngineRequest, EngineStats, RequestOutput, StepResult
 from services.simworker.core.radix import PageNode, RadixCache
 from services.simworker.core.timing import TimingProfile
 from services.simworker.core.tokenizer import EOS_TOKEN_ID, NUM_WORDS, WORD_ID_BASE
@@ -551,6 +550,7 @@ class SimEngine:
     def _sample(self, r: _Req) -> None:
         self._sample_last(r)
         if r.state == -1:
+            assert r.reason is not None  # _sample_last sets the reason with the finished state
             self._finish(r, r.reason)
 
     def _finish(self, r: _Req, reason: dict) -> None:

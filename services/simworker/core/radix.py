@@ -83,7 +83,9 @@ class PageNode:
                  "on_host", "gpu_children", "host_children", "hits")
 
     def __init__(self, parent: PageNode | None, key: bytes, digest: bytes) -> None:
-        self.parent = parent
+        # None only for the root, whose parent is never read (the root is never stored, written or evicted);
+        # typed as a node so the hot paths need no None checks.
+        self.parent: PageNode = parent  # type: ignore[assignment]
         self.key = key
         self.children: dict[bytes, PageNode] = {}
         self.digest = digest

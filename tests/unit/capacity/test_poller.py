@@ -1,6 +1,5 @@
 """SglangPoller against a raw-socket worker: whole bodies however they arrive, bounded in size and time."""
 
-import asyncio
 import json
 import time
 
@@ -10,8 +9,8 @@ from services.capacity.adapters.poller import SglangPoller
 from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk
 from services.capacity.core.state import Card, CardRejection, CardRejectReason, PollFailureReason
-from tests.support.sglang_stub import sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
+from tests.support.sglang_stub import sglang_info
 
 MIB = 1024 * 1024
 

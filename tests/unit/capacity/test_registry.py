@@ -1,6 +1,6 @@
 """Registry transitions with a FakeClock: health, removal, restarts, expectations, versioning."""
 
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -249,7 +249,7 @@ def test_snapshot_is_immutable(clock):
     snap = reg.snapshot()
     poll(reg, clock, "w", OK)
     assert snap[0].health is Health.PENDING
-    with pytest.raises(Exception):
+    with pytest.raises(FrozenInstanceError):
         replace(snap[0]).health = Health.HEALTHY  # frozen
 
 

@@ -11,14 +11,14 @@ from prometheus_client import generate_latest
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from services.capacity.config import CapacityConfig, StaticWorker
+from services.capacity.core.cards import derive_card
+from services.capacity.core.registry import PollOk
 from services.capacity.core.state import Origin
 from services.capacity.server import start_capacity
 from services.common.telemetry import setup_telemetry
-from services.capacity.core.cards import derive_card
-from services.capacity.core.registry import PollOk
-from tests.support.sglang_stub import SglangStub, sglang_info
 from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
+from tests.support.sglang_stub import SglangStub, sglang_info
 
 H = pb.WorkerHealth
 

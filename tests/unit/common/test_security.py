@@ -18,8 +18,18 @@ from services.common.certs import ensure_local_pki, issue, make_ca
 from services.common.config import parse_settings
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
-from services.common.security import (Role, Tokens, Verdict, authorize, bearer_guard, bearer_of, client_security,
-                                      load_security, required_role, security_settings)
+from services.common.security import (
+    Role,
+    Tokens,
+    Verdict,
+    authorize,
+    bearer_guard,
+    bearer_of,
+    client_security,
+    load_security,
+    required_role,
+    security_settings,
+)
 
 CONTROL = "c" * 20
 DATA = "d" * 20

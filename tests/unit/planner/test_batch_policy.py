@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from services.planner.core.batch_policy import BatchPolicyConfig, plan_batch_schedule
-from tests.unit.planner.helpers import NOW, WALL, cfg, feedback, inventory, job, obs, traffic
+from services.planner.core.batch_policy import plan_batch_schedule
+from tests.unit.planner.helpers import WALL, cfg, feedback, inventory, job, obs, traffic
 
 
 def plan(o, **kw):

@@ -7,8 +7,14 @@ import pytest
 from aiohttp import web
 
 from services.common.clock import FakeClock, SystemClock
-from services.planner.adapters.connectors import (FENCE_ANNOTATION, ConnectorRefused, KubernetesConnector,
-                                                  KubernetesTarget, LocalConnector, VirtualConnector)
+from services.planner.adapters.connectors import (
+    FENCE_ANNOTATION,
+    ConnectorRefused,
+    KubernetesConnector,
+    KubernetesTarget,
+    LocalConnector,
+    VirtualConnector,
+)
 from tests.support.eventually import assert_eventually
 
 

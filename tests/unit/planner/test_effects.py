@@ -4,7 +4,6 @@ Redis stopped mid-tick; monotonic lease expiry across a wall-clock jump."""
 
 import asyncio
 
-import pytest
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
 

@@ -4,8 +4,13 @@ import asyncio
 
 import pytest
 
-from services.planner.adapters.lease_store import (LeaseOutcomeUnknown, LeaseRejected, MemoryLeaseStore,
-                                                   RedisLeaseStore, fence_key_for)
+from services.planner.adapters.lease_store import (
+    LeaseOutcomeUnknown,
+    LeaseRejected,
+    MemoryLeaseStore,
+    RedisLeaseStore,
+    fence_key_for,
+)
 from services.planner.core.types import LeaseDecision
 from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 

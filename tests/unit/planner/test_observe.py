@@ -8,8 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from services.common.clock import FakeClock
-from services.planner.adapters.observe import (CapacitySource, Collector, RouterTrafficSource, SchedulerSource,
-                                               WarmingUp)
+from services.planner.adapters.observe import CapacitySource, Collector, RouterTrafficSource, SchedulerSource, WarmingUp
 from services.planner.core.types import Inventory
 
 

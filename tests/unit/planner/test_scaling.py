@@ -6,9 +6,15 @@ import pytest
 
 from services.planner.adapters.profile import load_engine_profile
 from services.planner.core.merge import merge
-from services.planner.core.scaling import (LoadScalingConfig, ProgramScalingConfig, ProgramWindows,
-                                           ThroughputScalingConfig, load_proposal, program_proposal,
-                                           throughput_proposal)
+from services.planner.core.scaling import (
+    LoadScalingConfig,
+    ProgramScalingConfig,
+    ProgramWindows,
+    ThroughputScalingConfig,
+    load_proposal,
+    program_proposal,
+    throughput_proposal,
+)
 from services.planner.core.throughput import EngineRate, engine_rps
 from services.planner.core.types import Opinion, ProgramSignal, ReplicaLoad, Stage, TargetKind
 from tests.unit.planner.helpers import NOW, inventory, obs, traffic

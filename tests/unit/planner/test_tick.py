@@ -9,7 +9,7 @@ from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfi
 from services.planner.core.throughput import EngineRate
 from services.planner.core.tick import Budgets, TickSettings, TickState, decide
 from services.planner.core.types import Opinion, ProgramSignal, ReplicaLoad, Stage, TargetKind
-from tests.unit.planner.helpers import NOW, cfg, feedback, inventory, job, obs, traffic
+from tests.unit.planner.helpers import NOW, cfg, inventory, job, obs, traffic
 
 OFF = dict(load=LoadScalingConfig(enabled=False), programs=ProgramScalingConfig(enabled=False))
 

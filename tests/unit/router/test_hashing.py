@@ -2,7 +2,8 @@ import hashlib
 import importlib.util
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.router.core.hashing import digest_to_block_id, page_digests, text_chunk_hashes, token_block_hashes
 

@@ -1,7 +1,8 @@
 import importlib.util
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.router.core.events import AllBlocksCleared, BlockRemoved, BlockStored, EventOutcome
 from services.router.core.hashing import token_block_hashes

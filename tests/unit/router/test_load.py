@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.router.core.load import ActiveLoad, ReplicaLoad
 from services.router.core.types import Replica

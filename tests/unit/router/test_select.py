@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from services.router.core.cost import ClassicCost, CostInputs, LMetricCost, make_cost_policy
 from services.common.errors import ConfigError
+from services.router.core.cost import ClassicCost, CostInputs, LMetricCost, make_cost_policy
 from services.router.core.events import BlockStored
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams, RouterOverride

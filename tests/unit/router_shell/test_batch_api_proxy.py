@@ -5,8 +5,6 @@ Batch traffic (`X-Bandmaster-Traffic: batch`) gets the low priority and its own 
 
 from __future__ import annotations
 
-import json
-
 import aiohttp
 import pytest
 from aiohttp import web

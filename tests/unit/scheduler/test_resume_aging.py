@@ -1,7 +1,8 @@
 """Resume aging: a large held program is not starved by shortest-first resume (ours, not the reference's)."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.common.errors import ConfigError
 from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict

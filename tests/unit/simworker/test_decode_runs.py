@@ -11,7 +11,8 @@ import bisect
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.simworker.core.api import EngineRequest
 from tests.unit.simworker.helpers import make_engine

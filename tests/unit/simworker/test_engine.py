@@ -362,7 +362,7 @@ def test_no_page_leaks_and_events_match_cache(mix, hicache, priority, pool_pages
         assert 0 <= cache.free_pages and cache.host_used <= cache.host_pages
         assert (run.replay.gpu, run.replay.host) == cache.cached_hashes()
     assert sorted(run.finish_order) == sorted(f"r{i}" for i in range(len(mix)))
-    for i, (n, out, *_rest) in enumerate(mix):
+    for i, (_n, out, *_rest) in enumerate(mix):
         final = run.final(f"r{i}")
         if final.finish_reason["type"] != "abort":
             assert len(run.tokens(f"r{i}")) == final.completion_tokens <= out

@@ -12,7 +12,6 @@ from services.simworker.core import tokenizer
 from services.simworker.core.radix import page_hashes
 from services.simworker.core.timing import builtin_profiles, host_tokens_from_gb, load_profile
 
-
 # -- tokenizer -------------------------------------------------------------------------------
 
 def test_pieces_follow_the_documented_rule():
@@ -58,9 +57,9 @@ def test_builtin_profiles_and_default_formulas():
     slope = glm.decode_ms(900_000, 0) - glm.decode_ms(899_000, 0)
     assert slope == pytest.approx(0.0209, abs=1e-3)
     # Closed form at concurrency 1: frontend + step + chunk = TIMING's isolated TTFT.
-    t, l = 1000, 40_000
-    isolated = 53.7 + 0.0531 * t + 1.378e-6 * t * (l - t / 2) + 0.00259 * l
-    ours = glm.frontend_s(l) * 1000 + glm.decode_ms(0, 0) + glm.prefill_chunk_ms(t, l - t)
+    t, context = 1000, 40_000
+    isolated = 53.7 + 0.0531 * t + 1.378e-6 * t * (context - t / 2) + 0.00259 * context
+    ours = glm.frontend_s(context) * 1000 + glm.decode_ms(0, 0) + glm.prefill_chunk_ms(t, context - t)
     assert ours == pytest.approx(isolated, rel=0.01)
     mocker = load_profile("mocker-h100")
     assert mocker.decode_ms(0, 100) == pytest.approx(5.74)
