@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
+from tests.support.eventually import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,15 +26,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def _wait(predicate, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def _until_up(proc) -> str:
@@ -90,7 +82,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
                 snapshot = stub.ListWorkers(capacity_pb2.ListWorkersRequest(), timeout=5)
                 return sum(w.health == capacity_pb2.WORKER_HEALTH_HEALTHY for w in snapshot.workers) == 2
 
-            assert _wait(two_healthy, 30)
+            wait_until(two_healthy, timeout_s=30, interval_s=0.1)
 
         # The discovery file names this cluster: the client commands find it without flags.
         record = json.loads(cluster_file.read_text())
@@ -107,7 +99,8 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
         assert not cluster_file.exists(), "the discovery file outlived its cluster"
-        assert _wait(lambda: not any(_alive(pid) for pid in child_pids), 10), "children outlived `bandmaster up`"
+        wait_until(lambda: not any(_alive(pid) for pid in child_pids), timeout_s=10, interval_s=0.1,
+                   message="children outlived `bandmaster up`")
         # The scheduler kept its table in the state dir (recovered by the next `up` on it).
         assert (state / "scheduler-state.sqlite").is_file()
     finally:

@@ -3,8 +3,6 @@ processes, mutual TLS on every gRPC port, HTTPS and bearer tokens): what a clien
 credentials gets, and that everything else is refused.
 """
 
-import time
-
 import ssl
 import urllib.error
 import urllib.request
@@ -20,6 +18,7 @@ from harness.cluster import ClusterConfig, start_cluster
 from services.cli import main as cli_main
 from services.cli.up import connect_help
 from services.common.security import client_security
+from tests.support.eventually import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -31,10 +30,9 @@ def cluster(tmp_path_factory):
                                           state_dir=state, secure=True))
     try:
         pki = running.pki
-        deadline = time.monotonic() + 30
-        while not _healthy(running.http_url + "/health", ssl.create_default_context(cafile=str(pki.ca))):
-            assert time.monotonic() < deadline, "the router never saw a healthy worker"
-            time.sleep(0.1)
+        context = ssl.create_default_context(cafile=str(pki.ca))
+        wait_until(lambda: _healthy(running.http_url + "/health", context), timeout_s=30, interval_s=0.1,
+                   message="the router never saw a healthy worker")
         yield running
     finally:
         running.stop()

@@ -5,12 +5,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from harness.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
+from tests.support.eventually import wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -26,15 +26,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_until(predicate, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def test_start_wait_ready_and_stop(tmp_path):
@@ -68,12 +59,12 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
     try:
-        assert wait_until(pid_file.exists, 30), "supervisor did not start its child"
+        wait_until(pid_file.exists, timeout_s=30, message="supervisor did not start its child")
         child_pid = int(pid_file.read_text())
         assert alive(child_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-        assert wait_until(lambda: not alive(child_pid), 10), "child outlived its supervisor"
+        wait_until(lambda: not alive(child_pid), timeout_s=10, message="child outlived its supervisor")
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -15,6 +15,7 @@ from services.common.clock import FakeClock
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.core import ControlParams
 from services.scheduler.server import RunningScheduler, start_scheduler
+from tests.support.eventually import assert_eventually
 
 
 def workers_snapshot(version: int, caps: dict[tuple[str, int], int], *, unhealthy: tuple[str, ...] = (),
@@ -111,7 +112,8 @@ class Harness:
     async def set_capacity(self, caps: dict[tuple[str, int], int], version: int | None = None, **kwargs) -> None:
         version = version if version is not None else (self.capacity.latest.version + 1 if self.capacity.latest else 1)
         self.capacity.push(workers_snapshot(version, caps, **kwargs))
-        await wait_for(lambda: self.core.stats(self.clock.monotonic()).capacity_version == version)
+        await assert_eventually(lambda: self.core.stats(self.clock.monotonic()).capacity_version == version,
+                                timeout_s=5)
 
     async def admit(self, sid: str, request_id: str, tokens: int = 0, parent: str = "", **kwargs) -> pb.AdmitResponse:
         return await self.client.Admit(pb.AdmitRequest(session_id=sid, parent_session_id=parent,
@@ -127,16 +129,12 @@ class Harness:
         return await self.client.GetProgram(pb.GetProgramRequest(session_id=sid))
 
     async def held(self, n: int) -> None:
-        await wait_for(lambda: self.runtime.held_count == n, message=f"expected {n} held admissions")
+        await assert_eventually(lambda: self.runtime.held_count == n, timeout_s=5,
+                                message=f"expected {n} held admissions")
 
     def table(self):
         """The core's table without timestamps that legitimately move (for rollback comparisons)."""
         return sorted(self.core.programs(), key=lambda v: v.session_id), self.core.paused_ids()
-
-
-async def wait_for(check, timeout_s: float = 5.0, message: str = ""):
-    from tests.support.eventually import assert_eventually
-    return await assert_eventually(check, timeout_s=timeout_s, message=message)
 
 
 async def start_harness(*, telemetry=None, **control) -> Harness:

@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from tests.unit.scheduler_shell.support import wait_for
+from tests.support.eventually import assert_eventually
 from tests.unit.scheduler_shell.test_servicer import fill
 
 pytestmark = pytest.mark.timeout(30)
@@ -107,7 +107,7 @@ async def test_a_second_turn_waits_behind_a_held_one_and_a_cancel_does_not_stran
     first = asyncio.ensure_future(h.admit("new", "n1", 100))
     await h.held(1)
     second = asyncio.ensure_future(h.admit("new", "n2", 100))
-    await wait_for(lambda: h.runtime.gate_waiting == 1)  # arrived, and not admitted
+    await assert_eventually(lambda: h.runtime.gate_waiting == 1, timeout_s=5)  # arrived, and not admitted
     assert h.core.program("new").turns == 1 and h.runtime.gated("new")
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -128,7 +128,7 @@ async def test_two_cancelled_admissions_of_a_new_program_leave_no_trace(h):
     for order in ((0, 1), (1, 0)):
         calls = [asyncio.ensure_future(h.admit("new", f"n{order}{i}", 100)) for i in range(2)]
         await h.held(1)
-        await wait_for(lambda: h.runtime.gate_waiting == 1)
+        await assert_eventually(lambda: h.runtime.gate_waiting == 1, timeout_s=5)
         for i in order:
             calls[i].cancel()
             with pytest.raises(asyncio.CancelledError):

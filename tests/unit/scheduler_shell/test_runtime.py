@@ -13,7 +13,8 @@ from services.scheduler.core import EventKind, ProgramEvent, ReplicaCapacity
 from services.scheduler.loop import EventQueue
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.server import start_scheduler
-from tests.unit.scheduler_shell.support import FakeCapacity, config, wait_for, workers_snapshot
+from tests.support.eventually import assert_eventually
+from tests.unit.scheduler_shell.support import FakeCapacity, config, workers_snapshot
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -52,9 +53,9 @@ async def test_follower_reconnects_with_one_warning_per_outage(h, caplog):
     follower.initial_backoff_s = follower.max_backoff_s = 0.01
     h.capacity.latest = None  # the service is down: a new stream gets nothing before failing
     h.capacity.fail()
-    await wait_for(lambda: len(h.capacity.watches) == 2)
+    await assert_eventually(lambda: len(h.capacity.watches) == 2, timeout_s=5)
     h.capacity.fail()  # still down on the first retry
-    await wait_for(lambda: len(h.capacity.watches) == 3)
+    await assert_eventually(lambda: len(h.capacity.watches) == 3, timeout_s=5)
     await h.set_capacity({("w1", 0): 2_000}, version=2)  # back, with a change
     assert h.core.capacity[0].retention_tokens == 2_000
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -81,7 +82,7 @@ async def test_silent_stream_counts_as_dead_and_is_reopened():
     running = await start_scheduler(config(), capacity_stub=capacity, tick_loop=False, capacity_idle_timeout_s=0.05)
     try:
         running.follower.initial_backoff_s = 0.01
-        await wait_for(lambda: len(capacity.watches) >= 2)
+        await assert_eventually(lambda: len(capacity.watches) >= 2, timeout_s=5)
         assert running.core.capacity[0].retention_tokens == 1_000
     finally:
         await running.stop()
@@ -102,7 +103,7 @@ async def test_tick_loop_survives_a_failing_tick(caplog):
     running.core.tick = flaky
     try:
         with caplog.at_level(logging.ERROR, logger="services.scheduler"):
-            await wait_for(lambda: running.runtime.ticks >= 2)
+            await assert_eventually(lambda: running.runtime.ticks >= 2, timeout_s=5)
         assert any("scheduler tick failed" in r.getMessage() for r in caplog.records)
     finally:
         await running.stop()
@@ -138,7 +139,7 @@ async def test_capacity_unreachable_still_serves_and_admits_any():
     running = await start_scheduler(dataclasses.replace(config(), capacity_addr="127.0.0.1:1"), tick_loop=False)
     try:
         running.follower.initial_backoff_s = 0.01
-        await wait_for(lambda: running.follower.failures >= 1)
+        await assert_eventually(lambda: running.follower.failures >= 1, timeout_s=5)
         async with grpc.aio.insecure_channel(running.address) as channel:
             from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
             resp = await pb_grpc.SchedulerStub(channel).Admit(pb.AdmitRequest(session_id="p", request_id="r"),

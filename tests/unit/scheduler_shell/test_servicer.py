@@ -12,7 +12,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from prometheus_client import generate_latest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from tests.unit.scheduler_shell.support import wait_for
+from tests.support.eventually import assert_eventually
 
 pytestmark = pytest.mark.timeout(30)
 W = ("w1", 0)
@@ -184,7 +184,7 @@ async def test_watch_events_streams_pause_and_resume(make_harness):
             got.append(event)
 
     task = asyncio.ensure_future(collect())
-    await wait_for(lambda: h.runtime.metrics.watchers._value.get() == 1)
+    await assert_eventually(lambda: h.runtime.metrics.watchers._value.get() == 1, timeout_s=5)
     await fill(h, 9_000, "a")
     await h.admit("b", "b1", 1, timeout=5)
     await h.complete("b", "b1", 800, 0, "w1", 0)
@@ -192,14 +192,14 @@ async def test_watch_events_streams_pause_and_resume(make_harness):
     await h.client.Release(pb.ReleaseRequest(session_id="a"))
     h.tick()
     kinds = lambda: [(e.kind, e.session_id) for e in got]  # noqa: E731
-    await wait_for(lambda: (pb.EVENT_KIND_RESUMED, "b") in kinds())
+    await assert_eventually(lambda: (pb.EVENT_KIND_RESUMED, "b") in kinds(), timeout_s=5)
     assert kinds().index((pb.EVENT_KIND_PAUSED, "b")) < kinds().index((pb.EVENT_KIND_RESUMED, "b"))
     paused = next(e for e in got if e.kind == pb.EVENT_KIND_PAUSED)
     assert paused.reason == "pressure" and paused.worker_id == "w1" and paused.tokens == 800
     assert (pb.EVENT_KIND_RELEASED, "a") in kinds() and (pb.EVENT_KIND_ADMITTED, "a") in kinds()
     stream.cancel()
     await asyncio.gather(task, return_exceptions=True)
-    await wait_for(lambda: h.runtime.metrics.watchers._value.get() == 0)
+    await assert_eventually(lambda: h.runtime.metrics.watchers._value.get() == 0, timeout_s=5)
 
 
 @pytest.mark.parametrize("method, request_msg, fragment", [
