@@ -1,9 +1,10 @@
 """What one simulated run is: the arm, the workload, the workers, the control plane's settings.
 
 `SimScenario` is frozen and validated on construction (ConfigError naming the rule). The worker
-side is built exactly as `bandmaster up` builds it (harness/cluster.py `simworker_spec` ->
-services/simworker/server.py `build_engine`), and the retention budget exactly as the capacity
-service derives it from the worker's /server_info (services/capacity/core/cards.py).
+side is built exactly as `bandmaster up` builds it (harness/cluster.py `simworker_spec` -> the
+simworker's flags -> services/simworker/core/build.py `build_engine`, which the server calls too), and
+the retention budget exactly as the capacity service derives it from the worker's /server_info
+(services/capacity/core/cards.py). Only the services' cores are imported.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Progra
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.config import require
 from services.router.core.params import KvRouterParams
+from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig, service_control_params
 from services.scheduler.core.model import ReplicaCapacity
 from services.scheduler.core.params import ControlParams
-from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig, service_control_params
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
-from services.simworker.config import SimWorkerConfig
-from services.simworker.core.api import Engine
+from services.simworker.core.api import Engine, EngineConfig
+from services.simworker.core.build import DEFAULT_MODEL_PATH, build_engine, host_total_tokens
 from services.simworker.core.timing import TimingProfile, load_profile
-from services.simworker.server import build_engine, host_total_tokens
 
 ARMS = ("bandmaster", "kv", "round_robin", "oracle")
 WORKLOADS = ("swe", "synthetic", "short")
@@ -86,7 +86,7 @@ class SimScenario:
     """The scheduler's control law (bandmaster arm). None: the service's defaults for `pause_policy`
     (`bandmaster up`'s; the reference bands under threshold), in simulated seconds."""
     pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY
-    """The scheduler service's default (services/scheduler/config.py), not the pure core's."""
+    """The scheduler service's default (services/scheduler/core/defaults.py), not the pure core's."""
     cost_aware: CostAwarePauseParams = field(default_factory=CostAwarePauseParams)
     """Parameters of the cost_aware pause policy (used when pause_policy is cost_aware)."""
     kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
@@ -125,6 +125,9 @@ class SimScenario:
         require(1 <= self.workers <= 4096, "workers", self.workers, "1 <= workers <= 4096")
         require(self.worker_page_size >= 2, "worker_page_size", self.worker_page_size,
                 "worker_page_size >= 2 (the KV router needs pages of more than one token)")
+        # The simworker server's rule (services/simworker/config.py); the engine alone would accept less.
+        require(self.worker_chunked_prefill_size >= self.worker_page_size, "worker_chunked_prefill_size",
+                self.worker_chunked_prefill_size, "worker_chunked_prefill_size >= worker_page_size")
         require(self.worker_kv_tokens >= self.worker_page_size, "worker_kv_tokens", self.worker_kv_tokens,
                 "worker_kv_tokens >= worker_page_size")
         require(self.worker_host_kv_tokens == 0 or self.worker_host_kv_tokens > self.worker_kv_tokens,
@@ -155,8 +158,8 @@ class SimScenario:
                     f"(decode_x context_k), not on the pool size; {self.worker_timing_profile} has {decode_x}")
         if self.workload in ("swe", "synthetic"):
             split_source(self.trace, self.split)     # a bad trace file or an empty split fails here
-        # Fail here, not mid-run: the worker and router configs validate their own rules.
-        self.worker_config(0)
+        # Fail here, not mid-run: the engine and router configs validate their own rules.
+        self.engine_config(0)
         self.router_params()
         self.make_pause_policy()
 
@@ -194,24 +197,25 @@ class SimScenario:
 
     # -- the worker side, as `bandmaster up` builds it ------------------------------------------
 
-    def worker_config(self, index: int) -> SimWorkerConfig:
-        """The simworker config of worker `index` (cluster.py `simworker_spec`: seed = index,
-        HiCache write_back with ratio = host / GPU printed to 6 decimals)."""
+    def engine_config(self, index: int) -> EngineConfig:
+        """The engine config of worker `index`, as the simworker maps the flags that cluster.py
+        `simworker_spec` gives it: seed = index, HiCache write_back with ratio = host / GPU printed to
+        6 decimals (no --hicache-size), no KV-event publisher."""
         hierarchical = self.worker_host_kv_tokens > 0
         ratio = float(f"{self.worker_host_kv_tokens / self.worker_kv_tokens:.6f}") if hierarchical else 2.0
-        return SimWorkerConfig(
+        return EngineConfig(
             max_total_tokens=self.worker_kv_tokens, page_size=self.worker_page_size,
             max_running_requests=self.worker_max_running_requests,
             chunked_prefill_size=self.worker_chunked_prefill_size, context_length=self.worker_context_length,
             enable_hierarchical_cache=hierarchical, hicache_ratio=ratio,
             hicache_write_policy="write_back" if hierarchical else "write_through",
-            timing_profile=self.worker_timing_profile, seed=index, enable_cache_report=True)
+            seed=index, emit_kv_events=False)
 
     def build_worker(self, index: int) -> tuple[Engine, TimingProfile, ReplicaCapacity]:
         """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it."""
-        config = self.worker_config(index)
-        engine, profile = build_engine(config)
-        return engine, profile, replica_capacity(worker_id(index), config, profile)
+        config = self.engine_config(index)
+        profile = load_profile(self.worker_timing_profile)
+        return build_engine(config, profile), profile, replica_capacity(worker_id(index), config, profile)
 
     # -- the control plane -----------------------------------------------------------------------
 
@@ -256,24 +260,25 @@ def worker_id(index: int) -> str:
     return f"worker-{index}"
 
 
-def server_info(config: SimWorkerConfig, profile: TimingProfile) -> dict:
+def server_info(config: EngineConfig, profile: TimingProfile) -> dict:
     """The fields of the simworker's /server_info that the capacity service reads
-    (services/simworker/http_api.py `server_info`)."""
+    (services/simworker/http_api.py `server_info`) for a worker started with `config`'s sizes and
+    the default model path, no --hicache-size and no storage backend (SimScenario.engine_config)."""
     info = {
-        "served_model_name": config.served_model_name, "model_path": config.model_path,
+        "served_model_name": DEFAULT_MODEL_PATH, "model_path": DEFAULT_MODEL_PATH,
         "page_size": config.page_size, "dp_size": 1, "max_running_requests": config.max_running_requests,
         "max_total_num_tokens": config.max_total_tokens, "context_length": config.context_length,
         "enable_hierarchical_cache": config.enable_hierarchical_cache, "hicache_ratio": config.hicache_ratio,
-        "hicache_size": config.hicache_size, "hicache_write_policy": config.hicache_write_policy,
-        "hicache_storage_backend": config.hicache_storage_backend,
+        "hicache_size": 0.0, "hicache_write_policy": config.hicache_write_policy,
+        "hicache_storage_backend": None,
         "kv_bytes_per_token": profile.kv_bytes_per_token,
     }
     if config.enable_hierarchical_cache:
-        info["hicache_host_total_tokens"] = host_total_tokens(config, profile.kv_bytes_per_token)
+        info["hicache_host_total_tokens"] = host_total_tokens(config)
     return info
 
 
-def replica_capacity(worker: str, config: SimWorkerConfig, profile: TimingProfile) -> ReplicaCapacity:
+def replica_capacity(worker: str, config: EngineConfig, profile: TimingProfile) -> ReplicaCapacity:
     """The capacity service's retention budget for this worker (GPU KV + counted host tokens)
     and its request slots, as the scheduler receives them."""
     card = derive_card(server_info(config, profile))

@@ -4,7 +4,8 @@
 `SchedulerConfig`; an invalid value or relation raises `ConfigError` naming the violated rule.
 The control-law relations live in `core.params.ControlParams.__post_init__`, which
 `SchedulerConfig` runs on construction, so the core cannot be built with a config the service
-would refuse.
+would refuse. The control defaults and `KvRouterConfig` are the pure `core.defaults`, which the
+offline simulator (harness/simlib) runs too.
 """
 
 from __future__ import annotations
@@ -19,91 +20,77 @@ from services.common.config import Setting, parse_host_port, parse_settings, req
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.scheduler.core.defaults import (
+    CONTROL_DEFAULTS,
+    PROGRAM_AWARE_GROWTH_MARGIN,
+    PROGRAM_AWARE_PAUSE_THRESHOLD,
+    PROGRAM_AWARE_RESUME_HYSTERESIS,
+    PROGRAM_AWARE_TAIL_QUANTILE,
+    REFERENCE_BANDS,
+    SERVICE_DEFAULT_PAUSE_POLICY,
+    KvRouterConfig,
+    policy_control_defaults,
+)
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
 ENV_PREFIX = "BANDMASTER_SCHEDULER"
 TA = "DYN_THUNDERAGENT_"
 
-# Band settings whose default depends on --pause-policy (POLICY_DEFAULTS): the reference's values
-# under `threshold`, the program-aware law's under every other policy. A flag or environment
-# variable always wins.
+# Band settings whose default depends on --pause-policy (core/defaults.py policy_control_defaults): the
+# reference's values under `threshold`, the program-aware law's under every other policy. A flag or
+# environment variable always wins. The other defaults are core/defaults.py CONTROL_DEFAULTS.
 _POLICY_DEFAULTED = "(default: %s with --pause-policy threshold, %s otherwise)"
+_BELOW_THRESHOLD = f"pause-threshold - {PROGRAM_AWARE_GROWTH_MARGIN}"
+_D = CONTROL_DEFAULTS
 
 CONTROL_SETTINGS = [
     Setting("pause_threshold", float, None,
             "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle "
-            + _POLICY_DEFAULTED % (0.95, 1.0), env=TA + "PAUSE_THRESHOLD"),
+            + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_threshold"], PROGRAM_AWARE_PAUSE_THRESHOLD),
+            env=TA + "PAUSE_THRESHOLD"),
     Setting("soft_demote_threshold", float, None, "start of the soft-demote band below the pause threshold "
-            + _POLICY_DEFAULTED % (0.80, "pause-threshold - 0.05"), env=TA + "SOFT_DEMOTE_THRESHOLD"),
+            + _POLICY_DEFAULTED % (REFERENCE_BANDS["soft_demote_threshold"], _BELOW_THRESHOLD),
+            env=TA + "SOFT_DEMOTE_THRESHOLD"),
     Setting("pause_target", float, None, "setpoint that a pause cycle drives utilisation toward "
-            + _POLICY_DEFAULTED % (0.80, "pause-threshold - 0.05"), env=TA + "PAUSE_TARGET"),
+            + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_target"], _BELOW_THRESHOLD),
+            env=TA + "PAUSE_TARGET"),
     Setting("resume_hysteresis", float, None, "headroom below pause-threshold required before resume (absolute) "
-            + _POLICY_DEFAULTED % (0.10, 0.03), env=TA + "RESUME_HYSTERESIS"),
-    Setting("resume_priority_boost", float, 1.0, "transient priority seconds added to a resumed request",
-            env=TA + "RESUME_PRIORITY_BOOST"),
-    Setting("resume_timeout_seconds", float, 1800.0, "forced-resume cap that bounds starvation",
+            + _POLICY_DEFAULTED % (REFERENCE_BANDS["resume_hysteresis"], PROGRAM_AWARE_RESUME_HYSTERESIS),
+            env=TA + "RESUME_HYSTERESIS"),
+    Setting("resume_priority_boost", float, _D["resume_priority_boost"],
+            "transient priority seconds added to a resumed request", env=TA + "RESUME_PRIORITY_BOOST"),
+    Setting("resume_timeout_seconds", float, _D["resume_timeout_seconds"],
+            "forced-resume cap that bounds starvation",
             env=TA + "RESUME_TIMEOUT_SECONDS"),
-    Setting("scheduler_interval_seconds", float, 5.0, "scheduler tick period",
+    Setting("scheduler_interval_seconds", float, _D["scheduler_interval_seconds"], "scheduler tick period",
             env=TA + "SCHEDULER_INTERVAL_SECONDS"),
-    Setting("soft_demote_priority_jump", float, -2.0, "priority seconds applied to soft-demoted programs",
+    Setting("soft_demote_priority_jump", float, _D["soft_demote_priority_jump"],
+            "priority seconds applied to soft-demoted programs",
             env=TA + "SOFT_DEMOTE_PRIORITY_JUMP"),
-    Setting("acting_token_weight", float, 1.0,
+    Setting("acting_token_weight", float, _D["acting_token_weight"],
             "multiplier on token_total for acting programs in the pause-side working set",
             env=TA + "ACTING_TOKEN_WEIGHT"),
-    Setting("acting_decay_tau_seconds", float, 1.0,
+    Setting("acting_decay_tau_seconds", float, _D["acting_decay_tau_seconds"],
             "exponential-decay time constant for acting tokens in the resume-side working set",
             env=TA + "ACTING_DECAY_TAU_SECONDS"),
-    Setting("program_idle_ttl_seconds", float, 900.0, "release a program idle at a tool boundary this long (0 disables)",
+    Setting("program_idle_ttl_seconds", float, _D["program_idle_ttl_seconds"],
+            "release a program idle at a tool boundary this long (0 disables)",
             env=TA + "PROGRAM_IDLE_TTL_SECONDS"),
     # Ours, not the seed's: bounds how long shortest-first resume can pass over a large program
     # (the seed relies on --resume-timeout-seconds alone). 0 restores the reference behaviour.
-    Setting("soft_pinning", bool, True,
+    Setting("soft_pinning", bool, _D["soft_pinning"],
             "while no replica is under pressure, let the router's KV cost pick the worker and follow it "
             "(--no-soft-pinning: always pin, as the reference)", env=f"{ENV_PREFIX}_SOFT_PINNING"),
-    Setting("resume_aging_seconds", float, 300.0,
+    Setting("resume_aging_seconds", float, _D["resume_aging_seconds"],
             "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
             "itself (0 disables)", env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS"),
     Setting("tail_protection_quantile", float, None,
             "a program that has run more turns than this quantile of released programs' turn counts is never "
-            "paused for pressure and resumes first (0 disables) " + _POLICY_DEFAULTED % (0.0, 0.75),
+            "paused for pressure and resumes first (0 disables) "
+            + _POLICY_DEFAULTED % (REFERENCE_BANDS["tail_protection_quantile"], PROGRAM_AWARE_TAIL_QUANTILE),
             env=f"{ENV_PREFIX}_TAIL_PROTECTION_QUANTILE"),
 ]
-
-# The defaults of the policy-dependent control settings. `threshold` keeps the reference's control
-# law exactly. The program-aware law (every other policy) drives the GPU pool toward full rather
-# than toward 80%: a pause cycle starts only when the working set reaches the whole budget (1.0,
-# where the engine itself would begin to evict) and stops 5% below it, the room the resident
-# programs' next turns take (a turn adds its answer and the next observation, about 1-1.5K tokens
-# on SWE-agent programs, for the 4-6 programs that share a 128K worker); a resume needs only 3%
-# of headroom on top of the program itself. The reference's 20% margin kept a fifth of the pool
-# idle and decoded with 60% of it (docs/scheduler.md, "Program-aware bands").
-REFERENCE_BANDS = {"pause_threshold": 0.95, "soft_demote_threshold": 0.80, "pause_target": 0.80,
-                   "resume_hysteresis": 0.10, "tail_protection_quantile": 0.0}
-PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
-PROGRAM_AWARE_GROWTH_MARGIN = 0.05
-"""Pause target and soft-demote start, below the pause threshold: the room the resident programs'
-next turns take."""
-PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
-PROGRAM_AWARE_TAIL_QUANTILE = 0.75
-
-
-def policy_control_defaults(pause_policy: str, pause_threshold: float | None = None) -> dict[str, float]:
-    """The control defaults that depend on the pause policy: the reference's bands under
-    `threshold`; otherwise the program-aware bands, whose target and soft-demote start sit
-    PROGRAM_AWARE_GROWTH_MARGIN below the pause threshold (the given one, or 1.0)."""
-    if pause_policy == "threshold":
-        return dict(REFERENCE_BANDS)
-    threshold = PROGRAM_AWARE_PAUSE_THRESHOLD if pause_threshold is None else pause_threshold
-    below = max(0.0, threshold - PROGRAM_AWARE_GROWTH_MARGIN)
-    return {"pause_threshold": threshold, "soft_demote_threshold": below, "pause_target": below,
-            "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
-            "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE}
-
-# The service runs the cost-aware policy unless told otherwise: it equals the reference ("threshold")
-# wherever every context is worth holding and stops pausing where recompute is cheaper than holding
-# (docs/policy-study.md). The pure core's own default stays the reference policy.
-SERVICE_DEFAULT_PAUSE_POLICY = "cost_aware"
 
 SERVICE_SETTINGS = [
     Setting("pause_policy", str, SERVICE_DEFAULT_PAUSE_POLICY,
@@ -189,40 +176,6 @@ SETTINGS = [
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
     *security_settings(ENV_PREFIX),
 ]
-
-
-_KV = kv_router_flags.BY_NAME
-
-
-@dataclass(frozen=True)
-class KvRouterConfig:
-    """KvRouter settings accepted by the scheduler and forwarded to the router unchanged (defaults and rules:
-    services/common/kv_router_flags.py)."""
-
-    router_temperature: float = _KV["router_temperature"].default
-    kv_overlap_score_weight: float = _KV["kv_overlap_score_weight"].default
-    use_kv_events: bool = _KV["use_kv_events"].default
-    router_replica_sync: bool = _KV["router_replica_sync"].default
-    router_track_active_blocks: bool = _KV["router_track_active_blocks"].default
-    router_track_output_blocks: bool = _KV["router_track_output_blocks"].default
-    router_assume_kv_reuse: bool = _KV["router_assume_kv_reuse"].default
-    router_track_prefill_tokens: bool = _KV["router_track_prefill_tokens"].default
-    router_snapshot_threshold: int = _KV["router_snapshot_threshold"].default
-    router_reset_states: bool = _KV["router_reset_states"].default
-    router_ttl_secs: float = _KV["router_ttl_secs"].default
-    router_event_threads: int = _KV["router_event_threads"].default
-    router_queue_threshold: float = _KV["router_queue_threshold"].default
-    router_queue_policy: str = _KV["router_queue_policy"].default
-    router_block_size: int = _KV["router_block_size"].default
-
-    def __post_init__(self) -> None:
-        kv_router_flags.validate(self.as_dict())
-        require(not self.router_track_output_blocks or self.router_track_active_blocks,
-                "router_track_output_blocks", self.router_track_output_blocks,
-                "router_track_output_blocks requires router_track_active_blocks")
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
@@ -329,14 +282,5 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     )
 
 
-__all__ = ["COST_AWARE_SETTINGS", "ConfigError", "KvRouterConfig", "SETTINGS", "SchedulerConfig", "load_config"]
+__all__ = ["COST_AWARE_SETTINGS", "ConfigError", "SETTINGS", "SchedulerConfig", "load_config"]
 
-
-def service_control_params(pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY, **overrides: float) -> ControlParams:
-    """The control law the scheduler service runs with no flags and no environment under
-    `pause_policy` (its defaults, which add resume aging to the seed's and, under any policy but
-    threshold, the program-aware bands), with `overrides` applied."""
-    values = {s.name: s.default for s in CONTROL_SETTINGS}
-    values.update(policy_control_defaults(pause_policy, overrides.get("pause_threshold")))
-    values.update(overrides)
-    return ControlParams(**values)

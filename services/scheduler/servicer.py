@@ -33,8 +33,8 @@ from services.scheduler.adapters.proto import (
     validate_tokens,
     validate_ttft,
 )
-from services.scheduler.config import KvRouterConfig
 from services.scheduler.core import DuplicateRequest, MissingRequestId, RequestMismatch, Verdict
+from services.scheduler.core.defaults import KvRouterConfig
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name

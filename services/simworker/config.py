@@ -15,13 +15,13 @@ from typing import Any, Mapping, Sequence
 
 from services.common.config import Setting, parse_settings, require, validate_trace_sample_ratio
 from services.common.errors import ConfigError
+from services.simworker.core.build import DEFAULT_MODEL_PATH
 from services.simworker.core.timing import host_tokens_from_gb
 
 PROG = "python -m services.simworker"
 ENV_PREFIX = "SIMWORKER_"
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
-DEFAULT_MODEL_PATH = "bandmaster/simworker"
 DEFAULT_TIMING_PROFILE = "glm45-fp8-h200"
 
 

@@ -22,6 +22,7 @@ from services.common.telemetry import Telemetry
 from services.common.tokenizer import ModelTokenizer, load_tokenizer
 from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
+from services.simworker.core import build
 from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.timing import TimingProfile, load_profile
 from services.simworker.driver import EngineDriver
@@ -101,18 +102,17 @@ def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineC
 
 
 def build_engine(config: SimWorkerConfig) -> tuple[Engine, TimingProfile]:
-    """The real engine for `config` and its timing profile."""
-    from services.simworker.core.engine import SimEngine
-
+    """The real engine for `config` and its timing profile (core/build.py `build_engine`)."""
     profile = load_profile(config.timing_profile, dict(config.timing_overrides) or None)
-    return SimEngine(engine_config(config, profile.kv_bytes_per_token), profile), profile
+    return build.build_engine(engine_config(config, profile.kv_bytes_per_token), profile), profile
 
 
 def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: float) -> int:
-    """HiCache host pool in tokens: --hicache-size GB if given, else ratio x GPU pool (SGLang's rule)."""
+    """HiCache host pool in tokens: --hicache-size GB if given, else ratio x GPU pool (core/build.py
+    `host_total_tokens`)."""
     if not config.enable_hierarchical_cache:
         return 0
-    return engine_config(config, kv_bytes_per_token).host_tokens()
+    return build.host_total_tokens(engine_config(config, kv_bytes_per_token))
 
 
 @dataclass

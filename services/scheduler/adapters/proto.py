@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.common.clock import Clock
-from services.scheduler.config import KvRouterConfig
 from services.scheduler.core import (
     Band,
     CapacitySnapshot,
@@ -27,6 +26,7 @@ from services.scheduler.core import (
     Status,
     TurnOutcome,
 )
+from services.scheduler.core.defaults import KvRouterConfig
 
 MAX_ID_BYTES = 256
 _INT32_MAX = 2**31 - 1

@@ -11,10 +11,11 @@ from services.common import kv_router_flags
 from services.common.errors import ConfigError
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
+from services.scheduler.core.defaults import KvRouterConfig
 
 
 def test_scheduler_config_is_the_table_with_its_real_defaults():
-    fields = {f.name: f.default for f in dataclasses.fields(scheduler_config.KvRouterConfig)}
+    fields = {f.name: f.default for f in dataclasses.fields(KvRouterConfig)}
     assert fields == {f.name: f.default for f in kv_router_flags.KV_ROUTER_FLAGS}
     assert scheduler_config.KV_ROUTER_SETTINGS == kv_router_flags.scheduler_settings()
 
@@ -41,7 +42,7 @@ def test_a_value_off_its_rule_is_one_config_error_naming_it(name, value, reason)
         kv_router_flags.validate({name: value})
     assert (caught.value.field, caught.value.value, caught.value.reason) == (name, value, reason)
     with pytest.raises(ConfigError, match=reason):
-        scheduler_config.KvRouterConfig(**{name: value})
+        KvRouterConfig(**{name: value})
 
 
 def test_not_given_passes():

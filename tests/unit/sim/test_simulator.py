@@ -5,15 +5,14 @@ import json
 
 import pytest
 
-from services.scheduler.config import service_control_params
-
 from bench import sim
 from harness.player import RunResult
 from harness.simlib import SimScenario, Simulator, live_control_params, simulate
 from harness.simlib.scenario import replica_capacity, server_info, worker_id
-from services.capacity.core.cards import derive_card, replicas_for, RetentionSettings
+from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.errors import ConfigError
-from services.simworker.server import host_total_tokens
+from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, service_control_params
+from services.simworker.core.build import host_total_tokens
 
 SMALL = dict(workload="swe", programs=4, max_turns=4, token_scale=0.25, workers=2, worker_kv_tokens=16_384)
 # Enough pressure that the reference (threshold) policy pauses and resumes (checked below).
@@ -49,9 +48,9 @@ def test_worker_rules_surface_at_construction():
 def test_retention_budget_is_what_the_capacity_service_derives(gpu, host):
     scenario = SimScenario(worker_kv_tokens=gpu, worker_host_kv_tokens=host)
     engine, profile, capacity = scenario.build_worker(0)
-    config = scenario.worker_config(0)
+    config = scenario.engine_config(0)
     # GPU KV + the host pool the engine really has (write_back: counted in full).
-    expected = gpu + (host_total_tokens(config, profile.kv_bytes_per_token) if host else 0)
+    expected = gpu + (host_total_tokens(config) if host else 0)
     assert capacity.retention_tokens == expected
     assert capacity.max_programs == scenario.worker_max_running_requests
     # The engine holds whole pages of the host pool the worker reports (and capacity counts).
@@ -223,7 +222,6 @@ def test_a_prompt_the_worker_cannot_hold_fails_the_turn_and_ends_the_program():
 
 
 def test_default_policy_is_the_services_and_its_flags_reach_it():
-    from services.scheduler.config import SERVICE_DEFAULT_PAUSE_POLICY
     from services.scheduler.core.policies import CostAwarePauseParams
 
     assert SimScenario().pause_policy == SERVICE_DEFAULT_PAUSE_POLICY
