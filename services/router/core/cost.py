@@ -23,7 +23,8 @@ class CostInputs:
 
 
 class CostPolicy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def __call__(self, inputs: CostInputs) -> float: ...
 

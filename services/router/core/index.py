@@ -183,7 +183,9 @@ class KvEventIndex(_BlockIndex[_Held]):
 
     def _lookup_external(self, replica: Replica, external_id: int) -> int | None:
         by_external = self._by_external.get(replica)
-        block_id = by_external.get(external_id) if by_external else None
+        if not by_external:
+            return None
+        block_id = by_external.get(external_id)
         if block_id is None:
             return None
         if not self.holds(replica, block_id):   # stale alias (the block left under another id)
