@@ -17,12 +17,14 @@ from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
 from services.common.telemetry import grpc_parent
 from services.router import session, validation
-from services.router.control import Outcome
+from services.router.adapters.upstream import loads
+from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
 from services.router.metrics import RouterMetrics
-from services.router.turns import Api, LineKind, TurnRunner, TurnSpec
-from services.router.upstream import loads
+from services.router.relay import LineKind
+from services.router.turn_types import Api, TurnSpec
+from services.router.turns import TurnRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 
@@ -132,7 +134,8 @@ class RouterServicer(pb_grpc.RouterServicer):
                         if not choices:
                             continue
                         choice = choices[0]
-                        text = (choice.get("delta") or {}).get("content") if spec.api is Api.CHAT else choice.get("text")
+                        text = ((choice.get("delta") or {}).get("content") if spec.api is Api.CHAT
+                                else choice.get("text"))
                         if text or total > completion_tokens:
                             yield pb.GenerateChunk(text=text or "", tokens=total - completion_tokens,
                                                    worker_id=worker_id, request_id=spec.request_id)
@@ -169,7 +172,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                 raise BadRequest("session_id is required", param="session_id")
         except RouterError as err:
             await _abort(context, err)
-            raise AssertionError("unreachable")
+            raise AssertionError("unreachable") from None  # abort raised
         ctx, kind = grpc_parent(context)  # unary: a child of the instrumentation's SERVER span
         with self.tracer.start_as_current_span("router.release", context=ctx, kind=kind):
             released = await self.runner.release(sid, client_of(context))

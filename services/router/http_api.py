@@ -27,14 +27,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.router import session, validation
 from services.router.adapters.batch_api import BatchApiProxy, is_batch_path
+from services.router.adapters.upstream import dumps, loads
+from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
-from services.router.control import Outcome
-from services.router.errors import (BadRequest, BodyTooLarge, Internal, MethodNotAllowed, NotFound, PlannerMissing,
-                                    RequestTimeout, RouterError, WorkerFailed, WorkerTimeout)
+from services.router.errors import (
+    BadRequest,
+    BodyTooLarge,
+    Internal,
+    MethodNotAllowed,
+    NotFound,
+    PlannerMissing,
+    RequestTimeout,
+    RouterError,
+    WorkerFailed,
+    WorkerTimeout,
+)
 from services.router.http_server import HttpLimits, error_response
 from services.router.metrics import RouterMetrics
-from services.router.turns import Api, TurnRunner, TurnSpec
-from services.router.upstream import dumps, loads
+from services.router.turn_types import Api, TurnSpec
+from services.router.turns import TurnRunner
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,22 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 from aiohttp import HttpVersion10, HttpVersion11, web
-from aiohttp.http_exceptions import (BadHttpMethod, BadStatusLine, ContentEncodingError, ContentLengthError,
-                                     HttpProcessingError, InvalidHeader, InvalidURLError, LineTooLong,
-                                     TransferEncodingError)
+from aiohttp.http_exceptions import (
+    BadHttpMethod,
+    BadStatusLine,
+    ContentEncodingError,
+    ContentLengthError,
+    HttpProcessingError,
+    InvalidHeader,
+    InvalidURLError,
+    LineTooLong,
+    TransferEncodingError,
+)
 
 from services.common.ports import PortInUse, binding
+from services.router.adapters.upstream import dumps
 from services.router.errors import BadRequest, Internal, Overloaded, RouterError
 from services.router.metrics import RouterMetrics
-from services.router.upstream import dumps
 
 log = logging.getLogger(__name__)
 

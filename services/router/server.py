@@ -30,19 +30,20 @@ from services.common.tokenizer import load_tokenizer
 from services.router.adapters.batch_api import BatchApiProxy
 from services.router.adapters.capacity import WorkerSet
 from services.router.adapters.kv_events import KvEventFeeds
+from services.router.adapters.scheduler import SchedulerClient
+from services.router.adapters.upstream import Upstream
 from services.router.circuits import WorkerCircuits
 from services.router.config import RouterConfig
-from services.router.control import SchedulerClient
-from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.core.limits import ClientLimits
-from services.router.http_api import HttpApi
+from services.router.fleet import Fleet, resolve_params
+from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.health import FleetHealth
+from services.router.http_api import HttpApi
 from services.router.http_server import HttpLimits, start_http
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptTokenizer
 from services.router.redaction import install_log_redaction
-from services.router.turns import Fleet, TurnRunner, resolve_params
-from services.router.upstream import Upstream
+from services.router.turns import TurnRunner
 
 log = logging.getLogger(__name__)
 

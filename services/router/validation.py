@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from services.router.adapters.upstream import dumps
 from services.router.errors import BadRequest
-from services.router.upstream import dumps
 
 MAX_ID_BYTES = 256
 MAX_TOKEN_ID = 2**31 - 1     # SGLang token ids are int32; the prefix hash packs them as u32

@@ -7,7 +7,7 @@ import json
 import aiohttp
 
 from services.router.http_api import has_content
-from services.router.turns import Api
+from services.router.turn_types import Api
 from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter

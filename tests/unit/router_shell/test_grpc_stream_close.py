@@ -15,10 +15,10 @@ from types import SimpleNamespace
 from opentelemetry import trace
 
 from bandmaster.router.v1 import router_pb2 as rpb
-from services.router.control import Outcome
+from services.router.core.outcome import Outcome
 from services.router.grpc_api import RouterServicer
 from services.router.metrics import RouterMetrics
-from services.router.turns import LineKind
+from services.router.relay import LineKind
 
 
 class _Turn:

@@ -16,7 +16,8 @@ from services.router.http_api import build_spec
 from services.router.metrics import RouterMetrics
 from services.router.prompts import INLINE_MAX_CHARS, PromptMode, PromptTokenizer
 from services.router.server import start_router
-from services.router.turns import Api, TurnRunner
+from services.router.turn_types import Api
+from services.router.turns import TurnRunner
 from tests.support.tokenizer_files import build_tokenizer_dir, tokenizer_dir  # noqa: F401
 
 CHAT = {"messages": [{"role": "system", "content": "You are a coding agent."},

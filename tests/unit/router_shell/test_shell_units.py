@@ -11,8 +11,9 @@ from services.router import session
 from services.router.adapters.kv_events import publisher_endpoint_from_info, subscribe_endpoint
 from services.router.config import KvOverrides, load_config
 from services.router.errors import BadRequest, ModelNotFound, NoHealthyWorker
+from services.router.fleet import resolve_params
 from services.router.http_api import build_spec, empty_completion
-from services.router.turns import Api, resolve_params
+from services.router.turn_types import Api
 
 
 @pytest.mark.parametrize("headers, expected", [

@@ -17,11 +17,14 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.router.adapters.upstream import dumps, loads
 from services.router.errors import WorkerFailed
-from services.router.turns import (Api, LineKind, OpenTurn, SseRelay, TurnSpec, _Bookkeeping, _stream_error,
-                                   ensure_cached_details, split_lines)
+from services.router.open_turn import Bookkeeping as _Bookkeeping
+from services.router.open_turn import OpenTurn
+from services.router.relay import LineKind, SseRelay, ensure_cached_details, split_lines
+from services.router.relay import stream_error as _stream_error
 from services.router.session import SessionIdentity
-from services.router.upstream import dumps, loads
+from services.router.turn_types import Api, TurnSpec
 
 HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
 CONTENT = HEAD + b'[{"index":0,"delta":{"content":"tok"},"finish_reason":null}],"usage":null}\n'

@@ -10,7 +10,8 @@ from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
 from services.router.core.prompt_text import chat_routing_text
 from services.router.session import SessionIdentity
-from services.router.turns import Api, TurnRunner, TurnSpec
+from services.router.turn_types import Api, TurnSpec
+from services.router.turns import TurnRunner
 from services.simworker.chat import render_chat
 from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
 

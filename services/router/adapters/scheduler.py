@@ -1,5 +1,8 @@
 """The router's client of the scheduler: Admit, Bind, Complete, Release, GetRouterConfig.
 
+A turn's outcome comes in as the domain `Outcome` (core/outcome.py); `complete` sends it as the
+protobuf `TurnOutcome`.
+
 Failing open is decided here and only here. `admit` returns None when the scheduler cannot decide,
 and the turn is then routed by KV cost alone (`bandmaster_router_scheduler_fail_open_total{reason}`,
 one WARN per outage, an INFO when the scheduler answers again):
@@ -35,6 +38,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.loop_lag import LoopLag
 from services.common.telemetry import inject_metadata
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
+from services.router.core.outcome import Outcome
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -45,10 +49,8 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 
 
-class Outcome:
-    OK = pb.TURN_OUTCOME_OK
-    CANCELLED = pb.TURN_OUTCOME_CANCELLED
-    FAILED = pb.TURN_OUTCOME_FAILED
+_OUTCOME_TO_PROTO = {Outcome.OK: pb.TURN_OUTCOME_OK, Outcome.CANCELLED: pb.TURN_OUTCOME_CANCELLED,
+                     Outcome.FAILED: pb.TURN_OUTCOME_FAILED}
 
 
 @dataclass(frozen=True)
@@ -269,12 +271,13 @@ class SchedulerClient:
                           pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
 
     async def complete(self, session_id: str, request_id: str, worker_id: str, dp_rank: int, prompt_tokens: int,
-                       completion_tokens: int, cached_tokens: int, outcome: int, *, ttft_s: float = 0.0) -> None:
+                       completion_tokens: int, cached_tokens: int, outcome: Outcome, *, ttft_s: float = 0.0) -> None:
         try:
             await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
                 session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
                 prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
-                cached_tokens=max(0, cached_tokens), outcome=outcome, ttft_seconds=max(0.0, ttft_s)))
+                cached_tokens=max(0, cached_tokens), outcome=_OUTCOME_TO_PROTO[outcome],
+                ttft_seconds=max(0.0, ttft_s)))
         finally:
             self._leases.pop(request_id, None)  # the turn is over (if Complete failed, its lease lapses)
 
