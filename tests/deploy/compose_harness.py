@@ -43,6 +43,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import yaml
 
 from services.common import healthcheck
+from tests.support.processes import Process, start
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -343,8 +344,7 @@ class ComposeRunError(AssertionError):
 @dataclass
 class Running:
     plan: ServicePlan
-    process: subprocess.Popen
-    log_path: Path
+    process: Process
     healthy: bool = False
     last_probe: str = "not probed yet"
 
@@ -352,14 +352,6 @@ class Running:
 def _base_env(home: Path) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
 
 
 class ComposeRun:
@@ -392,19 +384,16 @@ class ComposeRun:
             time.sleep(probe_interval_s)
 
     def _spawn(self, service: ServicePlan) -> None:
-        log_path = self.log_dir / f"{service.name}.log"
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(service.argv, env={**_base_env(service.workdir), **service.env},
-                                       cwd=service.workdir, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-        self.running[service.name] = Running(service, process, log_path)
+        process = start(service.name, list(service.argv), self.log_dir,
+                        env={**_base_env(service.workdir), **service.env}, cwd=service.workdir, new_session=True)
+        self.running[service.name] = Running(service, process)
 
     def _check_alive(self) -> None:
         for name, item in self.running.items():
-            code = item.process.poll()
+            code = item.process.returncode
             if code is not None:
                 raise ComposeRunError(f"{name} exited with status {code} (command: {shlex.join(item.plan.argv)})\n"
-                                      f"--- {name} log ---\n{log_tail(item.log_path)}")
+                                      f"--- {name} log ---\n{item.process.log_tail(25)}")
 
     def _probe(self, item: Running) -> tuple[bool, str]:
         check = item.plan.healthcheck
@@ -428,22 +417,22 @@ class ComposeRun:
             lines.append(f"  {name}: not started, waiting for {', '.join(waiting)} to be healthy")
         for name, item in self.running.items():
             if not item.healthy:
-                lines.append(f"  {name}: unhealthy ({item.last_probe})\n--- {name} log ---\n{log_tail(item.log_path)}")
+                lines.append(f"  {name}: unhealthy ({item.last_probe})\n"
+                             f"--- {name} log ---\n{item.process.log_tail(25)}")
         return "\n".join(lines)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every started process (dependants first), then SIGKILL whatever outlives the grace."""
         items = list(self.running.values())[::-1]
         for item in items:
-            if item.process.poll() is None:
-                item.process.send_signal(signal.SIGTERM)
+            item.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for item in items:
             try:
-                item.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                item.process.wait_exit(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 item.process.kill()
-                item.process.wait()
+                item.process.wait_exit()
 
     def url(self, service: str, port: int, path: str = "") -> str:
         return f"http://{self.stack.addresses[service]}:{port}{path}"

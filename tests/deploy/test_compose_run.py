@@ -74,7 +74,7 @@ def test_the_stack_is_what_the_compose_file_says(stack):
     assert stack.stack.services["capacity"].env["BANDMASTER_CAPACITY_WORKER_URLS"] == ",".join(
         f"http://{stack.stack.addresses[w]}:30000" for w in ("simworker-1", "simworker-2"))
     for name, item in stack.running.items():
-        assert item.healthy and item.process.poll() is None, name
+        assert item.healthy and item.process.running, name
 
 
 def agent_program(stack: ch.ComposeRun, program: str, api_key: str = "none") -> None:
@@ -128,7 +128,7 @@ def run_batch(stack: ch.ComposeRun, api_key: str = "none", n: int = 3) -> None:
         assert batch.status not in ("failed", "expired", "cancelled"), batch
         assert time.monotonic() < deadline, (f"batch {batch.id} still {batch.status} after {BATCH_TIMEOUT_S:g}s "
                                              f"({batch.request_counts}); planner log:\n"
-                                             f"{ch.log_tail(stack.running['planner'].log_path)}")
+                                             f"{stack.running['planner'].process.log_tail(25)}")
         time.sleep(0.5)
         batch = api.batches.retrieve(batch.id)
     assert batch.request_counts.completed == n and batch.request_counts.failed == 0

@@ -9,18 +9,17 @@ a package or data file (the simulated workers' timing profiles) that the image w
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.deploy.compose_harness import ROOT
+from tests.support.processes import python_module, start
 
 pytestmark = pytest.mark.integration
 
@@ -119,22 +118,9 @@ def test_the_install_holds_every_service_and_its_data(installed):
 def test_a_service_from_the_install_serves_and_passes_its_healthcheck(installed, tmp_path):
     ready = tmp_path / "ready.json"
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(installed), "HOME": str(tmp_path)}
-    worker = subprocess.Popen([sys.executable, "-m", "services.simworker", "--host", "127.0.0.1", "--port", "0",
-                               "--ready-file", str(ready)], cwd=tmp_path, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            assert worker.poll() is None, worker.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline, "the simworker from the install wrote no ready file in 60 s"
-            time.sleep(0.1)
-        port = json.loads(ready.read_text())["port"]
+    with start("simworker", python_module("services.simworker", "--host", "127.0.0.1", "--port", "0",
+                                          "--ready-file", str(ready)), tmp_path, env=env, cwd=tmp_path,
+               ready_file=ready).wait_ready(timeout_s=60) as worker:
+        port = worker.ready["port"]
         probe = run_installed(installed, "-m", "services.common.healthcheck", f"http://127.0.0.1:{port}/health")
         assert probe.returncode == 0, probe.stdout + probe.stderr
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()

@@ -1,8 +1,7 @@
-import shutil
-
 import pytest
 
-from tests.faults.support import RedisServer, ScriptedCapacity
+from tests.faults.support import ScriptedCapacity
+from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 
 W = ("w1", 0)
 
@@ -14,13 +13,3 @@ async def scripted_capacity():
     await cap.start()
     yield cap
     await cap.stop()
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (make system-deps installs it)")
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()

@@ -6,12 +6,6 @@ helpers to drive programs into the states the faults need.
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,7 +71,7 @@ class ScriptedCapacity(cap_pb_grpc.CapacityServicer):
 
 
 async def start_scheduler(tmp: Path, capacity_addr: str, *args: str, name: str = "scheduler",
-                          listen: str = "127.0.0.1:0") -> stack.Proc:
+                          listen: str = "127.0.0.1:0") -> stack.Process:
     """The scheduler as a real process (reference policy, fast ticks), serving on `listen`; its state
     in `tmp/<name>.state.sqlite` unless `args` name a store."""
     state = [] if any(a.startswith(("--state-path", "--state-redis-url")) for a in args) else [
@@ -89,14 +83,8 @@ async def start_scheduler(tmp: Path, capacity_addr: str, *args: str, name: str =
         "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1", *state, *args], tmp)
 
 
-async def metric(proc: stack.Proc, name: str) -> float:
+async def metric(proc: stack.Process, name: str) -> float:
     return await stack.metric(stack.metrics_url(proc), name)
-
-
-def kill(proc: stack.Proc) -> None:
-    """SIGKILL: no shutdown path runs."""
-    if proc.process.returncode is None:
-        proc.process.send_signal(signal.SIGKILL)
 
 
 @dataclass
@@ -138,65 +126,3 @@ def table(programs: dict[str, pb.Program]) -> dict[str, tuple]:
     """What a rollback must leave exactly as it was (timestamps aside)."""
     return {sid: (p.status, p.lifecycle, p.token_total, p.turns, p.worker_id, p.dp_rank, p.parent_session_id)
             for sid, p in programs.items()}
-
-
-# ---------------------------------------------------------------------- redis-server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A real redis-server on a free loopback port, with no persistence of its own (the state lives in
-    the process): SIGSTOP/SIGCONT and SIGKILL + restart on the same port are the faults."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.binary = shutil.which("redis-server")
-        self.tmp = tmp
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert self.binary is not None
-        self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.tmp), "--protected-mode", "no"],
-            stdout=open(self.tmp / f"redis-{self.port}.log", "ab"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-
-    def signal(self, sig: int) -> None:
-        assert self.process is not None
-        os.kill(self.process.pid, sig)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGCONT)  # a stopped server cannot act on SIGTERM
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 
 import grpc
@@ -109,7 +108,7 @@ async def test_frozen_worker_times_out_and_the_service_stays_responsive(tmp_path
             watch.stop()
         no_tracebacks(proc)
     finally:
-        await proc.stop()
+        await proc.stop_async()
         await frozen.stop()
         await steady.stop()
 
@@ -132,7 +131,7 @@ async def test_a_slow_worker_answering_in_pieces_is_accepted(tmp_path, chunked):
             watch.stop()
         no_tracebacks(proc)
     finally:
-        await proc.stop()
+        await proc.stop_async()
         await slow.stop()
 
 
@@ -148,8 +147,8 @@ async def test_a_killed_worker_is_unhealthy_then_removed(tmp_path):
             await watch.until(lambda ws: "victim" in ws and ws["victim"].health == H.WORKER_HEALTH_HEALTHY,
                               timeout_s=10)
             assert watch.snapshots[-1][1].total_retention_tokens == 1000
-            stub.process.send_signal(signal.SIGKILL)
-            await stub.process.wait()
+            stub.kill()
+            await stub.wait_exit_async()
             killed_at = time.monotonic()
             w = await watch.until(lambda ws: ws["victim"].health == H.WORKER_HEALTH_UNHEALTHY and ws["victim"],
                                   timeout_s=UNHEALTHY_BOUND_S)
@@ -163,5 +162,5 @@ async def test_a_killed_worker_is_unhealthy_then_removed(tmp_path):
         no_tracebacks(proc)
         assert "worker victim removed" in proc.log_text()
     finally:
-        await proc.stop()
-        await stub.stop()
+        await proc.stop_async()
+        await stub.stop_async()

@@ -58,16 +58,16 @@ async def test_capacity_frozen_then_killed_and_restarted(tmp_path):
         assert await stack.metric(url, "bandmaster_router_workers") == 1
 
         # Frozen: the fleet keeps serving on the snapshot it has.
-        cap.process.send_signal(signal.SIGSTOP)
+        cap.send_signal(signal.SIGSTOP)
         try:
             assert max(await _turns(url, "frozen")) < TURN_BOUND_S
         finally:
-            cap.process.send_signal(signal.SIGCONT)
+            cap.send_signal(signal.SIGCONT)
         assert max(await _turns(url, "thawed")) < TURN_BOUND_S
 
         # Killed: the same, and nothing waits on the dead service.
-        cap.process.kill()
-        await cap.process.wait()
+        cap.kill()
+        await cap.wait_exit_async()
         st.procs.remove(cap)
         assert max(await _turns(url, "down")) < TURN_BOUND_S
 
@@ -85,11 +85,11 @@ async def test_capacity_frozen_then_killed_and_restarted(tmp_path):
             return await _served_by(w2)
         await assert_eventually(new_worker_serves, timeout_s=30, interval_s=0.2)
     finally:
-        if cap is not None and cap.process.returncode is None:
-            cap.process.send_signal(signal.SIGCONT)
+        if cap is not None and cap.returncode is None:
+            cap.send_signal(signal.SIGCONT)
         await st.close()
 
 
-async def _served_by(worker: stack.Proc) -> bool:
+async def _served_by(worker: stack.Process) -> bool:
     """True once `worker` has served at least one request (its prompt-token counter moved)."""
     return await stack.metric(worker.ready["url"], "sglang:prompt_tokens_total") > 0

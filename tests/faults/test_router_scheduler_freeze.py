@@ -45,7 +45,7 @@ async def test_frozen_scheduler_turns_fail_open_within_the_decision_deadline(tmp
         await assert_eventually(lambda: _turn(url, "warm", 0), timeout_s=20, interval_s=0.2)
         assert await stack.metric(url, "bandmaster_router_scheduler_fail_open_total") == 0
 
-        sched.process.send_signal(signal.SIGSTOP)
+        sched.send_signal(signal.SIGSTOP)
         turns = [("prog-a", 1), ("prog-b", 1), ("warm", 1), ("", 1), ("", 2)]
         # Before the fix each of these waited for the scheduler (an hour's deadline): bound the test instead.
         elapsed = await asyncio.wait_for(asyncio.gather(*(_turn(url, sid, i) for sid, i in turns)), 20)
@@ -56,7 +56,7 @@ async def test_frozen_scheduler_turns_fail_open_within_the_decision_deadline(tmp
         assert await asyncio.wait_for(_turn(url, "prog-c", 1), 10) < DECISION_S
         assert router.log_text().count("failing open") == 1
 
-        sched.process.send_signal(signal.SIGCONT)
+        sched.send_signal(signal.SIGCONT)
 
         async def admitted_again():
             await _turn(url, "prog-d", 1)
@@ -65,5 +65,5 @@ async def test_frozen_scheduler_turns_fail_open_within_the_decision_deadline(tmp
         assert "reachable again" in router.log_text()
     finally:
         if sched is not None:
-            sched.process.send_signal(signal.SIGCONT)
+            sched.send_signal(signal.SIGCONT)
         await st.close()

@@ -49,7 +49,7 @@ async def test_turns_sent_to_a_frozen_worker_are_retried_before_the_first_token(
         url = stack.router_url(router)
         await stack.healthy_workers(url, 2)
         frozen = workers[0]
-        frozen.process.send_signal(signal.SIGSTOP)
+        frozen.send_signal(signal.SIGSTOP)
 
         results = await asyncio.wait_for(asyncio.gather(*(_stream(url, i) for i in range(6))), 25)
         # Picks are random (temperature 10): top up one by one until two turns met the frozen worker.
@@ -70,7 +70,7 @@ async def test_turns_sent_to_a_frozen_worker_are_retried_before_the_first_token(
         assert "worker " in router.log_text() and "out of rotation" in router.log_text()
     finally:
         if frozen is not None:
-            frozen.process.send_signal(signal.SIGCONT)
+            frozen.send_signal(signal.SIGCONT)
         await st.close()
 
 
@@ -96,7 +96,7 @@ async def test_a_stream_whose_worker_freezes_ends_with_an_error_event(tmp_path):
                         chunks += 1
                     if chunks == 5:
                         break
-                worker.process.send_signal(signal.SIGSTOP)
+                worker.send_signal(signal.SIGSTOP)
                 frozen_at = time.monotonic()
                 rest = await asyncio.wait_for(r.read(), INTER_TOKEN_S + 10)
                 ended_after = time.monotonic() - frozen_at
@@ -108,5 +108,5 @@ async def test_a_stream_whose_worker_freezes_ends_with_an_error_event(tmp_path):
         assert await stack.metric(url, "bandmaster_router_requests_total", 'outcome="failed"') == 1
     finally:
         if worker is not None:
-            worker.process.send_signal(signal.SIGCONT)
+            worker.send_signal(signal.SIGCONT)
         await st.close()

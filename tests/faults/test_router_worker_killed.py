@@ -42,7 +42,7 @@ async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_
                 loads = [await stack.worker_load(w.ready["url"]) for w in workers]
                 serving = max(range(2), key=lambda i: loads[i].get("num_reqs", 0))
                 killed_at = time.monotonic()
-                workers[serving].process.kill()
+                workers[serving].kill()
                 rest = await asyncio.wait_for(r.read(), 15)
                 ended_after = time.monotonic() - killed_at
         events = [line for line in rest.split(b"\n") if line.startswith(b"data:")]

@@ -61,7 +61,7 @@ async def test_cancelling_many_held_admits_leaves_the_table_as_it_was(tmp_path, 
         assert stats.admissions_cancelled_total == stats.admissions_total - 2  # all but a-1 and b-1
     finally:
         await client.close()
-        await sched.stop()
+        await sched.stop_async()
 
 
 async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_path, scripted_capacity):
@@ -84,4 +84,4 @@ async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_
         await assert_eventually(settled, timeout_s=5)
     finally:
         await client.close()
-        await sched.stop()
+        await sched.stop_async()

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.faults.support import Client, kill, metric, start_scheduler
+from tests.faults.support import Client, metric, start_scheduler
 from tests.support.eventually import assert_eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -41,15 +41,15 @@ async def _store_up(proc, up: bool) -> None:
 
 async def _recovered_table(tmp_path, capacity, first, store: list[str], name: str) -> dict:
     """SIGKILL `first`, start a scheduler from the same Redis, return its table."""
-    kill(first)
-    await first.process.wait()
+    first.kill()
+    await first.wait_exit_async()
     second = await start_scheduler(tmp_path, capacity.address, *store, name=name)
     client = Client.connect(second.ready["grpc"])
     try:
         return {sid: (p.token_total, p.turns) for sid, p in (await client.programs()).items()}
     finally:
         await client.close()
-        await second.stop()
+        await second.stop_async()
 
 
 async def test_redis_stopped_then_continued(tmp_path, scripted_capacity, redis_server):
@@ -80,7 +80,7 @@ async def test_redis_stopped_then_continued(tmp_path, scripted_capacity, redis_s
         assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-        await sched.stop()
+        await sched.stop_async()
 
 
 async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_path, scripted_capacity,
@@ -104,7 +104,7 @@ async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_pa
         assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-        await sched.stop()
+        await sched.stop_async()
 
 
 async def test_redis_restarted_empty_between_two_writes_is_noticed(tmp_path, scripted_capacity, redis_server):
@@ -130,4 +130,4 @@ async def test_redis_restarted_empty_between_two_writes_is_noticed(tmp_path, scr
         assert await _recovered_table(tmp_path, scripted_capacity, sched, store, "scheduler-2") == table
     finally:
         await client.close()
-        await sched.stop()  # already gone on success; stopped here when an assertion failed first
+        await sched.stop_async()  # already gone on success; stopped here when an assertion failed first

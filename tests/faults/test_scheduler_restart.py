@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from tests.faults.support import Client, kill, metric, start_scheduler
+from tests.faults.support import Client, metric, start_scheduler
 from tests.support.eventually import assert_eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -46,8 +46,8 @@ async def _kill_and_restart(tmp_path, capacity, first, client: Client, store: li
     await asyncio.sleep(FLUSH_S * 5)  # past the loss window: the last batch is written
     before = _table(await client.programs())
     stats = await client.stats()
-    kill(first)
-    await first.process.wait()
+    first.kill()
+    await first.wait_exit_async()
     await client.close()
     second = await start_scheduler(tmp_path, capacity.address, *store, name="scheduler-2")
     client = Client.connect(second.ready["grpc"])
@@ -91,7 +91,7 @@ async def test_sigkilled_scheduler_recovers_its_table_from_sqlite(tmp_path, scri
         await client.close()
         for proc in (first, second):
             if proc is not None:
-                await proc.stop()
+                await proc.stop_async()
 
 
 async def test_sigkilled_scheduler_recovers_its_table_from_redis(tmp_path, scripted_capacity, redis_server):
@@ -108,7 +108,7 @@ async def test_sigkilled_scheduler_recovers_its_table_from_redis(tmp_path, scrip
         await client.close()
         for proc in (first, second):
             if proc is not None:
-                await proc.stop()
+                await proc.stop_async()
 
 
 async def test_a_second_scheduler_on_the_same_file_is_refused(tmp_path, scripted_capacity):
@@ -119,4 +119,4 @@ async def test_a_second_scheduler_on_the_same_file_is_refused(tmp_path, scripted
             await start_scheduler(tmp_path, scripted_capacity.address, "--state-path", path, name="intruder")
         assert "in use by another scheduler" in str(err.value) and "state_path" in str(err.value)
     finally:
-        await first.stop()
+        await first.stop_async()

@@ -11,7 +11,7 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from clients import session_headers
-from tests.faults.support import Client, kill, start_scheduler
+from tests.faults.support import Client, start_scheduler
 from tests.support import router_stack as stack
 from tests.support.eventually import assert_eventually
 
@@ -73,7 +73,7 @@ async def test_a_router_killed_mid_turn_releases_its_program_within_the_lease(tm
         turn = asyncio.ensure_future(_stream_turn(stack.router_url(router), "prog-crash", 600, first))
         await _first_chunk(turn, first)
         assert await _status(client, "prog-crash") == pb.PROGRAM_STATUS_REASONING
-        kill(router)
+        router.kill()
         killed_at = time.monotonic()
         await asyncio.gather(turn, return_exceptions=True)
 

@@ -5,12 +5,7 @@ with different info, breaks (health failing -> UNHEALTHY -> removed), and one is
 """
 
 import asyncio
-import json
-import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -18,18 +13,11 @@ import pytest
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from tests.support.eventually import assert_eventually
+from tests.support.processes import base_env, python_module, run_module, start
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 H = pb.WorkerHealth
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_CAPACITY_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    return env
 
 
 @pytest.mark.parametrize("argv, env, message", [
@@ -39,8 +27,7 @@ def _env():
     (["--worker-url", "ftp://x:1"], {}, "scheme must be http or https"),
 ])
 def test_invalid_config_exits_2_naming_the_rule(argv, env, message):
-    proc = subprocess.run([sys.executable, "-m", "services.capacity", *argv], cwd=ROOT, env={**_env(), **env},
-                          capture_output=True, text=True, timeout=60)
+    proc = run_module("services.capacity", *argv, env=base_env(**env))
     assert proc.returncode == 2
     assert message in proc.stderr and "invalid configuration" in proc.stderr
 
@@ -77,15 +64,14 @@ async def test_capacity_process_follows_workers(tmp_path):
     await a.start()
     await b.start()
     ready = tmp_path / "ready.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.capacity", "--worker-url", a.url, "--listen", "127.0.0.1:0",
+    proc = start("capacity", python_module(
+        "services.capacity", "--worker-url", a.url, "--listen", "127.0.0.1:0",
         "--metrics-port", "0", "--ready-file", str(ready), "--poll-interval-seconds", "0.2",
         "--poll-timeout-seconds", "0.2", "--unhealthy-after-failures", "2", "--remove-unhealthy-after-seconds", "1",
-        "--watch-heartbeat-seconds", "0.5", "--shutdown-grace-seconds", "1",
-        cwd=ROOT, env=_env(), stderr=asyncio.subprocess.PIPE)
+        "--watch-heartbeat-seconds", "0.5", "--shutdown-grace-seconds", "1"), tmp_path, ready_file=ready)
     watch = None
     try:
-        info = await assert_eventually(lambda: ready.exists() and json.loads(ready.read_text()), timeout_s=30)
+        info = (await proc.wait_ready_async()).ready
         async with grpc.aio.insecure_channel(info["grpc"]) as channel:
             client = pb_grpc.CapacityStub(channel)
             watch = Watch(client)
@@ -129,16 +115,14 @@ async def test_capacity_process_follows_workers(tmp_path):
             assert watch.snapshots[-1].version == versions[-1]
             watch.stop()
         proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), 20) == 0
-        stderr = (await proc.stderr.read()).decode()
+        assert await proc.wait_exit_async(20) == 0
+        stderr = proc.log_text()
         assert "worker b card_changed" in stderr and "gpu_kv_tokens=4000" in stderr
         assert "worker b health: HEALTHY -> UNHEALTHY" in stderr
         assert "worker b removed" in stderr
     finally:
         if watch is not None:
             watch.stop()
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await proc.stop_async()
         await a.stop()
         await b.stop()

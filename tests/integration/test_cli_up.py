@@ -3,68 +3,32 @@ its discovery file found by `bandmaster status` and `programs`; a taken port and
 worker said plainly. Every cluster here runs on `--ports auto` so that tests never collide."""
 
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import grpc
-import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from tests.support.eventually import wait_until
+from tests.support.processes import base_env, pid_alive, python_module, run_module, start
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _until_up(proc) -> str:
-    lines = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-    return "".join(lines)
+UP_LINE = "Ctrl-C to stop"
 
 
 def _cli(*argv: str, cluster_file: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "BANDMASTER_CLUSTER_FILE": str(cluster_file)}
-    return subprocess.run([sys.executable, "-m", "services.cli", *argv], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
-
-
-@pytest.fixture
-def taken_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
+    return run_module("services.cli", *argv, env=base_env(BANDMASTER_CLUSTER_FILE=str(cluster_file)))
 
 
 def test_up_serves_and_stops_without_orphans(tmp_path):
     state = tmp_path / "state"
     cluster_file = tmp_path / "run" / "cluster.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--workers", "2", "--worker-kv-tokens", "8192",
-         "--speedup", "20", "--ports", "auto", "--state-dir", str(state), "--cluster-file", str(cluster_file)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        output = _until_up(proc)
+    with start("bandmaster-up", python_module(
+            "services.cli", "up", "--workers", "2", "--worker-kv-tokens", "8192",
+            "--speedup", "20", "--ports", "auto", "--state-dir", str(state), "--cluster-file", str(cluster_file)),
+            tmp_path) as proc:
+        output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "Bandmaster is up" in output, output
         assert "NO HEALTHY WORKER" not in output, output
         assert "capacity" in output and "worker[1]" in output, output
@@ -73,7 +37,7 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert set(ready) >= {"capacity.ready.json", "scheduler.ready.json", "router.ready.json",
                               "simworker-0.ready.json", "simworker-1.ready.json"}
         child_pids = [r["pid"] for r in ready.values()]
-        assert all(_alive(pid) for pid in child_pids)
+        assert all(pid_alive(pid) for pid in child_pids)
 
         with grpc.insecure_channel(ready["capacity.ready.json"]["grpc"]) as channel:
             stub = capacity_pb2_grpc.CapacityStub(channel)
@@ -95,45 +59,37 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert programs.returncode == 0 and "replicas (2)" in programs.stdout, programs.stderr
 
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
+        proc.wait_exit(60)
+        rest = proc.log_text()
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
         assert not cluster_file.exists(), "the discovery file outlived its cluster"
-        wait_until(lambda: not any(_alive(pid) for pid in child_pids), timeout_s=10, interval_s=0.1,
+        wait_until(lambda: not any(pid_alive(pid) for pid in child_pids), timeout_s=10, interval_s=0.1,
                    message="children outlived `bandmaster up`")
         # The scheduler kept its table in the state dir (recovered by the next `up` on it).
         assert (state / "scheduler-state.sqlite").is_file()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_up_refuses_invalid_options_naming_the_rule():
-    result = subprocess.run([sys.executable, "-m", "services.cli", "up", "--workers", "1", "--speedup", "0"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run_module("services.cli", "up", "--workers", "1", "--speedup", "0")
     assert result.returncode == 2
     assert "worker_speedup > 0" in result.stderr
 
 
 def test_up_reports_a_child_that_cannot_start(tmp_path):
     # An unknown timing profile is refused by the simulated worker itself (exit 2).
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--workers", "1", "--worker-kv-tokens", "64",
-         "--worker-page-size", "64", "--state-dir", str(tmp_path), "--timing-profile", "no-such-profile",
-         "--ports", "auto"],
-        cwd=ROOT, capture_output=True, text=True, timeout=90,
-    )
+    result = run_module("services.cli", "up", "--workers", "1", "--worker-kv-tokens", "64",
+                        "--worker-page-size", "64", "--state-dir", str(tmp_path), "--timing-profile", "no-such-profile",
+                        "--ports", "auto", timeout_s=90)
     assert result.returncode == 1
     assert "simworker-0 exited with code 2" in result.stderr
-    assert not any(_alive(int(json.loads(p.read_text())["pid"])) for p in Path(tmp_path).glob("*.ready.json"))
+    assert not any(pid_alive(int(json.loads(p.read_text())["pid"])) for p in Path(tmp_path).glob("*.ready.json"))
 
 
 def test_up_on_a_taken_port_says_which_and_the_flag_that_moves_it(tmp_path, taken_port):
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--workers", "1", "--ports", "auto", "--scheduler-port",
-         str(taken_port), "--state-dir", str(tmp_path / "state"), "--cluster-file", str(tmp_path / "cluster.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = run_module("services.cli", "up", "--workers", "1", "--ports", "auto", "--scheduler-port",
+                        str(taken_port), "--state-dir", str(tmp_path / "state"),
+                        "--cluster-file", str(tmp_path / "cluster.json"))
     assert result.returncode == 1
     assert result.stderr.strip() == (f"bandmaster up: port {taken_port} (scheduler gRPC) is already in use; choose "
                                      "another with --scheduler-port (or --ports auto)")
@@ -148,11 +104,9 @@ def _unreachable_url() -> str:
 
 def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one(tmp_path):
     url = _unreachable_url()
-    result = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--worker-url", url, "--ports", "auto", "--no-planner",
-         "--healthy-timeout-seconds", "5", "--state-dir", str(tmp_path / "state"),
-         "--cluster-file", str(tmp_path / "cluster.json")],
-        cwd=ROOT, capture_output=True, text=True, timeout=90)
+    result = run_module("services.cli", "up", "--worker-url", url, "--ports", "auto", "--no-planner",
+                        "--healthy-timeout-seconds", "5", "--state-dir", str(tmp_path / "state"),
+                        "--cluster-file", str(tmp_path / "cluster.json"), timeout_s=90)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Bandmaster is up" not in result.stdout
     assert "NO HEALTHY WORKER" in result.stderr and "--require-healthy" in result.stderr, result.stderr
@@ -164,21 +118,15 @@ def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one
 def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
     url = _unreachable_url()
     cluster_file = tmp_path / "cluster.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--worker-url", url, "--no-require-healthy", "--ports", "auto",
-         "--no-planner", "--healthy-timeout-seconds", "2", "--state-dir", str(tmp_path / "state"),
-         "--cluster-file", str(cluster_file)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output = _until_up(proc)
+    with start("bandmaster-up", python_module(
+            "services.cli", "up", "--worker-url", url, "--no-require-healthy", "--ports", "auto",
+            "--no-planner", "--healthy-timeout-seconds", "2", "--state-dir", str(tmp_path / "state"),
+            "--cluster-file", str(cluster_file)), tmp_path) as proc:
+        output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "NO HEALTHY WORKER" in output and url in output, output
         assert "Bandmaster is up WITHOUT A HEALTHY WORKER" in output, output
         status = _cli("status", "--once", cluster_file=cluster_file)
         assert status.returncode == 0 and "NO HEALTHY WORKER" in status.stdout, status.stdout + status.stderr
         proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        proc.wait_exit(60)
         assert proc.returncode == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

@@ -6,13 +6,10 @@ a planner SIGKILLed mid-batch and restarted behind the same router loses and dup
 
 from __future__ import annotations
 
+import functools
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -25,9 +22,9 @@ from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
 from harness.cluster import ClusterConfig, start_cluster
 from harness.supervisor import Supervisor
 from tests.support.eventually import wait_until
+from tests.support.processes import Process, python_module, run_module, start
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bandmaster-sim"
 
 
@@ -58,40 +55,14 @@ def assert_exactly_once(client: openai.OpenAI, batch, n: int) -> None:
     assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in lines)
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_")}
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    return env
-
-
-def _up(state: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--worker-kv-tokens", "8192",
-                             "--speedup", "50", "--ports", "auto", "--state-dir", str(state),
-                             "--cluster-file", str(state / "cluster.json"), *extra],
-                            cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-    output = "".join(lines)
+def _up(state: Path, *extra: str) -> tuple[Process, str]:
+    proc = start("bandmaster-up", python_module(
+        "services.cli", "up", "--worker-kv-tokens", "8192", "--speedup", "50", "--ports", "auto",
+        "--state-dir", str(state), "--cluster-file", str(state / "cluster.json"), *extra), state.parent)
+    output = proc.wait_for_log("Ctrl-C to stop", timeout_s=120)
     assert "Bandmaster is up" in output and "Batch API:" in output, output
     router = json.loads((state / "router.ready.json").read_text())
     return proc, f"http://127.0.0.1:{router['http_port']}/v1"
-
-
-def _down(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
 
 
 def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
@@ -116,24 +87,20 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
         assert batch_ok >= n
         # The CLI on the same cluster, found through the state dir.
         (tmp_path / "in.jsonl").write_bytes(batch_file(3))
-        cli = [sys.executable, "-m", "services.cli"]
-        submitted = subprocess.run([*cli, "batch", "--state-dir", str(state), "submit", str(tmp_path / "in.jsonl"),
-                                    "--window", "24h"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+        cli = functools.partial(run_module, "services.cli")
+        submitted = cli("batch", "--state-dir", str(state), "submit", str(tmp_path / "in.jsonl"), "--window", "24h")
         assert submitted.returncode == 0, submitted.stderr
         cli_batch = submitted.stdout.strip()
         completed(client, cli_batch, 60)
-        shown = subprocess.run([*cli, "batch", "--state-dir", str(state), "get", cli_batch, "--output"], cwd=ROOT,
-                               env=_env(), capture_output=True, text=True, timeout=60)
+        shown = cli("batch", "--state-dir", str(state), "get", cli_batch, "--output")
         assert shown.returncode == 0 and '"status": "completed"' in shown.stdout and '"custom_id":"r2"' in shown.stdout.replace(" ", "")
-        listed = subprocess.run([*cli, "batch", "--state-dir", str(state), "list"], cwd=ROOT, env=_env(),
-                                capture_output=True, text=True, timeout=60)
+        listed = cli("batch", "--state-dir", str(state), "list")
         assert listed.returncode == 0 and cli_batch in listed.stdout and batch.id in listed.stdout
-        plan = subprocess.run([*cli, "plan", "--state-dir", str(state)], cwd=ROOT, env=_env(), capture_output=True,
-                              text=True, timeout=60)
+        plan = cli("plan", "--state-dir", str(state))
         assert plan.returncode == 0, plan.stderr
         assert "replica opinions" in plan.stdout and "final" in plan.stdout and "online traffic" in plan.stdout
     finally:
-        _down(proc)
+        proc.stop(grace_s=60)
     assert proc.returncode == 0
 
 
@@ -158,7 +125,7 @@ def test_the_local_connector_scales_up_for_a_batch_and_back_to_the_idle_target(t
         assert_exactly_once(client, completed(client, batch.id, 75), n)
         wait_until(lambda: _local_workers(capacity) == 1, timeout_s=45, interval_s=0.25)
     finally:
-        _down(proc)
+        proc.stop(grace_s=60)
 
 
 def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothing(tmp_path):

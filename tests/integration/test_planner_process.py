@@ -7,12 +7,8 @@ output exactly once, none lost. Bad configuration and an unreachable Redis refus
 
 import io
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import grpc
 import openai
@@ -21,50 +17,36 @@ import pytest
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from tests.support.eventually import wait_until
-from tests.support.redis_server import free_port, redis_server  # noqa: F401  (fixture)
+from tests.support.processes import free_port, python_module, run_module, start
+from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "bandmaster/simworker"
 
 
-def _env():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_PLANNER_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    return env
-
-
-def _ready(path: Path, timeout_s=60):
-    return wait_until(lambda: path.exists() and json.loads(path.read_text()), timeout_s=timeout_s, interval_s=0.05)
+def _start(tmp_path, name, argv, ready):
+    return start(name, argv, tmp_path, ready_file=ready).wait_ready(timeout_s=60)
 
 
 @pytest.fixture
 def simworker(tmp_path):
     ready = tmp_path / "sim.json"
-    proc = subprocess.Popen([sys.executable, "-m", "services.simworker", "--port", "0", "--ready-file", str(ready),
-                             "--speedup", "50", "--log-level", "WARNING"], cwd=ROOT, env=_env())
-    try:
-        yield f"http://127.0.0.1:{_ready(ready)['port']}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with _start(tmp_path, "simworker", python_module("services.simworker", "--port", "0", "--ready-file", str(ready),
+                                                     "--speedup", "50", "--log-level", "WARNING"), ready) as proc:
+        yield f"http://127.0.0.1:{proc.ready['port']}"
 
 
 def start_planner(tmp_path, dispatch_url, *extra):
     ready = tmp_path / "planner-ready.json"
-    if ready.exists():
-        ready.unlink()
-    log = open(tmp_path / "planner.log", "a")
-    proc = subprocess.Popen([
-        sys.executable, "-m", "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+    proc = _start(tmp_path, "planner", python_module(
+        "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
         "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
         "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "2",
         "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "1", "--drain-lease-duration-seconds", "10",
         "--assume-no-online-traffic", "--virtual-initial-replicas", "1", "--safe-rps-per-replica", "50",
         "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0", "--dispatch-url", dispatch_url,
-        *extra], cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-    return proc, _ready(ready)
+        *extra), ready)
+    return proc, proc.ready
 
 
 def batch_file(n):
@@ -80,18 +62,16 @@ def batch_file(n):
     (["--bogus"], "unrecognized arguments"),
 ])
 def test_invalid_config_exits_2_naming_the_rule(argv, message):
-    proc = subprocess.run([sys.executable, "-m", "services.planner", *argv], cwd=ROOT, env=_env(),
-                          capture_output=True, text=True, timeout=60)
+    proc = run_module("services.planner", *argv)
     assert proc.returncode == 2 and message in proc.stderr and "invalid configuration" in proc.stderr
 
 
 def test_unreachable_redis_refuses_to_start(tmp_path):
     port = free_port()
-    proc = subprocess.run([sys.executable, "-m", "services.planner", "--lease-store", "redis", "--redis-url",
-                           f"redis://:hunter2@127.0.0.1:{port}/0", "--registry-path", str(tmp_path / "r.sqlite3"),
-                           "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--http-listen", "127.0.0.1:0",
-                           "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5"],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    proc = run_module("services.planner", "--lease-store", "redis", "--redis-url",
+                      f"redis://:hunter2@127.0.0.1:{port}/0", "--registry-path", str(tmp_path / "r.sqlite3"),
+                      "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--http-listen", "127.0.0.1:0",
+                      "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5")
     assert proc.returncode == 2
     assert "unreachable at start-up, refusing to start" in proc.stderr and "hunter2" not in proc.stderr
 
@@ -112,8 +92,8 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
             plan = pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
             assert plan.observation.active_jobs == 1 and plan.leases[0].max_admission_rps == pytest.approx(8)
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        proc.kill()
+        proc.wait_exit(10)
 
     proc, ready = start_planner(tmp_path, simworker)
     try:
@@ -132,18 +112,19 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
         assert [x.id for x in client.batches.list()] == [batch.id]
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait_exit(20) == 0
     log = (tmp_path / "planner.log").read_text()
     assert "shutdown zero lease published" in log
 
 
 def _planner_cmd(tmp_path, ready, *extra):
-    return [sys.executable, "-m", "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
-            "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
-            "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "3",
-            "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "2", "--drain-lease-duration-seconds", "20",
-            "--assume-no-online-traffic", "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0",
-            *extra]
+    return python_module(
+        "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
+        "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
+        "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "3",
+        "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "2", "--drain-lease-duration-seconds", "20",
+        "--assume-no-online-traffic", "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0",
+        *extra)
 
 
 def _submit(address, total=100, job_id="ext-1"):
@@ -160,12 +141,12 @@ def test_redis_lease_store_process(tmp_path, redis_server):
 
     r = redis_lib.Redis(port=redis_server.port, decode_responses=True)
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen(_planner_cmd(tmp_path, ready, "--lease-store", "redis", "--redis-url", redis_server.url,
-                                         "--virtual-initial-replicas", "2", "--safe-rps-per-replica", "5",
-                                         "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5"),
-                            cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = _start(tmp_path, "planner", _planner_cmd(tmp_path, ready, "--lease-store", "redis", "--redis-url",
+                                                    redis_server.url, "--virtual-initial-replicas", "2",
+                                                    "--safe-rps-per-replica", "5", "--redis-connect-timeout-seconds",
+                                                    "0.5", "--redis-socket-timeout-seconds", "0.5"), ready)
     try:
-        info = _ready(ready)
+        info = proc.ready
         key = "bandmaster:drain-limit:default"
         assert r.hget(key, "writer_epoch") == "1"
         _submit(info["grpc"])
@@ -174,7 +155,7 @@ def test_redis_lease_store_process(tmp_path, redis_server):
         assert r.hget("{" + key + "}:planner-writer-fence", "epoch") == "1"
     finally:
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        assert proc.wait_exit(20) == 0
     assert r.hget(key, "max_admission_rps") == "0" and r.hget(key, "decision_id").startswith("planner-shutdown-")
 
 
@@ -183,20 +164,21 @@ def test_local_connector_scales_from_zero_and_registers_with_capacity(tmp_path):
     from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
 
     cap_ready = tmp_path / "capacity.json"
-    capacity = subprocess.Popen([sys.executable, "-m", "services.capacity", "--listen", "127.0.0.1:0",
-                                 "--metrics-port", "-1", "--poll-interval-seconds", "0.5",
-                                 "--poll-timeout-seconds", "0.5", "--ready-file", str(cap_ready)],
-                                cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    capacity = start("capacity", python_module("services.capacity", "--listen", "127.0.0.1:0",
+                                               "--metrics-port", "-1", "--poll-interval-seconds", "0.5",
+                                               "--poll-timeout-seconds", "0.5", "--ready-file", str(cap_ready)),
+                     tmp_path, ready_file=cap_ready)
     planner = None
     try:
-        cap = _ready(cap_ready)["grpc"]
+        cap = capacity.wait_ready(timeout_s=60).ready["grpc"]
         ready = tmp_path / "ready.json"
-        planner = subprocess.Popen(_planner_cmd(tmp_path, ready, "--connector", "local", "--capacity", cap,
-                                                "--local-worker-arg=--speedup", "--local-worker-arg=50",
-                                                "--local-worker-arg=--log-level", "--local-worker-arg=WARNING",
-                                                "--safe-rps-per-replica", "5", "--max-replicas", "2"),
-                                   cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        info = _ready(ready)
+        planner = _start(tmp_path, "planner", _planner_cmd(tmp_path, ready, "--connector", "local", "--capacity", cap,
+                                                           "--local-worker-arg=--speedup", "--local-worker-arg=50",
+                                                           "--local-worker-arg=--log-level",
+                                                           "--local-worker-arg=WARNING",
+                                                           "--safe-rps-per-replica", "5", "--max-replicas", "2"),
+                         ready)
+        info = planner.ready
         _submit(info["grpc"], total=50)
 
         def healthy_worker():
@@ -213,6 +195,5 @@ def test_local_connector_scales_from_zero_and_registers_with_capacity(tmp_path):
     finally:
         if planner is not None:
             planner.send_signal(signal.SIGTERM)
-            assert planner.wait(timeout=30) == 0
-        capacity.send_signal(signal.SIGTERM)
-        capacity.wait(timeout=20)
+            assert planner.wait_exit(30) == 0
+        capacity.stop(grace_s=20)

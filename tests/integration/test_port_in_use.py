@@ -1,31 +1,12 @@
 """A port that is already taken: every `python -m services.X` says so in one line naming the port and
 the flag that moves it (exit 1), never with a traceback."""
 
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.support.processes import run_module
+
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def taken_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
-    return env
 
 
 CASES = [
@@ -46,8 +27,7 @@ CASES = [
 @pytest.mark.parametrize("service, argv, what, flag", CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
 def test_a_taken_port_is_one_line_naming_it_and_its_flag(taken_port, tmp_path, service, argv, what, flag):
     args = [a.format(port=taken_port, tmp=tmp_path) for a in argv]
-    result = subprocess.run([sys.executable, "-m", f"services.{service}", *args], cwd=tmp_path, env=_env(),
-                            capture_output=True, text=True, timeout=60)
+    result = run_module(f"services.{service}", *args, cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert "Traceback" not in result.stderr and "Failed to bind" not in result.stderr, result.stderr
     expected = (f"{service}: port {taken_port} ({what}) on 127.0.0.1 is already in use; "

@@ -3,8 +3,6 @@ scheduler outage (fail open, then back to admission), no healthy worker."""
 
 from __future__ import annotations
 
-import socket
-
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
@@ -79,19 +77,13 @@ async def test_worker_failing_after_first_token_ends_stream_with_error_and_faile
         await sched.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def test_scheduler_outage_fails_open_then_admission_resumes(tmp_path):
     st = stack.Stack(tmp_path)
     sched = RecordingScheduler()
     try:
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        address = f"127.0.0.1:{_free_port()}"
+        address = f"127.0.0.1:{stack.free_port()}"
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--block-size", "16",
                                            "--no-use-kv-events", scheduler_addr=address))
         url = stack.router_url(router)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
@@ -12,6 +9,7 @@ from openai import AsyncOpenAI
 from clients import session_headers
 from tests.support import router_stack as stack
 from tests.support.eventually import assert_eventually
+from tests.support.processes import run_module
 from tests.support.router_doubles import MODEL, RecordingScheduler
 
 pytestmark = pytest.mark.integration
@@ -84,9 +82,7 @@ async def test_kv_events_feed_the_index_and_keep_a_prefix_on_its_worker(tmp_path
 
 
 def test_invalid_config_exits_2_naming_the_rule():
-    proc = subprocess.run([sys.executable, "-m", "services.router", "--kv-overlap-score-weight", "-1"],
-                          cwd=stack.ROOT, env=stack.base_env(), capture_output=True, text=True, timeout=60)
+    proc = run_module("services.router", "--kv-overlap-score-weight", "-1")
     assert proc.returncode == 2 and "kv_overlap_score_weight >= 0" in proc.stderr
-    proc = subprocess.run([sys.executable, "-m", "services.router", "--http-port", "70000"],
-                          cwd=stack.ROOT, env=stack.base_env(), capture_output=True, text=True, timeout=60)
+    proc = run_module("services.router", "--http-port", "70000")
     assert proc.returncode == 2 and "0 <= http_port <= 65535" in proc.stderr

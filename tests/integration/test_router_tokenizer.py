@@ -6,7 +6,6 @@ worker then finds in its cache; which can only hold if router and worker tokeniz
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import aiohttp
 import pytest
@@ -16,6 +15,7 @@ from openai import AsyncOpenAI
 from services.common.tokenizer import load_tokenizer
 from tests.support import router_stack as stack
 from tests.support.eventually import assert_eventually
+from tests.support.processes import run_module
 from tests.support.router_doubles import MODEL
 from tests.support.tokenizer_files import tokenizer_dir  # noqa: F401
 
@@ -139,9 +139,6 @@ async def test_completions_text_is_routed_on_the_same_pages(env, tokenizer_dir):
                                           ("services.simworker", ["--port", "0", "--tokenizer-path"])])
 async def test_an_unloadable_tokenizer_is_a_configuration_error_exit_2(tmp_path, module, args):
     missing = tmp_path / "no-such-model"
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, str(missing), cwd=stack.ROOT, env=stack.base_env(),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    _, stderr = await asyncio.wait_for(process.communicate(), 60)
+    process = await asyncio.to_thread(run_module, module, *args, str(missing))
     assert process.returncode == 2
-    assert "invalid configuration: tokenizer=" in stderr.decode() and str(missing) in stderr.decode()
+    assert "invalid configuration: tokenizer=" in process.stderr and str(missing) in process.stderr

@@ -6,12 +6,7 @@ a worker whose stub dies must take its programs' placement with it.
 """
 
 import asyncio
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -20,20 +15,13 @@ import pytest
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from tests.support.eventually import assert_eventually
+from tests.support.processes import Process, base_env, python_module, run_module, start
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-ROOT = Path(__file__).resolve().parents[2]
 PAUSE_LINE = re.compile(r"scheduler\.tick worker=(\S+) dp_rank=0 paused=(\d+) marked=(\d+) "
                         r"util=(\d+\.\d{4}) -> (\d+\.\d{4})")
 RESUME_LINE = re.compile(r"scheduler\.tick resumed=(\d+) still_paused=(\d+)")
-
-
-def _env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BANDMASTER_", "DYN_THUNDERAGENT_", "DYN_ROUTER_", "OTEL_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    return env
 
 
 @pytest.mark.parametrize("argv, env, relation", [
@@ -48,59 +36,39 @@ def _env():
      "router_track_output_blocks requires router_track_active_blocks"),
 ])
 def test_invalid_config_exits_2_naming_the_relation(argv, env, relation):
-    proc = subprocess.run([sys.executable, "-m", "services.scheduler", *argv], cwd=ROOT, env={**_env(), **env},
-                          capture_output=True, text=True, timeout=60)
+    proc = run_module("services.scheduler", *argv, env=base_env(**env))
     assert proc.returncode == 2
     assert relation in proc.stderr and "invalid configuration" in proc.stderr
 
 
-async def _spawn(module: str, args: list[str], log_path: Path):
-    log = open(log_path, "wb")
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args, cwd=ROOT, env=_env(),
-                                                stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc
-
-
-async def _ready(path: Path) -> dict:
-    return await assert_eventually(lambda: path.exists() and json.loads(path.read_text()), timeout_s=30)
-
-
-async def _stop(proc) -> int | None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(proc.wait(), 20)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return None
-    return proc.returncode
+async def _spawn(name: str, module: str, args: list[str], tmp: Path) -> Process:
+    ready = tmp / f"{name}.json"
+    return await start(name, python_module(module, *args, "--ready-file", str(ready)), tmp,
+                       ready_file=ready).wait_ready_async()
 
 
 async def test_scheduler_process_pauses_holds_resumes_and_follows_workers(tmp_path):
     stubs = [SglangStub(sglang_info(max_total_num_tokens=2000, page_size=1, max_running_requests=64)) for _ in range(2)]
     for stub in stubs:
         await stub.start()
-    cap_ready, sched_ready = tmp_path / "capacity.json", tmp_path / "scheduler.json"
     sched_log = tmp_path / "scheduler.log"
-    capacity = await _spawn("services.capacity", [
+    capacity = await _spawn("capacity", "services.capacity", [
         *[a for s in stubs for a in ("--worker-url", s.url)], "--listen", "127.0.0.1:0", "--metrics-port", "-1",
-        "--ready-file", str(cap_ready), "--poll-interval-seconds", "0.2", "--poll-timeout-seconds", "0.2",
+        "--poll-interval-seconds", "0.2", "--poll-timeout-seconds", "0.2",
         "--unhealthy-after-failures", "2", "--remove-unhealthy-after-seconds", "30",
-        "--watch-heartbeat-seconds", "0.5", "--shutdown-grace-seconds", "1"], tmp_path / "capacity.log")
+        "--watch-heartbeat-seconds", "0.5", "--shutdown-grace-seconds", "1"], tmp_path)
     scheduler = None
     try:
-        cap_addr = (await _ready(cap_ready))["grpc"]
-        scheduler = await _spawn("services.scheduler", [
+        cap_addr = capacity.ready["grpc"]
+        scheduler = await _spawn("scheduler", "services.scheduler", [
             "--capacity-addr", cap_addr, "--listen", "127.0.0.1:0", "--metrics-port", "0",
-            "--ready-file", str(sched_ready), "--scheduler-interval-seconds", "0.2",
+            "--scheduler-interval-seconds", "0.2",
             # Decay slowly: the resume side then sees what the pause side sees (no churn in the test).
             "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1",
             # The reference policy: the test's small contexts are cheap to recompute, so the default
             # cost_aware policy would (rightly) not pause them.
-            "--pause-policy", "threshold", "--state-path", str(tmp_path / "scheduler.sqlite")], sched_log)
-        info = await _ready(sched_ready)
+            "--pause-policy", "threshold", "--state-path", str(tmp_path / "scheduler.sqlite")], tmp_path)
+        info = scheduler.ready
         async with grpc.aio.insecure_channel(info["grpc"]) as channel:
             client = pb_grpc.SchedulerStub(channel)
 
@@ -169,14 +137,14 @@ async def test_scheduler_process_pauses_holds_resumes_and_follows_workers(tmp_pa
                 return True
 
             await assert_eventually(unplaced, timeout_s=20)
-        assert await _stop(scheduler) == 0
+        assert await scheduler.stop_async(grace_s=20) == 0
         text = sched_log.read_text()
         assert f"scheduler.capacity replica_removed worker={dead} dp_rank=0 unplaced=" in text
         assert "scheduler started (interval=0.2s, pause=0.95, soft=0.80" in text
         assert "Traceback" not in text
     finally:
         if scheduler is not None:
-            await _stop(scheduler)
-        await _stop(capacity)
+            await scheduler.stop_async(grace_s=20)
+        await capacity.stop_async(grace_s=20)
         for stub in stubs:
             await stub.stop()

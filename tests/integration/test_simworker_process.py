@@ -4,17 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.support.eventually import wait_until
+from tests.support.processes import python_module, run_module, start
 
 pytestmark = pytest.mark.integration
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -23,21 +19,17 @@ ROOT = Path(__file__).resolve().parents[2]
     (["--bogus"], "argv"),
 ])
 def test_invalid_config_exits_2(argv, fragment):
-    done = subprocess.run([sys.executable, "-m", "services.simworker", "--port", "0", *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = run_module("services.simworker", "--port", "0", *argv)
     assert done.returncode == 2
     assert fragment in done.stderr
 
 
 def test_ready_file_serves_and_sigterm_stops(tmp_path):
     ready = tmp_path / "ready.json"
-    proc = subprocess.Popen([sys.executable, "-m", "services.simworker", "--port", "0", "--ready-file", str(ready),
-                             "--model-name", "m", "--speedup", "50"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout_s=30)
-        assert proc.poll() is None
-        info = json.loads(ready.read_text())
+    with start("simworker", python_module("services.simworker", "--port", "0", "--ready-file", str(ready),
+                                          "--model-name", "m", "--speedup", "50"), tmp_path,
+               ready_file=ready).wait_ready() as proc:
+        info = proc.ready
         assert info["pid"] == proc.pid and info["port"] > 0
         url = f"http://127.0.0.1:{info['port']}"
         with urllib.request.urlopen(url + "/health", timeout=5) as r:
@@ -47,10 +39,5 @@ def test_ready_file_serves_and_sigterm_stops(tmp_path):
         with urllib.request.urlopen(request, timeout=10) as r:
             assert json.loads(r.read())["meta_info"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=15)
-        assert proc.returncode == 0
-        assert f"port={info['port']}" in out
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        assert proc.wait_exit(15) == 0
+        assert f"port={info['port']}" in proc.log_text()

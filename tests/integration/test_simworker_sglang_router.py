@@ -7,12 +7,7 @@ The router discovers each worker over HTTP (after probing it for gRPC), health-c
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,43 +16,18 @@ import openai
 import pytest
 
 from tests.support.eventually import wait_until
+from tests.support.processes import Process, base_env, free_port, python_module, start
 
 pytestmark = pytest.mark.integration
 MODEL = "router-test-model"
-ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_simworker(tmp_path: Path, name: str, *extra: str) -> tuple[subprocess.Popen, str]:
+def start_simworker(tmp_path: Path, name: str, *extra: str) -> tuple[Process, str]:
     ready = tmp_path / f"{name}.ready.json"
-    log = open(tmp_path / f"{name}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "services.simworker", "--port", "0", "--model-name", MODEL, "--speedup", "50",
-         "--ready-file", str(ready), "--log-level", "WARNING", *extra],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout_s=30)
-    except AssertionError:
-        proc.kill()
-        raise
-    assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()
-    port = json.loads(ready.read_text())["port"]
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    proc = start(name, python_module("services.simworker", "--port", "0", "--model-name", MODEL, "--speedup", "50",
+                                     "--ready-file", str(ready), "--log-level", "WARNING", *extra),
+                 tmp_path, ready_file=ready).wait_ready()
+    return proc, f"http://127.0.0.1:{proc.ready['port']}"
 
 
 def requests_total(url: str) -> float:
@@ -69,23 +39,21 @@ def requests_total(url: str) -> float:
 
 
 async def test_sglang_router_routes_to_both_simworkers(tmp_path):
-    procs: list[subprocess.Popen] = []
+    procs: list[Process] = []
     urls: list[str] = []
     try:
         for name in ("a", "b"):
             proc, url = start_simworker(tmp_path, name)
             procs.append(proc)
             urls.append(url)
-        router_port = _free_port()
-        router_log = open(tmp_path / "router.log", "w")
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls,
-             "--host", "127.0.0.1", "--port", str(router_port), "--policy", "round_robin",
-             # Its Prometheus exporter defaults to a fixed port (29000): take a free one so that
-             # parallel runs on one machine do not collide.
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()),
-             "--log-level", "warn"],
-            cwd=ROOT, stdout=router_log, stderr=subprocess.STDOUT, env={**os.environ, "RUST_LOG": "warn"})
+        router_port = free_port()
+        router = start("router", python_module(
+            "sglang_router.launch_router", "--worker-urls", *urls,
+            "--host", "127.0.0.1", "--port", str(router_port), "--policy", "round_robin",
+            # Its Prometheus exporter defaults to a fixed port (29000): take a free one so that
+            # parallel runs on one machine do not collide.
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+            "--log-level", "warn"), tmp_path, env=base_env(RUST_LOG="warn"))
         procs.append(router)
         base = f"http://127.0.0.1:{router_port}"
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=20)
@@ -100,7 +68,7 @@ async def test_sglang_router_routes_to_both_simworkers(tmp_path):
 
         # The router registers workers in the background: the first request may need a retry.
         def router_ready() -> bool:
-            assert router.poll() is None, (tmp_path / "router.log").read_text()[-2000:]
+            assert router.running, router.log_text()[-2000:]
             body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
                                "max_tokens": 1}).encode()
             request = urllib.request.Request(base + "/v1/chat/completions", data=body,
@@ -121,4 +89,4 @@ async def test_sglang_router_routes_to_both_simworkers(tmp_path):
         assert sum(counts) >= 9
     finally:
         for proc in procs:
-            stop(proc)
+            proc.stop(grace_s=10)

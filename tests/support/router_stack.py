@@ -1,25 +1,22 @@
 """Real processes for the router's integration and end-to-end tests: simworkers, capacity, scheduler, router.
 
-Each process is started with `--ready-file` and ports 0 on 127.0.0.1, and stopped by its own pid.
+Each process is started by tests/support/processes with `--ready-file` and ports 0 on 127.0.0.1, and stopped
+by its own pid.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
-import signal
-import socket
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
 from tests.support.eventually import assert_eventually
+from tests.support.processes import ROOT, Process, base_env, free_port, python_module, start
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["ROOT", "Process", "base_env", "free_port"]
 
 
 def scheduler_available() -> bool:
@@ -27,70 +24,22 @@ def scheduler_available() -> bool:
         ROOT / "services" / "scheduler" / "__main__.py").exists()
 
 
-def base_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_", "OTEL_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    env.update(extra)
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Proc:
-    name: str
-    process: asyncio.subprocess.Process
-    ready: dict
-    log_path: Path
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    async def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process.returncode is None:
-            try:
-                self.process.send_signal(sig)
-            except ProcessLookupError:
-                return
-            try:
-                await asyncio.wait_for(self.process.wait(), 15)
-            except asyncio.TimeoutError:
-                self.process.kill()
-                await self.process.wait()
-
-
 async def spawn(name: str, module: str, args: list[str], tmp: Path, *, env: dict[str, str] | None = None,
-                timeout_s: float = 30.0) -> Proc:
+                timeout_s: float = 30.0) -> Process:
+    """`python -m module args... --ready-file <tmp>/<name>.ready.json`, ready."""
     ready = tmp / f"{name}.ready.json"
-    log_path = tmp / f"{name}.log"
-    log_file = open(log_path, "wb")
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", module, *args, "--ready-file", str(ready), cwd=ROOT, env=env or base_env(),
-        stdout=log_file, stderr=asyncio.subprocess.STDOUT)
-    log_file.close()
-
-    def check():
-        if process.returncode is not None:
-            raise RuntimeError(f"{name} exited with {process.returncode}:\n{log_path.read_text()}")
-        return ready.exists() and json.loads(ready.read_text())
-
-    data = await assert_eventually(check, timeout_s=timeout_s, interval_s=0.05)
-    return Proc(name, process, data, log_path)
+    return await start(name, python_module(module, *args, "--ready-file", str(ready)), tmp, env=env,
+                       ready_file=ready).wait_ready_async(timeout_s)
 
 
-async def simworker(tmp: Path, name: str, *args: str, kv_events: bool = False) -> Proc:
+async def simworker(tmp: Path, name: str, *args: str, kv_events: bool = False) -> Process:
     extra = ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"})
              ] if kv_events else []
     return await spawn(name, "services.simworker", ["--port", "0", "--speedup", "50", "--enable-cache-report",
                                                     "--max-total-tokens", "32768", *extra, *args], tmp)
 
 
-async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Proc:
+async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Process:
     flags = [f for url in worker_urls for f in ("--worker-url", url)]
     return await spawn("capacity", "services.capacity", ["--listen", "127.0.0.1:0", "--metrics-port", "-1",
                                                          "--poll-interval-seconds", "0.25",
@@ -99,7 +48,7 @@ async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Proc:
 
 
 async def scheduler(tmp: Path, capacity_addr: str, *args: str, listen: str = "127.0.0.1:0",
-                    name: str = "scheduler") -> Proc:
+                    name: str = "scheduler") -> Process:
     # Its own state file: tests never share (or lock) the default one under the user's home.
     return await spawn(name, "services.scheduler", ["--capacity-addr", capacity_addr, "--listen", listen,
                                                     "--metrics-port", "-1",
@@ -107,7 +56,7 @@ async def scheduler(tmp: Path, capacity_addr: str, *args: str, listen: str = "12
 
 
 async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str | None = None,
-                 name: str = "router", env: dict[str, str] | None = None) -> Proc:
+                 name: str = "router", env: dict[str, str] | None = None) -> Process:
     sched = ["--scheduler-addr", scheduler_addr] if scheduler_addr else ["--no-scheduler"]
     return await spawn(name, "services.router", ["--capacity-addr", capacity_addr, *sched, "--listen", "127.0.0.1:0",
                                                  "--http-port", "0", "--metrics-port", "0", *args], tmp, env=env)
@@ -118,14 +67,14 @@ async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str 
 _METRICS_URL: dict[str, str] = {}
 
 
-def router_url(proc: Proc) -> str:
+def router_url(proc: Process) -> str:
     url = f"http://127.0.0.1:{proc.ready['http_port']}"
     if proc.ready.get("metrics_port"):
         _METRICS_URL[url] = metrics_url(proc)
     return url
 
 
-def metrics_url(proc: Proc) -> str:
+def metrics_url(proc: Process) -> str:
     return f"http://127.0.0.1:{proc.ready['metrics_port']}"
 
 
@@ -147,8 +96,6 @@ async def metric(url: str, name: str, labels: str | None = None) -> float:
 
 async def healthy_workers(url: str, workers: int, timeout_s: float = 20) -> None:
     """Wait until the router at `url` reports `workers` healthy workers on /health."""
-    from tests.support.eventually import assert_eventually
-
     async def check():
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/health") as r:
@@ -165,12 +112,12 @@ async def worker_load(url: str) -> dict:
 @dataclass
 class Stack:
     tmp: Path
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[Process] = field(default_factory=list)
 
-    def add(self, proc: Proc) -> Proc:
+    def add(self, proc: Process) -> Process:
         self.procs.append(proc)
         return proc
 
     async def close(self) -> None:
         for proc in reversed(self.procs):
-            await proc.stop()
+            await proc.stop_async()

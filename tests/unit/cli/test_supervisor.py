@@ -1,31 +1,13 @@
 """The supervisor behind `bandmaster up`: readiness, failure reporting, and no orphans."""
 
-import os
-import signal
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from harness.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
 from tests.support.eventually import wait_until
-
-ROOT = Path(__file__).resolve().parents[3]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); check its state.
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except OSError:
-        return False
-    return state != "Z"
+from tests.support.processes import pid_alive, start
 
 
 def test_start_wait_ready_and_stop(tmp_path):
@@ -34,7 +16,7 @@ def test_start_wait_ready_and_stop(tmp_path):
     assert grpc_serving(child.endpoint)
     pid = child.process.pid
     supervisor.stop_all(grace_s=5)
-    assert not alive(pid)
+    assert not pid_alive(pid)
     assert supervisor.children == []
 
 
@@ -57,14 +39,10 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
         Path({str(pid_file)!r}).write_text(str(c.process.pid))
         time.sleep(600)
     """)
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
-    try:
+    with start("supervisor", [sys.executable, "-c", script], tmp_path) as parent:
         wait_until(pid_file.exists, timeout_s=30, message="supervisor did not start its child")
         child_pid = int(pid_file.read_text())
-        assert alive(child_pid)
-        parent.send_signal(signal.SIGKILL)
-        parent.wait()
-        wait_until(lambda: not alive(child_pid), timeout_s=10, message="child outlived its supervisor")
-    finally:
-        if parent.poll() is None:
-            parent.kill()
+        assert pid_alive(child_pid)
+        parent.kill()
+        parent.wait_exit()
+        wait_until(lambda: not pid_alive(child_pid), timeout_s=10, message="child outlived its supervisor")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 
 import pytest
 import redis
@@ -31,7 +30,7 @@ from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Schedu
 from services.scheduler.core.state import CoreMeta, ProgramRecord, TicketRecord
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
-from tests.faults.support import RedisServer
+from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 from tests.unit.scheduler_shell.support import start_harness
 
 pytestmark = pytest.mark.timeout(30)
@@ -41,13 +40,8 @@ PROGRAM = ProgramRecord("p1", "root", 10.0, 3, Status.ACTING, Lifecycle.PAUSED, 
 
 
 @pytest.fixture
-def redis_url(tmp_path):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed (make system-deps installs it)")
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server.url
-    server.stop()
+def redis_url(redis_server):
+    return redis_server.url
 
 
 def test_records_round_trip_through_wall_time():
