@@ -16,14 +16,15 @@ from typing import Callable
 from services.router.config import KvOverrides
 from services.router.core.events import EventOutcome, KvEvent
 from services.router.core.kv_router import KvRouterCore
-from services.router.core.params import KvRouterParams
+from services.router.core.params import KvRouterParams, SchedulerKvSettings
 from services.router.core.types import Replica, WorkerView
 from services.router.errors import ModelNotFound, NoHealthyWorker
 
 log = logging.getLogger(__name__)
 
 
-def resolve_params(overrides: KvOverrides, scheduler_config, page_size: int | None) -> KvRouterParams:
+def resolve_params(overrides: KvOverrides, scheduler_config: SchedulerKvSettings | None,
+                   page_size: int | None) -> KvRouterParams:
     """Flags win; then the scheduler's GetRouterConfig; then the core's defaults. The block size
     follows the flag, else the workers' page size (the index must use the engine's pages), else
     the scheduler's router_block_size."""

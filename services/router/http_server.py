@@ -196,7 +196,7 @@ class GuardedServer(web.Server):
         self._handler_kwargs = dict(keepalive_timeout=limits.keepalive_timeout_s, access_log=None,
                                     lingering_time=LINGER_S)
         refusal = error_response(Overloaded("too many connections; retry later", retry_after_s=1.0), {})
-        head = [f"HTTP/1.1 503 Service Unavailable", "Content-Type: application/json",
+        head = ["HTTP/1.1 503 Service Unavailable", "Content-Type: application/json",
                 f"Content-Length: {len(refusal.body)}", "Retry-After: 1", "Connection: close",
                 *(f"{k}: {v}" for k, v in limits.server_header.items())]
         self._refusal = ("\r\n".join(head) + "\r\n\r\n").encode() + refusal.body

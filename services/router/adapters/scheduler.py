@@ -39,6 +39,7 @@ from services.common.loop_lag import LoopLag
 from services.common.telemetry import inject_metadata
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.core.outcome import Outcome
+from services.router.core.params import SchedulerKvSettings
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -285,5 +286,12 @@ class SchedulerClient:
         answer = await self._short("Release", self._stub.Release, pb.ReleaseRequest(session_id=session_id))
         return bool(answer and answer.released)
 
-    async def router_config(self) -> pb.RouterConfig | None:
-        return await self._short("GetRouterConfig", self._stub.GetRouterConfig, pb.GetRouterConfigRequest())
+    async def router_config(self) -> SchedulerKvSettings | None:
+        """The scheduler's KvRouter settings, None when it does not answer."""
+        rc = await self._short("GetRouterConfig", self._stub.GetRouterConfig, pb.GetRouterConfigRequest())
+        if rc is None:
+            return None
+        return SchedulerKvSettings(
+            router_temperature=rc.router_temperature, kv_overlap_score_weight=rc.kv_overlap_score_weight,
+            use_kv_events=rc.use_kv_events, router_track_output_blocks=rc.router_track_output_blocks,
+            router_ttl_secs=rc.router_ttl_secs, router_block_size=rc.router_block_size)

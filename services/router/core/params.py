@@ -11,6 +11,19 @@ COST_POLICY_NAMES = ("classic", "lmetric")  # kept in step with cost.COST_POLICI
 
 
 @dataclass(frozen=True)
+class SchedulerKvSettings:
+    """The KvRouter settings the scheduler forwards (its GetRouterConfig), as the router uses them:
+    a flag the router was given wins over these, and these over the core's defaults."""
+
+    router_temperature: float
+    kv_overlap_score_weight: float
+    use_kv_events: bool
+    router_track_output_blocks: bool
+    router_ttl_secs: float  # 0 = not set
+    router_block_size: int  # <= 1 = not set
+
+
+@dataclass(frozen=True)
 class KvRouterParams:
     """How the router scores workers. Invalid values raise `ConfigError` naming the rule."""
 

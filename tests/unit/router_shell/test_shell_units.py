@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from services.common.errors import ConfigError
 from services.router import session
 from services.router.adapters.kv_events import publisher_endpoint_from_info, subscribe_endpoint
 from services.router.config import KvOverrides, load_config
+from services.router.core.params import SchedulerKvSettings
 from services.router.errors import BadRequest, ModelNotFound, NoHealthyWorker
 from services.router.fleet import resolve_params
 from services.router.http_api import build_spec, empty_completion
@@ -100,8 +100,8 @@ def test_reliability_settings_refuse_invalid_values_naming_the_rule(argv, rule):
 
 
 def test_kv_params_precedence_flags_then_scheduler_then_defaults():
-    sched = spb.RouterConfig(router_temperature=0.3, kv_overlap_score_weight=2.0, use_kv_events=False,
-                             router_ttl_secs=30.0, router_block_size=128)
+    sched = SchedulerKvSettings(router_temperature=0.3, kv_overlap_score_weight=2.0, use_kv_events=False,
+                                router_track_output_blocks=False, router_ttl_secs=30.0, router_block_size=128)
     p = resolve_params(KvOverrides(router_temperature=0.0), sched, page_size=16)
     assert (p.router_temperature, p.kv_overlap_score_weight, p.use_kv_events, p.router_ttl_s, p.block_size) == (
         0.0, 2.0, False, 30.0, 16)
