@@ -27,10 +27,20 @@ def _ignore(*_: Any) -> None:
 
 
 class CapacityWatch:
-    def __init__(self, stub: Any, on_snapshot: Callable[[cap_pb.WorkersSnapshot], None], *, address: str,
-                 logger: logging.Logger, on_connected: Callable[[bool], None] = _ignore,
-                 on_failure: Callable[[], None] = _ignore, initial_backoff_s: float = 0.2,
-                 max_backoff_s: float = 5.0, idle_timeout_s: float = 60.0, name: str = "capacity-watch") -> None:
+    def __init__(
+        self,
+        stub: Any,
+        on_snapshot: Callable[[cap_pb.WorkersSnapshot], None],
+        *,
+        address: str,
+        logger: logging.Logger,
+        on_connected: Callable[[bool], None] = _ignore,
+        on_failure: Callable[[], None] = _ignore,
+        initial_backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        idle_timeout_s: float = 60.0,
+        name: str = "capacity-watch",
+    ) -> None:
         self.stub = stub
         self.on_snapshot = on_snapshot
         self.address = address
@@ -44,6 +54,7 @@ class CapacityWatch:
         self.version = 0
         self.connected = False
         self.failures = 0
+        self._stopping = False
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -51,27 +62,37 @@ class CapacityWatch:
         self._task.add_done_callback(self._ended)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        """End the watch. The flag, not the cancellation alone, is what ends it: a cancellation that lands
+        as the stream's read fails can reach the task as that failure instead."""
+        self._stopping = True
+        task, self._task = self._task, None
+        if task is None:
+            return
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)
 
     def _ended(self, task: asyncio.Task) -> None:
-        if task.cancelled():
+        if task.cancelled() or self._stopping:
             return
         self._set_connected(False)
-        self.log.error("capacity watch of %s stopped (%r); the last snapshot (version %d) stays in force "
-                       "until a restart", self.address, task.exception(), self.version)
+        self.log.error(
+            "capacity watch of %s stopped (%r); the last snapshot (version %d) stays in force until a restart",
+            self.address,
+            task.exception(),
+            self.version,
+        )
 
     async def run(self) -> None:
         backoff_s = self.initial_backoff_s
         in_outage = False
-        while True:
+        while not self._stopping:
             try:
                 async for _ in self._follow_once():
                     if in_outage:
-                        self.log.info("capacity stream to %s recovered (snapshot version %d)", self.address,
-                                      self.version)
+                        self.log.info(
+                            "capacity stream to %s recovered (snapshot version %d)", self.address, self.version
+                        )
                         in_outage = False
                     backoff_s = self.initial_backoff_s
                 reason = "stream ended"
@@ -86,11 +107,18 @@ class CapacityWatch:
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
                 self._set_connected(False)
+            if self._stopping:
+                return
             self.failures += 1
             self.on_failure()
             if not in_outage:
-                self.log.warning("capacity stream to %s lost (%s); keeping the last snapshot (version %d) and "
-                                 "reconnecting with backoff", self.address, reason, self.version)
+                self.log.warning(
+                    "capacity stream to %s lost (%s); keeping the last snapshot (version %d) and "
+                    "reconnecting with backoff",
+                    self.address,
+                    reason,
+                    self.version,
+                )
                 in_outage = True
             else:
                 self.log.debug("capacity stream still down: %s", reason)
@@ -104,7 +132,10 @@ class CapacityWatch:
             iterator = call.__aiter__()
             while True:
                 try:
-                    snapshot = await asyncio.wait_for(iterator.__anext__(), timeout=self.idle_timeout_s)
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can return the read's own outcome in
+                    # place of a cancellation that lands in the same iteration.
+                    async with asyncio.timeout(self.idle_timeout_s):
+                        snapshot = await iterator.__anext__()
                 except StopAsyncIteration:
                     return
                 self._set_connected(True)
