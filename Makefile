@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
-	@echo "make lint   - import contracts (lint-imports), ruff check, mypy on the pure cores"
+	@echo "make lint   - import contracts (lint-imports), ruff check, ruff format --check, mypy on the cores (make test runs it)"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
@@ -71,9 +71,10 @@ $(PROMTOOL): | $(STAMP)
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
+	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
 
-test: venv system-deps $(PROMTOOL)
+test: venv system-deps $(PROMTOOL) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-slow: venv system-deps

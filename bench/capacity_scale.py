@@ -30,7 +30,8 @@ import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
-from harness.stats import percentile, wait_for_json_file as _wait_file
+from harness.stats import percentile
+from harness.stats import wait_for_json_file as _wait_file
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
@@ -39,29 +40,32 @@ from tests.support.sglang_stub import SglangStub, sglang_info
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 def mixed_info(i: int) -> object:
     kind = i % 10
     base = sglang_info(max_total_num_tokens=100_000 + 37 * i, page_size=16)
     if kind == 1:
         base.update(enable_hierarchical_cache=True, hicache_ratio=2.0, hicache_write_policy="write_back")
     elif kind == 2:
-        base.update(enable_hierarchical_cache=True, hicache_ratio=4.0, hicache_write_policy="write_through",
-                    hicache_storage_backend="mooncake")
+        base.update(
+            enable_hierarchical_cache=True,
+            hicache_ratio=4.0,
+            hicache_write_policy="write_through",
+            hicache_storage_backend="mooncake",
+        )
     elif kind == 3:
-        base.update(enable_hierarchical_cache=True, hicache_host_total_tokens=300_000,
-                    hicache_write_policy="write_back")
+        base.update(
+            enable_hierarchical_cache=True, hicache_host_total_tokens=300_000, hicache_write_policy="write_back"
+        )
     elif kind == 4:
         base.update(dp_size=4, enable_dp_attention=True, max_running_requests=512)
     elif kind == 5:
         base.update(dp_size=2)
     elif kind == 6:
-        base.update(max_total_num_tokens="abc")           # rejected
+        base.update(max_total_num_tokens="abc")  # rejected
     elif kind == 7:
         base.update(enable_hierarchical_cache=True, hicache_write_policy="write_through_selective")
     elif kind == 8:
-        base.update(max_total_num_tokens=2**41)           # rejected: absurd
+        base.update(max_total_num_tokens=2**41)  # rejected: absurd
     return base
 
 
@@ -69,8 +73,13 @@ def mixed_workers(n: int) -> list[WorkerState]:
     out = []
     for i in range(n):
         result = derive_card(mixed_info(i))
-        state = WorkerState(worker_id=f"w{i:05d}", url=f"http://10.0.{i // 250}.{i % 250}:30000", origin=Origin.RPC,
-                            registered_at=0.0, last_success_wall=1.7e9)
+        state = WorkerState(
+            worker_id=f"w{i:05d}",
+            url=f"http://10.0.{i // 250}.{i % 250}:30000",
+            origin=Origin.RPC,
+            registered_at=0.0,
+            last_success_wall=1.7e9,
+        )
         if hasattr(result, "gpu_kv_tokens"):
             state = replace(state, card=result, health=Health.HEALTHY)
         else:
@@ -97,7 +106,9 @@ def bench_recompute(workers: int, repeats: int) -> dict:
         recompute_ms.append((t1 - t0) * 1e3)
         snapshot_ms.append((t2 - t1) * 1e3)
     return {
-        "workers": workers, "repeats": repeats, "replicas": view.replica_count,
+        "workers": workers,
+        "repeats": repeats,
+        "replicas": view.replica_count,
         "excluded_workers": sum(1 for w in view.workers if w.excluded_reason),
         "recompute_ms": {"p50": percentile(recompute_ms, 50), "p99": percentile(recompute_ms, 99)},
         "snapshot_build_ms": {"p50": percentile(snapshot_ms, 50), "p99": percentile(snapshot_ms, 99)},
@@ -128,8 +139,6 @@ class Watcher:
         return time.perf_counter()
 
 
-
-
 async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
     stub = SglangStub(sglang_info(max_total_num_tokens=200_000, page_size=16))
     await stub.start()
@@ -139,9 +148,24 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
     env["PYTHONPATH"] = str(ROOT)
     env["BANDMASTER_LOG_LEVEL"] = "WARNING"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.capacity", "--listen", "127.0.0.1:0", "--metrics-port", "-1",
-        "--ready-file", str(ready), "--poll-interval-seconds", "600", "--poll-timeout-seconds", "5",
-        "--watch-heartbeat-seconds", "600", cwd=ROOT, env=env)
+        sys.executable,
+        "-m",
+        "services.capacity",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-port",
+        "-1",
+        "--ready-file",
+        str(ready),
+        "--poll-interval-seconds",
+        "600",
+        "--poll-timeout-seconds",
+        "5",
+        "--watch-heartbeat-seconds",
+        "600",
+        cwd=ROOT,
+        env=env,
+    )
     ws: list[Watcher] = []
     try:
         address = (await _wait_file(ready, 30))["grpc"]
@@ -149,8 +173,12 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
             client = pb_grpc.CapacityStub(channel)
             t0 = time.perf_counter()
             for start in range(0, workers, 100):
-                await asyncio.gather(*(client.RegisterWorker(pb.RegisterWorkerRequest(
-                    url=f"{stub.url}/w{i}", worker_id=f"w{i:05d}")) for i in range(start, min(start + 100, workers))))
+                await asyncio.gather(
+                    *(
+                        client.RegisterWorker(pb.RegisterWorkerRequest(url=f"{stub.url}/w{i}", worker_id=f"w{i:05d}"))
+                        for i in range(start, min(start + 100, workers))
+                    )
+                )
             register_s = time.perf_counter() - t0
 
             async def all_healthy() -> pb.WorkersSnapshot:
@@ -171,17 +199,23 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
             for i in range(changes):
                 target = version + 1
                 start = time.perf_counter()
-                await client.Heartbeat(pb.HeartbeatRequest(worker_id=f"w{i % workers:05d}",
-                                                           load=pb.WorkerLoad(num_running_reqs=i + 1)))
+                await client.Heartbeat(
+                    pb.HeartbeatRequest(worker_id=f"w{i % workers:05d}", load=pb.WorkerLoad(num_running_reqs=i + 1))
+                )
                 done = await asyncio.wait_for(asyncio.gather(*(w.wait_for(target) for w in ws)), 60)
                 latencies_ms.append((max(done) - start) * 1e3)
                 version = target
             return {
-                "workers": workers, "watchers": watchers, "changes": changes,
-                "register_s": register_s, "all_healthy_s": settle_s,
-                "change_to_all_watchers_ms": {"p50": percentile(latencies_ms, 50),
-                                              "p99": percentile(latencies_ms, 99),
-                                              "mean": statistics.fmean(latencies_ms)},
+                "workers": workers,
+                "watchers": watchers,
+                "changes": changes,
+                "register_s": register_s,
+                "all_healthy_s": settle_s,
+                "change_to_all_watchers_ms": {
+                    "p50": percentile(latencies_ms, 50),
+                    "p99": percentile(latencies_ms, 99),
+                    "mean": statistics.fmean(latencies_ms),
+                },
                 "snapshot_bytes": ws[0].size,
             }
     finally:
@@ -220,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     r, f = report["recompute"], report["fanout"]
     print(f"{'measure':44} {'p50':>10} {'p99':>10}")
-    print(f"{'recompute ms (' + str(r['workers']) + ' mixed workers)':44} {r['recompute_ms']['p50']:10.2f} "
-          f"{r['recompute_ms']['p99']:10.2f}")
+    print(
+        f"{'recompute ms (' + str(r['workers']) + ' mixed workers)':44} {r['recompute_ms']['p50']:10.2f} "
+        f"{r['recompute_ms']['p99']:10.2f}"
+    )
     print(f"{'snapshot build ms':44} {r['snapshot_build_ms']['p50']:10.2f} {r['snapshot_build_ms']['p99']:10.2f}")
-    print(f"{'change -> all ' + str(f['watchers']) + ' watchers ms (' + str(f['workers']) + ' workers)':44} "
-          f"{f['change_to_all_watchers_ms']['p50']:10.2f} {f['change_to_all_watchers_ms']['p99']:10.2f}")
+    print(
+        f"{'change -> all ' + str(f['watchers']) + ' watchers ms (' + str(f['workers']) + ' workers)':44} "
+        f"{f['change_to_all_watchers_ms']['p50']:10.2f} {f['change_to_all_watchers_ms']['p99']:10.2f}"
+    )
     print(f"snapshot size: {f['snapshot_bytes']} bytes; report written to {out}")
     return 0
 

@@ -72,11 +72,31 @@ RESULTS_FILE = "results.json"
 # Keys of a run's summary that the report and the JSON keep (RunResult.summary() plus the sim's
 # worker totals); the rest (sim cost, wall time) is per-run noise.
 SUMMARY_KEYS = (
-    "arm", "parallel_programs", "programs_done", "programs_total", "turns_ok", "turns_failed", "wall_s",
-    "simulated_minutes", "steps_per_min", "programs_per_min", "program_time_p50_s", "program_time_p90_s",
-    "ttft_p50_s", "ttft_p90_s", "kv_hit_rate", "worker_recomputed_tokens", "worker_retractions",
-    "worker_host_loadback_tokens", "worker_prompt_tokens", "worker_cached_tokens", "worker_evicted_tokens",
-    "steady_steps_per_min", "steady_window_s", "oracle_worker_kv_tokens", "sim_cpu_s",
+    "arm",
+    "parallel_programs",
+    "programs_done",
+    "programs_total",
+    "turns_ok",
+    "turns_failed",
+    "wall_s",
+    "simulated_minutes",
+    "steps_per_min",
+    "programs_per_min",
+    "program_time_p50_s",
+    "program_time_p90_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "kv_hit_rate",
+    "worker_recomputed_tokens",
+    "worker_retractions",
+    "worker_host_loadback_tokens",
+    "worker_prompt_tokens",
+    "worker_cached_tokens",
+    "worker_evicted_tokens",
+    "steady_steps_per_min",
+    "steady_window_s",
+    "oracle_worker_kv_tokens",
+    "sim_cpu_s",
 )
 
 
@@ -111,22 +131,33 @@ class SweepSpec:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
         require(self.workers >= 1, "workers", self.workers, "workers >= 1")
         require(self.worker_kv_tokens >= 16, "worker_kv_tokens", self.worker_kv_tokens, "worker_kv_tokens >= 16")
-        require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns,
-                "max_turns is None or >= 1")
+        require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, "max_turns is None or >= 1")
         require(self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0")
-        require(len(self.parallel) >= 1 and all(p >= 1 for p in self.parallel), "parallel", self.parallel,
-                "at least one point, every point >= 1")
-        require(list(self.parallel) == sorted(set(self.parallel)), "parallel", self.parallel,
-                "points strictly increasing")
+        require(
+            len(self.parallel) >= 1 and all(p >= 1 for p in self.parallel),
+            "parallel",
+            self.parallel,
+            "at least one point, every point >= 1",
+        )
+        require(
+            list(self.parallel) == sorted(set(self.parallel)), "parallel", self.parallel, "points strictly increasing"
+        )
         require(self.programs_per_slot >= 1, "programs_per_slot", self.programs_per_slot, "programs_per_slot >= 1")
         require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
         require(self.split in SPLITS, "split", self.split, f"split in {{{', '.join(SPLITS)}}}")
 
     def programs(self, parallel: int) -> list:
         """The point's programs, exactly as the live runner and the simulator build them."""
-        return build_workload(self.workload, parallel * self.programs_per_slot, seed=self.seed,
-                              max_turns=self.max_turns, token_scale=self.token_scale, tool_time_scale=1.0,
-                              trace=self.trace, split=self.split)
+        return build_workload(
+            self.workload,
+            parallel * self.programs_per_slot,
+            seed=self.seed,
+            max_turns=self.max_turns,
+            token_scale=self.token_scale,
+            tool_time_scale=1.0,
+            trace=self.trace,
+            split=self.split,
+        )
 
     @property
     def pool_tokens(self) -> int:
@@ -143,9 +174,14 @@ class SweepSpec:
 
     def describe(self) -> dict:
         fits = self.fits_programs()
-        return {**asdict(self), "parallel": list(self.parallel), "pool_tokens": self.pool_tokens,
-                "mean_context_tokens": round(self.mean_context_tokens(), 1), "fits_programs": round(fits, 2),
-                "oversubscription": [round(p / fits, 2) for p in self.parallel]}
+        return {
+            **asdict(self),
+            "parallel": list(self.parallel),
+            "pool_tokens": self.pool_tokens,
+            "mean_context_tokens": round(self.mean_context_tokens(), 1),
+            "fits_programs": round(fits, 2),
+            "oversubscription": [round(p / fits, 2) for p in self.parallel],
+        }
 
 
 # The large sweep (simulator). SWE: full-length trace programs at their real sizes (prompts of ~20K
@@ -155,18 +191,22 @@ class SweepSpec:
 # published scenario, 2 workers x 16K tokens, 8 turns, with 32 parallel programs as one point
 # (~3x); about 10 programs fit.
 SIM_SPECS = {
-    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=131_072, max_turns=None, token_scale=1.0,
-                     parallel=(3, 6, 12, 18, 24)),
-    "short": SweepSpec("short", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=1.0,
-                       parallel=(5, 10, 20, 32, 40)),
+    "swe": SweepSpec(
+        "swe", workers=2, worker_kv_tokens=131_072, max_turns=None, token_scale=1.0, parallel=(3, 6, 12, 18, 24)
+    ),
+    "short": SweepSpec(
+        "short", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=1.0, parallel=(5, 10, 20, 32, 40)
+    ),
 }
 # The live sweep: two points (below saturation, ~3x), fewer turns and smaller contexts, at speedup 4
 # (docs/simulator.md: the live stack tracks the simulator within ~4% at S = 4 on small scenarios).
 LIVE_SPECS = {
-    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=0.25,
-                     parallel=(6, 36), speedup=4.0),
-    "short": SweepSpec("short", workers=2, worker_kv_tokens=16_384, max_turns=4, token_scale=1.0,
-                       parallel=(6, 40), speedup=4.0),
+    "swe": SweepSpec(
+        "swe", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=0.25, parallel=(6, 36), speedup=4.0
+    ),
+    "short": SweepSpec(
+        "short", workers=2, worker_kv_tokens=16_384, max_turns=4, token_scale=1.0, parallel=(6, 40), speedup=4.0
+    ),
 }
 # `--smoke`: tiny programs, two sim points, one live point (the `make test` version).
 SMOKE_SIM_SPECS = {
@@ -174,10 +214,12 @@ SMOKE_SIM_SPECS = {
     "short": SweepSpec("short", workers=2, worker_kv_tokens=1_024, max_turns=3, token_scale=0.2, parallel=(2, 8)),
 }
 SMOKE_LIVE_SPECS = {
-    "swe": SweepSpec("swe", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.05, parallel=(3,),
-                     speedup=20.0),
-    "short": SweepSpec("short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,),
-                       speedup=20.0),
+    "swe": SweepSpec(
+        "swe", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.05, parallel=(3,), speedup=20.0
+    ),
+    "short": SweepSpec(
+        "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), speedup=20.0
+    ),
 }
 
 
@@ -224,7 +266,7 @@ class _MeteredEngine:
         return result
 
     def commit_decode(self, steps: int):
-        result = self._engine.commit_decode(steps)   # duration_s = the committed steps' span
+        result = self._engine.commit_decode(steps)  # duration_s = the committed steps' span
         self.busy_s += result.duration_s
         return result
 
@@ -243,8 +285,16 @@ def _prefill_s(profile, tokens: int, prefix_tokens: int, chunk_tokens: int) -> f
     return ms / 1000.0
 
 
-def run_breakdown(programs: Sequence, turns: Sequence, control_events: Sequence, profile, chunk_tokens: int,
-                  busy_s: float, makespan_s: float, workers: int) -> dict:
+def run_breakdown(
+    programs: Sequence,
+    turns: Sequence,
+    control_events: Sequence,
+    profile,
+    chunk_tokens: int,
+    busy_s: float,
+    makespan_s: float,
+    workers: int,
+) -> dict:
     """Where a simulated run's uncached prompt tokens and engine time went.
 
     A turn's prompt is [turn k-1's prompt | turn k-1's answer | the new observation], and its
@@ -280,8 +330,13 @@ def run_breakdown(programs: Sequence, turns: Sequence, control_events: Sequence,
     for turn in turns:
         if turn.ok:
             by_program.setdefault(turn.program_id, []).append(turn)
-    tokens = {"first_turn": 0, "new_observation": 0, "previous_answer": 0, "reprefill_after_pause": 0,
-              "reprefill_other": 0}
+    tokens = {
+        "first_turn": 0,
+        "new_observation": 0,
+        "previous_answer": 0,
+        "reprefill_after_pause": 0,
+        "reprefill_other": 0,
+    }
     seconds = {"first_turn": 0.0, "new_tokens": 0.0, "reprefill": 0.0}
     full = {"after_pause": 0, "other": 0}
     prompt = cached = 0
@@ -311,8 +366,9 @@ def run_breakdown(programs: Sequence, turns: Sequence, control_events: Sequence,
                 if again and row.cached_tokens <= FULL_REPREFILL_CACHED_SHARE * previous.prompt_tokens:
                     full["after_pause" if paused else "other"] += 1
                 seconds["reprefill"] += _prefill_s(profile, again, row.cached_tokens, chunk_tokens)
-                seconds["new_tokens"] += _prefill_s(profile, observation + answer, row.cached_tokens + again,
-                                                    chunk_tokens)
+                seconds["new_tokens"] += _prefill_s(
+                    profile, observation + answer, row.cached_tokens + again, chunk_tokens
+                )
             end = sent + row.turn_s
             ends.append(end)
             previous = row
@@ -324,18 +380,25 @@ def run_breakdown(programs: Sequence, turns: Sequence, control_events: Sequence,
     uncached_total = sum(tokens.values())
     reprefill = tokens["reprefill_after_pause"] + tokens["reprefill_other"]
     return {
-        "prompt_tokens": prompt, "cached_tokens": cached,
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
         "hit_rate": round(cached / prompt, 4) if prompt else 0.0,
         "hit_rate_ceiling": round(1 - (uncached_total - reprefill) / prompt, 4) if prompt else 0.0,
-        "uncached_tokens": tokens, "full_reprefills": full,
-        "engine_busy_s": round(busy_s, 2), "engine_capacity_s": round(capacity_s, 2),
+        "uncached_tokens": tokens,
+        "full_reprefills": full,
+        "engine_busy_s": round(busy_s, 2),
+        "engine_capacity_s": round(capacity_s, 2),
         "busy_share": round(busy_s / capacity_s, 4) if capacity_s else 0.0,
         "prefill_s": {k: round(v, 2) for k, v in seconds.items()},
         "recompute_share_of_busy": round(seconds["reprefill"] / busy_s, 4) if busy_s else 0.0,
         "steps_per_min_first_90pct": round(n90 / (ends[n90 - 1] / 60), 3) if ends and ends[n90 - 1] > 0 else 0.0,
-        "longest_program": {"program_id": longest, "turns": len(by_program.get(longest, ())),
-                            "end_s": round(last_end.get(longest, 0.0), 1), "pauses": len(pauses.get(longest, ())),
-                            "paused_s": round(paused_s.get(longest, 0.0), 1)},
+        "longest_program": {
+            "program_id": longest,
+            "turns": len(by_program.get(longest, ())),
+            "end_s": round(last_end.get(longest, 0.0), 1),
+            "pauses": len(pauses.get(longest, ())),
+            "paused_s": round(paused_s.get(longest, 0.0), 1),
+        },
     }
 
 
@@ -345,8 +408,10 @@ def _engine_queue(timeline: dict) -> dict:
     rows = [r for samples in timeline["workers"].values() for r in samples]
     if not rows:
         return {"queued_mean": 0.0, "running_mean": 0.0}
-    return {"queued_mean": round(statistics.fmean(r[cols["engine_queued"]] for r in rows), 2),
-            "running_mean": round(statistics.fmean(r[cols["engine_running"]] for r in rows), 2)}
+    return {
+        "queued_mean": round(statistics.fmean(r[cols["engine_queued"]] for r in rows), 2),
+        "running_mean": round(statistics.fmean(r[cols["engine_running"]] for r in rows), 2),
+    }
 
 
 def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) -> dict:
@@ -359,16 +424,28 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
     from harness.simlib import SimScenario, Simulator, live_control_params
 
     policy = policy_of(arm)
-    live = dict(control=live_control_params(spec.speedup, policy or "threshold"), live_speedup=spec.speedup,
-                router_prompt="text")
+    live = dict(
+        control=live_control_params(spec.speedup, policy or "threshold"),
+        live_speedup=spec.speedup,
+        router_prompt="text",
+    )
     scenario = SimScenario(
-        arm=BANDMASTER if policy else arm, workload=spec.workload, programs=parallel * spec.programs_per_slot,
-        parallel=parallel, max_turns=spec.max_turns, token_scale=spec.token_scale, seed=spec.seed,
-        trace=spec.trace, split=spec.split,
-        workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, pause_policy=policy or "threshold",
+        arm=BANDMASTER if policy else arm,
+        workload=spec.workload,
+        programs=parallel * spec.programs_per_slot,
+        parallel=parallel,
+        max_turns=spec.max_turns,
+        token_scale=spec.token_scale,
+        seed=spec.seed,
+        trace=spec.trace,
+        split=spec.split,
+        workers=spec.workers,
+        worker_kv_tokens=spec.worker_kv_tokens,
+        pause_policy=policy or "threshold",
         # Exact token pages: ~30% cheaper than the live router's text chunks, same cost formula
         # and the same relative figures (docs/simulator.md, "Prompts").
-        **(live if as_live else dict(router_prompt="tokens")))
+        **(live if as_live else dict(router_prompt="tokens")),
+    )
     simulator = Simulator(scenario)
     meters = []
     for worker in simulator.workers:
@@ -376,26 +453,35 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
         meters.append(worker.engine)
     result = simulator.run()
     summary = result.summary()
-    row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
-           "scheduler": result.scheduler_counters, "completed": result.completed}
+    row = {
+        "summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
+        "scheduler": result.scheduler_counters,
+        "completed": result.completed,
+    }
     if not result.completed:
         row["error"] = "the simulation hit its horizon with programs still running"
     if as_live:
         return row
     if spec.programs_per_slot == 1:
         row["breakdown"] = {
-            **run_breakdown(simulator.programs, result.run.turns, result.timeline["control_events"],
-                            simulator.workers[0].profile, scenario.worker_chunked_prefill_size,
-                            sum(m.busy_s for m in meters), result.run.wall_s, spec.workers),
-            "engine_queue": _engine_queue(result.timeline)}
+            **run_breakdown(
+                simulator.programs,
+                result.run.turns,
+                result.timeline["control_events"],
+                simulator.workers[0].profile,
+                scenario.worker_chunked_prefill_size,
+                sum(m.busy_s for m in meters),
+                result.run.wall_s,
+                spec.workers,
+            ),
+            "engine_queue": _engine_queue(result.timeline),
+        }
     if policy:
         row["timeline"] = result.timeline
     return row
 
 
 # ----------------------------------------------------------------------------------- live mode
-
-
 
 
 def _wait_routable(base_url: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
@@ -427,12 +513,19 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
 
     policy = policy_of(arm)
     config = ClusterConfig(
-        workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, worker_speedup=spec.speedup,
-        model_name=MODEL, http_port=0, scheduler=policy is not None,
-        scheduler_args=("--pause-policy", policy) if policy else (), state_dir=state_dir, log_level="WARNING",
+        workers=spec.workers,
+        worker_kv_tokens=spec.worker_kv_tokens,
+        worker_speedup=spec.speedup,
+        model_name=MODEL,
+        http_port=0,
+        scheduler=policy is not None,
+        scheduler_args=("--pause-policy", policy) if policy else (),
+        state_dir=state_dir,
+        log_level="WARNING",
         # Seeded tie-breaks: the kv and Bandmaster arms route alike from run to run.
         router_args=("--seed", str(spec.seed)),
-        extra_worker_args=("--log-level", "WARNING"))
+        extra_worker_args=("--log-level", "WARNING"),
+    )
     if arm in ("kv",) or policy:
         cluster = start_cluster(config)
         try:
@@ -441,8 +534,13 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
         except BaseException:
             cluster.stop()
             raise
-        return LiveStack(cluster.http_url, cluster.workers, True, cluster.stop,
-                         (lambda: scheduler_counts(cluster)) if policy else (lambda: {}))
+        return LiveStack(
+            cluster.http_url,
+            cluster.workers,
+            True,
+            cluster.stop,
+            (lambda: scheduler_counts(cluster)) if policy else (lambda: {}),
+        )
 
     # sglang-router in front of simworkers started exactly as `bandmaster up` starts them.
     sglang_policy = {"round_robin": "round_robin", "sglang_cache_aware": "cache_aware"}[arm]
@@ -484,8 +582,14 @@ def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
         programs = spec.programs(parallel)
 
         async def play() -> dict:
-            runner = Runner(stack.url + "/v1", MODEL, session_headers=stack.session_headers,
-                            time_scale=spec.speedup, seed=spec.seed, arm=arm)
+            runner = Runner(
+                stack.url + "/v1",
+                MODEL,
+                session_headers=stack.session_headers,
+                time_scale=spec.speedup,
+                seed=spec.seed,
+                arm=arm,
+            )
             before = await scrape_counters(stack.workers)
             result = await runner.run(programs, parallel)
             after = await scrape_counters(stack.workers)
@@ -519,9 +623,16 @@ def _job(args: tuple) -> tuple:
 
 def new_sweep(mode: str, spec: SweepSpec, arms: Sequence[str]) -> dict:
     described = spec.describe()
-    return {"mode": mode, "workload": spec.workload, "spec": described, "arms": list(arms),
-            "points": [{"parallel": p, "programs": p * spec.programs_per_slot, "oversubscription": o,
-                        "arms": {}} for p, o in zip(spec.parallel, described["oversubscription"])]}
+    return {
+        "mode": mode,
+        "workload": spec.workload,
+        "spec": described,
+        "arms": list(arms),
+        "points": [
+            {"parallel": p, "programs": p * spec.programs_per_slot, "oversubscription": o, "arms": {}}
+            for p, o in zip(spec.parallel, described["oversubscription"])
+        ],
+    }
 
 
 def _point(sweep: dict, parallel: int) -> dict:
@@ -538,14 +649,18 @@ def _brief(row: dict) -> str:
     s = row["summary"]
     extra = f" pauses {row['scheduler'].get('pauses')}" if row.get("scheduler") else ""
     err = f" ERROR {row['error']}" if row.get("error") else ""
-    return (f"{s['steps_per_min']:8.1f} steps/min  KV hit {s['kv_hit_rate']:.3f}  TTFT p90 {s['ttft_p90_s']:.2f}s"
-            f"{extra}  ({row.get('elapsed_s', 0):.0f}s){err}")
+    return (
+        f"{s['steps_per_min']:8.1f} steps/min  KV hit {s['kv_hit_rate']:.3f}  TTFT p90 {s['ttft_p90_s']:.2f}s"
+        f"{extra}  ({row.get('elapsed_s', 0):.0f}s){err}"
+    )
 
 
-def run_sim(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], jobs: int,
-            *, as_live: bool = False) -> None:
-    work = [(specs[w], arm, p, as_live) for w, sweep in sweeps.items() for p in specs[w].parallel
-            for arm in sweep["arms"]]
+def run_sim(
+    sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], jobs: int, *, as_live: bool = False
+) -> None:
+    work = [
+        (specs[w], arm, p, as_live) for w, sweep in sweeps.items() for p in specs[w].parallel for arm in sweep["arms"]
+    ]
     # The biggest runs first, so that a pool of several processes ends together.
     work.sort(key=lambda job: -job[2])
     done = 0
@@ -584,8 +699,13 @@ def run_live(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callabl
 
 def _git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], timeout=5).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -604,17 +724,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="both", choices=("swe", "short", "both"))
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results/agentic"))
     parser.add_argument("--smoke", action="store_true", help="tiny programs, 2 sim points, 1 live point")
-    parser.add_argument("--arms", action="append", default=[],
-                        help=f"comma list from {', '.join((*BASE_ARMS, BANDMASTER))} (default: all)")
-    parser.add_argument("--pause-policy", action="append", default=[],
-                        help=f"Bandmaster arms' pause policies, comma list from {', '.join(PAUSE_POLICIES)} "
-                             "(default: all registered)")
+    parser.add_argument(
+        "--arms",
+        action="append",
+        default=[],
+        help=f"comma list from {', '.join((*BASE_ARMS, BANDMASTER))} (default: all)",
+    )
+    parser.add_argument(
+        "--pause-policy",
+        action="append",
+        default=[],
+        help=f"Bandmaster arms' pause policies, comma list from {', '.join(PAUSE_POLICIES)} (default: all registered)",
+    )
     parser.add_argument("--jobs", type=int, default=1, help="sim runs in parallel processes")
     parser.add_argument("--no-report", action="store_true", help="write results.json only")
-    parser.add_argument("--trace", type=Path, default=None,
-                        help="SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format)")
-    parser.add_argument("--split", default=DEFAULT_SPLIT, choices=SPLITS,
-                        help="part of the trace the SWE programs come from (default: tune)")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format)",
+    )
+    parser.add_argument(
+        "--split",
+        default=DEFAULT_SPLIT,
+        choices=SPLITS,
+        help="part of the trace the SWE programs come from (default: tune)",
+    )
     return parser
 
 
@@ -632,11 +767,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {
-        "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": _git_commit(),
-                 "argv": list(sys.argv[1:] if argv is None else argv), "smoke": args.smoke,
-                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                             "platform": platform.platform()},
-                 "pause_policies": policies},
+        "meta": {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "git_commit": _git_commit(),
+            "argv": list(sys.argv[1:] if argv is None else argv),
+            "smoke": args.smoke,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "pause_policies": policies,
+        },
         "sweeps": [],
     }
     path = out_dir / RESULTS_FILE
@@ -649,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = dict(trace=None if args.trace is None else str(args.trace), split=args.split)
     try:
         for w in workloads:
-            replace(specs_for("sim", args.smoke)[w], **source).programs(1)   # a bad trace fails here
+            replace(specs_for("sim", args.smoke)[w], **source).programs(1)  # a bad trace fails here
     except ConfigError as exc:
         _log(f"bench.compare: {exc}")
         return 2
@@ -662,9 +800,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for w, sweep in sweeps.items():
             s = sweep["spec"]
             turns = "full-length programs" if s["max_turns"] is None else f"{s['max_turns']} turns"
-            _log(f"{mode} {w}: {s['workers']} workers x {s['worker_kv_tokens']} KV tokens, {turns}, "
-                 f"token scale {s['token_scale']}; mean peak context {s['mean_context_tokens']:.0f} -> "
-                 f"{s['fits_programs']:.1f} programs fit; points {s['parallel']} = {s['oversubscription']}x")
+            _log(
+                f"{mode} {w}: {s['workers']} workers x {s['worker_kv_tokens']} KV tokens, {turns}, "
+                f"token scale {s['token_scale']}; mean peak context {s['mean_context_tokens']:.0f} -> "
+                f"{s['fits_programs']:.1f} programs fit; points {s['parallel']} = {s['oversubscription']}x"
+            )
         save()
         if mode == "sim":
             run_sim(sweeps, specs, save, args.jobs)
@@ -686,8 +826,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["meta"]["elapsed_s"] = round(time.monotonic() - started, 1)
     save()
     _log(f"wrote {path}")
-    errors = [(s["mode"], s["workload"], p["parallel"], arm) for s in results["sweeps"] for p in s["points"]
-              for arm, row in p["arms"].items() if row.get("error")]
+    errors = [
+        (s["mode"], s["workload"], p["parallel"], arm)
+        for s in results["sweeps"]
+        for p in s["points"]
+        for arm, row in p["arms"].items()
+        if row.get("error")
+    ]
     if not args.no_report:
         report.write_report(results, out_dir)
         print(report.targets_text(report.evaluate_targets(results)))

@@ -53,12 +53,12 @@ JSON_FILE = "evaluate.json"
 MARKDOWN_FILE = "evaluate.md"
 
 # The targets (issue 10).
-ORACLE_SHARE = 0.85          # bandmaster >= 0.85x oracle, mean over draws, at 2-3x
+ORACLE_SHARE = 0.85  # bandmaster >= 0.85x oracle, mean over draws, at 2-3x
 ORACLE_FACTORS = (2, 3)
-KV_SPEEDUP = 1.4             # bandmaster >= 1.4x kv, mean over draws, at 3x
+KV_SPEEDUP = 1.4  # bandmaster >= 1.4x kv, mean over draws, at 3x
 KV_SPEEDUP_FACTORS = (3,)
-NEVER_BELOW_KV = 0.97        # bandmaster >= 0.97x kv in every run of every group
-HOST_SPEEDUP = 1.1           # with a host tier, bandmaster >= 1.1x kv (same tier), mean over draws, at 3-4x
+NEVER_BELOW_KV = 0.97  # bandmaster >= 0.97x kv in every run of every group
+HOST_SPEEDUP = 1.1  # with a host tier, bandmaster >= 1.1x kv (same tier), mean over draws, at 3-4x
 HOST_FACTORS = (3, 4)
 
 
@@ -88,16 +88,28 @@ class EvalSpec:
 
     def __post_init__(self) -> None:
         require(self.workers >= 1, "workers", self.workers, "workers >= 1")
-        require(self.fits_programs is None or self.fits_programs > 0, "fits_programs", self.fits_programs,
-                "fits_programs is None or > 0")
-        require(len(self.factors) >= 1 and all(f >= 1 for f in self.factors), "points", self.factors,
-                "at least one factor, every factor >= 1")
+        require(
+            self.fits_programs is None or self.fits_programs > 0,
+            "fits_programs",
+            self.fits_programs,
+            "fits_programs is None or > 0",
+        )
+        require(
+            len(self.factors) >= 1 and all(f >= 1 for f in self.factors),
+            "points",
+            self.factors,
+            "at least one factor, every factor >= 1",
+        )
         require(self.draws >= 1, "draws", self.draws, "draws >= 1")
         require(self.heldout_draws >= 1, "heldout_draws", self.heldout_draws, "heldout_draws >= 1")
         # The window runs from the P-th program's end to the last program's start, which is the
         # end of program N - P: it is empty unless N >= 3P.
-        require(self.steady_programs_per_slot >= 3, "steady_programs_per_slot", self.steady_programs_per_slot,
-                "steady_programs_per_slot >= 3 (with fewer the last program starts before warm-up ends)")
+        require(
+            self.steady_programs_per_slot >= 3,
+            "steady_programs_per_slot",
+            self.steady_programs_per_slot,
+            "steady_programs_per_slot >= 3 (with fewer the last program starts before warm-up ends)",
+        )
 
     def parallel(self, factor: int) -> int:
         require(self.fits_programs is not None, "fits_programs", None, "resolved (with_fits) before the grid is built")
@@ -114,8 +126,16 @@ class EvalSpec:
 
 FULL = EvalSpec()
 # Tiny programs on tiny workers: every group and arm in seconds (the test suite's version).
-QUICK = EvalSpec(worker_kv_tokens=1_024, max_turns=3, token_scale=0.05, fits_programs=2.0, factors=(2, 3),
-                 draws=2, heldout_draws=1, host_factors=(3,))
+QUICK = EvalSpec(
+    worker_kv_tokens=1_024,
+    max_turns=3,
+    token_scale=0.05,
+    fits_programs=2.0,
+    factors=(2, 3),
+    draws=2,
+    heldout_draws=1,
+    host_factors=(3,),
+)
 
 
 @dataclass(frozen=True)
@@ -137,14 +157,22 @@ class Job:
         return f"{self.group}@{self.factor}x"
 
 
-def build_jobs(spec: EvalSpec, groups: Sequence[str], factors: Sequence[int], arms: Sequence[str],
-               tune_split: str, draws: int, heldout_draws: int) -> list[Job]:
+def build_jobs(
+    spec: EvalSpec,
+    groups: Sequence[str],
+    factors: Sequence[int],
+    arms: Sequence[str],
+    tune_split: str,
+    draws: int,
+    heldout_draws: int,
+) -> list[Job]:
     """The grid as jobs. `tune_split` is the split of every group but `heldout` (tune, or all for a
     trace scored as a whole); `factors` restricts every group's points."""
     out = []
 
-    def add(group: str, split: str, factor: int, n_draws: int, *, tool: float = 1.0, host: int = 0,
-            per_slot: int = 1) -> None:
+    def add(
+        group: str, split: str, factor: int, n_draws: int, *, tool: float = 1.0, host: int = 0, per_slot: int = 1
+    ) -> None:
         if factor not in factors:
             return
         parallel = spec.parallel(factor)
@@ -155,9 +183,9 @@ def build_jobs(spec: EvalSpec, groups: Sequence[str], factors: Sequence[int], ar
     for factor in spec.factors:
         if "closed" in groups:
             add("closed", tune_split, factor, draws)
-    for scale in spec.tool_scales:
-        if f"tool_x{scale}" in groups:
-            add(f"tool_x{scale}", tune_split, spec.tool_factor, draws, tool=float(scale))
+    for tool_scale in spec.tool_scales:
+        if f"tool_x{tool_scale}" in groups:
+            add(f"tool_x{tool_scale}", tune_split, spec.tool_factor, draws, tool=float(tool_scale))
     if "host" in groups:
         for factor in spec.host_factors:
             add("host", tune_split, factor, draws, host=spec.host_kv_factor * spec.worker_kv_tokens)
@@ -176,16 +204,33 @@ def scenario_for(job: Job, spec: EvalSpec, trace: str | None, scheduler: Schedul
 
     flags = {}
     if job.arm == "bandmaster":
-        flags = dict(control=scheduler.control, pause_policy=scheduler.pause_policy, cost_aware=scheduler.cost_aware,
-                     kv_router=scheduler.kv_router)
+        flags = dict(
+            control=scheduler.control,
+            pause_policy=scheduler.pause_policy,
+            cost_aware=scheduler.cost_aware,
+            kv_router=scheduler.kv_router,
+        )
     return SimScenario(
-        arm=job.arm, workload="swe", trace=trace, split=job.split, draw="random", include_longest=job.draw == 0,
-        seed=job.draw, programs=job.programs, parallel=job.parallel if job.programs > job.parallel else 0,
-        max_turns=spec.max_turns, token_scale=spec.token_scale, tool_time_scale=job.tool_time_scale,
-        workers=spec.workers, worker_kv_tokens=spec.worker_kv_tokens, worker_host_kv_tokens=job.host_kv_tokens,
+        arm=job.arm,
+        workload="swe",
+        trace=trace,
+        split=job.split,
+        draw="random",
+        include_longest=job.draw == 0,
+        seed=job.draw,
+        programs=job.programs,
+        parallel=job.parallel if job.programs > job.parallel else 0,
+        max_turns=spec.max_turns,
+        token_scale=spec.token_scale,
+        tool_time_scale=job.tool_time_scale,
+        workers=spec.workers,
+        worker_kv_tokens=spec.worker_kv_tokens,
+        worker_host_kv_tokens=job.host_kv_tokens,
         # Exact token pages: cheaper than the live router's text chunks, same cost formula and the
         # same relative figures (docs/simulator.md, "Prompts").
-        router_prompt="tokens", **flags)
+        router_prompt="tokens",
+        **flags,
+    )
 
 
 def run_job(args: tuple) -> tuple[Job, dict]:
@@ -201,18 +246,31 @@ def run_job(args: tuple) -> tuple[Job, dict]:
         s = result.summary()
         metric = s["steady_steps_per_min"] if job.group == "steady" else s["steps_per_min"]
         programs = scenario.build_programs()
-        row = {"metric": metric, "steps_per_min": s["steps_per_min"],
-               "steady_steps_per_min": s["steady_steps_per_min"], "kv_hit_rate": s["kv_hit_rate"],
-               "ttft_p90_s": s["ttft_p90_s"], "turns_ok": s["turns_ok"], "turns_failed": s["turns_failed"],
-               "simulated_minutes": s["simulated_minutes"], "evicted_tokens": s["worker_evicted_tokens"],
-               "pauses": result.scheduler_counters.get("pauses"), "sim_cpu_s": s["sim_cpu_s"],
-               "longest_turns": max(len(p.turns) for p in programs),
-               "mean_peak_context_tokens": round(statistics.fmean(p.peak_context_tokens for p in programs), 1)}
+        row = {
+            "metric": metric,
+            "steps_per_min": s["steps_per_min"],
+            "steady_steps_per_min": s["steady_steps_per_min"],
+            "kv_hit_rate": s["kv_hit_rate"],
+            "ttft_p90_s": s["ttft_p90_s"],
+            "turns_ok": s["turns_ok"],
+            "turns_failed": s["turns_failed"],
+            "simulated_minutes": s["simulated_minutes"],
+            "evicted_tokens": s["worker_evicted_tokens"],
+            "pauses": result.scheduler_counters.get("pauses"),
+            "sim_cpu_s": s["sim_cpu_s"],
+            "longest_turns": max(len(p.turns) for p in programs),
+            "mean_peak_context_tokens": round(statistics.fmean(p.peak_context_tokens for p in programs), 1),
+        }
         if s.get("oracle_worker_kv_tokens") is not None:
             row["oracle_worker_kv_tokens"] = s["oracle_worker_kv_tokens"]
         if not result.completed or s["turns_failed"] or metric is None:
-            row["error"] = ("the simulation hit its horizon" if not result.completed else
-                            f"{s['turns_failed']} turns failed" if s["turns_failed"] else "no steady-state window")
+            row["error"] = (
+                "the simulation hit its horizon"
+                if not result.completed
+                else f"{s['turns_failed']} turns failed"
+                if s["turns_failed"]
+                else "no steady-state window"
+            )
     except Exception as exc:  # noqa: BLE001 - one failing run is recorded, the grid goes on
         row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     row["elapsed_s"] = round(time.monotonic() - started, 2)
@@ -241,10 +299,19 @@ def aggregate(jobs: Sequence[Job], rows: dict[Job, dict]) -> list[dict]:
     and the worst (lowest) ratio over the draws where both arms ran."""
     points: dict[tuple, dict] = {}
     for job in jobs:
-        point = points.setdefault(_key(job), {
-            "group": job.group, "split": job.split, "factor": job.factor, "programs": job.programs,
-            "parallel": job.parallel, "tool_time_scale": job.tool_time_scale, "host_kv_tokens": job.host_kv_tokens,
-            "draws": {}})
+        point = points.setdefault(
+            _key(job),
+            {
+                "group": job.group,
+                "split": job.split,
+                "factor": job.factor,
+                "programs": job.programs,
+                "parallel": job.parallel,
+                "tool_time_scale": job.tool_time_scale,
+                "host_kv_tokens": job.host_kv_tokens,
+                "draws": {},
+            },
+        )
         row = rows.get(job)
         if row is not None:
             point["draws"].setdefault(job.draw, {})[job.arm] = row
@@ -259,9 +326,13 @@ def aggregate(jobs: Sequence[Job], rows: dict[Job, dict]) -> list[dict]:
                     values.append((ra["metric"] / rb["metric"], draw))
             if values:
                 worst = min(values)
-                ratios[f"{a}/{b}"] = {"mean": round(statistics.fmean(v for v, _ in values), 4),
-                                      "worst": round(worst[0], 4), "worst_draw": worst[1], "draws": len(values),
-                                      "values": [round(v, 4) for v, _ in values]}
+                ratios[f"{a}/{b}"] = {
+                    "mean": round(statistics.fmean(v for v, _ in values), 4),
+                    "worst": round(worst[0], 4),
+                    "worst_draw": worst[1],
+                    "draws": len(values),
+                    "values": [round(v, 4) for v, _ in values],
+                }
         point["ratios"] = ratios
         point["draws"] = {str(d): arms for d, arms in sorted(point["draws"].items())}
         out.append(point)
@@ -272,8 +343,9 @@ def _find(points: Sequence[dict], group: str, factors: Sequence[int]) -> list[di
     return [p for p in points if p["group"] == group and p["factor"] in factors]
 
 
-def _mean_target(points: Sequence[dict], group: str, factors: Sequence[int], ratio: str, name: str,
-                 threshold: float, expected: int) -> Target:
+def _mean_target(
+    points: Sequence[dict], group: str, factors: Sequence[int], ratio: str, name: str, threshold: float, expected: int
+) -> Target:
     """The lowest mean over draws among the covered points (N/A if a point or its ratio is missing)."""
     chosen = _find(points, group, factors)
     have = [(p["ratios"][ratio]["mean"], p["factor"]) for p in chosen if ratio in p["ratios"]]
@@ -281,8 +353,9 @@ def _mean_target(points: Sequence[dict], group: str, factors: Sequence[int], rat
         return Target("sim", "swe", "bandmaster", name, threshold, None, list(factors), "missing points or arms")
     worst = min(have)
     detail = "; ".join(f"{f}x mean {m:.3f}" for m, f in sorted(have, key=lambda x: x[1]))
-    return Target("sim", "swe", "bandmaster", name, threshold, worst[0], [f for _, f in have],
-                  f"{detail} (lowest at {worst[1]}x)")
+    return Target(
+        "sim", "swe", "bandmaster", name, threshold, worst[0], [f for _, f in have], f"{detail} (lowest at {worst[1]}x)"
+    )
 
 
 def _worst_target(points: Sequence[dict], group: str, name: str, threshold: float) -> Target | None:
@@ -293,8 +366,16 @@ def _worst_target(points: Sequence[dict], group: str, name: str, threshold: floa
         return Target("sim", "swe", "bandmaster", name, threshold, None, [], "missing arms")
     worst = min(chosen, key=lambda p: p["ratios"]["bandmaster/kv"]["worst"])
     r = worst["ratios"]["bandmaster/kv"]
-    return Target("sim", "swe", "bandmaster", name, threshold, r["worst"], [p["factor"] for p in chosen],
-                  f"worst at {worst['factor']}x, draw {r['worst_draw']} (mean there {r['mean']:.3f})")
+    return Target(
+        "sim",
+        "swe",
+        "bandmaster",
+        name,
+        threshold,
+        r["worst"],
+        [p["factor"] for p in chosen],
+        f"worst at {worst['factor']}x, draw {r['worst_draw']} (mean there {r['mean']:.3f})",
+    )
 
 
 def evaluate_targets(points: Sequence[dict], factors: Sequence[int]) -> list[Target]:
@@ -306,21 +387,46 @@ def evaluate_targets(points: Sequence[dict], factors: Sequence[int]) -> list[Tar
         f_oracle = [f for f in ORACLE_FACTORS if f in factors]
         f_kv = [f for f in KV_SPEEDUP_FACTORS if f in factors]
         if f_oracle:
-            out.append(_mean_target(points, group, f_oracle, "bandmaster/oracle",
-                                    f"{label}, closed batch, 2-3x: mean over draws >= {ORACLE_SHARE}x oracle",
-                                    ORACLE_SHARE, len(f_oracle)))
+            out.append(
+                _mean_target(
+                    points,
+                    group,
+                    f_oracle,
+                    "bandmaster/oracle",
+                    f"{label}, closed batch, 2-3x: mean over draws >= {ORACLE_SHARE}x oracle",
+                    ORACLE_SHARE,
+                    len(f_oracle),
+                )
+            )
         if f_kv:
-            out.append(_mean_target(points, group, f_kv, "bandmaster/kv",
-                                    f"{label}, closed batch, 3x: mean over draws >= {KV_SPEEDUP}x kv",
-                                    KV_SPEEDUP, len(f_kv)))
+            out.append(
+                _mean_target(
+                    points,
+                    group,
+                    f_kv,
+                    "bandmaster/kv",
+                    f"{label}, closed batch, 3x: mean over draws >= {KV_SPEEDUP}x kv",
+                    KV_SPEEDUP,
+                    len(f_kv),
+                )
+            )
     f_host = [f for f in HOST_FACTORS if f in factors]
     if any(p["group"] == "host" for p in points) and f_host:
-        out.append(_mean_target(points, "host", f_host, "bandmaster/kv",
-                                f"host tier, 3-4x: mean over draws >= {HOST_SPEEDUP}x kv with the same tier",
-                                HOST_SPEEDUP, len(f_host)))
+        out.append(
+            _mean_target(
+                points,
+                "host",
+                f_host,
+                "bandmaster/kv",
+                f"host tier, 3-4x: mean over draws >= {HOST_SPEEDUP}x kv with the same tier",
+                HOST_SPEEDUP,
+                len(f_host),
+            )
+        )
     for group in GROUPS:
-        target = _worst_target(points, group, f"never below kv ({group}): every draw >= {NEVER_BELOW_KV}x kv",
-                               NEVER_BELOW_KV)
+        target = _worst_target(
+            points, group, f"never below kv ({group}): every draw >= {NEVER_BELOW_KV}x kv", NEVER_BELOW_KV
+        )
         if target is not None:
             out.append(target)
     return out
@@ -345,30 +451,38 @@ def _point_label(point: dict) -> str:
 
 def summary_markdown(report: dict) -> str:
     meta = report["meta"]
-    lines = ["# Bandmaster against the oracle and KV routing, over many draws", "",
-             f"Generated by `python -m bench.evaluate {' '.join(meta.get('argv', []))}` at commit "
-             f"`{meta.get('git_commit', '?')}` on {meta.get('created', '?')} in {meta.get('elapsed_s', '?')} s"
-             + (" (quick)" if meta.get("quick") else "") + ".", "",
-             f"SWE programs from {meta['trace'] or 'the shipped trace'}; {meta['spec']['workers']} workers x "
-             f"{meta['spec']['worker_kv_tokens']:,} KV tokens; Bandmaster: pause policy `{meta['pause_policy']}`"
-             f"{' with flags ' + ' '.join(meta['scheduler_flags']) if meta['scheduler_flags'] else ''}. "
-             "Cells: mean / worst ratio of steps/min over the draws (steady: steps/min between warm-up and the "
-             "last program's start); the same programs for every arm of a draw.", "",
-             "| point | split | draws | bandmaster / oracle | bandmaster / kv | kv / oracle | steps/min (mean): "
-             "bandmaster / kv / oracle |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Bandmaster against the oracle and KV routing, over many draws",
+        "",
+        f"Generated by `python -m bench.evaluate {' '.join(meta.get('argv', []))}` at commit "
+        f"`{meta.get('git_commit', '?')}` on {meta.get('created', '?')} in {meta.get('elapsed_s', '?')} s"
+        + (" (quick)" if meta.get("quick") else "")
+        + ".",
+        "",
+        f"SWE programs from {meta['trace'] or 'the shipped trace'}; {meta['spec']['workers']} workers x "
+        f"{meta['spec']['worker_kv_tokens']:,} KV tokens; Bandmaster: pause policy `{meta['pause_policy']}`"
+        f"{' with flags ' + ' '.join(meta['scheduler_flags']) if meta['scheduler_flags'] else ''}. "
+        "Cells: mean / worst ratio of steps/min over the draws (steady: steps/min between warm-up and the "
+        "last program's start); the same programs for every arm of a draw.",
+        "",
+        "| point | split | draws | bandmaster / oracle | bandmaster / kv | kv / oracle | steps/min (mean): "
+        "bandmaster / kv / oracle |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for point in report["points"]:
         draws = point["draws"]
 
-        def mean_metric(arm: str) -> str:
+        def mean_metric(arm: str, draws: dict = draws) -> str:
             values = [d[arm]["metric"] for d in draws.values() if arm in d and not d[arm].get("error")]
             return f"{statistics.fmean(values):.1f}" if values else "-"
 
-        lines.append(f"| {_point_label(point)} | {point['split']} | {len(draws)} | "
-                     f"{_ratio_cell(point['ratios'], 'bandmaster/oracle')} | "
-                     f"{_ratio_cell(point['ratios'], 'bandmaster/kv')} | {_ratio_cell(point['ratios'], 'kv/oracle')} "
-                     f"| {' / '.join(mean_metric(a) for a in ARMS)} |")
-    lines += ["", "## Targets", "",
-              "| result | target | value | needs | where |", "|---|---|---|---|---|"]
+        lines.append(
+            f"| {_point_label(point)} | {point['split']} | {len(draws)} | "
+            f"{_ratio_cell(point['ratios'], 'bandmaster/oracle')} | "
+            f"{_ratio_cell(point['ratios'], 'bandmaster/kv')} | {_ratio_cell(point['ratios'], 'kv/oracle')} "
+            f"| {' / '.join(mean_metric(a) for a in ARMS)} |"
+        )
+    lines += ["", "## Targets", "", "| result | target | value | needs | where |", "|---|---|---|---|---|"]
     for t in report["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         lines.append(f"| {t['status']} | {t['name']} | {value} | {t['needs']} | {t['detail']} |")
@@ -383,8 +497,13 @@ def summary_markdown(report: dict) -> str:
 
 def _git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parents[1], timeout=5).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -412,23 +531,38 @@ def _log(message: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.evaluate", description=__doc__.splitlines()[0],
+        prog="python -m bench.evaluate",
+        description=__doc__.splitlines()[0],
         epilog="Other flags are the scheduler's (`python -m services.scheduler --help`: --pause-policy, "
-               "--cost-aware-*, --pause-threshold, ...), in simulated seconds; they apply to the Bandmaster arm.")
+        "--cost-aware-*, --pause-threshold, ...), in simulated seconds; they apply to the Bandmaster arm.",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny programs and 2 draws (seconds; for tests)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel processes")
     parser.add_argument("--draws", type=int, default=None, help="draws per point (default 6; quick 2)")
     parser.add_argument("--heldout-draws", type=int, default=None, help="draws per held-out point (default 3)")
-    parser.add_argument("--points", action="append", default=[],
-                        help="oversubscription factors to run, comma list (default: all of 2,3,4)")
+    parser.add_argument(
+        "--points",
+        action="append",
+        default=[],
+        help="oversubscription factors to run, comma list (default: all of 2,3,4)",
+    )
     parser.add_argument("--arms", action="append", default=[], help=f"comma list from {', '.join(ARMS)} (default: all)")
-    parser.add_argument("--groups", action="append", default=[],
-                        help=f"comma list from {', '.join(GROUPS)} (default: all)")
-    parser.add_argument("--split", default=None, choices=SPLITS,
-                        help="run one split only: tune (every group but heldout), heldout (the heldout group), "
-                             "or all (every group but heldout, on all the trace's programs). Default: tune + heldout")
-    parser.add_argument("--trace", type=Path, default=None,
-                        help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format (default: the shipped one)")
+    parser.add_argument(
+        "--groups", action="append", default=[], help=f"comma list from {', '.join(GROUPS)} (default: all)"
+    )
+    parser.add_argument(
+        "--split",
+        default=None,
+        choices=SPLITS,
+        help="run one split only: tune (every group but heldout), heldout (the heldout group), "
+        "or all (every group but heldout, on all the trace's programs). Default: tune + heldout",
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format (default: the shipped one)",
+    )
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results/agentic"))
     return parser
 
@@ -439,8 +573,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         scheduler = load_config(rest, {})
         spec = QUICK if args.quick else FULL
-        spec = replace(spec, draws=spec.draws if args.draws is None else args.draws,
-                       heldout_draws=spec.heldout_draws if args.heldout_draws is None else args.heldout_draws)
+        spec = replace(
+            spec,
+            draws=spec.draws if args.draws is None else args.draws,
+            heldout_draws=spec.heldout_draws if args.heldout_draws is None else args.heldout_draws,
+        )
         require(args.jobs >= 1, "jobs", args.jobs, "jobs >= 1")
         factors = _csv(args.points, spec.factors, "points", int) or list(spec.factors)
         arms = _csv(args.arms, ARMS, "arms") or list(ARMS)
@@ -452,8 +589,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace = None if args.trace is None else str(args.trace)
         tune_split = "all" if args.split == "all" else "tune"
         for split in {tune_split, "heldout"} if "heldout" in groups else {tune_split}:
-            require(split_programs(trace_programs(trace), split), "split", split,
-                    f"the {split!r} part of {trace or 'the shipped trace'} holds no programs")
+            require(
+                split_programs(trace_programs(trace), split),
+                "split",
+                split,
+                f"the {split!r} part of {trace or 'the shipped trace'} holds no programs",
+            )
         # Program counts come from the tuning part (or all), for the held-out group too, so that
         # its points are the same loads.
         programs = trace_programs(trace)
@@ -468,12 +609,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir: Path = args.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {
-        "meta": {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git_commit": _git_commit(), "argv": argv,
-                 "quick": args.quick, "trace": trace, "spec": asdict(spec), "factors": factors, "arms": arms,
-                 "groups": groups, "fits_programs": spec.fits_programs,
-                 "pause_policy": scheduler.pause_policy, "scheduler_flags": rest,
-                 "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "runs": len(jobs)},
-        "points": [], "targets": [], "errors": [],
+        "meta": {
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "git_commit": _git_commit(),
+            "argv": argv,
+            "quick": args.quick,
+            "trace": trace,
+            "spec": asdict(spec),
+            "factors": factors,
+            "arms": arms,
+            "groups": groups,
+            "fits_programs": spec.fits_programs,
+            "pause_policy": scheduler.pause_policy,
+            "scheduler_flags": rest,
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "runs": len(jobs),
+        },
+        "points": [],
+        "targets": [],
+        "errors": [],
     }
     rows: dict[Job, dict] = {}
     path = out_dir / JSON_FILE
@@ -484,8 +638,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(report, indent=1))
         tmp.replace(path)
 
-    _log(f"bench.evaluate: {len(jobs)} runs ({', '.join(groups)}; points {factors}; arms {', '.join(arms)}; "
-         f"{spec.draws} draws, held-out {spec.heldout_draws}) with {args.jobs} processes")
+    _log(
+        f"bench.evaluate: {len(jobs)} runs ({', '.join(groups)}; points {factors}; arms {', '.join(arms)}; "
+        f"{spec.draws} draws, held-out {spec.heldout_draws}) with {args.jobs} processes"
+    )
     started = time.monotonic()
     # The costliest runs first, so that the pool's processes end together.
     work = sorted(jobs, key=lambda j: (-relative_cost(j), j.group, j.factor, j.draw, j.arm))

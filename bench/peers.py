@@ -27,20 +27,41 @@ def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path
     port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *worker_urls,
-             "--host", "127.0.0.1", "--port", str(port), "--policy", policy, "--log-level", "warn",
-             # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
-            env={**os.environ, "RUST_LOG": "warn"})
+            [
+                sys.executable,
+                "-m",
+                "sglang_router.launch_router",
+                "--worker-urls",
+                *worker_urls,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                policy,
+                "--log-level",
+                "warn",
+                # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
     return process, f"http://127.0.0.1:{port}"
 
 
 def chat_ok(base_url: str, model: str) -> bool:
     """True when `base_url` answers a one-token chat completion: the front door routes."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
-    request = urllib.request.Request(base_url + "/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        base_url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status == 200

@@ -36,23 +36,43 @@ from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import EngineRate
 from services.planner.core.tick import TickSettings, TickState, decide
-from services.planner.core.types import (DispatcherFeedback, Inventory, JobDemand, Observation, OnlineTraffic,
-                                         ProgramSignal, ReplicaLoad)
+from services.planner.core.types import (
+    DispatcherFeedback,
+    Inventory,
+    JobDemand,
+    Observation,
+    OnlineTraffic,
+    ProgramSignal,
+    ReplicaLoad,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def core_tick(jobs: int, workers: int, ticks: int) -> dict:
     now, wall = 10_000.0, 1_700_000_000.0
-    demands = tuple(JobDemand(f"job-{i:05d}", "in_progress", 1000, i % 500, i % 7, wall + 600 + 37 * i, now - 1)
-                    for i in range(jobs))
+    demands = tuple(
+        JobDemand(f"job-{i:05d}", "in_progress", 1000, i % 500, i % 7, wall + 600 + 37 * i, now - 1)
+        for i in range(jobs)
+    )
     loads = tuple(ReplicaLoad(f"w{i}", 8, i % 3, 0.3 + (i % 10) / 20) for i in range(workers))
-    obs = Observation(now, wall, demands, OnlineTraffic(now - 1, 120.0, 40),
-                      DispatcherFeedback(now - 1, 10.0, 5000, 64, 30.0, 40.0), Inventory(now - 1, workers, workers),
-                      loads, ProgramSignal(now - 1, 3, 12.0, 0.82, workers))
-    settings = TickSettings(batch=BatchPolicyConfig(safe_rps_per_ready_replica=4.0, max_replicas=128, min_replicas=1),
-                            load=LoadScalingConfig(), throughput=ThroughputScalingConfig(enabled=True),
-                            programs=ProgramScalingConfig(), engine=EngineRate(4.8, 32, 45.0))
+    obs = Observation(
+        now,
+        wall,
+        demands,
+        OnlineTraffic(now - 1, 120.0, 40),
+        DispatcherFeedback(now - 1, 10.0, 5000, 64, 30.0, 40.0),
+        Inventory(now - 1, workers, workers),
+        loads,
+        ProgramSignal(now - 1, 3, 12.0, 0.82, workers),
+    )
+    settings = TickSettings(
+        batch=BatchPolicyConfig(safe_rps_per_ready_replica=4.0, max_replicas=128, min_replicas=1),
+        load=LoadScalingConfig(),
+        throughput=ThroughputScalingConfig(enabled=True),
+        programs=ProgramScalingConfig(),
+        engine=EngineRate(4.8, 32, 45.0),
+    )
     state = TickState()
     times = []
     for i in range(ticks):
@@ -60,10 +80,19 @@ def core_tick(jobs: int, workers: int, ticks: int) -> dict:
         decision, state = decide(obs, settings, state, f"d-{i}")
         times.append(time.perf_counter() - t0)
     times.sort()
-    return {"jobs": jobs, "workers": workers, "ticks": ticks, "median_ms": statistics.median(times) * 1e3,
-            "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3,
-            "last_decision": {"action": decision.action, "lease_rps": decision.lease.max_admission_rps,
-                              "replica_floor": decision.plan.replica_floor, "scale_to": decision.scale_to}}
+    return {
+        "jobs": jobs,
+        "workers": workers,
+        "ticks": ticks,
+        "median_ms": statistics.median(times) * 1e3,
+        "p99_ms": times[min(len(times) - 1, int(0.99 * len(times)))] * 1e3,
+        "last_decision": {
+            "action": decision.action,
+            "lease_rps": decision.lease.max_admission_rps,
+            "replica_floor": decision.plan.replica_floor,
+            "scale_to": decision.scale_to,
+        },
+    }
 
 
 def _free_port() -> int:
@@ -108,8 +137,14 @@ def _summary(hist) -> dict:
                 return (prev_le + frac * (le - prev_le)) * 1e3
             prev_le, prev_n = le, n
         return None
-    return {"count": int(count), "mean_ms": total / count * 1e3 if count else None, "p50_ms": quantile(0.5),
-            "p99_ms": quantile(0.99), "note": "quantiles interpolated within histogram buckets"}
+
+    return {
+        "count": int(count),
+        "mean_ms": total / count * 1e3 if count else None,
+        "p50_ms": quantile(0.5),
+        "p99_ms": quantile(0.99),
+        "note": "quantiles interpolated within histogram buckets",
+    }
 
 
 def process(jobs: int, workers: int, seconds: float) -> dict:
@@ -124,19 +159,50 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     port = _free_port()
-    redis = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    redis = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ready = tmp / "ready.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     planner = None
     try:
         time.sleep(0.3)
-        planner = subprocess.Popen([
-            sys.executable, "-m", "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
-            "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp / "planner.sqlite3"), "--ready-file", str(ready),
-            "--lease-store", "redis", "--redis-url", f"redis://127.0.0.1:{port}/0", "--tick-interval-seconds", "0.05",
-            "--virtual-initial-replicas", str(workers), "--max-replicas", "128", "--assume-no-online-traffic",
-            "--safe-rps-per-replica", "4", "--log-level", "WARNING"], cwd=ROOT, env=env)
+        planner = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.planner",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-port",
+                "0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--registry-path",
+                str(tmp / "planner.sqlite3"),
+                "--ready-file",
+                str(ready),
+                "--lease-store",
+                "redis",
+                "--redis-url",
+                f"redis://127.0.0.1:{port}/0",
+                "--tick-interval-seconds",
+                "0.05",
+                "--virtual-initial-replicas",
+                str(workers),
+                "--max-replicas",
+                "128",
+                "--assume-no-online-traffic",
+                "--safe-rps-per-replica",
+                "4",
+                "--log-level",
+                "WARNING",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
         deadline = time.monotonic() + 60
         while not ready.exists():
             if time.monotonic() > deadline or planner.poll() is not None:
@@ -148,22 +214,38 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
             deadline_ts = Timestamp()
             for i in range(jobs):
                 deadline_ts.FromSeconds(int(time.time()) + 3600 + 10 * i)
-                stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=1000, deadline=deadline_ts,
-                                                             job_id=f"bench-{i}"), timeout=10)
-        time.sleep(1.0)             # let ticks with every job run before measuring
+                stub.SubmitBatchJob(
+                    pb.SubmitBatchJobRequest(total_requests=1000, deadline=deadline_ts, job_id=f"bench-{i}"), timeout=10
+                )
+        time.sleep(1.0)  # let ticks with every job run before measuring
         base = urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=5).read().decode()
         time.sleep(seconds)
         text = urllib.request.urlopen(f"http://127.0.0.1:{info['metrics_port']}/metrics", timeout=5).read().decode()
         with grpc.insecure_channel(info["grpc"]) as ch:
             plan = pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
-        return {"jobs": jobs, "workers": workers, "seconds": seconds,
-                "tick": _summary(_minus(_histogram(text, "bandmaster_planner_tick_seconds"),
-                                        _histogram(base, "bandmaster_planner_tick_seconds"))),
-                "lease_publish_redis": _summary(_minus(_histogram(text, "bandmaster_planner_lease_publish_seconds"),
-                                                       _histogram(base, "bandmaster_planner_lease_publish_seconds"))),
-                "last_plan": {"action": plan.action, "active_jobs": plan.observation.active_jobs,
-                              "lease_rps": plan.leases[0].max_admission_rps if plan.leases else None,
-                              "effects": plan.effects_outcome}}
+        return {
+            "jobs": jobs,
+            "workers": workers,
+            "seconds": seconds,
+            "tick": _summary(
+                _minus(
+                    _histogram(text, "bandmaster_planner_tick_seconds"),
+                    _histogram(base, "bandmaster_planner_tick_seconds"),
+                )
+            ),
+            "lease_publish_redis": _summary(
+                _minus(
+                    _histogram(text, "bandmaster_planner_lease_publish_seconds"),
+                    _histogram(base, "bandmaster_planner_lease_publish_seconds"),
+                )
+            ),
+            "last_plan": {
+                "action": plan.action,
+                "active_jobs": plan.observation.active_jobs,
+                "lease_rps": plan.leases[0].max_admission_rps if plan.leases else None,
+                "effects": plan.effects_outcome,
+            },
+        }
     finally:
         if planner is not None:
             planner.terminate()
@@ -179,8 +261,9 @@ LIVE_MODEL = "bandmaster-sim"
 
 
 def _post(url: str, body: dict, headers: dict, timeout_s: float = 60) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **headers})
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json", **headers}
+    )
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
         return json.loads(resp.read())
 
@@ -198,9 +281,11 @@ def _agents(base_url: str, agents: int, seconds: float, tool_s: float, tag: str)
         while time.monotonic() < stop_at:
             messages.append({"role": "user", "content": f"step {steps[i]}: observe and act"})
             try:
-                answer = _post(base_url + "/chat/completions", {"model": LIVE_MODEL, "messages": messages,
-                                                                 "max_tokens": 32},
-                               {"X-Dynamo-Session-ID": f"{tag}-{i}"})
+                answer = _post(
+                    base_url + "/chat/completions",
+                    {"model": LIVE_MODEL, "messages": messages, "max_tokens": 32},
+                    {"X-Dynamo-Session-ID": f"{tag}-{i}"},
+                )
             except OSError:
                 continue
             messages.append({"role": "assistant", "content": answer["choices"][0]["message"]["content"]})
@@ -217,10 +302,22 @@ def _agents(base_url: str, agents: int, seconds: float, tool_s: float, tag: str)
 
 
 def _batch_lines(n: int, tag: str) -> bytes:
-    return "".join(json.dumps({"custom_id": f"{tag}-{i}", "method": "POST", "url": "/v1/chat/completions",
-                               "body": {"model": LIVE_MODEL, "max_tokens": 32,
-                                        "messages": [{"role": "user", "content": f"summarise document {i} " * 20}]}})
-                   + "\n" for i in range(n)).encode()
+    return "".join(
+        json.dumps(
+            {
+                "custom_id": f"{tag}-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": LIVE_MODEL,
+                    "max_tokens": 32,
+                    "messages": [{"role": "user", "content": f"summarise document {i} " * 20}],
+                },
+            }
+        )
+        + "\n"
+        for i in range(n)
+    ).encode()
 
 
 def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: float, tool_s: float) -> dict:
@@ -237,11 +334,32 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
     tmp = Path(tempfile.mkdtemp(prefix="planner-live-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("BANDMASTER_")}
     env["PYTHONPATH"] = str(ROOT)
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--workers", str(workers), "--speedup",
-                           str(speedup), "--ports", "auto", "--state-dir", str(tmp), "--cluster-file", str(tmp / "cluster.json"),
-                           "--log-level", "WARNING",
-                           f"--planner-arg=--safe-rps-per-replica={safe_rps}"], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "services.cli",
+            "up",
+            "--workers",
+            str(workers),
+            "--speedup",
+            str(speedup),
+            "--ports",
+            "auto",
+            "--state-dir",
+            str(tmp),
+            "--cluster-file",
+            str(tmp / "cluster.json"),
+            "--log-level",
+            "WARNING",
+            f"--planner-arg=--safe-rps-per-replica={safe_rps}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -251,15 +369,15 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
         router = json.loads((tmp / "router.ready.json").read_text())
         base_url = f"http://127.0.0.1:{router['http_port']}/v1"
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=2)
-        _agents(base_url, agents, 2.0, tool_s, "warm")                 # warm-up: connections, caches
+        _agents(base_url, agents, 2.0, tool_s, "warm")  # warm-up: connections, caches
 
         alone = _agents(base_url, agents, seconds, tool_s, "a")
         online_rps = alone / seconds
         idle_rps = max(0.0, workers * safe_rps - online_rps)
-        n = int(idle_rps * seconds * 2) + 10                           # more than phase B can drain
+        n = int(idle_rps * seconds * 2) + 10  # more than phase B can drain
         f = client.files.create(file=("bg.jsonl", io.BytesIO(_batch_lines(n, "bg"))), purpose="batch")
         batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
-        time.sleep(1.0)                                                # the first lease
+        time.sleep(1.0)  # the first lease
         start_done = client.batches.retrieve(batch.id).request_counts.completed
         t0 = time.monotonic()
         together = _agents(base_url, agents, seconds, tool_s, "b")
@@ -267,17 +385,19 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
         client.batches.cancel(batch.id)
 
         fits = []
-        for _ in range(120):                                           # wait for the cancelled batch to settle
+        for _ in range(120):  # wait for the cancelled batch to settle
             if client.batches.retrieve(batch.id).status == "cancelled":
                 break
             time.sleep(0.5)
-        sized = int(0.5 * idle_rps * 50 / 2)                           # two at once: half the idle capacity
+        sized = int(0.5 * idle_rps * 50 / 2)  # two at once: half the idle capacity
         ids = []
         for k in range(2):
-            fk = client.files.create(file=(f"fit{k}.jsonl", io.BytesIO(_batch_lines(max(1, sized), f"fit{k}"))),
-                                     purpose="batch")
-            ids.append(client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions",
-                                             completion_window="1m").id)
+            fk = client.files.create(
+                file=(f"fit{k}.jsonl", io.BytesIO(_batch_lines(max(1, sized), f"fit{k}"))), purpose="batch"
+            )
+            ids.append(
+                client.batches.create(input_file_id=fk.id, endpoint="/v1/chat/completions", completion_window="1m").id
+            )
         end = time.monotonic() + 90
         while time.monotonic() < end:
             got = [client.batches.retrieve(i) for i in ids]
@@ -285,22 +405,36 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
                 break
             time.sleep(0.5)
         for b in got:
-            fits.append({"requests": b.request_counts.total, "status": b.status,
-                         "hit": b.status == "completed" and b.completed_at is not None
-                         and b.completed_at <= b.expires_at})
+            fits.append(
+                {
+                    "requests": b.request_counts.total,
+                    "status": b.status,
+                    "hit": b.status == "completed" and b.completed_at is not None and b.completed_at <= b.expires_at,
+                }
+            )
         slowdown = 1.0 - together / alone if alone else None
         share = batch_rps / idle_rps if idle_rps else None
-        return {"seconds_per_phase": seconds, "agents": agents, "workers": workers, "speedup": speedup,
-                "safe_rps_per_replica": safe_rps, "tool_seconds": tool_s,
-                "agent_steps_per_min_alone": alone / seconds * 60,
-                "agent_steps_per_min_with_batch": together / seconds * 60,
-                "agent_slowdown": slowdown, "target_agent_slowdown_below": 0.05,
-                "online_rps": online_rps, "idle_capacity_rps": idle_rps, "batch_rps_during_agents": batch_rps,
-                "batch_share_of_idle_capacity": share, "target_share_at_least": 0.70,
-                "deadline_batches": fits,
-                "deadline_hit_rate": sum(x["hit"] for x in fits) / len(fits) if fits else None,
-                "note": "idle capacity = workers x safe_rps - online rps (the planner's own definition); live on "
-                        "this machine's shared cores, so agents, router, planner and workers compete for CPU"}
+        return {
+            "seconds_per_phase": seconds,
+            "agents": agents,
+            "workers": workers,
+            "speedup": speedup,
+            "safe_rps_per_replica": safe_rps,
+            "tool_seconds": tool_s,
+            "agent_steps_per_min_alone": alone / seconds * 60,
+            "agent_steps_per_min_with_batch": together / seconds * 60,
+            "agent_slowdown": slowdown,
+            "target_agent_slowdown_below": 0.05,
+            "online_rps": online_rps,
+            "idle_capacity_rps": idle_rps,
+            "batch_rps_during_agents": batch_rps,
+            "batch_share_of_idle_capacity": share,
+            "target_share_at_least": 0.70,
+            "deadline_batches": fits,
+            "deadline_hit_rate": sum(x["hit"] for x in fits) / len(fits) if fits else None,
+            "note": "idle capacity = workers x safe_rps - online rps (the planner's own definition); live on "
+            "this machine's shared cores, so agents, router, planner and workers compete for CPU",
+        }
     finally:
         if up.poll() is None:
             up.send_signal(2)
@@ -330,8 +464,14 @@ def main(argv: list[str] | None = None) -> int:
         "process": process(jobs, workers, 1.0 if args.smoke else 10.0),
     }
     if not args.smoke and not args.no_live:
-        report["live"] = live(args.live_seconds, agents=args.live_agents, workers=2, speedup=args.live_speedup,
-                              safe_rps=args.live_safe_rps, tool_s=args.live_tool_seconds)
+        report["live"] = live(
+            args.live_seconds,
+            agents=args.live_agents,
+            workers=2,
+            speedup=args.live_speedup,
+            safe_rps=args.live_safe_rps,
+            tool_s=args.live_tool_seconds,
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

@@ -75,10 +75,15 @@ def load_trace(path: str | Path) -> list[Program]:
         if not line.strip():
             continue
         row = json.loads(line)
-        turns = tuple(Turn(int(t["input_tokens"]), max(1, int(t["output_tokens"])), float(t["tool_seconds_after"]))
-                      for t in row["turns"])
-        programs.append(Program(row["program_id"], turns, float(row.get("env_prepare_seconds", 0.0)),
-                                int(row.get("run_concurrency", 0))))
+        turns = tuple(
+            Turn(int(t["input_tokens"]), max(1, int(t["output_tokens"])), float(t["tool_seconds_after"]))
+            for t in row["turns"]
+        )
+        programs.append(
+            Program(
+                row["program_id"], turns, float(row.get("env_prepare_seconds", 0.0)), int(row.get("run_concurrency", 0))
+            )
+        )
     return programs
 
 
@@ -92,10 +97,15 @@ class _Running:
     record: CallRecord | None = None
 
 
-def replay_closed_loop(engine: SimEngine, programs: Sequence[Program], concurrency: int,
-                       frontend_s: Callable[[int], float] | None = None, seed: int = 0,
-                       reuse_output_tokens: bool = True,
-                       max_steps: int = 50_000_000) -> list[CallRecord]:
+def replay_closed_loop(
+    engine: SimEngine,
+    programs: Sequence[Program],
+    concurrency: int,
+    frontend_s: Callable[[int], float] | None = None,
+    seed: int = 0,
+    reuse_output_tokens: bool = True,
+    max_steps: int = 50_000_000,
+) -> list[CallRecord]:
     """Run `programs` through `engine` with `concurrency` workers; returns one record per call.
 
     `reuse_output_tokens=False` models a client whose chat template re-renders the previous
@@ -104,7 +114,7 @@ def replay_closed_loop(engine: SimEngine, programs: Sequence[Program], concurren
     frontend = frontend_s or engine.profile.frontend_s
     queue = list(enumerate(programs))
     queue.reverse()
-    arrivals: list[tuple[float, int, _Running]] = []   # (time at the engine, tie-break, program)
+    arrivals: list[tuple[float, int, _Running]] = []  # (time at the engine, tie-break, program)
     in_flight: dict[str, _Running] = {}
     records: list[CallRecord] = []
     tie = 0
@@ -117,7 +127,7 @@ def replay_closed_loop(engine: SimEngine, programs: Sequence[Program], concurren
             rand = state.rng.randrange
             tokens.extend(HASH_ID_BASE + rand(HASH_VOCAB) for _ in range(turn.input_tokens - len(tokens)))
         else:
-            del tokens[turn.input_tokens:]
+            del tokens[turn.input_tokens :]
         state.record = CallRecord(state.program.program_id, state.turn, turn.input_tokens, turn.output_tokens, start_s)
         tie += 1
         heapq.heappush(arrivals, (start_s + frontend(turn.input_tokens), tie, state))

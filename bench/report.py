@@ -34,8 +34,8 @@ LONG_SPEEDUP = 2.5
 LONG_KV_HIT = 0.97
 # "2-4x oversubscribed": the points are placed by rounding parallel = factor x fits, so allow 5%.
 LONG_RANGE = (2.0 * 0.95, 4.0 * 1.05)
-NOT_SLOWER = 0.97       # short context and below saturation: within 3% of the best arm
-FLAT = 0.90             # past saturation: never below 90% of the arm's running peak
+NOT_SLOWER = 0.97  # short context and below saturation: within 3% of the best arm
+FLAT = 0.90  # past saturation: never below 90% of the arm's running peak
 FLAT_NAME = "past saturation (>= 1.5x): steps/min >= 90% of its running peak"
 # "Past saturation" starts here: the point at ~1x is where the curve bends, not past it.
 PAST_SATURATION = 1.5
@@ -123,8 +123,7 @@ class Target:
         return f">= {self.threshold:g}" if self.maximum is None else f"{self.threshold:g}..{self.maximum:g}"
 
 
-def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: list[dict],
-                  baseline_of) -> Target:
+def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: list[dict], baseline_of) -> Target:
     """min over `points` of steps(arm) / baseline_of(point); the detail names the worst point."""
     worst: tuple[float, int, str] | None = None
     missing = []
@@ -140,8 +139,16 @@ def _ratio_target(sweep: dict, arm: str, name: str, threshold: float, points: li
     detail = f"worst at {worst[1]} programs vs {worst[2]}" if worst else "no comparable points"
     if missing:
         detail += f"; missing at {missing}"
-    return Target(sweep["mode"], sweep["workload"], arm, name, threshold,
-                  round(worst[0], 3) if worst and not missing else None, [p["parallel"] for p in points], detail)
+    return Target(
+        sweep["mode"],
+        sweep["workload"],
+        arm,
+        name,
+        threshold,
+        round(worst[0], 3) if worst and not missing else None,
+        [p["parallel"] for p in points],
+        detail,
+    )
 
 
 def running_peak_ratios(values: Sequence[float]) -> list[float]:
@@ -170,8 +177,16 @@ def _flatness_target(sweep: dict, arm: str, above: list[dict]) -> Target | None:
         return Target(sweep["mode"], sweep["workload"], arm, FLAT_NAME, FLAT, None, names, "missing points")
     worst = min(past)
     peak = max(s["steps_per_min"] for p, s in rows if p["parallel"] <= worst[1])
-    return Target(sweep["mode"], sweep["workload"], arm, FLAT_NAME, FLAT, round(worst[0], 3), names,
-                  f"worst at {worst[1]} programs ({worst[2]:.1f} vs running peak {peak:.1f})")
+    return Target(
+        sweep["mode"],
+        sweep["workload"],
+        arm,
+        FLAT_NAME,
+        FLAT,
+        round(worst[0], 3),
+        names,
+        f"worst at {worst[1]} programs ({worst[2]:.1f} vs running peak {peak:.1f})",
+    )
 
 
 def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
@@ -188,13 +203,22 @@ def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
         r = live_ratio / sim_ratio
         if worst is None or abs(r - 1) > abs(worst[0] - 1):
             worst = (r, p, live_ratio, sim_ratio)
-    detail = (f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst
-              else "no comparable points")
+    detail = (
+        f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst else "no comparable points"
+    )
     if missing:
         detail += f"; missing at {missing}"
-    return Target(live["mode"], live["workload"], arm, LIVE_RATIO_NAME, 1 - LIVE_RATIO_TOLERANCE,
-                  round(worst[0], 3) if worst and not missing else None, [p["parallel"] for p in live["points"]],
-                  detail, maximum=1 + LIVE_RATIO_TOLERANCE)
+    return Target(
+        live["mode"],
+        live["workload"],
+        arm,
+        LIVE_RATIO_NAME,
+        1 - LIVE_RATIO_TOLERANCE,
+        round(worst[0], 3) if worst and not missing else None,
+        [p["parallel"] for p in live["points"]],
+        detail,
+        maximum=1 + LIVE_RATIO_TOLERANCE,
+    )
 
 
 def evaluate_targets(results: dict) -> list[Target]:
@@ -210,12 +234,15 @@ def evaluate_targets(results: dict) -> list[Target]:
         below = [p for p in sweep["points"] if p["oversubscription"] < 1.0]
         above = [p for p in sweep["points"] if p["oversubscription"] >= PAST_SATURATION]
         for arm in bandmaster_arms(sweep):
-            def best_other(point: dict) -> tuple[float | None, str]:
+
+            def best_other(point: dict, sweep: dict = sweep, others: list = others) -> tuple[float | None, str]:
                 candidates = [(steps(sweep, a, point["parallel"]), a) for a in others]
                 candidates = [c for c in candidates if c[0] is not None]
                 return max(candidates) if candidates else (None, "-")
 
-            def best_any(point: dict) -> tuple[float | None, str]:
+            def best_any(
+                point: dict, sweep: dict = sweep, others: list = others, arm: str = arm
+            ) -> tuple[float | None, str]:
                 candidates = [(steps(sweep, a, point["parallel"]), a) for a in (*others, arm)]
                 candidates = [c for c in candidates if c[0] is not None]
                 return max(candidates) if candidates else (None, "-")
@@ -224,22 +251,48 @@ def evaluate_targets(results: dict) -> list[Target]:
                 long_points = [p for p in sweep["points"] if LONG_RANGE[0] <= p["oversubscription"] <= LONG_RANGE[1]]
                 for base in LONG_BASELINES:
                     if base in sweep["arms"] and long_points:
-                        out.append(_ratio_target(
-                            sweep, arm, f"long context, 2-4x: steps/min >= {LONG_SPEEDUP}x {base}", LONG_SPEEDUP,
-                            long_points, lambda p, b=base: (steps(sweep, b, p["parallel"]), b)))
+                        out.append(
+                            _ratio_target(
+                                sweep,
+                                arm,
+                                f"long context, 2-4x: steps/min >= {LONG_SPEEDUP}x {base}",
+                                LONG_SPEEDUP,
+                                long_points,
+                                lambda p, b=base, sweep=sweep: (steps(sweep, b, p["parallel"]), b),
+                            )
+                        )
                 if long_points:
-                    hits = [(s["kv_hit_rate"], p["parallel"]) for p, s in arm_rows(sweep, arm)
-                            if p in long_points]
+                    hits = [(s["kv_hit_rate"], p["parallel"]) for p, s in arm_rows(sweep, arm) if p in long_points]
                     worst = min(hits) if len(hits) == len(long_points) else None
-                    out.append(Target(sweep["mode"], "swe", arm, f"long context, 2-4x: KV hit >= {LONG_KV_HIT:.0%}",
-                                      LONG_KV_HIT, worst[0] if worst else None, [p["parallel"] for p in long_points],
-                                      f"worst at {worst[1]} programs" if worst else "missing points"))
+                    out.append(
+                        Target(
+                            sweep["mode"],
+                            "swe",
+                            arm,
+                            f"long context, 2-4x: KV hit >= {LONG_KV_HIT:.0%}",
+                            LONG_KV_HIT,
+                            worst[0] if worst else None,
+                            [p["parallel"] for p in long_points],
+                            f"worst at {worst[1]} programs" if worst else "missing points",
+                        )
+                    )
             if sweep["workload"] == "short" and others:
-                out.append(_ratio_target(sweep, arm, "short context: never > 3% slower than the best other arm",
-                                         NOT_SLOWER, sweep["points"], best_other))
+                out.append(
+                    _ratio_target(
+                        sweep,
+                        arm,
+                        "short context: never > 3% slower than the best other arm",
+                        NOT_SLOWER,
+                        sweep["points"],
+                        best_other,
+                    )
+                )
             if below:
-                out.append(_ratio_target(sweep, arm, "below saturation: within 3% of the best arm", NOT_SLOWER,
-                                         below, best_any))
+                out.append(
+                    _ratio_target(
+                        sweep, arm, "below saturation: within 3% of the best arm", NOT_SLOWER, below, best_any
+                    )
+                )
             flat = _flatness_target(sweep, arm, above)
             if flat is not None:
                 out.append(flat)
@@ -253,8 +306,9 @@ def targets_text(targets: Sequence[Target]) -> str:
     lines = ["targets (worst case over the points each one covers):"]
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.3f}"
-        lines.append(f"  {t.status:4s} {t.mode:4s} {t.workload:5s} {t.arm:22s} {t.name}: {value} "
-                     f"(needs {t.needs}; {t.detail})")
+        lines.append(
+            f"  {t.status:4s} {t.mode:4s} {t.workload:5s} {t.arm:22s} {t.name}: {value} (needs {t.needs}; {t.detail})"
+        )
     return "\n".join(lines)
 
 
@@ -270,8 +324,10 @@ def _subtitle(sweep: dict) -> str:
     kv = s["worker_kv_tokens"]
     kv_text = f"{kv // 1024}K" if kv % 1024 == 0 else f"{kv:,}"
     turns = "full-length programs" if s.get("max_turns") is None else f"{s['max_turns']} turns/program"
-    text = (f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {turns}, "
-            f"token scale {s['token_scale']:g}; {s['fits_programs']:.1f} programs fit")
+    text = (
+        f"{sweep['mode']}: {s['workers']} workers x {kv_text} KV tokens, {turns}, "
+        f"token scale {s['token_scale']:g}; {s['fits_programs']:.1f} programs fit"
+    )
     if sweep["mode"] in ("live", LIVE_SIM):
         text += f"; speedup {s['speedup']:g}"
     return text
@@ -280,8 +336,15 @@ def _subtitle(sweep: dict) -> str:
 def _sweep_axes(ax, sweep: dict) -> None:
     fits = sweep["spec"]["fits_programs"]
     ax.axvline(fits, color="#555555", linestyle=":", linewidth=1)
-    ax.annotate("KV pool full", (fits, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -12),
-                textcoords="offset points", fontsize=8, color="#555555")
+    ax.annotate(
+        "KV pool full",
+        (fits, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(3, -12),
+        textcoords="offset points",
+        fontsize=8,
+        color="#555555",
+    )
     ax.set_xlabel("parallel programs")
     ax.set_xlim(0, max(fits, *[p["parallel"] for p in sweep["points"]]) * 1.08)
     top = ax.secondary_xaxis("top", functions=(lambda x: x / fits, lambda x: x * fits))
@@ -302,15 +365,23 @@ def _metric_figure(sweep: dict, path: Path, key: str, ylabel: str, title: str, p
         if not rows:
             continue
         color, marker, label = _style(arm)
-        ax.plot([p["parallel"] for p, _ in rows], [s[key] for _, s in rows], color=color, marker=marker,
-                label=label, linewidth=1.8, markersize=6)
+        ax.plot(
+            [p["parallel"] for p, _ in rows],
+            [s[key] for _, s in rows],
+            color=color,
+            marker=marker,
+            label=label,
+            linewidth=1.8,
+            markersize=6,
+        )
     _sweep_axes(ax, sweep)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0, top=1.02 if percent else None)
     if percent:
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.set_title(f"{title}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}\n{_subtitle(sweep)}",
-                 fontsize=9, pad=34)
+    ax.set_title(
+        f"{title}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}\n{_subtitle(sweep)}", fontsize=9, pad=34
+    )
     ax.legend(fontsize=8, loc="best")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -322,8 +393,9 @@ def plot_steps(sweep: dict, path: Path) -> Path:
 
 
 def plot_kv_hit(sweep: dict, path: Path) -> Path:
-    return _metric_figure(sweep, path, "kv_hit_rate", "KV hit rate (cached / prompt tokens)", "KV hit rate",
-                          percent=True)
+    return _metric_figure(
+        sweep, path, "kv_hit_rate", "KV hit rate (cached / prompt tokens)", "KV hit rate", percent=True
+    )
 
 
 def timeline_point(sweep: dict, arm: str, factor: float = 3.0) -> dict | None:
@@ -353,36 +425,66 @@ def plot_timeline(sweep: dict, path: Path, worker: str | None = None) -> Path | 
         util = [r[cols["utilisation"]] for r in rows]
         ax.plot(t_min, util, color="#2ca02c", linewidth=1.4, label="utilisation (working set / retention)")
         decayed = [r[cols["utilisation_decayed"]] for r in rows]
-        ax.plot(t_min, decayed, color="#2ca02c", linewidth=0.9,
-                linestyle="--", alpha=0.7, label="resume-side utilisation (acting tokens decayed)")
-        ax.plot(t_min, [r[cols["engine_token_usage"]] for r in rows], color="#7f7f7f", linewidth=0.8,
-                alpha=0.8, label="engine KV token usage")
+        ax.plot(
+            t_min,
+            decayed,
+            color="#2ca02c",
+            linewidth=0.9,
+            linestyle="--",
+            alpha=0.7,
+            label="resume-side utilisation (acting tokens decayed)",
+        )
+        ax.plot(
+            t_min,
+            [r[cols["engine_token_usage"]] for r in rows],
+            color="#7f7f7f",
+            linewidth=0.8,
+            alpha=0.8,
+            label="engine KV token usage",
+        )
         bands = timeline["bands"]
-        top = max([1.0, *util, *decayed]) + 0.15     # room above the curves for the event markers
+        top = max([1.0, *util, *decayed]) + 0.15  # room above the curves for the event markers
         ax.axhspan(bands["soft_demote_threshold"], bands["pause_threshold"], color="#ff7f0e", alpha=0.08)
         ax.axhspan(bands["pause_threshold"], top, color="#d62728", alpha=0.06)
         # The pause target is drawn last and thicker: by default it equals the soft-demote threshold.
         for key, color, style, width, label in (
-                ("pause_threshold", "#d62728", "-", 1.0, "pause threshold"),
-                ("soft_demote_threshold", "#ff7f0e", "-", 1.0, "soft-demote threshold"),
-                ("resume_ceiling", "#1f77b4", "-.", 1.0, "resume line (threshold - hysteresis)"),
-                ("pause_target", "#9467bd", ":", 2.0, "pause target")):
-            ax.axhline(bands[key], color=color, linestyle=style, linewidth=width,
-                       label=f"{label} {bands[key]:.2f}")
+            ("pause_threshold", "#d62728", "-", 1.0, "pause threshold"),
+            ("soft_demote_threshold", "#ff7f0e", "-", 1.0, "soft-demote threshold"),
+            ("resume_ceiling", "#1f77b4", "-.", 1.0, "resume line (threshold - hysteresis)"),
+            ("pause_target", "#9467bd", ":", 2.0, "pause target"),
+        ):
+            ax.axhline(bands[key], color=color, linestyle=style, linewidth=width, label=f"{label} {bands[key]:.2f}")
         events = [e for e in timeline["control_events"] if e[2] == name]
         pauses = [e[0] / 60 for e in events if e[1] == "pause"]
         resumes = [e[0] / 60 for e in events if e[1] in ("resume", "forced_resume")]
-        ax.plot(pauses, [top - 0.05] * len(pauses), linestyle="none", marker="v", color="#d62728",
-                markersize=5, label=f"pause ({len(pauses)})")
-        ax.plot(resumes, [top - 0.11] * len(resumes), linestyle="none", marker="^", color="#1f77b4",
-                markersize=5, label=f"resume ({len(resumes)})")
+        ax.plot(
+            pauses,
+            [top - 0.05] * len(pauses),
+            linestyle="none",
+            marker="v",
+            color="#d62728",
+            markersize=5,
+            label=f"pause ({len(pauses)})",
+        )
+        ax.plot(
+            resumes,
+            [top - 0.11] * len(resumes),
+            linestyle="none",
+            marker="^",
+            color="#1f77b4",
+            markersize=5,
+            label=f"resume ({len(resumes)})",
+        )
         ax.set_ylim(0, top)
         ax.set_xlim(left=0)
         ax.set_xlabel("simulated minutes")
         ax.set_ylabel("fraction of retention budget")
-        ax.set_title(f"{_style(arm)[2]}: {name}, {point['parallel']} parallel programs "
-                     f"({point['oversubscription']:.1f}x)\n{WORKLOAD_TITLE.get(sweep['workload'], '')}, "
-                     f"{sweep['mode']}", fontsize=9)
+        ax.set_title(
+            f"{_style(arm)[2]}: {name}, {point['parallel']} parallel programs "
+            f"({point['oversubscription']:.1f}x)\n{WORKLOAD_TITLE.get(sweep['workload'], '')}, "
+            f"{sweep['mode']}",
+            fontsize=9,
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.subplots_adjust(hspace=0.55)
@@ -410,74 +512,105 @@ def _share(part: float, whole: float) -> str:
 def breakdown_markdown(sweep: dict) -> list[str]:
     """The simulator's per-run breakdown (bench.compare `run_breakdown`): where the uncached prompt
     tokens and the engines' time went, with the scheduler's pauses and holds. Empty for live sweeps."""
-    rows = [(p, arm, p["arms"][arm]) for p in sweep["points"] for arm in sweep["arms"]
-            if (p["arms"].get(arm) or {}).get("breakdown")]
+    rows = [
+        (p, arm, p["arms"][arm])
+        for p in sweep["points"]
+        for arm in sweep["arms"]
+        if (p["arms"].get(arm) or {}).get("breakdown")
+    ]
     if not rows:
         return []
-    lines = ["Where the prompt tokens and the engine time went (simulator). Uncached tokens as a share of all "
-             "prompt tokens: first turns, new observations, the previous answer (never a hit: the chat template "
-             "re-renders it), re-prefill of context the engine had (after a pause of the program / other); "
-             "ceiling = the hit rate with no re-prefill. Full = turns that recomputed >= 90% of the previous "
-             "prompt. Busy = engine step time / (makespan x workers); recompute = re-prefill seconds / busy "
-             "seconds. Queue = mean requests waiting in an engine. Pauses / forced resumes, held turns and hold "
-             "p50 / max (s) are the scheduler's. 90% = steps/min until 90% of the turns had finished (without "
-             "the tail); last = the program that ended last: turns, end (min), pauses, minutes paused.", "",
-             "| point | arm | hit | ceiling | first | observation | answer | re-prefill pause / other | full "
-             "pause / other | busy | recompute | queue | pauses / forced | held (p50 / max s) | 90% | last |",
-             "|" + "---|" * 16]
+    lines = [
+        "Where the prompt tokens and the engine time went (simulator). Uncached tokens as a share of all "
+        "prompt tokens: first turns, new observations, the previous answer (never a hit: the chat template "
+        "re-renders it), re-prefill of context the engine had (after a pause of the program / other); "
+        "ceiling = the hit rate with no re-prefill. Full = turns that recomputed >= 90% of the previous "
+        "prompt. Busy = engine step time / (makespan x workers); recompute = re-prefill seconds / busy "
+        "seconds. Queue = mean requests waiting in an engine. Pauses / forced resumes, held turns and hold "
+        "p50 / max (s) are the scheduler's. 90% = steps/min until 90% of the turns had finished (without "
+        "the tail); last = the program that ended last: turns, end (min), pauses, minutes paused.",
+        "",
+        "| point | arm | hit | ceiling | first | observation | answer | re-prefill pause / other | full "
+        "pause / other | busy | recompute | queue | pauses / forced | held (p50 / max s) | 90% | last |",
+        "|" + "---|" * 16,
+    ]
     for point, arm, row in rows:
         b = row["breakdown"]
         last = b["longest_program"]
         u, prompt = b["uncached_tokens"], b["prompt_tokens"]
         sched = row.get("scheduler") or {}
-        held = (f"{sched['held_admissions']} ({sched['hold_p50_s']:.0f} / {sched['hold_max_s']:.0f})"
-                if sched else "-")
+        held = f"{sched['held_admissions']} ({sched['hold_p50_s']:.0f} / {sched['hold_max_s']:.0f})" if sched else "-"
         pauses = f"{sched['pauses']} / {sched['forced_resumes']}" if sched else "-"
         lines.append(
             f"| {point['parallel']} ({point['oversubscription']:.1f}x) | {arm} | {b['hit_rate']:.1%} | "
-            f"{b['hit_rate_ceiling']:.1%} | {_share(u['first_turn'], prompt)} | {_share(u['new_observation'], prompt)} | "
+            f"{b['hit_rate_ceiling']:.1%} | {_share(u['first_turn'], prompt)} | "
+            f"{_share(u['new_observation'], prompt)} | "
             f"{_share(u['previous_answer'], prompt)} | {_share(u['reprefill_after_pause'], prompt)} / "
             f"{_share(u['reprefill_other'], prompt)} | {b['full_reprefills']['after_pause']} / "
             f"{b['full_reprefills']['other']} | {b['busy_share']:.0%} | {b['recompute_share_of_busy']:.1%} | "
             f"{b['engine_queue']['queued_mean']:.1f} | {pauses} | {held} | {b['steps_per_min_first_90pct']:.1f} | "
-            f"{last['turns']} turns, {last['end_s'] / 60:.1f} / {last['pauses']} / {last['paused_s'] / 60:.1f} |")
+            f"{last['turns']} turns, {last['end_s'] / 60:.1f} / {last['pauses']} / {last['paused_s'] / 60:.1f} |"
+        )
     return [*lines, ""]
 
 
 def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
     meta = results.get("meta", {})
-    lines = ["# Agentic comparison: summary", "",
-             f"Generated by `python -m bench.compare {' '.join(meta.get('argv', []))}` at commit "
-             f"`{meta.get('git_commit', '?')}` on {meta.get('created', '?')}"
-             + (" (smoke)" if meta.get("smoke") else "") + ". Times are the modelled hardware's seconds.", ""]
+    lines = [
+        "# Agentic comparison: summary",
+        "",
+        f"Generated by `python -m bench.compare {' '.join(meta.get('argv', []))}` at commit "
+        f"`{meta.get('git_commit', '?')}` on {meta.get('created', '?')}"
+        + (" (smoke)" if meta.get("smoke") else "")
+        + ". Times are the modelled hardware's seconds.",
+        "",
+    ]
     for sweep in results["sweeps"]:
         s = sweep["spec"]
-        lines += [f"## {sweep['mode']}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}", "",
-                  f"{_subtitle(sweep)} (mean peak context {s['mean_context_tokens']:,.0f} tokens, pool "
-                  f"{s['pool_tokens']:,} tokens). Cells: steps/min / KV hit / TTFT p90 (s).", ""]
+        lines += [
+            f"## {sweep['mode']}: {WORKLOAD_TITLE.get(sweep['workload'], sweep['workload'])}",
+            "",
+            f"{_subtitle(sweep)} (mean peak context {s['mean_context_tokens']:,.0f} tokens, pool "
+            f"{s['pool_tokens']:,} tokens). Cells: steps/min / KV hit / TTFT p90 (s).",
+            "",
+        ]
         header = ["arm", *[f"{p['parallel']} ({p['oversubscription']:.1f}x)" for p in sweep["points"]]]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for arm in sweep["arms"]:
             lines.append("| " + " | ".join([arm, *[_cell(p["arms"].get(arm)) for p in sweep["points"]]]) + " |")
         ratios = oracle_ratios(sweep)
         if any(ratios):
-            lines += ["", "Steps/min as a ratio to the oracle (kv with unlimited KV) at the same point:", "",
-                      "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += [
+                "",
+                "Steps/min as a ratio to the oracle (kv with unlimited KV) at the same point:",
+                "",
+                "| " + " | ".join(header) + " |",
+                "|" + "---|" * len(header),
+            ]
             for arm in sweep["arms"]:
                 cells = [f"{r[arm]:.3f}" if arm in r else "-" for r in ratios]
                 lines.append("| " + " | ".join([arm, *cells]) + " |")
-        paused = [(arm, [(p["arms"].get(arm) or {}).get("scheduler", {}).get("pauses") for p in sweep["points"]])
-                  for arm in bandmaster_arms(sweep)]
+        paused = [
+            (arm, [(p["arms"].get(arm) or {}).get("scheduler", {}).get("pauses") for p in sweep["points"]])
+            for arm in bandmaster_arms(sweep)
+        ]
         for arm, counts in paused:
             lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
         lines.append("")
         lines += breakdown_markdown(sweep)
-    lines += ["## Targets", "", "Worst case over the points each target covers; ratios of arms measured in the same run.",
-              "", "| result | mode | workload | arm | target | value | needs | where |", "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Targets",
+        "",
+        "Worst case over the points each target covers; ratios of arms measured in the same run.",
+        "",
+        "| result | mode | workload | arm | target | value | needs | where |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for t in targets:
         value = "-" if t.value is None else f"{t.value:.3f}"
-        lines.append(f"| {t.status} | {t.mode} | {t.workload} | {t.arm} | {t.name} | {value} | {t.needs} "
-                     f"| {t.detail} |")
+        lines.append(
+            f"| {t.status} | {t.mode} | {t.workload} | {t.arm} | {t.name} | {value} | {t.needs} | {t.detail} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -488,7 +621,7 @@ def write_report(results: dict, out_dir: Path) -> list[Path]:
     for sweep in results["sweeps"]:
         stem = f"{sweep['mode']}_{sweep['workload']}"
         if sweep["mode"] == LIVE_SIM or not any(arm_rows(sweep, arm) for arm in sweep["arms"]):
-            continue    # the live-sim twins are in the tables and the live-ratio target, not plotted
+            continue  # the live-sim twins are in the tables and the live-ratio target, not plotted
         written.append(plot_steps(sweep, out_dir / f"{stem}_steps.png"))
         written.append(plot_kv_hit(sweep, out_dir / f"{stem}_kv_hit.png"))
         timeline = plot_timeline(sweep, out_dir / f"{stem}_timeline.png")

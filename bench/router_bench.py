@@ -58,10 +58,6 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # ---------------------------------------------------------------------------------------- stats
 
 
-
-
-
-
 def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
@@ -96,17 +92,29 @@ class Load:
     duration_s: float
 
 
-async def stream_loop(session: aiohttp.ClientSession, url: str, load: Load, stats: PhaseStats, index: int,
-                      session_id: str | None, stop: asyncio.Event) -> None:
+async def stream_loop(
+    session: aiohttp.ClientSession,
+    url: str,
+    load: Load,
+    stats: PhaseStats,
+    index: int,
+    session_id: str | None,
+    stop: asyncio.Event,
+) -> None:
     """One closed-loop stream; with `session_id` every request is a turn of that program, then a final."""
     headers = {"X-Dynamo-Session-ID": session_id} if session_id else {}
     prompt = f"stream {index}:" + FILLER_WORD * load.prompt_tokens
     turn = 0
     while not stop.is_set():
         turn += 1
-        body = {"model": MODEL, "stream": True, "max_tokens": load.max_tokens, "ignore_eos": True,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": f"{prompt} turn {turn}"}]}
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": load.max_tokens,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": f"{prompt} turn {turn}"}],
+        }
         sent = time.monotonic()
         counted = stats.measuring
         content_chunks = 0
@@ -155,9 +163,20 @@ async def run_phase(urls: list[str], load: Load, session_prefix: str | None) -> 
     connector = aiohttp.TCPConnector(limit=load.concurrency + 8, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        tasks = [asyncio.create_task(stream_loop(
-            session, urls[i % len(urls)], load, stats, i,
-            f"{session_prefix}-{i}" if session_prefix else None, stop)) for i in range(load.concurrency)]
+        tasks = [
+            asyncio.create_task(
+                stream_loop(
+                    session,
+                    urls[i % len(urls)],
+                    load,
+                    stats,
+                    i,
+                    f"{session_prefix}-{i}" if session_prefix else None,
+                    stop,
+                )
+            )
+            for i in range(load.concurrency)
+        ]
         await asyncio.sleep(load.warmup_s)
         stats.measuring = True
         started = time.monotonic()
@@ -192,8 +211,6 @@ def worker_requests(url: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
-
-
 @dataclass
 class Stack:
     cluster: Cluster
@@ -203,8 +220,12 @@ class Stack:
     pids: dict[str, list[int]]
 
     def urls(self, arm: str) -> list[str]:
-        return {"direct": self.cluster.workers, "bandmaster": [self.cluster.http_url],
-                "bandmaster-nosched": [self.nosched_url], "sglang-router": [self.sglang_url]}[arm]
+        return {
+            "direct": self.cluster.workers,
+            "bandmaster": [self.cluster.http_url],
+            "bandmaster-nosched": [self.nosched_url],
+            "sglang-router": [self.sglang_url],
+        }[arm]
 
     def cpu(self) -> dict[str, float]:
         return {group: sum(cpu_seconds(pid) for pid in pids) for group, pids in self.pids.items()}
@@ -222,9 +243,14 @@ class Stack:
 
 def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) -> Stack:
     config = ClusterConfig(
-        workers=workers, worker_speedup=speedup, worker_kv_tokens=kv_tokens, model_name=MODEL, http_port=0,
+        workers=workers,
+        worker_speedup=speedup,
+        worker_kv_tokens=kv_tokens,
+        model_name=MODEL,
+        http_port=0,
         log_level="WARNING",
-        extra_worker_args=("--max-running-requests", str(max_running), "--log-level", "WARNING"))
+        extra_worker_args=("--max-running-requests", str(max_running), "--log-level", "WARNING"),
+    )
     cluster = start_cluster(config, Supervisor())
     sglang = None
     try:
@@ -232,16 +258,18 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         nosched_spec.name = "router-nosched"  # the supervisor names ready and log files after the child
         (nosched,) = cluster.supervisor.start_all([nosched_spec])
         nosched_url = f"http://127.0.0.1:{nosched.ready['http_port']}"
-        sglang, sglang_url = launch_sglang_router(cluster.workers, "cache_aware",
-                                                  cluster.supervisor.state_dir / "sglang-router.log")
+        sglang, sglang_url = launch_sglang_router(
+            cluster.workers, "cache_aware", cluster.supervisor.state_dir / "sglang-router.log"
+        )
         # Every front door must answer a chat request before any phase starts: sglang-router registers
         # its workers in the background, our routers learn them from the capacity watch.
         deadline = time.monotonic() + 60
         pending = {cluster.http_url, nosched_url, sglang_url}
         while pending:
             if sglang.poll() is not None:
-                raise RuntimeError("sglang-router exited during start-up; see "
-                                   f"{cluster.supervisor.state_dir / 'sglang-router.log'}")
+                raise RuntimeError(
+                    f"sglang-router exited during start-up; see {cluster.supervisor.state_dir / 'sglang-router.log'}"
+                )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"never routed a request: {sorted(pending)}")
             pending = {url for url in pending if not chat_ok(url, MODEL)}
@@ -268,8 +296,12 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
 # ---------------------------------------------------------------------------------------- report
 
 # Processes that only the arm's own proxy path uses (the others idle during its phases).
-PROXY_CPU_GROUPS = {"direct": (), "bandmaster": ("router", "scheduler"), "bandmaster-nosched": ("router-nosched",),
-                    "sglang-router": ("sglang-router",)}
+PROXY_CPU_GROUPS = {
+    "direct": (),
+    "bandmaster": ("router", "scheduler"),
+    "bandmaster-nosched": ("router-nosched",),
+    "sglang-router": ("sglang-router",),
+}
 
 
 def phase_order(repeats: int, concurrencies: list[int]) -> list[tuple[int, int, str]]:
@@ -283,8 +315,7 @@ def phase_order(repeats: int, concurrencies: list[int]) -> list[tuple[int, int, 
     return order
 
 
-def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float]],
-              concurrencies: list[int]) -> dict:
+def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float]], concurrencies: list[int]) -> dict:
     """Per concurrency and arm: pooled TTFT percentiles, mean rates over repetitions, deltas and ratios."""
     out: dict[str, dict] = {}
     for concurrency in concurrencies:
@@ -307,7 +338,7 @@ def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float
                 "client_cpu_fraction": sum(p["cpu_s"]["client"] for p in mine) / window,
                 "busiest_worker_share": max(max(p["worker_share"]) for p in mine),
             }
-        for arm, row in rows.items():
+        for row in rows.values():
             for base in ("direct", "sglang-router"):
                 ref = rows[base]
                 row[f"vs_{base}"] = {
@@ -322,20 +353,26 @@ def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float
 
 
 def print_table(summary: dict) -> None:
-    header = (f"{'conc':>4} {'arm':19} {'TTFT p50':>9} {'p99':>8} {'+p50 vs dir':>11} {'+p99 vs dir':>11} "
-              f"{'tok/s':>8} {'req/s':>7} {'tok/s÷dir':>9} {'tok/s÷sgl':>9} {'p50÷sgl':>7} {'cpu/1k':>6} {'errors':>6}")
+    header = (
+        f"{'conc':>4} {'arm':19} {'TTFT p50':>9} {'p99':>8} {'+p50 vs dir':>11} {'+p99 vs dir':>11} "
+        f"{'tok/s':>8} {'req/s':>7} {'tok/s÷dir':>9} {'tok/s÷sgl':>9} {'p50÷sgl':>7} {'cpu/1k':>6} {'errors':>6}"
+    )
     print(header)
     print("-" * len(header))
     for concurrency, rows in summary.items():
         for arm, r in rows.items():
-            print(f"{concurrency:>4} {arm:19} {r['ttft_ms']['p50']:9.1f} {r['ttft_ms']['p99']:8.1f} "
-                  f"{r['vs_direct']['added_ttft_ms_p50']:+11.1f} {r['vs_direct']['added_ttft_ms_p99']:+11.1f} "
-                  f"{r['streamed_tokens_per_s']:8.0f} {r['requests_per_s']:7.1f} "
-                  f"{r['vs_direct']['tokens_per_s_ratio']:9.2f} {r['vs_sglang-router']['tokens_per_s_ratio']:9.2f} "
-                  f"{r['vs_sglang-router']['ttft_p50_ratio']:7.2f} {r['proxy_cpu_ms_per_1k_tokens']:6.0f} "
-                  f"{r['errors']:6d}")
-    print("TTFT in ms (client send -> first content token); tok/s = streamed tokens per wall second;\n"
-          "cpu/1k = CPU ms of the arm's proxy processes (router + scheduler for bandmaster) per 1000 streamed tokens.")
+            print(
+                f"{concurrency:>4} {arm:19} {r['ttft_ms']['p50']:9.1f} {r['ttft_ms']['p99']:8.1f} "
+                f"{r['vs_direct']['added_ttft_ms_p50']:+11.1f} {r['vs_direct']['added_ttft_ms_p99']:+11.1f} "
+                f"{r['streamed_tokens_per_s']:8.0f} {r['requests_per_s']:7.1f} "
+                f"{r['vs_direct']['tokens_per_s_ratio']:9.2f} {r['vs_sglang-router']['tokens_per_s_ratio']:9.2f} "
+                f"{r['vs_sglang-router']['ttft_p50_ratio']:7.2f} {r['proxy_cpu_ms_per_1k_tokens']:6.0f} "
+                f"{r['errors']:6d}"
+            )
+    print(
+        "TTFT in ms (client send -> first content token); tok/s = streamed tokens per wall second;\n"
+        "cpu/1k = CPU ms of the arm's proxy processes (router + scheduler for bandmaster) per 1000 streamed tokens."
+    )
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -354,10 +391,18 @@ async def run_phases(stack: Stack, order: list[tuple[int, int, str]], make_load)
         served = [worker_requests(url) - before for url, before in zip(stack.cluster.workers, served0)]
         ttft.setdefault((concurrency, arm), []).extend(stats.ttft_s)
         phase = {
-            "index": index, "repeat": rep, "concurrency": concurrency, "arm": arm, "window_s": round(window_s, 3),
-            "requests": stats.requests, "tokens": stats.tokens, "tokens_all": stats.tokens_all, "errors": stats.errors,
+            "index": index,
+            "repeat": rep,
+            "concurrency": concurrency,
+            "arm": arm,
+            "window_s": round(window_s, 3),
+            "requests": stats.requests,
+            "tokens": stats.tokens,
+            "tokens_all": stats.tokens_all,
+            "errors": stats.errors,
             "error_kinds": stats.error_kinds,
-            "streamed_tokens_per_s": stats.tokens / window_s, "requests_per_s": stats.requests / window_s,
+            "streamed_tokens_per_s": stats.tokens / window_s,
+            "requests_per_s": stats.requests / window_s,
             "ttft_ms": summary_ms(stats.ttft_s),
             # Whole phase (warm-up and drain included), per process group.
             "cpu_s": {group: round(cpu1[group] - cpu0[group], 3) for group in cpu0},
@@ -365,9 +410,12 @@ async def run_phases(stack: Stack, order: list[tuple[int, int, str]], make_load)
             "worker_share": [round(n / sum(served), 3) if sum(served) else float("nan") for n in served],
         }
         phases.append(phase)
-        print(f"  [{index + 1}/{len(order)}] c={concurrency:<4} {arm:19} ttft p50 {phase['ttft_ms']['p50']:7.1f} ms "
-              f"p99 {phase['ttft_ms']['p99']:7.1f} ms  {phase['streamed_tokens_per_s']:7.0f} tok/s  "
-              f"errors {stats.errors}  workers {'/'.join(f'{x:.2f}' for x in phase['worker_share'])}", flush=True)
+        print(
+            f"  [{index + 1}/{len(order)}] c={concurrency:<4} {arm:19} ttft p50 {phase['ttft_ms']['p50']:7.1f} ms "
+            f"p99 {phase['ttft_ms']['p99']:7.1f} ms  {phase['streamed_tokens_per_s']:7.0f} tok/s  "
+            f"errors {stats.errors}  workers {'/'.join(f'{x:.2f}' for x in phase['worker_share'])}",
+            flush=True,
+        )
     return phases, ttft
 
 
@@ -399,27 +447,45 @@ def main(argv: list[str] | None = None) -> int:
     def make_load(concurrency: int) -> Load:
         return Load(concurrency, prompt_tokens, max_tokens, warmup_s, duration_s)
 
-    print(f"router bench: {args.workers} simworkers at speedup {args.speedup:g}, prompt ~{prompt_tokens} tokens, "
-          f"{max_tokens} tokens/request; {len(order)} phases of {warmup_s:g}+{duration_s:g} s", flush=True)
+    print(
+        f"router bench: {args.workers} simworkers at speedup {args.speedup:g}, prompt ~{prompt_tokens} tokens, "
+        f"{max_tokens} tokens/request; {len(order)} phases of {warmup_s:g}+{duration_s:g} s",
+        flush=True,
+    )
     started = time.monotonic()
     stack = start_stack(args.workers, args.speedup, kv_tokens, max_running)
     try:
         phases, ttft = asyncio.run(run_phases(stack, order, make_load))
         failed = [c.spec.name for c in stack.cluster.supervisor.failed()] + (
-            ["sglang-router"] if stack.sglang.poll() is not None else [])
+            ["sglang-router"] if stack.sglang.poll() is not None else []
+        )
     finally:
         stack.stop()
     summary = aggregate(phases, ttft, concurrencies)
     report = {
         "benchmark": "router_bench",
         "smoke": args.smoke,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform(),
-                    "note": "client, proxies and workers share these CPUs; compare ratios within one run"},
-        "config": {"workers": args.workers, "speedup": args.speedup, "prompt_tokens": prompt_tokens,
-                   "max_tokens": max_tokens, "concurrency": concurrencies, "duration_s": duration_s,
-                   "warmup_s": warmup_s, "repeats": repeats, "arms": list(ARMS), "worker_kv_tokens": kv_tokens,
-                   "worker_max_running_requests": max_running, "sglang_router_policy": "cache_aware",
-                   "order": [f"{c}:{arm}" for _, c, arm in order]},
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "note": "client, proxies and workers share these CPUs; compare ratios within one run",
+        },
+        "config": {
+            "workers": args.workers,
+            "speedup": args.speedup,
+            "prompt_tokens": prompt_tokens,
+            "max_tokens": max_tokens,
+            "concurrency": concurrencies,
+            "duration_s": duration_s,
+            "warmup_s": warmup_s,
+            "repeats": repeats,
+            "arms": list(ARMS),
+            "worker_kv_tokens": kv_tokens,
+            "worker_max_running_requests": max_running,
+            "sglang_router_policy": "cache_aware",
+            "order": [f"{c}:{arm}" for _, c, arm in order],
+        },
         "wall_s": round(time.monotonic() - started, 1),
         "processes_exited_early": failed,
         "summary": summary,

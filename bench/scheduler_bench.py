@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from prometheus_client import CollectorRegistry
-
-from harness.stats import percentile, wait_for_json_file as _wait_file
+from harness.stats import percentile
+from harness.stats import wait_for_json_file as _wait_file
 from services.common.clock import SystemClock
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -58,21 +58,19 @@ from tests.support.sglang_stub import SglangStub, sglang_info
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
-
 # ---------------------------------------------------------------------- 1. tick
 
 
-def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7,
-               core: SchedulerCore | None = None) -> dict:
+def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: SchedulerCore | None = None) -> dict:
     rng = random.Random(seed)
     core = core or SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
     sizes = [min(120_000, int(rng.lognormvariate(9.0, 0.9))) for _ in range(programs)]
     # Budget = the total footprint: placement keeps replicas under the pause threshold, turns then grow
     # programs past it, so every tick has pauses, marks and resumes to do.
     per_replica = int(sum(s + 100 for s in sizes) / replicas)
-    core.apply_capacity(0.0, CapacitySnapshot(1, tuple(ReplicaCapacity(f"w{i // 8}", i % 8, per_replica, 64)
-                                                       for i in range(replicas))))
+    core.apply_capacity(
+        0.0, CapacitySnapshot(1, tuple(ReplicaCapacity(f"w{i // 8}", i % 8, per_replica, 64) for i in range(replicas)))
+    )
     now = 0.0
     counter = 0
     in_flight: dict[str, str] = {}
@@ -106,9 +104,16 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7,
             totals[key] += getattr(result, key)
     stats = core.stats(now)
     return {
-        "programs": programs, "replicas": replicas, "ticks": ticks, "retention_tokens_per_replica": per_replica,
-        "tick_ms": {"p50": percentile(durations_ms, 50), "p99": percentile(durations_ms, 99),
-                    "max": max(durations_ms), "mean": sum(durations_ms) / len(durations_ms)},
+        "programs": programs,
+        "replicas": replicas,
+        "ticks": ticks,
+        "retention_tokens_per_replica": per_replica,
+        "tick_ms": {
+            "p50": percentile(durations_ms, 50),
+            "p99": percentile(durations_ms, 99),
+            "max": max(durations_ms),
+            "mean": sum(durations_ms) / len(durations_ms),
+        },
         "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
     }
 
@@ -117,13 +122,14 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7,
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BANDMASTER_", "DYN_THUNDERAGENT_", "DYN_ROUTER_", "OTEL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("BANDMASTER_", "DYN_THUNDERAGENT_", "DYN_ROUTER_", "OTEL_"))
+    }
     env["PYTHONPATH"] = str(ROOT)
     env["BANDMASTER_LOG_LEVEL"] = "WARNING"
     return env
-
-
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
@@ -137,26 +143,68 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
 
 
 async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
-    stub = SglangStub(sglang_info(max_total_num_tokens=50_000_000, page_size=16, dp_size=8,
-                                  enable_dp_attention=True, max_running_requests=100_000))
+    stub = SglangStub(
+        sglang_info(
+            max_total_num_tokens=50_000_000,
+            page_size=16,
+            dp_size=8,
+            enable_dp_attention=True,
+            max_running_requests=100_000,
+        )
+    )
     await stub.start()
     procs: list[asyncio.subprocess.Process] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cap_ready, sched_ready = Path(tmp) / "cap.json", Path(tmp) / "sched.json"
-            procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.capacity", "--worker-url", stub.url, "--listen", "127.0.0.1:0",
-                "--metrics-port", "-1", "--ready-file", str(cap_ready), "--poll-interval-seconds", "1",
-                "--poll-timeout-seconds", "1", cwd=ROOT, env=_env()))
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "services.capacity",
+                    "--worker-url",
+                    stub.url,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-port",
+                    "-1",
+                    "--ready-file",
+                    str(cap_ready),
+                    "--poll-interval-seconds",
+                    "1",
+                    "--poll-timeout-seconds",
+                    "1",
+                    cwd=ROOT,
+                    env=_env(),
+                )
+            )
             cap = await _wait_file(cap_ready, 30)
-            procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "services.scheduler", "--capacity-addr", cap["grpc"], "--listen",
-                "127.0.0.1:0", "--metrics-port", "-1", "--ready-file", str(sched_ready),
-                "--scheduler-interval-seconds", "1", "--state-path", str(Path(tmp) / "scheduler.sqlite"),
-                cwd=ROOT, env=_env()))
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "services.scheduler",
+                    "--capacity-addr",
+                    cap["grpc"],
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-port",
+                    "-1",
+                    "--ready-file",
+                    str(sched_ready),
+                    "--scheduler-interval-seconds",
+                    "1",
+                    "--state-path",
+                    str(Path(tmp) / "scheduler.sqlite"),
+                    cwd=ROOT,
+                    env=_env(),
+                )
+            )
             sched = await _wait_file(sched_ready, 30)
-            chans = [grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
-                     for _ in range(channels)]
+            chans = [
+                grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(channels)
+            ]
             clients = [pb_grpc.SchedulerStub(c) for c in chans]
             deadline = time.monotonic() + 30
             while True:
@@ -179,11 +227,20 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
                     turn += 1
                     rid = f"{sid}-{turn}"
                     started = time.perf_counter()
-                    resp = await client.Admit(pb.AdmitRequest(session_id=sid, request_id=rid,
-                                                              estimated_prompt_tokens=2_000), timeout=30)
-                    await client.Complete(pb.CompleteRequest(
-                        session_id=sid, request_id=rid, worker_id=resp.worker_id, dp_rank=resp.dp_rank,
-                        prompt_tokens=2_000, completion_tokens=200), timeout=30)
+                    resp = await client.Admit(
+                        pb.AdmitRequest(session_id=sid, request_id=rid, estimated_prompt_tokens=2_000), timeout=30
+                    )
+                    await client.Complete(
+                        pb.CompleteRequest(
+                            session_id=sid,
+                            request_id=rid,
+                            worker_id=resp.worker_id,
+                            dp_rank=resp.dp_rank,
+                            prompt_tokens=2_000,
+                            completion_tokens=200,
+                        ),
+                        timeout=30,
+                    )
                     latencies_ms.append((time.perf_counter() - started) * 1e3)
                     held += resp.was_paused
 
@@ -199,11 +256,19 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
             for c in chans:
                 await c.close()
             return {
-                "callers": callers, "channels": channels, "duration_s": round(elapsed, 3),
-                "round_trips": len(latencies_ms), "round_trips_per_s": len(latencies_ms) / elapsed,
-                "latency_ms": {"p50": percentile(latencies_ms, 50), "p99": percentile(latencies_ms, 99),
-                               "max": max(latencies_ms)},
-                "held": held, "pauses_total": stats.pauses_total, "programs": stats.programs_active,
+                "callers": callers,
+                "channels": channels,
+                "duration_s": round(elapsed, 3),
+                "round_trips": len(latencies_ms),
+                "round_trips_per_s": len(latencies_ms) / elapsed,
+                "latency_ms": {
+                    "p50": percentile(latencies_ms, 50),
+                    "p99": percentile(latencies_ms, 99),
+                    "max": max(latencies_ms),
+                },
+                "held": held,
+                "pauses_total": stats.pauses_total,
+                "programs": stats.programs_active,
                 "replicas": len(stats.replicas),
             }
         finally:
@@ -217,15 +282,19 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
 
 def _stored_table(programs: int, replicas: int) -> WriteBatch:
     """The tick benchmark's table after a few ticks, as the full batch a scheduler would write."""
-    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0),
-                         ticket_lease_seconds=30.0)
+    core = SchedulerCore(
+        ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0), ticket_lease_seconds=30.0
+    )
     bench_tick(programs, replicas, ticks=3, core=core)
     clock = SystemClock()
     offset = clock.wall() - clock.monotonic()
     state = core.export_state()
-    return WriteBatch({r.session_id: encode_program(r, offset) for r in state.programs},
-                      {r.request_id: encode_ticket(r, offset) for r in state.tickets},
-                      encode_meta(state.meta), full=True)
+    return WriteBatch(
+        {r.session_id: encode_program(r, offset) for r in state.programs},
+        {r.request_id: encode_ticket(r, offset) for r in state.tickets},
+        encode_meta(state.meta),
+        full=True,
+    )
 
 
 async def _time_recovery(make_store, batch: WriteBatch, repeats: int) -> dict:
@@ -239,15 +308,22 @@ async def _time_recovery(make_store, batch: WriteBatch, repeats: int) -> dict:
         store = make_store()
         await store.open()
         core = SchedulerCore(ControlParams(), ticket_lease_seconds=30.0)
-        persister = StatePersister(core, store, SystemClock(), SchedulerMetrics(CollectorRegistry()), flush_s=1.0,
-                                   write_timeout_s=10.0)
+        persister = StatePersister(
+            core, store, SystemClock(), SchedulerMetrics(CollectorRegistry()), flush_s=1.0, write_timeout_s=10.0
+        )
         runs.append(await persister.recover(60.0))
         await store.close()
     runs.sort(key=lambda r: r.seconds)
     median = runs[len(runs) // 2]
-    return {"recovery_s": round(median.seconds, 4), "load_s": round(median.load_s, 4),
-            "rebuild_s": round(median.rebuild_s, 4), "programs": median.programs, "paused": median.paused,
-            "tickets": median.tickets, "runs_s": [round(r.seconds, 4) for r in runs]}
+    return {
+        "recovery_s": round(median.seconds, 4),
+        "load_s": round(median.load_s, 4),
+        "rebuild_s": round(median.rebuild_s, 4),
+        "programs": median.programs,
+        "paused": median.paused,
+        "tickets": median.tickets,
+        "runs_s": [round(r.seconds, 4) for r in runs],
+    }
 
 
 def _free_port() -> int:
@@ -258,8 +334,11 @@ def _free_port() -> int:
 
 async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict:
     batch = _stored_table(programs, replicas)
-    report: dict = {"programs": programs, "replicas": replicas,
-                    "stored_bytes": sum(len(v) for v in batch.programs.values() if v)}
+    report: dict = {
+        "programs": programs,
+        "replicas": replicas,
+        "stored_bytes": sum(len(v) for v in batch.programs.values() if v),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.sqlite"
         report["sqlite"] = await _time_recovery(lambda: SqliteStateStore(path), batch, repeats)
@@ -268,9 +347,11 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
             report["redis"] = None  # not installed (make system-deps installs it)
             return report
         port = _free_port()
-        server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                   "--appendonly", "no", "--dir", tmp], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 10
             while True:
@@ -299,8 +380,11 @@ def _table(report: dict) -> str:
     rows = [
         [f"tick ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
-        ["", "paused / marked / resumed", f"{t['activity']['paused']} / {t['activity']['marked']} / "
-                                          f"{t['activity']['resumed']}"],
+        [
+            "",
+            "paused / marked / resumed",
+            f"{t['activity']['paused']} / {t['activity']['marked']} / {t['activity']['resumed']}",
+        ],
         [f"Admit+Complete ({r['callers']} callers, gRPC)", "round trips/s", r["round_trips_per_s"]],
         ["", "p50 ms", r["latency_ms"]["p50"]],
         ["", "p99 ms", r["latency_ms"]["p99"]],
@@ -329,7 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels))
     recovery = asyncio.run(bench_recovery(args.programs, args.replicas))
     report = {
-        "benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "rpc": rpc, "recovery": recovery,
+        "benchmark": "scheduler",
+        "smoke": args.smoke,
+        "tick": tick,
+        "rpc": rpc,
+        "recovery": recovery,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -16,7 +16,8 @@ its `--split` (tune by default: the held-out third is kept out of tuning), drawn
 stratified|random`. `--mode steady` plays `--programs` through `--parallel` slots and also
 reports `steady_steps_per_min` (warm-up and drain left out). Every flag of `python -m services.scheduler` that shapes
 decisions is accepted (`--pause-threshold`, `--scheduler-interval-seconds`, `--pause-policy`,
-`--cost-aware-*`, `--router-temperature`, `--kv-overlap-score-weight`, ...), in simulated seconds. Python API: `simulate(SimScenario(...)) -> SimResult`.
+`--cost-aware-*`, `--router-temperature`, `--kv-overlap-score-weight`, ...), in simulated seconds.
+Python API: `simulate(SimScenario(...)) -> SimResult`.
 """
 
 from __future__ import annotations
@@ -37,17 +38,25 @@ __all__ = ["SimResult", "SimScenario", "simulate", "scenario_from_args", "main"]
 
 MODES = ("closed", "steady")
 
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0],
-                                     epilog="Scheduler control flags (see `python -m services.scheduler --help`) "
-                                            "are passed through, in simulated seconds.")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.sim",
+        description=__doc__.splitlines()[0],
+        epilog="Scheduler control flags (see `python -m services.scheduler --help`) "
+        "are passed through, in simulated seconds.",
+    )
     parser.add_argument("--arm", default="bandmaster", choices=ARMS)
     parser.add_argument("--workload", default="swe", choices=WORKLOADS)
     parser.add_argument("--programs", type=int, default=8, help="programs in total")
     parser.add_argument("--parallel", type=int, default=0, help="programs in flight at once (default: all)")
-    parser.add_argument("--mode", default="closed", choices=MODES,
-                        help="closed: one batch, steps/min over the makespan; steady: --programs through "
-                             "--parallel slots, plus steps/min between warm-up and the last start")
+    parser.add_argument(
+        "--mode",
+        default="closed",
+        choices=MODES,
+        help="closed: one batch, steps/min over the makespan; steady: --programs through "
+        "--parallel slots, plus steps/min between warm-up and the last start",
+    )
     add_program_arguments(parser)
     parser.add_argument("--max-turns", type=int, default=None)
     parser.add_argument("--token-scale", type=float, default=1.0)
@@ -57,12 +66,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-host-kv-tokens", type=int, default=0)
     parser.add_argument("--worker-page-size", type=int, default=16)
     parser.add_argument("--timing-profile", default="glm45-fp8-h200")
-    parser.add_argument("--router-prompt", default="text", choices=ROUTER_PROMPT_MODES,
-                        help="text: the live router's text-chunk prompts; tokens: exact token pages (faster)")
-    parser.add_argument("--live-speedup", type=float, default=1.0,
-                        help="model a live run at this simworker --speedup (router wall-clock constants scale)")
-    parser.add_argument("--request-overhead-seconds", type=float, default=0.0,
-                        help="extra simulated seconds per turn before admission (client/router round trips)")
+    parser.add_argument(
+        "--router-prompt",
+        default="text",
+        choices=ROUTER_PROMPT_MODES,
+        help="text: the live router's text-chunk prompts; tokens: exact token pages (faster)",
+    )
+    parser.add_argument(
+        "--live-speedup",
+        type=float,
+        default=1.0,
+        help="model a live run at this simworker --speedup (router wall-clock constants scale)",
+    )
+    parser.add_argument(
+        "--request-overhead-seconds",
+        type=float,
+        default=0.0,
+        help="extra simulated seconds per turn before admission (client/router round trips)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report (summary, counters, timeline)")
     parser.add_argument("--no-turns", action="store_true", help="leave per-turn and per-program rows out of --out")
@@ -78,16 +99,31 @@ def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Names
     if args.mode == "steady" and not 1 <= args.parallel < args.programs:
         raise ConfigError("parallel", args.parallel, "--mode steady needs 1 <= --parallel < --programs")
     scenario = SimScenario(
-        arm=args.arm, workload=args.workload, trace=None if args.trace is None else str(args.trace),
-        split=args.split, draw=args.draw, include_longest=args.include_longest,
-        programs=args.programs, parallel=args.parallel,
-        max_turns=args.max_turns, token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
-        seed=args.seed, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
-        worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
-        worker_timing_profile=args.timing_profile, control=scheduler.control, pause_policy=scheduler.pause_policy,
-        cost_aware=scheduler.cost_aware, kv_router=scheduler.kv_router,
-        router_prompt=args.router_prompt, live_speedup=args.live_speedup,
-        request_overhead_s=args.request_overhead_seconds)
+        arm=args.arm,
+        workload=args.workload,
+        trace=None if args.trace is None else str(args.trace),
+        split=args.split,
+        draw=args.draw,
+        include_longest=args.include_longest,
+        programs=args.programs,
+        parallel=args.parallel,
+        max_turns=args.max_turns,
+        token_scale=args.token_scale,
+        tool_time_scale=args.tool_time_scale,
+        seed=args.seed,
+        workers=args.workers,
+        worker_kv_tokens=args.worker_kv_tokens,
+        worker_host_kv_tokens=args.worker_host_kv_tokens,
+        worker_page_size=args.worker_page_size,
+        worker_timing_profile=args.timing_profile,
+        control=scheduler.control,
+        pause_policy=scheduler.pause_policy,
+        cost_aware=scheduler.cost_aware,
+        kv_router=scheduler.kv_router,
+        router_prompt=args.router_prompt,
+        live_speedup=args.live_speedup,
+        request_overhead_s=args.request_overhead_seconds,
+    )
     return scenario, args
 
 

@@ -30,10 +30,12 @@ from harness.simlib.scenario import ARMS
 
 SCALE = dict(workload="swe", programs=256, workers=8, worker_kv_tokens=600_000, seed=0)
 EQUIVALENCE = dict(workload="swe", programs=24, workers=2, worker_kv_tokens=200_000, max_turns=12, seed=1)
-SMOKE_SCALE = dict(workload="swe", programs=16, workers=2, worker_kv_tokens=8_192, token_scale=0.05, max_turns=6,
-                   seed=0)
-SMOKE_EQUIVALENCE = dict(workload="swe", programs=6, workers=2, worker_kv_tokens=4_096, token_scale=0.1,
-                         max_turns=4, seed=1)
+SMOKE_SCALE = dict(
+    workload="swe", programs=16, workers=2, worker_kv_tokens=8_192, token_scale=0.05, max_turns=6, seed=0
+)
+SMOKE_EQUIVALENCE = dict(
+    workload="swe", programs=6, workers=2, worker_kv_tokens=4_096, token_scale=0.1, max_turns=4, seed=1
+)
 
 
 def run_arm(arm: str, scenario: dict) -> dict:
@@ -71,16 +73,23 @@ def decode_run_check(scenario: dict) -> dict:
     a, b = results[True].report(), results[False].report()
     same = all(a[key] == b[key] for key in ("turns", "workers", "scheduler", "timeline"))
     cost = rows["single_steps"]["cpu_s"] / rows["decode_runs"]["cpu_s"] if rows["decode_runs"]["cpu_s"] else None
-    return {"scenario": scenario, **rows, "identical_results": same,
-            "single_step_cpu_over_decode_runs": round(cost, 2) if cost else None}
+    return {
+        "scenario": scenario,
+        **rows,
+        "identical_results": same,
+        "single_step_cpu_over_decode_runs": round(cost, 2) if cost else None,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sim_scale", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     # The oracle is a reference for ratios, not a routing arm whose cost this measures.
-    parser.add_argument("--arms", default=",".join(a for a in ARMS if a != "oracle"),
-                        help=f"comma-separated arms from {', '.join(ARMS)} (default: all but oracle)")
+    parser.add_argument(
+        "--arms",
+        default=",".join(a for a in ARMS if a != "oracle"),
+        help=f"comma-separated arms from {', '.join(ARMS)} (default: all but oracle)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="arms simulated in parallel processes")
     parser.add_argument("--smoke", action="store_true", help="a tiny scenario (the make-test version)")
     args = parser.parse_args(argv)
@@ -95,17 +104,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = {
         "benchmark": "sim_scale",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
-        "scenario": {**scale, "smoke": args.smoke, "fuse_decode": SimScenario.fuse_decode,
-                     "timing_profile": SimScenario.worker_timing_profile},
+        "scenario": {
+            **scale,
+            "smoke": args.smoke,
+            "fuse_decode": SimScenario.fuse_decode,
+            "timing_profile": SimScenario.worker_timing_profile,
+        },
         "arms": rows,
         "decode_runs": decode_run_check(SMOKE_EQUIVALENCE if args.smoke else EQUIVALENCE),
     }
     for row in rows:
-        print(f"{row['arm']:<12} {row['cpu_s']:>8.1f} CPU-s for {row['simulated_minutes']:>6.1f} simulated min "
-              f"({row['speed_x']}x real time, {row['cpu_ms_per_turn']} ms/turn, {row['events']} events)")
+        print(
+            f"{row['arm']:<12} {row['cpu_s']:>8.1f} CPU-s for {row['simulated_minutes']:>6.1f} simulated min "
+            f"({row['speed_x']}x real time, {row['cpu_ms_per_turn']} ms/turn, {row['events']} events)"
+        )
     check = report["decode_runs"]
-    print(f"decode runs: identical={check['identical_results']}, "
-          f"single steps cost {check['single_step_cpu_over_decode_runs']}x")
+    print(
+        f"decode runs: identical={check['identical_results']}, "
+        f"single steps cost {check['single_step_cpu_over_decode_runs']}x"
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

@@ -58,11 +58,19 @@ SCENARIOS = {
 }
 
 
-def run_scenario(name: str, concurrency: int, programs: int, pool_tokens: int, hicache: bool,
-                 seed: int, max_turns: int | None) -> dict:
-    config = EngineConfig(max_total_tokens=pool_tokens, page_size=16, context_length=262_144,
-                          max_running_requests=256, chunked_prefill_size=8192,
-                          enable_hierarchical_cache=hicache, hicache_ratio=2.0, seed=seed)
+def run_scenario(
+    name: str, concurrency: int, programs: int, pool_tokens: int, hicache: bool, seed: int, max_turns: int | None
+) -> dict:
+    config = EngineConfig(
+        max_total_tokens=pool_tokens,
+        page_size=16,
+        context_length=262_144,
+        max_running_requests=256,
+        chunked_prefill_size=8192,
+        enable_hierarchical_cache=hicache,
+        hicache_ratio=2.0,
+        seed=seed,
+    )
     engine = SimEngine(config, load_profile("glm45-fp8-h200"))
     mix = agent_mix(programs, seed, max_turns)
     cpu0, wall0 = time.process_time(), time.perf_counter()

@@ -26,15 +26,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+
 from harness.stats import summary_ms
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
 SYSTEM_PROMPT = " ".join(f"rule {i}: read the repository, run the tests, fix what fails." for i in range(60))
-
-
-
-
 
 
 async def _wait_ready(path: Path, proc: asyncio.subprocess.Process, timeout_s: float) -> dict:
@@ -58,15 +55,23 @@ class ClientStats:
         self.gap_s: list[float] = []
 
 
-async def client_loop(session: aiohttp.ClientSession, url: str, index: int, max_tokens: int, stop_at: float,
-                      stats: ClientStats) -> None:
+async def client_loop(
+    session: aiohttp.ClientSession, url: str, index: int, max_tokens: int, stop_at: float, stats: ClientStats
+) -> None:
     turn = 0
     while time.monotonic() < stop_at:
         turn += 1
-        body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "system", "content": SYSTEM_PROMPT},
-                             {"role": "user", "content": f"client {index} turn {turn}: what next?"}]}
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "messages": [
+                {"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": f"client {index} turn {turn}: what next?"},
+            ],
+        }
         sent = time.monotonic()
         last = None
         try:
@@ -104,10 +109,26 @@ async def run(clients: int, duration_s: float, max_tokens: int, speedup: float, 
     tmp = tempfile.mkdtemp(prefix="simworker-live-")
     ready = Path(tmp) / "ready.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.simworker", "--port", "0", "--model-name", MODEL,
-        "--speedup", str(speedup), "--ready-file", str(ready), "--log-level", "WARNING",
-        "--max-running-requests", str(max(256, clients)), "--max-total-tokens", "262144",
-        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL)
+        sys.executable,
+        "-m",
+        "services.simworker",
+        "--port",
+        "0",
+        "--model-name",
+        MODEL,
+        "--speedup",
+        str(speedup),
+        "--ready-file",
+        str(ready),
+        "--log-level",
+        "WARNING",
+        "--max-running-requests",
+        str(max(256, clients)),
+        "--max-total-tokens",
+        "262144",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
     try:
         info = await _wait_ready(ready, proc, 60)
         url = f"http://127.0.0.1:{info['port']}"
@@ -117,8 +138,7 @@ async def run(clients: int, duration_s: float, max_tokens: int, speedup: float, 
             if warmup_s > 0:
                 warm = ClientStats()
                 stop_at = time.monotonic() + warmup_s
-                await asyncio.gather(*(client_loop(session, url, i, max_tokens, stop_at, warm)
-                                       for i in range(clients)))
+                await asyncio.gather(*(client_loop(session, url, i, max_tokens, stop_at, warm) for i in range(clients)))
             async with session.get(url + "/server_info") as r:
                 before = (await r.json())["internal_states"][0]
             stats = ClientStats()
@@ -143,16 +163,22 @@ async def run(clients: int, duration_s: float, max_tokens: int, speedup: float, 
     steps = after["simworker_steps"] - before["simworker_steps"]
     late_s = after["simworker_late_s_total"] - before["simworker_late_s_total"]
     return {
-        "clients": clients, "duration_s": round(elapsed, 3), "max_tokens": max_tokens, "speedup": speedup,
-        "requests": stats.requests, "errors": stats.errors,
+        "clients": clients,
+        "duration_s": round(elapsed, 3),
+        "max_tokens": max_tokens,
+        "speedup": speedup,
+        "requests": stats.requests,
+        "errors": stats.errors,
         "requests_per_s": stats.requests / elapsed,
-        "streamed_tokens": stats.tokens, "streamed_tokens_per_s": stats.tokens / elapsed,
+        "streamed_tokens": stats.tokens,
+        "streamed_tokens_per_s": stats.tokens / elapsed,
         "content_chunks_per_s": stats.chunks / elapsed,
         "client_ttft_ms": summary_ms(stats.ttft_s),
         "client_inter_chunk_ms": summary_ms(stats.gap_s),
         "client_cpu_s": round(client_cpu_s, 3),
         "worker": {
-            "steps": steps, "steps_per_s": steps / elapsed,
+            "steps": steps,
+            "steps_per_s": steps / elapsed,
             "loop_late_s": round(late_s, 3),
             # Fraction of wall time the loop spent behind the simulated clock (0 = on schedule).
             "loop_late_fraction": late_s / elapsed,
@@ -185,15 +211,19 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     r = result
-    print(f"simworker live: {r['clients']} streaming clients, {r['max_tokens']} tokens/request, "
-          f"speedup {r['speedup']:g}, {r['duration_s']:.1f} s")
+    print(
+        f"simworker live: {r['clients']} streaming clients, {r['max_tokens']} tokens/request, "
+        f"speedup {r['speedup']:g}, {r['duration_s']:.1f} s"
+    )
     print(f"{'measure':36} {'value':>12}")
     print(f"{'requests/s':36} {r['requests_per_s']:12.1f}")
     print(f"{'streamed tokens/s':36} {r['streamed_tokens_per_s']:12.0f}")
     print(f"{'requests (errors)':36} {r['requests']:>8} ({r['errors']})")
     print(f"{'client TTFT ms p50 / p99':36} {r['client_ttft_ms']['p50']:7.1f} / {r['client_ttft_ms']['p99']:.1f}")
-    print(f"{'client inter-chunk ms p50 / p99':36} {r['client_inter_chunk_ms']['p50']:7.2f} / "
-          f"{r['client_inter_chunk_ms']['p99']:.2f}")
+    print(
+        f"{'client inter-chunk ms p50 / p99':36} {r['client_inter_chunk_ms']['p50']:7.2f} / "
+        f"{r['client_inter_chunk_ms']['p99']:.2f}"
+    )
     print(f"{'worker steps/s':36} {r['worker']['steps_per_s']:12.0f}")
     print(f"{'worker loop late fraction':36} {r['worker']['loop_late_fraction']:12.2f}")
     print(f"report written to {out}")

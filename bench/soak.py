@@ -56,8 +56,16 @@ from typing import Callable, Iterator, Sequence
 import aiohttp
 
 from bench.peers import chat_ok
-from harness.player import (FINAL, SESSION, SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, Runner, build_workload,
-                            text_of_n_tokens)
+from harness.player import (
+    FINAL,
+    SESSION,
+    SYSTEM_PROMPT_TOKENS,
+    ProgramRecord,
+    Runner,
+    RunResult,
+    build_workload,
+    text_of_n_tokens,
+)
 from harness.workloads import Program
 from services.common.config import require
 from services.common.errors import ConfigError
@@ -105,15 +113,23 @@ class SoakConfig:
         require(1 <= self.workers <= 64, "workers", self.workers, "1 <= workers <= 64")
         require(self.worker_kv_tokens >= 16, "worker_kv_tokens", self.worker_kv_tokens, "worker_kv_tokens >= 16")
         require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
-        require(0 <= self.ramp_s < self.warmup_s, "ramp_s", self.ramp_s,
-                "0 <= ramp_s < duration_s * warmup_fraction (the ramp is part of the warm-up)")
+        require(
+            0 <= self.ramp_s < self.warmup_s,
+            "ramp_s",
+            self.ramp_s,
+            "0 <= ramp_s < duration_s * warmup_fraction (the ramp is part of the warm-up)",
+        )
         require(self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
         require(self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0")
         require(0 < self.warmup_fraction < 1, "warmup_fraction", self.warmup_fraction, "0 < warmup_fraction < 1")
         require(self.sample_s > 0, "sample_s", self.sample_s, "sample_s > 0")
         require(self.window_s >= self.sample_s, "window_s", self.window_s, "window_s >= sample_s")
-        require(self.window_s <= self.warmup_s, "window_s", self.window_s,
-                "window_s <= duration_s * warmup_fraction (the warm-up window must lie inside the run)")
+        require(
+            self.window_s <= self.warmup_s,
+            "window_s",
+            self.window_s,
+            "window_s <= duration_s * warmup_fraction (the warm-up window must lie inside the run)",
+        )
         require(self.drain_s >= 0, "drain_s", self.drain_s, "drain_s >= 0")
         require(self.turn_timeout_s > 0, "turn_timeout_s", self.turn_timeout_s, "turn_timeout_s > 0")
 
@@ -123,8 +139,19 @@ class SoakConfig:
 
 
 FULL = SoakConfig()
-QUICK = SoakConfig(programs=16, duration_s=30.0, workers=2, worker_kv_tokens=65_536, speedup=10.0, ramp_s=1.0,
-                   max_turns=4, sample_s=1.0, window_s=3.0, drain_s=15.0, turn_timeout_s=15.0)
+QUICK = SoakConfig(
+    programs=16,
+    duration_s=30.0,
+    workers=2,
+    worker_kv_tokens=65_536,
+    speedup=10.0,
+    ramp_s=1.0,
+    max_turns=4,
+    sample_s=1.0,
+    window_s=3.0,
+    drain_s=15.0,
+    turn_timeout_s=15.0,
+)
 """For the test suite: about 40 s in all (some 160 programs through 16 slots), every field of the report."""
 
 
@@ -163,8 +190,9 @@ def slope_kb_per_min(samples: Sequence[tuple[float, int]], start_s: float, end_s
     return round(slope * 60.0, 1)
 
 
-def memory_figures(timeline: Sequence[dict], services: Sequence[str], warmup_s: float, end_s: float,
-                   window_s: float) -> dict[str, dict]:
+def memory_figures(
+    timeline: Sequence[dict], services: Sequence[str], warmup_s: float, end_s: float, window_s: float
+) -> dict[str, dict]:
     """Per service: RSS (kB) at warm-up end, at the end of the steady state and after the drain, the
     maximum, the growth from warm-up end to the end of the steady state (the target), and the slope
     over the steady state, which tells a steady climb (a leak, or a cache still filling) from a
@@ -208,11 +236,21 @@ def targets(lost: int, memory: dict[str, dict], *, judge_memory: bool) -> list[d
     worst = missing[0] if missing else max(growths, key=growths.__getitem__, default=None)
     memory_ok = worst is not None and not missing and growths[worst] < GROWTH_TARGET_PCT
     return [
-        {"name": "lost programs", "value": lost, "needs": f"== {LOST_TARGET}",
-         "status": "PASS" if lost == LOST_TARGET else "MISS", "judged": True},
-        {"name": "RSS growth after warm-up, worst service", "value": growths.get(worst) if worst else None,
-         "service": worst, "needs": f"< {GROWTH_TARGET_PCT:g}%", "status": "PASS" if memory_ok else "MISS",
-         "judged": judge_memory},
+        {
+            "name": "lost programs",
+            "value": lost,
+            "needs": f"== {LOST_TARGET}",
+            "status": "PASS" if lost == LOST_TARGET else "MISS",
+            "judged": True,
+        },
+        {
+            "name": "RSS growth after warm-up, worst service",
+            "value": growths.get(worst) if worst else None,
+            "service": worst,
+            "needs": f"< {GROWTH_TARGET_PCT:g}%",
+            "status": "PASS" if memory_ok else "MISS",
+            "judged": judge_memory,
+        },
     ]
 
 
@@ -274,8 +312,9 @@ class SoakRunner(Runner):
         self.other_errors: Counter[str] = Counter()
         """Errors outside a turn: failed final requests, and a slot that died of an exception."""
 
-    async def soak(self, next_program: Callable[[], Program], slots: int, deadline: float, drain_s: float,
-                   ramp_s: float = 0.0) -> dict:
+    async def soak(
+        self, next_program: Callable[[], Program], slots: int, deadline: float, drain_s: float, ramp_s: float = 0.0
+    ) -> dict:
         """Start a new program in every free slot until `deadline` (monotonic), the slots' first ones
         spread evenly over `ramp_s`; then wait up to `drain_s` for the ones in flight and cancel the
         rest. Returns the drain's figures."""
@@ -308,8 +347,11 @@ class SoakRunner(Runner):
             for outcome in await asyncio.gather(*tasks, return_exceptions=True):
                 if isinstance(outcome, Exception):  # a bug here, not in the stack: its program counts as lost
                     self.other_errors[f"slot_{type(outcome).__name__}"] += 1
-            drain = {"running_at_deadline": running_at_deadline, "drain_s": round(time.monotonic() - drain_started, 2),
-                     "cancelled_at_drain": len(pending)}
+            drain = {
+                "running_at_deadline": running_at_deadline,
+                "drain_s": round(time.monotonic() - drain_started, 2),
+                "cancelled_at_drain": len(pending),
+            }
         result.wall_s = time.monotonic() - start
         return drain
 
@@ -318,8 +360,9 @@ class SoakRunner(Runner):
         # until its idle TTL, which is exactly the kind of growth a soak is after.
         body = {"model": self.model, "messages": [{"role": "user", "content": "done"}], "max_tokens": 1}
         try:
-            async with session.post(f"{self.endpoint}/chat/completions", json=body,
-                                    headers={SESSION: program_id, FINAL: "true"}) as response:
+            async with session.post(
+                f"{self.endpoint}/chat/completions", json=body, headers={SESSION: program_id, FINAL: "true"}
+            ) as response:
                 await response.read()
                 if response.status != 200:
                     self.other_errors[f"final_http_{response.status}"] += 1
@@ -331,8 +374,14 @@ def program_stream(config: SoakConfig) -> Iterator[Program]:
     """Endless distinct programs: batches of `programs` draws, each batch with its own seed."""
     batch = 0
     while True:
-        for program in build_workload("swe", config.programs, seed=config.seed + batch, max_turns=config.max_turns,
-                                      token_scale=config.token_scale, tool_time_scale=1.0):
+        for program in build_workload(
+            "swe",
+            config.programs,
+            seed=config.seed + batch,
+            max_turns=config.max_turns,
+            token_scale=config.token_scale,
+            tool_time_scale=1.0,
+        ):
             yield replace(program, program_id=f"{program.program_id}.{batch}")
         batch += 1
 
@@ -353,11 +402,15 @@ class MemorySampler:
 
     def sample(self) -> None:
         turns = self.runner.result.turns if self.runner.result else []
-        self.timeline.append({
-            "t_s": round(time.monotonic() - self.start, 2), "phase": self.phase,
-            "programs_running": self.runner.running, "turns_ok": sum(1 for t in turns if t.ok),
-            "rss_kb": {name: rss_kb(pid) for name, pid in self.pids.items()},
-        })
+        self.timeline.append(
+            {
+                "t_s": round(time.monotonic() - self.start, 2),
+                "phase": self.phase,
+                "programs_running": self.runner.running,
+                "turns_ok": sum(1 for t in turns if t.ok),
+                "rss_kb": {name: rss_kb(pid) for name, pid in self.pids.items()},
+            }
+        )
 
     async def run(self) -> None:
         while True:
@@ -382,21 +435,37 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
     from harness.probes import busy_share, cpu_times, starved, wait_for_workers, worker_late_s
 
     state_dir = Path(tempfile.mkdtemp(prefix="bandmaster-soak-"))
-    cluster = start_cluster(ClusterConfig(
-        workers=config.workers, worker_kv_tokens=config.worker_kv_tokens, worker_speedup=config.speedup,
-        model_name=MODEL, http_port=0, state_dir=state_dir, log_level="WARNING",
-        extra_worker_args=("--log-level", "WARNING")))
+    cluster = start_cluster(
+        ClusterConfig(
+            workers=config.workers,
+            worker_kv_tokens=config.worker_kv_tokens,
+            worker_speedup=config.speedup,
+            model_name=MODEL,
+            http_port=0,
+            state_dir=state_dir,
+            log_level="WARNING",
+            extra_worker_args=("--log-level", "WARNING"),
+        )
+    )
     try:
         wait_for_workers(cluster.capacity.endpoint, config.workers)
         _wait_routable(cluster.http_url, lambda: not cluster.supervisor.failed())
         pids = {child.spec.name: child.process.pid for child in cluster.supervisor.children}
-        _log(f"bench.soak: {config.programs} programs for {config.duration_s:g}s on {config.workers} simulated "
-             f"workers at {config.speedup:g}x; sampling {', '.join(pids)} every {config.sample_s:g}s")
+        _log(
+            f"bench.soak: {config.programs} programs for {config.duration_s:g}s on {config.workers} simulated "
+            f"workers at {config.speedup:g}x; sampling {', '.join(pids)} every {config.sample_s:g}s"
+        )
         cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
 
         async def play() -> tuple[SoakRunner, MemorySampler, dict, dict]:
-            runner = SoakRunner(cluster.http_url + "/v1", MODEL, time_scale=config.speedup,
-                                request_timeout_s=config.turn_timeout_s, seed=config.seed, arm="soak")
+            runner = SoakRunner(
+                cluster.http_url + "/v1",
+                MODEL,
+                time_scale=config.speedup,
+                request_timeout_s=config.turn_timeout_s,
+                seed=config.seed,
+                arm="soak",
+            )
             programs = program_stream(config)
             late_before = await worker_late_s(cluster.workers)
             start = time.monotonic()
@@ -411,8 +480,9 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
 
             marking = asyncio.create_task(phases())
             progress = asyncio.create_task(_progress(sampler, config))
-            drain = await runner.soak(lambda: next(programs), config.programs, start + config.duration_s,
-                                      config.drain_s, config.ramp_s)
+            drain = await runner.soak(
+                lambda: next(programs), config.programs, start + config.duration_s, config.drain_s, config.ramp_s
+            )
             for task in (marking, progress, sampling):
                 task.cancel()
             await asyncio.gather(marking, progress, sampling, return_exceptions=True)
@@ -441,8 +511,9 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
         found = log_problems(path.read_text(errors="replace").splitlines())
         if found:
             problems[name] = found
-    report = build_report(config, runner, sampler, drain, machine, cpu, scheduler, exited, problems, quick=quick,
-                          index_ttl_s=index_ttl_s)
+    report = build_report(
+        config, runner, sampler, drain, machine, cpu, scheduler, exited, problems, quick=quick, index_ttl_s=index_ttl_s
+    )
     if passed(report):
         shutil.rmtree(state_dir, ignore_errors=True)
     else:
@@ -469,8 +540,9 @@ def router_index_ttl(address: str) -> float:
     from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
-        config = scheduler_pb2_grpc.SchedulerStub(channel).GetRouterConfig(scheduler_pb2.GetRouterConfigRequest(),
-                                                                           timeout=5)
+        config = scheduler_pb2_grpc.SchedulerStub(channel).GetRouterConfig(
+            scheduler_pb2.GetRouterConfigRequest(), timeout=5
+        )
     return float(config.router_ttl_secs)
 
 
@@ -485,13 +557,26 @@ async def _progress(sampler: MemorySampler, config: SoakConfig) -> None:
         row = sampler.timeline[-1] if sampler.timeline else None
         if row:
             rss = " ".join(f"{n}={(v or 0) / 1024:.0f}M" for n, v in row["rss_kb"].items())
-            _log(f"bench.soak: t={row['t_s']:.0f}s {row['phase']} running={row['programs_running']} "
-                 f"turns_ok={row['turns_ok']} {rss}")
+            _log(
+                f"bench.soak: t={row['t_s']:.0f}s {row['phase']} running={row['programs_running']} "
+                f"turns_ok={row['turns_ok']} {rss}"
+            )
 
 
-def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler, drain: dict, machine: dict,
-                 cpu: dict, scheduler: dict, exited: list[str], log_problems: dict, *, quick: bool,
-                 index_ttl_s: float = 120.0) -> dict:
+def build_report(
+    config: SoakConfig,
+    runner: SoakRunner,
+    sampler: MemorySampler,
+    drain: dict,
+    machine: dict,
+    cpu: dict,
+    scheduler: dict,
+    exited: list[str],
+    log_problems: dict,
+    *,
+    quick: bool,
+    index_ttl_s: float = 120.0,
+) -> dict:
     result = runner.result
     summary = result.summary()
     programs = result.programs
@@ -507,8 +592,9 @@ def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler,
     warmup_end_s, warmup_reason = memory_warmup_end(config, cohort_end_s, index_ttl_s)
     memory = memory_figures(sampler.timeline, list(sampler.pids), warmup_end_s, config.duration_s, config.window_s)
     # The same growth from the fixed fraction, for comparison (not judged: see memory_warmup_end).
-    from_fraction = memory_figures(sampler.timeline, list(sampler.pids), config.warmup_s, config.duration_s,
-                                   config.window_s)
+    from_fraction = memory_figures(
+        sampler.timeline, list(sampler.pids), config.warmup_s, config.duration_s, config.window_s
+    )
     for name, figures in memory.items():
         figures["cpu_s"] = cpu.get(name)
         figures["growth_pct_from_warmup_fraction"] = from_fraction[name]["growth_pct"]
@@ -529,9 +615,14 @@ def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler,
         "benchmark": "soak",
         "quick": quick,
         "config": asdict(config),
-        "programs": {"started": len(programs), "completed": len(completed), "lost": lost,
-                     "lost_turn_failed": len(failed), "lost_unfinished_after_drain": len(unfinished),
-                     **drain},
+        "programs": {
+            "started": len(programs),
+            "completed": len(completed),
+            "lost": lost,
+            "lost_turn_failed": len(failed),
+            "lost_unfinished_after_drain": len(unfinished),
+            **drain,
+        },
         "turns": {"ok": summary["turns_ok"], "failed": summary["turns_failed"]},
         "steps_per_min": summary["steps_per_min"],
         "steady_steps_per_min": steady_steps,
@@ -546,11 +637,21 @@ def build_report(config: SoakConfig, runner: SoakRunner, sampler: MemorySampler,
         "scheduler": scheduler,
         "services_exited": exited,
         "service_log_problems": log_problems,
-        "memory": {"warmup_end_s": warmup_end_s, "warmup_end_reason": warmup_reason,
-                   "first_programs_done_s": cohort_end_s, "router_index_ttl_s": index_ttl_s,
-                   "end_s": config.duration_s, "window_s": config.window_s, "services": memory},
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-                    **machine},
+        "memory": {
+            "warmup_end_s": warmup_end_s,
+            "warmup_end_reason": warmup_reason,
+            "first_programs_done_s": cohort_end_s,
+            "router_index_ttl_s": index_ttl_s,
+            "end_s": config.duration_s,
+            "window_s": config.window_s,
+            "services": memory,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            **machine,
+        },
         "targets": checks,
         "timeline": sampler.timeline,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -570,14 +671,19 @@ def text_summary(report: dict) -> str:
         f"(steady {report['steady_steps_per_min']}), TTFT p50 {report['ttft_p50_s']} s, p90 {report['ttft_p90_s']} s",
         f"errors by kind: {report['errors_by_kind'] or 'none'}",
         "scheduler: {pauses_total} pauses, {resumes_total} resumes, {tickets_expired_total} turn leases expired, "
-        "{programs_active} programs and {tickets_in_flight} turns still in its table after the drain"
-        .format(**report["scheduler"]),
-        "warnings and errors in the services' logs: " + (", ".join(
-            f"{name} {', '.join(f'{n} {k}' for k, n in found.items() if k != 'examples')}"
-            for name, found in report["service_log_problems"].items()) or "none"),
+        "{programs_active} programs and {tickets_in_flight} turns still in its table after the drain".format(
+            **report["scheduler"]
+        ),
+        "warnings and errors in the services' logs: "
+        + (
+            ", ".join(
+                f"{name} {', '.join(f'{n} {k}' for k, n in found.items() if k != 'examples')}"
+                for name, found in report["service_log_problems"].items()
+            )
+            or "none"
+        ),
         f"machine: CPU busy {report['machine']['cpu_busy']} (this run {report['machine']['soak_cpu_share']}), "
-        f"workers late {report['machine']['late_fraction']}"
-        + (" (starved)" if report["machine"]["starved"] else ""),
+        f"workers late {report['machine']['late_fraction']}" + (" (starved)" if report["machine"]["starved"] else ""),
         f"memory judged from t={report['memory']['warmup_end_s']:.0f}s ({report['memory']['warmup_end_reason']}; "
         f"first programs all done at {report['memory']['first_programs_done_s']}s, router index TTL "
         f"{report['memory']['router_index_ttl_s']:g}s)",
@@ -585,13 +691,17 @@ def text_summary(report: dict) -> str:
         f"{'CPU s':>7s}",
     ]
     for name, m in report["memory"]["services"].items():
+
         def mb(kb):
             return f"{kb / 1024:.1f}" if kb is not None else "-"
+
         growth = f"{m['growth_pct']:+.1f}%" if m["growth_pct"] is not None else "-"
         slope = m["steady_slope_kb_per_min"]
         slope = f"{slope / 1024:+.2f}" if slope is not None else "-"
-        lines.append(f"{name:14s} {mb(m['rss_warmup_kb']):>10s} {mb(m['rss_end_kb']):>8s} {mb(m['rss_max_kb']):>8s} "
-                     f"{growth:>8s} {slope:>7s} {m['cpu_s'] if m['cpu_s'] is not None else '-':>7}")
+        lines.append(
+            f"{name:14s} {mb(m['rss_warmup_kb']):>10s} {mb(m['rss_end_kb']):>8s} {mb(m['rss_max_kb']):>8s} "
+            f"{growth:>8s} {slope:>7s} {m['cpu_s'] if m['cpu_s'] is not None else '-':>7}"
+        )
     for target in report["targets"]:
         judged = "" if target["judged"] else " (not judged: --quick)"
         lines.append(f"{target['status']} {target['name']}: {target['value']} (needs {target['needs']}){judged}")
@@ -600,9 +710,22 @@ def text_summary(report: dict) -> str:
     return "\n".join(lines)
 
 
-FLAGS = (("programs", int), ("duration_s", float), ("workers", int), ("worker_kv_tokens", int), ("speedup", float),
-         ("max_turns", int), ("token_scale", float), ("warmup_fraction", float), ("ramp_s", float),
-         ("sample_s", float), ("window_s", float), ("drain_s", float), ("turn_timeout_s", float), ("seed", int))
+FLAGS = (
+    ("programs", int),
+    ("duration_s", float),
+    ("workers", int),
+    ("worker_kv_tokens", int),
+    ("speedup", float),
+    ("max_turns", int),
+    ("token_scale", float),
+    ("warmup_fraction", float),
+    ("ramp_s", float),
+    ("sample_s", float),
+    ("window_s", float),
+    ("drain_s", float),
+    ("turn_timeout_s", float),
+    ("seed", int),
+)
 """SoakConfig fields with a flag (`--duration-s` for `duration_s`); an unset flag keeps FULL's or QUICK's value."""
 
 
@@ -614,11 +737,18 @@ def config_from_args(args: argparse.Namespace) -> SoakConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
-    parser.add_argument("--quick", action="store_true",
-                        help=f"small and short, for the test suite ({QUICK.programs} programs, {QUICK.duration_s:g}s)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"small and short, for the test suite ({QUICK.programs} programs, {QUICK.duration_s:g}s)",
+    )
     for name, kind in FLAGS:
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                            help=f"default {getattr(FULL, name):g} (--quick: {getattr(QUICK, name):g})")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"default {getattr(FULL, name):g} (--quick: {getattr(QUICK, name):g})",
+        )
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)

@@ -58,8 +58,9 @@ class Program:
         self.released = False
 
     async def chat(self, messages: Iterable[Mapping[str, str]], **sampling) -> AsyncIterator[pb.GenerateChunk]:
-        chat = pb.ChatMessages(messages=[pb.ChatMessage(role=m["role"], content=m.get("content") or "")
-                                         for m in messages])
+        chat = pb.ChatMessages(
+            messages=[pb.ChatMessage(role=m["role"], content=m.get("content") or "") for m in messages]
+        )
         async for chunk in self.client.generate(self._request(chat=chat, **sampling)):
             yield chunk
 
@@ -67,15 +68,29 @@ class Program:
         async for chunk in self.client.generate(self._request(prompt=prompt, **sampling)):
             yield chunk
 
-    def _request(self, *, model: str = "", max_tokens: int = 0, temperature: float | None = None,
-                 top_p: float | None = None, stop: Iterable[str] = (), **input_) -> pb.GenerateRequest:
+    def _request(
+        self,
+        *,
+        model: str = "",
+        max_tokens: int = 0,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: Iterable[str] = (),
+        **input_,
+    ) -> pb.GenerateRequest:
         sampling = pb.SamplingParams(max_tokens=max_tokens, stop=list(stop))
         if temperature is not None:
             sampling.temperature = temperature
         if top_p is not None:
             sampling.top_p = top_p
-        return pb.GenerateRequest(session_id=self.session_id, parent_session_id=self.parent_session_id,
-                                  model=model, sampling=sampling, request_id=uuid.uuid4().hex, **input_)
+        return pb.GenerateRequest(
+            session_id=self.session_id,
+            parent_session_id=self.parent_session_id,
+            model=model,
+            sampling=sampling,
+            request_id=uuid.uuid4().hex,
+            **input_,
+        )
 
     async def release(self) -> bool:
         if self.released:
@@ -91,9 +106,15 @@ class Program:
 
 
 class BandmasterClient:
-    def __init__(self, address: str, *, timeout_s: float | None = None,
-                 metadata: Mapping[str, str] | None = None, credentials: grpc.ChannelCredentials | None = None,
-                 token: str | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float | None = None,
+        metadata: Mapping[str, str] | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        token: str | None = None,
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.metadata = tuple((metadata or {}).items())
@@ -104,8 +125,11 @@ class BandmasterClient:
         self._stub: pb_grpc.RouterStub | None = None
 
     async def __aenter__(self) -> "BandmasterClient":
-        self._channel = (grpc.aio.secure_channel(self.address, self._credentials) if self._credentials is not None
-                         else grpc.aio.insecure_channel(self.address))
+        self._channel = (
+            grpc.aio.secure_channel(self.address, self._credentials)
+            if self._credentials is not None
+            else grpc.aio.insecure_channel(self.address)
+        )
         self._stub = pb_grpc.RouterStub(self._channel)
         return self
 
@@ -139,6 +163,7 @@ class BandmasterClient:
             call.cancel()
 
     async def release(self, session_id: str) -> bool:
-        answer = await self.stub.Release(pb.ReleaseRequest(session_id=session_id), timeout=self.timeout_s or 10,
-                                         metadata=self.metadata)
+        answer = await self.stub.Release(
+            pb.ReleaseRequest(session_id=session_id), timeout=self.timeout_s or 10, metadata=self.metadata
+        )
         return answer.released

@@ -42,20 +42,35 @@ class ClusterPorts:
     @classmethod
     def fixed(cls) -> "ClusterPorts":
         d = DEFAULT_PORTS
-        return cls(capacity=d["capacity"], scheduler=d["scheduler"], router=d["router"], planner=d["planner"],
-                   planner_http=d["planner_http"], capacity_metrics=d["capacity_metrics"],
-                   scheduler_metrics=d["scheduler_metrics"], router_metrics=d["router_metrics"],
-                   planner_metrics=d["planner_metrics"], first_worker=d["simworker"])
+        return cls(
+            capacity=d["capacity"],
+            scheduler=d["scheduler"],
+            router=d["router"],
+            planner=d["planner"],
+            planner_http=d["planner_http"],
+            capacity_metrics=d["capacity_metrics"],
+            scheduler_metrics=d["scheduler_metrics"],
+            router_metrics=d["router_metrics"],
+            planner_metrics=d["planner_metrics"],
+            first_worker=d["simworker"],
+        )
 
     def worker(self, index: int) -> int:
         return self.first_worker + index if self.first_worker else 0
 
 
 PORT_LABELS = {
-    "capacity": "capacity gRPC", "scheduler": "scheduler gRPC", "router": "router gRPC",
-    "planner": "planner gRPC", "planner_http": "planner Batch API HTTP", "capacity_metrics": "capacity /metrics",
-    "scheduler_metrics": "scheduler /metrics", "router_metrics": "router /metrics",
-    "planner_metrics": "planner /metrics", "http": "router HTTP", "first_worker": "simulated worker",
+    "capacity": "capacity gRPC",
+    "scheduler": "scheduler gRPC",
+    "router": "router gRPC",
+    "planner": "planner gRPC",
+    "planner_http": "planner Batch API HTTP",
+    "capacity_metrics": "capacity /metrics",
+    "scheduler_metrics": "scheduler /metrics",
+    "router_metrics": "router /metrics",
+    "planner_metrics": "planner /metrics",
+    "http": "router HTTP",
+    "first_worker": "simulated worker",
 }
 
 
@@ -111,38 +126,73 @@ class ClusterConfig:
     def planned_ports(self) -> list[tuple[str, int]]:
         """(which, port) of every fixed port this cluster will bind, `which` a ClusterPorts field, `http`
         or `first_worker` for each simulated worker; ports left to the system (0) are not listed."""
-        wanted = [("capacity", self.ports.capacity), ("capacity_metrics", self.ports.capacity_metrics),
-                  ("router", self.ports.router), ("router_metrics", self.ports.router_metrics),
-                  ("http", self.http_port)]
+        wanted = [
+            ("capacity", self.ports.capacity),
+            ("capacity_metrics", self.ports.capacity_metrics),
+            ("router", self.ports.router),
+            ("router_metrics", self.ports.router_metrics),
+            ("http", self.http_port),
+        ]
         if self.scheduler:
             wanted += [("scheduler", self.ports.scheduler), ("scheduler_metrics", self.ports.scheduler_metrics)]
         if self.planner:
-            wanted += [("planner", self.ports.planner), ("planner_metrics", self.ports.planner_metrics),
-                       ("planner_http", self.ports.planner_http)]
+            wanted += [
+                ("planner", self.ports.planner),
+                ("planner_metrics", self.ports.planner_metrics),
+                ("planner_http", self.ports.planner_http),
+            ]
         if not self.worker_urls and not (self.planner and self.planner_connector == "local"):
             wanted += [("first_worker", self.ports.worker(i)) for i in range(self.workers)]
         return [(which, port) for which, port in wanted if port]
 
     def __post_init__(self) -> None:
-        require(self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given")
+        require(
+            self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given"
+        )
         require(0 <= self.workers <= 64, "workers", self.workers, "0 <= workers <= 64")
-        require(self.worker_kv_tokens >= self.worker_page_size, "worker_kv_tokens", self.worker_kv_tokens,
-                "worker_kv_tokens >= worker_page_size")
-        require(self.worker_host_kv_tokens >= 0, "worker_host_kv_tokens", self.worker_host_kv_tokens,
-                "worker_host_kv_tokens >= 0")
+        require(
+            self.worker_kv_tokens >= self.worker_page_size,
+            "worker_kv_tokens",
+            self.worker_kv_tokens,
+            "worker_kv_tokens >= worker_page_size",
+        )
+        require(
+            self.worker_host_kv_tokens >= 0,
+            "worker_host_kv_tokens",
+            self.worker_host_kv_tokens,
+            "worker_host_kv_tokens >= 0",
+        )
         require(self.worker_page_size >= 1, "worker_page_size", self.worker_page_size, "worker_page_size >= 1")
         require(self.worker_speedup > 0, "worker_speedup", self.worker_speedup, "worker_speedup > 0")
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
-        require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
-                "poll_interval_seconds > 0")
-        require(self.planner_connector in ("virtual", "local"), "planner_connector", self.planner_connector,
-                "planner_connector is virtual or local")
-        require(not (self.planner and self.planner_connector == "local" and self.worker_urls), "planner_connector",
-                self.planner_connector, "the local connector starts simulated workers: not with --worker-url")
-        require(self.planner_max_replicas == 0 or self.planner_max_replicas >= self.workers, "planner_max_replicas",
-                self.planner_max_replicas, "planner_max_replicas >= workers (0 = workers + 2)")
+        require(
+            self.poll_interval_seconds > 0,
+            "poll_interval_seconds",
+            self.poll_interval_seconds,
+            "poll_interval_seconds > 0",
+        )
+        require(
+            self.planner_connector in ("virtual", "local"),
+            "planner_connector",
+            self.planner_connector,
+            "planner_connector is virtual or local",
+        )
+        require(
+            not (self.planner and self.planner_connector == "local" and self.worker_urls),
+            "planner_connector",
+            self.planner_connector,
+            "the local connector starts simulated workers: not with --worker-url",
+        )
+        require(
+            self.planner_max_replicas == 0 or self.planner_max_replicas >= self.workers,
+            "planner_max_replicas",
+            self.planner_max_replicas,
+            "planner_max_replicas >= workers (0 = workers + 2)",
+        )
         for url in self.worker_urls:
-            require(url.startswith(("http://", "https://")), "worker_url", url, "worker URLs start with http:// or https://")
+            require(
+                url.startswith(("http://", "https://")), "worker_url", url, "worker URLs start with http:// or https://"
+            )
         for name, port in self.ports.__dict__.items():
             require(0 <= port <= 65535, f"ports.{name}", port, "0 <= port <= 65535")
         taken: dict[int, str] = {}
@@ -178,7 +228,9 @@ class Cluster:
             if child.spec.kind == "grpc":
                 rows.append((child.spec.name, child.endpoint))
                 if child.ready.get("metrics_port"):
-                    rows.append((f"{child.spec.name} /metrics", f"http://127.0.0.1:{child.ready['metrics_port']}/metrics"))
+                    rows.append(
+                        (f"{child.spec.name} /metrics", f"http://127.0.0.1:{child.ready['metrics_port']}/metrics")
+                    )
         return rows
 
     def stop(self) -> None:
@@ -187,32 +239,60 @@ class Cluster:
 
 def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
     args = [
-        "--host", "127.0.0.1", "--port", str(config.ports.worker(index)),
-        "--served-model-name", config.model_name,
-        "--max-total-tokens", str(config.worker_kv_tokens),
-        "--page-size", str(config.worker_page_size),
-        "--speedup", str(config.worker_speedup),
-        "--timing-profile", config.worker_timing_profile,
-        "--seed", str(index),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(config.ports.worker(index)),
+        "--served-model-name",
+        config.model_name,
+        "--max-total-tokens",
+        str(config.worker_kv_tokens),
+        "--page-size",
+        str(config.worker_page_size),
+        "--speedup",
+        str(config.worker_speedup),
+        "--timing-profile",
+        config.worker_timing_profile,
+        "--seed",
+        str(index),
         "--enable-cache-report",
     ]
     if config.tokenizer:
         # Exact token pages on both sides: the router can index the workers' KV events. The publisher
         # binds an ephemeral loopback port, which the router reads from /server_info.
-        args += ["--tokenizer-path", config.tokenizer,
-                 "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"})]
+        args += [
+            "--tokenizer-path",
+            config.tokenizer,
+            "--kv-events-config",
+            json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:*"}),
+        ]
     if config.worker_host_kv_tokens:
         # write_back keeps the host tier disjoint from the GPU pool, so the host figure is counted in full.
-        args += ["--enable-hierarchical-cache", "--hicache-write-policy", "write_back",
-                 "--hicache-ratio", f"{config.worker_host_kv_tokens / config.worker_kv_tokens:.6f}"]
-    return ChildSpec(name=f"simworker-{index}", module="services.simworker", args=[*args, *config.extra_worker_args],
-                     kind="http")
+        args += [
+            "--enable-hierarchical-cache",
+            "--hicache-write-policy",
+            "write_back",
+            "--hicache-ratio",
+            f"{config.worker_host_kv_tokens / config.worker_kv_tokens:.6f}",
+        ]
+    return ChildSpec(
+        name=f"simworker-{index}", module="services.simworker", args=[*args, *config.extra_worker_args], kind="http"
+    )
 
 
 def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
-    args = ["--listen", f"127.0.0.1:{config.ports.capacity}", "--metrics-port", str(config.ports.capacity_metrics),
-            "--log-level", config.log_level, "--poll-interval-seconds", str(config.poll_interval_seconds),
-            "--poll-timeout-seconds", str(min(2.0, config.poll_interval_seconds / 2))]
+    args = [
+        "--listen",
+        f"127.0.0.1:{config.ports.capacity}",
+        "--metrics-port",
+        str(config.ports.capacity_metrics),
+        "--log-level",
+        config.log_level,
+        "--poll-interval-seconds",
+        str(config.poll_interval_seconds),
+        "--poll-timeout-seconds",
+        str(min(2.0, config.poll_interval_seconds / 2)),
+    ]
     for url in worker_urls:
         args += ["--worker-url", url]
     return ChildSpec(name="capacity", module="services.capacity", args=args)
@@ -226,31 +306,55 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
     # faster than the hardware they model, so the loop runs that much faster too.
     speedup = config.worker_speedup if not config.worker_urls else 1.0
     args = [
-        "--capacity-addr", capacity_addr, "--listen", f"127.0.0.1:{config.ports.scheduler}",
-        "--metrics-port", str(config.ports.scheduler_metrics), "--log-level", config.log_level,
-        "--scheduler-interval-seconds", f"{max(0.05, 5.0 / speedup):g}",
-        "--acting-decay-tau-seconds", f"{1.0 / speedup:g}",
-        "--resume-timeout-seconds", f"{1800.0 / speedup:g}",
-        "--program-idle-ttl-seconds", f"{900.0 / speedup:g}",
-        "--resume-aging-seconds", f"{300.0 / speedup:g}",
+        "--capacity-addr",
+        capacity_addr,
+        "--listen",
+        f"127.0.0.1:{config.ports.scheduler}",
+        "--metrics-port",
+        str(config.ports.scheduler_metrics),
+        "--log-level",
+        config.log_level,
+        "--scheduler-interval-seconds",
+        f"{max(0.05, 5.0 / speedup):g}",
+        "--acting-decay-tau-seconds",
+        f"{1.0 / speedup:g}",
+        "--resume-timeout-seconds",
+        f"{1800.0 / speedup:g}",
+        "--program-idle-ttl-seconds",
+        f"{900.0 / speedup:g}",
+        "--resume-aging-seconds",
+        f"{300.0 / speedup:g}",
         # The cost-aware policy's priors are in the modelled hardware's seconds; what it observes
         # (tool times, time to first token) arrives in wall seconds, S times shorter.
-        "--cost-aware-tool-seconds", f"{2.0 / speedup:g}",
-        "--cost-aware-prefill-tokens-per-s", f"{18_000.0 * speedup:g}",
+        "--cost-aware-tool-seconds",
+        f"{2.0 / speedup:g}",
+        "--cost-aware-prefill-tokens-per-s",
+        f"{18_000.0 * speedup:g}",
         # Without a tokenizer, chat prompts reach the router as text and it matches prefixes on text
         # chunks (approximate mode), which KV events cannot match. See docs/router-selection.md.
         *([] if config.tokenizer else ["--no-use-kv-events"]),
-        "--state-path", str(state_dir / SCHEDULER_STATE_FILE) if config.scheduler_state and state_dir else "none",
+        "--state-path",
+        str(state_dir / SCHEDULER_STATE_FILE) if config.scheduler_state and state_dir else "none",
         *config.scheduler_args,
     ]
     return ChildSpec(name="scheduler", module="services.scheduler", args=args)
 
 
-def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None,
-                planner_url: str = "") -> ChildSpec:
-    args = ["--capacity-addr", capacity_addr, "--listen", f"127.0.0.1:{config.ports.router}",
-            "--metrics-port", str(config.ports.router_metrics), "--http-port", str(config.http_port),
-            "--log-level", config.log_level]
+def router_spec(
+    config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None, planner_url: str = ""
+) -> ChildSpec:
+    args = [
+        "--capacity-addr",
+        capacity_addr,
+        "--listen",
+        f"127.0.0.1:{config.ports.router}",
+        "--metrics-port",
+        str(config.ports.router_metrics),
+        "--http-port",
+        str(config.http_port),
+        "--log-level",
+        config.log_level,
+    ]
     if planner_url:
         args += ["--planner-url", planner_url]
     if config.tokenizer:
@@ -260,8 +364,9 @@ def router_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str |
     else:
         args += ["--no-scheduler", "--use-kv-events" if config.tokenizer else "--no-use-kv-events"]
     # Its gRPC health follows the fleet (NOT_SERVING while no worker is healthy): ready once it answers.
-    return ChildSpec(name="router", module="services.router", args=[*args, *config.router_args],
-                     serving_means_ready=False)
+    return ChildSpec(
+        name="router", module="services.router", args=[*args, *config.router_args], serving_means_ready=False
+    )
 
 
 PLANNER_REGISTRY_FILE = "planner.sqlite3"
@@ -273,33 +378,72 @@ def local_worker_args(config: ClusterConfig) -> list[str]:
     args = list(simworker_spec(config, 0).args)
     for flag in ("--port", "--seed"):
         i = args.index(flag)
-        del args[i:i + 2]
+        del args[i : i + 2]
     return args
 
 
-def planner_spec(config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None, router_url: str,
-                 router_metrics_url: str, http_port: int, state_dir: Path) -> ChildSpec:
+def planner_spec(
+    config: ClusterConfig,
+    capacity_addr: str,
+    scheduler_addr: str | None,
+    router_url: str,
+    router_metrics_url: str,
+    http_port: int,
+    state_dir: Path,
+) -> ChildSpec:
     """The planner after the router: its Batch API on `http_port` (the router forwards there), dispatching
     through the router, reading online traffic from the router's /metrics."""
     speedup = config.worker_speedup if not config.worker_urls else 1.0
-    args = ["--listen", f"127.0.0.1:{config.ports.planner}", "--metrics-port", str(config.ports.planner_metrics),
-            "--http-listen", f"127.0.0.1:{http_port}",
-            "--registry-path", str(state_dir / PLANNER_REGISTRY_FILE), "--capacity", capacity_addr,
-            "--router-metrics-url", router_metrics_url, "--dispatch-url", router_url,
-            "--log-level", config.log_level,
-            # Decisions follow the simulated clock like the scheduler's loop; a tick stays >= 0.2 s.
-            "--tick-interval-seconds", f"{max(0.2, 5.0 / speedup):g}",
-            "--cold-start-margin-seconds", f"{30.0 / speedup:g}"]
+    args = [
+        "--listen",
+        f"127.0.0.1:{config.ports.planner}",
+        "--metrics-port",
+        str(config.ports.planner_metrics),
+        "--http-listen",
+        f"127.0.0.1:{http_port}",
+        "--registry-path",
+        str(state_dir / PLANNER_REGISTRY_FILE),
+        "--capacity",
+        capacity_addr,
+        "--router-metrics-url",
+        router_metrics_url,
+        "--dispatch-url",
+        router_url,
+        "--log-level",
+        config.log_level,
+        # Decisions follow the simulated clock like the scheduler's loop; a tick stays >= 0.2 s.
+        "--tick-interval-seconds",
+        f"{max(0.2, 5.0 / speedup):g}",
+        "--cold-start-margin-seconds",
+        f"{30.0 / speedup:g}",
+    ]
     if scheduler_addr:
         args += ["--scheduler", scheduler_addr]
     workers = len(config.worker_urls) or config.workers
     if config.planner_connector == "local":
         top = config.planner_max_replicas or workers + 2
-        args += ["--connector", "local", "--min-replicas", str(workers), "--max-replicas", str(top),
-                 "--local-max-workers", str(top), *(f"--local-worker-arg={a}" for a in local_worker_args(config))]
+        args += [
+            "--connector",
+            "local",
+            "--min-replicas",
+            str(workers),
+            "--max-replicas",
+            str(top),
+            "--local-max-workers",
+            str(top),
+            *(f"--local-worker-arg={a}" for a in local_worker_args(config)),
+        ]
     else:
-        args += ["--connector", "virtual", "--virtual-initial-replicas", str(workers), "--min-replicas", str(workers),
-                 "--max-replicas", str(workers)]
+        args += [
+            "--connector",
+            "virtual",
+            "--virtual-initial-replicas",
+            str(workers),
+            "--min-replicas",
+            str(workers),
+            "--max-replicas",
+            str(workers),
+        ]
     return ChildSpec(name="planner", module="services.planner", args=[*args, *config.planner_args])
 
 
@@ -320,16 +464,24 @@ def secure_cluster(supervisor: Supervisor) -> LocalPki:
     health probes the client certificate."""
     pki = ensure_local_pki(supervisor.state_dir / SECURE_DIR, SECURE_NAMES)
     supervisor.grpc_credentials = grpc.ssl_channel_credentials(
-        root_certificates=pki.ca.read_bytes(), private_key=pki.key("client").read_bytes(),
-        certificate_chain=pki.cert("client").read_bytes())
+        root_certificates=pki.ca.read_bytes(),
+        private_key=pki.key("client").read_bytes(),
+        certificate_chain=pki.cert("client").read_bytes(),
+    )
     return pki
 
 
 def _secured(spec: ChildSpec, pki: LocalPki | None) -> ChildSpec:
     if pki is None:
         return spec
-    return ChildSpec(spec.name, spec.module, [*pki.service_args(spec.name), *spec.args], spec.kind, spec.env,
-                     spec.serving_means_ready)
+    return ChildSpec(
+        spec.name,
+        spec.module,
+        [*pki.service_args(spec.name), *spec.args],
+        spec.kind,
+        spec.env,
+        spec.serving_means_ready,
+    )
 
 
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:
@@ -349,20 +501,28 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
         (cluster.capacity,) = supervisor.start_all([_secured(capacity_spec(config, cluster.workers), pki)])
         scheduler_addr = None
         if config.scheduler:
-            (cluster.scheduler,) = supervisor.start_all([_secured(scheduler_spec(config, cluster.capacity.endpoint,
-                                                                                 supervisor.state_dir), pki)])
+            (cluster.scheduler,) = supervisor.start_all(
+                [_secured(scheduler_spec(config, cluster.capacity.endpoint, supervisor.state_dir), pki)]
+            )
             scheduler_addr = cluster.scheduler.endpoint
         # The router forwards the Batch API to the planner, which starts after it (it dispatches through the
         # router): the planner's HTTP port is chosen first so that both are told it.
         planner_port = (config.ports.planner_http or free_loopback_port()) if config.planner else 0
         scheme = "https" if pki is not None else "http"
         planner_url = f"{scheme}://127.0.0.1:{planner_port}" if config.planner else ""
-        (cluster.router,) = supervisor.start_all([_secured(router_spec(config, cluster.capacity.endpoint,
-                                                                       scheduler_addr, planner_url), pki)])
+        (cluster.router,) = supervisor.start_all(
+            [_secured(router_spec(config, cluster.capacity.endpoint, scheduler_addr, planner_url), pki)]
+        )
         if config.planner:
-            spec = planner_spec(config, cluster.capacity.endpoint, scheduler_addr, cluster.http_url,
-                                f"http://127.0.0.1:{cluster.router.ready['metrics_port']}", planner_port,
-                                supervisor.state_dir)
+            spec = planner_spec(
+                config,
+                cluster.capacity.endpoint,
+                scheduler_addr,
+                cluster.http_url,
+                f"http://127.0.0.1:{cluster.router.ready['metrics_port']}",
+                planner_port,
+                supervisor.state_dir,
+            )
             (cluster.planner,) = supervisor.start_all([_secured(spec, pki)])
     except BaseException:
         supervisor.stop_all()

@@ -117,9 +117,18 @@ def _pct(values: Sequence[float], q: float) -> float:
 
 
 class Runner:
-    def __init__(self, endpoint: str, model: str, *, session_headers: bool = True, time_scale: float = 1.0,
-                 request_timeout_s: float = 600.0, seed: int = 0, arm: str = "endpoint",
-                 progress: ProgressBar | None = None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        model: str,
+        *,
+        session_headers: bool = True,
+        time_scale: float = 1.0,
+        request_timeout_s: float = 600.0,
+        seed: int = 0,
+        arm: str = "endpoint",
+        progress: ProgressBar | None = None,
+    ) -> None:
         self.endpoint = endpoint.rstrip("/")
         self.model = model
         self.session_headers = session_headers
@@ -153,8 +162,9 @@ class Runner:
         result.wall_s = time.monotonic() - start
         return result
 
-    async def _play(self, session: aiohttp.ClientSession, program: Program, system: str,
-                    record: ProgramRecord, result: RunResult) -> None:
+    async def _play(
+        self, session: aiohttp.ClientSession, program: Program, system: str, record: ProgramRecord, result: RunResult
+    ) -> None:
         rng = random.Random(f"{self.seed}:{program.program_id}")
         messages: list[dict] = [{"role": "system", "content": system}]
         started = time.monotonic()
@@ -178,11 +188,17 @@ class Runner:
         if self.session_headers:
             await self._final(session, program.program_id)
 
-    async def _turn(self, session, program_id: str, k: int, messages: list[dict], output_tokens: int,
-                    headers: dict) -> tuple[TurnRecord, str]:
+    async def _turn(
+        self, session, program_id: str, k: int, messages: list[dict], output_tokens: int, headers: dict
+    ) -> tuple[TurnRecord, str]:
         body = {
-            "model": self.model, "messages": messages, "max_tokens": output_tokens, "stream": True,
-            "stream_options": {"include_usage": True}, "temperature": 0, "ignore_eos": True,
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": output_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0,
+            "ignore_eos": True,
         }
         t0 = time.monotonic()
         ttft = None
@@ -219,7 +235,9 @@ class Runner:
         elapsed = time.monotonic() - t0
         details = usage.get("prompt_tokens_details") or {}
         rec = TurnRecord(
-            program_id, k, ok=not error and ttft is not None,
+            program_id,
+            k,
+            ok=not error and ttft is not None,
             ttft_s=round((ttft if ttft is not None else elapsed) * self.time_scale, 4),
             turn_s=round(elapsed * self.time_scale, 4),
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
@@ -234,8 +252,9 @@ class Runner:
         # turn first, and held like any turn while the program is paused).
         body = {"model": self.model, "messages": []}
         try:
-            async with session.post(f"{self.endpoint}/chat/completions", json=body,
-                                    headers={SESSION: program_id, FINAL: "true"}) as response:
+            async with session.post(
+                f"{self.endpoint}/chat/completions", json=body, headers={SESSION: program_id, FINAL: "true"}
+            ) as response:
                 await response.read()
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass  # the scheduler expires programs that never release
@@ -272,9 +291,19 @@ async def scrape_counters(worker_urls: Sequence[str]) -> dict[str, float]:
     return totals
 
 
-def build_workload(name: str, programs: int, *, seed: int, max_turns: int | None, token_scale: float,
-                   tool_time_scale: float, trace: str | Path | None = None, split: str = DEFAULT_SPLIT,
-                   draw: str = DEFAULT_DRAW, include_longest: bool = False) -> list[Program]:
+def build_workload(
+    name: str,
+    programs: int,
+    *,
+    seed: int,
+    max_turns: int | None,
+    token_scale: float,
+    tool_time_scale: float,
+    trace: str | Path | None = None,
+    split: str = DEFAULT_SPLIT,
+    draw: str = DEFAULT_DRAW,
+    include_longest: bool = False,
+) -> list[Program]:
     """The programs of a run, exactly as the live runner and the simulator play them.
 
     `swe`: `programs` drawn (`draw`, seeded) from the `split` part of `trace` (default: the shipped
@@ -297,8 +326,12 @@ def build_workload(name: str, programs: int, *, seed: int, max_turns: int | None
 def split_source(trace: str | Path | None, split: str) -> list[Program]:
     """The `split` part of `trace` (default: the shipped programs); ConfigError if it is empty."""
     source = split_programs(trace_programs(trace), split)
-    require(len(source) >= 1, "split", split,
-            f"the {split!r} part of {trace or 'the shipped trace'} holds no programs (try --split all)")
+    require(
+        len(source) >= 1,
+        "split",
+        split,
+        f"the {split!r} part of {trace or 'the shipped trace'} holds no programs (try --split all)",
+    )
     return source
 
 
@@ -311,8 +344,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=None)
     parser.add_argument("--token-scale", type=float, default=1.0)
     parser.add_argument("--tool-time-scale", type=float, default=1.0)
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="the workers' --speedup: tool times are divided by it, durations multiplied back")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the workers' --speedup: tool times are divided by it, durations multiplied back",
+    )
     parser.add_argument("--no-session-headers", action="store_true", help="send no session headers (plain routing)")
     parser.add_argument("--worker-url", action="append", default=[], help="simworker URL whose counters to read")
     parser.add_argument("--seed", type=int, default=0)
@@ -323,33 +360,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_program_arguments(parser: argparse.ArgumentParser) -> None:
     """Where a run's programs come from (the live runner, bench.sim and bench.evaluate share these)."""
-    parser.add_argument("--trace", type=Path, default=None,
-                        help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format "
-                             "(default: the shipped SWE-agent programs)")
-    parser.add_argument("--split", default=DEFAULT_SPLIT, choices=SPLITS,
-                        help="part of the trace: tune (default), heldout or all (harness/workloads/draws.py)")
-    parser.add_argument("--draw", default=DEFAULT_DRAW, choices=DRAWS,
-                        help="stratified: the trace's size mix (default); random: uniform with replacement")
-    parser.add_argument("--include-longest", action="store_true",
-                        help="make sure the draw holds the split's longest program (most turns)")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="JSONL trace in shared/traces/swe_agent_trace.jsonl's format (default: the shipped SWE-agent programs)",
+    )
+    parser.add_argument(
+        "--split",
+        default=DEFAULT_SPLIT,
+        choices=SPLITS,
+        help="part of the trace: tune (default), heldout or all (harness/workloads/draws.py)",
+    )
+    parser.add_argument(
+        "--draw",
+        default=DEFAULT_DRAW,
+        choices=DRAWS,
+        help="stratified: the trace's size mix (default); random: uniform with replacement",
+    )
+    parser.add_argument(
+        "--include-longest",
+        action="store_true",
+        help="make sure the draw holds the split's longest program (most turns)",
+    )
 
 
 async def run_from_args(args: argparse.Namespace) -> dict:
-    programs = build_workload(args.workload, args.programs, seed=args.seed, max_turns=args.max_turns,
-                              token_scale=args.token_scale, tool_time_scale=args.tool_time_scale,
-                              trace=args.trace, split=args.split, draw=args.draw,
-                              include_longest=args.include_longest)
+    programs = build_workload(
+        args.workload,
+        args.programs,
+        seed=args.seed,
+        max_turns=args.max_turns,
+        token_scale=args.token_scale,
+        tool_time_scale=args.tool_time_scale,
+        trace=args.trace,
+        split=args.split,
+        draw=args.draw,
+        include_longest=args.include_longest,
+    )
     total_turns = sum(len(p.turns) for p in programs)
     progress = ProgressBar(total_turns, label=f"{args.arm} turns")
-    runner = Runner(args.endpoint, args.model, session_headers=not args.no_session_headers,
-                    time_scale=args.time_scale, seed=args.seed, arm=args.arm, progress=progress)
+    runner = Runner(
+        args.endpoint,
+        args.model,
+        session_headers=not args.no_session_headers,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        arm=args.arm,
+        progress=progress,
+    )
     before = await scrape_counters(args.worker_url)
     result = await runner.run(programs, args.parallel or len(programs))
     progress.close()
     after = await scrape_counters(args.worker_url)
     result.worker_counters = {k: after[k] - before[k] for k in after} if args.worker_url else {}
-    report = {"summary": result.summary(), "turns": [asdict(t) for t in result.turns],
-              "programs": [asdict(p) for p in result.programs]}
+    report = {
+        "summary": result.summary(),
+        "turns": [asdict(t) for t in result.turns],
+        "programs": [asdict(p) for p in result.programs],
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1))

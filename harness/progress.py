@@ -11,8 +11,16 @@ class ProgressBar:
     """`done/total` with a bar, rate and ETA. Redraws in place on a TTY; on a pipe it prints a line
     every `log_every_s` seconds so CI logs stay short."""
 
-    def __init__(self, total: int, label: str = "", *, stream: TextIO | None = None, width: int = 30,
-                 log_every_s: float = 5.0, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        total: int,
+        label: str = "",
+        *,
+        stream: TextIO | None = None,
+        width: int = 30,
+        log_every_s: float = 5.0,
+        clock=time.monotonic,
+    ) -> None:
         self.total = max(1, total)
         self.label = label
         self.stream = stream or sys.stderr
@@ -51,8 +59,9 @@ class ProgressBar:
         eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta_text = f"{eta:5.0f}s" if eta != float("inf") else "    ?"
         bar = "#" * filled + "-" * (self.width - filled)
-        return (f"{self.label} [{bar}] {self.done}/{self.total} {frac:4.0%} "
-                f"{elapsed:6.1f}s eta {eta_text} {self.extra}").rstrip()
+        return (
+            f"{self.label} [{bar}] {self.done}/{self.total} {frac:4.0%} {elapsed:6.1f}s eta {eta_text} {self.extra}"
+        ).rstrip()
 
     def close(self) -> None:
         if self._drawn_done != self.done:

@@ -32,8 +32,13 @@ def interpolated_percentile(values: Sequence[float], q: float) -> float:
 def summary_ms(values_s: Sequence[float]) -> dict:
     """p50/p90/p99/mean in milliseconds of durations given in seconds."""
     ms = [v * 1000 for v in values_s]
-    return {"p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
-            "mean": statistics.fmean(ms) if ms else float("nan"), "n": len(ms)}
+    return {
+        "p50": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "p99": percentile(ms, 99),
+        "mean": statistics.fmean(ms) if ms else float("nan"),
+        "n": len(ms),
+    }
 
 
 async def wait_for_json_file(path: Path, timeout_s: float) -> dict:

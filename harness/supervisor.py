@@ -77,8 +77,12 @@ class StartupError(RuntimeError):
 class Supervisor:
     """Owns the children of one `bandmaster up`."""
 
-    def __init__(self, state_dir: Path | None = None, python: str = sys.executable,
-                 grpc_credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path | None = None,
+        python: str = sys.executable,
+        grpc_credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="bandmaster-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.python = python
@@ -94,8 +98,13 @@ class Supervisor:
         cmd = [self.python, "-m", spec.module, *spec.args, "--ready-file", str(ready_file)]
         with open(log_path, "ab") as log_fh:
             process = subprocess.Popen(
-                cmd, stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                preexec_fn=die_with_parent, cwd=os.getcwd(),
+                cmd,
+                stdout=log_fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent,
+                cwd=os.getcwd(),
             )
         child = Child(spec, process, ready_file, log_path)
         self.children.append(child)
@@ -135,8 +144,9 @@ class Supervisor:
             return "(no log)"
         return "\n".join(text[-lines:])
 
-    def start_all(self, specs: Sequence[ChildSpec], timeout_s: float = 60.0,
-                  on_ready: Callable[[Child], None] | None = None) -> list[Child]:
+    def start_all(
+        self, specs: Sequence[ChildSpec], timeout_s: float = 60.0, on_ready: Callable[[Child], None] | None = None
+    ) -> list[Child]:
         """Start `specs` together and wait for each; on any failure stop everything and raise."""
         started = [self.start(spec) for spec in specs]
         try:
@@ -169,12 +179,12 @@ class Supervisor:
         return [c for c in self.children if c.process.poll() is not None]
 
 
-def grpc_health(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None
-                ) -> int | None:
+def grpc_health(address: str, timeout_s: float = 1.0, credentials: grpc.ChannelCredentials | None = None) -> int | None:
     """The overall `grpc.health.v1` status at `address`, None when it does not answer."""
     try:
-        with (grpc.secure_channel(address, credentials) if credentials is not None
-              else grpc.insecure_channel(address)) as channel:
+        with (
+            grpc.secure_channel(address, credentials) if credentials is not None else grpc.insecure_channel(address)
+        ) as channel:
             return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s).status
     except grpc.RpcError:
         return None

@@ -19,8 +19,16 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "workloads" / "data" / "swe_agent_programs.jsonl.gz"
 CALIBRATION_OUT = ROOT / "tests" / "fidelity" / "data" / "timing_calibration_rows.jsonl.gz"
-CALIBRATION_FIELDS = ("program_id", "run_concurrency", "run_warmup", "prefill_time_s", "decode_time_s",
-                      "output_tokens_est", "output_estimate", "input_tokens")
+CALIBRATION_FIELDS = (
+    "program_id",
+    "run_concurrency",
+    "run_warmup",
+    "prefill_time_s",
+    "decode_time_s",
+    "output_tokens_est",
+    "output_estimate",
+    "input_tokens",
+)
 
 
 def write_gz(path: pathlib.Path, rows: list[dict]) -> None:
@@ -40,14 +48,18 @@ def main(argv: list[str]) -> int:
     with open(traces / "swe_agent_trace.jsonl") as fh:
         for line in fh:
             program = json.loads(line)
-            rows.append({
-                "program_id": f"c{program['run_concurrency']}/{program['task']}",
-                "task": program["task"],
-                "run_concurrency": program["run_concurrency"],
-                "env_prepare_seconds": program.get("env_prepare_seconds", 0.0),
-                "turns": [[t["input_tokens"], t["output_tokens"], round(t["tool_seconds_after"], 3)]
-                          for t in program["turns"]],
-            })
+            rows.append(
+                {
+                    "program_id": f"c{program['run_concurrency']}/{program['task']}",
+                    "task": program["task"],
+                    "run_concurrency": program["run_concurrency"],
+                    "env_prepare_seconds": program.get("env_prepare_seconds", 0.0),
+                    "turns": [
+                        [t["input_tokens"], t["output_tokens"], round(t["tool_seconds_after"], 3)]
+                        for t in program["turns"]
+                    ],
+                }
+            )
     write_gz(OUT, rows)
     print(f"wrote {len(rows)} programs to {OUT}")
     calibration = []

@@ -70,8 +70,14 @@ def render() -> str:
     lines: list[str] = []
     for title, command, module in COMMANDS:
         settings = settings_of(module)
-        lines += [f"### {title}", "", f"`{command}` — {len(settings)} settings.", "",
-                  "| flag | environment | default | meaning |", "|---|---|---|---|"]
+        lines += [
+            f"### {title}",
+            "",
+            f"`{command}` — {len(settings)} settings.",
+            "",
+            "| flag | environment | default | meaning |",
+            "|---|---|---|---|",
+        ]
         for s in settings:
             env = f"`{s.env}`" if s.env else ""
             lines.append(f"| {_flag(s)} | {env} | {_default(s)} | {_meaning(s)} |")

@@ -52,11 +52,7 @@ def generate(out_dir: pathlib.Path) -> None:
 
 
 def _files(root: pathlib.Path) -> set[str]:
-    return {
-        str(p.relative_to(root))
-        for p in root.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts
-    }
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def check() -> int:

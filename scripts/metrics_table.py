@@ -76,6 +76,7 @@ class MetricDoc:
 
 # --- the registries, built like each service's composition root ------------------------------------
 
+
 async def _host_registry(name: str, registry: CollectorRegistry) -> None:
     # ServiceHost needs a running loop for its grpc.aio server; it is never started.
     from services.common.grpc_server import ServiceHost
@@ -128,8 +129,13 @@ def _simworker() -> CollectorRegistry:
     return SimWorkerMetrics(EngineStats, "model").registry
 
 
-_BUILDERS = {"capacity": _capacity, "scheduler": _scheduler, "router": _router, "planner": _planner,
-             "simworker": _simworker}
+_BUILDERS = {
+    "capacity": _capacity,
+    "scheduler": _scheduler,
+    "router": _router,
+    "planner": _planner,
+    "simworker": _simworker,
+}
 
 
 def service_registries() -> dict[str, CollectorRegistry]:
@@ -137,6 +143,7 @@ def service_registries() -> dict[str, CollectorRegistry]:
 
 
 # --- collection --------------------------------------------------------------------------------------
+
 
 def _collectors(registry: CollectorRegistry) -> list[Collector]:
     # The registry keeps no public list of its collectors; one collect() per collector is what
@@ -156,9 +163,14 @@ def _families(service: str, registry: CollectorRegistry) -> Iterable[MetricDoc]:
                     if label not in ("le", "quantile"):
                         seen.setdefault(label, set()).add(value)
             labels = declared + tuple(label for label in seen if label not in declared)
-            values = tuple((label, tuple(sorted(seen[label]))) for label in labels
-                           if label in seen and label not in IDENTITY_LABELS)
-            yield MetricDoc((service,), family.name, family.type, labels, values, " ".join(family.documentation.split()))
+            values = tuple(
+                (label, tuple(sorted(seen[label])))
+                for label in labels
+                if label in seen and label not in IDENTITY_LABELS
+            )
+            yield MetricDoc(
+                (service,), family.name, family.type, labels, values, " ".join(family.documentation.split())
+            )
 
 
 def catalog(registries: dict[str, CollectorRegistry] | None = None) -> list[MetricDoc]:
@@ -186,6 +198,7 @@ def exported_series(docs: Iterable[MetricDoc] | None = None) -> dict[str, tuple[
 
 
 # --- the table ---------------------------------------------------------------------------------------
+
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
@@ -218,13 +231,18 @@ def _ports() -> list[tuple[str, str]]:
         return next(s for s in settings if s.name == name)
 
     rows = []
-    for service, settings in (("capacity", capacity), ("scheduler", scheduler), ("router", router),
-                              ("planner", planner)):
+    for service, settings in (
+        ("capacity", capacity),
+        ("scheduler", scheduler),
+        ("router", router),
+        ("planner", planner),
+    ):
         s = default(settings, "metrics_port")
         rows.append((service, f"`{s.flag_name}` (`{s.env}`), default {s.default}"))
     s = default(simworker, "port")
-    rows.append(("simworker", f"its HTTP API port `{s.flag_name}` (`{s.env}`), default {s.default}, "
-                              "like an SGLang server"))
+    rows.append(
+        ("simworker", f"its HTTP API port `{s.flag_name}` (`{s.env}`), default {s.default}, like an SGLang server")
+    )
     return rows
 
 

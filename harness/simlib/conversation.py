@@ -41,9 +41,21 @@ def _template_ids(text: str) -> tuple[int, ...]:
 class Conversation:
     """Messages of one program and what the worker and the router derive from them."""
 
-    __slots__ = ("messages", "_done_ids", "_tail_text", "_tail_ids", "_routing_parts", "_routing_chars",
-                 "_page_size", "_page_ids", "_page_digest", "_page_ids_tokens",
-                 "_chunk_chars", "_chunk_ids", "_chunk_digest")
+    __slots__ = (
+        "messages",
+        "_done_ids",
+        "_tail_text",
+        "_tail_ids",
+        "_routing_parts",
+        "_routing_chars",
+        "_page_size",
+        "_page_ids",
+        "_page_digest",
+        "_page_ids_tokens",
+        "_chunk_chars",
+        "_chunk_ids",
+        "_chunk_digest",
+    )
 
     def __init__(self, system_text: str, page_size: int) -> None:
         self.messages: list[dict] = []
@@ -122,7 +134,7 @@ class Conversation:
         is one line per message and only grows, so each chunk is hashed once."""
         text = "".join(self._routing_parts)
         if len(self._routing_parts) > 1:
-            self._routing_parts = [text]       # keep the join O(new text) next turn
+            self._routing_parts = [text]  # keep the join O(new text) next turn
         if chunk_chars != self._chunk_chars:
             self._chunk_chars, self._chunk_ids, self._chunk_digest = chunk_chars, [], TEXT_ROOT_DIGEST
         digests = text_chunk_digests(text, chunk_chars, len(self._chunk_ids) * chunk_chars, self._chunk_digest)
@@ -142,9 +154,9 @@ class Conversation:
         page = self._page_size
         stable = len(self._done_ids) // page * page
         if stable > self._page_ids_tokens:
-            digests = page_digests(self._done_ids[self._page_ids_tokens:stable], page, self._page_digest)
+            digests = page_digests(self._done_ids[self._page_ids_tokens : stable], page, self._page_digest)
             self._page_ids.extend(digest_to_block_id(d) for d in digests)
             self._page_digest = digests[-1]
             self._page_ids_tokens = stable
-        tail = page_digests(ids[self._page_ids_tokens:len(ids) // page * page], page, self._page_digest)
+        tail = page_digests(ids[self._page_ids_tokens : len(ids) // page * page], page, self._page_digest)
         return Prompt(tuple(self._page_ids) + tuple(digest_to_block_id(d) for d in tail), len(ids), float(page))

@@ -118,46 +118,96 @@ class SimScenario:
         require(self.programs >= 1, "programs", self.programs, "programs >= 1")
         require(self.parallel >= 0, "parallel", self.parallel, "parallel >= 0")
         require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
-        require(math.isfinite(self.token_scale) and self.token_scale > 0, "token_scale", self.token_scale,
-                "token_scale > 0")
-        require(math.isfinite(self.tool_time_scale) and self.tool_time_scale >= 0, "tool_time_scale",
-                self.tool_time_scale, "tool_time_scale >= 0")
+        require(
+            math.isfinite(self.token_scale) and self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0"
+        )
+        require(
+            math.isfinite(self.tool_time_scale) and self.tool_time_scale >= 0,
+            "tool_time_scale",
+            self.tool_time_scale,
+            "tool_time_scale >= 0",
+        )
         require(1 <= self.workers <= 4096, "workers", self.workers, "1 <= workers <= 4096")
-        require(self.worker_page_size >= 2, "worker_page_size", self.worker_page_size,
-                "worker_page_size >= 2 (the KV router needs pages of more than one token)")
+        require(
+            self.worker_page_size >= 2,
+            "worker_page_size",
+            self.worker_page_size,
+            "worker_page_size >= 2 (the KV router needs pages of more than one token)",
+        )
         # The simworker server's rule (services/simworker/config.py); the engine alone would accept less.
-        require(self.worker_chunked_prefill_size >= self.worker_page_size, "worker_chunked_prefill_size",
-                self.worker_chunked_prefill_size, "worker_chunked_prefill_size >= worker_page_size")
-        require(self.worker_kv_tokens >= self.worker_page_size, "worker_kv_tokens", self.worker_kv_tokens,
-                "worker_kv_tokens >= worker_page_size")
-        require(self.worker_host_kv_tokens == 0 or self.worker_host_kv_tokens > self.worker_kv_tokens,
-                "worker_host_kv_tokens", self.worker_host_kv_tokens,
-                "worker_host_kv_tokens == 0 or worker_host_kv_tokens > worker_kv_tokens (SGLang's host pool rule)")
+        require(
+            self.worker_chunked_prefill_size >= self.worker_page_size,
+            "worker_chunked_prefill_size",
+            self.worker_chunked_prefill_size,
+            "worker_chunked_prefill_size >= worker_page_size",
+        )
+        require(
+            self.worker_kv_tokens >= self.worker_page_size,
+            "worker_kv_tokens",
+            self.worker_kv_tokens,
+            "worker_kv_tokens >= worker_page_size",
+        )
+        require(
+            self.worker_host_kv_tokens == 0 or self.worker_host_kv_tokens > self.worker_kv_tokens,
+            "worker_host_kv_tokens",
+            self.worker_host_kv_tokens,
+            "worker_host_kv_tokens == 0 or worker_host_kv_tokens > worker_kv_tokens (SGLang's host pool rule)",
+        )
         if self.control is None:
-            object.__setattr__(self, "control", service_control_params(
-                self.pause_policy if self.pause_policy in PAUSE_POLICIES else SERVICE_DEFAULT_PAUSE_POLICY))
+            object.__setattr__(
+                self,
+                "control",
+                service_control_params(
+                    self.pause_policy if self.pause_policy in PAUSE_POLICIES else SERVICE_DEFAULT_PAUSE_POLICY
+                ),
+            )
         require(isinstance(self.control, ControlParams), "control", self.control, "control is a ControlParams")
-        require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
-                f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
-        require(isinstance(self.cost_aware, CostAwarePauseParams), "cost_aware", self.cost_aware,
-                "cost_aware is a CostAwarePauseParams")
-        require(isinstance(self.kv_router, KvRouterConfig), "kv_router", self.kv_router,
-                "kv_router is a KvRouterConfig")
-        require(self.router_prompt in ROUTER_PROMPT_MODES, "router_prompt", self.router_prompt,
-                f"router_prompt in {{{', '.join(ROUTER_PROMPT_MODES)}}}")
-        require(math.isfinite(self.live_speedup) and self.live_speedup > 0, "live_speedup", self.live_speedup,
-                "live_speedup > 0")
-        require(math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0, "request_overhead_s",
-                self.request_overhead_s, "request_overhead_s >= 0")
+        require(
+            self.pause_policy in PAUSE_POLICIES,
+            "pause_policy",
+            self.pause_policy,
+            f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}",
+        )
+        require(
+            isinstance(self.cost_aware, CostAwarePauseParams),
+            "cost_aware",
+            self.cost_aware,
+            "cost_aware is a CostAwarePauseParams",
+        )
+        require(
+            isinstance(self.kv_router, KvRouterConfig), "kv_router", self.kv_router, "kv_router is a KvRouterConfig"
+        )
+        require(
+            self.router_prompt in ROUTER_PROMPT_MODES,
+            "router_prompt",
+            self.router_prompt,
+            f"router_prompt in {{{', '.join(ROUTER_PROMPT_MODES)}}}",
+        )
+        require(
+            math.isfinite(self.live_speedup) and self.live_speedup > 0,
+            "live_speedup",
+            self.live_speedup,
+            "live_speedup > 0",
+        )
+        require(
+            math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0,
+            "request_overhead_s",
+            self.request_overhead_s,
+            "request_overhead_s >= 0",
+        )
         require(self.max_simulated_s > 0, "max_simulated_s", self.max_simulated_s, "max_simulated_s > 0")
         if self.arm == "oracle":
             # A pool-size-dependent decode cost would make the oracle's steps faster by itself.
             decode_x = load_profile(self.worker_timing_profile).decode_x
-            require(decode_x == "context_k", "arm", self.arm,
-                    f"the oracle needs a timing profile whose decode cost depends on the decoding context "
-                    f"(decode_x context_k), not on the pool size; {self.worker_timing_profile} has {decode_x}")
+            require(
+                decode_x == "context_k",
+                "arm",
+                self.arm,
+                f"the oracle needs a timing profile whose decode cost depends on the decoding context "
+                f"(decode_x context_k), not on the pool size; {self.worker_timing_profile} has {decode_x}",
+            )
         if self.workload in ("swe", "synthetic"):
-            split_source(self.trace, self.split)     # a bad trace file or an empty split fails here
+            split_source(self.trace, self.split)  # a bad trace file or an empty split fails here
         # Fail here, not mid-run: the engine and router configs validate their own rules.
         self.engine_config(0)
         self.router_params()
@@ -167,10 +217,18 @@ class SimScenario:
 
     def build_programs(self) -> list[Program]:
         """The run's programs, exactly as the live runner builds them (harness/player.py build_workload)."""
-        return build_workload(self.workload, self.programs, seed=self.seed, max_turns=self.max_turns,
-                              token_scale=self.token_scale, tool_time_scale=self.tool_time_scale,
-                              trace=self.trace, split=self.split, draw=self.draw,
-                              include_longest=self.include_longest)
+        return build_workload(
+            self.workload,
+            self.programs,
+            seed=self.seed,
+            max_turns=self.max_turns,
+            token_scale=self.token_scale,
+            tool_time_scale=self.tool_time_scale,
+            trace=self.trace,
+            split=self.split,
+            draw=self.draw,
+            include_longest=self.include_longest,
+        )
 
     def oracle_worker_kv_tokens(self, programs: Sequence[Program]) -> int:
         """The oracle's GPU KV per worker: max(10 x worker_kv_tokens, what all of `programs` hold at
@@ -182,7 +240,8 @@ class SimScenario:
         a step faster by itself: it only removes eviction and the recompute that follows."""
         held = SYSTEM_PROMPT_TOKENS + sum(
             p.peak_context_tokens + sum(t.output_tokens for t in p.turns) + ORACLE_SLACK_TOKENS_PER_TURN * len(p.turns)
-            for p in programs)
+            for p in programs
+        )
         tokens = max(ORACLE_POOL_FACTOR * self.worker_kv_tokens, held)
         return -(-tokens // self.worker_page_size) * self.worker_page_size
 
@@ -204,12 +263,17 @@ class SimScenario:
         hierarchical = self.worker_host_kv_tokens > 0
         ratio = float(f"{self.worker_host_kv_tokens / self.worker_kv_tokens:.6f}") if hierarchical else 2.0
         return EngineConfig(
-            max_total_tokens=self.worker_kv_tokens, page_size=self.worker_page_size,
+            max_total_tokens=self.worker_kv_tokens,
+            page_size=self.worker_page_size,
             max_running_requests=self.worker_max_running_requests,
-            chunked_prefill_size=self.worker_chunked_prefill_size, context_length=self.worker_context_length,
-            enable_hierarchical_cache=hierarchical, hicache_ratio=ratio,
+            chunked_prefill_size=self.worker_chunked_prefill_size,
+            context_length=self.worker_context_length,
+            enable_hierarchical_cache=hierarchical,
+            hicache_ratio=ratio,
             hicache_write_policy="write_back" if hierarchical else "write_through",
-            seed=index, emit_kv_events=False)
+            seed=index,
+            emit_kv_events=False,
+        )
 
     def build_worker(self, index: int) -> tuple[Engine, TimingProfile, ReplicaCapacity]:
         """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it."""
@@ -229,10 +293,14 @@ class SimScenario:
         KvRouter settings otherwise. The history TTL counts wall seconds live (see live_speedup)."""
         kv = self.kv_router
         return KvRouterParams(
-            router_temperature=kv.router_temperature, kv_overlap_score_weight=kv.kv_overlap_score_weight,
-            use_kv_events=False, router_track_output_blocks=kv.router_track_output_blocks,
-            block_size=self.worker_page_size, router_ttl_s=kv.router_ttl_secs * self.live_speedup,
-            request_expiry_s=ROUTER_REQUEST_EXPIRY_WALL_S * self.live_speedup)
+            router_temperature=kv.router_temperature,
+            kv_overlap_score_weight=kv.kv_overlap_score_weight,
+            use_kv_events=False,
+            router_track_output_blocks=kv.router_track_output_blocks,
+            block_size=self.worker_page_size,
+            router_ttl_s=kv.router_ttl_secs * self.live_speedup,
+            request_expiry_s=ROUTER_REQUEST_EXPIRY_WALL_S * self.live_speedup,
+        )
 
     @property
     def router_sweep_interval_s(self) -> float:
@@ -244,14 +312,19 @@ class SimScenario:
         return self.control.scheduler_interval_seconds
 
 
-def live_control_params(speedup: float, pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY,
-                        **overrides: float) -> ControlParams:
+def live_control_params(
+    speedup: float, pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY, **overrides: float
+) -> ControlParams:
     """The control law `bandmaster up --speedup S` runs, in simulated seconds: cluster.py passes
     interval max(0.05, 5/S), tau 1/S, resume timeout 1800/S, idle TTL 900/S and resume aging 300/S wall seconds, which
     are S times longer in simulated time (so only the 0.05 s floor shows at high speedups)."""
-    values = dict(scheduler_interval_seconds=max(SCHEDULER_MIN_INTERVAL_WALL_S, 5.0 / speedup) * speedup,
-                  acting_decay_tau_seconds=1.0, resume_timeout_seconds=1800.0, program_idle_ttl_seconds=900.0,
-                  resume_aging_seconds=300.0)
+    values = dict(
+        scheduler_interval_seconds=max(SCHEDULER_MIN_INTERVAL_WALL_S, 5.0 / speedup) * speedup,
+        acting_decay_tau_seconds=1.0,
+        resume_timeout_seconds=1800.0,
+        program_idle_ttl_seconds=900.0,
+        resume_aging_seconds=300.0,
+    )
     values.update(overrides)
     return service_control_params(pause_policy, **values)
 
@@ -265,11 +338,17 @@ def server_info(config: EngineConfig, profile: TimingProfile) -> dict:
     (services/simworker/http_api.py `server_info`) for a worker started with `config`'s sizes and
     the default model path, no --hicache-size and no storage backend (SimScenario.engine_config)."""
     info = {
-        "served_model_name": DEFAULT_MODEL_PATH, "model_path": DEFAULT_MODEL_PATH,
-        "page_size": config.page_size, "dp_size": 1, "max_running_requests": config.max_running_requests,
-        "max_total_num_tokens": config.max_total_tokens, "context_length": config.context_length,
-        "enable_hierarchical_cache": config.enable_hierarchical_cache, "hicache_ratio": config.hicache_ratio,
-        "hicache_size": 0.0, "hicache_write_policy": config.hicache_write_policy,
+        "served_model_name": DEFAULT_MODEL_PATH,
+        "model_path": DEFAULT_MODEL_PATH,
+        "page_size": config.page_size,
+        "dp_size": 1,
+        "max_running_requests": config.max_running_requests,
+        "max_total_num_tokens": config.max_total_tokens,
+        "context_length": config.context_length,
+        "enable_hierarchical_cache": config.enable_hierarchical_cache,
+        "hicache_ratio": config.hicache_ratio,
+        "hicache_size": 0.0,
+        "hicache_write_policy": config.hicache_write_policy,
         "hicache_storage_backend": None,
         "kv_bytes_per_token": profile.kv_bytes_per_token,
     }

@@ -59,9 +59,13 @@ _TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP, _RUN_END = r
 # Longest pure-decode run planned as one event (see SimEngine.plan_decode).
 MAX_RUN_STEPS = 512
 
-_SCHEDULER_EVENTS = {EventKind.PAUSED: "pause", EventKind.RESUMED: "resume",
-                     EventKind.FORCED_RESUME: "forced_resume", EventKind.MARKED: "mark",
-                     EventKind.SOFT_DEMOTED: "soft_demote"}
+_SCHEDULER_EVENTS = {
+    EventKind.PAUSED: "pause",
+    EventKind.RESUMED: "resume",
+    EventKind.FORCED_RESUME: "forced_resume",
+    EventKind.MARKED: "mark",
+    EventKind.SOFT_DEMOTED: "soft_demote",
+}
 
 
 @dataclass
@@ -98,12 +102,12 @@ class _Worker:
     profile: Any
     replica: Replica
     key: ReplicaKey
-    busy: bool = False          # a step is in progress (its end event is queued) or a kick is queued
-    run: tuple[float, ...] | None = None     # end times of the planned decode run in progress
-    run_steps: int = 0          # how many of them will be committed (cut by arrivals)
-    run_generation: int = 0     # ignores the end events of runs that were cut
-    run_committed: int = 0      # steps of the run already applied to the engine (see _catch_up)
-    run_outputs: tuple = ()     # outputs of a run committed to its end before the end came
+    busy: bool = False  # a step is in progress (its end event is queued) or a kick is queued
+    run: tuple[float, ...] | None = None  # end times of the planned decode run in progress
+    run_steps: int = 0  # how many of them will be committed (cut by arrivals)
+    run_generation: int = 0  # ignores the end events of runs that were cut
+    run_committed: int = 0  # steps of the run already applied to the engine (see _catch_up)
+    run_outputs: tuple = ()  # outputs of a run committed to its end before the end came
 
 
 @dataclass
@@ -139,12 +143,14 @@ class SimResult:
         return out
 
     def report(self) -> dict:
-        return {"summary": self.summary(),
-                "scheduler": self.scheduler_counters,
-                "workers": self.worker_counters,
-                "timeline": self.timeline,
-                "turns": [asdict(t) for t in self.run.turns],
-                "programs": [asdict(p) for p in self.run.programs]}
+        return {
+            "summary": self.summary(),
+            "scheduler": self.scheduler_counters,
+            "workers": self.worker_counters,
+            "timeline": self.timeline,
+            "turns": [asdict(t) for t in self.run.turns],
+            "programs": [asdict(p) for p in self.run.programs],
+        }
 
 
 class Simulator:
@@ -221,8 +227,17 @@ class Simulator:
             if self.router is not None:
                 self._at(s.router_sweep_interval_s, _SWEEP)
         heap = self._heap
-        handlers = (self._on_turn, self._on_admit, self._on_arrive, self._on_kick, self._on_step_end,
-                    self._on_deadline, self._on_tick, self._on_sweep, self._on_run_end)
+        handlers = (
+            self._on_turn,
+            self._on_admit,
+            self._on_arrive,
+            self._on_kick,
+            self._on_step_end,
+            self._on_deadline,
+            self._on_tick,
+            self._on_sweep,
+            self._on_run_end,
+        )
         completed = True
         while heap:
             when, _, kind, payload = heapq.heappop(heap)
@@ -242,10 +257,18 @@ class Simulator:
         self.result.worker_counters = totals
         parallel = s.parallel or s.programs
         steady = steady_state(self._turn_end_s, self._program_end_s, self._last_start_s, parallel, s.programs)
-        return SimResult(s, self.result, per_worker, self._scheduler_counters(),
-                         self._timeline(), time.process_time() - started_cpu, self.events,
-                         completed and not self._live_programs and not self._queue, steady,
-                         self.oracle_worker_kv_tokens)
+        return SimResult(
+            s,
+            self.result,
+            per_worker,
+            self._scheduler_counters(),
+            self._timeline(),
+            time.process_time() - started_cpu,
+            self.events,
+            completed and not self._live_programs and not self._queue,
+            steady,
+            self.oracle_worker_kv_tokens,
+        )
 
     _makespan_s = 0.0
 
@@ -258,8 +281,14 @@ class Simulator:
         record = ProgramRecord(program.program_id, len(program.turns))
         self.result.programs.append(record)
         self._last_start_s = self.now
-        run = _ProgramRun(index, program, record, Conversation(self._system_text, self.s.worker_page_size),
-                          random.Random(f"{self.s.seed}:{program.program_id}"), self.now)
+        run = _ProgramRun(
+            index,
+            program,
+            record,
+            Conversation(self._system_text, self.s.worker_page_size),
+            random.Random(f"{self.s.seed}:{program.program_id}"),
+            self.now,
+        )
         self._live_programs += 1
         self._on_turn(run)
 
@@ -267,7 +296,7 @@ class Simulator:
         """The client sends turn k: a new user message of the planned size (harness/player.py _play)."""
         k = run.turn
         if k >= len(run.program.turns):
-            self._end_program(run)     # the tool time after the last turn has passed
+            self._end_program(run)  # the tool time after the last turn has passed
             return
         program = run.program
         new_tokens = max(1, program.new_prompt_tokens(k) - (SYSTEM_PROMPT_TOKENS if k == 0 else 0))
@@ -297,8 +326,9 @@ class Simulator:
         if self.scheduler is None:
             self._route(turn, None)
             return
-        result = self.scheduler.admit(self.now, program_session(turn.run), "",
-                                      turn.run.conversation.estimated_prompt_tokens(), turn.request_id)
+        result = self.scheduler.admit(
+            self.now, program_session(turn.run), "", turn.run.conversation.estimated_prompt_tokens(), turn.request_id
+        )
         if result.decision.verdict is Verdict.WAIT:
             self._held[turn.request_id] = turn
             deadline = self.scheduler.resume_deadline(turn.request_id)
@@ -339,13 +369,25 @@ class Simulator:
         worker = self.workers[turn.worker]
         priority = turn.decision.priority if turn.decision is not None else None
         try:
-            worker.engine.submit(EngineRequest(turn.request_id, turn.prompt_ids, turn.output_tokens,
-                                               priority=priority, ignore_eos=True), self.now)
+            worker.engine.submit(
+                EngineRequest(turn.request_id, turn.prompt_ids, turn.output_tokens, priority=priority, ignore_eos=True),
+                self.now,
+            )
         except ValueError as exc:
             # The live simworker answers 400 (prompt longer than the context or the KV pool): the
             # turn fails, and the live runner ends the program.
-            self._finish_turn(turn, RequestOutput(turn.request_id, (), len(turn.prompt_ids), 0, 0, True,
-                                                  {"type": "abort", "message": f"rejected: {exc}"}))
+            self._finish_turn(
+                turn,
+                RequestOutput(
+                    turn.request_id,
+                    (),
+                    len(turn.prompt_ids),
+                    0,
+                    0,
+                    True,
+                    {"type": "abort", "message": f"rejected: {exc}"},
+                ),
+            )
             return
         self._in_flight[turn.request_id] = turn
         if worker.run is not None:
@@ -384,7 +426,7 @@ class Simulator:
         elif result.outputs:
             self._on_step_end((worker, result))
         else:
-            worker.busy = False     # nothing can progress until the next submit
+            worker.busy = False  # nothing can progress until the next submit
 
     def _on_step_end(self, payload: tuple[_Worker, StepResult]) -> None:
         worker, result = payload
@@ -395,7 +437,7 @@ class Simulator:
     def _on_run_end(self, payload: tuple[_Worker, int]) -> None:
         worker, generation = payload
         if generation != worker.run_generation:
-            return                  # this run was cut short; its new end event is the live one
+            return  # this run was cut short; its new end event is the live one
         if worker.run_committed < worker.run_steps:
             outputs = worker.engine.commit_decode(worker.run_steps - worker.run_committed).outputs
         else:
@@ -446,17 +488,36 @@ class Simulator:
         if self.router is not None:
             self.router.finish(turn.request_id)
         if self.scheduler is not None and turn.decision is not None:
-            self._apply(self.scheduler.complete(
-                self.now, program_session(run), turn.request_id, worker.key, output.prompt_tokens,
-                output.completion_tokens, output.cached_tokens, TurnOutcome.OK if ok else TurnOutcome.FAILED,
-                # The router reports dispatch -> first token of the answer (0 = unknown).
-                ttft_s=((turn.first_token_s - turn.dispatched_s) or None) if turn.first_token_s is not None else None))
+            self._apply(
+                self.scheduler.complete(
+                    self.now,
+                    program_session(run),
+                    turn.request_id,
+                    worker.key,
+                    output.prompt_tokens,
+                    output.completion_tokens,
+                    output.cached_tokens,
+                    TurnOutcome.OK if ok else TurnOutcome.FAILED,
+                    # The router reports dispatch -> first token of the answer (0 = unknown).
+                    ttft_s=((turn.first_token_s - turn.dispatched_s) or None)
+                    if turn.first_token_s is not None
+                    else None,
+                )
+            )
         ttft_s = (turn.first_token_s if turn.first_token_s is not None else self.now) - turn.sent_s
-        self.result.turns.append(TurnRecord(
-            run.program.program_id, turn.k, ok=ok, ttft_s=round(ttft_s, 4), turn_s=round(self.now - turn.sent_s, 4),
-            prompt_tokens=output.prompt_tokens, cached_tokens=output.cached_tokens,
-            completion_tokens=output.completion_tokens,
-            error="" if ok else str((output.finish_reason or {}).get("message") or f"finish_reason={reason}")[:200]))
+        self.result.turns.append(
+            TurnRecord(
+                run.program.program_id,
+                turn.k,
+                ok=ok,
+                ttft_s=round(ttft_s, 4),
+                turn_s=round(self.now - turn.sent_s, 4),
+                prompt_tokens=output.prompt_tokens,
+                cached_tokens=output.cached_tokens,
+                completion_tokens=output.completion_tokens,
+                error="" if ok else str((output.finish_reason or {}).get("message") or f"finish_reason={reason}")[:200],
+            )
+        )
         if not ok:
             run.record.errors += 1
             self._end_program(run)
@@ -492,7 +553,7 @@ class Simulator:
                 continue
             self._hold_s.append(decision.held_seconds)
             if decision.program_gone:
-                decision = None      # released while held: the live router routes it unpinned
+                decision = None  # released while held: the live router routes it unpinned
             self._route(turn, decision)
 
     def _on_deadline(self, request_id: str) -> None:
@@ -525,29 +586,51 @@ class Simulator:
             stats = worker.engine.stats()
             r = replicas.get(worker.key)
             counts = self._pending_counts[worker.worker_id]
-            self._samples[worker.worker_id].append([
-                t,
-                round(r.utilization, 4) if r is not None else None,
-                round(r.used_decayed_tokens / r.retention_tokens, 4) if r is not None else None,
-                r.band.value if r is not None else None,
-                r.active_programs if r is not None else None,
-                r.resident_programs if r is not None else None,
-                round(stats.token_usage, 4), stats.num_running_reqs, stats.num_queue_reqs,
-                counts.get("pause", 0), counts.get("resume", 0) + counts.get("forced_resume", 0),
-                counts.get("mark", 0), counts.get("soft_demote", 0),
-            ])
+            self._samples[worker.worker_id].append(
+                [
+                    t,
+                    round(r.utilization, 4) if r is not None else None,
+                    round(r.used_decayed_tokens / r.retention_tokens, 4) if r is not None else None,
+                    r.band.value if r is not None else None,
+                    r.active_programs if r is not None else None,
+                    r.resident_programs if r is not None else None,
+                    round(stats.token_usage, 4),
+                    stats.num_running_reqs,
+                    stats.num_queue_reqs,
+                    counts.get("pause", 0),
+                    counts.get("resume", 0) + counts.get("forced_resume", 0),
+                    counts.get("mark", 0),
+                    counts.get("soft_demote", 0),
+                ]
+            )
             counts.clear()
 
     def _timeline(self) -> dict:
         p: ControlParams = self.s.control
         return {
             "interval_s": self.s.sample_interval_s,
-            "bands": {"pause_threshold": p.pause_threshold, "soft_demote_threshold": p.soft_demote_threshold,
-                      "pause_target": min(p.pause_target, p.pause_threshold), "resume_ceiling": p.resume_ceiling},
+            "bands": {
+                "pause_threshold": p.pause_threshold,
+                "soft_demote_threshold": p.soft_demote_threshold,
+                "pause_target": min(p.pause_target, p.pause_threshold),
+                "resume_ceiling": p.resume_ceiling,
+            },
             "retention_tokens": {c.worker_id: c.retention_tokens for c in self.capacities},
-            "columns": ["t_s", "utilisation", "utilisation_decayed", "band", "reasoning_programs",
-                        "resident_programs", "engine_token_usage", "engine_running", "engine_queued",
-                        "pauses", "resumes", "marks", "soft_demotes"],
+            "columns": [
+                "t_s",
+                "utilisation",
+                "utilisation_decayed",
+                "band",
+                "reasoning_programs",
+                "resident_programs",
+                "engine_token_usage",
+                "engine_running",
+                "engine_queued",
+                "pauses",
+                "resumes",
+                "marks",
+                "soft_demotes",
+            ],
             "workers": self._samples,
             "control_events_columns": ["t_s", "kind", "worker", "program", "tokens"],
             "control_events": self._control_events,
@@ -558,11 +641,16 @@ class Simulator:
         for worker in self.workers:
             st = worker.engine.stats()
             out[worker.worker_id] = {
-                "recomputed_tokens": st.recomputed_tokens_total, "retractions": st.retractions_total,
-                "host_loadbacks": st.host_loadbacks_total, "host_loadback_tokens": st.host_loadback_tokens_total,
-                "prompt_tokens": st.prompt_tokens_total, "cached_tokens": st.cached_tokens_total,
-                "generation_tokens": st.generation_tokens_total, "evicted_tokens": st.evicted_tokens_total,
-                "requests": st.requests_total, "aborted_requests": st.aborted_requests_total,
+                "recomputed_tokens": st.recomputed_tokens_total,
+                "retractions": st.retractions_total,
+                "host_loadbacks": st.host_loadbacks_total,
+                "host_loadback_tokens": st.host_loadback_tokens_total,
+                "prompt_tokens": st.prompt_tokens_total,
+                "cached_tokens": st.cached_tokens_total,
+                "generation_tokens": st.generation_tokens_total,
+                "evicted_tokens": st.evicted_tokens_total,
+                "requests": st.requests_total,
+                "aborted_requests": st.aborted_requests_total,
             }
         return out
 
@@ -572,18 +660,23 @@ class Simulator:
             return {}
         holds = sorted(self._hold_s)
         return {
-            "pauses": core.pauses_total, "resumes": core.resumes_total,
-            "forced_resumes": core.forced_resumes_total, "marks": core.marks_total,
-            "soft_demotions": self._soft_demotes, "expired": core.expired_total,
-            "released": core.released_total, "admissions": core.admissions_total,
+            "pauses": core.pauses_total,
+            "resumes": core.resumes_total,
+            "forced_resumes": core.forced_resumes_total,
+            "marks": core.marks_total,
+            "soft_demotions": self._soft_demotes,
+            "expired": core.expired_total,
+            "released": core.released_total,
+            "admissions": core.admissions_total,
             "held_admissions": len(holds),
             "hold_p50_s": round(holds[len(holds) // 2], 3) if holds else 0.0,
             "hold_max_s": round(holds[-1], 3) if holds else 0.0,
         }
 
 
-def steady_state(turn_end_s: Sequence[float], program_end_s: Sequence[float], last_start_s: float,
-                 parallel: int, programs: int) -> dict:
+def steady_state(
+    turn_end_s: Sequence[float], program_end_s: Sequence[float], last_start_s: float, parallel: int, programs: int
+) -> dict:
     """Throughput of a run with fewer slots than programs, without its warm-up and its drain.
 
     Warm-up ends when `parallel` programs have finished (every slot has started a replacement
@@ -600,8 +693,10 @@ def steady_state(turn_end_s: Sequence[float], program_end_s: Sequence[float], la
         return none
     turn_ends = sorted(turn_end_s)
     turns = bisect.bisect_right(turn_ends, end) - bisect.bisect_right(turn_ends, start)
-    return {"steady_steps_per_min": round(turns / ((end - start) / 60.0), 3),
-            "steady_window_s": [round(start, 3), round(end, 3)]}
+    return {
+        "steady_steps_per_min": round(turns / ((end - start) / 60.0), 3),
+        "steady_window_s": [round(start, 3), round(end, 3)],
+    }
 
 
 def program_session(run: _ProgramRun) -> str:

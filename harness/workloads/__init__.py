@@ -23,6 +23,23 @@ from harness.workloads.model import Program, Turn, scale, summarize
 from harness.workloads.synthetic import short_context_agents, synthetic_like
 from harness.workloads.traces import load_trace, swe_agent_programs, trace_programs
 
-__all__ = ["DEFAULT_DRAW", "DEFAULT_SPLIT", "DRAWS", "SPLITS", "Program", "Turn", "draw_programs", "is_held_out",
-           "load_trace", "longest_program", "scale", "short_context_agents", "split_programs", "stratified_programs",
-           "summarize", "swe_agent_programs", "synthetic_like", "trace_programs"]
+__all__ = [
+    "DEFAULT_DRAW",
+    "DEFAULT_SPLIT",
+    "DRAWS",
+    "SPLITS",
+    "Program",
+    "Turn",
+    "draw_programs",
+    "is_held_out",
+    "load_trace",
+    "longest_program",
+    "scale",
+    "short_context_agents",
+    "split_programs",
+    "stratified_programs",
+    "summarize",
+    "swe_agent_programs",
+    "synthetic_like",
+    "trace_programs",
+]

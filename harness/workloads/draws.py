@@ -76,8 +76,9 @@ def random_programs(source: Sequence[Program], count: int, *, seed: int) -> list
     return [rng.choice(source) for _ in range(count)]
 
 
-def draw_programs(source: Sequence[Program], count: int, *, draw: str = DEFAULT_DRAW, seed: int = 0,
-                  include_longest: bool = False) -> list[Program]:
+def draw_programs(
+    source: Sequence[Program], count: int, *, draw: str = DEFAULT_DRAW, seed: int = 0, include_longest: bool = False
+) -> list[Program]:
     """`count` programs of `source` by `draw`. With `include_longest`, a draw that lacks the
     longest program gets it in place of one program at a seeded position (so in a steady-state run
     it does not always start first)."""

@@ -22,8 +22,12 @@ class Turn:
     def __post_init__(self) -> None:
         require(self.input_tokens >= 1, "input_tokens", self.input_tokens, "input_tokens >= 1")
         require(self.output_tokens >= 1, "output_tokens", self.output_tokens, "output_tokens >= 1")
-        require(self.tool_seconds_after >= 0 and math.isfinite(self.tool_seconds_after), "tool_seconds_after",
-                self.tool_seconds_after, "tool_seconds_after >= 0")
+        require(
+            self.tool_seconds_after >= 0 and math.isfinite(self.tool_seconds_after),
+            "tool_seconds_after",
+            self.tool_seconds_after,
+            "tool_seconds_after >= 0",
+        )
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,7 @@ def _turn(row: dict, k: int) -> Turn:
     if not _is_int(row["output_tokens"]) or row["output_tokens"] < 0:
         raise ValueError(f"turns[{k}].output_tokens={row['output_tokens']!r}: expected an integer >= 0")
     if not _is_number(row["tool_seconds_after"]) or row["tool_seconds_after"] < 0:
-        raise ValueError(f"turns[{k}].tool_seconds_after={row['tool_seconds_after']!r}: "
-                         "expected a finite number >= 0")
+        raise ValueError(f"turns[{k}].tool_seconds_after={row['tool_seconds_after']!r}: expected a finite number >= 0")
     return Turn(row["input_tokens"], max(1, row["output_tokens"]), float(row["tool_seconds_after"]))
 
 
@@ -107,8 +106,11 @@ def _load_trace(path: str, mtime_ns: int, size: int) -> tuple[Program, ...]:
             except ValueError as exc:
                 raise ConfigError("trace", f"{path}:{number}", str(exc)) from None
             if program.program_id in seen:
-                raise ConfigError("trace", f"{path}:{number}",
-                                  f"program_id {program.program_id!r} repeats line {seen[program.program_id]}")
+                raise ConfigError(
+                    "trace",
+                    f"{path}:{number}",
+                    f"program_id {program.program_id!r} repeats line {seen[program.program_id]}",
+                )
             seen[program.program_id] = number
             programs.append(program)
     if not programs:

@@ -31,8 +31,8 @@ MAX_WORKER_URL_LENGTH = 2048
 """A worker URL goes into every snapshot to every watcher, and prefixes every poll's request line."""
 # A real /server_info is a few KB (tens with many DP ranks); anything far larger is not one.
 DEFAULT_MAX_SERVER_INFO_BYTES = 8 * 1024 * 1024
-MIN_SERVER_INFO_BYTES = 1024                 # smaller than any real /server_info
-MAX_SERVER_INFO_BYTES = 1024 * 1024 * 1024   # one worker must not be able to make us hold more
+MIN_SERVER_INFO_BYTES = 1024  # smaller than any real /server_info
+MAX_SERVER_INFO_BYTES = 1024 * 1024 * 1024  # one worker must not be able to make us hold more
 
 
 def _env(name: str) -> str:
@@ -40,30 +40,74 @@ def _env(name: str) -> str:
 
 
 SETTINGS: list[Setting] = [
-    Setting("worker_url", str, (), "SGLang worker base URL http(s)://host:port (repeatable)",
-            env=_env("worker_urls"), repeated=True),
+    Setting(
+        "worker_url",
+        str,
+        (),
+        "SGLang worker base URL http(s)://host:port (repeatable)",
+        env=_env("worker_urls"),
+        repeated=True,
+    ),
     Setting("config_file", str, "", "TOML file with [[workers]] url=..., id=... entries", env=_env("config_file")),
-    Setting("poll_interval_seconds", float, 5.0, "seconds between polls of each worker's /server_info and /health",
-            env=_env("poll_interval_seconds")),
+    Setting(
+        "poll_interval_seconds",
+        float,
+        5.0,
+        "seconds between polls of each worker's /server_info and /health",
+        env=_env("poll_interval_seconds"),
+    ),
     Setting("poll_timeout_seconds", float, 2.0, "deadline of each poll request", env=_env("poll_timeout_seconds")),
-    Setting("unhealthy_after_failures", int, 3, "consecutive failed polls that make a worker UNHEALTHY",
-            env=_env("unhealthy_after_failures")),
-    Setting("remove_unhealthy_after_seconds", float, 300.0,
-            "remove an RPC-registered worker UNHEALTHY this long (0 = never; flag/config workers are kept)",
-            env=_env("remove_unhealthy_after_seconds")),
-    Setting("watch_heartbeat_seconds", float, 10.0, "WatchWorkers sends a heartbeat snapshot after this much quiet",
-            env=_env("watch_heartbeat_seconds")),
-    Setting("cap_host_at_gpu", bool, False,
-            "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
-            env=_env("cap_host_at_gpu")),
-    Setting("max_server_info_bytes", int, DEFAULT_MAX_SERVER_INFO_BYTES,
-            "a larger /server_info body is a card rejection (body_too_large)", env=_env("max_server_info_bytes")),
-    Setting("confirm_increase_polls", int, 2,
-            "consecutive polls a budget raise (recovery, a larger card) must be seen on before it is published; "
-            "drops are immediate; 1 = no damping", env=_env("confirm_increase_polls")),
-    Setting("transition_log_interval_seconds", float, 60.0,
-            "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
-            "(0 = log every transition)", env=_env("transition_log_interval_seconds")),
+    Setting(
+        "unhealthy_after_failures",
+        int,
+        3,
+        "consecutive failed polls that make a worker UNHEALTHY",
+        env=_env("unhealthy_after_failures"),
+    ),
+    Setting(
+        "remove_unhealthy_after_seconds",
+        float,
+        300.0,
+        "remove an RPC-registered worker UNHEALTHY this long (0 = never; flag/config workers are kept)",
+        env=_env("remove_unhealthy_after_seconds"),
+    ),
+    Setting(
+        "watch_heartbeat_seconds",
+        float,
+        10.0,
+        "WatchWorkers sends a heartbeat snapshot after this much quiet",
+        env=_env("watch_heartbeat_seconds"),
+    ),
+    Setting(
+        "cap_host_at_gpu",
+        bool,
+        False,
+        "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
+        env=_env("cap_host_at_gpu"),
+    ),
+    Setting(
+        "max_server_info_bytes",
+        int,
+        DEFAULT_MAX_SERVER_INFO_BYTES,
+        "a larger /server_info body is a card rejection (body_too_large)",
+        env=_env("max_server_info_bytes"),
+    ),
+    Setting(
+        "confirm_increase_polls",
+        int,
+        2,
+        "consecutive polls a budget raise (recovery, a larger card) must be seen on before it is published; "
+        "drops are immediate; 1 = no damping",
+        env=_env("confirm_increase_polls"),
+    ),
+    Setting(
+        "transition_log_interval_seconds",
+        float,
+        60.0,
+        "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
+        "(0 = log every transition)",
+        env=_env("transition_log_interval_seconds"),
+    ),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
     *security_settings(ENV_PREFIX),
 ]
@@ -102,10 +146,15 @@ def worker_id_for(url: str) -> str:
 
 
 def validate_worker_id(worker_id: str) -> str:
-    if not worker_id or len(worker_id) > MAX_WORKER_ID_LENGTH or not worker_id.isprintable() \
-            or any(c.isspace() for c in worker_id):
-        raise ValueError(f"worker_id {worker_id!r} must be 1..{MAX_WORKER_ID_LENGTH} printable characters "
-                         "without spaces")
+    if (
+        not worker_id
+        or len(worker_id) > MAX_WORKER_ID_LENGTH
+        or not worker_id.isprintable()
+        or any(c.isspace() for c in worker_id)
+    ):
+        raise ValueError(
+            f"worker_id {worker_id!r} must be 1..{MAX_WORKER_ID_LENGTH} printable characters without spaces"
+        )
     return worker_id
 
 
@@ -151,36 +200,86 @@ class CapacityConfig:
     """TLS, tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
-        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                        "trace_sample_ratio": self.trace_sample_ratio})
-        require(self.poll_interval_seconds > 0, "poll_interval_seconds", self.poll_interval_seconds,
-                "poll_interval_seconds > 0")
-        require(self.poll_timeout_seconds > 0, "poll_timeout_seconds", self.poll_timeout_seconds,
-                "poll_timeout_seconds > 0")
-        require(self.poll_timeout_seconds <= self.poll_interval_seconds, "poll_timeout_seconds",
-                self.poll_timeout_seconds, "poll_timeout_seconds <= poll_interval_seconds (one poll per interval)")
-        require(self.unhealthy_after_failures >= 1, "unhealthy_after_failures", self.unhealthy_after_failures,
-                "unhealthy_after_failures >= 1")
-        require(self.remove_unhealthy_after_seconds >= 0, "remove_unhealthy_after_seconds",
-                self.remove_unhealthy_after_seconds, "remove_unhealthy_after_seconds >= 0 (0 = never)")
-        require(self.watch_heartbeat_seconds > 0, "watch_heartbeat_seconds", self.watch_heartbeat_seconds,
-                "watch_heartbeat_seconds > 0")
-        require(self.max_server_info_bytes >= MIN_SERVER_INFO_BYTES, "max_server_info_bytes",
-                self.max_server_info_bytes, f"max_server_info_bytes >= {MIN_SERVER_INFO_BYTES}")
-        require(self.max_server_info_bytes <= MAX_SERVER_INFO_BYTES, "max_server_info_bytes",
-                self.max_server_info_bytes, f"max_server_info_bytes <= {MAX_SERVER_INFO_BYTES}")
-        require(self.confirm_increase_polls >= 1, "confirm_increase_polls", self.confirm_increase_polls,
-                "confirm_increase_polls >= 1 (1 = no damping)")
-        require(self.transition_log_interval_seconds >= 0, "transition_log_interval_seconds",
-                self.transition_log_interval_seconds, "transition_log_interval_seconds >= 0 (0 = log every transition)")
+        validate_serve(
+            {
+                "listen": self.listen,
+                "metrics_port": self.metrics_port,
+                "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                "trace_sample_ratio": self.trace_sample_ratio,
+            }
+        )
+        require(
+            self.poll_interval_seconds > 0,
+            "poll_interval_seconds",
+            self.poll_interval_seconds,
+            "poll_interval_seconds > 0",
+        )
+        require(
+            self.poll_timeout_seconds > 0, "poll_timeout_seconds", self.poll_timeout_seconds, "poll_timeout_seconds > 0"
+        )
+        require(
+            self.poll_timeout_seconds <= self.poll_interval_seconds,
+            "poll_timeout_seconds",
+            self.poll_timeout_seconds,
+            "poll_timeout_seconds <= poll_interval_seconds (one poll per interval)",
+        )
+        require(
+            self.unhealthy_after_failures >= 1,
+            "unhealthy_after_failures",
+            self.unhealthy_after_failures,
+            "unhealthy_after_failures >= 1",
+        )
+        require(
+            self.remove_unhealthy_after_seconds >= 0,
+            "remove_unhealthy_after_seconds",
+            self.remove_unhealthy_after_seconds,
+            "remove_unhealthy_after_seconds >= 0 (0 = never)",
+        )
+        require(
+            self.watch_heartbeat_seconds > 0,
+            "watch_heartbeat_seconds",
+            self.watch_heartbeat_seconds,
+            "watch_heartbeat_seconds > 0",
+        )
+        require(
+            self.max_server_info_bytes >= MIN_SERVER_INFO_BYTES,
+            "max_server_info_bytes",
+            self.max_server_info_bytes,
+            f"max_server_info_bytes >= {MIN_SERVER_INFO_BYTES}",
+        )
+        require(
+            self.max_server_info_bytes <= MAX_SERVER_INFO_BYTES,
+            "max_server_info_bytes",
+            self.max_server_info_bytes,
+            f"max_server_info_bytes <= {MAX_SERVER_INFO_BYTES}",
+        )
+        require(
+            self.confirm_increase_polls >= 1,
+            "confirm_increase_polls",
+            self.confirm_increase_polls,
+            "confirm_increase_polls >= 1 (1 = no damping)",
+        )
+        require(
+            self.transition_log_interval_seconds >= 0,
+            "transition_log_interval_seconds",
+            self.transition_log_interval_seconds,
+            "transition_log_interval_seconds >= 0 (0 = log every transition)",
+        )
         ids: dict[str, str] = {}
         urls: dict[str, str] = {}
         for w in self.workers:
-            require(w.worker_id not in ids, "workers", w.worker_id,
-                    f"worker ids must be unique (id {w.worker_id!r} names {ids.get(w.worker_id)} and {w.url})")
-            require(w.url not in urls, "workers", w.url,
-                    f"worker urls must be unique (url {w.url} is both {urls.get(w.url)!r} and {w.worker_id!r})")
+            require(
+                w.worker_id not in ids,
+                "workers",
+                w.worker_id,
+                f"worker ids must be unique (id {w.worker_id!r} names {ids.get(w.worker_id)} and {w.url})",
+            )
+            require(
+                w.url not in urls,
+                "workers",
+                w.url,
+                f"worker urls must be unique (url {w.url} is both {urls.get(w.url)!r} and {w.worker_id!r})",
+            )
             ids[w.worker_id] = w.url
             urls[w.url] = w.worker_id
 
@@ -235,8 +334,9 @@ def read_config_file(path: str) -> tuple[StaticWorker, ...]:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
-    values = parse_settings(SETTINGS, argv, env, prog=PROG,
-                            description="Bandmaster capacity service: worker registry and retention budgets")
+    values = parse_settings(
+        SETTINGS, argv, env, prog=PROG, description="Bandmaster capacity service: worker registry and retention budgets"
+    )
     security = load_security(values, env)
     workers: list[StaticWorker] = []
     for url in values.pop("worker_url"):

@@ -50,9 +50,19 @@ class Mailbox:
 
 
 class CapacityRuntime:
-    def __init__(self, *, registry: Registry, retention: RetentionSettings, poller: SglangPoller, clock: Clock,
-                 metrics: CapacityMetrics, tracer: trace.Tracer, poll_interval_s: float,
-                 heartbeat_interval_s: float, transition_log_interval_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        retention: RetentionSettings,
+        poller: SglangPoller,
+        clock: Clock,
+        metrics: CapacityMetrics,
+        tracer: trace.Tracer,
+        poll_interval_s: float,
+        heartbeat_interval_s: float,
+        transition_log_interval_s: float = 60.0,
+    ) -> None:
         self.registry = registry
         self.retention = retention
         self.poller = poller
@@ -66,7 +76,7 @@ class CapacityRuntime:
         self._dirty = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
-        self._polls: dict[str, asyncio.Task] = {}   # in-flight poll per worker_id
+        self._polls: dict[str, asyncio.Task] = {}  # in-flight poll per worker_id
         self._published: pb.WorkersSnapshot | None = None
         self._published_version = -1
         self._heartbeat: pb.WorkersSnapshot | None = None
@@ -80,8 +90,10 @@ class CapacityRuntime:
     async def start(self) -> None:
         await self.poller.start()
         self.publish()
-        self._tasks = [asyncio.create_task(self._poll_loop(), name="capacity-poll"),
-                       asyncio.create_task(self._publish_loop(), name="capacity-publish")]
+        self._tasks = [
+            asyncio.create_task(self._poll_loop(), name="capacity-poll"),
+            asyncio.create_task(self._publish_loop(), name="capacity-publish"),
+        ]
 
     async def stop(self) -> None:
         """Stop loops and polls, end every watch stream. Safe to call twice."""
@@ -103,8 +115,9 @@ class CapacityRuntime:
 
     # --- operations used by the servicer ---
 
-    def add_worker(self, worker_id: str, url: str, origin: Origin,
-                   expectation: Expectation = Expectation()) -> WorkerState:
+    def add_worker(
+        self, worker_id: str, url: str, origin: Origin, expectation: Expectation = Expectation()
+    ) -> WorkerState:
         state, transitions = self.registry.add(worker_id, url, origin, self.clock.monotonic(), expectation)
         self._log(transitions)
         # Published by the publisher task: a burst of registrations costs one recompute, not one each.
@@ -157,8 +170,11 @@ class CapacityRuntime:
     def heartbeat_snapshot(self) -> pb.WorkersSnapshot:
         """Shared by all watchers whose heartbeat fires within the same half interval."""
         now = time.monotonic()
-        if self._heartbeat is None or self._heartbeat.version != self.registry.version \
-                or now - self._heartbeat_built_at > self.heartbeat_interval_s / 2:
+        if (
+            self._heartbeat is None
+            or self._heartbeat.version != self.registry.version
+            or now - self._heartbeat_built_at > self.heartbeat_interval_s / 2
+        ):
             self.current()
             self._heartbeat = self.fresh(heartbeat=True)
             self._heartbeat_built_at = now
@@ -263,8 +279,11 @@ class CapacityRuntime:
             self.metrics.poll_failures.labels(result.reason.value).inc()
             log.debug("poll of %s failed: %s %s", worker_id, result.reason.value, result.detail)
         transitions = self.registry.apply_poll(worker_id, result, self.clock.monotonic(), self.clock.wall())
-        if isinstance(result, PollOk) and isinstance(result.card, CardRejection) and any(
-                t.kind is TransitionKind.CARD_REJECTED for t in transitions):
+        if (
+            isinstance(result, PollOk)
+            and isinstance(result.card, CardRejection)
+            and any(t.kind is TransitionKind.CARD_REJECTED for t in transitions)
+        ):
             self.metrics.card_rejections.labels(result.card.reason.value).inc()
         self._log(transitions)
         self._dirty.set()

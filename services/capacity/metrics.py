@@ -10,25 +10,37 @@ from services.capacity.core.state import CardRejectReason, Health, PollFailureRe
 
 class CapacityMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.workers = Gauge("bandmaster_capacity_workers", "Registered workers by health", ["health"],
-                             registry=registry)
+        self.workers = Gauge(
+            "bandmaster_capacity_workers", "Registered workers by health", ["health"], registry=registry
+        )
         self.retention_tokens = Gauge(
             "bandmaster_capacity_replica_retention_tokens",
             "Retention budget per replica (worker_id, dp_rank) and where the figure comes from",
-            ["worker_id", "dp_rank", "source"], registry=registry)
-        self.total_retention_tokens = Gauge("bandmaster_capacity_total_retention_tokens",
-                                            "Retention budget over HEALTHY replicas", registry=registry)
-        self.poll_failures = Counter("bandmaster_capacity_poll_failures_total", "Failed polls by reason",
-                                     ["reason"], registry=registry)
-        self.card_rejections = Counter("bandmaster_capacity_card_rejections_total",
-                                       "Transitions to a rejected /server_info card, by reason", ["reason"],
-                                       registry=registry)
+            ["worker_id", "dp_rank", "source"],
+            registry=registry,
+        )
+        self.total_retention_tokens = Gauge(
+            "bandmaster_capacity_total_retention_tokens", "Retention budget over HEALTHY replicas", registry=registry
+        )
+        self.poll_failures = Counter(
+            "bandmaster_capacity_poll_failures_total", "Failed polls by reason", ["reason"], registry=registry
+        )
+        self.card_rejections = Counter(
+            "bandmaster_capacity_card_rejections_total",
+            "Transitions to a rejected /server_info card, by reason",
+            ["reason"],
+            registry=registry,
+        )
         self.recompute_seconds = Histogram(
-            "bandmaster_capacity_recompute_seconds", "Time to recompute the view and build the snapshot",
-            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0), registry=registry)
+            "bandmaster_capacity_recompute_seconds",
+            "Time to recompute the view and build the snapshot",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=registry,
+        )
         self.watchers = Gauge("bandmaster_capacity_watchers", "Open WatchWorkers streams", registry=registry)
-        self.version = Gauge("bandmaster_capacity_snapshot_version", "Version of the latest snapshot",
-                             registry=registry)
+        self.version = Gauge(
+            "bandmaster_capacity_snapshot_version", "Version of the latest snapshot", registry=registry
+        )
         # Every label value exists from the start: a scrape sees 0, not an absent series, so rate() and
         # alerts on these counters work before the first failure.
         for health in Health:
@@ -46,8 +58,9 @@ class CapacityMetrics:
         for health, n in counts.items():
             self.workers.labels(health.value).set(n)
         # Touch only series that changed; removed replicas must not linger as stale series.
-        current = {(r.worker_id, str(r.dp_rank), r.source.value): r.retention_tokens
-                   for w in view.workers for r in w.replicas}
+        current = {
+            (r.worker_id, str(r.dp_rank), r.source.value): r.retention_tokens for w in view.workers for r in w.replicas
+        }
         for labels in self._retention_seen.keys() - current.keys():
             self.retention_tokens.remove(*labels)
         for labels, tokens in current.items():

@@ -55,25 +55,56 @@ def _env(name: str) -> str:
 
 
 SETTINGS: list[Setting] = [
-    Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
-            env=_env("capacity_addr")),
-    Setting("worker_url", str, "", "base URL of the worker to register, http(s)://host:port (required)",
-            env=_env("worker_url")),
+    Setting(
+        "capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port", env=_env("capacity_addr")
+    ),
+    Setting(
+        "worker_url",
+        str,
+        "",
+        "base URL of the worker to register, http(s)://host:port (required)",
+        env=_env("worker_url"),
+    ),
     Setting("worker_id", str, "", "worker id (default: host:port of --worker-url)", env=_env("worker_id")),
-    Setting("interval_seconds", float, 10.0, "seconds between re-registrations (covers a capacity restart)",
-            env=_env("interval_seconds")),
-    Setting("timeout_seconds", float, 2.0, "deadline of each RegisterWorker / DeregisterWorker call and health check",
-            env=_env("timeout_seconds")),
-    Setting("wait_for_health", bool, True, "register only once the worker's /health has answered 200",
-            env=_env("wait_for_health")),
-    Setting("log_level", str, "INFO", "log level", env=_env("log_level"),
-            choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")),
-    Setting("tls_ca", str, "", "PEM CA bundle to verify the capacity service with (turns TLS on)",
-            env=_env("tls_ca")),
+    Setting(
+        "interval_seconds",
+        float,
+        10.0,
+        "seconds between re-registrations (covers a capacity restart)",
+        env=_env("interval_seconds"),
+    ),
+    Setting(
+        "timeout_seconds",
+        float,
+        2.0,
+        "deadline of each RegisterWorker / DeregisterWorker call and health check",
+        env=_env("timeout_seconds"),
+    ),
+    Setting(
+        "wait_for_health",
+        bool,
+        True,
+        "register only once the worker's /health has answered 200",
+        env=_env("wait_for_health"),
+    ),
+    Setting(
+        "log_level",
+        str,
+        "INFO",
+        "log level",
+        env=_env("log_level"),
+        choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"),
+    ),
+    Setting("tls_ca", str, "", "PEM CA bundle to verify the capacity service with (turns TLS on)", env=_env("tls_ca")),
     Setting("tls_cert", str, "", "PEM client certificate (mutual TLS); needs --tls-key", env=_env("tls_cert")),
     Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env("tls_key")),
-    Setting("control_token_file", str, "", "file with the control-plane bearer token sent on every call "
-            "(or env BANDMASTER_CONTROL_TOKEN)", env=_env("control_token_file")),
+    Setting(
+        "control_token_file",
+        str,
+        "",
+        "file with the control-plane bearer token sent on every call (or env BANDMASTER_CONTROL_TOKEN)",
+        env=_env("control_token_file"),
+    ),
 ]
 
 
@@ -91,23 +122,32 @@ class RegistrarConfig:
     def __post_init__(self) -> None:
         parse_host_port(self.capacity_addr, "capacity_addr")
         require(self.interval_seconds > 0, "interval_seconds", self.interval_seconds, "interval_seconds > 0")
-        require(0 < self.timeout_seconds <= self.interval_seconds, "timeout_seconds", self.timeout_seconds,
-                "0 < timeout_seconds <= interval_seconds")
+        require(
+            0 < self.timeout_seconds <= self.interval_seconds,
+            "timeout_seconds",
+            self.timeout_seconds,
+            "0 < timeout_seconds <= interval_seconds",
+        )
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
-    values = parse_settings(SETTINGS, argv, env, prog=PROG,
-                            description="Keep one worker registered with the Bandmaster capacity service")
+    values = parse_settings(
+        SETTINGS, argv, env, prog=PROG, description="Keep one worker registered with the Bandmaster capacity service"
+    )
     require(bool(values["worker_url"]), "worker_url", "", "--worker-url is required")
     try:
         url = validate_worker_url(values["worker_url"])
         worker_id = validate_worker_id(values["worker_id"] or worker_id_for(url))
     except ValueError as exc:
         raise ConfigError("worker_url", redact_url(values["worker_url"]), str(exc)) from None
-    security = client_security(tls_ca=values.pop("tls_ca"), tls_cert=values.pop("tls_cert"),
-                               tls_key=values.pop("tls_key"), control_token_file=values.pop("control_token_file"),
-                               env=env)
+    security = client_security(
+        tls_ca=values.pop("tls_ca"),
+        tls_cert=values.pop("tls_cert"),
+        tls_key=values.pop("tls_key"),
+        control_token_file=values.pop("control_token_file"),
+        env=env,
+    )
     values.update(worker_url=url, worker_id=worker_id)
     return RegistrarConfig(security=security, **values)
 
@@ -163,12 +203,19 @@ class Registrar:
     async def _register(self, stub: pb_grpc.CapacityStub) -> None:
         c = self.config
         try:
-            await stub.RegisterWorker(pb.RegisterWorkerRequest(url=c.worker_url, worker_id=c.worker_id),
-                                      timeout=c.timeout_seconds)
+            await stub.RegisterWorker(
+                pb.RegisterWorkerRequest(url=c.worker_url, worker_id=c.worker_id), timeout=c.timeout_seconds
+            )
         except grpc.aio.AioRpcError as exc:
             # Logged at WARNING every interval while it lasts: the worker is invisible to the routers.
-            log.warning("registering %s as %s with %s failed: %s %s", redact_url(c.worker_url), c.worker_id,
-                        c.capacity_addr, exc.code().name, exc.details())
+            log.warning(
+                "registering %s as %s with %s failed: %s %s",
+                redact_url(c.worker_url),
+                c.worker_id,
+                c.capacity_addr,
+                exc.code().name,
+                exc.details(),
+            )
             return
         if self.registrations == 0:
             log.info("registered %s as %s with %s", redact_url(c.worker_url), c.worker_id, c.capacity_addr)

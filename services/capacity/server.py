@@ -36,17 +36,29 @@ class RunningCapacity:
         await self.host.stop()
 
 
-async def start_capacity(config: CapacityConfig, *, telemetry: Telemetry | None = None,
-                         clock: Clock | None = None) -> RunningCapacity:
+async def start_capacity(
+    config: CapacityConfig, *, telemetry: Telemetry | None = None, clock: Clock | None = None
+) -> RunningCapacity:
     """Build and start the service; returns once it serves gRPC and polls its workers."""
     clock = clock or SystemClock()
-    host = ServiceHost("capacity", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
-                       shutdown_grace_seconds=config.shutdown_grace_seconds, security=config.security)
+    host = ServiceHost(
+        "capacity",
+        listen=config.listen,
+        metrics_port=config.metrics_port,
+        telemetry=telemetry,
+        shutdown_grace_seconds=config.shutdown_grace_seconds,
+        security=config.security,
+    )
     tracer = telemetry.tracer("services.capacity") if telemetry else trace.get_tracer("services.capacity")
     retention = RetentionSettings(cap_host_at_gpu=config.cap_host_at_gpu)
-    registry = Registry(RegistrySettings(unhealthy_after_failures=config.unhealthy_after_failures,
-                                         remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds,
-                                         confirm_increase_polls=config.confirm_increase_polls), retention)
+    registry = Registry(
+        RegistrySettings(
+            unhealthy_after_failures=config.unhealthy_after_failures,
+            remove_unhealthy_after_seconds=config.remove_unhealthy_after_seconds,
+            confirm_increase_polls=config.confirm_increase_polls,
+        ),
+        retention,
+    )
     cache = CardCache()
     runtime = CapacityRuntime(
         registry=registry,

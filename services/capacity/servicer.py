@@ -25,10 +25,13 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Capacity"].full_name
 
 
 DOMAIN_ERRORS = ErrorTable(
-    [((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
-     (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS)],
+    [
+        ((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
+        (AlreadyExists, grpc.StatusCode.ALREADY_EXISTS),
+    ],
     # Credentials a caller put in a URL are refused, and never echoed back.
-    message=lambda exc: redact_url(str(exc)))
+    message=lambda exc: redact_url(str(exc)),
+)
 """The one mapping from the capacity service's domain errors to gRPC codes."""
 
 
@@ -36,8 +39,9 @@ class CapacityServicer(pb_grpc.CapacityServicer):
     def __init__(self, runtime: CapacityRuntime) -> None:
         self.runtime = runtime
 
-    async def RegisterWorker(self, request: pb.RegisterWorkerRequest,
-                             context: grpc.aio.ServicerContext) -> pb.RegisterWorkerResponse:
+    async def RegisterWorker(
+        self, request: pb.RegisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterWorkerResponse:
         async with DOMAIN_ERRORS.guard(context):
             url = validate_worker_url(request.url)
             worker_id = validate_worker_id(request.worker_id or worker_id_for(url))
@@ -46,29 +50,31 @@ class CapacityServicer(pb_grpc.CapacityServicer):
             view = next(w for w in recompute(self.runtime.retention, [state]).workers)
             return pb.RegisterWorkerResponse(worker=worker_to_proto(view))
 
-    async def Heartbeat(self, request: pb.HeartbeatRequest,
-                        context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
         async with DOMAIN_ERRORS.guard(context):
             if not request.worker_id:
                 raise InvalidArgument("worker_id is required")
             load = load_from_proto(request.load)
             return pb.HeartbeatResponse(known=self.runtime.set_load(request.worker_id, load))
 
-    async def DeregisterWorker(self, request: pb.DeregisterWorkerRequest,
-                               context: grpc.aio.ServicerContext) -> pb.DeregisterWorkerResponse:
+    async def DeregisterWorker(
+        self, request: pb.DeregisterWorkerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeregisterWorkerResponse:
         async with DOMAIN_ERRORS.guard(context):
             if not request.worker_id:
                 raise InvalidArgument("worker_id is required")
             # Idempotent: an unknown id is OK with removed=false, so a retried call is harmless.
             return pb.DeregisterWorkerResponse(removed=self.runtime.remove_worker(request.worker_id))
 
-    async def ListWorkers(self, request: pb.ListWorkersRequest,
-                          context: grpc.aio.ServicerContext) -> pb.WorkersSnapshot:
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WorkersSnapshot:
         self.runtime.current()
         return self.runtime.fresh()
 
-    async def WatchWorkers(self, request: pb.WatchWorkersRequest,
-                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WorkersSnapshot]:
+    async def WatchWorkers(
+        self, request: pb.WatchWorkersRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WorkersSnapshot]:
         runtime = self.runtime
         mailbox = runtime.subscribe()  # before reading `current`, so no change falls in between
         try:

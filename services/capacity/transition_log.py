@@ -22,7 +22,8 @@ def level_of(t: Transition) -> int:
     if t.kind is TransitionKind.CARD_HELD:
         return logging.DEBUG
     if t.kind in (TransitionKind.CARD_REJECTED, TransitionKind.MISMATCH) or (
-            t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY"):
+        t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY"
+    ):
         return logging.WARNING
     return logging.INFO
 
@@ -32,7 +33,7 @@ class _Window:
     logged_at: float
     suppressed: int = 0
     latest: Transition | None = None
-    seq: int = 0                       # order of `latest`, so summaries come out in the order things happened
+    seq: int = 0  # order of `latest`, so summaries come out in the order things happened
 
 
 class TransitionLog:
@@ -76,5 +77,11 @@ class TransitionLog:
 
     def _summarise(self, window: _Window) -> None:
         if window.latest is not None:
-            self._log.log(level_of(window.latest), "%s (latest of %d %s transitions not logged in the last %gs)",
-                          window.latest.message(), window.suppressed, window.latest.kind.value, self._interval_s)
+            self._log.log(
+                level_of(window.latest),
+                "%s (latest of %d %s transitions not logged in the last %gs)",
+                window.latest.message(),
+                window.suppressed,
+                window.latest.kind.value,
+                self._interval_s,
+            )

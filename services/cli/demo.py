@@ -9,30 +9,46 @@ import time
 
 from bandmaster.capacity.v1 import capacity_pb2
 from harness.cluster import start_cluster
-from harness.probes import (STARVED_CPU_BUSY, STARVED_LATE_FRACTION, busy_share, cpu_times, scheduler_counts, starved,
-                            wait_for_workers, worker_late_s)
+from harness.probes import (
+    STARVED_CPU_BUSY,
+    STARVED_LATE_FRACTION,
+    busy_share,
+    cpu_times,
+    scheduler_counts,
+    starved,
+    wait_for_workers,
+    worker_late_s,
+)
 from harness.supervisor import StartupError
 from harness.table import render_table
 from services.cli.up import add_cluster_arguments, cluster_config
 from services.common.logs import setup_logging
 
-
 ARMS = {"bandmaster": "Bandmaster", "kv": "KV routing only"}
 
 
 def add_parser(commands) -> None:
-    parser = commands.add_parser("demo", help="run Bandmaster and KV-only routing side by side on a local cluster, "
-                                              "print both and the ratio, stop")
+    parser = commands.add_parser(
+        "demo",
+        help="run Bandmaster and KV-only routing side by side on a local cluster, print both and the ratio, stop",
+    )
     add_cluster_arguments(parser)
     parser.add_argument("--programs", type=int, default=18, help="agent programs to run, all in parallel")
     parser.add_argument("--max-turns", type=int, default=32, help="turns per program (the trace's first turns)")
     parser.add_argument("--token-scale", type=float, default=1.0, help="scale the trace's token counts")
     parser.add_argument("--workload", default="swe", choices=("swe", "synthetic", "short"))
-    parser.add_argument("--arms", default="bandmaster,kv",
-                        help="comma-separated arms, run one after the other on fresh clusters: "
-                             "bandmaster (scheduler on), kv (bandmaster up --no-scheduler)")
-    parser.add_argument("--no-predict", dest="predict", action="store_false",
-                        help="skip the offline simulator's prediction of the same runs")
+    parser.add_argument(
+        "--arms",
+        default="bandmaster,kv",
+        help="comma-separated arms, run one after the other on fresh clusters: "
+        "bandmaster (scheduler on), kv (bandmaster up --no-scheduler)",
+    )
+    parser.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="skip the offline simulator's prediction of the same runs",
+    )
     parser.set_defaults(run=run, worker_speedup=10.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
 
 
@@ -44,19 +60,36 @@ def capacity_table(snapshot: capacity_pb2.WorkersSnapshot) -> str:
             rows.append([worker.worker_id, "-", health, 0, 0, 0, "-", worker.excluded_reason or "-"])
         for replica in worker.replicas:
             source = capacity_pb2.RetentionSource.Name(replica.retention_source).removeprefix("RETENTION_SOURCE_")
-            rows.append([worker.worker_id, replica.dp_rank, health, replica.gpu_kv_tokens, replica.host_kv_tokens,
-                         replica.retention_tokens, source, worker.excluded_reason or "-"])
+            rows.append(
+                [
+                    worker.worker_id,
+                    replica.dp_rank,
+                    health,
+                    replica.gpu_kv_tokens,
+                    replica.host_kv_tokens,
+                    replica.retention_tokens,
+                    source,
+                    worker.excluded_reason or "-",
+                ]
+            )
     return render_table(
         ["worker", "dp", "health", "gpu_kv_tokens", "host_kv_tokens", "retention_tokens", "source", "excluded"],
-        rows, title=f"Capacity snapshot v{snapshot.version}: {snapshot.total_retention_tokens:,} retention tokens",
+        rows,
+        title=f"Capacity snapshot v{snapshot.version}: {snapshot.total_retention_tokens:,} retention tokens",
     )
 
 
 def demo_programs(args: argparse.Namespace):
     from harness.player import build_workload
 
-    return build_workload(args.workload, args.programs, seed=0, max_turns=args.max_turns,
-                          token_scale=args.token_scale, tool_time_scale=1.0)
+    return build_workload(
+        args.workload,
+        args.programs,
+        seed=0,
+        max_turns=args.max_turns,
+        token_scale=args.token_scale,
+        tool_time_scale=1.0,
+    )
 
 
 async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
@@ -65,8 +98,9 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
 
     programs = demo_programs(args)
     progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns", log_every_s=2.0)
-    runner = Runner(cluster.http_url + "/v1", args.model_name, time_scale=args.worker_speedup, progress=progress,
-                    arm=arm)
+    runner = Runner(
+        cluster.http_url + "/v1", args.model_name, time_scale=args.worker_speedup, progress=progress, arm=arm
+    )
     before = await scrape_counters(cluster.workers)
     late_before = await worker_late_s(cluster.workers)
     cpu_before = cpu_times()
@@ -97,10 +131,19 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | Non
     out = {}
     for arm in arms:
         scenario = SimScenario(
-            arm=arm, workload=args.workload, programs=args.programs, max_turns=args.max_turns,
-            token_scale=args.token_scale, seed=0, workers=args.workers, worker_kv_tokens=args.worker_kv_tokens,
-            worker_page_size=args.worker_page_size, control=live_control_params(args.worker_speedup),
-            live_speedup=args.worker_speedup, router_prompt="text")
+            arm=arm,
+            workload=args.workload,
+            programs=args.programs,
+            max_turns=args.max_turns,
+            token_scale=args.token_scale,
+            seed=0,
+            workers=args.workers,
+            worker_kv_tokens=args.worker_kv_tokens,
+            worker_page_size=args.worker_page_size,
+            control=live_control_params(args.worker_speedup),
+            live_speedup=args.worker_speedup,
+            router_prompt="text",
+        )
         out[arm] = simulate(scenario).summary()["steps_per_min"]
     return out
 
@@ -114,8 +157,11 @@ ROWS = [
     ("KV hit rate", lambda s: f"{s['kv_hit_rate']:.1%}", None),
     ("recomputed tokens (workers)", lambda s: f"{int(s.get('worker_recomputed_tokens', 0)):,}", None),
     ("pauses / resumes", lambda s: f"{s.get('pauses', 0)} / {s.get('resumes', 0)}" if "pauses" in s else "-", None),
-    ("workers behind their clock", lambda s: "-" if s.get("late_fraction") is None else f"{s['late_fraction']:.1%}",
-     None),
+    (
+        "workers behind their clock",
+        lambda s: "-" if s.get("late_fraction") is None else f"{s['late_fraction']:.1%}",
+        None,
+    ),
     ("machine CPU busy (all cores)", lambda s: "-" if s.get("cpu_busy") is None else f"{s['cpu_busy']:.0%}", None),
 ]
 
@@ -143,16 +189,20 @@ def verdict(summaries: dict[str, dict], predicted: dict[str, float] | None) -> l
         lines.append(f"Bandmaster ran {live:.2f}x the steps per minute of KV-aware routing alone.")
         if predicted and predicted.get("kv"):
             sim = predicted["bandmaster"] / predicted["kv"]
-            lines.append(f"The offline simulator predicts {sim:.2f}x for the same runs "
-                         f"({predicted['bandmaster']:.1f} vs {predicted['kv']:.1f} steps/min; "
-                         f"make bench-agentic measures many more).")
+            lines.append(
+                f"The offline simulator predicts {sim:.2f}x for the same runs "
+                f"({predicted['bandmaster']:.1f} vs {predicted['kv']:.1f} steps/min; "
+                f"make bench-agentic measures many more)."
+            )
     hungry = [ARMS[a] for a, s in summaries.items() if starved(s)]
     if hungry:
-        lines.append(f"WARNING: this machine was CPU-starved during the {' and '.join(hungry)} "
-                     f"run{'s' if len(hungry) > 1 else ''} (its cores were more than {STARVED_CPU_BUSY:.0%} busy, or "
-                     f"the simulated workers fell more than {STARVED_LATE_FRACTION:.0%} of the time behind their "
-                     f"clock), so these figures measure the machine more than the scheduling. Re-run on an idle "
-                     f"machine or with a lower --speedup.")
+        lines.append(
+            f"WARNING: this machine was CPU-starved during the {' and '.join(hungry)} "
+            f"run{'s' if len(hungry) > 1 else ''} (its cores were more than {STARVED_CPU_BUSY:.0%} busy, or "
+            f"the simulated workers fell more than {STARVED_LATE_FRACTION:.0%} of the time behind their "
+            f"clock), so these figures measure the machine more than the scheduling. Re-run on an idle "
+            f"machine or with a lower --speedup."
+        )
     return lines
 
 
@@ -161,14 +211,17 @@ def run(args: argparse.Namespace) -> int:
     arms = ["kv"] if args.no_scheduler else [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if not arms or unknown or len(set(arms)) != len(arms):
-        print(f"bandmaster demo: --arms takes distinct names from {', '.join(ARMS)} (got {args.arms!r})",
-              file=sys.stderr)
+        print(
+            f"bandmaster demo: --arms takes distinct names from {', '.join(ARMS)} (got {args.arms!r})", file=sys.stderr
+        )
         return 2
     programs = demo_programs(args)
-    print(f"Workload: {len(programs)} real SWE-agent programs ({args.workload}, up to {args.max_turns} turns each, "
-          f"{sum(len(p.turns) for p in programs)} turns), all in parallel, on {args.workers} simulated workers of "
-          f"{args.worker_kv_tokens:,} KV tokens running {args.worker_speedup:g}x faster than the modelled hardware.",
-          flush=True)
+    print(
+        f"Workload: {len(programs)} real SWE-agent programs ({args.workload}, up to {args.max_turns} turns each, "
+        f"{sum(len(p.turns) for p in programs)} turns), all in parallel, on {args.workers} simulated workers of "
+        f"{args.worker_kv_tokens:,} KV tokens running {args.worker_speedup:g}x faster than the modelled hardware.",
+        flush=True,
+    )
     predicted = predict(args, arms) if args.predict else None
     summaries: dict[str, dict] = {}
     for arm in arms:

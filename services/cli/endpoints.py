@@ -78,17 +78,25 @@ def remove_cluster_file(path: Path, pid: int) -> None:
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="the --state-dir of `bandmaster up`: addresses (and a --secure cluster's CA, client "
-                             "certificate and tokens) are read from it (default: the running `bandmaster up` found "
-                             f"through its discovery file, ${CLUSTER_FILE_ENV} or ~/.bandmaster/cluster.json)")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="the --state-dir of `bandmaster up`: addresses (and a --secure cluster's CA, client "
+        "certificate and tokens) are read from it (default: the running `bandmaster up` found "
+        f"through its discovery file, ${CLUSTER_FILE_ENV} or ~/.bandmaster/cluster.json)",
+    )
     parser.add_argument("--tls-ca", default="", help="PEM CA bundle that signed the server's certificate (TLS)")
     parser.add_argument("--tls-cert", default="", help="PEM client certificate (a server with --tls-ca asks for one)")
     parser.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
-    parser.add_argument("--control-token-file", default="",
-                        help="file with the control token (or env BANDMASTER_CONTROL_TOKEN)")
-    parser.add_argument("--data-token-file", default="",
-                        help="file with the data token for the router's HTTP API (or env BANDMASTER_DATA_TOKEN)")
+    parser.add_argument(
+        "--control-token-file", default="", help="file with the control token (or env BANDMASTER_CONTROL_TOKEN)"
+    )
+    parser.add_argument(
+        "--data-token-file",
+        default="",
+        help="file with the data token for the router's HTTP API (or env BANDMASTER_DATA_TOKEN)",
+    )
 
 
 def ready(state_dir: Path | None, name: str) -> dict:
@@ -124,8 +132,13 @@ def fill_security(args: argparse.Namespace) -> None:
     if secure is None:
         return
     pki = LocalPki(secure)
-    defaults = {"tls_ca": pki.ca, "tls_cert": pki.cert("client"), "tls_key": pki.key("client"),
-                "control_token_file": pki.control_token_file, "data_token_file": pki.data_token_file}
+    defaults = {
+        "tls_ca": pki.ca,
+        "tls_cert": pki.cert("client"),
+        "tls_key": pki.key("client"),
+        "control_token_file": pki.control_token_file,
+        "data_token_file": pki.data_token_file,
+    }
     for name, path in defaults.items():
         if not getattr(args, name) and path.exists():
             setattr(args, name, str(path))
@@ -133,15 +146,23 @@ def fill_security(args: argparse.Namespace) -> None:
 
 def grpc_address(args: argparse.Namespace, flag_value: str, service: str) -> str:
     """`service`'s gRPC address: the flag, else its ready file in the state dir, else the default port."""
-    return flag_value or ready(getattr(args, "state_dir", None), service).get("grpc") \
+    return (
+        flag_value
+        or ready(getattr(args, "state_dir", None), service).get("grpc")
         or f"127.0.0.1:{DEFAULT_PORTS[service]}"
+    )
 
 
 def channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:
     """A channel to `address` (TLS when a CA or certificate is given) and the call metadata (the control
     token, when one is given)."""
-    security = client_security(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                               control_token_file=args.control_token_file, env=os.environ)
+    security = client_security(
+        tls_ca=args.tls_ca,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        control_token_file=args.control_token_file,
+        env=os.environ,
+    )
     metadata: tuple[tuple[str, str], ...] = ()
     if security.control_tokens is not None:
         metadata = (("authorization", f"Bearer {security.control_tokens.first}"),)

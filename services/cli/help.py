@@ -31,7 +31,11 @@ class CliParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args, **kwargs):
-        if kwargs.get("help") is None and args and str(args[0]).startswith("-") \
-                and kwargs.get("action") not in _FLAG_ACTIONS:
+        if (
+            kwargs.get("help") is None
+            and args
+            and str(args[0]).startswith("-")
+            and kwargs.get("action") not in _FLAG_ACTIONS
+        ):
             kwargs["help"] = "(default: %(default)s)" if kwargs.get("default") is not None else "(default: none)"
         return super().add_argument(*args, **kwargs)

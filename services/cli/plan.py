@@ -24,27 +24,41 @@ from services.cli import endpoints
 from services.common.config import parse_host_port
 from services.common.security import DATA_TOKEN_ENV
 
-_PROVENANCE = {pb.PROVENANCE_PROPOSE: "PROPOSE", pb.PROVENANCE_RECONCILE: "RECONCILE",
-               pb.PROVENANCE_CONSTRAIN: "CONSTRAIN", pb.PROVENANCE_FAIL_CLOSED: "FAIL_CLOSED"}
+_PROVENANCE = {
+    pb.PROVENANCE_PROPOSE: "PROPOSE",
+    pb.PROVENANCE_RECONCILE: "RECONCILE",
+    pb.PROVENANCE_CONSTRAIN: "CONSTRAIN",
+    pb.PROVENANCE_FAIL_CLOSED: "FAIL_CLOSED",
+}
 _WINDOW_UNITS = "smhd"
 
 
 # -- bandmaster plan --------------------------------------------------------------------------------
 
+
 def add_parser(commands) -> None:
-    parser = commands.add_parser("plan", help="print the planner's last decision: lease, replica opinions with "
-                                              "their provenance, fail-closed reasons, diagnostics")
-    parser.add_argument("--planner-addr", default="",
-                        help="planner gRPC address host:port (default: from --state-dir or the running `bandmaster up`, "
-                             "else 127.0.0.1:50061)")
+    parser = commands.add_parser(
+        "plan",
+        help="print the planner's last decision: lease, replica opinions with "
+        "their provenance, fail-closed reasons, diagnostics",
+    )
+    parser.add_argument(
+        "--planner-addr",
+        default="",
+        help="planner gRPC address host:port (default: from --state-dir or the running `bandmaster up`, "
+        "else 127.0.0.1:50061)",
+    )
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the GetPlan call")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run_plan)
 
     batch = commands.add_parser("batch", help="the Batch API through the router (OpenAI's, served by the planner)")
-    batch.add_argument("--base-url", default="",
-                       help="the router's OpenAI base URL (default: from --state-dir, else http://127.0.0.1:8000/v1)")
+    batch.add_argument(
+        "--base-url",
+        default="",
+        help="the router's OpenAI base URL (default: from --state-dir, else http://127.0.0.1:8000/v1)",
+    )
     endpoints.add_connection_arguments(batch)
     actions = batch.add_subparsers(dest="action", required=True)
     submit = actions.add_parser("submit", help="upload a JSONL file and create a batch")
@@ -69,8 +83,9 @@ def run_plan(args: argparse.Namespace) -> int:
     try:
         channel, metadata = endpoints.channel(address, args)
         with channel:
-            plan = pb_grpc.PlannerStub(channel).GetPlan(pb.GetPlanRequest(), timeout=args.timeout_seconds,
-                                                        metadata=metadata)
+            plan = pb_grpc.PlannerStub(channel).GetPlan(
+                pb.GetPlanRequest(), timeout=args.timeout_seconds, metadata=metadata
+            )
     except grpc.RpcError as exc:
         print(f"bandmaster plan: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
@@ -92,26 +107,53 @@ def render(plan: pb.Plan) -> str:
     made it, then what the planner saw."""
     lease = plan.leases[0] if plan.leases else None
     head = [
-        ["decision", f"{plan.decision_id} ({plan.tick_seconds * 1000:.0f} ms tick)" + (" ADVISORY" if plan.advisory
-                                                                                      else "")],
+        [
+            "decision",
+            f"{plan.decision_id} ({plan.tick_seconds * 1000:.0f} ms tick)" + (" ADVISORY" if plan.advisory else ""),
+        ],
         ["action", plan.action or "-"],
-        ["lease", f"{lease.max_admission_rps:g} rps (epoch {lease.writer_epoch}, seq {lease.writer_sequence})"
-         if lease else "none"],
-        ["replicas", ", ".join(part for part in (
-            f"floor {plan.replica_floor}" if plan.has_replica_floor else "",
-            f"idle target {plan.idle_target}" if plan.has_idle_target else "",
-            f"scaled to {plan.scale_to}" if plan.has_scale_to else "no scaling") if part)],
+        [
+            "lease",
+            f"{lease.max_admission_rps:g} rps (epoch {lease.writer_epoch}, seq {lease.writer_sequence})"
+            if lease
+            else "none",
+        ],
+        [
+            "replicas",
+            ", ".join(
+                part
+                for part in (
+                    f"floor {plan.replica_floor}" if plan.has_replica_floor else "",
+                    f"idle target {plan.idle_target}" if plan.has_idle_target else "",
+                    f"scaled to {plan.scale_to}" if plan.has_scale_to else "no scaling",
+                )
+                if part
+            ),
+        ],
         ["effects", plan.effects_outcome + (f": {plan.effects_error}" if plan.effects_error else "")],
         ["fail-closed", ", ".join(plan.fail_closed_reasons) or "-"],
         ["policy", "; ".join(plan.policy_reasons) or "-"],
-        ["batch", f"required {_num(plan.required_batch_rps)} rps, planned {_num(plan.planned_batch_capacity_rps)} rps, "
-                  f"min deadline slack {_num(plan.minimum_deadline_slack_s, '{:.0f}')} s"],
+        [
+            "batch",
+            f"required {_num(plan.required_batch_rps)} rps, planned {_num(plan.planned_batch_capacity_rps)} rps, "
+            f"min deadline slack {_num(plan.minimum_deadline_slack_s, '{:.0f}')} s",
+        ],
     ]
     targets = render_table(
         ["source", "provenance", "kind", "replicas", "effect", "reason"],
-        [[t.source + (" (replayed)" if t.replayed else ""), _PROVENANCE.get(t.provenance, "?"), t.kind, t.replicas,
-          t.effect, t.reason] for t in plan.targets],
-        title=f"replica opinions ({len(plan.targets)})")
+        [
+            [
+                t.source + (" (replayed)" if t.replayed else ""),
+                _PROVENANCE.get(t.provenance, "?"),
+                t.kind,
+                t.replicas,
+                t.effect,
+                t.reason,
+            ]
+            for t in plan.targets
+        ],
+        title=f"replica opinions ({len(plan.targets)})",
+    )
     o = plan.observation
 
     def known(flag: bool, text: str) -> str:
@@ -120,20 +162,33 @@ def render(plan: pb.Plan) -> str:
     seen = [
         ["jobs", known(o.jobs_known, f"{o.active_jobs} active, {o.remaining_requests} requests left")],
         ["online traffic", known(o.traffic_known, f"{o.online_offered_rps:.2f} rps")],
-        ["fleet", known(o.inventory_known, f"{o.ready_replicas} ready, {o.pending_replicas} pending, desired "
-                                           f"{o.desired_replicas if o.desired_replicas >= 0 else 'unknown'}"
-                                           + (" (scaling)" if o.scaling_in_progress else ""))],
-        ["dispatcher", known(o.feedback_known, f"{o.queued_requests} queued, {o.inflight_requests} in flight, "
-                                               f"{o.actual_dispatch_rps:.2f} rps")],
+        [
+            "fleet",
+            known(
+                o.inventory_known,
+                f"{o.ready_replicas} ready, {o.pending_replicas} pending, desired "
+                f"{o.desired_replicas if o.desired_replicas >= 0 else 'unknown'}"
+                + (" (scaling)" if o.scaling_in_progress else ""),
+            ),
+        ],
+        [
+            "dispatcher",
+            known(
+                o.feedback_known,
+                f"{o.queued_requests} queued, {o.inflight_requests} in flight, {o.actual_dispatch_rps:.2f} rps",
+            ),
+        ],
         ["programs", known(o.programs_known, f"{o.paused_programs} paused, utilisation {o.utilization:.1%}")],
         *[[f"proposer {name}", why] for name, why in sorted(plan.proposer_reasons.items())],
         *[["source error", err] for err in o.source_errors],
     ]
-    return "\n\n".join([render_table(["", ""], head, title="plan"), targets,
-                        render_table(["", ""], seen, title="observation")])
+    return "\n\n".join(
+        [render_table(["", ""], head, title="plan"), targets, render_table(["", ""], seen, title="observation")]
+    )
 
 
 # -- bandmaster batch -------------------------------------------------------------------------------
+
 
 def _client(args: argparse.Namespace):
     import openai
@@ -164,8 +219,11 @@ def _check_window(window: str) -> None:
 
 def _batch_row(b) -> list:
     counts = b.request_counts
-    done = f"{counts.completed}/{counts.total}" + (f" ({counts.failed} failed)" if counts.failed else "") \
-        if counts else "-"
+    done = (
+        f"{counts.completed}/{counts.total}" + (f" ({counts.failed} failed)" if counts.failed else "")
+        if counts
+        else "-"
+    )
     return [b.id, b.status, done, b.output_file_id or "-", b.error_file_id or "-"]
 
 
@@ -181,12 +239,12 @@ def run_batch(args: argparse.Namespace) -> int:
             if not endpoint:
                 with args.file.open("rb") as fh:
                     first = fh.readline()
-                endpoint = json.loads(first).get("url", "/v1/chat/completions") if first.strip() else \
-                    "/v1/chat/completions"
+                endpoint = (
+                    json.loads(first).get("url", "/v1/chat/completions") if first.strip() else "/v1/chat/completions"
+                )
             with args.file.open("rb") as fh:
                 uploaded = client.files.create(file=(args.file.name, fh), purpose="batch")
-            batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint,
-                                          completion_window=args.window)  # type: ignore[arg-type]
+            batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=args.window)  # type: ignore[arg-type]
             print(batch.id)
             return 0
         if args.action == "list":

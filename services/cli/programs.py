@@ -22,9 +22,12 @@ _BAND = {pb.BAND_NORMAL: "normal", pb.BAND_SOFT_DEMOTE: "soft_demote", pb.BAND_P
 
 def add_parser(commands) -> None:
     parser = commands.add_parser("programs", help="print the scheduler's program table and per-replica bands")
-    parser.add_argument("--scheduler-addr", default="",
-                        help="scheduler gRPC address host:port (default: from --state-dir or the running "
-                             "`bandmaster up`, else 127.0.0.1:50052)")
+    parser.add_argument(
+        "--scheduler-addr",
+        default="",
+        help="scheduler gRPC address host:port (default: from --state-dir or the running "
+        "`bandmaster up`, else 127.0.0.1:50052)",
+    )
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the ListPrograms call")
     endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run)
@@ -38,8 +41,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         channel, metadata = endpoints.channel(address, args)
         with channel:
-            listing = pb_grpc.SchedulerStub(channel).ListPrograms(pb.ListProgramsRequest(),
-                                                                  timeout=args.timeout_seconds, metadata=metadata)
+            listing = pb_grpc.SchedulerStub(channel).ListPrograms(
+                pb.ListProgramsRequest(), timeout=args.timeout_seconds, metadata=metadata
+            )
     except grpc.RpcError as exc:
         print(f"bandmaster programs: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
@@ -50,19 +54,55 @@ def run(args: argparse.Namespace) -> int:
 def render(listing: pb.ListProgramsResponse) -> str:
     programs = render_table(
         ["program", "lifecycle", "status", "tokens", "estimated", "worker", "dp", "marked", "demoted", "turns"],
-        [[label, _LIFECYCLE.get(p.lifecycle, "?"), _STATUS.get(p.status, "?"),
-          p.token_total, "yes" if p.tokens_estimated else "", p.worker_id or "-",
-          p.dp_rank if p.worker_id else "-", "yes" if p.marked else "", "yes" if p.soft_demoted else "", p.turns]
-         for label, p in _tree(listing.programs)],
-        title=f"programs ({len(listing.programs)})")
+        [
+            [
+                label,
+                _LIFECYCLE.get(p.lifecycle, "?"),
+                _STATUS.get(p.status, "?"),
+                p.token_total,
+                "yes" if p.tokens_estimated else "",
+                p.worker_id or "-",
+                p.dp_rank if p.worker_id else "-",
+                "yes" if p.marked else "",
+                "yes" if p.soft_demoted else "",
+                p.turns,
+            ]
+            for label, p in _tree(listing.programs)
+        ],
+        title=f"programs ({len(listing.programs)})",
+    )
     replicas = render_table(
-        ["worker", "dp", "retention", "used", "used_decayed", "util", "band", "in_flight", "resident",
-         "passthrough", "max"],
-        [[r.worker_id, r.dp_rank, r.retention_tokens, r.used_tokens, r.used_decayed_tokens, f"{r.utilization:.1%}",
-          _BAND.get(r.band, "?"), r.active_programs, r.resident_programs, r.passthrough_requests,
-          r.max_programs or "-"]
-         for r in sorted(listing.replicas, key=lambda r: (r.worker_id, r.dp_rank))],
-        title=f"replicas ({len(listing.replicas)})")
+        [
+            "worker",
+            "dp",
+            "retention",
+            "used",
+            "used_decayed",
+            "util",
+            "band",
+            "in_flight",
+            "resident",
+            "passthrough",
+            "max",
+        ],
+        [
+            [
+                r.worker_id,
+                r.dp_rank,
+                r.retention_tokens,
+                r.used_tokens,
+                r.used_decayed_tokens,
+                f"{r.utilization:.1%}",
+                _BAND.get(r.band, "?"),
+                r.active_programs,
+                r.resident_programs,
+                r.passthrough_requests,
+                r.max_programs or "-",
+            ]
+            for r in sorted(listing.replicas, key=lambda r: (r.worker_id, r.dp_rank))
+        ],
+        title=f"replicas ({len(listing.replicas)})",
+    )
     return f"{programs}\n\n{replicas}"
 
 

@@ -31,8 +31,11 @@ from services.common.config import parse_host_port
 from services.common.ports import DEFAULT_PORTS
 
 BAR_CELLS = 50
-_BAND = {scheduler_pb2.BAND_NORMAL: "normal", scheduler_pb2.BAND_SOFT_DEMOTE: "soft-demote",
-         scheduler_pb2.BAND_PAUSE: "pause"}
+_BAND = {
+    scheduler_pb2.BAND_NORMAL: "normal",
+    scheduler_pb2.BAND_SOFT_DEMOTE: "soft-demote",
+    scheduler_pb2.BAND_PAUSE: "pause",
+}
 _CLEAR = "\x1b[H\x1b[2J"
 
 
@@ -106,14 +109,27 @@ def _workers_table(snapshot: Snapshot) -> str:
         health = capacity_pb2.WorkerHealth.Name(w.health).removeprefix("WORKER_HEALTH_").lower()
         budget = sum(r.retention_tokens for r in w.replicas)
         host = sum(r.host_kv_tokens for r in w.replicas)
-        rows.append([w.worker_id, w.url, health, w.card.model_name or "-", budget or "-",
-                     f"{host:,} host" if host else "GPU only", w.load.num_running_reqs, w.load.num_queue_reqs,
-                     w.excluded_reason or ""])
+        rows.append(
+            [
+                w.worker_id,
+                w.url,
+                health,
+                w.card.model_name or "-",
+                budget or "-",
+                f"{host:,} host" if host else "GPU only",
+                w.load.num_running_reqs,
+                w.load.num_queue_reqs,
+                w.excluded_reason or "",
+            ]
+        )
     healthy = sum(w.health == capacity_pb2.WORKER_HEALTH_HEALTHY for w in snapshot.workers.workers)
-    title = f"workers ({healthy} of {len(snapshot.workers.workers)} healthy, retention budget " \
-            f"{snapshot.workers.total_retention_tokens:,} tokens)"
-    table = render_table(["worker", "url", "health", "model", "budget", "of which", "running", "queued", "note"],
-                         rows, title=title)
+    title = (
+        f"workers ({healthy} of {len(snapshot.workers.workers)} healthy, retention budget "
+        f"{snapshot.workers.total_retention_tokens:,} tokens)"
+    )
+    table = render_table(
+        ["worker", "url", "health", "model", "budget", "of which", "running", "queued", "note"], rows, title=title
+    )
     if not healthy:
         table += "\n!! NO HEALTHY WORKER: requests fail with 503 until one is"
     return table
@@ -125,13 +141,30 @@ def _replicas_table(snapshot: Snapshot) -> str:
     bands = snapshot.bands
     rows = []
     for r in sorted(snapshot.programs.replicas, key=lambda r: (r.worker_id, r.dp_rank)):
-        rows.append([f"{r.worker_id}/{r.dp_rank}", bar(r.utilization, bands), f"{r.utilization:.1%}",
-                     _BAND.get(r.band, "?"), f"{r.used_decayed_tokens:,}/{r.retention_tokens:,}", r.active_programs,
-                     r.resident_programs])
-    legend = (f"bands ({bands.source}): r resume < {bands.resume:.0%}   s soft-demote >= {bands.soft_demote:.0%}   "
-              f"P pause >= {bands.pause:.0%}")
-    return render_table(["replica", "working set / retention budget", "util", "band", "tokens", "in flight",
-                         "resident"], rows, title="utilisation") + "\n" + legend
+        rows.append(
+            [
+                f"{r.worker_id}/{r.dp_rank}",
+                bar(r.utilization, bands),
+                f"{r.utilization:.1%}",
+                _BAND.get(r.band, "?"),
+                f"{r.used_decayed_tokens:,}/{r.retention_tokens:,}",
+                r.active_programs,
+                r.resident_programs,
+            ]
+        )
+    legend = (
+        f"bands ({bands.source}): r resume < {bands.resume:.0%}   s soft-demote >= {bands.soft_demote:.0%}   "
+        f"P pause >= {bands.pause:.0%}"
+    )
+    return (
+        render_table(
+            ["replica", "working set / retention budget", "util", "band", "tokens", "in flight", "resident"],
+            rows,
+            title="utilisation",
+        )
+        + "\n"
+        + legend
+    )
 
 
 def _programs_summary(snapshot: Snapshot) -> str:
@@ -141,13 +174,21 @@ def _programs_summary(snapshot: Snapshot) -> str:
     programs = snapshot.programs.programs
     marked = sum(p.marked for p in programs)
     demoted = sum(p.soft_demoted for p in programs)
-    rows = [["active", s.programs_active], ["  reasoning (in a turn)", s.programs_reasoning],
-            ["  acting (at a tool call)", s.programs_acting], ["paused", s.programs_paused],
-            ["marked (pause at the next tool call)", marked], ["soft-demoted", demoted],
-            ["admissions waiting", s.waiting_admissions], ["passthrough in flight", s.passthrough_in_flight]]
-    totals = (f"since start: {s.admissions_total:,} admissions, {s.pauses_total:,} pauses, {s.resumes_total:,} "
-              f"resumes ({s.forced_resumes_total:,} forced), {s.released_total:,} released, "
-              f"{s.expired_total:,} expired")
+    rows = [
+        ["active", s.programs_active],
+        ["  reasoning (in a turn)", s.programs_reasoning],
+        ["  acting (at a tool call)", s.programs_acting],
+        ["paused", s.programs_paused],
+        ["marked (pause at the next tool call)", marked],
+        ["soft-demoted", demoted],
+        ["admissions waiting", s.waiting_admissions],
+        ["passthrough in flight", s.passthrough_in_flight],
+    ]
+    totals = (
+        f"since start: {s.admissions_total:,} admissions, {s.pauses_total:,} pauses, {s.resumes_total:,} "
+        f"resumes ({s.forced_resumes_total:,} forced), {s.released_total:,} released, "
+        f"{s.expired_total:,} expired"
+    )
     return render_table(["programs", "count"], rows, title=f"programs ({len(programs)})") + "\n" + totals
 
 
@@ -158,43 +199,81 @@ def _lease_summary(snapshot: Snapshot) -> str:
     rows = []
     for lease in plan.leases:
         left_s = lease.valid_until_unix_ms / 1000.0 - snapshot.taken_at if lease.valid_until_unix_ms else 0.0
-        rows.append([lease.pool_id or "default", f"{lease.max_admission_rps:g}",
-                     f"{max(0.0, left_s):.0f} s" if lease.valid_until_unix_ms else "-", lease.decision_id,
-                     f"{lease.writer_epoch}/{lease.writer_sequence}"])
-    replicas = ", ".join(part for part in (
-        f"scaled to {plan.scale_to}" if plan.has_scale_to else "",
-        f"idle target {plan.idle_target}" if plan.has_idle_target else "",
-        f"floor {plan.replica_floor}" if plan.has_replica_floor else "") if part) or "no scaling"
+        rows.append(
+            [
+                lease.pool_id or "default",
+                f"{lease.max_admission_rps:g}",
+                f"{max(0.0, left_s):.0f} s" if lease.valid_until_unix_ms else "-",
+                lease.decision_id,
+                f"{lease.writer_epoch}/{lease.writer_sequence}",
+            ]
+        )
+    replicas = (
+        ", ".join(
+            part
+            for part in (
+                f"scaled to {plan.scale_to}" if plan.has_scale_to else "",
+                f"idle target {plan.idle_target}" if plan.has_idle_target else "",
+                f"floor {plan.replica_floor}" if plan.has_replica_floor else "",
+            )
+            if part
+        )
+        or "no scaling"
+    )
     head = f"planner: last decision {plan.decision_id or '-'} ({plan.action or 'none yet'}), replicas: {replicas}"
     if plan.fail_closed_reasons:
         head += f", fail-closed: {', '.join(plan.fail_closed_reasons)}"
-    return render_table(["pool", "batch admission rps", "valid for", "decision", "epoch/seq"], rows,
-                        title=f"drain leases ({len(rows)})") + "\n" + head
+    return (
+        render_table(
+            ["pool", "batch admission rps", "valid for", "decision", "epoch/seq"],
+            rows,
+            title=f"drain leases ({len(rows)})",
+        )
+        + "\n"
+        + head
+    )
 
 
 def render(snapshot: Snapshot, where: str = "") -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.taken_at)) if snapshot.taken_at else ""
     head = f"Bandmaster status  {stamp}" + (f"  ({where})" if where else "")
-    return "\n\n".join([head, _workers_table(snapshot), _replicas_table(snapshot), _programs_summary(snapshot),
-                        _lease_summary(snapshot)])
+    return "\n\n".join(
+        [
+            head,
+            _workers_table(snapshot),
+            _replicas_table(snapshot),
+            _programs_summary(snapshot),
+            _lease_summary(snapshot),
+        ]
+    )
 
 
 # -- reading the cluster ----------------------------------------------------------------------------
 
+
 def add_parser(commands) -> None:
-    parser = commands.add_parser("status", help="a live view of the cluster: workers, budgets, utilisation bars "
-                                                "with the bands, programs by state, leases (Ctrl-C to stop)")
+    parser = commands.add_parser(
+        "status",
+        help="a live view of the cluster: workers, budgets, utilisation bars "
+        "with the bands, programs by state, leases (Ctrl-C to stop)",
+    )
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit (1 when nothing answered)")
     parser.add_argument("--interval-seconds", type=float, default=2.0, help="refresh period of the live view")
     parser.add_argument("--timeout-seconds", type=float, default=3.0, help="deadline of each call")
     for service in ("capacity", "scheduler", "planner"):
-        parser.add_argument(f"--{service}-addr", default="",
-                            help=f"{service} gRPC address host:port (default: from --state-dir or the running "
-                                 f"`bandmaster up`, else 127.0.0.1:{DEFAULT_PORTS[service]})")
-    parser.add_argument("--scheduler-metrics-url", default="",
-                        help="the scheduler's /metrics URL, for the band edges in force (default: from --state-dir "
-                             "or the running `bandmaster up`, else http://127.0.0.1:"
-                             f"{DEFAULT_PORTS['scheduler_metrics']}/metrics)")
+        parser.add_argument(
+            f"--{service}-addr",
+            default="",
+            help=f"{service} gRPC address host:port (default: from --state-dir or the running "
+            f"`bandmaster up`, else 127.0.0.1:{DEFAULT_PORTS[service]})",
+        )
+    parser.add_argument(
+        "--scheduler-metrics-url",
+        default="",
+        help="the scheduler's /metrics URL, for the band edges in force (default: from --state-dir "
+        "or the running `bandmaster up`, else http://127.0.0.1:"
+        f"{DEFAULT_PORTS['scheduler_metrics']}/metrics)",
+    )
     endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -219,15 +298,17 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
     with channel:
         try:
             snapshot.workers = capacity_pb2_grpc.CapacityStub(channel).ListWorkers(
-                capacity_pb2.ListWorkersRequest(), timeout=timeout, metadata=metadata)
+                capacity_pb2.ListWorkersRequest(), timeout=timeout, metadata=metadata
+            )
         except grpc.RpcError as exc:
             snapshot.workers_error = f"{addresses['capacity']}: {_error(exc)}"
     channel, metadata = endpoints.channel(addresses["scheduler"], args)
     with channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         try:
-            snapshot.programs = stub.ListPrograms(scheduler_pb2.ListProgramsRequest(), timeout=timeout,
-                                                  metadata=metadata)
+            snapshot.programs = stub.ListPrograms(
+                scheduler_pb2.ListProgramsRequest(), timeout=timeout, metadata=metadata
+            )
             snapshot.stats = stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             snapshot.programs = snapshot.stats = None
@@ -235,8 +316,9 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
     channel, metadata = endpoints.channel(addresses["planner"], args)
     with channel:
         try:
-            snapshot.plan = planner_pb2_grpc.PlannerStub(channel).GetPlan(planner_pb2.GetPlanRequest(),
-                                                                           timeout=timeout, metadata=metadata)
+            snapshot.plan = planner_pb2_grpc.PlannerStub(channel).GetPlan(
+                planner_pb2.GetPlanRequest(), timeout=timeout, metadata=metadata
+            )
         except grpc.RpcError as exc:
             snapshot.planner_error = f"{addresses['planner']}: {_error(exc)}"
     if snapshot.programs is not None:
@@ -244,13 +326,16 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
     return snapshot
 
 
-def run(args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep
-        ) -> int:
+def run(
+    args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep
+) -> int:
     endpoints.discover(args, args.capacity_addr, args.scheduler_addr, args.planner_addr)
     endpoints.fill_security(args)
-    addresses = {"capacity": endpoints.grpc_address(args, args.capacity_addr, "capacity"),
-                 "scheduler": endpoints.grpc_address(args, args.scheduler_addr, "scheduler"),
-                 "planner": endpoints.grpc_address(args, args.planner_addr, "planner")}
+    addresses = {
+        "capacity": endpoints.grpc_address(args, args.capacity_addr, "capacity"),
+        "scheduler": endpoints.grpc_address(args, args.scheduler_addr, "scheduler"),
+        "planner": endpoints.grpc_address(args, args.planner_addr, "planner"),
+    }
     for name, address in addresses.items():
         parse_host_port(address, f"{name}_addr")  # ConfigError -> exit 2 in services.cli.main
     metrics_url = args.scheduler_metrics_url
@@ -265,8 +350,11 @@ def run(args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: 
         if args.once:
             out(text)
             if not snapshot.reachable:
-                print("bandmaster status: no Bandmaster cluster answered (start one with `bandmaster up`, or name "
-                      "it with --state-dir or the --*-addr flags)", file=sys.stderr)
+                print(
+                    "bandmaster status: no Bandmaster cluster answered (start one with `bandmaster up`, or name "
+                    "it with --state-dir or the --*-addr flags)",
+                    file=sys.stderr,
+                )
             return 0 if snapshot.reachable else 1
         out((_CLEAR if live else "") + text + f"\n\n(refreshing every {args.interval_seconds:g} s; Ctrl-C to stop)")
         sleep(args.interval_seconds)

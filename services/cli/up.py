@@ -27,10 +27,17 @@ from services.common.logs import setup_logging
 from services.common.ports import DEFAULT_PORTS, port_free
 
 PORT_FLAGS = {
-    "capacity": "--capacity-port", "scheduler": "--scheduler-port", "router": "--router-port",
-    "planner": "--planner-port", "planner_http": "--planner-http-port", "capacity_metrics": "--capacity-metrics-port",
-    "scheduler_metrics": "--scheduler-metrics-port", "router_metrics": "--router-metrics-port",
-    "planner_metrics": "--planner-metrics-port", "first_worker": "--worker-port", "http": "--http-port",
+    "capacity": "--capacity-port",
+    "scheduler": "--scheduler-port",
+    "router": "--router-port",
+    "planner": "--planner-port",
+    "planner_http": "--planner-http-port",
+    "capacity_metrics": "--capacity-metrics-port",
+    "scheduler_metrics": "--scheduler-metrics-port",
+    "router_metrics": "--router-metrics-port",
+    "planner_metrics": "--planner-metrics-port",
+    "first_worker": "--worker-port",
+    "http": "--http-port",
 }
 """The `bandmaster up` flag of each ClusterPorts field (and of the router's HTTP port)."""
 _DEFAULT_OF = {"first_worker": "simworker", "http": "router_http"}
@@ -38,43 +45,90 @@ _DEFAULT_OF = {"first_worker": "simworker", "http": "router_http"}
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: int = 2) -> None:
     parser.add_argument("--workers", type=int, default=workers_default, help="simulated SGLang workers to start")
-    parser.add_argument("--worker-url", action="append", default=[], dest="worker_urls",
-                        help="a real SGLang server URL (repeatable); no simulated workers are started then")
+    parser.add_argument(
+        "--worker-url",
+        action="append",
+        default=[],
+        dest="worker_urls",
+        help="a real SGLang server URL (repeatable); no simulated workers are started then",
+    )
     parser.add_argument("--worker-kv-tokens", type=int, default=65_536, help="GPU KV pool of each simulated worker")
-    parser.add_argument("--worker-host-kv-tokens", type=int, default=0,
-                        help="HiCache host tier of each simulated worker, in tokens (0 = off)")
+    parser.add_argument(
+        "--worker-host-kv-tokens",
+        type=int,
+        default=0,
+        help="HiCache host tier of each simulated worker, in tokens (0 = off)",
+    )
     parser.add_argument("--worker-page-size", type=int, default=16, help="KV page size of each simulated worker")
-    parser.add_argument("--speedup", type=float, default=1.0, dest="worker_speedup",
-                        help="simulated workers run this many times faster than the real hardware")
-    parser.add_argument("--timing-profile", default="glm45-fp8-h200", dest="worker_timing_profile",
-                        help="the hardware and model the simulated workers' timing models (docs/simworker.md)")
+    parser.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        dest="worker_speedup",
+        help="simulated workers run this many times faster than the real hardware",
+    )
+    parser.add_argument(
+        "--timing-profile",
+        default="glm45-fp8-h200",
+        dest="worker_timing_profile",
+        help="the hardware and model the simulated workers' timing models (docs/simworker.md)",
+    )
     parser.add_argument("--model-name", default="bandmaster-sim", help="the model name the simulated workers serve")
-    parser.add_argument("--tokenizer", default="",
-                        help="the model's tokenizer directory (tokenizer.json + tokenizer_config.json) for the router "
-                             "and the simulated workers: exact token routing with KV events (default: text routing)")
-    parser.add_argument("--http-port", type=int, default=None, metavar="PORT",
-                        help=f"the router's OpenAI/SGLang HTTP port (default: {DEFAULT_PORTS['router_http']}; "
-                             "0 = any free port)")
-    parser.add_argument("--no-scheduler", action="store_true",
-                        help="start no program scheduler: the router does KV-aware routing only")
-    parser.add_argument("--scheduler-arg", action="append", default=[], dest="scheduler_args",
-                        help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)")
-    parser.add_argument("--router-arg", action="append", default=[], dest="router_args",
-                        help="extra flag for the router, e.g. --router-arg=--seed=0 (repeatable)")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where child logs and ready files go; `bandmaster up` also keeps the scheduler's program "
-                             "table there (scheduler-state.sqlite), recovered when it is started again with it")
+    parser.add_argument(
+        "--tokenizer",
+        default="",
+        help="the model's tokenizer directory (tokenizer.json + tokenizer_config.json) for the router "
+        "and the simulated workers: exact token routing with KV events (default: text routing)",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"the router's OpenAI/SGLang HTTP port (default: {DEFAULT_PORTS['router_http']}; 0 = any free port)",
+    )
+    parser.add_argument(
+        "--no-scheduler", action="store_true", help="start no program scheduler: the router does KV-aware routing only"
+    )
+    parser.add_argument(
+        "--scheduler-arg",
+        action="append",
+        default=[],
+        dest="scheduler_args",
+        help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)",
+    )
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        dest="router_args",
+        help="extra flag for the router, e.g. --router-arg=--seed=0 (repeatable)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where child logs and ready files go; `bandmaster up` also keeps the scheduler's program "
+        "table there (scheduler-state.sqlite), recovered when it is started again with it",
+    )
     parser.add_argument("--log-level", default="INFO", help="log level of every child process")
 
 
 def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
     values = dict(
-        workers=args.workers, worker_urls=tuple(args.worker_urls), worker_kv_tokens=args.worker_kv_tokens,
-        worker_host_kv_tokens=args.worker_host_kv_tokens, worker_page_size=args.worker_page_size,
-        worker_speedup=args.worker_speedup, worker_timing_profile=args.worker_timing_profile,
-        model_name=args.model_name, state_dir=args.state_dir, log_level=args.log_level.upper(),
+        workers=args.workers,
+        worker_urls=tuple(args.worker_urls),
+        worker_kv_tokens=args.worker_kv_tokens,
+        worker_host_kv_tokens=args.worker_host_kv_tokens,
+        worker_page_size=args.worker_page_size,
+        worker_speedup=args.worker_speedup,
+        worker_timing_profile=args.worker_timing_profile,
+        model_name=args.model_name,
+        state_dir=args.state_dir,
+        log_level=args.log_level.upper(),
         http_port=DEFAULT_PORTS["router_http"] if args.http_port is None else args.http_port,
-        scheduler=not args.no_scheduler, scheduler_args=tuple(args.scheduler_args),
+        scheduler=not args.no_scheduler,
+        scheduler_args=tuple(args.scheduler_args),
         router_args=tuple(args.router_args),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
         secure=getattr(args, "secure", False),
@@ -84,16 +138,26 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
 
 
 def add_port_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ports", choices=("fixed", "auto"), default="fixed",
-                        help="fixed: the documented ports below; auto: any free port for every one not given by "
-                             "its flag (several clusters at once, tests)")
+    parser.add_argument(
+        "--ports",
+        choices=("fixed", "auto"),
+        default="fixed",
+        help="fixed: the documented ports below; auto: any free port for every one not given by "
+        "its flag (several clusters at once, tests)",
+    )
     for which, flag in PORT_FLAGS.items():
         if which == "http":
             continue  # declared with the other cluster arguments
         port = DEFAULT_PORTS[_DEFAULT_OF.get(which, which)]
         what = PORT_LABELS[which] + (" (the next ones count up from it)" if which == "first_worker" else "")
-        parser.add_argument(flag, type=int, default=None, dest=f"port_{which}", metavar="PORT",
-                            help=f"{what} port (default: {port}; 0 = any free port)")
+        parser.add_argument(
+            flag,
+            type=int,
+            default=None,
+            dest=f"port_{which}",
+            metavar="PORT",
+            help=f"{what} port (default: {port}; 0 = any free port)",
+        )
 
 
 def cluster_ports(args: argparse.Namespace) -> ClusterPorts:
@@ -120,8 +184,13 @@ def busy_ports(config: ClusterConfig) -> list[tuple[int, str]]:
             label = f"simulated worker {seen_worker}"
             seen_worker += 1
         if not port_free("127.0.0.1", port):
-            lines.append((port, f"port {port} ({label}) is already in use; choose another with "
-                                f"{PORT_FLAGS[which]} (or --ports auto)"))
+            lines.append(
+                (
+                    port,
+                    f"port {port} ({label}) is already in use; choose another with "
+                    f"{PORT_FLAGS[which]} (or --ports auto)",
+                )
+            )
     return lines
 
 
@@ -129,30 +198,61 @@ def add_parser(commands) -> None:
     parser = commands.add_parser("up", help="start the local cluster in the foreground (Ctrl-C stops it)")
     add_cluster_arguments(parser)
     add_port_arguments(parser)
-    parser.add_argument("--require-healthy", action=argparse.BooleanOptionalAction, default=None,
-                        help="fail (exit 1, naming each worker and its error) unless a worker is healthy within "
-                             "--healthy-timeout-seconds (default: on with --worker-url, off for simulated workers, "
-                             "where no healthy worker is a loud warning)")
-    parser.add_argument("--healthy-timeout-seconds", type=float, default=60.0,
-                        help="how long to wait for every worker to become healthy before reporting")
-    parser.add_argument("--cluster-file", type=Path, default=None,
-                        help="the discovery file written while the cluster runs, which `bandmaster programs`, "
-                             f"`plan`, `status` and `batch` read (default: ${endpoints.CLUSTER_FILE_ENV}, else "
-                             "$XDG_RUNTIME_DIR/bandmaster/cluster.json, else ~/.bandmaster/cluster.json)")
-    parser.add_argument("--secure", action="store_true",
-                        help="mutual TLS on every gRPC port, HTTPS and a bearer token on the router's HTTP API, a "
-                             "control token on control RPCs: a local CA, certificates and tokens are made in "
-                             "<state dir>/secure/ (reused when it already holds them); see docs/security.md")
-    parser.add_argument("--no-planner", action="store_true",
-                        help="start no planner: no Batch API (/v1/files, /v1/batches answer 501), no drain leases")
-    parser.add_argument("--planner-connector", choices=("virtual", "local"), default="virtual",
-                        help="virtual (default): the planner sees the --workers simulated workers as a fixed fleet; "
-                             "local: the planner starts and stops the simulated workers itself (--workers as its idle "
-                             "target, more for batch work, up to --planner-max-replicas)")
-    parser.add_argument("--planner-max-replicas", type=int, default=0,
-                        help="most workers the local connector runs (default: --workers + 2)")
-    parser.add_argument("--planner-arg", action="append", default=[], dest="planner_args",
-                        help="extra flag for the planner, e.g. --planner-arg=--safe-rps-per-replica=20 (repeatable)")
+    parser.add_argument(
+        "--require-healthy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="fail (exit 1, naming each worker and its error) unless a worker is healthy within "
+        "--healthy-timeout-seconds (default: on with --worker-url, off for simulated workers, "
+        "where no healthy worker is a loud warning)",
+    )
+    parser.add_argument(
+        "--healthy-timeout-seconds",
+        type=float,
+        default=60.0,
+        help="how long to wait for every worker to become healthy before reporting",
+    )
+    parser.add_argument(
+        "--cluster-file",
+        type=Path,
+        default=None,
+        help="the discovery file written while the cluster runs, which `bandmaster programs`, "
+        f"`plan`, `status` and `batch` read (default: ${endpoints.CLUSTER_FILE_ENV}, else "
+        "$XDG_RUNTIME_DIR/bandmaster/cluster.json, else ~/.bandmaster/cluster.json)",
+    )
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="mutual TLS on every gRPC port, HTTPS and a bearer token on the router's HTTP API, a "
+        "control token on control RPCs: a local CA, certificates and tokens are made in "
+        "<state dir>/secure/ (reused when it already holds them); see docs/security.md",
+    )
+    parser.add_argument(
+        "--no-planner",
+        action="store_true",
+        help="start no planner: no Batch API (/v1/files, /v1/batches answer 501), no drain leases",
+    )
+    parser.add_argument(
+        "--planner-connector",
+        choices=("virtual", "local"),
+        default="virtual",
+        help="virtual (default): the planner sees the --workers simulated workers as a fixed fleet; "
+        "local: the planner starts and stops the simulated workers itself (--workers as its idle "
+        "target, more for batch work, up to --planner-max-replicas)",
+    )
+    parser.add_argument(
+        "--planner-max-replicas",
+        type=int,
+        default=0,
+        help="most workers the local connector runs (default: --workers + 2)",
+    )
+    parser.add_argument(
+        "--planner-arg",
+        action="append",
+        default=[],
+        dest="planner_args",
+        help="extra flag for the planner, e.g. --planner-arg=--safe-rps-per-replica=20 (repeatable)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -160,18 +260,22 @@ def connect_help(cluster: Cluster) -> str:
     """How a client reaches a secure cluster (paths only: a token is never printed)."""
     pki = cluster.pki
     assert pki is not None
-    return "\n".join([
-        f"secure: mutual TLS on gRPC, HTTPS on {cluster.http_url} (CA {pki.ca})",
-        f"  data token (HTTP API, Router.Generate/Release): {pki.data_token_file}",
-        f"  control token (control RPCs):                   {pki.control_token_file}",
-        f"  gRPC client certificate: {pki.cert('client')}  key: {pki.key('client')}",
-        f"  curl --cacert {pki.ca} -H \"Authorization: Bearer $(cat {pki.data_token_file})\" {cluster.http_url}/v1/models",
-        f"  OpenAI(base_url=\"{cluster.http_url}/v1\", api_key=open(\"{pki.data_token_file}\").read().strip(), "
-        f"http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=\"{pki.ca}\")))",
-        f"  bandmaster programs --scheduler-addr {cluster.scheduler.endpoint if cluster.scheduler else 'HOST:PORT'} "
-        f"--tls-ca {pki.ca} --tls-cert {pki.cert('client')} --tls-key {pki.key('client')} "
-        f"--control-token-file {pki.control_token_file}",
-    ])
+    return "\n".join(
+        [
+            f"secure: mutual TLS on gRPC, HTTPS on {cluster.http_url} (CA {pki.ca})",
+            f"  data token (HTTP API, Router.Generate/Release): {pki.data_token_file}",
+            f"  control token (control RPCs):                   {pki.control_token_file}",
+            f"  gRPC client certificate: {pki.cert('client')}  key: {pki.key('client')}",
+            f'  curl --cacert {pki.ca} -H "Authorization: Bearer $(cat {pki.data_token_file})" '
+            f"{cluster.http_url}/v1/models",
+            f'  OpenAI(base_url="{cluster.http_url}/v1", api_key=open("{pki.data_token_file}").read().strip(), '
+            f'http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile="{pki.ca}")))',
+            f"  bandmaster programs --scheduler-addr "
+            f"{cluster.scheduler.endpoint if cluster.scheduler else 'HOST:PORT'} "
+            f"--tls-ca {pki.ca} --tls-cert {pki.cert('client')} --tls-key {pki.key('client')} "
+            f"--control-token-file {pki.control_token_file}",
+        ]
+    )
 
 
 @dataclass(frozen=True)
@@ -202,8 +306,9 @@ def fleet_health(snapshot: capacity_pb2.WorkersSnapshot) -> FleetHealth:
         if worker.health == capacity_pb2.WORKER_HEALTH_PENDING:
             pending += 1
         state = capacity_pb2.WorkerHealth.Name(worker.health).removeprefix("WORKER_HEALTH_").lower()
-        why = worker.excluded_reason or (f"{worker.consecutive_failures} failed polls" if worker.consecutive_failures
-                                         else "not answered yet")
+        why = worker.excluded_reason or (
+            f"{worker.consecutive_failures} failed polls" if worker.consecutive_failures else "not answered yet"
+        )
         problems.append((worker.url or worker.worker_id, why if why.startswith(state) else f"{state}: {why}"))
     return FleetHealth(healthy, len(snapshot.workers), tuple(problems), pending)
 
@@ -212,8 +317,11 @@ def no_healthy_worker_banner(health: FleetHealth, waited_s: float | None = None)
     """The loud console warning (and, with --require-healthy, the error) for a fleet without a healthy worker."""
     rule = "!" * 78
     after = f" after {waited_s:.0f} s" if waited_s is not None else ""
-    lines = [rule, f"NO HEALTHY WORKER{after}: requests will fail with 503 until one is.",
-             *(f"  {url}: {why}" for url, why in health.problems)]
+    lines = [
+        rule,
+        f"NO HEALTHY WORKER{after}: requests will fail with 503 until one is.",
+        *(f"  {url}: {why}" for url, why in health.problems),
+    ]
     if not health.problems:
         lines.append("  (the capacity service knows no worker)")
     lines.append(rule)
@@ -235,7 +343,8 @@ def read_fleet_health(cluster: Cluster, timeout_s: float = 5.0) -> FleetHealth |
     try:
         with channel:
             snapshot = capacity_pb2_grpc.CapacityStub(channel).ListWorkers(
-                capacity_pb2.ListWorkersRequest(), timeout=timeout_s, metadata=metadata)
+                capacity_pb2.ListWorkersRequest(), timeout=timeout_s, metadata=metadata
+            )
     except grpc.RpcError:
         return None
     return fleet_health(snapshot)
@@ -255,8 +364,13 @@ def wait_for_fleet(cluster: Cluster, timeout_s: float, should_stop) -> tuple[Fle
 
 def discovery_record(cluster: Cluster) -> dict:
     """What the discovery file says: this process, the state dir, and every address."""
-    record = {"pid": os.getpid(), "state_dir": str(cluster.supervisor.state_dir), "secure": cluster.pki is not None,
-              "http_url": cluster.http_url, "workers": list(cluster.workers)}
+    record = {
+        "pid": os.getpid(),
+        "state_dir": str(cluster.supervisor.state_dir),
+        "secure": cluster.pki is not None,
+        "http_url": cluster.http_url,
+        "workers": list(cluster.workers),
+    }
     for child in cluster.supervisor.children:
         if child.spec.kind == "grpc":
             record[child.spec.name] = child.endpoint
@@ -269,9 +383,15 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     if args.ports == "auto" and args.http_port is None:
         args.http_port = 0
-    config = cluster_config(args, scheduler_state=True, planner=not args.no_planner,
-                            planner_connector=args.planner_connector, planner_max_replicas=args.planner_max_replicas,
-                            planner_args=tuple(args.planner_args), ports=cluster_ports(args))
+    config = cluster_config(
+        args,
+        scheduler_state=True,
+        planner=not args.no_planner,
+        planner_connector=args.planner_connector,
+        planner_max_replicas=args.planner_max_replicas,
+        planner_args=tuple(args.planner_args),
+        ports=cluster_ports(args),
+    )
     require_healthy = bool(config.worker_urls) if args.require_healthy is None else args.require_healthy
     taken = busy_ports(config)
     if taken:
@@ -281,8 +401,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"bandmaster up: also taken: {', '.join(str(port) for port, _ in taken[1:])}", file=sys.stderr)
         other = endpoints.read_cluster_file(args.cluster_file or endpoints.cluster_file())
         if other:
-            print(f"bandmaster up: another Bandmaster cluster is running (pid {other['pid']}, state dir "
-                  f"{other.get('state_dir')}): stop it, or start this one with --ports auto", file=sys.stderr)
+            print(
+                f"bandmaster up: another Bandmaster cluster is running (pid {other['pid']}, state dir "
+                f"{other.get('state_dir')}): stop it, or start this one with --ports auto",
+                file=sys.stderr,
+            )
         return 1
     stop_requested = False
 
@@ -307,8 +430,12 @@ def run(args: argparse.Namespace) -> int:
             banner = no_healthy_worker_banner(health or FleetHealth(0, 0, ()), waited)
             if require_healthy:
                 print(banner, file=sys.stderr)
-                print("bandmaster up: --require-healthy: stopping (start the workers first, or give "
-                      "--no-require-healthy to run without them)", file=sys.stderr, flush=True)
+                print(
+                    "bandmaster up: --require-healthy: stopping (start the workers first, or give "
+                    "--no-require-healthy to run without them)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             print(banner, file=sys.stderr, flush=True)
         elif health.problems:
@@ -318,22 +445,28 @@ def run(args: argparse.Namespace) -> int:
         if health is None or health.healthy == 0:
             print("Bandmaster is up WITHOUT A HEALTHY WORKER (see the warning above).")
         if cluster.planner is not None:
-            print(f"Batch API: {cluster.http_url}/v1/batches (through the router; the planner's own: "
-                  f"{cluster.planner.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
-                  f"{cluster.supervisor.state_dir}")
+            print(
+                f"Batch API: {cluster.http_url}/v1/batches (through the router; the planner's own: "
+                f"{cluster.planner.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
+                f"{cluster.supervisor.state_dir}"
+            )
         if cluster.pki is not None:
             print(connect_help(cluster))
         try:
             published = endpoints.write_cluster_file(cluster_file, discovery_record(cluster))
         except OSError as exc:
             published = False
-            print(f"cluster file: cannot write {cluster_file} ({exc.strerror}); point the commands at this cluster "
-                  f"with --state-dir {cluster.supervisor.state_dir}")
+            print(
+                f"cluster file: cannot write {cluster_file} ({exc.strerror}); point the commands at this cluster "
+                f"with --state-dir {cluster.supervisor.state_dir}"
+            )
         if published:
             print(f"cluster file: {cluster_file}   (bandmaster status / programs / plan find this cluster)")
         elif cluster_file.exists():
-            print(f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
-                  f"one with --state-dir {cluster.supervisor.state_dir}")
+            print(
+                f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
+                f"one with --state-dir {cluster.supervisor.state_dir}"
+            )
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
         last_healthy = health.healthy if health is not None else 0
         next_check = time.monotonic() + 2.0

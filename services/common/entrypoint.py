@@ -38,8 +38,9 @@ def service_main(
     async def serve() -> int:
         setup_logging(config.log_level)
         try:
-            running = await start(config, telemetry=setup_telemetry(f"bandmaster-{name}",
-                                                                     sample_ratio=config.trace_sample_ratio))
+            running = await start(
+                config, telemetry=setup_telemetry(f"bandmaster-{name}", sample_ratio=config.trace_sample_ratio)
+            )
         except ConfigError as exc:  # found while starting, e.g. a file named by a flag
             print(f"{name}: {exc}", file=sys.stderr)
             return 2

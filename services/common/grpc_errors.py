@@ -24,8 +24,9 @@ class ErrorTable:
 
     __slots__ = ("_rows", "_caught", "_message")
 
-    def __init__(self, rows: Iterable[tuple[ExceptionTypes, grpc.StatusCode]],
-                 message: Callable[[BaseException], str] = str) -> None:
+    def __init__(
+        self, rows: Iterable[tuple[ExceptionTypes, grpc.StatusCode]], message: Callable[[BaseException], str] = str
+    ) -> None:
         self._rows: tuple[tuple[ExceptionTypes, grpc.StatusCode], ...] = tuple(rows)
         caught: list[type[BaseException]] = []
         for types, _ in self._rows:

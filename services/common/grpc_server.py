@@ -65,7 +65,7 @@ class _ClippedContext:
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         encoded = details.encode("utf-8", "replace")
         if len(encoded) > MAX_DETAILS_BYTES:
-            details = encoded[:MAX_DETAILS_BYTES - 3].decode("utf-8", "ignore") + "..."
+            details = encoded[: MAX_DETAILS_BYTES - 3].decode("utf-8", "ignore") + "..."
         await self._context.abort(code, details, trailing_metadata)
 
 
@@ -96,6 +96,7 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         if handler.response_streaming:
             inner = handler.unary_stream
             if inspect.isasyncgenfunction(inner):
+
                 async def unary_stream(request, context):
                     context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
@@ -109,13 +110,16 @@ class RequestGuard(grpc.aio.ServerInterceptor):
                         # context among it) would run later in another task.
                         await responses.aclose()
             else:
+
                 async def unary_stream(request, context):
                     context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
                     return await inner(request, context)
-            return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=guarded,
-                                                        response_serializer=handler.response_serializer)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, request_deserializer=guarded, response_serializer=handler.response_serializer
+            )
         inner = handler.unary_unary
 
         async def unary_unary(request, context):
@@ -125,8 +129,9 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             result = inner(request, context)
             return await result if inspect.isawaitable(result) else result
 
-        return grpc.unary_unary_rpc_method_handler(unary_unary, request_deserializer=guarded,
-                                                   response_serializer=handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(
+            unary_unary, request_deserializer=guarded, response_serializer=handler.response_serializer
+        )
 
 
 class _Health(health.aio.HealthServicer):
@@ -159,8 +164,12 @@ class ServiceHost:
         self.telemetry = telemetry
         self.grace = shutdown_grace_seconds
         self.security = security or SecurityConfig()
-        self.auth_refusals = Counter("bandmaster_auth_refusals", "calls refused for a missing, unknown or "
-                                     "under-privileged bearer token", ["interface", "reason"], registry=self.registry)
+        self.auth_refusals = Counter(
+            "bandmaster_auth_refusals",
+            "calls refused for a missing, unknown or under-privileged bearer token",
+            ["interface", "reason"],
+            registry=self.registry,
+        )
         token_check = self.security.server_interceptor(self.count_refusal)
         # The token check runs first: a refused call reaches no other interceptor. The request guard wraps
         # every handler (the refusal too), so a message that does not parse is INVALID_ARGUMENT.
@@ -214,8 +223,11 @@ class ServiceHost:
     async def start(self) -> None:
         if self.security.grpc_reflection:
             reflection.enable_server_reflection(
-                [*self._service_names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                 reflection.SERVICE_NAME],
+                [
+                    *self._service_names,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ],
                 self.server,
             )
         bind = f"[{self.host}]:{self._port}" if ":" in self.host else f"{self.host}:{self._port}"
@@ -244,13 +256,19 @@ class ServiceHost:
         for service in ["", *self._service_names]:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log_posture(self.name, self.security, self.host)
-        log.info("%s serving gRPC on %s (%s), metrics on port %s", self.name, self.address, self.security.describe(),
-                 self.metrics_port or "off")
+        log.info(
+            "%s serving gRPC on %s (%s), metrics on port %s",
+            self.name,
+            self.address,
+            self.security.describe(),
+            self.metrics_port or "off",
+        )
 
     def write_ready_file(self, path: str) -> None:
         """Publish the bound ports atomically for a supervising process."""
-        write_ready_file(path, {"service": self.name, "grpc": self.address, "metrics_port": self.metrics_port,
-                                "pid": os.getpid()})
+        write_ready_file(
+            path, {"service": self.name, "grpc": self.address, "metrics_port": self.metrics_port, "pid": os.getpid()}
+        )
 
     async def stop(self) -> None:
         if self._stopped.is_set():

@@ -97,9 +97,12 @@ class _Parser(argparse.ArgumentParser):
 
 def run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, list[ProbeResult]]:
     """Probe every target: (0, results) when all are healthy, else (1, results); a usage error is (1, [])."""
-    parser = _Parser(prog="python -m services.common.healthcheck",
-                     description="Probe Bandmaster endpoints (container HEALTHCHECK)")
-    parser.add_argument("targets", nargs="*", help=f"grpc://HOST:PORT or http://HOST:PORT/PATH (default: ${ENV_TARGETS})")
+    parser = _Parser(
+        prog="python -m services.common.healthcheck", description="Probe Bandmaster endpoints (container HEALTHCHECK)"
+    )
+    parser.add_argument(
+        "targets", nargs="*", help=f"grpc://HOST:PORT or http://HOST:PORT/PATH (default: ${ENV_TARGETS})"
+    )
     parser.add_argument("--timeout-seconds", type=float, default=DEFAULT_TIMEOUT_S, help="deadline of each probe")
     try:
         args = parser.parse_args(list(argv))

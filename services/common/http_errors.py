@@ -12,13 +12,20 @@ _CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
 def error_body(status: int, message: str) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error" if status < 500 else "server_error",
-                      "param": None, "code": _CODES.get(status, str(status))}}
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error" if status < 500 else "server_error",
+            "param": None,
+            "code": _CODES.get(status, str(status)),
+        }
+    }
 
 
 @web.middleware
-async def json_errors(request: web.Request,
-                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -31,5 +38,9 @@ async def json_errors(request: web.Request,
         else:
             message = exc.reason
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
-        return web.Response(status=exc.status, body=json.dumps(error_body(exc.status, message)).encode(),
-                            content_type="application/json", headers=headers)
+        return web.Response(
+            status=exc.status,
+            body=json.dumps(error_body(exc.status, message)).encode(),
+            content_type="application/json",
+            headers=headers,
+        )

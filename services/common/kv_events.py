@@ -27,7 +27,7 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
     block_size: int
-    medium: str = DEFAULT_MEDIUM    # "GPU" | "CPU_PINNED"
+    medium: str = DEFAULT_MEDIUM  # "GPU" | "CPU_PINNED"
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class EventBatch:
     ts: float
     events: tuple[KvEvent, ...]
     dp_rank: int | None
-    skipped: int = 0        # events of unknown type or shape, dropped
+    skipped: int = 0  # events of unknown type or shape, dropped
 
 
 class EventDecodeError(ValueError):
@@ -59,8 +59,15 @@ class EventDecodeError(ValueError):
 def encode_event(event: KvEvent) -> list:
     """One event as SGLang's tagged array (lora_id always None)."""
     if isinstance(event, BlockStored):
-        return ["BlockStored", list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                event.block_size, None, event.medium]
+        return [
+            "BlockStored",
+            list(event.block_hashes),
+            event.parent_block_hash,
+            list(event.token_ids),
+            event.block_size,
+            None,
+            event.medium,
+        ]
     if isinstance(event, BlockRemoved):
         return ["BlockRemoved", list(event.block_hashes), event.medium]
     if isinstance(event, AllBlocksCleared):
@@ -81,8 +88,13 @@ def _event_from_fields(tag: str, fields: list[Any]) -> KvEvent | None:
     if tag == "BlockStored" and len(fields) >= 4:
         hashes, parent, tokens, block_size = fields[:4]
         medium = fields[5] if len(fields) > 5 else None
-        return BlockStored(tuple(int(h) for h in hashes), None if parent is None else int(parent),
-                           tuple(int(t) for t in tokens), int(block_size), _medium(medium))
+        return BlockStored(
+            tuple(int(h) for h in hashes),
+            None if parent is None else int(parent),
+            tuple(int(t) for t in tokens),
+            int(block_size),
+            _medium(medium),
+        )
     if tag == "BlockRemoved" and len(fields) >= 1:
         medium = fields[1] if len(fields) > 1 else None
         return BlockRemoved(tuple(int(h) for h in fields[0]), _medium(medium))
@@ -94,8 +106,14 @@ def _event_from_fields(tag: str, fields: list[Any]) -> KvEvent | None:
 def _event_from_map(raw: dict[Any, Any]) -> KvEvent | None:
     tag = raw.get("type")
     if tag == "BlockStored":
-        fields = [raw.get("block_hashes", ()), raw.get("parent_block_hash"), raw.get("token_ids", ()),
-                  raw.get("block_size", 0), raw.get("lora_id"), raw.get("medium")]
+        fields = [
+            raw.get("block_hashes", ()),
+            raw.get("parent_block_hash"),
+            raw.get("token_ids", ()),
+            raw.get("block_size", 0),
+            raw.get("lora_id"),
+            raw.get("medium"),
+        ]
     elif tag == "BlockRemoved":
         fields = [raw.get("block_hashes", ()), raw.get("medium")]
     else:

@@ -30,23 +30,33 @@ class LoopLag:
     the caller runs: the time since the sampler last ran beyond its interval).
     """
 
-    def __init__(self, service: str, registry: CollectorRegistry | None, *, interval_s: float = 0.1,
-                 warn_s: float = 1.0, warn_every_s: float = 60.0,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        service: str,
+        registry: CollectorRegistry | None,
+        *,
+        interval_s: float = 0.1,
+        warn_s: float = 1.0,
+        warn_every_s: float = 60.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.service = service
         self.interval_s = interval_s
         self.warn_s = warn_s
         self.warn_every_s = warn_every_s
         self._now = monotonic
         self._last_wake = monotonic()
-        self._stalls: list[tuple[float, float]] = []   # (ended at, lag), lags >= interval only
+        self._stalls: list[tuple[float, float]] = []  # (ended at, lag), lags >= interval only
         self._last_warning = float("-inf")
         self._suppressed = 0
         self._task: asyncio.Task | None = None
-        self.histogram = Histogram("bandmaster_event_loop_lag_seconds",
-                                   "How late the service's event loop ran a timer (sampled every "
-                                   f"{interval_s:g}s); a late loop makes every deadline it keeps late too",
-                                   buckets=LAG_BUCKETS, registry=registry)
+        self.histogram = Histogram(
+            "bandmaster_event_loop_lag_seconds",
+            "How late the service's event loop ran a timer (sampled every "
+            f"{interval_s:g}s); a late loop makes every deadline it keeps late too",
+            buckets=LAG_BUCKETS,
+            registry=registry,
+        )
 
     def observe(self, lag_s: float) -> None:
         """Record one sample (the sampler, or a test, calls this after each wake)."""
@@ -62,8 +72,7 @@ class LoopLag:
         if lag_s >= self.warn_s:
             if now - self._last_warning >= self.warn_every_s:
                 extra = f" ({self._suppressed} more since the last warning)" if self._suppressed else ""
-                log.warning("%s: event loop blocked for %.2fs%s; its deadlines fired late", self.service, lag_s,
-                            extra)
+                log.warning("%s: event loop blocked for %.2fs%s; its deadlines fired late", self.service, lag_s, extra)
                 self._last_warning = now
                 self._suppressed = 0
             else:

@@ -40,8 +40,7 @@ class PortInUse(OSError):
         self.flag = flag
 
     def __str__(self) -> str:
-        return (f"port {self.port} ({self.what}) on {self.host} is already in use; "
-                f"choose another with {self.flag}")
+        return f"port {self.port} ({self.what}) on {self.host} is already in use; choose another with {self.flag}"
 
 
 def port_free(host: str, port: int) -> bool:

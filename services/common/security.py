@@ -63,8 +63,8 @@ class Role(enum.Enum):
 
 class Verdict(enum.Enum):
     ALLOW = "allow"
-    UNAUTHENTICATED = "unauthenticated"          # no token, or one no role knows
-    PERMISSION_DENIED = "permission_denied"      # a data token on a control RPC
+    UNAUTHENTICATED = "unauthenticated"  # no token, or one no role knows
+    PERMISSION_DENIED = "permission_denied"  # a data token on a control RPC
 
 
 def required_role(method: str) -> Role:
@@ -149,25 +149,51 @@ def _env(prefix: str, name: str) -> str:
 def security_settings(prefix: str) -> list[Setting]:
     """The security group every gRPC service adds to its SETTINGS (same flags everywhere)."""
     return [
-        Setting("tls_cert", str, "", "PEM certificate chain this process presents: the gRPC server's (and the "
-                "router's HTTPS port's) and, on outbound gRPC channels, the client certificate; needs --tls-key",
-                env=_env(prefix, "tls_cert")),
+        Setting(
+            "tls_cert",
+            str,
+            "",
+            "PEM certificate chain this process presents: the gRPC server's (and the "
+            "router's HTTPS port's) and, on outbound gRPC channels, the client certificate; needs --tls-key",
+            env=_env(prefix, "tls_cert"),
+        ),
         Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env(prefix, "tls_key")),
-        Setting("tls_ca", str, "", "PEM CA bundle: the gRPC server then requires client certificates signed by it "
-                "(mutual TLS), and outbound channels verify servers against it (default: system roots)",
-                env=_env(prefix, "tls_ca")),
-        Setting("control_token_file", str, "", "file with the control-plane bearer token(s), one per line: "
-                f"required on control RPCs and sent on outbound calls (or env {CONTROL_TOKEN_ENV})",
-                env=_env(prefix, "control_token_file")),
-        Setting("data_token_file", str, "", "file with the data-plane bearer token(s), one per line: required on "
-                f"the router's HTTP API and Generate/Release (or env {DATA_TOKEN_ENV})",
-                env=_env(prefix, "data_token_file")),
-        Setting("grpc_reflection", bool, False, "serve gRPC server reflection (a control RPC when a control token "
-                "is set)", env=_env(prefix, "grpc_reflection")),
+        Setting(
+            "tls_ca",
+            str,
+            "",
+            "PEM CA bundle: the gRPC server then requires client certificates signed by it "
+            "(mutual TLS), and outbound channels verify servers against it (default: system roots)",
+            env=_env(prefix, "tls_ca"),
+        ),
+        Setting(
+            "control_token_file",
+            str,
+            "",
+            "file with the control-plane bearer token(s), one per line: "
+            f"required on control RPCs and sent on outbound calls (or env {CONTROL_TOKEN_ENV})",
+            env=_env(prefix, "control_token_file"),
+        ),
+        Setting(
+            "data_token_file",
+            str,
+            "",
+            "file with the data-plane bearer token(s), one per line: required on "
+            f"the router's HTTP API and Generate/Release (or env {DATA_TOKEN_ENV})",
+            env=_env(prefix, "data_token_file"),
+        ),
+        Setting(
+            "grpc_reflection",
+            bool,
+            False,
+            "serve gRPC server reflection (a control RPC when a control token is set)",
+            env=_env(prefix, "grpc_reflection"),
+        ),
     ]
 
 
 # -- outbound channels ---------------------------------------------------------------------------
+
 
 class _BearerDetails:
     def __init__(self, token: str) -> None:
@@ -205,6 +231,7 @@ def bearer_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 
 # -- the server side -----------------------------------------------------------------------------
 
+
 def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that only aborts with `code`."""
 
@@ -222,8 +249,9 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(handler.request_streaming, handler.response_streaming)]
-    return factory(behavior, request_deserializer=handler.request_deserializer,
-                   response_serializer=handler.response_serializer)
+    return factory(
+        behavior, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )
 
 
 _REFUSAL_TEXT = {
@@ -235,8 +263,9 @@ _REFUSAL_TEXT = {
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Checks the `authorization` metadata of every call against the role table (`authorize`)."""
 
-    def __init__(self, control: Tokens | None, data: Tokens | None,
-                 on_refusal: Callable[[str, Verdict], None] | None = None) -> None:
+    def __init__(
+        self, control: Tokens | None, data: Tokens | None, on_refusal: Callable[[str, Verdict], None] | None = None
+    ) -> None:
         self.control = control
         self.data = data
         self._on_refusal = on_refusal
@@ -271,16 +300,29 @@ def openai_auth_error(verdict: Verdict, headers: Mapping[str, str] | None = None
     if verdict is Verdict.PERMISSION_DENIED:
         status, message, code = 403, "this token may not use this endpoint", "insufficient_permissions"
     else:
-        status, message, code = 401, "missing or invalid bearer token (Authorization: Bearer <token>)", \
-            "invalid_api_key"
+        status, message, code = (
+            401,
+            "missing or invalid bearer token (Authorization: Bearer <token>)",
+            "invalid_api_key",
+        )
     body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
-    return web.Response(status=status, text=json.dumps(body), content_type="application/json",
-                        headers={**(headers or {}), "WWW-Authenticate": 'Bearer realm="bandmaster"'})
+    return web.Response(
+        status=status,
+        text=json.dumps(body),
+        content_type="application/json",
+        headers={**(headers or {}), "WWW-Authenticate": 'Bearer realm="bandmaster"'},
+    )
 
 
-def bearer_guard(handler: Handler, control: Tokens | None, data: Tokens | None, *,
-                 headers: Mapping[str, str] | None = None, public_paths: frozenset[str] = PUBLIC_HTTP_PATHS,
-                 on_refusal: Callable[[str, Verdict], None] | None = None) -> Handler:
+def bearer_guard(
+    handler: Handler,
+    control: Tokens | None,
+    data: Tokens | None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    public_paths: frozenset[str] = PUBLIC_HTTP_PATHS,
+    on_refusal: Callable[[str, Verdict], None] | None = None,
+) -> Handler:
     """`handler` behind the data-plane bearer token: every path but `public_paths` needs a data (or
     control) token when one is configured; otherwise OpenAI-style 401 JSON, before the body is read."""
     if data is None and control is None:
@@ -300,6 +342,7 @@ def bearer_guard(handler: Handler, control: Tokens | None, data: Tokens | None, 
 
 
 # -- configuration -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class SecurityConfig:
@@ -325,12 +368,20 @@ class SecurityConfig:
 
     def __post_init__(self) -> None:
         if (self.cert_pem is None) != (self.key_pem is None):
-            raise ConfigError("tls_key" if self.key_pem is None else "tls_cert", "",
-                              "--tls-cert and --tls-key go together")
-        if self.control_tokens is not None and self.data_tokens is not None \
-                and self.control_tokens.overlaps(self.data_tokens):
-            raise ConfigError("data_token_file", "<redacted>", "the data token must differ from the control token "
-                              "(otherwise data-plane clients could call control RPCs)")
+            raise ConfigError(
+                "tls_key" if self.key_pem is None else "tls_cert", "", "--tls-cert and --tls-key go together"
+            )
+        if (
+            self.control_tokens is not None
+            and self.data_tokens is not None
+            and self.control_tokens.overlaps(self.data_tokens)
+        ):
+            raise ConfigError(
+                "data_token_file",
+                "<redacted>",
+                "the data token must differ from the control token "
+                "(otherwise data-plane clients could call control RPCs)",
+            )
 
     @property
     def tls(self) -> bool:
@@ -359,23 +410,28 @@ class SecurityConfig:
     def server_credentials(self) -> grpc.ServerCredentials | None:
         if not self.tls:
             return None
-        return grpc.ssl_server_credentials([(self.key_pem, self.cert_pem)], root_certificates=self.ca_pem,
-                                           require_client_auth=self.mutual_tls)
+        return grpc.ssl_server_credentials(
+            [(self.key_pem, self.cert_pem)], root_certificates=self.ca_pem, require_client_auth=self.mutual_tls
+        )
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         if not self.outbound_tls:
             return None
-        return grpc.ssl_channel_credentials(root_certificates=self.ca_pem, private_key=self.key_pem,
-                                            certificate_chain=self.cert_pem)
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca_pem, private_key=self.key_pem, certificate_chain=self.cert_pem
+        )
 
-    def server_interceptor(self, on_refusal: Callable[[str, Verdict], None] | None = None
-                           ) -> TokenInterceptor | None:
+    def server_interceptor(self, on_refusal: Callable[[str, Verdict], None] | None = None) -> TokenInterceptor | None:
         if self.control_tokens is None and self.data_tokens is None:
             return None
         return TokenInterceptor(self.control_tokens, self.data_tokens, on_refusal)
 
-    def channel(self, address: str, options: Sequence[tuple[str, Any]] | None = None,
-                interceptors: Sequence[grpc.aio.ClientInterceptor] = ()) -> grpc.aio.Channel:
+    def channel(
+        self,
+        address: str,
+        options: Sequence[tuple[str, Any]] | None = None,
+        interceptors: Sequence[grpc.aio.ClientInterceptor] = (),
+    ) -> grpc.aio.Channel:
         """An outbound channel to `address`: TLS (with this process's client certificate) when TLS is
         configured, and the first control token on every call when one is; `interceptors` (tracing) first."""
         chain = list(interceptors)
@@ -420,8 +476,9 @@ def _check_pem(values: Mapping[str, str]) -> None:
         try:
             _server_context(cert, key)
         except ssl.SSLError as exc:
-            raise ConfigError("tls_key", key, f"not a PEM private key matching --tls-cert ({exc.reason or exc})") \
-                from None
+            raise ConfigError(
+                "tls_key", key, f"not a PEM private key matching --tls-cert ({exc.reason or exc})"
+            ) from None
     if ca:
         try:
             ssl.create_default_context(cafile=ca)
@@ -441,12 +498,12 @@ def _parse_tokens(field_name: str, shown: str, text: str) -> Tokens:
     return Tokens(tokens)
 
 
-def _load_tokens(field_name: str, path: str, env_name: str, env: Mapping[str, str],
-                 notes: list[str]) -> Tokens | None:
+def _load_tokens(field_name: str, path: str, env_name: str, env: Mapping[str, str], notes: list[str]) -> Tokens | None:
     from_env = env.get(env_name, "").strip()
     if path and from_env:
-        raise ConfigError(field_name, path, f"give the token by --{field_name.replace('_', '-')} or {env_name}, "
-                          "not both")
+        raise ConfigError(
+            field_name, path, f"give the token by --{field_name.replace('_', '-')} or {env_name}, not both"
+        )
     if from_env:
         return _parse_tokens(env_name, "<redacted>", from_env)
     if not path:
@@ -474,30 +531,56 @@ def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityCon
         missing = "tls_key" if raw["tls_cert"] else "tls_cert"
         raise ConfigError(missing, "", "--tls-cert and --tls-key go together")
     if raw["tls_ca"] and not raw["tls_cert"]:
-        raise ConfigError("tls_ca", raw["tls_ca"], "--tls-ca (mutual TLS) needs --tls-cert and --tls-key: "
-                          "the server must present a certificate of its own")
+        raise ConfigError(
+            "tls_ca",
+            raw["tls_ca"],
+            "--tls-ca (mutual TLS) needs --tls-cert and --tls-key: the server must present a certificate of its own",
+        )
     pem = {name: _read(name, raw[name]) if raw[name] else None for name in ("tls_cert", "tls_key", "tls_ca")}
     _check_pem(raw)
     notes: list[str] = []
     control = _load_tokens("control_token_file", raw["control_token_file"], CONTROL_TOKEN_ENV, env, notes)
     data = _load_tokens("data_token_file", raw["data_token_file"], DATA_TOKEN_ENV, env, notes)
-    return SecurityConfig(tls_cert=raw["tls_cert"], tls_key=raw["tls_key"], tls_ca=raw["tls_ca"],
-                          cert_pem=pem["tls_cert"], key_pem=pem["tls_key"], ca_pem=pem["tls_ca"],
-                          control_tokens=control, data_tokens=data, grpc_reflection=bool(raw["grpc_reflection"]),
-                          notes=tuple(notes))
+    return SecurityConfig(
+        tls_cert=raw["tls_cert"],
+        tls_key=raw["tls_key"],
+        tls_ca=raw["tls_ca"],
+        cert_pem=pem["tls_cert"],
+        key_pem=pem["tls_key"],
+        ca_pem=pem["tls_ca"],
+        control_tokens=control,
+        data_tokens=data,
+        grpc_reflection=bool(raw["grpc_reflection"]),
+        notes=tuple(notes),
+    )
 
 
-def client_security(*, tls_ca: str = "", tls_cert: str = "", tls_key: str = "", control_token_file: str = "",
-                    env: Mapping[str, str] | None = None) -> SecurityConfig:
+def client_security(
+    *,
+    tls_ca: str = "",
+    tls_cert: str = "",
+    tls_key: str = "",
+    control_token_file: str = "",
+    env: Mapping[str, str] | None = None,
+) -> SecurityConfig:
     """For client-only tools (the CLI, tests): `--tls-ca` alone (verify the server, present no
     certificate) is allowed here."""
     if bool(tls_cert) != bool(tls_key):
         raise ConfigError("tls_key" if tls_cert else "tls_cert", "", "--tls-cert and --tls-key go together")
-    pem = {name: _read(name, path) if path else None
-           for name, path in (("tls_cert", tls_cert), ("tls_key", tls_key), ("tls_ca", tls_ca))}
+    pem = {
+        name: _read(name, path) if path else None
+        for name, path in (("tls_cert", tls_cert), ("tls_key", tls_key), ("tls_ca", tls_ca))
+    }
     control = _load_tokens("control_token_file", control_token_file, CONTROL_TOKEN_ENV, env or {}, [])
-    return SecurityConfig(tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, cert_pem=pem["tls_cert"],
-                          key_pem=pem["tls_key"], ca_pem=pem["tls_ca"], control_tokens=control)
+    return SecurityConfig(
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
+        cert_pem=pem["tls_cert"],
+        key_pem=pem["tls_key"],
+        ca_pem=pem["tls_ca"],
+        control_tokens=control,
+    )
 
 
 def log_posture(name: str, security: SecurityConfig, host: str) -> None:
@@ -506,7 +589,11 @@ def log_posture(name: str, security: SecurityConfig, host: str) -> None:
         log.warning("%s: %s", name, note)
     loopback = host in ("127.0.0.1", "::1", "localhost")
     if not loopback and security.control_tokens is None:
-        log.warning("%s listens on %s with no control token: anyone who reaches the port may call its control "
-                    "RPCs (see docs/security.md)", name, host)
+        log.warning(
+            "%s listens on %s with no control token: anyone who reaches the port may call its control "
+            "RPCs (see docs/security.md)",
+            name,
+            host,
+        )
     if not loopback and not security.tls and (security.control_tokens or security.data_tokens):
         log.warning("%s: bearer tokens travel in clear text on %s; give --tls-cert/--tls-key", name, host)

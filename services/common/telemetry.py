@@ -41,8 +41,11 @@ from services.common.errors import ConfigError
 log = logging.getLogger(__name__)
 
 # gRPC services whose calls are never traced: probes and tooling, not work.
-UNTRACED_GRPC_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                          "grpc.reflection.v1.ServerReflection")
+UNTRACED_GRPC_SERVICES = (
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1alpha.ServerReflection",
+    "grpc.reflection.v1.ServerReflection",
+)
 
 
 def trace_sampler(sample_ratio: float | None, env: Mapping[str, str]) -> Sampler | None:
@@ -57,8 +60,12 @@ def trace_sampler(sample_ratio: float | None, env: Mapping[str, str]) -> Sampler
             raise ConfigError("trace_sample_ratio", sample_ratio, "0 <= trace_sample_ratio <= 1")
         return ParentBased(TraceIdRatioBased(sample_ratio))
     name = (env.get("OTEL_TRACES_SAMPLER") or "parentbased_always_on").strip().lower()
-    fixed = {"always_on": ALWAYS_ON, "always_off": ALWAYS_OFF,
-             "parentbased_always_on": ParentBased(ALWAYS_ON), "parentbased_always_off": ParentBased(ALWAYS_OFF)}
+    fixed = {
+        "always_on": ALWAYS_ON,
+        "always_off": ALWAYS_OFF,
+        "parentbased_always_on": ParentBased(ALWAYS_ON),
+        "parentbased_always_off": ParentBased(ALWAYS_OFF),
+    }
     if name in fixed:
         return fixed[name]
     if name not in ("traceidratio", "parentbased_traceidratio"):
@@ -114,8 +121,9 @@ def setup_telemetry(
     created (so context still propagates) but never exported. Raises ConfigError for a sampling
     setting out of range."""
     env = os.environ if env is None else env
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
-                              sampler=trace_sampler(sample_ratio, env))
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": service_name}), sampler=trace_sampler(sample_ratio, env)
+    )
     exporting = False
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -125,8 +133,11 @@ def setup_telemetry(
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         exporting = True
-        log.info("telemetry: exporting spans by OTLP for service %s (sampler %s)", service_name,
-                 provider.sampler.get_description())
+        log.info(
+            "telemetry: exporting spans by OTLP for service %s (sampler %s)",
+            service_name,
+            provider.sampler.get_description(),
+        )
     if set_global:
         try:
             trace.set_tracer_provider(provider)
@@ -138,6 +149,7 @@ def setup_telemetry(
 # --------------------------------------------------------------------------------------------
 # gRPC
 # --------------------------------------------------------------------------------------------
+
 
 def _traced_method(method: str) -> bool:
     service = method.lstrip("/").split("/", 1)[0]
@@ -158,7 +170,8 @@ class GrpcServerTracing(grpc.aio.ServerInterceptor):
         from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
         self._instrumentation = aio_server_interceptor(
-            tracer_provider=provider, filter_=lambda details: _traced_method(details.method))
+            tracer_provider=provider, filter_=lambda details: _traced_method(details.method)
+        )
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -186,9 +199,13 @@ def grpc_client_tracing(provider: trace.TracerProvider | None = None) -> list[gr
     inject by hand (`inject_metadata`)."""
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    return [i for i in aio_client_interceptors(tracer_provider=provider,
-                                               filter_=lambda details: _traced_method(_method_name(details)))
-            if isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)]
+    return [
+        i
+        for i in aio_client_interceptors(
+            tracer_provider=provider, filter_=lambda details: _traced_method(_method_name(details))
+        )
+        if isinstance(i, grpc.aio.UnaryUnaryClientInterceptor)
+    ]
 
 
 def _method_name(details) -> str:
@@ -235,8 +252,9 @@ def http_server_middleware(tracer: trace.Tracer, paths: Collection[str]):
     async def trace_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path not in traced:
             return await handler(request)
-        with tracer.start_as_current_span(f"{request.method} {request.path}", context=propagate.extract(request.headers),
-                                          kind=trace.SpanKind.SERVER) as span:
+        with tracer.start_as_current_span(
+            f"{request.method} {request.path}", context=propagate.extract(request.headers), kind=trace.SpanKind.SERVER
+        ) as span:
             span.set_attribute("http.request.method", request.method)
             span.set_attribute("url.path", request.path)
             response = await handler(request)

@@ -71,6 +71,7 @@ class ChatTemplateError(ValueError):
 
 # -- the Jinja environment --------------------------------------------------------------------------
 
+
 class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` (transformers marks assistant text with it): the body."""
 
@@ -90,8 +91,9 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+) -> str:
     # Jinja's own tojson escapes <, >, & and ' for HTML; chat templates want the plain JSON.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -101,8 +103,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -112,7 +115,8 @@ def _environment() -> ImmutableSandboxedEnvironment:
 def _iterates_content(node: jinja2.nodes.Node) -> bool:
     """`message['content']`, `message.content` (or msg/m), possibly filtered or sliced."""
     while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
-            isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)):
+        isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
+    ):
         node = node.node
         if node is None:
             return False
@@ -130,11 +134,15 @@ def content_format(env: jinja2.Environment, source: str) -> str:
     if any(word in source for word in ("image", "audio", "video", "vision")):
         return CONTENT_PARTS
     ast = env.parse(source)
-    return CONTENT_PARTS if any(_iterates_content(loop.iter) for loop in ast.find_all(jinja2.nodes.For)) \
+    return (
+        CONTENT_PARTS
+        if any(_iterates_content(loop.iter) for loop in ast.find_all(jinja2.nodes.For))
         else CONTENT_STRING
+    )
 
 
 # -- loading ----------------------------------------------------------------------------------------
+
 
 def _read_json(path: Path) -> dict:
     try:
@@ -169,15 +177,20 @@ def _templates(config: Mapping[str, Any], template_file: Path | None, config_pat
         return {}
     if isinstance(raw, str):
         return {"default": raw}
-    if isinstance(raw, list) and all(isinstance(t, dict) and isinstance(t.get("name"), str)
-                                     and isinstance(t.get("template"), str) for t in raw):
+    if isinstance(raw, list) and all(
+        isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str) for t in raw
+    ):
         named = {t["name"]: t["template"] for t in raw}
         if "default" not in named:
-            raise ConfigError("tokenizer", f"{config_path}:chat_template",
-                              f"a list of templates needs one named 'default' (has {', '.join(sorted(named))})")
+            raise ConfigError(
+                "tokenizer",
+                f"{config_path}:chat_template",
+                f"a list of templates needs one named 'default' (has {', '.join(sorted(named))})",
+            )
         return named
-    raise ConfigError("tokenizer", f"{config_path}:chat_template",
-                      "must be a string or a list of {name, template} objects")
+    raise ConfigError(
+        "tokenizer", f"{config_path}:chat_template", "must be a string or a list of {name, template} objects"
+    )
 
 
 def load_tokenizer(path: str | Path) -> "ModelTokenizer":
@@ -189,16 +202,20 @@ def load_tokenizer(path: str | Path) -> "ModelTokenizer":
         directory, tokenizer_file = location.parent, location
     else:
         raise ConfigError("tokenizer", str(path), f"not a directory holding {TOKENIZER_FILE} and {CONFIG_FILE}")
-    return ModelTokenizer.from_files(tokenizer_file, directory / CONFIG_FILE,
-                                     special_tokens_file=directory / SPECIAL_TOKENS_FILE,
-                                     template_file=directory / TEMPLATE_FILE)
+    return ModelTokenizer.from_files(
+        tokenizer_file,
+        directory / CONFIG_FILE,
+        special_tokens_file=directory / SPECIAL_TOKENS_FILE,
+        template_file=directory / TEMPLATE_FILE,
+    )
 
 
 class ModelTokenizer:
     """A loaded tokenizer and chat template. Pure after construction; safe to share between threads."""
 
-    def __init__(self, tokenizer: Tokenizer, config: Mapping[str, Any], templates: Mapping[str, str], *,
-                 source: str = "") -> None:
+    def __init__(
+        self, tokenizer: Tokenizer, config: Mapping[str, Any], templates: Mapping[str, str], *, source: str = ""
+    ) -> None:
         """`templates` maps template names to Jinja sources ("default" first); raises ConfigError
         naming `source` for a template that does not compile."""
         self.source = source
@@ -218,8 +235,10 @@ class ModelTokenizer:
         # None = the tokenizer.json post-processor decides; else (add BOS, add EOS) as the config says.
         self._specials: tuple[bool, bool] | None = None
         if isinstance(add_bos, bool) or isinstance(add_eos, bool):
-            self._specials = (add_bos is True and self.bos_token_id is not None,
-                              add_eos is True and self.eos_token_id is not None)
+            self._specials = (
+                add_bos is True and self.bos_token_id is not None,
+                add_eos is True and self.eos_token_id is not None,
+            )
         env = _environment()
         self._templates: dict[str, jinja2.Template] = {}
         self._formats: dict[str, str] = {}
@@ -229,13 +248,19 @@ class ModelTokenizer:
                 self._templates[name] = env.from_string(text)
                 self._formats[name] = content_format(env, text)
             except jinja2.TemplateSyntaxError as exc:
-                raise ConfigError("tokenizer", where, f"template syntax error at line {exc.lineno}: {exc.message}") \
-                    from None
+                raise ConfigError(
+                    "tokenizer", where, f"template syntax error at line {exc.lineno}: {exc.message}"
+                ) from None
 
     @classmethod
-    def from_files(cls, tokenizer_file: str | Path, config_file: str | Path, *,
-                   special_tokens_file: str | Path | None = None,
-                   template_file: str | Path | None = None) -> "ModelTokenizer":
+    def from_files(
+        cls,
+        tokenizer_file: str | Path,
+        config_file: str | Path,
+        *,
+        special_tokens_file: str | Path | None = None,
+        template_file: str | Path | None = None,
+    ) -> "ModelTokenizer":
         tokenizer_path, config_path = Path(tokenizer_file), Path(config_file)
         if not tokenizer_path.is_file():
             raise ConfigError("tokenizer", str(tokenizer_path), "file not found")
@@ -294,16 +319,27 @@ class ModelTokenizer:
     def content_format(self, tools: Any = None) -> str:
         return self._formats[self._template_name(tools)]
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None = None,
-                    documents: Sequence[Any] | None = None, add_generation_prompt: bool = True,
-                    **template_kwargs: Any) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Any] | None = None,
+        documents: Sequence[Any] | None = None,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
         """The template applied to `messages` as they are (transformers' `apply_chat_template(...,
         tokenize=False)`). Raises ChatTemplateError when the template raises or cannot render them."""
         template = self._templates[self._template_name(tools)]
         kwargs = {**self.special_tokens, **template_kwargs}
         try:
-            return template.render(messages=messages, tools=tools, documents=documents,
-                                   add_generation_prompt=add_generation_prompt, **kwargs)
+            return template.render(
+                messages=messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=add_generation_prompt,
+                **kwargs,
+            )
         except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
             raise ChatTemplateError(f"chat template: {exc}") from None
 
@@ -343,7 +379,7 @@ class ModelTokenizer:
         """Prompt token ids of OpenAI chat request `request`, as SGLang computes them."""
         ids = request.get("input_ids")
         if isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            return list(ids)   # SGLang's extension: the caller tokenized already
+            return list(ids)  # SGLang's extension: the caller tokenized already
         return self.encode(self.chat_prompt(request), add_special_tokens=False)
 
 
@@ -369,8 +405,11 @@ def _message_for_template(message: Any, index: int, fmt: str) -> dict:
         content = ""
     if isinstance(content, list):
         content = _parts_for_template(content, fmt)
-    if msg["role"] == "tool" and isinstance(content, list) and all(
-            isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text") for p in content):
+    if (
+        msg["role"] == "tool"
+        and isinstance(content, list)
+        and all(isinstance(p, str) or (isinstance(p, dict) and p.get("type") == "text") for p in content)
+    ):
         content = " ".join(p if isinstance(p, str) else p.get("text", "") for p in content)
     msg["content"] = content
     return {k: v for k, v in msg.items() if v is not None}
@@ -394,8 +433,9 @@ _MEDIA_PARTS = {"image_url": "image", "input_image": "image", "video_url": "vide
 
 def _parts_for_template(parts: list, fmt: str) -> str | list:
     if fmt == CONTENT_STRING:
-        return " ".join(p["text"] for p in parts
-                        if isinstance(p, dict) and p.get("type") in ("text", "input_text") and "text" in p)
+        return " ".join(
+            p["text"] for p in parts if isinstance(p, dict) and p.get("type") in ("text", "input_text") and "text" in p
+        )
     out: list = []
     for part in parts:
         if not isinstance(part, dict):

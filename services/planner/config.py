@@ -33,9 +33,18 @@ def _s(name: str, type_: type, default: Any, help_text: str, **kw: Any) -> Setti
 
 SETTINGS: list[Setting] = [
     # Batch API
-    _s("http_listen", str, "127.0.0.1:8090", "Batch API (OpenAI /v1/files, /v1/batches) HTTP listen host:port (port 0 = any)"),
-    _s("registry_path", str, "planner.sqlite3", "SQLite file of batch files, jobs and per-request state (':memory:' = "
-       "nothing survives a restart)"),
+    _s(
+        "http_listen",
+        str,
+        "127.0.0.1:8090",
+        "Batch API (OpenAI /v1/files, /v1/batches) HTTP listen host:port (port 0 = any)",
+    ),
+    _s(
+        "registry_path",
+        str,
+        "planner.sqlite3",
+        "SQLite file of batch files, jobs and per-request state (':memory:' = nothing survives a restart)",
+    ),
     _s("max_batch_requests", int, DEFAULT_MAX_REQUESTS, "most requests in one batch input file (above: 413)"),
     _s("max_file_bytes", int, DEFAULT_MAX_FILE_BYTES, "largest batch input file in bytes (above: 413)"),
     # Pool and tick
@@ -45,10 +54,20 @@ SETTINGS: list[Setting] = [
     _s("tick_interval_seconds", float, 5.0, "seconds between ticks"),
     _s("tick_max_duration_seconds", float, 10.0, "deadline of one tick's observation (over: tick_timeout, zero lease)"),
     _s("observe_timeout_seconds", float, 3.0, "deadline of each observation source"),
-    _s("effect_timeout_seconds", float, 5.0, "deadline of each effect (lease write, scale call); over = outcome unknown"),
+    _s(
+        "effect_timeout_seconds",
+        float,
+        5.0,
+        "deadline of each effect (lease write, scale call); over = outcome unknown",
+    ),
     # Batch policy
-    _s("safe_rps_per_replica", float, 0.0, "requests/s one ready replica sustains safely (0 = derive from the timing "
-       "profile at --throughput-isl/--throughput-osl/--itl-ms)"),
+    _s(
+        "safe_rps_per_replica",
+        float,
+        0.0,
+        "requests/s one ready replica sustains safely (0 = derive from the timing "
+        "profile at --throughput-isl/--throughput-osl/--itl-ms)",
+    ),
     _s("safe_rps_fraction", float, 0.8, "fraction of the profile's engine rps taken as safe when deriving it"),
     _s("cold_start_margin_seconds", float, 30.0, "time a new replica needs before it serves"),
     _s("finalization_margin_seconds", float, 5.0, "time kept before a deadline to finalize a batch"),
@@ -58,8 +77,13 @@ SETTINGS: list[Setting] = [
     _s("max_replicas", int, 8, "replica ceiling"),
     _s("scale_from_zero_replicas", int, 1, "replicas started for a fresh job when the pool is at zero"),
     _s("max_batch_admission_rps", float, -1.0, "cap on the batch admission rate (-1 = none, 0 = always paused)"),
-    _s("assume_no_online_traffic", bool, False, "declare that this pool serves no online traffic (online rate 0) "
-       "when no router or scheduler is configured; otherwise unknown traffic keeps admission closed"),
+    _s(
+        "assume_no_online_traffic",
+        bool,
+        False,
+        "declare that this pool serves no online traffic (online rate 0) "
+        "when no router or scheduler is configured; otherwise unknown traffic keeps admission closed",
+    ),
     # Lease store
     _s("lease_store", str, "memory", "where leases are published", choices=LEASE_STORES),
     _s("redis_url", str, "", "redis:// or rediss:// URL of the lease store (--lease-store redis)"),
@@ -70,8 +94,13 @@ SETTINGS: list[Setting] = [
     _s("connector", str, "virtual", "how replica targets are applied", choices=CONNECTORS),
     _s("virtual_initial_replicas", int, 0, "replicas the virtual connector starts with"),
     _s("virtual_ready_delay_seconds", float, 0.0, "start-up time of a virtual replica"),
-    _s("local_worker_arg", str, (), "argument passed to each local simworker (repeatable; env comma-separated)",
-       repeated=True),
+    _s(
+        "local_worker_arg",
+        str,
+        (),
+        "argument passed to each local simworker (repeatable; env comma-separated)",
+        repeated=True,
+    ),
     _s("local_max_workers", int, 16, "most simworker processes the local connector starts"),
     _s("k8s_deployment", str, "", "worker Deployment to scale (--connector kubernetes)"),
     _s("k8s_namespace", str, "default", "its namespace"),
@@ -80,13 +109,24 @@ SETTINGS: list[Setting] = [
     # Observation sources
     _s("capacity", str, "", "capacity service gRPC address (inventory health and load; local workers register there)"),
     _s("scheduler", str, "", "scheduler gRPC address (program signal; online traffic when no router is given)"),
-    _s("router_metrics_url", str, (), "router base URL whose /metrics gives online traffic (repeatable)",
-       repeated=True),
-    _s("subtract_dispatch_from_online", bool, True, "subtract the dispatcher's own requests from the routers' "
-       "counters (turn off when the dispatcher does not send through those routers)"),
+    _s(
+        "router_metrics_url", str, (), "router base URL whose /metrics gives online traffic (repeatable)", repeated=True
+    ),
+    _s(
+        "subtract_dispatch_from_online",
+        bool,
+        True,
+        "subtract the dispatcher's own requests from the routers' "
+        "counters (turn off when the dispatcher does not send through those routers)",
+    ),
     # Dispatcher
-    _s("dispatch_url", str, "", "OpenAI-compatible base URL batch requests are sent to (the router); empty = no "
-       "dispatcher (an external one reports with ReportDispatch)"),
+    _s(
+        "dispatch_url",
+        str,
+        "",
+        "OpenAI-compatible base URL batch requests are sent to (the router); empty = no "
+        "dispatcher (an external one reports with ReportDispatch)",
+    ),
     _s("dispatch_max_inflight", int, 16, "most batch requests in flight"),
     _s("dispatch_timeout_seconds", float, 600.0, "deadline of one batch request"),
     _s("dispatch_max_attempts", int, 3, "sends of one request before a retryable failure becomes an error line"),
@@ -107,8 +147,12 @@ SETTINGS: list[Setting] = [
     _s("utilization_window_seconds", float, 30.0, "how long utilisation must stay past a band to count"),
     _s("scale_up_utilization", float, 0.95, "retention utilisation at or above this (sustained) proposes +1"),
     _s("scale_down_utilization", float, 0.5, "retention utilisation below this (sustained) proposes -1"),
-    _s("startup_reduction_window_seconds", float, 30.0, "a cut of in-progress start-up needs the same explicit "
-       "evidence for this long"),
+    _s(
+        "startup_reduction_window_seconds",
+        float,
+        30.0,
+        "a cut of in-progress start-up needs the same explicit evidence for this long",
+    ),
     # Budgets
     _s("gpus_per_replica", float, 1.0, "GPUs one replica costs"),
     _s("max_gpu_budget", float, -1.0, "GPUs the pool may use (-1 = no budget)"),
@@ -212,90 +256,198 @@ class PlannerConfig:
         return self.observe_timeout_seconds + 2 * self.tick_max_duration_seconds + self.tick_interval_seconds + store
 
     def __post_init__(self) -> None:
-        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                        "trace_sample_ratio": self.trace_sample_ratio})
+        validate_serve(
+            {
+                "listen": self.listen,
+                "metrics_port": self.metrics_port,
+                "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                "trace_sample_ratio": self.trace_sample_ratio,
+            }
+        )
         parse_host_port(self.http_listen, "http_listen")
         require(bool(self.registry_path), "registry_path", self.registry_path, "registry_path must not be empty")
-        require(1 <= self.max_batch_requests <= 1_000_000, "max_batch_requests", self.max_batch_requests,
-                "1 <= max_batch_requests <= 1000000")
-        require(1024 <= self.max_file_bytes <= 1 << 31, "max_file_bytes", self.max_file_bytes,
-                "1024 <= max_file_bytes <= 2 GiB")
+        require(
+            1 <= self.max_batch_requests <= 1_000_000,
+            "max_batch_requests",
+            self.max_batch_requests,
+            "1 <= max_batch_requests <= 1000000",
+        )
+        require(
+            1024 <= self.max_file_bytes <= 1 << 31,
+            "max_file_bytes",
+            self.max_file_bytes,
+            "1024 <= max_file_bytes <= 2 GiB",
+        )
         require(bool(self.pool_id.strip()), "pool_id", self.pool_id, "pool_id must not be empty")
         require(bool(self.work_class.strip()), "work_class", self.work_class, "work_class must not be empty")
-        for name in ("tick_interval_seconds", "tick_max_duration_seconds", "observe_timeout_seconds",
-                     "effect_timeout_seconds", "drain_lease_duration_seconds", "redis_connect_timeout_seconds",
-                     "redis_socket_timeout_seconds", "dispatch_timeout_seconds", "throughput_interval_seconds",
-                     "itl_ms"):
+        for name in (
+            "tick_interval_seconds",
+            "tick_max_duration_seconds",
+            "observe_timeout_seconds",
+            "effect_timeout_seconds",
+            "drain_lease_duration_seconds",
+            "redis_connect_timeout_seconds",
+            "redis_socket_timeout_seconds",
+            "dispatch_timeout_seconds",
+            "throughput_interval_seconds",
+            "itl_ms",
+        ):
             v = getattr(self, name)
             require(math.isfinite(v) and v > 0, name, v, f"{name} > 0")
-        for name in ("cold_start_margin_seconds", "finalization_margin_seconds", "max_observation_age_seconds",
-                     "virtual_ready_delay_seconds", "program_pause_window_seconds", "utilization_window_seconds",
-                     "startup_reduction_window_seconds", "safe_rps_per_replica", "watts_per_replica"):
+        for name in (
+            "cold_start_margin_seconds",
+            "finalization_margin_seconds",
+            "max_observation_age_seconds",
+            "virtual_ready_delay_seconds",
+            "program_pause_window_seconds",
+            "utilization_window_seconds",
+            "startup_reduction_window_seconds",
+            "safe_rps_per_replica",
+            "watts_per_replica",
+        ):
             v = getattr(self, name)
             require(math.isfinite(v) and v >= 0, name, v, f"{name} >= 0")
-        require(self.observe_timeout_seconds <= self.tick_max_duration_seconds, "observe_timeout_seconds",
-                self.observe_timeout_seconds, "observe_timeout_seconds <= tick_max_duration_seconds")
-        require(0 < self.safe_rps_fraction <= 1, "safe_rps_fraction", self.safe_rps_fraction,
-                "0 < safe_rps_fraction <= 1")
+        require(
+            self.observe_timeout_seconds <= self.tick_max_duration_seconds,
+            "observe_timeout_seconds",
+            self.observe_timeout_seconds,
+            "observe_timeout_seconds <= tick_max_duration_seconds",
+        )
+        require(
+            0 < self.safe_rps_fraction <= 1, "safe_rps_fraction", self.safe_rps_fraction, "0 < safe_rps_fraction <= 1"
+        )
         require(self.min_replicas >= 0, "min_replicas", self.min_replicas, "min_replicas >= 0")
-        require(self.max_replicas >= max(1, self.min_replicas), "max_replicas", self.max_replicas,
-                "max_replicas >= max(1, min_replicas)")
-        require(1 <= self.scale_from_zero_replicas <= self.max_replicas, "scale_from_zero_replicas",
-                self.scale_from_zero_replicas, "1 <= scale_from_zero_replicas <= max_replicas")
-        require(self.max_batch_admission_rps == -1 or self.max_batch_admission_rps >= 0, "max_batch_admission_rps",
-                self.max_batch_admission_rps, "max_batch_admission_rps >= 0 (or -1 = no cap)")
-        require(self.drain_lease_duration_seconds >= self.minimum_lease_seconds or self.advisory,
-                "drain_lease_duration_seconds", self.drain_lease_duration_seconds,
-                "drain_lease_duration_seconds >= observe_timeout + 2*tick_max_duration + tick_interval + two lease "
-                f"writes (= {self.minimum_lease_seconds:g}s), so a healthy planner renews before expiry")
+        require(
+            self.max_replicas >= max(1, self.min_replicas),
+            "max_replicas",
+            self.max_replicas,
+            "max_replicas >= max(1, min_replicas)",
+        )
+        require(
+            1 <= self.scale_from_zero_replicas <= self.max_replicas,
+            "scale_from_zero_replicas",
+            self.scale_from_zero_replicas,
+            "1 <= scale_from_zero_replicas <= max_replicas",
+        )
+        require(
+            self.max_batch_admission_rps == -1 or self.max_batch_admission_rps >= 0,
+            "max_batch_admission_rps",
+            self.max_batch_admission_rps,
+            "max_batch_admission_rps >= 0 (or -1 = no cap)",
+        )
+        require(
+            self.drain_lease_duration_seconds >= self.minimum_lease_seconds or self.advisory,
+            "drain_lease_duration_seconds",
+            self.drain_lease_duration_seconds,
+            "drain_lease_duration_seconds >= observe_timeout + 2*tick_max_duration + tick_interval + two lease "
+            f"writes (= {self.minimum_lease_seconds:g}s), so a healthy planner renews before expiry",
+        )
         if self.lease_store == "redis":
             require(bool(self.redis_url), "redis_url", "", "--redis-url is required with --lease-store redis")
             parts = urlsplit(self.redis_url)
-            require(parts.scheme in ("redis", "rediss") and bool(parts.hostname), "redis_url",
-                    redact_url(self.redis_url), "redis_url must be redis://host:port[/db] or rediss://...")
+            require(
+                parts.scheme in ("redis", "rediss") and bool(parts.hostname),
+                "redis_url",
+                redact_url(self.redis_url),
+                "redis_url must be redis://host:port[/db] or rediss://...",
+            )
         if self.connector == "kubernetes":
-            require(bool(self.k8s_deployment), "k8s_deployment", "", "--k8s-deployment is required with "
-                    "--connector kubernetes")
-        require(self.virtual_initial_replicas >= 0, "virtual_initial_replicas", self.virtual_initial_replicas,
-                "virtual_initial_replicas >= 0")
-        require(1 <= self.local_max_workers <= 256, "local_max_workers", self.local_max_workers,
-                "1 <= local_max_workers <= 256")
-        require(self.dispatch_max_inflight >= 1, "dispatch_max_inflight", self.dispatch_max_inflight,
-                "dispatch_max_inflight >= 1")
-        require(self.dispatch_max_attempts >= 1, "dispatch_max_attempts", self.dispatch_max_attempts,
-                "dispatch_max_attempts >= 1")
+            require(
+                bool(self.k8s_deployment),
+                "k8s_deployment",
+                "",
+                "--k8s-deployment is required with --connector kubernetes",
+            )
+        require(
+            self.virtual_initial_replicas >= 0,
+            "virtual_initial_replicas",
+            self.virtual_initial_replicas,
+            "virtual_initial_replicas >= 0",
+        )
+        require(
+            1 <= self.local_max_workers <= 256,
+            "local_max_workers",
+            self.local_max_workers,
+            "1 <= local_max_workers <= 256",
+        )
+        require(
+            self.dispatch_max_inflight >= 1,
+            "dispatch_max_inflight",
+            self.dispatch_max_inflight,
+            "dispatch_max_inflight >= 1",
+        )
+        require(
+            self.dispatch_max_attempts >= 1,
+            "dispatch_max_attempts",
+            self.dispatch_max_attempts,
+            "dispatch_max_attempts >= 1",
+        )
         for name in ("dispatch_url", *[]):
             url = getattr(self, name)
             if url:
                 p = urlsplit(url)
-                require(p.scheme in ("http", "https") and bool(p.hostname) and not p.username, name, redact_url(url),
-                        f"{name} must be an http(s) URL without credentials")
+                require(
+                    p.scheme in ("http", "https") and bool(p.hostname) and not p.username,
+                    name,
+                    redact_url(url),
+                    f"{name} must be an http(s) URL without credentials",
+                )
         for url in self.router_metrics_url:
             p = urlsplit(url)
-            require(p.scheme in ("http", "https") and bool(p.hostname), "router_metrics_url", redact_url(url),
-                    "router_metrics_url must be an http(s) URL")
-        require(0 <= self.load_scale_down_kv_usage < self.load_scale_up_kv_usage, "load_scale_down_kv_usage",
-                self.load_scale_down_kv_usage, "0 <= load_scale_down_kv_usage < load_scale_up_kv_usage")
-        require(self.load_scale_up_queued >= 1, "load_scale_up_queued", self.load_scale_up_queued,
-                "load_scale_up_queued >= 1")
-        require(0 <= self.scale_down_utilization < self.scale_up_utilization, "scale_down_utilization",
-                self.scale_down_utilization, "0 <= scale_down_utilization < scale_up_utilization")
-        require(self.throughput_isl >= 0 and self.throughput_osl >= 1, "throughput_osl", self.throughput_osl,
-                "throughput_isl >= 0 and throughput_osl >= 1")
+            require(
+                p.scheme in ("http", "https") and bool(p.hostname),
+                "router_metrics_url",
+                redact_url(url),
+                "router_metrics_url must be an http(s) URL",
+            )
+        require(
+            0 <= self.load_scale_down_kv_usage < self.load_scale_up_kv_usage,
+            "load_scale_down_kv_usage",
+            self.load_scale_down_kv_usage,
+            "0 <= load_scale_down_kv_usage < load_scale_up_kv_usage",
+        )
+        require(
+            self.load_scale_up_queued >= 1,
+            "load_scale_up_queued",
+            self.load_scale_up_queued,
+            "load_scale_up_queued >= 1",
+        )
+        require(
+            0 <= self.scale_down_utilization < self.scale_up_utilization,
+            "scale_down_utilization",
+            self.scale_down_utilization,
+            "0 <= scale_down_utilization < scale_up_utilization",
+        )
+        require(
+            self.throughput_isl >= 0 and self.throughput_osl >= 1,
+            "throughput_osl",
+            self.throughput_osl,
+            "throughput_isl >= 0 and throughput_osl >= 1",
+        )
         require(self.gpus_per_replica > 0, "gpus_per_replica", self.gpus_per_replica, "gpus_per_replica > 0")
-        require(self.max_gpu_budget == -1 or self.max_gpu_budget >= 0, "max_gpu_budget", self.max_gpu_budget,
-                "max_gpu_budget >= 0 (or -1 = none)")
-        require(self.total_power_limit_watts == -1 or (self.total_power_limit_watts >= 0 and self.watts_per_replica > 0),
-                "total_power_limit_watts", self.total_power_limit_watts,
-                "a power budget (>= 0) needs watts_per_replica > 0 (or -1 = none)")
+        require(
+            self.max_gpu_budget == -1 or self.max_gpu_budget >= 0,
+            "max_gpu_budget",
+            self.max_gpu_budget,
+            "max_gpu_budget >= 0 (or -1 = none)",
+        )
+        require(
+            self.total_power_limit_watts == -1 or (self.total_power_limit_watts >= 0 and self.watts_per_replica > 0),
+            "total_power_limit_watts",
+            self.total_power_limit_watts,
+            "a power budget (>= 0) needs watts_per_replica > 0 (or -1 = none)",
+        )
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> PlannerConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
-    values = parse_settings(SETTINGS, argv, env, prog=PROG,
-                            description="Bandmaster planner: batch jobs (OpenAI Batch API), drain leases, replica "
-                                        "targets")
+    values = parse_settings(
+        SETTINGS,
+        argv,
+        env,
+        prog=PROG,
+        description="Bandmaster planner: batch jobs (OpenAI Batch API), drain leases, replica targets",
+    )
     values["security"] = load_security(values, env)
     known = {f.name for f in fields(PlannerConfig)}
     assert set(values) <= known, set(values) - known

@@ -34,11 +34,23 @@ ADVANCE_INTERVAL_S = 0.25
 
 
 class Dispatcher:
-    def __init__(self, registry: Registry, lease: Callable[[], Lease | None], clock: Clock, *, base_url: str,
-                 max_inflight: int = 16, timeout_s: float = 600.0, max_attempts: int = 3,
-                 priority: int | None = None, window_s: float = 10.0, metrics=None, token: str = "",
-                 ssl_context=None,
-                 on_transition: Callable[[list], None] = lambda moved: None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        lease: Callable[[], Lease | None],
+        clock: Clock,
+        *,
+        base_url: str,
+        max_inflight: int = 16,
+        timeout_s: float = 600.0,
+        max_attempts: int = 3,
+        priority: int | None = None,
+        window_s: float = 10.0,
+        metrics=None,
+        token: str = "",
+        ssl_context=None,
+        on_transition: Callable[[list], None] = lambda moved: None,
+    ) -> None:
         self.registry = registry
         self.lease = lease
         self.clock = clock
@@ -74,8 +86,9 @@ class Dispatcher:
         if recovered:
             log.info("dispatcher: %d requests interrupted by the last shutdown go back to the queue", recovered)
         connector = aiohttp.TCPConnector(ssl=self.ssl_context) if self.ssl_context is not None else None
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=5.0),
-                                              connector=connector)
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=5.0), connector=connector
+        )
         self._task = asyncio.create_task(self._run(), name="planner-dispatcher")
 
     async def stop(self) -> None:
@@ -106,8 +119,9 @@ class Dispatcher:
         lease = self.lease()
         # None = no valid lease (missing or expired); 0.0 = an explicit pause.
         applied = None if lease is None or now >= lease.valid_until_mono_s else lease.max_admission_rps
-        return DispatcherFeedback(now, self.window_s, queued, len(self.inflight), len(self._sends) / self.window_s,
-                                  applied)
+        return DispatcherFeedback(
+            now, self.window_s, queued, len(self.inflight), len(self._sends) / self.window_s, applied
+        )
 
     async def _run(self) -> None:
         while not self._closing:
@@ -174,8 +188,11 @@ class Dispatcher:
         body = dict(item.body)
         if self.priority is not None:
             body["priority"] = self.priority
-        headers = {"X-Bandmaster-Batch-Id": item.batch_id, "X-Bandmaster-Traffic": "batch",
-                   "X-Request-Id": f"{item.batch_id}-{item.idx}-{item.attempts}"}
+        headers = {
+            "X-Bandmaster-Batch-Id": item.batch_id,
+            "X-Bandmaster-Traffic": "batch",
+            "X-Request-Id": f"{item.batch_id}-{item.idx}-{item.attempts}",
+        }
         if self.token:
             headers["Authorization"] = "Bearer " + self.token
         status: int | None = None
@@ -192,7 +209,7 @@ class Dispatcher:
                 except ValueError:
                     payload = {"text": text}
         except asyncio.CancelledError:
-            raise   # shutdown: the row stays `sending` and goes back to the queue at the next start
+            raise  # shutdown: the row stays `sending` and goes back to the queue at the next start
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         retryable = status is None or status in RETRYABLE
@@ -205,11 +222,19 @@ class Dispatcher:
         line_id = f"batch_req_{secrets.token_hex(12)}"
         if status is not None:
             kind = "output" if 200 <= status < 300 else "error"
-            line = {"id": line_id, "custom_id": item.custom_id,
-                    "response": {"status_code": status, "request_id": request_id, "body": payload}, "error": None}
+            line = {
+                "id": line_id,
+                "custom_id": item.custom_id,
+                "response": {"status_code": status, "request_id": request_id, "body": payload},
+                "error": None,
+            }
         else:
             kind = "error"
-            line = {"id": line_id, "custom_id": item.custom_id, "response": None,
-                    "error": {"code": "upstream_unreachable", "message": error}}
+            line = {
+                "id": line_id,
+                "custom_id": item.custom_id,
+                "response": None,
+                "error": {"code": "upstream_unreachable", "message": error},
+            }
         if self.registry.record_result(item.batch_id, item.idx, kind, line) and self.metrics is not None:
             self.metrics.dispatch_results.labels(kind).inc()

@@ -52,18 +52,21 @@ def _error_response(exc: Exception) -> web.Response:
     if isinstance(exc, Conflict):
         return web.json_response(error_body(str(exc), code="conflict"), status=400)
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
-        return web.json_response(error_body("request body too large", code="file_too_large", param="file"),
-                                 status=413)
+        return web.json_response(error_body("request body too large", code="file_too_large", param="file"), status=413)
     if isinstance(exc, web.HTTPException):
         # A 405 keeps its Allow header (RFC 9110 requires it).
-        return web.json_response(error_body(exc.reason or "error", code=str(exc.status)), status=exc.status,
-                                 headers={k: v for k, v in exc.headers.items() if k == "Allow"})
+        return web.json_response(
+            error_body(exc.reason or "error", code=str(exc.status)),
+            status=exc.status,
+            headers={k: v for k, v in exc.headers.items() if k == "Allow"},
+        )
     if isinstance(exc, (web.RequestPayloadError, ConnectionResetError)):
         # A body that breaks its Content-Encoding or framing, or a client gone mid-body: the client's doing.
         # The connection closes (the rest of such a body cannot be read).
         log.debug("request body not read: %s", exc.__class__.__name__)
-        response = web.json_response(error_body("the body does not match its Content-Encoding or framing",
-                                                code="malformed_body"), status=400)
+        response = web.json_response(
+            error_body("the body does not match its Content-Encoding or framing", code="malformed_body"), status=400
+        )
         response.force_close()
         return response
     log.exception("batch API error", exc_info=exc)
@@ -74,8 +77,14 @@ def _error_response(exc: Exception) -> web.Response:
 async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
     try:
         return await handler(request)
-    except (BatchInputError, NotFound, Conflict, web.HTTPException, web.RequestPayloadError,
-            ConnectionResetError) as exc:
+    except (
+        BatchInputError,
+        NotFound,
+        Conflict,
+        web.HTTPException,
+        web.RequestPayloadError,
+        ConnectionResetError,
+    ) as exc:
         return _error_response(exc)
     except asyncio.CancelledError:
         raise
@@ -84,9 +93,17 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
 
 
 class BatchApi:
-    def __init__(self, registry: Registry, clock: Clock, *, max_requests: int, max_file_bytes: int,
-                 pool_id: str = "default", on_change: Callable[[], None] = lambda: None,
-                 security: SecurityConfig | None = None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        clock: Clock,
+        *,
+        max_requests: int,
+        max_file_bytes: int,
+        pool_id: str = "default",
+        on_change: Callable[[], None] = lambda: None,
+        security: SecurityConfig | None = None,
+    ) -> None:
         self.registry = registry
         self.clock = clock
         self.max_requests = max_requests
@@ -157,8 +174,12 @@ class BatchApi:
                     while chunk := await part.read_chunk(1 << 16):
                         size += len(chunk)
                         if size > self.max_file_bytes:
-                            raise BatchInputError(f"file is larger than {self.max_file_bytes} bytes", status=413,
-                                                  code="file_too_large", param="file")
+                            raise BatchInputError(
+                                f"file is larger than {self.max_file_bytes} bytes",
+                                status=413,
+                                code="file_too_large",
+                                param="file",
+                            )
                         chunks.append(chunk)
                     data = b"".join(chunks)
         except BatchInputError:
@@ -171,8 +192,9 @@ class BatchApi:
         if data is None:
             raise BatchInputError("a 'file' field is required", param="file")
         # Parsing a large file is CPU work: off the event loop. Nothing is stored unless it all parses.
-        lines = await asyncio.to_thread(parse_batch_input, data, max_requests=self.max_requests,
-                                        max_file_bytes=self.max_file_bytes)
+        lines = await asyncio.to_thread(
+            parse_batch_input, data, max_requests=self.max_requests, max_file_bytes=self.max_file_bytes
+        )
         obj = self.registry.add_input_file(filename, data, lines, self._now())
         log.info("file %s: %d requests, %d bytes", obj["id"], len(lines), len(data))
         return web.json_response(obj)
@@ -197,21 +219,34 @@ class BatchApi:
         _checked(file_id, "input_file_id")
         window_s = parse_completion_window(body.get("completion_window"))
         metadata = body.get("metadata")
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or not all(
+        if metadata is not None and (
+            not isinstance(metadata, dict)
+            or len(metadata) > 16
+            or not all(
                 isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-                for k, v in metadata.items())):
-            raise BatchInputError("metadata must map at most 16 string keys (<= 64 chars) to strings (<= 512 chars)",
-                                  param="metadata")
+                for k, v in metadata.items()
+            )
+        ):
+            raise BatchInputError(
+                "metadata must map at most 16 string keys (<= 64 chars) to strings (<= 512 chars)", param="metadata"
+            )
         try:
             urls = self.registry.input_urls(file_id)
         except NotFound:
-            raise BatchInputError(f"input file {file_id} does not exist", param="input_file_id",
-                                  code="not_found", status=404) from None
+            raise BatchInputError(
+                f"input file {file_id} does not exist", param="input_file_id", code="not_found", status=404
+            ) from None
         endpoint = check_endpoint(body.get("endpoint"), urls)
-        batch = self.registry.create_batch(file_id, endpoint, body["completion_window"].strip(), window_s, metadata,
-                                           self._now(), self.pool_id)
-        log.info("batch %s: %d requests to %s within %s", batch["id"], batch["request_counts"]["total"], endpoint,
-                 batch["completion_window"])
+        batch = self.registry.create_batch(
+            file_id, endpoint, body["completion_window"].strip(), window_s, metadata, self._now(), self.pool_id
+        )
+        log.info(
+            "batch %s: %d requests to %s within %s",
+            batch["id"],
+            batch["request_counts"]["total"],
+            endpoint,
+            batch["completion_window"],
+        )
         self.on_change()
         return web.json_response(_public(batch))
 
@@ -230,8 +265,15 @@ class BatchApi:
         except NotFound:
             raise BatchInputError(f"after: no batch {after}", param="after") from None
         data = [_public(b) for b in items]
-        return web.json_response({"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                                  "last_id": data[-1]["id"] if data else None, "has_more": has_more})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": has_more,
+            }
+        )
 
     async def get_batch(self, request: web.Request) -> web.Response:
         return web.json_response(_public(self.registry.get_batch(_path_id(request))))

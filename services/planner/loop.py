@@ -70,10 +70,22 @@ class LeaseBoard:
 
 
 class PlannerRuntime:
-    def __init__(self, *, settings: TickSettings, collector: Collector, store: LeaseStore, connector: Connector,
-                 clock: Clock, metrics: PlannerMetrics, tracer: trace.Tracer, interval_s: float,
-                 tick_max_duration_s: float, effect_timeout_s: float, advisory: bool = False,
-                 on_lease: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        *,
+        settings: TickSettings,
+        collector: Collector,
+        store: LeaseStore,
+        connector: Connector,
+        clock: Clock,
+        metrics: PlannerMetrics,
+        tracer: trace.Tracer,
+        interval_s: float,
+        tick_max_duration_s: float,
+        effect_timeout_s: float,
+        advisory: bool = False,
+        on_lease: Callable[[], None] = lambda: None,
+    ) -> None:
         self.settings = settings
         self.collector = collector
         self.store = store
@@ -99,8 +111,9 @@ class PlannerRuntime:
         return self.settings.batch.pool_id
 
     def _zero(self, prefix: str) -> LeaseDecision:
-        return LeaseDecision(self.pool_id, 0.0, self.settings.batch.drain_lease_duration_s,
-                             f"{prefix}-{time.time_ns()}")
+        return LeaseDecision(
+            self.pool_id, 0.0, self.settings.batch.drain_lease_duration_s, f"{prefix}-{time.time_ns()}"
+        )
 
     async def start_lease(self) -> None:
         """First thing at start-up: a zero-rate lease replaces whatever a previous process left.
@@ -109,11 +122,12 @@ class PlannerRuntime:
             log.info("advisory mode: no lease is written and nothing is scaled")
             self.ready = True
             return
-        lease = await asyncio.wait_for(self.store.start(self._zero("planner-startup"), self.clock.monotonic(),
-                                                        self.clock.wall()), self.effect_timeout_s)
+        lease = await asyncio.wait_for(
+            self.store.start(self._zero("planner-startup"), self.clock.monotonic(), self.clock.wall()),
+            self.effect_timeout_s,
+        )
         self._published(lease)
-        log.info("start-up zero lease published to the %s store (writer epoch %d)", self.store.name,
-                 lease.writer_epoch)
+        log.info("start-up zero lease published to the %s store (writer epoch %d)", self.store.name, lease.writer_epoch)
         self.ready = True
 
     def start(self) -> None:
@@ -128,9 +142,10 @@ class PlannerRuntime:
             self._task = None
         if not self.advisory and self.ready:
             try:
-                lease = await asyncio.wait_for(self.store.publish(self._zero("planner-shutdown"),
-                                                                  self.clock.monotonic(), self.clock.wall()),
-                                               max(1.0, self.effect_timeout_s))
+                lease = await asyncio.wait_for(
+                    self.store.publish(self._zero("planner-shutdown"), self.clock.monotonic(), self.clock.wall()),
+                    max(1.0, self.effect_timeout_s),
+                )
                 self._published(lease)
                 log.info("shutdown zero lease published")
             except Exception as exc:
@@ -163,12 +178,20 @@ class PlannerRuntime:
                 obs = Observation(self.clock.monotonic(), self.clock.wall(), None, errors=("tick timeout",))
             except Exception as exc:
                 pipeline_error = "pipeline_failed"
-                obs = Observation(self.clock.monotonic(), self.clock.wall(), None,
-                                  errors=(f"observe: {type(exc).__name__}: {exc}",))
+                obs = Observation(
+                    self.clock.monotonic(), self.clock.wall(), None, errors=(f"observe: {type(exc).__name__}: {exc}",)
+                )
             decision_id = f"d-{obs.now_wall_s:.3f}-{self.ticks}"
             # Decide at publication time: freshness is judged and the lease stamped now.
-            decision, self.state = decide(obs, self.settings, self.state, decision_id, now_s=self.clock.monotonic(),
-                                          now_wall_s=self.clock.wall(), pipeline_error=pipeline_error)
+            decision, self.state = decide(
+                obs,
+                self.settings,
+                self.state,
+                decision_id,
+                now_s=self.clock.monotonic(),
+                now_wall_s=self.clock.wall(),
+                pipeline_error=pipeline_error,
+            )
             record = await self._effects(decision, obs)
             record.tick_seconds = time.perf_counter() - started
             self._observe(record)
@@ -186,8 +209,9 @@ class PlannerRuntime:
         # 1. The lease first.
         publish_started = time.perf_counter()
         try:
-            lease = await asyncio.wait_for(self.store.publish(d.lease, self.clock.monotonic(), self.clock.wall()),
-                                           self.effect_timeout_s)
+            lease = await asyncio.wait_for(
+                self.store.publish(d.lease, self.clock.monotonic(), self.clock.wall()), self.effect_timeout_s
+            )
         except LeaseRejected as exc:
             self.metrics.effects.labels("lease", "failed").inc()
             return self._stopped(d, obs, "lease_failed", exc)
@@ -213,11 +237,17 @@ class PlannerRuntime:
             log.info("scaled pool %s to %d replicas (%s; was %s)", self.pool_id, d.scale_to, d.action, d.desired)
         return TickRecord(d, obs, False, "applied", lease=lease)
 
-    def _stopped(self, d: TickDecision, obs: Observation, outcome: str, exc: BaseException,
-                 lease: Lease | None = None) -> TickRecord:
+    def _stopped(
+        self, d: TickDecision, obs: Observation, outcome: str, exc: BaseException, lease: Lease | None = None
+    ) -> TickRecord:
         self.metrics.fail_closed.labels(outcome).inc()
-        log.warning("tick %s: %s (%s: %s); no further effects this tick, the last lease lapses by its TTL",
-                    d.decision_id, outcome, type(exc).__name__, exc)
+        log.warning(
+            "tick %s: %s (%s: %s); no further effects this tick, the last lease lapses by its TTL",
+            d.decision_id,
+            outcome,
+            type(exc).__name__,
+            exc,
+        )
         return TickRecord(d, obs, False, outcome, f"{type(exc).__name__}: {exc}", lease=lease)
 
     def _published(self, lease: Lease) -> None:
@@ -240,14 +270,34 @@ class PlannerRuntime:
             m.fail_closed.labels(reason).inc()
         previous = self.last.decision if self.last else None
         summary = (d.action, d.lease.max_admission_rps, d.scale_to, d.fail_closed, d.plan.replica_floor)
-        before = None if previous is None else (previous.action, previous.lease.max_admission_rps, previous.scale_to,
-                                                previous.fail_closed, previous.plan.replica_floor)
+        before = (
+            None
+            if previous is None
+            else (
+                previous.action,
+                previous.lease.max_admission_rps,
+                previous.scale_to,
+                previous.fail_closed,
+                previous.plan.replica_floor,
+            )
+        )
         # INFO on transitions, DEBUG otherwise (never a line per tick when nothing changes).
         level = logging.INFO if summary != before or d.scale_to is not None else logging.DEBUG
-        log.log(level, "tick %s: action=%s lease=%.3g rps floor=%s idle_target=%s target=%s scale_to=%s "
-                "fail_closed=%s effects=%s%s", d.decision_id, d.action, d.lease.max_admission_rps,
-                d.plan.replica_floor, d.plan.idle_replica_target, d.target, d.scale_to, ",".join(d.fail_closed) or "-",
-                r.effects_outcome, f" errors={'; '.join(r.observation.errors)}" if r.observation.errors else "")
+        log.log(
+            level,
+            "tick %s: action=%s lease=%.3g rps floor=%s idle_target=%s target=%s scale_to=%s "
+            "fail_closed=%s effects=%s%s",
+            d.decision_id,
+            d.action,
+            d.lease.max_admission_rps,
+            d.plan.replica_floor,
+            d.plan.idle_replica_target,
+            d.target,
+            d.scale_to,
+            ",".join(d.fail_closed) or "-",
+            r.effects_outcome,
+            f" errors={'; '.join(r.observation.errors)}" if r.observation.errors else "",
+        )
         if self.advisory:
             for line in d.audit:
                 log.info("advisory: %s", line)

@@ -26,8 +26,13 @@ from services.common.grpc_server import ServiceHost
 from services.common.ready import write_ready_file
 from services.common.redact import redact_url
 from services.common.telemetry import Telemetry
-from services.planner.adapters.connectors import (Connector, KubernetesConnector, KubernetesTarget, LocalConnector,
-                                                  VirtualConnector)
+from services.planner.adapters.connectors import (
+    Connector,
+    KubernetesConnector,
+    KubernetesTarget,
+    LocalConnector,
+    VirtualConnector,
+)
 from services.planner.adapters.lease_store import LeaseStore, LeaseStoreError, MemoryLeaseStore, RedisLeaseStore
 from services.planner.adapters.observe import CapacitySource, Collector, RouterTrafficSource, SchedulerSource
 from services.planner.adapters.profile import load_engine_profile
@@ -78,51 +83,98 @@ def build_settings(config: PlannerConfig) -> TickSettings:
     safe = config.safe_rps_per_replica
     if safe <= 0:
         if engine.rps <= 0:
-            raise ConfigError("safe_rps_per_replica", 0, f"the timing profile {profile.name} meets itl_ms="
-                              f"{config.itl_ms:g} at no batch size; give --safe-rps-per-replica")
+            raise ConfigError(
+                "safe_rps_per_replica",
+                0,
+                f"the timing profile {profile.name} meets itl_ms="
+                f"{config.itl_ms:g} at no batch size; give --safe-rps-per-replica",
+            )
         safe = engine.rps * config.safe_rps_fraction
-        log.info("safe rate per replica %.3g rps (%.0f%% of %.3g rps from profile %s at isl=%d osl=%d itl<=%gms)",
-                 safe, config.safe_rps_fraction * 100, engine.rps, profile.name, config.throughput_isl,
-                 config.throughput_osl, config.itl_ms)
+        log.info(
+            "safe rate per replica %.3g rps (%.0f%% of %.3g rps from profile %s at isl=%d osl=%d itl<=%gms)",
+            safe,
+            config.safe_rps_fraction * 100,
+            engine.rps,
+            profile.name,
+            config.throughput_isl,
+            config.throughput_osl,
+            config.itl_ms,
+        )
     batch = BatchPolicyConfig(
-        pool_id=config.pool_id, work_class=config.work_class, safe_rps_per_ready_replica=safe,
-        cold_start_margin_s=config.cold_start_margin_seconds, finalization_margin_s=config.finalization_margin_seconds,
+        pool_id=config.pool_id,
+        work_class=config.work_class,
+        safe_rps_per_ready_replica=safe,
+        cold_start_margin_s=config.cold_start_margin_seconds,
+        finalization_margin_s=config.finalization_margin_seconds,
         max_observation_age_s=config.max_observation_age_seconds,
-        drain_lease_duration_s=config.drain_lease_duration_seconds, min_replicas=config.min_replicas,
-        max_replicas=config.max_replicas, scale_from_zero_replicas=config.scale_from_zero_replicas,
-        max_batch_admission_rps=None if config.max_batch_admission_rps < 0 else config.max_batch_admission_rps)
+        drain_lease_duration_s=config.drain_lease_duration_seconds,
+        min_replicas=config.min_replicas,
+        max_replicas=config.max_replicas,
+        scale_from_zero_replicas=config.scale_from_zero_replicas,
+        max_batch_admission_rps=None if config.max_batch_admission_rps < 0 else config.max_batch_admission_rps,
+    )
     return TickSettings(
         batch=batch,
-        load=LoadScalingConfig(enabled=config.enable_load_scaling and bool(config.capacity),
-                               scale_up_kv_usage=config.load_scale_up_kv_usage,
-                               scale_down_kv_usage=config.load_scale_down_kv_usage,
-                               scale_up_queued=config.load_scale_up_queued),
-        throughput=ThroughputScalingConfig(enabled=config.enable_throughput_scaling,
-                                           interval_s=config.throughput_interval_seconds,
-                                           as_lower_bound=config.enable_load_scaling and bool(config.capacity)),
-        programs=ProgramScalingConfig(enabled=config.enable_program_scaling and bool(config.scheduler),
-                                      pause_window_s=config.program_pause_window_seconds,
-                                      utilization_window_s=config.utilization_window_seconds,
-                                      scale_up_utilization=config.scale_up_utilization,
-                                      scale_down_utilization=config.scale_down_utilization),
+        load=LoadScalingConfig(
+            enabled=config.enable_load_scaling and bool(config.capacity),
+            scale_up_kv_usage=config.load_scale_up_kv_usage,
+            scale_down_kv_usage=config.load_scale_down_kv_usage,
+            scale_up_queued=config.load_scale_up_queued,
+        ),
+        throughput=ThroughputScalingConfig(
+            enabled=config.enable_throughput_scaling,
+            interval_s=config.throughput_interval_seconds,
+            as_lower_bound=config.enable_load_scaling and bool(config.capacity),
+        ),
+        programs=ProgramScalingConfig(
+            enabled=config.enable_program_scaling and bool(config.scheduler),
+            pause_window_s=config.program_pause_window_seconds,
+            utilization_window_s=config.utilization_window_seconds,
+            scale_up_utilization=config.scale_up_utilization,
+            scale_down_utilization=config.scale_down_utilization,
+        ),
         engine=engine,
-        budgets=Budgets(gpus_per_replica=config.gpus_per_replica, max_gpu_budget=config.max_gpu_budget,
-                        watts_per_replica=config.watts_per_replica,
-                        total_power_limit_w=config.total_power_limit_watts),
-        startup_reduction_window_s=config.startup_reduction_window_seconds)
+        budgets=Budgets(
+            gpus_per_replica=config.gpus_per_replica,
+            max_gpu_budget=config.max_gpu_budget,
+            watts_per_replica=config.watts_per_replica,
+            total_power_limit_w=config.total_power_limit_watts,
+        ),
+        startup_reduction_window_s=config.startup_reduction_window_seconds,
+    )
 
 
 def _write_ready_file(path: str, running: RunningPlanner) -> None:
-    write_ready_file(path, {"service": "planner", "grpc": running.address, "metrics_port": running.host.metrics_port,
-                            "http": running.http_url, "pid": os.getpid()})
+    write_ready_file(
+        path,
+        {
+            "service": "planner",
+            "grpc": running.address,
+            "metrics_port": running.host.metrics_port,
+            "http": running.http_url,
+            "pid": os.getpid(),
+        },
+    )
 
 
-async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = None, clock: Clock | None = None,
-                        store: LeaseStore | None = None, connector: Connector | None = None) -> RunningPlanner:
+async def start_planner(
+    config: PlannerConfig,
+    *,
+    telemetry: Telemetry | None = None,
+    clock: Clock | None = None,
+    store: LeaseStore | None = None,
+    connector: Connector | None = None,
+) -> RunningPlanner:
     clock = clock or SystemClock()
     settings = build_settings(config)
-    host = ServiceHost("planner", listen=config.listen, metrics_port=config.metrics_port, telemetry=telemetry,
-                       shutdown_grace_seconds=config.shutdown_grace_seconds, security=config.security)
+    host = ServiceHost(
+        "planner",
+        listen=config.listen,
+        metrics_port=config.metrics_port,
+        telemetry=telemetry,
+        shutdown_grace_seconds=config.shutdown_grace_seconds,
+        security=config.security,
+    )
     tracer = telemetry.tracer("services.planner") if telemetry else trace.get_tracer("services.planner")
     metrics = PlannerMetrics(host.registry)
     channels: list[grpc.aio.Channel] = []
@@ -135,17 +187,22 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
     capacity_stub = None
     if config.capacity:
         from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_grpc
+
         capacity_stub = stub(config.capacity, cap_grpc.CapacityStub)
     scheduler_stub = None
     if config.scheduler:
         from bandmaster.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
+
         scheduler_stub = stub(config.scheduler, sched_grpc.SchedulerStub)
 
     if store is None:
         if config.lease_store == "redis":
-            store = RedisLeaseStore(config.redis_url, config.control_key,
-                                    connect_timeout_s=config.redis_connect_timeout_seconds,
-                                    socket_timeout_s=config.redis_socket_timeout_seconds)
+            store = RedisLeaseStore(
+                config.redis_url,
+                config.control_key,
+                connect_timeout_s=config.redis_connect_timeout_seconds,
+                socket_timeout_s=config.redis_socket_timeout_seconds,
+            )
         else:
             store = MemoryLeaseStore()
     if connector is None:
@@ -154,10 +211,20 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
     runtime_ref: list[PlannerRuntime] = []
     dispatcher = None
     if config.dispatch_url:
-        dispatcher = Dispatcher(registry, lambda: runtime_ref[0].board.lease, clock, base_url=config.dispatch_url,
-                                max_inflight=config.dispatch_max_inflight, timeout_s=config.dispatch_timeout_seconds,
-                                max_attempts=config.dispatch_max_attempts, priority=config.dispatch_priority,
-                                metrics=metrics, token=_dispatch_token(config), ssl_context=_dispatch_ssl(config), on_transition=lambda moved: _log_transitions(moved, metrics))
+        dispatcher = Dispatcher(
+            registry,
+            lambda: runtime_ref[0].board.lease,
+            clock,
+            base_url=config.dispatch_url,
+            max_inflight=config.dispatch_max_inflight,
+            timeout_s=config.dispatch_timeout_seconds,
+            max_attempts=config.dispatch_max_attempts,
+            priority=config.dispatch_priority,
+            metrics=metrics,
+            token=_dispatch_token(config),
+            ssl_context=_dispatch_ssl(config),
+            on_transition=lambda moved: _log_transitions(moved, metrics),
+        )
     servicer_ref: list[PlannerServicer] = []
 
     def feedback():
@@ -168,30 +235,50 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
     router = None
     if config.router_metrics_url:
         subtract = dispatcher is not None and config.subtract_dispatch_from_online
-        router = RouterTrafficSource(config.router_metrics_url, clock, timeout_s=config.observe_timeout_seconds,
-                                     dispatched=(lambda: dispatcher.finished_total) if subtract else None,
-                                     dispatch_inflight=(lambda: len(dispatcher.inflight)) if subtract else None)
+        router = RouterTrafficSource(
+            config.router_metrics_url,
+            clock,
+            timeout_s=config.observe_timeout_seconds,
+            dispatched=(lambda: dispatcher.finished_total) if subtract else None,
+            dispatch_inflight=(lambda: len(dispatcher.inflight)) if subtract else None,
+        )
+
     def jobs(now_mono: float):
         # Batch lifecycle moves on every tick too (expiry, finalizing), dispatcher or not.
         _log_transitions(registry.advance(int(clock.wall())), metrics)
         return registry.job_demands(now_mono, config.work_class)
 
     collector = Collector(
-        clock, jobs=jobs, inventory=connector.inventory,
-        timeout_s=config.observe_timeout_seconds, feedback=feedback, router=router,
+        clock,
+        jobs=jobs,
+        inventory=connector.inventory,
+        timeout_s=config.observe_timeout_seconds,
+        feedback=feedback,
+        router=router,
         scheduler=SchedulerSource(scheduler_stub, clock, timeout_s=config.observe_timeout_seconds)
-        if scheduler_stub else None,
+        if scheduler_stub
+        else None,
         capacity=CapacitySource(capacity_stub, timeout_s=config.observe_timeout_seconds) if capacity_stub else None,
-        assume_no_online_traffic=config.assume_no_online_traffic)
-    runtime = PlannerRuntime(settings=settings, collector=collector, store=store, connector=connector, clock=clock,
-                             metrics=metrics, tracer=tracer, interval_s=config.tick_interval_seconds,
-                             tick_max_duration_s=config.tick_max_duration_seconds,
-                             effect_timeout_s=config.effect_timeout_seconds, advisory=config.advisory,
-                             on_lease=dispatcher.wake if dispatcher else (lambda: None))
+        assume_no_online_traffic=config.assume_no_online_traffic,
+    )
+    runtime = PlannerRuntime(
+        settings=settings,
+        collector=collector,
+        store=store,
+        connector=connector,
+        clock=clock,
+        metrics=metrics,
+        tracer=tracer,
+        interval_s=config.tick_interval_seconds,
+        tick_max_duration_s=config.tick_max_duration_seconds,
+        effect_timeout_s=config.effect_timeout_seconds,
+        advisory=config.advisory,
+        on_lease=dispatcher.wake if dispatcher else (lambda: None),
+    )
     runtime_ref.append(runtime)
 
     async def close_all() -> None:
-        await runtime.stop()             # the tick loop, then the shutdown zero lease
+        await runtime.stop()  # the tick loop, then the shutdown zero lease
         if dispatcher is not None:
             await dispatcher.stop()
         await api.stop()
@@ -210,11 +297,20 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
         await store.close()
         registry.close()
         where = redact_url(config.redis_url) if config.lease_store == "redis" else config.lease_store
-        raise ConfigError("redis_url" if config.lease_store == "redis" else "lease_store", where,
-                          f"the lease store is unreachable at start-up, refusing to start ({exc})") from None
-    api = BatchApi(registry, clock, max_requests=config.max_batch_requests, max_file_bytes=config.max_file_bytes,
-                   pool_id=config.pool_id, on_change=dispatcher.wake if dispatcher else (lambda: None),
-                   security=config.security)
+        raise ConfigError(
+            "redis_url" if config.lease_store == "redis" else "lease_store",
+            where,
+            f"the lease store is unreachable at start-up, refusing to start ({exc})",
+        ) from None
+    api = BatchApi(
+        registry,
+        clock,
+        max_requests=config.max_batch_requests,
+        max_file_bytes=config.max_file_bytes,
+        pool_id=config.pool_id,
+        on_change=dispatcher.wake if dispatcher else (lambda: None),
+        security=config.security,
+    )
     servicer = PlannerServicer(runtime, registry, clock)
     servicer_ref.append(servicer)
     pb_grpc.add_PlannerServicer_to_server(servicer, host.server)
@@ -234,9 +330,15 @@ async def start_planner(config: PlannerConfig, *, telemetry: Telemetry | None = 
     # 3. The tick loop.
     runtime.start()
     running = RunningPlanner(host, runtime, registry, api, store, connector, dispatcher, servicer, config)
-    log.info("planner: pool %s, connector %s, lease store %s%s, Batch API on %s, dispatch to %s", config.pool_id,
-             connector.name, store.name, " (advisory)" if config.advisory else "", running.http_url,
-             config.dispatch_url or "(external dispatcher)")
+    log.info(
+        "planner: pool %s, connector %s, lease store %s%s, Batch API on %s, dispatch to %s",
+        config.pool_id,
+        connector.name,
+        store.name,
+        " (advisory)" if config.advisory else "",
+        running.http_url,
+        config.dispatch_url or "(external dispatcher)",
+    )
     _write_ready_file(config.ready_file, running)
     return running
 
@@ -266,23 +368,38 @@ def _log_transitions(moved: list, metrics: PlannerMetrics) -> None:
 
 def _connector(config: PlannerConfig, clock: Clock, capacity_stub) -> Connector:
     if config.connector == "virtual":
-        return VirtualConnector(clock, initial_replicas=config.virtual_initial_replicas,
-                                ready_delay_s=config.virtual_ready_delay_seconds)
+        return VirtualConnector(
+            clock, initial_replicas=config.virtual_initial_replicas, ready_delay_s=config.virtual_ready_delay_seconds
+        )
     if config.connector == "local":
         register = deregister = None
         if capacity_stub is not None:
             from bandmaster.capacity.v1 import capacity_pb2 as cpb
 
             async def register(worker_id: str, url: str) -> None:
-                await capacity_stub.RegisterWorker(cpb.RegisterWorkerRequest(url=url, worker_id=worker_id),
-                                                   timeout=config.observe_timeout_seconds)
+                await capacity_stub.RegisterWorker(
+                    cpb.RegisterWorkerRequest(url=url, worker_id=worker_id), timeout=config.observe_timeout_seconds
+                )
 
             async def deregister(worker_id: str) -> None:
-                await capacity_stub.DeregisterWorker(cpb.DeregisterWorkerRequest(worker_id=worker_id),
-                                                     timeout=config.observe_timeout_seconds)
-        return LocalConnector(clock, worker_args=config.local_worker_arg, max_workers=config.local_max_workers,
-                              register=register, deregister=deregister)
-    return KubernetesConnector(clock, KubernetesTarget(config.k8s_deployment, config.k8s_namespace,
-                                                       config.k8s_api_server,
-                                                       request_timeout_s=config.effect_timeout_seconds,
-                                                       writer_fence=config.k8s_writer_fence))
+                await capacity_stub.DeregisterWorker(
+                    cpb.DeregisterWorkerRequest(worker_id=worker_id), timeout=config.observe_timeout_seconds
+                )
+
+        return LocalConnector(
+            clock,
+            worker_args=config.local_worker_arg,
+            max_workers=config.local_max_workers,
+            register=register,
+            deregister=deregister,
+        )
+    return KubernetesConnector(
+        clock,
+        KubernetesTarget(
+            config.k8s_deployment,
+            config.k8s_namespace,
+            config.k8s_api_server,
+            request_timeout_s=config.effect_timeout_seconds,
+            writer_fence=config.k8s_writer_fence,
+        ),
+    )

@@ -27,10 +27,13 @@ class InvalidArgument(ValueError):
 
 
 DOMAIN_ERRORS = ErrorTable(
-    [(NotFound, grpc.StatusCode.NOT_FOUND),
-     (Conflict, grpc.StatusCode.ALREADY_EXISTS),
-     ((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT)],
-    message=lambda exc: f"not found: {exc.args[0]}" if isinstance(exc, NotFound) else str(exc))
+    [
+        (NotFound, grpc.StatusCode.NOT_FOUND),
+        (Conflict, grpc.StatusCode.ALREADY_EXISTS),
+        ((InvalidArgument, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
+    ],
+    message=lambda exc: f"not found: {exc.args[0]}" if isinstance(exc, NotFound) else str(exc),
+)
 """The one mapping from the planner's domain errors to gRPC codes."""
 
 
@@ -57,8 +60,9 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             if not request.HasField("deadline") or request.deadline.ToNanoseconds() / 1e9 <= now:
                 raise InvalidArgument("deadline must be in the future")
             job_id = check_id(request.job_id, "job_id") if request.job_id else f"job_{secrets.token_hex(12)}"
-            b = self.registry.create_external_job(job_id, request.total_requests,
-                                                  int(request.deadline.ToNanoseconds() // 1_000_000_000), int(now), pool)
+            b = self.registry.create_external_job(
+                job_id, request.total_requests, int(request.deadline.ToNanoseconds() // 1_000_000_000), int(now), pool
+            )
             return batch_to_proto(b)
 
     async def GetBatchJob(self, request: pb.GetBatchJobRequest, context) -> pb.BatchJob:
@@ -105,12 +109,21 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             if min(request.dispatched, request.completed, request.queued, request.inflight, request.failed) < 0:
                 raise InvalidArgument("counts must be >= 0")
             if request.job_id:
-                self.registry.report_external(check_id(request.job_id, "job_id"), request.dispatched, request.completed, request.failed,
-                                              int(self.clock.wall()))
+                self.registry.report_external(
+                    check_id(request.job_id, "job_id"),
+                    request.dispatched,
+                    request.completed,
+                    request.failed,
+                    int(self.clock.wall()),
+                )
             self.external_feedback = DispatcherFeedback(
-                self.clock.monotonic(), 1.0, int(request.queued), int(request.inflight),
+                self.clock.monotonic(),
+                1.0,
+                int(request.queued),
+                int(request.inflight),
                 max(0.0, request.actual_dispatch_rps),
-                request.applied_max_admission_rps if request.has_applied_cap else None)
+                request.applied_max_admission_rps if request.has_applied_cap else None,
+            )
             return pb.ReportDispatchResponse()
 
     async def GetPlan(self, request: pb.GetPlanRequest, context) -> pb.Plan:

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class WorkerCircuits:
-    def __init__(self, params: BreakerParams, metrics: RouterMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, params: BreakerParams, metrics: RouterMetrics, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.params = params
         self._metrics = metrics
         self._clock = clock
@@ -83,11 +84,21 @@ class WorkerCircuits:
             return
         self._metrics.circuit_transitions.labels(transition.new.value, transition.reason.value).inc()
         if transition.new is CircuitState.OPEN and transition.old is CircuitState.CLOSED:
-            log.warning("worker %s out of rotation after %d consecutive failures (last: %s); probe in %.1fs",
-                        worker_id, transition.failures, why, transition.open_s)
+            log.warning(
+                "worker %s out of rotation after %d consecutive failures (last: %s); probe in %.1fs",
+                worker_id,
+                transition.failures,
+                why,
+                transition.open_s,
+            )
         elif transition.new is CircuitState.OPEN:
-            log.info("worker %s stays out of rotation (%s%s); next probe in %.1fs", worker_id,
-                     transition.reason.value, f": {why}" if why else "", transition.open_s)
+            log.info(
+                "worker %s stays out of rotation (%s%s); next probe in %.1fs",
+                worker_id,
+                transition.reason.value,
+                f": {why}" if why else "",
+                transition.open_s,
+            )
         elif transition.new is CircuitState.HALF_OPEN:
             log.info("worker %s: probing with one turn", worker_id)
         else:
@@ -96,4 +107,5 @@ class WorkerCircuits:
 
     def _update_gauge(self) -> None:
         self._metrics.workers_out_of_rotation.set(
-            sum(1 for b in self._breakers.values() if b.state is not CircuitState.CLOSED))
+            sum(1 for b in self._breakers.values() if b.state is not CircuitState.CLOSED)
+        )

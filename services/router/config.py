@@ -28,94 +28,232 @@ def _env(name: str) -> str:
 ROUTER_SETTINGS = [
     Setting("scheduler_addr", str, "127.0.0.1:50052", "scheduler gRPC address host:port", env=_env("scheduler_addr")),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity gRPC address host:port", env=_env("capacity_addr")),
-    Setting("http_port", int, 8000, "OpenAI/SGLang HTTP API port on the listen host (0 = any free port)",
-            env=_env("http_port")),
-    Setting("use_scheduler", bool, True, "call the scheduler; --no-scheduler = KV-aware routing only (a benchmark arm)",
-            env=_env("scheduler"), flag="--scheduler"),
-    Setting("max_body_bytes", int, 8 * 1024 * 1024, "largest accepted request body (larger -> 413)",
-            env=_env("max_body_bytes")),
-    Setting("admit_decision_timeout_seconds", float, 2.0,
-            "longest wait for the scheduler's first answer to Admit (a decision, or 'held'); no answer = the "
-            "turn fails open and the scheduler counts as down until a probe answers",
-            env=_env("admit_decision_timeout_seconds")),
-    Setting("admit_hold_timeout_seconds", float, 3600.0,
-            "cap of a held turn's wait (a paused program); the scheduler's announced bound (its resume "
-            "timeout) plus the decision timeout applies when shorter; past it the turn fails open",
-            env=_env("admit_hold_timeout_seconds")),
-    Setting("scheduler_retry_seconds", float, 1.0,
-            "while the scheduler is down, turns fail open at once except one probe Admit per this interval",
-            env=_env("scheduler_retry_seconds")),
-    Setting("scheduler_timeout_seconds", float, 2.0, "deadline of Bind, Complete, Release and GetRouterConfig",
-            env=_env("scheduler_timeout_seconds")),
-    Setting("upstream_connect_timeout_seconds", float, 5.0, "connect timeout to a worker",
-            env=_env("upstream_connect_timeout_seconds")),
-    Setting("upstream_first_token_timeout_seconds", float, 60.0,
-            "streamed turns: longest wall time from dispatch to the worker's first token; past it the turn "
-            "is retried once on another worker",
-            env=_env("upstream_first_token_timeout_seconds")),
-    Setting("upstream_inter_token_timeout_seconds", float, 30.0,
-            "streamed turns: longest silence between chunks after the first; past it the stream ends with an "
-            "error event", env=_env("upstream_inter_token_timeout_seconds")),
-    Setting("upstream_response_timeout_seconds", float, 600.0,
-            "non-streamed turns: longest wall time from dispatch to the whole answer",
-            env=_env("upstream_response_timeout_seconds")),
-    Setting("worker_failure_threshold", int, 3,
-            "consecutive failures (refused, reset, 5xx, timeouts) that take a worker out of rotation (0 = never)",
-            env=_env("worker_failure_threshold")),
-    Setting("worker_eject_seconds", float, 5.0,
-            "time a worker stays out of rotation before one probe turn; doubles after each failed probe",
-            env=_env("worker_eject_seconds")),
-    Setting("worker_eject_max_seconds", float, 60.0, "cap of the doubling of worker_eject_seconds",
-            env=_env("worker_eject_max_seconds")),
-    Setting("http_header_timeout_seconds", float, 10.0,
-            "longest a client may take to send a request's headers (from connect, or from its first byte on "
-            "a kept-alive connection); the connection is then closed", env=_env("http_header_timeout_seconds")),
-    Setting("http_body_timeout_seconds", float, 30.0, "longest a client may take to send a request body (-> 408)",
-            env=_env("http_body_timeout_seconds")),
-    Setting("http_keepalive_timeout_seconds", float, 60.0, "an idle kept-alive connection is closed after this",
-            env=_env("http_keepalive_timeout_seconds")),
-    Setting("http_max_connections", int, 2048,
-            "open client connections on the HTTP port; more are answered 503 and closed",
-            env=_env("http_max_connections")),
-    Setting("http_metrics", bool, False,
-            "also serve /metrics on the public HTTP port (the metrics port always serves it)",
-            env=_env("http_metrics")),
-    Setting("http_server_version", bool, False,
-            "name the HTTP framework and its version in the Server header (off: 'Server: bandmaster')",
-            env=_env("http_server_version")),
-    Setting("client_max_programs", int, 2048,
-            "programs (session ids) one client (bearer token, else address) may hold open; more -> 429 (0 = no cap)",
-            env=_env("client_max_programs")),
-    Setting("client_new_programs_per_second", float, 50.0,
-            "sustained rate of new programs per client; faster -> 429 (0 = no limit)",
-            env=_env("client_new_programs_per_second")),
-    Setting("client_new_programs_burst", int, 200, "new programs a client may start at once before the rate applies",
-            env=_env("client_new_programs_burst")),
-    Setting("client_program_idle_seconds", float, 900.0,
-            "a program not seen for this long stops counting against its client's cap",
-            env=_env("client_program_idle_seconds")),
-    Setting("sweep_interval_seconds", float, 5.0, "period of the selection core's sweep (stale load, expired history)",
-            env=_env("sweep_interval_seconds")),
-    Setting("capacity_retry_max_seconds", float, 5.0, "longest back-off between capacity watch reconnects",
-            env=_env("capacity_retry_max_seconds")),
-    Setting("planner_url", str, "",
-            "the planner's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
-            "there; empty = those routes answer 404", env=_env("planner_url")),
-    Setting("batch_priority", int, -10,
-            "SGLang priority of requests marked X-Bandmaster-Traffic: batch (larger runs first; online turns get "
-            "the scheduler's, -2..+1 by default)", env=_env("batch_priority")),
+    Setting(
+        "http_port",
+        int,
+        8000,
+        "OpenAI/SGLang HTTP API port on the listen host (0 = any free port)",
+        env=_env("http_port"),
+    ),
+    Setting(
+        "use_scheduler",
+        bool,
+        True,
+        "call the scheduler; --no-scheduler = KV-aware routing only (a benchmark arm)",
+        env=_env("scheduler"),
+        flag="--scheduler",
+    ),
+    Setting(
+        "max_body_bytes",
+        int,
+        8 * 1024 * 1024,
+        "largest accepted request body (larger -> 413)",
+        env=_env("max_body_bytes"),
+    ),
+    Setting(
+        "admit_decision_timeout_seconds",
+        float,
+        2.0,
+        "longest wait for the scheduler's first answer to Admit (a decision, or 'held'); no answer = the "
+        "turn fails open and the scheduler counts as down until a probe answers",
+        env=_env("admit_decision_timeout_seconds"),
+    ),
+    Setting(
+        "admit_hold_timeout_seconds",
+        float,
+        3600.0,
+        "cap of a held turn's wait (a paused program); the scheduler's announced bound (its resume "
+        "timeout) plus the decision timeout applies when shorter; past it the turn fails open",
+        env=_env("admit_hold_timeout_seconds"),
+    ),
+    Setting(
+        "scheduler_retry_seconds",
+        float,
+        1.0,
+        "while the scheduler is down, turns fail open at once except one probe Admit per this interval",
+        env=_env("scheduler_retry_seconds"),
+    ),
+    Setting(
+        "scheduler_timeout_seconds",
+        float,
+        2.0,
+        "deadline of Bind, Complete, Release and GetRouterConfig",
+        env=_env("scheduler_timeout_seconds"),
+    ),
+    Setting(
+        "upstream_connect_timeout_seconds",
+        float,
+        5.0,
+        "connect timeout to a worker",
+        env=_env("upstream_connect_timeout_seconds"),
+    ),
+    Setting(
+        "upstream_first_token_timeout_seconds",
+        float,
+        60.0,
+        "streamed turns: longest wall time from dispatch to the worker's first token; past it the turn "
+        "is retried once on another worker",
+        env=_env("upstream_first_token_timeout_seconds"),
+    ),
+    Setting(
+        "upstream_inter_token_timeout_seconds",
+        float,
+        30.0,
+        "streamed turns: longest silence between chunks after the first; past it the stream ends with an error event",
+        env=_env("upstream_inter_token_timeout_seconds"),
+    ),
+    Setting(
+        "upstream_response_timeout_seconds",
+        float,
+        600.0,
+        "non-streamed turns: longest wall time from dispatch to the whole answer",
+        env=_env("upstream_response_timeout_seconds"),
+    ),
+    Setting(
+        "worker_failure_threshold",
+        int,
+        3,
+        "consecutive failures (refused, reset, 5xx, timeouts) that take a worker out of rotation (0 = never)",
+        env=_env("worker_failure_threshold"),
+    ),
+    Setting(
+        "worker_eject_seconds",
+        float,
+        5.0,
+        "time a worker stays out of rotation before one probe turn; doubles after each failed probe",
+        env=_env("worker_eject_seconds"),
+    ),
+    Setting(
+        "worker_eject_max_seconds",
+        float,
+        60.0,
+        "cap of the doubling of worker_eject_seconds",
+        env=_env("worker_eject_max_seconds"),
+    ),
+    Setting(
+        "http_header_timeout_seconds",
+        float,
+        10.0,
+        "longest a client may take to send a request's headers (from connect, or from its first byte on "
+        "a kept-alive connection); the connection is then closed",
+        env=_env("http_header_timeout_seconds"),
+    ),
+    Setting(
+        "http_body_timeout_seconds",
+        float,
+        30.0,
+        "longest a client may take to send a request body (-> 408)",
+        env=_env("http_body_timeout_seconds"),
+    ),
+    Setting(
+        "http_keepalive_timeout_seconds",
+        float,
+        60.0,
+        "an idle kept-alive connection is closed after this",
+        env=_env("http_keepalive_timeout_seconds"),
+    ),
+    Setting(
+        "http_max_connections",
+        int,
+        2048,
+        "open client connections on the HTTP port; more are answered 503 and closed",
+        env=_env("http_max_connections"),
+    ),
+    Setting(
+        "http_metrics",
+        bool,
+        False,
+        "also serve /metrics on the public HTTP port (the metrics port always serves it)",
+        env=_env("http_metrics"),
+    ),
+    Setting(
+        "http_server_version",
+        bool,
+        False,
+        "name the HTTP framework and its version in the Server header (off: 'Server: bandmaster')",
+        env=_env("http_server_version"),
+    ),
+    Setting(
+        "client_max_programs",
+        int,
+        2048,
+        "programs (session ids) one client (bearer token, else address) may hold open; more -> 429 (0 = no cap)",
+        env=_env("client_max_programs"),
+    ),
+    Setting(
+        "client_new_programs_per_second",
+        float,
+        50.0,
+        "sustained rate of new programs per client; faster -> 429 (0 = no limit)",
+        env=_env("client_new_programs_per_second"),
+    ),
+    Setting(
+        "client_new_programs_burst",
+        int,
+        200,
+        "new programs a client may start at once before the rate applies",
+        env=_env("client_new_programs_burst"),
+    ),
+    Setting(
+        "client_program_idle_seconds",
+        float,
+        900.0,
+        "a program not seen for this long stops counting against its client's cap",
+        env=_env("client_program_idle_seconds"),
+    ),
+    Setting(
+        "sweep_interval_seconds",
+        float,
+        5.0,
+        "period of the selection core's sweep (stale load, expired history)",
+        env=_env("sweep_interval_seconds"),
+    ),
+    Setting(
+        "capacity_retry_max_seconds",
+        float,
+        5.0,
+        "longest back-off between capacity watch reconnects",
+        env=_env("capacity_retry_max_seconds"),
+    ),
+    Setting(
+        "planner_url",
+        str,
+        "",
+        "the planner's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
+        "there; empty = those routes answer 404",
+        env=_env("planner_url"),
+    ),
+    Setting(
+        "batch_priority",
+        int,
+        -10,
+        "SGLang priority of requests marked X-Bandmaster-Traffic: batch (larger runs first; online turns get "
+        "the scheduler's, -2..+1 by default)",
+        env=_env("batch_priority"),
+    ),
     Setting("seed", int, -1, "seed of the selection core's random source (-1 = from the OS)", env=_env("seed")),
-    Setting("tokenizer", str, "",
-            "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json (its chat template). "
-            "Text prompts are then tokenized exactly and routed on token pages, which KV events can match; "
-            "empty = approximate text-chunk mode", env=_env("tokenizer")),
+    Setting(
+        "tokenizer",
+        str,
+        "",
+        "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json (its chat template). "
+        "Text prompts are then tokenized exactly and routed on token pages, which KV events can match; "
+        "empty = approximate text-chunk mode",
+        env=_env("tokenizer"),
+    ),
     # KvRouter flags (reference/kvrouter_sglang.md §A.9); None = take the scheduler's value.
-    *kv_router_flags.router_settings("router_temperature", "kv_overlap_score_weight", "use_kv_events",
-                                     "router_track_output_blocks"),
+    *kv_router_flags.router_settings(
+        "router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_output_blocks"
+    ),
     # The router's own: the prefix index must use the engine's pages, so it follows the workers (the
     # scheduler's router_block_size, from the same environment variable, only when no worker says).
-    Setting("block_size", int, None, "KV block size in tokens (default: the workers' page_size)",
-            env="DYN_ROUTER_BLOCK_SIZE"),
+    Setting(
+        "block_size",
+        int,
+        None,
+        "KV block size in tokens (default: the workers' page_size)",
+        env="DYN_ROUTER_BLOCK_SIZE",
+    ),
     *kv_router_flags.router_settings("router_ttl_secs"),
 ]
 
@@ -198,33 +336,64 @@ class RouterConfig:
         parse_host_port(self.capacity_addr, "capacity_addr")
         if not self.no_scheduler:
             parse_host_port(self.scheduler_addr, "scheduler_addr")
-        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                        "trace_sample_ratio": self.trace_sample_ratio})
+        validate_serve(
+            {
+                "listen": self.listen,
+                "metrics_port": self.metrics_port,
+                "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                "trace_sample_ratio": self.trace_sample_ratio,
+            }
+        )
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
         require(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "max_body_bytes >= 1024")
-        for name in ("admit_decision_timeout_seconds", "admit_hold_timeout_seconds", "scheduler_retry_seconds",
-                     "scheduler_timeout_seconds", "upstream_connect_timeout_seconds",
-                     "upstream_first_token_timeout_seconds", "upstream_inter_token_timeout_seconds",
-                     "upstream_response_timeout_seconds", "worker_eject_seconds", "http_header_timeout_seconds",
-                     "http_body_timeout_seconds", "http_keepalive_timeout_seconds", "client_program_idle_seconds",
-                     "sweep_interval_seconds", "capacity_retry_max_seconds"):
+        for name in (
+            "admit_decision_timeout_seconds",
+            "admit_hold_timeout_seconds",
+            "scheduler_retry_seconds",
+            "scheduler_timeout_seconds",
+            "upstream_connect_timeout_seconds",
+            "upstream_first_token_timeout_seconds",
+            "upstream_inter_token_timeout_seconds",
+            "upstream_response_timeout_seconds",
+            "worker_eject_seconds",
+            "http_header_timeout_seconds",
+            "http_body_timeout_seconds",
+            "http_keepalive_timeout_seconds",
+            "client_program_idle_seconds",
+            "sweep_interval_seconds",
+            "capacity_retry_max_seconds",
+        ):
             value = getattr(self, name)
             require(value > 0, name, value, f"{name} > 0")
-        require(self.admit_decision_timeout_seconds <= self.admit_hold_timeout_seconds,
-                "admit_decision_timeout_seconds", self.admit_decision_timeout_seconds,
-                "admit_decision_timeout_seconds <= admit_hold_timeout_seconds")
-        require(self.worker_eject_max_seconds >= self.worker_eject_seconds, "worker_eject_max_seconds",
-                self.worker_eject_max_seconds, "worker_eject_max_seconds >= worker_eject_seconds")
+        require(
+            self.admit_decision_timeout_seconds <= self.admit_hold_timeout_seconds,
+            "admit_decision_timeout_seconds",
+            self.admit_decision_timeout_seconds,
+            "admit_decision_timeout_seconds <= admit_hold_timeout_seconds",
+        )
+        require(
+            self.worker_eject_max_seconds >= self.worker_eject_seconds,
+            "worker_eject_max_seconds",
+            self.worker_eject_max_seconds,
+            "worker_eject_max_seconds >= worker_eject_seconds",
+        )
         for name in ("worker_failure_threshold", "client_max_programs", "client_new_programs_per_second"):
             value = getattr(self, name)
             require(value >= 0, name, value, f"{name} >= 0 (0 = off)")
         if self.planner_url:
             validate_base_url(self.planner_url, "planner_url")
-        require(self.http_max_connections >= 1, "http_max_connections", self.http_max_connections,
-                "http_max_connections >= 1")
-        require(self.client_new_programs_burst >= 1, "client_new_programs_burst", self.client_new_programs_burst,
-                "client_new_programs_burst >= 1")
+        require(
+            self.http_max_connections >= 1,
+            "http_max_connections",
+            self.http_max_connections,
+            "http_max_connections >= 1",
+        )
+        require(
+            self.client_new_programs_burst >= 1,
+            "client_new_programs_burst",
+            self.client_new_programs_burst,
+            "client_new_programs_burst >= 1",
+        )
 
     @property
     def worker_breaker(self) -> BreakerParams:
@@ -237,8 +406,12 @@ class RouterConfig:
 
     @property
     def client_limits(self) -> ClientLimitParams:
-        return ClientLimitParams(self.client_max_programs, self.client_new_programs_per_second,
-                                 self.client_new_programs_burst, self.client_program_idle_seconds)
+        return ClientLimitParams(
+            self.client_max_programs,
+            self.client_new_programs_per_second,
+            self.client_new_programs_burst,
+            self.client_program_idle_seconds,
+        )
 
     @property
     def host(self) -> str:
@@ -252,9 +425,19 @@ def validate_base_url(url: str, field: str) -> None:
         port = parts.port
     except ValueError:
         port = None
-    require(parts.scheme in ("http", "https") and bool(parts.hostname) and port is not None and port > 0
-            and parts.path in ("", "/") and not parts.query and not parts.fragment and parts.username is None,
-            field, url, f"{field} must be http(s)://host:port with an explicit port and no path")
+    require(
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and port is not None
+        and port > 0
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+        and parts.username is None,
+        field,
+        url,
+        f"{field} must be http(s)://host:port with an explicit port and no path",
+    )
 
 
 def config_from_values(values: Mapping[str, Any]) -> RouterConfig:

@@ -15,8 +15,9 @@ class RouterError(Exception):
     grpc_code = grpc.StatusCode.INTERNAL
     error_type = "internal_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 retry_after_s: float | None = None) -> None:
+    def __init__(
+        self, message: str, *, param: str | None = None, code: str | None = None, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -24,8 +25,7 @@ class RouterError(Exception):
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
-                          "code": self.code}}
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
 
 class BadRequest(RouterError):

@@ -23,8 +23,9 @@ from services.router.errors import ModelNotFound, NoHealthyWorker
 log = logging.getLogger(__name__)
 
 
-def resolve_params(overrides: KvOverrides, scheduler_config: SchedulerKvSettings | None,
-                   page_size: int | None) -> KvRouterParams:
+def resolve_params(
+    overrides: KvOverrides, scheduler_config: SchedulerKvSettings | None, page_size: int | None
+) -> KvRouterParams:
     """Flags win; then the scheduler's GetRouterConfig; then the core's defaults. The block size
     follows the flag, else the workers' page size (the index must use the engine's pages), else
     the scheduler's router_block_size."""
@@ -36,20 +37,31 @@ def resolve_params(overrides: KvOverrides, scheduler_config: SchedulerKvSettings
             return flag
         return from_scheduler if sc is not None else default
 
-    block_size = overrides.block_size or page_size or (sc.router_block_size if sc is not None and
-                                                       sc.router_block_size > 1 else None) or defaults.block_size
+    block_size = (
+        overrides.block_size
+        or page_size
+        or (sc.router_block_size if sc is not None and sc.router_block_size > 1 else None)
+        or defaults.block_size
+    )
     return KvRouterParams(
-        router_temperature=pick(overrides.router_temperature, sc and sc.router_temperature,
-                                defaults.router_temperature),
-        kv_overlap_score_weight=pick(overrides.kv_overlap_score_weight, sc and sc.kv_overlap_score_weight,
-                                     defaults.kv_overlap_score_weight),
+        router_temperature=pick(
+            overrides.router_temperature, sc and sc.router_temperature, defaults.router_temperature
+        ),
+        kv_overlap_score_weight=pick(
+            overrides.kv_overlap_score_weight, sc and sc.kv_overlap_score_weight, defaults.kv_overlap_score_weight
+        ),
         use_kv_events=pick(overrides.use_kv_events, sc and sc.use_kv_events, defaults.use_kv_events),
-        router_track_output_blocks=pick(overrides.router_track_output_blocks, sc and sc.router_track_output_blocks,
-                                        defaults.router_track_output_blocks),
+        router_track_output_blocks=pick(
+            overrides.router_track_output_blocks,
+            sc and sc.router_track_output_blocks,
+            defaults.router_track_output_blocks,
+        ),
         block_size=block_size,
-        router_ttl_s=pick(overrides.router_ttl_secs,
-                          sc.router_ttl_secs if sc is not None and sc.router_ttl_secs > 0 else defaults.router_ttl_s,
-                          defaults.router_ttl_s),
+        router_ttl_s=pick(
+            overrides.router_ttl_secs,
+            sc.router_ttl_secs if sc is not None and sc.router_ttl_secs > 0 else defaults.router_ttl_s,
+            defaults.router_ttl_s,
+        ),
     )
 
 
@@ -68,14 +80,24 @@ class Fleet:
             page = next(iter(sorted(workers.items())))[1].page_size or None
             self.core = KvRouterCore(self._params_for(page), self._rng)
             p = self.core.params
-            log.info("selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s "
-                     "ttl=%gs", p.block_size, p.router_temperature, p.kv_overlap_score_weight, p.use_kv_events,
-                     p.router_track_output_blocks, p.router_ttl_s)
+            log.info(
+                "selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s ttl=%gs",
+                p.block_size,
+                p.router_temperature,
+                p.kv_overlap_score_weight,
+                p.use_kv_events,
+                p.router_track_output_blocks,
+                p.router_ttl_s,
+            )
         if self.core is not None:
             for view in workers.values():
                 if view.page_size and view.page_size != self.core.params.block_size:
-                    log.warning("worker %s has page_size %d but the router's block size is %d: its KV events "
-                                "are dropped", view.worker_id, view.page_size, self.core.params.block_size)
+                    log.warning(
+                        "worker %s has page_size %d but the router's block size is %d: its KV events are dropped",
+                        view.worker_id,
+                        view.page_size,
+                        self.core.params.block_size,
+                    )
             for worker_id, old in self.workers.items():
                 new = workers.get(worker_id)
                 for replica in old.replicas:

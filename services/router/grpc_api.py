@@ -86,12 +86,14 @@ def spec_from_request(request: pb.GenerateRequest) -> TurnSpec:
         if any(not m["role"] for m in messages):
             raise BadRequest("every chat message needs a role", param="chat")
         body["messages"] = messages
-        return TurnSpec(Api.CHAT, body, identity, request.model or None, True,
-                        prompt_text=chat_routing_text(messages), **kwargs)
+        return TurnSpec(
+            Api.CHAT, body, identity, request.model or None, True, prompt_text=chat_routing_text(messages), **kwargs
+        )
     if which == "prompt" and request.prompt:
         body["prompt"] = request.prompt
-        return TurnSpec(Api.COMPLETIONS, body, identity, request.model or None, True, prompt_text=request.prompt,
-                        **kwargs)
+        return TurnSpec(
+            Api.COMPLETIONS, body, identity, request.model or None, True, prompt_text=request.prompt, **kwargs
+        )
     raise BadRequest("give chat messages or a non-empty prompt", param="input")
 
 
@@ -101,8 +103,9 @@ class RouterServicer(pb_grpc.RouterServicer):
         self.metrics = metrics
         self.tracer = tracer
 
-    async def Generate(self, request: pb.GenerateRequest,
-                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateChunk]:
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateChunk]:
         ctx, kind = grpc_parent(context)  # a streaming handler: not instrumented (GrpcServerTracing says why)
         path = "program" if request.session_id.strip() else "passthrough"
         # The span is current only around awaits, never across a `yield`: grpc.aio may close this generator
@@ -134,28 +137,44 @@ class RouterServicer(pb_grpc.RouterServicer):
                         if not choices:
                             continue
                         choice = choices[0]
-                        text = ((choice.get("delta") or {}).get("content") if spec.api is Api.CHAT
-                                else choice.get("text"))
+                        text = (
+                            (choice.get("delta") or {}).get("content") if spec.api is Api.CHAT else choice.get("text")
+                        )
                         if text or total > completion_tokens:
-                            yield pb.GenerateChunk(text=text or "", tokens=total - completion_tokens,
-                                                   worker_id=worker_id, request_id=spec.request_id)
+                            yield pb.GenerateChunk(
+                                text=text or "",
+                                tokens=total - completion_tokens,
+                                worker_id=worker_id,
+                                request_id=spec.request_id,
+                            )
                         completion_tokens = total
                     outcome = Outcome.OK
                     u = turn.usage
-                    yield pb.GenerateChunk(finish_reason=turn.finish_reason or "stop", worker_id=worker_id,
-                                           request_id=spec.request_id,
-                                           usage=pb.Usage(prompt_tokens=u.prompt_tokens,
-                                                          completion_tokens=u.completion_tokens,
-                                                          cached_tokens=u.cached_tokens))
+                    yield pb.GenerateChunk(
+                        finish_reason=turn.finish_reason or "stop",
+                        worker_id=worker_id,
+                        request_id=spec.request_id,
+                        usage=pb.Usage(
+                            prompt_tokens=u.prompt_tokens,
+                            completion_tokens=u.completion_tokens,
+                            cached_tokens=u.cached_tokens,
+                        ),
+                    )
                 except (WorkerFailed, WorkerTimeout) as err:
                     outcome = Outcome.FAILED
                     self.metrics.upstream_errors.labels(err.__class__.__name__, "stream").inc()
                     u = turn.usage
-                    yield pb.GenerateChunk(finish_reason="error", error=err.message, worker_id=worker_id,
-                                           request_id=spec.request_id,
-                                           usage=pb.Usage(prompt_tokens=u.prompt_tokens,
-                                                          completion_tokens=u.completion_tokens,
-                                                          cached_tokens=u.cached_tokens))
+                    yield pb.GenerateChunk(
+                        finish_reason="error",
+                        error=err.message,
+                        worker_id=worker_id,
+                        request_id=spec.request_id,
+                        usage=pb.Usage(
+                            prompt_tokens=u.prompt_tokens,
+                            completion_tokens=u.completion_tokens,
+                            cached_tokens=u.cached_tokens,
+                        ),
+                    )
                 self.metrics.request("grpc", path, "ok" if outcome == Outcome.OK else "failed").inc()
             except asyncio.CancelledError:
                 self.metrics.request("grpc", path, "cancelled").inc()

@@ -44,7 +44,6 @@ class FleetHealth:
         task.add_done_callback(self._tasks.discard)
 
     async def _write(self) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if self._serving else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
+        status = health_pb2.HealthCheckResponse.SERVING if self._serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for service in self._services:
             await self._servicer.set(service, status)  # ignored once the host is shutting down

@@ -60,6 +60,7 @@ def _sse(obj: Any) -> bytes:
 
 # -- body validation --------------------------------------------------------------------------------
 
+
 def _positive_int(body: dict, key: str) -> None:
     value = body.get(key)
     if value is None:
@@ -84,8 +85,11 @@ def _common(body: dict) -> tuple[str | None, bool]:
         _positive_int(body, key)
     validation.sampling(body)
     stop = body.get("stop")
-    if stop is not None and not isinstance(stop, str) and not (
-            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+    if (
+        stop is not None
+        and not isinstance(stop, str)
+        and not (isinstance(stop, list) and all(isinstance(s, str) for s in stop))
+    ):
         raise BadRequest("stop must be a string or a list of strings", param="stop")
     return model, stream
 
@@ -102,8 +106,7 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
                 raise BadRequest(f"messages[{i}] must be an object with a string role", param="messages")
             content = m.get("content")
             if content is not None and not isinstance(content, (str, list)):
-                raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null",
-                                 param="messages")
+                raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null", param="messages")
         return TurnSpec(api, body, identity, model, stream, prompt_text=chat_routing_text(messages))
     if api is Api.COMPLETIONS:
         model, stream = _common(body)
@@ -114,8 +117,9 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
             return TurnSpec(api, body, identity, model, stream, prompt_text=prompt)
         if validation.is_token_list(prompt) and prompt:
             return TurnSpec(api, body, identity, model, stream, prompt_token_ids=prompt)
-        raise BadRequest(f"prompt must be a non-empty string or list of token ids (0..{validation.MAX_TOKEN_ID})",
-                         param="prompt")
+        raise BadRequest(
+            f"prompt must be a non-empty string or list of token ids (0..{validation.MAX_TOKEN_ID})", param="prompt"
+        )
     # /generate: SGLang's native shape
     model = None
     stream = body.get("stream", False)
@@ -137,8 +141,9 @@ def build_spec(api: Api, body: dict, identity: session.SessionIdentity) -> TurnS
             raise BadRequest("text must be a non-empty string", param="text")
         return TurnSpec(api, body, identity, model, stream, prompt_text=text)
     if not validation.is_token_list(ids) or not ids:
-        raise BadRequest(f"input_ids must be a non-empty list of token ids (0..{validation.MAX_TOKEN_ID})",
-                         param="input_ids")
+        raise BadRequest(
+            f"input_ids must be a non-empty list of token ids (0..{validation.MAX_TOKEN_ID})", param="input_ids"
+        )
     return TurnSpec(api, body, identity, model, stream, prompt_token_ids=ids)
 
 
@@ -165,29 +170,69 @@ def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) ->
     """What a final request without content returns: a valid, empty completion (no worker is touched)."""
     rid = "final-" + uuid.uuid4().hex
     created = int(time.time())
-    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
-             "prompt_tokens_details": {"cached_tokens": 0}}
+    usage = {
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     if api is Api.GENERATE:
-        meta = {"id": rid, "finish_reason": {"type": "stop", "matched": None}, "prompt_tokens": 0,
-                "completion_tokens": 0, "cached_tokens": 0}
+        meta = {
+            "id": rid,
+            "finish_reason": {"type": "stop", "matched": None},
+            "prompt_tokens": 0,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        }
         obj = {"text": "", "output_ids": [], "meta_info": meta}
         return [_sse(obj), _DONE] if stream else web.json_response(obj, dumps=lambda o: dumps(o).decode())
     if api is Api.CHAT:
         head = {"id": rid, "created": created, "model": model}
         if not stream:
-            return web.json_response({**head, "object": "chat.completion", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": ""}, "logprobs": None,
-                 "finish_reason": "stop"}], "usage": usage}, dumps=lambda o: dumps(o).decode())
+            return web.json_response(
+                {
+                    **head,
+                    "object": "chat.completion",
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": usage,
+                },
+                dumps=lambda o: dumps(o).decode(),
+            )
         head["object"] = "chat.completion.chunk"
-        out = [_sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                          "logprobs": None, "finish_reason": None}]}),
-               _sse({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]})]
+        out = [
+            _sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            ),
+            _sse({**head, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]}),
+        ]
     else:
         head = {"id": rid, "object": "text_completion", "created": created, "model": model}
         if not stream:
-            return web.json_response({**head, "choices": [{"index": 0, "text": "", "logprobs": None,
-                                                           "finish_reason": "stop"}], "usage": usage},
-                                     dumps=lambda o: dumps(o).decode())
+            return web.json_response(
+                {
+                    **head,
+                    "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}],
+                    "usage": usage,
+                },
+                dumps=lambda o: dumps(o).decode(),
+            )
         out = [_sse({**head, "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}]})]
     if include_usage:
         out.append(_sse({**head, "choices": [], "usage": usage}))
@@ -196,9 +241,18 @@ def empty_completion(api: Api, model: str, stream: bool, include_usage: bool) ->
 
 
 class HttpApi:
-    def __init__(self, runner: TurnRunner, metrics: RouterMetrics, tracer: trace.Tracer, *, limits: HttpLimits,
-                 body_timeout_s: float, serve_metrics: bool, has_scheduler: bool,
-                 batch_proxy: BatchApiProxy | None = None) -> None:
+    def __init__(
+        self,
+        runner: TurnRunner,
+        metrics: RouterMetrics,
+        tracer: trace.Tracer,
+        *,
+        limits: HttpLimits,
+        body_timeout_s: float,
+        serve_metrics: bool,
+        has_scheduler: bool,
+        batch_proxy: BatchApiProxy | None = None,
+    ) -> None:
         self.runner = runner
         self.batch_proxy = batch_proxy
         self.metrics = metrics
@@ -229,17 +283,22 @@ class HttpApi:
             return self._error(NotFound(f"no route {request.path!r}", code="not_found"))
         handler = methods.get(request.method)
         if handler is None:
-            response = self._error(MethodNotAllowed(f"{request.method} is not allowed on {request.path}",
-                                                    code="method_not_allowed"))
+            response = self._error(
+                MethodNotAllowed(f"{request.method} is not allowed on {request.path}", code="method_not_allowed")
+            )
             response.headers["Allow"] = ", ".join(methods)
             return response
         return await handler(request)
 
     async def batch_api(self, request: web.BaseRequest) -> web.StreamResponse:
         if self.batch_proxy is None:
-            response = self._error(PlannerMissing(
-                f"{request.path} is the Batch API, served by the planner: this router was started without "
-                "--planner-url (bandmaster up starts one unless --no-planner)", code="planner_not_configured"))
+            response = self._error(
+                PlannerMissing(
+                    f"{request.path} is the Batch API, served by the planner: this router was started without "
+                    "--planner-url (bandmaster up starts one unless --no-planner)",
+                    code="planner_not_configured",
+                )
+            )
         else:
             response = await self.batch_proxy.forward(request, self._headers, self._error)
         self.metrics.batch_api.labels(str(response.status)).inc()
@@ -262,18 +321,22 @@ class HttpApi:
 
     async def models(self, request: web.BaseRequest) -> web.Response:
         created = int(time.time())
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "bandmaster"}
-                for name in self.runner.fleet.model_names]
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "bandmaster"}
+            for name in self.runner.fleet.model_names
+        ]
         return self._json({"object": "list", "data": data})
 
     async def health(self, request: web.BaseRequest) -> web.Response:
         workers = len(self.runner.fleet.workers)
-        return self._json({"status": "ok" if workers else "no_healthy_worker", "workers": workers},
-                          status=200 if workers else 503)
+        return self._json(
+            {"status": "ok" if workers else "no_healthy_worker", "workers": workers}, status=200 if workers else 503
+        )
 
     async def metrics_page(self, request: web.BaseRequest) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST, **self._headers})
+        return web.Response(
+            body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST, **self._headers}
+        )
 
     async def _read_body(self, request: web.BaseRequest) -> dict:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
@@ -283,14 +346,14 @@ class HttpApi:
                 raw = await request.read()
         except TimeoutError:
             self.metrics.http_timeouts.labels("body").inc()
-            raise RequestTimeout(f"request body not received within {self.body_timeout_s:g}s",
-                                 code="body_timeout") from None
+            raise RequestTimeout(
+                f"request body not received within {self.body_timeout_s:g}s", code="body_timeout"
+            ) from None
         except web.HTTPRequestEntityTooLarge:
             raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes") from None
         except (web.RequestPayloadError, HttpProcessingError):
             # A body that does not decode (e.g. gzip Content-Encoding over garbage) or breaks its framing.
-            raise BadRequest("the body does not match its Content-Encoding or framing", code="malformed_body") \
-                from None
+            raise BadRequest("the body does not match its Content-Encoding or framing", code="malformed_body") from None
         try:
             body = loads(raw) if raw else None
         except ValueError as exc:
@@ -359,8 +422,9 @@ class HttpApi:
         self.metrics.request(route, path, "ok", traffic).inc()
         return web.Response(body=dumps(answer), content_type="application/json", headers=self._headers)
 
-    async def _stream(self, request: web.BaseRequest, turn, route: str, path: str,
-                      client_usage: bool, traffic: str) -> web.StreamResponse:
+    async def _stream(
+        self, request: web.BaseRequest, turn, route: str, path: str, client_usage: bool, traffic: str
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers=self._sse_headers)
         outcome = Outcome.CANCELLED
         try:
@@ -387,8 +451,9 @@ class HttpApi:
             await turn.close(outcome)
         return response
 
-    async def _final(self, request: web.BaseRequest, api: Api, body: dict, session_id: str,
-                     client: str) -> web.StreamResponse:
+    async def _final(
+        self, request: web.BaseRequest, api: Api, body: dict, session_id: str, client: str
+    ) -> web.StreamResponse:
         """A final request without content: release the program, answer an empty completion (no worker)."""
         model, stream = release_only_shape(api, body)
         released = await self.runner.release(session_id, client)

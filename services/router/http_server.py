@@ -67,8 +67,9 @@ def error_response(err: RouterError, headers: dict[str, str]) -> web.Response:
     extra = dict(headers)
     if err.retry_after_s is not None:
         extra["Retry-After"] = str(max(1, int(-(-err.retry_after_s // 1))))  # whole seconds, rounded up
-    response = web.Response(status=err.http_status, body=dumps(err.body()), content_type="application/json",
-                            headers=extra)
+    response = web.Response(
+        status=err.http_status, body=dumps(err.body()), content_type="application/json", headers=extra
+    )
     if err.http_status == 408:
         response.force_close()  # the rest of the body may still be on its way
     return response
@@ -117,7 +118,7 @@ class _Connection(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._counted = False
-        self.unsupported_version = False   # the request being handled named an HTTP version other than 1.x
+        self.unsupported_version = False  # the request being handled named an HTTP version other than 1.x
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -168,15 +169,17 @@ class _Connection(web.RequestHandler):
             return
         super().log_exception(*args, **kwargs)
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
+    ) -> web.StreamResponse:
         err = malformed(exc, status)
         if isinstance(err, Internal):
             # Our bug, not the client's: the traceback goes to the log (credentials are redacted there).
             log.error("unhandled error serving %s %s", request.method, request.path, exc_info=exc)
         else:
-            log.debug("refused a malformed HTTP request from %s: %s (%s)", request.remote, err.message,
-                      exc.__class__.__name__)
+            log.debug(
+                "refused a malformed HTTP request from %s: %s (%s)", request.remote, err.message, exc.__class__.__name__
+            )
         self._guard.metrics.request("http", "none", f"error_{err.http_status}").inc()
         response = error_response(err, self._guard.limits.server_header)
         response.force_close()
@@ -193,12 +196,18 @@ class GuardedServer(web.Server):
         self._app_handler = handler
         # lingering_time: after an error answer to a request whose body is still arriving (408, 413), the
         # rest is read and dropped for at most this long before the connection closes (aiohttp: 10 s).
-        self._handler_kwargs = dict(keepalive_timeout=limits.keepalive_timeout_s, access_log=None,
-                                    lingering_time=LINGER_S)
+        self._handler_kwargs = dict(
+            keepalive_timeout=limits.keepalive_timeout_s, access_log=None, lingering_time=LINGER_S
+        )
         refusal = error_response(Overloaded("too many connections; retry later", retry_after_s=1.0), {})
-        head = ["HTTP/1.1 503 Service Unavailable", "Content-Type: application/json",
-                f"Content-Length: {len(refusal.body)}", "Retry-After: 1", "Connection: close",
-                *(f"{k}: {v}" for k, v in limits.server_header.items())]
+        head = [
+            "HTTP/1.1 503 Service Unavailable",
+            "Content-Type: application/json",
+            f"Content-Length: {len(refusal.body)}",
+            "Retry-After: 1",
+            "Connection: close",
+            *(f"{k}: {v}" for k, v in limits.server_header.items()),
+        ]
         self._refusal = ("\r\n".join(head) + "\r\n\r\n").encode() + refusal.body
         super().__init__(self.handle, request_factory=self._make_request, handler_cancellation=True)
 
@@ -208,8 +217,15 @@ class GuardedServer(web.Server):
             # version: refuse it (see handle) with an answer a client can read.
             message = message._replace(version=HttpVersion10, should_close=True)
             protocol.unsupported_version = True
-        return web.BaseRequest(message, payload, protocol, writer, task, asyncio.get_running_loop(),
-                               client_max_size=self.limits.max_body_bytes)
+        return web.BaseRequest(
+            message,
+            payload,
+            protocol,
+            writer,
+            task,
+            asyncio.get_running_loop(),
+            client_max_size=self.limits.max_body_bytes,
+        )
 
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
         if self.open_connections >= self.limits.max_connections:
@@ -235,8 +251,9 @@ class GuardedServer(web.Server):
                 connection.request_finished()
                 log.debug("refused a request with an unsupported HTTP version from %s", request.remote)
                 self.metrics.request("http", "none", "error_400").inc()
-                err = BadRequest("malformed HTTP request: unsupported HTTP version (1.0 and 1.1 are served)",
-                                 code="malformed_http")
+                err = BadRequest(
+                    "malformed HTTP request: unsupported HTTP version (1.0 and 1.1 are served)", code="malformed_http"
+                )
                 response = error_response(err, self.limits.server_header)
                 response.force_close()
                 return response
@@ -247,8 +264,14 @@ class GuardedServer(web.Server):
                 connection.request_finished()
 
 
-async def start_http(handler: Handler, limits: HttpLimits, metrics: RouterMetrics, host: str,
-                     port: int, ssl_context: ssl.SSLContext | None = None) -> tuple[web.ServerRunner, int]:
+async def start_http(
+    handler: Handler,
+    limits: HttpLimits,
+    metrics: RouterMetrics,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+) -> tuple[web.ServerRunner, int]:
     """Serve `handler` on host:port (HTTPS with `ssl_context`); returns the runner (cleanup() stops it) and the
     bound port."""
     runner = web.ServerRunner(GuardedServer(handler, limits, metrics), access_log=None)

@@ -14,71 +14,116 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("bandmaster_router_requests",
-                                "Requests by API route, path, outcome and traffic (online, or batch: marked "
-                                "X-Bandmaster-Traffic: batch by the planner's dispatcher)",
-                                ("route", "path", "outcome", "traffic"), registry=r)
-        self.in_flight = Gauge("bandmaster_router_requests_in_flight", "Turns being served, by traffic",
-                               ("traffic",), registry=r)
+        self.requests = Counter(
+            "bandmaster_router_requests",
+            "Requests by API route, path, outcome and traffic (online, or batch: marked "
+            "X-Bandmaster-Traffic: batch by the planner's dispatcher)",
+            ("route", "path", "outcome", "traffic"),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "bandmaster_router_requests_in_flight", "Turns being served, by traffic", ("traffic",), registry=r
+        )
         for traffic in TRAFFIC:
             self.in_flight.labels(traffic)  # both series exist from the start (a scrape sees 0, not absent)
-        self.ttft = Histogram("bandmaster_router_ttft_seconds",
-                              "Time to first token of streamed turns (dispatch to the worker's first chunk), by "
-                              "traffic", ("traffic",),
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
-        self.batch_api = Counter("bandmaster_router_batch_api_requests",
-                                 "Batch API calls forwarded to the planner (/v1/files*, /v1/batches*) by status "
-                                 "(not counted in bandmaster_router_requests: they are not inference)",
-                                 ("status",), registry=r)
+        self.ttft = Histogram(
+            "bandmaster_router_ttft_seconds",
+            "Time to first token of streamed turns (dispatch to the worker's first chunk), by traffic",
+            ("traffic",),
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.batch_api = Counter(
+            "bandmaster_router_batch_api_requests",
+            "Batch API calls forwarded to the planner (/v1/files*, /v1/batches*) by status "
+            "(not counted in bandmaster_router_requests: they are not inference)",
+            ("status",),
+            registry=r,
+        )
         self.picks = Counter("bandmaster_router_picks", "Worker selections by reason", ("reason",), registry=r)
-        self.prompts = Counter("bandmaster_router_prompts",
-                               "Turns by how their prompt was hashed: tokens (exact), text (approximate), "
-                               "text_fallback (a tokenizer is configured but the chat template failed)",
-                               ("mode",), registry=r)
+        self.prompts = Counter(
+            "bandmaster_router_prompts",
+            "Turns by how their prompt was hashed: tokens (exact), text (approximate), "
+            "text_fallback (a tokenizer is configured but the chat template failed)",
+            ("mode",),
+            registry=r,
+        )
         self.predicted_cached_tokens = Counter(
             "bandmaster_router_predicted_cached_tokens",
             "Prompt tokens the chosen worker holds according to the router's prefix index (compare with the "
-            "workers' cached_tokens)", registry=r)
-        self.retries = Counter("bandmaster_router_retries", "Turns retried on another worker before the first token",
-                               registry=r)
-        self.upstream_errors = Counter("bandmaster_router_upstream_errors", "Worker failures by kind and phase",
-                                       ("kind", "phase"), registry=r)
-        self.fail_open = Counter("bandmaster_router_scheduler_fail_open",
-                                 "Turns routed without admission, by why: unreachable, no_answer (nothing within "
-                                 "the decision deadline), hold_overrun, outage (known down: not asked), error",
-                                 ("reason",), registry=r)
+            "workers' cached_tokens)",
+            registry=r,
+        )
+        self.retries = Counter(
+            "bandmaster_router_retries", "Turns retried on another worker before the first token", registry=r
+        )
+        self.upstream_errors = Counter(
+            "bandmaster_router_upstream_errors", "Worker failures by kind and phase", ("kind", "phase"), registry=r
+        )
+        self.fail_open = Counter(
+            "bandmaster_router_scheduler_fail_open",
+            "Turns routed without admission, by why: unreachable, no_answer (nothing within "
+            "the decision deadline), hold_overrun, outage (known down: not asked), error",
+            ("reason",),
+            registry=r,
+        )
         self.admit_deadline_extended = Counter(
             "bandmaster_router_admit_deadline_extended",
             "Admit decision windows given once more because the router's own event loop was blocked in them "
-            "(the scheduler's answer may have been waiting; see bandmaster_event_loop_lag_seconds)", registry=r)
-        self.scheduler_errors = Counter("bandmaster_router_scheduler_errors", "Failed scheduler calls by method",
-                                        ("method",), registry=r)
-        self.admit_wait = Histogram("bandmaster_router_admit_wait_seconds", "Time a turn waited in Admit",
-                                    buckets=(0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800), registry=r)
-        self.kv_events = Counter("bandmaster_router_kv_events", "KV events applied to the index, by outcome",
-                                 ("outcome",), registry=r)
-        self.workers = Gauge("bandmaster_router_workers", "Healthy workers known from the capacity service",
-                             registry=r)
-        self.capacity_connected = Gauge("bandmaster_router_capacity_connected",
-                                        "1 while the capacity watch stream is open", registry=r)
+            "(the scheduler's answer may have been waiting; see bandmaster_event_loop_lag_seconds)",
+            registry=r,
+        )
+        self.scheduler_errors = Counter(
+            "bandmaster_router_scheduler_errors", "Failed scheduler calls by method", ("method",), registry=r
+        )
+        self.admit_wait = Histogram(
+            "bandmaster_router_admit_wait_seconds",
+            "Time a turn waited in Admit",
+            buckets=(0.001, 0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800),
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "bandmaster_router_kv_events", "KV events applied to the index, by outcome", ("outcome",), registry=r
+        )
+        self.workers = Gauge("bandmaster_router_workers", "Healthy workers known from the capacity service", registry=r)
+        self.capacity_connected = Gauge(
+            "bandmaster_router_capacity_connected", "1 while the capacity watch stream is open", registry=r
+        )
         self.circuit_transitions = Counter(
             "bandmaster_router_worker_circuit_transitions",
             "Worker circuit-breaker transitions by new state (open = out of rotation, half_open = probing, "
-            "closed = back) and reason", ("state", "reason"), registry=r)
-        self.workers_out_of_rotation = Gauge("bandmaster_router_workers_out_of_rotation",
-                                             "Workers taken out of rotation by their circuit breaker", registry=r)
-        self.client_limited = Counter("bandmaster_router_client_limited",
-                                      "New programs refused with 429 by reason (too_many_programs, new_program_rate)",
-                                      ("reason",), registry=r)
-        self.http_connections = Gauge("bandmaster_router_http_connections", "Open client connections on the HTTP port",
-                                      registry=r)
-        self.http_connections_refused = Counter("bandmaster_router_http_connections_refused",
-                                                "Client connections refused at the connection cap (503)", registry=r)
-        self.http_timeouts = Counter("bandmaster_router_http_timeouts",
-                                     "Client connections closed for slowness, by phase (header, body)", ("phase",),
-                                     registry=r)
-        self.scheduler_reachable = Gauge("bandmaster_router_scheduler_reachable",
-                                         "0 while the router fails open", registry=r)
+            "closed = back) and reason",
+            ("state", "reason"),
+            registry=r,
+        )
+        self.workers_out_of_rotation = Gauge(
+            "bandmaster_router_workers_out_of_rotation",
+            "Workers taken out of rotation by their circuit breaker",
+            registry=r,
+        )
+        self.client_limited = Counter(
+            "bandmaster_router_client_limited",
+            "New programs refused with 429 by reason (too_many_programs, new_program_rate)",
+            ("reason",),
+            registry=r,
+        )
+        self.http_connections = Gauge(
+            "bandmaster_router_http_connections", "Open client connections on the HTTP port", registry=r
+        )
+        self.http_connections_refused = Counter(
+            "bandmaster_router_http_connections_refused",
+            "Client connections refused at the connection cap (503)",
+            registry=r,
+        )
+        self.http_timeouts = Counter(
+            "bandmaster_router_http_timeouts",
+            "Client connections closed for slowness, by phase (header, body)",
+            ("phase",),
+            registry=r,
+        )
+        self.scheduler_reachable = Gauge(
+            "bandmaster_router_scheduler_reachable", "0 while the router fails open", registry=r
+        )
         self.scheduler_reachable.set(1)
         self._children: dict[tuple, object] = {}
 

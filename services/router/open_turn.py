@@ -50,9 +50,17 @@ class TurnOwner(Protocol):
 class OpenTurn:
     """A turn whose worker answered. Iterate `lines()` (streaming) or await `json()`, then `close()`."""
 
-    def __init__(self, runner: TurnOwner, spec: TurnSpec, admission: Admission | None,
-                 response: aiohttp.ClientResponse, worker: WorkerView, replica: Replica,
-                 first_line: bytes | None, book: Bookkeeping) -> None:
+    def __init__(
+        self,
+        runner: TurnOwner,
+        spec: TurnSpec,
+        admission: Admission | None,
+        response: aiohttp.ClientResponse,
+        worker: WorkerView,
+        replica: Replica,
+        first_line: bytes | None,
+        book: Bookkeeping,
+    ) -> None:
         self._runner = runner
         self.spec = spec
         self.admission = admission
@@ -194,7 +202,7 @@ class OpenTurn:
         self._closed = True
         self.response.close()
         circuits = self._runner.circuits
-        if outcome == Outcome.FAILED:   # the worker broke the stream, went silent, or failed the answer
+        if outcome == Outcome.FAILED:  # the worker broke the stream, went silent, or failed the answer
             circuits.failed(self.worker.worker_id, "failed after the first token")
         elif self._verdict_pending:
             circuits.abandoned(self.worker.worker_id)

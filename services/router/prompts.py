@@ -24,9 +24,9 @@ INLINE_MAX_CHARS = 8192
 class PromptMode(enum.Enum):
     """How a turn's prompt was hashed. The value is a metric label."""
 
-    TOKENS = "tokens"                 # exact token pages: ids given by the client or from the tokenizer
-    TEXT = "text"                     # approximate text chunks (no tokenizer)
-    TEXT_FALLBACK = "text_fallback"   # a tokenizer is configured but the template could not render it
+    TOKENS = "tokens"  # exact token pages: ids given by the client or from the tokenizer
+    TEXT = "text"  # approximate text chunks (no tokenizer)
+    TEXT_FALLBACK = "text_fallback"  # a tokenizer is configured but the template could not render it
 
 
 class PromptTokenizer:
@@ -41,7 +41,7 @@ class PromptTokenizer:
         if chat_request is not None:
             if isinstance(chat_request.get("input_ids"), list):
                 return self.tokenizer.chat_token_ids(chat_request)
-            text, special = self.tokenizer.chat_prompt(chat_request), False   # the template holds the BOS
+            text, special = self.tokenizer.chat_prompt(chat_request), False  # the template holds the BOS
         else:
             special = True
         if len(text) <= INLINE_MAX_CHARS:

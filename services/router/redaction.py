@@ -15,8 +15,10 @@ import re
 
 from services.common.redact import REDACTED, redact_url
 
-_HEADER = re.compile(r"(?i)\b(authorization|proxy-authorization|x-api-key|api-key|cookie)(\s*[:=]\s*)"
-                     r"[^\r\n,;'\"]+")
+_HEADER = re.compile(
+    r"(?i)\b(authorization|proxy-authorization|x-api-key|api-key|cookie)(\s*[:=]\s*)"
+    r"[^\r\n,;'\"]+"
+)
 _TOKEN = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{4,}")
 _KEY = re.compile(r"\bsk-[A-Za-z0-9_\-]{8,}")
 

@@ -18,11 +18,11 @@ from services.router.turn_types import Api
 
 
 class LineKind(enum.Enum):
-    DATA = 0        # a data line to forward
-    USAGE = 1       # OpenAI usage-only chunk (choices: [])
-    DONE = 2        # data: [DONE]
-    BLANK = 3       # event separator
-    ERROR = 4       # data: {"error": ...}: the worker failed mid-stream (never forwarded)
+    DATA = 0  # a data line to forward
+    USAGE = 1  # OpenAI usage-only chunk (choices: [])
+    DONE = 2  # data: [DONE]
+    BLANK = 3  # event separator
+    ERROR = 4  # data: {"error": ...}: the worker failed mid-stream (never forwarded)
 
 
 class SseRelay:
@@ -49,8 +49,8 @@ class SseRelay:
         self._absorb_usage = absorb_usage
         self._partial = b""
         self._skip_blank = False
-        self._last_data = b""   # /generate: a block whose last data line is the latest chunk
-        self.chunks = 0         # data lines seen, [DONE] and errors excluded
+        self._last_data = b""  # /generate: a block whose last data line is the latest chunk
+        self.chunks = 0  # data lines seen, [DONE] and errors excluded
         self.error: str | None = None
 
     def complete_lines(self, data: bytes) -> bytes:
@@ -72,8 +72,7 @@ class SseRelay:
         block = self.complete_lines(data)
         if not block:
             return b""
-        if not self._skip_blank and b'data: {"error"' not in block and (
-                self._generate or b'"usage":{' not in block):
+        if not self._skip_blank and b'data: {"error"' not in block and (self._generate or b'"usage":{' not in block):
             # Every line must be a data line or a blank line. The counts find distinct lines, so they
             # add up to the number of lines only if that holds (a miscount sends the block line by line).
             data_lines = block.count(b"\ndata:") + block.startswith(b"data:")
@@ -93,8 +92,11 @@ class SseRelay:
 
     def last_data_line(self) -> bytes | None:
         """/generate: the last data chunk of the stream (None if there was none)."""
-        lines = [line for line in split_lines(self._last_data)
-                 if line.startswith(b"data:") and not line.startswith(b"data: [DONE]")]
+        lines = [
+            line
+            for line in split_lines(self._last_data)
+            if line.startswith(b"data:") and not line.startswith(b"data: [DONE]")
+        ]
         return lines[-1] if lines else None
 
     def _by_line(self, block: bytes) -> bytes:

@@ -112,19 +112,30 @@ def _check_file_limit(max_connections: int) -> None:
         except (ValueError, OSError):
             pass
     if soft != resource.RLIM_INFINITY and soft < needed:
-        log.warning("open-file limit %d is below the %d that --http-max-connections %d needs: the process runs out "
-                    "of file descriptors before the cap applies", soft, needed, max_connections)
+        log.warning(
+            "open-file limit %d is below the %d that --http-max-connections %d needs: the process runs out "
+            "of file descriptors before the cap applies",
+            soft,
+            needed,
+            max_connections,
+        )
 
 
 def _log_prompt_mode(config: RouterConfig, prompts: PromptTokenizer | None, use_kv_events: bool) -> None:
     if prompts is None:
         if use_kv_events:
-            log.warning("KV events are on but no --tokenizer is given: chat and text prompts are hashed as text "
-                        "chunks, which the event index never matches (only token-id prompts use it)")
+            log.warning(
+                "KV events are on but no --tokenizer is given: chat and text prompts are hashed as text "
+                "chunks, which the event index never matches (only token-id prompts use it)"
+            )
         return
     tokenizer = prompts.tokenizer
-    log.info("prompts: tokenized with %s (vocabulary %d, chat template %s)", config.tokenizer, tokenizer.vocab_size,
-             "yes" if tokenizer.has_chat_template else "none: chat prompts use the text approximation")
+    log.info(
+        "prompts: tokenized with %s (vocabulary %d, chat template %s)",
+        config.tokenizer,
+        tokenizer.vocab_size,
+        "yes" if tokenizer.has_chat_template else "none: chat prompts use the text approximation",
+    )
 
 
 def _planner_ssl(config: RouterConfig) -> ssl.SSLContext | None:
@@ -134,8 +145,9 @@ def _planner_ssl(config: RouterConfig) -> ssl.SSLContext | None:
     return ssl.create_default_context(cadata=config.security.ca_pem.decode())
 
 
-async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = None,
-                       capacity_idle_timeout_s: float = 60.0) -> RunningRouter:
+async def start_router(
+    config: RouterConfig, *, telemetry: Telemetry | None = None, capacity_idle_timeout_s: float = 60.0
+) -> RunningRouter:
     """Start every component on the running loop; return once the HTTP and gRPC APIs serve.
     Raises ConfigError, before anything is started, for a tokenizer that cannot be loaded.
     `capacity_idle_timeout_s`: a capacity stream silent this long (no snapshot, no heartbeat) is reopened."""
@@ -145,41 +157,73 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     tracer = telemetry.tracer("bandmaster.router")
     metrics = RouterMetrics()
     clock = SystemClock()
-    host = ServiceHost("router", listen=config.listen, metrics_port=config.metrics_port, registry=metrics.registry,
-                       telemetry=telemetry, shutdown_grace_seconds=config.shutdown_grace_seconds,
-                       security=config.security)
+    host = ServiceHost(
+        "router",
+        listen=config.listen,
+        metrics_port=config.metrics_port,
+        registry=metrics.registry,
+        telemetry=telemetry,
+        shutdown_grace_seconds=config.shutdown_grace_seconds,
+        security=config.security,
+    )
     # Taken ports are reported before anything that would need closing is built.
     host.check_ports()
     require_free(host.host, config.http_port, "router HTTP", "--http-port")
 
-    scheduler = None if config.no_scheduler else SchedulerClient(
-        config.scheduler_addr, metrics, call_timeout_s=config.scheduler_timeout_seconds,
-        decision_timeout_s=config.admit_decision_timeout_seconds, hold_timeout_s=config.admit_hold_timeout_seconds,
-        breaker=config.scheduler_breaker, tracer=tracer,
-        channel=config.security.channel(config.scheduler_addr, interceptors=telemetry.grpc_client_interceptors()),
-        loop_lag=host.loop_lag)
+    scheduler = (
+        None
+        if config.no_scheduler
+        else SchedulerClient(
+            config.scheduler_addr,
+            metrics,
+            call_timeout_s=config.scheduler_timeout_seconds,
+            decision_timeout_s=config.admit_decision_timeout_seconds,
+            hold_timeout_s=config.admit_hold_timeout_seconds,
+            breaker=config.scheduler_breaker,
+            tracer=tracer,
+            channel=config.security.channel(config.scheduler_addr, interceptors=telemetry.grpc_client_interceptors()),
+            loop_lag=host.loop_lag,
+        )
+    )
     scheduler_config = None
     if scheduler is not None:
         scheduler_config = await scheduler.router_config()
         if scheduler_config is None:
-            log.warning("scheduler %s: no router config (unreachable); using flags and defaults",
-                        config.scheduler_addr)
+            log.warning("scheduler %s: no router config (unreachable); using flags and defaults", config.scheduler_addr)
 
     fleet = Fleet(lambda page_size: resolve_params(config.kv, scheduler_config, page_size), config.seed)
     _log_prompt_mode(config, prompts, resolve_params(config.kv, scheduler_config, None).use_kv_events)
-    upstream = Upstream(connect_timeout_s=config.upstream_connect_timeout_seconds,
-                        first_token_timeout_s=config.upstream_first_token_timeout_seconds,
-                        inter_token_timeout_s=config.upstream_inter_token_timeout_seconds,
-                        response_timeout_s=config.upstream_response_timeout_seconds)
+    upstream = Upstream(
+        connect_timeout_s=config.upstream_connect_timeout_seconds,
+        first_token_timeout_s=config.upstream_first_token_timeout_seconds,
+        inter_token_timeout_s=config.upstream_inter_token_timeout_seconds,
+        response_timeout_s=config.upstream_response_timeout_seconds,
+    )
     circuits = WorkerCircuits(config.worker_breaker, metrics)
     limit_params = config.client_limits
     limits = ClientLimits(limit_params) if limit_params.max_programs or limit_params.new_programs_per_s else None
-    runner = TurnRunner(fleet, upstream, scheduler, metrics, tracer, circuits=circuits, limits=limits,
-                        prompts=prompts, batch_priority=config.batch_priority)
-    batch_proxy = BatchApiProxy(config.planner_url, connect_timeout_s=config.upstream_connect_timeout_seconds,
-                                read_timeout_s=config.upstream_response_timeout_seconds,
-                                body_timeout_s=config.http_body_timeout_seconds,
-                                ssl_context=_planner_ssl(config)) if config.planner_url else None
+    runner = TurnRunner(
+        fleet,
+        upstream,
+        scheduler,
+        metrics,
+        tracer,
+        circuits=circuits,
+        limits=limits,
+        prompts=prompts,
+        batch_priority=config.batch_priority,
+    )
+    batch_proxy = (
+        BatchApiProxy(
+            config.planner_url,
+            connect_timeout_s=config.upstream_connect_timeout_seconds,
+            read_timeout_s=config.upstream_response_timeout_seconds,
+            body_timeout_s=config.http_body_timeout_seconds,
+            ssl_context=_planner_ssl(config),
+        )
+        if config.planner_url
+        else None
+    )
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
 
     def on_workers(workers) -> None:
@@ -190,19 +234,37 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     fleet.on_workers.append(on_workers)
     capacity_channel = config.security.channel(config.capacity_addr)
     worker_set = WorkerSet(metrics, fleet.update)
-    watch = CapacityWatch(cap_pb_grpc.CapacityStub(capacity_channel), worker_set.take, address=config.capacity_addr,
-                          logger=logging.getLogger("services.router.adapters.capacity"), on_connected=worker_set.connected,
-                          initial_backoff_s=0.1, max_backoff_s=config.capacity_retry_max_seconds,
-                          idle_timeout_s=capacity_idle_timeout_s, name="router-capacity-watch")
+    watch = CapacityWatch(
+        cap_pb_grpc.CapacityStub(capacity_channel),
+        worker_set.take,
+        address=config.capacity_addr,
+        logger=logging.getLogger("services.router.adapters.capacity"),
+        on_connected=worker_set.connected,
+        initial_backoff_s=0.1,
+        max_backoff_s=config.capacity_retry_max_seconds,
+        idle_timeout_s=capacity_idle_timeout_s,
+        name="router-capacity-watch",
+    )
 
     add_to_server(RouterServicer(runner, metrics, tracer), host.server)
     host.add_service(SERVICE_NAME)
-    http_limits = HttpLimits(header_timeout_s=config.http_header_timeout_seconds,
-                             keepalive_timeout_s=config.http_keepalive_timeout_seconds,
-                             max_connections=config.http_max_connections, max_body_bytes=config.max_body_bytes,
-                             server_version=config.http_server_version)
-    api = HttpApi(runner, metrics, tracer, limits=http_limits, body_timeout_s=config.http_body_timeout_seconds,
-                  serve_metrics=config.http_metrics, has_scheduler=scheduler is not None, batch_proxy=batch_proxy)
+    http_limits = HttpLimits(
+        header_timeout_s=config.http_header_timeout_seconds,
+        keepalive_timeout_s=config.http_keepalive_timeout_seconds,
+        max_connections=config.http_max_connections,
+        max_body_bytes=config.max_body_bytes,
+        server_version=config.http_server_version,
+    )
+    api = HttpApi(
+        runner,
+        metrics,
+        tracer,
+        limits=http_limits,
+        body_timeout_s=config.http_body_timeout_seconds,
+        serve_metrics=config.http_metrics,
+        has_scheduler=scheduler is not None,
+        batch_proxy=batch_proxy,
+    )
     _check_file_limit(config.http_max_connections)
 
     await host.start()
@@ -211,13 +273,18 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     await fleet_health.apply(bool(fleet.workers))
     fleet.on_workers.append(fleet_health.on_workers)
     # The data-plane token guards every path but /health (off when no token is configured).
-    handler = bearer_guard(api.handle, config.security.control_tokens, config.security.data_tokens,
-                           headers=http_limits.server_header, on_refusal=host.count_refusal)
-    http_runner, http_port = await start_http(handler, http_limits, metrics, host.host, config.http_port,
-                                              ssl_context=config.security.http_ssl_context())
+    handler = bearer_guard(
+        api.handle,
+        config.security.control_tokens,
+        config.security.data_tokens,
+        headers=http_limits.server_header,
+        on_refusal=host.count_refusal,
+    )
+    http_runner, http_port = await start_http(
+        handler, http_limits, metrics, host.host, config.http_port, ssl_context=config.security.http_ssl_context()
+    )
     watch.start()
-    sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock),
-                                  name="router-sweep")
+    sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock), name="router-sweep")
 
     async def stop_components() -> None:
         # Stop taking requests, let in-flight turns finish within the grace period, then the rest.
@@ -237,10 +304,22 @@ async def start_router(config: RouterConfig, *, telemetry: Telemetry | None = No
     host.on_stop(stop_components)
     running = RunningRouter(config, host, http_runner, http_port, fleet, runner, metrics, [])
     if config.ready_file:
-        write_ready_file(config.ready_file, {"service": "router", "grpc": host.address,
-                                             "metrics_port": host.metrics_port, "http_port": http_port,
-                                             "pid": os.getpid()})
-    log.info("router serving HTTP on %s:%d (scheduler %s, capacity %s, Batch API %s)", host.host, http_port,
-             "off" if scheduler is None else config.scheduler_addr, config.capacity_addr,
-             config.planner_url or "off")
+        write_ready_file(
+            config.ready_file,
+            {
+                "service": "router",
+                "grpc": host.address,
+                "metrics_port": host.metrics_port,
+                "http_port": http_port,
+                "pid": os.getpid(),
+            },
+        )
+    log.info(
+        "router serving HTTP on %s:%d (scheduler %s, capacity %s, Batch API %s)",
+        host.host,
+        http_port,
+        "off" if scheduler is None else config.scheduler_addr,
+        config.capacity_addr,
+        config.planner_url or "off",
+    )
     return running

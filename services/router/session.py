@@ -28,7 +28,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 @dataclass(frozen=True)
 class SessionIdentity:
-    session_id: str = ""          # "" = passthrough
+    session_id: str = ""  # "" = passthrough
     parent_session_id: str = ""
     final: bool = False
 
@@ -63,8 +63,13 @@ def parse_final(value: str | None) -> bool:
     raise BadRequest(f"{FINAL_HEADER} must be a boolean (true/false), got {value!r}", param=FINAL_HEADER)
 
 
-def identity(session_id: str | None, parent_session_id: str | None = None, final: bool = False,
-             *, names: tuple[str, str] = ("session_id", "parent_session_id")) -> SessionIdentity:
+def identity(
+    session_id: str | None,
+    parent_session_id: str | None = None,
+    final: bool = False,
+    *,
+    names: tuple[str, str] = ("session_id", "parent_session_id"),
+) -> SessionIdentity:
     sid = normalize_session_id(session_id, names[0])
     parent = normalize_session_id(parent_session_id, names[1])
     if parent == sid:
@@ -84,8 +89,12 @@ def _single(headers: Mapping[str, str], name: str) -> str | None:
 
 def from_headers(headers: Mapping[str, str]) -> SessionIdentity:
     """Session identity of an HTTP request (`headers`: case-insensitive, a multidict or a plain mapping)."""
-    return identity(_single(headers, SESSION_HEADER), _single(headers, PARENT_HEADER),
-                    parse_final(_single(headers, FINAL_HEADER)), names=(SESSION_HEADER, PARENT_HEADER))
+    return identity(
+        _single(headers, SESSION_HEADER),
+        _single(headers, PARENT_HEADER),
+        parse_final(_single(headers, FINAL_HEADER)),
+        names=(SESSION_HEADER, PARENT_HEADER),
+    )
 
 
 def path_label(headers: Mapping[str, str]) -> str:

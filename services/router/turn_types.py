@@ -29,12 +29,12 @@ class Usage:
 @dataclass
 class TurnSpec:
     api: Api
-    body: dict                      # forwarded to the worker; `priority`/`stream_options` are set here
+    body: dict  # forwarded to the worker; `priority`/`stream_options` are set here
     identity: SessionIdentity
     model: str | None
     stream: bool
-    prompt_text: str = ""           # rendered prompt, when the request is text
-    prompt_token_ids: list[int] | None = None   # given by the client, or from the model tokenizer
+    prompt_text: str = ""  # rendered prompt, when the request is text
+    prompt_token_ids: list[int] | None = None  # given by the client, or from the model tokenizer
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    client: str = ""                # who sent it (edge.client_identity), for the per-client limits
-    traffic: str = "online"         # "batch" when marked X-Bandmaster-Traffic: batch (session.traffic)
+    client: str = ""  # who sent it (edge.client_identity), for the per-client limits
+    traffic: str = "online"  # "batch" when marked X-Bandmaster-Traffic: batch (session.traffic)

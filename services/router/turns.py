@@ -52,15 +52,25 @@ log = logging.getLogger(__name__)
 
 _LIMIT_MESSAGES = {
     "too_many_programs": "this client holds too many open programs; end some (X-Dynamo-Session-Final: true) "
-                         "or retry later",
+    "or retry later",
     "new_program_rate": "this client starts new programs too fast; retry later",
 }
 
 
 class TurnRunner:
-    def __init__(self, fleet: Fleet, upstream: Upstream, scheduler: SchedulerClient | None, metrics: RouterMetrics,
-                 tracer: trace.Tracer, *, circuits: WorkerCircuits, limits: ClientLimits | None = None,
-                 prompts: PromptTokenizer | None = None, batch_priority: int = -10) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        upstream: Upstream,
+        scheduler: SchedulerClient | None,
+        metrics: RouterMetrics,
+        tracer: trace.Tracer,
+        *,
+        circuits: WorkerCircuits,
+        limits: ClientLimits | None = None,
+        prompts: PromptTokenizer | None = None,
+        batch_priority: int = -10,
+    ) -> None:
         self.fleet = fleet
         self.batch_priority = batch_priority
         self.upstream = upstream
@@ -110,10 +120,17 @@ class TurnRunner:
                 if bind_task is not None:
                     await asyncio.gather(bind_task, return_exceptions=True)
                 try:
-                    await scheduler.complete(spec.identity.session_id, spec.request_id,
-                                             replica.worker_id if replica else "", replica.dp_rank if replica else 0,
-                                             usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens,
-                                             outcome, ttft_s=book.ttft_s)
+                    await scheduler.complete(
+                        spec.identity.session_id,
+                        spec.request_id,
+                        replica.worker_id if replica else "",
+                        replica.dp_rank if replica else 0,
+                        usage.prompt_tokens,
+                        usage.completion_tokens,
+                        usage.cached_tokens,
+                        outcome,
+                        ttft_s=book.ttft_s,
+                    )
                 finally:
                     if final:
                         await scheduler.release(spec.identity.session_id)
@@ -146,7 +163,8 @@ class TurnRunner:
             return PromptMode.TEXT
         try:
             spec.prompt_token_ids = await self.prompts.token_ids(
-                spec.prompt_text, chat_request=spec.body if spec.api is Api.CHAT else None)
+                spec.prompt_text, chat_request=spec.body if spec.api is Api.CHAT else None
+            )
         except ChatTemplateError as exc:
             log.debug("turn %s: prompt not tokenized, routing on its text: %s", spec.request_id, exc)
             return PromptMode.TEXT_FALLBACK
@@ -167,8 +185,9 @@ class TurnRunner:
         if not verdict.allowed:
             reason = verdict.reason.value if verdict.reason else "limited"
             self.metrics.client_limited.labels(reason).inc()
-            raise TooManyRequests(_LIMIT_MESSAGES.get(reason, "too many requests"), code=reason,
-                                  retry_after_s=verdict.retry_after_s)
+            raise TooManyRequests(
+                _LIMIT_MESSAGES.get(reason, "too many requests"), code=reason, retry_after_s=verdict.retry_after_s
+            )
 
     async def open(self, spec: TurnSpec) -> OpenTurn:
         """Admit, pick and connect. On failure the turn is completed here and a RouterError raised."""
@@ -178,8 +197,9 @@ class TurnRunner:
         self.metrics.prompt(mode.value).inc()
         admission: Admission | None = None
         if self.scheduler is not None:
-            admission = await self.scheduler.admit(spec.identity.session_id, spec.identity.parent_session_id,
-                                                   spec.request_id, self.estimated_tokens(spec))
+            admission = await self.scheduler.admit(
+                spec.identity.session_id, spec.identity.parent_session_id, spec.request_id, self.estimated_tokens(spec)
+            )
         if spec.traffic == "batch":
             # Batch work yields to every online turn in the worker's queue, whatever the scheduler said.
             spec.body["priority"] = self.batch_priority
@@ -199,8 +219,9 @@ class TurnRunner:
             if outcome != Outcome.OK:
                 self.finish(spec, admission, book, outcome)
 
-    async def _connect(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping,
-                       views: list[WorkerView]) -> OpenTurn:
+    async def _connect(
+        self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping, views: list[WorkerView]
+    ) -> OpenTurn:
         """Pick among the workers in rotation and send; a failure before the first token is retried once
         on another worker. Every attempt gives the worker's breaker a verdict (or abandons it)."""
         excluded: set[str] = set()
@@ -212,8 +233,9 @@ class TurnRunner:
             if not candidates_views:
                 if last_error is None:
                     retry_s = self.circuits.retry_after(views)
-                    raise NoHealthyWorker("every worker is out of rotation after repeated failures",
-                                          retry_after_s=retry_s)
+                    raise NoHealthyWorker(
+                        "every worker is out of rotation after repeated failures", retry_after_s=retry_s
+                    )
                 break
             if attempt:
                 self.metrics.retries.inc()
@@ -224,8 +246,9 @@ class TurnRunner:
             except (WorkerFailed, WorkerTimeout) as exc:
                 phase = "connect" if attempt == 0 else "retry"
                 self.metrics.upstream_errors.labels(exc.__class__.__name__, phase).inc()
-                log.debug("turn %s: worker %s failed before the first token: %s", spec.request_id,
-                          worker.worker_id, exc)
+                log.debug(
+                    "turn %s: worker %s failed before the first token: %s", spec.request_id, worker.worker_id, exc
+                )
                 self.circuits.failed(worker.worker_id, exc.message)
                 excluded.add(worker.worker_id)
                 last_error = exc
@@ -240,8 +263,9 @@ class TurnRunner:
                 raise
         raise last_error or NoHealthyWorker("no healthy worker left to retry on")
 
-    def _pick(self, spec: TurnSpec, admission: Admission | None, views: list[WorkerView],
-              book: Bookkeeping) -> tuple[WorkerView, Replica]:
+    def _pick(
+        self, spec: TurnSpec, admission: Admission | None, views: list[WorkerView], book: Bookkeeping
+    ) -> tuple[WorkerView, Replica]:
         core = self.fleet.core
         if core is None:
             raise NoHealthyWorker("no healthy worker")
@@ -249,8 +273,9 @@ class TurnRunner:
         now = time.monotonic()
         with self.tracer.start_as_current_span("router.pick") as span:
             try:
-                decision = core.pick(self._prompt(spec, core), [Candidate(r) for v in views for r in v.replicas],
-                                     now, pinned=pinned)
+                decision = core.pick(
+                    self._prompt(spec, core), [Candidate(r) for v in views for r in v.replicas], now, pinned=pinned
+                )
             except NoWorkerAvailable as exc:
                 raise NoHealthyWorker(str(exc)) from None
             span.set_attributes(decision.span_attributes())
@@ -258,11 +283,20 @@ class TurnRunner:
         core.commit(spec.request_id, decision, now)
         self.metrics.pick(decision.reason.value).inc()
         self.metrics.predicted_cached_tokens.inc(decision.chosen.cached_tokens)
-        log.debug("turn %s -> %s/%d (%s, overlap %d blocks)", spec.request_id, decision.replica.worker_id,
-                  decision.replica.dp_rank, decision.reason.value, decision.overlap_blocks)
+        log.debug(
+            "turn %s -> %s/%d (%s, overlap %d blocks)",
+            spec.request_id,
+            decision.replica.worker_id,
+            decision.replica.dp_rank,
+            decision.reason.value,
+            decision.overlap_blocks,
+        )
         book.replica = decision.replica
-        if admission is not None and self.scheduler is not None and not (
-                admission.pinned and pinned == decision.replica):
+        if (
+            admission is not None
+            and self.scheduler is not None
+            and not (admission.pinned and pinned == decision.replica)
+        ):
             prior = book.bind_task
             scheduler = self.scheduler
 
@@ -275,15 +309,24 @@ class TurnRunner:
         worker = next(v for v in views if v.worker_id == decision.replica.worker_id)
         return worker, decision.replica
 
-    async def _send(self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica,
-                    book: Bookkeeping) -> OpenTurn:
+    async def _send(
+        self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica, book: Bookkeeping
+    ) -> OpenTurn:
         """Dispatch under a CLIENT span whose context the worker gets in `traceparent`. The span ends with
         the worker's answer (at `OpenTurn.close`), or here when the attempt fails. Propagated by hand: the
         aiohttp client instrumentation cannot be installed beside this opentelemetry-sdk (docs/tracing.md),
         and its span would end at the response headers, not with the streamed answer."""
-        span = self.tracer.start_span("router.upstream", kind=trace.SpanKind.CLIENT, attributes={
-            "http.request.method": "POST", "url.path": spec.api.value, "router.worker_id": worker.worker_id,
-            "router.dp_rank": replica.dp_rank, "router.stream": spec.stream})
+        span = self.tracer.start_span(
+            "router.upstream",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "url.path": spec.api.value,
+                "router.worker_id": worker.worker_id,
+                "router.dp_rank": replica.dp_rank,
+                "router.stream": spec.stream,
+            },
+        )
         headers: dict[str, str] = {}
         propagate.inject(headers, context=trace.set_span_in_context(span))
         try:
@@ -295,12 +338,20 @@ class TurnRunner:
         book.upstream_span = span
         return turn
 
-    async def _dispatch(self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica,
-                        book: Bookkeeping, headers: dict[str, str]) -> OpenTurn:
+    async def _dispatch(
+        self,
+        spec: TurnSpec,
+        admission: Admission | None,
+        worker: WorkerView,
+        replica: Replica,
+        book: Bookkeeping,
+        headers: dict[str, str],
+    ) -> OpenTurn:
         dispatched_at = time.monotonic()
         if not spec.stream:
-            response = await self.upstream.post(worker.worker_id, worker.url + spec.api.value, spec.body, headers,
-                                                stream=False)
+            response = await self.upstream.post(
+                worker.worker_id, worker.url + spec.api.value, spec.body, headers, stream=False
+            )
             return OpenTurn(self, spec, admission, response, worker, replica, None, book)
         # Streamed: the first data line must come within the first-token timeout (wall time from
         # dispatch); a failure before it is retried elsewhere, invisibly to the client.
@@ -308,8 +359,9 @@ class TurnRunner:
         first_line: bytes | None = None
         try:
             async with asyncio.timeout(self.upstream.first_token_timeout_s):
-                response = await self.upstream.post(worker.worker_id, worker.url + spec.api.value, spec.body,
-                                                    headers, stream=True)
+                response = await self.upstream.post(
+                    worker.worker_id, worker.url + spec.api.value, spec.body, headers, stream=True
+                )
                 while True:
                     line = await response.content.readline()
                     if not line:
@@ -322,8 +374,9 @@ class TurnRunner:
         except TimeoutError:
             if response is not None:
                 response.close()
-            raise WorkerTimeout(f"worker {worker.worker_id} sent no first token within "
-                                f"{self.upstream.first_token_timeout_s:g}s") from None
+            raise WorkerTimeout(
+                f"worker {worker.worker_id} sent no first token within {self.upstream.first_token_timeout_s:g}s"
+            ) from None
         except aiohttp.ClientError as exc:
             response.close()  # type: ignore[union-attr]  (post maps its own ClientErrors)
             raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None

@@ -14,12 +14,20 @@ from services.router.adapters.upstream import dumps
 from services.router.errors import BadRequest
 
 MAX_ID_BYTES = 256
-MAX_TOKEN_ID = 2**31 - 1     # SGLang token ids are int32; the prefix hash packs them as u32
+MAX_TOKEN_ID = 2**31 - 1  # SGLang token ids are int32; the prefix hash packs them as u32
 # (name, low, high) of the OpenAI sampling fields; SGLang's /generate takes temperature >= 0 unbounded.
-OPENAI_RANGES = (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
-                 ("frequency_penalty", -2.0, 2.0))
-GENERATE_RANGES = (("temperature", 0.0, math.inf), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
-                   ("frequency_penalty", -2.0, 2.0))
+OPENAI_RANGES = (
+    ("temperature", 0.0, 2.0),
+    ("top_p", 0.0, 1.0),
+    ("presence_penalty", -2.0, 2.0),
+    ("frequency_penalty", -2.0, 2.0),
+)
+GENERATE_RANGES = (
+    ("temperature", 0.0, math.inf),
+    ("top_p", 0.0, 1.0),
+    ("presence_penalty", -2.0, 2.0),
+    ("frequency_penalty", -2.0, 2.0),
+)
 
 
 def number_in_range(value: Any, name: str, low: float, high: float, *, param: str | None = None) -> None:
@@ -41,7 +49,8 @@ def sampling(fields: dict, ranges=OPENAI_RANGES, *, prefix: str = "") -> None:
 def is_token_list(value: Any) -> bool:
     """A list of token ids: ints in [0, MAX_TOKEN_ID]."""
     return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in value)
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID for t in value
+    )
 
 
 def request_id(value: str, field: str = "request_id") -> str:

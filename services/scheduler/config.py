@@ -45,88 +45,202 @@ _BELOW_THRESHOLD = f"pause-threshold - {PROGRAM_AWARE_GROWTH_MARGIN}"
 _D = CONTROL_DEFAULTS
 
 CONTROL_SETTINGS = [
-    Setting("pause_threshold", float, None,
-            "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle "
-            + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_threshold"], PROGRAM_AWARE_PAUSE_THRESHOLD),
-            env=TA + "PAUSE_THRESHOLD"),
-    Setting("soft_demote_threshold", float, None, "start of the soft-demote band below the pause threshold "
-            + _POLICY_DEFAULTED % (REFERENCE_BANDS["soft_demote_threshold"], _BELOW_THRESHOLD),
-            env=TA + "SOFT_DEMOTE_THRESHOLD"),
-    Setting("pause_target", float, None, "setpoint that a pause cycle drives utilisation toward "
-            + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_target"], _BELOW_THRESHOLD),
-            env=TA + "PAUSE_TARGET"),
-    Setting("resume_hysteresis", float, None, "headroom below pause-threshold required before resume (absolute) "
-            + _POLICY_DEFAULTED % (REFERENCE_BANDS["resume_hysteresis"], PROGRAM_AWARE_RESUME_HYSTERESIS),
-            env=TA + "RESUME_HYSTERESIS"),
-    Setting("resume_priority_boost", float, _D["resume_priority_boost"],
-            "transient priority seconds added to a resumed request", env=TA + "RESUME_PRIORITY_BOOST"),
-    Setting("resume_timeout_seconds", float, _D["resume_timeout_seconds"],
-            "forced-resume cap that bounds starvation",
-            env=TA + "RESUME_TIMEOUT_SECONDS"),
-    Setting("scheduler_interval_seconds", float, _D["scheduler_interval_seconds"], "scheduler tick period",
-            env=TA + "SCHEDULER_INTERVAL_SECONDS"),
-    Setting("soft_demote_priority_jump", float, _D["soft_demote_priority_jump"],
-            "priority seconds applied to soft-demoted programs",
-            env=TA + "SOFT_DEMOTE_PRIORITY_JUMP"),
-    Setting("acting_token_weight", float, _D["acting_token_weight"],
-            "multiplier on token_total for acting programs in the pause-side working set",
-            env=TA + "ACTING_TOKEN_WEIGHT"),
-    Setting("acting_decay_tau_seconds", float, _D["acting_decay_tau_seconds"],
-            "exponential-decay time constant for acting tokens in the resume-side working set",
-            env=TA + "ACTING_DECAY_TAU_SECONDS"),
-    Setting("program_idle_ttl_seconds", float, _D["program_idle_ttl_seconds"],
-            "release a program idle at a tool boundary this long (0 disables)",
-            env=TA + "PROGRAM_IDLE_TTL_SECONDS"),
+    Setting(
+        "pause_threshold",
+        float,
+        None,
+        "working-set fraction of the retention budget (GPU KV + HiCache host tokens) that starts a pause cycle "
+        + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_threshold"], PROGRAM_AWARE_PAUSE_THRESHOLD),
+        env=TA + "PAUSE_THRESHOLD",
+    ),
+    Setting(
+        "soft_demote_threshold",
+        float,
+        None,
+        "start of the soft-demote band below the pause threshold "
+        + _POLICY_DEFAULTED % (REFERENCE_BANDS["soft_demote_threshold"], _BELOW_THRESHOLD),
+        env=TA + "SOFT_DEMOTE_THRESHOLD",
+    ),
+    Setting(
+        "pause_target",
+        float,
+        None,
+        "setpoint that a pause cycle drives utilisation toward "
+        + _POLICY_DEFAULTED % (REFERENCE_BANDS["pause_target"], _BELOW_THRESHOLD),
+        env=TA + "PAUSE_TARGET",
+    ),
+    Setting(
+        "resume_hysteresis",
+        float,
+        None,
+        "headroom below pause-threshold required before resume (absolute) "
+        + _POLICY_DEFAULTED % (REFERENCE_BANDS["resume_hysteresis"], PROGRAM_AWARE_RESUME_HYSTERESIS),
+        env=TA + "RESUME_HYSTERESIS",
+    ),
+    Setting(
+        "resume_priority_boost",
+        float,
+        _D["resume_priority_boost"],
+        "transient priority seconds added to a resumed request",
+        env=TA + "RESUME_PRIORITY_BOOST",
+    ),
+    Setting(
+        "resume_timeout_seconds",
+        float,
+        _D["resume_timeout_seconds"],
+        "forced-resume cap that bounds starvation",
+        env=TA + "RESUME_TIMEOUT_SECONDS",
+    ),
+    Setting(
+        "scheduler_interval_seconds",
+        float,
+        _D["scheduler_interval_seconds"],
+        "scheduler tick period",
+        env=TA + "SCHEDULER_INTERVAL_SECONDS",
+    ),
+    Setting(
+        "soft_demote_priority_jump",
+        float,
+        _D["soft_demote_priority_jump"],
+        "priority seconds applied to soft-demoted programs",
+        env=TA + "SOFT_DEMOTE_PRIORITY_JUMP",
+    ),
+    Setting(
+        "acting_token_weight",
+        float,
+        _D["acting_token_weight"],
+        "multiplier on token_total for acting programs in the pause-side working set",
+        env=TA + "ACTING_TOKEN_WEIGHT",
+    ),
+    Setting(
+        "acting_decay_tau_seconds",
+        float,
+        _D["acting_decay_tau_seconds"],
+        "exponential-decay time constant for acting tokens in the resume-side working set",
+        env=TA + "ACTING_DECAY_TAU_SECONDS",
+    ),
+    Setting(
+        "program_idle_ttl_seconds",
+        float,
+        _D["program_idle_ttl_seconds"],
+        "release a program idle at a tool boundary this long (0 disables)",
+        env=TA + "PROGRAM_IDLE_TTL_SECONDS",
+    ),
     # Ours, not the seed's: bounds how long shortest-first resume can pass over a large program
     # (the seed relies on --resume-timeout-seconds alone). 0 restores the reference behaviour.
-    Setting("soft_pinning", bool, _D["soft_pinning"],
-            "while no replica is under pressure, let the router's KV cost pick the worker and follow it "
-            "(--no-soft-pinning: always pin, as the reference)", env=f"{ENV_PREFIX}_SOFT_PINNING"),
-    Setting("resume_aging_seconds", float, _D["resume_aging_seconds"],
-            "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
-            "itself (0 disables)", env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS"),
-    Setting("tail_protection_quantile", float, None,
-            "a program that has run more turns than this quantile of released programs' turn counts is never "
-            "paused for pressure and resumes first (0 disables) "
-            + _POLICY_DEFAULTED % (REFERENCE_BANDS["tail_protection_quantile"], PROGRAM_AWARE_TAIL_QUANTILE),
-            env=f"{ENV_PREFIX}_TAIL_PROTECTION_QUANTILE"),
+    Setting(
+        "soft_pinning",
+        bool,
+        _D["soft_pinning"],
+        "while no replica is under pressure, let the router's KV cost pick the worker and follow it "
+        "(--no-soft-pinning: always pin, as the reference)",
+        env=f"{ENV_PREFIX}_SOFT_PINNING",
+    ),
+    Setting(
+        "resume_aging_seconds",
+        float,
+        _D["resume_aging_seconds"],
+        "a held admission that waited this long pauses ACTING programs (shortest first) to make room for "
+        "itself (0 disables)",
+        env=f"{ENV_PREFIX}_RESUME_AGING_SECONDS",
+    ),
+    Setting(
+        "tail_protection_quantile",
+        float,
+        None,
+        "a program that has run more turns than this quantile of released programs' turn counts is never "
+        "paused for pressure and resumes first (0 disables) "
+        + _POLICY_DEFAULTED
+        % (REFERENCE_BANDS["tail_protection_quantile"], PROGRAM_AWARE_TAIL_QUANTILE),
+        env=f"{ENV_PREFIX}_TAIL_PROTECTION_QUANTILE",
+    ),
 ]
 
 SERVICE_SETTINGS = [
-    Setting("pause_policy", str, SERVICE_DEFAULT_PAUSE_POLICY,
-            "pause policy: threshold (the reference) or cost_aware", env=f"{ENV_PREFIX}_PAUSE_POLICY",
-            choices=tuple(sorted(PAUSE_POLICIES))),
-    Setting("capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port",
-            env=f"{ENV_PREFIX}_CAPACITY_ADDR"),
-    Setting("ticket_lease_seconds", float, 30.0,
-            "an admitted turn whose router does not renew it (RenewLeases) within this many seconds is ended as "
-            "if Complete(CANCELLED) had arrived, so a router crash cannot leave programs REASONING (0 = never)",
-            env=f"{ENV_PREFIX}_TICKET_LEASE_SECONDS"),
+    Setting(
+        "pause_policy",
+        str,
+        SERVICE_DEFAULT_PAUSE_POLICY,
+        "pause policy: threshold (the reference) or cost_aware",
+        env=f"{ENV_PREFIX}_PAUSE_POLICY",
+        choices=tuple(sorted(PAUSE_POLICIES)),
+    ),
+    Setting(
+        "capacity_addr",
+        str,
+        "127.0.0.1:50051",
+        "capacity service gRPC address host:port",
+        env=f"{ENV_PREFIX}_CAPACITY_ADDR",
+    ),
+    Setting(
+        "ticket_lease_seconds",
+        float,
+        30.0,
+        "an admitted turn whose router does not renew it (RenewLeases) within this many seconds is ended as "
+        "if Complete(CANCELLED) had arrived, so a router crash cannot leave programs REASONING (0 = never)",
+        env=f"{ENV_PREFIX}_TICKET_LEASE_SECONDS",
+    ),
 ]
 
 # Parameters of `--pause-policy cost_aware` (core/policies/cost_aware.py); ignored by other policies.
 _CA = f"{ENV_PREFIX}_COST_AWARE_"
 COST_AWARE_SETTINGS = [
-    Setting("cost_aware_prefill_tokens_per_s", float, CostAwarePauseParams.prefill_tokens_per_s,
-            "cost_aware: prior prefill rate (tokens/s) until time-to-first-token observations arrive",
-            env=_CA + "PREFILL_TOKENS_PER_S"),
-    Setting("cost_aware_prefill_quadratic_tokens", float, CostAwarePauseParams.prefill_quadratic_tokens,
-            "cost_aware: context length at which attention doubles the linear prefill cost",
-            env=_CA + "PREFILL_QUADRATIC_TOKENS"),
-    Setting("cost_aware_tool_seconds", float, CostAwarePauseParams.tool_seconds,
-            "cost_aware: prior mean tool time (s) until tool times are observed", env=_CA + "TOOL_SECONDS"),
-    Setting("cost_aware_stall_share", float, CostAwarePauseParams.stall_share,
-            "cost_aware: share of the replica budget counted as stalled while a context is recomputed (0..1)",
-            env=_CA + "STALL_SHARE"),
-    Setting("cost_aware_prior_observations", float, CostAwarePauseParams.prior_observations,
-            "cost_aware: weight of the priors, in observations", env=_CA + "PRIOR_OBSERVATIONS"),
-    Setting("cost_aware_half_life_observations", float, CostAwarePauseParams.half_life_observations,
-            "cost_aware: observations after which an observation counts half", env=_CA + "HALF_LIFE_OBSERVATIONS"),
-    Setting("cost_aware_min_hold_fraction", float, CostAwarePauseParams.min_hold_fraction,
-            "cost_aware: contexts whose hold fraction is below this are let go entirely (0..1; 1 = binary rule)",
-            env=_CA + "MIN_HOLD_FRACTION"),
-    Setting("cost_aware_scale_reasoning", bool, CostAwarePauseParams.scale_reasoning,
-            "cost_aware: weigh reasoning programs by their hold fraction too", env=_CA + "SCALE_REASONING"),
+    Setting(
+        "cost_aware_prefill_tokens_per_s",
+        float,
+        CostAwarePauseParams.prefill_tokens_per_s,
+        "cost_aware: prior prefill rate (tokens/s) until time-to-first-token observations arrive",
+        env=_CA + "PREFILL_TOKENS_PER_S",
+    ),
+    Setting(
+        "cost_aware_prefill_quadratic_tokens",
+        float,
+        CostAwarePauseParams.prefill_quadratic_tokens,
+        "cost_aware: context length at which attention doubles the linear prefill cost",
+        env=_CA + "PREFILL_QUADRATIC_TOKENS",
+    ),
+    Setting(
+        "cost_aware_tool_seconds",
+        float,
+        CostAwarePauseParams.tool_seconds,
+        "cost_aware: prior mean tool time (s) until tool times are observed",
+        env=_CA + "TOOL_SECONDS",
+    ),
+    Setting(
+        "cost_aware_stall_share",
+        float,
+        CostAwarePauseParams.stall_share,
+        "cost_aware: share of the replica budget counted as stalled while a context is recomputed (0..1)",
+        env=_CA + "STALL_SHARE",
+    ),
+    Setting(
+        "cost_aware_prior_observations",
+        float,
+        CostAwarePauseParams.prior_observations,
+        "cost_aware: weight of the priors, in observations",
+        env=_CA + "PRIOR_OBSERVATIONS",
+    ),
+    Setting(
+        "cost_aware_half_life_observations",
+        float,
+        CostAwarePauseParams.half_life_observations,
+        "cost_aware: observations after which an observation counts half",
+        env=_CA + "HALF_LIFE_OBSERVATIONS",
+    ),
+    Setting(
+        "cost_aware_min_hold_fraction",
+        float,
+        CostAwarePauseParams.min_hold_fraction,
+        "cost_aware: contexts whose hold fraction is below this are let go entirely (0..1; 1 = binary rule)",
+        env=_CA + "MIN_HOLD_FRACTION",
+    ),
+    Setting(
+        "cost_aware_scale_reasoning",
+        bool,
+        CostAwarePauseParams.scale_reasoning,
+        "cost_aware: weigh reasoning programs by their hold fraction too",
+        env=_CA + "SCALE_REASONING",
+    ),
 ]
 
 # KvRouter flags (kvrouter_sglang.md §A.9): accepted, validated and forwarded to the router.
@@ -134,24 +248,50 @@ KV_ROUTER_SETTINGS = kv_router_flags.scheduler_settings()
 
 # Durable state (services/scheduler/persist.py): an embedded SQLite file unless Redis is configured.
 STATE_SETTINGS = [
-    Setting("state_path", str, None,
-            "SQLite file the program table is kept in and recovered from at start; empty or 'none' = in memory "
-            "only (default: $XDG_STATE_HOME/bandmaster/scheduler.sqlite, else ~/.local/state/bandmaster/...)",
-            env=f"{ENV_PREFIX}_STATE_PATH"),
-    Setting("state_redis_url", str, "",
-            "keep the table in Redis instead (redis://[user:password@]host:port/db, rediss://, unix://); "
-            "--state-path is then not used", env=f"{ENV_PREFIX}_STATE_REDIS_URL"),
-    Setting("state_redis_prefix", str, "bandmaster:scheduler:", "prefix of the scheduler's Redis keys",
-            env=f"{ENV_PREFIX}_STATE_REDIS_PREFIX"),
-    Setting("state_flush_seconds", float, 1.0,
-            "changes are written in one batch this often (the most a crash can lose)",
-            env=f"{ENV_PREFIX}_STATE_FLUSH_SECONDS"),
-    Setting("state_write_timeout_seconds", float, 2.0,
-            "bound on one state write (and on each Redis command); a slower store counts as failing",
-            env=f"{ENV_PREFIX}_STATE_WRITE_TIMEOUT_SECONDS"),
-    Setting("state_load_timeout_seconds", float, 30.0,
-            "how long the start waits for the state store to answer before refusing to start",
-            env=f"{ENV_PREFIX}_STATE_LOAD_TIMEOUT_SECONDS"),
+    Setting(
+        "state_path",
+        str,
+        None,
+        "SQLite file the program table is kept in and recovered from at start; empty or 'none' = in memory "
+        "only (default: $XDG_STATE_HOME/bandmaster/scheduler.sqlite, else ~/.local/state/bandmaster/...)",
+        env=f"{ENV_PREFIX}_STATE_PATH",
+    ),
+    Setting(
+        "state_redis_url",
+        str,
+        "",
+        "keep the table in Redis instead (redis://[user:password@]host:port/db, rediss://, unix://); "
+        "--state-path is then not used",
+        env=f"{ENV_PREFIX}_STATE_REDIS_URL",
+    ),
+    Setting(
+        "state_redis_prefix",
+        str,
+        "bandmaster:scheduler:",
+        "prefix of the scheduler's Redis keys",
+        env=f"{ENV_PREFIX}_STATE_REDIS_PREFIX",
+    ),
+    Setting(
+        "state_flush_seconds",
+        float,
+        1.0,
+        "changes are written in one batch this often (the most a crash can lose)",
+        env=f"{ENV_PREFIX}_STATE_FLUSH_SECONDS",
+    ),
+    Setting(
+        "state_write_timeout_seconds",
+        float,
+        2.0,
+        "bound on one state write (and on each Redis command); a slower store counts as failing",
+        env=f"{ENV_PREFIX}_STATE_WRITE_TIMEOUT_SECONDS",
+    ),
+    Setting(
+        "state_load_timeout_seconds",
+        float,
+        30.0,
+        "how long the start waits for the state store to answer before refusing to start",
+        env=f"{ENV_PREFIX}_STATE_LOAD_TIMEOUT_SECONDS",
+    ),
 ]
 MEMORY_STATE = ("", "none")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -211,22 +351,42 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         require(isinstance(self.control, ControlParams), "control", self.control, "control must be ControlParams")
-        require(self.pause_policy in PAUSE_POLICIES, "pause_policy", self.pause_policy,
-                f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}")
-        require(isinstance(self.cost_aware, CostAwarePauseParams), "cost_aware", self.cost_aware,
-                "cost_aware must be CostAwarePauseParams")
+        require(
+            self.pause_policy in PAUSE_POLICIES,
+            "pause_policy",
+            self.pause_policy,
+            f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}",
+        )
+        require(
+            isinstance(self.cost_aware, CostAwarePauseParams),
+            "cost_aware",
+            self.cost_aware,
+            "cost_aware must be CostAwarePauseParams",
+        )
         parse_host_port(self.capacity_addr, "capacity_addr")
-        require(math.isfinite(self.ticket_lease_seconds) and self.ticket_lease_seconds >= 0, "ticket_lease_seconds",
-                self.ticket_lease_seconds, "0 <= ticket_lease_seconds < inf")
+        require(
+            math.isfinite(self.ticket_lease_seconds) and self.ticket_lease_seconds >= 0,
+            "ticket_lease_seconds",
+            self.ticket_lease_seconds,
+            "0 <= ticket_lease_seconds < inf",
+        )
         for name in ("state_flush_seconds", "state_write_timeout_seconds", "state_load_timeout_seconds"):
             value = getattr(self, name)
             require(math.isfinite(value) and value > 0, name, value, f"0 < {name} < inf")
         if self.state_redis_url:
-            require(self.state_redis_url.startswith(_REDIS_SCHEMES), "state_redis_url",
-                    redact_url(self.state_redis_url), "state_redis_url starts with redis://, rediss:// or unix://")
+            require(
+                self.state_redis_url.startswith(_REDIS_SCHEMES),
+                "state_redis_url",
+                redact_url(self.state_redis_url),
+                "state_redis_url starts with redis://, rediss:// or unix://",
+            )
         prefix = self.state_redis_prefix
-        require(0 < len(prefix) <= 128 and prefix.isascii() and prefix.isprintable() and " " not in prefix,
-                "state_redis_prefix", prefix, "state_redis_prefix is 1-128 printable ASCII characters, no spaces")
+        require(
+            0 < len(prefix) <= 128 and prefix.isascii() and prefix.isprintable() and " " not in prefix,
+            "state_redis_prefix",
+            prefix,
+            "state_redis_prefix is 1-128 printable ASCII characters, no spaces",
+        )
 
     @property
     def state_store(self) -> str:
@@ -234,9 +394,14 @@ class SchedulerConfig:
         if self.state_redis_url:
             return "redis"
         return "memory" if self.state_path.strip().lower() in MEMORY_STATE else "sqlite"
-        validate_serve({"listen": self.listen, "metrics_port": self.metrics_port,
-                        "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                        "trace_sample_ratio": self.trace_sample_ratio})
+        validate_serve(
+            {
+                "listen": self.listen,
+                "metrics_port": self.metrics_port,
+                "shutdown_grace_seconds": self.shutdown_grace_seconds,
+                "trace_sample_ratio": self.trace_sample_ratio,
+            }
+        )
 
     def pause_policy_params(self) -> Any:
         """The params for `make_pause_policy(self.pause_policy, ...)` (None: the policy's defaults)."""
@@ -245,8 +410,13 @@ class SchedulerConfig:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     """Flags win over environment, environment over defaults; raises ConfigError."""
-    values = parse_settings(SETTINGS, argv, env, prog="bandmaster-scheduler",
-                            description="Bandmaster scheduler: program table, control bands, admission")
+    values = parse_settings(
+        SETTINGS,
+        argv,
+        env,
+        prog="bandmaster-scheduler",
+        description="Bandmaster scheduler: program table, control bands, admission",
+    )
     security = load_security(values, env)
     control_values = {s.name: values[s.name] for s in CONTROL_SETTINGS}
     for name, default in policy_control_defaults(values["pause_policy"], control_values["pause_threshold"]).items():
@@ -283,4 +453,3 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
 
 
 __all__ = ["COST_AWARE_SETTINGS", "ConfigError", "SETTINGS", "SchedulerConfig", "load_config"]
-

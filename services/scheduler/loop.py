@@ -77,8 +77,16 @@ class EventQueue:
 
 
 class SchedulerRuntime:
-    def __init__(self, core: SchedulerCore, *, clock: Clock, metrics: SchedulerMetrics, tracer: trace.Tracer,
-                 interval_s: float, watch_queue: int = DEFAULT_WATCH_QUEUE) -> None:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        *,
+        clock: Clock,
+        metrics: SchedulerMetrics,
+        tracer: trace.Tracer,
+        interval_s: float,
+        watch_queue: int = DEFAULT_WATCH_QUEUE,
+    ) -> None:
         self.core = core
         self.clock = clock
         self.metrics = metrics
@@ -136,8 +144,9 @@ class SchedulerRuntime:
 
     # ------------------------------------------------------------------ operations (servicer)
 
-    def admit(self, session_id: str, parent_session_id: str, estimated_prompt_tokens: int,
-              request_id: str) -> AdmitResult:
+    def admit(
+        self, session_id: str, parent_session_id: str, estimated_prompt_tokens: int, request_id: str
+    ) -> AdmitResult:
         """The core's decision now. On WAIT the admission is held: `wait(request_id)` returns its
         resolution, and the caller must `cancel(request_id)` if it stops waiting."""
         if self._stopping:
@@ -205,13 +214,31 @@ class SchedulerRuntime:
         """Renew the named tickets' leases; returns the ids with no ticket."""
         return self.core.renew_leases(self.clock.monotonic(), request_ids)
 
-    def complete(self, session_id: str, request_id: str, replica: ReplicaKey | None, prompt_tokens: int,
-                 completion_tokens: int, cached_tokens: int, outcome: TurnOutcome, *,
-                 ttft_s: float | None = None) -> None:
+    def complete(
+        self,
+        session_id: str,
+        request_id: str,
+        replica: ReplicaKey | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        outcome: TurnOutcome,
+        *,
+        ttft_s: float | None = None,
+    ) -> None:
         """End a turn. Idempotent: a request id without a ticket (completed already, expired, unknown)
         is ignored and counted by the core, and changes nothing."""
-        effects = self.core.complete(self.clock.monotonic(), session_id, request_id, replica, prompt_tokens,
-                                     completion_tokens, cached_tokens, outcome, ttft_s=ttft_s)
+        effects = self.core.complete(
+            self.clock.monotonic(),
+            session_id,
+            request_id,
+            replica,
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+            outcome,
+            ttft_s=ttft_s,
+        )
         self._publish(effects)
 
     def release(self, session_id: str) -> bool:

@@ -24,40 +24,67 @@ PREFIX = "bandmaster_scheduler"
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.tick_seconds = Histogram(f"{PREFIX}_tick_seconds", "Duration of one control tick (core + publishing)",
-                                      buckets=_TICK_BUCKETS_S, registry=registry)
-        self.tick_failures = Counter(f"{PREFIX}_tick_failures_total", "Ticks that raised (retried next interval)",
-                                     registry=registry)
-        self.hold_seconds = Histogram(f"{PREFIX}_admission_hold_seconds",
-                                      "How long held Admit calls waited, by how they ended", ["outcome"],
-                                      buckets=_HOLD_BUCKETS_S, registry=registry)
-        self.capacity_connected = Gauge(f"{PREFIX}_capacity_stream_connected",
-                                        "1 while the WatchWorkers stream to the capacity service is up",
-                                        registry=registry)
-        self.capacity_reconnects = Counter(f"{PREFIX}_capacity_stream_failures_total",
-                                           "WatchWorkers stream failures (each is followed by a reconnect)",
-                                           registry=registry)
-        self.capacity_snapshots = Counter(f"{PREFIX}_capacity_snapshots_total", "Capacity snapshots applied",
-                                          registry=registry)
-        self.watch_dropped = Counter(f"{PREFIX}_watch_events_dropped_total",
-                                     "WatchEvents events dropped because a watcher was too slow", registry=registry)
+        self.tick_seconds = Histogram(
+            f"{PREFIX}_tick_seconds",
+            "Duration of one control tick (core + publishing)",
+            buckets=_TICK_BUCKETS_S,
+            registry=registry,
+        )
+        self.tick_failures = Counter(
+            f"{PREFIX}_tick_failures_total", "Ticks that raised (retried next interval)", registry=registry
+        )
+        self.hold_seconds = Histogram(
+            f"{PREFIX}_admission_hold_seconds",
+            "How long held Admit calls waited, by how they ended",
+            ["outcome"],
+            buckets=_HOLD_BUCKETS_S,
+            registry=registry,
+        )
+        self.capacity_connected = Gauge(
+            f"{PREFIX}_capacity_stream_connected",
+            "1 while the WatchWorkers stream to the capacity service is up",
+            registry=registry,
+        )
+        self.capacity_reconnects = Counter(
+            f"{PREFIX}_capacity_stream_failures_total",
+            "WatchWorkers stream failures (each is followed by a reconnect)",
+            registry=registry,
+        )
+        self.capacity_snapshots = Counter(
+            f"{PREFIX}_capacity_snapshots_total", "Capacity snapshots applied", registry=registry
+        )
+        self.watch_dropped = Counter(
+            f"{PREFIX}_watch_events_dropped_total",
+            "WatchEvents events dropped because a watcher was too slow",
+            registry=registry,
+        )
         self.watchers = Gauge(f"{PREFIX}_watchers", "Open WatchEvents streams", registry=registry)
         for outcome in ("resumed", "forced", "released", "cancelled", "shutdown"):
             self.hold_seconds.labels(outcome)
         # Durable state (persist.py).
-        self.state_recovery_seconds = Gauge(f"{PREFIX}_state_recovery_seconds",
-                                            "Time to load and rebuild the program table at start", registry=registry)
-        self.state_recovered_programs = Gauge(f"{PREFIX}_state_recovered_programs",
-                                              "Programs recovered from the state store at start", registry=registry)
-        self.state_write_seconds = Histogram(f"{PREFIX}_state_write_seconds", "Duration of one state batch write",
-                                             buckets=_TICK_BUCKETS_S, registry=registry)
-        self.state_writes = Counter(f"{PREFIX}_state_writes_total", "State batches written, by kind (delta, full)",
-                                    ["kind"], registry=registry)
-        self.state_write_failures = Counter(f"{PREFIX}_state_write_failures_total",
-                                            "State writes (or pings before a full rewrite) that failed or timed out",
-                                            registry=registry)
-        self.state_store_up = Gauge(f"{PREFIX}_state_store_up",
-                                    "1 while the state store takes writes (0 during an outage)", registry=registry)
+        self.state_recovery_seconds = Gauge(
+            f"{PREFIX}_state_recovery_seconds", "Time to load and rebuild the program table at start", registry=registry
+        )
+        self.state_recovered_programs = Gauge(
+            f"{PREFIX}_state_recovered_programs", "Programs recovered from the state store at start", registry=registry
+        )
+        self.state_write_seconds = Histogram(
+            f"{PREFIX}_state_write_seconds",
+            "Duration of one state batch write",
+            buckets=_TICK_BUCKETS_S,
+            registry=registry,
+        )
+        self.state_writes = Counter(
+            f"{PREFIX}_state_writes_total", "State batches written, by kind (delta, full)", ["kind"], registry=registry
+        )
+        self.state_write_failures = Counter(
+            f"{PREFIX}_state_write_failures_total",
+            "State writes (or pings before a full rewrite) that failed or timed out",
+            registry=registry,
+        )
+        self.state_store_up = Gauge(
+            f"{PREFIX}_state_store_up", "1 while the state store takes writes (0 during an outage)", registry=registry
+        )
         for kind in ("delta", "full"):
             self.state_writes.labels(kind)
 
@@ -79,8 +106,9 @@ class _CoreCollector(Collector):
         core = self.core
         now = self.now()
         stats = core.stats(now)
-        programs = GaugeMetricFamily(f"{PREFIX}_programs", "Programs in the table by lifecycle and status",
-                                     labels=["lifecycle", "status"])
+        programs = GaugeMetricFamily(
+            f"{PREFIX}_programs", "Programs in the table by lifecycle and status", labels=["lifecycle", "status"]
+        )
         counts = {(lc, st): 0 for lc in Lifecycle for st in Status}
         for view in core.programs():
             counts[(view.lifecycle, view.status)] += 1
@@ -88,14 +116,22 @@ class _CoreCollector(Collector):
             programs.add_metric([lc.value, st.value], n)
         yield programs
 
-        util = GaugeMetricFamily(f"{PREFIX}_replica_utilization",
-                                 "Pause-side working set / retention budget per replica", labels=["worker_id", "dp_rank"])
-        used = GaugeMetricFamily(f"{PREFIX}_replica_used_tokens", "Pause-side working set per replica",
-                                 labels=["worker_id", "dp_rank"])
-        retention = GaugeMetricFamily(f"{PREFIX}_replica_retention_tokens", "Retention budget per replica",
-                                      labels=["worker_id", "dp_rank"])
-        band = GaugeMetricFamily(f"{PREFIX}_replica_band", "1 for the replica's current band, 0 for the others",
-                                 labels=["worker_id", "dp_rank", "band"])
+        util = GaugeMetricFamily(
+            f"{PREFIX}_replica_utilization",
+            "Pause-side working set / retention budget per replica",
+            labels=["worker_id", "dp_rank"],
+        )
+        used = GaugeMetricFamily(
+            f"{PREFIX}_replica_used_tokens", "Pause-side working set per replica", labels=["worker_id", "dp_rank"]
+        )
+        retention = GaugeMetricFamily(
+            f"{PREFIX}_replica_retention_tokens", "Retention budget per replica", labels=["worker_id", "dp_rank"]
+        )
+        band = GaugeMetricFamily(
+            f"{PREFIX}_replica_band",
+            "1 for the replica's current band, 0 for the others",
+            labels=["worker_id", "dp_rank", "band"],
+        )
         for r in stats.replicas:
             key = [r.replica.worker_id, str(r.replica.dp_rank)]
             util.add_metric(key, r.utilization)
@@ -112,29 +148,44 @@ class _CoreCollector(Collector):
             f"{PREFIX}_band_threshold_ratio",
             "Utilisation fraction at each band edge: pause (pause_threshold), soft_demote (soft_demote_threshold), "
             "resume (pause_threshold - resume_hysteresis: paused programs resume while the decayed working set "
-            "is below it), target (pause_target: where a pause cycle drives utilisation)", labels=["band"])
-        for name, value in (("pause", params.pause_threshold), ("soft_demote", params.soft_demote_threshold),
-                            ("resume", params.resume_ceiling), ("target", params.pause_target)):
+            "is below it), target (pause_target: where a pause cycle drives utilisation)",
+            labels=["band"],
+        )
+        for name, value in (
+            ("pause", params.pause_threshold),
+            ("soft_demote", params.soft_demote_threshold),
+            ("resume", params.resume_ceiling),
+            ("target", params.pause_target),
+        ):
             thresholds.add_metric([name], value)
         yield thresholds
 
         for name, value, text in (
-                ("pauses", stats.pauses_total, "Programs paused (pressure, marked, admission_full)"),
-                ("resumes", stats.resumes_total, "Programs resumed, forced resumes included"),
-                ("forced_resumes", stats.forced_resumes_total, "Forced resumes after resume_timeout_seconds"),
-                ("marks", stats.marks_total, "Reasoning programs marked to pause at their next tool boundary"),
-                ("expired", stats.expired_total, "Programs released after program_idle_ttl_seconds idle"),
-                ("released", stats.released_total, "Programs released by their final request"),
-                ("admissions", stats.admissions_total, "Admissions started"),
-                ("admissions_cancelled", stats.admissions_cancelled_total, "Admissions rolled back"),
-                ("completes_ignored", stats.completes_ignored_total,
-                 "Complete calls for a request id with no ticket (unknown, repeated, expired, held): ignored"),
-                ("tickets_expired", stats.tickets_expired_total,
-                 "Admitted turns ended because their router stopped renewing their lease")):
+            ("pauses", stats.pauses_total, "Programs paused (pressure, marked, admission_full)"),
+            ("resumes", stats.resumes_total, "Programs resumed, forced resumes included"),
+            ("forced_resumes", stats.forced_resumes_total, "Forced resumes after resume_timeout_seconds"),
+            ("marks", stats.marks_total, "Reasoning programs marked to pause at their next tool boundary"),
+            ("expired", stats.expired_total, "Programs released after program_idle_ttl_seconds idle"),
+            ("released", stats.released_total, "Programs released by their final request"),
+            ("admissions", stats.admissions_total, "Admissions started"),
+            ("admissions_cancelled", stats.admissions_cancelled_total, "Admissions rolled back"),
+            (
+                "completes_ignored",
+                stats.completes_ignored_total,
+                "Complete calls for a request id with no ticket (unknown, repeated, expired, held): ignored",
+            ),
+            (
+                "tickets_expired",
+                stats.tickets_expired_total,
+                "Admitted turns ended because their router stopped renewing their lease",
+            ),
+        ):
             family = CounterMetricFamily(f"{PREFIX}_{name}", text)
             family.add_metric([], value)
             yield family
-        tickets = GaugeMetricFamily(f"{PREFIX}_tickets_in_flight", "Admitted turns not yet completed (held ones included)")
+        tickets = GaugeMetricFamily(
+            f"{PREFIX}_tickets_in_flight", "Admitted turns not yet completed (held ones included)"
+        )
         tickets.add_metric([], stats.tickets_in_flight)
         yield tickets
         held = GaugeMetricFamily(f"{PREFIX}_held_admissions", "Admit calls currently held (program paused)")

@@ -51,8 +51,16 @@ class Recovery:
 
 
 class StatePersister:
-    def __init__(self, core: SchedulerCore, store: StateStore, clock: Clock, metrics: SchedulerMetrics, *,
-                 flush_s: float, write_timeout_s: float) -> None:
+    def __init__(
+        self,
+        core: SchedulerCore,
+        store: StateStore,
+        clock: Clock,
+        metrics: SchedulerMetrics,
+        *,
+        flush_s: float,
+        write_timeout_s: float,
+    ) -> None:
         self.core = core
         self.store = store
         self.clock = clock
@@ -82,8 +90,10 @@ class StatePersister:
                 break
             except (StoreError, TimeoutError) as exc:
                 if time.monotonic() >= deadline:
-                    raise StoreError(f"cannot load the scheduler state from {self.store.description} within "
-                                     f"{load_timeout_s:g}s: {exc or 'timed out'}") from None
+                    raise StoreError(
+                        f"cannot load the scheduler state from {self.store.description} within "
+                        f"{load_timeout_s:g}s: {exc or 'timed out'}"
+                    ) from None
                 log.warning("scheduler state: %s not readable yet (%s); retrying", self.store.description, exc)
                 await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
                 delay_s = min(2.0, delay_s * 2)
@@ -93,18 +103,33 @@ class StatePersister:
         self.core.track_changes()
         done = time.perf_counter()
         stats = self.core.stats(self.clock.monotonic())
-        self.recovery = Recovery(len(decoded.state.programs), stats.programs_paused, stats.tickets_in_flight,
-                                 decoded.skipped, loaded - started, done - loaded)
+        self.recovery = Recovery(
+            len(decoded.state.programs),
+            stats.programs_paused,
+            stats.tickets_in_flight,
+            decoded.skipped,
+            loaded - started,
+            done - loaded,
+        )
         self.metrics.state_recovery_seconds.set(self.recovery.seconds)
         self.metrics.state_recovered_programs.set(self.recovery.programs)
         for record in effects.logs:
             logging.getLogger("services.scheduler.control").log(record.level, "%s", record.message)
         if decoded.skipped:
-            log.warning("scheduler state: %d unreadable records in %s were skipped", decoded.skipped,
-                        self.store.description)
-        log.info("scheduler state: recovered %d programs (%d paused, %d turns in flight) from %s in %.3fs "
-                 "(load %.3fs, rebuild %.3fs)", self.recovery.programs, self.recovery.paused, self.recovery.tickets,
-                 self.store.description, self.recovery.seconds, self.recovery.load_s, self.recovery.rebuild_s)
+            log.warning(
+                "scheduler state: %d unreadable records in %s were skipped", decoded.skipped, self.store.description
+            )
+        log.info(
+            "scheduler state: recovered %d programs (%d paused, %d turns in flight) from %s in %.3fs "
+            "(load %.3fs, rebuild %.3fs)",
+            self.recovery.programs,
+            self.recovery.paused,
+            self.recovery.tickets,
+            self.store.description,
+            self.recovery.seconds,
+            self.recovery.load_s,
+            self.recovery.rebuild_s,
+        )
         return self.recovery
 
     # ------------------------------------------------------------------ writing
@@ -125,8 +150,9 @@ class StatePersister:
                 async with asyncio.timeout(self.write_timeout_s):  # a hung store must not hang the stop
                     await self.store.close()
             except TimeoutError:
-                log.warning("scheduler state: %s did not close within %gs", self.store.description,
-                            self.write_timeout_s)
+                log.warning(
+                    "scheduler state: %s did not close within %gs", self.store.description, self.write_timeout_s
+                )
 
     async def _loop(self) -> None:
         while True:
@@ -176,8 +202,12 @@ class StatePersister:
         if batch.full:
             self._needs_full = False
         if self._failing_since is not None:
-            log.info("scheduler state: %s writable again after %.1fs; table rewritten (%d programs)",
-                     self.store.description, time.monotonic() - self._failing_since, len(batch.programs))
+            log.info(
+                "scheduler state: %s writable again after %.1fs; table rewritten (%d programs)",
+                self.store.description,
+                time.monotonic() - self._failing_since,
+                len(batch.programs),
+            )
             self._failing_since = None
         self.metrics.state_store_up.set(1)
         return True
@@ -187,15 +217,21 @@ class StatePersister:
         self.metrics.state_store_up.set(0)
         if self._failing_since is None:
             self._failing_since = time.monotonic()
-            log.warning("scheduler state: cannot write to %s (%s); serving on, the table is rewritten when it "
-                        "answers again", self.store.description, exc or type(exc).__name__)
+            log.warning(
+                "scheduler state: cannot write to %s (%s); serving on, the table is rewritten when it answers again",
+                self.store.description,
+                exc or type(exc).__name__,
+            )
 
     def _full_batch(self) -> WriteBatch:
         offset = self._wall_offset()
         state = self.core.export_state()  # also the new baseline of change tracking
-        return WriteBatch(programs={r.session_id: encode_program(r, offset) for r in state.programs},
-                          tickets={r.request_id: encode_ticket(r, offset) for r in state.tickets},
-                          meta=encode_meta(state.meta), full=True)
+        return WriteBatch(
+            programs={r.session_id: encode_program(r, offset) for r in state.programs},
+            tickets={r.request_id: encode_ticket(r, offset) for r in state.tickets},
+            meta=encode_meta(state.meta),
+            full=True,
+        )
 
     def _delta_batch(self) -> WriteBatch | None:
         changes = self.core.take_changes()

@@ -50,13 +50,15 @@ class HoldDeadlineExceeded(Exception):
     """The caller's deadline passed while its admission was held (gRPC: DEADLINE_EXCEEDED)."""
 
 
-DOMAIN_ERRORS = ErrorTable([
-    ((InvalidArgument, MissingRequestId, RequestMismatch), grpc.StatusCode.INVALID_ARGUMENT),
-    (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
-    (ProgramNotFound, grpc.StatusCode.NOT_FOUND),
-    (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
-    (HoldDeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
-])
+DOMAIN_ERRORS = ErrorTable(
+    [
+        ((InvalidArgument, MissingRequestId, RequestMismatch), grpc.StatusCode.INVALID_ARGUMENT),
+        (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
+        (ProgramNotFound, grpc.StatusCode.NOT_FOUND),
+        (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+        (HoldDeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+    ]
+)
 """The one mapping from the scheduler's domain errors to gRPC codes."""
 
 
@@ -72,14 +74,17 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def AdmitStream(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> None:
         """Admit, with `held` sent as soon as the call is held (the router's decision deadline covers
         only the first message)."""
+
         async def on_held() -> None:
-            await context.write(pb.AdmitUpdate(held=pb.AdmitHeld(
-                max_hold_seconds=self.runtime.core.params.resume_timeout_seconds)))
+            await context.write(
+                pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.runtime.core.params.resume_timeout_seconds))
+            )
 
         await context.write(pb.AdmitUpdate(decision=await self._admit(request, context, on_held)))
 
-    async def _admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext,
-                     on_held: Callable[[], Awaitable[None]] | None) -> pb.AdmitResponse:
+    async def _admit(
+        self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext, on_held: Callable[[], Awaitable[None]] | None
+    ) -> pb.AdmitResponse:
         # Unary Admit: a child of the instrumentation's SERVER span. AdmitStream is not instrumented (a
         # streaming handler, see GrpcServerTracing): this span is its SERVER span, from the metadata.
         trace_parent, kind = grpc_parent(context)
@@ -101,8 +106,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                         async with asyncio.timeout(context.time_remaining()):
                             await self.runtime.pass_gate(session_id)
                     except TimeoutError:
-                        raise HoldDeadlineExceeded("deadline exceeded while another turn of the program was held") \
-                            from None
+                        raise HoldDeadlineExceeded(
+                            "deadline exceeded while another turn of the program was held"
+                        ) from None
                 result = self.runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
                 decision = result.decision
                 held = decision.verdict is Verdict.WAIT
@@ -117,8 +123,9 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 span.set_attribute("scheduler.priority", decision.priority)
                 return decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
 
-    async def _hold(self, request_id: str, context: grpc.aio.ServicerContext,
-                    on_held: Callable[[], Awaitable[None]] | None = None):
+    async def _hold(
+        self, request_id: str, context: grpc.aio.ServicerContext, on_held: Callable[[], Awaitable[None]] | None = None
+    ):
         """Wait for the resolution; roll back on cancellation or the caller's deadline.
 
         The wait runs in this task under `asyncio.timeout`: `asyncio.wait_for` (Python 3.11) returns the
@@ -136,22 +143,27 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             resolved = True
             return decision
         except TimeoutError:
-            raise HoldDeadlineExceeded("deadline exceeded while the program was paused; admission rolled back") \
-                from None
+            raise HoldDeadlineExceeded(
+                "deadline exceeded while the program was paused; admission rolled back"
+            ) from None
         finally:
             if not resolved:
                 resolution.cancel()
                 self.runtime.cancel(request_id)
 
-    async def RenewLeases(self, request: pb.RenewLeasesRequest,
-                          context: grpc.aio.ServicerContext) -> pb.RenewLeasesResponse:
+    async def RenewLeases(
+        self, request: pb.RenewLeasesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RenewLeasesResponse:
         async with DOMAIN_ERRORS.guard(context):
             if len(request.request_ids) > MAX_RENEW_IDS:
                 raise InvalidArgument(f"request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.request_ids)}")
             ids = [validate_request_id(rid, f"request_ids[{i}]") for i, rid in enumerate(request.request_ids)]
             unknown = self.runtime.renew_leases(ids)
-            return pb.RenewLeasesResponse(renewed=len(ids) - len(unknown), unknown_request_ids=unknown,
-                                          lease_ttl_seconds=self.runtime.core.ticket_lease_seconds)
+            return pb.RenewLeasesResponse(
+                renewed=len(ids) - len(unknown),
+                unknown_request_ids=unknown,
+                lease_ttl_seconds=self.runtime.core.ticket_lease_seconds,
+            )
 
     async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
         async with DOMAIN_ERRORS.guard(context):
@@ -167,13 +179,24 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         async with DOMAIN_ERRORS.guard(context):
             session_id = validate_session_id(request.session_id)
             request_id = validate_request_id(request.request_id)
-            validate_tokens(prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
-                            cached_tokens=request.cached_tokens)
+            validate_tokens(
+                prompt_tokens=request.prompt_tokens,
+                completion_tokens=request.completion_tokens,
+                cached_tokens=request.cached_tokens,
+            )
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             outcome = outcome_from_proto(request.outcome)
             ttft_s = validate_ttft(request.ttft_seconds)
-            self.runtime.complete(session_id, request_id, replica, request.prompt_tokens, request.completion_tokens,
-                                  request.cached_tokens, outcome, ttft_s=ttft_s or None)
+            self.runtime.complete(
+                session_id,
+                request_id,
+                replica,
+                request.prompt_tokens,
+                request.completion_tokens,
+                request.cached_tokens,
+                outcome,
+                ttft_s=ttft_s or None,
+            )
             span = trace.get_current_span()  # the instrumentation's SERVER span
             span.set_attribute("scheduler.outcome", outcome.value)
             span.set_attribute("scheduler.prompt_tokens", request.prompt_tokens)
@@ -197,17 +220,21 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 raise ProgramNotFound(f"no program {session_id!r}")
             return program_to_proto(view, WallTime.now(self.runtime.clock))
 
-    async def ListPrograms(self, request: pb.ListProgramsRequest,
-                           context: grpc.aio.ServicerContext) -> pb.ListProgramsResponse:
+    async def ListPrograms(
+        self, request: pb.ListProgramsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListProgramsResponse:
         clock = self.runtime.clock
         now = clock.monotonic()
         wall = WallTime.now(clock)
         core = self.runtime.core
-        return pb.ListProgramsResponse(programs=[program_to_proto(v, wall) for v in core.programs(now)],
-                                       replicas=[replica_stats_to_proto(r) for r in core.replica_stats(now)])
+        return pb.ListProgramsResponse(
+            programs=[program_to_proto(v, wall) for v in core.programs(now)],
+            replicas=[replica_stats_to_proto(r) for r in core.replica_stats(now)],
+        )
 
-    async def WatchEvents(self, request: pb.WatchEventsRequest,
-                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ProgramEvent]:
+    async def WatchEvents(
+        self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProgramEvent]:
         queue = self.runtime.subscribe()
         try:
             while True:
@@ -229,6 +256,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             stats.state_recovered_programs = recovery.programs
         return stats
 
-    async def GetRouterConfig(self, request: pb.GetRouterConfigRequest,
-                              context: grpc.aio.ServicerContext) -> pb.RouterConfig:
+    async def GetRouterConfig(
+        self, request: pb.GetRouterConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RouterConfig:
         return router_config_to_proto(self.kv_router)

@@ -52,8 +52,9 @@ def _tool_calls_text(tool_calls: Any, index: int) -> str:
     return "".join(lines)
 
 
-def render_chat(messages: Sequence[Any], *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False) -> str:
+def render_chat(
+    messages: Sequence[Any], *, add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
     """Render OpenAI chat messages to the prompt text; raises ChatTemplateError on bad input."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages must be a non-empty list")

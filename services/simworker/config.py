@@ -31,12 +31,24 @@ def _s(name: str, type_: type, default: Any, help_text: str, **kw: Any) -> Setti
 
 SETTINGS: tuple[Setting, ...] = (
     _s("host", str, "127.0.0.1", "HTTP listen host"),
-    _s("port", int, 30000, "HTTP listen port (0 = any free port; the bound port is printed and written to --ready-file)"),
-    _s("model_path", str, DEFAULT_MODEL_PATH, "model path reported by /server_info and /model_info (nothing is loaded)"),
+    _s(
+        "port",
+        int,
+        30000,
+        "HTTP listen port (0 = any free port; the bound port is printed and written to --ready-file)",
+    ),
+    _s(
+        "model_path", str, DEFAULT_MODEL_PATH, "model path reported by /server_info and /model_info (nothing is loaded)"
+    ),
     _s("served_model_name", str, "", "model name served on the OpenAI routes (default: --model-path)"),
     _s("model_name", str, "", "alias of --served-model-name"),
-    _s("tokenizer_path", str, "", "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json "
-       "(its chat template); prompts are then tokenized as SGLang does (default: the built-in stand-in tokenizer)"),
+    _s(
+        "tokenizer_path",
+        str,
+        "",
+        "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json "
+        "(its chat template); prompts are then tokenized as SGLang does (default: the built-in stand-in tokenizer)",
+    ),
     _s("tokenizer", str, "", "alias of --tokenizer-path (the router's name for it)"),
     _s("max_total_tokens", int, 65_536, "GPU KV pool size in tokens (SGLang's max_total_num_tokens)"),
     _s("page_size", int, 16, "tokens per KV page (radix cache and KV-event granularity)"),
@@ -45,25 +57,57 @@ SETTINGS: tuple[Setting, ...] = (
     _s("context_length", int, 131_072, "model context length in tokens"),
     _s("enable_hierarchical_cache", bool, False, "enable the HiCache host (CPU) tier"),
     _s("hicache_ratio", float, 2.0, "host pool size / GPU pool size (used when --hicache-size is 0)"),
-    _s("hicache_size", float, 0.0, "host pool size in GB (1e9 bytes); > 0 overrides --hicache-ratio; converted to tokens with the profile's kv_bytes_per_token"),
+    _s(
+        "hicache_size",
+        float,
+        0.0,
+        "host pool size in GB (1e9 bytes); > 0 overrides --hicache-ratio; converted to tokens with the "
+        "profile's kv_bytes_per_token",
+    ),
     _s("hicache_write_policy", str, "write_through", "when GPU pages are copied to host", choices=WRITE_POLICIES),
     _s("hicache_storage_backend", str, "", "L3 storage backend name (accepted and reported, not modeled)"),
     _s("enable_priority_scheduling", bool, False, "honour the request `priority` field"),
-    _s("schedule_low_priority_values_first", bool, False, "lower priority values are scheduled first (default: higher first)"),
+    _s(
+        "schedule_low_priority_values_first",
+        bool,
+        False,
+        "lower priority values are scheduled first (default: higher first)",
+    ),
     _s("timing_profile", str, DEFAULT_TIMING_PROFILE, "timing profile name or path to a profile file"),
-    _s("timing_override", str, (), "override one timing-profile field, key=value (repeatable; env comma-separated)", repeated=True),
+    _s(
+        "timing_override",
+        str,
+        (),
+        "override one timing-profile field, key=value (repeatable; env comma-separated)",
+        repeated=True,
+    ),
     _s("speedup", float, 1.0, "divide every simulated duration by this (> 0)"),
     _s("seed", int, 0, "engine seed (output lengths and token ids)"),
-    _s("kv_events_endpoint", str, "", "ZMQ endpoint of the KV-event publisher, e.g. tcp://*:5557 (bound if it contains * or 0.0.0.0, else connected)"),
-    _s("kv_events_config", str, "", "SGLang's KV-events JSON: {publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic}"),
+    _s(
+        "kv_events_endpoint",
+        str,
+        "",
+        "ZMQ endpoint of the KV-event publisher, e.g. tcp://*:5557 (bound if it contains * or 0.0.0.0, else connected)",
+    ),
+    _s(
+        "kv_events_config",
+        str,
+        "",
+        "SGLang's KV-events JSON: {publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic}",
+    ),
     _s("enable_metrics", bool, False, "accepted for compatibility; /metrics is always served"),
     _s("enable_cache_report", bool, False, "report prompt_tokens_details.cached_tokens in OpenAI usage"),
     _s("stream_interval", int, 1, "tokens per streamed chunk"),
-    _s("ready_file", str, "", "write {\"port\": .., \"pid\": ..} JSON here once serving (atomic rename)"),
+    _s("ready_file", str, "", 'write {"port": .., "pid": ..} JSON here once serving (atomic rename)'),
     _s("log_level", str, "INFO", "log level", choices=LOG_LEVELS),
-    _s("trace_sample_ratio", float, None, "share of new traces to sample, 0..1, parent-based (default: "
-       "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
-       "OTEL_EXPORTER_OTLP_ENDPOINT is set"),
+    _s(
+        "trace_sample_ratio",
+        float,
+        None,
+        "share of new traces to sample, 0..1, parent-based (default: "
+        "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    ),
     _s("health_generate_timeout_s", float, 20.0, "how long /health_generate waits for its one token"),
 )
 
@@ -72,7 +116,7 @@ SETTINGS: tuple[Setting, ...] = (
 class KvEventsConfig:
     """SGLang's `KVEventsConfig`, restricted to what a single-rank publisher needs."""
 
-    publisher: str = "null"          # "null" | "zmq"
+    publisher: str = "null"  # "null" | "zmq"
     endpoint: str = "tcp://*:5557"
     replay_endpoint: str | None = None
     buffer_steps: int = 10_000
@@ -80,8 +124,12 @@ class KvEventsConfig:
     topic: str = ""
 
     def __post_init__(self) -> None:
-        require(self.publisher in ("null", "zmq"), "kv_events_config.publisher", self.publisher,
-                "publisher must be 'null' or 'zmq'")
+        require(
+            self.publisher in ("null", "zmq"),
+            "kv_events_config.publisher",
+            self.publisher,
+            "publisher must be 'null' or 'zmq'",
+        )
         require(bool(self.endpoint), "kv_events_config.endpoint", self.endpoint, "endpoint must not be empty")
         require(self.buffer_steps >= 0, "kv_events_config.buffer_steps", self.buffer_steps, "buffer_steps >= 0")
         require(self.hwm >= 0, "kv_events_config.hwm", self.hwm, "hwm >= 0")
@@ -91,10 +139,16 @@ class KvEventsConfig:
         return self.publisher == "zmq"
 
     def to_json(self) -> str:
-        return json.dumps({
-            "publisher": self.publisher, "endpoint": self.endpoint, "replay_endpoint": self.replay_endpoint,
-            "buffer_steps": self.buffer_steps, "hwm": self.hwm, "topic": self.topic,
-        })
+        return json.dumps(
+            {
+                "publisher": self.publisher,
+                "endpoint": self.endpoint,
+                "replay_endpoint": self.replay_endpoint,
+                "buffer_steps": self.buffer_steps,
+                "hwm": self.hwm,
+                "topic": self.topic,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "KvEventsConfig":
@@ -108,8 +162,12 @@ class KvEventsConfig:
         kwargs = {k: v for k, v in raw.items() if k in known}
         for key in ("buffer_steps", "hwm"):
             if key in kwargs:
-                require(isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool),
-                        f"kv_events_config.{key}", kwargs[key], f"{key} must be an integer")
+                require(
+                    isinstance(kwargs[key], int) and not isinstance(kwargs[key], bool),
+                    f"kv_events_config.{key}",
+                    kwargs[key],
+                    f"{key} must be an integer",
+                )
         for key in ("publisher", "endpoint", "topic"):
             if key in kwargs:
                 require(isinstance(kwargs[key], str), f"kv_events_config.{key}", kwargs[key], f"{key} must be a string")
@@ -158,37 +216,80 @@ class SimWorkerConfig:
         require(bool(self.host), "host", self.host, "host must not be empty")
         require(0 <= self.port <= 65535, "port", self.port, "0 <= port <= 65535")
         require(bool(self.model_path), "model_path", self.model_path, "model_path must not be empty")
-        require(bool(self.served_model_name), "served_model_name", self.served_model_name,
-                "served_model_name must not be empty")
+        require(
+            bool(self.served_model_name),
+            "served_model_name",
+            self.served_model_name,
+            "served_model_name must not be empty",
+        )
         require(self.page_size >= 1, "page_size", self.page_size, "page_size >= 1")
-        require(self.max_total_tokens >= self.page_size, "max_total_tokens", self.max_total_tokens,
-                "max_total_tokens >= page_size")
-        require(self.max_running_requests >= 1, "max_running_requests", self.max_running_requests,
-                "max_running_requests >= 1")
-        require(self.chunked_prefill_size >= self.page_size, "chunked_prefill_size", self.chunked_prefill_size,
-                "chunked_prefill_size >= page_size")
+        require(
+            self.max_total_tokens >= self.page_size,
+            "max_total_tokens",
+            self.max_total_tokens,
+            "max_total_tokens >= page_size",
+        )
+        require(
+            self.max_running_requests >= 1,
+            "max_running_requests",
+            self.max_running_requests,
+            "max_running_requests >= 1",
+        )
+        require(
+            self.chunked_prefill_size >= self.page_size,
+            "chunked_prefill_size",
+            self.chunked_prefill_size,
+            "chunked_prefill_size >= page_size",
+        )
         require(self.context_length >= 2, "context_length", self.context_length, "context_length >= 2")
-        require(math.isfinite(self.hicache_ratio) and self.hicache_ratio >= 0, "hicache_ratio",
-                self.hicache_ratio, "hicache_ratio >= 0")
-        require(math.isfinite(self.hicache_size) and self.hicache_size >= 0, "hicache_size", self.hicache_size,
-                "hicache_size >= 0 (GB)")
+        require(
+            math.isfinite(self.hicache_ratio) and self.hicache_ratio >= 0,
+            "hicache_ratio",
+            self.hicache_ratio,
+            "hicache_ratio >= 0",
+        )
+        require(
+            math.isfinite(self.hicache_size) and self.hicache_size >= 0,
+            "hicache_size",
+            self.hicache_size,
+            "hicache_size >= 0 (GB)",
+        )
         if self.enable_hierarchical_cache and self.hicache_size == 0:
             # SGLang refuses a host pool that is not larger than the device pool.
-            require(self.hicache_ratio > 1, "hicache_ratio", self.hicache_ratio,
-                    "hicache_ratio > 1 when --enable-hierarchical-cache and --hicache-size is 0")
-        require(self.hicache_write_policy in WRITE_POLICIES, "hicache_write_policy", self.hicache_write_policy,
-                f"hicache_write_policy in {WRITE_POLICIES}")
-        require(self.hicache_storage_backend is None or self.enable_hierarchical_cache, "hicache_storage_backend",
-                self.hicache_storage_backend, "--hicache-storage-backend requires --enable-hierarchical-cache")
+            require(
+                self.hicache_ratio > 1,
+                "hicache_ratio",
+                self.hicache_ratio,
+                "hicache_ratio > 1 when --enable-hierarchical-cache and --hicache-size is 0",
+            )
+        require(
+            self.hicache_write_policy in WRITE_POLICIES,
+            "hicache_write_policy",
+            self.hicache_write_policy,
+            f"hicache_write_policy in {WRITE_POLICIES}",
+        )
+        require(
+            self.hicache_storage_backend is None or self.enable_hierarchical_cache,
+            "hicache_storage_backend",
+            self.hicache_storage_backend,
+            "--hicache-storage-backend requires --enable-hierarchical-cache",
+        )
         require(math.isfinite(self.speedup) and self.speedup > 0, "speedup", self.speedup, "speedup > 0")
         require(self.stream_interval >= 1, "stream_interval", self.stream_interval, "stream_interval >= 1")
         require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"log_level in {LOG_LEVELS}")
         validate_trace_sample_ratio(self.trace_sample_ratio)
-        require(self.health_generate_timeout_s > 0, "health_generate_timeout_s", self.health_generate_timeout_s,
-                "health_generate_timeout_s > 0")
-        require(self.schedule_low_priority_values_first is False or self.enable_priority_scheduling,
-                "schedule_low_priority_values_first", self.schedule_low_priority_values_first,
-                "--schedule-low-priority-values-first requires --enable-priority-scheduling")
+        require(
+            self.health_generate_timeout_s > 0,
+            "health_generate_timeout_s",
+            self.health_generate_timeout_s,
+            "health_generate_timeout_s > 0",
+        )
+        require(
+            self.schedule_low_priority_values_first is False or self.enable_priority_scheduling,
+            "schedule_low_priority_values_first",
+            self.schedule_low_priority_values_first,
+            "--schedule-low-priority-values-first requires --enable-priority-scheduling",
+        )
 
     def hicache_size_tokens(self, kv_bytes_per_token: float) -> int:
         """--hicache-size GB -> host pool tokens; 0 when the size is not given (ratio applies)."""
@@ -208,7 +309,9 @@ def parse_overrides(items: Sequence[str]) -> dict[str, float]:
     for item in items:
         key, sep, value = item.partition("=")
         key = key.strip()
-        require(bool(sep) and key.isidentifier(), "timing_override", item, "expected key=value with a field name as key")
+        require(
+            bool(sep) and key.isidentifier(), "timing_override", item, "expected key=value with a field name as key"
+        )
         try:
             number = float(value)
         except ValueError:
@@ -222,11 +325,18 @@ def _kv_events(endpoint: str, config_json: str) -> KvEventsConfig | None:
     from_json = KvEventsConfig.from_json(config_json) if config_json else None
     if endpoint:
         if from_json is not None and from_json.enabled and from_json.endpoint != endpoint:
-            raise ConfigError("kv_events_endpoint", endpoint,
-                              "--kv-events-endpoint and --kv-events-config name different endpoints")
+            raise ConfigError(
+                "kv_events_endpoint", endpoint, "--kv-events-endpoint and --kv-events-config name different endpoints"
+            )
         base = from_json or KvEventsConfig()
-        return KvEventsConfig(publisher="zmq", endpoint=endpoint, replay_endpoint=base.replay_endpoint,
-                              buffer_steps=base.buffer_steps, hwm=base.hwm, topic=base.topic)
+        return KvEventsConfig(
+            publisher="zmq",
+            endpoint=endpoint,
+            replay_endpoint=base.replay_endpoint,
+            buffer_steps=base.buffer_steps,
+            hwm=base.hwm,
+            topic=base.topic,
+        )
     if from_json is not None and from_json.enabled:
         return from_json
     return None
@@ -234,7 +344,9 @@ def _kv_events(endpoint: str, config_json: str) -> KvEventsConfig | None:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
     """Map flags and SIMWORKER_* variables onto a validated SimWorkerConfig (raises ConfigError)."""
-    v = parse_settings(SETTINGS, argv, env, prog=PROG, description="Simulated SGLang server (HTTP API, KV cache, timing model)")
+    v = parse_settings(
+        SETTINGS, argv, env, prog=PROG, description="Simulated SGLang server (HTTP API, KV cache, timing model)"
+    )
     served = v["served_model_name"]
     alias = v["model_name"]
     if served and alias and served != alias:

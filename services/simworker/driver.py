@@ -127,7 +127,7 @@ class EngineDriver:
         """Flush the engine's cache; publish its AllBlocksCleared right away (the idle loop would not step)."""
         if self._queues or not self.engine.flush_cache():
             return False
-        result = self.engine.step(self.now())   # no work: duration 0, just the drained events
+        result = self.engine.step(self.now())  # no work: duration 0, just the drained events
         if result.kv_events and self._publish is not None:
             self._publish(self._wall(), result.kv_events)
         return True
@@ -185,7 +185,18 @@ class EngineDriver:
     def _fail_all(self, message: str) -> None:
         now_v = self.now()
         for rid, queue in list(self._queues.items()):
-            queue.put_nowait((RequestOutput(rid=rid, new_token_ids=(), prompt_tokens=0, completion_tokens=0,
-                                            cached_tokens=0, finished=True,
-                                            finish_reason={"type": "abort", "message": message}), now_v))
+            queue.put_nowait(
+                (
+                    RequestOutput(
+                        rid=rid,
+                        new_token_ids=(),
+                        prompt_tokens=0,
+                        completion_tokens=0,
+                        cached_tokens=0,
+                        finished=True,
+                        finish_reason={"type": "abort", "message": message},
+                    ),
+                    now_v,
+                )
+            )
         self._queues.clear()

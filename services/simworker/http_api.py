@@ -39,8 +39,10 @@ try:  # orjson is much faster on the token path; plain json keeps working withou
     def dumps(obj: Any) -> bytes:
         return orjson.dumps(obj)
 except ImportError:  # pragma: no cover - depends on the environment
+
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,7 @@ class Tokenizer(Protocol):
 class ApiError(Exception):
     """An error answered with an OpenAI-style body and `status`."""
 
-    _TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError",
-              500: "InternalServerError"}
+    _TYPES = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError", 500: "InternalServerError"}
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -77,8 +78,13 @@ class ApiError(Exception):
         self.message = message
 
     def body(self) -> dict:
-        return {"object": "error", "message": self.message, "type": self._TYPES.get(self.status, "Error"),
-                "param": None, "code": self.status}
+        return {
+            "object": "error",
+            "message": self.message,
+            "type": self._TYPES.get(self.status, "Error"),
+            "param": None,
+            "code": self.status,
+        }
 
 
 def _error(exc: ApiError) -> web.Response:
@@ -93,17 +99,47 @@ def _json_response(obj: Any, status: int = 200) -> web.Response:
 # One request's life
 # --------------------------------------------------------------------------------------------
 
+
 class Generation:
     """Drives one engine request and accumulates what SGLang reports about it."""
 
-    __slots__ = ("rid", "prompt_tokens", "output_ids", "text", "finish_reason", "completion_tokens",
-                 "cached_tokens", "num_retractions", "e2e_latency_s", "_driver", "_tokenizer", "_metrics",
-                 "_queue", "_stop", "_stop_scan_from", "_interval", "_arrival_v", "_last_v", "_done",
-                 "_span", "_submitted_v", "_admitted_v", "_first_v", "_end_v")
+    __slots__ = (
+        "rid",
+        "prompt_tokens",
+        "output_ids",
+        "text",
+        "finish_reason",
+        "completion_tokens",
+        "cached_tokens",
+        "num_retractions",
+        "e2e_latency_s",
+        "_driver",
+        "_tokenizer",
+        "_metrics",
+        "_queue",
+        "_stop",
+        "_stop_scan_from",
+        "_interval",
+        "_arrival_v",
+        "_last_v",
+        "_done",
+        "_span",
+        "_submitted_v",
+        "_admitted_v",
+        "_first_v",
+        "_end_v",
+    )
 
-    def __init__(self, driver: EngineDriver, tokenizer: Tokenizer, metrics: SimWorkerMetrics | None,
-                 request: EngineRequest, stop: Sequence[str], stream_interval: int,
-                 arrival_v: float | None = None) -> None:
+    def __init__(
+        self,
+        driver: EngineDriver,
+        tokenizer: Tokenizer,
+        metrics: SimWorkerMetrics | None,
+        request: EngineRequest,
+        stop: Sequence[str],
+        stream_interval: int,
+        arrival_v: float | None = None,
+    ) -> None:
         self.rid = request.rid
         self.prompt_tokens = len(request.input_ids)
         self.output_ids: list[int] = []
@@ -274,6 +310,7 @@ class Generation:
 # Request parsing
 # --------------------------------------------------------------------------------------------
 
+
 async def _read_json(request: web.Request, *, require_json_type: bool) -> dict:
     if require_json_type and request.content_type != "application/json":
         raise ApiError(400, "Content-Type must be application/json")
@@ -326,9 +363,18 @@ def _rid(value: Any) -> str:
 class SimWorkerApi:
     """The aiohttp application: routes, handlers, and the server's lifecycle state."""
 
-    def __init__(self, config: SimWorkerConfig, driver: EngineDriver, tokenizer: Tokenizer,
-                 metrics: SimWorkerMetrics, *, kv_bytes_per_token: float, host_total_tokens: int,
-                 frontend_s: Callable[[int], float] | None = None, tracer: trace.Tracer | None = None) -> None:
+    def __init__(
+        self,
+        config: SimWorkerConfig,
+        driver: EngineDriver,
+        tokenizer: Tokenizer,
+        metrics: SimWorkerMetrics,
+        *,
+        kv_bytes_per_token: float,
+        host_total_tokens: int,
+        frontend_s: Callable[[int], float] | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.config = config
         self.tracer = tracer
         self.driver = driver
@@ -336,7 +382,7 @@ class SimWorkerApi:
         self.metrics = metrics
         self.kv_bytes_per_token = kv_bytes_per_token
         self.host_total_tokens = host_total_tokens
-        self.state = "starting"          # starting | ready | shutting_down
+        self.state = "starting"  # starting | ready | shutting_down
         self._frontend_s = frontend_s
         # The publisher's bound endpoint: with `tcp://*:0` only the bound port tells subscribers where to go.
         self.kv_events_bound_endpoint: str | None = None
@@ -384,31 +430,51 @@ class SimWorkerApi:
         if prompt_tokens == 0:
             raise ApiError(400, "the prompt is empty")
         if prompt_tokens >= ctx:
-            raise ApiError(400, f"The input ({prompt_tokens} tokens) is longer than the model's context "
-                                f"length ({ctx} tokens).")
+            raise ApiError(
+                400, f"The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens)."
+            )
         room = ctx - prompt_tokens
         if max_new_tokens is None:
             return room
         if max_new_tokens > room:
-            raise ApiError(400, f"Requested token count exceeds the model's maximum context length of {ctx} "
-                                f"tokens. You requested a total of {prompt_tokens + max_new_tokens} tokens: "
-                                f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens "
-                                f"for the completion. Please reduce the number of tokens in the input "
-                                f"messages or the completion to fit within the limit.")
+            raise ApiError(
+                400,
+                f"Requested token count exceeds the model's maximum context length of {ctx} "
+                f"tokens. You requested a total of {prompt_tokens + max_new_tokens} tokens: "
+                f"{prompt_tokens} tokens from the input messages and {max_new_tokens} tokens "
+                f"for the completion. Please reduce the number of tokens in the input "
+                f"messages or the completion to fit within the limit.",
+            )
         return max_new_tokens
 
-    async def _start(self, *, rid: str, input_ids: Sequence[int], max_new_tokens: int, priority: int | None,
-                     ignore_eos: bool, stop: Sequence[str], stop_token_ids: Sequence[int]) -> Generation:
-        request = EngineRequest(rid=rid, input_ids=tuple(input_ids), max_new_tokens=max_new_tokens,
-                                priority=priority, ignore_eos=ignore_eos, stop_token_ids=tuple(stop_token_ids))
+    async def _start(
+        self,
+        *,
+        rid: str,
+        input_ids: Sequence[int],
+        max_new_tokens: int,
+        priority: int | None,
+        ignore_eos: bool,
+        stop: Sequence[str],
+        stop_token_ids: Sequence[int],
+    ) -> Generation:
+        request = EngineRequest(
+            rid=rid,
+            input_ids=tuple(input_ids),
+            max_new_tokens=max_new_tokens,
+            priority=priority,
+            ignore_eos=ignore_eos,
+            stop_token_ids=tuple(stop_token_ids),
+        )
         arrival_v = self.driver.now()
         if self._frontend_s is not None:
             # The off-GPU part of a real server's TTFT (HTTP, tokenization), in virtual time.
             delay_s = self._frontend_s(len(request.input_ids)) / self.config.speedup
             if delay_s > 0:
                 await asyncio.sleep(delay_s)
-        return Generation(self.driver, self.tokenizer, self.metrics, request, stop, self.config.stream_interval,
-                          arrival_v)
+        return Generation(
+            self.driver, self.tokenizer, self.metrics, request, stop, self.config.stream_interval, arrival_v
+        )
 
     def _check_model(self, body: dict) -> str:
         model = body.get("model")
@@ -432,9 +498,14 @@ class SimWorkerApi:
             if has_text == has_ids:
                 raise ApiError(400, "give exactly one of text or input_ids")
             params = body.get("sampling_params") or {}
-            if isinstance(params, list) or isinstance(body.get("text"), list) or (
-                    has_ids and body["input_ids"] and isinstance(body["input_ids"][0], list)):
-                raise ApiError(400, "batched /generate requests are not supported by simworker; send one request per prompt")
+            if (
+                isinstance(params, list)
+                or isinstance(body.get("text"), list)
+                or (has_ids and body["input_ids"] and isinstance(body["input_ids"][0], list))
+            ):
+                raise ApiError(
+                    400, "batched /generate requests are not supported by simworker; send one request per prompt"
+                )
             if not isinstance(params, dict):
                 raise ApiError(400, "sampling_params must be an object")
             if has_text:
@@ -451,10 +522,14 @@ class SimWorkerApi:
                 raise ApiError(400, "max_new_tokens must be positive")
             max_new = self._check_context(len(input_ids), max_new)
             gen = await self._start(
-                rid=_rid(body.get("rid")), input_ids=input_ids, max_new_tokens=max_new,
-                priority=_opt_int(body, "priority"), ignore_eos=bool(params.get("ignore_eos", False)),
+                rid=_rid(body.get("rid")),
+                input_ids=input_ids,
+                max_new_tokens=max_new,
+                priority=_opt_int(body, "priority"),
+                ignore_eos=bool(params.get("ignore_eos", False)),
                 stop=_stop_strings(params.get("stop")),
-                stop_token_ids=_token_ids(params.get("stop_token_ids"), "stop_token_ids"))
+                stop_token_ids=_token_ids(params.get("stop_token_ids"), "stop_token_ids"),
+            )
         except ApiError as exc:
             return _error(exc)
         try:
@@ -465,8 +540,11 @@ class SimWorkerApi:
             response = await self._sse(request)
             try:
                 async for _ in gen.chunks():
-                    await response.write(b"data: " + dumps(
-                        {"text": gen.text, "output_ids": gen.output_ids, "meta_info": gen.meta_info()}) + b"\n\n")
+                    await response.write(
+                        b"data: "
+                        + dumps({"text": gen.text, "output_ids": gen.output_ids, "meta_info": gen.meta_info()})
+                        + b"\n\n"
+                    )
                 await response.write(_DONE)
             except ConnectionResetError:
                 pass
@@ -485,18 +563,26 @@ class SimWorkerApi:
             raise ApiError(400, f"max_tokens must be positive, got {max_tokens}")
         max_new = self._check_context(len(prompt_ids), max_tokens)
         return await self._start(
-            rid=_rid(body.get("rid")), input_ids=prompt_ids, max_new_tokens=max_new,
-            priority=_opt_int(body, "priority"), ignore_eos=bool(body.get("ignore_eos", False)),
+            rid=_rid(body.get("rid")),
+            input_ids=prompt_ids,
+            max_new_tokens=max_new,
+            priority=_opt_int(body, "priority"),
+            ignore_eos=bool(body.get("ignore_eos", False)),
             stop=_stop_strings(body.get("stop")),
-            stop_token_ids=_token_ids(body.get("stop_token_ids"), "stop_token_ids"))
+            stop_token_ids=_token_ids(body.get("stop_token_ids"), "stop_token_ids"),
+        )
 
     def _usage(self, gen: Generation) -> dict:
         details = None
         if self.config.enable_cache_report and gen.cached_tokens > 0:
             details = {"cached_tokens": gen.cached_tokens}
-        return {"prompt_tokens": gen.prompt_tokens, "completion_tokens": gen.completion_tokens,
-                "total_tokens": gen.prompt_tokens + gen.completion_tokens,
-                "prompt_tokens_details": details, "reasoning_tokens": 0}
+        return {
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+            "total_tokens": gen.prompt_tokens + gen.completion_tokens,
+            "prompt_tokens_details": details,
+            "reasoning_tokens": 0,
+        }
 
     @staticmethod
     def _finish_fields(gen: Generation) -> tuple[str | None, Any]:
@@ -532,13 +618,30 @@ class SimWorkerApi:
                 async for _ in gen.chunks():
                     pass
                 reason, matched = self._finish_fields(gen)
-                return _json_response({
-                    "id": gen.rid, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0,
-                                 "message": {"role": "assistant", "content": gen.text, "reasoning_content": None,
-                                             "tool_calls": None},
-                                 "logprobs": None, "finish_reason": reason, "matched_stop": matched}],
-                    "usage": self._usage(gen), "metadata": {"weight_version": WEIGHT_VERSION}})
+                return _json_response(
+                    {
+                        "id": gen.rid,
+                        "object": "chat.completion",
+                        "created": created,
+                        "model": model,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {
+                                    "role": "assistant",
+                                    "content": gen.text,
+                                    "reasoning_content": None,
+                                    "tool_calls": None,
+                                },
+                                "logprobs": None,
+                                "finish_reason": reason,
+                                "matched_stop": matched,
+                            }
+                        ],
+                        "usage": self._usage(gen),
+                        "metadata": {"weight_version": WEIGHT_VERSION},
+                    }
+                )
             response = await self._sse(request)
             head = {"id": gen.rid, "object": "chat.completion.chunk", "created": created, "model": model}
             try:
@@ -546,11 +649,15 @@ class SimWorkerApi:
                 async for delta in gen.chunks():
                     if first:
                         first = False
-                        await response.write(self._chat_chunk(head, {"role": "assistant", "content": ""}, None,
-                                                              None, gen if continuous else None))
+                        await response.write(
+                            self._chat_chunk(
+                                head, {"role": "assistant", "content": ""}, None, None, gen if continuous else None
+                            )
+                        )
                     if delta:
-                        await response.write(self._chat_chunk(head, {"content": delta}, None, None,
-                                                              gen if continuous else None))
+                        await response.write(
+                            self._chat_chunk(head, {"content": delta}, None, None, gen if continuous else None)
+                        )
                 reason, matched = self._finish_fields(gen)
                 await response.write(self._chat_chunk(head, {}, reason, matched, gen if continuous else None))
                 await self._end_stream(response, head, gen, include_usage)
@@ -560,15 +667,15 @@ class SimWorkerApi:
         finally:
             gen.close()
 
-    async def _end_stream(self, response: web.StreamResponse, head: dict, gen: Generation,
-                          include_usage: bool) -> None:
+    async def _end_stream(self, response: web.StreamResponse, head: dict, gen: Generation, include_usage: bool) -> None:
         """The OpenAI stream's tail: the usage-only chunk when asked for, then [DONE]."""
         if include_usage:
             await response.write(b"data: " + dumps({**head, "choices": [], "usage": self._usage(gen)}) + b"\n\n")
         await response.write(_DONE)
 
-    def _chat_chunk(self, head: dict, delta: dict, reason: str | None, matched: Any,
-                    usage_of: Generation | None) -> bytes:
+    def _chat_chunk(
+        self, head: dict, delta: dict, reason: str | None, matched: Any, usage_of: Generation | None
+    ) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         if reason is not None:
             choice["matched_stop"] = matched
@@ -603,20 +710,36 @@ class SimWorkerApi:
                 async for _ in gen.chunks():
                     pass
                 reason, matched = self._finish_fields(gen)
-                return _json_response({
-                    **head, "choices": [{"index": 0, "text": gen.text, "logprobs": None,
-                                         "finish_reason": reason, "matched_stop": matched}],
-                    "usage": self._usage(gen), "metadata": {"weight_version": WEIGHT_VERSION}})
+                return _json_response(
+                    {
+                        **head,
+                        "choices": [
+                            {
+                                "index": 0,
+                                "text": gen.text,
+                                "logprobs": None,
+                                "finish_reason": reason,
+                                "matched_stop": matched,
+                            }
+                        ],
+                        "usage": self._usage(gen),
+                        "metadata": {"weight_version": WEIGHT_VERSION},
+                    }
+                )
             response = await self._sse(request)
             try:
                 async for delta in gen.chunks():
                     reason, matched = self._finish_fields(gen)
                     if not delta and reason is None:
                         continue
-                    choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason,
-                              "matched_stop": matched}
-                    chunk = {**head, "choices": [choice],
-                             "usage": self._usage(gen) if continuous else None}
+                    choice = {
+                        "index": 0,
+                        "text": delta,
+                        "logprobs": None,
+                        "finish_reason": reason,
+                        "matched_stop": matched,
+                    }
+                    chunk = {**head, "choices": [choice], "usage": self._usage(gen) if continuous else None}
                     await response.write(b"data: " + dumps(chunk) + b"\n\n")
                 await self._end_stream(response, head, gen, include_usage)
             except ConnectionResetError:
@@ -626,8 +749,14 @@ class SimWorkerApi:
             gen.close()
 
     def _model_card(self, name: str) -> dict:
-        return {"id": name, "object": "model", "created": self._created, "owned_by": "sglang",
-                "root": self.config.model_path, "max_model_len": self.config.context_length}
+        return {
+            "id": name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "sglang",
+            "root": self.config.model_path,
+            "max_model_len": self.config.context_length,
+        }
 
     async def models(self, request: web.Request) -> web.Response:
         return _json_response({"object": "list", "data": [self._model_card(self.config.served_model_name)]})
@@ -681,44 +810,67 @@ class SimWorkerApi:
         stats = self.driver.engine.stats()
         args = self.server_args()
         kvcache_gb = self.config.max_total_tokens * self.kv_bytes_per_token / 1e9
-        internal = {**args,
-                    "last_gen_throughput": stats.gen_throughput,
-                    "memory_usage": {"weight": 0.0, "kvcache": round(kvcache_gb, 3),
-                                     "token_capacity": self.config.max_total_tokens, "graph": 0.0},
-                    "waiting_queue_size": stats.num_queue_reqs,
-                    "running_batch_size": stats.num_running_reqs,
-                    "engine_paused": False,
-                    "simworker_steps": self.driver.steps,
-                    "simworker_late_s_total": self.driver.late_s_total}
-        info = {**args,
-                "status": "ready",
-                "max_total_num_tokens": self.config.max_total_tokens,
-                "max_req_input_len": self.config.max_req_input_len,
-                "kv_bytes_per_token": self.kv_bytes_per_token,
-                "internal_states": [internal],
-                "version": f"simworker-{SIMWORKER_VERSION}"}
+        internal = {
+            **args,
+            "last_gen_throughput": stats.gen_throughput,
+            "memory_usage": {
+                "weight": 0.0,
+                "kvcache": round(kvcache_gb, 3),
+                "token_capacity": self.config.max_total_tokens,
+                "graph": 0.0,
+            },
+            "waiting_queue_size": stats.num_queue_reqs,
+            "running_batch_size": stats.num_running_reqs,
+            "engine_paused": False,
+            "simworker_steps": self.driver.steps,
+            "simworker_late_s_total": self.driver.late_s_total,
+        }
+        info = {
+            **args,
+            "status": "ready",
+            "max_total_num_tokens": self.config.max_total_tokens,
+            "max_req_input_len": self.config.max_req_input_len,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "internal_states": [internal],
+            "version": f"simworker-{SIMWORKER_VERSION}",
+        }
         if self.config.enable_hierarchical_cache:
             info["hicache_host_total_tokens"] = self.host_total_tokens
         return _json_response(info)
 
     async def model_info(self, request: web.Request) -> web.Response:
-        return _json_response({"model_path": self.config.model_path,
-                               "tokenizer_path": self.config.tokenizer_path or self.config.model_path,
-                               "is_generation": True, "preferred_sampling_params": None,
-                               "weight_version": WEIGHT_VERSION, "has_image_understanding": False,
-                               "has_audio_understanding": False, "model_type": "simworker",
-                               "architectures": ["SimWorkerForCausalLM"]})
+        return _json_response(
+            {
+                "model_path": self.config.model_path,
+                "tokenizer_path": self.config.tokenizer_path or self.config.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": WEIGHT_VERSION,
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "simworker",
+                "architectures": ["SimWorkerForCausalLM"],
+            }
+        )
 
     def _load(self) -> dict:
         stats = self.driver.engine.stats()
-        return {"dp_rank": 0, "num_reqs": stats.num_running_reqs + stats.num_queue_reqs,
-                "num_waiting_reqs": stats.num_queue_reqs, "num_tokens": stats.num_used_tokens,
-                "num_pending_tokens": 0, "ts_tic": time.time(),
-                "num_running_reqs": stats.num_running_reqs, "num_used_tokens": stats.num_used_tokens,
-                "num_total_tokens": self.config.max_total_tokens,
-                "max_total_num_tokens": self.config.max_total_tokens, "token_usage": stats.token_usage,
-                "gen_throughput": stats.gen_throughput, "cache_hit_rate": stats.cache_hit_rate,
-                "max_running_requests": self.config.max_running_requests}
+        return {
+            "dp_rank": 0,
+            "num_reqs": stats.num_running_reqs + stats.num_queue_reqs,
+            "num_waiting_reqs": stats.num_queue_reqs,
+            "num_tokens": stats.num_used_tokens,
+            "num_pending_tokens": 0,
+            "ts_tic": time.time(),
+            "num_running_reqs": stats.num_running_reqs,
+            "num_used_tokens": stats.num_used_tokens,
+            "num_total_tokens": self.config.max_total_tokens,
+            "max_total_num_tokens": self.config.max_total_tokens,
+            "token_usage": stats.token_usage,
+            "gen_throughput": stats.gen_throughput,
+            "cache_hit_rate": stats.cache_hit_rate,
+            "max_running_requests": self.config.max_running_requests,
+        }
 
     async def get_load(self, request: web.Request) -> web.Response:
         return _json_response([self._load()])
@@ -741,8 +893,14 @@ class SimWorkerApi:
             return web.Response(status=503)
         rid = f"HEALTH_CHECK_{time.time()}_{uuid.uuid4().hex[:8]}"
         try:
-            gen = Generation(self.driver, self.tokenizer, None,
-                             EngineRequest(rid=rid, input_ids=(0,), max_new_tokens=1, ignore_eos=True), (), 1)
+            gen = Generation(
+                self.driver,
+                self.tokenizer,
+                None,
+                EngineRequest(rid=rid, input_ids=(0,), max_new_tokens=1, ignore_eos=True),
+                (),
+                1,
+            )
         except ApiError:
             return web.Response(status=503)
         try:
@@ -757,13 +915,19 @@ class SimWorkerApi:
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         if self.driver.engine.has_work() or not self.driver.flush_cache():
-            return web.Response(status=400, text="Cache not flushed. Please check backend logs for more details. "
-                                                 "(When there are running or waiting requests, the operation will "
-                                                 "not be performed.)\n")
+            return web.Response(
+                status=400,
+                text="Cache not flushed. Please check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will "
+                "not be performed.)\n",
+            )
         log.info("simworker: cache flushed")
-        return web.Response(status=200, text="Cache flushed.\nPlease check backend logs for more details. "
-                                             "(When there are running or waiting requests, the operation will not "
-                                             "be performed.)\n")
+        return web.Response(
+            status=200,
+            text="Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not "
+            "be performed.)\n",
+        )
 
     async def abort_request(self, request: web.Request) -> web.Response:
         try:
@@ -781,4 +945,3 @@ class SimWorkerApi:
 
     async def metrics_page(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": METRICS_CONTENT_TYPE})
-

@@ -19,12 +19,75 @@ from services.simworker.core.api import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                   15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
-_ITL_BUCKETS_S = (0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06, 0.08, 0.1, 0.15,
-                  0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.0)
-_E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 90.0, 120.0, 180.0,
-                  300.0, 600.0, 1200.0)
+_TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+_ITL_BUCKETS_S = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+)
+_E2E_BUCKETS_S = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    90.0,
+    120.0,
+    180.0,
+    300.0,
+    600.0,
+    1200.0,
+)
 
 # (metric name, help, EngineStats attribute)
 _GAUGES = (
@@ -44,8 +107,11 @@ _COUNTERS = (
     ("sglang:cached_tokens", "Prompt tokens served from the prefix cache (GPU or host)", "cached_tokens_total"),
     ("sglang:num_requests", "Requests finished", "requests_total"),
     ("sglang:num_aborted_requests", "Requests aborted", "aborted_requests_total"),
-    ("simworker:recomputed_tokens", "Prefill tokens this engine had computed before for the same prefix",
-     "recomputed_tokens_total"),
+    (
+        "simworker:recomputed_tokens",
+        "Prefill tokens this engine had computed before for the same prefix",
+        "recomputed_tokens_total",
+    ),
     ("simworker:retractions", "Decode retractions under KV pressure", "retractions_total"),
     ("simworker:host_loadbacks", "Requests that loaded a prefix back from the host tier", "host_loadbacks_total"),
     ("simworker:host_loadback_tokens", "Tokens loaded back from the host tier", "host_loadback_tokens_total"),
@@ -78,12 +144,27 @@ class SimWorkerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(stats, model_name))
         labels = ("model_name",)
-        self._ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token (virtual seconds)",
-                               labels, buckets=_TTFT_BUCKETS_S, registry=self.registry).labels(model_name)
-        self._itl = Histogram("sglang:inter_token_latency_seconds", "Inter-token latency (virtual seconds)",
-                              labels, buckets=_ITL_BUCKETS_S, registry=self.registry).labels(model_name)
-        self._e2e = Histogram("sglang:e2e_request_latency_seconds", "End-to-end request latency (virtual seconds)",
-                              labels, buckets=_E2E_BUCKETS_S, registry=self.registry).labels(model_name)
+        self._ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Time to first token (virtual seconds)",
+            labels,
+            buckets=_TTFT_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
+        self._itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Inter-token latency (virtual seconds)",
+            labels,
+            buckets=_ITL_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
+        self._e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "End-to-end request latency (virtual seconds)",
+            labels,
+            buckets=_E2E_BUCKETS_S,
+            registry=self.registry,
+        ).labels(model_name)
 
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(seconds)

@@ -61,9 +61,13 @@ class CoreTokenizer:
         return self._module.decode(ids)
 
     def chat_ids(self, body: dict) -> list[int]:
-        return self.encode(render_chat(body.get("messages"),
-                                       add_generation_prompt=body.get("add_generation_prompt", True),
-                                       continue_final_message=bool(body.get("continue_final_message", False))))
+        return self.encode(
+            render_chat(
+                body.get("messages"),
+                add_generation_prompt=body.get("add_generation_prompt", True),
+                continue_final_message=bool(body.get("continue_final_message", False)),
+            )
+        )
 
 
 class ModelPromptTokenizer(CoreTokenizer):
@@ -188,11 +192,20 @@ async def start_simworker(
         driver = EngineDriver(engine, config.speedup, publish_kv_events=publisher.publish if publisher else None)
         metrics = SimWorkerMetrics(engine.stats, config.served_model_name)
 
-        api = SimWorkerApi(config, driver, tokenizer, metrics, kv_bytes_per_token=kv_bytes,
-                           host_total_tokens=host_total_tokens(config, kv_bytes),
-                           frontend_s=profile.frontend_s,
-                           tracer=(telemetry.tracer("bandmaster.simworker") if telemetry is not None
-                                   else trace.get_tracer("bandmaster.simworker")))
+        api = SimWorkerApi(
+            config,
+            driver,
+            tokenizer,
+            metrics,
+            kv_bytes_per_token=kv_bytes,
+            host_total_tokens=host_total_tokens(config, kv_bytes),
+            frontend_s=profile.frontend_s,
+            tracer=(
+                telemetry.tracer("bandmaster.simworker")
+                if telemetry is not None
+                else trace.get_tracer("bandmaster.simworker")
+            ),
+        )
         api.kv_events_bound_endpoint = publisher.endpoint if publisher is not None else None
         # handler_cancellation: a client that disconnects cancels its handler, whose
         # `finally` aborts the engine request (SGLang aborts on disconnect too).
@@ -208,12 +221,29 @@ async def start_simworker(
     port = runner.addresses[0][1]
     driver.start()
     api.state = "ready"
-    worker = RunningSimWorker(config=config, port=port, engine=engine, driver=driver, api=api, runner=runner,
-                              publisher=publisher, telemetry=telemetry)
+    worker = RunningSimWorker(
+        config=config,
+        port=port,
+        engine=engine,
+        driver=driver,
+        api=api,
+        runner=runner,
+        publisher=publisher,
+        telemetry=telemetry,
+    )
     if config.ready_file:
-        write_ready_file(config.ready_file, {"port": port, "pid": os.getpid(), "url": worker.url,
-                                             "kv_events_endpoint": worker.kv_events_endpoint})
-    log.info("simworker serving %s on %s (profile %s, speedup %g, KV %d tokens, page %d, tokenizer %s)",
-             config.served_model_name, worker.url, config.timing_profile, config.speedup,
-             config.max_total_tokens, config.page_size, config.tokenizer_path or "built-in")
+        write_ready_file(
+            config.ready_file,
+            {"port": port, "pid": os.getpid(), "url": worker.url, "kv_events_endpoint": worker.kv_events_endpoint},
+        )
+    log.info(
+        "simworker serving %s on %s (profile %s, speedup %g, KV %d tokens, page %d, tokenizer %s)",
+        config.served_model_name,
+        worker.url,
+        config.timing_profile,
+        config.speedup,
+        config.max_total_tokens,
+        config.page_size,
+        config.tokenizer_path or "built-in",
+    )
     return worker

@@ -54,7 +54,8 @@ HEALTHCHECK_MODULE = ["python", "-m", "services.common.healthcheck"]
 
 _VARIABLE = re.compile(
     r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
-    r"|(?P<named>[A-Za-z_][A-Za-z0-9_]*))")
+    r"|(?P<named>[A-Za-z_][A-Za-z0-9_]*))"
+)
 
 
 class InterpolationError(ValueError):
@@ -63,6 +64,7 @@ class InterpolationError(ValueError):
 
 def interpolate_string(text: str, env: Mapping[str, str]) -> str:
     """One string with every reference replaced; `:-`/`:?` treat an empty variable as unset, `-`/`?` do not."""
+
     def replace(match: re.Match[str]) -> str:
         if match.group("escaped"):
             return "$"
@@ -121,6 +123,7 @@ def load_compose(path: Path = COMPOSE_FILE, env: Mapping[str, str] | None = None
 
 # ---------------------------------------------------------------------------------------------------
 # The model of one service, as far as running it goes.
+
 
 def command_argv(service: Mapping[str, Any]) -> list[str]:
     command = service.get("command") or []
@@ -244,7 +247,7 @@ class Rewriter:
             return self.own_address
         for target, path in self.volumes.items():
             if value == target or value.startswith(target + "/"):
-                value = str(path) + value[len(target):]
+                value = str(path) + value[len(target) :]
         if self._host is not None:
             value = self._host.sub(lambda m: self.addresses[m.group(1)], value)
         return self._own.sub(self.own_address, value)
@@ -304,10 +307,16 @@ def plan(doc: Mapping[str, Any], workdir: Path, octet: int) -> Plan:
             if check and check[:1] == ["redis-cli"]:
                 check = [check[0], "-h", addresses[name], "-p", str(_service_port(service, 6379)), *check[1:]]
         out.services[name] = ServicePlan(
-            name=name, kind=kind, address=addresses[name], argv=argv, env=env,
+            name=name,
+            kind=kind,
+            address=addresses[name],
+            argv=argv,
+            env=env,
             healthcheck=[rewrite(a) for a in check] if check else None,
             health_timeout_s=duration_seconds((service.get("healthcheck") or {}).get("timeout"), 30.0),
-            depends_on_healthy=[d for d in healthy_dependencies(service) if d in addresses], workdir=home)
+            depends_on_healthy=[d for d in healthy_dependencies(service) if d in addresses],
+            workdir=home,
+        )
     return out
 
 
@@ -330,12 +339,12 @@ def _redis_argv(argv: list[str], address: str, port: int, home: Path) -> list[st
         raise ValueError(f"redis command must start with redis-server, got {argv[:1]}")
     # What the container provides implicitly: its own interface, the image's port and data directory,
     # and the official image's protected-mode off.
-    return [binary, *argv[1:], "--bind", address, "--port", str(port), "--dir", str(home),
-            "--protected-mode", "no"]
+    return [binary, *argv[1:], "--bind", address, "--port", str(port), "--dir", str(home), "--protected-mode", "no"]
 
 
 # ---------------------------------------------------------------------------------------------------
 # Running.
+
 
 class ComposeRunError(AssertionError):
     """The stack did not come up: names the service and says why, with its log tail."""
@@ -350,8 +359,13 @@ class Running:
 
 
 def _base_env(home: Path) -> dict[str, str]:
-    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
-            "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 class ComposeRun:
@@ -370,8 +384,11 @@ class ComposeRun:
         deadline = time.monotonic() + timeout_s
         pending = dict(self.stack.services)
         while True:
-            for name in [n for n, p in pending.items()
-                         if all(self.running.get(d) and self.running[d].healthy for d in p.depends_on_healthy)]:
+            for name in [
+                n
+                for n, p in pending.items()
+                if all(self.running.get(d) and self.running[d].healthy for d in p.depends_on_healthy)
+            ]:
                 self._spawn(pending.pop(name))
             self._check_alive()
             for item in self.running.values():
@@ -384,16 +401,24 @@ class ComposeRun:
             time.sleep(probe_interval_s)
 
     def _spawn(self, service: ServicePlan) -> None:
-        process = start(service.name, list(service.argv), self.log_dir,
-                        env={**_base_env(service.workdir), **service.env}, cwd=service.workdir, new_session=True)
+        process = start(
+            service.name,
+            list(service.argv),
+            self.log_dir,
+            env={**_base_env(service.workdir), **service.env},
+            cwd=service.workdir,
+            new_session=True,
+        )
         self.running[service.name] = Running(service, process)
 
     def _check_alive(self) -> None:
         for name, item in self.running.items():
             code = item.process.returncode
             if code is not None:
-                raise ComposeRunError(f"{name} exited with status {code} (command: {shlex.join(item.plan.argv)})\n"
-                                      f"--- {name} log ---\n{item.process.log_tail(25)}")
+                raise ComposeRunError(
+                    f"{name} exited with status {code} (command: {shlex.join(item.plan.argv)})\n"
+                    f"--- {name} log ---\n{item.process.log_tail(25)}"
+                )
 
     def _probe(self, item: Running) -> tuple[bool, str]:
         check = item.plan.healthcheck
@@ -417,8 +442,9 @@ class ComposeRun:
             lines.append(f"  {name}: not started, waiting for {', '.join(waiting)} to be healthy")
         for name, item in self.running.items():
             if not item.healthy:
-                lines.append(f"  {name}: unhealthy ({item.last_probe})\n"
-                             f"--- {name} log ---\n{item.process.log_tail(25)}")
+                lines.append(
+                    f"  {name}: unhealthy ({item.last_probe})\n--- {name} log ---\n{item.process.log_tail(25)}"
+                )
         return "\n".join(lines)
 
     def stop(self, grace_s: float = 10.0) -> None:

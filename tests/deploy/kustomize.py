@@ -36,15 +36,33 @@ import yaml
 
 KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 SUPPORTED_FIELDS = {"apiVersion", "kind", "resources", "patches", "namespace", "labels", "replicas", "images"}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass",
-                  "CustomResourceDefinition", "PriorityClass", "IngressClass", "RuntimeClass",
-                  "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "APIService"}
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "PersistentVolume",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "IngressClass",
+    "RuntimeClass",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "APIService",
+}
 WORKLOADS_WITH_TEMPLATE = {"Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job"}
 WORKLOADS_WITH_REPLICAS = {"Deployment", "ReplicaSet", "StatefulSet"}
 # Patch merge keys of the lists this renderer merges (x-kubernetes-patch-merge-key in the API).
-MERGE_KEY_BY_FIELD = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-                      "env": "name", "volumes": "name", "volumeMounts": "mountPath", "imagePullSecrets": "name",
-                      "volumeDevices": "devicePath"}
+MERGE_KEY_BY_FIELD = {
+    "containers": "name",
+    "initContainers": "name",
+    "ephemeralContainers": "name",
+    "env": "name",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+    "imagePullSecrets": "name",
+    "volumeDevices": "devicePath",
+}
 
 
 class KustomizeError(ValueError):
@@ -80,8 +98,10 @@ def render(directory: str | Path) -> list[dict[str, Any]]:
     for label_set in spec.get("labels", []):
         _add_labels(objects, label_set, kfile)
     for replica in spec.get("replicas", []):
-        target = next((o for o in objects if o["kind"] in WORKLOADS_WITH_REPLICAS
-                       and o["metadata"]["name"] == replica["name"]), None)
+        target = next(
+            (o for o in objects if o["kind"] in WORKLOADS_WITH_REPLICAS and o["metadata"]["name"] == replica["name"]),
+            None,
+        )
         if target is None:
             raise KustomizeError(f"{kfile}: replicas: no workload named {replica['name']!r}")
         target["spec"]["replicas"] = int(replica["count"])
@@ -110,14 +130,20 @@ def _check_unique(objects: list[dict[str, Any]], where: Path) -> None:
 
 
 def _find(objects: list[dict[str, Any]], api_version: str | None, kind: str | None, name: str) -> dict[str, Any]:
-    found = [o for o in objects if o.get("kind") == kind and o["metadata"]["name"] == name
-             and (api_version is None or o.get("apiVersion") == api_version)]
+    found = [
+        o
+        for o in objects
+        if o.get("kind") == kind
+        and o["metadata"]["name"] == name
+        and (api_version is None or o.get("apiVersion") == api_version)
+    ]
     if len(found) != 1:
         raise KustomizeError(f"patch target {api_version} {kind} {name}: {len(found)} matches")
     return found[0]
 
 
 # -- strategic merge --------------------------------------------------------------------------------
+
 
 def strategic_merge(original: Any, patch: Any, field: str = "") -> Any:
     """`patch` merged into a copy of `original` (see the module docstring for the rules)."""
@@ -173,14 +199,16 @@ def _without_nulls(value: Any) -> Any:
 
 # -- transformers -----------------------------------------------------------------------------------
 
+
 def _set_namespace(objects: list[dict[str, Any]], namespace: str) -> None:
     for obj in objects:
         if obj["kind"] == "Namespace":
             obj["metadata"]["name"] = namespace
         elif obj["kind"] not in CLUSTER_SCOPED:
             obj["metadata"]["namespace"] = namespace
-    service_accounts = {o["metadata"]["name"]: o["metadata"].get("namespace", "")
-                        for o in objects if o["kind"] == "ServiceAccount"}
+    service_accounts = {
+        o["metadata"]["name"]: o["metadata"].get("namespace", "") for o in objects if o["kind"] == "ServiceAccount"
+    }
     for obj in objects:
         if obj["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
@@ -218,7 +246,7 @@ def _split_image(image: str) -> tuple[str, str, str]:
     colon = name.rfind(":")
     tag = ""
     if colon > slash:
-        name, tag = name[:colon], name[colon + 1:]
+        name, tag = name[:colon], name[colon + 1 :]
     return name, tag, digest
 
 

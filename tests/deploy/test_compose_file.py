@@ -32,8 +32,11 @@ COLLECTOR = ROOT / "deploy" / "compose" / "otel-collector.yaml"
 GRAFANA = ROOT / "deploy" / "compose" / "grafana" / "provisioning"
 # Written by other work (the dashboard and the alert rules); mounted here, checked when present.
 EXTERNAL_MOUNTS = {"deploy/grafana/dashboards", "deploy/prometheus/alerts.yml"}
-REAL_WORKERS = {"BANDMASTER_SIMWORKERS": "0", "BANDMASTER_WORKER_URLS": "http://gpu-a:30000,http://gpu-b:30000",
-                "BANDMASTER_WORKER_COUNT": "2"}
+REAL_WORKERS = {
+    "BANDMASTER_SIMWORKERS": "0",
+    "BANDMASTER_WORKER_URLS": "http://gpu-a:30000,http://gpu-b:30000",
+    "BANDMASTER_WORKER_COUNT": "2",
+}
 # Variables a service reads besides its own settings: the token variables of services/common/security.py,
 # and the OpenTelemetry SDK's standard ones.
 SHARED_ENV = {CONTROL_TOKEN_ENV, DATA_TOKEN_ENV}
@@ -87,11 +90,15 @@ def container_ports(service: Mapping[str, Any]) -> set[int]:
 
 def host_port_refs(value: str, names: set[str]) -> list[tuple[str, int]]:
     """('capacity', 50051) for each 'capacity:50051' (alone or in a URL) naming a compose service."""
-    return [(m.group(1), int(m.group(2))) for m in re.finditer(r"(?<![\w.-])([a-z0-9][\w.-]*):(\d+)", value)
-            if m.group(1) in names]
+    return [
+        (m.group(1), int(m.group(2)))
+        for m in re.finditer(r"(?<![\w.-])([a-z0-9][\w.-]*):(\d+)", value)
+        if m.group(1) in names
+    ]
 
 
 # --- the schema ------------------------------------------------------------------------------------
+
 
 def validator() -> jsonschema.protocols.Validator:
     """The schema declares draft 2019-09 (by a URL spelling jsonschema does not recognise). Durations
@@ -110,7 +117,9 @@ def test_compose_file_is_valid_against_the_compose_specification(env):
 
 def test_durations_are_compose_durations():
     for name, service in compose()["services"].items():
-        fields = {k: v for k, v in (service.get("healthcheck") or {}).items() if k in ("interval", "timeout", "start_period")}
+        fields = {
+            k: v for k, v in (service.get("healthcheck") or {}).items() if k in ("interval", "timeout", "start_period")
+        }
         if "stop_grace_period" in service:
             fields["stop_grace_period"] = service["stop_grace_period"]
         for key, value in fields.items():
@@ -138,11 +147,17 @@ def test_interpolation_follows_compose_rules():
 
 # --- our services against their own config parsers -------------------------------------------------
 
+
 @pytest.mark.parametrize("env", [{}, REAL_WORKERS], ids=["simulated-workers", "real-workers"])
 def test_every_bandmaster_service_config_loads(env):
     services = bandmaster_services(compose(env))
     assert {service_module(s) for s in services.values()} == {
-        "services.capacity", "services.scheduler", "services.router", "services.planner", "services.simworker"}
+        "services.capacity",
+        "services.scheduler",
+        "services.router",
+        "services.planner",
+        "services.simworker",
+    }
     for service in services.values():
         load_service_config(service)  # raises ConfigError naming the flag or value
 
@@ -166,11 +181,15 @@ def test_services_listen_on_all_interfaces():
 
 def test_the_documented_default_ports():
     doc = compose()
-    expected = {"capacity": {"grpc": 50051, "metrics": 9101}, "scheduler": {"grpc": 50052, "metrics": 9102},
-                "router-1": {"grpc": 50053, "metrics": 9103, "http": 8000},
-                "router-2": {"grpc": 50053, "metrics": 9103, "http": 8000},
-                "planner": {"grpc": 50061, "metrics": 9105, "http": 8090},
-                "simworker-1": {"http": 30000, "metrics": 30000}, "simworker-2": {"http": 30000, "metrics": 30000}}
+    expected = {
+        "capacity": {"grpc": 50051, "metrics": 9101},
+        "scheduler": {"grpc": 50052, "metrics": 9102},
+        "router-1": {"grpc": 50053, "metrics": 9103, "http": 8000},
+        "router-2": {"grpc": 50053, "metrics": 9103, "http": 8000},
+        "planner": {"grpc": 50061, "metrics": 9105, "http": 8090},
+        "simworker-1": {"http": 30000, "metrics": 30000},
+        "simworker-2": {"http": 30000, "metrics": 30000},
+    }
     assert {n: listen_ports(n, s) for n, s in bandmaster_services(doc).items()} == expected
 
 
@@ -200,6 +219,7 @@ def test_healthchecks_probe_the_service_own_ports():
         ports = listen_ports(name, service)
         for target in argv[3:]:
             from services.common.healthcheck import parse_target
+
             kind, where = parse_target(target)
             port = int(re.search(r":(\d+)", where.split("//")[-1]).group(1))
             assert "127.0.0.1" in target, f"{name}: {target} must probe the container itself"
@@ -255,6 +275,7 @@ def test_planner_leases_live_in_redis_and_its_registry_on_a_volume():
 
 # --- the Dockerfile ----------------------------------------------------------------------------------
 
+
 def dockerfile() -> str:
     return (ROOT / "Dockerfile").read_text()
 
@@ -279,6 +300,7 @@ def test_every_bandmaster_service_builds_this_dockerfile():
 
 # --- third-party configuration ----------------------------------------------------------------------
 
+
 def bind_mounts() -> list[tuple[str, str, str]]:
     out = []
     for name, service in compose()["services"].items():
@@ -298,8 +320,7 @@ def test_our_mounted_configs_exist():
 @pytest.mark.parametrize("source", sorted(EXTERNAL_MOUNTS))
 def test_mounted_dashboard_and_alert_rules(source):
     path = ROOT / source
-    if not path.exists():
-        pytest.skip(f"./{source} is not in the tree yet (written by the dashboard work); compose mounts it")
+    assert path.exists(), f"compose mounts ./{source}, which does not exist"
     if path.suffix == ".yml":
         rules = yaml.safe_load(path.read_text())
         assert rules.get("groups"), f"{source} has no rule groups"
@@ -309,8 +330,10 @@ def test_mounted_dashboard_and_alert_rules(source):
 
 def prometheus_targets() -> dict[str, list[str]]:
     config = yaml.safe_load(PROMETHEUS.read_text())
-    return {job["job_name"]: [t for sc in job.get("static_configs", []) for t in sc["targets"]]
-            for job in config["scrape_configs"]}
+    return {
+        job["job_name"]: [t for sc in job.get("static_configs", []) for t in sc["targets"]]
+        for job in config["scrape_configs"]
+    }
 
 
 def test_prometheus_scrapes_every_bandmaster_metrics_port():

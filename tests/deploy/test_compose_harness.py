@@ -20,20 +20,23 @@ from tests.deploy.metric_names import exported_metric_names, missing_metrics, pr
 ADDRESSES = {"capacity": "127.0.9.10", "redis": "127.0.9.11", "router-1": "127.0.9.12", "router-10": "127.0.9.13"}
 
 
-@pytest.mark.parametrize("value, expected", [
-    ("capacity:50051", "127.0.9.10:50051"),
-    ("http://router-1:8000", "http://127.0.9.12:8000"),
-    ("http://router-10:9103,http://router-1:9103", "http://127.0.9.13:9103,http://127.0.9.12:9103"),
-    ("redis://redis:6379/1", "redis://127.0.9.11:6379/1"),
-    ("0.0.0.0:50053", "127.0.9.99:50053"),
-    ("0.0.0.0", "127.0.9.99"),
-    ("http://127.0.0.1:8000/health", "http://127.0.9.99:8000/health"),
-    ("grpc://localhost:50051", "grpc://127.0.9.99:50051"),
-    ("redis", "redis"),                                   # a word, not a host
-    ("/var/lib/capacity/x", "/var/lib/capacity/x"),       # a path, not a host
-    ("my-capacity:1", "my-capacity:1"),                   # another name that ends the same
-    ("/data/planner.sqlite3", "/tmp/vol/planner.sqlite3"),
-])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("capacity:50051", "127.0.9.10:50051"),
+        ("http://router-1:8000", "http://127.0.9.12:8000"),
+        ("http://router-10:9103,http://router-1:9103", "http://127.0.9.13:9103,http://127.0.9.12:9103"),
+        ("redis://redis:6379/1", "redis://127.0.9.11:6379/1"),
+        ("0.0.0.0:50053", "127.0.9.99:50053"),
+        ("0.0.0.0", "127.0.9.99"),
+        ("http://127.0.0.1:8000/health", "http://127.0.9.99:8000/health"),
+        ("grpc://localhost:50051", "grpc://127.0.9.99:50051"),
+        ("redis", "redis"),  # a word, not a host
+        ("/var/lib/capacity/x", "/var/lib/capacity/x"),  # a path, not a host
+        ("my-capacity:1", "my-capacity:1"),  # another name that ends the same
+        ("/data/planner.sqlite3", "/tmp/vol/planner.sqlite3"),
+    ],
+)
 def test_rewriter_maps_container_strings_to_this_machine(value, expected):
     rewrite = ch.Rewriter("127.0.9.99", ADDRESSES, {"/data": Path("/tmp/vol")})
     assert rewrite(value) == expected
@@ -54,10 +57,20 @@ def test_plan_of_the_compose_file(tmp_path):
     assert router.healthcheck[-2:] == [f"http://{router.address}:8000/health", f"grpc://{router.address}:50053"]
     assert stack.dropped_env["router-1"] == ["OTEL_EXPORTER_OTLP_ENDPOINT"]
     planner = stack.services["planner"]
-    assert planner.env["BANDMASTER_PLANNER_REGISTRY_PATH"] == str(tmp_path / "volumes" / "planner-data" / "planner.sqlite3")
+    assert planner.env["BANDMASTER_PLANNER_REGISTRY_PATH"] == str(
+        tmp_path / "volumes" / "planner-data" / "planner.sqlite3"
+    )
     redis = stack.services["redis"]
-    assert redis.argv[-8:] == ["--bind", redis.address, "--port", "6379", "--dir", str(tmp_path / "redis"),
-                               "--protected-mode", "no"]
+    assert redis.argv[-8:] == [
+        "--bind",
+        redis.address,
+        "--port",
+        "6379",
+        "--dir",
+        str(tmp_path / "redis"),
+        "--protected-mode",
+        "no",
+    ]
     assert redis.healthcheck == ["redis-cli", "-h", redis.address, "-p", "6379", "ping"]
 
 
@@ -68,33 +81,47 @@ def test_no_simworkers_are_planned_with_real_workers(tmp_path):
     assert stack.services["capacity"].env["BANDMASTER_CAPACITY_WORKER_URLS"] == "http://gpu:30000"
 
 
-@pytest.mark.parametrize("expr, names", [
-    ('sum by (worker_id) (rate(bandmaster_router_requests_total{path="program"}[$__rate_interval]))',
-     {"bandmaster_router_requests_total"}),
-    ("histogram_quantile(0.99, sum(rate(sglang:time_to_first_token_seconds_bucket[5m])) by (le))",
-     {"sglang:time_to_first_token_seconds_bucket"}),
-    ("a_used / ignoring(kind) group_left b_total > bool 0.95 offset 5m", {"a_used", "b_total"}),
-    ('label_replace(up{job="x"}, "dst", "$1", "instance", "(.*)")', {"up"}),
-    ("sum(x) / clamp_min(sum(y_count), 1) * 100", {"x", "y_count"}),
-    ("max(z) without (instance) or vector(0)", {"z"}),
-    ("1 - (c_seconds_sum / c_seconds_count)", {"c_seconds_sum", "c_seconds_count"}),
-])
+@pytest.mark.parametrize(
+    "expr, names",
+    [
+        (
+            'sum by (worker_id) (rate(bandmaster_router_requests_total{path="program"}[$__rate_interval]))',
+            {"bandmaster_router_requests_total"},
+        ),
+        (
+            "histogram_quantile(0.99, sum(rate(sglang:time_to_first_token_seconds_bucket[5m])) by (le))",
+            {"sglang:time_to_first_token_seconds_bucket"},
+        ),
+        ("a_used / ignoring(kind) group_left b_total > bool 0.95 offset 5m", {"a_used", "b_total"}),
+        ('label_replace(up{job="x"}, "dst", "$1", "instance", "(.*)")', {"up"}),
+        ("sum(x) / clamp_min(sum(y_count), 1) * 100", {"x", "y_count"}),
+        ("max(z) without (instance) or vector(0)", {"z"}),
+        ("1 - (c_seconds_sum / c_seconds_count)", {"c_seconds_sum", "c_seconds_count"}),
+    ],
+)
 def test_promql_metric_names(expr, names):
     assert promql_metric_names(expr) == names
 
 
 def test_exported_names_include_what_each_type_produces():
-    exposition = "\n".join([
-        "# HELP r Requests", "# TYPE r counter", 'r_total{path="program"} 3.0',
-        "# TYPE lat histogram",                     # no child yet: no samples, still queryable
-        "# TYPE g gauge", "g 1.0", "sglang:token_usage 0.5",
-    ])
+    exposition = "\n".join(
+        [
+            "# HELP r Requests",
+            "# TYPE r counter",
+            'r_total{path="program"} 3.0',
+            "# TYPE lat histogram",  # no child yet: no samples, still queryable
+            "# TYPE g gauge",
+            "g 1.0",
+            "sglang:token_usage 0.5",
+        ]
+    )
     names = exported_metric_names(exposition)
     assert {"r_total", "lat_bucket", "lat_sum", "lat_count", "g", "sglang:token_usage"} <= names
     assert missing_metrics({"r_total": {"e"}, "nope": {"e2"}}, names) == {"nope": {"e2"}}
 
 
 # --- the container health probe -------------------------------------------------------------------
+
 
 @pytest.fixture
 def grpc_health() -> Iterator[tuple[str, health.HealthServicer]]:

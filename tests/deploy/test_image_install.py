@@ -86,30 +86,53 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("image")
     context = build_context(work / "src")
     target = work / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--no-compile", "--target", str(target), str(context)],
-                          capture_output=True, text=True, timeout=240, cwd=work)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-compile",
+            "--target",
+            str(target),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=work,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return target
 
 
 def run_installed(target: Path, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     """Python with the install first on the path, from a directory outside the repository."""
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(target), "HOME": str(target.parent),
-           "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout_s,
-                          cwd=target.parent, env=env)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(target),
+        "HOME": str(target.parent),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, cwd=target.parent, env=env
+    )
 
 
 def test_the_install_holds_every_service_and_its_data(installed):
-    code = "\n".join([
-        "import importlib, services, bandmaster",
-        f"assert services.__file__.startswith({str(installed)!r}), services.__file__",
-        *[f"importlib.import_module('services.{s}.__main__')" for s in SERVICES],
-        "import services.common.healthcheck",
-        "from services.simworker.core.timing import builtin_profiles",
-        "assert 'glm45-fp8-h200' in builtin_profiles(), builtin_profiles()",
-    ])
+    code = "\n".join(
+        [
+            "import importlib, services, bandmaster",
+            f"assert services.__file__.startswith({str(installed)!r}), services.__file__",
+            *[f"importlib.import_module('services.{s}.__main__')" for s in SERVICES],
+            "import services.common.healthcheck",
+            "from services.simworker.core.timing import builtin_profiles",
+            "assert 'glm45-fp8-h200' in builtin_profiles(), builtin_profiles()",
+        ]
+    )
     done = run_installed(installed, "-c", code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert not (installed / "tests").exists(), "the tests are not part of the image"
@@ -118,9 +141,14 @@ def test_the_install_holds_every_service_and_its_data(installed):
 def test_a_service_from_the_install_serves_and_passes_its_healthcheck(installed, tmp_path):
     ready = tmp_path / "ready.json"
     env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(installed), "HOME": str(tmp_path)}
-    with start("simworker", python_module("services.simworker", "--host", "127.0.0.1", "--port", "0",
-                                          "--ready-file", str(ready)), tmp_path, env=env, cwd=tmp_path,
-               ready_file=ready).wait_ready(timeout_s=60) as worker:
+    with start(
+        "simworker",
+        python_module("services.simworker", "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready)),
+        tmp_path,
+        env=env,
+        cwd=tmp_path,
+        ready_file=ready,
+    ).wait_ready(timeout_s=60) as worker:
         port = worker.ready["port"]
         probe = run_installed(installed, "-m", "services.common.healthcheck", f"http://127.0.0.1:{port}/health")
         assert probe.returncode == 0, probe.stdout + probe.stderr

@@ -64,8 +64,9 @@ SERVICES = {
     "services.scheduler": Service(scheduler_config.load_config, scheduler_config.SETTINGS, ("BANDMASTER_", "DYN_")),
     "services.router": Service(router_config.load_config, router_config.SETTINGS, ("BANDMASTER_", "DYN_")),
     "services.planner": Service(planner_config.load_config, planner_config.SETTINGS, ("BANDMASTER_",)),
-    "services.simworker": Service(simworker_config.load_config, list(simworker_config.SETTINGS),
-                                  ("SIMWORKER_", "BANDMASTER_")),
+    "services.simworker": Service(
+        simworker_config.load_config, list(simworker_config.SETTINGS), ("SIMWORKER_", "BANDMASTER_")
+    ),
     "services.capacity.registrar": Service(registrar.load_config, registrar.SETTINGS, ("BANDMASTER_",)),
 }
 SHARED_ENV = {CONTROL_TOKEN_ENV, DATA_TOKEN_ENV}
@@ -120,8 +121,9 @@ def test_renders_and_names_are_unique(target):
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 @pytest.mark.parametrize("target", TARGETS)
 def test_kubectl_kustomize_renders_the_same_objects(target):
-    out = subprocess.run(["kubectl", "kustomize", str(ROOT / target)], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / target)], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     theirs = {key_of(o): o for o in yaml.safe_load_all(out) if o}
     ours = {key_of(o): o for o in rendered(target)}
     assert set(ours) == set(theirs)
@@ -136,27 +138,39 @@ def test_every_object_validates_against_the_kubernetes_schemas(target, version):
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{target} {obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {exc.message} "
-                        f"at {'/'.join(map(str, exc.path))}")
+            pytest.fail(
+                f"{target} {obj['kind']}/{obj['metadata']['name']} (Kubernetes {version}): {exc.message} "
+                f"at {'/'.join(map(str, exc.path))}"
+            )
 
 
 def test_the_schema_check_catches_a_wrong_field():
     deployment = named(rendered("base"), "Deployment", "router")
-    broken = strategic_merge(deployment, {"spec": {"template": {"spec": {"containers": [
-        {"name": "router", "readinessProbe": {"grpc": {"port": "grpc"}}}]}}}})   # grpc probes take a number
+    broken = strategic_merge(
+        deployment,
+        {
+            "spec": {
+                "template": {"spec": {"containers": [{"name": "router", "readinessProbe": {"grpc": {"port": "grpc"}}}]}}
+            }
+        },
+    )  # grpc probes take a number
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
 
 
 # -- flags and environment through the services' real parsers --------------------------------------
 
+
 def resolve_env(deployment: dict[str, Any], container: dict[str, Any], *, secrets: bool) -> dict[str, str]:
     """The container's environment as the kubelet gives it: literal values, downward-API fields,
     optional secret keys (present when `secrets`, absent otherwise)."""
     env: dict[str, str] = {}
     namespace = deployment["metadata"]["namespace"]
-    fields = {"metadata.namespace": namespace, "status.podIP": POD_IP,
-              "metadata.name": f"{deployment['metadata']['name']}-7d9f8-x2kqz"}
+    fields = {
+        "metadata.namespace": namespace,
+        "status.podIP": POD_IP,
+        "metadata.name": f"{deployment['metadata']['name']}-7d9f8-x2kqz",
+    }
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = _expand(str(item["value"]), env)
@@ -211,8 +225,13 @@ def test_every_bandmaster_container_parses_with_its_service_config(target, secre
     for deployment, container in bandmaster_containers(rendered(target)):
         module, _config = load(deployment, container, secrets=secrets)
         seen.add(module)
-    assert seen >= {"services.capacity", "services.scheduler", "services.router", "services.planner",
-                    "services.capacity.registrar"}
+    assert seen >= {
+        "services.capacity",
+        "services.scheduler",
+        "services.router",
+        "services.planner",
+        "services.capacity.registrar",
+    }
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -268,24 +287,31 @@ def test_services_bind_all_interfaces_on_declared_ports_and_scrape_their_metrics
 def reaches(objects, address: str, namespace: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Service `host` of `host:port` and the Deployment behind it, checked to serve `port`."""
     host, port = parse_host_port(address, "address")
-    services = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] == host
-                and s["metadata"]["namespace"] == namespace]
+    services = [
+        s
+        for s in of_kind(objects, "Service")
+        if s["metadata"]["name"] == host and s["metadata"]["namespace"] == namespace
+    ]
     assert len(services) == 1, f"{address}: no Service {host!r} in {namespace}"
     service = services[0]
     service_port = next((p for p in service["spec"]["ports"] if p["port"] == port), None)
     assert service_port is not None, f"{address}: Service {host} has no port {port}"
     deployment = selected_deployment(objects, service)
     target = service_port.get("targetPort", port)
-    assert any(target in container_ports(c) for c in containers(deployment)), \
+    assert any(target in container_ports(c) for c in containers(deployment)), (
         f"{address}: targetPort {target!r} is no containerPort of {deployment['metadata']['name']}"
+    )
     return service, deployment
 
 
 def selected_deployment(objects, service) -> dict[str, Any]:
     selector = service["spec"]["selector"]
-    matches = [d for d in of_kind(objects, "Deployment")
-               if d["metadata"]["namespace"] == service["metadata"]["namespace"]
-               and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    matches = [
+        d
+        for d in of_kind(objects, "Deployment")
+        if d["metadata"]["namespace"] == service["metadata"]["namespace"]
+        and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
     assert len(matches) == 1, f"Service {service['metadata']['name']} selects {len(matches)} Deployments"
     return matches[0]
 
@@ -298,17 +324,24 @@ def _url_address(url: str) -> str:
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_address_a_service_dials_is_a_service_serving_that_port(target):
     objects = rendered(target)
-    dialled: list[tuple[str, str, str]] = []   # (who, address, the Deployment that must answer)
+    dialled: list[tuple[str, str, str]] = []  # (who, address, the Deployment that must answer)
     for deployment, container in bandmaster_containers(objects):
         module, c = load(deployment, container)
         if module == "services.scheduler":
             dialled += [(module, c.capacity_addr, "capacity"), (module, _url_address(c.state_redis_url), "redis")]
         elif module == "services.router":
-            dialled += [(module, c.scheduler_addr, "scheduler"), (module, c.capacity_addr, "capacity"),
-                        (module, _url_address(c.planner_url), "planner")]
+            dialled += [
+                (module, c.scheduler_addr, "scheduler"),
+                (module, c.capacity_addr, "capacity"),
+                (module, _url_address(c.planner_url), "planner"),
+            ]
         elif module == "services.planner":
-            dialled += [(module, c.capacity, "capacity"), (module, c.scheduler, "scheduler"),
-                        (module, _url_address(c.dispatch_url), "router"), (module, _url_address(c.redis_url), "redis")]
+            dialled += [
+                (module, c.capacity, "capacity"),
+                (module, c.scheduler, "scheduler"),
+                (module, _url_address(c.dispatch_url), "router"),
+                (module, _url_address(c.redis_url), "redis"),
+            ]
         elif module == "services.capacity.registrar":
             dialled.append((module, c.capacity_addr, "capacity"))
     assert len(dialled) >= 10
@@ -344,8 +377,10 @@ def test_every_probe_port_is_a_container_port(target):
                     continue
                 handler = next(k for k in ("grpc", "httpGet", "tcpSocket", "exec") if k in probe)
                 if handler != "exec":
-                    assert probe[handler]["port"] in ports, \
-                        f"{deployment['metadata']['name']}/{container['name']} {probe_name} port {probe[handler]['port']}"
+                    assert probe[handler]["port"] in ports, (
+                        f"{deployment['metadata']['name']}/{container['name']} {probe_name} "
+                        f"port {probe[handler]['port']}"
+                    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -382,8 +417,12 @@ def test_routers_are_replicated_with_a_pdb_and_no_autoscaler(target):
     pdb = pdbs[0]
     labels = router["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    others = [d for d in of_kind(objects, "Deployment") if d is not router
-              and pdb["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()]
+    others = [
+        d
+        for d in of_kind(objects, "Deployment")
+        if d is not router
+        and pdb["spec"]["selector"]["matchLabels"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]
     assert not others, "the PDB selects more than the routers"
     assert 1 <= pdb["spec"]["maxUnavailable"] < router["spec"]["replicas"]
 
@@ -423,13 +462,19 @@ def test_bandmaster_images_are_tagged(target):
 
 # -- RBAC -----------------------------------------------------------------------------------------
 
+
 def rule_allows(rule: dict[str, Any], verb: str, group: str, resource: str, name: str) -> bool:
     """Kubernetes RBAC's rule match (wildcards included), for a request on a named object."""
-    return ((group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
-            and (resource in rule.get("resources", []) or "*" in rule.get("resources", [])
-                 or ("/" in resource and resource.split("/")[0] + "/*" in rule.get("resources", [])))
-            and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
-            and (not rule.get("resourceNames") or name in rule["resourceNames"]))
+    return (
+        (group in rule.get("apiGroups", []) or "*" in rule.get("apiGroups", []))
+        and (
+            resource in rule.get("resources", [])
+            or "*" in rule.get("resources", [])
+            or ("/" in resource and resource.split("/")[0] + "/*" in rule.get("resources", []))
+        )
+        and (verb in rule.get("verbs", []) or "*" in rule.get("verbs", []))
+        and (not rule.get("resourceNames") or name in rule["resourceNames"])
+    )
 
 
 def planner_permissions(objects) -> tuple[list[dict[str, Any]], str]:
@@ -440,8 +485,10 @@ def planner_permissions(objects) -> tuple[list[dict[str, Any]], str]:
     named(objects, "ServiceAccount", account)
     rules = []
     for binding in of_kind(objects, "RoleBinding"):
-        if any(s["kind"] == "ServiceAccount" and s["name"] == account and s.get("namespace") == namespace
-               for s in binding["subjects"]):
+        if any(
+            s["kind"] == "ServiceAccount" and s["name"] == account and s.get("namespace") == namespace
+            for s in binding["subjects"]
+        ):
             assert binding["roleRef"]["kind"] == "Role"
             rules += named(objects, "Role", binding["roleRef"]["name"])["rules"]
     return rules, namespace
@@ -466,11 +513,15 @@ def test_rbac_is_namespaced_and_limited_to_the_worker_deployment(target):
     assert namespace == config.k8s_namespace
     for verb in ("get", "patch"):
         assert any(rule_allows(r, verb, "apps", "deployments/scale", config.k8s_deployment) for r in rules)
-    for verb, resource, name in [("get", "deployments/scale", "router"), ("patch", "deployments", "scheduler"),
-                                 ("delete", "deployments", config.k8s_deployment),
-                                 ("update", "deployments/scale", config.k8s_deployment),
-                                 ("list", "deployments", ""), ("get", "secrets", config.k8s_deployment),
-                                 ("create", "pods", "")]:
+    for verb, resource, name in [
+        ("get", "deployments/scale", "router"),
+        ("patch", "deployments", "scheduler"),
+        ("delete", "deployments", config.k8s_deployment),
+        ("update", "deployments/scale", config.k8s_deployment),
+        ("list", "deployments", ""),
+        ("get", "secrets", config.k8s_deployment),
+        ("create", "pods", ""),
+    ]:
         assert not any(rule_allows(r, verb, "apps" if "deploy" in resource else "", resource, name) for r in rules)
     # Only the planner's pod carries API credentials.
     for deployment in of_kind(objects, "Deployment"):
@@ -495,13 +546,32 @@ class AuthorizingApiServer:
     def _state(self):
         name = self.deployment["metadata"]["name"]
         n = self.replicas
-        meta = {"name": name, "namespace": self.namespace, "resourceVersion": str(self.rv), "generation": self.rv,
-                "annotations": dict(self.annotations)}
-        deployment = {**self.deployment, "metadata": meta, "spec": {**self.deployment["spec"], "replicas": n},
-                      "status": {"replicas": n, "readyReplicas": n, "availableReplicas": n, "updatedReplicas": n,
-                                 "observedGeneration": self.rv}}
-        scale = {"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": meta, "spec": {"replicas": n},
-                 "status": {"replicas": n}}
+        meta = {
+            "name": name,
+            "namespace": self.namespace,
+            "resourceVersion": str(self.rv),
+            "generation": self.rv,
+            "annotations": dict(self.annotations),
+        }
+        deployment = {
+            **self.deployment,
+            "metadata": meta,
+            "spec": {**self.deployment["spec"], "replicas": n},
+            "status": {
+                "replicas": n,
+                "readyReplicas": n,
+                "availableReplicas": n,
+                "updatedReplicas": n,
+                "observedGeneration": self.rv,
+            },
+        }
+        scale = {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": meta,
+            "spec": {"replicas": n},
+            "status": {"replicas": n},
+        }
         return deployment, scale
 
     async def handle(self, request: web.Request) -> web.Response:
@@ -509,11 +579,21 @@ class AuthorizingApiServer:
         verb = {"GET": "get", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[request.method]
         resource = "deployments" + (f"/{info['sub']}" if info.get("sub") else "")
         allowed = info["ns"] == self.namespace and any(
-            rule_allows(r, verb, "apps", resource, info["name"]) for r in self.rules)
+            rule_allows(r, verb, "apps", resource, info["name"]) for r in self.rules
+        )
         self.requests.append((verb, resource, info["ns"], info["name"], 200 if allowed else 403))
         if not allowed:
-            return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
-                                      "code": 403, "message": f"cannot {verb} {resource} {info['name']}"}, status=403)
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "Forbidden",
+                    "code": 403,
+                    "message": f"cannot {verb} {resource} {info['name']}",
+                },
+                status=403,
+            )
         if info["name"] != self.deployment["metadata"]["name"]:
             return web.json_response({"kind": "Status", "code": 404, "reason": "NotFound"}, status=404)
         if verb == "patch":
@@ -553,9 +633,16 @@ async def test_the_planner_connector_scales_the_worker_with_exactly_its_role(tar
     api = AuthorizingApiServer(rules, namespace, named(objects, "Deployment", config.k8s_deployment))
     port = await api.start()
     try:
-        connector = KubernetesConnector(FakeClock(), KubernetesTarget(
-            config.k8s_deployment, config.k8s_namespace, f"http://127.0.0.1:{port}", request_timeout_s=5,
-            writer_fence=config.k8s_writer_fence))
+        connector = KubernetesConnector(
+            FakeClock(),
+            KubernetesTarget(
+                config.k8s_deployment,
+                config.k8s_namespace,
+                f"http://127.0.0.1:{port}",
+                request_timeout_s=5,
+                writer_fence=config.k8s_writer_fence,
+            ),
+        )
         await connector.start()
         assert api.annotations.get(FENCE_ANNOTATION) == connector.target.writer_id
         assert (await connector.inventory()).ready == 1
@@ -564,12 +651,19 @@ async def test_the_planner_connector_scales_the_worker_with_exactly_its_role(tar
         assert (await connector.inventory()).expected == 3
         assert api.requests and all(status == 200 for *_, status in api.requests), api.requests
         touched = {(verb, resource) for verb, resource, *_ in api.requests}
-        assert touched == {("get", "deployments"), ("patch", "deployments"), ("get", "deployments/scale"),
-                           ("patch", "deployments/scale")}
+        assert touched == {
+            ("get", "deployments"),
+            ("patch", "deployments"),
+            ("get", "deployments/scale"),
+            ("patch", "deployments/scale"),
+        }
         # The same Role does not let it scale anything else.
-        other = KubernetesConnector(FakeClock(), KubernetesTarget("router", config.k8s_namespace,
-                                                                  f"http://127.0.0.1:{port}", request_timeout_s=5,
-                                                                  writer_fence=False))
+        other = KubernetesConnector(
+            FakeClock(),
+            KubernetesTarget(
+                "router", config.k8s_namespace, f"http://127.0.0.1:{port}", request_timeout_s=5, writer_fence=False
+            ),
+        )
         with pytest.raises(Exception, match="403|Forbidden"):
             await other.scale_to(5)
     finally:
@@ -578,21 +672,44 @@ async def test_the_planner_connector_scales_the_worker_with_exactly_its_role(tar
 
 # -- the renderer itself --------------------------------------------------------------------------
 
+
 def test_strategic_merge_follows_kustomize():
-    original = {"containers": [{"name": "a", "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                                "args": ["--x"], "resources": {"limits": {"cpu": "1"}}},
-                               {"name": "b", "image": "y"}],
-                "volumes": [{"name": "tmp", "emptyDir": {}}]}
-    patch = {"containers": [{"name": "b", "image": "z"},
-                            {"name": "a", "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}],
-                             "args": ["--y"], "resources": {"limits": {"memory": "1Gi"}}}],
-             "volumes": [{"name": "tmp", "emptyDir": None, "configMap": {"name": "c"}}]}
+    original = {
+        "containers": [
+            {
+                "name": "a",
+                "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
+                "args": ["--x"],
+                "resources": {"limits": {"cpu": "1"}},
+            },
+            {"name": "b", "image": "y"},
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": {}}],
+    }
+    patch = {
+        "containers": [
+            {"name": "b", "image": "z"},
+            {
+                "name": "a",
+                "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}],
+                "args": ["--y"],
+                "resources": {"limits": {"memory": "1Gi"}},
+            },
+        ],
+        "volumes": [{"name": "tmp", "emptyDir": None, "configMap": {"name": "c"}}],
+    }
     assert strategic_merge(original, patch) == {
-        "containers": [{"name": "b", "image": "z"},
-                       {"name": "a", "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"},
-                                             {"name": "B", "value": "2"}],
-                        "args": ["--y"], "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}],
-        "volumes": [{"name": "tmp", "configMap": {"name": "c"}}]}
+        "containers": [
+            {"name": "b", "image": "z"},
+            {
+                "name": "a",
+                "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}, {"name": "B", "value": "2"}],
+                "args": ["--y"],
+                "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
+            },
+        ],
+        "volumes": [{"name": "tmp", "configMap": {"name": "c"}}],
+    }
     with pytest.raises(KustomizeError):
         strategic_merge(original, {"containers": [{"$patch": "delete", "name": "a"}]})
 

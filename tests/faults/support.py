@@ -33,9 +33,15 @@ class ScriptedCapacity(cap_pb_grpc.CapacityServicer):
         by_worker: dict[str, list[cap_pb.Replica]] = {}
         for (worker_id, rank), tokens in replicas.items():
             by_worker.setdefault(worker_id, []).append(
-                cap_pb.Replica(worker_id=worker_id, dp_rank=rank, retention_tokens=tokens))
-        return cap_pb.WorkersSnapshot(version=version, workers=[
-            cap_pb.Worker(worker_id=w, health=cap_pb.WORKER_HEALTH_HEALTHY, replicas=r) for w, r in by_worker.items()])
+                cap_pb.Replica(worker_id=worker_id, dp_rank=rank, retention_tokens=tokens)
+            )
+        return cap_pb.WorkersSnapshot(
+            version=version,
+            workers=[
+                cap_pb.Worker(worker_id=w, health=cap_pb.WORKER_HEALTH_HEALTHY, replicas=r)
+                for w, r in by_worker.items()
+            ],
+        )
 
     def set(self, replicas: dict[tuple[str, int], int]) -> None:
         self.snapshot = self._snapshot(self.snapshot.version + 1, replicas)
@@ -70,17 +76,40 @@ class ScriptedCapacity(cap_pb_grpc.CapacityServicer):
             await self.server.stop(0)
 
 
-async def start_scheduler(tmp: Path, capacity_addr: str, *args: str, name: str = "scheduler",
-                          listen: str = "127.0.0.1:0") -> stack.Process:
+async def start_scheduler(
+    tmp: Path, capacity_addr: str, *args: str, name: str = "scheduler", listen: str = "127.0.0.1:0"
+) -> stack.Process:
     """The scheduler as a real process (reference policy, fast ticks), serving on `listen`; its state
     in `tmp/<name>.state.sqlite` unless `args` name a store."""
-    state = [] if any(a.startswith(("--state-path", "--state-redis-url")) for a in args) else [
-        "--state-path", str(tmp / f"{name}.state.sqlite")]
-    return await stack.spawn(name, "services.scheduler", [
-        "--capacity-addr", capacity_addr, "--listen", listen, "--metrics-port", "0",
-        "--pause-policy", "threshold", "--scheduler-interval-seconds", "0.1",
-        # Decay slowly: the resume side sees what the pause side sees (no churn in the tests).
-        "--acting-decay-tau-seconds", "1000", "--shutdown-grace-seconds", "1", *state, *args], tmp)
+    state = (
+        []
+        if any(a.startswith(("--state-path", "--state-redis-url")) for a in args)
+        else ["--state-path", str(tmp / f"{name}.state.sqlite")]
+    )
+    return await stack.spawn(
+        name,
+        "services.scheduler",
+        [
+            "--capacity-addr",
+            capacity_addr,
+            "--listen",
+            listen,
+            "--metrics-port",
+            "0",
+            "--pause-policy",
+            "threshold",
+            "--scheduler-interval-seconds",
+            "0.1",
+            # Decay slowly: the resume side sees what the pause side sees (no churn in the tests).
+            "--acting-decay-tau-seconds",
+            "1000",
+            "--shutdown-grace-seconds",
+            "1",
+            *state,
+            *args,
+        ],
+        tmp,
+    )
 
 
 async def metric(proc: stack.Process, name: str) -> float:
@@ -110,19 +139,30 @@ class Client:
     async def wait_replicas(self, n: int) -> None:
         async def check():
             return len((await self.stats()).replicas) == n
+
         await assert_eventually(check, timeout_s=20)
 
     async def turn(self, sid: str, request_id: str, tokens: int, estimate: int = 1) -> pb.AdmitResponse:
         """One whole turn: Admit, then Complete reporting `tokens`."""
-        answer = await self.stub.Admit(pb.AdmitRequest(session_id=sid, request_id=request_id,
-                                                       estimated_prompt_tokens=estimate), timeout=5)
-        await self.stub.Complete(pb.CompleteRequest(session_id=sid, request_id=request_id,
-                                                    worker_id=answer.worker_id, dp_rank=answer.dp_rank,
-                                                    prompt_tokens=tokens), timeout=5)
+        answer = await self.stub.Admit(
+            pb.AdmitRequest(session_id=sid, request_id=request_id, estimated_prompt_tokens=estimate), timeout=5
+        )
+        await self.stub.Complete(
+            pb.CompleteRequest(
+                session_id=sid,
+                request_id=request_id,
+                worker_id=answer.worker_id,
+                dp_rank=answer.dp_rank,
+                prompt_tokens=tokens,
+            ),
+            timeout=5,
+        )
         return answer
 
 
 def table(programs: dict[str, pb.Program]) -> dict[str, tuple]:
     """What a rollback must leave exactly as it was (timestamps aside)."""
-    return {sid: (p.status, p.lifecycle, p.token_total, p.turns, p.worker_id, p.dp_rank, p.parent_session_id)
-            for sid, p in programs.items()}
+    return {
+        sid: (p.status, p.lifecycle, p.token_total, p.turns, p.worker_id, p.dp_rank, p.parent_session_id)
+        for sid, p in programs.items()
+    }

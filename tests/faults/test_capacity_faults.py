@@ -23,11 +23,11 @@ from tests.support.sglang_stub import sglang_info
 
 pytestmark = pytest.mark.integration
 H = pb.WorkerHealth
-POLL_S = 0.3                     # poll interval = poll timeout
+POLL_S = 0.3  # poll interval = poll timeout
 # A failing worker is UNHEALTHY within one interval + one timeout (unhealthy after 1 failure);
 # the slack absorbs process scheduling on a loaded 2-core machine.
 UNHEALTHY_BOUND_S = POLL_S + POLL_S + 1.5
-PROMPT_S = 0.25                  # the longest a ListWorkers may take while a poll is stuck
+PROMPT_S = 0.25  # the longest a ListWorkers may take while a poll is stuck
 
 
 def info(tokens: int) -> dict:
@@ -35,9 +35,21 @@ def info(tokens: int) -> dict:
 
 
 async def start_capacity(tmp_path, urls, *args):
-    return await capacity(tmp_path, urls, "--poll-interval-seconds", str(POLL_S), "--poll-timeout-seconds",
-                          str(POLL_S), "--unhealthy-after-failures", "1", "--watch-heartbeat-seconds", "0.5",
-                          "--transition-log-interval-seconds", "0", *args)
+    return await capacity(
+        tmp_path,
+        urls,
+        "--poll-interval-seconds",
+        str(POLL_S),
+        "--poll-timeout-seconds",
+        str(POLL_S),
+        "--unhealthy-after-failures",
+        "1",
+        "--watch-heartbeat-seconds",
+        "0.5",
+        "--transition-log-interval-seconds",
+        "0",
+        *args,
+    )
 
 
 class Watch:
@@ -83,12 +95,15 @@ async def test_frozen_worker_times_out_and_the_service_stays_responsive(tmp_path
         async with grpc.aio.insecure_channel(proc.ready["grpc"]) as channel:
             client = pb_grpc.CapacityStub(channel)
             watch = Watch(client)
-            await watch.until(lambda ws: all(w.health == H.WORKER_HEALTH_HEALTHY for w in ws.values())
-                              and len(ws) == 2, timeout_s=10)
+            await watch.until(
+                lambda ws: all(w.health == H.WORKER_HEALTH_HEALTHY for w in ws.values()) and len(ws) == 2, timeout_s=10
+            )
             frozen.frozen = True
             froze_at = time.monotonic()
-            w = await watch.until(lambda ws: ws[frozen_id].health == H.WORKER_HEALTH_UNHEALTHY and ws[frozen_id],
-                                  timeout_s=UNHEALTHY_BOUND_S)
+            w = await watch.until(
+                lambda ws: ws[frozen_id].health == H.WORKER_HEALTH_UNHEALTHY and ws[frozen_id],
+                timeout_s=UNHEALTHY_BOUND_S,
+            )
             assert time.monotonic() - froze_at < UNHEALTHY_BOUND_S
             assert w.excluded_reason == "unhealthy: polls failing (last: timeout)" and not w.replicas
             # While every poll of the frozen worker hangs until its deadline: prompt answers, the other
@@ -96,11 +111,14 @@ async def test_frozen_worker_times_out_and_the_service_stays_responsive(tmp_path
             seen = len(watch.snapshots)
             for _ in range(10):
                 ws = await list_workers_promptly(client)
-                assert ws[steady_id].health == H.WORKER_HEALTH_HEALTHY and ws[steady_id].replicas[0].retention_tokens == 2000
+                assert (
+                    ws[steady_id].health == H.WORKER_HEALTH_HEALTHY
+                    and ws[steady_id].replicas[0].retention_tokens == 2000
+                )
                 assert ws[frozen_id].excluded_reason == "unhealthy: polls failing (last: timeout)"
                 await asyncio.sleep(0.1)
             await assert_eventually(lambda: any(s.heartbeat for _, s in watch.snapshots[seen:]), timeout_s=2)
-            gaps = [b - a for (a, _), (b, _) in zip(watch.snapshots[seen:], watch.snapshots[seen + 1:])]
+            gaps = [b - a for (a, _), (b, _) in zip(watch.snapshots[seen:], watch.snapshots[seen + 1 :])]
             assert all(g < 0.5 + PROMPT_S * 2 for g in gaps), gaps
             # Thawed: back after confirm_increase_polls (2) good polls.
             frozen.frozen = False
@@ -123,11 +141,17 @@ async def test_a_slow_worker_answering_in_pieces_is_accepted(tmp_path, chunked):
         async with grpc.aio.insecure_channel(proc.ready["grpc"]) as channel:
             client = pb_grpc.CapacityStub(channel)
             watch = Watch(client)
-            w = await watch.until(lambda ws: len(ws) == 1 and next(iter(ws.values())).health != H.WORKER_HEALTH_PENDING
-                                  and next(iter(ws.values())), timeout_s=10)
+            w = await watch.until(
+                lambda ws: (
+                    len(ws) == 1
+                    and next(iter(ws.values())).health != H.WORKER_HEALTH_PENDING
+                    and next(iter(ws.values()))
+                ),
+                timeout_s=10,
+            )
             assert w.health == H.WORKER_HEALTH_HEALTHY, w.excluded_reason
             assert w.card.gpu_kv_tokens == 3000 and w.replicas[0].retention_tokens == 3000
-            await list_workers_promptly(client)   # also while the next slow poll is in flight
+            await list_workers_promptly(client)  # also while the next slow poll is in flight
             watch.stop()
         no_tracebacks(proc)
     finally:
@@ -136,22 +160,29 @@ async def test_a_slow_worker_answering_in_pieces_is_accepted(tmp_path, chunked):
 
 
 async def test_a_killed_worker_is_unhealthy_then_removed(tmp_path):
-    stub = await spawn("worker", "tests.support.sglang_stub",
-                       ["--port", "0", "--max-total-num-tokens", "1000", "--page-size", "1"], tmp_path)
+    stub = await spawn(
+        "worker",
+        "tests.support.sglang_stub",
+        ["--port", "0", "--max-total-num-tokens", "1000", "--page-size", "1"],
+        tmp_path,
+    )
     proc = await start_capacity(tmp_path, [], "--remove-unhealthy-after-seconds", "1")
     try:
         async with grpc.aio.insecure_channel(proc.ready["grpc"]) as channel:
             client = pb_grpc.CapacityStub(channel)
             await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.ready["url"], worker_id="victim"))
             watch = Watch(client)
-            await watch.until(lambda ws: "victim" in ws and ws["victim"].health == H.WORKER_HEALTH_HEALTHY,
-                              timeout_s=10)
+            await watch.until(
+                lambda ws: "victim" in ws and ws["victim"].health == H.WORKER_HEALTH_HEALTHY, timeout_s=10
+            )
             assert watch.snapshots[-1][1].total_retention_tokens == 1000
             stub.kill()
             await stub.wait_exit_async()
             killed_at = time.monotonic()
-            w = await watch.until(lambda ws: ws["victim"].health == H.WORKER_HEALTH_UNHEALTHY and ws["victim"],
-                                  timeout_s=UNHEALTHY_BOUND_S)
+            w = await watch.until(
+                lambda ws: ws["victim"].health == H.WORKER_HEALTH_UNHEALTHY and ws["victim"],
+                timeout_s=UNHEALTHY_BOUND_S,
+            )
             assert w.excluded_reason == "unhealthy: polls failing (last: connection)"
             assert watch.snapshots[-1][1].total_retention_tokens == 0
             await list_workers_promptly(client)

@@ -23,11 +23,13 @@ TURN_BOUND_S = 5.0
 
 
 async def _turn(url: str, sid: str, i: int) -> float:
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30,
-                         default_headers=session_headers(sid))
+    client = AsyncOpenAI(
+        base_url=url + "/v1", api_key="none", max_retries=0, timeout=30, default_headers=session_headers(sid)
+    )
     started = time.monotonic()
-    stream = await client.chat.completions.create(model=MODEL, max_tokens=8, stream=True,
-                                                  messages=[{"role": "user", "content": f"turn {i} of {sid}"}])
+    stream = await client.chat.completions.create(
+        model=MODEL, max_tokens=8, stream=True, messages=[{"role": "user", "content": f"turn {i} of {sid}"}]
+    )
     text, finished = "", None
     async for chunk in stream:
         if chunk.choices:
@@ -38,8 +40,9 @@ async def _turn(url: str, sid: str, i: int) -> float:
 
 
 async def _turns(url: str, tag: str) -> list[float]:
-    return await asyncio.wait_for(asyncio.gather(*(_turn(url, f"{tag}-{p}", i) for p in range(3) for i in range(2))),
-                                  30)
+    return await asyncio.wait_for(
+        asyncio.gather(*(_turn(url, f"{tag}-{p}", i) for p in range(3) for i in range(2))), 30
+    )
 
 
 async def test_capacity_frozen_then_killed_and_restarted(tmp_path):
@@ -77,12 +80,14 @@ async def test_capacity_frozen_then_killed_and_restarted(tmp_path):
 
         async def both_workers_known():
             return await stack.metric(url, "bandmaster_router_workers") == 2
+
         await assert_eventually(both_workers_known, timeout_s=30, interval_s=0.3)
         assert max(await _turns(url, "back")) < TURN_BOUND_S
 
         async def new_worker_serves():
             await _turn(url, f"spread-{time.monotonic()}", 0)
             return await _served_by(w2)
+
         await assert_eventually(new_worker_serves, timeout_s=30, interval_s=0.2)
     finally:
         if cap is not None and cap.returncode is None:

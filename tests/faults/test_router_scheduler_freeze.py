@@ -22,11 +22,17 @@ DECISION_S = 0.5
 
 
 async def _turn(url: str, sid: str, i: int) -> float:
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30,
-                         default_headers=session_headers(sid) if sid else None)
+    client = AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key="none",
+        max_retries=0,
+        timeout=30,
+        default_headers=session_headers(sid) if sid else None,
+    )
     started = time.monotonic()
-    answer = await client.chat.completions.create(model=MODEL, max_tokens=2,
-                                                  messages=[{"role": "user", "content": f"turn {i} of {sid}"}])
+    answer = await client.chat.completions.create(
+        model=MODEL, max_tokens=2, messages=[{"role": "user", "content": f"turn {i} of {sid}"}]
+    )
     assert answer.choices[0].message.content
     return time.monotonic() - started
 
@@ -38,9 +44,17 @@ async def test_frozen_scheduler_turns_fail_open_within_the_decision_deadline(tmp
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
         sched = st.add(await stack.scheduler(tmp_path, cap.ready["grpc"]))
-        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--admit-decision-timeout-seconds",
-                                           str(DECISION_S), "--scheduler-retry-seconds", "0.5",
-                                           scheduler_addr=sched.ready["grpc"]))
+        router = st.add(
+            await stack.router(
+                tmp_path,
+                cap.ready["grpc"],
+                "--admit-decision-timeout-seconds",
+                str(DECISION_S),
+                "--scheduler-retry-seconds",
+                "0.5",
+                scheduler_addr=sched.ready["grpc"],
+            )
+        )
         url = stack.router_url(router)
         await assert_eventually(lambda: _turn(url, "warm", 0), timeout_s=20, interval_s=0.2)
         assert await stack.metric(url, "bandmaster_router_scheduler_fail_open_total") == 0
@@ -61,6 +75,7 @@ async def test_frozen_scheduler_turns_fail_open_within_the_decision_deadline(tmp
         async def admitted_again():
             await _turn(url, "prog-d", 1)
             return await stack.metric(url, "bandmaster_router_scheduler_reachable") == 1
+
         await assert_eventually(admitted_again, timeout_s=15, interval_s=0.3)
         assert "reachable again" in router.log_text()
     finally:

@@ -30,25 +30,38 @@ async def test_slow_clients_are_cut_off_and_the_cap_holds(tmp_path):
     try:
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--http-header-timeout-seconds", "2",
-                                           "--http-body-timeout-seconds", "2", "--http-keepalive-timeout-seconds",
-                                           "2", "--http-max-connections", str(SLOW + 2)))
+        router = st.add(
+            await stack.router(
+                tmp_path,
+                cap.ready["grpc"],
+                "--http-header-timeout-seconds",
+                "2",
+                "--http-body-timeout-seconds",
+                "2",
+                "--http-keepalive-timeout-seconds",
+                "2",
+                "--http-max-connections",
+                str(SLOW + 2),
+            )
+        )
         port = router.ready["http_port"]
         body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).encode()
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n" % len(body))
+        head = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
         started = time.monotonic()
         readers = []
-        for _ in range(SLOW):                      # incomplete bodies
+        for _ in range(SLOW):  # incomplete bodies
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(head + body[:10])
             readers.append(reader)
             writers.append(writer)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)   # incomplete headers
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # incomplete headers
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Dyn")
         readers.append(reader)
         writers.append(writer)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)   # idle kept-alive
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)  # idle kept-alive
         writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         await reader.readuntil(b"\r\n\r\n")
         readers.append(reader)
@@ -66,9 +79,10 @@ async def test_slow_clients_are_cut_off_and_the_cap_holds(tmp_path):
         url = stack.router_url(router)
         assert await stack.metric(url, "bandmaster_router_http_timeouts_total", 'phase="body"') == SLOW
         assert await stack.metric(url, "bandmaster_router_http_connections") <= 1
-        async with aiohttp.ClientSession() as s:   # still serving
-            async with s.post(url + "/v1/chat/completions", data=body,
-                              headers={"Content-Type": "application/json"}) as r:
+        async with aiohttp.ClientSession() as s:  # still serving
+            async with s.post(
+                url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+            ) as r:
                 assert r.status == 200
     finally:
         for writer in writers:

@@ -17,9 +17,15 @@ EJECT_S = 3.0
 
 async def _chat(url: str, i: int) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as s:
-        async with s.post(url + "/v1/chat/completions",
-                          json={"model": MODEL, "max_tokens": 2, "stream": bool(i % 2),
-                                "messages": [{"role": "user", "content": f"q{i}"}]}) as r:
+        async with s.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "max_tokens": 2,
+                "stream": bool(i % 2),
+                "messages": [{"role": "user", "content": f"q{i}"}],
+            },
+        ) as r:
             assert r.status == 200
             await r.read()
 
@@ -31,33 +37,47 @@ async def test_a_worker_failing_every_turn_leaves_rotation_and_is_probed_back(tm
     try:
         good = st.add(await stack.simworker(tmp_path, "good"))
         cap = st.add(await stack.capacity(tmp_path, [faulty.url, good.ready["url"]]))
-        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--router-temperature", "10",
-                                           "--no-use-kv-events", "--worker-failure-threshold", "2",
-                                           "--worker-eject-seconds", str(EJECT_S), "--worker-eject-max-seconds", "6"))
+        router = st.add(
+            await stack.router(
+                tmp_path,
+                cap.ready["grpc"],
+                "--router-temperature",
+                "10",
+                "--no-use-kv-events",
+                "--worker-failure-threshold",
+                "2",
+                "--worker-eject-seconds",
+                str(EJECT_S),
+                "--worker-eject-max-seconds",
+                "6",
+            )
+        )
         url = stack.router_url(router)
 
         async def two_workers():
             async with aiohttp.ClientSession() as s:
                 async with s.get(url + "/health") as r:
                     return (await r.json())["workers"] == 2
+
         await assert_eventually(two_workers, timeout_s=20)
 
         i = 0
-        while faulty.requests < 2:       # every turn succeeds: the 500s are retried on the good worker
+        while faulty.requests < 2:  # every turn succeeds: the 500s are retried on the good worker
             await _chat(url, i)
             i += 1
             assert i < 60, "the faulty worker was never picked"
         assert await stack.metric(url, "bandmaster_router_workers_out_of_rotation") == 1
         seen = faulty.requests
-        for j in range(6):              # out of rotation: it gets nothing (before the fix: about half)
+        for j in range(6):  # out of rotation: it gets nothing (before the fix: about half)
             await _chat(url, 100 + j)
         assert faulty.requests == seen
 
-        faulty.mode = "ok"              # it recovers; after the eject time a probe finds out
+        faulty.mode = "ok"  # it recovers; after the eject time a probe finds out
 
         async def back_in_rotation():
             await _chat(url, 200)
             return await stack.metric(url, "bandmaster_router_workers_out_of_rotation") == 0
+
         await assert_eventually(back_in_rotation, timeout_s=15, interval_s=0.05)
         assert faulty.requests > seen
         assert await stack.metric(url, "bandmaster_router_worker_circuit_transitions_total", 'state="closed"') == 1

@@ -24,13 +24,18 @@ FIRST_TOKEN_S = 1.0
 INTER_TOKEN_S = 1.0
 
 
-
 async def _stream(url: str, i: int, max_tokens: int = 4) -> tuple[list[bytes], float]:
     started = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-        async with s.post(url + "/v1/chat/completions",
-                          json={"model": MODEL, "stream": True, "max_tokens": max_tokens,
-                                "messages": [{"role": "user", "content": f"question {i}"}]}) as r:
+        async with s.post(
+            url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "stream": True,
+                "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": f"question {i}"}],
+            },
+        ) as r:
             assert r.status == 200
             events = [line for line in (await r.read()).split(b"\n") if line.startswith(b"data:")]
     return events, time.monotonic() - started
@@ -41,11 +46,24 @@ async def test_turns_sent_to_a_frozen_worker_are_retried_before_the_first_token(
     frozen = None
     try:
         workers = [st.add(await stack.simworker(tmp_path, f"w{i}")) for i in range(2)]
-        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"] for w in workers],
-                                          "--unhealthy-after-failures", "100000"))
-        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events", "--router-temperature",
-                                           "10", "--upstream-first-token-timeout-seconds", str(FIRST_TOKEN_S),
-                                           "--worker-failure-threshold", "2", "--worker-eject-seconds", "30"))
+        cap = st.add(
+            await stack.capacity(tmp_path, [w.ready["url"] for w in workers], "--unhealthy-after-failures", "100000")
+        )
+        router = st.add(
+            await stack.router(
+                tmp_path,
+                cap.ready["grpc"],
+                "--no-use-kv-events",
+                "--router-temperature",
+                "10",
+                "--upstream-first-token-timeout-seconds",
+                str(FIRST_TOKEN_S),
+                "--worker-failure-threshold",
+                "2",
+                "--worker-eject-seconds",
+                "30",
+            )
+        )
         url = stack.router_url(router)
         await stack.healthy_workers(url, 2)
         frozen = workers[0]
@@ -81,14 +99,28 @@ async def test_a_stream_whose_worker_freezes_ends_with_an_error_event(tmp_path):
         # speedup 1: a few hundred tokens take seconds, so the stream is still running when it freezes
         worker = st.add(await stack.simworker(tmp_path, "w", "--speedup", "1"))
         cap = st.add(await stack.capacity(tmp_path, [worker.ready["url"]], "--unhealthy-after-failures", "100000"))
-        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events",
-                                           "--upstream-inter-token-timeout-seconds", str(INTER_TOKEN_S)))
+        router = st.add(
+            await stack.router(
+                tmp_path,
+                cap.ready["grpc"],
+                "--no-use-kv-events",
+                "--upstream-inter-token-timeout-seconds",
+                str(INTER_TOKEN_S),
+            )
+        )
         url = stack.router_url(router)
         await stack.healthy_workers(url, 1)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-            async with s.post(url + "/v1/chat/completions",
-                              json={"model": MODEL, "stream": True, "max_tokens": 2000, "ignore_eos": True,
-                                    "messages": [{"role": "user", "content": "write a long story"}]}) as r:
+            async with s.post(
+                url + "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "stream": True,
+                    "max_tokens": 2000,
+                    "ignore_eos": True,
+                    "messages": [{"role": "user", "content": "write a long story"}],
+                },
+            ) as r:
                 assert r.status == 200
                 chunks = 0
                 async for line in r.content:

@@ -18,7 +18,6 @@ from tests.support.router_doubles import MODEL
 pytestmark = pytest.mark.integration
 
 
-
 async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_next_turn_moves(tmp_path):
     st = stack.Stack(tmp_path)
     try:
@@ -29,8 +28,13 @@ async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_
         url = stack.router_url(router)
         await stack.healthy_workers(url, 2)
         headers = session_headers("agent-1")
-        body = {"model": MODEL, "stream": True, "max_tokens": 2000, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "write a long story"}]}
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "write a long story"}],
+        }
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
             async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 200
@@ -55,8 +59,11 @@ async def test_a_worker_killed_mid_stream_ends_the_stream_with_an_error_and_the_
         survivor = workers[1 - serving]
         before = await stack.metric(survivor.ready["url"], "sglang:prompt_tokens_total")
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
-            async with s.post(url + "/v1/chat/completions", headers=headers,
-                              json={**body, "max_tokens": 4, "stream": False, "ignore_eos": False}) as r:
+            async with s.post(
+                url + "/v1/chat/completions",
+                headers=headers,
+                json={**body, "max_tokens": 4, "stream": False, "ignore_eos": False},
+            ) as r:
                 assert r.status == 200, await r.text()
                 assert (await r.json())["choices"][0]["message"]["content"]
         assert await stack.metric(survivor.ready["url"], "sglang:prompt_tokens_total") > before

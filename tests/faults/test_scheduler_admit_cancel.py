@@ -26,13 +26,19 @@ async def _paused_program(client: Client) -> None:
 
     async def paused():
         return (await client.programs())["b"].lifecycle == pb.LIFECYCLE_PAUSED
+
     await assert_eventually(paused, timeout_s=10)
 
 
 async def _cancel_storm(client: Client, sids: list[str], calls: int, cancel_after_s: float, tag: str) -> None:
     """`calls` concurrent Admits (30 s deadline) spread over `sids`, all cancelled after `cancel_after_s`."""
-    pending = [client.stub.Admit(pb.AdmitRequest(session_id=sids[i % len(sids)], request_id=f"{tag}-{i}",
-                                                 estimated_prompt_tokens=50), timeout=30) for i in range(calls)]
+    pending = [
+        client.stub.Admit(
+            pb.AdmitRequest(session_id=sids[i % len(sids)], request_id=f"{tag}-{i}", estimated_prompt_tokens=50),
+            timeout=30,
+        )
+        for i in range(calls)
+    ]
     tasks = [asyncio.ensure_future(call) for call in pending]
     await asyncio.sleep(cancel_after_s)
     for call in pending:
@@ -56,6 +62,7 @@ async def test_cancelling_many_held_admits_leaves_the_table_as_it_was(tmp_path, 
                 assert stats.waiting_admissions == 0, stats.waiting_admissions
                 assert table(await client.programs()) == before
                 return True
+
             await assert_eventually(settled, timeout_s=5)
         stats = await client.stats()
         assert stats.admissions_cancelled_total == stats.admissions_total - 2  # all but a-1 and b-1
@@ -71,8 +78,9 @@ async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_
         await client.wait_replicas(1)
         # A turn in flight that fills the replica (marked, never paused): every new program queues.
         await client.turn("big", "big-1", 9_000)
-        await client.stub.Admit(pb.AdmitRequest(session_id="big", request_id="big-2",
-                                                estimated_prompt_tokens=9_800), timeout=5)
+        await client.stub.Admit(
+            pb.AdmitRequest(session_id="big", request_id="big-2", estimated_prompt_tokens=9_800), timeout=5
+        )
         before = table(await client.programs())
         await _cancel_storm(client, [f"new{i}" for i in range(4)], 2_000, 1.0, "n")
 
@@ -81,6 +89,7 @@ async def test_cancelling_held_admits_over_several_programs_leaves_no_trace(tmp_
             assert stats.waiting_admissions == 0 and stats.programs_paused == 0
             assert table(await client.programs()) == before
             return True
+
         await assert_eventually(settled, timeout_s=5)
     finally:
         await client.close()

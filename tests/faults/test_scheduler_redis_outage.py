@@ -19,8 +19,14 @@ WRITE_TIMEOUT_S = 0.3
 
 
 def _store(redis_server) -> list[str]:
-    return ["--state-redis-url", redis_server.url, "--state-flush-seconds", str(FLUSH_S),
-            "--state-write-timeout-seconds", str(WRITE_TIMEOUT_S)]
+    return [
+        "--state-redis-url",
+        redis_server.url,
+        "--state-flush-seconds",
+        str(FLUSH_S),
+        "--state-write-timeout-seconds",
+        str(WRITE_TIMEOUT_S),
+    ]
 
 
 async def _turns(client: Client, prefix: str, n: int) -> float:
@@ -36,6 +42,7 @@ async def _turns(client: Client, prefix: str, n: int) -> float:
 async def _store_up(proc, up: bool) -> None:
     async def check():
         return await metric(proc, "bandmaster_scheduler_state_store_up") == (1.0 if up else 0.0)
+
     await assert_eventually(check, timeout_s=10, interval_s=0.05)
 
 
@@ -83,8 +90,7 @@ async def test_redis_stopped_then_continued(tmp_path, scripted_capacity, redis_s
         await sched.stop_async()
 
 
-async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_path, scripted_capacity,
-                                                                          redis_server):
+async def test_redis_killed_and_restarted_empty_gets_the_whole_table_back(tmp_path, scripted_capacity, redis_server):
     store = _store(redis_server)
     sched = await start_scheduler(tmp_path, scripted_capacity.address, *store)
     client = Client.connect(sched.ready["grpc"])
@@ -124,6 +130,7 @@ async def test_redis_restarted_empty_between_two_writes_is_noticed(tmp_path, scr
         async def rewritten():
             text = sched.log_text()
             return "lost the scheduler state" in text or "writable again" in text
+
         await assert_eventually(rewritten, timeout_s=10)
         await asyncio.sleep(2.5)
         table = {sid: (p.token_total, p.turns) for sid, p in (await client.programs()).items()}

@@ -21,25 +21,32 @@ async def _build_table(client: Client) -> None:
     and a turn of `a` in flight that leaves no room to resume anything (the table stays put)."""
     await client.wait_replicas(1)
     await client.turn("a", "a-1", 8_000)
-    await client.stub.Admit(pb.AdmitRequest(session_id="child", parent_session_id="a", request_id="child-1",
-                                            estimated_prompt_tokens=1), timeout=5)
-    await client.stub.Complete(pb.CompleteRequest(session_id="child", request_id="child-1", prompt_tokens=200),
-                               timeout=5)
+    await client.stub.Admit(
+        pb.AdmitRequest(session_id="child", parent_session_id="a", request_id="child-1", estimated_prompt_tokens=1),
+        timeout=5,
+    )
+    await client.stub.Complete(
+        pb.CompleteRequest(session_id="child", request_id="child-1", prompt_tokens=200), timeout=5
+    )
     await client.turn("b", "b-1", 700)
     await client.turn("c", "c-1", 700)
 
     async def paused():
         programs = await client.programs()
         return programs["b"].lifecycle == programs["c"].lifecycle == pb.LIFECYCLE_PAUSED
+
     await assert_eventually(paused, timeout_s=10)
-    answer = await client.stub.Admit(pb.AdmitRequest(session_id="a", request_id="a-2", estimated_prompt_tokens=8_600),
-                                     timeout=5)
+    answer = await client.stub.Admit(
+        pb.AdmitRequest(session_id="a", request_id="a-2", estimated_prompt_tokens=8_600), timeout=5
+    )
     assert answer.pinned or answer.worker_id == ""
 
 
 def _table(programs: dict[str, pb.Program]) -> dict:
-    return {sid: (p.status, p.lifecycle, p.token_total, p.tokens_estimated, p.turns, p.parent_session_id,
-                  tuple(p.children)) for sid, p in programs.items()}
+    return {
+        sid: (p.status, p.lifecycle, p.token_total, p.tokens_estimated, p.turns, p.parent_session_id, tuple(p.children))
+        for sid, p in programs.items()
+    }
 
 
 async def _kill_and_restart(tmp_path, capacity, first, client: Client, store: list[str]):
@@ -66,20 +73,28 @@ async def _check_recovered(second, client: Client, before: dict, stats_before: p
     # The recovered counts decide: `a` still fills the replica, so a new program queues at admission
     # (an empty table would have placed it at once).
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await client.stub.Admit(pb.AdmitRequest(session_id="new", request_id="new-1", estimated_prompt_tokens=2_000),
-                                timeout=1.0)
+        await client.stub.Admit(
+            pb.AdmitRequest(session_id="new", request_id="new-1", estimated_prompt_tokens=2_000), timeout=1.0
+        )
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     # The turn that was in flight is still a ticket: its Complete counts.
-    await client.stub.Complete(pb.CompleteRequest(session_id="a", request_id="a-2", prompt_tokens=8_200,
-                                                  completion_tokens=50), timeout=5)
+    await client.stub.Complete(
+        pb.CompleteRequest(session_id="a", request_id="a-2", prompt_tokens=8_200, completion_tokens=50), timeout=5
+    )
     a = (await client.programs())["a"]
     assert a.status == pb.PROGRAM_STATUS_ACTING and a.token_total == 8_250 and a.turns == 2
     assert (await client.stats()).completes_ignored_total == 0
 
 
 async def test_sigkilled_scheduler_recovers_its_table_from_sqlite(tmp_path, scripted_capacity):
-    store = ["--state-path", str(tmp_path / "state.sqlite"), "--state-flush-seconds", str(FLUSH_S),
-             "--pause-target", "0.85"]
+    store = [
+        "--state-path",
+        str(tmp_path / "state.sqlite"),
+        "--state-flush-seconds",
+        str(FLUSH_S),
+        "--pause-target",
+        "0.85",
+    ]
     first = await start_scheduler(tmp_path, scripted_capacity.address, *store)
     client = Client.connect(first.ready["grpc"])
     second = None

@@ -23,13 +23,23 @@ MODEL = "bandmaster-sim"
 
 async def _cluster(st: stack.Stack, tmp):
     # Real time (speedup 1): 600 output tokens take several leases to decode.
-    worker = st.add(await stack.spawn("simworker", "services.simworker", [
-        "--port", "0", "--speedup", "1", "--max-total-tokens", "65536", "--served-model-name", MODEL], tmp))
+    worker = st.add(
+        await stack.spawn(
+            "simworker",
+            "services.simworker",
+            ["--port", "0", "--speedup", "1", "--max-total-tokens", "65536", "--served-model-name", MODEL],
+            tmp,
+        )
+    )
     cap = st.add(await stack.capacity(tmp, [worker.ready["url"]]))
-    sched = st.add(await start_scheduler(tmp, cap.ready["grpc"], "--ticket-lease-seconds", str(LEASE_S),
-                                         "--scheduler-interval-seconds", str(TICK_S)))
-    router = st.add(await stack.router(tmp, cap.ready["grpc"], "--no-use-kv-events",
-                                       scheduler_addr=sched.ready["grpc"]))
+    sched = st.add(
+        await start_scheduler(
+            tmp, cap.ready["grpc"], "--ticket-lease-seconds", str(LEASE_S), "--scheduler-interval-seconds", str(TICK_S)
+        )
+    )
+    router = st.add(
+        await stack.router(tmp, cap.ready["grpc"], "--no-use-kv-events", scheduler_addr=sched.ready["grpc"])
+    )
     client = Client.connect(sched.ready["grpc"])
     await client.wait_replicas(1)
     return router, client
@@ -37,8 +47,13 @@ async def _cluster(st: stack.Stack, tmp):
 
 async def _stream_turn(url: str, sid: str, max_tokens: int, first_chunk: asyncio.Event) -> int:
     """One streamed turn; returns the number of data lines."""
-    body = {"model": MODEL, "stream": True, "max_tokens": max_tokens, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "write a long answer " * 20}]}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": "write a long answer " * 20}],
+    }
     lines = 0
     async with aiohttp.ClientSession() as s:
         async with s.post(url + "/v1/chat/completions", json=body, headers=session_headers(sid)) as r:
@@ -79,6 +94,7 @@ async def test_a_router_killed_mid_turn_releases_its_program_within_the_lease(tm
 
         async def acting():
             return await _status(client, "prog-crash") == pb.PROGRAM_STATUS_ACTING
+
         await assert_eventually(acting, timeout_s=LEASE_S + TICK_S + 5, interval_s=0.05)
         elapsed = time.monotonic() - killed_at
         # The last renewal was at most a third of a lease before the kill: the program is ACTING by
@@ -110,6 +126,7 @@ async def test_a_live_router_renews_a_turn_longer_than_the_lease(tmp_path):
         async def completed():
             program = await client.stub.GetProgram(pb.GetProgramRequest(session_id="prog-long"), timeout=5)
             return program.status == pb.PROGRAM_STATUS_ACTING and not program.tokens_estimated
+
         await assert_eventually(completed, timeout_s=10)  # ended by its Complete, with the worker's counts
         stats = await client.stats()
         assert stats.tickets_expired_total == 0 and stats.completes_ignored_total == 0

@@ -48,9 +48,15 @@ def _rows(path: Path) -> list[dict]:
 
 
 def load_trace() -> list[Program]:
-    return [Program(row["program_id"], tuple(Turn(int(i), max(1, int(o)), float(t)) for i, o, t in row["turns"]),
-                    float(row.get("env_prepare_seconds", 0.0)), int(row["run_concurrency"]))
-            for row in _rows(PROGRAMS_DATA)]
+    return [
+        Program(
+            row["program_id"],
+            tuple(Turn(int(i), max(1, int(o)), float(t)) for i, o, t in row["turns"]),
+            float(row.get("env_prepare_seconds", 0.0)),
+            int(row["run_concurrency"]),
+        )
+        for row in _rows(PROGRAMS_DATA)
+    ]
 
 
 def calibration_targets(concurrency: int) -> tuple[float, float]:
@@ -58,8 +64,11 @@ def calibration_targets(concurrency: int) -> tuple[float, float]:
     rows = _rows(CALIBRATION_DATA)
     rows = [r for r in rows if r["run_concurrency"] == concurrency and not r["run_warmup"]]
     ttft = median(r["prefill_time_s"] for r in rows)
-    itl = median(r["decode_time_s"] / (r["output_tokens_est"] - 1) for r in rows
-                 if r["output_estimate"] == "traj_text" and r["output_tokens_est"] >= 20)
+    itl = median(
+        r["decode_time_s"] / (r["output_tokens_est"] - 1)
+        for r in rows
+        if r["output_estimate"] == "traj_text" and r["output_tokens_est"] >= 20
+    )
     return ttft, itl
 
 
@@ -72,9 +81,16 @@ def programs_for(concurrency: int, limit: int | None = None):
 
 
 def replay(concurrency: int, limit: int | None = None):
-    engine = SimEngine(EngineConfig(max_total_tokens=4_000_000, page_size=16, context_length=262_144,
-                                    max_running_requests=256, chunked_prefill_size=8192),
-                       load_profile("glm45-fp8-h200"))
+    engine = SimEngine(
+        EngineConfig(
+            max_total_tokens=4_000_000,
+            page_size=16,
+            context_length=262_144,
+            max_running_requests=256,
+            chunked_prefill_size=8192,
+        ),
+        load_profile("glm45-fp8-h200"),
+    )
     records = replay_closed_loop(engine, programs_for(concurrency, limit), concurrency, reuse_output_tokens=False)
     ttft = median(r.ttft_s for r in records)
     itl = median(r.itl_s for r in records if r.output_tokens >= 20)
@@ -84,9 +100,11 @@ def replay(concurrency: int, limit: int | None = None):
 def assert_within(concurrency: int, ttft: float, itl: float) -> None:
     target_ttft, target_itl = calibration_targets(concurrency)
     assert abs(ttft / target_ttft - 1) <= TOLERANCE, (
-        f"bs{concurrency}: TTFT median {ttft * 1000:.0f} ms vs measured {target_ttft * 1000:.0f} ms")
+        f"bs{concurrency}: TTFT median {ttft * 1000:.0f} ms vs measured {target_ttft * 1000:.0f} ms"
+    )
     assert abs(itl / target_itl - 1) <= TOLERANCE, (
-        f"bs{concurrency}: ITL median {itl * 1000:.1f} ms vs measured {target_itl * 1000:.1f} ms")
+        f"bs{concurrency}: ITL median {itl * 1000:.1f} ms vs measured {target_itl * 1000:.1f} ms"
+    )
 
 
 def test_targets_are_the_documented_ones():

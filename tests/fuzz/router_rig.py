@@ -32,7 +32,7 @@ class HealthyWorker:
     """Answers /v1/chat/completions, /v1/completions and /generate, streamed or not, like SGLang."""
 
     def __init__(self) -> None:
-        self.gate = asyncio.Event()          # InProcessRouter.close sets it
+        self.gate = asyncio.Event()  # InProcessRouter.close sets it
         self.requests = 0
         self.bad_forwards: list[str] = []
         info = sglang_info(max_total_num_tokens=32768, page_size=16, model_path=MODEL)
@@ -67,15 +67,20 @@ class HealthyWorker:
         chat = request.path == "/v1/chat/completions"
         body = await self._body(request, "messages" if chat else "prompt")
         if body is None:
-            return web.json_response({"object": "error", "message": "bad body", "type": "BadRequestError",
-                                      "code": 400}, status=400)
+            return web.json_response(
+                {"object": "error", "message": "bad body", "type": "BadRequestError", "code": 400}, status=400
+            )
         usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
-            choice = ({"index": 0, "message": {"role": "assistant", "content": "ok ok"}, "finish_reason": "stop"}
-                      if chat else {"index": 0, "text": "ok ok", "finish_reason": "stop"})
-            return web.json_response({"id": "x", "object": kind, "created": 1, "model": MODEL, "choices": [choice],
-                                      "usage": usage})
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": "ok ok"}, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": "ok ok", "finish_reason": "stop"}
+            )
+            return web.json_response(
+                {"id": "x", "object": kind, "created": 1, "model": MODEL, "choices": [choice], "usage": usage}
+            )
         head = {"id": "x", "object": kind + (".chunk" if chat else ""), "created": 1, "model": MODEL}
 
         def piece(text: str | None, finish: str | None) -> dict:
@@ -93,8 +98,13 @@ class HealthyWorker:
         body = await self._body(request, "text", "input_ids")
         if body is None:
             return web.json_response({"error": {"message": "bad body"}}, status=400)
-        meta = {"id": "x", "finish_reason": {"type": "stop", "matched": None}, "prompt_tokens": 5,
-                "completion_tokens": 2, "cached_tokens": 0}
+        meta = {
+            "id": "x",
+            "finish_reason": {"type": "stop", "matched": None},
+            "prompt_tokens": 5,
+            "completion_tokens": 2,
+            "cached_tokens": 0,
+        }
         if not body.get("stream"):
             return web.json_response({"text": "ok ok", "output_ids": [1, 2], "meta_info": meta})
         first = {"text": "ok", "output_ids": [1], "meta_info": {**meta, "completion_tokens": 1}}
@@ -136,9 +146,14 @@ class HealthyWorker:
 # Limits far above what a run reaches (the limiter runs; it never refuses), a short body deadline (a fuzzed
 # Content-Length that promises more than is sent costs a quarter second, not thirty); the head deadline stays
 # long enough for a loaded machine (every head sent here is complete).
-ROUTER_SETTINGS = dict(client_max_programs=10**9, client_new_programs_per_second=1e9,
-                       client_new_programs_burst=10**9, http_body_timeout_seconds=0.25,
-                       http_header_timeout_seconds=5.0, max_body_bytes=256 * 1024)
+ROUTER_SETTINGS = dict(
+    client_max_programs=10**9,
+    client_new_programs_per_second=1e9,
+    client_new_programs_burst=10**9,
+    http_body_timeout_seconds=0.25,
+    http_header_timeout_seconds=5.0,
+    max_body_bytes=256 * 1024,
+)
 
 
 class RouterRig(LoopRig):
@@ -167,8 +182,13 @@ class RouterRig(LoopRig):
 
     async def _seed(self, secured: bool) -> tuple[str, str]:
         import aiohttp
-        line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+
+        line = {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        }
         headers = {"Authorization": f"Bearer {DATA_TOKEN}"} if secured else {}
         async with aiohttp.ClientSession(headers=headers) as session:
             form = aiohttp.FormData()
@@ -177,8 +197,10 @@ class RouterRig(LoopRig):
             async with session.post(self.router.url + "/v1/files", data=form) as r:
                 assert r.status == 200, await r.text()
                 file_id = (await r.json())["id"]
-            async with session.post(self.router.url + "/v1/batches", json={
-                    "input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}) as r:
+            async with session.post(
+                self.router.url + "/v1/batches",
+                json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+            ) as r:
                 assert r.status == 200, await r.text()
                 batch_id = (await r.json())["id"]
         return file_id, batch_id
@@ -188,8 +210,9 @@ class RouterRig(LoopRig):
         return self.router.port
 
     def server_errors(self) -> float:
-        return sum(self.router.sample("bandmaster_router_requests_total", outcome=f"error_{status}")
-                   for status in (500, 501))
+        return sum(
+            self.router.sample("bandmaster_router_requests_total", outcome=f"error_{status}") for status in (500, 501)
+        )
 
     def check_worker(self) -> None:
         if self.worker.bad_forwards:

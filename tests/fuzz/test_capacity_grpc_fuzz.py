@@ -44,7 +44,7 @@ from tests.fuzz.common import (
 from tests.support.router_stack import free_port
 from tests.support.sglang_stub import SglangStub, sglang_info
 
-STUB, CLOSED = "{stub}", "{closed}"    # replaced by the healthy stub's port and a closed port
+STUB, CLOSED = "{stub}", "{closed}"  # replaced by the healthy stub's port and a closed port
 
 
 def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrategy:
@@ -52,32 +52,74 @@ def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrateg
 
 
 URLS = mostly(
-    st.sampled_from([f"http://127.0.0.1:{STUB}", f"http://127.0.0.1:{STUB}/", f"http://127.0.0.1:{STUB}/prefix",
-                     f"http://127.0.0.1:{CLOSED}", f"https://127.0.0.1:{STUB}", f"http://localhost:{STUB}",
-                     f"http://[::1]:{CLOSED}", f" http://127.0.0.1:{STUB} ", f"HTTP://127.0.0.1:{STUB}"]),
-    st.one_of(st.sampled_from(["", " ", "http://", "http://127.0.0.1", "http://127.0.0.1:0", "http://127.0.0.1:65536",
-                               "http://127.0.0.1:99999999999", "ftp://127.0.0.1:1", "http://user:sk-SECRET@127.0.0.1:1",
-                               "http://127.0.0.1:1?x=1", "http://127.0.0.1:1#f", "http://[::1:1", "http://%zz:1",
-                               "http://127.0.0.1:-1", "http://127.0.0.1:1:2", "//127.0.0.1:1", "http://0.0.0.0:1",
-                               "http://127.0.0.1:+1", "http://127.0.0.1: 1", "http://127.0.0.1:\u0661"]),
-              PROTO_TEXT.map(lambda t: f"http://127.0.0.1:{STUB}/{t}"),
-              PROTO_TEXT.map(lambda t: f"http://127.0.0.1:{t}"),
-              PROTO_TEXT))
+    st.sampled_from(
+        [
+            f"http://127.0.0.1:{STUB}",
+            f"http://127.0.0.1:{STUB}/",
+            f"http://127.0.0.1:{STUB}/prefix",
+            f"http://127.0.0.1:{CLOSED}",
+            f"https://127.0.0.1:{STUB}",
+            f"http://localhost:{STUB}",
+            f"http://[::1]:{CLOSED}",
+            f" http://127.0.0.1:{STUB} ",
+            f"HTTP://127.0.0.1:{STUB}",
+        ]
+    ),
+    st.one_of(
+        st.sampled_from(
+            [
+                "",
+                " ",
+                "http://",
+                "http://127.0.0.1",
+                "http://127.0.0.1:0",
+                "http://127.0.0.1:65536",
+                "http://127.0.0.1:99999999999",
+                "ftp://127.0.0.1:1",
+                "http://user:sk-SECRET@127.0.0.1:1",
+                "http://127.0.0.1:1?x=1",
+                "http://127.0.0.1:1#f",
+                "http://[::1:1",
+                "http://%zz:1",
+                "http://127.0.0.1:-1",
+                "http://127.0.0.1:1:2",
+                "//127.0.0.1:1",
+                "http://0.0.0.0:1",
+                "http://127.0.0.1:+1",
+                "http://127.0.0.1: 1",
+                "http://127.0.0.1:\u0661",
+            ]
+        ),
+        PROTO_TEXT.map(lambda t: f"http://127.0.0.1:{STUB}/{t}"),
+        PROTO_TEXT.map(lambda t: f"http://127.0.0.1:{t}"),
+        PROTO_TEXT,
+    ),
+)
 IDS = mostly(st.sampled_from(["", "w1", "w2", "worker-a"]), PROTO_TEXT)
-REGISTER = st.builds(pb.RegisterWorkerRequest, url=URLS, worker_id=IDS,
-                     expected_gpu_kv_tokens=mostly(st.sampled_from([0, 1000, 999]), int_in(INT64_MIN, INT64_MAX)),
-                     expected_page_size=mostly(st.sampled_from([0, 1, 16]), int_in(INT32_MIN, INT32_MAX)))
-LOADS = st.builds(pb.WorkerLoad, num_running_reqs=mostly(st.integers(0, 50), int_in(INT32_MIN, INT32_MAX)),
-                  num_queue_reqs=mostly(st.integers(0, 50), int_in(INT32_MIN, INT32_MAX)),
-                  token_usage=mostly(st.floats(0, 1), floats_any()),
-                  cache_hit_rate=mostly(st.floats(0, 1), floats_any()))
+REGISTER = st.builds(
+    pb.RegisterWorkerRequest,
+    url=URLS,
+    worker_id=IDS,
+    expected_gpu_kv_tokens=mostly(st.sampled_from([0, 1000, 999]), int_in(INT64_MIN, INT64_MAX)),
+    expected_page_size=mostly(st.sampled_from([0, 1, 16]), int_in(INT32_MIN, INT32_MAX)),
+)
+LOADS = st.builds(
+    pb.WorkerLoad,
+    num_running_reqs=mostly(st.integers(0, 50), int_in(INT32_MIN, INT32_MAX)),
+    num_queue_reqs=mostly(st.integers(0, 50), int_in(INT32_MIN, INT32_MAX)),
+    token_usage=mostly(st.floats(0, 1), floats_any()),
+    cache_hit_rate=mostly(st.floats(0, 1), floats_any()),
+)
 CALLS = st.one_of(
-    st.tuples(st.just("RegisterWorker"), REGISTER), st.tuples(st.just("RegisterWorker"), REGISTER),
+    st.tuples(st.just("RegisterWorker"), REGISTER),
+    st.tuples(st.just("RegisterWorker"), REGISTER),
     st.tuples(st.just("Heartbeat"), st.builds(pb.HeartbeatRequest, worker_id=IDS, load=LOADS)),
     st.tuples(st.just("DeregisterWorker"), st.builds(pb.DeregisterWorkerRequest, worker_id=IDS)),
     st.tuples(st.just("ListWorkers"), st.just(pb.ListWorkersRequest())),
-    st.tuples(st.just("WatchWorkers"), st.builds(pb.WatchWorkersRequest,
-                                                  known_version=mostly(st.integers(0, 5), int_in(0, UINT64_MAX)))),
+    st.tuples(
+        st.just("WatchWorkers"),
+        st.builds(pb.WatchWorkersRequest, known_version=mostly(st.integers(0, 5), int_in(0, UINT64_MAX))),
+    ),
 )
 SCRIPTS = st.lists(CALLS, min_size=1, max_size=6)
 
@@ -88,9 +130,19 @@ class CapacityRig(LoopRig):
         self.stub = SglangStub(sglang_info(max_total_num_tokens=1000, page_size=1))
         self.run(self.stub.start())
         self.closed_port = free_port()
-        self.service = self.run(start_capacity(CapacityConfig(
-            listen="127.0.0.1:0", metrics_port=-1, poll_interval_seconds=0.2, poll_timeout_seconds=0.2,
-            unhealthy_after_failures=1, watch_heartbeat_seconds=0.3, shutdown_grace_seconds=0.2)))
+        self.service = self.run(
+            start_capacity(
+                CapacityConfig(
+                    listen="127.0.0.1:0",
+                    metrics_port=-1,
+                    poll_interval_seconds=0.2,
+                    poll_timeout_seconds=0.2,
+                    unhealthy_after_failures=1,
+                    watch_heartbeat_seconds=0.3,
+                    shutdown_grace_seconds=0.2,
+                )
+            )
+        )
         self.channel = self.run(self._channel())
         self.client = pb_grpc.CapacityStub(self.channel)
 
@@ -119,7 +171,7 @@ async def call(rig: CapacityRig, method: str, request) -> str | None:
                     snapshot = await stream.read()
                     assert snapshot is not grpc.aio.EOF
             except TimeoutError:
-                pass                                  # already at that version: nothing to send yet
+                pass  # already at that version: nothing to send yet
             stream.cancel()
             event(f"{method} OK")
             return None
@@ -162,7 +214,7 @@ def check_script(rig: CapacityRig, script) -> None:
 def rig():
     r = CapacityRig()
     yield r
-    r.run(asyncio.sleep(0.5))                         # a full poll round more
+    r.run(asyncio.sleep(0.5))  # a full poll round more
     r.errors.check()
     r.close()
 
@@ -175,8 +227,9 @@ def rig():
 # Found by this test: a 10,000-character path prefix was accepted; every poll's request line overran the
 # worker's limit (and the URL went into every snapshot). URLs are at most 2048 characters now.
 @example([("RegisterWorker", pb.RegisterWorkerRequest(url=f"http://127.0.0.1:{STUB}/" + "x" * 10_000))])
-@example([("RegisterWorker", pb.RegisterWorkerRequest(url="http://127.0.0.1:1",
-                                                      worker_id="\t" + "\U0001f600" * 1_000))])
+@example(
+    [("RegisterWorker", pb.RegisterWorkerRequest(url="http://127.0.0.1:1", worker_id="\t" + "\U0001f600" * 1_000))]
+)
 def test_any_call_sequence_ends_in_client_errors_at_worst_and_no_poller_crashes(rig, script):
     check_script(rig, script)
 

@@ -42,24 +42,81 @@ INT32_MAX = 2**31 - 1
 
 # --- strategies ---
 
-SPECIAL_NUMBERS = st.sampled_from([
-    0, 1, -1, 0.5, 1e305, -1e305, 1e300, 1e308, 5e-324, math.inf, -math.inf, math.nan, 2**31, 2**40, 2**40 + 1,
-    2**53 + 1, 2**63, 2**64, 10**400, -(10**400), 4096, 4097, 65536, 65537, 1.0, 16.0, 16.5,
-])
+SPECIAL_NUMBERS = st.sampled_from(
+    [
+        0,
+        1,
+        -1,
+        0.5,
+        1e305,
+        -1e305,
+        1e300,
+        1e308,
+        5e-324,
+        math.inf,
+        -math.inf,
+        math.nan,
+        2**31,
+        2**40,
+        2**40 + 1,
+        2**53 + 1,
+        2**63,
+        2**64,
+        10**400,
+        -(10**400),
+        4096,
+        4097,
+        65536,
+        65537,
+        1.0,
+        16.0,
+        16.5,
+    ]
+)
 NUMBER_STRINGS = st.sampled_from(["NaN", "Infinity", "-Infinity", "inf", "nan", "1e400", "-0", "16", "0x10", "", " "])
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-2**1000, 2**1000),
-                    st.floats(allow_nan=True, allow_infinity=True), SPECIAL_NUMBERS, NUMBER_STRINGS,
-                    st.text(max_size=20), st.text(min_size=500, max_size=700).filter(lambda t: len(t) > MAX_TEXT_CHARS))
-JSON_VALUES = st.recursive(SCALARS, lambda children: st.one_of(
-    st.lists(children, max_size=4), st.dictionaries(st.text(max_size=6), children, max_size=4)), max_leaves=12)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(2**1000), 2**1000),
+    st.floats(allow_nan=True, allow_infinity=True),
+    SPECIAL_NUMBERS,
+    NUMBER_STRINGS,
+    st.text(max_size=20),
+    st.text(min_size=500, max_size=700).filter(lambda t: len(t) > MAX_TEXT_CHARS),
+)
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=12,
+)
 # A field's value: mostly numbers (where the arithmetic is), sometimes anything.
-FIELD_VALUES = st.one_of(SPECIAL_NUMBERS, st.floats(min_value=1.0, allow_infinity=True), st.integers(1, 2**70),
-                         JSON_VALUES)
+FIELD_VALUES = st.one_of(
+    SPECIAL_NUMBERS, st.floats(min_value=1.0, allow_infinity=True), st.integers(1, 2**70), JSON_VALUES
+)
 
-FIELDS = ["max_total_num_tokens", "page_size", "dp_size", "enable_hierarchical_cache", "hicache_ratio", "hicache_size",
-          "hicache_write_policy", "hicache_host_total_tokens", "kv_bytes_per_token", "hicache_storage_backend",
-          "dcp_size", "model_path", "served_model_name", "architectures", "max_running_requests",
-          "enable_dp_attention", "context_length", "version"]
+FIELDS = [
+    "max_total_num_tokens",
+    "page_size",
+    "dp_size",
+    "enable_hierarchical_cache",
+    "hicache_ratio",
+    "hicache_size",
+    "hicache_write_policy",
+    "hicache_host_total_tokens",
+    "kv_bytes_per_token",
+    "hicache_storage_backend",
+    "dcp_size",
+    "model_path",
+    "served_model_name",
+    "architectures",
+    "max_running_requests",
+    "enable_dp_attention",
+    "context_length",
+    "version",
+]
 
 
 @st.composite
@@ -67,8 +124,10 @@ def server_infos(draw) -> object:
     """Mostly a realistic body with some fields replaced, removed or added; sometimes any JSON value."""
     if draw(st.integers(0, 9)) == 0:
         return draw(JSON_VALUES)
-    info = sglang_info(enable_hierarchical_cache=draw(st.integers(0, 2)) > 0,
-                       hicache_write_policy=draw(st.sampled_from(["write_back", "write_through", "x"])))
+    info = sglang_info(
+        enable_hierarchical_cache=draw(st.integers(0, 2)) > 0,
+        hicache_write_policy=draw(st.sampled_from(["write_back", "write_through", "x"])),
+    )
     for name in draw(st.lists(st.sampled_from(FIELDS), max_size=6, unique=True)):
         if draw(st.integers(0, 4)) == 0:
             info.pop(name, None)
@@ -83,7 +142,7 @@ def encode(value: object) -> bytes:
     """JSON text as a lax server would write it (NaN/Infinity literals allowed); unencodable -> a marker body."""
     try:
         return json.dumps(value, allow_nan=True).encode("utf-8", "surrogatepass")
-    except (ValueError, OverflowError):    # ints with more than 4300 digits
+    except (ValueError, OverflowError):  # ints with more than 4300 digits
         return b'{"too": "big"}'
 
 
@@ -92,14 +151,14 @@ def bodies(draw) -> bytes:
     kind = draw(st.integers(0, 7))
     if kind == 0:
         return draw(st.binary(max_size=200))
-    if kind == 1:                                       # deep nesting, open or closed
+    if kind == 1:  # deep nesting, open or closed
         depth = draw(st.sampled_from([10, 900, 1100, 5000, 200_000]))
         opener = draw(st.sampled_from([b"[", b'{"a":']))
         return opener * depth + (b"]" * depth if opener == b"[" and draw(st.booleans()) else b"")
     body = encode(draw(server_infos()))
-    if kind == 2 and body:                              # truncated
-        return body[:draw(st.integers(0, len(body) - 1))]
-    if kind == 3 and body:                              # a few bytes mutated
+    if kind == 2 and body:  # truncated
+        return body[: draw(st.integers(0, len(body) - 1))]
+    if kind == 3 and body:  # a few bytes mutated
         data = bytearray(body)
         for _ in range(draw(st.integers(1, 4))):
             data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
@@ -108,6 +167,7 @@ def bodies(draw) -> bytes:
 
 
 # --- the invariant ---
+
 
 def check_outcome(result: object) -> None:
     assert isinstance(result, (Card, CardRejection)), result
@@ -135,10 +195,11 @@ def check_outcome(result: object) -> None:
 def check_body(body: bytes) -> None:
     result = parse_card(body)
     check_outcome(result)
-    assert parse_card(body) == result                   # deterministic, so memoising it is sound
+    assert parse_card(body) == result  # deterministic, so memoising it is sound
 
 
 # --- pure derivation ---
+
 
 @given(server_infos())
 @settings(max_examples=300, **NORMAL)
@@ -198,20 +259,22 @@ def rig():
     r.close()
 
 
-ARRIVALS = st.fixed_dictionaries({"pieces": st.integers(1, 12), "chunked": st.booleans(),
-                                  "delay_s": st.sampled_from([0.0, 0.0, 0.001])})
-SIZED_BODIES = st.one_of(bodies(), st.builds(lambda n: encode({**sglang_info(), "pad": "x" * n}),
-                                             st.integers(CAP - 1200, CAP + 200)))
+ARRIVALS = st.fixed_dictionaries(
+    {"pieces": st.integers(1, 12), "chunked": st.booleans(), "delay_s": st.sampled_from([0.0, 0.0, 0.001])}
+)
+SIZED_BODIES = st.one_of(
+    bodies(), st.builds(lambda n: encode({**sglang_info(), "pad": "x" * n}), st.integers(CAP - 1200, CAP + 200))
+)
 
 
 def check_poll(rig: PollRig, body: bytes, arrival: dict) -> None:
     result = rig.poll(Answer(body, **arrival))
     assert isinstance(result, (PollOk, PollFailed)), result
-    assert isinstance(result, PollOk), result       # a complete 200 answer is never a poll failure
+    assert isinstance(result, PollOk), result  # a complete 200 answer is never a poll failure
     if len(body) > CAP:
         assert result.card == CardRejection(CardRejectReason.BODY_TOO_LARGE, f"body exceeds {CAP} bytes")
     else:
-        assert result.card == parse_card(body)      # the whole body, however it arrived
+        assert result.card == parse_card(body)  # the whole body, however it arrived
         check_outcome(result.card)
 
 

@@ -34,7 +34,7 @@ from tests.fuzz.common import CLIENT_ERRORS, INT64_MAX, INT64_MIN, NORMAL, PROTO
 from tests.unit.planner.fakes import planner_config
 
 NOW = int(time.time())
-MAX_TS, MIN_TS = 253_402_300_799, -62_135_596_800      # 9999-12-31T23:59:59Z, 0001-01-01T00:00:00Z
+MAX_TS, MIN_TS = 253_402_300_799, -62_135_596_800  # 9999-12-31T23:59:59Z, 0001-01-01T00:00:00Z
 
 
 def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrategy:
@@ -44,11 +44,16 @@ def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrateg
 POOLS = mostly(st.sampled_from(["", "default"]), PROTO_TEXT)
 JOBS = mostly(st.sampled_from(["", "ext-1", "ext-2"]), PROTO_TEXT)
 COUNTS = mostly(st.integers(0, 10_000), int_in(INT64_MIN, INT64_MAX))
-DEADLINES = st.builds(lambda s, n: Timestamp(seconds=s, nanos=n),
-                      mostly(st.integers(NOW - 100, NOW + 86_400 * 30),
-                             st.one_of(int_in(INT64_MIN, INT64_MAX), st.sampled_from(
-                                 [MAX_TS, MAX_TS + 1, MIN_TS, MIN_TS - 1, 0, NOW, 2**53]))),
-                      mostly(st.just(0), st.integers(-2**31, 2**31 - 1)))
+DEADLINES = st.builds(
+    lambda s, n: Timestamp(seconds=s, nanos=n),
+    mostly(
+        st.integers(NOW - 100, NOW + 86_400 * 30),
+        st.one_of(
+            int_in(INT64_MIN, INT64_MAX), st.sampled_from([MAX_TS, MAX_TS + 1, MIN_TS, MIN_TS - 1, 0, NOW, 2**53])
+        ),
+    ),
+    mostly(st.just(0), st.integers(-(2**31), 2**31 - 1)),
+)
 
 
 @st.composite
@@ -60,15 +65,28 @@ def submits(draw) -> pb.SubmitBatchJobRequest:
 
 
 CALLS = st.one_of(
-    st.tuples(st.just("SubmitBatchJob"), submits()), st.tuples(st.just("SubmitBatchJob"), submits()),
+    st.tuples(st.just("SubmitBatchJob"), submits()),
+    st.tuples(st.just("SubmitBatchJob"), submits()),
     st.tuples(st.just("GetBatchJob"), st.builds(pb.GetBatchJobRequest, job_id=JOBS)),
     st.tuples(st.just("ListBatchJobs"), st.builds(pb.ListBatchJobsRequest, pool_id=POOLS)),
     st.tuples(st.just("GetLease"), st.builds(pb.GetLeaseRequest, pool_id=POOLS)),
     st.tuples(st.just("WatchLease"), st.builds(pb.WatchLeaseRequest, pool_id=POOLS)),
-    st.tuples(st.just("ReportDispatch"), st.builds(
-        pb.ReportDispatchRequest, pool_id=POOLS, dispatched=COUNTS, completed=COUNTS, queued=COUNTS,
-        inflight=COUNTS, job_id=JOBS, failed=COUNTS, actual_dispatch_rps=mostly(st.floats(0, 100), floats_any()),
-        applied_max_admission_rps=mostly(st.floats(0, 100), floats_any()), has_applied_cap=st.booleans())),
+    st.tuples(
+        st.just("ReportDispatch"),
+        st.builds(
+            pb.ReportDispatchRequest,
+            pool_id=POOLS,
+            dispatched=COUNTS,
+            completed=COUNTS,
+            queued=COUNTS,
+            inflight=COUNTS,
+            job_id=JOBS,
+            failed=COUNTS,
+            actual_dispatch_rps=mostly(st.floats(0, 100), floats_any()),
+            applied_max_admission_rps=mostly(st.floats(0, 100), floats_any()),
+            has_applied_cap=st.booleans(),
+        ),
+    ),
     st.tuples(st.just("GetPlan"), st.just(pb.GetPlanRequest())),
 )
 SCRIPTS = st.lists(CALLS, min_size=1, max_size=6)
@@ -96,8 +114,9 @@ async def call(stub: pb_grpc.PlannerStub, method: str, request) -> None:
 async def run_script(rig: LoopRig, script) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="fuzz-planner-"))
     # Ticks by hand (the loop's interval is far away), so a failing tick shows in this example.
-    running = await start_planner(planner_config(tmp, tick_interval_seconds=3600.0,
-                                                 drain_lease_duration_seconds=7200.0))
+    running = await start_planner(
+        planner_config(tmp, tick_interval_seconds=3600.0, drain_lease_duration_seconds=7200.0)
+    )
     channel = grpc.aio.insecure_channel(running.address)
     try:
         stub = pb_grpc.PlannerStub(channel)
@@ -133,10 +152,19 @@ def check_script(rig: LoopRig, script) -> None:
 @settings(NORMAL, max_examples=150)
 # Found by this test: two jobs whose totals summed past int64 made every GetPlan fail UNKNOWN (ValueError
 # building the plan); total_requests is bounded now.
-@example([("SubmitBatchJob", pb.SubmitBatchJobRequest(total_requests=2**62, deadline=Timestamp(seconds=NOW + 3600),
-                                                      job_id="a")),
-          ("SubmitBatchJob", pb.SubmitBatchJobRequest(total_requests=2**62, deadline=Timestamp(seconds=NOW + 3600),
-                                                      job_id="b")), ("GetPlan", pb.GetPlanRequest())])
+@example(
+    [
+        (
+            "SubmitBatchJob",
+            pb.SubmitBatchJobRequest(total_requests=2**62, deadline=Timestamp(seconds=NOW + 3600), job_id="a"),
+        ),
+        (
+            "SubmitBatchJob",
+            pb.SubmitBatchJobRequest(total_requests=2**62, deadline=Timestamp(seconds=NOW + 3600), job_id="b"),
+        ),
+        ("GetPlan", pb.GetPlanRequest()),
+    ]
+)
 # Found by this test: NOT_FOUND quoting a long non-ASCII pool id overran the client's metadata limit once
 # percent-encoded (RESOURCE_EXHAUSTED).
 @example([("GetLease", pb.GetLeaseRequest(pool_id="\u00e9" * 3_000))])

@@ -45,19 +45,26 @@ def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrateg
 
 SESSIONS = mostly(st.sampled_from(["", "prog-1", "prog-2", "agent/42"]), PROTO_TEXT)
 TEXT = mostly(st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=20), PROTO_TEXT)
-MESSAGES = st.lists(st.builds(pb.ChatMessage, role=mostly(st.sampled_from(["user", "assistant", "system"]),
-                                                          PROTO_TEXT), content=TEXT), max_size=3)
+MESSAGES = st.lists(
+    st.builds(pb.ChatMessage, role=mostly(st.sampled_from(["user", "assistant", "system"]), PROTO_TEXT), content=TEXT),
+    max_size=3,
+)
 SAMPLING = st.builds(
-    pb.SamplingParams, max_tokens=mostly(st.integers(0, 64), int_in(INT32_MIN, INT32_MAX)),
+    pb.SamplingParams,
+    max_tokens=mostly(st.integers(0, 64), int_in(INT32_MIN, INT32_MAX)),
     stop=mostly(st.lists(TEXT, max_size=2), st.lists(PROTO_TEXT, max_size=40)),
-    **{name: mostly(st.floats(0, 1), floats_any()) for name in ("temperature", "top_p")})
+    **{name: mostly(st.floats(0, 1), floats_any()) for name in ("temperature", "top_p")},
+)
 
 
 @st.composite
 def generate_requests(draw) -> pb.GenerateRequest:
-    request = pb.GenerateRequest(session_id=draw(SESSIONS), parent_session_id=draw(SESSIONS),
-                                 model=draw(mostly(st.sampled_from(["", MODEL]), PROTO_TEXT)),
-                                 request_id=draw(mostly(st.just(""), PROTO_TEXT)))
+    request = pb.GenerateRequest(
+        session_id=draw(SESSIONS),
+        parent_session_id=draw(SESSIONS),
+        model=draw(mostly(st.sampled_from(["", MODEL]), PROTO_TEXT)),
+        request_id=draw(mostly(st.just(""), PROTO_TEXT)),
+    )
     if draw(st.integers(0, 4)):
         request.sampling.CopyFrom(draw(SAMPLING))
         for name in ("temperature", "top_p"):
@@ -71,13 +78,20 @@ def generate_requests(draw) -> pb.GenerateRequest:
     return request
 
 
-METADATA = st.lists(st.tuples(st.sampled_from(["authorization", "traceparent", "x-dynamo-session-id", "x-odd"]),
-                              mostly(st.sampled_from(["Bearer t", "00-0af7651916cd43dd8448eb211c80319c-"
-                                                                   "b7ad6b7169203331-01"]),
-                                     st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=30))),
-                    max_size=2)
-CALLS = st.one_of(st.tuples(st.just("Generate"), generate_requests(), METADATA),
-                  st.tuples(st.just("Release"), st.builds(pb.ReleaseRequest, session_id=SESSIONS), METADATA))
+METADATA = st.lists(
+    st.tuples(
+        st.sampled_from(["authorization", "traceparent", "x-dynamo-session-id", "x-odd"]),
+        mostly(
+            st.sampled_from(["Bearer t", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"]),
+            st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30),
+        ),
+    ),
+    max_size=2,
+)
+CALLS = st.one_of(
+    st.tuples(st.just("Generate"), generate_requests(), METADATA),
+    st.tuples(st.just("Release"), st.builds(pb.ReleaseRequest, session_id=SESSIONS), METADATA),
+)
 
 
 async def call(rig: RouterRig, stub: pb_grpc.RouterStub, method: str, request, metadata) -> grpc.StatusCode:
@@ -86,7 +100,7 @@ async def call(rig: RouterRig, stub: pb_grpc.RouterStub, method: str, request, m
             chunks = [c async for c in stub.Generate(request, metadata=tuple(metadata), timeout=10)]
             assert chunks and chunks[-1].finish_reason, chunks
             assert all(not c.finish_reason for c in chunks[:-1]), chunks
-            assert chunks[-1].finish_reason != "error", chunks[-1]       # the worker is healthy
+            assert chunks[-1].finish_reason != "error", chunks[-1]  # the worker is healthy
         else:
             await stub.Release(request, metadata=tuple(metadata), timeout=10)
         code = grpc.StatusCode.OK

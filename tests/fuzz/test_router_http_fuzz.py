@@ -35,24 +35,76 @@ from tests.fuzz.router_rig import DATA_TOKEN, ROUTER_SETTINGS, RouterRig
 from tests.support.router_doubles import MODEL
 
 MAX_BODY = ROUTER_SETTINGS["max_body_bytes"]
-CHAT, COMPLETIONS, GENERATE, MODELS, HEALTH = ("/v1/chat/completions", "/v1/completions", "/generate", "/v1/models",
-                                               "/health")
+CHAT, COMPLETIONS, GENERATE, MODELS, HEALTH = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/generate",
+    "/v1/models",
+    "/health",
+)
 ROUTES = {CHAT: "POST", COMPLETIONS: "POST", GENERATE: "POST", MODELS: "GET", HEALTH: "GET"}
 TURNS = (CHAT, COMPLETIONS, GENERATE)
-OTHER_PATHS = ["/metrics", "/", "*", "/v1", "/v1/", "/v1/batches", "/v1/batches/batch_1", "/v1/batches/b/cancel",
-               "/v1/files", "/v1/files/file-1/content", "/v1/embeddings", "/v1/chat/completions/", "//v1/models",
-               "/V1/MODELS", "/v1/models/" + MODEL, "/health/../v1/models", "/%2e%2e/health", "/v1/chat%2Fcompletions",
-               "http://x/v1/models", "http://x:1/generate", "/generate;x", "/\u00e9", "/%ff%fe", "/%00"]
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "TRACE", "CONNECT", "PRI", "get", "post",
-           "FOO", "M-SEARCH", "GET\x00", "P\u00d6ST"]
+OTHER_PATHS = [
+    "/metrics",
+    "/",
+    "*",
+    "/v1",
+    "/v1/",
+    "/v1/batches",
+    "/v1/batches/batch_1",
+    "/v1/batches/b/cancel",
+    "/v1/files",
+    "/v1/files/file-1/content",
+    "/v1/embeddings",
+    "/v1/chat/completions/",
+    "//v1/models",
+    "/V1/MODELS",
+    "/v1/models/" + MODEL,
+    "/health/../v1/models",
+    "/%2e%2e/health",
+    "/v1/chat%2Fcompletions",
+    "http://x/v1/models",
+    "http://x:1/generate",
+    "/generate;x",
+    "/\u00e9",
+    "/%ff%fe",
+    "/%00",
+]
+METHODS = [
+    "GET",
+    "POST",
+    "PUT",
+    "DELETE",
+    "PATCH",
+    "OPTIONS",
+    "HEAD",
+    "TRACE",
+    "CONNECT",
+    "PRI",
+    "get",
+    "post",
+    "FOO",
+    "M-SEARCH",
+    "GET\x00",
+    "P\u00d6ST",
+]
 
 
 # -- JSON values ----------------------------------------------------------------------------------------
 
-LEAVES = st.one_of(st.none(), st.booleans(), st.integers(), INT_EXTREMES, st.integers(-2**70, 2**70),
-                   st.sampled_from([10**30, -(10**30), 10**400]), floats_any(), ODD_TEXT)
-ANY_JSON = st.recursive(LEAVES, lambda c: st.one_of(st.lists(c, max_size=4),
-                                                     st.dictionaries(ODD_TEXT, c, max_size=4)), max_leaves=10)
+LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    INT_EXTREMES,
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([10**30, -(10**30), 10**400]),
+    floats_any(),
+    ODD_TEXT,
+)
+ANY_JSON = st.recursive(
+    LEAVES, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(ODD_TEXT, c, max_size=4)), max_leaves=10
+)
 NUMBERS = st.one_of(INT_EXTREMES, FLOAT_EXTREMES, st.floats(-3, 3), st.integers(-3, 300))
 TOKEN_IDS = st.lists(st.one_of(st.integers(0, 50_000), INT_EXTREMES), min_size=0, max_size=8)
 SAFE_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=30)
@@ -72,8 +124,12 @@ GARBAGE = st.one_of(ANY_JSON, NUMBERS, NESTED, st.integers(1000, 70_000).map(lam
 @st.composite
 def sampling_fields(draw, generate: bool = False) -> dict:
     out = {}
-    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0), ("presence_penalty", -2.0, 2.0),
-                            ("frequency_penalty", -2.0, 2.0)):
+    for name, low, high in (
+        ("temperature", 0.0, 2.0),
+        ("top_p", 0.0, 1.0),
+        ("presence_penalty", -2.0, 2.0),
+        ("frequency_penalty", -2.0, 2.0),
+    ):
         if draw(st.booleans()):
             out[name] = draw(st.floats(low, high))
     if draw(st.booleans()):
@@ -86,8 +142,9 @@ def sampling_fields(draw, generate: bool = False) -> dict:
 @st.composite
 def chat_body(draw) -> dict:
     parts = st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": SAFE_TEXT}), min_size=1, max_size=2)
-    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
-                                     "content": st.one_of(SAFE_TEXT, parts)})
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "tool"]), "content": st.one_of(SAFE_TEXT, parts)}
+    )
     body = {"model": MODEL, "messages": draw(st.lists(message, min_size=1, max_size=3)), **draw(sampling_fields())}
     if draw(st.booleans()):
         body["stream"] = True
@@ -98,8 +155,9 @@ def chat_body(draw) -> dict:
 
 @st.composite
 def completions_body(draw) -> dict:
-    prompt = draw(st.one_of(SAFE_TEXT, st.lists(st.integers(0, 50_000), min_size=1, max_size=8),
-                            SAFE_TEXT.map(lambda t: [t])))
+    prompt = draw(
+        st.one_of(SAFE_TEXT, st.lists(st.integers(0, 50_000), min_size=1, max_size=8), SAFE_TEXT.map(lambda t: [t]))
+    )
     body = {"model": MODEL, "prompt": prompt, **draw(sampling_fields())}
     if draw(st.booleans()):
         body["stream"] = True
@@ -108,8 +166,11 @@ def completions_body(draw) -> dict:
 
 @st.composite
 def generate_body(draw) -> dict:
-    body: dict = ({"text": draw(SAFE_TEXT)} if draw(st.booleans())
-                  else {"input_ids": draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=8))})
+    body: dict = (
+        {"text": draw(SAFE_TEXT)}
+        if draw(st.booleans())
+        else {"input_ids": draw(st.lists(st.integers(0, 50_000), min_size=1, max_size=8))}
+    )
     if draw(st.booleans()):
         body["sampling_params"] = draw(sampling_fields(generate=True))
     if draw(st.booleans()):
@@ -118,11 +179,37 @@ def generate_body(draw) -> dict:
 
 
 VALID_BODIES = {CHAT: chat_body(), COMPLETIONS: completions_body(), GENERATE: generate_body()}
-FIELDS = {CHAT: ["model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                 "temperature", "top_p", "presence_penalty", "frequency_penalty", "stop", "n", "tools", "logprobs"],
-          COMPLETIONS: ["model", "prompt", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop",
-                        "echo", "suffix"],
-          GENERATE: ["text", "input_ids", "stream", "sampling_params", "rid", "return_logprob"]}
+FIELDS = {
+    CHAT: [
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "stop",
+        "n",
+        "tools",
+        "logprobs",
+    ],
+    COMPLETIONS: [
+        "model",
+        "prompt",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "echo",
+        "suffix",
+    ],
+    GENERATE: ["text", "input_ids", "stream", "sampling_params", "rid", "return_logprob"],
+}
 
 
 @st.composite
@@ -141,8 +228,9 @@ def mutated(draw, route: str) -> tuple[object, bool]:
         if isinstance(message, dict):
             message[draw(st.sampled_from(["role", "content", "name", "tool_calls"]))] = draw(GARBAGE)
     if route == GENERATE and draw(st.booleans()) and isinstance(body.get("sampling_params"), dict):
-        body["sampling_params"][draw(st.sampled_from(["max_new_tokens", "temperature", "top_p", "stop", "n"]))] = \
-            draw(GARBAGE)
+        body["sampling_params"][draw(st.sampled_from(["max_new_tokens", "temperature", "top_p", "stop", "n"]))] = draw(
+            GARBAGE
+        )
     for name, value in draw(st.dictionaries(ODD_TEXT, ANY_JSON, max_size=2)).items():
         body[name] = value
     if draw(st.integers(0, 9)) == 0:
@@ -153,7 +241,7 @@ def mutated(draw, route: str) -> tuple[object, bool]:
 def encode(value: object, ascii_only: bool) -> bytes:
     try:
         text = json.dumps(value, allow_nan=True, ensure_ascii=ascii_only)
-    except (ValueError, RecursionError):            # ints past Python's digit limit
+    except (ValueError, RecursionError):  # ints past Python's digit limit
         return b'{"too": "big"}'
     return text.encode("utf-8", "surrogatepass")
 
@@ -167,15 +255,15 @@ def bodies(draw, route: str | None) -> tuple[bytes, bool]:
         return encode(value, draw(st.booleans())), valid
     if kind == 14:
         return draw(st.binary(max_size=300)), False
-    if kind == 15:                                   # deep nesting, as text (json.dumps would recurse)
+    if kind == 15:  # deep nesting, as text (json.dumps would recurse)
         depth = draw(st.sampled_from([254, 255, 256, 1000, 100_000]))
         opener, closer = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
         return opener * depth + b"1" + closer * depth * draw(st.integers(0, 1)), False
-    if kind == 16:                                   # over the body cap
+    if kind == 16:  # over the body cap
         return b'{"prompt": "' + b"x" * (MAX_BODY + draw(st.integers(-64, 64))) + b'"}', False
-    if kind == 17:                                   # truncated or mutated JSON
+    if kind == 17:  # truncated or mutated JSON
         body = encode(draw(VALID_BODIES[draw(st.sampled_from(TURNS))]), True)
-        data = bytearray(body[:draw(st.integers(0, len(body)))])
+        data = bytearray(body[: draw(st.integers(0, len(body)))])
         for _ in range(draw(st.integers(0, 3))):
             if data:
                 data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
@@ -187,13 +275,16 @@ def bodies(draw, route: str | None) -> tuple[bytes, bool]:
 
 # -- headers --------------------------------------------------------------------------------------------
 
+
 def header_bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
-CLEAN_VALUE = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1, max_size=40)
+CLEAN_VALUE = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=40)
+
+
 def _visible(data: bytes) -> bytes:
-    return bytes(c for c in data if c >= 0x80 or 0x20 <= c < 0x7f or c == 0x09)
+    return bytes(c for c in data if c >= 0x80 or 0x20 <= c < 0x7F or c == 0x09)
 
 
 # Values the HTTP parser takes (visible ASCII, spaces, tabs, obs-text bytes); the router's rules decide.
@@ -202,31 +293,93 @@ PARSEABLE_VALUES = st.one_of(
     st.integers(0, 10**6).map(lambda n: b"prog-%d" % n),
     ODD_TEXT.map(header_bytes).map(_visible),
     st.binary(max_size=12).map(_visible),
-    st.sampled_from([b"", b" ", b"true", b"false", b"TRUE", b" yes ", b"0", b"2", b"maybe", b"\xff", b"\xc3\xa9",
-                     b"a" * 256, b"a" * 257, b"a" * 9000, b"\t", b"a\tb"]),
+    st.sampled_from(
+        [
+            b"",
+            b" ",
+            b"true",
+            b"false",
+            b"TRUE",
+            b" yes ",
+            b"0",
+            b"2",
+            b"maybe",
+            b"\xff",
+            b"\xc3\xa9",
+            b"a" * 256,
+            b"a" * 257,
+            b"a" * 9000,
+            b"\t",
+            b"a\tb",
+        ]
+    ),
 )
 # Values with a control byte (NUL, bare CR or LF, ESC, DEL): a malformed head.
-BROKEN_VALUES = st.builds(lambda a, c, b: a + c + b, PARSEABLE_VALUES,
-                          st.sampled_from([b"\x00", b"\r", b"\n", b"\x1b", b"\x7f", b"\x01", b"\r\n", b"\n\r\n"]),
-                          PARSEABLE_VALUES)
+BROKEN_VALUES = st.builds(
+    lambda a, c, b: a + c + b,
+    PARSEABLE_VALUES,
+    st.sampled_from([b"\x00", b"\r", b"\n", b"\x1b", b"\x7f", b"\x01", b"\r\n", b"\n\r\n"]),
+    PARSEABLE_VALUES,
+)
 HEADER_VALUES = st.integers(0, 9).flatmap(lambda i: BROKEN_VALUES if i == 0 else PARSEABLE_VALUES)
 ODD_AUTHORIZATION = st.one_of(
-    st.just(b"bearer  " + DATA_TOKEN.encode() + b" "), HEADER_VALUES.map(lambda v: b"Bearer " + v), HEADER_VALUES,
-    st.sampled_from([b"Bearer", b"Bearer ", b"Basic dXNlcjpwYXNz", b"Bearer \xff\xfe", b"Bearer " + b"t" * 8000]))
-AUTHORIZATION = st.integers(0, 2).flatmap(lambda i: st.just(b"Bearer " + DATA_TOKEN.encode()) if i
-                                          else ODD_AUTHORIZATION)
-CONTENT_TYPES = st.sampled_from([b"application/json", b"application/json; charset=utf-8", b"text/plain", b"",
-                                 b"application/x-www-form-urlencoded", b"multipart/form-data; boundary=x",
-                                 b"application/json; charset=latin-1", b"\xff/\xfe"])
-ENCODINGS = st.sampled_from([b"gzip", b"deflate", b"br", b"zstd", b"identity", b"gzip, deflate", b"x-gzip",
-                             b"compress", b"", b"GZIP", b"gzip, identity", b"\xff"])
+    st.just(b"bearer  " + DATA_TOKEN.encode() + b" "),
+    HEADER_VALUES.map(lambda v: b"Bearer " + v),
+    HEADER_VALUES,
+    st.sampled_from([b"Bearer", b"Bearer ", b"Basic dXNlcjpwYXNz", b"Bearer \xff\xfe", b"Bearer " + b"t" * 8000]),
+)
+AUTHORIZATION = st.integers(0, 2).flatmap(
+    lambda i: st.just(b"Bearer " + DATA_TOKEN.encode()) if i else ODD_AUTHORIZATION
+)
+CONTENT_TYPES = st.sampled_from(
+    [
+        b"application/json",
+        b"application/json; charset=utf-8",
+        b"text/plain",
+        b"",
+        b"application/x-www-form-urlencoded",
+        b"multipart/form-data; boundary=x",
+        b"application/json; charset=latin-1",
+        b"\xff/\xfe",
+    ]
+)
+ENCODINGS = st.sampled_from(
+    [
+        b"gzip",
+        b"deflate",
+        b"br",
+        b"zstd",
+        b"identity",
+        b"gzip, deflate",
+        b"x-gzip",
+        b"compress",
+        b"",
+        b"GZIP",
+        b"gzip, identity",
+        b"\xff",
+    ]
+)
 TRACEPARENT = st.one_of(st.just(b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), HEADER_VALUES)
-EXTRA_NAMES = st.one_of(st.sampled_from([b"X-Forwarded-For", b"Accept-Encoding", b"Cookie", b"Range", b"Upgrade",
-                                         b"Host", b"Content-Type", b"Priority", b"X-Request-ID", b"Trailer"]),
-                        st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=":"),
-                                min_size=1, max_size=12).map(str.encode),
-                        st.binary(min_size=1, max_size=8).map(
-                            lambda b: b"X" + b.replace(b":", b"").replace(b"\n", b"")))
+EXTRA_NAMES = st.one_of(
+    st.sampled_from(
+        [
+            b"X-Forwarded-For",
+            b"Accept-Encoding",
+            b"Cookie",
+            b"Range",
+            b"Upgrade",
+            b"Host",
+            b"Content-Type",
+            b"Priority",
+            b"X-Request-ID",
+            b"Trailer",
+        ]
+    ),
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, exclude_characters=":"), min_size=1, max_size=12).map(
+        str.encode
+    ),
+    st.binary(min_size=1, max_size=8).map(lambda b: b"X" + b.replace(b":", b"").replace(b"\n", b"")),
+)
 SESSION_HEADERS = [b"X-Dynamo-Session-ID", b"X-Dynamo-Parent-Session-ID", b"X-Dynamo-Session-Final"]
 
 
@@ -234,12 +387,21 @@ SESSION_HEADERS = [b"X-Dynamo-Session-ID", b"X-Dynamo-Parent-Session-ID", b"X-Dy
 
 # Placeholders as long as the rig's real ids, substituted before sending (Content-Length stays true).
 FILE_ID, BATCH_ID = b"file_" + b"F" * 24, b"batch_" + b"B" * 24
-BATCH_ROUTES = [("POST", b"/v1/files"), ("GET", b"/v1/files/" + FILE_ID),
-                ("GET", b"/v1/files/" + FILE_ID + b"/content"), ("POST", b"/v1/batches"), ("GET", b"/v1/batches"),
-                ("GET", b"/v1/batches/" + BATCH_ID), ("POST", b"/v1/batches/" + BATCH_ID + b"/cancel")]
-BATCH_IDS = st.one_of(st.sampled_from([FILE_ID, BATCH_ID, b"file_x", b"", b"%00", b"%ff%fe", b"%ed%a0%80", b"..",
-                                       b"a/b", b"file_" + b"F" * 300]),
-                      ODD_TEXT.map(header_bytes).map(lambda b: b.replace(b"?", b"").replace(b"#", b"")))
+BATCH_ROUTES = [
+    ("POST", b"/v1/files"),
+    ("GET", b"/v1/files/" + FILE_ID),
+    ("GET", b"/v1/files/" + FILE_ID + b"/content"),
+    ("POST", b"/v1/batches"),
+    ("GET", b"/v1/batches"),
+    ("GET", b"/v1/batches/" + BATCH_ID),
+    ("POST", b"/v1/batches/" + BATCH_ID + b"/cancel"),
+]
+BATCH_IDS = st.one_of(
+    st.sampled_from(
+        [FILE_ID, BATCH_ID, b"file_x", b"", b"%00", b"%ff%fe", b"%ed%a0%80", b"..", b"a/b", b"file_" + b"F" * 300]
+    ),
+    ODD_TEXT.map(header_bytes).map(lambda b: b.replace(b"?", b"").replace(b"#", b"")),
+)
 ENDPOINTS = st.sampled_from(["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/generate", "", "x"])
 
 
@@ -249,8 +411,12 @@ def jsonl_files(draw) -> bytes:
     for i in range(draw(st.integers(0, 4))):
         kind = draw(st.integers(0, 5))
         url = draw(ENDPOINTS) if kind == 1 else "/v1/chat/completions"
-        line: object = {"custom_id": draw(st.one_of(st.just(f"req-{i}"), ODD_TEXT)) if kind == 2 else f"req-{i}",
-                        "method": "POST", "url": url, "body": draw(chat_body())}
+        line: object = {
+            "custom_id": draw(st.one_of(st.just(f"req-{i}"), ODD_TEXT)) if kind == 2 else f"req-{i}",
+            "method": "POST",
+            "url": url,
+            "body": draw(chat_body()),
+        }
         if kind == 3:
             line[draw(st.sampled_from(["custom_id", "method", "url", "body"]))] = draw(GARBAGE)  # type: ignore[index]
         elif kind == 4:
@@ -276,27 +442,51 @@ def multipart(parts: list[tuple[bytes, bytes | None, bytes | None, bytes]], boun
 def file_uploads(draw) -> tuple[bytes, bytes]:
     """(Content-Type, body) of a POST /v1/files: a multipart form, often broken."""
     boundary = draw(st.sampled_from([b"xYzZY", b"----b", b"a" * 70, b"b c"]))
-    purpose = draw(st.one_of(st.just(b"batch"), st.sampled_from([b"batch ", b"fine-tune", b"", b"\xff"]),
-                             ODD_TEXT.map(header_bytes)))
-    purpose_type = draw(st.one_of(st.none(), st.sampled_from([b"text/plain; charset=utf-8", b"text/plain; charset=x",
-                                                              b"text/plain; charset=utf-16", b"application/json"])))
+    purpose = draw(
+        st.one_of(
+            st.just(b"batch"), st.sampled_from([b"batch ", b"fine-tune", b"", b"\xff"]), ODD_TEXT.map(header_bytes)
+        )
+    )
+    purpose_type = draw(
+        st.one_of(
+            st.none(),
+            st.sampled_from(
+                [
+                    b"text/plain; charset=utf-8",
+                    b"text/plain; charset=x",
+                    b"text/plain; charset=utf-16",
+                    b"application/json",
+                ]
+            ),
+        )
+    )
     filename = draw(st.one_of(st.none(), st.just(b"in.jsonl"), PARSEABLE_VALUES.map(lambda b: b.replace(b'"', b""))))
     parts = [(b"purpose", None, purpose_type, purpose), (b"file", filename, b"application/jsonl", draw(jsonl_files()))]
     parts = draw(st.permutations(parts)) if draw(st.booleans()) else parts
     if draw(st.integers(0, 5)) == 0:
-        parts = parts[:draw(st.integers(0, len(parts)))]
+        parts = parts[: draw(st.integers(0, len(parts)))]
     if draw(st.integers(0, 5)) == 0:
-        parts.append((draw(st.sampled_from([b"file", b"purpose", b"x", b""])), None, None,
-                      draw(st.binary(max_size=20))))
+        parts.append(
+            (draw(st.sampled_from([b"file", b"purpose", b"x", b""])), None, None, draw(st.binary(max_size=20)))
+        )
     body = multipart(parts, boundary)
     cut = draw(st.integers(0, 7))
     if cut == 0:
-        body = body[:draw(st.integers(0, len(body)))]
+        body = body[: draw(st.integers(0, len(body)))]
     elif cut == 1:
         body = body.replace(b"\r\n", b"\n")
-    content_type = draw(st.sampled_from([b"multipart/form-data; boundary=" + boundary] * 4 + [
-        b"multipart/form-data", b"multipart/form-data; boundary=other", b"multipart/mixed; boundary=" + boundary,
-        b'multipart/form-data; boundary="' + boundary + b'"', b"application/json"]))
+    content_type = draw(
+        st.sampled_from(
+            [b"multipart/form-data; boundary=" + boundary] * 4
+            + [
+                b"multipart/form-data",
+                b"multipart/form-data; boundary=other",
+                b"multipart/mixed; boundary=" + boundary,
+                b'multipart/form-data; boundary="' + boundary + b'"',
+                b"application/json",
+            ]
+        )
+    )
     return content_type, body
 
 
@@ -305,10 +495,18 @@ def batch_creates(draw) -> bytes:
     body = {"input_file_id": FILE_ID.decode(), "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     if draw(st.booleans()):
         body["metadata"] = {"k": "v"}
-    for name in draw(st.lists(st.sampled_from(["input_file_id", "endpoint", "completion_window", "metadata"]),
-                              max_size=2, unique=True)):
-        body[name] = draw(st.one_of(GARBAGE, ENDPOINTS, st.sampled_from(["24h", " 24h ", "1h", "0h", "25h", "24H",
-                                                                         "-1h", "1e9h", "NaNh", "h"])))
+    for name in draw(
+        st.lists(
+            st.sampled_from(["input_file_id", "endpoint", "completion_window", "metadata"]), max_size=2, unique=True
+        )
+    ):
+        body[name] = draw(
+            st.one_of(
+                GARBAGE,
+                ENDPOINTS,
+                st.sampled_from(["24h", " 24h ", "1h", "0h", "25h", "24H", "-1h", "1e9h", "NaNh", "h"]),
+            )
+        )
     return encode(body if draw(st.integers(0, 9)) else draw(ANY_JSON), draw(st.booleans()))
 
 
@@ -319,9 +517,11 @@ def batch_request_parts(draw) -> tuple[str, bytes, bytes | None, bytes]:
     if draw(st.integers(0, 3)) == 0:
         target = target.replace(FILE_ID, draw(BATCH_IDS)).replace(BATCH_ID, draw(BATCH_IDS))
     if target == b"/v1/batches" and method == "GET" and draw(st.booleans()):
-        query = [(b"limit", draw(st.sampled_from([b"1", b"100", b"101", b"0", b"-1", b"x", b"1" * 5000, b" 5", b""]))),
-                 (b"after", draw(st.one_of(st.just(BATCH_ID), BATCH_IDS)))]
-        target += b"?" + b"&".join(k + b"=" + v for k, v in draw(st.permutations(query))[:draw(st.integers(1, 2))])
+        query = [
+            (b"limit", draw(st.sampled_from([b"1", b"100", b"101", b"0", b"-1", b"x", b"1" * 5000, b" 5", b""]))),
+            (b"after", draw(st.one_of(st.just(BATCH_ID), BATCH_IDS))),
+        ]
+        target += b"?" + b"&".join(k + b"=" + v for k, v in draw(st.permutations(query))[: draw(st.integers(1, 2))])
     if target == b"/v1/files" and method == "POST":
         content_type, body = draw(file_uploads())
         return method, target, content_type, body
@@ -335,9 +535,9 @@ class Request:
     method: str
     target: bytes
     raw: bytes
-    valid: bool                      # a valid request as built: must get 200
-    head_only: bool = False          # HEAD: the answer has no body
-    expect_answer: bool = True       # False: a broken head may be closed without one
+    valid: bool  # a valid request as built: must get 200
+    head_only: bool = False  # HEAD: the answer has no body
+    expect_answer: bool = True  # False: a broken head may be closed without one
 
 
 def compress(body: bytes, encoding: bytes) -> bytes:
@@ -369,8 +569,11 @@ def requests(draw, secured: bool = False, keep_alive: bool = False) -> Request:
     method = ROUTES.get(route, "POST") if draw(st.integers(0, 5)) else draw(st.sampled_from(METHODS))
     if batch is not None and draw(st.integers(0, 5)):
         method = batch[0]
-    version = b"HTTP/1.1" if draw(st.integers(0, 9)) else draw(st.sampled_from(
-        [b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"HTTP/9.9", b"HTTX/1.1", b""]))
+    version = (
+        b"HTTP/1.1"
+        if draw(st.integers(0, 9))
+        else draw(st.sampled_from([b"HTTP/1.0", b"HTTP/2.0", b"HTTP/1.2", b"HTTP/0.9", b"HTTP/9.9", b"HTTX/1.1", b""]))
+    )
     if batch is not None:
         body, valid = batch[3], False
     else:
@@ -382,7 +585,7 @@ def requests(draw, secured: bool = False, keep_alive: bool = False) -> Request:
     if draw(st.integers(0, 19)):
         headers.append((b"Host", b"x"))
     else:
-        clean = False                                # HTTP/1.1 requires it
+        clean = False  # HTTP/1.1 requires it
     if not keep_alive:
         headers.append((b"Connection", b"close"))
     if batch is not None and batch[2] is not None and draw(st.integers(0, 9)):
@@ -403,16 +606,31 @@ def requests(draw, secured: bool = False, keep_alive: bool = False) -> Request:
         if draw(st.booleans()):
             values = draw(st.lists(HEADER_VALUES, min_size=1, max_size=1 if draw(st.integers(0, 5)) else 2))
             headers.extend((name, v) for v in values)
-            clean = clean and len(values) == 1 and values[0].strip() == values[0] and name != SESSION_HEADERS[2] \
-                and all(0x21 <= c <= 0x7e for c in values[0]) and len(values[0]) <= 256
+            clean = (
+                clean
+                and len(values) == 1
+                and values[0].strip() == values[0]
+                and name != SESSION_HEADERS[2]
+                and all(0x21 <= c <= 0x7E for c in values[0])
+                and len(values[0]) <= 256
+            )
     authorized = False
     if secured or draw(st.integers(0, 3)) == 0:
-        values = draw(st.lists(AUTHORIZATION, min_size=0 if draw(st.integers(0, 4)) == 0 else 1,
-                               max_size=1 if draw(st.integers(0, 5)) else 2))
+        values = draw(
+            st.lists(
+                AUTHORIZATION,
+                min_size=0 if draw(st.integers(0, 4)) == 0 else 1,
+                max_size=1 if draw(st.integers(0, 5)) else 2,
+            )
+        )
         headers.extend((b"Authorization", v) for v in values)
         authorized = values == [b"Bearer " + DATA_TOKEN.encode()]
-        clean = clean and (authorized or not secured) and all(0x20 <= c <= 0x7e for v in values for c in v) \
+        clean = (
+            clean
+            and (authorized or not secured)
+            and all(0x20 <= c <= 0x7E for v in values for c in v)
             and all(len(v) < 8000 for v in values)
+        )
     if draw(st.integers(0, 4)) == 0:
         headers.append((b"traceparent", draw(TRACEPARENT)))
         clean = False
@@ -445,8 +663,12 @@ def requests(draw, secured: bool = False, keep_alive: bool = False) -> Request:
         headers += [(b"Content-Length", str(len(body)).encode()), (b"Transfer-Encoding", b"chunked")]
         payload, valid = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body), False
     else:
-        headers.append((b"Content-Length", draw(st.sampled_from([b"abc", b"-1", b"1e3", b"+5", b" 5", b"0x10",
-                                                                 b"99999999999999999999", b"5, 6"]))))
+        headers.append(
+            (
+                b"Content-Length",
+                draw(st.sampled_from([b"abc", b"-1", b"1e3", b"+5", b" 5", b"0x10", b"99999999999999999999", b"5, 6"])),
+            )
+        )
         payload, valid = body, False
     if draw(st.integers(0, 9)) == 0:
         headers = draw(st.permutations(headers))
@@ -458,6 +680,7 @@ def requests(draw, secured: bool = False, keep_alive: bool = False) -> Request:
 
 
 # -- the exchange ---------------------------------------------------------------------------------------
+
 
 @dataclass
 class Response:
@@ -502,8 +725,8 @@ def parse_response(raw: bytes, head_only: bool) -> tuple[Response, bytes]:
                 _, _, rest = rest.partition(b"\r\n")
                 break
             body += rest[:size]
-            assert rest[size:size + 2] == b"\r\n", "bad chunk framing"
-            rest = rest[size + 2:]
+            assert rest[size : size + 2] == b"\r\n", "bad chunk framing"
+            rest = rest[size + 2 :]
         response.body = bytes(body)
         return response, rest
     length = response.header("content-length")
@@ -542,6 +765,7 @@ async def exchange(port: int, raw: bytes, timeout_s: float = 10.0) -> bytes:
 
 # -- the invariant --------------------------------------------------------------------------------------
 
+
 def check_openai_error(response: Response) -> dict:
     assert (response.header("content-type") or "").startswith("application/json"), response
     body = json.loads(response.body)
@@ -572,8 +796,10 @@ def check_response(request: Request, raw: bytes) -> Response | None:
         return None
     response, _ = parse_response(raw, request.head_only)
     if currently_in_test_context():
-        event(f"status {response.status}" + (" batch" if request.target.startswith((b"/v1/files", b"/v1/batches"))
-                                             else ""))
+        event(
+            f"status {response.status}"
+            + (" batch" if request.target.startswith((b"/v1/files", b"/v1/batches")) else "")
+        )
     assert response.status < 500, (response, request.raw[:500])
     if 400 <= response.status < 500 and not request.head_only:
         check_openai_error(response)
@@ -628,9 +854,15 @@ def check_healthy_after(rig: RouterRig, token: bool = False) -> None:
     health, _ = parse_response(raw, False)
     assert health.status == 200 and json.loads(health.body)["status"] == "ok"
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
-    raw = rig.run(exchange(rig.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                           b"Content-Type: application/json\r\nX-Dynamo-Session-ID: after-fuzz\r\n" + auth +
-                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body)))
+    raw = rig.run(
+        exchange(
+            rig.port,
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nX-Dynamo-Session-ID: after-fuzz\r\n"
+            + auth
+            + b"Content-Length: %d\r\n\r\n%s" % (len(body), body),
+        )
+    )
     turn, _ = parse_response(raw, False)
     assert turn.status == 200 and turn.body.endswith(b"data: [DONE]\n\n"), turn
     check_router(rig)
@@ -654,14 +886,17 @@ def secured_rig():
 
 # -- properties -----------------------------------------------------------------------------------------
 
+
 def files_request(body: bytes) -> bytes:
-    return (b"POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: multipart/form-data; boundary=xYzZY\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return (
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: multipart/form-data; boundary=xYzZY\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
 
 
 def multipart_request(parts: list[tuple[bytes, bytes | None, bytes | None, bytes]], cut: int = 0) -> bytes:
     body = multipart(parts, b"xYzZY")
-    return files_request(body[:len(body) - cut])
+    return files_request(body[: len(body) - cut])
 
 
 def raw_request(raw: bytes, **kwargs) -> Request:
@@ -673,26 +908,48 @@ def raw_request(raw: bytes, **kwargs) -> Request:
 @settings(NORMAL, max_examples=250)
 # Found by this test: a body that breaks its Content-Encoding, which the handler did not read (or refused), was
 # logged at ERROR with a traceback ("Unhandled exception") when aiohttp drained it.
-@example(raw_request(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
-                     b"Content-Length: 5\r\n\r\nhello"))
-@example(raw_request(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                     b"Content-Encoding: deflate\r\nContent-Length: 2\r\n\r\n{}"))
+@example(
+    raw_request(
+        b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: 5\r\n\r\nhello"
+    )
+)
+@example(
+    raw_request(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Encoding: deflate\r\nContent-Length: 2\r\n\r\n{}"
+    )
+)
 # Found by this test: "HTTP/2.0" and "HTTP/0.9" request lines were served, answered "HTTP/2.0 200 OK" (chunked).
 @example(raw_request(b"GET /v1/models HTTP/2.0\r\nHost: x\r\nConnection: close\r\n\r\n"))
-@example(raw_request(b"POST /generate HTTP/0.9\r\nHost: x\r\nContent-Length: 13\r\n\r\n{\"text\": \"hi\"}"))
+@example(raw_request(b'POST /generate HTTP/0.9\r\nHost: x\r\nContent-Length: 13\r\n\r\n{"text": "hi"}'))
 # Found by this test (the Batch API through the router): a body that broke its Content-Encoding was a 502
 # "planner unreachable" (and see test_a_gzip_batch_create_through_the_router_is_created).
-@example(raw_request(b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
-                     b"Content-Length: 2\r\n\r\n{}"))
+@example(
+    raw_request(
+        b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
+        b"Content-Length: 2\r\n\r\n{}"
+    )
+)
 # Found by this test: the planner answered 500 to multipart forms without a boundary, cut short, or with a
 # purpose in an unknown charset or not in its charset; and its 405 lost the Allow header on the way.
-@example(raw_request(b"POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: multipart/form-data\r\n"
-                     b"Content-Length: 10\r\n\r\n--xYzZY--\n"))
+@example(
+    raw_request(
+        b"POST /v1/files HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: multipart/form-data\r\n"
+        b"Content-Length: 10\r\n\r\n--xYzZY--\n"
+    )
+)
 @example(raw_request(multipart_request([(b"purpose", None, b"text/plain; charset=x", b"batch")])))
 @example(raw_request(multipart_request([(b"purpose", None, None, b"\xff\xfe")])))
 @example(raw_request(multipart_request([(b"purpose", None, None, b"batch")], cut=12)))
-@example(raw_request(files_request(b'--xYzZY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-                                   b'--xYzZY\r\nContent-Disposition: form-data; name="file"\r\nC')))  # part head "C"
+@example(
+    raw_request(
+        files_request(
+            b'--xYzZY\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--xYzZY\r\nContent-Disposition: form-data; name="file"\r\nC'
+        )
+    )
+)  # part head "C"
 # Found by this test: a Batch API body that stopped arriving held the request (the body timeout did not apply
 # to it), and the planner logged the upload cut off at ERROR.
 @example(raw_request(multipart_request([(b"purpose", None, None, b"batch")])[:-12]))
@@ -718,10 +975,15 @@ def test_the_data_token_guard_answers_any_request_below_500(secured_rig, req):
 def test_a_gzip_batch_create_through_the_router_is_created(rig):
     """Found by the test above: the router decoded a gzip body and forwarded it still labelled gzip (with the
     encoded length): the planner answered 500."""
-    body = gzip.compress(json.dumps({"input_file_id": rig.file_id, "endpoint": "/v1/chat/completions",
-                                     "completion_window": "24h"}).encode())
-    raw = (b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
-           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    body = gzip.compress(
+        json.dumps(
+            {"input_file_id": rig.file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        ).encode()
+    )
+    raw = (
+        b"POST /v1/batches HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Encoding: gzip\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+    )
     check_one(rig, raw_request(raw, valid=True))
 
 

@@ -45,6 +45,7 @@ from tests.unit.scheduler_shell.support import start_harness, workers_snapshot
 RESUME_TIMEOUT_S = 1800.0
 CALL_TIMEOUT_S = 10.0
 
+
 def mostly(usual: st.SearchStrategy, odd: st.SearchStrategy) -> st.SearchStrategy:
     """`usual` four times in five (calls must meet the same programs and tickets), else `odd`."""
     return st.integers(0, 4).flatmap(lambda i: odd if i == 0 else usual)
@@ -59,18 +60,25 @@ RANKS = mostly(st.integers(0, 2), int_in(INT32_MIN, INT32_MAX))
 
 # -- the calls ------------------------------------------------------------------------------------------
 
+
 @dataclass
 class Call:
     method: str
     request: object
-    background: bool = False      # Admit/AdmitStream: may be held; awaited at the end
+    background: bool = False  # Admit/AdmitStream: may be held; awaited at the end
 
 
 def admit_calls() -> st.SearchStrategy[Call]:
-    request = st.builds(pb.AdmitRequest, session_id=SESSIONS, parent_session_id=SESSIONS,
-                        estimated_prompt_tokens=TOKENS, request_id=REQUESTS)
-    return st.builds(lambda method, r: Call(method, r, background=True),
-                     st.sampled_from(["Admit", "AdmitStream"]), request)
+    request = st.builds(
+        pb.AdmitRequest,
+        session_id=SESSIONS,
+        parent_session_id=SESSIONS,
+        estimated_prompt_tokens=TOKENS,
+        request_id=REQUESTS,
+    )
+    return st.builds(
+        lambda method, r: Call(method, r, background=True), st.sampled_from(["Admit", "AdmitStream"]), request
+    )
 
 
 ADMITS = admit_calls()
@@ -78,18 +86,44 @@ ADMITS = admit_calls()
 
 OUTCOMES = st.one_of(st.sampled_from([0, 1, 2, 3]), int_in(INT32_MIN, INT32_MAX))
 OTHER_CALLS = st.one_of(
-    st.builds(lambda r: Call("Bind", r), st.builds(pb.BindRequest, request_id=REQUESTS, worker_id=WORKERS,
-                                                     dp_rank=RANKS)),
-    st.builds(lambda r: Call("Complete", r), st.builds(
-        pb.CompleteRequest, session_id=SESSIONS, request_id=REQUESTS, worker_id=WORKERS, dp_rank=RANKS,
-        prompt_tokens=TOKENS, completion_tokens=TOKENS, cached_tokens=TOKENS, outcome=OUTCOMES,
-        ttft_seconds=st.one_of(floats_any(), st.floats(0, 10)))),
-    st.builds(lambda r: Call("Complete", r), st.builds(     # a plausible Complete, so turns do finish
-        pb.CompleteRequest, session_id=st.sampled_from(["p0", "p1", "p2", ""]),
-        request_id=st.sampled_from(["r0", "r1", "r2", "r3", "r4"]), worker_id=st.sampled_from(["w1", "w2", ""]),
-        prompt_tokens=st.integers(0, 5_000), completion_tokens=st.integers(0, 500))),
-    st.builds(lambda r: Call("RenewLeases", r), st.builds(pb.RenewLeasesRequest, request_ids=st.one_of(
-        st.lists(REQUESTS, max_size=6), st.sampled_from([10_000, 10_001]).map(lambda n: ["r0"] * n)))),
+    st.builds(
+        lambda r: Call("Bind", r), st.builds(pb.BindRequest, request_id=REQUESTS, worker_id=WORKERS, dp_rank=RANKS)
+    ),
+    st.builds(
+        lambda r: Call("Complete", r),
+        st.builds(
+            pb.CompleteRequest,
+            session_id=SESSIONS,
+            request_id=REQUESTS,
+            worker_id=WORKERS,
+            dp_rank=RANKS,
+            prompt_tokens=TOKENS,
+            completion_tokens=TOKENS,
+            cached_tokens=TOKENS,
+            outcome=OUTCOMES,
+            ttft_seconds=st.one_of(floats_any(), st.floats(0, 10)),
+        ),
+    ),
+    st.builds(
+        lambda r: Call("Complete", r),
+        st.builds(  # a plausible Complete, so turns do finish
+            pb.CompleteRequest,
+            session_id=st.sampled_from(["p0", "p1", "p2", ""]),
+            request_id=st.sampled_from(["r0", "r1", "r2", "r3", "r4"]),
+            worker_id=st.sampled_from(["w1", "w2", ""]),
+            prompt_tokens=st.integers(0, 5_000),
+            completion_tokens=st.integers(0, 500),
+        ),
+    ),
+    st.builds(
+        lambda r: Call("RenewLeases", r),
+        st.builds(
+            pb.RenewLeasesRequest,
+            request_ids=st.one_of(
+                st.lists(REQUESTS, max_size=6), st.sampled_from([10_000, 10_001]).map(lambda n: ["r0"] * n)
+            ),
+        ),
+    ),
     st.builds(lambda r: Call("Release", r), st.builds(pb.ReleaseRequest, session_id=SESSIONS)),
     st.builds(lambda r: Call("GetProgram", r), st.builds(pb.GetProgramRequest, session_id=SESSIONS)),
     st.just(Call("ListPrograms", pb.ListProgramsRequest())),
@@ -102,16 +136,24 @@ CALLS = st.integers(0, 2).flatmap(lambda i: ADMITS if i == 0 else OTHER_CALLS)
 @dataclass
 class Capacity:
     """A WatchWorkers snapshot from the capacity service (HEALTHY or not, any figures)."""
+
     version: int
     caps: dict
     unhealthy: tuple
     max_programs: int
 
 
-CAPACITY = st.builds(Capacity, st.one_of(st.integers(1, 50), int_in(0, 2**64 - 1)),
-                     st.dictionaries(st.tuples(st.sampled_from(["w1", "w2", "w3"]), RANKS),
-                                     st.one_of(st.integers(0, 50_000), int_in(INT64_MIN, INT64_MAX)), max_size=3),
-                     st.sampled_from([(), ("w2",)]), int_in(INT32_MIN, INT32_MAX))
+CAPACITY = st.builds(
+    Capacity,
+    st.one_of(st.integers(1, 50), int_in(0, 2**64 - 1)),
+    st.dictionaries(
+        st.tuples(st.sampled_from(["w1", "w2", "w3"]), RANKS),
+        st.one_of(st.integers(0, 50_000), int_in(INT64_MIN, INT64_MAX)),
+        max_size=3,
+    ),
+    st.sampled_from([(), ("w2",)]),
+    int_in(INT32_MIN, INT32_MAX),
+)
 
 
 @dataclass
@@ -121,12 +163,14 @@ class Tick:
 
 TICKS = st.builds(Tick, st.one_of(st.just(0.0), st.floats(0, 5), st.sampled_from([31.0, 901.0, 1801.0])))
 STEPS = st.integers(0, 9).flatmap(lambda i: CAPACITY if i == 0 else TICKS if i == 1 else CALLS)
-SCRIPTS = st.tuples(st.builds(Capacity, st.just(1), st.just({("w1", 0): 20_000, ("w2", 0): 20_000}), st.just(()),
-                              st.just(0)),
-                    st.lists(STEPS, min_size=1, max_size=12))
+SCRIPTS = st.tuples(
+    st.builds(Capacity, st.just(1), st.just({("w1", 0): 20_000, ("w2", 0): 20_000}), st.just(()), st.just(0)),
+    st.lists(STEPS, min_size=1, max_size=12),
+)
 
 
 # -- running a script -----------------------------------------------------------------------------------
+
 
 async def call(h, c: Call) -> grpc.StatusCode:
     method = getattr(h.client, c.method)
@@ -150,7 +194,7 @@ async def call(h, c: Call) -> grpc.StatusCode:
 
 async def push(h, cap: Capacity) -> None:
     h.capacity.push(workers_snapshot(cap.version, cap.caps, unhealthy=cap.unhealthy, max_programs=cap.max_programs))
-    for _ in range(20):                  # let the follower apply it (an old version is ignored)
+    for _ in range(20):  # let the follower apply it (an old version is ignored)
         await asyncio.sleep(0)
 
 
@@ -164,8 +208,9 @@ async def resolve_held(h, pending: list[asyncio.Task]) -> None:
         h.tick()
         await asyncio.sleep(0.001)
     stuck = [t for t in pending if not t.done()]
-    raise AssertionError(f"{len(stuck)} admissions never ended (held {h.runtime.held_count}, "
-                         f"behind a gate {h.runtime.gate_waiting})")
+    raise AssertionError(
+        f"{len(stuck)} admissions never ended (held {h.runtime.held_count}, behind a gate {h.runtime.gate_waiting})"
+    )
 
 
 async def run_script(rig: LoopRig, script) -> None:
@@ -191,7 +236,7 @@ async def run_script(rig: LoopRig, script) -> None:
             rig.errors.check()
         await resolve_held(h, pending)
         for task in pending:
-            task.result()                # a client-error status, checked in `call`
+            task.result()  # a client-error status, checked in `call`
         h.core.check_invariants(h.clock.monotonic())
         listing = await h.client.ListPrograms(pb.ListProgramsRequest())
         assert len(listing.programs) == len(h.core.programs())
@@ -232,6 +277,7 @@ def test_any_call_sequence_ends_in_client_errors_at_worst_and_keeps_the_table_va
 
 # -- regressions found by the fuzzing above -------------------------------------------------------------
 
+
 class _WritingContext:
     """A servicer context whose first `write` (the "held" message of AdmitStream) runs `during_write`."""
 
@@ -262,6 +308,7 @@ async def test_admit_stream_resolved_while_held_is_written_answers_the_decision(
     from opentelemetry import trace
 
     from services.scheduler.servicer import SchedulerServicer
+
     h = await start_harness(pause_target=0.92)
     try:
         await push(h, Capacity(1, {("w1", 0): 10_000}, (), 0))
@@ -274,12 +321,13 @@ async def test_admit_stream_resolved_while_held_is_written_answers_the_decision(
             h.tick()
 
         context = _WritingContext(resume)
-        await servicer.AdmitStream(pb.AdmitRequest(session_id="p", request_id="p-1", estimated_prompt_tokens=100),
-                                   context)
+        await servicer.AdmitStream(
+            pb.AdmitRequest(session_id="p", request_id="p-1", estimated_prompt_tokens=100), context
+        )
         kinds = [m.WhichOneof("update") for m in context.written]
         assert kinds == ["held", "decision"], kinds
         assert context.written[-1].decision.was_paused
-        assert (await h.program("p")).status == pb.PROGRAM_STATUS_REASONING     # admitted, not rolled back
+        assert (await h.program("p")).status == pb.PROGRAM_STATUS_REASONING  # admitted, not rolled back
         h.core.check_invariants(h.clock.monotonic())
     finally:
         await h.channel.close()

@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_capacity_scale_smoke(tmp_path):
     out = tmp_path / "capacity_scale.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.capacity_scale", "--smoke", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.capacity_scale", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["smoke"] is True

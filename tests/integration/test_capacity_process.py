@@ -20,12 +20,18 @@ pytestmark = pytest.mark.integration
 H = pb.WorkerHealth
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    (["--poll-interval-seconds", "1", "--poll-timeout-seconds", "2"], {},
-     "poll_timeout_seconds <= poll_interval_seconds"),
-    ([], {"BANDMASTER_CAPACITY_UNHEALTHY_AFTER_FAILURES": "0"}, "unhealthy_after_failures >= 1"),
-    (["--worker-url", "ftp://x:1"], {}, "scheme must be http or https"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (
+            ["--poll-interval-seconds", "1", "--poll-timeout-seconds", "2"],
+            {},
+            "poll_timeout_seconds <= poll_interval_seconds",
+        ),
+        ([], {"BANDMASTER_CAPACITY_UNHEALTHY_AFTER_FAILURES": "0"}, "unhealthy_after_failures >= 1"),
+        (["--worker-url", "ftp://x:1"], {}, "scheme must be http or https"),
+    ],
+)
 def test_invalid_config_exits_2_naming_the_rule(argv, env, message):
     proc = run_module("services.capacity", *argv, env=base_env(**env))
     assert proc.returncode == 2
@@ -51,6 +57,7 @@ class Watch:
     async def until(self, predicate, timeout_s=15.0):
         async def check():
             return predicate(self.latest())
+
         return await assert_eventually(check, timeout_s=timeout_s)
 
     def stop(self):
@@ -59,16 +66,47 @@ class Watch:
 
 async def test_capacity_process_follows_workers(tmp_path):
     a = SglangStub(sglang_info(max_total_num_tokens=1000, page_size=1))
-    b = SglangStub(sglang_info(max_total_num_tokens=4000, page_size=16, enable_hierarchical_cache=True,
-                               hicache_write_policy="write_back", hicache_host_total_tokens=500, dp_size=2))
+    b = SglangStub(
+        sglang_info(
+            max_total_num_tokens=4000,
+            page_size=16,
+            enable_hierarchical_cache=True,
+            hicache_write_policy="write_back",
+            hicache_host_total_tokens=500,
+            dp_size=2,
+        )
+    )
     await a.start()
     await b.start()
     ready = tmp_path / "ready.json"
-    proc = start("capacity", python_module(
-        "services.capacity", "--worker-url", a.url, "--listen", "127.0.0.1:0",
-        "--metrics-port", "0", "--ready-file", str(ready), "--poll-interval-seconds", "0.2",
-        "--poll-timeout-seconds", "0.2", "--unhealthy-after-failures", "2", "--remove-unhealthy-after-seconds", "1",
-        "--watch-heartbeat-seconds", "0.5", "--shutdown-grace-seconds", "1"), tmp_path, ready_file=ready)
+    proc = start(
+        "capacity",
+        python_module(
+            "services.capacity",
+            "--worker-url",
+            a.url,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "0",
+            "--ready-file",
+            str(ready),
+            "--poll-interval-seconds",
+            "0.2",
+            "--poll-timeout-seconds",
+            "0.2",
+            "--unhealthy-after-failures",
+            "2",
+            "--remove-unhealthy-after-seconds",
+            "1",
+            "--watch-heartbeat-seconds",
+            "0.5",
+            "--shutdown-grace-seconds",
+            "1",
+        ),
+        tmp_path,
+        ready_file=ready,
+    )
     watch = None
     try:
         info = (await proc.wait_ready_async()).ready
@@ -87,13 +125,16 @@ async def test_capacity_process_follows_workers(tmp_path):
             await watch.until(lambda ws: "b" in ws and ws["b"].health == H.WORKER_HEALTH_HEALTHY)
             replicas = watch.latest()["b"].replicas
             assert [(r.dp_rank, r.retention_tokens, r.retention_source) for r in replicas] == [
-                (0, 4500, pb.RETENTION_SOURCE_GPU_PLUS_HOST), (1, 4500, pb.RETENTION_SOURCE_GPU_PLUS_HOST)]
+                (0, 4500, pb.RETENTION_SOURCE_GPU_PLUS_HOST),
+                (1, 4500, pb.RETENTION_SOURCE_GPU_PLUS_HOST),
+            ]
             assert watch.snapshots[-1].total_retention_tokens == 1000 + 9000
 
             # 3. change: restart with different info
             await b.restart(sglang_info(max_total_num_tokens=8000, page_size=16), down_seconds=0.1)
-            await watch.until(lambda ws: ws["b"].card.gpu_kv_tokens == 8000
-                              and ws["b"].health == H.WORKER_HEALTH_HEALTHY)
+            await watch.until(
+                lambda ws: ws["b"].card.gpu_kv_tokens == 8000 and ws["b"].health == H.WORKER_HEALTH_HEALTHY
+            )
             assert watch.snapshots[-1].total_retention_tokens == 1000 + 8000
 
             # 4. break: health failing -> UNHEALTHY (kept, no budget) -> removed
@@ -110,8 +151,7 @@ async def test_capacity_process_follows_workers(tmp_path):
             assert versions == sorted(set(versions)), "versions strictly increase between real snapshots"
             # Quiet now: heartbeats arrive with the same version.
             count = len(watch.snapshots)
-            await assert_eventually(lambda: len(watch.snapshots) > count and watch.snapshots[-1].heartbeat,
-                                    timeout_s=5)
+            await assert_eventually(lambda: len(watch.snapshots) > count and watch.snapshots[-1].heartbeat, timeout_s=5)
             assert watch.snapshots[-1].version == versions[-1]
             watch.stop()
         proc.send_signal(signal.SIGTERM)

@@ -24,18 +24,39 @@ def _cli(*argv: str, cluster_file: Path) -> subprocess.CompletedProcess:
 def test_up_serves_and_stops_without_orphans(tmp_path):
     state = tmp_path / "state"
     cluster_file = tmp_path / "run" / "cluster.json"
-    with start("bandmaster-up", python_module(
-            "services.cli", "up", "--workers", "2", "--worker-kv-tokens", "8192",
-            "--speedup", "20", "--ports", "auto", "--state-dir", str(state), "--cluster-file", str(cluster_file)),
-            tmp_path) as proc:
+    with start(
+        "bandmaster-up",
+        python_module(
+            "services.cli",
+            "up",
+            "--workers",
+            "2",
+            "--worker-kv-tokens",
+            "8192",
+            "--speedup",
+            "20",
+            "--ports",
+            "auto",
+            "--state-dir",
+            str(state),
+            "--cluster-file",
+            str(cluster_file),
+        ),
+        tmp_path,
+    ) as proc:
         output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "Bandmaster is up" in output, output
         assert "NO HEALTHY WORKER" not in output, output
         assert "capacity" in output and "worker[1]" in output, output
 
         ready = {p.name: json.loads(p.read_text()) for p in state.glob("*.ready.json")}
-        assert set(ready) >= {"capacity.ready.json", "scheduler.ready.json", "router.ready.json",
-                              "simworker-0.ready.json", "simworker-1.ready.json"}
+        assert set(ready) >= {
+            "capacity.ready.json",
+            "scheduler.ready.json",
+            "router.ready.json",
+            "simworker-0.ready.json",
+            "simworker-1.ready.json",
+        }
         child_pids = [r["pid"] for r in ready.values()]
         assert all(pid_alive(pid) for pid in child_pids)
 
@@ -64,8 +85,12 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
         assert not cluster_file.exists(), "the discovery file outlived its cluster"
-        wait_until(lambda: not any(pid_alive(pid) for pid in child_pids), timeout_s=10, interval_s=0.1,
-                   message="children outlived `bandmaster up`")
+        wait_until(
+            lambda: not any(pid_alive(pid) for pid in child_pids),
+            timeout_s=10,
+            interval_s=0.1,
+            message="children outlived `bandmaster up`",
+        )
         # The scheduler kept its table in the state dir (recovered by the next `up` on it).
         assert (state / "scheduler-state.sqlite").is_file()
 
@@ -78,21 +103,48 @@ def test_up_refuses_invalid_options_naming_the_rule():
 
 def test_up_reports_a_child_that_cannot_start(tmp_path):
     # An unknown timing profile is refused by the simulated worker itself (exit 2).
-    result = run_module("services.cli", "up", "--workers", "1", "--worker-kv-tokens", "64",
-                        "--worker-page-size", "64", "--state-dir", str(tmp_path), "--timing-profile", "no-such-profile",
-                        "--ports", "auto", timeout_s=90)
+    result = run_module(
+        "services.cli",
+        "up",
+        "--workers",
+        "1",
+        "--worker-kv-tokens",
+        "64",
+        "--worker-page-size",
+        "64",
+        "--state-dir",
+        str(tmp_path),
+        "--timing-profile",
+        "no-such-profile",
+        "--ports",
+        "auto",
+        timeout_s=90,
+    )
     assert result.returncode == 1
     assert "simworker-0 exited with code 2" in result.stderr
     assert not any(pid_alive(int(json.loads(p.read_text())["pid"])) for p in Path(tmp_path).glob("*.ready.json"))
 
 
 def test_up_on_a_taken_port_says_which_and_the_flag_that_moves_it(tmp_path, taken_port):
-    result = run_module("services.cli", "up", "--workers", "1", "--ports", "auto", "--scheduler-port",
-                        str(taken_port), "--state-dir", str(tmp_path / "state"),
-                        "--cluster-file", str(tmp_path / "cluster.json"))
+    result = run_module(
+        "services.cli",
+        "up",
+        "--workers",
+        "1",
+        "--ports",
+        "auto",
+        "--scheduler-port",
+        str(taken_port),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--cluster-file",
+        str(tmp_path / "cluster.json"),
+    )
     assert result.returncode == 1
-    assert result.stderr.strip() == (f"bandmaster up: port {taken_port} (scheduler gRPC) is already in use; choose "
-                                     "another with --scheduler-port (or --ports auto)")
+    assert result.stderr.strip() == (
+        f"bandmaster up: port {taken_port} (scheduler gRPC) is already in use; choose "
+        "another with --scheduler-port (or --ports auto)"
+    )
     assert not list((tmp_path / "state").glob("*.ready.json")), "children were started"
 
 
@@ -104,9 +156,22 @@ def _unreachable_url() -> str:
 
 def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one(tmp_path):
     url = _unreachable_url()
-    result = run_module("services.cli", "up", "--worker-url", url, "--ports", "auto", "--no-planner",
-                        "--healthy-timeout-seconds", "5", "--state-dir", str(tmp_path / "state"),
-                        "--cluster-file", str(tmp_path / "cluster.json"), timeout_s=90)
+    result = run_module(
+        "services.cli",
+        "up",
+        "--worker-url",
+        url,
+        "--ports",
+        "auto",
+        "--no-planner",
+        "--healthy-timeout-seconds",
+        "5",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--cluster-file",
+        str(tmp_path / "cluster.json"),
+        timeout_s=90,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Bandmaster is up" not in result.stdout
     assert "NO HEALTHY WORKER" in result.stderr and "--require-healthy" in result.stderr, result.stderr
@@ -118,10 +183,26 @@ def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one
 def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
     url = _unreachable_url()
     cluster_file = tmp_path / "cluster.json"
-    with start("bandmaster-up", python_module(
-            "services.cli", "up", "--worker-url", url, "--no-require-healthy", "--ports", "auto",
-            "--no-planner", "--healthy-timeout-seconds", "2", "--state-dir", str(tmp_path / "state"),
-            "--cluster-file", str(cluster_file)), tmp_path) as proc:
+    with start(
+        "bandmaster-up",
+        python_module(
+            "services.cli",
+            "up",
+            "--worker-url",
+            url,
+            "--no-require-healthy",
+            "--ports",
+            "auto",
+            "--no-planner",
+            "--healthy-timeout-seconds",
+            "2",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--cluster-file",
+            str(cluster_file),
+        ),
+        tmp_path,
+    ) as proc:
         output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "NO HEALTHY WORKER" in output and url in output, output
         assert "Bandmaster is up WITHOUT A HEALTHY WORKER" in output, output

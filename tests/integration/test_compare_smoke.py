@@ -72,8 +72,19 @@ def test_sim_smoke_every_arm_both_workloads(tmp_path):
 
 
 def test_live_smoke_bandmaster_and_kv(tmp_path):
-    argv = ["--mode", "live", "--workload", "short", "--smoke", "--arms", "kv,bandmaster",
-            "--pause-policy", "threshold", "--out-dir", str(tmp_path)]
+    argv = [
+        "--mode",
+        "live",
+        "--workload",
+        "short",
+        "--smoke",
+        "--arms",
+        "kv,bandmaster",
+        "--pause-policy",
+        "threshold",
+        "--out-dir",
+        str(tmp_path),
+    ]
     assert compare.main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     sweep, twin = results["sweeps"]

@@ -12,7 +12,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_runs_both_arms_and_prints_the_ratio():
     done = subprocess.run(
         [sys.executable, "-m", "services.cli", "demo", "--programs", "2", "--max-turns", "2", "--speedup", "50"],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert "[Bandmaster] cluster stopped." in out and "[KV routing only] cluster stopped." in out

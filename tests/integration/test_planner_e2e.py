@@ -29,9 +29,17 @@ MODEL = "bandmaster-sim"
 
 
 def batch_file(n: int) -> bytes:
-    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}],
-                                  "max_tokens": 4}}) for i in range(n)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4},
+            }
+        )
+        for i in range(n)
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -45,6 +53,7 @@ def completed(client: openai.OpenAI, batch_id: str, timeout_s: float):
         b = client.batches.retrieve(batch_id)
         assert b.status not in ("failed", "expired", "cancelled"), b
         return b if b.status == "completed" else None
+
     return wait_until(done, timeout_s=timeout_s, interval_s=0.25)
 
 
@@ -56,9 +65,25 @@ def assert_exactly_once(client: openai.OpenAI, batch, n: int) -> None:
 
 
 def _up(state: Path, *extra: str) -> tuple[Process, str]:
-    proc = start("bandmaster-up", python_module(
-        "services.cli", "up", "--worker-kv-tokens", "8192", "--speedup", "50", "--ports", "auto",
-        "--state-dir", str(state), "--cluster-file", str(state / "cluster.json"), *extra), state.parent)
+    proc = start(
+        "bandmaster-up",
+        python_module(
+            "services.cli",
+            "up",
+            "--worker-kv-tokens",
+            "8192",
+            "--speedup",
+            "50",
+            "--ports",
+            "auto",
+            "--state-dir",
+            str(state),
+            "--cluster-file",
+            str(state / "cluster.json"),
+            *extra,
+        ),
+        state.parent,
+    )
     output = proc.wait_for_log("Ctrl-C to stop", timeout_s=120)
     assert "Bandmaster is up" in output and "Batch API:" in output, output
     router = json.loads((state / "router.ready.json").read_text())
@@ -76,14 +101,18 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
         batch = submit(client, n)
         assert assert_exactly_once(client, completed(client, batch.id, 90), n) is None
         assert [b.id for b in client.batches.list()] == [batch.id]
-        with pytest.raises(openai.NotFoundError):                   # the planner's 404 body, through the router
+        with pytest.raises(openai.NotFoundError):  # the planner's 404 body, through the router
             client.batches.retrieve("batch_missing")
         # The router counted the dispatcher's requests as batch traffic, not online.
         metrics = json.loads((state / "router.ready.json").read_text())["metrics_port"]
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
-        batch_ok = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("bandmaster_router_requests_total{") and 'traffic="batch"' in line
-                       and 'outcome="ok"' in line)
+        batch_ok = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("bandmaster_router_requests_total{")
+            and 'traffic="batch"' in line
+            and 'outcome="ok"' in line
+        )
         assert batch_ok >= n
         # The CLI on the same cluster, found through the state dir.
         (tmp_path / "in.jsonl").write_bytes(batch_file(3))
@@ -93,7 +122,11 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
         cli_batch = submitted.stdout.strip()
         completed(client, cli_batch, 60)
         shown = cli("batch", "--state-dir", str(state), "get", cli_batch, "--output")
-        assert shown.returncode == 0 and '"status": "completed"' in shown.stdout and '"custom_id":"r2"' in shown.stdout.replace(" ", "")
+        assert (
+            shown.returncode == 0
+            and '"status": "completed"' in shown.stdout
+            and '"custom_id":"r2"' in shown.stdout.replace(" ", "")
+        )
         listed = cli("batch", "--state-dir", str(state), "list")
         assert listed.returncode == 0 and cli_batch in listed.stdout and batch.id in listed.stdout
         plan = cli("plan", "--state-dir", str(state))
@@ -113,8 +146,17 @@ def _local_workers(capacity_addr: str) -> int:
 def test_the_local_connector_scales_up_for_a_batch_and_back_to_the_idle_target(tmp_path):
     state = tmp_path / "state"
     # One replica drains 10 rps safely; 700 requests due in a minute need two.
-    proc, base_url = _up(state, "--workers", "1", "--planner-connector", "local", "--planner-max-replicas", "3",
-                         "--planner-arg=--safe-rps-per-replica=10", "--planner-arg=--finalization-margin-seconds=2")
+    proc, base_url = _up(
+        state,
+        "--workers",
+        "1",
+        "--planner-connector",
+        "local",
+        "--planner-max-replicas",
+        "3",
+        "--planner-arg=--safe-rps-per-replica=10",
+        "--planner-arg=--finalization-margin-seconds=2",
+    )
     try:
         capacity = json.loads((state / "capacity.ready.json").read_text())["grpc"]
         wait_until(lambda: _local_workers(capacity) == 1, timeout_s=60, interval_s=0.25)
@@ -129,10 +171,18 @@ def test_the_local_connector_scales_up_for_a_batch_and_back_to_the_idle_target(t
 
 
 def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothing(tmp_path):
-    cluster = start_cluster(ClusterConfig(workers=2, worker_kv_tokens=8192, worker_speedup=50, http_port=0,
-                                          planner=True, log_level="WARNING",
-                                          planner_args=("--max-batch-admission-rps=8",)),
-                            Supervisor(tmp_path / "state"))
+    cluster = start_cluster(
+        ClusterConfig(
+            workers=2,
+            worker_kv_tokens=8192,
+            worker_speedup=50,
+            http_port=0,
+            planner=True,
+            log_level="WARNING",
+            planner_args=("--max-batch-admission-rps=8",),
+        ),
+        Supervisor(tmp_path / "state"),
+    )
     try:
         client = openai.OpenAI(base_url=cluster.http_url + "/v1", api_key="unused", max_retries=0)
         n = 60
@@ -141,6 +191,7 @@ def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothi
         def partly_done():
             b = client.batches.retrieve(batch.id)
             return b if 5 <= b.request_counts.completed < n else None
+
         wait_until(partly_done, timeout_s=60, interval_s=0.1)
         old = cluster.planner
         old.process.send_signal(signal.SIGKILL)

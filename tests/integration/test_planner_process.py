@@ -31,36 +31,85 @@ def _start(tmp_path, name, argv, ready):
 @pytest.fixture
 def simworker(tmp_path):
     ready = tmp_path / "sim.json"
-    with _start(tmp_path, "simworker", python_module("services.simworker", "--port", "0", "--ready-file", str(ready),
-                                                     "--speedup", "50", "--log-level", "WARNING"), ready) as proc:
+    with _start(
+        tmp_path,
+        "simworker",
+        python_module(
+            "services.simworker", "--port", "0", "--ready-file", str(ready), "--speedup", "50", "--log-level", "WARNING"
+        ),
+        ready,
+    ) as proc:
         yield f"http://127.0.0.1:{proc.ready['port']}"
 
 
 def start_planner(tmp_path, dispatch_url, *extra):
     ready = tmp_path / "planner-ready.json"
-    proc = _start(tmp_path, "planner", python_module(
-        "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
-        "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
-        "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "2",
-        "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "1", "--drain-lease-duration-seconds", "10",
-        "--assume-no-online-traffic", "--virtual-initial-replicas", "1", "--safe-rps-per-replica", "50",
-        "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0", "--dispatch-url", dispatch_url,
-        *extra), ready)
+    proc = _start(
+        tmp_path,
+        "planner",
+        python_module(
+            "services.planner",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--registry-path",
+            str(tmp_path / "planner.sqlite3"),
+            "--ready-file",
+            str(ready),
+            "--tick-interval-seconds",
+            "0.2",
+            "--tick-max-duration-seconds",
+            "2",
+            "--observe-timeout-seconds",
+            "1",
+            "--effect-timeout-seconds",
+            "1",
+            "--drain-lease-duration-seconds",
+            "10",
+            "--assume-no-online-traffic",
+            "--virtual-initial-replicas",
+            "1",
+            "--safe-rps-per-replica",
+            "50",
+            "--cold-start-margin-seconds",
+            "0",
+            "--finalization-margin-seconds",
+            "0",
+            "--dispatch-url",
+            dispatch_url,
+            *extra,
+        ),
+        ready,
+    )
     return proc, proc.ready
 
 
 def batch_file(n):
-    lines = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                         "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}],
-                                  "max_tokens": 4}}) for i in range(n)]
+    lines = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4},
+            }
+        )
+        for i in range(n)
+    ]
     return ("\n".join(lines) + "\n").encode()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
-    (["--lease-store", "redis"], "--redis-url is required"),
-    (["--bogus"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
+        (["--lease-store", "redis"], "--redis-url is required"),
+        (["--bogus"], "unrecognized arguments"),
+    ],
+)
 def test_invalid_config_exits_2_naming_the_rule(argv, message):
     proc = run_module("services.planner", *argv)
     assert proc.returncode == 2 and message in proc.stderr and "invalid configuration" in proc.stderr
@@ -68,10 +117,25 @@ def test_invalid_config_exits_2_naming_the_rule(argv, message):
 
 def test_unreachable_redis_refuses_to_start(tmp_path):
     port = free_port()
-    proc = run_module("services.planner", "--lease-store", "redis", "--redis-url",
-                      f"redis://:hunter2@127.0.0.1:{port}/0", "--registry-path", str(tmp_path / "r.sqlite3"),
-                      "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--http-listen", "127.0.0.1:0",
-                      "--redis-connect-timeout-seconds", "0.5", "--redis-socket-timeout-seconds", "0.5")
+    proc = run_module(
+        "services.planner",
+        "--lease-store",
+        "redis",
+        "--redis-url",
+        f"redis://:hunter2@127.0.0.1:{port}/0",
+        "--registry-path",
+        str(tmp_path / "r.sqlite3"),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-port",
+        "-1",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--redis-connect-timeout-seconds",
+        "0.5",
+        "--redis-socket-timeout-seconds",
+        "0.5",
+    )
     assert proc.returncode == 2
     assert "unreachable at start-up, refusing to start" in proc.stderr and "hunter2" not in proc.stderr
 
@@ -87,6 +151,7 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
         def partly_done():
             b = client.batches.retrieve(batch.id)
             return b if 5 <= b.request_counts.completed < n else None
+
         wait_until(partly_done, timeout_s=60, interval_s=0.1)
         with grpc.insecure_channel(ready["grpc"]) as ch:
             plan = pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
@@ -102,11 +167,12 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
         def done():
             b = client.batches.retrieve(batch.id)
             return b if b.status == "completed" else None
+
         b = wait_until(done, timeout_s=90, interval_s=0.2)
         assert b.request_counts.total == n and b.request_counts.completed == n and b.request_counts.failed == 0
         lines = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
         ids = [x["custom_id"] for x in lines]
-        assert sorted(ids) == sorted(f"r{i}" for i in range(n))         # none lost, none twice
+        assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # none lost, none twice
         assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in lines)
         assert b.error_file_id is None
         assert [x.id for x in client.batches.list()] == [batch.id]
@@ -119,21 +185,45 @@ def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simwo
 
 def _planner_cmd(tmp_path, ready, *extra):
     return python_module(
-        "services.planner", "--listen", "127.0.0.1:0", "--metrics-port", "0",
-        "--http-listen", "127.0.0.1:0", "--registry-path", str(tmp_path / "planner.sqlite3"),
-        "--ready-file", str(ready), "--tick-interval-seconds", "0.2", "--tick-max-duration-seconds", "3",
-        "--observe-timeout-seconds", "1", "--effect-timeout-seconds", "2", "--drain-lease-duration-seconds", "20",
-        "--assume-no-online-traffic", "--cold-start-margin-seconds", "0", "--finalization-margin-seconds", "0",
-        *extra)
+        "services.planner",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-port",
+        "0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--registry-path",
+        str(tmp_path / "planner.sqlite3"),
+        "--ready-file",
+        str(ready),
+        "--tick-interval-seconds",
+        "0.2",
+        "--tick-max-duration-seconds",
+        "3",
+        "--observe-timeout-seconds",
+        "1",
+        "--effect-timeout-seconds",
+        "2",
+        "--drain-lease-duration-seconds",
+        "20",
+        "--assume-no-online-traffic",
+        "--cold-start-margin-seconds",
+        "0",
+        "--finalization-margin-seconds",
+        "0",
+        *extra,
+    )
 
 
 def _submit(address, total=100, job_id="ext-1"):
     from google.protobuf.timestamp_pb2 import Timestamp
+
     deadline = Timestamp()
     deadline.FromSeconds(int(time.time()) + 600)
     with grpc.insecure_channel(address) as ch:
         return pb_grpc.PlannerStub(ch).SubmitBatchJob(
-            pb.SubmitBatchJobRequest(total_requests=total, deadline=deadline, job_id=job_id), timeout=5)
+            pb.SubmitBatchJobRequest(total_requests=total, deadline=deadline, job_id=job_id), timeout=5
+        )
 
 
 def test_redis_lease_store_process(tmp_path, redis_server):
@@ -141,10 +231,27 @@ def test_redis_lease_store_process(tmp_path, redis_server):
 
     r = redis_lib.Redis(port=redis_server.port, decode_responses=True)
     ready = tmp_path / "ready.json"
-    proc = _start(tmp_path, "planner", _planner_cmd(tmp_path, ready, "--lease-store", "redis", "--redis-url",
-                                                    redis_server.url, "--virtual-initial-replicas", "2",
-                                                    "--safe-rps-per-replica", "5", "--redis-connect-timeout-seconds",
-                                                    "0.5", "--redis-socket-timeout-seconds", "0.5"), ready)
+    proc = _start(
+        tmp_path,
+        "planner",
+        _planner_cmd(
+            tmp_path,
+            ready,
+            "--lease-store",
+            "redis",
+            "--redis-url",
+            redis_server.url,
+            "--virtual-initial-replicas",
+            "2",
+            "--safe-rps-per-replica",
+            "5",
+            "--redis-connect-timeout-seconds",
+            "0.5",
+            "--redis-socket-timeout-seconds",
+            "0.5",
+        ),
+        ready,
+    )
     try:
         info = proc.ready
         key = "bandmaster:drain-limit:default"
@@ -164,33 +271,66 @@ def test_local_connector_scales_from_zero_and_registers_with_capacity(tmp_path):
     from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
 
     cap_ready = tmp_path / "capacity.json"
-    capacity = start("capacity", python_module("services.capacity", "--listen", "127.0.0.1:0",
-                                               "--metrics-port", "-1", "--poll-interval-seconds", "0.5",
-                                               "--poll-timeout-seconds", "0.5", "--ready-file", str(cap_ready)),
-                     tmp_path, ready_file=cap_ready)
+    capacity = start(
+        "capacity",
+        python_module(
+            "services.capacity",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "-1",
+            "--poll-interval-seconds",
+            "0.5",
+            "--poll-timeout-seconds",
+            "0.5",
+            "--ready-file",
+            str(cap_ready),
+        ),
+        tmp_path,
+        ready_file=cap_ready,
+    )
     planner = None
     try:
         cap = capacity.wait_ready(timeout_s=60).ready["grpc"]
         ready = tmp_path / "ready.json"
-        planner = _start(tmp_path, "planner", _planner_cmd(tmp_path, ready, "--connector", "local", "--capacity", cap,
-                                                           "--local-worker-arg=--speedup", "--local-worker-arg=50",
-                                                           "--local-worker-arg=--log-level",
-                                                           "--local-worker-arg=WARNING",
-                                                           "--safe-rps-per-replica", "5", "--max-replicas", "2"),
-                         ready)
+        planner = _start(
+            tmp_path,
+            "planner",
+            _planner_cmd(
+                tmp_path,
+                ready,
+                "--connector",
+                "local",
+                "--capacity",
+                cap,
+                "--local-worker-arg=--speedup",
+                "--local-worker-arg=50",
+                "--local-worker-arg=--log-level",
+                "--local-worker-arg=WARNING",
+                "--safe-rps-per-replica",
+                "5",
+                "--max-replicas",
+                "2",
+            ),
+            ready,
+        )
         info = planner.ready
         _submit(info["grpc"], total=50)
 
         def healthy_worker():
             with grpc.insecure_channel(cap) as ch:
                 snap = cpb_grpc.CapacityStub(ch).ListWorkers(cpb.ListWorkersRequest(), timeout=5)
-            return [w for w in snap.workers if w.health == cpb.WORKER_HEALTH_HEALTHY and w.worker_id.startswith("local-")]
+            return [
+                w for w in snap.workers if w.health == cpb.WORKER_HEALTH_HEALTHY and w.worker_id.startswith("local-")
+            ]
+
         workers = wait_until(healthy_worker, timeout_s=60, interval_s=0.2)
         assert len(workers) >= 1
 
         def positive_lease():
             with grpc.insecure_channel(info["grpc"]) as ch:
                 return pb_grpc.PlannerStub(ch).GetLease(pb.GetLeaseRequest(), timeout=5).max_admission_rps > 0
+
         wait_until(positive_lease, timeout_s=30, interval_s=0.2)
     finally:
         if planner is not None:

@@ -17,8 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_router_bench_smoke(tmp_path):
     out = tmp_path / "router_bench.json"
-    done = subprocess.run([sys.executable, "-m", "bench.router_bench", "--smoke", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.router_bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["benchmark"] == "router_bench" and report["smoke"] is True
@@ -28,7 +33,8 @@ def test_router_bench_smoke(tmp_path):
 
     phases = report["phases"]
     assert sorted((p["concurrency"], p["arm"]) for p in phases) == sorted(
-        (c, arm) for c in concurrencies for arm in ARMS)
+        (c, arm) for c in concurrencies for arm in ARMS
+    )
     for phase in phases:
         assert phase["errors"] == 0, phase
         assert phase["requests"] > 0 and phase["ttft_ms"]["n"] > 0, phase
@@ -43,7 +49,12 @@ def test_router_bench_smoke(tmp_path):
             for key in ("p50", "p99"):
                 assert row["ttft_ms"][key] > 0
             for base in ("direct", "sglang-router"):
-                assert set(row[f"vs_{base}"]) == {"added_ttft_ms_p50", "added_ttft_ms_p99", "ttft_p50_ratio",
-                                                  "ttft_p99_ratio", "tokens_per_s_ratio"}
+                assert set(row[f"vs_{base}"]) == {
+                    "added_ttft_ms_p50",
+                    "added_ttft_ms_p99",
+                    "ttft_p50_ratio",
+                    "ttft_p99_ratio",
+                    "tokens_per_s_ratio",
+                }
         assert rows["direct"]["vs_direct"]["tokens_per_s_ratio"] == 1.0
     assert "tok/s" in done.stdout and "sglang-router" in done.stdout

@@ -43,14 +43,14 @@ async def env(tmp_path_factory):
         w2 = st.add(await stack.simworker(tmp, "w2"))
         cap = st.add(await stack.capacity(tmp, [w1.ready["url"], w2.ready["url"]]))
         address = await sched.start()
-        router = st.add(await stack.router(tmp, cap.ready["grpc"], "--max-body-bytes", "65536",
-                                           scheduler_addr=address))
+        router = st.add(await stack.router(tmp, cap.ready["grpc"], "--max-body-bytes", "65536", scheduler_addr=address))
         e = Env(st, [w1, w2], sched, router)
 
         async def two_workers():
             async with aiohttp.ClientSession() as s:
                 async with s.get(e.url + "/health") as r:
                     return r.status == 200 and (await r.json())["workers"] == 2
+
         await assert_eventually(two_workers, timeout_s=20)
         yield e
     finally:
@@ -61,17 +61,24 @@ async def env(tmp_path_factory):
 def _turn_messages(turn: int) -> list[dict]:
     messages = [{"role": "system", "content": "You are a coding agent. " * 40}]
     for i in range(turn):
-        messages += [{"role": "user", "content": f"step {i}: run the tests"},
-                     {"role": "assistant", "content": f"ran step {i}"}]
+        messages += [
+            {"role": "user", "content": f"step {i}: run the tests"},
+            {"role": "assistant", "content": f"ran step {i}"},
+        ]
     return messages + [{"role": "user", "content": f"step {turn}: continue"}]
 
 
 async def test_program_turns_are_admitted_routed_and_completed(env):
     client = env.openai(**session_headers("prog-1"))
     for turn in range(3):
-        stream = await client.chat.completions.create(model=MODEL, messages=_turn_messages(turn), max_tokens=12,
-                                                      stream=True, stream_options={"include_usage": True},
-                                                      extra_body={"ignore_eos": True})
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=_turn_messages(turn),
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         text, usage = "", None
         async for chunk in stream:
             if chunk.choices:
@@ -80,8 +87,9 @@ async def test_program_turns_are_admitted_routed_and_completed(env):
                 usage = chunk.usage
         assert text and usage is not None and usage.completion_tokens == 12
         assert usage.prompt_tokens_details is not None
-    answer = await client.chat.completions.create(model=MODEL, messages=_turn_messages(3), max_tokens=5,
-                                                  extra_body={"ignore_eos": True})
+    answer = await client.chat.completions.create(
+        model=MODEL, messages=_turn_messages(3), max_tokens=5, extra_body={"ignore_eos": True}
+    )
     assert answer.usage.completion_tokens == 5 and answer.usage.prompt_tokens_details.cached_tokens > 0
 
     admits = [a for a in env.sched.of("Admit") if a.session_id == "prog-1"]
@@ -91,6 +99,7 @@ async def test_program_turns_are_admitted_routed_and_completed(env):
         done = [c for c in env.sched.of("Complete") if c.session_id == "prog-1"]
         assert len(done) == 4
         return done
+
     done = await assert_eventually(completed)
     assert {c.request_id for c in done} == {a.request_id for a in admits}
     assert all(c.outcome == spb.TURN_OUTCOME_OK and c.prompt_tokens > 0 and c.worker_id for c in done)
@@ -135,29 +144,33 @@ async def test_a_final_request_is_served_then_released_and_one_without_content_t
     assert await env.worker_requests() == before
 
 
-@pytest.mark.parametrize("headers, body, status", [
-    ({"X-Dynamo-Session-ID": "x" * 257}, None, 400),
-    ({"X-Dynamo-Session-ID": "bad\tid"}, None, 400),
-    ({"X-Dynamo-Parent-Session-ID": "p" * 300}, None, 400),
-    ({"X-Dynamo-Session-ID": "ok", "X-Dynamo-Session-Final": "maybe"}, None, 400),
-    ({}, b"{not json", 400),
-    ({}, b'["a list"]', 400),
-    ({}, b'{"messages": "hi"}', 400),
-    ({}, b'{"messages": []}', 400),
-    ({}, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400),
-    ({}, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}', 400),
-    ({}, b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 400),
-    ({}, b'{"messages": [{"role": "user", "content": "hi"}], "model": "no-such-model"}', 404),
-    ({}, b'{"messages": [{"role": "user", "content": "' + b"a" * 70000 + b'"}]}', 413),
-])
+@pytest.mark.parametrize(
+    "headers, body, status",
+    [
+        ({"X-Dynamo-Session-ID": "x" * 257}, None, 400),
+        ({"X-Dynamo-Session-ID": "bad\tid"}, None, 400),
+        ({"X-Dynamo-Parent-Session-ID": "p" * 300}, None, 400),
+        ({"X-Dynamo-Session-ID": "ok", "X-Dynamo-Session-Final": "maybe"}, None, 400),
+        ({}, b"{not json", 400),
+        ({}, b'["a list"]', 400),
+        ({}, b'{"messages": "hi"}', 400),
+        ({}, b'{"messages": []}', 400),
+        ({}, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400),
+        ({}, b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": "5"}', 400),
+        ({}, b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', 400),
+        ({}, b'{"messages": [{"role": "user", "content": "hi"}], "model": "no-such-model"}', 404),
+        ({}, b'{"messages": [{"role": "user", "content": "' + b"a" * 70000 + b'"}]}', 413),
+    ],
+)
 async def test_invalid_requests_get_4xx_and_nothing_is_forwarded(env, headers, body, status):
     body = body or b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
     picks_before = await stack.metric(env.url, "bandmaster_router_picks_total")
     worker_before = await env.worker_requests()
     admits_before = len(env.sched.of("Admit"))
     async with aiohttp.ClientSession() as s:
-        async with s.post(env.url + "/v1/chat/completions", data=body,
-                          headers={"Content-Type": "application/json", **headers}) as r:
+        async with s.post(
+            env.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json", **headers}
+        ) as r:
             assert r.status == status
             error = (await r.json())["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -168,8 +181,9 @@ async def test_invalid_requests_get_4xx_and_nothing_is_forwarded(env, headers, b
 
 async def test_client_disconnect_aborts_upstream_and_completes_cancelled(env):
     client = env.openai(**session_headers("prog-cancel"))
-    stream = await client.chat.completions.create(model=MODEL, messages=_turn_messages(0), max_tokens=50000,
-                                                  stream=True, extra_body={"ignore_eos": True})
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=_turn_messages(0), max_tokens=50000, stream=True, extra_body={"ignore_eos": True}
+    )
     received = 0
     async for _chunk in stream:
         received += 1
@@ -184,6 +198,7 @@ async def test_client_disconnect_aborts_upstream_and_completes_cancelled(env):
     async def drained():
         loads = [await stack.worker_load(w.ready["url"]) for w in env.workers]
         return all(load["num_running_reqs"] == 0 and load["num_waiting_reqs"] == 0 for load in loads)
+
     await assert_eventually(drained, timeout_s=10)
     done = await assert_eventually(lambda: [c for c in env.sched.of("Complete") if c.session_id == "prog-cancel"])
     assert done[0].outcome == spb.TURN_OUTCOME_CANCELLED

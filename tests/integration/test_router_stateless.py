@@ -20,6 +20,7 @@ async def _healthy(url: str) -> None:
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/health") as r:
                 return r.status == 200
+
     await assert_eventually(check, timeout_s=20)
 
 
@@ -30,20 +31,32 @@ async def test_two_routers_serve_one_program(tmp_path):
         address = await sched.start()
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        routers = [st.add(await stack.router(tmp_path, cap.ready["grpc"], scheduler_addr=address, name=f"r{i}"))
-                   for i in range(2)]
+        routers = [
+            st.add(await stack.router(tmp_path, cap.ready["grpc"], scheduler_addr=address, name=f"r{i}"))
+            for i in range(2)
+        ]
         urls = [stack.router_url(r) for r in routers]
         for url in urls:
             await _healthy(url)
         messages = [{"role": "user", "content": "start"}]
         for turn in range(4):
-            client = AsyncOpenAI(base_url=urls[turn % 2] + "/v1", api_key="none",
-                                 default_headers=session_headers("shared-prog"), max_retries=0)
+            client = AsyncOpenAI(
+                base_url=urls[turn % 2] + "/v1",
+                api_key="none",
+                default_headers=session_headers("shared-prog"),
+                max_retries=0,
+            )
             answer = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
-            messages += [{"role": "assistant", "content": answer.choices[0].message.content},
-                         {"role": "user", "content": f"turn {turn}"}]
-        final = AsyncOpenAI(base_url=urls[1] + "/v1", api_key="none", max_retries=0,
-                            default_headers=session_headers("shared-prog", final=True))
+            messages += [
+                {"role": "assistant", "content": answer.choices[0].message.content},
+                {"role": "user", "content": f"turn {turn}"},
+            ]
+        final = AsyncOpenAI(
+            base_url=urls[1] + "/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers=session_headers("shared-prog", final=True),
+        )
         await final.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
         assert {a.session_id for a in sched.of("Admit")} == {"shared-prog"}
         assert len(sched.of("Admit")) == 5  # the final request is a turn too, then the release
@@ -75,7 +88,8 @@ async def test_kv_events_feed_the_index_and_keep_a_prefix_on_its_worker(tmp_path
                     used.append((await r.json())["meta_info"])
                 if i == 0:
                     await assert_eventually(
-                        lambda: stack.metric(url, "bandmaster_router_kv_events_total", 'outcome="applied"'))
+                        lambda: stack.metric(url, "bandmaster_router_kv_events_total", 'outcome="applied"')
+                    )
         assert all(m["cached_tokens"] >= 256 for m in used[1:])
     finally:
         await st.close()

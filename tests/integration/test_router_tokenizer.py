@@ -30,18 +30,35 @@ async def env(tmp_path_factory, tokenizer_dir):
     tmp = tmp_path_factory.mktemp("router-tokenizer")
     st = stack.Stack(tmp)
     try:
-        workers = [st.add(await stack.simworker(tmp, name, "--tokenizer-path", str(tokenizer_dir),
-                                                "--page-size", str(PAGE), kv_events=True))
-                   for name in ("w1", "w2")]
+        workers = [
+            st.add(
+                await stack.simworker(
+                    tmp, name, "--tokenizer-path", str(tokenizer_dir), "--page-size", str(PAGE), kv_events=True
+                )
+            )
+            for name in ("w1", "w2")
+        ]
         cap = st.add(await stack.capacity(tmp, [w.ready["url"] for w in workers]))
-        router = st.add(await stack.router(tmp, cap.ready["grpc"], "--tokenizer", str(tokenizer_dir),
-                                           "--use-kv-events", "--router-temperature", "0", "--seed", "0"))
+        router = st.add(
+            await stack.router(
+                tmp,
+                cap.ready["grpc"],
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--use-kv-events",
+                "--router-temperature",
+                "0",
+                "--seed",
+                "0",
+            )
+        )
         url = stack.router_url(router)
 
         async def two_workers():
             async with aiohttp.ClientSession() as s:
                 async with s.get(url + "/health") as r:
                     return r.status == 200 and (await r.json())["workers"] == 2
+
         await assert_eventually(two_workers, timeout_s=20)
         await _until_subscribed(url, workers)
         yield url, workers
@@ -61,8 +78,9 @@ async def _until_subscribed(url: str, workers) -> None:
             before = await stack.metric(url, "bandmaster_router_kv_events_total", APPLIED)
             async with aiohttp.ClientSession() as s:
                 text = f"warm up {worker.name} attempt {attempt} " * 4
-                async with s.post(worker.ready["url"] + "/generate",
-                                  json={"text": text, "sampling_params": {"max_new_tokens": 1}}) as r:
+                async with s.post(
+                    worker.ready["url"] + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 1}}
+                ) as r:
                     assert r.status == 200
             # A short wait per attempt; a lost event means another attempt with another prompt.
             return await assert_eventually(lambda: _more_than(url, before), timeout_s=0.5, interval_s=0.05)
@@ -91,11 +109,18 @@ async def test_second_turn_matches_first_turn_blocks_exactly(env, tokenizer_dir)
     url, _ = env
     tok = load_tokenizer(tokenizer_dir)
     client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-    turn1 = [{"role": "system", "content": "You are a coding agent. Run the tests and fix what fails. " * 12},
-             {"role": "user", "content": "run the tests"}]
-    stream = await client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=8, stream=True,
-                                                  stream_options={"include_usage": True},
-                                                  extra_body={"ignore_eos": True})
+    turn1 = [
+        {"role": "system", "content": "You are a coding agent. Run the tests and fix what fails. " * 12},
+        {"role": "user", "content": "run the tests"},
+    ]
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=turn1,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     answer, usage1 = "", None
     async for chunk in stream:
         if chunk.choices:
@@ -135,8 +160,13 @@ async def test_completions_text_is_routed_on_the_same_pages(env, tokenizer_dir):
     assert again.usage.prompt_tokens_details.cached_tokens == predicted > 0
 
 
-@pytest.mark.parametrize("module, args", [("services.router", ["--no-scheduler", "--tokenizer"]),
-                                          ("services.simworker", ["--port", "0", "--tokenizer-path"])])
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("services.router", ["--no-scheduler", "--tokenizer"]),
+        ("services.simworker", ["--port", "0", "--tokenizer-path"]),
+    ],
+)
 async def test_an_unloadable_tokenizer_is_a_configuration_error_exit_2(tmp_path, module, args):
     missing = tmp_path / "no-such-model"
     process = await asyncio.to_thread(run_module, module, *args, str(missing))

@@ -34,19 +34,31 @@ async def test_trace_continues_through_router_to_scheduler_in_memory(tmp_path):
         address = await sched.start()
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        router = await start_router(RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address,
-                                                 kv=KvOverrides(use_kv_events=False)), telemetry=telemetry)
+        router = await start_router(
+            RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address, kv=KvOverrides(use_kv_events=False)),
+            telemetry=telemetry,
+        )
         await assert_eventually(lambda: router.fleet.workers)
-        client = AsyncOpenAI(base_url=router.base_url + "/v1", api_key="none", max_retries=0,
-                             default_headers={**session_headers("traced"), "traceparent": TRACEPARENT})
+        client = AsyncOpenAI(
+            base_url=router.base_url + "/v1",
+            api_key="none",
+            max_retries=0,
+            default_headers={**session_headers("traced"), "traceparent": TRACEPARENT},
+        )
         await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        spans = await assert_eventually(lambda: exporter.get_finished_spans() if any(
-            s.name == "router.request" for s in exporter.get_finished_spans()) else None)
+        spans = await assert_eventually(
+            lambda: (
+                exporter.get_finished_spans()
+                if any(s.name == "router.request" for s in exporter.get_finished_spans())
+                else None
+            )
+        )
         by_name = {s.name: s for s in spans}
         assert {"router.request", "router.pick"} <= by_name.keys()
         # The start-up GetRouterConfig call is a trace of its own; every span of the request is in its trace.
-        assert all(format(s.context.trace_id, "032x") == TRACE_ID for s in spans
-                   if not s.name.endswith("/GetRouterConfig")), [s.name for s in spans]
+        assert all(
+            format(s.context.trace_id, "032x") == TRACE_ID for s in spans if not s.name.endswith("/GetRouterConfig")
+        ), [s.name for s in spans]
         assert by_name["router.pick"].parent.span_id == by_name["router.request"].context.span_id
         assert by_name["router.pick"].attributes["router.reason"]
         admit = next(c for c in sched.calls if c.method == "Admit")
@@ -75,14 +87,22 @@ async def test_grpc_generate_turn_is_one_trace_up_to_complete(tmp_path):
         address = await sched.start()
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        router = await start_router(RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address,
-                                                 kv=KvOverrides(use_kv_events=False)), telemetry=telemetry)
+        router = await start_router(
+            RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address, kv=KvOverrides(use_kv_events=False)),
+            telemetry=telemetry,
+        )
         await assert_eventually(lambda: router.fleet.workers)
         async with grpc.aio.insecure_channel(router.grpc_address) as channel:
-            chunks = [c async for c in rpb_grpc.RouterStub(channel).Generate(
-                rpb.GenerateRequest(session_id="traced-grpc", model=MODEL, prompt="hello",
-                                    sampling=rpb.SamplingParams(max_tokens=2)),
-                metadata=(("traceparent", TRACEPARENT),), timeout=30)]
+            chunks = [
+                c
+                async for c in rpb_grpc.RouterStub(channel).Generate(
+                    rpb.GenerateRequest(
+                        session_id="traced-grpc", model=MODEL, prompt="hello", sampling=rpb.SamplingParams(max_tokens=2)
+                    ),
+                    metadata=(("traceparent", TRACEPARENT),),
+                    timeout=30,
+                )
+            ]
         assert chunks[-1].finish_reason
         complete = await assert_eventually(lambda: [c for c in sched.calls if c.method == "Complete"])
         assert complete[0].metadata["traceparent"].split("-")[1] == TRACE_ID
@@ -127,20 +147,25 @@ async def test_router_process_exports_spans_by_otlp(tmp_path):
     try:
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
-        env = stack.base_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true",
-                             OTEL_BSP_SCHEDULE_DELAY="100")
+        env = stack.base_env(
+            OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+            OTEL_EXPORTER_OTLP_INSECURE="true",
+            OTEL_BSP_SCHEDULE_DELAY="100",
+        )
         router = st.add(await stack.router(tmp_path, cap.ready["grpc"], "--no-use-kv-events", env=env))
         url = stack.router_url(router)
         await assert_eventually(lambda: "workers: 1 healthy" in router.log_text(), timeout_s=15)
-        client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
-                             default_headers={"traceparent": TRACEPARENT})
+        client = AsyncOpenAI(
+            base_url=url + "/v1", api_key="none", max_retries=0, default_headers={"traceparent": TRACEPARENT}
+        )
         await client.completions.create(model=MODEL, prompt="trace me", max_tokens=2)
         spans = await assert_eventually(lambda: [s for s in receiver.spans if s.name == "router.pick"], timeout_s=15)
         assert spans[0].trace_id.hex() == TRACE_ID
         # The request span ends after the pick span, so it may arrive in a later export batch.
         await assert_eventually(
             lambda: any(s.name == "router.request" and s.trace_id.hex() == TRACE_ID for s in receiver.spans),
-            timeout_s=15)
+            timeout_s=15,
+        )
     finally:
         await st.close()
         await server.stop(0)

@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_scheduler_bench_smoke(tmp_path):
     out = tmp_path / "scheduler.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.scheduler_bench", "--smoke", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.scheduler_bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["smoke"] is True

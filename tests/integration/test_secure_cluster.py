@@ -26,13 +26,18 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("secure-cluster")
-    running = start_cluster(ClusterConfig(workers=1, worker_kv_tokens=8192, worker_speedup=20.0, http_port=0,
-                                          state_dir=state, secure=True))
+    running = start_cluster(
+        ClusterConfig(workers=1, worker_kv_tokens=8192, worker_speedup=20.0, http_port=0, state_dir=state, secure=True)
+    )
     try:
         pki = running.pki
         context = ssl.create_default_context(cafile=str(pki.ca))
-        wait_until(lambda: _healthy(running.http_url + "/health", context), timeout_s=30, interval_s=0.1,
-                   message="the router never saw a healthy worker")
+        wait_until(
+            lambda: _healthy(running.http_url + "/health", context),
+            timeout_s=30,
+            interval_s=0.1,
+            message="the router never saw a healthy worker",
+        )
         yield running
     finally:
         running.stop()
@@ -52,14 +57,21 @@ def _token(path) -> str:
 
 
 def _client(cluster, api_key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=cluster.http_url + "/v1", api_key=api_key, max_retries=0,
-                         http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(cluster.pki.ca))))
+    return openai.OpenAI(
+        base_url=cluster.http_url + "/v1",
+        api_key=api_key,
+        max_retries=0,
+        http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(cluster.pki.ca))),
+    )
 
 
 def test_openai_client_with_the_data_token_gets_a_completion(cluster):
     reply = _client(cluster, _token(cluster.pki.data_token_file)).chat.completions.create(
-        model="bandmaster-sim", messages=[{"role": "user", "content": "hello"}], max_tokens=8,
-        extra_headers={"X-Dynamo-Session-ID": "secure-program"})
+        model="bandmaster-sim",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        extra_headers={"X-Dynamo-Session-ID": "secure-program"},
+    )
     assert reply.choices[0].message.content
     assert reply.usage.completion_tokens > 0
 
@@ -67,15 +79,20 @@ def test_openai_client_with_the_data_token_gets_a_completion(cluster):
 def test_a_wrong_token_is_401(cluster):
     with pytest.raises(openai.AuthenticationError) as info:
         _client(cluster, "not-the-token-0123456789").chat.completions.create(
-            model="bandmaster-sim", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+            model="bandmaster-sim", messages=[{"role": "user", "content": "hello"}], max_tokens=8
+        )
     assert info.value.status_code == 401
     assert info.value.body["code"] == "invalid_api_key"
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Basic dXNlcjpwYXNz"}])
 def test_no_bearer_token_is_401(cluster, headers):
-    request = urllib.request.Request(cluster.http_url + "/v1/chat/completions", method="POST", headers=headers,
-                                     data=b'{"model": "bandmaster-sim", "messages": []}')
+    request = urllib.request.Request(
+        cluster.http_url + "/v1/chat/completions",
+        method="POST",
+        headers=headers,
+        data=b'{"model": "bandmaster-sim", "messages": []}',
+    )
     context = ssl.create_default_context(cafile=str(cluster.pki.ca))
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=5, context=context)
@@ -113,7 +130,8 @@ async def test_grpc_roles_over_mutual_tls(cluster):
     async with _channel(cluster, certificate=False) as channel:
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await capacity_pb2_grpc.CapacityStub(channel).RegisterWorker(
-                fake, timeout=5, metadata=_bearer(pki.control_token_file))
+                fake, timeout=5, metadata=_bearer(pki.control_token_file)
+            )
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     # Plaintext: refused too.
     async with grpc.aio.insecure_channel(cluster.capacity.endpoint) as channel:
@@ -123,53 +141,78 @@ async def test_grpc_roles_over_mutual_tls(cluster):
 
     async with _channel(cluster) as channel:
         capacity = capacity_pb2_grpc.CapacityStub(channel)
-        for metadata, code in [((), grpc.StatusCode.UNAUTHENTICATED),
-                               ((("authorization", "Bearer wrong-token-0123456789"),), grpc.StatusCode.UNAUTHENTICATED),
-                               (_bearer(pki.data_token_file), grpc.StatusCode.PERMISSION_DENIED)]:
-            for call, request in [(capacity.RegisterWorker, fake),
-                                  (capacity.DeregisterWorker, capacity_pb2.DeregisterWorkerRequest(worker_id="x")),
-                                  (capacity.ListWorkers, capacity_pb2.ListWorkersRequest())]:
+        for metadata, code in [
+            ((), grpc.StatusCode.UNAUTHENTICATED),
+            ((("authorization", "Bearer wrong-token-0123456789"),), grpc.StatusCode.UNAUTHENTICATED),
+            (_bearer(pki.data_token_file), grpc.StatusCode.PERMISSION_DENIED),
+        ]:
+            for call, request in [
+                (capacity.RegisterWorker, fake),
+                (capacity.DeregisterWorker, capacity_pb2.DeregisterWorkerRequest(worker_id="x")),
+                (capacity.ListWorkers, capacity_pb2.ListWorkersRequest()),
+            ]:
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call(request, timeout=5, metadata=metadata)
                 assert info.value.code() == code, (call, metadata)
         # The control token may: register a worker, then take it out again.
         answer = await capacity.RegisterWorker(fake, timeout=5, metadata=_bearer(pki.control_token_file))
         assert answer.worker.worker_id == "intruder"
-        removed = await capacity.DeregisterWorker(capacity_pb2.DeregisterWorkerRequest(worker_id="intruder"),
-                                                  timeout=5, metadata=_bearer(pki.control_token_file))
+        removed = await capacity.DeregisterWorker(
+            capacity_pb2.DeregisterWorkerRequest(worker_id="intruder"),
+            timeout=5,
+            metadata=_bearer(pki.control_token_file),
+        )
         assert removed.removed
 
     # The scheduler: a data-plane client may not release a program there.
-    scheduler_channel = client_security(tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")),
-                                        tls_key=str(pki.key("client"))).channel(cluster.scheduler.endpoint)
+    scheduler_channel = client_security(
+        tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")), tls_key=str(pki.key("client"))
+    ).channel(cluster.scheduler.endpoint)
     async with scheduler_channel as channel:
         scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
-            await scheduler.Release(scheduler_pb2.ReleaseRequest(session_id="secure-program"), timeout=5,
-                                    metadata=_bearer(pki.data_token_file))
+            await scheduler.Release(
+                scheduler_pb2.ReleaseRequest(session_id="secure-program"),
+                timeout=5,
+                metadata=_bearer(pki.data_token_file),
+            )
         assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
         # The router admitted the first test's turn through the scheduler (mTLS + its control token),
         # rather than failing open.
-        program = await scheduler.GetProgram(scheduler_pb2.GetProgramRequest(session_id="secure-program"),
-                                             timeout=5, metadata=_bearer(pki.control_token_file))
+        program = await scheduler.GetProgram(
+            scheduler_pb2.GetProgramRequest(session_id="secure-program"),
+            timeout=5,
+            metadata=_bearer(pki.control_token_file),
+        )
         assert program.turns >= 1
 
     # The router's gRPC data plane takes the data token (and nothing less).
-    router_channel = client_security(tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")),
-                                     tls_key=str(pki.key("client"))).channel(cluster.router.endpoint)
+    router_channel = client_security(
+        tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")), tls_key=str(pki.key("client"))
+    ).channel(cluster.router.endpoint)
     async with router_channel as channel:
         router = router_pb2_grpc.RouterStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await router.Release(router_pb2.ReleaseRequest(session_id="secure-program"), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        await router.Release(router_pb2.ReleaseRequest(session_id="secure-program"), timeout=5,
-                             metadata=_bearer(pki.data_token_file))
+        await router.Release(
+            router_pb2.ReleaseRequest(session_id="secure-program"), timeout=5, metadata=_bearer(pki.data_token_file)
+        )
 
 
 def test_programs_cli_over_mutual_tls(cluster, capsys):
     pki = cluster.pki
-    base = ["programs", "--scheduler-addr", cluster.scheduler.endpoint, "--tls-ca", str(pki.ca),
-            "--tls-cert", str(pki.cert("client")), "--tls-key", str(pki.key("client"))]
+    base = [
+        "programs",
+        "--scheduler-addr",
+        cluster.scheduler.endpoint,
+        "--tls-ca",
+        str(pki.ca),
+        "--tls-cert",
+        str(pki.cert("client")),
+        "--tls-key",
+        str(pki.key("client")),
+    ]
     assert cli_main(base) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
     assert cli_main([*base, "--control-token-file", str(pki.control_token_file)]) == 0
@@ -186,10 +229,12 @@ async def test_the_client_sdk_generates_over_mutual_tls_with_the_data_token(clus
     from clients.bandmaster_client import BandmasterClient
 
     pki = cluster.pki
-    credentials = grpc.ssl_channel_credentials(pki.ca.read_bytes(), pki.key("client").read_bytes(),
-                                               pki.cert("client").read_bytes())
-    async with BandmasterClient(cluster.router.endpoint, credentials=credentials, timeout_s=30,
-                                token=_token(pki.data_token_file)) as client:
+    credentials = grpc.ssl_channel_credentials(
+        pki.ca.read_bytes(), pki.key("client").read_bytes(), pki.cert("client").read_bytes()
+    )
+    async with BandmasterClient(
+        cluster.router.endpoint, credentials=credentials, timeout_s=30, token=_token(pki.data_token_file)
+    ) as client:
         async with client.program("secure-sdk-program") as program:
             chunks = [c async for c in program.chat([{"role": "user", "content": "hi"}], max_tokens=4)]
     assert chunks and chunks[-1].finish_reason

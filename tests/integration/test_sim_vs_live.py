@@ -6,7 +6,8 @@ same worker settings and the control law `bandmaster up --speedup S` runs. Steps
 minute must agree within 10% for the Bandmaster arm and the KV-aware arm.
 
 Live time is wall time x speedup, so the speedup is low (event-loop, HTTP and tokenization
-overheads are wall time and get multiplied by it too; at 10x they made the live side 27% slower). Run as a script to print both summaries side by side:
+overheads are wall time and get multiplied by it too; at 10x they made the live side 27% slower).
+Run as a script to print both summaries side by side:
 
     python -m tests.integration.test_sim_vs_live [--slow]
 """
@@ -28,12 +29,22 @@ pytestmark = pytest.mark.integration
 TOLERANCE = 0.10
 
 
-def scenario(arm: str, speedup: float, *, programs: int, max_turns: int, kv_tokens: int,
-             token_scale: float) -> SimScenario:
+def scenario(
+    arm: str, speedup: float, *, programs: int, max_turns: int, kv_tokens: int, token_scale: float
+) -> SimScenario:
     """The shared scenario, as the simulator takes it."""
-    return SimScenario(arm=arm, workload="swe", programs=programs, max_turns=max_turns, token_scale=token_scale,
-                       workers=2, worker_kv_tokens=kv_tokens, control=live_control_params(speedup),
-                       live_speedup=speedup, seed=0)
+    return SimScenario(
+        arm=arm,
+        workload="swe",
+        programs=programs,
+        max_turns=max_turns,
+        token_scale=token_scale,
+        workers=2,
+        worker_kv_tokens=kv_tokens,
+        control=live_control_params(speedup),
+        live_speedup=speedup,
+        seed=0,
+    )
 
 
 def run_live(s: SimScenario, speedup: float, state_dir) -> dict:
@@ -41,18 +52,31 @@ def run_live(s: SimScenario, speedup: float, state_dir) -> dict:
     from harness.cluster import ClusterConfig, start_cluster
     from harness.probes import scheduler_counts, wait_for_workers
 
-    config = ClusterConfig(workers=s.workers, worker_kv_tokens=s.worker_kv_tokens,
-                           worker_page_size=s.worker_page_size, worker_speedup=speedup,
-                           worker_timing_profile=s.worker_timing_profile, http_port=0,
-                           scheduler=s.arm == "bandmaster", state_dir=state_dir, log_level="WARNING")
+    config = ClusterConfig(
+        workers=s.workers,
+        worker_kv_tokens=s.worker_kv_tokens,
+        worker_page_size=s.worker_page_size,
+        worker_speedup=speedup,
+        worker_timing_profile=s.worker_timing_profile,
+        http_port=0,
+        scheduler=s.arm == "bandmaster",
+        state_dir=state_dir,
+        log_level="WARNING",
+    )
     cluster = start_cluster(config)
     try:
         snapshot = wait_for_workers(cluster.capacity.endpoint, s.workers)
         assert sum(len(w.replicas) for w in snapshot.workers) == s.workers, snapshot
         # The router and the scheduler learn the workers from capacity's watch stream.
         time.sleep(1.0)
-        programs = build_workload(s.workload, s.programs, seed=s.seed, max_turns=s.max_turns,
-                                  token_scale=s.token_scale, tool_time_scale=s.tool_time_scale)
+        programs = build_workload(
+            s.workload,
+            s.programs,
+            seed=s.seed,
+            max_turns=s.max_turns,
+            token_scale=s.token_scale,
+            tool_time_scale=s.tool_time_scale,
+        )
 
         async def go() -> dict:
             runner = Runner(cluster.http_url + "/v1", "bandmaster-sim", time_scale=speedup, seed=s.seed, arm=s.arm)
@@ -111,8 +135,20 @@ if __name__ == "__main__":  # pragma: no cover - manual comparison
     from pathlib import Path
 
     shape, speedup = (LARGER, LARGER_SPEEDUP) if "--slow" in sys.argv else (SMALL, SMALL_SPEEDUP)
-    keys = ["steps_per_min", "programs_per_min", "program_time_p50_s", "program_time_p90_s", "ttft_p50_s",
-            "ttft_p90_s", "kv_hit_rate", "worker_recomputed_tokens", "worker_retractions", "simulated_minutes", "pauses", "resumes"]
+    keys = [
+        "steps_per_min",
+        "programs_per_min",
+        "program_time_p50_s",
+        "program_time_p90_s",
+        "ttft_p50_s",
+        "ttft_p90_s",
+        "kv_hit_rate",
+        "worker_recomputed_tokens",
+        "worker_retractions",
+        "simulated_minutes",
+        "pauses",
+        "resumes",
+    ]
     for arm in [a for a in ("bandmaster", "kv") if f"--{a}" in sys.argv] or ("bandmaster", "kv"):
         with tempfile.TemporaryDirectory() as tmp:
             live, sim = compare(arm, speedup, Path(tmp), **shape)

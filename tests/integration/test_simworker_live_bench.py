@@ -15,9 +15,24 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_live_bench_smoke(tmp_path):
     out = tmp_path / "simworker_live.json"
-    done = subprocess.run([sys.executable, "-m", "bench.simworker_live", "--smoke", "--duration-s", "1",
-                           "--clients", "4", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.simworker_live",
+            "--smoke",
+            "--duration-s",
+            "1",
+            "--clients",
+            "4",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(out.read_text())
     result = report["result"]

@@ -24,9 +24,25 @@ MODEL = "router-test-model"
 
 def start_simworker(tmp_path: Path, name: str, *extra: str) -> tuple[Process, str]:
     ready = tmp_path / f"{name}.ready.json"
-    proc = start(name, python_module("services.simworker", "--port", "0", "--model-name", MODEL, "--speedup", "50",
-                                     "--ready-file", str(ready), "--log-level", "WARNING", *extra),
-                 tmp_path, ready_file=ready).wait_ready()
+    proc = start(
+        name,
+        python_module(
+            "services.simworker",
+            "--port",
+            "0",
+            "--model-name",
+            MODEL,
+            "--speedup",
+            "50",
+            "--ready-file",
+            str(ready),
+            "--log-level",
+            "WARNING",
+            *extra,
+        ),
+        tmp_path,
+        ready_file=ready,
+    ).wait_ready()
     return proc, f"http://127.0.0.1:{proc.ready['port']}"
 
 
@@ -47,21 +63,42 @@ async def test_sglang_router_routes_to_both_simworkers(tmp_path):
             procs.append(proc)
             urls.append(url)
         router_port = free_port()
-        router = start("router", python_module(
-            "sglang_router.launch_router", "--worker-urls", *urls,
-            "--host", "127.0.0.1", "--port", str(router_port), "--policy", "round_robin",
-            # Its Prometheus exporter defaults to a fixed port (29000): take a free one so that
-            # parallel runs on one machine do not collide.
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-            "--log-level", "warn"), tmp_path, env=base_env(RUST_LOG="warn"))
+        router = start(
+            "router",
+            python_module(
+                "sglang_router.launch_router",
+                "--worker-urls",
+                *urls,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(router_port),
+                "--policy",
+                "round_robin",
+                # Its Prometheus exporter defaults to a fixed port (29000): take a free one so that
+                # parallel runs on one machine do not collide.
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+                "--log-level",
+                "warn",
+            ),
+            tmp_path,
+            env=base_env(RUST_LOG="warn"),
+        )
         procs.append(router)
         base = f"http://127.0.0.1:{router_port}"
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=20)
 
         async def one(i: int) -> tuple[str, int]:
             stream = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"request {i}: list the files"}],
-                max_tokens=8, stream=True, stream_options={"include_usage": True})
+                model=MODEL,
+                messages=[{"role": "user", "content": f"request {i}: list the files"}],
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
             chunks = [c async for c in stream]
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             return content, chunks[-1].usage.completion_tokens
@@ -69,18 +106,24 @@ async def test_sglang_router_routes_to_both_simworkers(tmp_path):
         # The router registers workers in the background: the first request may need a retry.
         def router_ready() -> bool:
             assert router.running, router.log_text()[-2000:]
-            body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "ping"}],
-                               "max_tokens": 1}).encode()
-            request = urllib.request.Request(base + "/v1/chat/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
+            body = json.dumps(
+                {"model": MODEL, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}
+            ).encode()
+            request = urllib.request.Request(
+                base + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(request, timeout=10) as response:
                     return response.status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 return False
 
-        wait_until(router_ready, timeout_s=60, interval_s=0.25,
-                   message="sglang-router never routed a request to the simworkers")
+        wait_until(
+            router_ready,
+            timeout_s=60,
+            interval_s=0.25,
+            message="sglang-router never routed a request to the simworkers",
+        )
         for i in range(8):
             content, completion_tokens = await one(i)
             assert content and 1 <= completion_tokens <= 8

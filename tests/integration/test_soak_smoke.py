@@ -16,22 +16,71 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 REPORT_KEYS = {
-    "benchmark", "quick", "config", "programs", "turns", "steps_per_min", "steady_steps_per_min", "programs_per_min",
-    "turns_per_wall_min", "wall_s", "ttft_p50_s", "ttft_p90_s", "ttft_max_s", "kv_hit_rate", "errors_by_kind",
-    "scheduler", "services_exited", "service_log_problems", "memory", "machine", "targets", "timeline", "generated_at",
+    "benchmark",
+    "quick",
+    "config",
+    "programs",
+    "turns",
+    "steps_per_min",
+    "steady_steps_per_min",
+    "programs_per_min",
+    "turns_per_wall_min",
+    "wall_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_max_s",
+    "kv_hit_rate",
+    "errors_by_kind",
+    "scheduler",
+    "services_exited",
+    "service_log_problems",
+    "memory",
+    "machine",
+    "targets",
+    "timeline",
+    "generated_at",
 }
-PROGRAM_KEYS = {"started", "completed", "lost", "lost_turn_failed", "lost_unfinished_after_drain",
-                "running_at_deadline", "drain_s", "cancelled_at_drain"}
-SERVICE_KEYS = {"rss_warmup_kb", "rss_end_kb", "rss_after_drain_kb", "rss_max_kb", "growth_pct",
-                "steady_slope_kb_per_min", "cpu_s", "growth_pct_from_warmup_fraction"}
-MACHINE_KEYS = {"cpus", "python", "platform", "cpu_busy", "late_fraction", "starved", "bench_client_cpu_s",
-                "soak_cpu_share"}
+PROGRAM_KEYS = {
+    "started",
+    "completed",
+    "lost",
+    "lost_turn_failed",
+    "lost_unfinished_after_drain",
+    "running_at_deadline",
+    "drain_s",
+    "cancelled_at_drain",
+}
+SERVICE_KEYS = {
+    "rss_warmup_kb",
+    "rss_end_kb",
+    "rss_after_drain_kb",
+    "rss_max_kb",
+    "growth_pct",
+    "steady_slope_kb_per_min",
+    "cpu_s",
+    "growth_pct_from_warmup_fraction",
+}
+MACHINE_KEYS = {
+    "cpus",
+    "python",
+    "platform",
+    "cpu_busy",
+    "late_fraction",
+    "starved",
+    "bench_client_cpu_s",
+    "soak_cpu_share",
+}
 
 
 def test_soak_quick_loses_no_program_and_reports_every_field(tmp_path):
     out = tmp_path / "soak.json"
-    done = subprocess.run([sys.executable, "-m", "bench.soak", "--quick", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=150)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--quick", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert set(report) == REPORT_KEYS
@@ -67,25 +116,36 @@ def test_soak_quick_loses_no_program_and_reports_every_field(tmp_path):
     assert "lost 0" in done.stdout
 
 
-@pytest.mark.parametrize("message, kind", [
-    ("HTTP 429: too many programs", "http_429"),
-    ("HTTP 503: no worker", "http_503"),
-    ("finish_reason=abort", "finish_reason=abort"),
-    ("no tokens", "no_tokens"),
-    ("TimeoutError: ", "TimeoutError"),
-    ("ClientPayloadError: Response payload is not completed", "ClientPayloadError"),
-])
+@pytest.mark.parametrize(
+    "message, kind",
+    [
+        ("HTTP 429: too many programs", "http_429"),
+        ("HTTP 503: no worker", "http_503"),
+        ("finish_reason=abort", "finish_reason=abort"),
+        ("no tokens", "no_tokens"),
+        ("TimeoutError: ", "TimeoutError"),
+        ("ClientPayloadError: Response payload is not completed", "ClientPayloadError"),
+    ],
+)
 def test_error_kinds_are_short_labels(message, kind):
     assert soak.error_kind(message) == kind
 
 
 def test_memory_growth_is_between_window_medians():
     # A transient peak inside a window does not move its median; growth is end / warm-up - 1.
-    timeline = [{"t_s": t, "rss_kb": {"router": kb}} for t, kb in
-                [(1, 90), (2, 100), (3, 500), (4, 100), (8, 110), (9, 110), (10, 900), (11, 120)]]
+    timeline = [
+        {"t_s": t, "rss_kb": {"router": kb}}
+        for t, kb in [(1, 90), (2, 100), (3, 500), (4, 100), (8, 110), (9, 110), (10, 900), (11, 120)]
+    ]
     figures = soak.memory_figures(timeline, ["router"], warmup_s=4, end_s=10, window_s=3)["router"]
-    assert figures == {"rss_warmup_kb": 100, "rss_end_kb": 110, "rss_after_drain_kb": 120, "rss_max_kb": 900,
-                       "growth_pct": 10.0, "steady_slope_kb_per_min": pytest.approx(5248.2, abs=0.1)}
+    assert figures == {
+        "rss_warmup_kb": 100,
+        "rss_end_kb": 110,
+        "rss_after_drain_kb": 120,
+        "rss_max_kb": 900,
+        "growth_pct": 10.0,
+        "steady_slope_kb_per_min": pytest.approx(5248.2, abs=0.1),
+    }
     lost, growth = soak.targets(0, {"router": figures}, judge_memory=True)
     assert lost["status"] == "PASS" and growth["status"] == "MISS" and growth["service"] == "router"
 
@@ -111,9 +171,13 @@ def test_log_problems_counts_warnings_and_errors_and_keeps_a_few_examples():
         "Traceback (most recent call last):",
     ]
     assert soak.log_problems(lines) == {
-        "warning": 2, "error": 1,
-        "examples": ["WARNING services.router.control scheduler unreachable; failing open",
-                     "ERROR services.router.turns upstream reset"]}
+        "warning": 2,
+        "error": 1,
+        "examples": [
+            "WARNING services.router.control scheduler unreachable; failing open",
+            "ERROR services.router.turns upstream reset",
+        ],
+    }
     assert soak.log_problems(lines[:1]) == {}
 
 
@@ -124,5 +188,5 @@ def test_memory_is_judged_once_the_first_cohort_and_the_index_have_turned_over()
     assert soak.memory_warmup_end(config, 230.0, 120.0) == (230.0, "first_programs")
     assert soak.memory_warmup_end(config, 90.0, 120.0) == (130.0, "index_ttl")
     assert soak.memory_warmup_end(config, 90.0, 60.0) == (120.0, "warmup_fraction")
-    assert soak.memory_warmup_end(config, None, 120.0) == (300.0, "capped")   # a slot never finished
+    assert soak.memory_warmup_end(config, None, 120.0) == (300.0, "capped")  # a slot never finished
     assert soak.memory_warmup_end(config, 450.0, 120.0) == (300.0, "capped")

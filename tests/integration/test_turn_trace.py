@@ -32,8 +32,11 @@ from tests.support.eventually import assert_eventually
 pytestmark = pytest.mark.integration
 
 MODEL = "bandmaster/simworker"  # the simworker's default model path
-SERVER, CLIENT, INTERNAL = (trace_pb2.Span.SPAN_KIND_SERVER, trace_pb2.Span.SPAN_KIND_CLIENT,
-                            trace_pb2.Span.SPAN_KIND_INTERNAL)
+SERVER, CLIENT, INTERNAL = (
+    trace_pb2.Span.SPAN_KIND_SERVER,
+    trace_pb2.Span.SPAN_KIND_CLIENT,
+    trace_pb2.Span.SPAN_KIND_INTERNAL,
+)
 SCHEDULER = "/bandmaster.scheduler.v1.Scheduler/"
 
 
@@ -67,10 +70,20 @@ class Receiver(otlp_grpc.TraceServiceServicer):
             service = next((_value(a.value) for a in resource_spans.resource.attributes if a.key == "service.name"), "")
             for scope in resource_spans.scope_spans:
                 for s in scope.spans:
-                    self.spans.append(Span(service, s.name, s.kind, s.trace_id.hex(), s.span_id.hex(),
-                                           s.parent_span_id.hex(), {a.key: _value(a.value) for a in s.attributes},
-                                           tuple((e.name, e.time_unix_nano) for e in s.events),
-                                           s.start_time_unix_nano, s.end_time_unix_nano))
+                    self.spans.append(
+                        Span(
+                            service,
+                            s.name,
+                            s.kind,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            {a.key: _value(a.value) for a in s.attributes},
+                            tuple((e.name, e.time_unix_nano) for e in s.events),
+                            s.start_time_unix_nano,
+                            s.end_time_unix_nano,
+                        )
+                    )
         return otlp.ExportTraceServiceResponse()
 
     def trace(self, trace_id: str) -> list[Span]:
@@ -108,8 +121,13 @@ def prompt(program: str, tokens: int) -> str:
 
 
 async def turn(url: str, session: str, trace_header: str, tokens: int, *, final: bool = False):
-    client = AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120,
-                         default_headers={**session_headers(session, final=final), "traceparent": trace_header})
+    client = AsyncOpenAI(
+        base_url=url + "/v1",
+        api_key="none",
+        max_retries=0,
+        timeout=120,
+        default_headers={**session_headers(session, final=final), "traceparent": trace_header},
+    )
     try:
         return await client.completions.create(model=MODEL, prompt=prompt(session[0], tokens), max_tokens=4)
     finally:
@@ -158,8 +176,9 @@ def assert_turn_tree(tree: Tree) -> Span:
         complete = tree.one(SCHEDULER + "Complete", side)
         assert complete.kind == kind
     assert tree.parent(tree.one(SCHEDULER + "Complete", "bandmaster-router")) == request
-    assert tree.parent(tree.one(SCHEDULER + "Complete", "bandmaster-scheduler")) == \
-        tree.one(SCHEDULER + "Complete", "bandmaster-router")
+    assert tree.parent(tree.one(SCHEDULER + "Complete", "bandmaster-scheduler")) == tree.one(
+        SCHEDULER + "Complete", "bandmaster-router"
+    )
     assert tree.one(SCHEDULER + "Complete", "bandmaster-scheduler").attributes["scheduler.outcome"] == "ok"
     return admit
 
@@ -172,25 +191,97 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
     port = otlp_server.add_insecure_port("127.0.0.1:0")
     await otlp_server.start()
     channel = None
-    env = stack.base_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}", OTEL_EXPORTER_OTLP_INSECURE="true",
-                         OTEL_BSP_SCHEDULE_DELAY="50")
+    env = stack.base_env(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_BSP_SCHEDULE_DELAY="50",
+    )
     try:
         # One worker of 4096 KV tokens; two programs of ~1200 tokens cross the 0.5 pause threshold.
-        worker = st.add(await stack.spawn("w", "services.simworker", [
-            "--port", "0", "--speedup", "20", "--enable-cache-report", "--max-total-tokens", "4096"],
-            tmp_path, env=env))
-        cap = st.add(await stack.spawn("capacity", "services.capacity", [
-            "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--worker-url", worker.ready["url"],
-            "--poll-interval-seconds", "0.5", "--poll-timeout-seconds", "0.5"], tmp_path, env=env))
-        sched = st.add(await stack.spawn("scheduler", "services.scheduler", [
-            "--capacity-addr", cap.ready["grpc"], "--listen", "127.0.0.1:0", "--metrics-port", "-1",
-            "--state-path", str(tmp_path / "scheduler.sqlite"), "--scheduler-interval-seconds", "0.1",
-            "--pause-policy", "threshold", "--pause-threshold", "0.5", "--pause-target", "0.3",
-            "--soft-demote-threshold", "0.3", "--acting-decay-tau-seconds", "1000",
-            "--resume-timeout-seconds", "120", "--trace-sample-ratio", "1"], tmp_path, env=env))
-        router = st.add(await stack.spawn("router", "services.router", [
-            "--capacity-addr", cap.ready["grpc"], "--scheduler-addr", sched.ready["grpc"], "--listen", "127.0.0.1:0",
-            "--http-port", "0", "--metrics-port", "0", "--no-use-kv-events"], tmp_path, env=env))
+        worker = st.add(
+            await stack.spawn(
+                "w",
+                "services.simworker",
+                ["--port", "0", "--speedup", "20", "--enable-cache-report", "--max-total-tokens", "4096"],
+                tmp_path,
+                env=env,
+            )
+        )
+        cap = st.add(
+            await stack.spawn(
+                "capacity",
+                "services.capacity",
+                [
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-port",
+                    "-1",
+                    "--worker-url",
+                    worker.ready["url"],
+                    "--poll-interval-seconds",
+                    "0.5",
+                    "--poll-timeout-seconds",
+                    "0.5",
+                ],
+                tmp_path,
+                env=env,
+            )
+        )
+        sched = st.add(
+            await stack.spawn(
+                "scheduler",
+                "services.scheduler",
+                [
+                    "--capacity-addr",
+                    cap.ready["grpc"],
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-port",
+                    "-1",
+                    "--state-path",
+                    str(tmp_path / "scheduler.sqlite"),
+                    "--scheduler-interval-seconds",
+                    "0.1",
+                    "--pause-policy",
+                    "threshold",
+                    "--pause-threshold",
+                    "0.5",
+                    "--pause-target",
+                    "0.3",
+                    "--soft-demote-threshold",
+                    "0.3",
+                    "--acting-decay-tau-seconds",
+                    "1000",
+                    "--resume-timeout-seconds",
+                    "120",
+                    "--trace-sample-ratio",
+                    "1",
+                ],
+                tmp_path,
+                env=env,
+            )
+        )
+        router = st.add(
+            await stack.spawn(
+                "router",
+                "services.router",
+                [
+                    "--capacity-addr",
+                    cap.ready["grpc"],
+                    "--scheduler-addr",
+                    sched.ready["grpc"],
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--http-port",
+                    "0",
+                    "--metrics-port",
+                    "0",
+                    "--no-use-kv-events",
+                ],
+                tmp_path,
+                env=env,
+            )
+        )
         url = stack.router_url(router)
         await stack.healthy_workers(url, 1)
         channel = grpc.aio.insecure_channel(sched.ready["grpc"])
@@ -202,8 +293,15 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
             return True
 
         await assert_eventually(scheduler_sees_the_worker, timeout_s=30, interval_s=0.1)
-        turn_names = {"router.request", "router.admit", "router.pick", "router.upstream", "scheduler.admit",
-                      "POST /v1/completions", SCHEDULER + "Complete"}
+        turn_names = {
+            "router.request",
+            "router.admit",
+            "router.pick",
+            "router.upstream",
+            "scheduler.admit",
+            "POST /v1/completions",
+            SCHEDULER + "Complete",
+        }
 
         # A request whose caller did not sample it: no service records it (parent-based sampling).
         unsampled_id, unsampled = traceparent(0xDEAD, sampled=False)

@@ -19,9 +19,9 @@ class Answer:
     """How `/server_info` (and `/get_server_info`) answers."""
 
     body: bytes
-    pieces: int = 1                    # the body is written in this many writes...
-    delay_s: float = 0.0               # ...with this pause before each
-    chunked: bool = False              # Transfer-Encoding: chunked (one chunk per piece), else Content-Length
+    pieces: int = 1  # the body is written in this many writes...
+    delay_s: float = 0.0  # ...with this pause before each
+    chunked: bool = False  # Transfer-Encoding: chunked (one chunk per piece), else Content-Length
     status: int = 200
     declared_length: int | None = None  # Content-Length to claim (default: the true length)
 
@@ -74,7 +74,7 @@ class RawWorker:
         self._tasks.add(task)
         try:
             if self.frozen:
-                await asyncio.Event().wait()   # accepted, never read, never answered
+                await asyncio.Event().wait()  # accepted, never read, never answered
             head = await reader.readuntil(b"\r\n\r\n")
             path = head.split(b" ", 2)[1].decode("latin-1").split("?")[0]
             self.requests[path] = self.requests.get(path, 0) + 1
@@ -102,7 +102,7 @@ class RawWorker:
         await writer.drain()
         for piece in split(a.body, a.pieces):
             if a.chunked and not piece:
-                continue                   # an empty chunk would end the body
+                continue  # an empty chunk would end the body
             if a.delay_s:
                 await asyncio.sleep(a.delay_s)
             writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if a.chunked else piece)

@@ -7,8 +7,9 @@ import time
 from typing import Any, Awaitable, Callable
 
 
-async def assert_eventually(check: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0,
-                            interval_s: float = 0.02, message: str = "") -> Any:
+async def assert_eventually(
+    check: Callable[[], Any | Awaitable[Any]], *, timeout_s: float = 10.0, interval_s: float = 0.02, message: str = ""
+) -> Any:
     """Call `check` until it returns a truthy value without raising AssertionError; return that value.
 
     `check` may be sync or async. On timeout the last AssertionError (or a falsy result) is raised.
@@ -30,8 +31,9 @@ async def assert_eventually(check: Callable[[], Any | Awaitable[Any]], *, timeou
         await asyncio.sleep(interval_s)
 
 
-def wait_until(check: Callable[[], Any], *, timeout_s: float = 10.0, interval_s: float = 0.02,
-               message: str = "") -> Any:
+def wait_until(
+    check: Callable[[], Any], *, timeout_s: float = 10.0, interval_s: float = 0.02, message: str = ""
+) -> Any:
     """The synchronous twin of `assert_eventually`, for tests that drive subprocesses."""
     deadline = time.monotonic() + timeout_s
     while True:

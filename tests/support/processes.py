@@ -32,8 +32,7 @@ _started: list[Process] = []
 
 def base_env(**extra: str) -> dict[str, str]:
     """The test process's environment without any service configuration, the repository on PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_", "OTEL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_", "OTEL_"))}
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)
     return env
@@ -44,11 +43,18 @@ def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 
 
-def run_module(module: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
-               timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+def run_module(
+    module: str, *args: str, env: dict[str, str] | None = None, cwd: Path = ROOT, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
     """`python -m module args...` to its exit, output captured as text (for exit codes and --help)."""
-    return subprocess.run(python_module(module, *args), cwd=cwd, env=base_env() if env is None else env,
-                          capture_output=True, text=True, timeout=timeout_s)
+    return subprocess.run(
+        python_module(module, *args),
+        cwd=cwd,
+        env=base_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def free_port() -> int:
@@ -76,8 +82,15 @@ class ProcessError(RuntimeError):
 class Process:
     """One child process and its log; waits are sync (`wait_*`) or async (`wait_*_async`)."""
 
-    def __init__(self, name: str, argv: list[str], popen: subprocess.Popen, log_path: Path, log_offset: int,
-                 ready_file: Path | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        popen: subprocess.Popen,
+        log_path: Path,
+        log_offset: int,
+        ready_file: Path | None,
+    ) -> None:
         self.name = name
         self.argv = argv
         self.popen = popen
@@ -114,8 +127,10 @@ class Process:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _failure(self, what: str) -> ProcessError:
-        return ProcessError(f"{self.name} {what} (command: {' '.join(self.argv)})\n"
-                            f"--- {self.name} log tail ({self.log_path}) ---\n{self.log_tail()}")
+        return ProcessError(
+            f"{self.name} {what} (command: {' '.join(self.argv)})\n"
+            f"--- {self.name} log tail ({self.log_path}) ---\n{self.log_tail()}"
+        )
 
     # ---------------------------------------------------------------- waits
 
@@ -124,6 +139,7 @@ class Process:
             if self.returncode is not None:
                 raise self._failure(f"exited with {self.returncode} before {what}")
             return check()
+
         return alive_and_checked
 
     def _gave_up(self, error: Exception, timeout_s: float, what: str) -> ProcessError:
@@ -132,8 +148,14 @@ class Process:
             return error
         return self._failure(f"not ready in {timeout_s:g} s: {what} did not happen")
 
-    def wait_for(self, check: Callable[[], Any], *, timeout_s: float = 30.0, what: str = "the condition held",
-                 interval_s: float = 0.05) -> Any:
+    def wait_for(
+        self,
+        check: Callable[[], Any],
+        *,
+        timeout_s: float = 30.0,
+        what: str = "the condition held",
+        interval_s: float = 0.05,
+    ) -> Any:
         """Poll `check` until truthy, while the process runs; return its value. On exit or timeout the
         process is killed and ProcessError raised with its log tail."""
         try:
@@ -141,8 +163,14 @@ class Process:
         except (AssertionError, ProcessError) as error:
             raise self._gave_up(error, timeout_s, what) from None
 
-    async def wait_for_async(self, check: Callable[[], Any], *, timeout_s: float = 30.0,
-                             what: str = "the condition held", interval_s: float = 0.05) -> Any:
+    async def wait_for_async(
+        self,
+        check: Callable[[], Any],
+        *,
+        timeout_s: float = 30.0,
+        what: str = "the condition held",
+        interval_s: float = 0.05,
+    ) -> Any:
         """`wait_for` for async tests (`check` may be async)."""
         try:
             return await assert_eventually(self._check(check, what), timeout_s=timeout_s, interval_s=interval_s)
@@ -171,15 +199,14 @@ class Process:
         if at < 0:
             return None
         end = log.find("\n", at)
-        return log if end < 0 else log[:end + 1]
+        return log if end < 0 else log[: end + 1]
 
     def wait_for_log(self, text: str, timeout_s: float = 30.0) -> str:
         """Wait until the log holds `text`; return the log through the line that holds it."""
         return self.wait_for(lambda: self._log_through(text), timeout_s=timeout_s, what=f"logging {text!r}")
 
     async def wait_for_log_async(self, text: str, timeout_s: float = 30.0) -> str:
-        return await self.wait_for_async(lambda: self._log_through(text), timeout_s=timeout_s,
-                                         what=f"logging {text!r}")
+        return await self.wait_for_async(lambda: self._log_through(text), timeout_s=timeout_s, what=f"logging {text!r}")
 
     def wait_exit(self, timeout_s: float | None = None) -> int:
         """Its exit code; raises subprocess.TimeoutExpired past `timeout_s`."""
@@ -188,8 +215,9 @@ class Process:
     async def wait_exit_async(self, timeout_s: float | None = None) -> int:
         """Its exit code; raises TimeoutError past `timeout_s`."""
         try:
-            await assert_eventually(lambda: self.returncode is not None, timeout_s=timeout_s or float("inf"),
-                                    interval_s=0.02)
+            await assert_eventually(
+                lambda: self.returncode is not None, timeout_s=timeout_s or float("inf"), interval_s=0.02
+            )
         except AssertionError:
             raise TimeoutError(f"{self.name} still running after {timeout_s:g} s") from None
         return self.popen.wait()
@@ -238,8 +266,16 @@ class Process:
         await self.stop_async()
 
 
-def start(name: str, argv: list[str], tmp: Path, *, env: dict[str, str] | None = None, cwd: Path = ROOT,
-          ready_file: Path | None = None, new_session: bool = False) -> Process:
+def start(
+    name: str,
+    argv: list[str],
+    tmp: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+    ready_file: Path | None = None,
+    new_session: bool = False,
+) -> Process:
     """Start `argv` (default environment: `base_env()`), its output appended to `<tmp>/<name>.log`.
 
     A stale `ready_file` is removed first; wait for it with `wait_ready()` or `await wait_ready_async()`.
@@ -249,8 +285,15 @@ def start(name: str, argv: list[str], tmp: Path, *, env: dict[str, str] | None =
     log_path = tmp / f"{name}.log"
     with open(log_path, "ab") as log:
         offset = log.tell()
-        popen = subprocess.Popen(argv, cwd=cwd, env=base_env() if env is None else env, stdin=subprocess.DEVNULL,
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session)
+        popen = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=base_env() if env is None else env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
+        )
     process = Process(name, argv, popen, log_path, offset, ready_file)
     _started.append(process)
     return process

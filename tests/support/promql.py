@@ -14,12 +14,36 @@ import re
 from typing import Any, Iterator
 
 # Series that Prometheus itself synthesizes for every target (not exported by a service).
-PROMETHEUS_SYNTHETIC = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped",
-                                  "scrape_samples_post_metric_relabeling", "scrape_series_added", "ALERTS",
-                                  "ALERTS_FOR_STATE"})
+PROMETHEUS_SYNTHETIC = frozenset(
+    {
+        "up",
+        "scrape_duration_seconds",
+        "scrape_samples_scraped",
+        "scrape_samples_post_metric_relabeling",
+        "scrape_series_added",
+        "ALERTS",
+        "ALERTS_FOR_STATE",
+    }
+)
 
-_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "offset",
-                       "and", "or", "unless", "atan2", "inf", "nan"})
+_KEYWORDS = frozenset(
+    {
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+        "bool",
+        "offset",
+        "and",
+        "or",
+        "unless",
+        "atan2",
+        "inf",
+        "nan",
+    }
+)
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
@@ -89,5 +113,8 @@ def dashboard_metric_names(dashboard: dict[str, Any]) -> dict[str, set[str]]:
 
 def rule_exprs(rule_file: dict[str, Any]) -> list[tuple[str, str]]:
     """(alert or record name, expr) for every rule of a Prometheus rule file."""
-    return [(rule.get("alert") or rule.get("record") or "?", str(rule.get("expr", "")))
-            for group in rule_file.get("groups", ()) for rule in group.get("rules", ())]
+    return [
+        (rule.get("alert") or rule.get("record") or "?", str(rule.get("expr", "")))
+        for group in rule_file.get("groups", ())
+        for rule in group.get("rules", ())
+    ]

@@ -43,11 +43,27 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (make system-deps)")
-        self.process = start(f"redis-{self.port}", [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-            "--dir", str(self.tmp), "--protected-mode", "no"], self.tmp, cwd=self.tmp)
-        self.process.wait_for(lambda: _pong(self.port), timeout_s=timeout_s, what="answering PING",
-                              interval_s=0.02)
+        self.process = start(
+            f"redis-{self.port}",
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.tmp),
+                "--protected-mode",
+                "no",
+            ],
+            self.tmp,
+            cwd=self.tmp,
+        )
+        self.process.wait_for(lambda: _pong(self.port), timeout_s=timeout_s, what="answering PING", interval_s=0.02)
         return self
 
     def signal(self, sig: int) -> None:

@@ -5,8 +5,8 @@ scheduler service can be started in its place) and a worker that fails on purpos
 from __future__ import annotations
 
 import asyncio
-import time
 import json
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -69,8 +69,11 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
         while request.session_id in self.hold:
             await asyncio.sleep(0.02)
         worker, rank = self.pin or ("", 0)
-        await context.write(pb.AdmitUpdate(decision=pb.AdmitResponse(
-            worker_id=worker, dp_rank=rank, pinned=bool(worker), priority=self.priority)))
+        await context.write(
+            pb.AdmitUpdate(
+                decision=pb.AdmitResponse(worker_id=worker, dp_rank=rank, pinned=bool(worker), priority=self.priority)
+            )
+        )
 
     async def Bind(self, request, context):
         self._record("Bind", request, context)
@@ -88,8 +91,13 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
 
     async def GetRouterConfig(self, request, context):
         self._record("GetRouterConfig", request, context)
-        return pb.RouterConfig(router_temperature=0.0, kv_overlap_score_weight=1.0, use_kv_events=False,
-                               router_ttl_secs=120.0, router_block_size=128)
+        return pb.RouterConfig(
+            router_temperature=0.0,
+            kv_overlap_score_weight=1.0,
+            use_kv_events=False,
+            router_ttl_secs=120.0,
+            router_block_size=128,
+        )
 
     async def start(self, address: str = "127.0.0.1:0") -> str:
         self.server = grpc.aio.server()
@@ -143,32 +151,48 @@ class FaultyWorker:
         body = await request.json()
         self.last_body = body
         if mode == "refuse":
-            return web.json_response({"object": "error", "message": self.error_message,
-                                      "type": "InternalServerError", "code": 500}, status=500)
+            return web.json_response(
+                {"object": "error", "message": self.error_message, "type": "InternalServerError", "code": 500},
+                status=500,
+            )
         if mode == "hang":
             await self.gate.wait()
         usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
         if not body.get("stream"):
-            return web.json_response({"id": "x", "object": "chat.completion", "created": 1, "model": MODEL,
-                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok ok"},
-                                                   "finish_reason": "stop"}], "usage": usage})
+            return web.json_response(
+                {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "created": 1,
+                    "model": MODEL,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": "ok ok"}, "finish_reason": "stop"}
+                    ],
+                    "usage": usage,
+                }
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if mode == "stall":
             await self.gate.wait()
         head = '{"id":"x","object":"chat.completion.chunk","created":1,"model":"%s","choices":' % MODEL
-        await response.write(('data: ' + head + '[{"index":0,"delta":{"role":"assistant","content":""},'
-                              '"finish_reason":null}]}\n\n').encode())
-        await response.write(('data: ' + head + '[{"index":0,"delta":{"content":"partial"},'
-                              '"finish_reason":null}]}\n\n').encode())
+        await response.write(
+            (
+                "data: " + head + '[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
+            ).encode()
+        )
+        await response.write(
+            ("data: " + head + '[{"index":0,"delta":{"content":"partial"},"finish_reason":null}]}\n\n').encode()
+        )
         if mode == "break":
             request.transport.close()  # cut the connection mid-stream
             return response
         if mode == "stall_after_first":
             await self.gate.wait()
-        await response.write(('data: ' + head + '[{"index":0,"delta":{"content":" ok"},'
-                              '"finish_reason":"stop"}]}\n\n').encode())
-        await response.write(('data: ' + head + '[],"usage":%s}\n\n' % json.dumps(usage)).encode())
+        await response.write(
+            ("data: " + head + '[{"index":0,"delta":{"content":" ok"},"finish_reason":"stop"}]}\n\n').encode()
+        )
+        await response.write(("data: " + head + '[],"usage":%s}\n\n' % json.dumps(usage)).encode())
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

@@ -29,8 +29,14 @@ class InProcessRouter:
     sched: RecordingScheduler | None
 
     @classmethod
-    async def start(cls, modes: list[str] | tuple[str, ...] = ("ok",), *, scheduler: bool = True,
-                    sched: RecordingScheduler | None = None, **config) -> "InProcessRouter":
+    async def start(
+        cls,
+        modes: list[str] | tuple[str, ...] = ("ok",),
+        *,
+        scheduler: bool = True,
+        sched: RecordingScheduler | None = None,
+        **config,
+    ) -> "InProcessRouter":
         workers = [FaultyWorker(mode) for mode in modes]
         for worker in workers:
             await worker.start()
@@ -40,15 +46,23 @@ class InProcessRouter:
             address = await sched.start()
         else:
             sched = None
-        settings = dict(capacity_addr=f"127.0.0.1:{free_port()}", listen="127.0.0.1:0", http_port=0,
-                        metrics_port=-1, shutdown_grace_seconds=0.5, seed=0, capacity_retry_max_seconds=60)
+        settings = dict(
+            capacity_addr=f"127.0.0.1:{free_port()}",
+            listen="127.0.0.1:0",
+            http_port=0,
+            metrics_port=-1,
+            shutdown_grace_seconds=0.5,
+            seed=0,
+            capacity_retry_max_seconds=60,
+        )
         if scheduler:
             settings["scheduler_addr"] = address
         else:
             settings["no_scheduler"] = True
         settings.update(config)
-        running = await start_router(RouterConfig(**settings),
-                                     telemetry=setup_telemetry("router-test", set_global=False))
+        running = await start_router(
+            RouterConfig(**settings), telemetry=setup_telemetry("router-test", set_global=False)
+        )
         router = cls(running, workers, sched)
         router.set_workers(range(len(workers)))
         return router

@@ -19,47 +19,102 @@ from tests.support.processes import ROOT, Process, base_env, free_port, python_m
 __all__ = ["ROOT", "Process", "base_env", "free_port"]
 
 
-def scheduler_available() -> bool:
-    return (ROOT / "services" / "scheduler" / "server.py").exists() and (
-        ROOT / "services" / "scheduler" / "__main__.py").exists()
-
-
-async def spawn(name: str, module: str, args: list[str], tmp: Path, *, env: dict[str, str] | None = None,
-                timeout_s: float = 30.0) -> Process:
+async def spawn(
+    name: str, module: str, args: list[str], tmp: Path, *, env: dict[str, str] | None = None, timeout_s: float = 30.0
+) -> Process:
     """`python -m module args... --ready-file <tmp>/<name>.ready.json`, ready."""
     ready = tmp / f"{name}.ready.json"
-    return await start(name, python_module(module, *args, "--ready-file", str(ready)), tmp, env=env,
-                       ready_file=ready).wait_ready_async(timeout_s)
+    return await start(
+        name, python_module(module, *args, "--ready-file", str(ready)), tmp, env=env, ready_file=ready
+    ).wait_ready_async(timeout_s)
 
 
 async def simworker(tmp: Path, name: str, *args: str, kv_events: bool = False) -> Process:
-    extra = ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"})
-             ] if kv_events else []
-    return await spawn(name, "services.simworker", ["--port", "0", "--speedup", "50", "--enable-cache-report",
-                                                    "--max-total-tokens", "32768", *extra, *args], tmp)
+    extra = (
+        ["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"})]
+        if kv_events
+        else []
+    )
+    return await spawn(
+        name,
+        "services.simworker",
+        ["--port", "0", "--speedup", "50", "--enable-cache-report", "--max-total-tokens", "32768", *extra, *args],
+        tmp,
+    )
 
 
 async def capacity(tmp: Path, worker_urls: list[str], *args: str) -> Process:
     flags = [f for url in worker_urls for f in ("--worker-url", url)]
-    return await spawn("capacity", "services.capacity", ["--listen", "127.0.0.1:0", "--metrics-port", "-1",
-                                                         "--poll-interval-seconds", "0.25",
-                                                         "--poll-timeout-seconds", "0.25",
-                                                         "--unhealthy-after-failures", "1", *flags, *args], tmp)
+    return await spawn(
+        "capacity",
+        "services.capacity",
+        [
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "-1",
+            "--poll-interval-seconds",
+            "0.25",
+            "--poll-timeout-seconds",
+            "0.25",
+            "--unhealthy-after-failures",
+            "1",
+            *flags,
+            *args,
+        ],
+        tmp,
+    )
 
 
-async def scheduler(tmp: Path, capacity_addr: str, *args: str, listen: str = "127.0.0.1:0",
-                    name: str = "scheduler") -> Process:
+async def scheduler(
+    tmp: Path, capacity_addr: str, *args: str, listen: str = "127.0.0.1:0", name: str = "scheduler"
+) -> Process:
     # Its own state file: tests never share (or lock) the default one under the user's home.
-    return await spawn(name, "services.scheduler", ["--capacity-addr", capacity_addr, "--listen", listen,
-                                                    "--metrics-port", "-1",
-                                                    "--state-path", str(tmp / f"{name}.state.sqlite"), *args], tmp)
+    return await spawn(
+        name,
+        "services.scheduler",
+        [
+            "--capacity-addr",
+            capacity_addr,
+            "--listen",
+            listen,
+            "--metrics-port",
+            "-1",
+            "--state-path",
+            str(tmp / f"{name}.state.sqlite"),
+            *args,
+        ],
+        tmp,
+    )
 
 
-async def router(tmp: Path, capacity_addr: str, *args: str, scheduler_addr: str | None = None,
-                 name: str = "router", env: dict[str, str] | None = None) -> Process:
+async def router(
+    tmp: Path,
+    capacity_addr: str,
+    *args: str,
+    scheduler_addr: str | None = None,
+    name: str = "router",
+    env: dict[str, str] | None = None,
+) -> Process:
     sched = ["--scheduler-addr", scheduler_addr] if scheduler_addr else ["--no-scheduler"]
-    return await spawn(name, "services.router", ["--capacity-addr", capacity_addr, *sched, "--listen", "127.0.0.1:0",
-                                                 "--http-port", "0", "--metrics-port", "0", *args], tmp, env=env)
+    return await spawn(
+        name,
+        "services.router",
+        [
+            "--capacity-addr",
+            capacity_addr,
+            *sched,
+            "--listen",
+            "127.0.0.1:0",
+            "--http-port",
+            "0",
+            "--metrics-port",
+            "0",
+            *args,
+        ],
+        tmp,
+        env=env,
+    )
 
 
 # A router serves /metrics on its metrics port only (not on the public HTTP port): `metric` given a
@@ -96,10 +151,12 @@ async def metric(url: str, name: str, labels: str | None = None) -> float:
 
 async def healthy_workers(url: str, workers: int, timeout_s: float = 20) -> None:
     """Wait until the router at `url` reports `workers` healthy workers on /health."""
+
     async def check():
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/health") as r:
                 return (await r.json())["workers"] == workers
+
     await assert_eventually(check, timeout_s=timeout_s)
 
 

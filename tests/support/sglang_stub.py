@@ -29,26 +29,52 @@ FAIL_MODES = ("ok", "status", "hang", "malformed")
 TARGETS = ("health", "server_info")
 
 
-def sglang_info(*, max_total_num_tokens: int = 65_536, page_size: int = 16, dp_size: int = 1,
-                max_running_requests: int | None = 256, model_path: str = "stub/model",
-                enable_hierarchical_cache: bool = False, hicache_ratio: float = 2.0, hicache_size: int = 0,
-                hicache_write_policy: str = "write_through", hicache_storage_backend: str | None = None,
-                hicache_host_total_tokens: int | None = None, enable_dp_attention: bool = False,
-                context_length: int = 32_768, version: str = "0.5.5-stub") -> dict[str, Any]:
+def sglang_info(
+    *,
+    max_total_num_tokens: int = 65_536,
+    page_size: int = 16,
+    dp_size: int = 1,
+    max_running_requests: int | None = 256,
+    model_path: str = "stub/model",
+    enable_hierarchical_cache: bool = False,
+    hicache_ratio: float = 2.0,
+    hicache_size: int = 0,
+    hicache_write_policy: str = "write_through",
+    hicache_storage_backend: str | None = None,
+    hicache_host_total_tokens: int | None = None,
+    enable_dp_attention: bool = False,
+    context_length: int = 32_768,
+    version: str = "0.5.5-stub",
+) -> dict[str, Any]:
     """A /server_info body with the fields (and shape) a real SGLang server has."""
     info: dict[str, Any] = {
         # ServerArgs (a subset, under their Python names)
-        "model_path": model_path, "served_model_name": model_path, "tp_size": 1, "dp_size": dp_size,
-        "page_size": page_size, "max_running_requests": max_running_requests, "max_total_tokens": None,
-        "chunked_prefill_size": 8192, "schedule_policy": "fcfs", "enable_priority_scheduling": False,
-        "enable_dp_attention": enable_dp_attention, "context_length": context_length,
-        "enable_hierarchical_cache": enable_hierarchical_cache, "hicache_ratio": hicache_ratio,
-        "hicache_size": hicache_size, "hicache_write_policy": hicache_write_policy,
-        "hicache_io_backend": "kernel", "hicache_mem_layout": "layer_first",
-        "hicache_storage_backend": hicache_storage_backend, "enable_metrics": False,
-        "disaggregation_mode": "null", "mem_fraction_static": 0.88,
+        "model_path": model_path,
+        "served_model_name": model_path,
+        "tp_size": 1,
+        "dp_size": dp_size,
+        "page_size": page_size,
+        "max_running_requests": max_running_requests,
+        "max_total_tokens": None,
+        "chunked_prefill_size": 8192,
+        "schedule_policy": "fcfs",
+        "enable_priority_scheduling": False,
+        "enable_dp_attention": enable_dp_attention,
+        "context_length": context_length,
+        "enable_hierarchical_cache": enable_hierarchical_cache,
+        "hicache_ratio": hicache_ratio,
+        "hicache_size": hicache_size,
+        "hicache_write_policy": hicache_write_policy,
+        "hicache_io_backend": "kernel",
+        "hicache_mem_layout": "layer_first",
+        "hicache_storage_backend": hicache_storage_backend,
+        "enable_metrics": False,
+        "disaggregation_mode": "null",
+        "mem_fraction_static": 0.88,
         # scheduler_info
-        "status": "ready", "max_total_num_tokens": max_total_num_tokens, "max_req_input_len": context_length - 1,
+        "status": "ready",
+        "max_total_num_tokens": max_total_num_tokens,
+        "max_req_input_len": context_length - 1,
         "internal_states": [{"last_gen_throughput": 0.0, "memory_usage": {"kvcache": 1.0}}],
         "version": version,
     }
@@ -58,12 +84,13 @@ def sglang_info(*, max_total_num_tokens: int = 65_536, page_size: int = 16, dp_s
 
 
 class SglangStub:
-    def __init__(self, info: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 legacy_only: bool = False) -> None:
+    def __init__(
+        self, info: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 0, legacy_only: bool = False
+    ) -> None:
         self.info: dict[str, Any] = info if info is not None else sglang_info()
         self.host = host
         self.port = port
-        self.legacy_only = legacy_only          # only /get_server_info, as SGLang before the rename
+        self.legacy_only = legacy_only  # only /get_server_info, as SGLang before the rename
         self.modes = {"health": "ok", "server_info": "ok"}
         self.statuses = {"health": 503, "server_info": 500}
         self.requests = {"health": 0, "server_info": 0}
@@ -169,7 +196,8 @@ class SglangStub:
         body = await request.json()
         # Answer first, then restart: the restart tears down this very connection.
         self._restart_task = asyncio.get_running_loop().create_task(
-            self.restart(body.get("info"), float(body.get("down_seconds", 0.2))))
+            self.restart(body.get("info"), float(body.get("down_seconds", 0.2)))
+        )
         return web.json_response({"ok": True})
 
     async def _ctl_state(self, _request: web.Request) -> web.Response:
@@ -177,8 +205,10 @@ class SglangStub:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m tests.support.sglang_stub",
-                                description="SGLang-shaped /server_info + /health server for tests and demos")
+    p = argparse.ArgumentParser(
+        prog="python -m tests.support.sglang_stub",
+        description="SGLang-shaped /server_info + /health server for tests and demos",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-total-num-tokens", type=int, default=65_536)
@@ -194,18 +224,25 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hicache-storage-backend", default=None)
     p.add_argument("--hicache-host-total-tokens", type=int, default=None)
     p.add_argument("--legacy-only", action="store_true", help="serve only /get_server_info")
-    p.add_argument("--ready-file", default="", help="write {\"port\": P} here once listening")
+    p.add_argument("--ready-file", default="", help='write {"port": P} here once listening')
     return p.parse_args(argv)
 
 
 async def _serve(args: argparse.Namespace) -> None:
     info = sglang_info(
-        max_total_num_tokens=args.max_total_num_tokens, page_size=args.page_size, dp_size=args.dp_size,
-        enable_dp_attention=args.enable_dp_attention, max_running_requests=args.max_running_requests,
-        model_path=args.model_path, enable_hierarchical_cache=args.enable_hierarchical_cache,
-        hicache_ratio=args.hicache_ratio, hicache_size=args.hicache_size,
-        hicache_write_policy=args.hicache_write_policy, hicache_storage_backend=args.hicache_storage_backend,
-        hicache_host_total_tokens=args.hicache_host_total_tokens)
+        max_total_num_tokens=args.max_total_num_tokens,
+        page_size=args.page_size,
+        dp_size=args.dp_size,
+        enable_dp_attention=args.enable_dp_attention,
+        max_running_requests=args.max_running_requests,
+        model_path=args.model_path,
+        enable_hierarchical_cache=args.enable_hierarchical_cache,
+        hicache_ratio=args.hicache_ratio,
+        hicache_size=args.hicache_size,
+        hicache_write_policy=args.hicache_write_policy,
+        hicache_storage_backend=args.hicache_storage_backend,
+        hicache_host_total_tokens=args.hicache_host_total_tokens,
+    )
     stub = SglangStub(info, host=args.host, port=args.port, legacy_only=args.legacy_only)
     await stub.start()
     print(f"sglang_stub listening on {stub.url}", flush=True)
@@ -213,6 +250,7 @@ async def _serve(args: argparse.Namespace) -> None:
         with open(args.ready_file + ".tmp", "w") as fh:
             json.dump({"port": stub.port, "url": stub.url}, fh)
         import os
+
         os.replace(args.ready_file + ".tmp", args.ready_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

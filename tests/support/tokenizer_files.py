@@ -51,21 +51,37 @@ def build_tokenizer(vocab_size: int = 400, corpus: tuple[str, ...] = CORPUS) -> 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus, trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))])
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.token_to_id(BOS))]
+    )
     return tokenizer
 
 
-def build_tokenizer_dir(directory: Path, *, chat_template: str | list | None = CHAT_TEMPLATE,
-                        vocab_size: int = 400, corpus: tuple[str, ...] = CORPUS, **config: object) -> Path:
+def build_tokenizer_dir(
+    directory: Path,
+    *,
+    chat_template: str | list | None = CHAT_TEMPLATE,
+    vocab_size: int = 400,
+    corpus: tuple[str, ...] = CORPUS,
+    **config: object,
+) -> Path:
     """Write tokenizer.json and tokenizer_config.json into `directory` (created); extra `config` keys win."""
     directory.mkdir(parents=True, exist_ok=True)
     build_tokenizer(vocab_size, corpus).save(str(directory / "tokenizer.json"))
-    content = {"bos_token": BOS, "eos_token": {"content": EOS, "special": True}, "pad_token": None,
-               "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 131072}
+    content = {
+        "bos_token": BOS,
+        "eos_token": {"content": EOS, "special": True},
+        "pad_token": None,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": 131072,
+    }
     if chat_template is not None:
         content["chat_template"] = chat_template
     content.update(config)

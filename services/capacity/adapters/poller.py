@@ -44,8 +44,14 @@ def _describe(exc: BaseException) -> str:
 
 
 class SglangPoller:
-    def __init__(self, timeout_s: float, cache: CardCache, *, max_body_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES,
-                 max_concurrency: int = 256) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        cache: CardCache,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES,
+        max_concurrency: int = 256,
+    ) -> None:
         self._timeout_s = timeout_s
         self._cache = cache
         self._max_body_bytes = max_body_bytes
@@ -59,8 +65,12 @@ class SglangPoller:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=self._max_concurrency, ttl_dns_cache=60)
         # The session timeout backs up the per-poll deadline below; neither lets a worker hold a poll.
-        self._session = aiohttp.ClientSession(connector=connector, raise_for_status=False, auto_decompress=False,
-                                              timeout=aiohttp.ClientTimeout(total=self._timeout_s * 2))
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            raise_for_status=False,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s * 2),
+        )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -77,8 +87,9 @@ class SglangPoller:
         async with self._gate:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    body, health = await asyncio.gather(self._server_info(url), self._health(url),
-                                                        return_exceptions=True)
+                    body, health = await asyncio.gather(
+                        self._server_info(url), self._health(url), return_exceptions=True
+                    )
             except TimeoutError:
                 return PollFailed(PollFailureReason.TIMEOUT, f"no complete answer within {self._timeout_s:g}s")
         # /server_info problems win: without a card the health answer does not matter.

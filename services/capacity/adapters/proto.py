@@ -43,14 +43,24 @@ def card_to_proto(card: Card) -> pb.WorkerCard:
 
 
 def replica_to_proto(r: ReplicaView) -> pb.Replica:
-    return pb.Replica(worker_id=r.worker_id, dp_rank=r.dp_rank, retention_tokens=r.retention_tokens,
-                      retention_source=_SOURCE[r.source], gpu_kv_tokens=r.gpu_kv_tokens,
-                      host_kv_tokens=r.host_kv_tokens, max_programs=r.max_programs)
+    return pb.Replica(
+        worker_id=r.worker_id,
+        dp_rank=r.dp_rank,
+        retention_tokens=r.retention_tokens,
+        retention_source=_SOURCE[r.source],
+        gpu_kv_tokens=r.gpu_kv_tokens,
+        host_kv_tokens=r.host_kv_tokens,
+        max_programs=r.max_programs,
+    )
 
 
 def load_to_proto(load: Load) -> pb.WorkerLoad:
-    return pb.WorkerLoad(num_running_reqs=load.num_running_reqs, num_queue_reqs=load.num_queue_reqs,
-                         token_usage=load.token_usage, cache_hit_rate=load.cache_hit_rate)
+    return pb.WorkerLoad(
+        num_running_reqs=load.num_running_reqs,
+        num_queue_reqs=load.num_queue_reqs,
+        token_usage=load.token_usage,
+        cache_hit_rate=load.cache_hit_rate,
+    )
 
 
 def worker_to_proto(view: WorkerView) -> pb.Worker:
@@ -72,10 +82,15 @@ def worker_to_proto(view: WorkerView) -> pb.Worker:
     return worker
 
 
-def snapshot_to_proto(view: CapacityView, version: int, generated_at_wall: float,
-                      heartbeat: bool = False) -> pb.WorkersSnapshot:
-    snap = pb.WorkersSnapshot(version=version, workers=[worker_to_proto(w) for w in view.workers],
-                              total_retention_tokens=view.total_retention_tokens, heartbeat=heartbeat)
+def snapshot_to_proto(
+    view: CapacityView, version: int, generated_at_wall: float, heartbeat: bool = False
+) -> pb.WorkersSnapshot:
+    snap = pb.WorkersSnapshot(
+        version=version,
+        workers=[worker_to_proto(w) for w in view.workers],
+        total_retention_tokens=view.total_retention_tokens,
+        heartbeat=heartbeat,
+    )
     snap.generated_at.FromNanoseconds(int(generated_at_wall * 1e9))
     return snap
 

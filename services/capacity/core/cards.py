@@ -46,8 +46,8 @@ from services.capacity.core.state import (
 MAX_TOKENS = 2**40
 MAX_PAGE_SIZE = 2**16
 MAX_DP_SIZE = 4096
-MAX_HICACHE_SIZE_GB = 2**20          # a petabyte of host memory per server
-MAX_TEXT_CHARS = 512                 # model names, versions, policies: they travel in every snapshot
+MAX_HICACHE_SIZE_GB = 2**20  # a petabyte of host memory per server
+MAX_TEXT_CHARS = 512  # model names, versions, policies: they travel in every snapshot
 TEXT_FIELDS = ("served_model_name", "model_path", "version", "hicache_write_policy", "hicache_storage_backend")
 _INT32_MAX = 2**31 - 1
 _SHOW_CHARS = 40
@@ -84,7 +84,11 @@ def _show(value: Any) -> str:
         return repr(value)
     if isinstance(value, int):
         # str() of an int with more than 4300 digits raises ValueError; big ones are shown by size.
-        return str(value) if -10**18 < value < 10**18 else f"{'-' if value < 0 else ''}<{value.bit_length()}-bit integer>"
+        return (
+            str(value)
+            if -(10**18) < value < 10**18
+            else f"{'-' if value < 0 else ''}<{value.bit_length()}-bit integer>"
+        )
     if isinstance(value, str):
         # repr() escapes what UTF-8 cannot encode (lone surrogates), so the detail always encodes.
         return repr(value) if len(value) <= _SHOW_CHARS else f"{value[:_SHOW_CHARS]!r}... ({len(value)} chars)"
@@ -116,11 +120,13 @@ def _tokens(info: Mapping[str, Any]) -> int | CardRejection:
         return _reject(CardRejectReason.MAX_TOTAL_NUM_TOKENS_MISSING, "max_total_num_tokens missing")
     tokens = positive_int(raw)
     if tokens is None:
-        return _reject(CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID,
-                       f"max_total_num_tokens {_show(raw)} is not a positive number")
+        return _reject(
+            CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID, f"max_total_num_tokens {_show(raw)} is not a positive number"
+        )
     if tokens > MAX_TOKENS:
-        return _reject(CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD,
-                       f"max_total_num_tokens {_show(raw)} exceeds {MAX_TOKENS}")
+        return _reject(
+            CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD, f"max_total_num_tokens {_show(raw)} exceeds {MAX_TOKENS}"
+        )
     return tokens
 
 
@@ -164,8 +170,11 @@ def _host_pool_tokens(pool_tokens: int, page_size: int) -> int:
 
 def _is_deepseek_v4(info: Mapping[str, Any]) -> bool:
     architectures = info.get("architectures")
-    names = [info.get("model_path"), info.get("served_model_name"),
-             *(architectures if isinstance(architectures, list) else ())]
+    names = [
+        info.get("model_path"),
+        info.get("served_model_name"),
+        *(architectures if isinstance(architectures, list) else ()),
+    ]
     for name in names:
         if isinstance(name, str):
             flat = name.lower().replace("-", "").replace("_", "")
@@ -174,8 +183,9 @@ def _is_deepseek_v4(info: Mapping[str, Any]) -> bool:
     return False
 
 
-def host_tokens(info: Mapping[str, Any], device_tokens: int,
-                page_size: int) -> tuple[int, HostNotCounted | None] | CardRejection:
+def host_tokens(
+    info: Mapping[str, Any], device_tokens: int, page_size: int
+) -> tuple[int, HostNotCounted | None] | CardRejection:
     """Native HiCache host tokens to count, or (0, why not). Call only with HiCache enabled.
 
     A figure of the wrong type or an unsupported setup counts no host tokens (the budget is GPU
@@ -187,8 +197,10 @@ def host_tokens(info: Mapping[str, Any], device_tokens: int,
         if host is None:
             return 0, HostNotCounted.HOST_TOKENS_INVALID
         if host > MAX_TOKENS:
-            return _reject(CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
-                           f"hicache_host_total_tokens {_show(raw)} exceeds {MAX_TOKENS}")
+            return _reject(
+                CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+                f"hicache_host_total_tokens {_show(raw)} exceeds {MAX_TOKENS}",
+            )
     else:
         raw = info.get("hicache_size", 0)
         size_gb = _number(0 if raw is None else raw)
@@ -196,16 +208,19 @@ def host_tokens(info: Mapping[str, Any], device_tokens: int,
             return 0, HostNotCounted.HICACHE_SIZE_INVALID
         if size_gb > 0:
             if size_gb > MAX_HICACHE_SIZE_GB:
-                return _reject(CardRejectReason.HICACHE_SIZE_ABSURD,
-                               f"hicache_size {_show(raw)} exceeds {MAX_HICACHE_SIZE_GB} GB")
+                return _reject(
+                    CardRejectReason.HICACHE_SIZE_ABSURD, f"hicache_size {_show(raw)} exceeds {MAX_HICACHE_SIZE_GB} GB"
+                )
             bytes_per_token = positive_int(info.get("kv_bytes_per_token"))
             if bytes_per_token is None:
                 return 0, HostNotCounted.EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN
             host = _host_pool_tokens(int(size_gb * 1e9 // bytes_per_token), page_size)
             if host > MAX_TOKENS:
-                return _reject(CardRejectReason.HICACHE_SIZE_ABSURD,
-                               f"hicache_size {_show(raw)} GB at {bytes_per_token} bytes per token exceeds "
-                               f"{MAX_TOKENS} host tokens")
+                return _reject(
+                    CardRejectReason.HICACHE_SIZE_ABSURD,
+                    f"hicache_size {_show(raw)} GB at {bytes_per_token} bytes per token exceeds "
+                    f"{MAX_TOKENS} host tokens",
+                )
         else:
             dcp = info.get("dcp_size")
             if dcp is not None and not (isinstance(dcp, int) and not isinstance(dcp, bool) and dcp <= 1):
@@ -217,12 +232,17 @@ def host_tokens(info: Mapping[str, Any], device_tokens: int,
             if ratio is None or not _finite(ratio) or ratio <= 0:
                 return 0, HostNotCounted.RATIO_INVALID
             # Bounded before multiplying, so the product is a finite float (or an exact int).
-            host = MAX_TOKENS + 1 if ratio > MAX_TOKENS else \
-                _host_pool_tokens(math.floor(device_tokens * ratio), page_size)
+            host = (
+                MAX_TOKENS + 1
+                if ratio > MAX_TOKENS
+                else _host_pool_tokens(math.floor(device_tokens * ratio), page_size)
+            )
             if host > MAX_TOKENS:
-                return _reject(CardRejectReason.HICACHE_RATIO_ABSURD,
-                               f"hicache_ratio {_show(raw_ratio)} x max_total_num_tokens {device_tokens} exceeds "
-                               f"{MAX_TOKENS} host tokens")
+                return _reject(
+                    CardRejectReason.HICACHE_RATIO_ABSURD,
+                    f"hicache_ratio {_show(raw_ratio)} x max_total_num_tokens {device_tokens} exceeds "
+                    f"{MAX_TOKENS} host tokens",
+                )
     policy = info.get("hicache_write_policy")
     if not isinstance(policy, str) or not policy:
         return 0, HostNotCounted.WRITE_POLICY_MISSING
@@ -241,8 +261,9 @@ def _text_field(info: Mapping[str, Any], name: str) -> str | CardRejection:
     if not isinstance(value, str):
         return ""
     if len(value) > MAX_TEXT_CHARS:
-        return _reject(CardRejectReason.TEXT_FIELD_TOO_LONG,
-                       f"{name} {_show(value)} exceeds {MAX_TEXT_CHARS} characters")
+        return _reject(
+            CardRejectReason.TEXT_FIELD_TOO_LONG, f"{name} {_show(value)} exceeds {MAX_TEXT_CHARS} characters"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -354,15 +375,15 @@ class ReplicaView:
     retention_tokens: int
     source: RetentionSource
     gpu_kv_tokens: int
-    host_kv_tokens: int                  # host tokens actually counted (after the optional cap)
-    max_programs: int                    # 0 = no limit
+    host_kv_tokens: int  # host tokens actually counted (after the optional cap)
+    max_programs: int  # 0 = no limit
 
 
 @dataclass(frozen=True)
 class WorkerView:
     state: WorkerState
     replicas: tuple[ReplicaView, ...]
-    excluded_reason: str                 # empty when the worker contributes budget
+    excluded_reason: str  # empty when the worker contributes budget
 
 
 @dataclass(frozen=True)

@@ -61,14 +61,19 @@ class RegistrySettings:
 
     def __post_init__(self) -> None:
         if isinstance(self.unhealthy_after_failures, bool) or self.unhealthy_after_failures < 1:
-            raise ConfigError("unhealthy_after_failures", self.unhealthy_after_failures,
-                              "unhealthy_after_failures >= 1")
+            raise ConfigError(
+                "unhealthy_after_failures", self.unhealthy_after_failures, "unhealthy_after_failures >= 1"
+            )
         if not self.remove_unhealthy_after_seconds >= 0:
-            raise ConfigError("remove_unhealthy_after_seconds", self.remove_unhealthy_after_seconds,
-                              "remove_unhealthy_after_seconds >= 0 (0 = never)")
+            raise ConfigError(
+                "remove_unhealthy_after_seconds",
+                self.remove_unhealthy_after_seconds,
+                "remove_unhealthy_after_seconds >= 0 (0 = never)",
+            )
         if isinstance(self.confirm_increase_polls, bool) or self.confirm_increase_polls < 1:
-            raise ConfigError("confirm_increase_polls", self.confirm_increase_polls,
-                              "confirm_increase_polls >= 1 (1 = no damping)")
+            raise ConfigError(
+                "confirm_increase_polls", self.confirm_increase_polls, "confirm_increase_polls >= 1 (1 = no damping)"
+            )
 
 
 class WorkerIdTaken(AlreadyExists):
@@ -92,7 +97,7 @@ class TransitionKind(enum.Enum):
     CARD_CHANGED = "card_changed"
     CARD_REJECTED = "card_rejected"
     MISMATCH = "mismatch"
-    CARD_HELD = "card_held"          # a budget raise seen, not yet for confirm_increase_polls polls (DEBUG)
+    CARD_HELD = "card_held"  # a budget raise seen, not yet for confirm_increase_polls polls (DEBUG)
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,9 @@ class Registry:
         if old is None or old.visible() != new.visible():
             self.version += 1
 
-    def add(self, worker_id: str, url: str, origin: Origin, now: float,
-            expectation: Expectation = Expectation()) -> tuple[WorkerState, list[Transition]]:
+    def add(
+        self, worker_id: str, url: str, origin: Origin, now: float, expectation: Expectation = Expectation()
+    ) -> tuple[WorkerState, list[Transition]]:
         """Register a worker. Idempotent for the same (id, url): the expectation is updated.
 
         Raises WorkerIdTaken / UrlTaken on a conflict.
@@ -178,8 +184,9 @@ class Registry:
         state = WorkerState(worker_id=worker_id, url=url, origin=origin, registered_at=now, expectation=expectation)
         self._by_url[url] = worker_id
         self._put(state, None)
-        return state, [Transition(TransitionKind.ADDED, worker_id, "absent", state.health.value,
-                                  f"{origin.value} {url}")]
+        return state, [
+            Transition(TransitionKind.ADDED, worker_id, "absent", state.health.value, f"{origin.value} {url}")
+        ]
 
     def remove(self, worker_id: str, why: str = "deregistered") -> list[Transition]:
         state = self._workers.pop(worker_id, None)
@@ -218,36 +225,66 @@ class Registry:
     def _failed(self, old: WorkerState, result: PollFailed, now: float) -> WorkerState:
         failures = old.consecutive_failures + 1
         # The latest outcome is this failure: an earlier rejection, mismatch or recovery no longer applies.
-        new = replace(old, consecutive_failures=failures, last_failure=result.reason,
-                      last_failure_detail=result.detail, rejection=None, mismatch="", recovering="",
-                      candidate=None, candidate_polls=0)
+        new = replace(
+            old,
+            consecutive_failures=failures,
+            last_failure=result.reason,
+            last_failure_detail=result.detail,
+            rejection=None,
+            mismatch="",
+            recovering="",
+            candidate=None,
+            candidate_polls=0,
+        )
         if failures >= self.settings.unhealthy_after_failures:
             new = replace(new, health=Health.UNHEALTHY)
         if new.health is Health.UNHEALTHY and (old.health is not Health.UNHEALTHY or old.last_failure is None):
-            new = replace(new, failing_since=now)   # the removal clock starts when it stops answering
+            new = replace(new, failing_since=now)  # the removal clock starts when it stops answering
         return new
 
-    def _answered(self, old: WorkerState, outcome: Card | CardRejection,
-                  now_wall: float) -> tuple[WorkerState, Transition | None]:
-        base = replace(old, consecutive_failures=0, last_failure=None, last_failure_detail="",
-                       last_success_wall=now_wall, recovering="")
+    def _answered(
+        self, old: WorkerState, outcome: Card | CardRejection, now_wall: float
+    ) -> tuple[WorkerState, Transition | None]:
+        base = replace(
+            old,
+            consecutive_failures=0,
+            last_failure=None,
+            last_failure_detail="",
+            last_success_wall=now_wall,
+            recovering="",
+        )
         if isinstance(outcome, CardRejection):
-            return replace(base, rejection=outcome, mismatch="", health=Health.UNHEALTHY, candidate=None,
-                           candidate_polls=0), None
+            return replace(
+                base, rejection=outcome, mismatch="", health=Health.UNHEALTHY, candidate=None, candidate_polls=0
+            ), None
         mismatch = base.expectation.contradiction(outcome)
         if mismatch:
-            return replace(base, card=outcome, rejection=None, mismatch=mismatch, health=Health.UNHEALTHY,
-                           candidate=None, candidate_polls=0), None
+            return replace(
+                base,
+                card=outcome,
+                rejection=None,
+                mismatch=mismatch,
+                health=Health.UNHEALTHY,
+                candidate=None,
+                candidate_polls=0,
+            ), None
         base = replace(base, rejection=None, mismatch="")
         needed = self.settings.confirm_increase_polls
         polls = old.candidate_polls + 1 if old.candidate == outcome else 1
         if self._at_once(old, outcome) or polls >= needed:
             return replace(base, card=outcome, health=Health.HEALTHY, candidate=None, candidate_polls=0), None
-        recovering = "" if old.health is Health.HEALTHY else \
-            f"unhealthy: recovering ({polls} of {needed} consecutive good polls)"
-        held = Transition(TransitionKind.CARD_HELD, old.worker_id,
-                          old.card.describe() if old.health is Health.HEALTHY and old.card else old.health.value,
-                          outcome.describe(), f"{polls} of {needed} consecutive polls")
+        recovering = (
+            ""
+            if old.health is Health.HEALTHY
+            else f"unhealthy: recovering ({polls} of {needed} consecutive good polls)"
+        )
+        held = Transition(
+            TransitionKind.CARD_HELD,
+            old.worker_id,
+            old.card.describe() if old.health is Health.HEALTHY and old.card else old.health.value,
+            outcome.describe(),
+            f"{polls} of {needed} consecutive polls",
+        )
         return replace(base, candidate=outcome, candidate_polls=polls, recovering=recovering), held
 
     def _at_once(self, old: WorkerState, card: Card) -> bool:
@@ -255,13 +292,16 @@ class Registry:
         if old.health is Health.PENDING or self.settings.confirm_increase_polls <= 1:
             return True
         if old.health is not Health.HEALTHY or old.card is None:
-            return False          # recovery raises the budget from nothing
+            return False  # recovery raises the budget from nothing
         if card == old.card:
             return True
         new_tokens, new_programs = self._budget(card)
         old_tokens, old_programs = self._budget(old.card)
-        return new_tokens <= old_tokens and new_programs <= old_programs and \
-            (new_tokens < old_tokens or new_programs < old_programs)
+        return (
+            new_tokens <= old_tokens
+            and new_programs <= old_programs
+            and (new_tokens < old_tokens or new_programs < old_programs)
+        )
 
     def _budget(self, card: Card) -> tuple[int, int]:
         return card_retention_tokens(card, self.retention), card.max_running_requests or _UNLIMITED_PROGRAMS
@@ -284,8 +324,15 @@ class Registry:
         out: list[Transition] = []
         wid = new.worker_id
         if new.rejection is not None and new.rejection != old.rejection:
-            out.append(Transition(TransitionKind.CARD_REJECTED, wid, "accepted" if old.rejection is None else
-                                  str(old.rejection), str(new.rejection), new.rejection.reason.value))
+            out.append(
+                Transition(
+                    TransitionKind.CARD_REJECTED,
+                    wid,
+                    "accepted" if old.rejection is None else str(old.rejection),
+                    str(new.rejection),
+                    new.rejection.reason.value,
+                )
+            )
         if new.card is not None and old.card is not None and new.card != old.card:
             out.append(Transition(TransitionKind.CARD_CHANGED, wid, old.card.describe(), new.card.describe()))
         if new.mismatch and new.mismatch != old.mismatch:
@@ -299,7 +346,9 @@ class Registry:
                     why = new.mismatch
                 else:
                     last = new.last_failure.value if new.last_failure else "?"
-                    why = f"{new.consecutive_failures} consecutive poll failures, last {last}: {new.last_failure_detail}"
+                    why = (
+                        f"{new.consecutive_failures} consecutive poll failures, last {last}: {new.last_failure_detail}"
+                    )
             elif new.card is not None:
                 why = new.card.describe()
             out.append(Transition(TransitionKind.HEALTH, wid, old.health.value, new.health.value, why))
@@ -311,9 +360,13 @@ class Registry:
         if limit <= 0:
             return []
         doomed = [
-            s.worker_id for s in self._workers.values()
-            if s.origin is Origin.RPC and s.health is Health.UNHEALTHY and s.last_failure is not None
-            and s.failing_since is not None and now - s.failing_since >= limit
+            s.worker_id
+            for s in self._workers.values()
+            if s.origin is Origin.RPC
+            and s.health is Health.UNHEALTHY
+            and s.last_failure is not None
+            and s.failing_since is not None
+            and now - s.failing_since >= limit
         ]
         out: list[Transition] = []
         for wid in doomed:

@@ -17,9 +17,9 @@ class Origin(enum.Enum):
 
 
 class Health(enum.Enum):
-    PENDING = "PENDING"        # registered, no successful poll yet
+    PENDING = "PENDING"  # registered, no successful poll yet
     HEALTHY = "HEALTHY"
-    UNHEALTHY = "UNHEALTHY"    # N failed polls in a row, or a card that cannot be trusted
+    UNHEALTHY = "UNHEALTHY"  # N failed polls in a row, or a card that cannot be trusted
 
 
 class RetentionSource(enum.Enum):
@@ -47,22 +47,22 @@ class CardRejectReason(enum.Enum):
     HICACHE_RATIO_ABSURD = "hicache_ratio_absurd"
     HICACHE_SIZE_ABSURD = "hicache_size_absurd"
     TEXT_FIELD_TOO_LONG = "text_field_too_long"
-    TEXT_FIELD_INVALID = "text_field_invalid"        # not encodable as UTF-8 (a lone surrogate)
-    DERIVATION_ERROR = "derivation_error"            # a bug in the derivation, caught by the shell
+    TEXT_FIELD_INVALID = "text_field_invalid"  # not encodable as UTF-8 (a lone surrogate)
+    DERIVATION_ERROR = "derivation_error"  # a bug in the derivation, caught by the shell
 
 
 class HostNotCounted(enum.Enum):
     """Why a card with HiCache enabled still counts no host tokens (the budget is GPU only)."""
 
-    HOST_TOKENS_INVALID = "host_tokens_invalid"                 # reported but not a positive int
+    HOST_TOKENS_INVALID = "host_tokens_invalid"  # reported but not a positive int
     EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN = "explicit_size_without_bytes_per_token"
     HICACHE_SIZE_INVALID = "hicache_size_invalid"
     RATIO_INVALID = "ratio_invalid"
     DCP_UNSUPPORTED = "dcp_unsupported"
     MODEL_UNSUPPORTED = "model_unsupported"
     WRITE_POLICY_MISSING = "write_policy_missing"
-    WRITE_POLICY_NOT_COUNTED = "write_policy_not_counted"      # write_through_selective or unknown
-    FULLY_MIRRORED = "fully_mirrored"                           # write_through with H <= D
+    WRITE_POLICY_NOT_COUNTED = "write_policy_not_counted"  # write_through_selective or unknown
+    FULLY_MIRRORED = "fully_mirrored"  # write_through with H <= D
 
 
 class PollFailureReason(enum.Enum):
@@ -70,35 +70,37 @@ class PollFailureReason(enum.Enum):
 
     TIMEOUT = "timeout"
     CONNECTION = "connection"
-    HTTP_STATUS = "http_status"        # /server_info answered something other than 200 (or 404 twice)
-    HEALTH = "health"                  # /health answered non-200
-    ERROR = "error"                    # the poll itself failed unexpectedly (a bug; logged with its traceback)
+    HTTP_STATUS = "http_status"  # /server_info answered something other than 200 (or 404 twice)
+    HEALTH = "health"  # /health answered non-200
+    ERROR = "error"  # the poll itself failed unexpectedly (a bug; logged with its traceback)
 
 
 @dataclass(frozen=True)
 class Card:
     """What we derived from one worker's /server_info. Token figures are per DP rank."""
 
-    gpu_kv_tokens: int                  # max_total_num_tokens rounded up to whole pages
-    device_tokens: int                  # max_total_num_tokens as reported (D in the HiCache rules)
+    gpu_kv_tokens: int  # max_total_num_tokens rounded up to whole pages
+    device_tokens: int  # max_total_num_tokens as reported (D in the HiCache rules)
     page_size: int
-    host_kv_tokens: int                 # native HiCache host tokens that may be counted; 0 = none
+    host_kv_tokens: int  # native HiCache host tokens that may be counted; 0 = none
     host_not_counted: HostNotCounted | None
     hierarchical_cache: bool
     hicache_write_policy: str
-    hicache_storage_backend: str        # reported, never counted
+    hicache_storage_backend: str  # reported, never counted
     dp_size: int
     dp_attention: bool
-    max_running_requests: int           # per DP rank; 0 = not published
-    context_length: int                 # 0 = not published
+    max_running_requests: int  # per DP rank; 0 = not published
+    context_length: int  # 0 = not published
     model_name: str
     version: str
 
     def describe(self) -> str:
         """Short human form for transition logs."""
         host = f"+host {self.host_kv_tokens}" if self.host_kv_tokens else ""
-        return (f"gpu_kv_tokens={self.gpu_kv_tokens}{host} page_size={self.page_size} dp_size={self.dp_size} "
-                f"max_running_requests={self.max_running_requests} version={self.version or '?'}")
+        return (
+            f"gpu_kv_tokens={self.gpu_kv_tokens}{host} page_size={self.page_size} dp_size={self.dp_size} "
+            f"max_running_requests={self.max_running_requests} version={self.version or '?'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -148,24 +150,35 @@ class WorkerState:
     worker_id: str
     url: str
     origin: Origin
-    registered_at: float                 # monotonic seconds
+    registered_at: float  # monotonic seconds
     expectation: Expectation = Expectation()
     health: Health = Health.PENDING
-    card: Card | None = None             # the published card (the one budgets are computed from)
+    card: Card | None = None  # the published card (the one budgets are computed from)
     rejection: CardRejection | None = None
-    mismatch: str = ""                   # contradiction between expectation and card
+    mismatch: str = ""  # contradiction between expectation and card
     last_failure: PollFailureReason | None = None
-    recovering: str = ""                 # UNHEALTHY, answering well, not yet for long enough
+    recovering: str = ""  # UNHEALTHY, answering well, not yet for long enough
     load: Load = Load()
     # liveness, not versioned:
     consecutive_failures: int = 0
     last_success_wall: float | None = None
-    failing_since: float | None = None   # monotonic seconds: UNHEALTHY and not answering since (removal clock)
+    failing_since: float | None = None  # monotonic seconds: UNHEALTHY and not answering since (removal clock)
     last_failure_detail: str = ""
-    candidate: Card | None = None        # a budget-raising card seen on `candidate_polls` polls in a row
+    candidate: Card | None = None  # a budget-raising card seen on `candidate_polls` polls in a row
     candidate_polls: int = 0
 
     def visible(self) -> tuple:
         """The fields whose change is an externally visible change (bumps the version)."""
-        return (self.worker_id, self.url, self.origin, self.expectation, self.health, self.card,
-                self.rejection, self.mismatch, self.last_failure, self.recovering, self.load)
+        return (
+            self.worker_id,
+            self.url,
+            self.origin,
+            self.expectation,
+            self.health,
+            self.card,
+            self.rejection,
+            self.mismatch,
+            self.last_failure,
+            self.recovering,
+            self.load,
+        )

@@ -60,8 +60,9 @@ class Connector(Protocol):
 class VirtualConnector:
     name = "virtual"
 
-    def __init__(self, clock: Clock, *, initial_replicas: int = 0, ready_delay_s: float = 0.0,
-                 urls: Sequence[str] = ()) -> None:
+    def __init__(
+        self, clock: Clock, *, initial_replicas: int = 0, ready_delay_s: float = 0.0, urls: Sequence[str] = ()
+    ) -> None:
         self.clock = clock
         self.ready_delay_s = ready_delay_s
         self.decisions: list[tuple[float, int]] = []
@@ -117,10 +118,18 @@ class _Proc:
 class LocalConnector:
     name = "local"
 
-    def __init__(self, clock: Clock, *, worker_args: Sequence[str] = (), max_workers: int = 16,
-                 register: Callable[[str, str], Awaitable[None]] | None = None,
-                 deregister: Callable[[str], Awaitable[None]] | None = None, python: str = sys.executable,
-                 stop_timeout_s: float = 10.0, workdir: str | None = None) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        worker_args: Sequence[str] = (),
+        max_workers: int = 16,
+        register: Callable[[str, str], Awaitable[None]] | None = None,
+        deregister: Callable[[str], Awaitable[None]] | None = None,
+        python: str = sys.executable,
+        stop_timeout_s: float = 10.0,
+        workdir: str | None = None,
+    ) -> None:
         self.clock = clock
         self.worker_args = list(worker_args)
         self.max_workers = max_workers
@@ -168,9 +177,18 @@ class LocalConnector:
         while len(self.procs) < replicas:
             ready_file = self._dir / f"worker-{secrets.token_hex(4)}.json"
             proc = await asyncio.create_subprocess_exec(
-                self.python, "-m", "services.simworker", "--port", "0", "--ready-file", str(ready_file),
-                *self.worker_args, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                self.python,
+                "-m",
+                "services.simworker",
+                "--port",
+                "0",
+                "--ready-file",
+                str(ready_file),
+                *self.worker_args,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
             self.procs.append(_Proc(proc, ready_file))
             log.info("local connector: started simworker pid %d", proc.pid)
         victims = self.procs[replicas:]
@@ -252,11 +270,20 @@ class KubernetesConnector:
         t = self.target
         for attempt in range(3):
             dep = await self._call(api.read_namespaced_deployment, t.deployment, t.namespace)
-            body = {"metadata": {"resourceVersion": dep.metadata.resource_version,
-                                 "annotations": {FENCE_ANNOTATION: t.writer_id}}}
+            body = {
+                "metadata": {
+                    "resourceVersion": dep.metadata.resource_version,
+                    "annotations": {FENCE_ANNOTATION: t.writer_id},
+                }
+            }
             try:
-                await self._call(api.patch_namespaced_deployment, t.deployment, t.namespace, body,
-                                 _content_type="application/merge-patch+json")
+                await self._call(
+                    api.patch_namespaced_deployment,
+                    t.deployment,
+                    t.namespace,
+                    body,
+                    _content_type="application/merge-patch+json",
+                )
                 break
             except ApiException as exc:
                 if exc.status != 409 or attempt == 2:
@@ -265,8 +292,12 @@ class KubernetesConnector:
         if (dep.metadata.annotations or {}).get(FENCE_ANNOTATION) != t.writer_id:
             raise ConnectorRefused(f"deployment {t.deployment}: writer fence not held after claiming it")
         self.fenced = True
-        log.info("kubernetes connector: writer fence on deployment %s/%s claimed as %s", t.namespace, t.deployment,
-                 t.writer_id)
+        log.info(
+            "kubernetes connector: writer fence on deployment %s/%s claimed as %s",
+            t.namespace,
+            t.deployment,
+            t.writer_id,
+        )
 
     async def inventory(self) -> Inventory:
         api = self._client()
@@ -281,7 +312,7 @@ class KubernetesConnector:
         if settled and desired == current == updated == ready:
             return Inventory(now, ready, desired, False, 0)
         if settled and updated == current and ready <= desired and current <= desired:
-            return Inventory(now, ready, None, True, desired - ready)   # verified start-up only
+            return Inventory(now, ready, None, True, desired - ready)  # verified start-up only
         return Inventory(now, min(ready, desired), None, True, 0)
 
     async def scale_to(self, replicas: int) -> None:
@@ -299,8 +330,13 @@ class KubernetesConnector:
         scale = await self._call(api.read_namespaced_deployment_scale, t.deployment, t.namespace)
         body = {"metadata": {"resourceVersion": scale.metadata.resource_version}, "spec": {"replicas": replicas}}
         try:
-            await self._call(api.patch_namespaced_deployment_scale, t.deployment, t.namespace, body,
-                             _content_type="application/merge-patch+json")
+            await self._call(
+                api.patch_namespaced_deployment_scale,
+                t.deployment,
+                t.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+            )
         except ApiException as exc:
             if exc.status == 409:
                 raise ConnectorRefused(f"deployment {t.deployment}: scale conflict (resourceVersion changed)") from exc

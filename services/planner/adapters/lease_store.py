@@ -118,8 +118,9 @@ class MemoryLeaseStore:
         seq, until_mono, until_ms = self._seq.assign(decision, now_mono, now_wall)
         if self._current is not None and seq < self._current.writer_sequence:
             raise LeaseRejected("a lower writer sequence")
-        self._current = Lease(decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id,
-                              self.epoch, seq, until_mono)
+        self._current = Lease(
+            decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id, self.epoch, seq, until_mono
+        )
         return self._current
 
     def current(self) -> Lease | None:
@@ -183,15 +184,17 @@ class RedisLeaseStore:
 
     name = "redis"
 
-    def __init__(self, url: str, control_key: str, *, connect_timeout_s: float = 2.0, socket_timeout_s: float = 2.0,
-                 client=None) -> None:
+    def __init__(
+        self, url: str, control_key: str, *, connect_timeout_s: float = 2.0, socket_timeout_s: float = 2.0, client=None
+    ) -> None:
         import redis.asyncio as aioredis
 
         self.url = url
         self.control_key = control_key
         self.fence_key = fence_key_for(control_key)
-        self.client = client or aioredis.Redis.from_url(url, socket_connect_timeout=connect_timeout_s,
-                                                        socket_timeout=socket_timeout_s, decode_responses=True)
+        self.client = client or aioredis.Redis.from_url(
+            url, socket_connect_timeout=connect_timeout_s, socket_timeout=socket_timeout_s, decode_responses=True
+        )
         self.writer_id = ""
         self.epoch = 0
         self._seq = _Sequencer()
@@ -209,9 +212,19 @@ class RedisLeaseStore:
         until_ms = int((now_wall + zero.duration_s) * 1000)
         payload = _payload(zero.pool_id, 0.0, until_ms, zero.decision_id)
         try:
-            epoch = await self._bootstrap(keys=[self.control_key, self.fence_key], args=[
-                self.writer_id, payload, API_VERSION, zero.pool_id, _rate_text(0.0), until_ms, zero.decision_id,
-                max(1, int(zero.duration_s * 1000))])
+            epoch = await self._bootstrap(
+                keys=[self.control_key, self.fence_key],
+                args=[
+                    self.writer_id,
+                    payload,
+                    API_VERSION,
+                    zero.pool_id,
+                    _rate_text(0.0),
+                    until_ms,
+                    zero.decision_id,
+                    max(1, int(zero.duration_s * 1000)),
+                ],
+            )
         except Exception as exc:
             raise LeaseOutcomeUnknown(f"Redis bootstrap failed: {type(exc).__name__}: {exc}") from exc
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch <= 0:
@@ -231,9 +244,18 @@ class RedisLeaseStore:
         if ttl_ms <= 0:
             raise LeaseRejected(f"decision {decision.decision_id} has already expired")
         rate = _rate_text(decision.max_admission_rps)
-        args = [self.epoch, self.writer_id, seq, _payload(decision.pool_id, decision.max_admission_rps, until_ms,
-                                                          decision.decision_id),
-                API_VERSION, decision.pool_id, rate, until_ms, decision.decision_id, ttl_ms]
+        args = [
+            self.epoch,
+            self.writer_id,
+            seq,
+            _payload(decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id),
+            API_VERSION,
+            decision.pool_id,
+            rate,
+            until_ms,
+            decision.decision_id,
+            ttl_ms,
+        ]
         result = None
         for attempt in (1, 2):
             try:
@@ -247,8 +269,9 @@ class RedisLeaseStore:
                 raise LeaseRejected(f"Redis refused the lease: {exc}") from exc
         if result not in (1, 2):
             raise LeaseRejected("Redis rejected a stale lease writer or sequence")
-        self._current = Lease(decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id,
-                              self.epoch, seq, until_mono)
+        self._current = Lease(
+            decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id, self.epoch, seq, until_mono
+        )
         return self._current
 
     def current(self) -> Lease | None:

@@ -54,9 +54,15 @@ class _Baseline:
 
 
 class RouterTrafficSource:
-    def __init__(self, urls: Sequence[str], clock: Clock, *, timeout_s: float,
-                 dispatched: Callable[[], int] | None = None,
-                 dispatch_inflight: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        clock: Clock,
+        *,
+        timeout_s: float,
+        dispatched: Callable[[], int] | None = None,
+        dispatch_inflight: Callable[[], int] | None = None,
+    ) -> None:
         self.urls = tuple(u.rstrip("/") for u in urls)
         self.clock = clock
         self.timeout_s = timeout_s
@@ -142,19 +148,31 @@ class SchedulerSource:
         start = self.clock.monotonic()
         stats, programs = await asyncio.gather(
             self.stub.GetStats(spb.GetStatsRequest(), timeout=self.timeout_s),
-            self.stub.ListPrograms(spb.ListProgramsRequest(), timeout=self.timeout_s))
+            self.stub.ListPrograms(spb.ListProgramsRequest(), timeout=self.timeout_s),
+        )
         now = self.clock.monotonic()
         wall = self.clock.wall()
-        pauses = [wall - p.paused_since.ToMicroseconds() / 1e6 for p in programs.programs
-                  if p.lifecycle == spb.LIFECYCLE_PAUSED and p.HasField("paused_since")]
+        pauses = [
+            wall - p.paused_since.ToMicroseconds() / 1e6
+            for p in programs.programs
+            if p.lifecycle == spb.LIFECYCLE_PAUSED and p.HasField("paused_since")
+        ]
         utils = [r.utilization for r in stats.replicas if r.retention_tokens > 0 and math.isfinite(r.utilization)]
-        signal = ProgramSignal(now, stats.programs_paused, max(pauses) if pauses else None,
-                               sum(utils) / len(utils) if utils else None, len(stats.replicas))
+        signal = ProgramSignal(
+            now,
+            stats.programs_paused,
+            max(pauses) if pauses else None,
+            sum(utils) / len(utils) if utils else None,
+            len(stats.replicas),
+        )
         prev, self._admissions = self._admissions, (stats.admissions_total, now)
         traffic = None
         if prev is not None and stats.admissions_total >= prev[0] and start > prev[1]:
-            traffic = OnlineTraffic(now, (stats.admissions_total - prev[0]) / (start - prev[1]),
-                                    stats.programs_reasoning + stats.passthrough_in_flight)
+            traffic = OnlineTraffic(
+                now,
+                (stats.admissions_total - prev[0]) / (start - prev[1]),
+                stats.programs_reasoning + stats.passthrough_in_flight,
+            )
         return signal, traffic
 
 
@@ -170,17 +188,27 @@ class CapacitySource:
 
         snap = await self.stub.ListWorkers(cpb.ListWorkersRequest(), timeout=self.timeout_s)
         healthy = [w for w in snap.workers if w.health == cpb.WORKER_HEALTH_HEALTHY]
-        loads = tuple(ReplicaLoad(w.worker_id, w.load.num_running_reqs, w.load.num_queue_reqs, w.load.token_usage)
-                      for w in healthy)
+        loads = tuple(
+            ReplicaLoad(w.worker_id, w.load.num_running_reqs, w.load.num_queue_reqs, w.load.token_usage)
+            for w in healthy
+        )
         return len(healthy), loads
 
 
 class Collector:
-    def __init__(self, clock: Clock, *, jobs: Callable[[float], tuple[JobDemand, ...]],
-                 inventory: Callable[[], Awaitable[Inventory]], timeout_s: float,
-                 feedback: Callable[[], DispatcherFeedback | None] = lambda: None,
-                 router: RouterTrafficSource | None = None, scheduler: SchedulerSource | None = None,
-                 capacity: CapacitySource | None = None, assume_no_online_traffic: bool = False) -> None:
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        jobs: Callable[[float], tuple[JobDemand, ...]],
+        inventory: Callable[[], Awaitable[Inventory]],
+        timeout_s: float,
+        feedback: Callable[[], DispatcherFeedback | None] = lambda: None,
+        router: RouterTrafficSource | None = None,
+        scheduler: SchedulerSource | None = None,
+        capacity: CapacitySource | None = None,
+        assume_no_online_traffic: bool = False,
+    ) -> None:
         self.clock = clock
         self.jobs = jobs
         self.inventory = inventory
@@ -230,14 +258,17 @@ class Collector:
         if self.capacity is not None:
             cap = results.get("capacity")
             if cap is None:
-                inventory = None       # capacity configured but unknown: the fleet is unknown
+                inventory = None  # capacity configured but unknown: the fleet is unknown
             else:
                 healthy, loads = cap
                 if inventory is not None and healthy < inventory.ready:
-                    inventory = Inventory(inventory.observed_at_s, healthy,
-                                          inventory.expected if healthy == inventory.expected else None,
-                                          inventory.scaling_in_progress or healthy != inventory.ready,
-                                          inventory.pending)
+                    inventory = Inventory(
+                        inventory.observed_at_s,
+                        healthy,
+                        inventory.expected if healthy == inventory.expected else None,
+                        inventory.scaling_in_progress or healthy != inventory.ready,
+                        inventory.pending,
+                    )
         traffic = results.get("router")
         programs = None
         sched = results.get("scheduler")
@@ -248,5 +279,4 @@ class Collector:
         if traffic is None and self.assume_no_online_traffic and self.router is None and self.scheduler is None:
             # An operator's explicit statement that this pool serves no online traffic.
             traffic = OnlineTraffic(now, 0.0, 0)
-        return Observation(now, self.clock.wall(), jobs, traffic, feedback, inventory, loads, programs,
-                           tuple(errors))
+        return Observation(now, self.clock.wall(), jobs, traffic, feedback, inventory, loads, programs, tuple(errors))

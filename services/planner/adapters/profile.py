@@ -14,12 +14,23 @@ from pathlib import Path
 from services.common.errors import ConfigError
 from services.planner.core.throughput import EngineProfile
 
-_FIELDS = ("decode_x", "decode_e0_ms", "decode_e1_ms", "decode_e2_ms", "decode_x_knee", "decode_min_ms",
-           "prefill_step_base_ms", "prefill_ms_per_token", "prefill_attn_ms_per_token2", "kv_capacity_tokens")
+_FIELDS = (
+    "decode_x",
+    "decode_e0_ms",
+    "decode_e1_ms",
+    "decode_e2_ms",
+    "decode_x_knee",
+    "decode_min_ms",
+    "prefill_step_base_ms",
+    "prefill_ms_per_token",
+    "prefill_attn_ms_per_token2",
+    "kv_capacity_tokens",
+)
 
 
-def load_engine_profile(name_or_path: str, *, max_running_requests: int = 256,
-                        kv_capacity_tokens: int = 0) -> EngineProfile:
+def load_engine_profile(
+    name_or_path: str, *, max_running_requests: int = 256, kv_capacity_tokens: int = 0
+) -> EngineProfile:
     path = Path(name_or_path)
     try:
         if path.suffix == ".json" or path.exists():
@@ -39,9 +50,11 @@ def load_engine_profile(name_or_path: str, *, max_running_requests: int = 256,
         raise ConfigError("timing_profile", name_or_path, "decode_x must be context_k or kv_utilisation")
     try:
         return EngineProfile(
-            name=str(raw.get("name", name_or_path)), decode_x=raw["decode_x"],
+            name=str(raw.get("name", name_or_path)),
+            decode_x=raw["decode_x"],
             **{f: float(raw[f]) for f in _FIELDS[1:-1]},
             kv_capacity_tokens=int(kv_capacity_tokens or raw["kv_capacity_tokens"]),
-            max_running_requests=max_running_requests)
+            max_running_requests=max_running_requests,
+        )
     except (TypeError, ValueError) as exc:
         raise ConfigError("timing_profile", name_or_path, f"bad field value: {exc}") from None

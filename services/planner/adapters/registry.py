@@ -52,10 +52,32 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_state ON requests (state, batch_id);
 """
 
-BATCH_FIELDS = ("id", "endpoint", "input_file_id", "completion_window", "status", "created_at", "expires_at",
-                "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
-                "cancelled_at", "output_file_id", "error_file_id", "errors", "metadata", "total", "completed",
-                "failed", "external", "pool_id", "dispatched")
+BATCH_FIELDS = (
+    "id",
+    "endpoint",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "created_at",
+    "expires_at",
+    "in_progress_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "output_file_id",
+    "error_file_id",
+    "errors",
+    "metadata",
+    "total",
+    "completed",
+    "failed",
+    "external",
+    "pool_id",
+    "dispatched",
+)
 
 
 class NotFound(KeyError):
@@ -99,21 +121,33 @@ class Registry:
     def add_input_file(self, filename: str, data: bytes, lines: list[BatchLine], now: int) -> dict:
         file_id = _new_id("file")
         with self._tx():
-            self.db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, kind, content, lines) "
-                            "VALUES (?, 'batch', ?, ?, ?, 'input', ?, ?)",
-                            (file_id, filename, len(data), now, data, len(lines)))
-            self.db.executemany("INSERT INTO input_lines VALUES (?, ?, ?, ?, ?)",
-                                ((file_id, ln.index, ln.custom_id, ln.url, json.dumps(ln.body)) for ln in lines))
+            self.db.execute(
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, content, lines) "
+                "VALUES (?, 'batch', ?, ?, ?, 'input', ?, ?)",
+                (file_id, filename, len(data), now, data, len(lines)),
+            )
+            self.db.executemany(
+                "INSERT INTO input_lines VALUES (?, ?, ?, ?, ?)",
+                ((file_id, ln.index, ln.custom_id, ln.url, json.dumps(ln.body)) for ln in lines),
+            )
         return self.get_file(file_id)
 
     def get_file(self, file_id: str) -> dict:
-        row = self.db.execute("SELECT id, purpose, filename, bytes, created_at, kind FROM files WHERE id = ?",
-                              (file_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT id, purpose, filename, bytes, created_at, kind FROM files WHERE id = ?", (file_id,)
+        ).fetchone()
         if row is None:
             raise NotFound(file_id)
-        return {"id": row["id"], "object": "file", "bytes": row["bytes"], "created_at": row["created_at"],
-                "filename": row["filename"], "purpose": row["purpose"], "status": "processed",
-                "status_details": None}
+        return {
+            "id": row["id"],
+            "object": "file",
+            "bytes": row["bytes"],
+            "created_at": row["created_at"],
+            "filename": row["filename"],
+            "purpose": row["purpose"],
+            "status": "processed",
+            "status_details": None,
+        }
 
     def input_urls(self, file_id: str) -> set[str]:
         self.get_file(file_id)
@@ -128,14 +162,23 @@ class Registry:
         return self._result_lines(row["batch_id"], row["kind"])
 
     def _result_lines(self, batch_id: str, kind: str) -> bytes:
-        rows = self.db.execute("SELECT result FROM requests WHERE batch_id = ? AND result_kind = ? ORDER BY idx",
-                               (batch_id, kind))
+        rows = self.db.execute(
+            "SELECT result FROM requests WHERE batch_id = ? AND result_kind = ? ORDER BY idx", (batch_id, kind)
+        )
         return "".join(r[0] + "\n" for r in rows).encode()
 
     # --- batches ---
 
-    def create_batch(self, input_file_id: str, endpoint: str, window: str, window_s: int, metadata: dict | None,
-                     now: int, pool_id: str = "default") -> dict:
+    def create_batch(
+        self,
+        input_file_id: str,
+        endpoint: str,
+        window: str,
+        window_s: int,
+        metadata: dict | None,
+        now: int,
+        pool_id: str = "default",
+    ) -> dict:
         row = self.db.execute("SELECT kind, purpose FROM files WHERE id = ?", (input_file_id,)).fetchone()
         if row is None:
             raise NotFound(input_file_id)
@@ -143,30 +186,47 @@ class Registry:
             raise Conflict(f"file {input_file_id} is not a batch input file")
         batch_id = _new_id("batch")
         with self._tx():
-            total = self.db.execute("SELECT COUNT(*) FROM input_lines WHERE file_id = ?", (input_file_id,)).fetchone()[0]
+            total = self.db.execute("SELECT COUNT(*) FROM input_lines WHERE file_id = ?", (input_file_id,)).fetchone()[
+                0
+            ]
             self.db.execute(
                 "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
                 "metadata, total, pool_id) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?, ?)",
-                (batch_id, endpoint, input_file_id, window, now, now + window_s, json.dumps(metadata or {}), total,
-                 pool_id))
-            self.db.execute("INSERT INTO requests (batch_id, idx, custom_id, url, body, state) "
-                            "SELECT ?, idx, custom_id, url, body, 'queued' FROM input_lines WHERE file_id = ?",
-                            (batch_id, input_file_id))
+                (
+                    batch_id,
+                    endpoint,
+                    input_file_id,
+                    window,
+                    now,
+                    now + window_s,
+                    json.dumps(metadata or {}),
+                    total,
+                    pool_id,
+                ),
+            )
+            self.db.execute(
+                "INSERT INTO requests (batch_id, idx, custom_id, url, body, state) "
+                "SELECT ?, idx, custom_id, url, body, 'queued' FROM input_lines WHERE file_id = ?",
+                (batch_id, input_file_id),
+            )
         return self.get_batch(batch_id)
 
     def create_external_job(self, job_id: str, total: int, deadline: int, now: int, pool_id: str) -> dict:
         """A job whose requests someone else dispatches (gRPC SubmitBatchJob): demand only."""
-        row = self.db.execute("SELECT total, expires_at, pool_id, external FROM batches WHERE id = ?",
-                              (job_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT total, expires_at, pool_id, external FROM batches WHERE id = ?", (job_id,)
+        ).fetchone()
         if row is not None:
             if (row["total"], row["expires_at"], row["pool_id"], row["external"]) != (total, deadline, pool_id, 1):
                 raise Conflict(f"job {job_id} exists with a different payload")
             return self.get_batch(job_id)
         with self._tx():
             self.db.execute(
-                "INSERT INTO batches (id, endpoint, completion_window, status, created_at, expires_at, metadata, total, "
+                "INSERT INTO batches (id, endpoint, completion_window, status, created_at, expires_at, metadata, "
+                "total, "
                 "external, pool_id, in_progress_at) VALUES (?, '', '', 'in_progress', ?, ?, '{}', ?, 1, ?, ?)",
-                (job_id, now, deadline, total, pool_id, now))
+                (job_id, now, deadline, total, pool_id, now),
+            )
         return self.get_batch(job_id)
 
     def report_external(self, job_id: str, dispatched: int, completed: int, failed: int, now: int) -> dict:
@@ -178,11 +238,15 @@ class Registry:
         completed = max(b["request_counts"]["completed"], min(completed, b["request_counts"]["total"]))
         failed = max(b["request_counts"]["failed"], min(failed, b["request_counts"]["total"] - completed))
         with self._tx():
-            self.db.execute("UPDATE batches SET dispatched = MAX(dispatched, ?), completed = ?, failed = ? WHERE id = ?",
-                            (dispatched, completed, failed, job_id))
+            self.db.execute(
+                "UPDATE batches SET dispatched = MAX(dispatched, ?), completed = ?, failed = ? WHERE id = ?",
+                (dispatched, completed, failed, job_id),
+            )
             if completed + failed >= b["request_counts"]["total"]:
-                self.db.execute("UPDATE batches SET status = 'completed', finalizing_at = ?, completed_at = ? "
-                                "WHERE id = ?", (now, now, job_id))
+                self.db.execute(
+                    "UPDATE batches SET status = 'completed', finalizing_at = ?, completed_at = ? WHERE id = ?",
+                    (now, now, job_id),
+                )
         return self.get_batch(job_id)
 
     def get_batch(self, batch_id: str) -> dict:
@@ -195,17 +259,30 @@ class Registry:
     def _batch(row: sqlite3.Row) -> dict:
         errors = json.loads(row["errors"]) if row["errors"] else None
         return {
-            "id": row["id"], "object": "batch", "endpoint": row["endpoint"],
+            "id": row["id"],
+            "object": "batch",
+            "endpoint": row["endpoint"],
             "errors": {"object": "list", "data": errors} if errors else None,
-            "input_file_id": row["input_file_id"] or "", "completion_window": row["completion_window"],
-            "status": row["status"], "output_file_id": row["output_file_id"], "error_file_id": row["error_file_id"],
-            "created_at": row["created_at"], "in_progress_at": row["in_progress_at"], "expires_at": row["expires_at"],
-            "finalizing_at": row["finalizing_at"], "completed_at": row["completed_at"], "failed_at": row["failed_at"],
-            "expired_at": row["expired_at"], "cancelling_at": row["cancelling_at"], "cancelled_at": row["cancelled_at"],
+            "input_file_id": row["input_file_id"] or "",
+            "completion_window": row["completion_window"],
+            "status": row["status"],
+            "output_file_id": row["output_file_id"],
+            "error_file_id": row["error_file_id"],
+            "created_at": row["created_at"],
+            "in_progress_at": row["in_progress_at"],
+            "expires_at": row["expires_at"],
+            "finalizing_at": row["finalizing_at"],
+            "completed_at": row["completed_at"],
+            "failed_at": row["failed_at"],
+            "expired_at": row["expired_at"],
+            "cancelling_at": row["cancelling_at"],
+            "cancelled_at": row["cancelled_at"],
             "request_counts": {"total": row["total"], "completed": row["completed"], "failed": row["failed"]},
             "metadata": json.loads(row["metadata"] or "{}") or None,
             # Not OpenAI fields; the gRPC edge uses them.
-            "external": bool(row["external"]), "pool_id": row["pool_id"], "dispatched": row["dispatched"],
+            "external": bool(row["external"]),
+            "pool_id": row["pool_id"],
+            "dispatched": row["dispatched"],
         }
 
     def list_batches(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
@@ -214,11 +291,14 @@ class Registry:
             row = self.db.execute("SELECT seq FROM batches WHERE id = ?", (after,)).fetchone()
             if row is None:
                 raise NotFound(after)
-            rows = self.db.execute(f"SELECT {', '.join(BATCH_FIELDS)} FROM batches WHERE seq < ? ORDER BY seq DESC "
-                                   "LIMIT ?", (row["seq"], limit + 1)).fetchall()
+            rows = self.db.execute(
+                f"SELECT {', '.join(BATCH_FIELDS)} FROM batches WHERE seq < ? ORDER BY seq DESC LIMIT ?",
+                (row["seq"], limit + 1),
+            ).fetchall()
         else:
-            rows = self.db.execute(f"SELECT {', '.join(BATCH_FIELDS)} FROM batches ORDER BY seq DESC LIMIT ?",
-                                   (limit + 1,)).fetchall()
+            rows = self.db.execute(
+                f"SELECT {', '.join(BATCH_FIELDS)} FROM batches ORDER BY seq DESC LIMIT ?", (limit + 1,)
+            ).fetchall()
         return [self._batch(r) for r in rows[:limit]], len(rows) > limit
 
     def cancel(self, batch_id: str, now: int) -> dict:
@@ -232,14 +312,21 @@ class Registry:
         return self.get_batch(batch_id)
 
     def _close_queued(self, batch_id: str, code: str, message: str) -> None:
-        rows = self.db.execute("SELECT idx, custom_id FROM requests WHERE batch_id = ? AND state = 'queued'",
-                               (batch_id,)).fetchall()
+        rows = self.db.execute(
+            "SELECT idx, custom_id FROM requests WHERE batch_id = ? AND state = 'queued'", (batch_id,)
+        ).fetchall()
         state = "cancelled" if code == "batch_cancelled" else "expired"
         for r in rows:
-            line = {"id": _new_id("batch_req"), "custom_id": r["custom_id"], "response": None,
-                    "error": {"code": code, "message": message}}
-            self.db.execute("UPDATE requests SET state = ?, result = ?, result_kind = 'error' "
-                            "WHERE batch_id = ? AND idx = ?", (state, json.dumps(line), batch_id, r["idx"]))
+            line = {
+                "id": _new_id("batch_req"),
+                "custom_id": r["custom_id"],
+                "response": None,
+                "error": {"code": code, "message": message},
+            }
+            self.db.execute(
+                "UPDATE requests SET state = ?, result = ?, result_kind = 'error' WHERE batch_id = ? AND idx = ?",
+                (state, json.dumps(line), batch_id, r["idx"]),
+            )
 
     # --- lifecycle (called by the dispatcher loop) ---
 
@@ -249,12 +336,17 @@ class Registry:
         Called every tick and every dispatcher step: one read of the open batches and one grouped
         count of their open requests; a transaction only for a batch that changes."""
         moved: list[tuple[str, str, str]] = []
-        rows = self.db.execute("SELECT id, status, expires_at, external FROM batches WHERE status NOT IN "
-                               "('completed', 'failed', 'expired', 'cancelled')").fetchall()
+        rows = self.db.execute(
+            "SELECT id, status, expires_at, external FROM batches WHERE status NOT IN "
+            "('completed', 'failed', 'expired', 'cancelled')"
+        ).fetchall()
         if not rows:
             return moved
-        open_counts = dict(self.db.execute("SELECT batch_id, COUNT(*) FROM requests WHERE state IN "
-                                           "('queued', 'sending') GROUP BY batch_id").fetchall())
+        open_counts = dict(
+            self.db.execute(
+                "SELECT batch_id, COUNT(*) FROM requests WHERE state IN ('queued', 'sending') GROUP BY batch_id"
+            ).fetchall()
+        )
         for r in rows:
             bid, status = r["id"], r["status"]
             if r["external"]:
@@ -265,19 +357,22 @@ class Registry:
             expiring = status in ("validating", "in_progress") and now >= r["expires_at"]
             open_ = open_counts.get(bid, 0)
             if status != "validating" and not expiring and open_:
-                continue                       # the common case: work still running, nothing to write
+                continue  # the common case: work still running, nothing to write
             with self._tx():
                 if status == "validating":
-                    self.db.execute("UPDATE batches SET status = 'in_progress', in_progress_at = ? WHERE id = ?",
-                                    (now, bid))
+                    self.db.execute(
+                        "UPDATE batches SET status = 'in_progress', in_progress_at = ? WHERE id = ?", (now, bid)
+                    )
                     moved.append((bid, status, "in_progress"))
                     status = "in_progress"
                 if expiring:
-                    self._close_queued(bid, "batch_expired", "This request could not be executed before the "
-                                                             "completion window expired.")
+                    self._close_queued(
+                        bid, "batch_expired", "This request could not be executed before the completion window expired."
+                    )
                     status = "expiring"
-                    open_ = self.db.execute("SELECT COUNT(*) FROM requests WHERE batch_id = ? AND state = "
-                                            "'sending'", (bid,)).fetchone()[0]
+                    open_ = self.db.execute(
+                        "SELECT COUNT(*) FROM requests WHERE batch_id = ? AND state = 'sending'", (bid,)
+                    ).fetchone()[0]
                 if open_:
                     continue
                 final = {"in_progress": "completed", "expiring": "expired", "cancelling": "cancelled"}.get(status)
@@ -293,17 +388,22 @@ class Registry:
             data = self._result_lines(batch_id, kind)
             if data:
                 file_id = _new_id("file")
-                self.db.execute("INSERT INTO files (id, purpose, filename, bytes, created_at, kind, batch_id) "
-                                "VALUES (?, 'batch_output', ?, ?, ?, ?, ?)",
-                                (file_id, f"{batch_id}_{kind}.jsonl", len(data), now, kind, batch_id))
+                self.db.execute(
+                    "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, batch_id) "
+                    "VALUES (?, 'batch_output', ?, ?, ?, ?, ?)",
+                    (file_id, f"{batch_id}_{kind}.jsonl", len(data), now, kind, batch_id),
+                )
                 ids[kind] = file_id
         stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[final]
         finalizing = ", finalizing_at = ?" if final == "completed" else ""
         args: list[Any] = [final, ids["output"], ids["error"], now]
         if finalizing:
             args.append(now)
-        self.db.execute(f"UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?, {stamp} = ?{finalizing} "
-                        "WHERE id = ?", (*args, batch_id))
+        self.db.execute(
+            f"UPDATE batches SET status = ?, output_file_id = ?, error_file_id = ?, {stamp} = ?{finalizing} "
+            "WHERE id = ?",
+            (*args, batch_id),
+        )
 
     def recover(self) -> int:
         """At start-up: requests interrupted while sending go back to the queue."""
@@ -319,21 +419,29 @@ class Registry:
             rows = self.db.execute(
                 "SELECT r.batch_id, r.idx, r.custom_id, r.url, r.body, r.attempts FROM requests r "
                 "JOIN batches b ON b.id = r.batch_id WHERE r.state = 'queued' AND b.status = 'in_progress' "
-                "ORDER BY b.expires_at, b.seq, r.idx LIMIT ?", (n,)).fetchall()
-            self.db.executemany("UPDATE requests SET state = 'sending', attempts = attempts + 1 "
-                                "WHERE batch_id = ? AND idx = ?", ((r["batch_id"], r["idx"]) for r in rows))
+                "ORDER BY b.expires_at, b.seq, r.idx LIMIT ?",
+                (n,),
+            ).fetchall()
+            self.db.executemany(
+                "UPDATE requests SET state = 'sending', attempts = attempts + 1 WHERE batch_id = ? AND idx = ?",
+                ((r["batch_id"], r["idx"]) for r in rows),
+            )
             for r in rows:
                 self.db.execute("UPDATE batches SET dispatched = dispatched + 1 WHERE id = ?", (r["batch_id"],))
-        return [Claimed(r["batch_id"], r["idx"], r["custom_id"], r["url"], json.loads(r["body"]), r["attempts"] + 1)
-                for r in rows]
+        return [
+            Claimed(r["batch_id"], r["idx"], r["custom_id"], r["url"], json.loads(r["body"]), r["attempts"] + 1)
+            for r in rows
+        ]
 
     def record_result(self, batch_id: str, idx: int, kind: str, line: dict) -> bool:
         """Write a request's one result; False if it already had one (never written twice)."""
         state = "done" if kind == "output" else "failed"
         with self._tx():
-            cur = self.db.execute("UPDATE requests SET state = ?, result = ?, result_kind = ? "
-                                  "WHERE batch_id = ? AND idx = ? AND state = 'sending'",
-                                  (state, json.dumps(line, separators=(",", ":")), kind, batch_id, idx))
+            cur = self.db.execute(
+                "UPDATE requests SET state = ?, result = ?, result_kind = ? "
+                "WHERE batch_id = ? AND idx = ? AND state = 'sending'",
+                (state, json.dumps(line, separators=(",", ":")), kind, batch_id, idx),
+            )
             if cur.rowcount != 1:
                 return False
             column = "completed" if kind == "output" else "failed"
@@ -342,28 +450,49 @@ class Registry:
 
     def requeue(self, batch_id: str, idx: int) -> None:
         with self._tx():
-            self.db.execute("UPDATE requests SET state = 'queued' WHERE batch_id = ? AND idx = ? AND state = 'sending'",
-                            (batch_id, idx))
+            self.db.execute(
+                "UPDATE requests SET state = 'queued' WHERE batch_id = ? AND idx = ? AND state = 'sending'",
+                (batch_id, idx),
+            )
 
     # --- observation ---
 
     def job_demands(self, observed_at_s: float, work_class: str = "default") -> tuple[JobDemand, ...]:
-        rows = self.db.execute("SELECT id, status, total, completed, failed, expires_at, pool_id FROM batches "
-                               "WHERE status NOT IN ('completed', 'failed', 'expired', 'cancelled')").fetchall()
-        return tuple(JobDemand(r["id"], r["status"], r["total"], min(r["completed"], r["total"]),
-                               min(r["failed"], r["total"] - min(r["completed"], r["total"])),
-                               float(r["expires_at"]), observed_at_s, work_class, r["pool_id"]) for r in rows)
+        rows = self.db.execute(
+            "SELECT id, status, total, completed, failed, expires_at, pool_id FROM batches "
+            "WHERE status NOT IN ('completed', 'failed', 'expired', 'cancelled')"
+        ).fetchall()
+        return tuple(
+            JobDemand(
+                r["id"],
+                r["status"],
+                r["total"],
+                min(r["completed"], r["total"]),
+                min(r["failed"], r["total"] - min(r["completed"], r["total"])),
+                float(r["expires_at"]),
+                observed_at_s,
+                work_class,
+                r["pool_id"],
+            )
+            for r in rows
+        )
 
     def queue_counts(self) -> tuple[int, int]:
         """(queued, sending) over in-progress batches."""
         # Requests of terminal batches are never queued or sending (closed when the batch ends).
-        rows = dict(self.db.execute("SELECT state, COUNT(*) FROM requests WHERE state IN ('queued', 'sending') "
-                                    "GROUP BY state").fetchall())
+        rows = dict(
+            self.db.execute(
+                "SELECT state, COUNT(*) FROM requests WHERE state IN ('queued', 'sending') GROUP BY state"
+            ).fetchall()
+        )
         return rows.get("queued", 0), rows.get("sending", 0)
 
     def request_states(self, batch_id: str) -> dict[str, int]:
-        return dict(self.db.execute("SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state",
-                                    (batch_id,)).fetchall())
+        return dict(
+            self.db.execute(
+                "SELECT state, COUNT(*) FROM requests WHERE batch_id = ? GROUP BY state", (batch_id,)
+            ).fetchall()
+        )
 
     def _tx(self) -> "_Tx":
         return _Tx(self.db)
@@ -388,5 +517,3 @@ class _Tx:
             self.db.execute("COMMIT")
         else:
             self.db.execute("ROLLBACK")
-
-

@@ -17,8 +17,16 @@ import re
 from dataclasses import dataclass
 
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
-BATCH_STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                  "cancelled")
+BATCH_STATUSES = (
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+)
 TERMINAL_STATUSES = frozenset({"failed", "completed", "expired", "cancelled"})
 DEFAULT_MAX_REQUESTS = 50_000
 DEFAULT_MAX_FILE_BYTES = 200 * 1024 * 1024
@@ -39,16 +47,25 @@ def check_id(value: str, field: str) -> str:
     anything else (control bytes, a kilobyte of text) is refused before it is stored or echoed."""
     if not _ID.match(value):
         shown = value[:16].encode("unicode_escape").decode("ascii")
-        raise ValueError(f"{field} must be 1-{MAX_ID_CHARS} characters of letters, digits and '._:-' "
-                         f"(got {shown!r}{'...' if len(value) > 16 else ''})")
+        raise ValueError(
+            f"{field} must be 1-{MAX_ID_CHARS} characters of letters, digits and '._:-' "
+            f"(got {shown!r}{'...' if len(value) > 16 else ''})"
+        )
     return value
 
 
 class BatchInputError(ValueError):
     """Bad input. `status` is the HTTP status (400 or 413); `param`/`line` locate it."""
 
-    def __init__(self, message: str, *, code: str = "invalid_request_error", status: int = 400,
-                 param: str | None = None, line: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "invalid_request_error",
+        status: int = 400,
+        param: str | None = None,
+        line: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.code = code
@@ -72,20 +89,23 @@ def parse_completion_window(text: object) -> int:
         raise BatchInputError("completion_window must be a string such as '24h'", param="completion_window")
     m = _WINDOW.match(text.strip())
     if not m:
-        raise BatchInputError(f"completion_window {text!r} is not '<integer><s|m|h|d>' (e.g. '24h')",
-                              param="completion_window")
+        raise BatchInputError(
+            f"completion_window {text!r} is not '<integer><s|m|h|d>' (e.g. '24h')", param="completion_window"
+        )
     seconds = int(m.group(1)) * _UNIT_S[m.group(2)]
     if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
         raise BatchInputError(f"completion_window {text!r} must be between 1m and 7d", param="completion_window")
     return seconds
 
 
-def parse_batch_input(data: bytes, *, max_requests: int = DEFAULT_MAX_REQUESTS,
-                      max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[BatchLine]:
+def parse_batch_input(
+    data: bytes, *, max_requests: int = DEFAULT_MAX_REQUESTS, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> list[BatchLine]:
     """Validate a whole batch input file; the first violation refuses it."""
     if len(data) > max_file_bytes:
-        raise BatchInputError(f"file is {len(data)} bytes; the limit is {max_file_bytes}", code="file_too_large",
-                              status=413, param="file")
+        raise BatchInputError(
+            f"file is {len(data)} bytes; the limit is {max_file_bytes}", code="file_too_large", status=413, param="file"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -95,39 +115,51 @@ def parse_batch_input(data: bytes, *, max_requests: int = DEFAULT_MAX_REQUESTS,
     lines = text.splitlines()
     # Count before parsing so a huge file is refused cheaply.
     if sum(1 for ln in lines if ln.strip()) > max_requests:
-        raise BatchInputError(f"file has more than {max_requests} requests", code="too_many_requests", status=413,
-                              param="file")
+        raise BatchInputError(
+            f"file has more than {max_requests} requests", code="too_many_requests", status=413, param="file"
+        )
     for number, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         try:
             item = json.loads(raw)
         except json.JSONDecodeError as exc:
-            raise BatchInputError(f"line {number}: invalid JSON ({exc.msg})", code="invalid_json_line",
-                                  line=number) from None
+            raise BatchInputError(
+                f"line {number}: invalid JSON ({exc.msg})", code="invalid_json_line", line=number
+            ) from None
         if not isinstance(item, dict):
             raise BatchInputError(f"line {number}: must be a JSON object", code="invalid_json_line", line=number)
         custom_id = item.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID_CHARS:
-            raise BatchInputError(f"line {number}: custom_id must be a non-empty string of at most "
-                                  f"{MAX_CUSTOM_ID_CHARS} characters", code="invalid_custom_id", line=number)
+            raise BatchInputError(
+                f"line {number}: custom_id must be a non-empty string of at most {MAX_CUSTOM_ID_CHARS} characters",
+                code="invalid_custom_id",
+                line=number,
+            )
         if custom_id in seen:
-            raise BatchInputError(f"line {number}: duplicate custom_id {custom_id!r} (first on line {seen[custom_id]})",
-                                  code="duplicate_custom_id", line=number)
+            raise BatchInputError(
+                f"line {number}: duplicate custom_id {custom_id!r} (first on line {seen[custom_id]})",
+                code="duplicate_custom_id",
+                line=number,
+            )
         seen[custom_id] = number
         method = item.get("method", "POST")
         if method != "POST":
             raise BatchInputError(f"line {number}: method must be POST", code="invalid_method", line=number)
         url = item.get("url")
         if url not in SUPPORTED_ENDPOINTS:
-            raise BatchInputError(f"line {number}: url {url!r} is not supported (supported: "
-                                  f"{', '.join(SUPPORTED_ENDPOINTS)})", code="unsupported_url", line=number)
+            raise BatchInputError(
+                f"line {number}: url {url!r} is not supported (supported: {', '.join(SUPPORTED_ENDPOINTS)})",
+                code="unsupported_url",
+                line=number,
+            )
         body = item.get("body")
         if not isinstance(body, dict):
             raise BatchInputError(f"line {number}: body must be a JSON object", code="invalid_body", line=number)
         if body.get("stream"):
-            raise BatchInputError(f"line {number}: streaming is not supported in a batch", code="invalid_body",
-                                  line=number)
+            raise BatchInputError(
+                f"line {number}: streaming is not supported in a batch", code="invalid_body", line=number
+            )
         out.append(BatchLine(len(out), custom_id, method, url, body))
     if not out:
         raise BatchInputError("file has no requests", code="empty_file", param="file")
@@ -136,15 +168,18 @@ def parse_batch_input(data: bytes, *, max_requests: int = DEFAULT_MAX_REQUESTS,
 
 def check_endpoint(endpoint: object, lines_urls: set[str]) -> str:
     if endpoint not in SUPPORTED_ENDPOINTS:
-        raise BatchInputError(f"endpoint {endpoint!r} is not supported (supported: {', '.join(SUPPORTED_ENDPOINTS)})",
-                              param="endpoint")
+        raise BatchInputError(
+            f"endpoint {endpoint!r} is not supported (supported: {', '.join(SUPPORTED_ENDPOINTS)})", param="endpoint"
+        )
     other = sorted(u for u in lines_urls if u != endpoint)
     if other:
-        raise BatchInputError(f"the input file has requests for {', '.join(other)}, not only {endpoint}",
-                              param="input_file_id")
+        raise BatchInputError(
+            f"the input file has requests for {', '.join(other)}, not only {endpoint}", param="input_file_id"
+        )
     return endpoint
 
 
-def error_body(message: str, *, type_: str = "invalid_request_error", code: str | None = None,
-               param: str | None = None) -> dict:
+def error_body(
+    message: str, *, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

@@ -152,8 +152,14 @@ def _latest_jobs(jobs: tuple[JobDemand, ...], pool_id: str) -> list[JobDemand]:
     return sorted(by_id.values(), key=lambda j: j.job_id)
 
 
-def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: str, *,
-                        now_s: float | None = None, now_wall_s: float | None = None) -> BatchPlan:
+def plan_batch_schedule(
+    obs: Observation,
+    cfg: BatchPolicyConfig,
+    decision_id: str,
+    *,
+    now_s: float | None = None,
+    now_wall_s: float | None = None,
+) -> BatchPlan:
     """The plan for one tick. `now_s`/`now_wall_s` default to the observation's (pass the
     publication time to judge freshness when the lease is stamped)."""
     if not decision_id:
@@ -172,19 +178,23 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
     online_fresh = traffic is not None and _fresh(traffic.observed_at_s, now, max_age)
     feedback_fresh = feedback is not None and _fresh(feedback.observed_at_s, now, max_age)
     base: dict[str, Any] = dict(  # BatchDiagnostics fields of several types
-        ready_replicas=capacity.ready, desired_replicas=capacity.desired,
+        ready_replicas=capacity.ready,
+        desired_replicas=capacity.desired,
         online_offered_rps=traffic.offered_rps if traffic else None,
         online_age_s=_age(traffic.observed_at_s, now) if traffic else None,
         dispatcher_age_s=_age(feedback.observed_at_s, now) if feedback else None,
-        capacity_stale=capacity.desired is None, online_stale=not online_fresh, dispatcher_stale=not feedback_fresh,
+        capacity_stale=capacity.desired is None,
+        online_stale=not online_fresh,
+        dispatcher_stale=not feedback_fresh,
         actual_dispatch_rps=feedback.actual_dispatch_rps if feedback else None,
         applied_max_admission_rps=feedback.applied_max_admission_rps if feedback else None,
     )
 
     # No job snapshot at all: pause and hold what is there.
     if obs.jobs is None:
-        diag = BatchDiagnostics(safety_paused=True, infeasible=True, infeasible_reasons=("batch_observation_missing",),
-                                **base)
+        diag = BatchDiagnostics(
+            safety_paused=True, infeasible=True, infeasible_reasons=("batch_observation_missing",), **base
+        )
         return BatchPlan(hold_floor, 0.0, decision_id, lease, None, diag)
 
     jobs = _latest_jobs(obs.jobs, cfg.pool_id)
@@ -194,9 +204,17 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
 
     # Idle / no active work: cap 0 (not a pause); an exact warm target only when all is idle.
     if not active:
-        idle = (capacity.stable and online_fresh and traffic is not None and traffic.offered_rps == 0
-                and traffic.active_requests == 0 and feedback_fresh and feedback is not None
-                and feedback.queued_requests == 0 and feedback.inflight_requests == 0)
+        idle = (
+            capacity.stable
+            and online_fresh
+            and traffic is not None
+            and traffic.offered_rps == 0
+            and traffic.active_requests == 0
+            and feedback_fresh
+            and feedback is not None
+            and feedback.queued_requests == 0
+            and feedback.inflight_requests == 0
+        )
         diag = BatchDiagnostics(required_batch_rps=0.0, **base)
         if idle:
             return BatchPlan(None, 0.0, decision_id, lease, cfg.min_replicas, diag)
@@ -205,8 +223,12 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         # drained the policy has no opinion even with online traffic or a moving fleet: the load
         # and program scalers own online capacity here, and a hold floor would veto their
         # scale-downs and every start-up reversal.
-        drained = feedback_fresh and feedback is not None and feedback.queued_requests == 0 \
+        drained = (
+            feedback_fresh
+            and feedback is not None
+            and feedback.queued_requests == 0
             and feedback.inflight_requests == 0
+        )
         floor = None if capacity.desired is None or drained else min(cfg.max_replicas, capacity.desired)
         return BatchPlan(floor, 0.0, decision_id, lease, None, diag)
 
@@ -230,22 +252,31 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         if j.work_class != cfg.work_class:
             reasons.append(f"work_class_mismatch:{j.job_id}:{j.work_class}")
             jobs_ok = False
-    from_zero = (cfg.scale_from_zero_replicas if capacity.desired == 0 and (cap_rps is None or cap_rps > 0)
-                 and jobs_ok else 0)
-    counts: dict[str, Any] = dict(active_job_count=len(active), remaining_requests=remaining,
-                                  oldest_job_age_s=oldest_age, job_stale=not jobs_ok)
+    from_zero = (
+        cfg.scale_from_zero_replicas if capacity.desired == 0 and (cap_rps is None or cap_rps > 0) and jobs_ok else 0
+    )
+    counts: dict[str, Any] = dict(
+        active_job_count=len(active), remaining_requests=remaining, oldest_job_age_s=oldest_age, job_stale=not jobs_ok
+    )
     if reasons:
         floor = None if hold_floor is None else max(hold_floor, from_zero)
-        diag = BatchDiagnostics(safety_paused=True, infeasible=True, infeasible_reasons=tuple(dict.fromkeys(reasons)),
-                                required_replica_floor=from_zero or None, **counts, **base)
+        diag = BatchDiagnostics(
+            safety_paused=True,
+            infeasible=True,
+            infeasible_reasons=tuple(dict.fromkeys(reasons)),
+            required_replica_floor=from_zero or None,
+            **counts,
+            **base,
+        )
         return BatchPlan(floor, 0.0, decision_id, lease, None, diag)
 
     assert traffic is not None and capacity.usable is not None
     O = traffic.offered_rps  # noqa: E741 -- the symbol of the formula in the module docstring
     # EDF demand bound.
     required = 0.0
-    deadline_jobs = sorted((j for j in active if j.deadline_wall_s is not None),
-                           key=lambda j: (j.deadline_wall_s, j.job_id))
+    deadline_jobs = sorted(
+        (j for j in active if j.deadline_wall_s is not None), key=lambda j: (j.deadline_wall_s, j.job_id)
+    )
     cumulative = 0
     prefix: list[tuple[JobDemand, int]] = []
     for j in deadline_jobs:
@@ -258,8 +289,11 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         else:
             required = max(required, cumulative / window)
 
-    uncapped_floor = max(cfg.min_replicas, from_zero,
-                         cfg.max_replicas + 1 if math.isinf(required) else math.ceil((O + required) / S - 1e-9))
+    uncapped_floor = max(
+        cfg.min_replicas,
+        from_zero,
+        cfg.max_replicas + 1 if math.isinf(required) else math.ceil((O + required) / S - 1e-9),
+    )
     if uncapped_floor > cfg.max_replicas:
         reasons.append("required_replica_floor_exceeds_max_replicas")
     actionable = required if cap_rps is None else min(required, cap_rps)
@@ -287,8 +321,10 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
     if planned > 0:
         finish = start + remaining / planned + cfg.finalization_margin_s
         if prefix:
-            min_slack = min(j.deadline_wall_s - (start + c / planned + cfg.finalization_margin_s)  # type: ignore[operator]
-                            for j, c in prefix)
+            min_slack = min(
+                j.deadline_wall_s - (start + c / planned + cfg.finalization_margin_s)  # type: ignore[operator]
+                for j, c in prefix
+            )
             if min_slack < -1e-9:
                 reasons.append("negative_deadline_slack")
     elif prefix:
@@ -296,7 +332,15 @@ def plan_batch_schedule(obs: Observation, cfg: BatchPolicyConfig, decision_id: s
         reasons.append("no_planned_batch_capacity")
     reasons = list(dict.fromkeys(reasons))
     diag = BatchDiagnostics(
-        required_batch_rps=required, current_safe_headroom_rps=headroom, planned_batch_capacity_rps=planned,
-        predicted_finish_wall_s=finish, minimum_deadline_slack_s=min_slack, infeasible=bool(reasons),
-        infeasible_reasons=tuple(reasons), required_replica_floor=uncapped_floor, **counts, **base)
+        required_batch_rps=required,
+        current_safe_headroom_rps=headroom,
+        planned_batch_capacity_rps=planned,
+        predicted_finish_wall_s=finish,
+        minimum_deadline_slack_s=min_slack,
+        infeasible=bool(reasons),
+        infeasible_reasons=tuple(reasons),
+        required_replica_floor=uncapped_floor,
+        **counts,
+        **base,
+    )
     return BatchPlan(floor, drain, decision_id, lease, None, diag)

@@ -62,8 +62,9 @@ def _stage(opinions: list[Opinion], stage: Stage, baseline: int | None) -> tuple
     if ceilings:
         ceiling = min(ceilings, key=lambda o: (o.replicas, o.source))
         if value is None or value > ceiling.replicas:  # type: ignore[operator]
-            steps.append(MergeStep(stage, ceiling.source, ceiling.kind, ceiling.replicas, ceiling.reason,
-                                   "capped_to_ceiling"))
+            steps.append(
+                MergeStep(stage, ceiling.source, ceiling.kind, ceiling.replicas, ceiling.reason, "capped_to_ceiling")
+            )
             value = ceiling.replicas
     if floors:
         floor = max(floors, key=lambda o: (o.replicas, o.source))

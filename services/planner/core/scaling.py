@@ -72,17 +72,20 @@ def load_proposal(obs: Observation, cfg: LoadScalingConfig, desired: int | None)
         return None, "worker_count_mismatch"
     if inv.ready == 0:
         return None, "no_workers"
-    if any(load.token_usage > cfg.scale_up_kv_usage or load.queued_requests >= cfg.scale_up_queued
-           for load in obs.loads):
+    if any(
+        load.token_usage > cfg.scale_up_kv_usage or load.queued_requests >= cfg.scale_up_queued for load in obs.loads
+    ):
         return Opinion("load", Stage.PROPOSE, TargetKind.SET, desired + 1, "scale_up", priority=10), "scale_up"
-    if inv.ready > 1 and all(load.token_usage < cfg.scale_down_kv_usage and load.queued_requests == 0
-                              for load in obs.loads):
+    if inv.ready > 1 and all(
+        load.token_usage < cfg.scale_down_kv_usage and load.queued_requests == 0 for load in obs.loads
+    ):
         return Opinion("load", Stage.PROPOSE, TargetKind.SET, desired - 1, "scale_down", priority=10), "scale_down"
     return None, "no_change"
 
 
-def throughput_proposal(obs: Observation, cfg: ThroughputScalingConfig,
-                        engine: EngineRate | None) -> tuple[Opinion | None, str]:
+def throughput_proposal(
+    obs: Observation, cfg: ThroughputScalingConfig, engine: EngineRate | None
+) -> tuple[Opinion | None, str]:
     if not cfg.enabled:
         return None, "disabled"
     if engine is None or engine.rps <= 0:
@@ -95,8 +98,9 @@ def throughput_proposal(obs: Observation, cfg: ThroughputScalingConfig,
     return Opinion("throughput", Stage.PROPOSE, kind, replicas, reason, priority=20), reason
 
 
-def program_proposal(obs: Observation, cfg: ProgramScalingConfig, windows: ProgramWindows,
-                     desired: int | None) -> tuple[Opinion | None, str, ProgramWindows]:
+def program_proposal(
+    obs: Observation, cfg: ProgramScalingConfig, windows: ProgramWindows, desired: int | None
+) -> tuple[Opinion | None, str, ProgramWindows]:
     if not cfg.enabled:
         return None, "disabled", ProgramWindows()
     sig = obs.programs
@@ -108,25 +112,35 @@ def program_proposal(obs: Observation, cfg: ProgramScalingConfig, windows: Progr
     low = util is not None and util < cfg.scale_down_utilization and sig.paused_programs == 0
     windows = ProgramWindows(
         high_since_s=(windows.high_since_s if windows.high_since_s is not None else now) if high else None,
-        low_since_s=(windows.low_since_s if windows.low_since_s is not None else now) if low else None)
+        low_since_s=(windows.low_since_s if windows.low_since_s is not None else now) if low else None,
+    )
     inv = obs.inventory
     changing = inv is None or inv.scaling_in_progress or inv.pending > 0
     if sig.paused_programs > 0 and sig.longest_pause_s is not None and sig.longest_pause_s >= cfg.pause_window_s:
         if changing:
             return None, "scaling_in_progress", windows
-        return (Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired + 1, "programs_paused_too_long", priority=5),
-                "programs_paused_too_long", windows)
+        return (
+            Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired + 1, "programs_paused_too_long", priority=5),
+            "programs_paused_too_long",
+            windows,
+        )
     if high and now - windows.high_since_s >= cfg.utilization_window_s:  # type: ignore[operator]
         if changing:
             return None, "scaling_in_progress", windows
-        return (Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired + 1, "retention_pressure_sustained",
-                        priority=5), "retention_pressure_sustained", replace(windows, high_since_s=now))
+        return (
+            Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired + 1, "retention_pressure_sustained", priority=5),
+            "retention_pressure_sustained",
+            replace(windows, high_since_s=now),
+        )
     if low and now - windows.low_since_s >= cfg.utilization_window_s:  # type: ignore[operator]
         if changing or desired <= 1:
             return None, "no_change", windows
         consolidated = util * desired / (desired - 1)  # type: ignore[operator]
         if consolidated >= cfg.scale_up_utilization:
             return None, "scale_down_refused_consolidation", windows
-        return (Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired - 1, "retention_slack_sustained",
-                        priority=5), "retention_slack_sustained", replace(windows, low_since_s=now))
+        return (
+            Opinion("programs", Stage.PROPOSE, TargetKind.SET, desired - 1, "retention_slack_sustained", priority=5),
+            "retention_slack_sustained",
+            replace(windows, low_since_s=now),
+        )
     return None, "no_change", windows

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class EngineProfile:
     name: str
-    decode_x: str                     # "context_k" or "kv_utilisation"
+    decode_x: str  # "context_k" or "kv_utilisation"
     decode_e0_ms: float
     decode_e1_ms: float
     decode_e2_ms: float
@@ -48,7 +48,11 @@ class EngineProfile:
         return max(self.decode_min_ms, value)
 
     def prefill_ms(self, isl: int) -> float:
-        return self.prefill_step_base_ms + self.prefill_ms_per_token * isl + self.prefill_attn_ms_per_token2 * isl * isl / 2
+        return (
+            self.prefill_step_base_ms
+            + self.prefill_ms_per_token * isl
+            + self.prefill_attn_ms_per_token2 * isl * isl / 2
+        )
 
 
 @dataclass(frozen=True)

@@ -47,13 +47,25 @@ class Budgets:
     def opinions(self) -> list[Opinion]:
         out = []
         if self.max_gpu_budget >= 0 and self.gpus_per_replica > 0:
-            out.append(Opinion("native_gpu_budget", Stage.CONSTRAIN, TargetKind.AT_MOST,
-                               int(math.floor(self.max_gpu_budget / self.gpus_per_replica + 1e-9)),
-                               f"max_gpu_budget={self.max_gpu_budget:g}"))
+            out.append(
+                Opinion(
+                    "native_gpu_budget",
+                    Stage.CONSTRAIN,
+                    TargetKind.AT_MOST,
+                    int(math.floor(self.max_gpu_budget / self.gpus_per_replica + 1e-9)),
+                    f"max_gpu_budget={self.max_gpu_budget:g}",
+                )
+            )
         if self.total_power_limit_w >= 0 and self.watts_per_replica > 0:
-            out.append(Opinion("native_power_budget", Stage.CONSTRAIN, TargetKind.AT_MOST,
-                               int(math.floor(self.total_power_limit_w / self.watts_per_replica + 1e-9)),
-                               f"total_power_limit_w={self.total_power_limit_w:g}"))
+            out.append(
+                Opinion(
+                    "native_power_budget",
+                    Stage.CONSTRAIN,
+                    TargetKind.AT_MOST,
+                    int(math.floor(self.total_power_limit_w / self.watts_per_replica + 1e-9)),
+                    f"total_power_limit_w={self.total_power_limit_w:g}",
+                )
+            )
         return out
 
 
@@ -113,15 +125,17 @@ def verified_desired(inv: Inventory | None) -> int | None:
     return inv.ready
 
 
-def _proposals(obs: Observation, settings: TickSettings, state: TickState,
-               desired: int | None) -> tuple[list[Opinion], dict, TickState]:
+def _proposals(
+    obs: Observation, settings: TickSettings, state: TickState, desired: int | None
+) -> tuple[list[Opinion], dict, TickState]:
     reasons: dict[str, str] = {}
     opinions: list[Opinion] = []
     op, reasons["load"] = load_proposal(obs, settings.load, desired)
     if op:
         opinions.append(op)
-    due = settings.throughput.enabled and (state.throughput_at_s is None
-                                           or obs.now_s - state.throughput_at_s >= settings.throughput.interval_s)
+    due = settings.throughput.enabled and (
+        state.throughput_at_s is None or obs.now_s - state.throughput_at_s >= settings.throughput.interval_s
+    )
     if due:
         op, reasons["throughput"] = throughput_proposal(obs, settings.throughput, settings.engine)
         state = replace(state, throughput_opinion=op, throughput_at_s=obs.now_s)
@@ -142,9 +156,16 @@ def _zero(plan: BatchPlan, pool_id: str) -> LeaseDecision:
     return LeaseDecision(pool_id, 0.0, plan.lease_duration_s, plan.decision_id)
 
 
-def decide(obs: Observation, settings: TickSettings, state: TickState, decision_id: str, *,
-           now_s: float | None = None, now_wall_s: float | None = None,
-           pipeline_error: str | None = None) -> tuple[TickDecision, TickState]:
+def decide(
+    obs: Observation,
+    settings: TickSettings,
+    state: TickState,
+    decision_id: str,
+    *,
+    now_s: float | None = None,
+    now_wall_s: float | None = None,
+    pipeline_error: str | None = None,
+) -> tuple[TickDecision, TickState]:
     """`now_s`/`now_wall_s` are the publication time (default: the observation's). The batch
     policy judges freshness and stamps the lease there, so observations that went stale while
     the tick ran pause admission instead of publishing a decision derived from old data."""
@@ -157,14 +178,38 @@ def decide(obs: Observation, settings: TickSettings, state: TickState, decision_
     audit: list[str] = []
     fail: list[str] = []
 
-    def finish(action: str, lease: LeaseDecision, scale_to: int | None, target: int | None,
-               opinions=(), steps=(), reasons=None, new_state: TickState = state) -> tuple[TickDecision, TickState]:
-        line = (f"batch_decision action={action} pool_id={pool} replica_floor={plan.replica_floor} "
-                f"idle_target={plan.idle_replica_target} max_admission_rps={lease.max_admission_rps:g} "
-                f"scale_to={scale_to} decision_id={decision_id}")
+    def finish(
+        action: str,
+        lease: LeaseDecision,
+        scale_to: int | None,
+        target: int | None,
+        opinions=(),
+        steps=(),
+        reasons=None,
+        new_state: TickState = state,
+    ) -> tuple[TickDecision, TickState]:
+        line = (
+            f"batch_decision action={action} pool_id={pool} replica_floor={plan.replica_floor} "
+            f"idle_target={plan.idle_replica_target} max_admission_rps={lease.max_admission_rps:g} "
+            f"scale_to={scale_to} decision_id={decision_id}"
+        )
         audit.append(line)
-        return TickDecision(decision_id, now, wall, lease, scale_to, target, desired, action, plan, tuple(opinions),
-                            tuple(steps), tuple(fail), dict(reasons or {}), tuple(audit)), new_state
+        return TickDecision(
+            decision_id,
+            now,
+            wall,
+            lease,
+            scale_to,
+            target,
+            desired,
+            action,
+            plan,
+            tuple(opinions),
+            tuple(steps),
+            tuple(fail),
+            dict(reasons or {}),
+            tuple(audit),
+        ), new_state
 
     if pipeline_error is not None:
         fail.append("tick_timeout" if pipeline_error == "tick_timeout" else "pipeline_failed")
@@ -177,17 +222,28 @@ def decide(obs: Observation, settings: TickSettings, state: TickState, decision_
         audit.append(f"batch_drain_limit_safety_pause:pipeline_action=pipeline_failed:{type(exc).__name__}")
         return finish("pipeline_failed", _zero(plan, pool), None, None)
 
-    opinions.append(Opinion("native_min_replicas", Stage.RECONCILE, TargetKind.AT_LEAST, cfg.min_replicas,
-                            "min_replicas"))
-    opinions.append(Opinion("native_max_replicas", Stage.RECONCILE, TargetKind.AT_MOST, cfg.max_replicas,
-                            "max_replicas"))
+    opinions.append(
+        Opinion("native_min_replicas", Stage.RECONCILE, TargetKind.AT_LEAST, cfg.min_replicas, "min_replicas")
+    )
+    opinions.append(
+        Opinion("native_max_replicas", Stage.RECONCILE, TargetKind.AT_MOST, cfg.max_replicas, "max_replicas")
+    )
     floor = plan.replica_floor
     if plan.idle_replica_target is not None:
-        opinions.append(Opinion("native_batch_idle_target", Stage.RECONCILE, TargetKind.SET,
-                                plan.idle_replica_target, "authoritatively_idle", priority=0))
+        opinions.append(
+            Opinion(
+                "native_batch_idle_target",
+                Stage.RECONCILE,
+                TargetKind.SET,
+                plan.idle_replica_target,
+                "authoritatively_idle",
+                priority=0,
+            )
+        )
     if floor is not None:
-        opinions.append(Opinion("native_batch_policy", Stage.RECONCILE, TargetKind.AT_LEAST, floor,
-                                "batch_floor_needed"))
+        opinions.append(
+            Opinion("native_batch_policy", Stage.RECONCILE, TargetKind.AT_LEAST, floor, "batch_floor_needed")
+        )
     opinions.extend(settings.budgets.opinions())
     outcome = merge(opinions, desired)
     if outcome.action == "skip_short_circuit":
@@ -201,8 +257,14 @@ def decide(obs: Observation, settings: TickSettings, state: TickState, decision_
     action = "apply"
     # Start-up in progress: never cut pending capacity on a whim.
     if inv is not None and inv.pending > 0 and desired is not None and target is not None and target < desired:
-        explicit = any(o.stage is Stage.PROPOSE and not o.replayed and o.kind in (TargetKind.SET, TargetKind.AT_MOST)
-                       and o.replicas is not None and o.replicas <= inv.ready for o in opinions)
+        explicit = any(
+            o.stage is Stage.PROPOSE
+            and not o.replayed
+            and o.kind in (TargetKind.SET, TargetKind.AT_MOST)
+            and o.replicas is not None
+            and o.replicas <= inv.ready
+            for o in opinions
+        )
         candidate = (target, inv.signature, floor)
         if not explicit:
             scale_to, action = None, "startup_hold"
@@ -218,8 +280,13 @@ def decide(obs: Observation, settings: TickSettings, state: TickState, decision_
         new_state = replace(new_state, startup_candidate=None, startup_since_s=None)
     if scale_to is not None and desired is not None and scale_to == desired:
         scale_to = None
-    if scale_to is not None and desired is None and inv is not None and scale_to == inv.ready \
-            and not inv.scaling_in_progress:
+    if (
+        scale_to is not None
+        and desired is None
+        and inv is not None
+        and scale_to == inv.ready
+        and not inv.scaling_in_progress
+    ):
         scale_to = None
     if action == "apply" and not any(o.stage is Stage.PROPOSE for o in opinions) and scale_to is None:
         action = "no_change"
@@ -228,11 +295,16 @@ def decide(obs: Observation, settings: TickSettings, state: TickState, decision_
     lease = LeaseDecision(pool, plan.max_admission_rps, plan.lease_duration_s, decision_id)
     if floor is not None and (effective is None or effective < floor):
         fail.append("floor_blocked_by_budget")
-        audit.append(f"batch_floor_blocked_by_final_budget:pool_id={pool}:replica_floor={floor}:"
-                     f"effective={effective}:decision_id={decision_id}")
+        audit.append(
+            f"batch_floor_blocked_by_final_budget:pool_id={pool}:replica_floor={floor}:"
+            f"effective={effective}:decision_id={decision_id}"
+        )
         lease = _zero(plan, pool)
     elif plan.diagnostics.safety_paused:
         fail.append("policy_safety_pause")
-        audit.append("batch_drain_limit_safety_pause:reason=policy_safety_pause:policy_reasons="
-                     + ",".join(plan.diagnostics.infeasible_reasons) + f":pool_id={pool}")
+        audit.append(
+            "batch_drain_limit_safety_pause:reason=policy_safety_pause:policy_reasons="
+            + ",".join(plan.diagnostics.infeasible_reasons)
+            + f":pool_id={pool}"
+        )
     return finish(action, lease, scale_to, target, opinions, outcome.steps, reasons, new_state)

@@ -12,8 +12,9 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-TERMINAL_JOB_STATUSES = frozenset({"canceled", "cancelled", "cancelling", "completed", "expired", "failed",
-                                   "finalizing"})
+TERMINAL_JOB_STATUSES = frozenset(
+    {"canceled", "cancelled", "cancelling", "completed", "expired", "failed", "finalizing"}
+)
 
 
 def _finite_nonneg(value: float, name: str) -> None:

@@ -26,11 +26,28 @@ from services.router.errors import BadRequest, RequestTimeout, RouterError, Work
 log = logging.getLogger(__name__)
 
 PREFIXES = ("/v1/files", "/v1/batches")
-_REQUEST_HEADERS = ("Authorization", "Content-Type", "Content-Length", "Content-Encoding", "Accept",
-                    "Idempotency-Key", "OpenAI-Organization", "OpenAI-Project", "X-Request-Id", "traceparent",
-                    "tracestate")
-_RESPONSE_HEADERS = ("Content-Type", "Content-Length", "Content-Disposition", "Content-Encoding", "X-Request-Id",
-                     "Retry-After", "Allow")
+_REQUEST_HEADERS = (
+    "Authorization",
+    "Content-Type",
+    "Content-Length",
+    "Content-Encoding",
+    "Accept",
+    "Idempotency-Key",
+    "OpenAI-Organization",
+    "OpenAI-Project",
+    "X-Request-Id",
+    "traceparent",
+    "tracestate",
+)
+_RESPONSE_HEADERS = (
+    "Content-Type",
+    "Content-Length",
+    "Content-Disposition",
+    "Content-Encoding",
+    "X-Request-Id",
+    "Retry-After",
+    "Allow",
+)
 _CHUNK_BYTES = 256 * 1024
 
 
@@ -39,12 +56,20 @@ def is_batch_path(path: str) -> bool:
 
 
 class BatchApiProxy:
-    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float,
-                 body_timeout_s: float = 30.0, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        body_timeout_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.body_timeout_s = body_timeout_s
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s,
-                                              sock_read=read_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=read_timeout_s
+        )
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
 
@@ -59,8 +84,9 @@ class BatchApiProxy:
         if self._session is not None:
             await self._session.close()
 
-    async def forward(self, request: web.BaseRequest, extra_headers: dict[str, str],
-                      on_error: Callable[[RouterError], web.Response]) -> web.StreamResponse:
+    async def forward(
+        self, request: web.BaseRequest, extra_headers: dict[str, str], on_error: Callable[[RouterError], web.Response]
+    ) -> web.StreamResponse:
         """Send `request` to the planner and stream its answer back."""
         headers = {name: request.headers[name] for name in _REQUEST_HEADERS if name in request.headers}
         if "Content-Encoding" in headers:
@@ -81,26 +107,37 @@ class BatchApiProxy:
                         return
                     yield chunk
             except TimeoutError:
-                body_errors.append(RequestTimeout(f"request body stalled for {self.body_timeout_s:g}s",
-                                                  code="body_timeout"))
+                body_errors.append(
+                    RequestTimeout(f"request body stalled for {self.body_timeout_s:g}s", code="body_timeout")
+                )
                 raise
             except (web.RequestPayloadError, HttpProcessingError):
-                body_errors.append(BadRequest("the body does not match its Content-Encoding or framing",
-                                              code="malformed_body"))
+                body_errors.append(
+                    BadRequest("the body does not match its Content-Encoding or framing", code="malformed_body")
+                )
                 raise
 
         url = self.base_url + request.rel_url.path_qs
         try:
-            upstream = await self._client().request(request.method, url, data=body() if request.body_exists else None,
-                                                    headers=headers, allow_redirects=False)
-        except (asyncio.TimeoutError, aiohttp.ClientError, OSError, web.RequestPayloadError,
-                HttpProcessingError) as exc:
+            upstream = await self._client().request(
+                request.method,
+                url,
+                data=body() if request.body_exists else None,
+                headers=headers,
+                allow_redirects=False,
+            )
+        except (
+            asyncio.TimeoutError,
+            aiohttp.ClientError,
+            OSError,
+            web.RequestPayloadError,
+            HttpProcessingError,
+        ) as exc:
             if body_errors:
                 # The client's body stalled or broke its Content-Encoding or framing on the way: its fault.
                 return on_error(body_errors[0])
             if isinstance(exc, asyncio.TimeoutError):
-                return on_error(WorkerTimeout("the planner's Batch API did not answer in time",
-                                              code="planner_timeout"))
+                return on_error(WorkerTimeout("the planner's Batch API did not answer in time", code="planner_timeout"))
             log.warning("Batch API request to the planner failed: %s", exc.__class__.__name__)
             return on_error(WorkerFailed("the planner's Batch API is unreachable", code="planner_unreachable"))
         async with upstream:

@@ -41,8 +41,9 @@ class WorkerSet:
             added = sorted(view.keys() - self.workers.keys())
             gone = sorted(self.workers.keys() - view.keys())
             if added or gone:
-                log.info("workers: %d healthy (+%s -%s)", len(view), ",".join(added) or "none",
-                         ",".join(gone) or "none")
+                log.info(
+                    "workers: %d healthy (+%s -%s)", len(view), ",".join(added) or "none", ",".join(gone) or "none"
+                )
         self.workers = view
         self._metrics.workers.set(len(view))
         self._on_change(view)

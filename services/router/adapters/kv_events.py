@@ -32,7 +32,7 @@ def subscribe_endpoint(publisher_endpoint: str, worker_url: str, dp_rank: int) -
     """Where a subscriber connects for `dp_rank`; None for transports we cannot reach (ipc/inproc)."""
     if not publisher_endpoint.startswith("tcp://"):
         return None
-    hostport = publisher_endpoint[len("tcp://"):]
+    hostport = publisher_endpoint[len("tcp://") :]
     host, _, port_text = hostport.rpartition(":")
     try:
         port = int(port_text)
@@ -94,23 +94,22 @@ class KvEventFeeds:
             try:
                 async with self._http.get(f"{view.url}/server_info", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     if r.status == 404:
-                        async with self._http.get(f"{view.url}/get_server_info",
-                                                  timeout=aiohttp.ClientTimeout(total=5)) as r2:
+                        async with self._http.get(
+                            f"{view.url}/get_server_info", timeout=aiohttp.ClientTimeout(total=5)
+                        ) as r2:
                             r2.raise_for_status()
                             return publisher_endpoint_from_info(await r2.json())
                     r.raise_for_status()
                     return publisher_endpoint_from_info(await r.json())
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-                log.debug("kv events: /server_info of %s failed (%s); retrying", view.worker_id,
-                          exc.__class__.__name__)
+                log.debug("kv events: /server_info of %s failed (%s); retrying", view.worker_id, exc.__class__.__name__)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 5.0)
 
     async def _follow(self, view: WorkerView) -> None:
         endpoint = await self._endpoint(view)
         if endpoint is None:
-            log.warning("kv events: worker %s publishes no ZMQ KV events; its prefixes are not indexed",
-                        view.worker_id)
+            log.warning("kv events: worker %s publishes no ZMQ KV events; its prefixes are not indexed", view.worker_id)
             return
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)

@@ -50,13 +50,16 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 
 
-_OUTCOME_TO_PROTO = {Outcome.OK: pb.TURN_OUTCOME_OK, Outcome.CANCELLED: pb.TURN_OUTCOME_CANCELLED,
-                     Outcome.FAILED: pb.TURN_OUTCOME_FAILED}
+_OUTCOME_TO_PROTO = {
+    Outcome.OK: pb.TURN_OUTCOME_OK,
+    Outcome.CANCELLED: pb.TURN_OUTCOME_CANCELLED,
+    Outcome.FAILED: pb.TURN_OUTCOME_FAILED,
+}
 
 
 @dataclass(frozen=True)
 class Admission:
-    worker_id: str          # "" = any
+    worker_id: str  # "" = any
     dp_rank: int
     pinned: bool
     priority: int
@@ -67,18 +70,27 @@ class Admission:
 class FailOpen:
     """Why a turn went without admission (the `reason` label of the fail-open counter)."""
 
-    UNREACHABLE = "unreachable"      # UNAVAILABLE / DEADLINE_EXCEEDED / UNKNOWN
-    NO_ANSWER = "no_answer"          # no first message within the decision deadline
-    HOLD_OVERRUN = "hold_overrun"    # held longer than the scheduler's own bound
-    OUTAGE = "outage"                # the scheduler is known down: not asked
-    ERROR = "error"                  # any other status (a bug on one side): logged at ERROR
+    UNREACHABLE = "unreachable"  # UNAVAILABLE / DEADLINE_EXCEEDED / UNKNOWN
+    NO_ANSWER = "no_answer"  # no first message within the decision deadline
+    HOLD_OVERRUN = "hold_overrun"  # held longer than the scheduler's own bound
+    OUTAGE = "outage"  # the scheduler is known down: not asked
+    ERROR = "error"  # any other status (a bug on one side): logged at ERROR
 
 
 class SchedulerClient:
-    def __init__(self, address: str, metrics: RouterMetrics, *, call_timeout_s: float, decision_timeout_s: float,
-                 hold_timeout_s: float, breaker: BreakerParams, channel: grpc.aio.Channel | None = None,
-                 tracer: trace.Tracer | None = None,
-                 loop_lag: LoopLag | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        metrics: RouterMetrics,
+        *,
+        call_timeout_s: float,
+        decision_timeout_s: float,
+        hold_timeout_s: float,
+        breaker: BreakerParams,
+        channel: grpc.aio.Channel | None = None,
+        tracer: trace.Tracer | None = None,
+        loop_lag: LoopLag | None = None,
+    ) -> None:
         self.address = address
         self._loop_lag = loop_lag
         self._metrics = metrics
@@ -112,16 +124,18 @@ class SchedulerClient:
         self._leases[request_id] = None
         self._lease_ttl_s = lease_ttl_s
         if self._renewer is None or self._renewer.done():
-            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases(),
-                                                                   name="scheduler-lease-renewal")
+            self._renewer = asyncio.get_running_loop().create_task(self._renew_leases(), name="scheduler-lease-renewal")
 
     async def _renew_leases(self) -> None:
         while self._leases:
             await asyncio.sleep(self._lease_ttl_s / 3)
             ids = list(self._leases)
             for start in range(0, len(ids), RENEW_BATCH):
-                answer = await self._short("RenewLeases", self._stub.RenewLeases,
-                                           pb.RenewLeasesRequest(request_ids=ids[start:start + RENEW_BATCH]))
+                answer = await self._short(
+                    "RenewLeases",
+                    self._stub.RenewLeases,
+                    pb.RenewLeasesRequest(request_ids=ids[start : start + RENEW_BATCH]),
+                )
                 if answer is None:
                     continue  # logged; the next period tries again, well within the lease
                 for request_id in answer.unknown_request_ids:  # completed or expired there
@@ -137,8 +151,11 @@ class SchedulerClient:
         self._breaker.on_success(time.monotonic())
         # A Complete that succeeds while the breaker is open ends nothing: the next probe Admit does.
         if self._outage_since is not None and self._breaker.state is CircuitState.CLOSED:
-            log.info("scheduler %s reachable again after %.1fs; admission resumes", self.address,
-                     time.monotonic() - self._outage_since)
+            log.info(
+                "scheduler %s reachable again after %.1fs; admission resumes",
+                self.address,
+                time.monotonic() - self._outage_since,
+            )
             self._outage_since = None
             self._metrics.scheduler_reachable.set(1)
 
@@ -162,16 +179,23 @@ class SchedulerClient:
     def _fail_open(self, reason: str) -> None:
         self._metrics.fail_open.labels(reason).inc()
 
-    async def admit(self, session_id: str, parent_session_id: str, request_id: str,
-                    estimated_prompt_tokens: int) -> Admission | None:
+    async def admit(
+        self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int
+    ) -> Admission | None:
         """Admission, or None to fail open. Raises CancelledError when the caller is cancelled
         (gRPC then cancels the call and the scheduler rolls the admission back).
 
         Under a CLIENT span, current only while this coroutine runs (no generator, no yield), whose context
         goes to the scheduler in the AdmitStream metadata."""
-        with self._tracer.start_as_current_span("router.admit", kind=trace.SpanKind.CLIENT, attributes={
-                "rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler",
-                "rpc.method": "AdmitStream"}) as span:
+        with self._tracer.start_as_current_span(
+            "router.admit",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.service": "bandmaster.scheduler.v1.Scheduler",
+                "rpc.method": "AdmitStream",
+            },
+        ) as span:
             admission = await self._admit(session_id, parent_session_id, request_id, estimated_prompt_tokens)
             span.set_attribute("router.fail_open", admission is None)
             if admission is not None:
@@ -179,15 +203,20 @@ class SchedulerClient:
                 span.set_attribute("router.pinned", admission.pinned)
             return admission
 
-    async def _admit(self, session_id: str, parent_session_id: str, request_id: str,
-                     estimated_prompt_tokens: int) -> Admission | None:
+    async def _admit(
+        self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int
+    ) -> Admission | None:
         now = time.monotonic()
         if not self._breaker.available(now):
             self._fail_open(FailOpen.OUTAGE)
             return None
         self._breaker.on_dispatch(now)  # the probe, when one is due
-        request = pb.AdmitRequest(session_id=session_id, parent_session_id=parent_session_id,
-                                  estimated_prompt_tokens=estimated_prompt_tokens, request_id=request_id)
+        request = pb.AdmitRequest(
+            session_id=session_id,
+            parent_session_id=parent_session_id,
+            estimated_prompt_tokens=estimated_prompt_tokens,
+            request_id=request_id,
+        )
         loop = asyncio.get_running_loop()
         cap_at = loop.time() + self._hold_cap_s
         call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
@@ -218,8 +247,12 @@ class SchedulerClient:
                     return None
                 update, reading = reading.result(), None
                 if update is grpc.aio.EOF:
-                    raise grpc.aio.AioRpcError(grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                               "AdmitStream ended without a decision")
+                    raise grpc.aio.AioRpcError(
+                        grpc.StatusCode.INTERNAL,
+                        grpc.aio.Metadata(),
+                        grpc.aio.Metadata(),
+                        "AdmitStream ended without a decision",
+                    )
                 if update.HasField("decision"):
                     answer = update.decision
                     decided = True
@@ -251,8 +284,14 @@ class SchedulerClient:
         self._ok()
         self._metrics.admit_wait.observe(answer.held_seconds)
         self._hold_lease(request_id, answer.lease_ttl_seconds)
-        return Admission(answer.worker_id, answer.dp_rank, answer.pinned and bool(answer.worker_id),
-                         answer.priority, answer.held_seconds, answer.was_paused)
+        return Admission(
+            answer.worker_id,
+            answer.dp_rank,
+            answer.pinned and bool(answer.worker_id),
+            answer.priority,
+            answer.held_seconds,
+            answer.was_paused,
+        )
 
     async def _short(self, method: str, call, request):
         try:
@@ -268,17 +307,39 @@ class SchedulerClient:
         return answer
 
     async def bind(self, request_id: str, worker_id: str, dp_rank: int) -> None:
-        await self._short("Bind", self._stub.Bind,
-                          pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
+        await self._short(
+            "Bind", self._stub.Bind, pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank)
+        )
 
-    async def complete(self, session_id: str, request_id: str, worker_id: str, dp_rank: int, prompt_tokens: int,
-                       completion_tokens: int, cached_tokens: int, outcome: Outcome, *, ttft_s: float = 0.0) -> None:
+    async def complete(
+        self,
+        session_id: str,
+        request_id: str,
+        worker_id: str,
+        dp_rank: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        outcome: Outcome,
+        *,
+        ttft_s: float = 0.0,
+    ) -> None:
         try:
-            await self._short("Complete", self._stub.Complete, pb.CompleteRequest(
-                session_id=session_id, request_id=request_id, worker_id=worker_id, dp_rank=dp_rank,
-                prompt_tokens=max(0, prompt_tokens), completion_tokens=max(0, completion_tokens),
-                cached_tokens=max(0, cached_tokens), outcome=_OUTCOME_TO_PROTO[outcome],
-                ttft_seconds=max(0.0, ttft_s)))
+            await self._short(
+                "Complete",
+                self._stub.Complete,
+                pb.CompleteRequest(
+                    session_id=session_id,
+                    request_id=request_id,
+                    worker_id=worker_id,
+                    dp_rank=dp_rank,
+                    prompt_tokens=max(0, prompt_tokens),
+                    completion_tokens=max(0, completion_tokens),
+                    cached_tokens=max(0, cached_tokens),
+                    outcome=_OUTCOME_TO_PROTO[outcome],
+                    ttft_seconds=max(0.0, ttft_s),
+                ),
+            )
         finally:
             self._leases.pop(request_id, None)  # the turn is over (if Complete failed, its lease lapses)
 
@@ -292,6 +353,10 @@ class SchedulerClient:
         if rc is None:
             return None
         return SchedulerKvSettings(
-            router_temperature=rc.router_temperature, kv_overlap_score_weight=rc.kv_overlap_score_weight,
-            use_kv_events=rc.use_kv_events, router_track_output_blocks=rc.router_track_output_blocks,
-            router_ttl_secs=rc.router_ttl_secs, router_block_size=rc.router_block_size)
+            router_temperature=rc.router_temperature,
+            kv_overlap_score_weight=rc.kv_overlap_score_weight,
+            use_kv_events=rc.use_kv_events,
+            router_track_output_blocks=rc.router_track_output_blocks,
+            router_ttl_secs=rc.router_ttl_secs,
+            router_block_size=rc.router_block_size,
+        )

@@ -40,32 +40,46 @@ except ImportError:  # pragma: no cover
 
 
 class Upstream:
-    def __init__(self, *, connect_timeout_s: float, first_token_timeout_s: float, inter_token_timeout_s: float,
-                 response_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float,
+        first_token_timeout_s: float,
+        inter_token_timeout_s: float,
+        response_timeout_s: float,
+    ) -> None:
         self.first_token_timeout_s = first_token_timeout_s
         self.inter_token_timeout_s = inter_token_timeout_s
-        self._stream_timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
-                                                     sock_connect=connect_timeout_s, sock_read=first_token_timeout_s)
-        self._answer_timeout = aiohttp.ClientTimeout(total=response_timeout_s, connect=connect_timeout_s,
-                                                     sock_connect=connect_timeout_s)
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=first_token_timeout_s
+        )
+        self._answer_timeout = aiohttp.ClientTimeout(
+            total=response_timeout_s, connect=connect_timeout_s, sock_connect=connect_timeout_s
+        )
         # The session's default serves the other calls (/server_info of the KV-event feeds).
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout_s,
-                                                                           sock_connect=connect_timeout_s,
-                                                                           sock_read=first_token_timeout_s),
-                                             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-                                             auto_decompress=False)
+        self.session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=first_token_timeout_s
+            ),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=False,
+        )
 
     async def close(self) -> None:
         await self.session.close()
 
-    async def post(self, worker_id: str, url: str, body: dict, headers: Mapping[str, str], *,
-                   stream: bool) -> aiohttp.ClientResponse:
+    async def post(
+        self, worker_id: str, url: str, body: dict, headers: Mapping[str, str], *, stream: bool
+    ) -> aiohttp.ClientResponse:
         """Send the request; return the open 2xx response. Raises WorkerFailed (connection refused,
         reset, 5xx), WorkerTimeout (connect or answer timeout) or WorkerRejected (4xx)."""
         try:
-            response = await self.session.post(url, data=dumps(body),
-                                               headers={"Content-Type": "application/json", **headers},
-                                               timeout=self._stream_timeout if stream else self._answer_timeout)
+            response = await self.session.post(
+                url,
+                data=dumps(body),
+                headers={"Content-Type": "application/json", **headers},
+                timeout=self._stream_timeout if stream else self._answer_timeout,
+            )
         except asyncio.TimeoutError:
             raise WorkerTimeout(f"worker {worker_id} did not answer in time") from None
         except aiohttp.ClientError as exc:

@@ -28,10 +28,10 @@ class CircuitState(enum.Enum):
 
 
 class TransitionReason(enum.Enum):
-    FAILURES = "failures"               # CLOSED -> OPEN
-    PROBE = "probe"                     # OPEN -> HALF_OPEN
-    PROBE_OK = "probe_ok"               # HALF_OPEN -> CLOSED
-    PROBE_FAILED = "probe_failed"       # HALF_OPEN -> OPEN (longer)
+    FAILURES = "failures"  # CLOSED -> OPEN
+    PROBE = "probe"  # OPEN -> HALF_OPEN
+    PROBE_OK = "probe_ok"  # HALF_OPEN -> CLOSED
+    PROBE_FAILED = "probe_failed"  # HALF_OPEN -> OPEN (longer)
     PROBE_ABANDONED = "probe_abandoned"  # HALF_OPEN -> OPEN (probe due at once)
 
 
@@ -55,8 +55,8 @@ class Transition:
     old: CircuitState
     new: CircuitState
     reason: TransitionReason
-    open_s: float           # how long it stays OPEN (0 unless new is OPEN)
-    failures: int           # consecutive failures when it happened
+    open_s: float  # how long it stays OPEN (0 unless new is OPEN)
+    failures: int  # consecutive failures when it happened
 
 
 class CircuitBreaker:

@@ -16,10 +16,10 @@ from services.common.errors import ConfigError
 class CostInputs:
     """Everything a cost formula may look at for one candidate."""
 
-    potential_prefill_tokens: int    # active prefill of the replica + this prompt's uncached tokens
-    potential_decode_blocks: int     # active decode blocks of the replica + this prompt's new blocks
-    block_size: int                  # tokens per block
-    overlap_weight: float            # kv_overlap_score_weight (possibly overridden per request)
+    potential_prefill_tokens: int  # active prefill of the replica + this prompt's uncached tokens
+    potential_decode_blocks: int  # active decode blocks of the replica + this prompt's new blocks
+    block_size: int  # tokens per block
+    overlap_weight: float  # kv_overlap_score_weight (possibly overridden per request)
 
 
 class CostPolicy(Protocol):

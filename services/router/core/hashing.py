@@ -61,7 +61,7 @@ def page_digests(token_ids: Sequence[int], page_size: int, parent_digest: bytes 
     digests: list[bytes] = []
     previous = parent_digest
     for start in range(0, len(data) - page_bytes + 1, page_bytes):
-        previous = hashlib.sha256(previous + data[start:start + page_bytes]).digest()
+        previous = hashlib.sha256(previous + data[start : start + page_bytes]).digest()
         digests.append(previous)
     return digests
 
@@ -75,7 +75,7 @@ def held_prefix(block_hashes: Sequence[int], held: Container[int]) -> int:
     """How many leading blocks of a chain `held` contains, when what it holds is closed under
     prefixes (a chained id names its whole prefix, so any set built from whole chains is). Found
     by bisection: O(log n) lookups instead of a walk over a prompt of thousands of blocks."""
-    low, high = 0, len(block_hashes)       # block_hashes[:low] is held
+    low, high = 0, len(block_hashes)  # block_hashes[:low] is held
     while low < high:
         mid = (low + high + 1) // 2
         if block_hashes[mid - 1] in held:
@@ -85,8 +85,9 @@ def held_prefix(block_hashes: Sequence[int], held: Container[int]) -> int:
     return low
 
 
-def text_chunk_digests(text: str, chunk_chars: int, start: int = 0,
-                       parent_digest: bytes = TEXT_ROOT_DIGEST) -> list[bytes]:
+def text_chunk_digests(
+    text: str, chunk_chars: int, start: int = 0, parent_digest: bytes = TEXT_ROOT_DIGEST
+) -> list[bytes]:
     """Chained digests of the complete chunks of `text[start:]`, continuing `parent_digest`
     (the digest of the chunk ending at `start`; `start` must be a multiple of `chunk_chars`).
     Lets a caller that knows its text only grows hash each chunk once."""
@@ -98,7 +99,7 @@ def text_chunk_digests(text: str, chunk_chars: int, start: int = 0,
     previous = parent_digest
     sha256 = hashlib.sha256
     for begin in range(start, len(text) - chunk_chars + 1, chunk_chars):
-        previous = sha256(previous + text[begin:begin + chunk_chars].encode("utf-8", "surrogatepass")).digest()
+        previous = sha256(previous + text[begin : begin + chunk_chars].encode("utf-8", "surrogatepass")).digest()
         digests.append(previous)
     return digests
 

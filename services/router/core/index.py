@@ -141,7 +141,7 @@ class _Held:
 
     def __init__(self, external_id: int, media: int) -> None:
         self.external_id = external_id
-        self.media = media        # bit mask over storage media (GPU, host, ...)
+        self.media = media  # bit mask over storage media (GPU, host, ...)
 
 
 class KvEventIndex(_BlockIndex[_Held]):
@@ -154,7 +154,7 @@ class KvEventIndex(_BlockIndex[_Held]):
     def __init__(self, *, block_size: int, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
         super().__init__(max_blocks_per_worker=max_blocks_per_worker, prune_target_ratio=prune_target_ratio)
         self.block_size = block_size
-        self._digests: dict[int, bytes] = {}           # block id -> full digest, to chain children
+        self._digests: dict[int, bytes] = {}  # block id -> full digest, to chain children
         self._by_external: dict[Replica, dict[int, int]] = {}
         self._medium_bits: dict[str, int] = {}
 
@@ -188,7 +188,7 @@ class KvEventIndex(_BlockIndex[_Held]):
         block_id = by_external.get(external_id)
         if block_id is None:
             return None
-        if not self.holds(replica, block_id):   # stale alias (the block left under another id)
+        if not self.holds(replica, block_id):  # stale alias (the block left under another id)
             del by_external[external_id]
             return None
         return block_id
@@ -359,7 +359,7 @@ class RoutingHistoryIndex:
         held = history.record_of
         deepest = held.get(block_hashes[-1])
         if deepest is not None and deepest != number:
-            return 0        # a later record named the whole chain again: nothing left to drop
+            return 0  # a later record named the whole chain again: nothing left to drop
         dropped = 0
         for block_id in reversed(block_hashes):
             if dropped >= limit:
@@ -378,6 +378,6 @@ class RoutingHistoryIndex:
             excess = len(history.record_of) - self._prune_to
             self.pruned_blocks_total += self._forget(history, number, block_hashes, excess)
             if len(history.record_of) > self._prune_to:
-                records.popleft()          # every block it still owned is gone
+                records.popleft()  # every block it still owned is gone
         if not history.record_of:
             del self._replicas[replica]

@@ -52,16 +52,22 @@ class KvRouterCore:
         self._policy = make_cost_policy(params.cost_policy)
         self.index: KvEventIndex | RoutingHistoryIndex
         if params.use_kv_events:
-            self.index = KvEventIndex(block_size=params.block_size,
-                                      max_blocks_per_worker=params.max_blocks_per_worker,
-                                      prune_target_ratio=params.prune_target_ratio)
+            self.index = KvEventIndex(
+                block_size=params.block_size,
+                max_blocks_per_worker=params.max_blocks_per_worker,
+                prune_target_ratio=params.prune_target_ratio,
+            )
         else:
-            self.index = RoutingHistoryIndex(ttl_s=params.router_ttl_s,
-                                             max_blocks_per_worker=params.max_blocks_per_worker,
-                                             prune_target_ratio=params.prune_target_ratio)
-        self.load = ActiveLoad(block_size=params.block_size,
-                               track_output_blocks=params.router_track_output_blocks,
-                               request_expiry_s=params.request_expiry_s)
+            self.index = RoutingHistoryIndex(
+                ttl_s=params.router_ttl_s,
+                max_blocks_per_worker=params.max_blocks_per_worker,
+                prune_target_ratio=params.prune_target_ratio,
+            )
+        self.load = ActiveLoad(
+            block_size=params.block_size,
+            track_output_blocks=params.router_track_output_blocks,
+            request_expiry_s=params.request_expiry_s,
+        )
 
     # -- prompts ---------------------------------------------------------------------------
 
@@ -83,8 +89,15 @@ class KvRouterCore:
 
     # -- the decision ----------------------------------------------------------------------
 
-    def pick(self, prompt: Prompt, candidates: Iterable[Candidate], now: float, *,
-             pinned: Replica | None = None, override: RouterOverride | None = None) -> Pick:
+    def pick(
+        self,
+        prompt: Prompt,
+        candidates: Iterable[Candidate],
+        now: float,
+        *,
+        pinned: Replica | None = None,
+        override: RouterOverride | None = None,
+    ) -> Pick:
         """Choose a replica for `prompt`. Changes no load (call `commit` for a real route);
         may expire routing history older than the TTL. Raises NoWorkerAvailable."""
         replicas, pin = filter_candidates(candidates, pinned)
@@ -98,21 +111,27 @@ class KvRouterCore:
         # Weight 0: overlap cannot change any cost; skip the lookup (and its hashing cost upstream).
         overlaps = self.index.find_matches(prompt.block_hashes, now) if weight > 0 or pin is PinOutcome.HONOURED else {}
         tree_sizes = {r: self.index.tree_size(r) for r in replicas}
-        scores = score_candidates(replicas, prompt, overlaps, tree_sizes, self.load, self._policy,
-                                  weight, self.params.block_size)
+        scores = score_candidates(
+            replicas, prompt, overlaps, tree_sizes, self.load, self._policy, weight, self.params.block_size
+        )
         if pin is PinOutcome.HONOURED:
             chosen, reason = scores[0], PickReason.PINNED
         else:
             chosen, reason = pick(scores, temperature, self._rng)
         return Pick(chosen.replica, reason, pin, prompt, tuple(scores), temperature)
 
-    def commit(self, request_id: str, decision: Pick, now: float,
-               expected_output_tokens: int | None = None) -> bool:
+    def commit(self, request_id: str, decision: Pick, now: float, expected_output_tokens: int | None = None) -> bool:
         """The request was sent to `decision.replica`: count its load. False for a known id."""
         chosen = decision.chosen
-        added = self.load.add_request(request_id, chosen.replica, decision.prompt.block_hashes,
-                                      decision.prompt.isl_tokens, chosen.cached_tokens, now,
-                                      expected_output_tokens)
+        added = self.load.add_request(
+            request_id,
+            chosen.replica,
+            decision.prompt.block_hashes,
+            decision.prompt.isl_tokens,
+            chosen.cached_tokens,
+            now,
+            expected_output_tokens,
+        )
         if added and isinstance(self.index, RoutingHistoryIndex):
             self.index.record(chosen.replica, decision.prompt.block_hashes, now)
         return added

@@ -39,10 +39,8 @@ class ClientLimitParams:
 
     def __post_init__(self) -> None:
         require(self.max_programs >= 0, "max_programs", self.max_programs, "max_programs >= 0")
-        require(self.new_programs_per_s >= 0, "new_programs_per_s", self.new_programs_per_s,
-                "new_programs_per_s >= 0")
-        require(self.new_programs_burst >= 1, "new_programs_burst", self.new_programs_burst,
-                "new_programs_burst >= 1")
+        require(self.new_programs_per_s >= 0, "new_programs_per_s", self.new_programs_per_s, "new_programs_per_s >= 0")
+        require(self.new_programs_burst >= 1, "new_programs_burst", self.new_programs_burst, "new_programs_burst >= 1")
         require(self.program_idle_s > 0, "program_idle_s", self.program_idle_s, "program_idle_s > 0")
 
 
@@ -84,8 +82,9 @@ class ClientLimits:
             oldest = next(iter(programs.values()))
             return LimitVerdict(False, LimitReason.TOO_MANY_PROGRAMS, max(0.0, oldest + p.program_idle_s - now))
         if p.new_programs_per_s > 0:
-            entry.tokens = min(float(p.new_programs_burst),
-                               entry.tokens + (now - entry.refilled_at) * p.new_programs_per_s)
+            entry.tokens = min(
+                float(p.new_programs_burst), entry.tokens + (now - entry.refilled_at) * p.new_programs_per_s
+            )
             entry.refilled_at = now
             if entry.tokens < 1.0:
                 return LimitVerdict(False, LimitReason.NEW_PROGRAM_RATE, (1.0 - entry.tokens) / p.new_programs_per_s)

@@ -30,15 +30,30 @@ class ReplicaLoad:
 
 
 class _Request:
-    __slots__ = ("replica", "block_set", "isl_tokens", "prefill_tokens",
-                 "expected_output_tokens", "output_tokens", "output_blocks", "added_at")
+    __slots__ = (
+        "replica",
+        "block_set",
+        "isl_tokens",
+        "prefill_tokens",
+        "expected_output_tokens",
+        "output_tokens",
+        "output_blocks",
+        "added_at",
+    )
 
-    def __init__(self, replica: Replica, block_hashes: Sequence[int], isl_tokens: int, prefill_tokens: int,
-                 expected_output_tokens: int | None, added_at: float) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        block_hashes: Sequence[int],
+        isl_tokens: int,
+        prefill_tokens: int,
+        expected_output_tokens: int | None,
+        added_at: float,
+    ) -> None:
         self.replica = replica
-        self.block_set = frozenset(block_hashes)      # distinct prompt blocks
+        self.block_set = frozenset(block_hashes)  # distinct prompt blocks
         self.isl_tokens = isl_tokens
-        self.prefill_tokens = prefill_tokens        # 0 once the first token arrived
+        self.prefill_tokens = prefill_tokens  # 0 once the first token arrived
         self.expected_output_tokens = expected_output_tokens
         self.output_tokens = 0
         self.output_blocks = 0
@@ -66,7 +81,7 @@ class _ReplicaState:
         self.prefill_tokens = 0
         self.request_ids: set[str] = set()
         self.output_blocks = 0
-        self.decayed: set[str] = set()              # requests whose blocks weigh < 1
+        self.decayed: set[str] = set()  # requests whose blocks weigh < 1
 
 
 class ActiveLoad:
@@ -79,8 +94,9 @@ class ActiveLoad:
 
     # -- queries (the selection hot path) --------------------------------------------------
 
-    def potential(self, replica: Replica, prompt_blocks: Sequence[int], isl_tokens: int,
-                  cached_tokens: int) -> tuple[int, int]:
+    def potential(
+        self, replica: Replica, prompt_blocks: Sequence[int], isl_tokens: int, cached_tokens: int
+    ) -> tuple[int, int]:
         """(prefill tokens, decode blocks) `replica` would carry if this prompt landed there.
 
         `prompt_blocks` is the prompt's chain of block ids (hashing.py: each id names its whole
@@ -109,7 +125,7 @@ class ActiveLoad:
 
     def _decode_blocks(self, state: _ReplicaState) -> int:
         blocks = float(len(state.blocks) + state.output_blocks)
-        for request_id in state.decayed:   # only requests with an expected length and output
+        for request_id in state.decayed:  # only requests with an expected length and output
             request = self._requests[request_id]
             # Its exclusive blocks: the ones no other active request holds.
             exclusive = len(request.block_set) - len(request.block_set.intersection(state.extra))
@@ -118,14 +134,21 @@ class ActiveLoad:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, replica: Replica, block_hashes: Sequence[int], isl_tokens: int,
-                    cached_tokens: int, now: float, expected_output_tokens: int | None = None) -> bool:
+    def add_request(
+        self,
+        request_id: str,
+        replica: Replica,
+        block_hashes: Sequence[int],
+        isl_tokens: int,
+        cached_tokens: int,
+        now: float,
+        expected_output_tokens: int | None = None,
+    ) -> bool:
         """Count a routed request on `replica`. False (and nothing changes) for a known id."""
         if request_id in self._requests:
             return False
         new_tokens = max(isl_tokens - cached_tokens, 0)
-        request = _Request(replica, block_hashes, isl_tokens, new_tokens,
-                           expected_output_tokens, now)
+        request = _Request(replica, block_hashes, isl_tokens, new_tokens, expected_output_tokens, now)
         self._requests[request_id] = request
         state = self._replicas.get(replica)
         if state is None:

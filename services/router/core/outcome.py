@@ -11,6 +11,6 @@ import enum
 class Outcome(enum.Enum):
     """The value is the `router.outcome` span attribute."""
 
-    OK = "ok"                   # the worker's answer reached the client
-    CANCELLED = "cancelled"     # the client went away
-    FAILED = "failed"           # the worker failed (before or after the first token)
+    OK = "ok"  # the worker's answer reached the client
+    CANCELLED = "cancelled"  # the client went away
+    FAILED = "failed"  # the worker failed (before or after the first token)

@@ -69,25 +69,61 @@ class KvRouterParams:
 
     def __post_init__(self) -> None:
         t = self.router_temperature
-        require(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
-                "router_temperature", t, "router_temperature >= 0 and finite")
+        require(
+            isinstance(t, (int, float)) and math.isfinite(t) and t >= 0,
+            "router_temperature",
+            t,
+            "router_temperature >= 0 and finite",
+        )
         w = self.kv_overlap_score_weight
-        require(isinstance(w, (int, float)) and math.isfinite(w) and w >= 0,
-                "kv_overlap_score_weight", w, "kv_overlap_score_weight >= 0 and finite")
-        require(isinstance(self.block_size, int) and self.block_size > 1,
-                "block_size", self.block_size, "block_size > 1 (SGLang --page-size must be > 1 for KV routing)")
-        require(math.isfinite(self.router_ttl_s) and self.router_ttl_s > 0,
-                "router_ttl_s", self.router_ttl_s, "router_ttl_s > 0")
-        require(isinstance(self.max_blocks_per_worker, int) and self.max_blocks_per_worker >= 1,
-                "max_blocks_per_worker", self.max_blocks_per_worker, "max_blocks_per_worker >= 1")
-        require(0 < self.prune_target_ratio <= 1,
-                "prune_target_ratio", self.prune_target_ratio, "0 < prune_target_ratio <= 1")
-        require(isinstance(self.text_chunk_chars, int) and self.text_chunk_chars >= 1,
-                "text_chunk_chars", self.text_chunk_chars, "text_chunk_chars >= 1")
-        require(math.isfinite(self.request_expiry_s) and self.request_expiry_s > 0,
-                "request_expiry_s", self.request_expiry_s, "request_expiry_s > 0")
-        require(self.cost_policy in COST_POLICY_NAMES,
-                "cost_policy", self.cost_policy, f"cost_policy in {{{', '.join(COST_POLICY_NAMES)}}}")
+        require(
+            isinstance(w, (int, float)) and math.isfinite(w) and w >= 0,
+            "kv_overlap_score_weight",
+            w,
+            "kv_overlap_score_weight >= 0 and finite",
+        )
+        require(
+            isinstance(self.block_size, int) and self.block_size > 1,
+            "block_size",
+            self.block_size,
+            "block_size > 1 (SGLang --page-size must be > 1 for KV routing)",
+        )
+        require(
+            math.isfinite(self.router_ttl_s) and self.router_ttl_s > 0,
+            "router_ttl_s",
+            self.router_ttl_s,
+            "router_ttl_s > 0",
+        )
+        require(
+            isinstance(self.max_blocks_per_worker, int) and self.max_blocks_per_worker >= 1,
+            "max_blocks_per_worker",
+            self.max_blocks_per_worker,
+            "max_blocks_per_worker >= 1",
+        )
+        require(
+            0 < self.prune_target_ratio <= 1,
+            "prune_target_ratio",
+            self.prune_target_ratio,
+            "0 < prune_target_ratio <= 1",
+        )
+        require(
+            isinstance(self.text_chunk_chars, int) and self.text_chunk_chars >= 1,
+            "text_chunk_chars",
+            self.text_chunk_chars,
+            "text_chunk_chars >= 1",
+        )
+        require(
+            math.isfinite(self.request_expiry_s) and self.request_expiry_s > 0,
+            "request_expiry_s",
+            self.request_expiry_s,
+            "request_expiry_s > 0",
+        )
+        require(
+            self.cost_policy in COST_POLICY_NAMES,
+            "cost_policy",
+            self.cost_policy,
+            f"cost_policy in {{{', '.join(COST_POLICY_NAMES)}}}",
+        )
 
     @property
     def subscribes_to_kv_events(self) -> bool:
@@ -104,8 +140,13 @@ class RouterOverride:
 
     def __post_init__(self) -> None:
         w = self.kv_overlap_score_weight
-        require(w is None or (math.isfinite(w) and w >= 0),
-                "kv_overlap_score_weight", w, "kv_overlap_score_weight >= 0 and finite")
+        require(
+            w is None or (math.isfinite(w) and w >= 0),
+            "kv_overlap_score_weight",
+            w,
+            "kv_overlap_score_weight >= 0 and finite",
+        )
         t = self.router_temperature
-        require(t is None or (math.isfinite(t) and t >= 0),
-                "router_temperature", t, "router_temperature >= 0 and finite")
+        require(
+            t is None or (math.isfinite(t) and t >= 0), "router_temperature", t, "router_temperature >= 0 and finite"
+        )

@@ -49,7 +49,7 @@ class PickReason(enum.Enum):
 class PinOutcome(enum.Enum):
     NOT_PINNED = "not_pinned"
     HONOURED = "honoured"
-    UNAVAILABLE = "unavailable"    # pinned replica not among the healthy candidates: chose by cost
+    UNAVAILABLE = "unavailable"  # pinned replica not among the healthy candidates: chose by cost
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,8 @@ class WorkerScore:
     replica: Replica
     overlap_blocks: int
     cached_tokens: int
-    prefill_tokens: int      # potential, incl. this prompt
-    decode_blocks: int       # potential, incl. this prompt
+    prefill_tokens: int  # potential, incl. this prompt
+    decode_blocks: int  # potential, incl. this prompt
     tree_size: int
     cost: float
 
@@ -77,7 +77,7 @@ class Pick:
     reason: PickReason
     pin: PinOutcome
     prompt: Prompt
-    scores: tuple[WorkerScore, ...]       # every scored candidate, in replica order
+    scores: tuple[WorkerScore, ...]  # every scored candidate, in replica order
     temperature: float
 
     @property
@@ -117,17 +117,25 @@ def filter_candidates(candidates: Iterable[Candidate], pinned: Replica | None) -
     return healthy, PinOutcome.UNAVAILABLE
 
 
-def score_candidates(replicas: Sequence[Replica], prompt: Prompt, overlaps: Mapping[Replica, int],
-                     tree_sizes: Mapping[Replica, int], load: ActiveLoad, policy: CostPolicy,
-                     overlap_weight: float, block_size: int) -> list[WorkerScore]:
+def score_candidates(
+    replicas: Sequence[Replica],
+    prompt: Prompt,
+    overlaps: Mapping[Replica, int],
+    tree_sizes: Mapping[Replica, int],
+    load: ActiveLoad,
+    policy: CostPolicy,
+    overlap_weight: float,
+    block_size: int,
+) -> list[WorkerScore]:
     scores = []
     for replica in replicas:
         overlap = overlaps.get(replica, 0)
         cached = prompt.cached_tokens(overlap)
         prefill_tokens, decode_blocks = load.potential(replica, prompt.block_hashes, prompt.isl_tokens, cached)
         cost = policy(CostInputs(prefill_tokens, decode_blocks, block_size, overlap_weight))
-        scores.append(WorkerScore(replica, overlap, cached, prefill_tokens, decode_blocks,
-                                  tree_sizes.get(replica, 0), cost))
+        scores.append(
+            WorkerScore(replica, overlap, cached, prefill_tokens, decode_blocks, tree_sizes.get(replica, 0), cost)
+        )
     return scores
 
 
@@ -163,7 +171,9 @@ def softmax_probabilities(costs: Sequence[float], temperature: float) -> list[fl
     return [w / total for w in weights]
 
 
-def pick_sampled(scores: Sequence[WorkerScore], temperature: float, rng: RandomSource) -> tuple[WorkerScore, PickReason]:
+def pick_sampled(
+    scores: Sequence[WorkerScore], temperature: float, rng: RandomSource
+) -> tuple[WorkerScore, PickReason]:
     if len(scores) == 1:
         return scores[0], PickReason.ONLY_CANDIDATE
     probabilities = softmax_probabilities([s.cost for s in scores], temperature)
@@ -173,7 +183,7 @@ def pick_sampled(scores: Sequence[WorkerScore], temperature: float, rng: RandomS
         cumulative += p
         if cumulative >= u:
             return score, PickReason.SAMPLED
-    return scores[-1], PickReason.SAMPLED   # rounding left the total a hair below u
+    return scores[-1], PickReason.SAMPLED  # rounding left the total a hair below u
 
 
 def pick(scores: Sequence[WorkerScore], temperature: float, rng: RandomSource) -> tuple[WorkerScore, PickReason]:

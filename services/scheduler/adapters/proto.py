@@ -106,8 +106,10 @@ def capacity_from_proto(snapshot: cap_pb.WorkersSnapshot) -> CapacitySnapshot:
     """HEALTHY workers' replicas only; everyone else contributes no budget."""
     replicas = tuple(
         ReplicaCapacity(r.worker_id or w.worker_id, r.dp_rank, r.retention_tokens, max(0, r.max_programs))
-        for w in snapshot.workers if w.health == cap_pb.WORKER_HEALTH_HEALTHY
-        for r in w.replicas)
+        for w in snapshot.workers
+        if w.health == cap_pb.WORKER_HEALTH_HEALTHY
+        for r in w.replicas
+    )
     return CapacitySnapshot(snapshot.version, replicas)
 
 
@@ -146,19 +148,35 @@ _EVENT = {
 def decision_to_proto(d: Decision, lease_ttl_seconds: float = 0.0) -> pb.AdmitResponse:
     replica = d.replica
     return pb.AdmitResponse(
-        worker_id=replica.worker_id if replica else "", dp_rank=replica.dp_rank if replica else 0,
-        pinned=replica is not None, priority=d.priority, held_seconds=max(0.0, d.held_seconds),
-        forced_resume=d.forced_resume, admission_epoch=d.admission_epoch, was_paused=d.was_paused,
-        was_soft_demoted=d.was_soft_demoted, priority_seconds=d.priority_seconds,
-        lease_ttl_seconds=lease_ttl_seconds)
+        worker_id=replica.worker_id if replica else "",
+        dp_rank=replica.dp_rank if replica else 0,
+        pinned=replica is not None,
+        priority=d.priority,
+        held_seconds=max(0.0, d.held_seconds),
+        forced_resume=d.forced_resume,
+        admission_epoch=d.admission_epoch,
+        was_paused=d.was_paused,
+        was_soft_demoted=d.was_soft_demoted,
+        priority_seconds=d.priority_seconds,
+        lease_ttl_seconds=lease_ttl_seconds,
+    )
 
 
 def program_to_proto(view: ProgramView, wall: WallTime) -> pb.Program:
     msg = pb.Program(
-        session_id=view.session_id, parent_session_id=view.parent_session_id, status=_STATUS[view.status],
-        lifecycle=_LIFECYCLE[view.lifecycle], token_total=view.token_total, tokens_estimated=view.tokens_estimated,
-        worker_id=view.replica.worker_id if view.replica else "", dp_rank=view.replica.dp_rank if view.replica else 0,
-        marked=view.marked, soft_demoted=view.soft_demoted, turns=view.turns, children=list(view.children))
+        session_id=view.session_id,
+        parent_session_id=view.parent_session_id,
+        status=_STATUS[view.status],
+        lifecycle=_LIFECYCLE[view.lifecycle],
+        token_total=view.token_total,
+        tokens_estimated=view.tokens_estimated,
+        worker_id=view.replica.worker_id if view.replica else "",
+        dp_rank=view.replica.dp_rank if view.replica else 0,
+        marked=view.marked,
+        soft_demoted=view.soft_demoted,
+        turns=view.turns,
+        children=list(view.children),
+    )
     wall.stamp(msg.created_at, view.created_at)
     wall.stamp(msg.last_activity, view.last_activity)
     if view.paused_since is not None:
@@ -168,39 +186,69 @@ def program_to_proto(view: ProgramView, wall: WallTime) -> pb.Program:
 
 def replica_stats_to_proto(r: ReplicaStats) -> pb.ReplicaUtilization:
     return pb.ReplicaUtilization(
-        worker_id=r.replica.worker_id, dp_rank=r.replica.dp_rank, retention_tokens=r.retention_tokens,
-        used_tokens=r.used_tokens, used_decayed_tokens=r.used_decayed_tokens, utilization=r.utilization,
-        band=_BAND[r.band], active_programs=min(r.active_programs, _INT32_MAX),
+        worker_id=r.replica.worker_id,
+        dp_rank=r.replica.dp_rank,
+        retention_tokens=r.retention_tokens,
+        used_tokens=r.used_tokens,
+        used_decayed_tokens=r.used_decayed_tokens,
+        utilization=r.utilization,
+        band=_BAND[r.band],
+        active_programs=min(r.active_programs, _INT32_MAX),
         passthrough_requests=min(r.passthrough_requests, _INT32_MAX),
-        resident_programs=min(r.resident_programs, _INT32_MAX), max_programs=min(r.max_programs, _INT32_MAX))
+        resident_programs=min(r.resident_programs, _INT32_MAX),
+        max_programs=min(r.max_programs, _INT32_MAX),
+    )
 
 
 def event_to_proto(e: ProgramEvent, wall: WallTime) -> pb.ProgramEvent:
-    msg = pb.ProgramEvent(kind=_EVENT[e.kind], session_id=e.session_id,
-                          worker_id=e.replica.worker_id if e.replica else "",
-                          dp_rank=e.replica.dp_rank if e.replica else 0, tokens=e.tokens, reason=e.reason)
+    msg = pb.ProgramEvent(
+        kind=_EVENT[e.kind],
+        session_id=e.session_id,
+        worker_id=e.replica.worker_id if e.replica else "",
+        dp_rank=e.replica.dp_rank if e.replica else 0,
+        tokens=e.tokens,
+        reason=e.reason,
+    )
     wall.stamp(msg.at, e.at)
     return msg
 
 
 def stats_to_proto(s: Stats) -> pb.Stats:
     return pb.Stats(
-        programs_active=s.programs_active, programs_paused=s.programs_paused,
-        programs_reasoning=s.programs_reasoning, programs_acting=s.programs_acting,
-        pauses_total=s.pauses_total, resumes_total=s.resumes_total, forced_resumes_total=s.forced_resumes_total,
-        waiting_admissions=s.waiting_admissions, replicas=[replica_stats_to_proto(r) for r in s.replicas],
-        capacity_version=s.capacity_version, marks_total=s.marks_total, expired_total=s.expired_total,
-        released_total=s.released_total, admissions_total=s.admissions_total,
-        admissions_cancelled_total=s.admissions_cancelled_total, passthrough_in_flight=s.passthrough_in_flight,
-        completes_ignored_total=s.completes_ignored_total, tickets_expired_total=s.tickets_expired_total,
-        tickets_in_flight=min(s.tickets_in_flight, _INT32_MAX))
+        programs_active=s.programs_active,
+        programs_paused=s.programs_paused,
+        programs_reasoning=s.programs_reasoning,
+        programs_acting=s.programs_acting,
+        pauses_total=s.pauses_total,
+        resumes_total=s.resumes_total,
+        forced_resumes_total=s.forced_resumes_total,
+        waiting_admissions=s.waiting_admissions,
+        replicas=[replica_stats_to_proto(r) for r in s.replicas],
+        capacity_version=s.capacity_version,
+        marks_total=s.marks_total,
+        expired_total=s.expired_total,
+        released_total=s.released_total,
+        admissions_total=s.admissions_total,
+        admissions_cancelled_total=s.admissions_cancelled_total,
+        passthrough_in_flight=s.passthrough_in_flight,
+        completes_ignored_total=s.completes_ignored_total,
+        tickets_expired_total=s.tickets_expired_total,
+        tickets_in_flight=min(s.tickets_in_flight, _INT32_MAX),
+    )
 
 
 def router_config_to_proto(kv: KvRouterConfig) -> pb.RouterConfig:
     return pb.RouterConfig(
-        router_temperature=kv.router_temperature, kv_overlap_score_weight=kv.kv_overlap_score_weight,
-        use_kv_events=kv.use_kv_events, router_track_active_blocks=kv.router_track_active_blocks,
-        router_track_output_blocks=kv.router_track_output_blocks, router_assume_kv_reuse=kv.router_assume_kv_reuse,
-        router_track_prefill_tokens=kv.router_track_prefill_tokens, router_ttl_secs=kv.router_ttl_secs,
-        router_block_size=kv.router_block_size, router_queue_threshold=kv.router_queue_threshold,
-        router_queue_policy=kv.router_queue_policy, router_replica_sync=kv.router_replica_sync)
+        router_temperature=kv.router_temperature,
+        kv_overlap_score_weight=kv.kv_overlap_score_weight,
+        use_kv_events=kv.use_kv_events,
+        router_track_active_blocks=kv.router_track_active_blocks,
+        router_track_output_blocks=kv.router_track_output_blocks,
+        router_assume_kv_reuse=kv.router_assume_kv_reuse,
+        router_track_prefill_tokens=kv.router_track_prefill_tokens,
+        router_ttl_secs=kv.router_ttl_secs,
+        router_block_size=kv.router_block_size,
+        router_queue_threshold=kv.router_queue_threshold,
+        router_queue_policy=kv.router_queue_policy,
+        router_replica_sync=kv.router_replica_sync,
+    )

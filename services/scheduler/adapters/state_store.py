@@ -91,54 +91,103 @@ def _replica_from(value) -> ReplicaKey | None:
 
 def encode_program(r: ProgramRecord, wall_offset_s: float) -> bytes:
     """`wall_offset_s` = wall clock - monotonic clock of the exporting process."""
-    return orjson.dumps({
-        "session_id": r.session_id, "parent": r.parent_session_id, "created_at": r.created_at + wall_offset_s,
-        "seq": r.seq, "status": r.status.value, "lifecycle": r.lifecycle.value, "token_total": r.token_total,
-        "tokens_estimated": r.tokens_estimated, "replica": _replica(r.replica),
-        "last_replica": _replica(r.last_replica), "pause_protected_until": r.pause_protected_until + wall_offset_s,
-        "admission_epoch": r.admission_epoch, "turns": r.turns, "last_activity": r.last_activity + wall_offset_s,
-        "acting_since": _t(r.acting_since, wall_offset_s), "paused_since": _t(r.paused_since, wall_offset_s),
-        "paused_seq": r.paused_seq})
+    return orjson.dumps(
+        {
+            "session_id": r.session_id,
+            "parent": r.parent_session_id,
+            "created_at": r.created_at + wall_offset_s,
+            "seq": r.seq,
+            "status": r.status.value,
+            "lifecycle": r.lifecycle.value,
+            "token_total": r.token_total,
+            "tokens_estimated": r.tokens_estimated,
+            "replica": _replica(r.replica),
+            "last_replica": _replica(r.last_replica),
+            "pause_protected_until": r.pause_protected_until + wall_offset_s,
+            "admission_epoch": r.admission_epoch,
+            "turns": r.turns,
+            "last_activity": r.last_activity + wall_offset_s,
+            "acting_since": _t(r.acting_since, wall_offset_s),
+            "paused_since": _t(r.paused_since, wall_offset_s),
+            "paused_seq": r.paused_seq,
+        }
+    )
 
 
 def decode_program(data: bytes, wall_offset_s: float) -> ProgramRecord:
     d = orjson.loads(data)
     back = -wall_offset_s
     return ProgramRecord(
-        session_id=str(d["session_id"]), parent_session_id=str(d["parent"]), created_at=float(d["created_at"]) + back,
-        seq=int(d["seq"]), status=Status(d["status"]), lifecycle=Lifecycle(d["lifecycle"]),
-        token_total=int(d["token_total"]), tokens_estimated=bool(d["tokens_estimated"]),
-        replica=_replica_from(d["replica"]), last_replica=_replica_from(d["last_replica"]),
-        pause_protected_until=float(d["pause_protected_until"]) + back, admission_epoch=int(d["admission_epoch"]),
-        turns=int(d["turns"]), last_activity=float(d["last_activity"]) + back,
-        acting_since=_t(d["acting_since"], back), paused_since=_t(d["paused_since"], back),
-        paused_seq=None if d["paused_seq"] is None else int(d["paused_seq"]))
+        session_id=str(d["session_id"]),
+        parent_session_id=str(d["parent"]),
+        created_at=float(d["created_at"]) + back,
+        seq=int(d["seq"]),
+        status=Status(d["status"]),
+        lifecycle=Lifecycle(d["lifecycle"]),
+        token_total=int(d["token_total"]),
+        tokens_estimated=bool(d["tokens_estimated"]),
+        replica=_replica_from(d["replica"]),
+        last_replica=_replica_from(d["last_replica"]),
+        pause_protected_until=float(d["pause_protected_until"]) + back,
+        admission_epoch=int(d["admission_epoch"]),
+        turns=int(d["turns"]),
+        last_activity=float(d["last_activity"]) + back,
+        acting_since=_t(d["acting_since"], back),
+        paused_since=_t(d["paused_since"], back),
+        paused_seq=None if d["paused_seq"] is None else int(d["paused_seq"]),
+    )
 
 
 def encode_ticket(r: TicketRecord, wall_offset_s: float) -> bytes:
-    return orjson.dumps({"request_id": r.request_id, "session_id": r.session_id, "epoch": r.epoch,
-                         "started_at": r.started_at + wall_offset_s, "was_paused": r.was_paused,
-                         "tokens": r.tokens, "replica": _replica(r.replica)})
+    return orjson.dumps(
+        {
+            "request_id": r.request_id,
+            "session_id": r.session_id,
+            "epoch": r.epoch,
+            "started_at": r.started_at + wall_offset_s,
+            "was_paused": r.was_paused,
+            "tokens": r.tokens,
+            "replica": _replica(r.replica),
+        }
+    )
 
 
 def decode_ticket(data: bytes, wall_offset_s: float) -> TicketRecord:
     d = orjson.loads(data)
-    return TicketRecord(str(d["request_id"]), str(d["session_id"]), int(d["epoch"]),
-                        float(d["started_at"]) - wall_offset_s, bool(d["was_paused"]), int(d["tokens"]),
-                        _replica_from(d["replica"]))
+    return TicketRecord(
+        str(d["request_id"]),
+        str(d["session_id"]),
+        int(d["epoch"]),
+        float(d["started_at"]) - wall_offset_s,
+        bool(d["was_paused"]),
+        int(d["tokens"]),
+        _replica_from(d["replica"]),
+    )
 
 
 def encode_meta(m: CoreMeta) -> bytes:
-    return orjson.dumps({"format": m.format, "next_seq": m.next_seq, "next_pause_seq": m.next_pause_seq,
-                         "released_turns": list(m.released_turns), "totals": m.totals})
+    return orjson.dumps(
+        {
+            "format": m.format,
+            "next_seq": m.next_seq,
+            "next_pause_seq": m.next_pause_seq,
+            "released_turns": list(m.released_turns),
+            "totals": m.totals,
+        }
+    )
 
 
 def decode_meta(data: bytes | None) -> CoreMeta:
     if not data:
         return CoreMeta()
     d = orjson.loads(data)
-    return CoreMeta(int(d["next_seq"]), int(d["next_pause_seq"]), tuple(int(t) for t in d["released_turns"]),
-                    {str(k): int(v) for k, v in d["totals"].items()}, int(d["format"]))
+    return CoreMeta(
+        int(d["next_seq"]),
+        int(d["next_pause_seq"]),
+        tuple(int(t) for t in d["released_turns"]),
+        {str(k): int(v) for k, v in d["totals"].items()},
+        int(d["format"]),
+    )
 
 
 @dataclass
@@ -241,8 +290,10 @@ class SqliteStateStore:
                 if batch.full:
                     conn.execute("DELETE FROM programs")
                     conn.execute("DELETE FROM tickets")
-                for table, key, records in (("programs", "session_id", batch.programs),
-                                            ("tickets", "request_id", batch.tickets)):
+                for table, key, records in (
+                    ("programs", "session_id", batch.programs),
+                    ("tickets", "request_id", batch.tickets),
+                ):
                     upserts = [(k, v) for k, v in records.items() if v is not None]
                     deletes = [(k,) for k, v in records.items() if v is None]
                     if upserts:
@@ -297,8 +348,13 @@ class RedisStateStore:
         from redis.backoff import NoBackoff
 
         self.description = redact_url(url)
-        self._client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                                               retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
         self._programs = f"{prefix}programs"
         self._tickets = f"{prefix}tickets"
         self._meta = f"{prefix}meta"

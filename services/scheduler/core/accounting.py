@@ -127,8 +127,9 @@ class Ledger:
         parent = normalise_session_id(parent_session_id)
         if parent == sid:
             parent = ""  # a program is not its own parent
-        program = Program(session_id=sid, parent_session_id=parent, created_at=now, seq=self.next_seq,
-                          last_activity=now)
+        program = Program(
+            session_id=sid, parent_session_id=parent, created_at=now, seq=self.next_seq, last_activity=now
+        )
         self.next_seq += 1
         self.programs[sid] = program
         if parent:
@@ -190,8 +191,16 @@ class Ledger:
                 if pt.replica == key:
                     pt.replica = None
                     self.recharge_passthrough(rid, pt)
-            for table in (self.used, self.inflight, self.resident, self.pt_count, self.decay_base,
-                          self.acting_sum, self.acting_anchor, self.acting_members):
+            for table in (
+                self.used,
+                self.inflight,
+                self.resident,
+                self.pt_count,
+                self.decay_base,
+                self.acting_sum,
+                self.acting_anchor,
+                self.acting_members,
+            ):
                 table.pop(key, None)
             out.append((key, unplaced))
         for key in caps:
@@ -251,8 +260,12 @@ class Ledger:
                 if not self.acting_members[old_key]:
                     self.acting_sum[old_key] = 0.0  # drop accumulated rounding
         key = program.replica
-        if (key is None or key not in self.caps or program.lifecycle is not Lifecycle.ACTIVE
-                or self.programs.get(sid) is not program):
+        if (
+            key is None
+            or key not in self.caps
+            or program.lifecycle is not Lifecycle.ACTIVE
+            or self.programs.get(sid) is not program
+        ):
             return
         buffer = self.params.buffer_per_program_tokens
         amount = self.weight(program, key) + buffer
@@ -362,8 +375,9 @@ class Ledger:
             else:
                 assert program.session_id not in self.paused, program
                 if program.replica in self.caps:
-                    used[program.replica] += (self.weight(program, program.replica)
-                                              + self.params.buffer_per_program_tokens)
+                    used[program.replica] += (
+                        self.weight(program, program.replica) + self.params.buffer_per_program_tokens
+                    )
                     inflight[program.replica] += program.status is Status.REASONING
         for key, amount in self.pt_charge.values():
             used[key] += amount
@@ -375,8 +389,10 @@ class Ledger:
             p = self.params
             for key in self.caps:
                 members = [self.programs[sid] for sid in self.resident[key]]
-                exact = sum(decayed_weight_tokens(q, now, p.acting_decay_tau_seconds) + p.buffer_per_program_tokens
-                            for q in members)
+                exact = sum(
+                    decayed_weight_tokens(q, now, p.acting_decay_tau_seconds) + p.buffer_per_program_tokens
+                    for q in members
+                )
                 exact += sum(amount for k, amount in self.pt_charge.values() if k == key)
                 fast = self.decayed_used_one(now, key)
                 assert abs(fast - exact) <= len(members) + 1, (key, fast, exact)

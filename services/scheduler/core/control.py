@@ -48,8 +48,9 @@ class Actions(Protocol):
 
     def pause(self, now: float, program: Program, reason: str, acc: Acc) -> None: ...
 
-    def resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *,
-                    forced: bool, held_s: float | None) -> None: ...
+    def resume_onto(
+        self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *, forced: bool, held_s: float | None
+    ) -> None: ...
 
     def forced_resume(self, now: float, program: Program, waited_s: float, acc: Acc) -> None: ...
 
@@ -91,9 +92,12 @@ class ControlLaw:
             charges = dict.fromkeys(ledger.caps, charge)
         else:
             charges = {key: ledger.weight(program, key) + buffer for key in ledger.caps}
-        feasible = [key for key, cap in ledger.caps.items()
-                    if ledger.used[key] + charges[key] < cap.retention_tokens * self.params.pause_threshold
-                    and (cap.max_programs <= 0 or ledger.inflight[key] < cap.max_programs)]
+        feasible = [
+            key
+            for key, cap in ledger.caps.items()
+            if ledger.used[key] + charges[key] < cap.retention_tokens * self.params.pause_threshold
+            and (cap.max_programs <= 0 or ledger.inflight[key] < cap.max_programs)
+        ]
         if not feasible:
             return None
         decayed = {key: ledger.decayed_used_one(now, key) for key in feasible}
@@ -111,8 +115,14 @@ class ControlLaw:
         evict, as under plain KV routing, so with soft pinning its turns are routed like KV
         routing's."""
         ledger = self.ledger
-        return (self.params.soft_pinning and ledger.policy_weight is not None and replica in ledger.caps
-                and ledger.weight(program, replica) == 0 and not ledger.paused and not ledger.waiting)
+        return (
+            self.params.soft_pinning
+            and ledger.policy_weight is not None
+            and replica in ledger.caps
+            and ledger.weight(program, replica) == 0
+            and not ledger.paused
+            and not ledger.waiting
+        )
 
     def resume_group(self, program: Program) -> int:
         """-1: a tail program whose next turn waits; 0: an existing program whose next turn waits;
@@ -162,13 +172,16 @@ class ControlLaw:
             r = math.floor(cap.retention_tokens * c) - used_d[key]
             if r > buffer:
                 room[key] = r
-                slots[key] = (max(0, math.floor(cap.max_programs * c) - ledger.inflight[key])
-                              if cap.max_programs > 0 else None)
+                slots[key] = (
+                    max(0, math.floor(cap.max_programs * c) - ledger.inflight[key]) if cap.max_programs > 0 else None
+                )
         if not room:
             return 0
         paused = ledger.paused
-        candidates = sorted((ledger.programs[sid] for sid in paused),
-                            key=lambda q: (self.resume_group(q), q.token_total, paused[q.session_id]))
+        candidates = sorted(
+            (ledger.programs[sid] for sid in paused),
+            key=lambda q: (self.resume_group(q), q.token_total, paused[q.session_id]),
+        )
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
@@ -212,8 +225,13 @@ class ControlLaw:
                 order.insert(idx, target)
         return resumed
 
-    def resume_target(self, program: Program, order: list[ReplicaKey], room: dict[ReplicaKey, int],
-                      slots: dict[ReplicaKey, int | None]) -> ReplicaKey | None:
+    def resume_target(
+        self,
+        program: Program,
+        order: list[ReplicaKey],
+        room: dict[ReplicaKey, int],
+        slots: dict[ReplicaKey, int | None],
+    ) -> ReplicaKey | None:
         ledger = self.ledger
         req = program.token_total + self.params.buffer_per_program_tokens
         buffer = self.params.buffer_per_program_tokens
@@ -221,10 +239,12 @@ class ControlLaw:
 
         def fits(key: ReplicaKey) -> bool:
             cap = ledger.caps[key]
-            return (req <= room[key]
-                    and ledger.used[key] + ledger.weight(program, key) + buffer
-                    < cap.retention_tokens * self.params.pause_threshold
-                    and not (takes_slot and slots[key] == 0))
+            return (
+                req <= room[key]
+                and ledger.used[key] + ledger.weight(program, key) + buffer
+                < cap.retention_tokens * self.params.pause_threshold
+                and not (takes_slot and slots[key] == 0)
+            )
 
         last = program.last_replica
         if last is not None and last in room and last in order and fits(last):
@@ -271,10 +291,16 @@ class ControlLaw:
             for key, cap in ledger.caps.items():
                 if key in used_targets:
                     continue
-                movable = sorted((q for sid in ledger.resident[key]
-                                  if (q := ledger.programs[sid]).status is Status.ACTING and not q.marked
-                                  and not ledger.is_tail(q)),
-                                 key=lambda q: (q.token_total, q.seq))
+                movable = sorted(
+                    (
+                        q
+                        for sid in ledger.resident[key]
+                        if (q := ledger.programs[sid]).status is Status.ACTING
+                        and not q.marked
+                        and not ledger.is_tail(q)
+                    ),
+                    key=lambda q: (q.token_total, q.seq),
+                )
                 reclaimable = sum(ledger.weight(q, key) + buffer for q in movable)
                 room = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
                 if best is None or room > best[0]:
@@ -299,9 +325,13 @@ class ControlLaw:
             # large to share a replica would otherwise bounce between pause and aging every turn).
             program.pause_protected_until = now + age / 2
             act.resume_onto(now, program, target, acc, forced=False, held_s=now - started)
-            acc.logs.append(LogRecord(INFO, "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
-                                      "worker=%s tokens=%d" % (program.session_id, now - started,
-                                                               target.worker_id, program.token_total)))
+            acc.logs.append(
+                LogRecord(
+                    INFO,
+                    "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
+                    "worker=%s tokens=%d" % (program.session_id, now - started, target.worker_id, program.token_total),
+                )
+            )
             resumed += 1
         return resumed
 
@@ -340,22 +370,35 @@ class ControlLaw:
             token_target = cap.retention_tokens * target_frac
             count_target = cap.max_programs * target_frac if cap.max_programs > 0 else None
             if self.band(key) is not Band.PAUSE:
-                if ledger.used[key] <= token_target and (count_target is None
-                                                          or ledger.inflight[key] <= count_target):
+                if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
                     self.unmark(key)  # pressure is gone: marks are not sticky
                 continue
-            programs = sorted((q for sid in ledger.resident[key]
-                               if (q := ledger.programs[sid]).pause_protected_until <= now
-                               and not ledger.is_tail(q)), key=lambda q: q.seq)
+            programs = sorted(
+                (
+                    q
+                    for sid in ledger.resident[key]
+                    if (q := ledger.programs[sid]).pause_protected_until <= now and not ledger.is_tail(q)
+                ),
+                key=lambda q: q.seq,
+            )
             before = ledger.used[key]
 
             def weight_on(q: Program, key: ReplicaKey = key) -> int:
                 return weight(q, key)
 
-            plan = self.policy.plan(PauseContext(
-                replica=key, programs=programs, used_tokens=before, target_tokens=token_target,
-                reasoning_count=ledger.inflight[key], count_target=count_target, buffer_tokens=buffer,
-                weight_tokens=weight_on, now=now))
+            plan = self.policy.plan(
+                PauseContext(
+                    replica=key,
+                    programs=programs,
+                    used_tokens=before,
+                    target_tokens=token_target,
+                    reasoning_count=ledger.inflight[key],
+                    count_target=count_target,
+                    buffer_tokens=buffer,
+                    weight_tokens=weight_on,
+                    now=now,
+                )
+            )
             for sid in plan.pause:
                 program = ledger.programs[sid]
                 if program.replica != key or program.status is not Status.ACTING or program.marked:
@@ -368,10 +411,21 @@ class ControlLaw:
                     raise ValueError(f"pause policy {self.policy.name!r} chose an invalid mark {sid!r}")
                 act.mark(now, program, key, acc)
             if plan.pause or plan.mark:
-                acc.logs.append(LogRecord(INFO, "scheduler.tick worker=%s dp_rank=%s paused=%d marked=%d "
-                                          "util=%.4f -> %.4f" % (key.worker_id, key.dp_rank, len(plan.pause),
-                                                                 len(plan.mark), before / cap.retention_tokens,
-                                                                 ledger.used[key] / cap.retention_tokens)))
+                acc.logs.append(
+                    LogRecord(
+                        INFO,
+                        "scheduler.tick worker=%s dp_rank=%s paused=%d marked=%d "
+                        "util=%.4f -> %.4f"
+                        % (
+                            key.worker_id,
+                            key.dp_rank,
+                            len(plan.pause),
+                            len(plan.mark),
+                            before / cap.retention_tokens,
+                            ledger.used[key] / cap.retention_tokens,
+                        ),
+                    )
+                )
             paused_total += len(plan.pause)
             marked_total += len(plan.mark)
         return paused_total, marked_total

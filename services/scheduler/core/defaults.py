@@ -45,8 +45,13 @@ CONTROL_DEFAULTS: dict[str, float | bool] = {
 # on SWE-agent programs, for the 4-6 programs that share a 128K worker); a resume needs only 3%
 # of headroom on top of the program itself. The reference's 20% margin kept a fifth of the pool
 # idle and decoded with 60% of it (docs/scheduler.md, "Program-aware bands").
-REFERENCE_BANDS = {"pause_threshold": 0.95, "soft_demote_threshold": 0.80, "pause_target": 0.80,
-                   "resume_hysteresis": 0.10, "tail_protection_quantile": 0.0}
+REFERENCE_BANDS = {
+    "pause_threshold": 0.95,
+    "soft_demote_threshold": 0.80,
+    "pause_target": 0.80,
+    "resume_hysteresis": 0.10,
+    "tail_protection_quantile": 0.0,
+}
 PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
 PROGRAM_AWARE_GROWTH_MARGIN = 0.05
 """Pause target and soft-demote start, below the pause threshold: the room the resident programs'
@@ -63,9 +68,13 @@ def policy_control_defaults(pause_policy: str, pause_threshold: float | None = N
         return dict(REFERENCE_BANDS)
     threshold = PROGRAM_AWARE_PAUSE_THRESHOLD if pause_threshold is None else pause_threshold
     below = max(0.0, threshold - PROGRAM_AWARE_GROWTH_MARGIN)
-    return {"pause_threshold": threshold, "soft_demote_threshold": below, "pause_target": below,
-            "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
-            "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE}
+    return {
+        "pause_threshold": threshold,
+        "soft_demote_threshold": below,
+        "pause_target": below,
+        "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
+        "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE,
+    }
 
 
 def service_control_params(pause_policy: str = SERVICE_DEFAULT_PAUSE_POLICY, **overrides: float) -> ControlParams:
@@ -104,9 +113,12 @@ class KvRouterConfig:
 
     def __post_init__(self) -> None:
         kv_router_flags.validate(self.as_dict())
-        require(not self.router_track_output_blocks or self.router_track_active_blocks,
-                "router_track_output_blocks", self.router_track_output_blocks,
-                "router_track_output_blocks requires router_track_active_blocks")
+        require(
+            not self.router_track_output_blocks or self.router_track_active_blocks,
+            "router_track_output_blocks",
+            self.router_track_output_blocks,
+            "router_track_output_blocks requires router_track_active_blocks",
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -31,8 +31,12 @@ def _require(ok: bool, field_name: str, value: object, reason: str) -> None:
 
 
 def _finite(field_name: str, value: float) -> None:
-    _require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-             field_name, value, f"{field_name} must be a finite number")
+    _require(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        field_name,
+        value,
+        f"{field_name} must be a finite number",
+    )
 
 
 @dataclass(frozen=True)
@@ -81,35 +85,82 @@ class ControlParams:
     """Per-program allowance added to every program's weight (not a flag, as in the reference)."""
 
     def __post_init__(self) -> None:
-        for name in ("pause_threshold", "soft_demote_threshold", "pause_target", "resume_hysteresis",
-                     "resume_priority_boost", "resume_timeout_seconds", "scheduler_interval_seconds",
-                     "soft_demote_priority_jump", "acting_token_weight", "acting_decay_tau_seconds",
-                     "program_idle_ttl_seconds", "resume_aging_seconds", "tail_protection_quantile"):
+        for name in (
+            "pause_threshold",
+            "soft_demote_threshold",
+            "pause_target",
+            "resume_hysteresis",
+            "resume_priority_boost",
+            "resume_timeout_seconds",
+            "scheduler_interval_seconds",
+            "soft_demote_priority_jump",
+            "acting_token_weight",
+            "acting_decay_tau_seconds",
+            "program_idle_ttl_seconds",
+            "resume_aging_seconds",
+            "tail_protection_quantile",
+        ):
             _finite(name, getattr(self, name))
         p = self.pause_threshold
         _require(0 <= p <= 1, "pause_threshold", p, "0 <= pause_threshold <= 1")
-        _require(0 <= self.pause_target <= p, "pause_target", self.pause_target,
-                 "0 <= pause_target <= pause_threshold")
-        _require(0 <= self.resume_hysteresis <= p, "resume_hysteresis", self.resume_hysteresis,
-                 "0 <= resume_hysteresis <= pause_threshold")
-        _require(0 <= self.soft_demote_threshold <= p, "soft_demote_threshold", self.soft_demote_threshold,
-                 "0 <= soft_demote_threshold <= pause_threshold")
-        _require(self.acting_token_weight > 0, "acting_token_weight", self.acting_token_weight,
-                 "acting_token_weight > 0")
-        _require(self.scheduler_interval_seconds > 0, "scheduler_interval_seconds",
-                 self.scheduler_interval_seconds, "scheduler_interval_seconds > 0")
-        _require(self.resume_timeout_seconds > 0, "resume_timeout_seconds", self.resume_timeout_seconds,
-                 "resume_timeout_seconds > 0")
-        _require(self.acting_decay_tau_seconds >= MIN_ACTING_DECAY_TAU_SECONDS, "acting_decay_tau_seconds",
-                 self.acting_decay_tau_seconds, "acting_decay_tau_seconds >= 0.001")
-        _require(self.program_idle_ttl_seconds >= 0, "program_idle_ttl_seconds", self.program_idle_ttl_seconds,
-                 "program_idle_ttl_seconds >= 0")
-        _require(self.resume_aging_seconds >= 0, "resume_aging_seconds", self.resume_aging_seconds,
-                 "resume_aging_seconds >= 0")
-        _require(0 <= self.tail_protection_quantile < 1, "tail_protection_quantile", self.tail_protection_quantile,
-                 "0 <= tail_protection_quantile < 1")
-        _require(isinstance(self.buffer_per_program_tokens, int) and self.buffer_per_program_tokens >= 0,
-                 "buffer_per_program_tokens", self.buffer_per_program_tokens, "buffer_per_program_tokens >= 0")
+        _require(0 <= self.pause_target <= p, "pause_target", self.pause_target, "0 <= pause_target <= pause_threshold")
+        _require(
+            0 <= self.resume_hysteresis <= p,
+            "resume_hysteresis",
+            self.resume_hysteresis,
+            "0 <= resume_hysteresis <= pause_threshold",
+        )
+        _require(
+            0 <= self.soft_demote_threshold <= p,
+            "soft_demote_threshold",
+            self.soft_demote_threshold,
+            "0 <= soft_demote_threshold <= pause_threshold",
+        )
+        _require(
+            self.acting_token_weight > 0, "acting_token_weight", self.acting_token_weight, "acting_token_weight > 0"
+        )
+        _require(
+            self.scheduler_interval_seconds > 0,
+            "scheduler_interval_seconds",
+            self.scheduler_interval_seconds,
+            "scheduler_interval_seconds > 0",
+        )
+        _require(
+            self.resume_timeout_seconds > 0,
+            "resume_timeout_seconds",
+            self.resume_timeout_seconds,
+            "resume_timeout_seconds > 0",
+        )
+        _require(
+            self.acting_decay_tau_seconds >= MIN_ACTING_DECAY_TAU_SECONDS,
+            "acting_decay_tau_seconds",
+            self.acting_decay_tau_seconds,
+            "acting_decay_tau_seconds >= 0.001",
+        )
+        _require(
+            self.program_idle_ttl_seconds >= 0,
+            "program_idle_ttl_seconds",
+            self.program_idle_ttl_seconds,
+            "program_idle_ttl_seconds >= 0",
+        )
+        _require(
+            self.resume_aging_seconds >= 0,
+            "resume_aging_seconds",
+            self.resume_aging_seconds,
+            "resume_aging_seconds >= 0",
+        )
+        _require(
+            0 <= self.tail_protection_quantile < 1,
+            "tail_protection_quantile",
+            self.tail_protection_quantile,
+            "0 <= tail_protection_quantile < 1",
+        )
+        _require(
+            isinstance(self.buffer_per_program_tokens, int) and self.buffer_per_program_tokens >= 0,
+            "buffer_per_program_tokens",
+            self.buffer_per_program_tokens,
+            "buffer_per_program_tokens >= 0",
+        )
 
     @property
     def resume_ceiling(self) -> float:

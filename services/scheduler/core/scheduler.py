@@ -81,8 +81,9 @@ _Acc = Acc
 
 def _ledger_field(name: str, doc: str = "") -> property:
     """`SchedulerCore._<name>`: the ledger's `<name>` (the core's methods and tests read them so)."""
-    return property(lambda self: getattr(self.ledger, name),
-                    lambda self, value: setattr(self.ledger, name, value), doc=doc)
+    return property(
+        lambda self: getattr(self.ledger, name), lambda self, value: setattr(self.ledger, name, value), doc=doc
+    )
 
 
 class SchedulerCore:
@@ -110,8 +111,13 @@ class SchedulerCore:
     _unsettled = _ledger_field("unsettled")
     _unsettled_pt = _ledger_field("unsettled_pt")
 
-    def __init__(self, params: ControlParams | None = None, policy: PausePolicy | None = None, *,
-                 ticket_lease_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: ControlParams | None = None,
+        policy: PausePolicy | None = None,
+        *,
+        ticket_lease_seconds: float = 0.0,
+    ) -> None:
         self.params = params or ControlParams()
         self.policy = policy or make_pause_policy()
         if not (0.0 <= ticket_lease_seconds < math.inf):
@@ -143,8 +149,9 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ admission
 
-    def admit(self, now: float, session_id: str, parent_session_id: str, estimated_prompt_tokens: int,
-              request_id: str) -> AdmitResult:
+    def admit(
+        self, now: float, session_id: str, parent_session_id: str, estimated_prompt_tokens: int, request_id: str
+    ) -> AdmitResult:
         """Start a turn. PLACED: go now (replica None = any worker). WAIT: the program is in the
         paused queue; a later tick (resume) or `force_resume` resolves the admission."""
         if not request_id:
@@ -165,8 +172,12 @@ class SchedulerCore:
         created = program is None
         if program is None:
             program = self._create(now, sid, parent_session_id)
-        if (self._observe_tool is not None and program is not None and program.status is Status.ACTING
-                and program.acting_since is not None):
+        if (
+            self._observe_tool is not None
+            and program is not None
+            and program.status is Status.ACTING
+            and program.acting_since is not None
+        ):
             self._observe_tool(now - program.acting_since)  # the tool call that just ended
         program.turns += 1
         program.admission_epoch += 1
@@ -196,8 +207,7 @@ class SchedulerCore:
             turn.waiting = True
             turn.was_paused = True
             self._waiting.setdefault(sid, {})[request_id] = None
-            decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch,
-                                was_paused=True)
+            decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch, was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)
         turn.lease_until = self._lease(now)
@@ -241,10 +251,14 @@ class SchedulerCore:
                 self._paused[program.session_id] = turn.paused_seq_before
             self._recharge(program)
             retained = True
-        acc.logs.append(LogRecord(INFO, "thunderagent.program admission_cancelled program=%s retained=%s "
-                                  "active=%d paused=%d" % (turn.session_id, retained,
-                                                            len(self._programs) - len(self._paused),
-                                                            len(self._paused))))
+        acc.logs.append(
+            LogRecord(
+                INFO,
+                "thunderagent.program admission_cancelled program=%s retained=%s "
+                "active=%d paused=%d"
+                % (turn.session_id, retained, len(self._programs) - len(self._paused), len(self._paused)),
+            )
+        )
         return acc.effects()
 
     def bind_request(self, request_id: str, replica: ReplicaKey) -> bool:
@@ -263,8 +277,11 @@ class SchedulerCore:
         if turn is None:
             return False
         program = self._programs.get(turn.session_id)
-        if (program is not turn.program or program.admission_epoch != turn.epoch
-                or program.lifecycle is not Lifecycle.ACTIVE):
+        if (
+            program is not turn.program
+            or program.admission_epoch != turn.epoch
+            or program.lifecycle is not Lifecycle.ACTIVE
+        ):
             return False
         if program.replica is not None and not turn.unpinned:
             return False  # pinned by admission: placement stays authoritative
@@ -273,9 +290,18 @@ class SchedulerCore:
             self._recharge(program)
         return True
 
-    def complete(self, now: float, session_id: str, request_id: str, replica: ReplicaKey | None,
-                 prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-                 outcome: TurnOutcome = TurnOutcome.OK, ttft_s: float | None = None) -> Effects:
+    def complete(
+        self,
+        now: float,
+        session_id: str,
+        request_id: str,
+        replica: ReplicaKey | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int = 0,
+        outcome: TurnOutcome = TurnOutcome.OK,
+        ttft_s: float | None = None,
+    ) -> Effects:
         """A turn ended: the program is at a tool boundary (ACTING). token_total becomes
         prompt + completion when the worker reported them. A marked program is paused here.
         `ttft_s` (dispatch to first token, when the caller knows it) feeds the policy's prefill
@@ -289,16 +315,22 @@ class SchedulerCore:
         sid = normalise_session_id(session_id)
         if request_id in self._passthrough:
             if sid:
-                raise RequestMismatch(f"session_id {sid!r} does not match request {request_id!r} "
-                                      "(admitted as a passthrough request)")
+                raise RequestMismatch(
+                    f"session_id {sid!r} does not match request {request_id!r} (admitted as a passthrough request)"
+                )
         elif turn is None or turn.waiting:
             self.completes_ignored_total += 1
             return acc.effects()
         elif sid and sid != turn.session_id:
-            raise RequestMismatch(f"session_id {sid!r} does not match request {request_id!r} "
-                                  f"(admitted for {turn.session_id!r})")
-        if (self._observe_prefill is not None and ttft_s is not None and outcome is TurnOutcome.OK
-                and prompt_tokens > cached_tokens >= 0):
+            raise RequestMismatch(
+                f"session_id {sid!r} does not match request {request_id!r} (admitted for {turn.session_id!r})"
+            )
+        if (
+            self._observe_prefill is not None
+            and ttft_s is not None
+            and outcome is TurnOutcome.OK
+            and prompt_tokens > cached_tokens >= 0
+        ):
             self._observe_prefill(int(prompt_tokens) - int(cached_tokens), float(ttft_s))
         pt = self._passthrough.pop(request_id, None)
         if pt is not None:
@@ -318,8 +350,12 @@ class SchedulerCore:
         program.status = Status.ACTING
         program.acting_since = now
         program.last_activity = now
-        if (program.lifecycle is Lifecycle.ACTIVE and program.replica is None
-                and replica is not None and replica in self._caps):
+        if (
+            program.lifecycle is Lifecycle.ACTIVE
+            and program.replica is None
+            and replica is not None
+            and replica in self._caps
+        ):
             self._place(program, replica)  # its KV now lives where the turn ran
         if program.marked and program.lifecycle is Lifecycle.ACTIVE:
             program.marked = False
@@ -362,8 +398,13 @@ class SchedulerCore:
                 del self._passthrough[rid]
                 self._recharge_passthrough(rid, None)
                 self.tickets_expired_total += 1
-                acc.logs.append(LogRecord(INFO, "thunderagent.program lease_expired passthrough request=%s "
-                                          "age=%.1fs" % (rid, now - pt.started_at)))
+                acc.logs.append(
+                    LogRecord(
+                        INFO,
+                        "thunderagent.program lease_expired passthrough request=%s "
+                        "age=%.1fs" % (rid, now - pt.started_at),
+                    )
+                )
         for rid, turn in list(self._turns.items()):
             if turn.waiting:
                 continue
@@ -374,15 +415,19 @@ class SchedulerCore:
                 continue
             self.tickets_expired_total += 1
             program = self._programs.get(turn.session_id)
-            if (program is turn.program and program.admission_epoch == turn.epoch
-                    and program.status is Status.REASONING):
+            if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
                 effects = self.complete(now, "", rid, None, 0, 0, 0, TurnOutcome.CANCELLED)
                 acc.events.extend(effects.events)
                 acc.logs.extend(effects.logs)
             else:
                 del self._turns[rid]
-            acc.logs.append(LogRecord(INFO, "thunderagent.program lease_expired program=%s request=%s age=%.1fs"
-                                      % (turn.session_id, rid, now - turn.started_at)))
+            acc.logs.append(
+                LogRecord(
+                    INFO,
+                    "thunderagent.program lease_expired program=%s request=%s age=%.1fs"
+                    % (turn.session_id, rid, now - turn.started_at),
+                )
+            )
         return acc.effects()
 
     def release(self, now: float, session_id: str) -> tuple[bool, Effects]:
@@ -394,8 +439,12 @@ class SchedulerCore:
         self._end(now, program, EventKind.RELEASED, "final", acc)
         self.released_total += 1
         self._note_release(program.turns)
-        acc.logs.append(LogRecord(INFO, "thunderagent.program terminated program=%s remaining=%d"
-                                  % (program.session_id, len(self._programs))))
+        acc.logs.append(
+            LogRecord(
+                INFO,
+                "thunderagent.program terminated program=%s remaining=%d" % (program.session_id, len(self._programs)),
+            )
+        )
         return True, acc.effects()
 
     def force_resume(self, now: float, request_id: str) -> Effects:
@@ -433,10 +482,18 @@ class SchedulerCore:
         if self._caps:
             paused, marked = self._pause_over_threshold(now, acc)
         if resumed:
-            acc.logs.append(LogRecord(INFO, "scheduler.tick resumed=%d still_paused=%d"
-                                      % (resumed, len(self._paused))))
-        return TickResult(tuple(acc.events), tuple(acc.logs), tuple(acc.resolutions),
-                          self.replica_stats(now), paused, marked, resumed, forced, expired)
+            acc.logs.append(LogRecord(INFO, "scheduler.tick resumed=%d still_paused=%d" % (resumed, len(self._paused))))
+        return TickResult(
+            tuple(acc.events),
+            tuple(acc.logs),
+            tuple(acc.resolutions),
+            self.replica_stats(now),
+            paused,
+            marked,
+            resumed,
+            forced,
+            expired,
+        )
 
     def apply_capacity(self, now: float, snapshot: CapacitySnapshot) -> Effects:
         """Take a new capacity snapshot without running the control law (e.g. between ticks)."""
@@ -446,37 +503,44 @@ class SchedulerCore:
 
     def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: _Acc) -> None:
         for key, unplaced in self.ledger.set_capacity(snapshot):
-            acc.logs.append(LogRecord(INFO, "scheduler.capacity replica_removed worker=%s dp_rank=%s unplaced=%d"
-                                      % (key.worker_id, key.dp_rank, unplaced)))
+            acc.logs.append(
+                LogRecord(
+                    INFO,
+                    "scheduler.capacity replica_removed worker=%s dp_rank=%s unplaced=%d"
+                    % (key.worker_id, key.dp_rank, unplaced),
+                )
+            )
 
     def _expire_idle(self, now: float, acc: _Acc) -> int:
         ttl = self.params.program_idle_ttl_seconds
         if ttl <= 0:
             return 0
-        due = [p for p in self._programs.values()
-               if p.status is Status.ACTING and p.acting_since is not None
-               and now - p.acting_since >= ttl and not self._waiting.get(p.session_id)]
+        due = [
+            p
+            for p in self._programs.values()
+            if p.status is Status.ACTING
+            and p.acting_since is not None
+            and now - p.acting_since >= ttl
+            and not self._waiting.get(p.session_id)
+        ]
         for program in due:
             idle_s = now - (program.acting_since or now)
             self._end(now, program, EventKind.EXPIRED, "idle_ttl", acc)
             self.expired_total += 1
-            acc.logs.append(LogRecord(INFO, "thunderagent.program expired program=%s idle=%.0fs tokens=%d "
-                                      "remaining=%d" % (program.session_id, idle_s, program.token_total,
-                                                        len(self._programs))))
+            acc.logs.append(
+                LogRecord(
+                    INFO,
+                    "thunderagent.program expired program=%s idle=%.0fs tokens=%d "
+                    "remaining=%d" % (program.session_id, idle_s, program.token_total, len(self._programs)),
+                )
+            )
         return len(due)
-
-
-
-
-
-
 
     # ------------------------------------------------------------------ durable state
 
     def track_changes(self) -> None:
         """Start recording which programs and tickets change (for `take_changes`)."""
         self._tracking = True
-
 
     def take_changes(self) -> Changes:
         """The programs and tickets changed, created or removed since the last call (export each id:
@@ -487,10 +551,25 @@ class SchedulerCore:
         p = self._programs.get(session_id)
         if p is None:
             return None
-        return ProgramRecord(p.session_id, p.parent_session_id, p.created_at, p.seq, p.status, p.lifecycle,
-                             p.token_total, p.tokens_estimated, p.replica, p.last_replica, p.pause_protected_until,
-                             p.admission_epoch, p.turns, p.last_activity, p.acting_since, p.paused_since,
-                             self._paused.get(session_id))
+        return ProgramRecord(
+            p.session_id,
+            p.parent_session_id,
+            p.created_at,
+            p.seq,
+            p.status,
+            p.lifecycle,
+            p.token_total,
+            p.tokens_estimated,
+            p.replica,
+            p.last_replica,
+            p.pause_protected_until,
+            p.admission_epoch,
+            p.turns,
+            p.last_activity,
+            p.acting_since,
+            p.paused_since,
+            self._paused.get(session_id),
+        )
 
     def export_ticket(self, request_id: str) -> TicketRecord | None:
         turn = self._turns.get(request_id)
@@ -502,15 +581,22 @@ class SchedulerCore:
         return None
 
     def export_meta(self) -> CoreMeta:
-        return CoreMeta(self._next_seq, self._next_pause_seq, tuple(self._released_turns),
-                        {name: getattr(self, name) for name in TOTAL_NAMES})
+        return CoreMeta(
+            self._next_seq,
+            self._next_pause_seq,
+            tuple(self._released_turns),
+            {name: getattr(self, name) for name in TOTAL_NAMES},
+        )
 
     def export_state(self) -> CoreState:
         """Everything `restore` needs; also resets change tracking (the export is the new baseline)."""
         self.take_changes()
         tickets = [self.export_ticket(rid) for rid in (*self._turns, *self._passthrough)]
-        return CoreState(tuple(self.export_program(sid) for sid in self._programs),  # type: ignore[misc]
-                         tuple(t for t in tickets if t is not None), self.export_meta())
+        return CoreState(
+            tuple(self.export_program(sid) for sid in self._programs),  # type: ignore[misc]
+            tuple(t for t in tickets if t is not None),
+            self.export_meta(),
+        )
 
     def restore(self, now: float, state: CoreState) -> Effects:
         """Rebuild the table from `state` (times already on this process's clock) into an empty core.
@@ -529,12 +615,23 @@ class SchedulerCore:
         next_seq, next_pause_seq = meta.next_seq, meta.next_pause_seq
         for rec in state.programs:
             program = Program(
-                session_id=rec.session_id, parent_session_id=rec.parent_session_id, created_at=rec.created_at,
-                seq=rec.seq, status=rec.status, lifecycle=rec.lifecycle, token_total=max(0, rec.token_total),
-                tokens_estimated=rec.tokens_estimated, replica=rec.replica, last_replica=rec.last_replica,
-                pause_protected_until=rec.pause_protected_until, admission_epoch=rec.admission_epoch,
-                turns=rec.turns, last_activity=rec.last_activity, acting_since=rec.acting_since,
-                paused_since=rec.paused_since)
+                session_id=rec.session_id,
+                parent_session_id=rec.parent_session_id,
+                created_at=rec.created_at,
+                seq=rec.seq,
+                status=rec.status,
+                lifecycle=rec.lifecycle,
+                token_total=max(0, rec.token_total),
+                tokens_estimated=rec.tokens_estimated,
+                replica=rec.replica,
+                last_replica=rec.last_replica,
+                pause_protected_until=rec.pause_protected_until,
+                admission_epoch=rec.admission_epoch,
+                turns=rec.turns,
+                last_activity=rec.last_activity,
+                acting_since=rec.acting_since,
+                paused_since=rec.paused_since,
+            )
             sid = program.session_id
             self._programs[sid] = program
             next_seq = max(next_seq, program.seq + 1)
@@ -552,18 +649,29 @@ class SchedulerCore:
         for ticket in state.tickets:
             if not ticket.session_id:
                 self._passthrough[ticket.request_id] = _Passthrough(
-                    ticket.request_id, max(0, ticket.tokens), ticket.replica, ticket.started_at, self._lease(now))
+                    ticket.request_id, max(0, ticket.tokens), ticket.replica, ticket.started_at, self._lease(now)
+                )
                 if ticket.replica is not None:
                     self._unsettled_pt.add(ticket.request_id)
                 continue
             program = self._programs.get(ticket.session_id)
-            if (program is None or ticket.epoch > program.admission_epoch
-                    or (program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch)):
+            if (
+                program is None
+                or ticket.epoch > program.admission_epoch
+                or (program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch)
+            ):
                 continue  # its program is gone, or it was held: its Admit call ended with the old process
             self._turns[ticket.request_id] = _Turn(
-                ticket.request_id, ticket.session_id, program, ticket.epoch, ticket.started_at,
-                dataclasses.replace(program), self._paused.get(ticket.session_id), was_paused=ticket.was_paused,
-                lease_until=self._lease(now))
+                ticket.request_id,
+                ticket.session_id,
+                program,
+                ticket.epoch,
+                ticket.started_at,
+                dataclasses.replace(program),
+                self._paused.get(ticket.session_id),
+                was_paused=ticket.was_paused,
+                lease_until=self._lease(now),
+            )
             running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
         ended = 0
         for program in self._programs.values():
@@ -579,11 +687,14 @@ class SchedulerCore:
             self._recharge(program)
         if self._caps:
             self._settle()
-        acc.logs.append(LogRecord(INFO, "scheduler.recovered programs=%d paused=%d tickets=%d ended_turns=%d"
-                                  % (len(self._programs), len(self._paused),
-                                     len(self._turns) + len(self._passthrough), ended)))
+        acc.logs.append(
+            LogRecord(
+                INFO,
+                "scheduler.recovered programs=%d paused=%d tickets=%d ended_turns=%d"
+                % (len(self._programs), len(self._paused), len(self._turns) + len(self._passthrough), ended),
+            )
+        )
         return acc.effects()
-
 
     # ------------------------------------------------------------------ views
 
@@ -618,26 +729,45 @@ class SchedulerCore:
         for key, cap in self._caps.items():
             resident = self._resident[key]
             reasoning = sum(1 for sid in resident if self._programs[sid].status is Status.REASONING)
-            out.append(ReplicaStats(key, cap.retention_tokens, cap.max_programs, self._used[key], used_d[key],
-                                    self._used[key] / cap.retention_tokens, self._band(key), reasoning,
-                                    len(resident), self._pt_count[key]))
+            out.append(
+                ReplicaStats(
+                    key,
+                    cap.retention_tokens,
+                    cap.max_programs,
+                    self._used[key],
+                    used_d[key],
+                    self._used[key] / cap.retention_tokens,
+                    self._band(key),
+                    reasoning,
+                    len(resident),
+                    self._pt_count[key],
+                )
+            )
         return tuple(out)
 
     def stats(self, now: float) -> Stats:
         reasoning = sum(1 for p in self._programs.values() if p.status is Status.REASONING)
         return Stats(
-            programs_active=len(self._programs) - len(self._paused), programs_paused=len(self._paused),
-            programs_reasoning=reasoning, programs_acting=len(self._programs) - reasoning,
-            pauses_total=self.pauses_total, resumes_total=self.resumes_total,
-            forced_resumes_total=self.forced_resumes_total, marks_total=self.marks_total,
-            expired_total=self.expired_total, released_total=self.released_total,
-            admissions_total=self.admissions_total, admissions_cancelled_total=self.admissions_cancelled_total,
+            programs_active=len(self._programs) - len(self._paused),
+            programs_paused=len(self._paused),
+            programs_reasoning=reasoning,
+            programs_acting=len(self._programs) - reasoning,
+            pauses_total=self.pauses_total,
+            resumes_total=self.resumes_total,
+            forced_resumes_total=self.forced_resumes_total,
+            marks_total=self.marks_total,
+            expired_total=self.expired_total,
+            released_total=self.released_total,
+            admissions_total=self.admissions_total,
+            admissions_cancelled_total=self.admissions_cancelled_total,
             completes_ignored_total=self.completes_ignored_total,
             tickets_in_flight=len(self._turns) + len(self._passthrough),
             tickets_expired_total=self.tickets_expired_total,
             waiting_admissions=sum(len(r) for r in self._waiting.values()),
-            passthrough_in_flight=len(self._passthrough), capacity_version=self._capacity_version,
-            replicas=self.replica_stats(now))
+            passthrough_in_flight=len(self._passthrough),
+            capacity_version=self._capacity_version,
+            replicas=self.replica_stats(now),
+        )
 
     # ------------------------------------------------------------------ internals
 
@@ -717,21 +847,29 @@ class SchedulerCore:
         self.marks_total += 1
         acc.events.append(ProgramEvent(EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure"))
 
-
-
     def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: _Acc) -> None:
         """Release or expire: held admissions proceed unpinned with priority 0."""
         sid = program.session_id
         for rid in list(self._waiting.pop(sid, {})):
             turn = self._turns[rid]
             turn.waiting = False
-            acc.resolutions.append(Decision(rid, sid, Verdict.PLACED, None, 0, 0.0, turn.epoch,
-                                            was_paused=True, held_seconds=now - turn.started_at,
-                                            program_gone=True))
+            acc.resolutions.append(
+                Decision(
+                    rid,
+                    sid,
+                    Verdict.PLACED,
+                    None,
+                    0,
+                    0.0,
+                    turn.epoch,
+                    was_paused=True,
+                    held_seconds=now - turn.started_at,
+                    program_gone=True,
+                )
+            )
         replica = program.replica
         self._remove(program)
         acc.events.append(ProgramEvent(kind, sid, replica, program.token_total, now, reason))
-
 
     def _pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
         replica = program.replica
@@ -744,11 +882,17 @@ class SchedulerCore:
         acc.events.append(ProgramEvent(EventKind.PAUSED, program.session_id, replica, program.token_total, now, reason))
         acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)" % (program.session_id, program.token_total)))
         if reason == "admission_full":
-            acc.logs.append(LogRecord(INFO, "thunderagent.program paused program=%s reason=admission_full tokens=%d "
-                                      "paused=%d" % (program.session_id, program.token_total, len(self._paused))))
+            acc.logs.append(
+                LogRecord(
+                    INFO,
+                    "thunderagent.program paused program=%s reason=admission_full tokens=%d "
+                    "paused=%d" % (program.session_id, program.token_total, len(self._paused)),
+                )
+            )
 
-    def _resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *,
-                     forced: bool, held_s: float | None) -> None:
+    def _resume_onto(
+        self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *, forced: bool, held_s: float | None
+    ) -> None:
         sid = program.session_id
         program.lifecycle = Lifecycle.ACTIVE
         program.paused_since = None
@@ -760,8 +904,13 @@ class SchedulerCore:
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
         acc.events.append(ProgramEvent(kind, sid, target, program.token_total, now))
-        acc.logs.append(LogRecord(DEBUG, "Resumed program %s -> worker=%s (tokens=%d)"
-                                  % (sid, target.worker_id if target else "any", program.token_total)))
+        acc.logs.append(
+            LogRecord(
+                DEBUG,
+                "Resumed program %s -> worker=%s (tokens=%d)"
+                % (sid, target.worker_id if target else "any", program.token_total),
+            )
+        )
         for rid in list(self._waiting.pop(sid, {})):
             turn = self._turns[rid]
             turn.waiting = False
@@ -771,38 +920,36 @@ class SchedulerCore:
 
     def _decision(self, now: float, turn: _Turn, program: Program, *, forced: bool = False) -> Decision:
         demoted = program.soft_demoted_until > now
-        jump_s = ((self.params.resume_priority_boost if turn.was_paused else 0.0)
-                  + (self.params.soft_demote_priority_jump if demoted else 0.0))
+        jump_s = (self.params.resume_priority_boost if turn.was_paused else 0.0) + (
+            self.params.soft_demote_priority_jump if demoted else 0.0
+        )
         replica = program.replica
-        if replica is not None and not forced and (self.control.may_leave_placement_to_router()
-                                                   or self.control.let_go(program, replica)):
+        if (
+            replica is not None
+            and not forced
+            and (self.control.may_leave_placement_to_router() or self.control.let_go(program, replica))
+        ):
             # Nothing is under pressure, or the policy does not hold this context anyway: the
             # router's KV cost (overlap and live load) picks, and Bind moves the program if it
             # chose elsewhere. Pinning here only costs balance.
             replica = None
             turn.unpinned = True
-        return Decision(turn.request_id, turn.session_id, Verdict.PLACED, replica,
-                        to_sglang_priority(jump_s), jump_s, turn.epoch, was_paused=turn.was_paused,
-                        was_soft_demoted=demoted, forced_resume=forced, held_seconds=now - turn.started_at)
-
-
-
+        return Decision(
+            turn.request_id,
+            turn.session_id,
+            Verdict.PLACED,
+            replica,
+            to_sglang_priority(jump_s),
+            jump_s,
+            turn.epoch,
+            was_paused=turn.was_paused,
+            was_soft_demoted=demoted,
+            forced_resume=forced,
+            held_seconds=now - turn.started_at,
+        )
 
     def _any_waiting(self) -> bool:
         return bool(self._waiting)
-
-
-
-
-
-
-
-
-
-
-
-
-
 
     def check_invariants(self, now: float | None = None) -> None:
         """Recompute the accounting from scratch and compare (used by tests and debug builds)."""
@@ -811,13 +958,22 @@ class SchedulerCore:
     def _view(self, program: Program, now: float | None) -> ProgramView:
         at = program.last_activity if now is None else now
         return ProgramView(
-            session_id=program.session_id, parent_session_id=program.parent_session_id, status=program.status,
-            lifecycle=program.lifecycle, token_total=program.token_total, tokens_estimated=program.tokens_estimated,
-            replica=program.replica, marked=program.marked, soft_demoted=program.soft_demoted_until > at,
-            turns=program.turns, admission_epoch=program.admission_epoch, created_at=program.created_at,
-            last_activity=program.last_activity, paused_since=program.paused_since,
-            children=tuple(self._children.get(program.session_id, ())))
-
+            session_id=program.session_id,
+            parent_session_id=program.parent_session_id,
+            status=program.status,
+            lifecycle=program.lifecycle,
+            token_total=program.token_total,
+            tokens_estimated=program.tokens_estimated,
+            replica=program.replica,
+            marked=program.marked,
+            soft_demoted=program.soft_demoted_until > at,
+            turns=program.turns,
+            admission_epoch=program.admission_epoch,
+            created_at=program.created_at,
+            last_activity=program.last_activity,
+            paused_since=program.paused_since,
+            children=tuple(self._children.get(program.session_id, ())),
+        )
 
 
 class _CoreActions:
@@ -831,8 +987,9 @@ class _CoreActions:
     def pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
         self._core._pause(now, program, reason, acc)
 
-    def resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *,
-                    forced: bool, held_s: float | None) -> None:
+    def resume_onto(
+        self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *, forced: bool, held_s: float | None
+    ) -> None:
         self._core._resume_onto(now, program, target, acc, forced=forced, held_s=held_s)
 
     def forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:

@@ -21,9 +21,18 @@ from services.scheduler.core.model import Lifecycle, ReplicaKey, Status
 STATE_FORMAT = 1
 """Version of the records' layout; a store written by a newer format is refused, not misread."""
 
-TOTAL_NAMES = ("pauses_total", "resumes_total", "forced_resumes_total", "marks_total", "expired_total",
-               "released_total", "admissions_total", "admissions_cancelled_total", "completes_ignored_total",
-               "tickets_expired_total")
+TOTAL_NAMES = (
+    "pauses_total",
+    "resumes_total",
+    "forced_resumes_total",
+    "marks_total",
+    "expired_total",
+    "released_total",
+    "admissions_total",
+    "admissions_cancelled_total",
+    "completes_ignored_total",
+    "tickets_expired_total",
+)
 
 
 @dataclass(frozen=True, slots=True)

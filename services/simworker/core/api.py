@@ -10,8 +10,9 @@ clock divided by `--speedup`) and the offline simulator (`bench/sim.py`, virtual
 
 `step` returns `duration_s == 0` and nothing else when there is no work; the driver then waits
 for the next `submit` or `abort`. A step may also return `duration_s == 0` *with* outputs (the
-finished-abort outputs of requests aborted while nothing else ran): deliver them all the same. Everything here is plain data: no asyncio, no sockets, no
-clock reads. The engine is deterministic for a given seed and sequence of calls.
+finished-abort outputs of requests aborted while nothing else ran): deliver them all the same.
+Everything here is plain data: no asyncio, no sockets, no clock reads. The engine is deterministic
+for a given seed and sequence of calls.
 
 A step's KV events are the one shared set in `services.common.kv_events` (the router decodes the same
 dataclasses from the wire); this module names them for the engine's users.
@@ -49,14 +50,14 @@ class RequestOutput:
     rid: str
     new_token_ids: tuple[int, ...]
     prompt_tokens: int
-    completion_tokens: int          # so far, including new_token_ids
-    cached_tokens: int              # prompt tokens served from GPU radix cache or host tier
+    completion_tokens: int  # so far, including new_token_ids
+    cached_tokens: int  # prompt tokens served from GPU radix cache or host tier
     finished: bool = False
     # SGLang's shape: {"type": "stop", "matched": id} | {"type": "length", "length": n}
     #                 | {"type": "abort", "message": "..."}; None while running.
     finish_reason: dict | None = None
     num_retractions: int = 0
-    host_cached_tokens: int = 0     # part of cached_tokens loaded back from the host tier
+    host_cached_tokens: int = 0  # part of cached_tokens loaded back from the host tier
     admitted_at: float | None = None
     """When the request first left the waiting queue (its prefill began), in the `now` of the step that
     admitted it; None if it never did (aborted while queued). Queue wait = admitted_at - arrival."""
@@ -75,19 +76,19 @@ class EngineStats:
 
     num_running_reqs: int = 0
     num_queue_reqs: int = 0
-    num_used_tokens: int = 0        # GPU tokens held by running requests and the cache
-    token_usage: float = 0.0        # used / max_total_tokens
-    cache_hit_rate: float = 0.0     # cached / prompt tokens over a recent window
-    gen_throughput: float = 0.0     # tokens/s over a recent window of virtual time
+    num_used_tokens: int = 0  # GPU tokens held by running requests and the cache
+    token_usage: float = 0.0  # used / max_total_tokens
+    cache_hit_rate: float = 0.0  # cached / prompt tokens over a recent window
+    gen_throughput: float = 0.0  # tokens/s over a recent window of virtual time
     host_used_tokens: int = 0
     host_total_tokens: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     cached_tokens_total: int = 0
     host_cached_tokens_total: int = 0
-    recomputed_tokens_total: int = 0     # prefill of tokens this engine had computed before for that prefix
+    recomputed_tokens_total: int = 0  # prefill of tokens this engine had computed before for that prefix
     retractions_total: int = 0
-    host_loadbacks_total: int = 0        # requests that loaded a prefix back from host
+    host_loadbacks_total: int = 0  # requests that loaded a prefix back from host
     host_loadback_tokens_total: int = 0
     evicted_tokens_total: int = 0
     requests_total: int = 0
@@ -124,7 +125,7 @@ class EngineConfig:
     context_length: int = 131_072
     enable_hierarchical_cache: bool = False
     hicache_ratio: float = 2.0
-    hicache_size_tokens: int = 0        # > 0 overrides hicache_ratio
+    hicache_size_tokens: int = 0  # > 0 overrides hicache_ratio
     hicache_write_policy: WritePolicy = "write_through"
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
@@ -145,8 +146,11 @@ class EngineConfig:
         if self.context_length < 2:
             raise ConfigError("context_length", self.context_length, ">= 2")
         if self.hicache_write_policy not in ("write_back", "write_through", "write_through_selective"):
-            raise ConfigError("hicache_write_policy", self.hicache_write_policy,
-                              "one of write_back, write_through, write_through_selective")
+            raise ConfigError(
+                "hicache_write_policy",
+                self.hicache_write_policy,
+                "one of write_back, write_through, write_through_selective",
+            )
         if self.hicache_size_tokens < 0:
             raise ConfigError("hicache_size_tokens", self.hicache_size_tokens, ">= 0")
         if self.enable_hierarchical_cache:

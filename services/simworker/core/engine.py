@@ -68,9 +68,27 @@ _LITTLE = sys.byteorder == "little"
 
 
 class _Req:
-    __slots__ = ("rid", "req", "order", "seq", "prompt_len", "kv_len", "nodes", "state", "generated",
-                 "target", "rng", "cached_tokens", "host_cached_tokens", "retractions", "admitted_once",
-                 "admitted_at", "new_ids", "reason", "match")
+    __slots__ = (
+        "rid",
+        "req",
+        "order",
+        "seq",
+        "prompt_len",
+        "kv_len",
+        "nodes",
+        "state",
+        "generated",
+        "target",
+        "rng",
+        "cached_tokens",
+        "host_cached_tokens",
+        "retractions",
+        "admitted_once",
+        "admitted_at",
+        "new_ids",
+        "reason",
+        "match",
+    )
 
     def __init__(self, request: EngineRequest, order: tuple, seed: int) -> None:
         self.rid = request.rid
@@ -97,7 +115,7 @@ class _Req:
         self.admitted_at: float | None = None  # when it left the waiting queue the first time (virtual s)
         self.new_ids: list[int] = []
         self.reason: dict | None = None
-        self.match: tuple | None = None       # last prefix match while waiting (see RadixCache.match)
+        self.match: tuple | None = None  # last prefix match while waiting (see RadixCache.match)
 
 
 class SimEngine:
@@ -109,8 +127,13 @@ class SimEngine:
         self.page_size = config.page_size
         self.total_pages = config.max_total_tokens // config.page_size
         host_tokens = config.host_tokens() if config.enable_hierarchical_cache else 0
-        self.cache = RadixCache(config.page_size, self.total_pages, host_tokens // config.page_size,
-                                config.hicache_write_policy, emit_events=config.emit_kv_events)
+        self.cache = RadixCache(
+            config.page_size,
+            self.total_pages,
+            host_tokens // config.page_size,
+            config.hicache_write_policy,
+            emit_events=config.emit_kv_events,
+        )
         self._waiting: list[_Req] = []
         self._running: list[_Req] = []
         self._by_rid: dict[str, _Req] = {}
@@ -148,8 +171,9 @@ class SimEngine:
         if n + 1 > cfg.context_length:
             raise ValueError(f"prompt of {n} tokens does not fit context_length {cfg.context_length}")
         if n + request.max_new_tokens > cfg.context_length:
-            raise ValueError(f"prompt ({n}) + max_new_tokens ({request.max_new_tokens}) exceeds "
-                             f"context_length {cfg.context_length}")
+            raise ValueError(
+                f"prompt ({n}) + max_new_tokens ({request.max_new_tokens}) exceeds context_length {cfg.context_length}"
+            )
         if -(-(n + 1) // self.page_size) > self.total_pages:
             raise ValueError(f"prompt of {n} tokens does not fit the KV pool ({cfg.max_total_tokens} tokens)")
         if request.max_new_tokens < 0:
@@ -216,7 +240,7 @@ class SimEngine:
 
         # 2. prefill: continue in-progress chunks, then admit.
         budget = self.config.chunked_prefill_size
-        chunks: list[tuple[int, int]] = []          # (tokens, prefix tokens in KV before the chunk)
+        chunks: list[tuple[int, int]] = []  # (tokens, prefix tokens in KV before the chunk)
         finished_prefill: list[_Req] = []
         for r in self._running:
             if budget <= 0:
@@ -348,7 +372,7 @@ class SimEngine:
                 finishing.append(r)
         full_by_residue: list[list[_Req]] = [[] for _ in range(page)]
         alloc_by_residue = [0] * page
-        for r in batch:                     # r.kv_len stays the run's start until the end
+        for r in batch:  # r.kv_len stays the run's start until the end
             alloc_by_residue[(-r.kv_len) % page] += 1
             full_by_residue[(-r.kv_len - 1) % page].append(r)
         now = start
@@ -366,7 +390,7 @@ class SimEngine:
                 now = ends[j]
         for r in batch:
             r.kv_len += steps
-        self._now = now                     # the last step's start: finished requests free then
+        self._now = now  # the last step's start: finished requests free then
         for r in finishing:
             self._free(r, now)
             del self._by_rid[r.rid]
@@ -426,8 +450,7 @@ class SimEngine:
             num_used_tokens=used_pages * page,
             token_usage=used_pages * page / pool_tokens if pool_tokens else 0.0,
             cache_hit_rate=self._hit_cached / self._hit_prompt if self._hit_prompt else 0.0,
-            gen_throughput=(self._gen_window_tokens / self._gen_window_span_s
-                            if self._gen_window_span_s > 0 else 0.0),
+            gen_throughput=(self._gen_window_tokens / self._gen_window_span_s if self._gen_window_span_s > 0 else 0.0),
             host_used_tokens=cache.host_used * page,
             host_total_tokens=cache.host_pages * page,
             prompt_tokens_total=self._prompt_total,
@@ -475,10 +498,11 @@ class SimEngine:
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
             need = uncached_pages + (out_pages + reserved if self._running else 0)
             if need > cache.available_pages:
-                break                         # fails even before its own cached pages are locked
+                break  # fails even before its own cached pages are locked
             # Its matched pages that are evictable now stop being evictable once it holds them.
             if need > cache.available_pages - len(gpu) and need > cache.available_pages - sum(
-                    1 for n in gpu if n.ref == 0):
+                1 for n in gpu if n.ref == 0
+            ):
                 break
             self._waiting.pop(0)
             r.match = None
@@ -543,7 +567,7 @@ class SimEngine:
         page = self.page_size
         nodes = r.nodes
         parent = nodes[-1] if nodes else self.cache.root
-        recomputed = self.cache.insert_run(parent, r.seq[first * page:last * page].tobytes(), nodes)
+        recomputed = self.cache.insert_run(parent, r.seq[first * page : last * page].tobytes(), nodes)
         if count_recompute:
             self._recomputed_total += recomputed * page
 
@@ -567,8 +591,9 @@ class SimEngine:
         r.nodes = []
         r.kv_len = 0
 
-    def _retract_for_decode(self, decoders: list[_Req], now: float,
-                            outputs: list[RequestOutput]) -> tuple[list[_Req], int]:
+    def _retract_for_decode(
+        self, decoders: list[_Req], now: float, outputs: list[RequestOutput]
+    ) -> tuple[list[_Req], int]:
         cache = self.cache
         page = self.page_size
         # SGLang's order: retract the request with the fewest output tokens, longest prompt first.
@@ -579,15 +604,18 @@ class SimEngine:
             if len(candidates) > 1:
                 victim = candidates.pop()
             elif prefilling:
-                victim = prefilling.pop()     # the youngest prefill holds pages a decode needs
+                victim = prefilling.pop()  # the youngest prefill holds pages a decode needs
             else:
                 victim = candidates.pop()
                 self._running.remove(victim)
                 self._free(victim, now)
                 del self._by_rid[victim.rid]
                 self._aborted_total += 1
-                outputs.append(self._output(victim, (), True, {
-                    "type": "abort", "message": "KV cache pool exhausted by a single request"}))
+                outputs.append(
+                    self._output(
+                        victim, (), True, {"type": "abort", "message": "KV cache pool exhausted by a single request"}
+                    )
+                )
                 need = 0
                 break
             self._retract(victim, now)
@@ -618,8 +646,9 @@ class SimEngine:
             self._free(r, now)
             del self._by_rid[r.rid]
             self._aborted_total += 1
-            outputs.append(self._output(r, (), True, {"type": "abort",
-                                                      "message": "KV cache pool cannot hold the request"}))
+            outputs.append(
+                self._output(r, (), True, {"type": "abort", "message": "KV cache pool cannot hold the request"})
+            )
         return self.profile.decode_ms(0, self.total_pages * self.page_size) / 1000.0
 
     def _step_time_s(self, decoders: list[_Req], context_tokens: int, chunks: list, load_tokens: int) -> float:
@@ -643,8 +672,18 @@ class SimEngine:
     # -- outputs and windows -------------------------------------------------------------------
 
     def _output(self, r: _Req, new_ids: tuple, finished: bool, reason: dict | None) -> RequestOutput:
-        return RequestOutput(r.rid, new_ids, r.prompt_len, r.generated, r.cached_tokens, finished, reason,
-                             r.retractions, r.host_cached_tokens, r.admitted_at)
+        return RequestOutput(
+            r.rid,
+            new_ids,
+            r.prompt_len,
+            r.generated,
+            r.cached_tokens,
+            finished,
+            reason,
+            r.retractions,
+            r.host_cached_tokens,
+            r.admitted_at,
+        )
 
     def _record_hit(self, prompt: int, cached: int) -> None:
         self._hits.append((prompt, cached))

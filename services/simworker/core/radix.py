@@ -73,14 +73,26 @@ def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
     out: list[int] = []
     digest = b""
     for start in range(0, (len(token_ids) // page_size) * width, width):
-        digest = chain_digest(digest, data[start:start + width])
+        digest = chain_digest(digest, data[start : start + width])
         out.append(digest_to_int64(digest))
     return out
 
 
 class PageNode:
-    __slots__ = ("parent", "key", "children", "digest", "hash", "ref", "last_access", "on_gpu",
-                 "on_host", "gpu_children", "host_children", "hits")
+    __slots__ = (
+        "parent",
+        "key",
+        "children",
+        "digest",
+        "hash",
+        "ref",
+        "last_access",
+        "on_gpu",
+        "on_host",
+        "gpu_children",
+        "host_children",
+        "hits",
+    )
 
     def __init__(self, parent: PageNode | None, key: bytes, digest: bytes) -> None:
         # None only for the root, whose parent is never read (the root is never stored, written or evicted);
@@ -100,32 +112,38 @@ class PageNode:
 
 
 class RadixCache:
-    def __init__(self, page_size: int, total_pages: int, host_pages: int = 0,
-                 write_policy: str = "write_through", computed_memory_pages: int = 0,
-                 emit_events: bool = True) -> None:
+    def __init__(
+        self,
+        page_size: int,
+        total_pages: int,
+        host_pages: int = 0,
+        write_policy: str = "write_through",
+        computed_memory_pages: int = 0,
+        emit_events: bool = True,
+    ) -> None:
         self.page_size = page_size
         self.total_pages = total_pages
         self.host_pages = host_pages
         self.write_policy = write_policy
         self.root = PageNode(None, b"", b"")
         self.root.on_gpu = True
-        self.root.ref = 1                      # never evicted
-        self.gpu_pages = 0                     # tree nodes on the GPU
-        self.private_pages = 0                 # request tail pages
-        self.evictable_pages = 0               # GPU nodes with ref == 0
+        self.root.ref = 1  # never evicted
+        self.gpu_pages = 0  # tree nodes on the GPU
+        self.private_pages = 0  # request tail pages
+        self.evictable_pages = 0  # GPU nodes with ref == 0
         self.host_used = 0
         self.events: list[KvEvent] = []
-        self.emit_events = emit_events         # False: nobody subscribes, skip building events
+        self.emit_events = emit_events  # False: nobody subscribes, skip building events
         self._gpu_heap: list[tuple[float, int, PageNode]] = []
         self._host_heap: list[tuple[float, int, PageNode]] = []
         self._tick = 0
         # Bounded memory of page hashes ever computed here, to tell recompute from first compute.
         self._computed: set[int] = set()
-        self._computed_order: deque[int] = deque()      # oldest first, to forget beyond the bound
+        self._computed_order: deque[int] = deque()  # oldest first, to forget beyond the bound
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
-        self._ids_of = struct.Struct(f"<{page_size}I").unpack     # page bytes -> token ids
-        self.generation = 0                    # bumped by flush: earlier matches are void
+        self._ids_of = struct.Struct(f"<{page_size}I").unpack  # page bytes -> token ids
+        self.generation = 0  # bumped by flush: earlier matches are void
 
     # -- accounting --------------------------------------------------------------------------
 
@@ -139,9 +157,9 @@ class RadixCache:
 
     # -- lookup and locking ------------------------------------------------------------------
 
-    def match(self, data: bytes, max_pages: int,
-              known: tuple[int, list[PageNode], list[PageNode]] | None = None
-              ) -> tuple[list[PageNode], list[PageNode]]:
+    def match(
+        self, data: bytes, max_pages: int, known: tuple[int, list[PageNode], list[PageNode]] | None = None
+    ) -> tuple[list[PageNode], list[PageNode]]:
         """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes).
 
         `known` = (generation, gpu, host) from an earlier match of the same data: when its GPU
@@ -165,7 +183,7 @@ class RadixCache:
         append = gpu.append
         on_gpu = True
         for start in range(first * width, max_pages * width, width):
-            child = node.children.get(data[start:start + width])
+            child = node.children.get(data[start : start + width])
             if child is None:
                 break
             if on_gpu and not child.on_gpu:
@@ -229,7 +247,7 @@ class RadixCache:
         recomputed = 0
         added = 0
         for start in range(0, len(data), width):
-            key = data[start:start + width]
+            key = data[start : start + width]
             node = parent.children.get(key)
             if node is not None and node.on_gpu:
                 if node.ref == 0:
@@ -255,8 +273,15 @@ class RadixCache:
             added += 1
             parent.gpu_children += 1
             if events:
-                self.events.append(BlockStored((page_hash,), parent.hash if parent is not self.root else None,
-                                               self._ids_of(key), self.page_size, GPU))
+                self.events.append(
+                    BlockStored(
+                        (page_hash,),
+                        parent.hash if parent is not self.root else None,
+                        self._ids_of(key),
+                        self.page_size,
+                        GPU,
+                    )
+                )
             if host_copy and not node.on_host:
                 self._write_host(node)
             append(node)
@@ -276,18 +301,32 @@ class RadixCache:
             self.evictable_pages += 1
             self._push_gpu(node)
         if self.emit_events:
-            self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                           self._ids_of(node.key), self.page_size, GPU))
+            self.events.append(
+                BlockStored(
+                    (node.hash,),
+                    node.parent.hash if node.parent is not self.root else None,
+                    self._ids_of(node.key),
+                    self.page_size,
+                    GPU,
+                )
+            )
 
     def _write_host(self, node: PageNode) -> bool:
         if self.host_used >= self.host_pages and not self._evict_host(1):
-            return False                        # no room: SGLang skips the backup
+            return False  # no room: SGLang skips the backup
         node.on_host = True
         self.host_used += 1
         node.parent.host_children += 1
         if self.emit_events:
-            self.events.append(BlockStored((node.hash,), node.parent.hash if node.parent is not self.root else None,
-                                           self._ids_of(node.key), self.page_size, HOST))
+            self.events.append(
+                BlockStored(
+                    (node.hash,),
+                    node.parent.hash if node.parent is not self.root else None,
+                    self._ids_of(node.key),
+                    self.page_size,
+                    HOST,
+                )
+            )
         return True
 
     # -- eviction ----------------------------------------------------------------------------
@@ -315,12 +354,12 @@ class RadixCache:
         while done < pages and heap:
             stamp, _, node = heappop(heap)
             if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
-                continue                        # stale entry
+                continue  # stale entry
             parent = node.parent
             node.on_gpu = False
             parent.gpu_children -= 1
-            del parent.children[node.key]       # no host copy: the node is gone (its subtree
-            if node.children:                   # can only be host-only, i.e. empty here)
+            del parent.children[node.key]  # no host copy: the node is gone (its subtree
+            if node.children:  # can only be host-only, i.e. empty here)
                 self._drop_children(node)
             if parent is not root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
                 tick += 1
@@ -338,7 +377,7 @@ class RadixCache:
         while done < pages and heap:
             stamp, _, node = heapq.heappop(heap)
             if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
-                continue                        # stale entry
+                continue  # stale entry
             self._evict_one_gpu(node)
             done += 1
         return done
@@ -367,8 +406,7 @@ class RadixCache:
         heap = self._host_heap
         while done < pages and heap:
             stamp, _, node = heapq.heappop(heap)
-            if (not node.on_host or node.on_gpu or node.ref or node.host_children
-                    or node.last_access != stamp):
+            if not node.on_host or node.on_gpu or node.ref or node.host_children or node.last_access != stamp:
                 continue
             parent = node.parent
             node.on_host = False
@@ -377,8 +415,13 @@ class RadixCache:
             if self.emit_events:
                 self.events.append(BlockRemoved((node.hash,), HOST))
             self._drop(node)
-            if (parent is not self.root and parent.on_host and not parent.on_gpu and parent.ref == 0
-                    and parent.host_children == 0):
+            if (
+                parent is not self.root
+                and parent.on_host
+                and not parent.on_gpu
+                and parent.ref == 0
+                and parent.host_children == 0
+            ):
                 self._push_host(parent)
             done += 1
         return done

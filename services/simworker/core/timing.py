@@ -81,9 +81,16 @@ class TimingProfile:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ConfigError(f.name, value, "must be finite")
-        nonneg = ("decode_min_ms", "decode_x_knee", "prefill_step_base_ms", "prefill_batch_quad_ms",
-                  "prefill_ms_per_token", "prefill_attn_ms_per_token2", "frontend_base_ms",
-                  "frontend_ms_per_token")
+        nonneg = (
+            "decode_min_ms",
+            "decode_x_knee",
+            "prefill_step_base_ms",
+            "prefill_batch_quad_ms",
+            "prefill_ms_per_token",
+            "prefill_attn_ms_per_token2",
+            "frontend_base_ms",
+            "frontend_ms_per_token",
+        )
         for name in nonneg:
             if getattr(self, name) < 0:
                 raise ConfigError(name, getattr(self, name), ">= 0")
@@ -174,8 +181,11 @@ def _coerce(name: str, value: Any) -> Any:
     field = _FIELDS.get(name)
     if field is None:
         raise ConfigError(f"profile.{name}", value, f"unknown profile field; known: {sorted(_FIELDS)}")
-    kind = field.type if isinstance(field.type, type) else {"str": str, "float": float, "int": int,
-                                                            "bool": bool}[str(field.type)]
+    kind = (
+        field.type
+        if isinstance(field.type, type)
+        else {"str": str, "float": float, "int": int, "bool": bool}[str(field.type)]
+    )
     try:
         if kind is bool:
             if isinstance(value, str):
@@ -201,8 +211,9 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"profile.{name}", value, str(exc)) from exc
 
 
-def load_profile(name_or_path: str | Path = DEFAULT_PROFILE,
-                 overrides: Mapping[str, Any] | None = None) -> TimingProfile:
+def load_profile(
+    name_or_path: str | Path = DEFAULT_PROFILE, overrides: Mapping[str, Any] | None = None
+) -> TimingProfile:
     """A built-in profile by name, or a JSON/TOML file (optionally ``"base": <name>``), plus overrides."""
     text = str(name_or_path)
     path = Path(text)
@@ -211,7 +222,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE,
             raise ConfigError("profile", text, "profile file does not exist")
         data = _read_file(path)
         base = data.pop("base", None)
-        data.setdefault("name", path.stem)     # a derived file is its own profile, not its base
+        data.setdefault("name", path.stem)  # a derived file is its own profile, not its base
         if base is not None:
             merged = _read_builtin(str(base))
             merged.update(data)
@@ -221,8 +232,7 @@ def load_profile(name_or_path: str | Path = DEFAULT_PROFILE,
     data = dict(data)
     data.update(overrides or {})
     values = {k: _coerce(k, v) for k, v in data.items()}
-    missing = sorted(n for n, f in _FIELDS.items()
-                     if n not in values and f.default is dataclasses.MISSING)
+    missing = sorted(n for n, f in _FIELDS.items() if n not in values and f.default is dataclasses.MISSING)
     if missing:
         raise ConfigError("profile", text, f"missing fields {missing}")
     return TimingProfile(**values)

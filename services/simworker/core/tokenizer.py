@@ -25,8 +25,8 @@ PAD_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
 EOS_TOKEN_ID = 2
 
-_CONSONANTS = "bcdfghjklmnprstvwz"     # 18
-_VOWELS = "aeiou"                      # 5
+_CONSONANTS = "bcdfghjklmnprstvwz"  # 18
+_VOWELS = "aeiou"  # 5
 
 # Generated words: consonant-vowel syllables of 2 and 4 letters, each one token with its
 # leading space. 90 + 8,100 words; the order is fixed forever (ids depend on it).
@@ -37,7 +37,7 @@ WORDS: tuple[str, ...] = tuple(
 WORD_ID_BASE = 256
 NUM_WORDS = len(WORDS)
 HASH_ID_BASE = 16_384
-HASH_VOCAB = 135_168                   # ids end at 151,552, GLM-4.5's vocabulary size
+HASH_VOCAB = 135_168  # ids end at 151,552, GLM-4.5's vocabulary size
 VOCAB_SIZE = HASH_ID_BASE + HASH_VOCAB
 
 _WORD_TO_ID = {w: WORD_ID_BASE + i for i, w in enumerate(WORDS)}
@@ -70,7 +70,7 @@ def decode(ids) -> str:
         if 0 <= i < NUM_WORDS:
             out.append(WORDS[i])
         elif token_id < WORD_ID_BASE:
-            continue                     # special tokens are skipped, as with skip_special_tokens
+            continue  # special tokens are skipped, as with skip_special_tokens
         else:
             out.append(WORDS[NUM_WORDS - 1 - token_id % (NUM_WORDS - 90)])
     return "".join(out)

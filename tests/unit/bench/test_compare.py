@@ -23,30 +23,40 @@ def _program() -> Program:
 
 def _turns(third_cached: int) -> list[TurnRecord]:
     # Turn 0: 0 -> 1 s; turn 1: sent at 3 s (tool 2 s), ends at 4 s; turn 2: sent at 5 s, first token at 8 s.
-    return [TurnRecord("p", 0, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=100, cached_tokens=0, completion_tokens=10),
-            TurnRecord("p", 1, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=150, cached_tokens=100,
-                       completion_tokens=10),
-            TurnRecord("p", 2, True, ttft_s=3.0, turn_s=4.0, prompt_tokens=200, cached_tokens=third_cached,
-                       completion_tokens=10)]
+    return [
+        TurnRecord("p", 0, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=100, cached_tokens=0, completion_tokens=10),
+        TurnRecord("p", 1, True, ttft_s=0.5, turn_s=1.0, prompt_tokens=150, cached_tokens=100, completion_tokens=10),
+        TurnRecord(
+            "p", 2, True, ttft_s=3.0, turn_s=4.0, prompt_tokens=200, cached_tokens=third_cached, completion_tokens=10
+        ),
+    ]
 
 
 def _breakdown(turns, events) -> dict:
-    return compare.run_breakdown([_program()], turns, events, _LinearProfile(), chunk_tokens=64, busy_s=2.0,
-                                 makespan_s=10.0, workers=1)
+    return compare.run_breakdown(
+        [_program()], turns, events, _LinearProfile(), chunk_tokens=64, busy_s=2.0, makespan_s=10.0, workers=1
+    )
 
 
-@pytest.mark.parametrize("events, after_pause", [
-    ([[4.5, "pause", "worker-0", "p", 150], [6.0, "resume", "worker-0", "p", 150]], True),
-    ([[3.5, "pause", "worker-0", "p", 150]], False),      # during turn 1, before the turn-2 gap
-    ([[4.5, "pause", "worker-0", "q", 150]], False),      # another program
-    ([[8.5, "pause", "worker-0", "p", 150]], False),      # after turn 2's first token
-])
+@pytest.mark.parametrize(
+    "events, after_pause",
+    [
+        ([[4.5, "pause", "worker-0", "p", 150], [6.0, "resume", "worker-0", "p", 150]], True),
+        ([[3.5, "pause", "worker-0", "p", 150]], False),  # during turn 1, before the turn-2 gap
+        ([[4.5, "pause", "worker-0", "q", 150]], False),  # another program
+        ([[8.5, "pause", "worker-0", "p", 150]], False),  # after turn 2's first token
+    ],
+)
 def test_breakdown_splits_uncached_tokens_and_attributes_reprefill_to_pauses(events, after_pause):
     b = _breakdown(_turns(third_cached=0), events)
     # Turn 2 recomputes all 150 tokens of turn 1's prompt, then its answer (10) and observation (40).
-    assert b["uncached_tokens"] == {"first_turn": 100, "new_observation": 80, "previous_answer": 20,
-                                    "reprefill_after_pause": 150 if after_pause else 0,
-                                    "reprefill_other": 0 if after_pause else 150}
+    assert b["uncached_tokens"] == {
+        "first_turn": 100,
+        "new_observation": 80,
+        "previous_answer": 20,
+        "reprefill_after_pause": 150 if after_pause else 0,
+        "reprefill_other": 0 if after_pause else 150,
+    }
     assert b["full_reprefills"] == ({"after_pause": 1, "other": 0} if after_pause else {"after_pause": 0, "other": 1})
     assert (b["prompt_tokens"], b["cached_tokens"]) == (450, 100)
     assert b["hit_rate"] == pytest.approx(100 / 450, abs=1e-4)
@@ -55,9 +65,13 @@ def test_breakdown_splits_uncached_tokens_and_attributes_reprefill_to_pauses(eve
     assert (b["busy_share"], b["recompute_share_of_busy"]) == (0.2, 0.075)
     # Turns end at 1, 4 and 9 s: 90% of 3 turns is all 3, at 9 s.
     assert b["steps_per_min_first_90pct"] == pytest.approx(3 / (9 / 60), abs=1e-3)
-    assert b["longest_program"] == {"program_id": "p", "turns": 3, "end_s": 9.0,
-                                    "pauses": 1 if events[0][3] == "p" else 0,
-                                    "paused_s": 1.5 if after_pause else 0.0}
+    assert b["longest_program"] == {
+        "program_id": "p",
+        "turns": 3,
+        "end_s": 9.0,
+        "pauses": 1 if events[0][3] == "p" else 0,
+        "paused_s": 1.5 if after_pause else 0.0,
+    }
 
 
 def test_a_partial_hit_is_reprefill_but_not_a_full_one():
@@ -105,15 +119,22 @@ def test_the_oracle_runs_in_the_simulator_only_and_sglang_live_only():
     selected = ["round_robin", "kv", "sglang_cache_aware", "oracle", "bandmaster"]
     assert compare.arms_for("sim", selected, ["cost_aware"]) == ["round_robin", "kv", "oracle", "bandmaster-cost_aware"]
     assert compare.arms_for("live", selected, ["cost_aware"]) == [
-        "round_robin", "kv", "sglang_cache_aware", "bandmaster-cost_aware"]
+        "round_robin",
+        "kv",
+        "sglang_cache_aware",
+        "bandmaster-cost_aware",
+    ]
     # The live-ratio check simulates kv and the Bandmaster arms of a live sweep.
     assert compare.live_sim_arms(["round_robin", "kv", "sglang_cache_aware", "bandmaster-threshold"]) == [
-        "kv", "bandmaster-threshold"]
+        "kv",
+        "bandmaster-threshold",
+    ]
 
 
 def test_a_live_point_simulated_as_live_runs_the_live_control_law():
-    spec = compare.SweepSpec("short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,),
-                             speedup=20.0)
+    spec = compare.SweepSpec(
+        "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), speedup=20.0
+    )
     row = compare.sim_run(spec, "bandmaster-threshold", 3, as_live=True)
     assert row["summary"]["turns_ok"] == 6 and "breakdown" not in row and "timeline" not in row
 
@@ -121,6 +142,8 @@ def test_a_live_point_simulated_as_live_runs_the_live_control_law():
 def test_a_bad_trace_exits_2(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nope\n")
-    assert compare.main(["--mode", "sim", "--workload", "swe", "--smoke", "--trace", str(bad),
-                         "--out-dir", str(tmp_path)]) == 2
+    assert (
+        compare.main(["--mode", "sim", "--workload", "swe", "--smoke", "--trace", str(bad), "--out-dir", str(tmp_path)])
+        == 2
+    )
     assert f"{bad}:1" in capsys.readouterr().err

@@ -39,28 +39,37 @@ def test_the_default_grid():
     points = Counter((j.group, j.factor, j.programs, j.parallel) for j in jobs)
     # Per point: 3 arms x 6 draws (held-out: 3 draws).
     assert points == {
-        ("closed", 2, 12, 12): 18, ("closed", 3, 18, 18): 18, ("closed", 4, 24, 24): 18,
-        ("tool_x3", 3, 18, 18): 18, ("tool_x10", 3, 18, 18): 18,
-        ("host", 3, 18, 18): 18, ("host", 4, 24, 24): 18,
+        ("closed", 2, 12, 12): 18,
+        ("closed", 3, 18, 18): 18,
+        ("closed", 4, 24, 24): 18,
+        ("tool_x3", 3, 18, 18): 18,
+        ("tool_x10", 3, 18, 18): 18,
+        ("host", 3, 18, 18): 18,
+        ("host", 4, 24, 24): 18,
         ("steady", 3, 54, 18): 18,
-        ("heldout", 2, 12, 12): 9, ("heldout", 3, 18, 18): 9, ("heldout", 4, 24, 24): 9,
+        ("heldout", 2, 12, 12): 9,
+        ("heldout", 3, 18, 18): 9,
+        ("heldout", 4, 24, 24): 9,
     }
     assert len(jobs) == 171
     assert {j.host_kv_tokens for j in jobs if j.group == "host"} == {4 * 131_072}
     assert {j.tool_time_scale for j in jobs if j.group.startswith("tool")} == {3.0, 10.0}
-    assert {j.split for j in jobs} == {"tune", "heldout"} and {j.split for j in jobs if j.group == "heldout"} == {"heldout"}
+    assert {j.split for j in jobs} == {"tune", "heldout"} and {j.split for j in jobs if j.group == "heldout"} == {
+        "heldout"
+    }
 
 
 def test_subsets_of_points_groups_and_arms():
     jobs = _jobs(groups=["closed", "host"], factors=(3,), arms=("bandmaster", "kv"))
     assert {(j.group, j.factor) for j in jobs} == {("closed", 3), ("host", 3)}
     assert {j.arm for j in jobs} == {"bandmaster", "kv"}
-    assert _jobs(groups=["tool_x3"], factors=(2,)) == []     # tool scales run at 3x only
+    assert _jobs(groups=["tool_x3"], factors=(2,)) == []  # tool scales run at 3x only
 
 
 def test_scheduler_flags_reach_the_bandmaster_arm_only():
-    scheduler = load_config(["--pause-policy", "threshold", "--pause-threshold", "0.9", "--router-temperature", "0.5"],
-                            {})
+    scheduler = load_config(
+        ["--pause-policy", "threshold", "--pause-threshold", "0.9", "--router-temperature", "0.5"], {}
+    )
     job = Job("steady", "tune", 3, 0, "bandmaster", 54, 18, 1.0, 0)
     bm = evaluate.scenario_for(job, FULL, None, scheduler)
     assert (bm.pause_policy, bm.control.pause_threshold, bm.kv_router.router_temperature) == ("threshold", 0.9, 0.5)
@@ -75,13 +84,17 @@ def _row(metric: float, error: str = "") -> dict:
 
 def test_aggregate_takes_mean_and_worst_over_draws_of_the_same_programs():
     jobs = [Job("closed", "tune", 3, d, arm, 18, 18, 1.0, 0) for d in range(3) for arm in evaluate.ARMS]
-    metrics = {0: (50, 40, 60), 1: (45, 45, 50), 2: (30, 10, 60)}      # (bandmaster, kv, oracle) per draw
+    metrics = {0: (50, 40, 60), 1: (45, 45, 50), 2: (30, 10, 60)}  # (bandmaster, kv, oracle) per draw
     rows = {j: _row(metrics[j.draw][evaluate.ARMS.index(j.arm)]) for j in jobs}
-    rows[jobs[-1]] = _row(0, error="boom")                              # draw 2's oracle failed
+    rows[jobs[-1]] = _row(0, error="boom")  # draw 2's oracle failed
     (point,) = evaluate.aggregate(jobs, rows)
-    assert point["ratios"]["bandmaster/kv"] == {"mean": pytest.approx((1.25 + 1.0 + 3.0) / 3, abs=1e-4),
-                                                "worst": 1.0, "worst_draw": 1, "draws": 3,
-                                                "values": [1.25, 1.0, 3.0]}
+    assert point["ratios"]["bandmaster/kv"] == {
+        "mean": pytest.approx((1.25 + 1.0 + 3.0) / 3, abs=1e-4),
+        "worst": 1.0,
+        "worst_draw": 1,
+        "draws": 3,
+        "values": [1.25, 1.0, 3.0],
+    }
     assert point["ratios"]["bandmaster/oracle"]["draws"] == 2
     assert point["ratios"]["bandmaster/oracle"]["worst"] == pytest.approx(0.8333, abs=1e-4)
     assert set(point["draws"]) == {"0", "1", "2"}
@@ -95,9 +108,14 @@ def _point(group: str, factor: int, bm_kv: tuple[float, float], bm_oracle: tuple
 
 
 def test_targets_mean_where_the_issue_says_mean_and_worst_case_for_never_below_kv():
-    points = [_point("closed", 2, (1.1, 1.0), (0.9, 0.85)), _point("closed", 3, (1.5, 1.2), (0.84, 0.8)),
-              _point("closed", 4, (1.3, 0.96), (0.8, 0.7)), _point("host", 3, (1.2, 1.1)),
-              _point("host", 4, (1.05, 1.0)), _point("heldout", 3, (1.0, 0.99), (0.95, 0.9))]
+    points = [
+        _point("closed", 2, (1.1, 1.0), (0.9, 0.85)),
+        _point("closed", 3, (1.5, 1.2), (0.84, 0.8)),
+        _point("closed", 4, (1.3, 0.96), (0.8, 0.7)),
+        _point("host", 3, (1.2, 1.1)),
+        _point("host", 4, (1.05, 1.0)),
+        _point("heldout", 3, (1.0, 0.99), (0.95, 0.9)),
+    ]
     targets = {t.name: t for t in evaluate.evaluate_targets(points, [2, 3, 4])}
     oracle = targets["tune, closed batch, 2-3x: mean over draws >= 0.85x oracle"]
     assert (oracle.value, oracle.status, oracle.points) == (0.84, "MISS", [2, 3])
@@ -122,8 +140,9 @@ def test_quick_run_writes_the_report_with_every_group(tmp_path):
             assert arms["oracle"]["evicted_tokens"] == 0 and arms["oracle"]["oracle_worker_kv_tokens"] >= 10_240
     steady = next(p for p in report["points"] if p["group"] == "steady")
     assert steady["programs"] == 3 * steady["parallel"]
-    assert all(arms[a]["metric"] == arms[a]["steady_steps_per_min"] for arms in steady["draws"].values()
-               for a in evaluate.ARMS)
+    assert all(
+        arms[a]["metric"] == arms[a]["steady_steps_per_min"] for arms in steady["draws"].values() for a in evaluate.ARMS
+    )
     assert {t["status"] for t in report["targets"]} <= {"PASS", "MISS", "N/A"} and len(report["targets"]) == 11
     markdown = (tmp_path / "evaluate.md").read_text()
     assert "| steady 3x (18 programs through 6 slots) | tune |" in markdown and "## Targets" in markdown
@@ -131,11 +150,40 @@ def test_quick_run_writes_the_report_with_every_group(tmp_path):
 
 def test_a_subset_on_a_trace_file_with_a_policy_variant(tmp_path):
     path = tmp_path / "mine.jsonl"
-    path.write_text("".join(json.dumps({"program_id": f"a{i}", "turns": [
-        {"input_tokens": 300 + 200 * k, "output_tokens": 20, "tool_seconds_after": 0.3} for k in range(3)]}) + "\n"
-        for i in range(5)))
-    argv = ["--quick", "--jobs", "1", "--trace", str(path), "--split", "all", "--points", "2x", "--groups", "closed",
-            "--draws", "1", "--pause-policy", "threshold", "--out-dir", str(tmp_path)]
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "program_id": f"a{i}",
+                    "turns": [
+                        {"input_tokens": 300 + 200 * k, "output_tokens": 20, "tool_seconds_after": 0.3}
+                        for k in range(3)
+                    ],
+                }
+            )
+            + "\n"
+            for i in range(5)
+        )
+    )
+    argv = [
+        "--quick",
+        "--jobs",
+        "1",
+        "--trace",
+        str(path),
+        "--split",
+        "all",
+        "--points",
+        "2x",
+        "--groups",
+        "closed",
+        "--draws",
+        "1",
+        "--pause-policy",
+        "threshold",
+        "--out-dir",
+        str(tmp_path),
+    ]
     assert evaluate.main(argv) == 0
     report = json.loads((tmp_path / "evaluate.json").read_text())
     (point,) = report["points"]
@@ -143,14 +191,17 @@ def test_a_subset_on_a_trace_file_with_a_policy_variant(tmp_path):
     assert report["meta"]["pause_policy"] == "threshold" and report["meta"]["trace"] == str(path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--points", "5"], "points"),
-    (["--arms", "round_robin"], "arms"),
-    (["--groups", "tool_x3", "--split", "heldout"], "nothing to run"),
-    (["--pause-threshold", "0.5", "--pause-target", "0.9"], "pause_target"),
-    (["--no-such-flag", "1"], "no-such-flag"),
-    (["--draws", "0"], "draws"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--points", "5"], "points"),
+        (["--arms", "round_robin"], "arms"),
+        (["--groups", "tool_x3", "--split", "heldout"], "nothing to run"),
+        (["--pause-threshold", "0.5", "--pause-target", "0.9"], "pause_target"),
+        (["--no-such-flag", "1"], "no-such-flag"),
+        (["--draws", "0"], "draws"),
+    ],
+)
 def test_bad_options_exit_2(tmp_path, capsys, argv, message):
     assert evaluate.main(["--quick", "--out-dir", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err

@@ -10,16 +10,31 @@ BM = "bandmaster-threshold"
 
 
 def _row(steps: float, hit: float = 0.9, ttft: float = 0.5, **extra) -> dict:
-    return {"summary": {"steps_per_min": steps, "kv_hit_rate": hit, "ttft_p90_s": ttft, "turns_failed": 0},
-            "scheduler": {"pauses": 3}, **extra}
+    return {
+        "summary": {"steps_per_min": steps, "kv_hit_rate": hit, "ttft_p90_s": ttft, "turns_failed": 0},
+        "scheduler": {"pauses": 3},
+        **extra,
+    }
 
 
 def _sweep(workload: str, mode: str, points: list[tuple[int, float, dict]], fits: float = 10.0) -> dict:
     arms = list(dict.fromkeys(arm for _, _, rows in points for arm in rows))
-    return {"mode": mode, "workload": workload, "arms": arms,
-            "spec": {"workers": 2, "worker_kv_tokens": 16_384, "max_turns": 8, "token_scale": 1.0, "speedup": 4.0,
-                     "fits_programs": fits, "mean_context_tokens": 3_000.0, "pool_tokens": 32_768},
-            "points": [{"parallel": p, "programs": p, "oversubscription": o, "arms": rows} for p, o, rows in points]}
+    return {
+        "mode": mode,
+        "workload": workload,
+        "arms": arms,
+        "spec": {
+            "workers": 2,
+            "worker_kv_tokens": 16_384,
+            "max_turns": 8,
+            "token_scale": 1.0,
+            "speedup": 4.0,
+            "fits_programs": fits,
+            "mean_context_tokens": 3_000.0,
+            "pool_tokens": 32_768,
+        },
+        "points": [{"parallel": p, "programs": p, "oversubscription": o, "arms": rows} for p, o, rows in points],
+    }
 
 
 def _targets(*sweeps: dict) -> dict[str, report.Target]:
@@ -27,33 +42,41 @@ def _targets(*sweeps: dict) -> dict[str, report.Target]:
 
 
 def test_long_context_targets_use_the_worst_point_in_the_2_to_4x_range():
-    sweep = _sweep("swe", "live", [
-        (5, 0.5, {"kv": _row(100), "sglang_cache_aware": _row(100), BM: _row(100, hit=0.5)}),
-        (20, 2.0, {"kv": _row(40), "sglang_cache_aware": _row(30), BM: _row(120, hit=0.98)}),
-        (40, 4.0, {"kv": _row(50), "sglang_cache_aware": _row(40), BM: _row(110, hit=0.99)}),
-    ])
+    sweep = _sweep(
+        "swe",
+        "live",
+        [
+            (5, 0.5, {"kv": _row(100), "sglang_cache_aware": _row(100), BM: _row(100, hit=0.5)}),
+            (20, 2.0, {"kv": _row(40), "sglang_cache_aware": _row(30), BM: _row(120, hit=0.98)}),
+            (40, 4.0, {"kv": _row(50), "sglang_cache_aware": _row(40), BM: _row(110, hit=0.99)}),
+        ],
+    )
     targets = _targets(sweep)
     vs_kv = targets["long context, 2-4x: steps/min >= 2.5x kv"]
     assert (vs_kv.value, vs_kv.status, vs_kv.points) == (2.2, "MISS", [20, 40])
     vs_sglang = targets["long context, 2-4x: steps/min >= 2.5x sglang_cache_aware"]
     assert (vs_sglang.value, vs_sglang.status) == (2.75, "PASS")
     hit = targets["long context, 2-4x: KV hit >= 97%"]
-    assert (hit.value, hit.status) == (0.98, "PASS")   # the 0.5x point is outside the range
+    assert (hit.value, hit.status) == (0.98, "PASS")  # the 0.5x point is outside the range
     flat = targets[report.FLAT_NAME]
     assert flat.value == pytest.approx(110 / 120, abs=1e-3) and flat.status == "PASS"
 
 
-@pytest.mark.parametrize("curve, value, status", [
-    ((50, 100, 120, 140, 160), 1.0, "PASS"),            # still rising past saturation
-    ((50, 100, 120, 110, 112), 0.917, "PASS"),          # dips 8% below the running peak
-    ((50, 100, 120, 130, 110), 0.846, "MISS"),          # the last point falls 15% below 130
-    ((50, 150, 120, 130, 140), 0.8, "MISS"),            # the peak at 1x counts: 120 is 80% of 150
-    ((50, 100, 89, 95, 98), 0.89, "MISS"),              # just over 10% down at the first point past 1.5x
-])
+@pytest.mark.parametrize(
+    "curve, value, status",
+    [
+        ((50, 100, 120, 140, 160), 1.0, "PASS"),  # still rising past saturation
+        ((50, 100, 120, 110, 112), 0.917, "PASS"),  # dips 8% below the running peak
+        ((50, 100, 120, 130, 110), 0.846, "MISS"),  # the last point falls 15% below 130
+        ((50, 150, 120, 130, 140), 0.8, "MISS"),  # the peak at 1x counts: 120 is 80% of 150
+        ((50, 100, 89, 95, 98), 0.89, "MISS"),  # just over 10% down at the first point past 1.5x
+    ],
+)
 def test_flatness_holds_every_point_past_saturation_to_its_running_peak(curve, value, status):
     arms = [{"kv": _row(1), BM: _row(v)} for v in curve]
-    sweep = _sweep("short", "sim", [(p, o, rows) for p, o, rows in
-                                    zip((5, 10, 20, 30, 40), (0.5, 1.0, 2.0, 3.0, 4.0), arms)])
+    sweep = _sweep(
+        "short", "sim", [(p, o, rows) for p, o, rows in zip((5, 10, 20, 30, 40), (0.5, 1.0, 2.0, 3.0, 4.0), arms)]
+    )
     flat = _targets(sweep)[report.FLAT_NAME]
     assert (flat.value, flat.status, flat.points) == (pytest.approx(value, abs=1e-3), status, [20, 30, 40])
 
@@ -61,8 +84,16 @@ def test_flatness_holds_every_point_past_saturation_to_its_running_peak(curve, v
 def test_flatness_needs_two_points_past_saturation_and_no_gaps():
     one = _sweep("short", "sim", [(5, 0.5, {BM: _row(50)}), (20, 2.0, {BM: _row(40)})])
     assert report.FLAT_NAME not in _targets(one)
-    gap = _sweep("short", "sim", [(5, 0.5, {BM: _row(50)}), (10, 1.0, {BM: {"error": "boom"}}),
-                                  (20, 2.0, {BM: _row(40)}), (30, 3.0, {BM: _row(45)})])
+    gap = _sweep(
+        "short",
+        "sim",
+        [
+            (5, 0.5, {BM: _row(50)}),
+            (10, 1.0, {BM: {"error": "boom"}}),
+            (20, 2.0, {BM: _row(40)}),
+            (30, 3.0, {BM: _row(45)}),
+        ],
+    )
     assert _targets(gap)[report.FLAT_NAME].status == "N/A"
 
 
@@ -72,29 +103,41 @@ def test_running_peak_ratios():
 
 @pytest.mark.parametrize("bm, best, status", [(97.0, 100.0, "PASS"), (96.9, 100.0, "MISS"), (105.0, 100.0, "PASS")])
 def test_short_context_never_more_than_3_percent_slower_than_the_best_other_arm(bm, best, status):
-    sweep = _sweep("short", "sim", [
-        (5, 0.5, {"round_robin": _row(50), "kv": _row(50), BM: _row(50)}),
-        (30, 3.0, {"round_robin": _row(best - 10), "kv": _row(best), BM: _row(bm)}),
-    ])
+    sweep = _sweep(
+        "short",
+        "sim",
+        [
+            (5, 0.5, {"round_robin": _row(50), "kv": _row(50), BM: _row(50)}),
+            (30, 3.0, {"round_robin": _row(best - 10), "kv": _row(best), BM: _row(bm)}),
+        ],
+    )
     target = _targets(sweep)["short context: never > 3% slower than the best other arm"]
     assert target.status == status
     assert target.value == pytest.approx(min(1.0, bm / best), abs=1e-3)
 
 
 def test_below_saturation_compares_with_the_best_arm_including_itself():
-    sweep = _sweep("swe", "sim", [
-        (5, 0.5, {"kv": _row(100), BM: _row(98)}),
-        (8, 0.8, {"kv": _row(100), BM: _row(120)}),
-    ])
+    sweep = _sweep(
+        "swe",
+        "sim",
+        [
+            (5, 0.5, {"kv": _row(100), BM: _row(98)}),
+            (8, 0.8, {"kv": _row(100), BM: _row(120)}),
+        ],
+    )
     target = _targets(sweep)["below saturation: within 3% of the best arm"]
     assert (target.value, target.status, target.points) == (0.98, "PASS", [5, 8])
 
 
 def test_missing_or_failed_arms_make_a_target_not_applicable():
-    sweep = _sweep("short", "sim", [
-        (5, 0.5, {"kv": _row(100), BM: {"error": "boom"}}),
-        (30, 3.0, {"kv": _row(100), BM: _row(100)}),
-    ])
+    sweep = _sweep(
+        "short",
+        "sim",
+        [
+            (5, 0.5, {"kv": _row(100), BM: {"error": "boom"}}),
+            (30, 3.0, {"kv": _row(100), BM: _row(100)}),
+        ],
+    )
     targets = _targets(sweep)
     assert targets["below saturation: within 3% of the best arm"].status == "N/A"
     assert targets["short context: never > 3% slower than the best other arm"].status == "N/A"
@@ -111,60 +154,110 @@ def test_targets_are_listed_per_bandmaster_arm():
 
 
 def _timeline() -> dict:
-    columns = ["t_s", "utilisation", "utilisation_decayed", "band", "reasoning_programs", "resident_programs",
-               "engine_token_usage", "engine_running", "engine_queued", "pauses", "resumes", "marks", "soft_demotes"]
+    columns = [
+        "t_s",
+        "utilisation",
+        "utilisation_decayed",
+        "band",
+        "reasoning_programs",
+        "resident_programs",
+        "engine_token_usage",
+        "engine_running",
+        "engine_queued",
+        "pauses",
+        "resumes",
+        "marks",
+        "soft_demotes",
+    ]
     rows = [[5.0 * i, 0.5 + 0.05 * i, 0.4 + 0.05 * i, "normal", 1, 2, 0.6, 1, 0, 0, 0, 0, 0] for i in range(12)]
-    return {"interval_s": 5.0, "columns": columns, "workers": {"worker-0": rows, "worker-1": rows},
-            "bands": {"pause_threshold": 0.95, "soft_demote_threshold": 0.8, "pause_target": 0.8,
-                      "resume_ceiling": 0.85},
-            "control_events": [[30.0, "pause", "worker-0", "p1", 1000], [45.0, "resume", "worker-0", "p1", 1000]]}
+    return {
+        "interval_s": 5.0,
+        "columns": columns,
+        "workers": {"worker-0": rows, "worker-1": rows},
+        "bands": {"pause_threshold": 0.95, "soft_demote_threshold": 0.8, "pause_target": 0.8, "resume_ceiling": 0.85},
+        "control_events": [[30.0, "pause", "worker-0", "p1", 1000], [45.0, "resume", "worker-0", "p1", 1000]],
+    }
 
 
 def _breakdown() -> dict:
-    return {"prompt_tokens": 1000, "cached_tokens": 800, "hit_rate": 0.8, "hit_rate_ceiling": 0.9,
-            "uncached_tokens": {"first_turn": 10, "new_observation": 50, "previous_answer": 40,
-                                "reprefill_after_pause": 70, "reprefill_other": 30},
-            "full_reprefills": {"after_pause": 2, "other": 1}, "busy_share": 0.95, "recompute_share_of_busy": 0.123,
-            "engine_queue": {"queued_mean": 1.25, "running_mean": 3.0}, "steps_per_min_first_90pct": 42.0,
-            "longest_program": {"program_id": "p", "turns": 9, "end_s": 600.0, "pauses": 2, "paused_s": 120.0}}
+    return {
+        "prompt_tokens": 1000,
+        "cached_tokens": 800,
+        "hit_rate": 0.8,
+        "hit_rate_ceiling": 0.9,
+        "uncached_tokens": {
+            "first_turn": 10,
+            "new_observation": 50,
+            "previous_answer": 40,
+            "reprefill_after_pause": 70,
+            "reprefill_other": 30,
+        },
+        "full_reprefills": {"after_pause": 2, "other": 1},
+        "busy_share": 0.95,
+        "recompute_share_of_busy": 0.123,
+        "engine_queue": {"queued_mean": 1.25, "running_mean": 3.0},
+        "steps_per_min_first_90pct": 42.0,
+        "longest_program": {"program_id": "p", "turns": 9, "end_s": 600.0, "pauses": 2, "paused_s": 120.0},
+    }
 
 
 def test_write_report_writes_plots_markdown_and_targets(tmp_path):
     scheduler = {"pauses": 3, "forced_resumes": 1, "held_admissions": 4, "hold_p50_s": 12.4, "hold_max_s": 60.0}
-    sweep = _sweep("swe", "sim", [
-        (5, 0.5, {"round_robin": _row(90), "kv": _row(100, breakdown=_breakdown(), scheduler={}),
-                  BM: {**_row(100, timeline=_timeline(), breakdown=_breakdown()), "scheduler": scheduler}}),
-        (30, 3.0, {"round_robin": _row(40), "kv": _row(50), BM: _row(130, hit=0.99, timeline=_timeline())}),
-    ])
+    sweep = _sweep(
+        "swe",
+        "sim",
+        [
+            (
+                5,
+                0.5,
+                {
+                    "round_robin": _row(90),
+                    "kv": _row(100, breakdown=_breakdown(), scheduler={}),
+                    BM: {**_row(100, timeline=_timeline(), breakdown=_breakdown()), "scheduler": scheduler},
+                },
+            ),
+            (30, 3.0, {"round_robin": _row(40), "kv": _row(50), BM: _row(130, hit=0.99, timeline=_timeline())}),
+        ],
+    )
     results = {"meta": {"argv": ["--mode", "sim"], "git_commit": "abc", "created": "now"}, "sweeps": [sweep]}
     written = report.write_report(results, tmp_path)
     names = {p.name for p in written}
-    assert {"sim_swe_steps.png", "sim_swe_kv_hit.png", "sim_swe_timeline.png", "summary.md",
-            "targets.json"} <= names
+    assert {"sim_swe_steps.png", "sim_swe_kv_hit.png", "sim_swe_timeline.png", "summary.md", "targets.json"} <= names
     for path in written:
         assert path.stat().st_size > 0
     markdown = (tmp_path / "summary.md").read_text()
     assert "| arm | 5 (0.5x) | 30 (3.0x) |" in markdown
     assert f"| {BM} | 100.0 / 90.0% / 0.50 | 130.0 / 99.0% / 0.50 |" in markdown
-    assert "| MISS | sim | swe | bandmaster-threshold | long context, 2-4x: steps/min >= 2.5x kv | 2.600" not in markdown
+    assert (
+        "| MISS | sim | swe | bandmaster-threshold | long context, 2-4x: steps/min >= 2.5x kv | 2.600" not in markdown
+    )
     assert "| PASS | sim | swe | bandmaster-threshold | long context, 2-4x: steps/min >= 2.5x kv | 2.600" in markdown
     # The simulator's breakdown: one row per arm that has one, scheduler columns for Bandmaster only.
-    assert ("| 5 (0.5x) | kv | 80.0% | 90.0% | 1.0% | 5.0% | 4.0% | 7.0% / 3.0% | 2 / 1 | 95% | 12.3% | 1.2 "
-            "| - | - | 42.0 | 9 turns, 10.0 / 2 / 2.0 |") in markdown
+    assert (
+        "| 5 (0.5x) | kv | 80.0% | 90.0% | 1.0% | 5.0% | 4.0% | 7.0% / 3.0% | 2 / 1 | 95% | 12.3% | 1.2 "
+        "| - | - | 42.0 | 9 turns, 10.0 / 2 / 2.0 |"
+    ) in markdown
     assert f"| 5 (0.5x) | {BM} | 80.0% |" in markdown and "| 3 / 1 | 4 (12 / 60) |" in markdown
 
 
 def test_timeline_point_prefers_about_3x():
-    sweep = _sweep("swe", "sim", [(p, o, {BM: _row(1, timeline=_timeline())}) for p, o in
-                                  ((5, 0.5), (20, 2.0), (32, 3.2), (40, 4.0))])
+    sweep = _sweep(
+        "swe",
+        "sim",
+        [(p, o, {BM: _row(1, timeline=_timeline())}) for p, o in ((5, 0.5), (20, 2.0), (32, 3.2), (40, 4.0))],
+    )
     assert report.timeline_point(sweep, BM)["parallel"] == 32
 
 
 def test_the_oracle_is_a_reference_never_the_best_other_arm():
-    sweep = _sweep("short", "sim", [
-        (5, 0.5, {"kv": _row(100), "oracle": _row(200), BM: _row(100)}),
-        (30, 3.0, {"kv": _row(100), "oracle": _row(200), BM: _row(98)}),
-    ])
+    sweep = _sweep(
+        "short",
+        "sim",
+        [
+            (5, 0.5, {"kv": _row(100), "oracle": _row(200), BM: _row(100)}),
+            (30, 3.0, {"kv": _row(100), "oracle": _row(200), BM: _row(98)}),
+        ],
+    )
     targets = _targets(sweep)
     assert targets["short context: never > 3% slower than the best other arm"].value == 0.98
     assert targets["below saturation: within 3% of the best arm"].value == 1.0
@@ -172,17 +265,22 @@ def test_the_oracle_is_a_reference_never_the_best_other_arm():
     assert report.oracle_ratios(_sweep("short", "sim", [(5, 0.5, {"kv": _row(100)})])) == [{}]
 
 
-@pytest.mark.parametrize("live_bm, sim_bm, value, status", [
-    (110.0, 100.0, 1.1, "PASS"),          # live 1.10x kv, sim 1.00x: 10% apart, the edge
-    (120.0, 100.0, 1.2, "MISS"),
-    (80.0, 100.0, 0.8, "MISS"),
-    (95.0, 100.0, 0.95, "PASS"),
-])
+@pytest.mark.parametrize(
+    "live_bm, sim_bm, value, status",
+    [
+        (110.0, 100.0, 1.1, "PASS"),  # live 1.10x kv, sim 1.00x: 10% apart, the edge
+        (120.0, 100.0, 1.2, "MISS"),
+        (80.0, 100.0, 0.8, "MISS"),
+        (95.0, 100.0, 0.95, "PASS"),
+    ],
+)
 def test_live_ratio_to_kv_must_be_within_10_percent_of_the_simulated_one(live_bm, sim_bm, value, status):
-    live = _sweep("swe", "live", [(6, 0.5, {"kv": _row(100), BM: _row(100)}),
-                                  (36, 2.9, {"kv": _row(100), BM: _row(live_bm)})])
-    twin = _sweep("swe", "live-sim", [(6, 0.5, {"kv": _row(50), BM: _row(50)}),
-                                      (36, 2.9, {"kv": _row(100), BM: _row(sim_bm)})])
+    live = _sweep(
+        "swe", "live", [(6, 0.5, {"kv": _row(100), BM: _row(100)}), (36, 2.9, {"kv": _row(100), BM: _row(live_bm)})]
+    )
+    twin = _sweep(
+        "swe", "live-sim", [(6, 0.5, {"kv": _row(50), BM: _row(50)}), (36, 2.9, {"kv": _row(100), BM: _row(sim_bm)})]
+    )
     rows = report.evaluate_targets({"sweeps": [twin, live]})
     (check,) = [t for t in rows if t.name == report.LIVE_RATIO_NAME]
     assert (check.value, check.status, check.mode, check.needs) == (pytest.approx(value), status, "live", "0.9..1.1")

@@ -25,9 +25,14 @@ SHARED_TRACE = Path("/work/shared/traces/swe_agent_trace.jsonl")
 
 
 def _line(program_id: str = "p", turns=None, **extra) -> str:
-    turns = turns if turns is not None else [
-        {"input_tokens": 500, "output_tokens": 40, "tool_seconds_after": 0.5},
-        {"input_tokens": 900, "output_tokens": 0, "tool_seconds_after": 0.0}]
+    turns = (
+        turns
+        if turns is not None
+        else [
+            {"input_tokens": 500, "output_tokens": 40, "tool_seconds_after": 0.5},
+            {"input_tokens": 900, "output_tokens": 0, "tool_seconds_after": 0.0},
+        ]
+    )
     return json.dumps({"program_id": program_id, "turns": turns, **extra})
 
 
@@ -48,22 +53,25 @@ def test_a_trace_file_reads_into_programs(tmp_path):
     assert a.turns == (Turn(500, 40, 0.5), Turn(900, 1, 0.0))
 
 
-@pytest.mark.parametrize("line, rule", [
-    ("{not json", "not JSON"),
-    ("[1, 2]", "one JSON object per line"),
-    (_line(""), "program_id=''"),
-    (json.dumps({"turns": []}), "program_id=None"),
-    (_line(turns=[]), "turns: expected a non-empty list"),
-    (_line(turns=[{"input_tokens": 5, "output_tokens": 1}]), "turns[0] has no tool_seconds_after"),
-    (_line(turns=[{"input_tokens": 0, "output_tokens": 1, "tool_seconds_after": 0}]), "turns[0].input_tokens=0"),
-    (_line(turns=[{"input_tokens": 5.5, "output_tokens": 1, "tool_seconds_after": 0}]), "input_tokens=5.5"),
-    (_line(turns=[{"input_tokens": 5, "output_tokens": -1, "tool_seconds_after": 0}]), "output_tokens=-1"),
-    (_line(turns=[{"input_tokens": 5, "output_tokens": True, "tool_seconds_after": 0}]), "output_tokens=True"),
-    (_line(turns=[{"input_tokens": 5, "output_tokens": 1, "tool_seconds_after": -2}]), "tool_seconds_after=-2"),
-    (_line(turns=[{"input_tokens": 5, "output_tokens": 1, "tool_seconds_after": "1"}]), "tool_seconds_after='1'"),
-    (_line(turns=[7]), "turns[0] is not an object"),
-    (_line(run_concurrency=-1), "run_concurrency=-1"),
-])
+@pytest.mark.parametrize(
+    "line, rule",
+    [
+        ("{not json", "not JSON"),
+        ("[1, 2]", "one JSON object per line"),
+        (_line(""), "program_id=''"),
+        (json.dumps({"turns": []}), "program_id=None"),
+        (_line(turns=[]), "turns: expected a non-empty list"),
+        (_line(turns=[{"input_tokens": 5, "output_tokens": 1}]), "turns[0] has no tool_seconds_after"),
+        (_line(turns=[{"input_tokens": 0, "output_tokens": 1, "tool_seconds_after": 0}]), "turns[0].input_tokens=0"),
+        (_line(turns=[{"input_tokens": 5.5, "output_tokens": 1, "tool_seconds_after": 0}]), "input_tokens=5.5"),
+        (_line(turns=[{"input_tokens": 5, "output_tokens": -1, "tool_seconds_after": 0}]), "output_tokens=-1"),
+        (_line(turns=[{"input_tokens": 5, "output_tokens": True, "tool_seconds_after": 0}]), "output_tokens=True"),
+        (_line(turns=[{"input_tokens": 5, "output_tokens": 1, "tool_seconds_after": -2}]), "tool_seconds_after=-2"),
+        (_line(turns=[{"input_tokens": 5, "output_tokens": 1, "tool_seconds_after": "1"}]), "tool_seconds_after='1'"),
+        (_line(turns=[7]), "turns[0] is not an object"),
+        (_line(run_concurrency=-1), "run_concurrency=-1"),
+    ],
+)
 def test_a_malformed_line_is_refused_naming_the_line_and_the_rule(tmp_path, line, rule):
     path = _write(tmp_path, _line("ok"), line)
     with pytest.raises(ConfigError) as info:
@@ -120,13 +128,14 @@ def test_an_unknown_split_or_an_empty_part_is_refused(tmp_path):
     path = _write(tmp_path, _line("only"))
     empty = "tune" if is_held_out("only") else "heldout"
     with pytest.raises(ConfigError, match="holds no programs"):
-        build_workload("swe", 2, seed=0, max_turns=None, token_scale=1.0, tool_time_scale=1.0, trace=path,
-                       split=empty)
+        build_workload("swe", 2, seed=0, max_turns=None, token_scale=1.0, tool_time_scale=1.0, trace=path, split=empty)
 
 
 def test_the_default_workload_draws_from_the_tuning_part():
-    ids = {p.program_id.split("#")[0] for p in build_workload("swe", 66, seed=0, max_turns=None, token_scale=1.0,
-                                                               tool_time_scale=1.0)}
+    ids = {
+        p.program_id.split("#")[0]
+        for p in build_workload("swe", 66, seed=0, max_turns=None, token_scale=1.0, tool_time_scale=1.0)
+    }
     assert ids == {p.program_id for p in split_programs(swe_agent_programs(), "tune")}
     assert trace_programs(None) == swe_agent_programs()
 
@@ -143,7 +152,7 @@ def test_random_draws_sample_with_replacement_per_seed():
     a = draw_programs(source, 40, draw="random", seed=1)
     assert a == draw_programs(source, 40, draw="random", seed=1)
     assert a != draw_programs(source, 40, draw="random", seed=2)
-    assert len({p.program_id for p in a}) < len(a)           # repeats
+    assert len({p.program_id for p in a}) < len(a)  # repeats
     assert {p.program_id for p in a} <= {p.program_id for p in source}
 
 
@@ -154,7 +163,7 @@ def test_include_longest_puts_the_longest_program_in_every_draw(draw):
         chosen = draw_programs(source, 3, draw=draw, seed=seed, include_longest=True)
         assert len(chosen) == 3 and "p29" in [p.program_id for p in chosen]
         without = draw_programs(source, 3, draw=draw, seed=seed)
-        assert sum(a != b for a, b in zip(chosen, without)) <= 1     # one program replaced, if any
+        assert sum(a != b for a, b in zip(chosen, without)) <= 1  # one program replaced, if any
 
 
 def test_longest_is_most_turns_then_most_work():

@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.workloads import scale, short_context_agents, summarize, swe_agent_programs, synthetic_like
 from services.common.errors import ConfigError
@@ -55,8 +56,9 @@ def test_short_context_agents_respect_ranges():
 @settings(max_examples=40, deadline=None)
 @given(token_scale=st.floats(0.01, 4.0), tool_scale=st.floats(0, 4.0), max_turns=st.integers(1, 50))
 def test_scale_keeps_append_structure(token_scale, tool_scale, max_turns):
-    for program in scale(swe_agent_programs()[:5], token_scale=token_scale, tool_time_scale=tool_scale,
-                         max_turns=max_turns):
+    for program in scale(
+        swe_agent_programs()[:5], token_scale=token_scale, tool_time_scale=tool_scale, max_turns=max_turns
+    ):
         assert len(program.turns) <= max_turns
         assert program.turns[-1].tool_seconds_after == 0
         for a, b in zip(program.turns, program.turns[1:]):

@@ -30,8 +30,15 @@ from services.capacity.core.state import (
 
 
 def info(**overrides):
-    base = {"max_total_num_tokens": 16_000, "page_size": 16, "dp_size": 1, "model_path": "m",
-            "version": "0.5.5", "max_running_requests": 64, "context_length": 32_768}
+    base = {
+        "max_total_num_tokens": 16_000,
+        "page_size": 16,
+        "dp_size": 1,
+        "model_path": "m",
+        "version": "0.5.5",
+        "max_running_requests": 64,
+        "context_length": 32_768,
+    }
     base.update(overrides)
     return {k: v for k, v in base.items() if v is not _DROP}
 
@@ -40,8 +47,12 @@ _DROP = object()
 
 
 def hicache(**overrides):
-    base = {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_size": 0,
-            "hicache_ratio": 2.0}
+    base = {
+        "enable_hierarchical_cache": True,
+        "hicache_write_policy": "write_back",
+        "hicache_size": 0,
+        "hicache_ratio": 2.0,
+    }
     base.update(overrides)
     return info(**base)
 
@@ -53,25 +64,54 @@ def card(body) -> Card:
 
 
 def healthy(worker_id, body) -> WorkerState:
-    return WorkerState(worker_id=worker_id, url=f"http://{worker_id}:1", origin=Origin.RPC, registered_at=0.0,
-                       health=Health.HEALTHY, card=card(body))
+    return WorkerState(
+        worker_id=worker_id,
+        url=f"http://{worker_id}:1",
+        origin=Origin.RPC,
+        registered_at=0.0,
+        health=Health.HEALTHY,
+        card=card(body),
+    )
 
 
 # --- positive_int: the shared validity rule ---
 
-@pytest.mark.parametrize("value, expected", [
-    (300, 300), (123.9, 123), (0, None), (-1, None), (0.5, None), (True, None), (False, None), (None, None),
-    ("300", None), (math.inf, None), (-math.inf, None), (math.nan, None), ([1], None),
-])
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (300, 300),
+        (123.9, 123),
+        (0, None),
+        (-1, None),
+        (0.5, None),
+        (True, None),
+        (False, None),
+        (None, None),
+        ("300", None),
+        (math.inf, None),
+        (-math.inf, None),
+        (math.nan, None),
+        ([1], None),
+    ],
+)
 def test_positive_int(value, expected):
     assert positive_int(value) == expected
 
 
 # --- GPU tokens ---
 
-@pytest.mark.parametrize("tokens, page, expected", [
-    (16_000, 16, 16_000), (16_001, 16, 16_016), (100, 1, 100), (100, 64, 128), (1, 16, 16),
-])
+
+@pytest.mark.parametrize(
+    "tokens, page, expected",
+    [
+        (16_000, 16, 16_000),
+        (16_001, 16, 16_016),
+        (100, 1, 100),
+        (100, 64, 128),
+        (1, 16, 16),
+    ],
+)
 def test_gpu_tokens_rounded_up_to_whole_pages(tokens, page, expected):
     c = card(info(max_total_num_tokens=tokens, page_size=page))
     assert c.gpu_kv_tokens == expected
@@ -81,12 +121,17 @@ def test_gpu_tokens_rounded_up_to_whole_pages(tokens, page, expected):
 
 def test_snapshot_extracts_kv_pool_tokens():
     # 16 x 1000 and 8 x 2000 pages are both 16,000 tokens, keyed (worker, 0).
-    view = recompute(RetentionSettings(), [
-        healthy("1", info(max_total_num_tokens=16_000, page_size=16)),
-        healthy("2", info(max_total_num_tokens=16_000, page_size=8)),
-    ])
-    assert [(r.worker_id, r.dp_rank, r.retention_tokens) for r in view.replicas()] == [("1", 0, 16_000),
-                                                                                       ("2", 0, 16_000)]
+    view = recompute(
+        RetentionSettings(),
+        [
+            healthy("1", info(max_total_num_tokens=16_000, page_size=16)),
+            healthy("2", info(max_total_num_tokens=16_000, page_size=8)),
+        ],
+    )
+    assert [(r.worker_id, r.dp_rank, r.retention_tokens) for r in view.replicas()] == [
+        ("1", 0, 16_000),
+        ("2", 0, 16_000),
+    ]
     assert all(r.source is RetentionSource.GPU_ONLY for r in view.replicas())
 
 
@@ -99,34 +144,38 @@ def test_rounding_is_smallest_page_multiple_at_or_above(tokens, page):
 
 # --- Bad inputs: every one is a typed rejection, never a guessed budget ---
 
-@pytest.mark.parametrize("body, reason", [
-    (info(max_total_num_tokens=_DROP), CardRejectReason.MAX_TOTAL_NUM_TOKENS_MISSING),
-    (info(max_total_num_tokens=None), CardRejectReason.MAX_TOTAL_NUM_TOKENS_MISSING),
-    (info(max_total_num_tokens=0), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens=-5), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens="abc"), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens="16000"), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens=True), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens=math.nan), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens=math.inf), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
-    (info(max_total_num_tokens=2**40 + 1), CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD),
-    (info(max_total_num_tokens=1e300), CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD),
-    (info(page_size=_DROP), CardRejectReason.PAGE_SIZE_MISSING),
-    (info(page_size=0), CardRejectReason.PAGE_SIZE_INVALID),
-    (info(page_size=-16), CardRejectReason.PAGE_SIZE_INVALID),
-    (info(page_size="16"), CardRejectReason.PAGE_SIZE_INVALID),
-    (info(page_size=True), CardRejectReason.PAGE_SIZE_INVALID),
-    (info(page_size=16.5), CardRejectReason.PAGE_SIZE_INVALID),
-    (info(page_size=2**20), CardRejectReason.PAGE_SIZE_ABSURD),
-    (info(dp_size=0), CardRejectReason.DP_SIZE_INVALID),
-    (info(dp_size=-1), CardRejectReason.DP_SIZE_INVALID),
-    (info(dp_size="2"), CardRejectReason.DP_SIZE_INVALID),
-    (info(dp_size=True), CardRejectReason.DP_SIZE_INVALID),
-    (info(dp_size=10**6), CardRejectReason.DP_SIZE_ABSURD),
-    ([1, 2], CardRejectReason.NOT_AN_OBJECT),
-    ("text", CardRejectReason.NOT_AN_OBJECT),
-    (None, CardRejectReason.NOT_AN_OBJECT),
-])
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (info(max_total_num_tokens=_DROP), CardRejectReason.MAX_TOTAL_NUM_TOKENS_MISSING),
+        (info(max_total_num_tokens=None), CardRejectReason.MAX_TOTAL_NUM_TOKENS_MISSING),
+        (info(max_total_num_tokens=0), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens=-5), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens="abc"), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens="16000"), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens=True), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens=math.nan), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens=math.inf), CardRejectReason.MAX_TOTAL_NUM_TOKENS_INVALID),
+        (info(max_total_num_tokens=2**40 + 1), CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD),
+        (info(max_total_num_tokens=1e300), CardRejectReason.MAX_TOTAL_NUM_TOKENS_ABSURD),
+        (info(page_size=_DROP), CardRejectReason.PAGE_SIZE_MISSING),
+        (info(page_size=0), CardRejectReason.PAGE_SIZE_INVALID),
+        (info(page_size=-16), CardRejectReason.PAGE_SIZE_INVALID),
+        (info(page_size="16"), CardRejectReason.PAGE_SIZE_INVALID),
+        (info(page_size=True), CardRejectReason.PAGE_SIZE_INVALID),
+        (info(page_size=16.5), CardRejectReason.PAGE_SIZE_INVALID),
+        (info(page_size=2**20), CardRejectReason.PAGE_SIZE_ABSURD),
+        (info(dp_size=0), CardRejectReason.DP_SIZE_INVALID),
+        (info(dp_size=-1), CardRejectReason.DP_SIZE_INVALID),
+        (info(dp_size="2"), CardRejectReason.DP_SIZE_INVALID),
+        (info(dp_size=True), CardRejectReason.DP_SIZE_INVALID),
+        (info(dp_size=10**6), CardRejectReason.DP_SIZE_ABSURD),
+        ([1, 2], CardRejectReason.NOT_AN_OBJECT),
+        ("text", CardRejectReason.NOT_AN_OBJECT),
+        (None, CardRejectReason.NOT_AN_OBJECT),
+    ],
+)
 def test_snapshot_skips_malformed_cards(body, reason):
     result = derive_card(body)
     assert isinstance(result, CardRejection)
@@ -134,15 +183,21 @@ def test_snapshot_skips_malformed_cards(body, reason):
     assert str(result).startswith("server_info: ")
 
 
-@pytest.mark.parametrize("raw", [b"{not json", b"", b"\xff\xfe", b"[", "{\"a\": }"])
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"\xff\xfe", b"[", '{"a": }'])
 def test_malformed_json_is_rejected(raw):
     result = parse_card(raw)
     assert isinstance(result, CardRejection) and result.reason is CardRejectReason.MALFORMED_JSON
 
 
 def test_rejected_worker_contributes_nothing_and_says_why():
-    state = WorkerState(worker_id="w", url="http://w:1", origin=Origin.RPC, registered_at=0.0,
-                        health=Health.UNHEALTHY, rejection=derive_card(info(max_total_num_tokens=0)))
+    state = WorkerState(
+        worker_id="w",
+        url="http://w:1",
+        origin=Origin.RPC,
+        registered_at=0.0,
+        health=Health.UNHEALTHY,
+        rejection=derive_card(info(max_total_num_tokens=0)),
+    )
     view = recompute(RetentionSettings(), [state, healthy("ok", info())])
     assert view.total_retention_tokens == 16_000
     bad = view.workers[1]
@@ -151,6 +206,7 @@ def test_rejected_worker_contributes_nothing_and_says_why():
 
 
 # --- HiCache host tokens (SGLang publisher list) ---
+
 
 def test_hicache_publishes_native_offloading_capacity():
     c = card(hicache(hicache_host_total_tokens=300, max_total_num_tokens=100))
@@ -185,19 +241,29 @@ def test_host_tokens_truncated():
 
 # --- Absurd magnitudes: no running SGLang server reports them, so the whole card is untrusted ---
 
-@pytest.mark.parametrize("overrides, reason, field", [
-    ({"hicache_host_total_tokens": 2**41}, CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
-     "hicache_host_total_tokens"),
-    ({"hicache_host_total_tokens": 1e300}, CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
-     "hicache_host_total_tokens"),
-    ({"hicache_ratio": 1e305}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
-    ({"hicache_ratio": 10**400}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
-    ({"hicache_ratio": 4, "max_total_num_tokens": 2**39}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
-    ({"hicache_size": 1e300, "kv_bytes_per_token": 100}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
-    ({"hicache_size": 1e300}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
-    ({"hicache_size": 10**400, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
-    ({"hicache_size": 2**19, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
-])
+
+@pytest.mark.parametrize(
+    "overrides, reason, field",
+    [
+        (
+            {"hicache_host_total_tokens": 2**41},
+            CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+            "hicache_host_total_tokens",
+        ),
+        (
+            {"hicache_host_total_tokens": 1e300},
+            CardRejectReason.HICACHE_HOST_TOTAL_TOKENS_ABSURD,
+            "hicache_host_total_tokens",
+        ),
+        ({"hicache_ratio": 1e305}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+        ({"hicache_ratio": 10**400}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+        ({"hicache_ratio": 4, "max_total_num_tokens": 2**39}, CardRejectReason.HICACHE_RATIO_ABSURD, "hicache_ratio"),
+        ({"hicache_size": 1e300, "kv_bytes_per_token": 100}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+        ({"hicache_size": 1e300}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+        ({"hicache_size": 10**400, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+        ({"hicache_size": 2**19, "kv_bytes_per_token": 1}, CardRejectReason.HICACHE_SIZE_ABSURD, "hicache_size"),
+    ],
+)
 def test_absurd_hicache_figures_reject_the_card(overrides, reason, field):
     # Regression (issue 11): 1e305 / 1e300 raised OverflowError / ValueError out of the poll.
     result = derive_card(hicache(**overrides))
@@ -219,8 +285,9 @@ def test_deeply_nested_json_is_a_rejection(text):
     assert str(result) == "server_info: JSON nested too deeply"
 
 
-@pytest.mark.parametrize("field", ["served_model_name", "model_path", "version", "hicache_write_policy",
-                                   "hicache_storage_backend"])
+@pytest.mark.parametrize(
+    "field", ["served_model_name", "model_path", "version", "hicache_write_policy", "hicache_storage_backend"]
+)
 def test_text_fields_are_bounded_and_encodable(field):
     long = derive_card(hicache(**{field: "x" * 10_000}))
     assert isinstance(long, CardRejection) and long.reason is CardRejectReason.TEXT_FIELD_TOO_LONG
@@ -233,8 +300,11 @@ def test_text_fields_are_bounded_and_encodable(field):
     str(bad).encode("utf-8")
 
 
-@pytest.mark.parametrize("value", ["x" * 1_000_000, [[[[1]]]] * 10_000, {"a": "b" * 100_000}, 10**5000, -10**5000],
-                         ids=["long-str", "long-list", "big-object", "huge-int", "huge-negative-int"])
+@pytest.mark.parametrize(
+    "value",
+    ["x" * 1_000_000, [[[[1]]]] * 10_000, {"a": "b" * 100_000}, 10**5000, -(10**5000)],
+    ids=["long-str", "long-list", "big-object", "huge-int", "huge-negative-int"],
+)
 def test_rejection_details_are_short_whatever_the_value(value):
     result = derive_card(info(max_total_num_tokens=value))
     assert isinstance(result, CardRejection)
@@ -248,33 +318,41 @@ def test_odd_architectures_do_not_crash():
         assert isinstance(derive_card(hicache(architectures=value)), Card)
 
 
-@pytest.mark.parametrize("device, ratio, page, expected", [
-    (100, 3, 16, 304),
-    (416_864, 4, 16, 1_667_472),
-    (1000, 2.0, 1, 2001),
-    (1000, 1.5, 64, 1536),
-])
+@pytest.mark.parametrize(
+    "device, ratio, page, expected",
+    [
+        (100, 3, 16, 304),
+        (416_864, 4, 16, 1_667_472),
+        (1000, 2.0, 1, 2001),
+        (1000, 1.5, 64, 1536),
+    ],
+)
 def test_hicache_derives_ratio_based_write_back_capacity(device, ratio, page, expected):
     c = card(hicache(max_total_num_tokens=device, hicache_ratio=ratio, page_size=page))
     assert c.host_kv_tokens == expected
 
 
-@pytest.mark.parametrize("policy, expected, why", [
-    ("write_back", 300, None),
-    ("write_through", 200, None),
-    ("write_through_selective", 0, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
-    ("something_new", 0, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
-    (None, 0, HostNotCounted.WRITE_POLICY_MISSING),
-])
+@pytest.mark.parametrize(
+    "policy, expected, why",
+    [
+        ("write_back", 300, None),
+        ("write_through", 200, None),
+        ("write_through_selective", 0, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
+        ("something_new", 0, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
+        (None, 0, HostNotCounted.WRITE_POLICY_MISSING),
+    ],
+)
 def test_hicache_capacity_accounts_for_write_policy(policy, expected, why):
-    c = card(hicache(max_total_num_tokens=100, page_size=1, hicache_host_total_tokens=300,
-                     hicache_write_policy=policy))
+    c = card(hicache(max_total_num_tokens=100, page_size=1, hicache_host_total_tokens=300, hicache_write_policy=policy))
     assert (c.host_kv_tokens, c.host_not_counted) == (expected, why)
 
 
 def test_hicache_write_through_ignores_fully_overlapped_host_pool():
-    c = card(hicache(max_total_num_tokens=300, page_size=1, hicache_host_total_tokens=100,
-                     hicache_write_policy="write_through"))
+    c = card(
+        hicache(
+            max_total_num_tokens=300, page_size=1, hicache_host_total_tokens=100, hicache_write_policy="write_through"
+        )
+    )
     assert (c.host_kv_tokens, c.host_not_counted) == (0, HostNotCounted.FULLY_MIRRORED)
 
 
@@ -284,19 +362,22 @@ def test_write_through_ratio_derivation_subtracts_the_device_pool():
     assert c.host_kv_tokens == 204
 
 
-@pytest.mark.parametrize("overrides, why", [
-    ({"enable_hierarchical_cache": False}, None),
-    ({"enable_hierarchical_cache": "true"}, None),
-    ({"hicache_size": 16}, HostNotCounted.EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN),
-    ({"hicache_size": -1}, HostNotCounted.HICACHE_SIZE_INVALID),
-    ({"hicache_size": "big"}, HostNotCounted.HICACHE_SIZE_INVALID),
-    ({"hicache_write_policy": "write_through_selective"}, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
-    ({"dcp_size": 2}, HostNotCounted.DCP_UNSUPPORTED),
-    ({"model_path": "deepseek-ai/DeepSeek-V4"}, HostNotCounted.MODEL_UNSUPPORTED),
-    ({"hicache_ratio": None}, HostNotCounted.RATIO_INVALID),
-    ({"hicache_ratio": 0}, HostNotCounted.RATIO_INVALID),
-    ({"hicache_ratio": math.nan}, HostNotCounted.RATIO_INVALID),
-])
+@pytest.mark.parametrize(
+    "overrides, why",
+    [
+        ({"enable_hierarchical_cache": False}, None),
+        ({"enable_hierarchical_cache": "true"}, None),
+        ({"hicache_size": 16}, HostNotCounted.EXPLICIT_SIZE_WITHOUT_BYTES_PER_TOKEN),
+        ({"hicache_size": -1}, HostNotCounted.HICACHE_SIZE_INVALID),
+        ({"hicache_size": "big"}, HostNotCounted.HICACHE_SIZE_INVALID),
+        ({"hicache_write_policy": "write_through_selective"}, HostNotCounted.WRITE_POLICY_NOT_COUNTED),
+        ({"dcp_size": 2}, HostNotCounted.DCP_UNSUPPORTED),
+        ({"model_path": "deepseek-ai/DeepSeek-V4"}, HostNotCounted.MODEL_UNSUPPORTED),
+        ({"hicache_ratio": None}, HostNotCounted.RATIO_INVALID),
+        ({"hicache_ratio": 0}, HostNotCounted.RATIO_INVALID),
+        ({"hicache_ratio": math.nan}, HostNotCounted.RATIO_INVALID),
+    ],
+)
 def test_hicache_does_not_derive_unsupported_capacity(overrides, why):
     c = card(hicache(**overrides))
     assert c.host_kv_tokens == 0
@@ -311,8 +392,14 @@ def test_explicit_hicache_size_uses_reported_bytes_per_token():
 
 
 def test_storage_backend_is_reported_never_counted():
-    c = card(hicache(hicache_storage_backend="mooncake", hicache_write_policy="write_through",
-                     hicache_ratio=1.0, max_total_num_tokens=1600))
+    c = card(
+        hicache(
+            hicache_storage_backend="mooncake",
+            hicache_write_policy="write_through",
+            hicache_ratio=1.0,
+            max_total_num_tokens=1600,
+        )
+    )
     # ratio 1: H = 1616, write_through counts only the 16 tokens beyond the mirrored device pool.
     assert c.hicache_storage_backend == "mooncake"
     assert c.host_kv_tokens == 16
@@ -320,6 +407,7 @@ def test_storage_backend_is_reported_never_counted():
 
 
 # --- Retention: uncapped by default, opt-in cap ---
+
 
 def test_host_credit_uncapped_by_default_and_capped_on_request():
     state = healthy("1", hicache(max_total_num_tokens=1000, page_size=1, hicache_host_total_tokens=5000))
@@ -331,10 +419,14 @@ def test_host_credit_uncapped_by_default_and_capped_on_request():
 
 # --- Data parallel ---
 
+
 def test_snapshot_expands_capacity_for_each_data_parallel_rank():
     view = recompute(RetentionSettings(), [healthy("1", info(dp_size=3))])
     assert [(r.worker_id, r.dp_rank, r.retention_tokens) for r in view.replicas()] == [
-        ("1", 0, 16_000), ("1", 1, 16_000), ("1", 2, 16_000)]  # per-rank capacity, not divided
+        ("1", 0, 16_000),
+        ("1", 1, 16_000),
+        ("1", 2, 16_000),
+    ]  # per-rank capacity, not divided
     assert view.total_retention_tokens == 48_000
 
 
@@ -342,8 +434,9 @@ def test_dp_attention_divides_max_running_requests_per_rank():
     c = card(info(dp_size=4, enable_dp_attention=True, max_running_requests=256))
     assert (c.dp_size, c.max_running_requests) == (4, 64)
     assert card(info(dp_size=4, max_running_requests=256)).max_running_requests == 256
-    view = recompute(RetentionSettings(), [healthy("1", info(dp_size=4, enable_dp_attention=True,
-                                                               max_running_requests=256))])
+    view = recompute(
+        RetentionSettings(), [healthy("1", info(dp_size=4, enable_dp_attention=True, max_running_requests=256))]
+    )
     assert [r.max_programs for r in view.replicas()] == [64] * 4
 
 
@@ -358,6 +451,7 @@ def test_missing_dp_size_means_single_rank():
 
 # --- Card metadata ---
 
+
 def test_card_reports_metadata():
     c = card(hicache(served_model_name="served", hicache_storage_backend=None))
     assert (c.model_name, c.version, c.context_length, c.hicache_storage_backend) == ("served", "0.5.5", 32_768, "")
@@ -365,6 +459,7 @@ def test_card_reports_metadata():
 
 
 # --- Memoisation ---
+
 
 def test_parsed_cards_cache_hits_on_repeat_snapshot():
     cache = CardCache()
@@ -387,9 +482,9 @@ def test_card_cache_hits_only_on_the_same_workers_last_body():
     cache = CardCache()
     a, b = (json.dumps(info(max_total_num_tokens=n)).encode() for n in (100, 200))
     cache.parse("w0", a)
-    cache.parse("w1", a)                 # same body, other worker: its own entry
+    cache.parse("w1", a)  # same body, other worker: its own entry
     cache.parse("w0", b)
-    cache.parse("w0", a)                 # an old body of w0's is parsed again
+    cache.parse("w0", a)  # an old body of w0's is parsed again
     assert (cache.hits, cache.misses) == (0, 4)
     cache.parse("w0", a)
     cache.forget("w1")
@@ -405,18 +500,35 @@ def test_pending_and_unhealthy_workers_excluded_with_reason():
     pending = WorkerState(worker_id="p", url="http://p:1", origin=Origin.FLAG, registered_at=0.0)
     sick = healthy("s", info())
     from dataclasses import replace
+
     sick = replace(sick, health=Health.UNHEALTHY)
     view = recompute(RetentionSettings(), [pending, sick])
     assert view.total_retention_tokens == 0
-    assert [w.excluded_reason for w in view.workers] == ["pending: no successful poll yet",
-                                                         "unhealthy: polls failing (last: unknown)"]
+    assert [w.excluded_reason for w in view.workers] == [
+        "pending: no successful poll yet",
+        "unhealthy: polls failing (last: unknown)",
+    ]
 
 
-@given(st.dictionaries(st.sampled_from(["max_total_num_tokens", "page_size", "dp_size", "hicache_ratio",
-                                        "hicache_host_total_tokens", "enable_hierarchical_cache",
-                                        "hicache_write_policy", "hicache_size", "max_running_requests"]),
-                       st.one_of(st.none(), st.booleans(), st.integers(-2**50, 2**50), st.floats(),
-                                 st.text(max_size=5)), max_size=6))
+@given(
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "max_total_num_tokens",
+                "page_size",
+                "dp_size",
+                "hicache_ratio",
+                "hicache_host_total_tokens",
+                "enable_hierarchical_cache",
+                "hicache_write_policy",
+                "hicache_size",
+                "max_running_requests",
+            ]
+        ),
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**50), 2**50), st.floats(), st.text(max_size=5)),
+        max_size=6,
+    )
+)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_any_input_yields_a_card_or_a_typed_rejection(overrides):
     result = derive_card({**hicache(), **overrides})

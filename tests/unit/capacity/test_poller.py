@@ -22,8 +22,9 @@ def padded_info(size: int) -> bytes:
     return json.dumps(info).encode()
 
 
-async def poll_once(answer: Answer, *, timeout_s: float = 2.0, max_body_bytes: int = 8 * MIB,
-                    cache: CardCache | None = None):
+async def poll_once(
+    answer: Answer, *, timeout_s: float = 2.0, max_body_bytes: int = 8 * MIB, cache: CardCache | None = None
+):
     worker = await RawWorker(answer).start()
     poller = SglangPoller(timeout_s, CardCache() if cache is None else cache, max_body_bytes=max_body_bytes)
     await poller.start()
@@ -34,11 +35,17 @@ async def poll_once(answer: Answer, *, timeout_s: float = 2.0, max_body_bytes: i
         await worker.stop()
 
 
-@pytest.mark.parametrize("size, pieces, chunked", [
-    (5 * 1024, 4, False), (5 * 1024, 4, True),
-    (300 * 1024, 8, False), (300 * 1024, 8, True),
-    (2 * MIB, 16, False), (2 * MIB, 16, True),
-])
+@pytest.mark.parametrize(
+    "size, pieces, chunked",
+    [
+        (5 * 1024, 4, False),
+        (5 * 1024, 4, True),
+        (300 * 1024, 8, False),
+        (300 * 1024, 8, True),
+        (2 * MIB, 16, False),
+        (2 * MIB, 16, True),
+    ],
+)
 async def test_body_arriving_in_pieces_is_read_whole(size, pieces, chunked):
     # Regression (issue 11): only what had arrived was read, so these were "malformed JSON".
     result = await poll_once(Answer(padded_info(size), pieces=pieces, delay_s=0.01, chunked=chunked))
@@ -55,7 +62,7 @@ async def test_body_over_the_cap_is_a_rejection(chunked):
 
 
 async def test_declared_length_over_the_cap_is_refused_before_reading():
-    answer = Answer(b"{}", declared_length=10 * MIB, delay_s=5.0)   # the body would never come
+    answer = Answer(b"{}", declared_length=10 * MIB, delay_s=5.0)  # the body would never come
     started = time.monotonic()
     result = await poll_once(answer, max_body_bytes=MIB)
     assert time.monotonic() - started < 1.0

@@ -66,7 +66,7 @@ def test_n_consecutive_failures_make_unhealthy_and_success_recovers(clock):
     # Kept, budget excluded.
     view = recompute(RetentionSettings(), reg.snapshot())
     assert view.total_retention_tokens == 0 and "unhealthy" in view.workers[0].excluded_reason
-    poll(reg, clock, "w", OK)   # recovery raises the budget: it must hold for 2 polls (the default)
+    poll(reg, clock, "w", OK)  # recovery raises the budget: it must hold for 2 polls (the default)
     assert reg.get("w").health is Health.UNHEALTHY and reg.get("w").consecutive_failures == 0
     poll(reg, clock, "w", OK)
     assert reg.get("w").health is Health.HEALTHY
@@ -255,9 +255,11 @@ def test_snapshot_is_immutable(clock):
 
 # --- excluded_reason describes the latest outcome (issue 11) ---
 
+
 def reason(reg, wid="w"):
-    return next(w.excluded_reason for w in recompute(RetentionSettings(), reg.snapshot()).workers
-                if w.state.worker_id == wid)
+    return next(
+        w.excluded_reason for w in recompute(RetentionSettings(), reg.snapshot()).workers if w.state.worker_id == wid
+    )
 
 
 REJECTED = PollOk(card(max_total_num_tokens=0))
@@ -298,10 +300,10 @@ def test_a_mismatch_followed_by_a_timeout_reports_the_timeout(clock):
 def test_removal_clock_starts_when_an_answering_worker_stops_answering(clock):
     reg = make(clock, unhealthy_after_failures=1, remove_unhealthy_after_seconds=100)
     reg.add("w", "http://h:1", Origin.RPC, clock.monotonic())
-    poll(reg, clock, "w", REJECTED)   # answering: never removed, however long
+    poll(reg, clock, "w", REJECTED)  # answering: never removed, however long
     clock.advance(1000)
     assert reg.expire(clock.monotonic()) == []
-    poll(reg, clock, "w", FAIL)       # now it stops answering: 100 s from here
+    poll(reg, clock, "w", FAIL)  # now it stops answering: 100 s from here
     assert reg.expire(clock.monotonic()) == []
     clock.advance(99)
     assert reg.expire(clock.monotonic()) == []
@@ -337,8 +339,9 @@ def test_a_worker_alternating_two_cards_does_not_flip_the_budget(clock):
         healthy_with(reg, clock, first)
         changes = []
         for _ in range(10):
-            changes += [t for r in (second, first) for t in poll(reg, clock, "w", r)
-                        if t.kind is TransitionKind.CARD_CHANGED]
+            changes += [
+                t for r in (second, first) for t in poll(reg, clock, "w", r) if t.kind is TransitionKind.CARD_CHANGED
+            ]
         # BIG first: one immediate drop to SMALL, and BIG never again holds for 2 polls. SMALL first: nothing.
         assert reg.get("w").card == SMALL.card
         assert len(changes) == (1 if first is BIG else 0)
@@ -356,7 +359,7 @@ def test_a_larger_card_is_adopted_after_confirm_increase_polls(clock):
     (held,) = poll(reg, clock, "w", BIG)
     assert held.kind is TransitionKind.CARD_HELD and "1 of 3" in held.why
     poll(reg, clock, "w", BIG)
-    assert reg.get("w").card == SMALL.card and reg.version == version   # held: nothing visible moved
+    assert reg.get("w").card == SMALL.card and reg.version == version  # held: nothing visible moved
     (changed,) = poll(reg, clock, "w", BIG)
     assert changed.kind is TransitionKind.CARD_CHANGED and reg.get("w").card == BIG.card
 
@@ -400,7 +403,7 @@ def test_fewer_max_programs_is_a_drop_and_metadata_changes_are_damped(clock):
     poll(reg, clock, "w", PollOk(card(max_running_requests=32)))
     assert reg.get("w").card.max_running_requests == 32
     version = reg.version
-    for v in ("v2", "v1") * 5:                       # same budget, another version string
+    for v in ("v2", "v1") * 5:  # same budget, another version string
         poll(reg, clock, "w", PollOk(card(max_running_requests=32, version=v)))
     assert reg.version == version
     # More programs but a smaller budget: neither a pure drop nor a pure raise -> held.

@@ -24,9 +24,16 @@ H = pb.WorkerHealth
 
 
 def config(**overrides):
-    base = dict(listen="127.0.0.1:0", metrics_port=-1, poll_interval_seconds=0.1, poll_timeout_seconds=0.1,
-                unhealthy_after_failures=2, remove_unhealthy_after_seconds=0.5, watch_heartbeat_seconds=0.3,
-                shutdown_grace_seconds=0.5)
+    base = dict(
+        listen="127.0.0.1:0",
+        metrics_port=-1,
+        poll_interval_seconds=0.1,
+        poll_timeout_seconds=0.1,
+        unhealthy_after_failures=2,
+        remove_unhealthy_after_seconds=0.5,
+        watch_heartbeat_seconds=0.3,
+        shutdown_grace_seconds=0.5,
+    )
     base.update(overrides)
     return CapacityConfig(**base)
 
@@ -42,8 +49,9 @@ async def stub():
 @pytest.fixture
 async def service():
     exporter = InMemorySpanExporter()
-    running = await start_capacity(config(), telemetry=setup_telemetry("capacity-test", exporter=exporter,
-                                                                        set_global=False))
+    running = await start_capacity(
+        config(), telemetry=setup_telemetry("capacity-test", exporter=exporter, set_global=False)
+    )
     running.exporter = exporter
     yield running
     await running.stop()
@@ -73,14 +81,14 @@ async def test_register_polls_and_reports_budget(client, stub, service):
     w = await assert_eventually(healthy, timeout_s=5)
     assert w.card.gpu_kv_tokens == 1000 and w.excluded_reason == ""
     assert [(r.dp_rank, r.retention_tokens, r.retention_source) for r in w.replicas] == [
-        (0, 1000, pb.RETENTION_SOURCE_GPU_ONLY)]
+        (0, 1000, pb.RETENTION_SOURCE_GPU_ONLY)
+    ]
     assert w.last_success.seconds > 0
     snap = await client.ListWorkers(pb.ListWorkersRequest())
     assert snap.total_retention_tokens == 1000 and not snap.heartbeat
     assert "capacity.recompute" in {s.name for s in service.exporter.get_finished_spans()}
     text = generate_latest(service.host.registry).decode()
-    assert 'bandmaster_capacity_replica_retention_tokens{dp_rank="0",source="GPU_ONLY",worker_id="w1"} 1000.0' \
-        in text
+    assert 'bandmaster_capacity_replica_retention_tokens{dp_rank="0",source="GPU_ONLY",worker_id="w1"} 1000.0' in text
     assert 'bandmaster_capacity_workers{health="HEALTHY"} 1.0' in text
 
 
@@ -93,8 +101,12 @@ async def test_a_registration_is_linked_from_the_recompute_that_publishes_it(cli
     def linked():
         spans = service.exporter.get_finished_spans()
         register = next(s for s in spans if s.name.endswith("/RegisterWorker"))
-        recomputes = [s for s in spans if s.name == "capacity.recompute"
-                      and any(link.context.span_id == register.context.span_id for link in s.links)]
+        recomputes = [
+            s
+            for s in spans
+            if s.name == "capacity.recompute"
+            and any(link.context.span_id == register.context.span_id for link in s.links)
+        ]
         return register, recomputes
 
     register, recomputes = await assert_eventually(lambda: linked()[1] and linked(), timeout_s=5)
@@ -120,18 +132,26 @@ async def test_default_worker_id_is_host_port(client, stub):
     assert resp.worker.worker_id == f"127.0.0.1:{stub.port}"
 
 
-@pytest.mark.parametrize("request_kwargs", [
-    {"url": ""}, {"url": "ftp://a:1"}, {"url": "http://a"}, {"url": "a:1"}, {"url": "http://a:1", "worker_id": "a b"},
-    {"url": "http://a:1", "expected_gpu_kv_tokens": -1},
-])
+@pytest.mark.parametrize(
+    "request_kwargs",
+    [
+        {"url": ""},
+        {"url": "ftp://a:1"},
+        {"url": "http://a"},
+        {"url": "a:1"},
+        {"url": "http://a:1", "worker_id": "a b"},
+        {"url": "http://a:1", "expected_gpu_kv_tokens": -1},
+    ],
+)
 async def test_register_invalid_argument(client, request_kwargs):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.RegisterWorker(pb.RegisterWorkerRequest(**request_kwargs))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-@pytest.mark.parametrize("url", ["http://user:hunter2@127.0.0.1:1", "user:hunter2@127.0.0.1:1",
-                                 "http://user:hunter2@127.0.0.1"])
+@pytest.mark.parametrize(
+    "url", ["http://user:hunter2@127.0.0.1:1", "user:hunter2@127.0.0.1:1", "http://user:hunter2@127.0.0.1"]
+)
 async def test_register_never_echoes_credentials(client, url):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await client.RegisterWorker(pb.RegisterWorkerRequest(url=url))
@@ -141,8 +161,9 @@ async def test_register_never_echoes_credentials(client, url):
 
 async def test_heartbeat_updates_load(client, stub):
     await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
-    resp = await client.Heartbeat(pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(num_running_reqs=4,
-                                                                                          token_usage=0.5)))
+    resp = await client.Heartbeat(
+        pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(num_running_reqs=4, token_usage=0.5))
+    )
     assert resp.known
 
     async def load_seen():
@@ -152,8 +173,11 @@ async def test_heartbeat_updates_load(client, stub):
 
     await assert_eventually(load_seen, timeout_s=5)
     assert not (await client.Heartbeat(pb.HeartbeatRequest(worker_id="nobody"))).known
-    for bad in (pb.HeartbeatRequest(), pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(token_usage=2.0)),
-                pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(num_queue_reqs=-1))):
+    for bad in (
+        pb.HeartbeatRequest(),
+        pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(token_usage=2.0)),
+        pb.HeartbeatRequest(worker_id="w1", load=pb.WorkerLoad(num_queue_reqs=-1)),
+    ):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await client.Heartbeat(bad)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -225,8 +249,9 @@ async def test_slow_watcher_does_not_block_others_and_holds_only_latest(client, 
         snap = await next_snapshot(fast)
         if snap.version >= target:
             break
-    assert all(m.latest is None or m.latest.version <= service.runtime.registry.version
-               for m in service.runtime._mailboxes)
+    assert all(
+        m.latest is None or m.latest.version <= service.runtime.registry.version for m in service.runtime._mailboxes
+    )
     slow.cancel()
     fast.cancel()
 
@@ -274,8 +299,10 @@ async def test_malformed_server_info_is_a_typed_rejection(client, stub, service)
         return True
 
     await assert_eventually(rejected, timeout_s=5)
-    assert 'bandmaster_capacity_card_rejections_total{reason="malformed_json"} 1.0' in \
-        generate_latest(service.host.registry).decode()
+    assert (
+        'bandmaster_capacity_card_rejections_total{reason="malformed_json"} 1.0'
+        in generate_latest(service.host.registry).decode()
+    )
 
 
 async def test_legacy_get_server_info_fallback():
@@ -297,8 +324,7 @@ async def test_legacy_get_server_info_fallback():
 
 
 async def test_static_workers_and_expectation_mismatch(stub):
-    running = await start_capacity(config(workers=(
-        StaticWorker("static", stub.url, Origin.CONFIG_FILE),)))
+    running = await start_capacity(config(workers=(StaticWorker("static", stub.url, Origin.CONFIG_FILE),)))
     try:
         async with grpc.aio.insecure_channel(running.address) as channel:
             client = pb_grpc.CapacityStub(channel)
@@ -312,8 +338,9 @@ async def test_static_workers_and_expectation_mismatch(stub):
             other = SglangStub(sglang_info(max_total_num_tokens=2000, page_size=1))
             await other.start()
             try:
-                await client.RegisterWorker(pb.RegisterWorkerRequest(url=other.url, worker_id="liar",
-                                                                     expected_gpu_kv_tokens=4000))
+                await client.RegisterWorker(
+                    pb.RegisterWorkerRequest(url=other.url, worker_id="liar", expected_gpu_kv_tokens=4000)
+                )
 
                 async def mismatch():
                     w = await worker(client, "liar")
@@ -350,11 +377,18 @@ async def health_of(client, worker_id, health):
     return w
 
 
-@pytest.mark.parametrize("bad", [
-    {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_ratio": 1e305},
-    {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_size": 1e300,
-     "kv_bytes_per_token": 100},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"enable_hierarchical_cache": True, "hicache_write_policy": "write_back", "hicache_ratio": 1e305},
+        {
+            "enable_hierarchical_cache": True,
+            "hicache_write_policy": "write_back",
+            "hicache_size": 1e300,
+            "kv_bytes_per_token": 100,
+        },
+    ],
+)
 async def test_an_absurd_card_never_leaves_a_stale_healthy_card(client, stub, bad):
     # Regression (issue 11): OverflowError/ValueError escaped every poll; the worker stayed HEALTHY.
     await client.RegisterWorker(pb.RegisterWorkerRequest(url=stub.url, worker_id="w1"))
@@ -396,14 +430,16 @@ async def test_flapping_workers_are_damped_and_logged_once(service, caplog):
     runtime = service.runtime
     url = "http://127.0.0.1:9"
     runtime.registry.add("w1", url, Origin.RPC, 0.0)
-    small, big = PollOk(derive_card({"max_total_num_tokens": 1000, "page_size": 1})), \
-        PollOk(derive_card({"max_total_num_tokens": 2000, "page_size": 1}))
+    small, big = (
+        PollOk(derive_card({"max_total_num_tokens": 1000, "page_size": 1})),
+        PollOk(derive_card({"max_total_num_tokens": 2000, "page_size": 1})),
+    )
     rejected = PollOk(derive_card({"max_total_num_tokens": 0, "page_size": 1}))
     runtime.apply("w1", url, big)
     for _ in range(20):
         runtime.apply("w1", url, small)
         runtime.apply("w1", url, big)
-    assert runtime.registry.get("w1").card == small.card      # settled on the smaller card
+    assert runtime.registry.get("w1").card == small.card  # settled on the smaller card
     for _ in range(20):
         runtime.apply("w1", url, rejected)
         runtime.apply("w1", url, small)

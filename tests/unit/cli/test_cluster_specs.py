@@ -6,8 +6,8 @@ import json
 import pytest
 
 from harness.cluster import ClusterConfig, local_worker_args, planner_spec, router_spec, scheduler_spec, simworker_spec
-from services.common.errors import ConfigError
 from services.cli.up import add_cluster_arguments, cluster_config
+from services.common.errors import ConfigError
 
 
 def _config(*argv: str) -> ClusterConfig:
@@ -72,8 +72,9 @@ def _flag(args, name):
 
 def test_the_planner_follows_the_router_and_owns_a_fixed_virtual_fleet_by_default(tmp_path):
     config = ClusterConfig(workers=3, worker_speedup=10, planner=True)
-    spec = planner_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8000", "http://127.0.0.1:9",
-                        8091, tmp_path)
+    spec = planner_spec(
+        config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8000", "http://127.0.0.1:9", 8091, tmp_path
+    )
     args = spec.args
     assert spec.name == "planner" and spec.module == "services.planner"
     assert _flag(args, "--http-listen") == "127.0.0.1:8091" and _flag(args, "--listen") == "127.0.0.1:0"
@@ -85,15 +86,23 @@ def test_the_planner_follows_the_router_and_owns_a_fixed_virtual_fleet_by_defaul
     assert _flag(args, "--connector") == "virtual" and _flag(args, "--virtual-initial-replicas") == "3"
     assert _flag(args, "--min-replicas") == "3" and _flag(args, "--max-replicas") == "3"
     assert _flag(args, "--tick-interval-seconds") == "0.5"
-    assert _flag(router_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8091").args,
-                 "--planner-url") == "http://127.0.0.1:8091"
+    assert (
+        _flag(router_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8091").args, "--planner-url")
+        == "http://127.0.0.1:8091"
+    )
     assert "--planner-url" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
 
 
 def test_the_local_connector_starts_workers_like_up_does(tmp_path):
     config = _config("--workers", "2", "--speedup", "20", "--worker-kv-tokens", "8192")
-    config = ClusterConfig(**{**config.__dict__, "planner": True, "planner_connector": "local",
-                              "planner_args": ("--safe-rps-per-replica=9",)})
+    config = ClusterConfig(
+        **{
+            **config.__dict__,
+            "planner": True,
+            "planner_connector": "local",
+            "planner_args": ("--safe-rps-per-replica=9",),
+        }
+    )
     args = planner_spec(config, "127.0.0.1:1", None, "http://r:1", "http://r:2", 1, tmp_path).args
     assert _flag(args, "--connector") == "local" and "--virtual-initial-replicas" not in args
     assert _flag(args, "--min-replicas") == "2" and _flag(args, "--max-replicas") == "4"

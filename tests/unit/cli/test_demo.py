@@ -11,10 +11,21 @@ from services.cli import demo
 
 
 def summary(steps_per_min: float, late: float | None = 0.01, **extra) -> dict:
-    return {"programs_done": 2, "programs_total": 2, "turns_ok": 10, "turns_failed": 0,
-            "steps_per_min": steps_per_min, "program_time_p50_s": 10.0, "program_time_p90_s": 20.0,
-            "ttft_p50_s": 0.5, "ttft_p90_s": 1.0, "kv_hit_rate": 0.9, "worker_recomputed_tokens": 100,
-            "late_fraction": late, **extra}
+    return {
+        "programs_done": 2,
+        "programs_total": 2,
+        "turns_ok": 10,
+        "turns_failed": 0,
+        "steps_per_min": steps_per_min,
+        "program_time_p50_s": 10.0,
+        "program_time_p90_s": 20.0,
+        "ttft_p50_s": 0.5,
+        "ttft_p90_s": 1.0,
+        "kv_hit_rate": 0.9,
+        "worker_recomputed_tokens": 100,
+        "late_fraction": late,
+        **extra,
+    }
 
 
 def test_table_has_both_arms_and_the_ratio():
@@ -36,8 +47,10 @@ def test_verdict_states_ratio_and_prediction():
     assert not any("WARNING" in line for line in lines)
 
 
-@pytest.mark.parametrize("late, busy, warned", [
-    (None, None, False), (0.05, 0.5, False), (0.10, 0.9, False), (0.25, 0.5, True), (0.01, 0.97, True)])
+@pytest.mark.parametrize(
+    "late, busy, warned",
+    [(None, None, False), (0.05, 0.5, False), (0.10, 0.9, False), (0.25, 0.5, True), (0.01, 0.97, True)],
+)
 def test_starvation_warning(late, busy, warned):
     lines = demo.verdict({"bandmaster": summary(60.0, late=late, cpu_busy=busy), "kv": summary(50.0)}, None)
     assert any("CPU-starved" in line for line in lines) is warned
@@ -56,7 +69,12 @@ def test_parser_defaults_and_bad_arms(capsys):
     demo.add_parser(parser.add_subparsers())
     args = parser.parse_args(["demo"])
     assert (args.arms, args.programs, args.max_turns, args.worker_speedup, args.worker_kv_tokens) == (
-        "bandmaster,kv", 18, 32, 10.0, 65_536)
+        "bandmaster,kv",
+        18,
+        32,
+        10.0,
+        65_536,
+    )
     bad = parser.parse_args(["demo", "--arms", "bandmaster,nope"])
     assert demo.run(bad) == 2
     assert "--arms" in capsys.readouterr().err

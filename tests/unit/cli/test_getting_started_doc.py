@@ -30,8 +30,9 @@ def test_the_port_table_is_the_defaults_with_their_flags():
     assert (port, flag) == (str(DEFAULT_PORTS["router"]), f"`{PORT_FLAGS['router']}`")
     assert rows["planner's Batch API (also served through the router)"][0] == str(DEFAULT_PORTS["planner_http"])
     metrics = rows["`/metrics` of capacity, scheduler, router, planner"][0]
-    assert metrics == ", ".join(str(DEFAULT_PORTS[f"{s}_metrics"]) for s in ("capacity", "scheduler", "router",
-                                                                            "planner"))
+    assert metrics == ", ".join(
+        str(DEFAULT_PORTS[f"{s}_metrics"]) for s in ("capacity", "scheduler", "router", "planner")
+    )
 
 
 def _commands() -> list[list[str]]:

@@ -53,16 +53,31 @@ def _missing(parser: argparse.ArgumentParser) -> list[str]:
 
 def test_every_bandmaster_command_shows_its_defaults(monkeypatch):
     commands = dict(_walk(_root_parser(monkeypatch), "bandmaster"))
-    assert {"bandmaster up", "bandmaster status", "bandmaster programs", "bandmaster plan", "bandmaster batch",
-            "bandmaster demo", "bandmaster bench"} <= set(commands)
+    assert {
+        "bandmaster up",
+        "bandmaster status",
+        "bandmaster programs",
+        "bandmaster plan",
+        "bandmaster batch",
+        "bandmaster demo",
+        "bandmaster bench",
+    } <= set(commands)
     assert {name: _missing(p) for name, p in commands.items() if _missing(p)} == {}
     up_help = commands["bandmaster up"].format_help()
     assert "(default: 50051; 0 = any free port)" in up_help and "(default: fixed)" in up_help
 
 
-@pytest.mark.parametrize("name, settings", [("capacity", CAPACITY), ("scheduler", SCHEDULER), ("router", ROUTER),
-                                            ("planner", PLANNER), ("simworker", SIMWORKER),
-                                            ("capacity.registrar", REGISTRAR)])
+@pytest.mark.parametrize(
+    "name, settings",
+    [
+        ("capacity", CAPACITY),
+        ("scheduler", SCHEDULER),
+        ("router", ROUTER),
+        ("planner", PLANNER),
+        ("simworker", SIMWORKER),
+        ("capacity.registrar", REGISTRAR),
+    ],
+)
 def test_every_service_shows_its_defaults(name, settings):
     parser = build_parser(name, "", settings)
     assert _missing(parser) == []

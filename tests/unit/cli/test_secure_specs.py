@@ -22,11 +22,13 @@ def test_each_child_gets_flags_its_own_settings_accept(tmp_path):
     pki = secure_cluster(supervisor)
     assert supervisor.grpc_credentials is not None
     config = ClusterConfig(secure=True)
-    for spec in (_secured(capacity_spec(config, ["http://127.0.0.1:1"]), pki),
-                 _secured(router_spec(config, "127.0.0.1:1", "127.0.0.1:2"), pki)):
+    for spec in (
+        _secured(capacity_spec(config, ["http://127.0.0.1:1"]), pki),
+        _secured(router_spec(config, "127.0.0.1:1", "127.0.0.1:2"), pki),
+    ):
         args = list(spec.args)
         assert args[args.index("--tls-cert") + 1] == str(pki.cert(spec.name))
-        security_args = args[:args.index("--data-token-file") + 2]
+        security_args = args[: args.index("--data-token-file") + 2]
         values = parse_settings(security_settings("X"), security_args, {}, prog="x")
         security = load_security(values, {})
         assert security.mutual_tls and security.control_tokens and security.data_tokens

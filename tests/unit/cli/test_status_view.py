@@ -21,32 +21,62 @@ def test_the_bar_fills_the_used_share_and_marks_the_band_edges():
 
 
 def test_band_edges_come_from_the_scheduler_series():
-    text = "\n".join([
-        "# HELP bandmaster_scheduler_band_threshold_ratio edges",
-        'bandmaster_scheduler_band_threshold_ratio{band="pause"} 1.0',
-        'bandmaster_scheduler_band_threshold_ratio{band="soft_demote"} 0.95',
-        'bandmaster_scheduler_band_threshold_ratio{band="resume"} 0.97',
-        'bandmaster_scheduler_band_threshold_ratio{band="target"} 0.95',
-    ])
+    text = "\n".join(
+        [
+            "# HELP bandmaster_scheduler_band_threshold_ratio edges",
+            'bandmaster_scheduler_band_threshold_ratio{band="pause"} 1.0',
+            'bandmaster_scheduler_band_threshold_ratio{band="soft_demote"} 0.95',
+            'bandmaster_scheduler_band_threshold_ratio{band="resume"} 0.97',
+            'bandmaster_scheduler_band_threshold_ratio{band="target"} 0.95',
+        ]
+    )
     assert parse_bands(text, "scheduler") == Bands(1.0, 0.95, 0.97, "scheduler")
     assert parse_bands("bandmaster_other 1\n", "scheduler") is None
 
 
 def _full_snapshot() -> Snapshot:
-    workers = cpb.WorkersSnapshot(total_retention_tokens=65536, workers=[
-        cpb.Worker(worker_id="w0", url="http://127.0.0.1:30000", health=cpb.WORKER_HEALTH_HEALTHY,
-                   card=cpb.WorkerCard(model_name="m"),
-                   replicas=[cpb.Replica(worker_id="w0", retention_tokens=65536, gpu_kv_tokens=65536)]),
-        cpb.Worker(worker_id="w1", url="http://127.0.0.1:30001", health=cpb.WORKER_HEALTH_UNHEALTHY,
-                   excluded_reason="unhealthy: polls failing (last: connection_refused)")])
+    workers = cpb.WorkersSnapshot(
+        total_retention_tokens=65536,
+        workers=[
+            cpb.Worker(
+                worker_id="w0",
+                url="http://127.0.0.1:30000",
+                health=cpb.WORKER_HEALTH_HEALTHY,
+                card=cpb.WorkerCard(model_name="m"),
+                replicas=[cpb.Replica(worker_id="w0", retention_tokens=65536, gpu_kv_tokens=65536)],
+            ),
+            cpb.Worker(
+                worker_id="w1",
+                url="http://127.0.0.1:30001",
+                health=cpb.WORKER_HEALTH_UNHEALTHY,
+                excluded_reason="unhealthy: polls failing (last: connection_refused)",
+            ),
+        ],
+    )
     programs = spb.ListProgramsResponse(
         programs=[spb.Program(session_id="a", marked=True), spb.Program(session_id="b", soft_demoted=True)],
-        replicas=[spb.ReplicaUtilization(worker_id="w0", dp_rank=0, retention_tokens=65536, used_decayed_tokens=58982,
-                                         utilization=0.9, band=spb.BAND_SOFT_DEMOTE, active_programs=2)])
+        replicas=[
+            spb.ReplicaUtilization(
+                worker_id="w0",
+                dp_rank=0,
+                retention_tokens=65536,
+                used_decayed_tokens=58982,
+                utilization=0.9,
+                band=spb.BAND_SOFT_DEMOTE,
+                active_programs=2,
+            )
+        ],
+    )
     stats = spb.Stats(programs_active=1, programs_paused=1, programs_reasoning=1, pauses_total=3, resumes_total=2)
-    plan = ppb.Plan(decision_id="d-1", action="apply", has_scale_to=True, scale_to=3,
-                    leases=[ppb.Lease(pool_id="default", max_admission_rps=4.5, decision_id="d-1", writer_epoch=1,
-                                      writer_sequence=7)])
+    plan = ppb.Plan(
+        decision_id="d-1",
+        action="apply",
+        has_scale_to=True,
+        scale_to=3,
+        leases=[
+            ppb.Lease(pool_id="default", max_admission_rps=4.5, decision_id="d-1", writer_epoch=1, writer_sequence=7)
+        ],
+    )
     return Snapshot(workers=workers, programs=programs, stats=stats, plan=plan, bands=BANDS, taken_at=1.0)
 
 
@@ -86,9 +116,21 @@ def test_the_live_view_refreshes_until_interrupted(monkeypatch):
         if len(shown) == 2:
             raise KeyboardInterrupt
 
-    args = argparse.Namespace(once=False, interval_seconds=0.5, timeout_seconds=1.0, capacity_addr="", scheduler_addr="",
-                              planner_addr="", scheduler_metrics_url="", state_dir=None, tls_ca="", tls_cert="",
-                              tls_key="", control_token_file="", data_token_file="")
+    args = argparse.Namespace(
+        once=False,
+        interval_seconds=0.5,
+        timeout_seconds=1.0,
+        capacity_addr="",
+        scheduler_addr="",
+        planner_addr="",
+        scheduler_metrics_url="",
+        state_dir=None,
+        tls_ca="",
+        tls_cert="",
+        tls_key="",
+        control_token_file="",
+        data_token_file="",
+    )
     monkeypatch.setenv("BANDMASTER_CLUSTER_FILE", "/nonexistent/cluster.json")
     try:
         status.run(args, out=shown.append, sleep=sleep)

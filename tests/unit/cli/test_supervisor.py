@@ -40,8 +40,11 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
         time.sleep(600)
     """)
     with start("supervisor", [sys.executable, "-c", script], tmp_path) as parent:
-        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout_s=30,
-                   message="supervisor did not start its child")
+        wait_until(
+            lambda: pid_file.exists() and pid_file.read_text().strip(),
+            timeout_s=30,
+            message="supervisor did not start its child",
+        )
         child_pid = int(pid_file.read_text())
         assert pid_alive(child_pid)
         parent.kill()

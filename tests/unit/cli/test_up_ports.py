@@ -11,8 +11,15 @@ from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from harness.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.capacity.config import SETTINGS as CAPACITY
 from services.cli import endpoints
-from services.cli.up import (add_cluster_arguments, add_port_arguments, busy_ports, cluster_config, cluster_ports,
-                             fleet_health, no_healthy_worker_banner)
+from services.cli.up import (
+    add_cluster_arguments,
+    add_port_arguments,
+    busy_ports,
+    cluster_config,
+    cluster_ports,
+    fleet_health,
+    no_healthy_worker_banner,
+)
 from services.common.errors import ConfigError
 from services.common.ports import DEFAULT_PORTS
 from services.planner.config import SETTINGS as PLANNER
@@ -33,8 +40,12 @@ def _default(settings, name):
 
 
 def test_the_documented_ports_are_the_services_own_defaults():
-    for settings, service in ((CAPACITY, "capacity"), (SCHEDULER, "scheduler"), (ROUTER, "router"),
-                              (PLANNER, "planner")):
+    for settings, service in (
+        (CAPACITY, "capacity"),
+        (SCHEDULER, "scheduler"),
+        (ROUTER, "router"),
+        (PLANNER, "planner"),
+    ):
         assert _default(settings, "listen") == f"127.0.0.1:{DEFAULT_PORTS[service]}"
         assert _default(settings, "metrics_port") == DEFAULT_PORTS[f"{service}_metrics"]
     assert _default(ROUTER, "http_port") == DEFAULT_PORTS["router_http"]
@@ -81,33 +92,41 @@ def test_busy_ports_names_the_port_and_the_up_flag_that_moves_it():
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        config = ClusterConfig(workers=1, http_port=0, scheduler=False, ports=ClusterPorts(scheduler=port,
-                                                                                          router_metrics=port))
+        config = ClusterConfig(
+            workers=1, http_port=0, scheduler=False, ports=ClusterPorts(scheduler=port, router_metrics=port)
+        )
         [(taken, line)] = busy_ports(config)  # the scheduler is off: its port is not wanted
         assert taken == port
-        assert line == f"port {port} (router /metrics) is already in use; choose another with --router-metrics-port " \
-                       "(or --ports auto)"
+        assert (
+            line == f"port {port} (router /metrics) is already in use; choose another with --router-metrics-port "
+            "(or --ports auto)"
+        )
 
 
 def _worker(url, health, reason="", failures=0):
-    return cpb.Worker(worker_id=url.rsplit("/", 1)[-1], url=url, health=health, excluded_reason=reason,
-                      consecutive_failures=failures)
+    return cpb.Worker(
+        worker_id=url.rsplit("/", 1)[-1], url=url, health=health, excluded_reason=reason, consecutive_failures=failures
+    )
 
 
 def test_fleet_health_names_each_unhealthy_worker_and_why():
-    snapshot = cpb.WorkersSnapshot(workers=[
-        _worker("http://a:1", cpb.WORKER_HEALTH_HEALTHY),
-        _worker("http://b:2", cpb.WORKER_HEALTH_UNHEALTHY, "unhealthy: polls failing (last: connection_refused)"),
-        _worker("http://c:3", cpb.WORKER_HEALTH_PENDING, failures=2),
-    ])
+    snapshot = cpb.WorkersSnapshot(
+        workers=[
+            _worker("http://a:1", cpb.WORKER_HEALTH_HEALTHY),
+            _worker("http://b:2", cpb.WORKER_HEALTH_UNHEALTHY, "unhealthy: polls failing (last: connection_refused)"),
+            _worker("http://c:3", cpb.WORKER_HEALTH_PENDING, failures=2),
+        ]
+    )
     health = fleet_health(snapshot)
     assert (health.healthy, health.total, health.pending, health.settled) == (1, 3, 1, False)
     # One healthy and the others found unhealthy: nothing more to wait for; none healthy: wait on.
     assert fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[:2])).settled
     assert not fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:2])).settled
     assert not fleet_health(cpb.WorkersSnapshot()).settled
-    assert health.problems == (("http://b:2", "unhealthy: polls failing (last: connection_refused)"),
-                               ("http://c:3", "pending: 2 failed polls"))
+    assert health.problems == (
+        ("http://b:2", "unhealthy: polls failing (last: connection_refused)"),
+        ("http://c:3", "pending: 2 failed polls"),
+    )
     banner = no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:])), 12.4)
     assert "NO HEALTHY WORKER after 12 s" in banner and "http://b:2: unhealthy" in banner
     assert "the capacity service knows no worker" in no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot()), 1)

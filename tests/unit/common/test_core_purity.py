@@ -14,10 +14,23 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CORE_FILES = sorted(ROOT.glob("services/*/core/**/*.py"))
 
-CLOCK_FUNCTIONS = frozenset({
-    "time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "process_time",
-    "process_time_ns", "thread_time", "thread_time_ns", "clock_gettime", "clock_gettime_ns", "sleep",
-})
+CLOCK_FUNCTIONS = frozenset(
+    {
+        "time",
+        "time_ns",
+        "monotonic",
+        "monotonic_ns",
+        "perf_counter",
+        "perf_counter_ns",
+        "process_time",
+        "process_time_ns",
+        "thread_time",
+        "thread_time_ns",
+        "clock_gettime",
+        "clock_gettime_ns",
+        "sleep",
+    }
+)
 DATETIME_NOW = frozenset({"now", "utcnow", "today"})
 CONCURRENCY_MODULES = frozenset({"asyncio", "threading"})
 
@@ -37,8 +50,8 @@ def _dotted(node: ast.expr) -> str | None:
 def impurities(source: str) -> list[str]:
     """What in `source` reads a clock or uses asyncio/threading, as `line: what`."""
     tree = ast.parse(source)
-    time_aliases = set()      # names bound to the time module
-    datetime_names = set()    # names bound to datetime.datetime / datetime.date or the datetime module
+    time_aliases = set()  # names bound to the time module
+    datetime_names = set()  # names bound to datetime.datetime / datetime.date or the datetime module
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -85,19 +98,22 @@ def test_core_reads_no_clock_and_runs_nothing_concurrently(path):
     assert impurities(path.read_text()) == [], f"{path.relative_to(ROOT)}: take the time as an argument"
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import time\nt = time.monotonic()", ["2: time.monotonic"]),
-    ("import time as t\nx = t.perf_counter()", ["2: t.perf_counter"]),
-    ("from time import time\n", ["1: from time import time"]),
-    ("import datetime\nx = datetime.datetime.now()", ["2: datetime.datetime.now"]),
-    ("from datetime import datetime as dt\nx = dt.utcnow()", ["2: dt.utcnow"]),
-    ("import asyncio\n", ["1: import asyncio"]),
-    ("from threading import Lock\n", ["1: from threading import ..."]),
-    ("import concurrent.futures, threading\n", ["1: import threading"]),
-    # Allowed: arithmetic on a passed-in timestamp, a parameter named `now`, a method called `time` on a value.
-    ("def f(now_s: float, clock) -> float:\n    return clock.monotonic() - now_s", []),
-    ("import datetime\nd = datetime.timedelta(seconds=1)", []),
-    ("def f(stats):\n    return stats.time", []),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import time\nt = time.monotonic()", ["2: time.monotonic"]),
+        ("import time as t\nx = t.perf_counter()", ["2: t.perf_counter"]),
+        ("from time import time\n", ["1: from time import time"]),
+        ("import datetime\nx = datetime.datetime.now()", ["2: datetime.datetime.now"]),
+        ("from datetime import datetime as dt\nx = dt.utcnow()", ["2: dt.utcnow"]),
+        ("import asyncio\n", ["1: import asyncio"]),
+        ("from threading import Lock\n", ["1: from threading import ..."]),
+        ("import concurrent.futures, threading\n", ["1: import threading"]),
+        # Allowed: arithmetic on a passed-in timestamp, a parameter named `now`, a method called `time` on a value.
+        ("def f(now_s: float, clock) -> float:\n    return clock.monotonic() - now_s", []),
+        ("import datetime\nd = datetime.timedelta(seconds=1)", []),
+        ("def f(stats):\n    return stats.time", []),
+    ],
+)
 def test_the_checker_finds_clock_reads(source, expected):
     assert impurities(source) == expected

@@ -60,15 +60,16 @@ def _promtool() -> str | None:
     return shutil.which("promtool", path=os.pathsep.join([venv_bin, os.environ.get("PATH", "")]))
 
 
-needs_promtool = pytest.mark.skipif(_promtool() is None,
-                                    reason="promtool not installed (`make test` unpacks it into the venv)")
+needs_promtool = pytest.mark.skipif(
+    _promtool() is None, reason="promtool not installed (`make test` unpacks it into the venv)"
+)
 
 
 # --- the dashboard -------------------------------------------------------------------------------------
 
+
 def test_dashboard_json_is_what_the_generator_writes():
-    assert DASHBOARD.read_text() == grafana_dashboard.render(), \
-        "run `python scripts/grafana_dashboard.py --write`"
+    assert DASHBOARD.read_text() == grafana_dashboard.render(), "run `python scripts/grafana_dashboard.py --write`"
 
 
 def test_dashboard_top_level(dashboard):
@@ -112,14 +113,14 @@ def test_panels_are_laid_out_without_overlap(dashboard):
 
 
 def test_every_dashboard_query_names_an_exported_series(dashboard, exported):
-    unknown = {name: sorted(where) for name, where in dashboard_metric_names(dashboard).items()
-               if name not in exported}
+    unknown = {name: sorted(where) for name, where in dashboard_metric_names(dashboard).items() if name not in exported}
     assert not unknown, f"series no service exports (docs/metrics.md): {unknown}"
 
 
 def _queries_of(dashboard: dict, title_part: str) -> str:
-    return "\n".join(t["expr"] for p in dashboard_panels(dashboard) if title_part.lower() in p["title"].lower()
-                     for t in p["targets"])
+    return "\n".join(
+        t["expr"] for p in dashboard_panels(dashboard) if title_part.lower() in p["title"].lower() for t in p["targets"]
+    )
 
 
 def test_dashboard_shows_what_operators_need(dashboard):
@@ -143,8 +144,10 @@ def test_dashboard_shows_what_operators_need(dashboard):
 def test_band_edges_are_drawn_as_dashed_lines(dashboard):
     panel = next(p for p in dashboard_panels(dashboard) if p["title"].startswith("Retention utilisation"))
     legends = {t["legendFormat"] for t in panel["targets"]}
-    styled = {o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
-              for o in panel["fieldConfig"]["overrides"]}
+    styled = {
+        o["matcher"]["options"]: {p["id"]: p["value"] for p in o["properties"]}
+        for o in panel["fieldConfig"]["overrides"]
+    }
     for legend, _, _ in grafana_dashboard.BAND_EDGES:
         assert legend in legends
         assert styled[legend]["custom.lineStyle"]["fill"] == "dash"
@@ -212,15 +215,22 @@ def test_every_alert_names_an_exported_series(rules, exported):
 
 def test_failure_modes_are_covered(rules):
     exprs = "\n".join(expr for _, expr in rule_exprs(rules))
-    for series in ("bandmaster_router_scheduler_reachable", "bandmaster_router_workers_out_of_rotation",
-                   "bandmaster_capacity_workers", "bandmaster_scheduler_replica_band",
-                   "bandmaster_scheduler_forced_resumes_total", "bandmaster_router_upstream_errors_total",
-                   "bandmaster_planner_fail_closed_total", "bandmaster_planner_lease_valid_until_seconds",
-                   "bandmaster_capacity_poll_failures_total"):
+    for series in (
+        "bandmaster_router_scheduler_reachable",
+        "bandmaster_router_workers_out_of_rotation",
+        "bandmaster_capacity_workers",
+        "bandmaster_scheduler_replica_band",
+        "bandmaster_scheduler_forced_resumes_total",
+        "bandmaster_router_upstream_errors_total",
+        "bandmaster_planner_fail_closed_total",
+        "bandmaster_planner_lease_valid_until_seconds",
+        "bandmaster_capacity_poll_failures_total",
+    ):
         assert series in exprs, series
 
 
 # --- promtool -------------------------------------------------------------------------------------------
+
 
 def _run(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
     return subprocess.run([_promtool(), *args], cwd=cwd, capture_output=True, text=True, timeout=60)
@@ -235,12 +245,15 @@ def test_promtool_checks_the_rule_file(tmp_path):
 @needs_promtool
 def test_promtool_parses_every_dashboard_query(dashboard, tmp_path):
     """Each query as a recording rule, Grafana's variables replaced by values Prometheus accepts."""
-    def concrete(expr: str) -> str:
-        return (expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
-                .replace('"$worker"', '".*"'))
 
-    records = [{"record": f"dashboard:query_{i}", "expr": concrete(expr)}
-               for i, (_, expr) in enumerate(dashboard_queries(dashboard)) if not expr.startswith("label_values(")]
+    def concrete(expr: str) -> str:
+        return expr.replace("$__rate_interval", "5m").replace("$__interval", "1m").replace('"$worker"', '".*"')
+
+    records = [
+        {"record": f"dashboard:query_{i}", "expr": concrete(expr)}
+        for i, (_, expr) in enumerate(dashboard_queries(dashboard))
+        if not expr.startswith("label_values(")
+    ]
     path = tmp_path / "dashboard_rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
     result = _run(["check", "rules", str(path)], tmp_path)
@@ -249,6 +262,7 @@ def test_promtool_parses_every_dashboard_query(dashboard, tmp_path):
 
 def _alert_cases() -> list[dict]:
     """promtool rule unit tests: (input series, when, which alert, the labels it fires with)."""
+
     def fires(alert: str, at: str, **labels: str) -> dict:
         return {"eval_time": at, "alertname": alert, "exp_alerts": [{"exp_labels": labels}]}
 
@@ -263,55 +277,107 @@ def _alert_cases() -> list[dict]:
         return {"series": f"{name}{{{body}}}", "values": values}
 
     return [
-        {"input_series": [series("bandmaster_router_scheduler_reachable", "1 1 0x10", **router),
-                          series("bandmaster_scheduler_tick_seconds_count", "0+1x12", instance="s", job="scheduler")],
-         "alert_rule_test": [quiet("BandmasterRouterFailingOpen", "2m"),
-                             fires("BandmasterRouterFailingOpen", "4m", severity="critical", **router),
-                             quiet("BandmasterSchedulerAbsent", "10m")]},
-        {"input_series": [],
-         "alert_rule_test": [fires("BandmasterSchedulerAbsent", "3m", severity="critical")]},
-        {"input_series": [series("bandmaster_scheduler_replica_band", "1x20", worker_id="w0", dp_rank="0",
-                                 band="pause"),
-                          series("bandmaster_scheduler_replica_band", "0x20", worker_id="w1", dp_rank="0",
-                                 band="pause")],
-         "alert_rule_test": [quiet("BandmasterRetentionAbovePauseBand", "5m"),
-                             fires("BandmasterRetentionAbovePauseBand", "12m", severity="warning", worker_id="w0",
-                                   dp_rank="0")]},
-        {"input_series": [series("bandmaster_router_requests_total", "0+100x20", outcome="ok", **router),
-                          series("bandmaster_router_upstream_errors_total", "0+10x20", kind="ReadError",
-                                 phase="stream", **router)],
-         "alert_rule_test": [fires("BandmasterUpstreamErrorRate", "15m", severity="warning",
-                                   instance=router["instance"])]},
-        {"input_series": [series("bandmaster_router_requests_total", "0+100x20", outcome="ok", **router),
-                          series("bandmaster_router_upstream_errors_total", "0+1x20", kind="ReadError",
-                                 phase="stream", **router)],
-         "alert_rule_test": [quiet("BandmasterUpstreamErrorRate", "15m")]},
-        {"input_series": [series("bandmaster_scheduler_programs", "3x40", lifecycle="paused", status="acting"),
-                          series("bandmaster_scheduler_resumes_total", "7x40")],
-         "alert_rule_test": [quiet("BandmasterResumesStalled", "10m"),
-                             fires("BandmasterResumesStalled", "20m", severity="warning")]},
-        {"input_series": [series("bandmaster_scheduler_programs", "3x40", lifecycle="paused", status="acting"),
-                          series("bandmaster_scheduler_resumes_total", "0+1x40")],
-         "alert_rule_test": [quiet("BandmasterResumesStalled", "35m")]},
+        {
+            "input_series": [
+                series("bandmaster_router_scheduler_reachable", "1 1 0x10", **router),
+                series("bandmaster_scheduler_tick_seconds_count", "0+1x12", instance="s", job="scheduler"),
+            ],
+            "alert_rule_test": [
+                quiet("BandmasterRouterFailingOpen", "2m"),
+                fires("BandmasterRouterFailingOpen", "4m", severity="critical", **router),
+                quiet("BandmasterSchedulerAbsent", "10m"),
+            ],
+        },
+        {"input_series": [], "alert_rule_test": [fires("BandmasterSchedulerAbsent", "3m", severity="critical")]},
+        {
+            "input_series": [
+                series("bandmaster_scheduler_replica_band", "1x20", worker_id="w0", dp_rank="0", band="pause"),
+                series("bandmaster_scheduler_replica_band", "0x20", worker_id="w1", dp_rank="0", band="pause"),
+            ],
+            "alert_rule_test": [
+                quiet("BandmasterRetentionAbovePauseBand", "5m"),
+                fires("BandmasterRetentionAbovePauseBand", "12m", severity="warning", worker_id="w0", dp_rank="0"),
+            ],
+        },
+        {
+            "input_series": [
+                series("bandmaster_router_requests_total", "0+100x20", outcome="ok", **router),
+                series(
+                    "bandmaster_router_upstream_errors_total", "0+10x20", kind="ReadError", phase="stream", **router
+                ),
+            ],
+            "alert_rule_test": [
+                fires("BandmasterUpstreamErrorRate", "15m", severity="warning", instance=router["instance"])
+            ],
+        },
+        {
+            "input_series": [
+                series("bandmaster_router_requests_total", "0+100x20", outcome="ok", **router),
+                series("bandmaster_router_upstream_errors_total", "0+1x20", kind="ReadError", phase="stream", **router),
+            ],
+            "alert_rule_test": [quiet("BandmasterUpstreamErrorRate", "15m")],
+        },
+        {
+            "input_series": [
+                series("bandmaster_scheduler_programs", "3x40", lifecycle="paused", status="acting"),
+                series("bandmaster_scheduler_resumes_total", "7x40"),
+            ],
+            "alert_rule_test": [
+                quiet("BandmasterResumesStalled", "10m"),
+                fires("BandmasterResumesStalled", "20m", severity="warning"),
+            ],
+        },
+        {
+            "input_series": [
+                series("bandmaster_scheduler_programs", "3x40", lifecycle="paused", status="acting"),
+                series("bandmaster_scheduler_resumes_total", "0+1x40"),
+            ],
+            "alert_rule_test": [quiet("BandmasterResumesStalled", "35m")],
+        },
         # Leases: one published at t=0 valid for 60 s and never again, against one renewed every minute.
-        {"input_series": [series("bandmaster_planner_lease_valid_until_seconds", "60x10", **planner)],
-         "alert_rule_test": [quiet("BandmasterPlannerLeaseExpired", "1m"),
-                             fires("BandmasterPlannerLeaseExpired", "3m", severity="warning", **planner)]},
-        {"input_series": [series("bandmaster_planner_lease_valid_until_seconds", "60+60x10", **planner)],
-         "alert_rule_test": [quiet("BandmasterPlannerLeaseExpired", "8m")]},
-        {"input_series": [series("bandmaster_planner_ready_replicas", "1x30", **planner),
-                          series("bandmaster_planner_target_replicas", "3x30", **planner)],
-         "alert_rule_test": [fires("BandmasterPlannerReplicasBelowTarget", "20m", severity="warning", **planner)]},
-        {"input_series": [series("bandmaster_planner_ready_replicas", "-1x30", **planner),
-                          series("bandmaster_planner_target_replicas", "3x30", **planner)],
-         "alert_rule_test": [quiet("BandmasterPlannerReplicasBelowTarget", "20m")]},
-        {"input_series": [series("bandmaster_planner_fail_closed_total", "0+1x10", reason="lease_unknown", **planner)],
-         "alert_rule_test": [fires("BandmasterPlannerLeaseWriteFailing", "8m", severity="critical",
-                                   instance=planner["instance"])]},
-        {"input_series": [series("bandmaster_capacity_workers", "0x5", health="HEALTHY"),
-                          series("bandmaster_capacity_workers", "2x5", health="UNHEALTHY")],
-         "alert_rule_test": [fires("BandmasterNoHealthyWorker", "3m", severity="critical"),
-                             fires("BandmasterWorkerUnhealthy", "3m", severity="warning")]},
+        {
+            "input_series": [series("bandmaster_planner_lease_valid_until_seconds", "60x10", **planner)],
+            "alert_rule_test": [
+                quiet("BandmasterPlannerLeaseExpired", "1m"),
+                fires("BandmasterPlannerLeaseExpired", "3m", severity="warning", **planner),
+            ],
+        },
+        {
+            "input_series": [series("bandmaster_planner_lease_valid_until_seconds", "60+60x10", **planner)],
+            "alert_rule_test": [quiet("BandmasterPlannerLeaseExpired", "8m")],
+        },
+        {
+            "input_series": [
+                series("bandmaster_planner_ready_replicas", "1x30", **planner),
+                series("bandmaster_planner_target_replicas", "3x30", **planner),
+            ],
+            "alert_rule_test": [fires("BandmasterPlannerReplicasBelowTarget", "20m", severity="warning", **planner)],
+        },
+        {
+            "input_series": [
+                series("bandmaster_planner_ready_replicas", "-1x30", **planner),
+                series("bandmaster_planner_target_replicas", "3x30", **planner),
+            ],
+            "alert_rule_test": [quiet("BandmasterPlannerReplicasBelowTarget", "20m")],
+        },
+        {
+            "input_series": [
+                series("bandmaster_planner_fail_closed_total", "0+1x10", reason="lease_unknown", **planner)
+            ],
+            "alert_rule_test": [
+                fires("BandmasterPlannerLeaseWriteFailing", "8m", severity="critical", instance=planner["instance"])
+            ],
+        },
+        {
+            "input_series": [
+                series("bandmaster_capacity_workers", "0x5", health="HEALTHY"),
+                series("bandmaster_capacity_workers", "2x5", health="UNHEALTHY"),
+            ],
+            "alert_rule_test": [
+                fires("BandmasterNoHealthyWorker", "3m", severity="critical"),
+                fires("BandmasterWorkerUnhealthy", "3m", severity="warning"),
+            ],
+        },
     ]
 
 
@@ -324,8 +390,11 @@ def test_promtool_unit_tests_of_the_alerts(rules, tmp_path):
         for rule in group["rules"]:
             rule.pop("annotations", None)
     (tmp_path / "alerts.yml").write_text(yaml.safe_dump(bare))
-    tests = {"rule_files": ["alerts.yml"], "evaluation_interval": "1m",
-             "tests": [{"interval": "1m", **case} for case in _alert_cases()]}
+    tests = {
+        "rule_files": ["alerts.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", **case} for case in _alert_cases()],
+    }
     (tmp_path / "alerts_test.yml").write_text(yaml.safe_dump(tests))
     result = _run(["test", "rules", "alerts_test.yml"], tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

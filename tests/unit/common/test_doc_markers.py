@@ -16,8 +16,9 @@ def test_splice_replaces_only_the_section():
     assert splice(_page("old"), "s", "new\n") == _page("new")
 
 
-@pytest.mark.parametrize("page", ["no markers", _page("x") + begin_marker("s"), _page("x").replace(
-    end_marker("s"), "")])
+@pytest.mark.parametrize(
+    "page", ["no markers", _page("x") + begin_marker("s"), _page("x").replace(end_marker("s"), "")]
+)
 def test_splice_refuses_missing_or_repeated_markers(page):
     with pytest.raises(ValueError):
         splice(page, "s", "body")

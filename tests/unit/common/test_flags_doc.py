@@ -13,8 +13,9 @@ from services.common.config import build_parser
 
 def test_docs_flags_md_is_current():
     page = flags_table.DOC.read_text()
-    assert page == splice(page, flags_table.SECTION, flags_table.render()), \
+    assert page == splice(page, flags_table.SECTION, flags_table.render()), (
         "docs/flags.md is stale: run `python scripts/flags_table.py --write`"
+    )
 
 
 @pytest.mark.parametrize("title, command, module", flags_table.COMMANDS)

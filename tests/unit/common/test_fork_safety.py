@@ -8,8 +8,9 @@ PROBE = "import services, os; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
 
 
 def _probe(env: dict) -> str:
-    return subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def test_fork_support_is_off_by_default():

@@ -31,18 +31,25 @@ class _Context:
         raise _Aborted
 
 
-TABLE = ErrorTable([(Narrow, grpc.StatusCode.ALREADY_EXISTS),
-                    (Missing, grpc.StatusCode.NOT_FOUND),
-                    ((ValueError, TypeError), grpc.StatusCode.INVALID_ARGUMENT)])
+TABLE = ErrorTable(
+    [
+        (Narrow, grpc.StatusCode.ALREADY_EXISTS),
+        (Missing, grpc.StatusCode.NOT_FOUND),
+        ((ValueError, TypeError), grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+)
 
 
-@pytest.mark.parametrize("exc, code", [
-    (Narrow("x"), grpc.StatusCode.ALREADY_EXISTS),  # the first matching row wins
-    (Missing("x"), grpc.StatusCode.NOT_FOUND),
-    (ValueError("x"), grpc.StatusCode.INVALID_ARGUMENT),
-    (TypeError("x"), grpc.StatusCode.INVALID_ARGUMENT),
-    (RuntimeError("x"), grpc.StatusCode.INTERNAL),
-])
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (Narrow("x"), grpc.StatusCode.ALREADY_EXISTS),  # the first matching row wins
+        (Missing("x"), grpc.StatusCode.NOT_FOUND),
+        (ValueError("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (TypeError("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (RuntimeError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
 def test_status_is_the_first_matching_row(exc: Exception, code: grpc.StatusCode) -> None:
     assert TABLE.status(exc) is code
     assert TABLE.handles(exc) is (code is not grpc.StatusCode.INTERNAL)

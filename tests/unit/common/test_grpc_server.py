@@ -38,8 +38,13 @@ async def test_reflection_is_off_by_default():
 
 
 async def test_health_reflection_metrics_and_shutdown(tmp_path):
-    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.5,
-                       security=SecurityConfig(grpc_reflection=True))
+    host = ServiceHost(
+        "test",
+        listen="127.0.0.1:0",
+        metrics_port=0,
+        shutdown_grace_seconds=0.5,
+        security=SecurityConfig(grpc_reflection=True),
+    )
     Counter("bandmaster_test_things", "things", registry=host.registry).inc(3)
     order = []
 

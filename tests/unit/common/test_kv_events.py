@@ -13,8 +13,14 @@ from services.simworker.core import api as engine_api
 _hashes = st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4).map(tuple)
 _medium = st.sampled_from(["GPU", "CPU_PINNED"])
 _event = st.one_of(
-    st.builds(BlockStored, _hashes, st.none() | st.integers(-(2**63), 2**63 - 1),
-              st.lists(st.integers(0, 2**31), max_size=8).map(tuple), st.integers(1, 256), _medium),
+    st.builds(
+        BlockStored,
+        _hashes,
+        st.none() | st.integers(-(2**63), 2**63 - 1),
+        st.lists(st.integers(0, 2**31), max_size=8).map(tuple),
+        st.integers(1, 256),
+        _medium,
+    ),
     st.builds(BlockRemoved, _hashes, _medium),
     st.just(AllBlocksCleared()),
 )

@@ -31,12 +31,15 @@ def test_router_overrides_are_table_rows_defaulting_to_the_schedulers_value():
     assert overrides == {*router_config.KV_FROM_SCHEDULER, "block_size"}
 
 
-@pytest.mark.parametrize("name, value, reason", [
-    ("router_temperature", -0.1, "router_temperature >= 0"),
-    ("router_ttl_secs", 0.0, "router_ttl_secs > 0"),
-    ("router_event_threads", 0, "router_event_threads >= 1"),
-    ("router_queue_policy", "lifo", "router_queue_policy in {fcfs, lcfs, wspt}"),
-])
+@pytest.mark.parametrize(
+    "name, value, reason",
+    [
+        ("router_temperature", -0.1, "router_temperature >= 0"),
+        ("router_ttl_secs", 0.0, "router_ttl_secs > 0"),
+        ("router_event_threads", 0, "router_event_threads >= 1"),
+        ("router_queue_policy", "lifo", "router_queue_policy in {fcfs, lcfs, wspt}"),
+    ],
+)
 def test_a_value_off_its_rule_is_one_config_error_naming_it(name, value, reason):
     with pytest.raises(ConfigError) as caught:
         kv_router_flags.validate({name: value})

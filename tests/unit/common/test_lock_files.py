@@ -39,8 +39,9 @@ def check_pinned(requirements: list[str], locked: dict[str, tuple[str, int]]) ->
         name = canonicalize_name(req.name)
         assert name in locked, f"{req.name} (pyproject.toml) is not in the lock: run `make lock`"
         version, hashes = locked[name]
-        assert req.specifier.contains(version, prereleases=True), \
+        assert req.specifier.contains(version, prereleases=True), (
             f"{req.name}=={version} in the lock does not satisfy {req.specifier}: run `make lock`"
+        )
         assert hashes >= 1, f"{req.name} has no hash in the lock"
 
 
@@ -55,8 +56,11 @@ def test_the_image_lock_pins_the_services_dependencies_at_the_development_versio
     dev = pins(ROOT / "requirements.lock")
     runtime = pins(ROOT / "requirements-runtime.lock")
     check_pinned(project()["dependencies"], runtime)
-    differ = {name: (version, dev.get(name, ("missing",))[0]) for name, (version, _) in runtime.items()
-              if dev.get(name, ("",))[0] != version}
+    differ = {
+        name: (version, dev.get(name, ("missing",))[0])
+        for name, (version, _) in runtime.items()
+        if dev.get(name, ("",))[0] != version
+    }
     assert not differ, f"requirements-runtime.lock and requirements.lock disagree: {differ}; run `make lock`"
 
 

@@ -26,7 +26,7 @@ def test_a_stall_is_seen_within_its_window_and_forgotten_after():
     lag.observe(0.002)
     assert lag.stalled_within(2.0) == 0.0
     clock.t += 1.6
-    lag.observe(1.5)                      # the loop woke 1.5 s late
+    lag.observe(1.5)  # the loop woke 1.5 s late
     assert lag.stalled_within(2.0) == 1.5
     clock.t += 1.0
     lag.observe(0.0)
@@ -40,7 +40,7 @@ def test_a_stall_still_under_way_counts():
     clock = Clock()
     lag = LoopLag("svc", CollectorRegistry(), interval_s=0.1, monotonic=clock)
     lag.observe(0.0)
-    clock.t += 0.9                        # the sampler has not run for 0.9 s
+    clock.t += 0.9  # the sampler has not run for 0.9 s
     assert abs(lag.stalled_within(2.0) - 0.8) < 1e-9
 
 
@@ -64,7 +64,7 @@ async def test_the_sampler_measures_a_blocked_loop():
     lag.start()
     try:
         await asyncio.sleep(0.06)
-        time.sleep(0.3)                   # block the loop
+        time.sleep(0.3)  # block the loop
         await asyncio.sleep(0.1)
         assert lag.stalled_within(5.0) >= 0.2
         assert registry.get_sample_value("bandmaster_event_loop_lag_seconds_count") >= 1

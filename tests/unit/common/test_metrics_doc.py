@@ -69,8 +69,12 @@ def test_names_follow_the_conventions(catalog):
         if len(doc.services) == 1:
             assert doc.name.startswith(_PREFIXES[doc.services[0]]), (doc.services, doc.name)
         else:
-            assert doc.name.startswith("bandmaster_") and set(doc.services) <= {"capacity", "scheduler", "router",
-                                                                              "planner"}, doc
+            assert doc.name.startswith("bandmaster_") and set(doc.services) <= {
+                "capacity",
+                "scheduler",
+                "router",
+                "planner",
+            }, doc
         if doc.type == "histogram":
             assert doc.name.endswith("_seconds"), f"{doc.name}: a histogram here measures seconds"
         assert "le" not in doc.labels
@@ -80,8 +84,10 @@ def test_series_names_follow_prometheus_client(catalog):
     by_name = {doc.name: doc for doc in catalog}
     assert by_name["bandmaster_router_requests"].shown == ("bandmaster_router_requests_total",)
     assert by_name["bandmaster_router_ttft_seconds"].shown == (
-        "bandmaster_router_ttft_seconds_bucket", "bandmaster_router_ttft_seconds_sum",
-        "bandmaster_router_ttft_seconds_count")
+        "bandmaster_router_ttft_seconds_bucket",
+        "bandmaster_router_ttft_seconds_sum",
+        "bandmaster_router_ttft_seconds_count",
+    )
     assert by_name["bandmaster_scheduler_programs"].shown == ("bandmaster_scheduler_programs",)
     assert by_name["sglang:prompt_tokens"].shown == ("sglang:prompt_tokens_total",)
 

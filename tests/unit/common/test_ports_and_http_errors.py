@@ -16,8 +16,9 @@ async def test_a_second_service_on_the_same_grpc_port_is_refused_not_shared():
         second = ServiceHost("second", listen=f"127.0.0.1:{first.grpc_port}", metrics_port=-1)
         with pytest.raises(PortInUse) as caught:
             await second.start()
-        assert str(caught.value) == (f"port {first.grpc_port} (second gRPC) on 127.0.0.1 is already in use; "
-                                     "choose another with --listen")
+        assert str(caught.value) == (
+            f"port {first.grpc_port} (second gRPC) on 127.0.0.1 is already in use; choose another with --listen"
+        )
     finally:
         await first.stop()
 
@@ -31,8 +32,14 @@ async def test_the_metrics_port_answers_openai_style_json_errors():
             async with http.get(base + "/nope") as response:
                 assert response.status == 404 and response.content_type == "application/json"
                 body = await response.json()
-                assert body == {"error": {"message": "no route '/nope'", "type": "invalid_request_error",
-                                          "param": None, "code": "not_found"}}
+                assert body == {
+                    "error": {
+                        "message": "no route '/nope'",
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": "not_found",
+                    }
+                }
             async with http.post(base + "/metrics") as response:
                 assert response.status == 405 and "GET" in response.headers["Allow"]
                 error = (await response.json())["error"]

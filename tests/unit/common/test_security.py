@@ -50,14 +50,18 @@ def token_file(tmp_path, name, text, mode=0o600):
 
 # -- the role table and the decision ---------------------------------------------------------------
 
-@pytest.mark.parametrize("method, role", [
-    ("/grpc.health.v1.Health/Check", Role.PUBLIC),
-    ("/bandmaster.router.v1.Router/Generate", Role.DATA),
-    ("/bandmaster.router.v1.Router/Release", Role.DATA),
-    ("/bandmaster.capacity.v1.Capacity/RegisterWorker", Role.CONTROL),
-    ("/bandmaster.scheduler.v1.Scheduler/Release", Role.CONTROL),
-    ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Role.CONTROL),
-])
+
+@pytest.mark.parametrize(
+    "method, role",
+    [
+        ("/grpc.health.v1.Health/Check", Role.PUBLIC),
+        ("/bandmaster.router.v1.Router/Generate", Role.DATA),
+        ("/bandmaster.router.v1.Router/Release", Role.DATA),
+        ("/bandmaster.capacity.v1.Capacity/RegisterWorker", Role.CONTROL),
+        ("/bandmaster.scheduler.v1.Scheduler/Release", Role.CONTROL),
+        ("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", Role.CONTROL),
+    ],
+)
 def test_role_table(method, role):
     assert required_role(method) is role
 
@@ -65,36 +69,54 @@ def test_role_table(method, role):
 C, D = Tokens([CONTROL]), Tokens([DATA])
 
 
-@pytest.mark.parametrize("role, presented, control, data, verdict", [
-    (Role.PUBLIC, None, C, D, Verdict.ALLOW),
-    (Role.CONTROL, None, None, D, Verdict.ALLOW),            # no control token configured: open
-    (Role.CONTROL, None, C, D, Verdict.UNAUTHENTICATED),
-    (Role.CONTROL, OTHER, C, D, Verdict.UNAUTHENTICATED),
-    (Role.CONTROL, DATA, C, D, Verdict.PERMISSION_DENIED),   # roles are separate
-    (Role.CONTROL, CONTROL, C, D, Verdict.ALLOW),
-    (Role.DATA, None, C, None, Verdict.ALLOW),               # no data token configured: open
-    (Role.DATA, None, C, D, Verdict.UNAUTHENTICATED),
-    (Role.DATA, OTHER, C, D, Verdict.UNAUTHENTICATED),
-    (Role.DATA, DATA, C, D, Verdict.ALLOW),
-    (Role.DATA, CONTROL, C, D, Verdict.ALLOW),               # control is a superset
-    (Role.DATA, DATA, None, D, Verdict.ALLOW),
-    (Role.CONTROL, CONTROL[:-1], C, D, Verdict.UNAUTHENTICATED),
-])
+@pytest.mark.parametrize(
+    "role, presented, control, data, verdict",
+    [
+        (Role.PUBLIC, None, C, D, Verdict.ALLOW),
+        (Role.CONTROL, None, None, D, Verdict.ALLOW),  # no control token configured: open
+        (Role.CONTROL, None, C, D, Verdict.UNAUTHENTICATED),
+        (Role.CONTROL, OTHER, C, D, Verdict.UNAUTHENTICATED),
+        (Role.CONTROL, DATA, C, D, Verdict.PERMISSION_DENIED),  # roles are separate
+        (Role.CONTROL, CONTROL, C, D, Verdict.ALLOW),
+        (Role.DATA, None, C, None, Verdict.ALLOW),  # no data token configured: open
+        (Role.DATA, None, C, D, Verdict.UNAUTHENTICATED),
+        (Role.DATA, OTHER, C, D, Verdict.UNAUTHENTICATED),
+        (Role.DATA, DATA, C, D, Verdict.ALLOW),
+        (Role.DATA, CONTROL, C, D, Verdict.ALLOW),  # control is a superset
+        (Role.DATA, DATA, None, D, Verdict.ALLOW),
+        (Role.CONTROL, CONTROL[:-1], C, D, Verdict.UNAUTHENTICATED),
+    ],
+)
 def test_authorize(role, presented, control, data, verdict):
     assert authorize(role, presented.encode() if presented else None, control, data) is verdict
 
 
-@pytest.mark.parametrize("header, token", [
-    ("Bearer abc", b"abc"), ("bearer  abc ", b"abc"), ("BEARER abc", b"abc"),
-    (None, None), ("", None), ("Basic abc", None), ("Bearer", None), ("Bearer ", None),
-])
+@pytest.mark.parametrize(
+    "header, token",
+    [
+        ("Bearer abc", b"abc"),
+        ("bearer  abc ", b"abc"),
+        ("BEARER abc", b"abc"),
+        (None, None),
+        ("", None),
+        ("Basic abc", None),
+        ("Bearer", None),
+        ("Bearer ", None),
+    ],
+)
 def test_bearer_of(header, token):
     assert bearer_of(header) == token
 
 
 def test_tokens_never_in_a_repr(tmp_path):
-    security = load(["--control-token-file", token_file(tmp_path, "c", CONTROL + "\n"),
-                     "--data-token-file", token_file(tmp_path, "d", DATA)])
+    security = load(
+        [
+            "--control-token-file",
+            token_file(tmp_path, "c", CONTROL + "\n"),
+            "--data-token-file",
+            token_file(tmp_path, "d", DATA),
+        ]
+    )
     assert CONTROL not in repr(security) and DATA not in repr(security)
     assert security.control_tokens.first == CONTROL
 
@@ -107,6 +129,7 @@ def test_several_tokens_per_file_for_rotation(tmp_path):
 
 # -- settings parsing ---------------------------------------------------------------------------
 
+
 def test_defaults_are_plaintext_without_reflection():
     security = load()
     assert not security.tls and security.control_tokens is None and security.data_tokens is None
@@ -116,9 +139,14 @@ def test_defaults_are_plaintext_without_reflection():
 
 def test_env_sources(tmp_path):
     pki = ensure_local_pki(tmp_path / "pki", ["svc"])
-    env = {"X_TLS_CERT": str(pki.cert("svc")), "X_TLS_KEY": str(pki.key("svc")), "X_TLS_CA": str(pki.ca),
-           "BANDMASTER_CONTROL_TOKEN": CONTROL, "X_DATA_TOKEN_FILE": token_file(tmp_path, "d", DATA),
-           "X_GRPC_REFLECTION": "true"}
+    env = {
+        "X_TLS_CERT": str(pki.cert("svc")),
+        "X_TLS_KEY": str(pki.key("svc")),
+        "X_TLS_CA": str(pki.ca),
+        "BANDMASTER_CONTROL_TOKEN": CONTROL,
+        "X_DATA_TOKEN_FILE": token_file(tmp_path, "d", DATA),
+        "X_GRPC_REFLECTION": "true",
+    }
     security = load(env=env)
     assert security.mutual_tls and security.grpc_reflection
     assert security.describe() == "mTLS, control token, data token, reflection"
@@ -143,8 +171,16 @@ def test_invalid_combinations_name_the_rule(tmp_path, pki):
         (["--control-token-file", token_file(tmp_path, "s", "short")], "control_token_file", "shorter"),
         (["--data-token-file", token_file(tmp_path, "sp", "a token with spaces")], "data_token_file", "ASCII"),
         (["--control-token-file", token_file(tmp_path, "w", CONTROL, 0o666)], "control_token_file", "writable"),
-        (["--control-token-file", token_file(tmp_path, "c", CONTROL),
-          "--data-token-file", token_file(tmp_path, "d", CONTROL)], "data_token_file", "must differ"),
+        (
+            [
+                "--control-token-file",
+                token_file(tmp_path, "c", CONTROL),
+                "--data-token-file",
+                token_file(tmp_path, "d", CONTROL),
+            ],
+            "data_token_file",
+            "must differ",
+        ),
     ]
     for argv, field, rule in cases:
         with pytest.raises(ConfigError) as info:
@@ -177,19 +213,22 @@ def test_local_pki_files_are_private(pki):
 
 # -- the gRPC server: mutual TLS and the token interceptor --------------------------------------
 
+
 def _echo(request: bytes, context) -> bytes:
     return request
 
 
 async def _serve(security):
-    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=-1, shutdown_grace_seconds=0.2,
-                       security=security)
+    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=-1, shutdown_grace_seconds=0.2, security=security)
     handlers = {"Ping": grpc.unary_unary_rpc_method_handler(_echo)}
-    host.server.add_generic_rpc_handlers([
-        grpc.method_handlers_generic_handler("test.v1.Control", handlers),
-        grpc.method_handlers_generic_handler("bandmaster.router.v1.Router",
-                                             {"Release": grpc.unary_unary_rpc_method_handler(_echo)}),
-    ])
+    host.server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler("test.v1.Control", handlers),
+            grpc.method_handlers_generic_handler(
+                "bandmaster.router.v1.Router", {"Release": grpc.unary_unary_rpc_method_handler(_echo)}
+            ),
+        ]
+    )
     await host.start()
     return host
 
@@ -200,8 +239,15 @@ async def _call(channel, method, token=None):
 
 
 async def test_mutual_tls_and_roles(tmp_path, pki):
-    security = load(pki.tls_args("svc") + ["--control-token-file", token_file(tmp_path, "c", CONTROL),
-                                           "--data-token-file", token_file(tmp_path, "d", DATA)])
+    security = load(
+        pki.tls_args("svc")
+        + [
+            "--control-token-file",
+            token_file(tmp_path, "c", CONTROL),
+            "--data-token-file",
+            token_file(tmp_path, "d", DATA),
+        ]
+    )
     host = await _serve(security)
     try:
         client = client_security(tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")), tls_key=str(pki.key("client")))
@@ -222,12 +268,17 @@ async def test_mutual_tls_and_roles(tmp_path, pki):
             assert await _call(channel, "/test.v1.Control/Ping", CONTROL) == b"hi"
             assert await _call(channel, "/bandmaster.router.v1.Router/Release", DATA) == b"hi"
         # A channel built from a config with a control token sends it on every call.
-        dialer = client_security(tls_ca=str(pki.ca), tls_cert=str(pki.cert("client")),
-                                 tls_key=str(pki.key("client")), control_token_file=token_file(tmp_path, "c2", CONTROL))
+        dialer = client_security(
+            tls_ca=str(pki.ca),
+            tls_cert=str(pki.cert("client")),
+            tls_key=str(pki.key("client")),
+            control_token_file=token_file(tmp_path, "c2", CONTROL),
+        )
         async with dialer.channel(host.address) as channel:
             assert await _call(channel, "/test.v1.Control/Ping") == b"hi"
-        refused = host.registry.get_sample_value("bandmaster_auth_refusals_total",
-                                                 {"interface": "grpc", "reason": "unauthenticated"})
+        refused = host.registry.get_sample_value(
+            "bandmaster_auth_refusals_total", {"interface": "grpc", "reason": "unauthenticated"}
+        )
         assert refused == 3
 
         # No client certificate: the handshake is refused before any RPC.
@@ -240,7 +291,9 @@ async def test_mutual_tls_and_roles(tmp_path, pki):
         cert, key = issue(other_ca, other_key, "intruder")
         (tmp_path / "i.pem").write_bytes(cert)
         (tmp_path / "i.key").write_bytes(key)
-        intruder = client_security(tls_ca=str(pki.ca), tls_cert=str(tmp_path / "i.pem"), tls_key=str(tmp_path / "i.key"))
+        intruder = client_security(
+            tls_ca=str(pki.ca), tls_cert=str(tmp_path / "i.pem"), tls_key=str(tmp_path / "i.key")
+        )
         async with intruder.channel(host.address) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await _call(channel, "/test.v1.Control/Ping", CONTROL)
@@ -270,18 +323,28 @@ async def test_tokens_without_tls(tmp_path):
 
 # -- the HTTP bearer guard ----------------------------------------------------------------------
 
+
 async def test_http_bearer_guard():
     async def handler(request):
         return web.json_response({"path": request.path})
 
     refusals = []
-    guarded = bearer_guard(handler, Tokens([CONTROL]), Tokens([DATA]), headers={"Server": "bandmaster"},
-                           on_refusal=lambda interface, verdict: refusals.append((interface, verdict)))
+    guarded = bearer_guard(
+        handler,
+        Tokens([CONTROL]),
+        Tokens([DATA]),
+        headers={"Server": "bandmaster"},
+        on_refusal=lambda interface, verdict: refusals.append((interface, verdict)),
+    )
     async with RawTestServer(guarded) as server, aiohttp.ClientSession() as session:
         url = str(server.make_url("/v1/models"))
-        for headers, status in [({}, 401), ({"Authorization": f"Bearer {OTHER}"}, 401),
-                                ({"Authorization": DATA}, 401), ({"Authorization": f"Bearer {DATA}"}, 200),
-                                ({"Authorization": f"Bearer {CONTROL}"}, 200)]:
+        for headers, status in [
+            ({}, 401),
+            ({"Authorization": f"Bearer {OTHER}"}, 401),
+            ({"Authorization": DATA}, 401),
+            ({"Authorization": f"Bearer {DATA}"}, 200),
+            ({"Authorization": f"Bearer {CONTROL}"}, 200),
+        ]:
             async with session.get(url, headers=headers) as response:
                 assert response.status == status, headers
                 body = await response.json()

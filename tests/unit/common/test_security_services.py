@@ -12,8 +12,12 @@ from services.planner.config import load_config as planner_config
 from services.router.config import load_config as router_config
 from services.scheduler.config import load_config as scheduler_config
 
-LOADERS = {"capacity": capacity_config, "scheduler": scheduler_config, "router": router_config,
-           "planner": planner_config}
+LOADERS = {
+    "capacity": capacity_config,
+    "scheduler": scheduler_config,
+    "router": router_config,
+    "planner": planner_config,
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +38,12 @@ def test_the_same_flags_on_every_service(service, pki):
 @pytest.mark.parametrize("service", sorted(LOADERS))
 def test_environment_names_follow_the_service_prefix(service, pki):
     prefix = f"BANDMASTER_{service.upper()}"
-    env = {f"{prefix}_TLS_CERT": str(pki.cert("svc")), f"{prefix}_TLS_KEY": str(pki.key("svc")),
-           f"{prefix}_TLS_CA": str(pki.ca), "BANDMASTER_CONTROL_TOKEN": "c" * 32}
+    env = {
+        f"{prefix}_TLS_CERT": str(pki.cert("svc")),
+        f"{prefix}_TLS_KEY": str(pki.key("svc")),
+        f"{prefix}_TLS_CA": str(pki.ca),
+        "BANDMASTER_CONTROL_TOKEN": "c" * 32,
+    }
     security = LOADERS[service](["--state-path", "none"] if service == "scheduler" else [], env).security
     assert security.mutual_tls and security.control_tokens.first == "c" * 32
 
@@ -48,7 +56,8 @@ def test_a_certificate_without_its_key_is_refused(service, pki):
 
 
 def test_the_process_exits_2_naming_the_rule(pki):
-    done = subprocess.run([sys.executable, "-m", "services.capacity", "--tls-ca", str(pki.ca)],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.capacity", "--tls-ca", str(pki.ca)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "tls_ca" in done.stderr and "needs --tls-cert" in done.stderr

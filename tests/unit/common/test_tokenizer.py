@@ -22,21 +22,46 @@ USER = {"role": "user", "content": "Run the tests"}
 
 # -- rendering ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("messages, expected", [
-    ([SYSTEM, USER],
-     f"{BOS}<|system|>\nYou are a coding agent.<|end|>\n<|user|>\nRun the tests<|end|>\n<|assistant|>\n"),
-    # null content renders as "", null keys are dropped; arguments given as a JSON string reach the
-    # template as an object (tojson prints it back); list content is flattened with one space
-    ([USER, {"role": "assistant", "content": None, "name": None,
-             "tool_calls": [{"id": "c1", "type": "function",
-                             "function": {"name": "bash", "arguments": "{\"cmd\": \"make\"}"}}]},
-      {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "all"},
-                                                         {"type": "text", "text": "passed"}]},
-      {"role": "user", "content": [{"type": "text", "text": "good"}, {"type": "image_url", "image_url": {}},
-                                   {"type": "text", "text": "now"}]}],
-     f"{BOS}<|user|>\nRun the tests<|end|>\n<|assistant|>\n<call>bash {{\"cmd\": \"make\"}}</call><|end|>\n"
-     "<|tool|>\nall passed<|end|>\n<|user|>\ngood now<|end|>\n<|assistant|>\n"),
-])
+
+@pytest.mark.parametrize(
+    "messages, expected",
+    [
+        (
+            [SYSTEM, USER],
+            f"{BOS}<|system|>\nYou are a coding agent.<|end|>\n<|user|>\nRun the tests<|end|>\n<|assistant|>\n",
+        ),
+        # null content renders as "", null keys are dropped; arguments given as a JSON string reach the
+        # template as an object (tojson prints it back); list content is flattened with one space
+        (
+            [
+                USER,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "name": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "make"}'}}
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "tool_call_id": "c1",
+                    "content": [{"type": "text", "text": "all"}, {"type": "text", "text": "passed"}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "good"},
+                        {"type": "image_url", "image_url": {}},
+                        {"type": "text", "text": "now"},
+                    ],
+                },
+            ],
+            f'{BOS}<|user|>\nRun the tests<|end|>\n<|assistant|>\n<call>bash {{"cmd": "make"}}</call><|end|>\n'
+            "<|tool|>\nall passed<|end|>\n<|user|>\ngood now<|end|>\n<|assistant|>\n",
+        ),
+    ],
+)
 def test_chat_prompt_renders_like_sglang(tok, messages, expected):
     assert tok.chat_prompt({"messages": messages}) == expected
 
@@ -55,12 +80,15 @@ def test_trailing_assistant_message_is_continued_or_becomes_a_user_message(tok):
 
 
 def test_tools_are_passed_unless_tool_choice_is_none(tok):
-    tools = [{"type": "function", "function": {"name": "bash", "parameters": {}}},
-             {"type": "function", "function": {"name": "edit", "parameters": {}}}]
+    tools = [
+        {"type": "function", "function": {"name": "bash", "parameters": {}}},
+        {"type": "function", "function": {"name": "edit", "parameters": {}}},
+    ]
     with_tools = tok.chat_prompt({"messages": [USER], "tools": tools})
-    assert with_tools.startswith(f"{BOS}<|system|>\nTools: [{{\"type\": \"function\"") and "edit" in with_tools
-    named = tok.chat_prompt({"messages": [USER], "tools": tools,
-                             "tool_choice": {"type": "function", "function": {"name": "bash"}}})
+    assert with_tools.startswith(f'{BOS}<|system|>\nTools: [{{"type": "function"') and "edit" in with_tools
+    named = tok.chat_prompt(
+        {"messages": [USER], "tools": tools, "tool_choice": {"type": "function", "function": {"name": "bash"}}}
+    )
     assert "bash" in named and "edit" not in named
     assert "Tools" not in tok.chat_prompt({"messages": [USER], "tools": tools, "tool_choice": "none"})
 
@@ -68,14 +96,17 @@ def test_tools_are_passed_unless_tool_choice_is_none(tok):
 def test_template_kwargs_reach_the_template(tmp_path):
     template = "{{ bos_token }}{{ greeting }}|{{ reasoning_effort }}|{{ messages[0]['content'] }}"
     tok = load_tokenizer(build_tokenizer_dir(tmp_path / "t", chat_template=template))
-    prompt = tok.chat_prompt({"messages": [USER], "chat_template_kwargs": {"greeting": "hi"},
-                              "reasoning_effort": "low"})
+    prompt = tok.chat_prompt(
+        {"messages": [USER], "chat_template_kwargs": {"greeting": "hi"}, "reasoning_effort": "low"}
+    )
     assert prompt == f"{BOS}hi|low|Run the tests"
 
 
 def test_named_templates_pick_default_or_tool_use(tmp_path):
-    templates = [{"name": "default", "template": "D{{ messages | length }}"},
-                 {"name": "tool_use", "template": "T{{ tools | length }}"}]
+    templates = [
+        {"name": "default", "template": "D{{ messages | length }}"},
+        {"name": "tool_use", "template": "T{{ tools | length }}"},
+    ]
     tok = load_tokenizer(build_tokenizer_dir(tmp_path / "t", chat_template=templates))
     assert tok.chat_prompt({"messages": [USER]}) == "D1"
     assert tok.chat_prompt({"messages": [USER], "tools": [{"type": "function", "function": {"name": "x"}}]}) == "T1"
@@ -85,8 +116,12 @@ def test_content_format_detection(tmp_path):
     parts = "{% for m in messages %}{% for part in m['content'] %}[{{ part['text'] }}]{% endfor %}{% endfor %}"
     tok = load_tokenizer(build_tokenizer_dir(tmp_path / "t", chat_template=parts))
     assert tok.content_format() == CONTENT_PARTS
-    assert tok.chat_prompt({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
-                                                                      {"type": "text", "text": "b"}]}]}) == "[a][b]"
+    assert (
+        tok.chat_prompt(
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+        )
+        == "[a][b]"
+    )
     assert load_tokenizer(build_tokenizer_dir(tmp_path / "s")).content_format() == CONTENT_STRING
 
 
@@ -96,15 +131,38 @@ def test_chat_template_file_wins_over_the_config(tmp_path):
     assert load_tokenizer(directory).chat_prompt({"messages": [USER]}) == "FILE Run the tests"
 
 
-@pytest.mark.parametrize("request_body, message", [
-    ({"messages": [{"role": "alien", "content": "x"}]}, "unknown role: alien"),
-    ({"messages": []}, "non-empty"),
-    ({"messages": ["x"]}, "string role"),
-    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "f", "arguments": "not json"}}]}]}, "valid JSON"),
-    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [
-        {"function": {"name": "f", "arguments": "[1]"}}]}]}, "JSON object"),
-])
+@pytest.mark.parametrize(
+    "request_body, message",
+    [
+        ({"messages": [{"role": "alien", "content": "x"}]}, "unknown role: alien"),
+        ({"messages": []}, "non-empty"),
+        ({"messages": ["x"]}, "string role"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": "f", "arguments": "not json"}}],
+                    }
+                ]
+            },
+            "valid JSON",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}],
+                    }
+                ]
+            },
+            "JSON object",
+        ),
+    ],
+)
 def test_requests_the_template_cannot_render(tok, request_body, message):
     with pytest.raises(ChatTemplateError, match=message):
         tok.chat_token_ids(request_body)
@@ -118,6 +176,7 @@ def test_no_template_means_no_chat(tmp_path):
 
 
 # -- encoding -----------------------------------------------------------------------------------
+
 
 def test_encode_round_trip_and_special_tokens(tok):
     text = "Run the tests, then call the tool: ünïcode ✓ and unseen words xyzzy."
@@ -139,17 +198,21 @@ def test_chat_ids_carry_one_bos(tok):
 def test_next_turn_extends_the_previous_prompt(tok):
     """What prefix caching relies on: turn 2's ids start with turn 1's prompt ids."""
     turn1 = {"messages": [SYSTEM, USER]}
-    turn2 = {"messages": [SYSTEM, USER, {"role": "assistant", "content": "ran them"},
-                          {"role": "user", "content": "now fix"}]}
+    turn2 = {
+        "messages": [SYSTEM, USER, {"role": "assistant", "content": "ran them"}, {"role": "user", "content": "now fix"}]
+    }
     ids1, ids2 = tok.chat_token_ids(turn1), tok.chat_token_ids(turn2)
-    assert ids2[:len(ids1)] == ids1 and len(ids2) > len(ids1)
+    assert ids2[: len(ids1)] == ids1 and len(ids2) > len(ids1)
 
 
-@pytest.mark.parametrize("config, expected", [
-    ({"add_bos_token": False}, lambda t, ids: ids),                                # the config turns BOS off
-    ({"add_bos_token": True, "add_eos_token": True}, lambda t, ids: [t.bos_token_id, *ids, t.eos_token_id]),
-    ({}, lambda t, ids: [t.bos_token_id, *ids]),                                   # the post-processor decides
-])
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        ({"add_bos_token": False}, lambda t, ids: ids),  # the config turns BOS off
+        ({"add_bos_token": True, "add_eos_token": True}, lambda t, ids: [t.bos_token_id, *ids, t.eos_token_id]),
+        ({}, lambda t, ids: [t.bos_token_id, *ids]),  # the post-processor decides
+    ],
+)
 def test_add_bos_and_eos_from_the_config(tmp_path, config, expected):
     tok = load_tokenizer(build_tokenizer_dir(tmp_path / "t", **config))
     plain = tok.encode("run the tests", add_special_tokens=False)
@@ -157,6 +220,7 @@ def test_add_bos_and_eos_from_the_config(tmp_path, config, expected):
 
 
 # -- loading errors -------------------------------------------------------------------------------
+
 
 def test_missing_directory_or_file_names_the_path(tmp_path):
     with pytest.raises(ConfigError, match="nowhere") as err:
@@ -176,16 +240,22 @@ def test_a_tokenizer_json_path_finds_its_config_beside_it(tmp_path):
     assert load_tokenizer(directory / "tokenizer.json").has_chat_template
 
 
-@pytest.mark.parametrize("file, content, reason", [
-    ("tokenizer.json", "{not json", "not a tokenizers file"),
-    ("tokenizer_config.json", "{not json", "not valid JSON"),
-    ("tokenizer_config.json", "[1, 2]", "JSON object"),
-    ("tokenizer_config.json", json.dumps({"chat_template": "{% for m in messages %}"}), "syntax error"),
-    ("tokenizer_config.json", json.dumps({"chat_template": "{{ x }"}), "syntax error"),
-    ("tokenizer_config.json", json.dumps({"chat_template": 5}), "must be a string or a list"),
-    ("tokenizer_config.json", json.dumps({"chat_template": [{"name": "tool_use", "template": "x"}]}),
-     "named 'default'"),
-])
+@pytest.mark.parametrize(
+    "file, content, reason",
+    [
+        ("tokenizer.json", "{not json", "not a tokenizers file"),
+        ("tokenizer_config.json", "{not json", "not valid JSON"),
+        ("tokenizer_config.json", "[1, 2]", "JSON object"),
+        ("tokenizer_config.json", json.dumps({"chat_template": "{% for m in messages %}"}), "syntax error"),
+        ("tokenizer_config.json", json.dumps({"chat_template": "{{ x }"}), "syntax error"),
+        ("tokenizer_config.json", json.dumps({"chat_template": 5}), "must be a string or a list"),
+        (
+            "tokenizer_config.json",
+            json.dumps({"chat_template": [{"name": "tool_use", "template": "x"}]}),
+            "named 'default'",
+        ),
+    ],
+)
 def test_malformed_files_are_config_errors(tmp_path, file, content, reason):
     directory = build_tokenizer_dir(tmp_path / "t")
     (directory / file).write_text(content)

@@ -19,17 +19,23 @@ from services.simworker.server import start_simworker
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-@pytest.mark.parametrize("ratio, env, description", [
-    (None, {}, "ParentBased{root:AlwaysOnSampler"),
-    (0.25, {}, "ParentBased{root:TraceIdRatioBased{0.25}"),
-    (0.0, {"OTEL_TRACES_SAMPLER": "always_on"}, "ParentBased{root:TraceIdRatioBased{0.0}"),  # the flag wins
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
-     "ParentBased{root:TraceIdRatioBased{0.1}"),
-    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}, "TraceIdRatioBased{0.5}"),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, "ParentBased{root:TraceIdRatioBased{1.0}"),
-    (None, {"OTEL_TRACES_SAMPLER": "ALWAYS_OFF"}, "AlwaysOffSampler"),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, "ParentBased{root:AlwaysOffSampler"),
-])
+@pytest.mark.parametrize(
+    "ratio, env, description",
+    [
+        (None, {}, "ParentBased{root:AlwaysOnSampler"),
+        (0.25, {}, "ParentBased{root:TraceIdRatioBased{0.25}"),
+        (0.0, {"OTEL_TRACES_SAMPLER": "always_on"}, "ParentBased{root:TraceIdRatioBased{0.0}"),  # the flag wins
+        (
+            None,
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+            "ParentBased{root:TraceIdRatioBased{0.1}",
+        ),
+        (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}, "TraceIdRatioBased{0.5}"),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio"}, "ParentBased{root:TraceIdRatioBased{1.0}"),
+        (None, {"OTEL_TRACES_SAMPLER": "ALWAYS_OFF"}, "AlwaysOffSampler"),
+        (None, {"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, "ParentBased{root:AlwaysOffSampler"),
+    ],
+)
 def test_sampler_from_flag_or_standard_environment(ratio, env, description):
     assert trace_sampler(ratio, env).get_description().startswith(description)
 
@@ -38,23 +44,32 @@ def test_a_sampler_the_spec_does_not_define_is_left_to_the_sdk():
     assert trace_sampler(None, {"OTEL_TRACES_SAMPLER": "xray"}) is None
 
 
-@pytest.mark.parametrize("ratio, env, field", [
-    (1.5, {}, "trace_sample_ratio"),
-    (-0.1, {}, "trace_sample_ratio"),
-    (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG"),
-    (None, {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
-     "OTEL_TRACES_SAMPLER_ARG"),
-])
+@pytest.mark.parametrize(
+    "ratio, env, field",
+    [
+        (1.5, {}, "trace_sample_ratio"),
+        (-0.1, {}, "trace_sample_ratio"),
+        (None, {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG"),
+        (
+            None,
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
+            "OTEL_TRACES_SAMPLER_ARG",
+        ),
+    ],
+)
 def test_a_sampling_value_out_of_range_is_a_config_error(ratio, env, field):
     with pytest.raises(ConfigError) as info:
         setup_telemetry("svc", env=env, exporter=InMemorySpanExporter(), set_global=False, sample_ratio=ratio)
     assert info.value.field == field
 
 
-@pytest.mark.parametrize("load, argv", [
-    (capacity_config, []),
-    (simworker_config, []),
-])
+@pytest.mark.parametrize(
+    "load, argv",
+    [
+        (capacity_config, []),
+        (simworker_config, []),
+    ],
+)
 def test_every_service_takes_the_flag_and_refuses_a_ratio_out_of_range(load, argv):
     assert load([*argv, "--trace-sample-ratio", "0.5"], {}).trace_sample_ratio == 0.5
     assert load(argv, {}).trace_sample_ratio is None
@@ -78,14 +93,26 @@ async def test_unary_calls_get_a_server_span_and_probes_do_not():
     async def stream(request: bytes, context):
         yield request
 
-    host.server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("test.v1.T", {
-        "Ping": grpc.unary_unary_rpc_method_handler(ping, request_deserializer=bytes, response_serializer=bytes),
-        "Watch": grpc.unary_stream_rpc_method_handler(stream, request_deserializer=bytes,
-                                                      response_serializer=bytes)})])
+    host.server.add_generic_rpc_handlers(
+        [
+            grpc.method_handlers_generic_handler(
+                "test.v1.T",
+                {
+                    "Ping": grpc.unary_unary_rpc_method_handler(
+                        ping, request_deserializer=bytes, response_serializer=bytes
+                    ),
+                    "Watch": grpc.unary_stream_rpc_method_handler(
+                        stream, request_deserializer=bytes, response_serializer=bytes
+                    ),
+                },
+            )
+        ]
+    )
     await host.start()
     try:
-        async with grpc.aio.insecure_channel(host.address,
-                                             interceptors=telemetry.grpc_client_interceptors()) as channel:
+        async with grpc.aio.insecure_channel(
+            host.address, interceptors=telemetry.grpc_client_interceptors()
+        ) as channel:
             await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert await channel.unary_unary("/test.v1.T/Ping")(b"x", timeout=5) == b"x"
             assert [r async for r in channel.unary_stream("/test.v1.T/Watch")(b"y", timeout=5)] == [b"y"]
@@ -105,8 +132,11 @@ async def test_simworker_request_span_has_the_engine_phases_in_order():
     worker = await start_simworker(simworker_config(["--port", "0", "--speedup", "100"], {}), telemetry=telemetry)
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.post(worker.url + "/generate", headers={"traceparent": TRACEPARENT},
-                                    json={"text": "hello there world", "sampling_params": {"max_new_tokens": 3}}) as r:
+            async with session.post(
+                worker.url + "/generate",
+                headers={"traceparent": TRACEPARENT},
+                json={"text": "hello there world", "sampling_params": {"max_new_tokens": 3}},
+            ) as r:
                 assert r.status == 200
             async with session.get(worker.url + "/health") as r:
                 assert r.status == 200
@@ -118,8 +148,14 @@ async def test_simworker_request_span_has_the_engine_phases_in_order():
     assert span.kind is SpanKind.SERVER and format(span.context.trace_id, "032x") == TRACEPARENT[3:35]
     assert span.attributes["http.response.status_code"] == 200
     events = [(e.name, e.timestamp, e.attributes["simworker.engine_time_s"]) for e in span.events]
-    assert [name for name, _, _ in events] == ["queue.start", "queue.end", "prefill.start", "prefill.end",
-                                               "decode.start", "decode.end"]
+    assert [name for name, _, _ in events] == [
+        "queue.start",
+        "queue.end",
+        "prefill.start",
+        "prefill.end",
+        "decode.start",
+        "decode.end",
+    ]
     assert [t for _, t, _ in events] == sorted(t for _, t, _ in events)
     engine_times = [v for _, _, v in events]
     assert engine_times == sorted(engine_times)

@@ -35,14 +35,16 @@ async def test_openai_client_batch_round_trip(planner, upstream):
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(5))), purpose="batch")
     assert f.purpose == "batch" and f.bytes > 0 and f.object == "file"
     assert (await client.files.retrieve(f.id)).id == f.id
-    batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                        metadata={"who": "test"})
+    batch = await client.batches.create(
+        input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h", metadata={"who": "test"}
+    )
     assert batch.status == "validating" and batch.request_counts.total == 5
     assert batch.expires_at == batch.created_at + 86400
 
     async def done():
         b = await client.batches.retrieve(batch.id)
         return b if b.status == "completed" else None
+
     b = await assert_eventually(done, timeout_s=15)
     assert b.request_counts.completed == 5 and b.request_counts.failed == 0
     assert b.in_progress_at and b.completed_at and b.finalizing_at and b.output_file_id and b.error_file_id is None
@@ -63,13 +65,13 @@ async def test_openai_client_batch_round_trip(planner, upstream):
 async def test_failed_requests_go_to_the_error_file(planner, upstream):
     client = client_for(planner)
     upstream.status_queue.extend([400])
-    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(2, url="/v1/completions"))),
-                                  purpose="batch")
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(2, url="/v1/completions"))), purpose="batch")
     batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="1h")
 
     async def done():
         b = await client.batches.retrieve(batch.id)
         return b if b.status == "completed" else None
+
     b = await assert_eventually(done, timeout_s=15)
     assert (b.request_counts.completed, b.request_counts.failed) == (1, 1)
     err = [json.loads(ln) for ln in (await client.files.content(b.error_file_id)).text.splitlines()]
@@ -85,6 +87,7 @@ async def test_retryable_upstream_errors_are_retried(planner, upstream):
     async def done():
         b = await client.batches.retrieve(batch.id)
         return b if b.status == "completed" else None
+
     b = await assert_eventually(done, timeout_s=15)
     assert b.request_counts.completed == 1 and len(upstream.requests) == 3
 
@@ -92,8 +95,10 @@ async def test_retryable_upstream_errors_are_retried(planner, upstream):
 async def test_list_paginates_newest_first(planner):
     client = client_for(planner)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
-    ids = [(await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                        completion_window="24h")).id for _ in range(3)]
+    ids = [
+        (await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")).id
+        for _ in range(3)
+    ]
     page = await client.batches.list(limit=2)
     assert [b.id for b in page.data] == ids[::-1][:2] and page.has_more
     seen = [b.id async for b in client.batches.list(limit=2)]
@@ -105,8 +110,9 @@ async def test_cancel_is_idempotent_and_unsent_requests_land_in_the_error_file(t
     try:
         client = client_for(running)
         f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(3))), purpose="batch")
-        batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                            completion_window="24h")
+        batch = await client.batches.create(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         first = await client.batches.cancel(batch.id)
         assert first.status in ("cancelling", "cancelled") and first.cancelling_at
         second = await client.batches.cancel(batch.id)
@@ -115,11 +121,12 @@ async def test_cancel_is_idempotent_and_unsent_requests_land_in_the_error_file(t
         async def cancelled():
             b = await client.batches.retrieve(batch.id)
             return b if b.status == "cancelled" else None
+
         b = await assert_eventually(cancelled, timeout_s=10)
         assert b.cancelled_at and b.output_file_id is None
         err = [json.loads(ln) for ln in (await client.files.content(b.error_file_id)).text.splitlines()]
         assert {e["error"]["code"] for e in err} == {"batch_cancelled"} and len(err) == 3
-        assert upstream.requests == []       # the lease (cap 0) never admitted anything
+        assert upstream.requests == []  # the lease (cap 0) never admitted anything
         assert (await client.batches.cancel(batch.id)).status == "cancelled"
     finally:
         await running.stop()
@@ -155,7 +162,7 @@ async def test_bad_input_files_are_refused_whole(planner, name, data, status, co
 
 
 async def test_hundred_thousand_lines_are_refused_with_413(tmp_path):
-    running = await start_planner(planner_config(tmp_path))      # default limit 50,000
+    running = await start_planner(planner_config(tmp_path))  # default limit 50,000
     try:
         client = client_for(running)
         with pytest.raises(openai.APIStatusError) as info:
@@ -208,8 +215,7 @@ async def test_unknown_ids_are_404(planner):
     with pytest.raises(openai.NotFoundError):
         await client.files.content("file_nope")
     with pytest.raises(openai.NotFoundError):
-        await client.batches.create(input_file_id="file_nope", endpoint="/v1/chat/completions",
-                                    completion_window="24h")
+        await client.batches.create(input_file_id="file_nope", endpoint="/v1/chat/completions", completion_window="24h")
 
 
 async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
@@ -227,6 +233,7 @@ async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
         async def done():
             b = await client.batches.retrieve(batch.id)
             return b if b.status == "completed" else None
+
         b = await assert_eventually(done, timeout_s=15)
         assert b.request_counts.completed == 4 and len(upstream.requests) == 4
     finally:
@@ -239,13 +246,15 @@ async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_pa
     from services.common.security import SecurityConfig, Tokens
 
     token = "d" * 32
-    cfg = dataclasses.replace(planner_config(tmp_path, dispatch_url=upstream.url),
-                              security=SecurityConfig(data_tokens=Tokens([token])))
+    cfg = dataclasses.replace(
+        planner_config(tmp_path, dispatch_url=upstream.url), security=SecurityConfig(data_tokens=Tokens([token]))
+    )
     running = await start_planner(cfg)
     try:
         with pytest.raises(openai.AuthenticationError):
-            await openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="wrong-" + "x" * 20,
-                                     max_retries=0).batches.list()
+            await openai.AsyncOpenAI(
+                base_url=running.http_url + "/v1", api_key="wrong-" + "x" * 20, max_retries=0
+            ).batches.list()
         client = openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key=token, max_retries=0)
         f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
         b = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -253,24 +262,28 @@ async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_pa
         async def done():
             got = await client.batches.retrieve(b.id)
             return got if got.status == "completed" else None
+
         await assert_eventually(done, timeout_s=15)
         assert upstream.headers[0]["Authorization"] == f"Bearer {token}"
     finally:
         await running.stop()
 
 
-@pytest.mark.parametrize("bad, raw", [("x" * 65, "x" * 65), ("a%0Ab", "a\nb"), ("a%20b", "a b"),
-                                      ("%C3%A9", "\u00e9")])
+@pytest.mark.parametrize("bad, raw", [("x" * 65, "x" * 65), ("a%0Ab", "a\nb"), ("a%20b", "a b"), ("%C3%A9", "\u00e9")])
 async def test_ids_in_paths_bodies_and_queries_are_checked(planner, bad, raw):
     """Regression: any id reached the registry and came back in the error message."""
     import aiohttp
 
     body = {"input_file_id": raw, "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     async with aiohttp.ClientSession() as http:
-        for method, path, payload in [("GET", f"/v1/files/{bad}", None), ("GET", f"/v1/files/{bad}/content", None),
-                                      ("GET", f"/v1/batches/{bad}", None),
-                                      ("POST", f"/v1/batches/{bad}/cancel", None),
-                                      ("GET", f"/v1/batches?after={bad}", None), ("POST", "/v1/batches", body)]:
+        for method, path, payload in [
+            ("GET", f"/v1/files/{bad}", None),
+            ("GET", f"/v1/files/{bad}/content", None),
+            ("GET", f"/v1/batches/{bad}", None),
+            ("POST", f"/v1/batches/{bad}/cancel", None),
+            ("GET", f"/v1/batches?after={bad}", None),
+            ("POST", "/v1/batches", body),
+        ]:
             async with http.request(method, planner.http_url + path, json=payload) as r:
                 assert r.status == 400, (path, await r.text())
                 assert "letters, digits" in (await r.json())["error"]["message"]

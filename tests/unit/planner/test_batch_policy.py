@@ -41,7 +41,7 @@ def test_deadline_required_rps_scales_the_absolute_replica_floor():
     p = plan(obs([job(remaining=2000)]))
     assert p.diagnostics.required_batch_rps == pytest.approx(20)
     assert p.replica_floor == 11
-    assert p.max_admission_rps == 10.0                        # today's headroom only
+    assert p.max_admission_rps == 10.0  # today's headroom only
     assert p.diagnostics.planned_batch_capacity_rps == pytest.approx(20)
 
 
@@ -101,15 +101,16 @@ def test_missing_capacity_pauses_drain_without_a_scaling_opinion():
 
 def test_rollout_uses_expected_floor_and_conservative_ready_capacity():
     p = plan(obs([job(remaining=600, due_in_s=100)], traffic_=traffic(0.0), inv=inventory(1, 4, scaling=True)))
-    assert p.diagnostics.current_safe_headroom_rps == pytest.approx(10)   # ready 1 only
+    assert p.diagnostics.current_safe_headroom_rps == pytest.approx(10)  # ready 1 only
     assert p.max_admission_rps == 10.0
-    assert p.replica_floor == 1            # the absolute need; the rollout to 4 is not cancelled by it
+    assert p.replica_floor == 1  # the absolute need; the rollout to 4 is not cancelled by it
     assert p.diagnostics.desired_replicas == 4
 
 
 def test_verified_startup_uses_ready_plus_pending_floor_and_ready_capacity():
-    p = plan(obs([job(remaining=100, due_in_s=None)], traffic_=traffic(0.0),
-                 inv=inventory(1, None, scaling=True, pending=3)))
+    p = plan(
+        obs([job(remaining=100, due_in_s=None)], traffic_=traffic(0.0), inv=inventory(1, None, scaling=True, pending=3))
+    )
     assert not p.diagnostics.capacity_stale
     assert p.diagnostics.desired_replicas == 4
     assert p.max_admission_rps == 10.0
@@ -152,13 +153,24 @@ def test_authoritatively_idle_pool_emits_exact_configured_warm_target(min_replic
     assert (p.replica_floor, p.idle_replica_target, p.max_admission_rps) == (None, min_replicas, 0.0)
 
 
-@pytest.mark.parametrize("change", [
-    dict(traffic_=traffic(1.0, active=0)), dict(traffic_=traffic(0.0, active=2)), dict(traffic_=traffic(0.0, active=None)),
-    dict(traffic_=None), dict(traffic_=traffic(0.0, active=0, age_s=61)), dict(feedback_=None),
-    dict(feedback_=feedback(age_s=61)), dict(feedback_=feedback(queued=1)), dict(feedback_=feedback(inflight=1)),
-    dict(inv=None), dict(inv=inventory(5, None, scaling=True)), dict(inv=inventory(5, 6)),
-    dict(inv=inventory(4, None, scaling=True, pending=1)),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(traffic_=traffic(1.0, active=0)),
+        dict(traffic_=traffic(0.0, active=2)),
+        dict(traffic_=traffic(0.0, active=None)),
+        dict(traffic_=None),
+        dict(traffic_=traffic(0.0, active=0, age_s=61)),
+        dict(feedback_=None),
+        dict(feedback_=feedback(age_s=61)),
+        dict(feedback_=feedback(queued=1)),
+        dict(feedback_=feedback(inflight=1)),
+        dict(inv=None),
+        dict(inv=inventory(5, None, scaling=True)),
+        dict(inv=inventory(5, 6)),
+        dict(inv=inventory(4, None, scaling=True, pending=1)),
+    ],
+)
 def test_idle_target_is_withheld_until_every_idle_signal_is_authoritative(change):
     kw = dict(traffic_=traffic(0.0, active=0), inv=inventory(5))
     kw.update(change)
@@ -235,12 +247,21 @@ def test_drain_is_clipped_when_replica_ceiling_cannot_sustain_headroom():
     assert p.replica_floor == 9 and p.diagnostics.planned_batch_capacity_rps == 0 and p.max_admission_rps == 0
 
 
-@pytest.mark.parametrize("bad", [
-    dict(safe_rps_per_ready_replica=0), dict(safe_rps_per_ready_replica=math.inf), dict(cold_start_margin_s=-1),
-    dict(finalization_margin_s=math.nan), dict(drain_lease_duration_s=0), dict(min_replicas=-1),
-    dict(min_replicas=5, max_replicas=4), dict(scale_from_zero_replicas=0), dict(scale_from_zero_replicas=30),
-    dict(max_batch_admission_rps=-1),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(safe_rps_per_ready_replica=0),
+        dict(safe_rps_per_ready_replica=math.inf),
+        dict(cold_start_margin_s=-1),
+        dict(finalization_margin_s=math.nan),
+        dict(drain_lease_duration_s=0),
+        dict(min_replicas=-1),
+        dict(min_replicas=5, max_replicas=4),
+        dict(scale_from_zero_replicas=0),
+        dict(scale_from_zero_replicas=30),
+        dict(max_batch_admission_rps=-1),
+    ],
+)
 def test_config_rejects_unsafe_values(bad):
     with pytest.raises(ValueError):
         cfg(**bad)

@@ -18,32 +18,41 @@ def test_defaults_are_valid_and_every_flag_has_an_env_var():
 
 
 def test_flag_wins_over_env_and_env_over_default():
-    cfg = load_config(["--pool-id", "flag"], {"BANDMASTER_PLANNER_POOL_ID": "env", "BANDMASTER_PLANNER_MAX_REPLICAS": "3",
-                                              "BANDMASTER_PLANNER_ROUTER_METRICS_URL": "http://a:1,http://b:2"})
+    cfg = load_config(
+        ["--pool-id", "flag"],
+        {
+            "BANDMASTER_PLANNER_POOL_ID": "env",
+            "BANDMASTER_PLANNER_MAX_REPLICAS": "3",
+            "BANDMASTER_PLANNER_ROUTER_METRICS_URL": "http://a:1,http://b:2",
+        },
+    )
     assert cfg.pool_id == "flag" and cfg.max_replicas == 3
     assert cfg.router_metrics_url == ("http://a:1", "http://b:2")
 
 
-@pytest.mark.parametrize("argv, rule", [
-    (["--no-such-flag"], "unrecognized arguments"),
-    (["--lease-store", "redis"], "--redis-url is required"),
-    (["--lease-store", "redis", "--redis-url", "http://x:1"], "redis://"),
-    (["--connector", "kubernetes"], "--k8s-deployment is required"),
-    (["--connector", "ftp"], "must be one of"),
-    (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
-    (["--min-replicas", "5", "--max-replicas", "4"], "max_replicas >= max(1, min_replicas)"),
-    (["--scale-from-zero-replicas", "9", "--max-replicas", "8"], "scale_from_zero_replicas <= max_replicas"),
-    (["--drain-lease-duration-seconds", "10"], "so a healthy planner renews before expiry"),
-    (["--tick-interval-seconds", "0"], "tick_interval_seconds > 0"),
-    (["--observe-timeout-seconds", "20"], "observe_timeout_seconds <= tick_max_duration_seconds"),
-    (["--max-batch-admission-rps", "-2"], "max_batch_admission_rps >= 0"),
-    (["--dispatch-url", "http://u:p@host:1"], "without credentials"),
-    (["--scale-down-utilization", "0.99"], "scale_down_utilization < scale_up_utilization"),
-    (["--total-power-limit-watts", "1000"], "watts_per_replica > 0"),
-    (["--http-listen", "nope"], "host:port"),
-    (["--max-batch-requests", "0"], "1 <= max_batch_requests"),
-    (["--safe-rps-fraction", "1.5"], "0 < safe_rps_fraction <= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, rule",
+    [
+        (["--no-such-flag"], "unrecognized arguments"),
+        (["--lease-store", "redis"], "--redis-url is required"),
+        (["--lease-store", "redis", "--redis-url", "http://x:1"], "redis://"),
+        (["--connector", "kubernetes"], "--k8s-deployment is required"),
+        (["--connector", "ftp"], "must be one of"),
+        (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
+        (["--min-replicas", "5", "--max-replicas", "4"], "max_replicas >= max(1, min_replicas)"),
+        (["--scale-from-zero-replicas", "9", "--max-replicas", "8"], "scale_from_zero_replicas <= max_replicas"),
+        (["--drain-lease-duration-seconds", "10"], "so a healthy planner renews before expiry"),
+        (["--tick-interval-seconds", "0"], "tick_interval_seconds > 0"),
+        (["--observe-timeout-seconds", "20"], "observe_timeout_seconds <= tick_max_duration_seconds"),
+        (["--max-batch-admission-rps", "-2"], "max_batch_admission_rps >= 0"),
+        (["--dispatch-url", "http://u:p@host:1"], "without credentials"),
+        (["--scale-down-utilization", "0.99"], "scale_down_utilization < scale_up_utilization"),
+        (["--total-power-limit-watts", "1000"], "watts_per_replica > 0"),
+        (["--http-listen", "nope"], "host:port"),
+        (["--max-batch-requests", "0"], "1 <= max_batch_requests"),
+        (["--safe-rps-fraction", "1.5"], "0 < safe_rps_fraction <= 1"),
+    ],
+)
 def test_invalid_config_names_the_violated_rule(argv, rule):
     with pytest.raises(ConfigError, match=rule.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         load_config(argv, {})
@@ -71,8 +80,22 @@ def test_profiles_load_by_name_or_path(tmp_path):
 
 
 CORE = pathlib.Path(__file__).resolve().parents[3] / "services" / "planner" / "core"
-FORBIDDEN = {"grpc", "asyncio", "aiohttp", "socket", "time", "sqlite3", "redis", "kubernetes", "bandmaster",
-             "services.simworker", "services.planner.adapters", "services.planner.loop", "requests", "subprocess"}
+FORBIDDEN = {
+    "grpc",
+    "asyncio",
+    "aiohttp",
+    "socket",
+    "time",
+    "sqlite3",
+    "redis",
+    "kubernetes",
+    "bandmaster",
+    "services.simworker",
+    "services.planner.adapters",
+    "services.planner.loop",
+    "requests",
+    "subprocess",
+}
 
 
 @pytest.mark.parametrize("path", sorted(CORE.glob("*.py")), ids=lambda p: p.name)

@@ -25,8 +25,13 @@ class FakeApiServer:
     def __init__(self, replicas=2):
         self.rv = 1
         self.replicas = replicas
-        self.status = {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
-                       "updatedReplicas": replicas, "observedGeneration": 1}
+        self.status = {
+            "replicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+            "updatedReplicas": replicas,
+            "observedGeneration": 1,
+        }
         self.generation = 1
         self.annotations: dict = {}
         self.patches: list[dict] = []
@@ -35,27 +40,57 @@ class FakeApiServer:
 
     def settle(self):
         n = self.replicas
-        self.status = {"replicas": n, "readyReplicas": n, "availableReplicas": n, "updatedReplicas": n,
-                       "observedGeneration": self.generation}
+        self.status = {
+            "replicas": n,
+            "readyReplicas": n,
+            "availableReplicas": n,
+            "updatedReplicas": n,
+            "observedGeneration": self.generation,
+        }
 
     def deployment(self):
-        return {"apiVersion": "apps/v1", "kind": "Deployment",
-                "metadata": {"name": "workers", "namespace": "ns", "resourceVersion": str(self.rv),
-                             "generation": self.generation, "annotations": dict(self.annotations)},
-                "spec": {"replicas": self.replicas, "selector": {"matchLabels": {"app": "w"}},
-                         "template": {"metadata": {"labels": {"app": "w"}},
-                                      "spec": {"containers": [{"name": "w", "image": "sim"}]}}},
-                "status": copy.deepcopy(self.status)}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "workers",
+                "namespace": "ns",
+                "resourceVersion": str(self.rv),
+                "generation": self.generation,
+                "annotations": dict(self.annotations),
+            },
+            "spec": {
+                "replicas": self.replicas,
+                "selector": {"matchLabels": {"app": "w"}},
+                "template": {
+                    "metadata": {"labels": {"app": "w"}},
+                    "spec": {"containers": [{"name": "w", "image": "sim"}]},
+                },
+            },
+            "status": copy.deepcopy(self.status),
+        }
 
     def scale(self):
-        return {"apiVersion": "autoscaling/v1", "kind": "Scale",
-                "metadata": {"name": "workers", "namespace": "ns", "resourceVersion": str(self.rv)},
-                "spec": {"replicas": self.replicas}, "status": {"replicas": self.status["replicas"],
-                                                                "selector": "app=w"}}
+        return {
+            "apiVersion": "autoscaling/v1",
+            "kind": "Scale",
+            "metadata": {"name": "workers", "namespace": "ns", "resourceVersion": str(self.rv)},
+            "spec": {"replicas": self.replicas},
+            "status": {"replicas": self.status["replicas"], "selector": "app=w"},
+        }
 
     def _conflict(self):
-        return web.json_response({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict",
-                                  "code": 409, "message": "the object has been modified"}, status=409)
+        return web.json_response(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "Conflict",
+                "code": 409,
+                "message": "the object has been modified",
+            },
+            status=409,
+        )
 
     async def _patch(self, request, scale: bool):
         body = await request.json()
@@ -77,6 +112,7 @@ class FakeApiServer:
     async def start(self):
         app = web.Application()
         base = "/apis/apps/v1/namespaces/ns/deployments/workers"
+
         async def get_deployment(_r):
             return web.json_response(self.deployment())
 
@@ -88,6 +124,7 @@ class FakeApiServer:
 
         async def patch_scale(r):
             return await self._patch(r, True)
+
         app.router.add_get(base, get_deployment)
         app.router.add_patch(base, patch_deployment)
         app.router.add_get(base + "/scale", get_scale)
@@ -124,12 +161,19 @@ async def test_kubernetes_scale_uses_the_scale_subresource_with_a_resource_versi
     rv_before = api.rv
     await c.scale_to(4)
     patch = api.patches[-1]
-    assert patch["scale"] and patch["body"] == {"metadata": {"resourceVersion": str(rv_before)},
-                                                 "spec": {"replicas": 4}}
+    assert patch["scale"] and patch["body"] == {
+        "metadata": {"resourceVersion": str(rv_before)},
+        "spec": {"replicas": 4},
+    }
     assert patch["content_type"] == "application/merge-patch+json"
     # Starting: two verified pending replicas.
-    api.status = {"replicas": 4, "readyReplicas": 2, "availableReplicas": 2, "updatedReplicas": 4,
-                  "observedGeneration": api.generation}
+    api.status = {
+        "replicas": 4,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+        "updatedReplicas": 4,
+        "observedGeneration": api.generation,
+    }
     inv = await c.inventory()
     assert (inv.ready, inv.expected, inv.pending, inv.scaling_in_progress) == (2, None, 2, True)
     api.settle()
@@ -138,8 +182,13 @@ async def test_kubernetes_scale_uses_the_scale_subresource_with_a_resource_versi
 
 async def test_kubernetes_unverified_rollout_is_not_startup(api):
     c = k8s(api, writer_fence=False)
-    api.status = {"replicas": 3, "readyReplicas": 2, "availableReplicas": 2, "updatedReplicas": 1,
-                  "observedGeneration": 1}
+    api.status = {
+        "replicas": 3,
+        "readyReplicas": 2,
+        "availableReplicas": 2,
+        "updatedReplicas": 1,
+        "observedGeneration": 1,
+    }
     inv = await c.inventory()
     assert inv.expected is None and inv.pending == 0 and inv.scaling_in_progress
 
@@ -164,7 +213,7 @@ async def test_kubernetes_lost_writer_fence_refuses_to_scale(api):
     old = k8s(api)
     await old.start()
     new = k8s(api)
-    await new.start()          # another planner took the fence
+    await new.start()  # another planner took the fence
     with pytest.raises(ConnectorRefused, match="another writer"):
         await old.scale_to(5)
     assert not any(p["scale"] for p in api.patches)
@@ -200,8 +249,10 @@ async def test_local_connector_starts_and_stops_simworkers(tmp_path):
 
     async def deregister(worker_id):
         deregistered.append(worker_id)
-    c = LocalConnector(SystemClock(), worker_args=["--speedup", "100"], register=register, deregister=deregister,
-                       workdir=str(tmp_path))
+
+    c = LocalConnector(
+        SystemClock(), worker_args=["--speedup", "100"], register=register, deregister=deregister, workdir=str(tmp_path)
+    )
     await c.start()
     try:
         await c.scale_to(2)
@@ -211,9 +262,11 @@ async def test_local_connector_starts_and_stops_simworkers(tmp_path):
         async def ready():
             i = await c.inventory()
             return i.ready == 2 and i.expected == 2
+
         await assert_eventually(ready, timeout_s=60, interval_s=0.2)
         assert len(c.worker_urls()) == 2 and len(registered) == 2
         import aiohttp
+
         async with aiohttp.ClientSession() as s:
             for url in c.worker_urls():
                 async with s.get(url + "/health") as r:

@@ -23,17 +23,17 @@ def new_batch(reg: Registry, n=3, now=1000, window_s=3600):
 def test_claim_recover_and_exactly_once_results(tmp_path):
     reg = Registry(str(tmp_path / "r.sqlite3"))
     b = new_batch(reg)
-    assert reg.claim(5) == []                      # still validating
+    assert reg.claim(5) == []  # still validating
     reg.advance(1001)
     claimed = reg.claim(2)
     assert [c.custom_id for c in claimed] == ["req-0", "req-1"] and claimed[0].attempts == 1
     assert reg.queue_counts() == (1, 2)
     line = {"id": "x", "custom_id": "req-0", "response": {"status_code": 200}, "error": None}
     assert reg.record_result(b["id"], 0, "output", line)
-    assert not reg.record_result(b["id"], 0, "output", line)        # never twice
+    assert not reg.record_result(b["id"], 0, "output", line)  # never twice
     reg.close()
-    reg = Registry(str(tmp_path / "r.sqlite3"))                     # a restart
-    assert reg.recover() == 1                                       # req-1 was in flight
+    reg = Registry(str(tmp_path / "r.sqlite3"))  # a restart
+    assert reg.recover() == 1  # req-1 was in flight
     again = reg.claim(5)
     assert [c.custom_id for c in again] == ["req-1", "req-2"] and again[0].attempts == 2
     for c in again:
@@ -48,7 +48,7 @@ def test_expiry_closes_unsent_requests_and_waits_for_in_flight(tmp_path):
     b = new_batch(reg, n=3, now=1000, window_s=60)
     reg.advance(1000)
     c = reg.claim(1)[0]
-    assert reg.advance(1061) == []                  # one still in flight
+    assert reg.advance(1061) == []  # one still in flight
     assert reg.get_batch(b["id"])["status"] == "in_progress"
     reg.record_result(c.batch_id, c.idx, "output", {"custom_id": c.custom_id})
     assert reg.advance(1062) == [(b["id"], "in_progress", "expired")]
@@ -93,21 +93,21 @@ async def test_dispatch_never_exceeds_the_leased_rate(upstream):
     await d.start()
     try:
         await asyncio.sleep(0.3)
-        assert upstream.requests == []                     # no lease: nothing
+        assert upstream.requests == []  # no lease: nothing
         box.set(10.0, 30)
         d.wake()
         started = time.monotonic()
         await asyncio.sleep(1.0)
         elapsed = time.monotonic() - started
         assert 5 <= len(upstream.requests) <= 10 * elapsed + 1
-        box.set(10.0, 0.0)                                  # expired
+        box.set(10.0, 0.0)  # expired
         await asyncio.sleep(0.1)
         seen = len(upstream.requests)
         await asyncio.sleep(0.5)
         assert len(upstream.requests) == seen
         fb = d.feedback()
         assert fb.applied_max_admission_rps is None and fb.queued_requests == 40 - seen
-        box.set(0.0, 30)                                    # an explicit pause
+        box.set(0.0, 30)  # an explicit pause
         assert d.feedback().applied_max_admission_rps == 0.0
     finally:
         await d.stop()

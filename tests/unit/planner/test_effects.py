@@ -53,13 +53,25 @@ def runtime(clock, store, connector, *, jobs=None, advisory=False, traffic=True,
     def job_source(now):
         return tuple(JobDemand(j, "in_progress", n, 0, 0, clock.wall() + due, now) for j, n, due in jobs)
 
-    collector = Collector(clock, jobs=job_source, inventory=connector.inventory, timeout_s=1.0,
-                          assume_no_online_traffic=traffic)
-    settings = TickSettings(batch=cfg(**batch_kw), load=LoadScalingConfig(enabled=False),
-                            programs=ProgramScalingConfig(enabled=False))
-    return PlannerRuntime(settings=settings, collector=collector, store=store, connector=connector, clock=clock,
-                          metrics=PlannerMetrics(CollectorRegistry()), tracer=trace.get_tracer("t"), interval_s=5,
-                          tick_max_duration_s=2, effect_timeout_s=1, advisory=advisory)
+    collector = Collector(
+        clock, jobs=job_source, inventory=connector.inventory, timeout_s=1.0, assume_no_online_traffic=traffic
+    )
+    settings = TickSettings(
+        batch=cfg(**batch_kw), load=LoadScalingConfig(enabled=False), programs=ProgramScalingConfig(enabled=False)
+    )
+    return PlannerRuntime(
+        settings=settings,
+        collector=collector,
+        store=store,
+        connector=connector,
+        clock=clock,
+        metrics=PlannerMetrics(CollectorRegistry()),
+        tracer=trace.get_tracer("t"),
+        interval_s=5,
+        tick_max_duration_s=2,
+        effect_timeout_s=1,
+        advisory=advisory,
+    )
 
 
 async def test_the_lease_is_published_before_replicas_change():
@@ -129,6 +141,7 @@ async def test_observation_timeout_is_a_zero_lease_without_scaling():
 
     async def stuck():
         await asyncio.sleep(60)
+
     rt = runtime(clock, JournalStore(j), connector)
     rt.tick_max_duration_s = 0.05
     rt.collector.inventory = stuck
@@ -143,7 +156,7 @@ async def test_lease_expiry_survives_a_wall_clock_jump_backwards():
     store = MemoryLeaseStore()
     await store.start(LeaseDecision("default", 0.0, 10, "s"), clock.monotonic(), clock.wall())
     lease = await store.publish(LeaseDecision("default", 5.0, 10, "d"), clock.monotonic(), clock.wall())
-    clock._wall_offset -= 3600                      # the wall clock jumps back an hour
+    clock._wall_offset -= 3600  # the wall clock jumps back an hour
     clock.advance(10)
     assert lease.rate_at(clock.monotonic()) == 0.0  # still expired on time
 
@@ -159,16 +172,16 @@ async def test_redis_stopped_mid_tick_no_scaling_and_the_lease_lapses(redis_serv
     assert record.effects_outcome == "applied" and connector.decisions == [(clock.monotonic(), 20)]
     assert (await store.read_control())["max_admission_rps"] == "100"
     connector_before = list(connector.decisions)
-    await connector.scale_to(10)          # the fleet drifted back: the next tick wants 20 again
+    await connector.scale_to(10)  # the fleet drifted back: the next tick wants 20 again
     redis_server.stop()
     record = await rt.tick_once()
     assert record.effects_outcome == "lease_unknown"
-    assert connector.decisions == connector_before + [(clock.monotonic(), 10)]   # no scaling by the planner
+    assert connector.decisions == connector_before + [(clock.monotonic(), 10)]  # no scaling by the planner
     clock.advance(2.0)
-    assert rt.board.lease.rate_at(clock.monotonic()) == 0.0                      # the lease lapsed
+    assert rt.board.lease.rate_at(clock.monotonic()) == 0.0  # the lease lapsed
     redis_server.start()
     await asyncio.sleep(2.1)
-    assert await store.client.exists(store.control_key) == 0                     # Redis restarted empty
+    assert await store.client.exists(store.control_key) == 0  # Redis restarted empty
     await store.close()
 
 

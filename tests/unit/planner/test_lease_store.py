@@ -31,7 +31,7 @@ async def test_memory_store_sequences_and_expires_on_the_monotonic_clock():
     assert lease.writer_sequence == 2 and lease.valid_until_mono_s == 131.0
     assert lease.valid_until_unix_ms == int((WALL + 31) * 1000)
     assert lease.rate_at(130.9) == 5.0 and lease.rate_at(131.0) == 0.0
-    again = await s.publish(dec(5.0, "d-1"), 105.0, WALL - 3600)     # identical retry, wall clock jumped back
+    again = await s.publish(dec(5.0, "d-1"), 105.0, WALL - 3600)  # identical retry, wall clock jumped back
     assert again == lease and again.valid_until_mono_s == 131.0
     with pytest.raises(LeaseRejected):
         await s.publish(dec(6.0, "d-1"), 105.0, WALL)
@@ -72,7 +72,7 @@ async def test_redis_fences_a_stale_writer(redis_server):
     new = await _store(redis_server)
     await new.start(dec(0.0, "s2"), 102.0, WALL)
     with pytest.raises(LeaseRejected):
-        await old.publish(dec(9.0, "d-2"), 103.0, WALL)       # cannot resurrect a positive lease
+        await old.publish(dec(9.0, "d-2"), 103.0, WALL)  # cannot resurrect a positive lease
     h = await new.read_control()
     assert h["max_admission_rps"] == "0" and h["decision_id"] == "s2"
     await new.publish(dec(3.0, "d-9"), 104.0, WALL)
@@ -90,15 +90,30 @@ async def test_redis_lower_and_reused_sequences(redis_server):
     await s.publish(dec(6.0, "d-2"), 102.0, WALL)
     # A delayed older write (lower sequence) is refused by the script.
     payload = __import__("services.planner.adapters.lease_store", fromlist=["_payload"])._payload(
-        "default", 5.0, first.valid_until_unix_ms, "d-1")
-    result = await s._apply(keys=[s.control_key, s.fence_key], args=[
-        s.epoch, s.writer_id, first.writer_sequence, payload, "v", "default", "5", first.valid_until_unix_ms, "d-1",
-        1000])
+        "default", 5.0, first.valid_until_unix_ms, "d-1"
+    )
+    result = await s._apply(
+        keys=[s.control_key, s.fence_key],
+        args=[
+            s.epoch,
+            s.writer_id,
+            first.writer_sequence,
+            payload,
+            "v",
+            "default",
+            "5",
+            first.valid_until_unix_ms,
+            "d-1",
+            1000,
+        ],
+    )
     assert result == 0
     # The same sequence with another payload is an error, and changes nothing.
     with pytest.raises(Exception, match="different payload"):
-        await s._apply(keys=[s.control_key, s.fence_key], args=[
-            s.epoch, s.writer_id, 2, "other", "v", "default", "7", 1, "d-2", 1000])
+        await s._apply(
+            keys=[s.control_key, s.fence_key],
+            args=[s.epoch, s.writer_id, 2, "other", "v", "default", "7", 1, "d-2", 1000],
+        )
     assert (await s.read_control())["max_admission_rps"] == "6"
     await s.close()
 
@@ -107,8 +122,8 @@ async def test_redis_identical_retry_is_idempotent_and_repairs_an_evicted_key(re
     s = await _store(redis_server)
     await s.start(dec(0.0, "s"), 100.0, WALL)
     a = await s.publish(dec(5.0, "d-1"), 101.0, WALL)
-    await s.client.delete(s.control_key)                    # evicted
-    b = await s.publish(dec(5.0, "d-1"), 102.0, WALL + 1)     # the retry keeps sequence and expiry
+    await s.client.delete(s.control_key)  # evicted
+    b = await s.publish(dec(5.0, "d-1"), 102.0, WALL + 1)  # the retry keeps sequence and expiry
     assert (a.writer_sequence, a.valid_until_unix_ms) == (b.writer_sequence, b.valid_until_unix_ms)
     h = await s.read_control()
     assert h["decision_id"] == "d-1" and h["writer_sequence"] == str(a.writer_sequence)
@@ -123,7 +138,7 @@ async def test_redis_key_expires_with_the_lease(redis_server):
     assert (await s.read_control())["max_admission_rps"] == "5"
     await asyncio.sleep(0.45)
     assert await s.read_control() == {}
-    assert await s.client.exists(s.fence_key) == 1            # the fence outlives leases
+    assert await s.client.exists(s.fence_key) == 1  # the fence outlives leases
     await s.close()
 
 

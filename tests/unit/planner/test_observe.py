@@ -24,18 +24,26 @@ class RouterMetrics:
             if self.fail:
                 return web.Response(status=500)
             if self.batch is None:
-                body = ("# TYPE bandmaster_router_requests counter\n"
-                        f'bandmaster_router_requests_total{{route="openai",path="/v1/chat/completions",outcome="ok"}} {self.total}\n'
-                        "# TYPE bandmaster_router_requests_in_flight gauge\n"
-                        f"bandmaster_router_requests_in_flight {self.in_flight}\n")
+                body = (
+                    "# TYPE bandmaster_router_requests counter\n"
+                    'bandmaster_router_requests_total{route="openai",path="/v1/chat/completions",outcome="ok"} '
+                    f"{self.total}\n"
+                    "# TYPE bandmaster_router_requests_in_flight gauge\n"
+                    f"bandmaster_router_requests_in_flight {self.in_flight}\n"
+                )
             else:
-                body = ("# TYPE bandmaster_router_requests counter\n"
-                        f'bandmaster_router_requests_total{{route="chat",path="passthrough",outcome="ok",traffic="online"}} {self.total}\n'
-                        f'bandmaster_router_requests_total{{route="chat",path="passthrough",outcome="ok",traffic="batch"}} {self.batch[0]}\n'
-                        "# TYPE bandmaster_router_requests_in_flight gauge\n"
-                        f'bandmaster_router_requests_in_flight{{traffic="online"}} {self.in_flight}\n'
-                        f'bandmaster_router_requests_in_flight{{traffic="batch"}} {self.batch[1]}\n')
+                body = (
+                    "# TYPE bandmaster_router_requests counter\n"
+                    'bandmaster_router_requests_total{route="chat",path="passthrough",outcome="ok",traffic="online"} '
+                    f"{self.total}\n"
+                    'bandmaster_router_requests_total{route="chat",path="passthrough",outcome="ok",traffic="batch"} '
+                    f"{self.batch[0]}\n"
+                    "# TYPE bandmaster_router_requests_in_flight gauge\n"
+                    f'bandmaster_router_requests_in_flight{{traffic="online"}} {self.in_flight}\n'
+                    f'bandmaster_router_requests_in_flight{{traffic="batch"}} {self.batch[1]}\n'
+                )
             return web.Response(text=body, content_type="text/plain")
+
         app = web.Application()
         app.router.add_get("/metrics", metrics)
         self.runner = web.AppRunner(app, access_log=None)
@@ -65,7 +73,7 @@ async def test_router_traffic_warms_up_then_reports_a_rate(router):
     router.total = 50
     t = await src.collect()
     assert t.offered_rps == pytest.approx(5.0) and t.active_requests == 3
-    router.total = 10                                   # a router restarted
+    router.total = 10  # a router restarted
     clock.advance(10)
     with pytest.raises(WarmingUp, match="reset"):
         await src.collect()
@@ -74,7 +82,7 @@ async def test_router_traffic_warms_up_then_reports_a_rate(router):
     with pytest.raises(RuntimeError):
         await src.collect()
     router.fail = False
-    with pytest.raises(WarmingUp):                       # a failed scrape re-warms
+    with pytest.raises(WarmingUp):  # a failed scrape re-warms
         await src.collect()
     await src.close()
 
@@ -82,8 +90,9 @@ async def test_router_traffic_warms_up_then_reports_a_rate(router):
 async def test_router_traffic_subtracts_the_dispatchers_own_requests(router):
     clock = FakeClock()
     sent = {"n": 0}
-    src = RouterTrafficSource([router.url], clock, timeout_s=2, dispatched=lambda: sent["n"],
-                              dispatch_inflight=lambda: 2)
+    src = RouterTrafficSource(
+        [router.url], clock, timeout_s=2, dispatched=lambda: sent["n"], dispatch_inflight=lambda: 2
+    )
     with pytest.raises(WarmingUp):
         await src.collect()
     clock.advance(10)
@@ -97,8 +106,9 @@ async def test_router_traffic_skips_batch_labelled_samples_and_subtracts_nothing
     clock = FakeClock()
     sent = {"n": 0}
     router.batch = (0, 0)
-    src = RouterTrafficSource([router.url], clock, timeout_s=2, dispatched=lambda: sent["n"],
-                              dispatch_inflight=lambda: 2)
+    src = RouterTrafficSource(
+        [router.url], clock, timeout_s=2, dispatched=lambda: sent["n"], dispatch_inflight=lambda: 2
+    )
     with pytest.raises(WarmingUp):
         await src.collect()
     clock.advance(10)
@@ -120,13 +130,17 @@ class FakeCapacity:
 
 
 def worker(wid, healthy=True, usage=0.5, queued=0):
-    return cpb.Worker(worker_id=wid, health=cpb.WORKER_HEALTH_HEALTHY if healthy else cpb.WORKER_HEALTH_UNHEALTHY,
-                      load=cpb.WorkerLoad(num_running_reqs=1, num_queue_reqs=queued, token_usage=usage))
+    return cpb.Worker(
+        worker_id=wid,
+        health=cpb.WORKER_HEALTH_HEALTHY if healthy else cpb.WORKER_HEALTH_UNHEALTHY,
+        load=cpb.WorkerLoad(num_running_reqs=1, num_queue_reqs=queued, token_usage=usage),
+    )
 
 
 def collector(clock, inventory, **kw):
     async def inv():
         return inventory
+
     return Collector(clock, jobs=lambda now: (), inventory=inv, timeout_s=1, **kw)
 
 
@@ -156,6 +170,7 @@ async def test_a_failing_job_snapshot_is_none():
 
     async def inv():
         return Inventory(clock.monotonic(), 1, 1)
+
     obs = await Collector(clock, jobs=broken, inventory=inv, timeout_s=1).collect()
     assert obs.jobs is None and any(e.startswith("jobs:") for e in obs.errors)
 
@@ -166,16 +181,23 @@ class FakeScheduler:
         self.admissions = 100
 
     async def GetStats(self, request, timeout=None):
-        return spb.Stats(programs_paused=1, programs_reasoning=2, passthrough_in_flight=1,
-                         admissions_total=self.admissions,
-                         replicas=[spb.ReplicaUtilization(retention_tokens=1000, utilization=0.8),
-                                   spb.ReplicaUtilization(retention_tokens=1000, utilization=1.0)])
+        return spb.Stats(
+            programs_paused=1,
+            programs_reasoning=2,
+            passthrough_in_flight=1,
+            admissions_total=self.admissions,
+            replicas=[
+                spb.ReplicaUtilization(retention_tokens=1000, utilization=0.8),
+                spb.ReplicaUtilization(retention_tokens=1000, utilization=1.0),
+            ],
+        )
 
     async def ListPrograms(self, request, timeout=None):
         since = Timestamp()
         since.FromNanoseconds(int((self.clock.wall() - 40) * 1e9))
-        return spb.ListProgramsResponse(programs=[spb.Program(session_id="p", lifecycle=spb.LIFECYCLE_PAUSED,
-                                                              paused_since=since)])
+        return spb.ListProgramsResponse(
+            programs=[spb.Program(session_id="p", lifecycle=spb.LIFECYCLE_PAUSED, paused_since=since)]
+        )
 
 
 async def test_scheduler_signal_and_fallback_traffic():

@@ -37,7 +37,9 @@ def ts(seconds: float) -> Timestamp:
 
 async def test_health_serving_after_the_startup_lease(running):
     async with grpc.aio.insecure_channel(running.address) as ch:
-        resp = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="bandmaster.planner.v1.Planner"))
+        resp = await health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service="bandmaster.planner.v1.Planner")
+        )
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -55,12 +57,14 @@ async def test_get_lease_and_watch_lease(stub):
 
 
 async def test_get_plan_returns_the_last_decision_with_provenance(stub, running):
-    await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=5000, deadline=ts(time.time() + 100),
-                                                       job_id="ext-1"))
+    await stub.SubmitBatchJob(
+        pb.SubmitBatchJobRequest(total_requests=5000, deadline=ts(time.time() + 100), job_id="ext-1")
+    )
 
     async def plan_with_job():
         p = await stub.GetPlan(pb.GetPlanRequest())
         return p if p.observation.active_jobs == 1 else None
+
     plan = await assert_eventually(plan_with_job, timeout_s=5)
     assert plan.decision_id.startswith("d-") and plan.effects_outcome == "applied"
     assert plan.has_replica_floor and plan.replica_floor >= 1
@@ -93,15 +97,26 @@ async def test_submit_batch_job_is_idempotent_and_validated(stub):
 
 async def test_report_dispatch_updates_an_external_job_and_feeds_the_tick(stub, running):
     await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=4, deadline=ts(time.time() + 3600), job_id="j"))
-    await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="j", dispatched=4, completed=3, failed=1, queued=0,
-                                                       inflight=0, actual_dispatch_rps=2.0,
-                                                       applied_max_admission_rps=5.0, has_applied_cap=True))
+    await stub.ReportDispatch(
+        pb.ReportDispatchRequest(
+            job_id="j",
+            dispatched=4,
+            completed=3,
+            failed=1,
+            queued=0,
+            inflight=0,
+            actual_dispatch_rps=2.0,
+            applied_max_admission_rps=5.0,
+            has_applied_cap=True,
+        )
+    )
     job = await stub.GetBatchJob(pb.GetBatchJobRequest(job_id="j"))
     assert (job.status, job.completed_requests, job.failed_requests) == ("completed", 3, 1)
 
     async def idle_plan():
         p = await stub.GetPlan(pb.GetPlanRequest())
         return p if p.observation.feedback_known and p.has_idle_target else None
+
     plan = await assert_eventually(idle_plan, timeout_s=5)
     assert plan.idle_target == 0 and plan.observation.actual_dispatch_rps == 2.0
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -119,16 +134,21 @@ async def test_one_span_per_tick_and_metrics(tmp_path):
     telemetry = setup_telemetry("bandmaster-planner", exporter=exporter, set_global=False)
     r = await start_planner(planner_config(tmp_path, metrics_port=0), telemetry=telemetry)
     try:
-        await assert_eventually(lambda: len([s for s in exporter.get_finished_spans() if s.name == "planner.tick"]) >= 2,
-                                timeout_s=5)
+        await assert_eventually(
+            lambda: len([s for s in exporter.get_finished_spans() if s.name == "planner.tick"]) >= 2, timeout_s=5
+        )
         span = [s for s in exporter.get_finished_spans() if s.name == "planner.tick"][-1]
         assert {"planner.action", "planner.lease_rps", "planner.effects"} <= set(span.attributes)
         async with aiohttp.ClientSession() as s:
             async with s.get(f"http://127.0.0.1:{r.host.metrics_port}/metrics") as resp:
                 text = await resp.text()
-        for name in ("bandmaster_planner_lease_max_admission_rps", "bandmaster_planner_target_replicas",
-                     'bandmaster_planner_fail_closed_total{reason="policy_safety_pause"}',
-                     "bandmaster_planner_tick_seconds_bucket", "bandmaster_planner_lease_publish_seconds_count"):
+        for name in (
+            "bandmaster_planner_lease_max_admission_rps",
+            "bandmaster_planner_target_replicas",
+            'bandmaster_planner_fail_closed_total{reason="policy_safety_pause"}',
+            "bandmaster_planner_tick_seconds_bucket",
+            "bandmaster_planner_lease_publish_seconds_count",
+        ):
             assert name in text
     finally:
         await r.stop()

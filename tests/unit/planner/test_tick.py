@@ -37,10 +37,20 @@ FAIL_CLOSED = [
     ("4 wrong work class", dict(jobs=[job(work_class="x")]), {}, {}, "policy_safety_pause"),
     ("7 pipeline failure", {}, {}, dict(pipeline_error="pipeline_failed"), "pipeline_failed"),
     ("7 tick timeout", {}, {}, dict(pipeline_error="tick_timeout"), "tick_timeout"),
-    ("8 GPU budget below floor", dict(jobs=[job(remaining=2000)]), dict(budgets=Budgets(max_gpu_budget=4)), {},
-     "floor_blocked_by_budget"),
-    ("8 power budget below floor", dict(jobs=[job(remaining=2000)]),
-     dict(budgets=Budgets(watts_per_replica=700, total_power_limit_w=7000)), {}, "floor_blocked_by_budget"),
+    (
+        "8 GPU budget below floor",
+        dict(jobs=[job(remaining=2000)]),
+        dict(budgets=Budgets(max_gpu_budget=4)),
+        {},
+        "floor_blocked_by_budget",
+    ),
+    (
+        "8 power budget below floor",
+        dict(jobs=[job(remaining=2000)]),
+        dict(budgets=Budgets(watts_per_replica=700, total_power_limit_w=7000)),
+        {},
+        "floor_blocked_by_budget",
+    ),
     ("9 stale at publication", {}, {}, dict(now_s=NOW + 61), "policy_safety_pause"),
 ]
 
@@ -82,9 +92,9 @@ def test_rule8_budget_clamp_to_a_no_op_still_pauses():
 
 def test_rule13_positive_cap_never_exceeds_ready_headroom():
     d, _ = run(obs([job(remaining=3000)], traffic_=traffic(80.0)))
-    assert d.scale_to == 11 and d.lease.max_admission_rps == 10 * 10 - 80     # the floor rises, admission does not
+    assert d.scale_to == 11 and d.lease.max_admission_rps == 10 * 10 - 80  # the floor rises, admission does not
     d, _ = run(obs([job(remaining=2000)], traffic_=traffic(80.0), inv=inventory(1, None, scaling=True, pending=9)))
-    assert d.lease.max_admission_rps == 0                                       # pending replicas give no headroom
+    assert d.lease.max_admission_rps == 0  # pending replicas give no headroom
 
 
 def test_proposer_exception_is_a_pipeline_failure(monkeypatch):
@@ -92,6 +102,7 @@ def test_proposer_exception_is_a_pipeline_failure(monkeypatch):
 
     def boom(*a, **k):
         raise RuntimeError("bug")
+
     monkeypatch.setattr(tick, "load_proposal", boom)
     d, _ = run(obs())
     assert d.lease.max_admission_rps == 0 and "pipeline_failed" in d.fail_closed and d.scale_to is None
@@ -99,6 +110,7 @@ def test_proposer_exception_is_a_pipeline_failure(monkeypatch):
 
 def test_a_reject_short_circuits_scaling_and_the_lease(monkeypatch):
     import services.planner.core.tick as tick
+
     reject = Opinion("load", Stage.PROPOSE, TargetKind.REJECT, None, "operator veto")
     monkeypatch.setattr(tick, "load_proposal", lambda *a: (reject, "veto"))
     d, _ = run(obs(jobs=[job(remaining=2000)]))
@@ -107,6 +119,7 @@ def test_a_reject_short_circuits_scaling_and_the_lease(monkeypatch):
 
 
 # --- floor, idle target, provenance ---
+
 
 def test_batch_floor_raises_the_target_with_reconcile_provenance():
     d, _ = run(obs([job(remaining=2000)]))
@@ -127,7 +140,7 @@ def test_floor_merges_after_a_plugin_proposal():
 
 def test_floor_does_not_cancel_a_larger_rollout_and_repairs_a_downscale():
     d, _ = run(obs([job(remaining=2000)], inv=inventory(10, 15)))
-    assert d.scale_to is None                         # expected 15 >= floor 11: no-op
+    assert d.scale_to is None  # expected 15 >= floor 11: no-op
     d, _ = run(obs([job(remaining=2000)], inv=inventory(10, 5)))
     assert d.scale_to == 11
 
@@ -137,7 +150,7 @@ def test_idle_target_is_an_exact_set_that_may_scale_down():
     assert d.scale_to == 1 and d.lease.max_admission_rps == 0
     assert any(s.source == "native_batch_idle_target" and s.effect == "set" for s in d.steps)
     d, _ = run(obs([], traffic_=traffic(0.0, active=0), inv=inventory(1)), settings(min_replicas=1))
-    assert d.scale_to is None                         # already there
+    assert d.scale_to is None  # already there
 
 
 def test_scale_from_zero():
@@ -167,6 +180,7 @@ def test_budget_scale_down_is_actuated_when_no_floor_is_in_the_way():
 
 # --- start-up evidence window ---
 
+
 def _startup_obs(**kw):
     return obs([], traffic_=traffic(0.0, active=0), inv=inventory(1, None, scaling=True, pending=3), **kw)
 
@@ -178,6 +192,7 @@ def test_startup_is_not_cut_without_an_explicit_fresh_proposal():
 
 def test_startup_reduction_needs_sustained_explicit_evidence(monkeypatch):
     import services.planner.core.tick as tick
+
     down = Opinion("load", Stage.PROPOSE, TargetKind.SET, 1, "scale_down", priority=10)
     monkeypatch.setattr(tick, "load_proposal", lambda *a: (down, "scale_down"))
     s = settings(min_replicas=0, startup_reduction_window_s=30)
@@ -191,6 +206,7 @@ def test_startup_reduction_needs_sustained_explicit_evidence(monkeypatch):
 
 def test_startup_window_restarts_when_inventory_or_floor_changes(monkeypatch):
     import services.planner.core.tick as tick
+
     down = Opinion("load", Stage.PROPOSE, TargetKind.SET, 1, "scale_down", priority=10)
     monkeypatch.setattr(tick, "load_proposal", lambda *a: (down, "scale_down"))
     s = settings(min_replicas=0, startup_reduction_window_s=30)
@@ -201,23 +217,27 @@ def test_startup_window_restarts_when_inventory_or_floor_changes(monkeypatch):
 
 
 def test_replayed_throughput_bound_is_not_startup_evidence():
-    s = settings(min_replicas=0, throughput=ThroughputScalingConfig(enabled=True, interval_s=60, as_lower_bound=False),
-                 engine=EngineRate(100.0, 8, 10.0))
+    s = settings(
+        min_replicas=0,
+        throughput=ThroughputScalingConfig(enabled=True, interval_s=60, as_lower_bound=False),
+        engine=EngineRate(100.0, 8, 10.0),
+    )
     o = obs([], traffic_=traffic(50.0, active=0), inv=inventory(1, None, scaling=True, pending=3))
-    d, st = run(o, s)                                   # evaluated: SET 1 (fresh) starts the window
+    d, st = run(o, s)  # evaluated: SET 1 (fresh) starts the window
     assert d.reasons["throughput"] == "set_lower_bound" or d.reasons["throughput"] == "scale"
-    d, st = decide(o, s, st, "d-8", now_s=NOW + 40)     # replayed: not explicit, window cleared
+    d, st = decide(o, s, st, "d-8", now_s=NOW + 40)  # replayed: not explicit, window cleared
     assert d.reasons["throughput"] == "replayed" and d.scale_to is None and d.action == "startup_hold"
 
 
 def test_startup_floor_above_desired_raises_and_keeps_ready_only_lease():
     o = obs([job(remaining=2000)], inv=inventory(1, None, scaling=True, pending=1))
     d, _ = run(o)
-    assert d.scale_to == 11                 # raised to the floor
-    assert d.lease.max_admission_rps == 0   # O=90 > ready 1 * 10: no headroom on ready replicas
+    assert d.scale_to == 11  # raised to the floor
+    assert d.lease.max_admission_rps == 0  # O=90 > ready 1 * 10: no headroom on ready replicas
 
 
 # --- program-aware and load proposals inside the tick ---
+
 
 def test_paused_programs_propose_scale_up_with_propose_provenance():
     s = settings(programs=ProgramScalingConfig(enabled=True, pause_window_s=30), load=LoadScalingConfig(enabled=False))

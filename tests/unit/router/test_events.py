@@ -11,16 +11,18 @@ from services.common.kv_events import (
 
 
 def test_decodes_sglang_tagged_arrays():
-    payload = msgpack.packb([
-        1700000000.5,
+    payload = msgpack.packb(
         [
-            ["BlockStored", [-7, 9], None, list(range(8)), 4, None, "GPU"],
-            ["BlockStored", [11], 9, [1, 2, 3, 4], 4, None, None],      # medium None -> GPU
-            ["BlockRemoved", [9], "CPU_PINNED"],
-            ["AllBlocksCleared"],
-        ],
-        2,
-    ])
+            1700000000.5,
+            [
+                ["BlockStored", [-7, 9], None, list(range(8)), 4, None, "GPU"],
+                ["BlockStored", [11], 9, [1, 2, 3, 4], 4, None, None],  # medium None -> GPU
+                ["BlockRemoved", [9], "CPU_PINNED"],
+                ["AllBlocksCleared"],
+            ],
+            2,
+        ]
+    )
     batch = decode_event_batch(payload)
     assert batch.ts == 1700000000.5 and batch.dp_rank == 2 and batch.skipped == 0
     assert batch.events == (
@@ -32,12 +34,23 @@ def test_decodes_sglang_tagged_arrays():
 
 
 def test_decodes_older_batches_and_map_events():
-    payload = msgpack.packb([1.0, [
-        {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [5, 6], "block_size": 2},
-        {"type": "BlockRemoved", "block_hashes": [1]},
-        ["SomethingNew", 1, 2],
-        ["BlockStored", "not-a-list"],
-    ]])
+    payload = msgpack.packb(
+        [
+            1.0,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [1],
+                    "parent_block_hash": None,
+                    "token_ids": [5, 6],
+                    "block_size": 2,
+                },
+                {"type": "BlockRemoved", "block_hashes": [1]},
+                ["SomethingNew", 1, 2],
+                ["BlockStored", "not-a-list"],
+            ],
+        ]
+    )
     batch = decode_event_batch(payload)
     assert batch.dp_rank is None
     assert batch.events == (BlockStored((1,), None, (5, 6), 2), BlockRemoved((1,)))

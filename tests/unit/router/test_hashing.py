@@ -15,7 +15,7 @@ def sglang_rule(token_ids, page_size):
         hasher = hashlib.sha256()
         if prior:
             hasher.update(bytes.fromhex(prior))
-        for t in token_ids[start:start + page_size]:
+        for t in token_ids[start : start + page_size]:
             hasher.update(t.to_bytes(4, byteorder="little", signed=False))
         prior = hasher.hexdigest()
         value = int(prior[:16], 16)
@@ -23,14 +23,17 @@ def sglang_rule(token_ids, page_size):
     return out
 
 
-@pytest.mark.parametrize("tokens, page_size, expected_blocks", [
-    ([], 4, 0),
-    ([1, 2, 3], 4, 0),                 # partial page only: nothing hashed
-    ([1, 2, 3, 4], 4, 1),
-    ([1, 2, 3, 4, 5, 6, 7], 4, 1),     # tail not hashed
-    (list(range(64)), 16, 4),
-    ([2**32 - 1, 0, 7, 2**31], 2, 2),  # full u32 range
-])
+@pytest.mark.parametrize(
+    "tokens, page_size, expected_blocks",
+    [
+        ([], 4, 0),
+        ([1, 2, 3], 4, 0),  # partial page only: nothing hashed
+        ([1, 2, 3, 4], 4, 1),
+        ([1, 2, 3, 4, 5, 6, 7], 4, 1),  # tail not hashed
+        (list(range(64)), 16, 4),
+        ([2**32 - 1, 0, 7, 2**31], 2, 2),  # full u32 range
+    ],
+)
 def test_matches_sglang_rule(tokens, page_size, expected_blocks):
     ours = token_block_hashes(tokens, page_size)
     assert len(ours) == expected_blocks
@@ -71,7 +74,7 @@ def test_text_chunks_share_prefixes_and_skip_the_partial_tail():
     first = text_chunk_hashes(system + "Fix the bug in foo.py", 16)
     second = text_chunk_hashes(system + "Fix the bug in foo.py" + " tool output: ok", 16)
     assert len(first) == len(system + "Fix the bug in foo.py") // 16
-    assert second[:len(first)] == first
+    assert second[: len(first)] == first
     assert text_chunk_hashes("abc", 16) == []
 
 
@@ -85,9 +88,11 @@ def test_text_chunks_count_characters_not_bytes():
     assert len(text_chunk_hashes("é" * 32, 16)) == 2
 
 
-@pytest.mark.skipif(importlib.util.find_spec("services.simworker.core.radix") is None,
-                    reason="simworker radix module absent")
+@pytest.mark.skipif(
+    importlib.util.find_spec("services.simworker.core.radix") is None, reason="simworker radix module absent"
+)
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=60), st.integers(2, 8))
 def test_same_ids_as_the_simworker(tokens, page_size):
     from services.simworker.core.radix import page_hashes
+
     assert token_block_hashes(tokens, page_size) == page_hashes(tokens, page_size)

@@ -32,13 +32,14 @@ def stored(ext_ids, blocks, parent=None, block_size=B, medium="GPU"):
 
 # -- event-driven mode ---------------------------------------------------------------------
 
+
 def test_store_with_parent_chaining_matches_the_query_prefix():
     index = events_index()
     assert index.apply(A, stored([11, 12], "XY")) is EventOutcome.APPLIED
     # one page per event, chained to the parent's engine id, as SGLang publishes them
     assert index.apply(A, stored([13], "Z", parent=12)) is EventOutcome.APPLIED
     assert index.find_matches(query("X", "Y", "Z", "Q")) == {A: 3}
-    assert index.find_matches(query("X", "Z")) == {A: 1}     # Z under X is another prefix
+    assert index.find_matches(query("X", "Z")) == {A: 1}  # Z under X is another prefix
     assert index.find_matches(query("Y")) == {}
     assert index.tree_size(A) == 3
 
@@ -54,16 +55,19 @@ def test_unknown_parent_is_rejected():
     index = events_index()
     assert index.apply(A, stored([13], "Z", parent=999)) is EventOutcome.PARENT_NOT_FOUND
     assert index.tree_size(A) == 0
-    index.apply(W, stored([999], "X"))          # another worker's block is not a's parent
+    index.apply(W, stored([999], "X"))  # another worker's block is not a's parent
     assert index.apply(A, stored([13], "Z", parent=999)) is EventOutcome.PARENT_NOT_FOUND
 
 
-@pytest.mark.parametrize("event, outcome", [
-    (stored([1], "X", block_size=8), EventOutcome.BLOCK_SIZE_MISMATCH),
-    (BlockStored((1, 2), None, tuple(tokens("X")), B), EventOutcome.MALFORMED),
-    (BlockStored((), None, (), B), EventOutcome.MALFORMED),
-    (BlockStored((1,), None, (-1, 0, 0, 0), B), EventOutcome.MALFORMED),
-])
+@pytest.mark.parametrize(
+    "event, outcome",
+    [
+        (stored([1], "X", block_size=8), EventOutcome.BLOCK_SIZE_MISMATCH),
+        (BlockStored((1, 2), None, tuple(tokens("X")), B), EventOutcome.MALFORMED),
+        (BlockStored((), None, (), B), EventOutcome.MALFORMED),
+        (BlockStored((1,), None, (-1, 0, 0, 0), B), EventOutcome.MALFORMED),
+    ],
+)
 def test_bad_stored_events_are_dropped(event, outcome):
     index = events_index()
     assert index.apply(A, event) is outcome
@@ -77,15 +81,15 @@ def test_remove_ends_the_match_at_the_hole_and_unknown_removals_are_counted():
     assert index.find_matches(query("X", "Y", "Z")) == {A: 2}
     assert index.apply(A, BlockRemoved((3,))) is EventOutcome.BLOCK_NOT_FOUND
     index.apply(A, BlockRemoved((1,)))
-    assert index.find_matches(query("X", "Y")) == {}         # Y is still held but X is not
+    assert index.find_matches(query("X", "Y")) == {}  # Y is still held but X is not
     assert index.tree_size(A) == 1
 
 
 def test_a_block_is_held_while_any_medium_holds_it():
     index = events_index()
     index.apply(A, stored([1], "X"))
-    index.apply(A, stored([1], "X", medium="CPU_PINNED"))   # HiCache write-through copy
-    index.apply(A, BlockRemoved((1,), "GPU"))                # evicted from GPU, still on host
+    index.apply(A, stored([1], "X", medium="CPU_PINNED"))  # HiCache write-through copy
+    index.apply(A, BlockRemoved((1,), "GPU"))  # evicted from GPU, still on host
     assert index.find_matches(query("X")) == {A: 1}
     index.apply(A, BlockRemoved((1,), "CPU_PINNED"))
     assert index.find_matches(query("X")) == {}
@@ -115,7 +119,7 @@ def test_memory_bound_prunes_least_recently_stored_deepest_first():
     index = events_index(max_blocks=4, ratio=0.5)
     index.apply(A, stored([1, 2], "XY"))
     index.apply(A, stored([3, 4], "PQ"))
-    index.apply(A, stored([5], "R", parent=4))      # 5 blocks > 4: prune down to 2
+    index.apply(A, stored([5], "R", parent=4))  # 5 blocks > 4: prune down to 2
     assert index.tree_size(A) == 2
     assert index.pruned_blocks_total == 3
     # the oldest chain went first, deepest block before its prefix: Y, X, then Q
@@ -126,11 +130,12 @@ def test_memory_bound_prunes_least_recently_stored_deepest_first():
 def test_store_after_prune_of_the_parent_is_rejected_not_misplaced():
     index = events_index(max_blocks=1, ratio=1.0)
     index.apply(A, stored([1], "X"))
-    index.apply(A, stored([2], "Y"))               # X pruned
+    index.apply(A, stored([2], "Y"))  # X pruned
     assert index.apply(A, stored([3], "Z", parent=1)) is EventOutcome.PARENT_NOT_FOUND
 
 
 # -- approximate mode (routing history with TTL) -------------------------------------------
+
 
 def history(ttl=10.0, max_blocks=1000, ratio=0.8):
     return RoutingHistoryIndex(ttl_s=ttl, max_blocks_per_worker=max_blocks, prune_target_ratio=ratio)
@@ -149,7 +154,7 @@ def test_re_recording_refreshes_the_ttl():
     index = history(ttl=10.0)
     index.record(A, query("X", "Y"), now=100.0)
     index.record(A, query("X"), now=105.0)
-    assert index.find_matches(query("X", "Y"), now=112.0) == {A: 1}   # Y expired at 110, X lives to 115
+    assert index.find_matches(query("X", "Y"), now=112.0) == {A: 1}  # Y expired at 110, X lives to 115
     assert index.find_matches(query("X"), now=115.0) == {}
 
 
@@ -157,7 +162,7 @@ def test_history_is_per_worker_and_bounded():
     index = history(ttl=100.0, max_blocks=3, ratio=1.0)
     index.record(A, query("X", "Y"), now=0.0)
     index.record(W, query("X"), now=1.0)
-    index.record(A, query("P", "Q"), now=2.0)      # 4 > 3: drops Y (oldest, deepest first)
+    index.record(A, query("P", "Q"), now=2.0)  # 4 > 3: drops Y (oldest, deepest first)
     assert index.find_matches(query("X", "Y"), now=3.0) == {A: 1, W: 1}
     assert index.find_matches(query("P", "Q"), now=3.0) == {A: 2}
 
@@ -206,14 +211,13 @@ def test_event_index_invariants(operations, probe, max_blocks):
     matches = index.find_matches(q)
     assert all(0 < n <= len(q) for n in matches.values())
     assert not removed & set(matches)
-    for worker, n in matches.items():   # a score is a contiguous held prefix
+    for worker, n in matches.items():  # a score is a contiguous held prefix
         assert all(index.holds(worker, h) for h in q[:n])
         assert n == len(q) or not index.holds(worker, q[n])
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(WORKERS), chains, st.floats(0, 50)), max_size=20), chains,
-       st.floats(0, 100))
+@given(st.lists(st.tuples(st.sampled_from(WORKERS), chains, st.floats(0, 50)), max_size=20), chains, st.floats(0, 100))
 def test_history_index_invariants(records, probe, probe_at):
     index = RoutingHistoryIndex(ttl_s=10.0, max_blocks_per_worker=6, prune_target_ratio=0.5)
     now = 0.0
@@ -226,21 +230,28 @@ def test_history_index_invariants(records, probe, probe_at):
     q = query(*probe)
     matches = index.find_matches(q, now)
     assert all(0 < n <= len(q) for n in matches.values())
-    assert all(now < last_seen[w] + 10.0 for w in matches)   # nothing older than the TTL
+    assert all(now < last_seen[w] + 10.0 for w in matches)  # nothing older than the TTL
 
 
 # -- conformance with the simulated engine's events ----------------------------------------
 
-@pytest.mark.skipif(importlib.util.find_spec("services.simworker.core.engine") is None,
-                    reason="simworker engine absent")
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("services.simworker.core.engine") is None, reason="simworker engine absent"
+)
 def test_index_mirrors_the_simworker_cache():
     from services.simworker.core import api as sim
     from services.simworker.core.engine import SimEngine
     from services.simworker.core.timing import load_profile
 
     page = 4
-    config = sim.EngineConfig(max_total_tokens=160, page_size=page, context_length=1024,
-                              enable_hierarchical_cache=True, hicache_size_tokens=96)
+    config = sim.EngineConfig(
+        max_total_tokens=160,
+        page_size=page,
+        context_length=1024,
+        enable_hierarchical_cache=True,
+        hicache_size_tokens=96,
+    )
     engine = SimEngine(config, load_profile())
     index = KvEventIndex(block_size=page, max_blocks_per_worker=10_000, prune_target_ratio=0.8)
     system = list(range(1, 25))
@@ -252,11 +263,15 @@ def test_index_mirrors_the_simworker_cache():
             result = engine.step(now)
             now += result.duration_s
             for event in result.kv_events:
-                translated = (BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids,
-                                          event.block_size, event.medium)
-                              if isinstance(event, sim.BlockStored) else
-                              BlockRemoved(event.block_hashes, event.medium)
-                              if isinstance(event, sim.BlockRemoved) else AllBlocksCleared())
+                translated = (
+                    BlockStored(
+                        event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, event.medium
+                    )
+                    if isinstance(event, sim.BlockStored)
+                    else BlockRemoved(event.block_hashes, event.medium)
+                    if isinstance(event, sim.BlockRemoved)
+                    else AllBlocksCleared()
+                )
                 assert index.apply(A, translated) is EventOutcome.APPLIED
     gpu, host = engine.cache.cached_hashes()
     held = gpu | host
@@ -274,6 +289,7 @@ class _HistoryModel:
 
     def __init__(self, ttl, max_blocks, ratio):
         from collections import OrderedDict
+
         self.ttl, self.max_blocks, self.prune_to = ttl, max_blocks, int(max_blocks * ratio)
         self.blocks: dict = {}
         self.OrderedDict = OrderedDict
@@ -303,8 +319,11 @@ class _HistoryModel:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(WORKERS), chains, st.floats(0, 6), st.booleans()), max_size=30),
-       st.integers(1, 8), st.sampled_from([0.5, 0.75, 1.0]))
+@given(
+    st.lists(st.tuples(st.sampled_from(WORKERS), chains, st.floats(0, 6), st.booleans()), max_size=30),
+    st.integers(1, 8),
+    st.sampled_from([0.5, 0.75, 1.0]),
+)
 def test_history_index_equals_its_plain_definition(steps, max_blocks, ratio):
     index = RoutingHistoryIndex(ttl_s=10.0, max_blocks_per_worker=max_blocks, prune_target_ratio=ratio)
     model = _HistoryModel(10.0, max_blocks, ratio)

@@ -19,7 +19,7 @@ def test_prefill_counts_uncached_tokens_until_the_first_token():
     assert load.load(A) == ReplicaLoad(active_requests=1, active_prefill_tokens=6, active_decode_blocks=3)
     assert load.mark_prefill_completed("r1")
     assert load.load(A) == ReplicaLoad(1, 0, 3)
-    assert not load.mark_prefill_completed("r1")          # only once
+    assert not load.mark_prefill_completed("r1")  # only once
     assert load.free("r1")
     assert load.load(A) == ReplicaLoad(0, 0, 0)
 
@@ -52,14 +52,17 @@ def test_shared_prompt_blocks_count_once():
     assert load.load(A).active_decode_blocks == 3
 
 
-@pytest.mark.parametrize("blocks, isl, cached, expected", [
-    ([1, 2, 3], 12, 0, (5 + 12, 3 + 1)),     # 1,2 already active on A: only 3 is new
-    ([7, 8], 8, 8, (5 + 0, 3 + 2)),
-    ([], 3, 0, (5 + 3, 3)),
-])
+@pytest.mark.parametrize(
+    "blocks, isl, cached, expected",
+    [
+        ([1, 2, 3], 12, 0, (5 + 12, 3 + 1)),  # 1,2 already active on A: only 3 is new
+        ([7, 8], 8, 8, (5 + 0, 3 + 2)),
+        ([], 3, 0, (5 + 3, 3)),
+    ],
+)
 def test_potential_load_of_a_new_prompt(blocks, isl, cached, expected):
     load = tracker()
-    load.add_request("r1", A, [1, 2, 5], 9, 4, now=0.0)     # prefill 5 tokens, 3 blocks
+    load.add_request("r1", A, [1, 2, 5], 9, 4, now=0.0)  # prefill 5 tokens, 3 blocks
     assert load.potential(A, blocks, isl, cached) == expected
 
 
@@ -74,12 +77,12 @@ def test_output_blocks_are_counted_only_when_tracked():
     assert off.load(A).active_decode_blocks == 2
 
     on = tracker(track_output_blocks=True)
-    on.add_request("r1", A, [1, 2], 10, 0, now=0.0)   # ceil(10/4) = 3 blocks incl. the partial tail
-    on.observe_output("r1", 2)                          # 12 tokens: still 3
+    on.add_request("r1", A, [1, 2], 10, 0, now=0.0)  # ceil(10/4) = 3 blocks incl. the partial tail
+    on.observe_output("r1", 2)  # 12 tokens: still 3
     assert on.load(A).active_decode_blocks == 2
-    on.observe_output("r1", 3)                          # 13 tokens: 4th block
+    on.observe_output("r1", 3)  # 13 tokens: 4th block
     assert on.load(A).active_decode_blocks == 3
-    on.observe_output("r1", 1)                          # counts are cumulative; stale values ignored
+    on.observe_output("r1", 1)  # counts are cumulative; stale values ignored
     assert on.load(A).active_decode_blocks == 3
     on.free("r1")
     assert on.load(A) == ReplicaLoad(0, 0, 0)
@@ -90,12 +93,12 @@ def test_expected_output_length_decays_exclusive_blocks():
     load.add_request("shared", A, [1, 2], 8, 0, now=0.0)
     load.add_request("r", A, [1, 2, 3, 4], 16, 0, now=0.0, expected_output_tokens=8)
     assert load.load(A).active_decode_blocks == 4
-    load.observe_output("r", 4)        # 1 output block; fraction 1 - 4/8 = 0.5
+    load.observe_output("r", 4)  # 1 output block; fraction 1 - 4/8 = 0.5
     # shared blocks 1,2 count fully; r's own blocks 3,4 and its output block count half
     assert load.load(A).active_decode_blocks == round(2 + 0.5 * 3)
-    load.observe_output("r", 8)        # 2 output blocks; fraction 0
+    load.observe_output("r", 8)  # 2 output blocks; fraction 0
     assert load.load(A).active_decode_blocks == 2
-    load.free("shared")                # blocks 1,2 become r's alone: they decay too
+    load.free("shared")  # blocks 1,2 become r's alone: they decay too
     assert load.load(A).active_decode_blocks == 0
 
 
@@ -117,8 +120,15 @@ def test_remove_worker_drops_its_requests():
     assert load.load(W).active_requests == 1
 
 
-ops = st.lists(st.tuples(st.sampled_from(["add", "first", "out", "free"]), st.integers(0, 5),
-                         st.lists(st.integers(0, 6), max_size=4), st.integers(0, 20)), max_size=40)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "first", "out", "free"]),
+        st.integers(0, 5),
+        st.lists(st.integers(0, 6), max_size=4),
+        st.integers(0, 20),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -129,8 +139,15 @@ def test_load_returns_to_zero_and_never_goes_negative(operations):
         rid = f"r{n}"
         replica = A if n % 2 else W
         if kind == "add":
-            load.add_request(rid, replica, blocks, isl_tokens=tokens, cached_tokens=tokens // 2, now=0.0,
-                             expected_output_tokens=tokens or None)
+            load.add_request(
+                rid,
+                replica,
+                blocks,
+                isl_tokens=tokens,
+                cached_tokens=tokens // 2,
+                now=0.0,
+                expected_output_tokens=tokens or None,
+            )
         elif kind == "first":
             load.mark_prefill_completed(rid)
         elif kind == "out":

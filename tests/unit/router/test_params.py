@@ -17,21 +17,24 @@ def test_defaults_follow_the_reference():
     assert p.cost_policy == "classic"
 
 
-@pytest.mark.parametrize("field, value, rule", [
-    ("router_temperature", -0.1, "router_temperature >= 0"),
-    ("router_temperature", float("inf"), "router_temperature >= 0"),
-    ("kv_overlap_score_weight", -1.0, "kv_overlap_score_weight >= 0"),
-    ("kv_overlap_score_weight", float("nan"), "kv_overlap_score_weight >= 0"),
-    ("block_size", 1, "block_size > 1"),
-    ("block_size", 0, "block_size > 1"),
-    ("router_ttl_s", 0.0, "router_ttl_s > 0"),
-    ("max_blocks_per_worker", 0, "max_blocks_per_worker >= 1"),
-    ("prune_target_ratio", 0.0, "0 < prune_target_ratio <= 1"),
-    ("prune_target_ratio", 1.5, "0 < prune_target_ratio <= 1"),
-    ("text_chunk_chars", 0, "text_chunk_chars >= 1"),
-    ("request_expiry_s", -5.0, "request_expiry_s > 0"),
-    ("cost_policy", "fastest", "cost_policy in"),
-])
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [
+        ("router_temperature", -0.1, "router_temperature >= 0"),
+        ("router_temperature", float("inf"), "router_temperature >= 0"),
+        ("kv_overlap_score_weight", -1.0, "kv_overlap_score_weight >= 0"),
+        ("kv_overlap_score_weight", float("nan"), "kv_overlap_score_weight >= 0"),
+        ("block_size", 1, "block_size > 1"),
+        ("block_size", 0, "block_size > 1"),
+        ("router_ttl_s", 0.0, "router_ttl_s > 0"),
+        ("max_blocks_per_worker", 0, "max_blocks_per_worker >= 1"),
+        ("prune_target_ratio", 0.0, "0 < prune_target_ratio <= 1"),
+        ("prune_target_ratio", 1.5, "0 < prune_target_ratio <= 1"),
+        ("text_chunk_chars", 0, "text_chunk_chars >= 1"),
+        ("request_expiry_s", -5.0, "request_expiry_s > 0"),
+        ("cost_policy", "fastest", "cost_policy in"),
+    ],
+)
 def test_invalid_values_name_the_rule(field, value, rule):
     with pytest.raises(ConfigError) as err:
         KvRouterParams(**{field: value})

@@ -38,24 +38,31 @@ def score(replica, cost, tree_size=0):
 
 # -- the formula ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("prefill_tokens, decode_blocks, block_size, weight, expected", [
-    (8 * 16, 10, 16, 1.0, 18.0),      # reference worked example: W1 = 8 + 10
-    (5 * 16, 5, 16, 1.0, 10.0),       # W2 = 5 + 5 (chosen)
-    (2 * 16, 9, 16, 1.0, 11.0),       # W3 = 2 + 9
-    (24, 3, 16, 1.0, 4.5),            # prefill blocks are not rounded
-    (24, 3, 16, 2.0, 6.0),            # weight scales the prefill term only
-    (24, 3, 16, 0.0, 3.0),            # weight 0: pure decode balancing
-])
+
+@pytest.mark.parametrize(
+    "prefill_tokens, decode_blocks, block_size, weight, expected",
+    [
+        (8 * 16, 10, 16, 1.0, 18.0),  # reference worked example: W1 = 8 + 10
+        (5 * 16, 5, 16, 1.0, 10.0),  # W2 = 5 + 5 (chosen)
+        (2 * 16, 9, 16, 1.0, 11.0),  # W3 = 2 + 9
+        (24, 3, 16, 1.0, 4.5),  # prefill blocks are not rounded
+        (24, 3, 16, 2.0, 6.0),  # weight scales the prefill term only
+        (24, 3, 16, 0.0, 3.0),  # weight 0: pure decode balancing
+    ],
+)
 def test_classic_cost(prefill_tokens, decode_blocks, block_size, weight, expected):
     assert ClassicCost()(CostInputs(prefill_tokens, decode_blocks, block_size, weight)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("prefill_tokens, decode_blocks, weight, expected", [
-    (32, 0, 1.0, 2.0),
-    (32, 4, 1.0, 10.0),
-    (0, 9, 1.0, 0.0),                 # fully cached, nothing queued: free
-    (32, 4, 0.5, 5.0),
-])
+@pytest.mark.parametrize(
+    "prefill_tokens, decode_blocks, weight, expected",
+    [
+        (32, 0, 1.0, 2.0),
+        (32, 4, 1.0, 10.0),
+        (0, 9, 1.0, 0.0),  # fully cached, nothing queued: free
+        (32, 4, 0.5, 5.0),
+    ],
+)
 def test_lmetric_cost(prefill_tokens, decode_blocks, weight, expected):
     assert LMetricCost()(CostInputs(prefill_tokens, decode_blocks, 16, weight)) == pytest.approx(expected)
 
@@ -67,18 +74,22 @@ def test_unknown_policy_is_a_config_error():
 
 # -- picking -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("scores, rng_value, expected, reason", [
-    ([score(WA, 3.0), score(WB, 2.0), score(WC, 4.0)], None, WB, PickReason.LOWEST_COST),
-    ([score(WA, 2.0, 5), score(WB, 2.0, 3), score(WC, 4.0, 0)], None, WB, PickReason.TIE_SMALLEST_TREE),
-    ([score(WA, 2.0, 3), score(WB, 2.0 + 1e-9, 3)], 0.0, WA, PickReason.TIE_RANDOM),
-    ([score(WA, 2.0, 3), score(WB, 2.0, 3)], 0.99, WB, PickReason.TIE_RANDOM),
-    ([score(WA, 9.0)], None, WA, PickReason.ONLY_CANDIDATE),
-])
+
+@pytest.mark.parametrize(
+    "scores, rng_value, expected, reason",
+    [
+        ([score(WA, 3.0), score(WB, 2.0), score(WC, 4.0)], None, WB, PickReason.LOWEST_COST),
+        ([score(WA, 2.0, 5), score(WB, 2.0, 3), score(WC, 4.0, 0)], None, WB, PickReason.TIE_SMALLEST_TREE),
+        ([score(WA, 2.0, 3), score(WB, 2.0 + 1e-9, 3)], 0.0, WA, PickReason.TIE_RANDOM),
+        ([score(WA, 2.0, 3), score(WB, 2.0, 3)], 0.99, WB, PickReason.TIE_RANDOM),
+        ([score(WA, 9.0)], None, WA, PickReason.ONLY_CANDIDATE),
+    ],
+)
 def test_temperature_zero(scores, rng_value, expected, reason):
     rng = FixedRandom(*([] if rng_value is None else [rng_value]))
     chosen, why = pick_lowest(scores, rng)
     assert (chosen.replica, why) == (expected, reason)
-    assert rng.values == []           # randomness is drawn only for a full tie
+    assert rng.values == []  # randomness is drawn only for a full tie
 
 
 def test_softmax_probabilities_follow_the_relative_temperature():
@@ -131,7 +142,7 @@ def engine_stores(core, replica, token_ids):
     hashes = core.prompt_from_tokens(token_ids).block_hashes
     parent = None
     for i, h in enumerate(hashes):
-        core.apply_kv_event(replica, BlockStored((h,), parent, tuple(token_ids[i * B:(i + 1) * B]), B))
+        core.apply_kv_event(replica, BlockStored((h,), parent, tuple(token_ids[i * B : (i + 1) * B]), B))
         parent = h
 
 
@@ -165,8 +176,9 @@ def test_golden_router_decisions(use_kv_events):
 def test_pinned_replica_is_used_without_rescoring():
     core = KvRouterCore(KvRouterParams(block_size=B), random.Random(0))
     engine_stores(core, WA, prompt_tokens("A", "B"))
-    decision = core.pick(core.prompt_from_tokens(prompt_tokens("A", "B", "C")),
-                         [Candidate(WA), Candidate(WB)], 0.0, pinned=WB)
+    decision = core.pick(
+        core.prompt_from_tokens(prompt_tokens("A", "B", "C")), [Candidate(WA), Candidate(WB)], 0.0, pinned=WB
+    )
     assert (decision.replica, decision.reason, decision.pin) == (WB, PickReason.PINNED, PinOutcome.HONOURED)
     assert [s.replica for s in decision.scores] == [WB]
 
@@ -182,8 +194,7 @@ def test_unhealthy_workers_are_never_picked_and_none_left_is_an_error():
     core = KvRouterCore(KvRouterParams(block_size=B, router_temperature=5.0), random.Random(7))
     engine_stores(core, WA, prompt_tokens("A", "B"))
     candidates = [Candidate(WA, healthy=False), Candidate(WB), Candidate(WC)]
-    picked = {core.pick(core.prompt_from_tokens(prompt_tokens("A", "B")), candidates, 0.0).replica
-              for _ in range(50)}
+    picked = {core.pick(core.prompt_from_tokens(prompt_tokens("A", "B")), candidates, 0.0).replica for _ in range(50)}
     assert picked == {WB, WC}
     with pytest.raises(NoWorkerAvailable):
         core.pick(core.prompt_from_tokens(prompt_tokens("A")), [Candidate(WA, healthy=False)], 0.0)
@@ -193,13 +204,13 @@ def test_active_load_outweighs_a_short_cache_hit():
     core = KvRouterCore(KvRouterParams(block_size=B), random.Random(0))
     engine_stores(core, WA, prompt_tokens("A"))
     busy = core.pick(core.prompt_from_tokens(prompt_tokens("X", "Y", "Z", "Q")), [Candidate(WA)], 0.0)
-    core.commit("long", busy, 0.0)                    # 32 tokens of prefill in flight on a
+    core.commit("long", busy, 0.0)  # 32 tokens of prefill in flight on a
     decision = core.pick(core.prompt_from_tokens(prompt_tokens("A", "B")), [Candidate(WA), Candidate(WB)], 0.1)
     costs = {s.replica: s.cost for s in decision.scores}
     # a: (32 + 8) / 8 + (4 + 2) = 11 ; b: 16 / 8 + 2 = 4
     assert costs == {WA: pytest.approx(11.0), WB: pytest.approx(4.0)}
     assert decision.replica == WB
-    core.first_token("long")                          # the prefill is done: only decode blocks stay
+    core.first_token("long")  # the prefill is done: only decode blocks stay
     again = core.pick(core.prompt_from_tokens(prompt_tokens("A", "B")), [Candidate(WA), Candidate(WB)], 0.2)
     assert {s.replica: s.cost for s in again.scores}[WA] == pytest.approx(1.0 + 6)
 
@@ -208,9 +219,10 @@ def test_per_request_override():
     core = KvRouterCore(KvRouterParams(block_size=B), random.Random(0))
     engine_stores(core, WA, prompt_tokens("A", "B"))
     prompt = core.prompt_from_tokens(prompt_tokens("A", "B", "C"))
-    decision = core.pick(prompt, [Candidate(WA), Candidate(WB)], 0.0,
-                         override=RouterOverride(kv_overlap_score_weight=0.0))
-    assert {s.cost for s in decision.scores} == {3.0}          # decode blocks only: a tie
+    decision = core.pick(
+        prompt, [Candidate(WA), Candidate(WB)], 0.0, override=RouterOverride(kv_overlap_score_weight=0.0)
+    )
+    assert {s.cost for s in decision.scores} == {3.0}  # decode blocks only: a tie
     assert decision.reason is PickReason.TIE_SMALLEST_TREE and decision.replica == WB
 
 
@@ -225,14 +237,15 @@ def test_pick_changes_nothing_until_commit():
 
 
 def test_approximate_mode_forgets_after_the_ttl_and_sweeps():
-    core = KvRouterCore(KvRouterParams(block_size=B, use_kv_events=False, router_ttl_s=60.0,
-                                       request_expiry_s=300.0), random.Random(0))
+    core = KvRouterCore(
+        KvRouterParams(block_size=B, use_kv_events=False, router_ttl_s=60.0, request_expiry_s=300.0), random.Random(0)
+    )
     workers = [Candidate(WA), Candidate(WB)]
     first = serve(core, "1", "AB", workers, 0.0, pinned=WB)
     assert first.replica == WB
-    assert serve(core, "2", "ABC", workers, 59.0).replica == WB     # remembered (and refreshed)
+    assert serve(core, "2", "ABC", workers, 59.0).replica == WB  # remembered (and refreshed)
     prompt = core.prompt_from_tokens(prompt_tokens("A", "B", "C"))
-    late = core.pick(prompt, workers, 118.5)                          # refreshed at 59: lives to 119
+    late = core.pick(prompt, workers, 118.5)  # refreshed at 59: lives to 119
     assert {s.replica: s.overlap_blocks for s in late.scores} == {WA: 0, WB: 3}
     assert {s.replica: s.overlap_blocks for s in core.pick(prompt, workers, 119.0).scores} == {WA: 0, WB: 0}
     core.commit("stuck", late, 120.0)
@@ -253,12 +266,16 @@ def test_text_prompts_route_by_shared_conversation_prefix():
     chosen = choice.chosen
     assert chosen.overlap_blocks == len(turn1.block_hashes)
     # overlap converts to tokens by the prompt's own tokens per character
-    assert chosen.cached_tokens == int(chosen.overlap_blocks * 64 * 175 / len(history + "user: fix foo\nassistant: done\nuser: now bar"))
+    assert chosen.cached_tokens == int(
+        chosen.overlap_blocks * 64 * 175 / len(history + "user: fix foo\nassistant: done\nuser: now bar")
+    )
 
 
 def test_span_attributes_are_bounded():
     core = KvRouterCore(KvRouterParams(block_size=B), random.Random(0))
-    decision = core.pick(core.prompt_from_tokens(prompt_tokens("A")), [Candidate(Replica(f"w{i}")) for i in range(20)], 0.0)
+    decision = core.pick(
+        core.prompt_from_tokens(prompt_tokens("A")), [Candidate(Replica(f"w{i}")) for i in range(20)], 0.0
+    )
     attributes = decision.span_attributes()
     assert len(attributes) == 9 and attributes["router.candidates"] == 20
     assert attributes["router.reason"] == "tie_random"

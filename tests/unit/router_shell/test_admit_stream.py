@@ -30,8 +30,9 @@ async def _fill(h, tokens: int) -> None:
 
 
 def _stream(h, sid: str, rid: str, tokens: int = 100):
-    return h.client.AdmitStream(pb.AdmitRequest(session_id=sid, request_id=rid, estimated_prompt_tokens=tokens),
-                                timeout=60)
+    return h.client.AdmitStream(
+        pb.AdmitRequest(session_id=sid, request_id=rid, estimated_prompt_tokens=tokens), timeout=60
+    )
 
 
 async def test_an_admission_that_is_not_held_is_one_decision():
@@ -62,7 +63,7 @@ async def test_a_second_turn_behind_a_held_one_is_held_too(h):
     await _fill(h, 900)
     first = _stream(h, "new", "n1")
     assert (await first.read()).WhichOneof("update") == "held"
-    second = _stream(h, "new", "n2")   # the same program: waits at its gate
+    second = _stream(h, "new", "n2")  # the same program: waits at its gate
     assert (await asyncio.wait_for(second.read(), 5)).WhichOneof("update") == "held"
     first.cancel()
     assert (await asyncio.wait_for(second.read(), 5)).WhichOneof("update") in ("held", "decision")

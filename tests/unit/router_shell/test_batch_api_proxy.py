@@ -27,8 +27,14 @@ class FakePlanner:
     async def _upload(self, request: web.Request) -> web.Response:
         form = await request.post()
         data = form["file"].file.read()
-        self.seen.append({"auth": request.headers.get("Authorization"), "bytes": len(data),
-                          "purpose": form["purpose"], "head": data[:20].decode()})
+        self.seen.append(
+            {
+                "auth": request.headers.get("Authorization"),
+                "bytes": len(data),
+                "purpose": form["purpose"],
+                "head": data[:20].decode(),
+            }
+        )
         return web.json_response({"id": "file-1", "object": "file", "bytes": len(data), "purpose": "batch"})
 
     async def _content(self, request: web.Request) -> web.Response:
@@ -36,13 +42,21 @@ class FakePlanner:
 
     async def _batch(self, request: web.Request) -> web.Response:
         self.seen.append({"query": request.query_string, "auth": request.headers.get("Authorization")})
-        return web.json_response({"error": {"message": "no batch 'b-x'", "type": "invalid_request_error",
-                                            "param": None, "code": "not_found"}}, status=404)
+        return web.json_response(
+            {
+                "error": {
+                    "message": "no batch 'b-x'",
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": "not_found",
+                }
+            },
+            status=404,
+        )
 
     async def _list(self, request: web.Request) -> web.Response:
         self.seen.append({"query": request.query_string})
-        return web.json_response({"object": "list", "data": [], "first_id": None, "last_id": None,
-                                  "has_more": False})
+        return web.json_response({"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False})
 
     async def start(self) -> str:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -91,8 +105,12 @@ async def test_upload_download_and_errors_pass_through(planner):
                 assert (await r.json())["error"]["code"] == "not_found"
             async with http.get(router.url + "/v1/batches?limit=2&after=b-1") as r:
                 assert r.status == 200 and (await r.json())["object"] == "list"
-        assert fake.seen[0] == {"auth": "Bearer tok", "bytes": len(payload), "purpose": "batch",
-                                "head": '{"custom_id": "x"}\n{'}
+        assert fake.seen[0] == {
+            "auth": "Bearer tok",
+            "bytes": len(payload),
+            "purpose": "batch",
+            "head": '{"custom_id": "x"}\n{',
+        }
         assert fake.seen[1] == {"query": "", "auth": "Bearer tok"}
         assert fake.seen[2] == {"query": "limit=2&after=b-1"}
         assert router.sample("bandmaster_router_batch_api_requests_total", status="404") == 1
@@ -135,8 +153,9 @@ async def test_batch_traffic_gets_the_batch_priority_and_its_own_label(stream):
     try:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": stream}
         async with aiohttp.ClientSession() as http:
-            async with http.post(router.url + "/v1/chat/completions", json=body,
-                                 headers={"X-Bandmaster-Traffic": "batch"}) as r:
+            async with http.post(
+                router.url + "/v1/chat/completions", json=body, headers={"X-Bandmaster-Traffic": "batch"}
+            ) as r:
                 assert r.status == 200
                 await r.read()
             assert router.workers[0].last_body["priority"] == -7
@@ -170,8 +189,11 @@ async def test_a_gzip_body_is_forwarded_decoded_and_a_405_keeps_its_allow_header
         payload = form()
         body = b"".join([chunk async for chunk in _chunks(payload)])
         async with aiohttp.ClientSession() as http:
-            async with http.post(router.url + "/v1/files", data=gzip.compress(body),
-                                 headers={"Content-Type": payload.content_type, "Content-Encoding": "gzip"}) as r:
+            async with http.post(
+                router.url + "/v1/files",
+                data=gzip.compress(body),
+                headers={"Content-Type": payload.content_type, "Content-Encoding": "gzip"},
+            ) as r:
                 assert r.status == 200, await r.text()
             async with http.delete(router.url + "/v1/batches") as r:
                 assert r.status == 405 and "GET" in r.headers["Allow"]

@@ -21,11 +21,19 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def snapshot(version: int, *worker_ids: str) -> cap_pb.WorkersSnapshot:
-    return cap_pb.WorkersSnapshot(version=version, workers=[
-        cap_pb.Worker(worker_id=w, url=f"http://127.0.0.1:1/{w}", health=cap_pb.WORKER_HEALTH_HEALTHY,
-                      card=cap_pb.WorkerCard(model_name="m", page_size=16),
-                      replicas=[cap_pb.Replica(worker_id=w, dp_rank=0, retention_tokens=1000)])
-        for w in worker_ids])
+    return cap_pb.WorkersSnapshot(
+        version=version,
+        workers=[
+            cap_pb.Worker(
+                worker_id=w,
+                url=f"http://127.0.0.1:1/{w}",
+                health=cap_pb.WORKER_HEALTH_HEALTHY,
+                card=cap_pb.WorkerCard(model_name="m", page_size=16),
+                replicas=[cap_pb.Replica(worker_id=w, dp_rank=0, retention_tokens=1000)],
+            )
+            for w in worker_ids
+        ],
+    )
 
 
 class ScriptedCapacity(cap_grpc.CapacityServicer):
@@ -59,9 +67,17 @@ async def _serve(capacity: ScriptedCapacity) -> tuple[grpc.aio.Server, str]:
 
 
 async def _router(address: str, **start) -> RunningRouter:
-    config = RouterConfig(capacity_addr=address, no_scheduler=True, listen="127.0.0.1:0", http_port=0,
-                          metrics_port=-1, shutdown_grace_seconds=0.5, seed=0, capacity_retry_max_seconds=0.05,
-                          kv=KvOverrides(use_kv_events=False))
+    config = RouterConfig(
+        capacity_addr=address,
+        no_scheduler=True,
+        listen="127.0.0.1:0",
+        http_port=0,
+        metrics_port=-1,
+        shutdown_grace_seconds=0.5,
+        seed=0,
+        capacity_retry_max_seconds=0.05,
+        kv=KvOverrides(use_kv_events=False),
+    )
     return await start_router(config, telemetry=setup_telemetry("router-test", set_global=False), **start)
 
 

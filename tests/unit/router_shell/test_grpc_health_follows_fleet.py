@@ -35,16 +35,20 @@ async def test_grpc_health_and_http_health_follow_the_fleet():
         assert await _http_health(router.url) == 200
 
         router.set_workers([])  # the last healthy worker left
+
         async def not_serving():
             assert await _statuses(address) == (NOT_SERVING, NOT_SERVING)
             return True
+
         await assert_eventually(not_serving)
         assert await _http_health(router.url) == 503
 
         router.set_workers([0])
+
         async def serving():
             assert await _statuses(address) == (SERVING, SERVING)
             return True
+
         await assert_eventually(serving)
         assert await _http_health(router.url) == 200
     finally:

@@ -66,7 +66,7 @@ async def test_a_generate_stream_closed_from_another_task_logs_no_error(caplog):
     with caplog.at_level(logging.ERROR):
         first = await asyncio.get_running_loop().create_task(stream.__anext__())
         assert first.text == "x"
-        await stream.aclose()                      # another task's context, as grpc.aio does on a cancel
+        await stream.aclose()  # another task's context, as grpc.aio does on a cancel
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert runner.turn.closed == [Outcome.CANCELLED]
     assert runner.parent_span_ids[0] != 0, "the worker pick still runs inside the request span"

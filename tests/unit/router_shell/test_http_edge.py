@@ -43,22 +43,37 @@ def _openai_error(body: bytes) -> dict:
 
 
 def _request(extra_headers: bytes = b"", body: bytes = b"{}", path: bytes = b"/v1/chat/completions") -> bytes:
-    return (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n" + extra_headers
-            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
+        + extra_headers
+        + b"Content-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
 
 
 # -- malformed HTTP: OpenAI JSON, nothing echoed, nothing logged at ERROR -------------------------------
 
-@pytest.mark.parametrize("name, raw", [
-    ("bad byte in Authorization", _request(b"Authorization: Bearer " + SECRET.encode() + b"\x01x\r\n")),
-    ("10 KB session id", _request(b"X-Dynamo-Session-ID: " + b"s" * 10_000 + b"\r\n")),
-    ("oversized Authorization", _request(b"Authorization: Bearer " + SECRET.encode() * 400 + b"\r\n")),
-    ("NUL in a header", _request(b"X-Dynamo-Session-ID: a\x00b\r\n")),
-    ("bare CR in a header", _request(b"X-Dynamo-Session-ID: a\rb\r\n")),
-    ("bare LF in a header", _request(b"X-Dynamo-Session-ID: a\nb\r\n")),
-    ("Content-Length and Transfer-Encoding", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
-])
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("bad byte in Authorization", _request(b"Authorization: Bearer " + SECRET.encode() + b"\x01x\r\n")),
+        ("10 KB session id", _request(b"X-Dynamo-Session-ID: " + b"s" * 10_000 + b"\r\n")),
+        ("oversized Authorization", _request(b"Authorization: Bearer " + SECRET.encode() * 400 + b"\r\n")),
+        ("NUL in a header", _request(b"X-Dynamo-Session-ID: a\x00b\r\n")),
+        ("bare CR in a header", _request(b"X-Dynamo-Session-ID: a\rb\r\n")),
+        ("bare LF in a header", _request(b"X-Dynamo-Session-ID: a\nb\r\n")),
+        (
+            "Content-Length and Transfer-Encoding",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+    ],
+)
 async def test_malformed_http_is_an_openai_error_that_echoes_nothing(router, caplog, name, raw):
     caplog.set_level(logging.DEBUG)
     status, headers, body = _split(await raw_exchange(router.port, raw))
@@ -76,10 +91,14 @@ async def test_malformed_http_is_an_openai_error_that_echoes_nothing(router, cap
 
 # -- inputs that used to be 500s or slip through -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("byte", [b"\xe9", b"\xff"])
 async def test_session_id_with_a_non_ascii_byte_is_400_and_counted_as_program(router, byte):
-    status, _, body = _split(await raw_exchange(router.port, _request(
-        b"X-Dynamo-Session-ID: prog" + byte + b"\r\n", json.dumps(CHAT).encode())))
+    status, _, body = _split(
+        await raw_exchange(
+            router.port, _request(b"X-Dynamo-Session-ID: prog" + byte + b"\r\n", json.dumps(CHAT).encode())
+        )
+    )
     assert status == 400 and _openai_error(body)["param"] == "X-Dynamo-Session-ID"
     assert router.sample("bandmaster_router_requests_total", route="chat", path="program", outcome="error_400") == 1
     assert router.workers[0].requests == 0 and not router.sched.of("Admit")
@@ -88,27 +107,35 @@ async def test_session_id_with_a_non_ascii_byte_is_400_and_counted_as_program(ro
 async def _post(router, body: bytes | dict, headers: dict | None = None, path: str = "/v1/chat/completions"):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with aiohttp.ClientSession() as s:
-        async with s.post(router.url + path, data=data,
-                          headers={"Content-Type": "application/json", **(headers or {})}) as r:
+        async with s.post(
+            router.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+        ) as r:
             return r.status, r.headers, await r.read()
 
 
 def _deep(levels: int) -> bytes:
-    return b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "metadata": ' % MODEL.encode() \
-        + b"[" * levels + b"]" * levels + b"}"
+    return (
+        b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], "metadata": ' % MODEL.encode()
+        + b"[" * levels
+        + b"]" * levels
+        + b"}"
+    )
 
 
-@pytest.mark.parametrize("path, body, headers, param", [
-    ("/v1/chat/completions", _deep(1000), {}, None),
-    ("/generate", {"input_ids": [2**40]}, {}, "input_ids"),
-    ("/generate", {"input_ids": [1, 2**31]}, {"X-Dynamo-Session-ID": "p"}, "input_ids"),
-    ("/v1/completions", {"prompt": [2**40]}, {}, "prompt"),
-    ("/v1/chat/completions", {**CHAT, "temperature": -1}, {}, "temperature"),
-    ("/v1/chat/completions", {**CHAT, "top_p": 5}, {}, "top_p"),
-    ("/v1/chat/completions", {**CHAT, "presence_penalty": 3}, {}, "presence_penalty"),
-    ("/generate", {"text": "x", "sampling_params": {"temperature": -0.5}}, {}, "sampling_params.temperature"),
-    ("/generate", {"text": "x", "sampling_params": {"top_p": 1.5}}, {}, "sampling_params.top_p"),
-])
+@pytest.mark.parametrize(
+    "path, body, headers, param",
+    [
+        ("/v1/chat/completions", _deep(1000), {}, None),
+        ("/generate", {"input_ids": [2**40]}, {}, "input_ids"),
+        ("/generate", {"input_ids": [1, 2**31]}, {"X-Dynamo-Session-ID": "p"}, "input_ids"),
+        ("/v1/completions", {"prompt": [2**40]}, {}, "prompt"),
+        ("/v1/chat/completions", {**CHAT, "temperature": -1}, {}, "temperature"),
+        ("/v1/chat/completions", {**CHAT, "top_p": 5}, {}, "top_p"),
+        ("/v1/chat/completions", {**CHAT, "presence_penalty": 3}, {}, "presence_penalty"),
+        ("/generate", {"text": "x", "sampling_params": {"temperature": -0.5}}, {}, "sampling_params.temperature"),
+        ("/generate", {"text": "x", "sampling_params": {"top_p": 1.5}}, {}, "sampling_params.top_p"),
+    ],
+)
 async def test_invalid_bodies_are_400_before_anything_is_forwarded(router, path, body, headers, param):
     status, _, raw = await _post(router, body, headers, path)
     assert status == 400
@@ -123,12 +150,15 @@ async def test_gzip_garbage_body_is_400(router):
     assert router.workers[0].requests == 0
     assert router.sample("bandmaster_router_requests_total", outcome="error_400") == 1
     status, _, raw = await _post(router, gzip.compress(json.dumps(CHAT).encode()), {"Content-Encoding": "gzip"})
-    assert status == 200   # a real gzip body is fine
+    assert status == 200  # a real gzip body is fine
 
 
 async def test_a_session_header_given_twice_is_400(router):
-    status, _, body = _split(await raw_exchange(router.port, _request(
-        b"X-Dynamo-Session-ID: a\r\nX-Dynamo-Session-ID: b\r\n", json.dumps(CHAT).encode())))
+    status, _, body = _split(
+        await raw_exchange(
+            router.port, _request(b"X-Dynamo-Session-ID: a\r\nX-Dynamo-Session-ID: b\r\n", json.dumps(CHAT).encode())
+        )
+    )
     assert status == 400 and _openai_error(body)["param"] == "X-Dynamo-Session-ID"
     assert not router.sched.of("Admit")
 
@@ -136,6 +166,7 @@ async def test_a_session_header_given_twice_is_400(router):
 async def test_an_unexpected_exception_is_a_counted_json_500(router, monkeypatch, caplog):
     async def broken(spec):
         raise RuntimeError("a bug")
+
     monkeypatch.setattr(router.running.runner, "open", broken)
     status, headers, raw = await _post(router, CHAT, {"X-Dynamo-Session-ID": "p"})
     assert status == 500 and headers["Content-Type"].startswith("application/json")
@@ -153,6 +184,7 @@ async def test_unknown_route_and_method_are_openai_errors(router):
 
 
 # -- what the public port reveals ----------------------------------------------------------------------
+
 
 async def test_metrics_and_framework_version_are_off_on_the_public_port_by_default(router):
     async with aiohttp.ClientSession() as s:
@@ -177,14 +209,20 @@ async def test_metrics_and_server_version_are_explicit_options():
 
 # -- slow clients and the connection cap ---------------------------------------------------------------
 
+
 async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
     async with asyncio.timeout(seconds):
-        return await reader.read()   # until EOF
+        return await reader.read()  # until EOF
 
 
 async def test_slow_clients_are_cut_off_and_the_connection_cap_holds():
-    r = await InProcessRouter.start(["ok"], http_header_timeout_seconds=0.3, http_body_timeout_seconds=0.3,
-                                    http_keepalive_timeout_seconds=0.6, http_max_connections=4)
+    r = await InProcessRouter.start(
+        ["ok"],
+        http_header_timeout_seconds=0.3,
+        http_body_timeout_seconds=0.3,
+        http_keepalive_timeout_seconds=0.6,
+        http_max_connections=4,
+    )
     try:
         started = time.monotonic()
         # incomplete headers
@@ -231,7 +269,7 @@ async def test_a_slow_header_on_a_kept_alive_connection_is_cut_off():
         reader, writer = await asyncio.open_connection("127.0.0.1", r.port)
         writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         await reader.readuntil(b"\r\n\r\n")
-        await asyncio.sleep(0.5)                 # idle is fine (keep-alive 30 s) ...
+        await asyncio.sleep(0.5)  # idle is fine (keep-alive 30 s) ...
         writer.write(b"GET /health HTTP/1.1\r\n")  # ... but a started head must complete
         rest = await _closed_within(reader, 2)
         assert b"HTTP/1.1" not in rest.split(b"\r\n\r\n", 1)[-1]
@@ -242,9 +280,11 @@ async def test_a_slow_header_on_a_kept_alive_connection_is_cut_off():
 
 # -- per-client limits ---------------------------------------------------------------------------------
 
+
 async def test_a_client_over_its_program_cap_gets_429_with_retry_after_and_others_do_not():
-    r = await InProcessRouter.start(["ok"], client_max_programs=2, client_new_programs_per_second=0,
-                                    client_program_idle_seconds=100)
+    r = await InProcessRouter.start(
+        ["ok"], client_max_programs=2, client_new_programs_per_second=0, client_program_idle_seconds=100
+    )
     try:
         a = {"Authorization": "Bearer token-a"}
         for sid in ("p1", "p2"):
@@ -253,10 +293,10 @@ async def test_a_client_over_its_program_cap_gets_429_with_retry_after_and_other
         assert status == 429 and 90 <= int(headers["Retry-After"]) <= 100
         err = _openai_error(raw)
         assert err["type"] == "rate_limit_error" and err["code"] == "too_many_programs"
-        assert len(r.sched.of("Admit")) == 2 and r.workers[0].requests == 2      # nothing went further
+        assert len(r.sched.of("Admit")) == 2 and r.workers[0].requests == 2  # nothing went further
         assert (await _post(r, CHAT, {**a, "X-Dynamo-Session-ID": "p1"}))[0] == 200  # known program
         assert (await _post(r, CHAT, {"Authorization": "Bearer token-b", "X-Dynamo-Session-ID": "p3"}))[0] == 200
-        assert (await _post(r, CHAT, a))[0] == 200   # passthrough is not a program
+        assert (await _post(r, CHAT, a))[0] == 200  # passthrough is not a program
         final = {**a, "X-Dynamo-Session-ID": "p2", "X-Dynamo-Session-Final": "true"}
         assert (await _post(r, CHAT, final))[0] == 200
         assert (await _post(r, CHAT, {**a, "X-Dynamo-Session-ID": "p3"}))[0] == 200
@@ -268,8 +308,9 @@ async def test_a_client_over_its_program_cap_gets_429_with_retry_after_and_other
 async def test_a_flood_of_new_programs_is_rate_limited_per_client():
     r = await InProcessRouter.start(["ok"], client_new_programs_per_second=0.5, client_new_programs_burst=2)
     try:
-        flood = [await _post(r, CHAT, {"Authorization": "Bearer flood", "X-Dynamo-Session-ID": f"f{i}"})
-                 for i in range(5)]
+        flood = [
+            await _post(r, CHAT, {"Authorization": "Bearer flood", "X-Dynamo-Session-ID": f"f{i}"}) for i in range(5)
+        ]
         assert [s for s, _, _ in flood] == [200, 200, 429, 429, 429]
         assert flood[2][1]["Retry-After"] == "2" and _openai_error(flood[2][2])["code"] == "new_program_rate"
         started = time.monotonic()

@@ -20,8 +20,9 @@ from services.router.turn_types import Api
 from services.router.turns import TurnRunner
 from tests.support.tokenizer_files import build_tokenizer_dir, tokenizer_dir  # noqa: F401
 
-CHAT = {"messages": [{"role": "system", "content": "You are a coding agent."},
-                     {"role": "user", "content": "Run the tests"}]}
+CHAT = {
+    "messages": [{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Run the tests"}]
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,15 @@ def _runner(prompts: PromptTokenizer | None) -> TurnRunner:
     return TurnRunner(None, None, None, RouterMetrics(), None, circuits=None, prompts=prompts)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("argv, env, expected", [
-    ([], {}, ""),
-    (["--tokenizer", "/models/glm"], {}, "/models/glm"),
-    ([], {"BANDMASTER_ROUTER_TOKENIZER": "/from/env"}, "/from/env"),
-    (["--tokenizer", "/flag"], {"BANDMASTER_ROUTER_TOKENIZER": "/from/env"}, "/flag"),
-])
+@pytest.mark.parametrize(
+    "argv, env, expected",
+    [
+        ([], {}, ""),
+        (["--tokenizer", "/models/glm"], {}, "/models/glm"),
+        ([], {"BANDMASTER_ROUTER_TOKENIZER": "/from/env"}, "/from/env"),
+        (["--tokenizer", "/flag"], {"BANDMASTER_ROUTER_TOKENIZER": "/from/env"}, "/flag"),
+    ],
+)
 def test_tokenizer_flag_and_environment(argv, env, expected):
     assert load_config(argv, env).tokenizer == expected
 
@@ -49,16 +53,19 @@ async def test_chat_and_text_prompts_are_encoded_as_the_worker_does(tok):
     assert await prompts.token_ids("Run the tests") == tok.encode("Run the tests")
     long_text = "call the tool with the arguments " * (INLINE_MAX_CHARS // 16)
     assert len(long_text) > INLINE_MAX_CHARS
-    assert await prompts.token_ids(long_text) == tok.encode(long_text)   # on a worker thread
+    assert await prompts.token_ids(long_text) == tok.encode(long_text)  # on a worker thread
     long_chat = {"messages": [{"role": "user", "content": long_text}]}
     assert await prompts.token_ids("", chat_request=long_chat) == tok.chat_token_ids(long_chat)
 
 
-@pytest.mark.parametrize("api, body", [
-    (Api.CHAT, CHAT),
-    (Api.COMPLETIONS, {"prompt": "Run the tests"}),
-    (Api.GENERATE, {"text": "Run the tests"}),
-])
+@pytest.mark.parametrize(
+    "api, body",
+    [
+        (Api.CHAT, CHAT),
+        (Api.COMPLETIONS, {"prompt": "Run the tests"}),
+        (Api.GENERATE, {"text": "Run the tests"}),
+    ],
+)
 async def test_text_turns_get_token_ids(tok, api, body):
     spec = build_spec(api, dict(body), session.SessionIdentity())
     assert spec.prompt_token_ids is None

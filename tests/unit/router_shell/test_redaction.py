@@ -13,16 +13,19 @@ from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
 
 
-@pytest.mark.parametrize("text, secret", [
-    ("Authorization: Bearer sk-abc123def456ghi", "abc123"),
-    ("header line b'authorization: Basic dXNlcjpwYXNz\\x01'", "dXNlcjpwYXNz"),
-    ("proxy-authorization=Token hunter2", "hunter2"),
-    ("X-Api-Key: k3y-material", "k3y-material"),
-    ("Cookie: session=s3cr3t; other=1", "s3cr3t"),
-    ("calling http://admin:hunter2@10.0.0.1:30000/generate failed", "hunter2"),
-    ("key sk-proj-ABCDEFGHIJKLMNOP in a message", "ABCDEFGHIJKLMNOP"),
-    ("token bearer eyJhbGciOiJIUzI1NiJ9.payload.sig", "eyJhbGci"),
-])
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("Authorization: Bearer sk-abc123def456ghi", "abc123"),
+        ("header line b'authorization: Basic dXNlcjpwYXNz\\x01'", "dXNlcjpwYXNz"),
+        ("proxy-authorization=Token hunter2", "hunter2"),
+        ("X-Api-Key: k3y-material", "k3y-material"),
+        ("Cookie: session=s3cr3t; other=1", "s3cr3t"),
+        ("calling http://admin:hunter2@10.0.0.1:30000/generate failed", "hunter2"),
+        ("key sk-proj-ABCDEFGHIJKLMNOP in a message", "ABCDEFGHIJKLMNOP"),
+        ("token bearer eyJhbGciOiJIUzI1NiJ9.payload.sig", "eyJhbGci"),
+    ],
+)
 def test_redact_masks_credentials(text, secret):
     out = redact(text)
     assert secret not in out and "***" in out
@@ -52,7 +55,7 @@ def test_the_filter_redacts_messages_arguments_and_tracebacks():
         logger.removeHandler(handler)
     out = stream.getvalue()
     assert "sk-live-1234567890" not in out and "pw-9876" not in out and out.count("***") >= 2
-    assert "ValueError" in out   # the traceback is still there
+    assert "ValueError" in out  # the traceback is still there
 
 
 async def test_a_workers_error_text_is_relayed_without_credentials():
@@ -60,11 +63,12 @@ async def test_a_workers_error_text_is_relayed_without_credentials():
     r.workers[0].error_message = "upstream http://admin:hunter2@db:5432 refused; Authorization: Bearer sk-zzzzzzzzzz"
     try:
         async with aiohttp.ClientSession() as s:
-            async with s.post(r.url + "/v1/chat/completions",
-                              json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}) as resp:
+            async with s.post(
+                r.url + "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+            ) as resp:
                 assert resp.status == 502
                 text = await resp.text()
         assert "hunter2" not in text and "sk-zzzzzzzzzz" not in text and "w0" in text
-        assert r.workers[0].url not in text   # workers are named by id, never by URL
+        assert r.workers[0].url not in text  # workers are named by id, never by URL
     finally:
         await r.close()

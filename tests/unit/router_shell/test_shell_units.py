@@ -16,39 +16,52 @@ from services.router.http_api import build_spec, empty_completion
 from services.router.turn_types import Api
 
 
-@pytest.mark.parametrize("headers, expected", [
-    ({}, session.SessionIdentity()),
-    ({"X-Dynamo-Session-ID": "  p1  "}, session.SessionIdentity("p1")),
-    ({"X-Dynamo-Session-ID": "   "}, session.SessionIdentity()),
-    ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Parent-Session-ID": "p"}, session.SessionIdentity("p")),
-    ({"X-Dynamo-Session-ID": "c", "X-Dynamo-Parent-Session-ID": "root"}, session.SessionIdentity("c", "root")),
-    ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Session-Final": "TRUE"}, session.SessionIdentity("p", "", True)),
-    ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Session-Final": ""}, session.SessionIdentity("p")),
-    ({"X-Dynamo-Session-ID": "x" * 256}, session.SessionIdentity("x" * 256)),
-])
+@pytest.mark.parametrize(
+    "headers, expected",
+    [
+        ({}, session.SessionIdentity()),
+        ({"X-Dynamo-Session-ID": "  p1  "}, session.SessionIdentity("p1")),
+        ({"X-Dynamo-Session-ID": "   "}, session.SessionIdentity()),
+        ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Parent-Session-ID": "p"}, session.SessionIdentity("p")),
+        ({"X-Dynamo-Session-ID": "c", "X-Dynamo-Parent-Session-ID": "root"}, session.SessionIdentity("c", "root")),
+        ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Session-Final": "TRUE"}, session.SessionIdentity("p", "", True)),
+        ({"X-Dynamo-Session-ID": "p", "X-Dynamo-Session-Final": ""}, session.SessionIdentity("p")),
+        ({"X-Dynamo-Session-ID": "x" * 256}, session.SessionIdentity("x" * 256)),
+    ],
+)
 def test_session_headers(headers, expected):
     assert session.from_headers(headers) == expected
 
 
-@pytest.mark.parametrize("headers", [
-    {"X-Dynamo-Session-ID": "x" * 257}, {"X-Dynamo-Session-ID": "a\tb"}, {"X-Dynamo-Session-ID": "é"},
-    {"X-Dynamo-Parent-Session-ID": "a\x7fb"}, {"X-Dynamo-Session-Final": "perhaps"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"X-Dynamo-Session-ID": "x" * 257},
+        {"X-Dynamo-Session-ID": "a\tb"},
+        {"X-Dynamo-Session-ID": "é"},
+        {"X-Dynamo-Parent-Session-ID": "a\x7fb"},
+        {"X-Dynamo-Session-Final": "perhaps"},
+    ],
+)
 def test_invalid_session_headers(headers):
     with pytest.raises(BadRequest):
         session.from_headers(headers)
 
 
 def test_config_flags_env_and_rules():
-    c = load_config(["--no-scheduler", "--router-temperature", "0.5", "--http-port", "0"],
-                    {"BANDMASTER_ROUTER_CAPACITY_ADDR": "10.0.0.1:7", "DYN_USE_KV_EVENTS": "false"})
+    c = load_config(
+        ["--no-scheduler", "--router-temperature", "0.5", "--http-port", "0"],
+        {"BANDMASTER_ROUTER_CAPACITY_ADDR": "10.0.0.1:7", "DYN_USE_KV_EVENTS": "false"},
+    )
     assert c.no_scheduler and c.capacity_addr == "10.0.0.1:7" and c.http_port == 0
     assert c.kv == KvOverrides(router_temperature=0.5, use_kv_events=False)
     assert not load_config([], {}).no_scheduler and load_config([], {}).kv == KvOverrides()
-    for argv, rule in [(["--block-size", "1"], "block_size > 1"),
-                       (["--max-body-bytes", "10"], "max_body_bytes >= 1024"),
-                       (["--scheduler-addr", "nohost"], "expected host:port"),
-                       (["--upstream-first-token-timeout-seconds", "0"], "upstream_first_token_timeout_seconds > 0")]:
+    for argv, rule in [
+        (["--block-size", "1"], "block_size > 1"),
+        (["--max-body-bytes", "10"], "max_body_bytes >= 1024"),
+        (["--scheduler-addr", "nohost"], "expected host:port"),
+        (["--upstream-first-token-timeout-seconds", "0"], "upstream_first_token_timeout_seconds > 0"),
+    ]:
         with pytest.raises(ConfigError, match=rule):
             load_config(argv, {})
 
@@ -56,79 +69,116 @@ def test_config_flags_env_and_rules():
 def test_reliability_settings_defaults_env_and_flags():
     c = load_config([], {})
     assert (c.admit_decision_timeout_seconds, c.admit_hold_timeout_seconds, c.scheduler_retry_seconds) == (2, 3600, 1)
-    assert (c.upstream_first_token_timeout_seconds, c.upstream_inter_token_timeout_seconds,
-            c.upstream_response_timeout_seconds) == (60, 30, 600)
+    assert (
+        c.upstream_first_token_timeout_seconds,
+        c.upstream_inter_token_timeout_seconds,
+        c.upstream_response_timeout_seconds,
+    ) == (60, 30, 600)
     assert (c.worker_failure_threshold, c.worker_eject_seconds, c.worker_eject_max_seconds) == (3, 5, 60)
-    assert (c.http_header_timeout_seconds, c.http_body_timeout_seconds, c.http_keepalive_timeout_seconds,
-            c.http_max_connections) == (10, 30, 60, 2048)
+    assert (
+        c.http_header_timeout_seconds,
+        c.http_body_timeout_seconds,
+        c.http_keepalive_timeout_seconds,
+        c.http_max_connections,
+    ) == (10, 30, 60, 2048)
     assert not c.http_metrics and not c.http_server_version
-    assert (c.client_max_programs, c.client_new_programs_per_second, c.client_new_programs_burst,
-            c.client_program_idle_seconds) == (2048, 50, 200, 900)
-    c = load_config(["--admit-decision-timeout-seconds", "0.5", "--http-metrics", "--worker-failure-threshold", "0"],
-                    {"BANDMASTER_ROUTER_UPSTREAM_INTER_TOKEN_TIMEOUT_SECONDS": "7",
-                     "BANDMASTER_ROUTER_HTTP_SERVER_VERSION": "true", "BANDMASTER_ROUTER_CLIENT_MAX_PROGRAMS": "5",
-                     "BANDMASTER_ROUTER_ADMIT_DECISION_TIMEOUT_SECONDS": "9"})
+    assert (
+        c.client_max_programs,
+        c.client_new_programs_per_second,
+        c.client_new_programs_burst,
+        c.client_program_idle_seconds,
+    ) == (2048, 50, 200, 900)
+    c = load_config(
+        ["--admit-decision-timeout-seconds", "0.5", "--http-metrics", "--worker-failure-threshold", "0"],
+        {
+            "BANDMASTER_ROUTER_UPSTREAM_INTER_TOKEN_TIMEOUT_SECONDS": "7",
+            "BANDMASTER_ROUTER_HTTP_SERVER_VERSION": "true",
+            "BANDMASTER_ROUTER_CLIENT_MAX_PROGRAMS": "5",
+            "BANDMASTER_ROUTER_ADMIT_DECISION_TIMEOUT_SECONDS": "9",
+        },
+    )
     assert c.admit_decision_timeout_seconds == 0.5 and c.http_metrics and c.worker_failure_threshold == 0
     assert c.upstream_inter_token_timeout_seconds == 7 and c.http_server_version and c.client_max_programs == 5
     assert c.worker_breaker.failure_threshold == 0 and c.client_limits.max_programs == 5
     assert c.scheduler_breaker.failure_threshold == 1 and c.scheduler_breaker.open_s == c.scheduler_retry_seconds
 
 
-@pytest.mark.parametrize("argv, rule", [
-    (["--admit-decision-timeout-seconds", "0"], "admit_decision_timeout_seconds > 0"),
-    (["--admit-decision-timeout-seconds", "10", "--admit-hold-timeout-seconds", "5"],
-     "admit_decision_timeout_seconds <= admit_hold_timeout_seconds"),
-    (["--scheduler-retry-seconds", "-1"], "scheduler_retry_seconds > 0"),
-    (["--upstream-inter-token-timeout-seconds", "0"], "upstream_inter_token_timeout_seconds > 0"),
-    (["--upstream-response-timeout-seconds", "0"], "upstream_response_timeout_seconds > 0"),
-    (["--worker-failure-threshold", "-1"], "worker_failure_threshold >= 0"),
-    (["--worker-eject-seconds", "10", "--worker-eject-max-seconds", "5"],
-     "worker_eject_max_seconds >= worker_eject_seconds"),
-    (["--http-header-timeout-seconds", "0"], "http_header_timeout_seconds > 0"),
-    (["--http-body-timeout-seconds", "0"], "http_body_timeout_seconds > 0"),
-    (["--http-keepalive-timeout-seconds", "0"], "http_keepalive_timeout_seconds > 0"),
-    (["--http-max-connections", "0"], "http_max_connections >= 1"),
-    (["--client-max-programs", "-1"], "client_max_programs >= 0"),
-    (["--client-new-programs-per-second", "-1"], "client_new_programs_per_second >= 0"),
-    (["--client-new-programs-burst", "0"], "client_new_programs_burst >= 1"),
-    (["--client-program-idle-seconds", "0"], "client_program_idle_seconds > 0"),
-    (["--admit-timeout-seconds", "5"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "argv, rule",
+    [
+        (["--admit-decision-timeout-seconds", "0"], "admit_decision_timeout_seconds > 0"),
+        (
+            ["--admit-decision-timeout-seconds", "10", "--admit-hold-timeout-seconds", "5"],
+            "admit_decision_timeout_seconds <= admit_hold_timeout_seconds",
+        ),
+        (["--scheduler-retry-seconds", "-1"], "scheduler_retry_seconds > 0"),
+        (["--upstream-inter-token-timeout-seconds", "0"], "upstream_inter_token_timeout_seconds > 0"),
+        (["--upstream-response-timeout-seconds", "0"], "upstream_response_timeout_seconds > 0"),
+        (["--worker-failure-threshold", "-1"], "worker_failure_threshold >= 0"),
+        (
+            ["--worker-eject-seconds", "10", "--worker-eject-max-seconds", "5"],
+            "worker_eject_max_seconds >= worker_eject_seconds",
+        ),
+        (["--http-header-timeout-seconds", "0"], "http_header_timeout_seconds > 0"),
+        (["--http-body-timeout-seconds", "0"], "http_body_timeout_seconds > 0"),
+        (["--http-keepalive-timeout-seconds", "0"], "http_keepalive_timeout_seconds > 0"),
+        (["--http-max-connections", "0"], "http_max_connections >= 1"),
+        (["--client-max-programs", "-1"], "client_max_programs >= 0"),
+        (["--client-new-programs-per-second", "-1"], "client_new_programs_per_second >= 0"),
+        (["--client-new-programs-burst", "0"], "client_new_programs_burst >= 1"),
+        (["--client-program-idle-seconds", "0"], "client_program_idle_seconds > 0"),
+        (["--admit-timeout-seconds", "5"], "unrecognized arguments"),
+    ],
+)
 def test_reliability_settings_refuse_invalid_values_naming_the_rule(argv, rule):
     with pytest.raises(ConfigError, match=rule):
         load_config(argv, {})
 
 
 def test_kv_params_precedence_flags_then_scheduler_then_defaults():
-    sched = SchedulerKvSettings(router_temperature=0.3, kv_overlap_score_weight=2.0, use_kv_events=False,
-                                router_track_output_blocks=False, router_ttl_secs=30.0, router_block_size=128)
+    sched = SchedulerKvSettings(
+        router_temperature=0.3,
+        kv_overlap_score_weight=2.0,
+        use_kv_events=False,
+        router_track_output_blocks=False,
+        router_ttl_secs=30.0,
+        router_block_size=128,
+    )
     p = resolve_params(KvOverrides(router_temperature=0.0), sched, page_size=16)
     assert (p.router_temperature, p.kv_overlap_score_weight, p.use_kv_events, p.router_ttl_s, p.block_size) == (
-        0.0, 2.0, False, 30.0, 16)
+        0.0,
+        2.0,
+        False,
+        30.0,
+        16,
+    )
     assert resolve_params(KvOverrides(), sched, None).block_size == 128
     assert resolve_params(KvOverrides(block_size=32), sched, 16).block_size == 32
     d = resolve_params(KvOverrides(), None, None)
     assert (d.use_kv_events, d.kv_overlap_score_weight, d.block_size) == (True, 1.0, 16)
 
 
-@pytest.mark.parametrize("api, body", [
-    (Api.CHAT, {"messages": {"role": "user"}}),
-    (Api.CHAT, {"messages": [{"content": "no role"}]}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": 5}]}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": True}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "stop": [1]}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "model": ""}),
-    (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "stream_options": []}),
-    (Api.COMPLETIONS, {"prompt": ""}),
-    (Api.COMPLETIONS, {"prompt": [1, "a"]}),
-    (Api.GENERATE, {"text": "a", "input_ids": [1]}),
-    (Api.GENERATE, {}),
-    (Api.GENERATE, {"input_ids": [-1]}),
-    (Api.GENERATE, {"text": ["batch"]}),
-    (Api.GENERATE, {"text": "a", "sampling_params": [{}]}),
-])
+@pytest.mark.parametrize(
+    "api, body",
+    [
+        (Api.CHAT, {"messages": {"role": "user"}}),
+        (Api.CHAT, {"messages": [{"content": "no role"}]}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": 5}]}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "max_tokens": True}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "stop": [1]}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "model": ""}),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "stream_options": []}),
+        (Api.COMPLETIONS, {"prompt": ""}),
+        (Api.COMPLETIONS, {"prompt": [1, "a"]}),
+        (Api.GENERATE, {"text": "a", "input_ids": [1]}),
+        (Api.GENERATE, {}),
+        (Api.GENERATE, {"input_ids": [-1]}),
+        (Api.GENERATE, {"text": ["batch"]}),
+        (Api.GENERATE, {"text": "a", "sampling_params": [{}]}),
+    ],
+)
 def test_body_validation_rejects(api, body):
     with pytest.raises(BadRequest):
         build_spec(api, body, session.SessionIdentity())
@@ -140,9 +190,12 @@ def test_body_validation_accepts_and_describes_the_turn():
     spec = build_spec(Api.COMPLETIONS, {"prompt": ["text"], "model": "m"}, session.SessionIdentity())
     assert spec.prompt_text == "text" and spec.model == "m" and not spec.stream
     a = build_spec(Api.CHAT, {"messages": [{"role": "user", "content": "a"}]}, session.SessionIdentity())
-    b = build_spec(Api.CHAT, {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
-                   session.SessionIdentity())
-    assert b.prompt_text.startswith(a.prompt_text)   # history re-sent = same routing prefix
+    b = build_spec(
+        Api.CHAT,
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        session.SessionIdentity(),
+    )
+    assert b.prompt_text.startswith(a.prompt_text)  # history re-sent = same routing prefix
 
 
 def test_final_request_shapes():
@@ -158,8 +211,10 @@ def test_kv_event_endpoints():
     assert subscribe_endpoint("tcp://0.0.0.0:5557", "http://h:1", 2) == "tcp://h:5559"
     assert subscribe_endpoint("tcp://pub.example:6000", "http://h:1", 1) == "tcp://pub.example:6001"
     assert subscribe_endpoint("ipc:///tmp/x", "http://h:1", 0) is None
-    assert publisher_endpoint_from_info({"kv_events_config": '{"publisher": "zmq", "endpoint": "tcp://*:9"}'}) \
+    assert (
+        publisher_endpoint_from_info({"kv_events_config": '{"publisher": "zmq", "endpoint": "tcp://*:9"}'})
         == "tcp://*:9"
+    )
     assert publisher_endpoint_from_info({"kv_events_config": None}) is None
     assert publisher_endpoint_from_info({"kv_events_config": {"publisher": "null"}}) is None
 

@@ -30,8 +30,10 @@ HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
 CONTENT = HEAD + b'[{"index":0,"delta":{"content":"tok"},"finish_reason":null}],"usage":null}\n'
 FINISH = HEAD + b'[{"index":0,"delta":{},"finish_reason":"length"}],"usage":null}\n'
 USAGE = HEAD + b'[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}\n'
-USAGE_CACHED = (HEAD + b'[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12,'
-                b'"prompt_tokens_details":{"cached_tokens":4}}}\n')
+USAGE_CACHED = (
+    HEAD + b'[],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12,'
+    b'"prompt_tokens_details":{"cached_tokens":4}}}\n'
+)
 CONTINUOUS = HEAD + b'[{"index":0,"delta":{"content":"x"},"finish_reason":null}],"usage":{"completion_tokens":1}}\n'
 ERROR = b'data: {"error":{"message":"engine died"}}\n'
 DONE = b"data: [DONE]\n"
@@ -39,12 +41,27 @@ TRICKY = HEAD + b'[{"index":0,"delta":{"content":"data: [DONE] \\"usage\\":{"},"
 
 
 def gen_chunk(n: int) -> bytes:
-    return b'data: {"text":"%d","meta_info":{"prompt_tokens":5,"completion_tokens":%d,"cached_tokens":2,' \
-           b'"finish_reason":{"type":"length"}}}\n' % (n, n)
+    return (
+        b'data: {"text":"%d","meta_info":{"prompt_tokens":5,"completion_tokens":%d,"cached_tokens":2,'
+        b'"finish_reason":{"type":"length"}}}\n' % (n, n)
+    )
 
 
-OPENAI_LINES = [CONTENT, FINISH, USAGE, USAGE_CACHED, CONTINUOUS, ERROR, DONE, TRICKY, b"\n", b"\r\n",
-                b": keep-alive\n", b"event: message\n", CONTENT[:-1] + b"\r\n"]
+OPENAI_LINES = [
+    CONTENT,
+    FINISH,
+    USAGE,
+    USAGE_CACHED,
+    CONTINUOUS,
+    ERROR,
+    DONE,
+    TRICKY,
+    b"\n",
+    b"\r\n",
+    b": keep-alive\n",
+    b"event: message\n",
+    CONTENT[:-1] + b"\r\n",
+]
 GENERATE_LINES = [gen_chunk(1), gen_chunk(2), gen_chunk(3), DONE, ERROR, b"\n", b": ping\n"]
 
 
@@ -105,12 +122,17 @@ def relay_over(api: Api, stream: bytes, cuts: list[int], include_usage: bool):
 def streams(lines: list[bytes]):
     events = st.lists(st.sampled_from(lines), max_size=30)
     return st.tuples(events, st.booleans()).map(
-        lambda t: b"".join(t[0]) + (b"" if t[1] else b"data: {\"tail\":1}"))  # maybe a last line without newline
+        lambda t: b"".join(t[0]) + (b"" if t[1] else b'data: {"tail":1}')
+    )  # maybe a last line without newline
 
 
 @settings(max_examples=400, deadline=None)
-@given(streams(OPENAI_LINES), st.lists(st.integers(0, 4000), max_size=12), st.booleans(),
-       st.sampled_from([Api.CHAT, Api.COMPLETIONS]))
+@given(
+    streams(OPENAI_LINES),
+    st.lists(st.integers(0, 4000), max_size=12),
+    st.booleans(),
+    st.sampled_from([Api.CHAT, Api.COMPLETIONS]),
+)
 def test_openai_stream_forwarded_exactly_as_line_by_line(stream, cuts, include_usage, api):
     assert relay_over(api, stream, cuts, include_usage) == reference(api, stream, include_usage)
 
@@ -178,7 +200,7 @@ async def _serve(pieces: list[bytes], cut: bool):
 
 async def _turn(session: aiohttp.ClientSession, url: str, api: Api) -> OpenTurn:
     response = await session.post(url, data=b"{}")
-    first = await response.content.readline()   # as TurnRunner._send takes the first data line
+    first = await response.content.readline()  # as TurnRunner._send takes the first data line
     runner = SimpleNamespace(fleet=SimpleNamespace(core=None))
     spec = TurnSpec(api, {}, SessionIdentity(), None, True)
     return OpenTurn(runner, spec, None, response, SimpleNamespace(worker_id="w"), None, first, _Bookkeeping())
@@ -187,8 +209,12 @@ async def _turn(session: aiohttp.ClientSession, url: str, api: Api) -> OpenTurn:
 @pytest.mark.parametrize("include_usage", [True, False])
 async def test_sse_streams_blocks_split_mid_line_and_absorbs_usage(include_usage):
     stream = SGLANG_STREAM.replace(USAGE, USAGE_CACHED)
-    pieces = [stream[:len(CONTENT) + 1], stream[len(CONTENT) + 1:len(CONTENT) + 30], stream[len(CONTENT) + 30:-9],
-              stream[-9:]]
+    pieces = [
+        stream[: len(CONTENT) + 1],
+        stream[len(CONTENT) + 1 : len(CONTENT) + 30],
+        stream[len(CONTENT) + 30 : -9],
+        stream[-9:],
+    ]
     runner, url = await _serve(pieces, cut=False)
     try:
         async with aiohttp.ClientSession() as session:

@@ -27,8 +27,7 @@ async def _chat(router, *, stream: bool, session: str = "", timeout_s: float = 2
     headers = {"X-Dynamo-Session-ID": session} if session else {}
     started = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
-        async with s.post(router.url + "/v1/chat/completions", json={**CHAT, "stream": stream},
-                          headers=headers) as r:
+        async with s.post(router.url + "/v1/chat/completions", json={**CHAT, "stream": stream}, headers=headers) as r:
             return r.status, await r.read(), time.monotonic() - started
 
 
@@ -37,6 +36,7 @@ def _events(raw: bytes) -> list[bytes]:
 
 
 # -- workers: first token, inter-token, whole answer -----------------------------------------------------
+
 
 async def test_no_first_token_in_time_is_retried_on_another_worker():
     r = await InProcessRouter.start(["stall", "ok"], upstream_first_token_timeout_seconds=0.3)
@@ -53,8 +53,9 @@ async def test_no_first_token_in_time_is_retried_on_another_worker():
 
 
 async def test_a_worker_silent_after_the_first_token_ends_the_stream_with_an_error_event():
-    r = await InProcessRouter.start(["stall_after_first"], upstream_first_token_timeout_seconds=5,
-                                    upstream_inter_token_timeout_seconds=0.3)
+    r = await InProcessRouter.start(
+        ["stall_after_first"], upstream_first_token_timeout_seconds=5, upstream_inter_token_timeout_seconds=0.3
+    )
     try:
         status, raw, elapsed = await _chat(r, stream=True, session="p")
         events = _events(raw)
@@ -80,35 +81,47 @@ async def test_a_non_streamed_answer_past_the_response_timeout_is_retried_then_5
 
 # -- worker circuit breakers -----------------------------------------------------------------------------
 
+
 async def test_a_worker_failing_with_5xx_leaves_rotation_and_is_probed_back(caplog):
     caplog.set_level(logging.INFO)
-    r = await InProcessRouter.start(["refuse", "ok"], worker_failure_threshold=2, worker_eject_seconds=0.3,
-                                    worker_eject_max_seconds=5)
+    r = await InProcessRouter.start(
+        ["refuse", "ok"], worker_failure_threshold=2, worker_eject_seconds=0.3, worker_eject_max_seconds=5
+    )
     r.sched.pin = ("w0", 0)  # every program turn asks for the failing worker first
     bad, good = r.workers
     try:
         for _ in range(2):
-            assert (await _chat(r, stream=False, session="p"))[0] == 200   # 500 on w0, retried on w1
+            assert (await _chat(r, stream=False, session="p"))[0] == 200  # 500 on w0, retried on w1
         assert bad.requests == 2
         for _ in range(3):  # out of rotation: straight to w1
             assert (await _chat(r, stream=True, session="p"))[0] == 200
         assert bad.requests == 2 and r.sample("bandmaster_router_workers_out_of_rotation") == 1
         assert "worker w0 out of rotation after 2 consecutive failures" in caplog.text
 
-        await asyncio.sleep(0.35)     # the probe is due: it fails, w0 stays out twice as long
+        await asyncio.sleep(0.35)  # the probe is due: it fails, w0 stays out twice as long
         assert (await _chat(r, stream=False, session="p"))[0] == 200 and bad.requests == 3
         assert (await _chat(r, stream=False, session="p"))[0] == 200 and bad.requests == 3
 
         bad.mode = "ok"
-        await asyncio.sleep(0.65)     # the next probe succeeds: back in rotation
+        await asyncio.sleep(0.65)  # the next probe succeeds: back in rotation
         assert (await _chat(r, stream=True, session="p"))[0] == 200 and bad.requests == 4
         assert (await _chat(r, stream=True, session="p"))[0] == 200 and bad.requests == 5
         assert r.sample("bandmaster_router_workers_out_of_rotation") == 0
-        transitions = {(s, why): r.sample("bandmaster_router_worker_circuit_transitions_total", state=s, reason=why)
-                       for s, why in [("open", "failures"), ("half_open", "probe"), ("open", "probe_failed"),
-                                      ("closed", "probe_ok")]}
-        assert transitions == {("open", "failures"): 1, ("half_open", "probe"): 2, ("open", "probe_failed"): 1,
-                               ("closed", "probe_ok"): 1}
+        transitions = {
+            (s, why): r.sample("bandmaster_router_worker_circuit_transitions_total", state=s, reason=why)
+            for s, why in [
+                ("open", "failures"),
+                ("half_open", "probe"),
+                ("open", "probe_failed"),
+                ("closed", "probe_ok"),
+            ]
+        }
+        assert transitions == {
+            ("open", "failures"): 1,
+            ("half_open", "probe"): 2,
+            ("open", "probe_failed"): 1,
+            ("closed", "probe_ok"): 1,
+        }
         assert "worker w0 back in rotation" in caplog.text
     finally:
         await r.close()
@@ -128,6 +141,7 @@ async def test_with_every_worker_out_of_rotation_the_answer_is_503_with_retry_af
 
 
 # -- the scheduler: decision deadline, held waits, outage ------------------------------------------------
+
 
 async def test_a_scheduler_that_does_not_answer_fails_open_within_the_decision_deadline(caplog):
     caplog.set_level(logging.INFO)
@@ -178,7 +192,7 @@ async def test_a_held_turn_waits_past_the_decision_deadline_then_runs():
     r.sched.hold.add("paused")
     try:
         call = asyncio.ensure_future(_chat(r, stream=True, session="paused"))
-        await asyncio.sleep(0.6)      # three decision deadlines: still waiting, not failed open
+        await asyncio.sleep(0.6)  # three decision deadlines: still waiting, not failed open
         assert not call.done() and r.workers[0].requests == 0
         r.sched.hold.discard("paused")
         status, raw, elapsed = await call
@@ -195,7 +209,7 @@ async def test_a_hold_past_the_schedulers_own_bound_fails_open():
     r.sched.max_hold_seconds = 0.3
     try:
         status, _, elapsed = await _chat(r, stream=False, session="stuck")
-        assert status == 200 and 0.5 <= elapsed < 1.5       # bound 0.3 s + the decision deadline 0.2 s
+        assert status == 200 and 0.5 <= elapsed < 1.5  # bound 0.3 s + the decision deadline 0.2 s
         assert r.sample("bandmaster_router_scheduler_fail_open_total", reason="hold_overrun") == 1
     finally:
         r.sched.hold.clear()
@@ -204,12 +218,16 @@ async def test_a_hold_past_the_schedulers_own_bound_fails_open():
 
 # -- the gRPC edge ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("request_id, sampling", [
-    ("x" * 257, rpb.SamplingParams()),
-    ("a\nb", rpb.SamplingParams()),
-    ("ok", rpb.SamplingParams(temperature=-1)),
-    ("ok", rpb.SamplingParams(top_p=5)),
-])
+
+@pytest.mark.parametrize(
+    "request_id, sampling",
+    [
+        ("x" * 257, rpb.SamplingParams()),
+        ("a\nb", rpb.SamplingParams()),
+        ("ok", rpb.SamplingParams(temperature=-1)),
+        ("ok", rpb.SamplingParams(top_p=5)),
+    ],
+)
 async def test_grpc_generate_refuses_invalid_fields_at_the_edge(request_id, sampling):
     r = await InProcessRouter.start(["ok"])
     try:
@@ -226,14 +244,16 @@ async def test_grpc_generate_refuses_invalid_fields_at_the_edge(request_id, samp
 
 
 async def test_grpc_generate_over_the_client_limits_is_resource_exhausted_with_retry_after():
-    r = await InProcessRouter.start(["ok"], client_max_programs=1, client_new_programs_per_second=0,
-                                    client_program_idle_seconds=30)
+    r = await InProcessRouter.start(
+        ["ok"], client_max_programs=1, client_new_programs_per_second=0, client_program_idle_seconds=30
+    )
     try:
         async with grpc.aio.insecure_channel(r.running.grpc_address) as channel:
             stub = rpb_grpc.RouterStub(channel)
             metadata = (("authorization", "Bearer grpc-client"),)
-            chunks = [c async for c in stub.Generate(rpb.GenerateRequest(session_id="g1", prompt="hello"),
-                                                     metadata=metadata)]
+            chunks = [
+                c async for c in stub.Generate(rpb.GenerateRequest(session_id="g1", prompt="hello"), metadata=metadata)
+            ]
             assert chunks[-1].finish_reason == "stop"
             call = stub.Generate(rpb.GenerateRequest(session_id="g2", prompt="hello"), metadata=metadata)
             with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -242,8 +262,9 @@ async def test_grpc_generate_over_the_client_limits_is_resource_exhausted_with_r
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert 25 <= int(dict(err.value.trailing_metadata())["retry-after"]) <= 30
             await stub.Release(rpb.ReleaseRequest(session_id="g1"), metadata=metadata)
-            chunks = [c async for c in stub.Generate(rpb.GenerateRequest(session_id="g2", prompt="hello"),
-                                                     metadata=metadata)]
+            chunks = [
+                c async for c in stub.Generate(rpb.GenerateRequest(session_id="g2", prompt="hello"), metadata=metadata)
+            ]
             assert chunks[-1].finish_reason == "stop"
     finally:
         await r.close()

@@ -14,8 +14,9 @@ from services.scheduler.core import (
 
 def snapshot(caps: dict[tuple[str, int], int], version: int = 1, max_programs: dict | None = None) -> CapacitySnapshot:
     max_programs = max_programs or {}
-    return CapacitySnapshot(version, tuple(ReplicaCapacity(w, r, tokens, max_programs.get((w, r), 0))
-                                           for (w, r), tokens in caps.items()))
+    return CapacitySnapshot(
+        version, tuple(ReplicaCapacity(w, r, tokens, max_programs.get((w, r), 0)) for (w, r), tokens in caps.items())
+    )
 
 
 def make_core(caps: dict[tuple[str, int], int] | None = None, now: float = 0.0, **params) -> SchedulerCore:
@@ -33,8 +34,14 @@ def rid() -> str:
     return f"req-{_counter[0]}"
 
 
-def turn(core: SchedulerCore, sid: str, prompt: int, completion: int = 0, now: float = 0.0,
-         replica: tuple[str, int] | None = None):
+def turn(
+    core: SchedulerCore,
+    sid: str,
+    prompt: int,
+    completion: int = 0,
+    now: float = 0.0,
+    replica: tuple[str, int] | None = None,
+):
     """Admit one turn and, if it was placed, complete it (program ends ACTING)."""
     request_id = rid()
     result = core.admit(now, sid, "", prompt, request_id)

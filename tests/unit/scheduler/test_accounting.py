@@ -14,13 +14,15 @@ BUF = 100
 
 def ledger(caps: dict[ReplicaKey, int] | None = None) -> Ledger:
     led = Ledger(ControlParams(buffer_per_program_tokens=BUF))
-    led.set_capacity(CapacitySnapshot(1, tuple(ReplicaCapacity(k.worker_id, k.dp_rank, t)
-                                                for k, t in (caps or {A: 10_000, B: 10_000}).items())))
+    led.set_capacity(
+        CapacitySnapshot(
+            1, tuple(ReplicaCapacity(k.worker_id, k.dp_rank, t) for k, t in (caps or {A: 10_000, B: 10_000}).items())
+        )
+    )
     return led
 
 
-def placed(led: Ledger, sid: str, tokens: int, key: ReplicaKey, status: Status = Status.REASONING,
-           now: float = 0.0):
+def placed(led: Ledger, sid: str, tokens: int, key: ReplicaKey, status: Status = Status.REASONING, now: float = 0.0):
     program = led.create(now, sid, "")
     program.token_total = tokens
     program.status = status

@@ -17,8 +17,9 @@ BUF = 100
 def law(caps: dict[ReplicaKey, int], max_programs: int = 0, **params) -> ControlLaw:
     p = ControlParams(buffer_per_program_tokens=BUF, **params)
     led = Ledger(p)
-    led.set_capacity(CapacitySnapshot(1, tuple(ReplicaCapacity(k.worker_id, k.dp_rank, t, max_programs)
-                                                for k, t in caps.items())))
+    led.set_capacity(
+        CapacitySnapshot(1, tuple(ReplicaCapacity(k.worker_id, k.dp_rank, t, max_programs) for k, t in caps.items()))
+    )
     return ControlLaw(p, make_pause_policy(), led)
 
 
@@ -43,6 +44,7 @@ class Recorder:
 
     def pause(self, now, program, reason, acc) -> None:
         from services.scheduler.core import Lifecycle
+
         self.calls.append(("pause", program.session_id))
         program.lifecycle = Lifecycle.PAUSED
         program.replica = None
@@ -51,6 +53,7 @@ class Recorder:
 
     def resume_onto(self, now, program, target, acc, *, forced, held_s) -> None:
         from services.scheduler.core import Lifecycle
+
         self.calls.append(("resume", program.session_id))
         program.lifecycle = Lifecycle.ACTIVE
         self.ledger.paused.pop(program.session_id, None)
@@ -66,12 +69,15 @@ class Recorder:
         program.marked = True
 
 
-@pytest.mark.parametrize("tokens, band", [
-    (7_000, Band.NORMAL),        # (7000 + 100) / 10000 = 0.71
-    (7_900, Band.SOFT_DEMOTE),   # 0.80 >= theta_s
-    (9_300, Band.SOFT_DEMOTE),   # 0.94
-    (9_400, Band.PAUSE),         # 0.95 >= theta_p
-])
+@pytest.mark.parametrize(
+    "tokens, band",
+    [
+        (7_000, Band.NORMAL),  # (7000 + 100) / 10000 = 0.71
+        (7_900, Band.SOFT_DEMOTE),  # 0.80 >= theta_s
+        (9_300, Band.SOFT_DEMOTE),  # 0.94
+        (9_400, Band.PAUSE),  # 0.95 >= theta_p
+    ],
+)
 def test_band_by_utilisation(tokens: int, band: Band) -> None:
     control = law({A: 10_000})
     put(control, "p", tokens, A)
@@ -99,9 +105,14 @@ def test_admission_goes_where_the_most_is_free_and_below_the_threshold() -> None
     assert control.choose_admission_replica(0.0, new, gate=False) is None
 
 
-@pytest.mark.parametrize("status, turns, group", [
-    (Status.REASONING, 3, 0), (Status.REASONING, 1, 1), (Status.ACTING, 3, 2),
-])
+@pytest.mark.parametrize(
+    "status, turns, group",
+    [
+        (Status.REASONING, 3, 0),
+        (Status.REASONING, 1, 1),
+        (Status.ACTING, 3, 2),
+    ],
+)
 def test_resume_groups(status: Status, turns: int, group: int) -> None:
     control = law({A: 10_000})
     program = control.ledger.create(0.0, "p", "")

@@ -36,36 +36,48 @@ def policy(**kw):
 
 
 # rho = 10k tok/s, K = 100k, m = tool seconds; r(T) = T/rho * (1 + T/K); phi = min(1, max(T, sigma C) r / (T m)).
-@pytest.mark.parametrize("tokens, capacity, tool_s, sigma, phi", [
-    (2_000, 16_000, 2.0, 0.0, 2_000 / 10_000 * 1.02 / 2.0),             # short context, own KV only: 0.102
-    (2_000, 16_000, 2.0, 1.0, 16_000 * 0.2 * 1.02 / (2_000 * 2.0)),     # the whole 16K batch stalls: 0.816
-    (2_000, 16_000, 0.5, 1.0, 1.0),                                      # short tool: hold
-    (30_000, 32_000, 1.0, 0.0, 1.0),                                     # r = 3.9 s > 1 s tool: hold
-    (30_000, 32_000, 10.0, 0.0, 3.0 * 1.3 / 10.0),                       # long tool: 0.39
-    (30_000, 200_000, 10.0, 1.0, 1.0),                                   # big pool: hold
-    (0, 16_000, 2.0, 0.0, 1.0),                                          # nothing to weigh
-])
+@pytest.mark.parametrize(
+    "tokens, capacity, tool_s, sigma, phi",
+    [
+        (2_000, 16_000, 2.0, 0.0, 2_000 / 10_000 * 1.02 / 2.0),  # short context, own KV only: 0.102
+        (2_000, 16_000, 2.0, 1.0, 16_000 * 0.2 * 1.02 / (2_000 * 2.0)),  # the whole 16K batch stalls: 0.816
+        (2_000, 16_000, 0.5, 1.0, 1.0),  # short tool: hold
+        (30_000, 32_000, 1.0, 0.0, 1.0),  # r = 3.9 s > 1 s tool: hold
+        (30_000, 32_000, 10.0, 0.0, 3.0 * 1.3 / 10.0),  # long tool: 0.39
+        (30_000, 200_000, 10.0, 1.0, 1.0),  # big pool: hold
+        (0, 16_000, 2.0, 0.0, 1.0),  # nothing to weigh
+    ],
+)
 def test_hold_fraction_table(tokens, capacity, tool_s, sigma, phi):
     p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=100_000, tool_seconds=tool_s, stall_share=sigma)
     assert p.hold_fraction(tokens, capacity) == pytest.approx(phi)
 
 
 # phi = 0.102 for a 2K context with 2 s tools (first row above).
-@pytest.mark.parametrize("status, scale_reasoning, phi_min, raw, weight", [
-    (A, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
-    (A, False, 0.0, 2_000, math.floor(2_000 * 0.102)),
-    (A, True, 0.0, 1_000, math.floor(1_000 * 0.102)),   # acting_token_weight 0.5: phi scales the raw weight
-    (R, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
-    (R, False, 0.0, 2_000, 2_000),
-    (A, True, 0.1, 2_000, math.floor(2_000 * 0.102)),   # at or above phi_min: counted
-    (A, True, 0.2, 2_000, 0),                           # below phi_min: let go
-    (A, True, 1.0, 2_000, 0),                           # the default: binary
-    (R, True, 1.0, 2_000, 0),
-    (R, False, 1.0, 2_000, 2_000),
-])
+@pytest.mark.parametrize(
+    "status, scale_reasoning, phi_min, raw, weight",
+    [
+        (A, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
+        (A, False, 0.0, 2_000, math.floor(2_000 * 0.102)),
+        (A, True, 0.0, 1_000, math.floor(1_000 * 0.102)),  # acting_token_weight 0.5: phi scales the raw weight
+        (R, True, 0.0, 2_000, math.floor(2_000 * 0.102)),
+        (R, False, 0.0, 2_000, 2_000),
+        (A, True, 0.1, 2_000, math.floor(2_000 * 0.102)),  # at or above phi_min: counted
+        (A, True, 0.2, 2_000, 0),  # below phi_min: let go
+        (A, True, 1.0, 2_000, 0),  # the default: binary
+        (R, True, 1.0, 2_000, 0),
+        (R, False, 1.0, 2_000, 2_000),
+    ],
+)
 def test_weight_tokens_table(status, scale_reasoning, phi_min, raw, weight):
-    p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=100_000, tool_seconds=2.0, stall_share=0.0,
-               scale_reasoning=scale_reasoning, min_hold_fraction=phi_min)
+    p = policy(
+        prefill_tokens_per_s=10_000,
+        prefill_quadratic_tokens=100_000,
+        tool_seconds=2.0,
+        stall_share=0.0,
+        scale_reasoning=scale_reasoning,
+        min_hold_fraction=phi_min,
+    )
     assert p.weight_tokens(prog(0, 2_000, status), raw, 16_000) == weight
 
 
@@ -76,11 +88,21 @@ def test_default_rule_holds_a_context_iff_recompute_outlasts_the_tool(tokens, we
     assert make_pause_policy("cost_aware").weight_tokens(prog(0, tokens), tokens, 64_000) == weight
 
 
-@pytest.mark.parametrize("field, value", [
-    ("prefill_tokens_per_s", 0.0), ("prefill_tokens_per_s", float("nan")), ("prefill_quadratic_tokens", -1.0),
-    ("tool_seconds", 0.0), ("stall_share", 1.5), ("stall_share", -0.1), ("prior_observations", 0.0),
-    ("half_life_observations", 0.0), ("tool_seconds", True), ("min_hold_fraction", 1.1),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("prefill_tokens_per_s", 0.0),
+        ("prefill_tokens_per_s", float("nan")),
+        ("prefill_quadratic_tokens", -1.0),
+        ("tool_seconds", 0.0),
+        ("stall_share", 1.5),
+        ("stall_share", -0.1),
+        ("prior_observations", 0.0),
+        ("half_life_observations", 0.0),
+        ("tool_seconds", True),
+        ("min_hold_fraction", 1.1),
+    ],
+)
 def test_params_refuse_invalid_values_naming_the_field(field, value):
     with pytest.raises(ConfigError) as info:
         CostAwarePauseParams(**{field: value})
@@ -88,8 +110,10 @@ def test_params_refuse_invalid_values_naming_the_field(field, value):
 
 
 def test_flags_and_env_reach_the_params_and_errors_name_the_flag():
-    cfg = load_config(["--pause-policy", "cost_aware", "--cost-aware-stall-share", "0.25"],
-                      {"BANDMASTER_SCHEDULER_COST_AWARE_TOOL_SECONDS": "1.5"})
+    cfg = load_config(
+        ["--pause-policy", "cost_aware", "--cost-aware-stall-share", "0.25"],
+        {"BANDMASTER_SCHEDULER_COST_AWARE_TOOL_SECONDS": "1.5"},
+    )
     assert cfg.pause_policy_params() == CostAwarePauseParams(stall_share=0.25, tool_seconds=1.5)
     assert load_config(["--pause-policy", "threshold"], {}).pause_policy_params() is None
     assert load_config([], {}).pause_policy_params() == CostAwarePauseParams()  # the service default
@@ -99,13 +123,18 @@ def test_flags_and_env_reach_the_params_and_errors_name_the_flag():
 
 
 def test_estimates_start_at_the_priors_and_move_only_on_refresh():
-    p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=1e12, tool_seconds=2.0, prior_observations=2.0,
-               half_life_observations=1e12)
+    p = policy(
+        prefill_tokens_per_s=10_000,
+        prefill_quadratic_tokens=1e12,
+        tool_seconds=2.0,
+        prior_observations=2.0,
+        half_life_observations=1e12,
+    )
     assert not p.refresh()
     p.observe_tool(5.0)
     p.observe_tool(5.0)
-    p.observe_prefill(20_000, 0.5)      # 40k tok/s
-    p.observe_prefill(100, 10.0)        # too small to say anything: ignored
+    p.observe_prefill(20_000, 0.5)  # 40k tok/s
+    p.observe_prefill(100, 10.0)  # too small to say anything: ignored
     assert (p.tool_seconds, p.prefill_tokens_per_s) == (2.0, 10_000)
     assert p.refresh() and not p.refresh()
     assert p.tool_seconds == pytest.approx((2 * 2.0 + 10.0) / 4)
@@ -121,8 +150,8 @@ def test_queueing_does_not_read_as_slow_prefill():
     """Under load most turns queue before their prefill; the estimate follows the fast ones."""
     p = policy(prefill_tokens_per_s=10_000, prefill_quadratic_tokens=1e12, prior_observations=8.0)
     for i in range(200):
-        queued_s = 0.0 if i % 5 == 0 else 3.0 + i % 7   # 80% of the turns waited seconds in the queue
-        p.observe_prefill(4_000, 0.2 + queued_s)         # true rate: 20k tok/s
+        queued_s = 0.0 if i % 5 == 0 else 3.0 + i % 7  # 80% of the turns waited seconds in the queue
+        p.observe_prefill(4_000, 0.2 + queued_s)  # true rate: 20k tok/s
     p.refresh()
     assert p.prefill_tokens_per_s == pytest.approx(20_000)
 
@@ -133,7 +162,7 @@ def test_plan_skips_acting_programs_that_do_not_count():
     weights = {"p0": 0, "p1": 5_000, "p2": 3_000, "p3": 4_000}
     ctx = PauseContext(KEY, programs, 12_400, 8_000, 1, None, 100, lambda q: weights[q.session_id], 0.0)
     plan = p.plan(ctx)
-    assert plan.pause == ("p2", "p1")   # shortest first among those that count; p0 is already let go
+    assert plan.pause == ("p2", "p1")  # shortest first among those that count; p0 is already let go
     assert plan.mark == ()
 
 
@@ -180,24 +209,37 @@ def test_the_core_feeds_tool_times_and_ttft_and_recharges_on_refresh():
     result = core.admit(0.0, "p", "", 2_000, "r0")
     core.complete(1.0, "p", "r0", result.decision.replica, 2_000, 100, cached_tokens=0, ttft_s=0.05)
     before = core.stats(1.0).replicas[0].used_tokens
-    core.admit(11.0, "p", "", 2_200, "r1")      # a 10 s tool call ended
-    core.complete(12.0, "p", "r1", KEY, 2_200, 100, cached_tokens=2_100)   # no ttft: no prefill sample
+    core.admit(11.0, "p", "", 2_200, "r1")  # a 10 s tool call ended
+    core.complete(12.0, "p", "r1", KEY, 2_200, 100, cached_tokens=2_100)  # no ttft: no prefill sample
     p = core.policy
-    assert p.tool_seconds == 2.0                # not folded in before the tick
+    assert p.tool_seconds == 2.0  # not folded in before the tick
     core.tick(15.0)
     assert p.tool_seconds == pytest.approx((2.0 + 10.0) / 2)
     # One sample beside one prior pseudo-observation: the upper of the two.
     assert p.prefill_tokens_per_s == pytest.approx(max(18_000, 2_000 * (1 + 2_000 / 77_000) / 0.05))
     core.check_invariants(15.0)
-    assert core.stats(15.0).replicas[0].used_tokens < before   # longer tools: worth holding less
+    assert core.stats(15.0).replicas[0].used_tokens < before  # longer tools: worth holding less
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(params_strategy, st.lists(op, max_size=40), st.sampled_from([0.0, 0.5, 1.0]), st.booleans(),
-       st.sampled_from([0.0, 0.5, 1.0]))
+@given(
+    params_strategy,
+    st.lists(op, max_size=40),
+    st.sampled_from([0.0, 0.5, 1.0]),
+    st.booleans(),
+    st.sampled_from([0.0, 0.5, 1.0]),
+)
 def test_invariants_hold_under_random_operations(params, ops, sigma, scale_reasoning, phi_min):
-    core = SchedulerCore(params, policy(stall_share=sigma, scale_reasoning=scale_reasoning, tool_seconds=3.0,
-                                        prior_observations=1.0, min_hold_fraction=phi_min))
+    core = SchedulerCore(
+        params,
+        policy(
+            stall_share=sigma,
+            scale_reasoning=scale_reasoning,
+            tool_seconds=3.0,
+            prior_observations=1.0,
+            min_hold_fraction=phi_min,
+        ),
+    )
     run(core, ops, check_all)
 
 
@@ -210,6 +252,7 @@ def test_with_every_context_worth_holding_it_is_the_threshold_policy(params, ops
     def record(name):
         def check(kind, core, now, result, before):
             seen[name].append((kind, result))
+
         return check
 
     run(SchedulerCore(params, make_pause_policy("threshold")), ops, record("threshold"))

@@ -24,15 +24,28 @@ op = st.one_of(
 )
 
 params_strategy = st.builds(
-    lambda p, t, h, w: ControlParams(pause_threshold=p, pause_target=min(t, p), resume_hysteresis=min(h, p),
-                                     soft_demote_threshold=min(0.8, p), acting_token_weight=w,
-                                     program_idle_ttl_seconds=60.0, resume_timeout_seconds=1e9),
-    st.floats(0.5, 1.0), st.floats(0.3, 1.0), st.floats(0.0, 0.3), st.sampled_from([0.5, 1.0, 2.0]))
+    lambda p, t, h, w: ControlParams(
+        pause_threshold=p,
+        pause_target=min(t, p),
+        resume_hysteresis=min(h, p),
+        soft_demote_threshold=min(0.8, p),
+        acting_token_weight=w,
+        program_idle_ttl_seconds=60.0,
+        resume_timeout_seconds=1e9,
+    ),
+    st.floats(0.5, 1.0),
+    st.floats(0.3, 1.0),
+    st.floats(0.0, 0.3),
+    st.sampled_from([0.5, 1.0, 2.0]),
+)
 
 
 def state(core: SchedulerCore):
-    return (core.programs(), core.paused_ids(), tuple((s.replica, s.used_tokens, s.resident_programs)
-                                                      for s in core.replica_stats(0.0)))
+    return (
+        core.programs(),
+        core.paused_ids(),
+        tuple((s.replica, s.used_tokens, s.resident_programs) for s in core.replica_stats(0.0)),
+    )
 
 
 def run(core: SchedulerCore, ops, check):
@@ -50,8 +63,7 @@ def run(core: SchedulerCore, ops, check):
             check("admit", core, now, result, before)
         elif kind == "complete" and requests:
             request_id, sid = requests[a % len(requests)]
-            core.complete(now, sid, request_id, REPLICAS[b % 3] if b % 2 else None, b, b // 3,
-                          outcome=TurnOutcome.OK)
+            core.complete(now, sid, request_id, REPLICAS[b % 3] if b % 2 else None, b, b // 3, outcome=TurnOutcome.OK)
         elif kind == "cancel" and requests:
             request_id, _ = requests[a % len(requests)]
             core.cancel_admission(now, request_id)
@@ -118,9 +130,15 @@ def test_cancelled_admission_leaves_the_table_as_it_found_it(params, ops, sid, t
 @given(st.lists(st.integers(1, 200_000), min_size=1, max_size=40), st.floats(0.5, 1.0), st.floats(0.1, 1.0))
 def test_pause_cycle_reaches_target_unless_nothing_acting_is_left(sizes, threshold, target):
     target = min(target, threshold)
-    core = SchedulerCore(ControlParams(pause_threshold=threshold, pause_target=target,
-                                       soft_demote_threshold=min(0.8, threshold), resume_hysteresis=0.0))
-    core.apply_capacity(0.0, snapshot({("w", 0): 10 ** 9}))
+    core = SchedulerCore(
+        ControlParams(
+            pause_threshold=threshold,
+            pause_target=target,
+            soft_demote_threshold=min(0.8, threshold),
+            resume_hysteresis=0.0,
+        )
+    )
+    core.apply_capacity(0.0, snapshot({("w", 0): 10**9}))
     for i, tokens in enumerate(sizes):
         request_id = f"r{i}"
         core.admit(0.0, f"p{i}", "", tokens, request_id)

@@ -100,15 +100,22 @@ def test_stale_replacement_bypasses_new_program_gate():
 def test_paused_program_waits_until_resume_with_boost():
     core = make_core({("1", 0): 1000}, resume_hysteresis=0.0)
     turn(core, "p", 100)
-    core._pause(0.0, core._programs["p"], "test", __import__("services.scheduler.core.scheduler",
-                                                                fromlist=["_Acc"])._Acc())
+    core._pause(
+        0.0, core._programs["p"], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
+    )
     request_id = rid()
     d = core.admit(1.0, "p", "", 100, request_id).decision
     assert d.verdict is Verdict.WAIT
     result = core.tick(2.0)
     (res,) = result.resolutions
     assert (res.request_id, res.verdict, res.was_paused, res.replica, res.priority_seconds, res.priority) == (
-        request_id, Verdict.PLACED, True, R10, 1.0, 1)
+        request_id,
+        Verdict.PLACED,
+        True,
+        R10,
+        1.0,
+        1,
+    )
     assert "scheduler.tick resumed=1 still_paused=0" in [r.message for r in result.logs]
     assert "Resumed program p -> worker=1 (tokens=100)" in [r.message for r in result.logs]
 
@@ -168,10 +175,13 @@ def test_soft_demote_band_lowers_next_turn_priority():
     assert core.admit(20.0, "q", "", 1, rid()).decision.priority == 0
 
 
-@pytest.mark.parametrize("sizes, paused", [
-    ({"small": 100, "big": 700}, ["small"]),
-    ({"a": 50, "b": 60, "c": 700}, ["a", "b"]),
-])
+@pytest.mark.parametrize(
+    "sizes, paused",
+    [
+        ({"small": 100, "big": 700}, ["small"]),
+        ({"a": 50, "b": 60, "c": 700}, ["a", "b"]),
+    ],
+)
 def test_pause_smallest_acting_first(sizes, paused):
     core = make_core({("1", 0): 1000}, pause_threshold=0.8, pause_target=0.8, soft_demote_threshold=0.8)
     for sid, tokens in sizes.items():
@@ -182,13 +192,18 @@ def test_pause_smallest_acting_first(sizes, paused):
 
 def test_pause_is_scoped_to_overloaded_worker_and_dp_rank():
     core = make_core({("1", 0): 1000, ("1", 1): 1000, ("2", 0): 1000})
-    for sid, tokens, replica in [("a", 100, ("1", 0)), ("b", 650, ("1", 0)), ("c", 100, ("1", 1)),
-                                 ("d", 100, ("2", 0))]:
+    for sid, tokens, replica in [
+        ("a", 100, ("1", 0)),
+        ("b", 650, ("1", 0)),
+        ("c", 100, ("1", 1)),
+        ("d", 100, ("2", 0)),
+    ]:
         place_acting(core, sid, tokens, replica)
     result = core.tick(1.0)
     assert [e.session_id for e in result.events if e.kind is EventKind.PAUSED] == ["a"]
     assert [r.message for r in result.logs if r.message.startswith("scheduler.tick")] == [
-        "scheduler.tick worker=1 dp_rank=0 paused=1 marked=0 util=0.9500 -> 0.7500"]
+        "scheduler.tick worker=1 dp_rank=0 paused=1 marked=0 util=0.9500 -> 0.7500"
+    ]
 
 
 def test_admission_spreads_across_dp_ranks():
@@ -211,8 +226,9 @@ def test_pause_drives_util_to_target_not_threshold():
         place_acting(core, f"p{i}", 100_000, ("1", 0))
     result = core.tick(1.0)
     assert result.paused == 3
-    assert any(r.message == "scheduler.tick worker=1 dp_rank=0 paused=3 marked=0 util=1.0010 -> 0.7007"
-               for r in result.logs)
+    assert any(
+        r.message == "scheduler.tick worker=1 dp_rank=0 paused=3 marked=0 util=1.0010 -> 0.7007" for r in result.logs
+    )
 
 
 def test_tick_resumes_before_pausing_so_no_same_tick_resume():
@@ -262,8 +278,9 @@ def test_resume_respects_count_ceiling_but_not_for_idle_programs():
     for sid in ("w1", "w2"):
         turn(core, sid, 100)  # placed, then ACTING
     for sid in ("w1", "w2"):
-        core._pause(0.0, core._programs[sid], "test", __import__(
-            "services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc())
+        core._pause(
+            0.0, core._programs[sid], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
+        )
         request_id = rid()
         waiting.append(request_id)
         core.admit(0.5, sid, "", 100, request_id)
@@ -277,8 +294,9 @@ def test_resume_restores_idle_programs_past_the_count_ceiling():
     place_acting(core, "idle", 100, ("1", 0))
     place_reasoning(core, "busy", 100, ("1", 0))
     place_reasoning(core, "busy2", 100, ("1", 0))
-    core._pause(1.0, core._programs["idle"], "test", __import__(
-        "services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc())
+    core._pause(
+        1.0, core._programs["idle"], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
+    )
     assert "idle" in [e.session_id for e in core.tick(2.0).events if e.kind is EventKind.RESUMED]
 
 
@@ -379,7 +397,12 @@ def test_cancelled_admission_of_existing_program_restores_fields_and_queue_posit
     assert (core.program("p"), core.paused_ids()) == before
     view = core.program("p")
     assert (view.lifecycle, view.status, view.turns, view.token_total, view.replica) == (
-        Lifecycle.PAUSED, Status.ACTING, 1, 110, None)
+        Lifecycle.PAUSED,
+        Status.ACTING,
+        1,
+        110,
+        None,
+    )
 
 
 def test_cancel_after_release_does_not_resurrect():
@@ -397,8 +420,9 @@ def test_marked_program_pauses_at_tool_boundary_and_marks_clear_when_pressure_go
     request_id = place_reasoning(core, "p", 980, ("1", 0))
     result = core.tick(1.0)
     assert result.marked == 1 and core.program("p").marked
-    assert any(r.message == "scheduler.tick worker=1 dp_rank=0 paused=0 marked=1 util=1.0800 -> 1.0800"
-               for r in result.logs)
+    assert any(
+        r.message == "scheduler.tick worker=1 dp_rank=0 paused=0 marked=1 util=1.0800 -> 1.0800" for r in result.logs
+    )
     effects = core.complete(2.0, "p", request_id, R10, 980, 10, outcome=TurnOutcome.OK)
     assert [e.kind for e in effects.events] == [EventKind.PAUSED]
     assert core.program("p").lifecycle is Lifecycle.PAUSED

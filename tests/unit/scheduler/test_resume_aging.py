@@ -82,11 +82,11 @@ def test_a_program_resumed_by_aging_is_not_paused_again_within_its_quantum():
     core = make_core({("w", 0): 10_000}, resume_aging_seconds=30.0)
     place_acting(core, "other", 5_000, ("w", 0))
     request_id = _hold(core, "big", 6_000, now=0.0)
-    core.tick(31.0)                                          # aged: "other" yields, "big" resumes
+    core.tick(31.0)  # aged: "other" yields, "big" resumes
     assert "other" in core.paused_ids() and core.program("big").lifecycle is Lifecycle.ACTIVE
-    core.complete(32.0, "big", request_id, W, 9_800, 100)   # it grew past the pause threshold alone
-    core.tick(40.0)                                          # within its quantum (15 s): not paused
+    core.complete(32.0, "big", request_id, W, 9_800, 100)  # it grew past the pause threshold alone
+    core.tick(40.0)  # within its quantum (15 s): not paused
     assert core.program("big").lifecycle is Lifecycle.ACTIVE
-    core.tick(47.0)                                          # quantum over: the reference law applies
+    core.tick(47.0)  # quantum over: the reference law applies
     assert core.program("big").lifecycle is Lifecycle.PAUSED
     core.check_invariants(47.0)

@@ -10,7 +10,7 @@ def test_below_pressure_admission_answers_any_and_bind_moves_the_program():
     core = make_core({("a", 0): 10_000, ("b", 0): 10_000}, soft_pinning=True)
     request_id = rid()
     decision = core.admit(0.0, "p", "", 1_000, request_id).decision
-    assert decision.verdict is Verdict.PLACED and decision.replica is None   # "any"
+    assert decision.verdict is Verdict.PLACED and decision.replica is None  # "any"
     placed = core.program("p").replica
     other = B if placed == A else A
     assert core.bind_request(request_id, other)
@@ -22,7 +22,7 @@ def test_below_pressure_admission_answers_any_and_bind_moves_the_program():
 
 def test_under_pressure_admission_pins_and_bind_cannot_move():
     core = make_core({("a", 0): 10_000, ("b", 0): 10_000}, soft_pinning=True)
-    place_acting(core, "heavy", 8_500, ("a", 0))           # replica a is in the soft-demote band
+    place_acting(core, "heavy", 8_500, ("a", 0))  # replica a is in the soft-demote band
     request_id = rid()
     decision = core.admit(0.0, "p", "", 500, request_id).decision
     assert decision.replica is not None
@@ -62,7 +62,7 @@ def test_a_context_the_policy_lets_go_is_routed_like_kv_routing_under_pressure()
     core.bind_request("pt", B)
     again = rid()
     decision = core.admit(1.0, "p", "", 600, again).decision
-    assert decision.verdict is Verdict.PLACED and decision.replica is None   # let go: the router picks
+    assert decision.verdict is Verdict.PLACED and decision.replica is None  # let go: the router picks
     core.check_invariants(1.0)
 
 

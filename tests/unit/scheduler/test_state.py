@@ -12,8 +12,14 @@ from services.scheduler.core.state import STATE_FORMAT, CoreMeta, CoreState
 from tests.unit.scheduler.helpers import rid, snapshot
 
 CAPS = {("w1", 0): 10_000, ("w2", 0): 10_000}
-PARAMS = dict(pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8, resume_hysteresis=0.1,
-              tail_protection_quantile=0.5, resume_aging_seconds=0.0)
+PARAMS = dict(
+    pause_threshold=0.95,
+    pause_target=0.8,
+    soft_demote_threshold=0.8,
+    resume_hysteresis=0.1,
+    tail_protection_quantile=0.5,
+    resume_aging_seconds=0.0,
+)
 
 
 def new_core(lease_s: float = 30.0, caps=CAPS) -> SchedulerCore:
@@ -70,12 +76,17 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
     other = restored(core, 4.0)
     assert table(other) == table(core)
     assert other.paused_ids() == core.paused_ids()
-    assert [(r.replica, r.used_tokens, r.used_decayed_tokens) for r in other.replica_stats(4.0)] == \
-        [(r.replica, r.used_tokens, r.used_decayed_tokens) for r in core.replica_stats(4.0)]
+    assert [(r.replica, r.used_tokens, r.used_decayed_tokens) for r in other.replica_stats(4.0)] == [
+        (r.replica, r.used_tokens, r.used_decayed_tokens) for r in core.replica_stats(4.0)
+    ]
     assert other._tail_turns == core._tail_turns is not None
     s1, s2 = core.stats(4.0), other.stats(4.0)
-    assert (s2.pauses_total, s2.released_total, s2.admissions_total, s2.passthrough_in_flight) == \
-        (s1.pauses_total, s1.released_total, s1.admissions_total, s1.passthrough_in_flight)
+    assert (s2.pauses_total, s2.released_total, s2.admissions_total, s2.passthrough_in_flight) == (
+        s1.pauses_total,
+        s1.released_total,
+        s1.admissions_total,
+        s1.passthrough_in_flight,
+    )
     other.check_invariants(4.0)
     # The running turn is still a ticket: its Complete is accounted, not ignored.
     other.complete(5.0, "root", "running", ReplicaKey("w1", 0), 3_600, 100)
@@ -168,8 +179,16 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
         op = rng.random()
         if op < 0.45 and sid not in running:
             request_id = rid()
-            if core.admit(now, sid, f"p{rng.randrange(25)}" if rng.random() < 0.1 else "",
-                          rng.randrange(50, 3_000), request_id).decision.verdict is Verdict.PLACED:
+            if (
+                core.admit(
+                    now,
+                    sid,
+                    f"p{rng.randrange(25)}" if rng.random() < 0.1 else "",
+                    rng.randrange(50, 3_000),
+                    request_id,
+                ).decision.verdict
+                is Verdict.PLACED
+            ):
                 running[sid] = request_id
         elif op < 0.8 and sid in running:
             core.complete(now, sid, running.pop(sid), None, rng.randrange(100, 4_000), rng.randrange(0, 200))

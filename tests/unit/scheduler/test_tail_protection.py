@@ -71,8 +71,15 @@ def _park(core, sid: str, turns: int, tokens: int) -> str:
 
 @pytest.mark.parametrize("quantile, first", [(0.0, "young"), (0.5, "old")])
 def test_a_waiting_tail_program_resumes_before_shorter_ones(quantile, first):
-    core = make_core({W: 10_000}, tail_protection_quantile=quantile, resume_aging_seconds=0.0,
-                     pause_threshold=1.0, pause_target=0.95, resume_hysteresis=0.03, soft_demote_threshold=0.95)
+    core = make_core(
+        {W: 10_000},
+        tail_protection_quantile=quantile,
+        resume_aging_seconds=0.0,
+        pause_threshold=1.0,
+        pause_target=0.95,
+        resume_hysteresis=0.03,
+        soft_demote_threshold=0.95,
+    )
     _release_programs(core, [1, 1, 3, 3])  # tail: more than 3 turns
     place_reasoning(core, "filler", 6_000, W)  # in flight: counts fully on the resume side
     # Both run their turns before either parks: a held admission queues every new program behind it.

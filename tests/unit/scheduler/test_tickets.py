@@ -73,8 +73,9 @@ def test_renewal_keeps_a_long_turn_and_a_late_complete_after_expiry_is_ignored()
 
 
 def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_the_resume():
-    core = core_with(caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8,
-                     resume_hysteresis=0.1)
+    core = core_with(
+        caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8, resume_hysteresis=0.1
+    )
     acting(core, "big", 9_000)
     assert core.admit(0.0, "new", "", 500, "n1").decision.verdict is Verdict.WAIT
     core.expire_leases(1_000.0)
@@ -115,8 +116,9 @@ def test_a_lapsed_passthrough_request_stops_being_charged():
 
 
 def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
-    core = core_with(caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8,
-                     resume_hysteresis=0.1)
+    core = core_with(
+        caps={W: 10_000}, pause_threshold=0.95, pause_target=0.8, soft_demote_threshold=0.8, resume_hysteresis=0.1
+    )
     acting(core, "p", 5_000)
     core.admit(0.0, "p", "", 9_800, "r1")  # a live program keeps its placement
     core.tick(1.0)  # pause band, nothing ACTING: p is marked

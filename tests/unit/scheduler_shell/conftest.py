@@ -11,8 +11,9 @@ async def make_harness():
 
     async def make(**control):
         exporter = InMemorySpanExporter()
-        harness = await start_harness(telemetry=setup_telemetry("scheduler-test", exporter=exporter,
-                                                                set_global=False), **control)
+        harness = await start_harness(
+            telemetry=setup_telemetry("scheduler-test", exporter=exporter, set_global=False), **control
+        )
         harness.exporter = exporter
         made.append(harness)
         return harness

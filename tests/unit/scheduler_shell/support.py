@@ -18,12 +18,19 @@ from services.scheduler.server import RunningScheduler, start_scheduler
 from tests.support.eventually import assert_eventually
 
 
-def workers_snapshot(version: int, caps: dict[tuple[str, int], int], *, unhealthy: tuple[str, ...] = (),
-                     heartbeat: bool = False, max_programs: int = 0) -> cap_pb.WorkersSnapshot:
+def workers_snapshot(
+    version: int,
+    caps: dict[tuple[str, int], int],
+    *,
+    unhealthy: tuple[str, ...] = (),
+    heartbeat: bool = False,
+    max_programs: int = 0,
+) -> cap_pb.WorkersSnapshot:
     by_worker: dict[str, list[cap_pb.Replica]] = {}
     for (worker_id, rank), tokens in caps.items():
-        by_worker.setdefault(worker_id, []).append(cap_pb.Replica(worker_id=worker_id, dp_rank=rank,
-                                                                  retention_tokens=tokens, max_programs=max_programs))
+        by_worker.setdefault(worker_id, []).append(
+            cap_pb.Replica(worker_id=worker_id, dp_rank=rank, retention_tokens=tokens, max_programs=max_programs)
+        )
     out = []
     for worker_id, replicas in by_worker.items():
         health = cap_pb.WORKER_HEALTH_UNHEALTHY if worker_id in unhealthy else cap_pb.WORKER_HEALTH_HEALTHY
@@ -72,8 +79,7 @@ class FakeCapacity:
             self.watches[-1].queue.put_nowait(snapshot)
 
     def fail(self, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE, details: str = "capacity down") -> None:
-        self.watches[-1].queue.put_nowait(
-            grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details))
+        self.watches[-1].queue.put_nowait(grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details))
 
 
 SERVICE_FIELDS = {f.name for f in dataclasses.fields(SchedulerConfig)} - {"control"}
@@ -86,8 +92,16 @@ def config(**settings) -> SchedulerConfig:
     params.update(settings)
     # These tests pin the reference ("threshold") behaviour with small token counts; the service's
     # default cost_aware policy would rightly not pause such cheap contexts.
-    return SchedulerConfig(**{"control": ControlParams(**params), "pause_policy": "threshold",
-                              "listen": "127.0.0.1:0", "metrics_port": -1, "shutdown_grace_seconds": 0.5, **service})
+    return SchedulerConfig(
+        **{
+            "control": ControlParams(**params),
+            "pause_policy": "threshold",
+            "listen": "127.0.0.1:0",
+            "metrics_port": -1,
+            "shutdown_grace_seconds": 0.5,
+            **service,
+        }
+    )
 
 
 @dataclass
@@ -112,25 +126,40 @@ class Harness:
     async def set_capacity(self, caps: dict[tuple[str, int], int], version: int | None = None, **kwargs) -> None:
         version = version if version is not None else (self.capacity.latest.version + 1 if self.capacity.latest else 1)
         self.capacity.push(workers_snapshot(version, caps, **kwargs))
-        await assert_eventually(lambda: self.core.stats(self.clock.monotonic()).capacity_version == version,
-                                timeout_s=5)
+        await assert_eventually(
+            lambda: self.core.stats(self.clock.monotonic()).capacity_version == version, timeout_s=5
+        )
 
     async def admit(self, sid: str, request_id: str, tokens: int = 0, parent: str = "", **kwargs) -> pb.AdmitResponse:
-        return await self.client.Admit(pb.AdmitRequest(session_id=sid, parent_session_id=parent,
-                                                       estimated_prompt_tokens=tokens, request_id=request_id), **kwargs)
+        return await self.client.Admit(
+            pb.AdmitRequest(
+                session_id=sid, parent_session_id=parent, estimated_prompt_tokens=tokens, request_id=request_id
+            ),
+            **kwargs,
+        )
 
-    async def complete(self, sid: str, request_id: str, prompt: int, completion: int = 0, worker: str = "",
-                       dp_rank: int = 0, **kwargs) -> pb.CompleteResponse:
-        return await self.client.Complete(pb.CompleteRequest(session_id=sid, request_id=request_id, worker_id=worker,
-                                                             dp_rank=dp_rank, prompt_tokens=prompt,
-                                                             completion_tokens=completion, **kwargs))
+    async def complete(
+        self, sid: str, request_id: str, prompt: int, completion: int = 0, worker: str = "", dp_rank: int = 0, **kwargs
+    ) -> pb.CompleteResponse:
+        return await self.client.Complete(
+            pb.CompleteRequest(
+                session_id=sid,
+                request_id=request_id,
+                worker_id=worker,
+                dp_rank=dp_rank,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                **kwargs,
+            )
+        )
 
     async def program(self, sid: str) -> pb.Program:
         return await self.client.GetProgram(pb.GetProgramRequest(session_id=sid))
 
     async def held(self, n: int) -> None:
-        await assert_eventually(lambda: self.runtime.held_count == n, timeout_s=5,
-                                message=f"expected {n} held admissions")
+        await assert_eventually(
+            lambda: self.runtime.held_count == n, timeout_s=5, message=f"expected {n} held admissions"
+        )
 
     def table(self):
         """The core's table without timestamps that legitimately move (for rollback comparisons)."""
@@ -140,7 +169,8 @@ class Harness:
 async def start_harness(*, telemetry=None, **control) -> Harness:
     clock = FakeClock()
     capacity = FakeCapacity()
-    running = await start_scheduler(config(**control), clock=clock, telemetry=telemetry, capacity_stub=capacity,
-                                    tick_loop=False)
+    running = await start_scheduler(
+        config(**control), clock=clock, telemetry=telemetry, capacity_stub=capacity, tick_loop=False
+    )
     channel = grpc.aio.insecure_channel(running.address)
     return Harness(running, clock, capacity, channel, pb_grpc.SchedulerStub(channel))

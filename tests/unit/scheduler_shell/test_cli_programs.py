@@ -33,8 +33,19 @@ async def test_programs_prints_the_tree_and_replica_bands(h, capsys):
     assert lines[root_at + 1].split()[2:6] == ["active", "reasoning", "50", "yes"]
     assert "replicas (2)" in out and "soft_demote" in out and "normal" in out
     header = next(line for line in lines if line.startswith("worker"))
-    assert header.split() == ["worker", "dp", "retention", "used", "used_decayed", "util", "band", "in_flight",
-                              "resident", "passthrough", "max"]
+    assert header.split() == [
+        "worker",
+        "dp",
+        "retention",
+        "used",
+        "used_decayed",
+        "util",
+        "band",
+        "in_flight",
+        "resident",
+        "passthrough",
+        "max",
+    ]
 
 
 def test_programs_reports_an_unreachable_scheduler(capsys):

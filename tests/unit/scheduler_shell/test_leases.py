@@ -62,12 +62,15 @@ async def test_no_lease_when_disabled(make_harness):
     assert (await renew(h, "r1")).lease_ttl_seconds == 0.0
 
 
-@pytest.mark.parametrize("ids, fragment", [
-    (["ok", "bad\x00"], "request_ids[1]"),
-    (["x" * 257], "request_ids[0]"),
-    ([""], "request_ids[0] is required"),
-    ([f"r{i}" for i in range(MAX_RENEW_IDS + 1)], f"at most {MAX_RENEW_IDS}"),
-])
+@pytest.mark.parametrize(
+    "ids, fragment",
+    [
+        (["ok", "bad\x00"], "request_ids[1]"),
+        (["x" * 257], "request_ids[0]"),
+        ([""], "request_ids[0] is required"),
+        ([f"r{i}" for i in range(MAX_RENEW_IDS + 1)], f"at most {MAX_RENEW_IDS}"),
+    ],
+)
 async def test_renew_validates_every_id(h, ids, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await renew(h, *ids)

@@ -17,14 +17,21 @@ def _registry(params: ControlParams) -> CollectorRegistry:
     return registry
 
 
-@pytest.mark.parametrize("params, expected", [
-    (ControlParams(), {"pause": 0.95, "soft_demote": 0.80, "resume": 0.85, "target": 0.80}),
-    (ControlParams(pause_threshold=0.9, soft_demote_threshold=0.5, pause_target=0.7, resume_hysteresis=0.2),
-     {"pause": 0.9, "soft_demote": 0.5, "resume": 0.7, "target": 0.7}),
-    # The resume edge never goes below 0 (hysteresis as large as the pause threshold).
-    (ControlParams(pause_threshold=0.3, soft_demote_threshold=0.1, pause_target=0.2, resume_hysteresis=0.3),
-     {"pause": 0.3, "soft_demote": 0.1, "resume": 0.0, "target": 0.2}),
-])
+@pytest.mark.parametrize(
+    "params, expected",
+    [
+        (ControlParams(), {"pause": 0.95, "soft_demote": 0.80, "resume": 0.85, "target": 0.80}),
+        (
+            ControlParams(pause_threshold=0.9, soft_demote_threshold=0.5, pause_target=0.7, resume_hysteresis=0.2),
+            {"pause": 0.9, "soft_demote": 0.5, "resume": 0.7, "target": 0.7},
+        ),
+        # The resume edge never goes below 0 (hysteresis as large as the pause threshold).
+        (
+            ControlParams(pause_threshold=0.3, soft_demote_threshold=0.1, pause_target=0.2, resume_hysteresis=0.3),
+            {"pause": 0.3, "soft_demote": 0.1, "resume": 0.0, "target": 0.2},
+        ),
+    ],
+)
 def test_band_thresholds_follow_the_control_parameters(params, expected):
     registry = _registry(params)
     for band, value in expected.items():
@@ -34,8 +41,10 @@ def test_band_thresholds_follow_the_control_parameters(params, expected):
 
 def test_band_edges_are_ordered_like_the_bands_on_a_utilisation_panel():
     registry = _registry(ControlParams())
-    edge = {band: registry.get_sample_value("bandmaster_scheduler_band_threshold_ratio", {"band": band})
-            for band in ("pause", "soft_demote", "resume", "target")}
+    edge = {
+        band: registry.get_sample_value("bandmaster_scheduler_band_threshold_ratio", {"band": band})
+        for band in ("pause", "soft_demote", "resume", "target")
+    }
     assert edge["soft_demote"] <= edge["pause"]
     assert edge["resume"] <= edge["pause"]
     assert edge["target"] <= edge["pause"]
@@ -43,7 +52,13 @@ def test_band_edges_are_ordered_like_the_bands_on_a_utilisation_panel():
 
 def test_replica_utilisation_is_exported_beside_the_edges():
     registry = _registry(ControlParams())
-    assert registry.get_sample_value("bandmaster_scheduler_replica_utilization",
-                                     {"worker_id": "w0", "dp_rank": "0"}) == 0.0
-    assert registry.get_sample_value("bandmaster_scheduler_replica_band",
-                                     {"worker_id": "w0", "dp_rank": "0", "band": "normal"}) == 1.0
+    assert (
+        registry.get_sample_value("bandmaster_scheduler_replica_utilization", {"worker_id": "w0", "dp_rank": "0"})
+        == 0.0
+    )
+    assert (
+        registry.get_sample_value(
+            "bandmaster_scheduler_replica_band", {"worker_id": "w0", "dp_rank": "0", "band": "normal"}
+        )
+        == 1.0
+    )

@@ -142,8 +142,10 @@ async def test_capacity_unreachable_still_serves_and_admits_any():
         await assert_eventually(lambda: running.follower.failures >= 1, timeout_s=5)
         async with grpc.aio.insecure_channel(running.address) as channel:
             from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-            resp = await pb_grpc.SchedulerStub(channel).Admit(pb.AdmitRequest(session_id="p", request_id="r"),
-                                                              timeout=5)
+
+            resp = await pb_grpc.SchedulerStub(channel).Admit(
+                pb.AdmitRequest(session_id="p", request_id="r"), timeout=5
+            )
         assert not resp.pinned
     finally:
         await running.stop()

@@ -202,29 +202,35 @@ async def test_watch_events_streams_pause_and_resume(make_harness):
     await assert_eventually(lambda: h.runtime.metrics.watchers._value.get() == 0, timeout_s=5)
 
 
-@pytest.mark.parametrize("method, request_msg, fragment", [
-    ("Admit", pb.AdmitRequest(session_id=" padded", request_id="r"), "trimmed"),
-    ("Admit", pb.AdmitRequest(session_id="x" * 257, request_id="r"), "256 bytes"),
-    ("Admit", pb.AdmitRequest(session_id="tab\there", request_id="r"), "printable"),
-    ("Admit", pb.AdmitRequest(session_id="caf\u00e9", request_id="r"), "printable"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id=""), "request_id is required"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r", estimated_prompt_tokens=-1),
-     "estimated_prompt_tokens must be >= 0"),
-    ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q ", request_id="r"), "parent_session_id"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id=""), "request_id is required"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", prompt_tokens=-5), "prompt_tokens"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", completion_tokens=-1), "completion_tokens"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", cached_tokens=-1), "cached_tokens"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", outcome=7), "outcome"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=-1.0), "ttft_seconds"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=float("nan")), "ttft_seconds"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w", dp_rank=-1), "dp_rank"),
-    ("Bind", pb.BindRequest(request_id="r", worker_id=""), "worker_id is required"),
-    ("Bind", pb.BindRequest(request_id="", worker_id="w"), "request_id is required"),
-    ("Release", pb.ReleaseRequest(session_id=""), "session_id is required"),
-    ("Release", pb.ReleaseRequest(session_id="p\n"), "trimmed"),
-    ("GetProgram", pb.GetProgramRequest(session_id=" p"), "trimmed"),
-])
+@pytest.mark.parametrize(
+    "method, request_msg, fragment",
+    [
+        ("Admit", pb.AdmitRequest(session_id=" padded", request_id="r"), "trimmed"),
+        ("Admit", pb.AdmitRequest(session_id="x" * 257, request_id="r"), "256 bytes"),
+        ("Admit", pb.AdmitRequest(session_id="tab\there", request_id="r"), "printable"),
+        ("Admit", pb.AdmitRequest(session_id="caf\u00e9", request_id="r"), "printable"),
+        ("Admit", pb.AdmitRequest(session_id="p", request_id=""), "request_id is required"),
+        (
+            "Admit",
+            pb.AdmitRequest(session_id="p", request_id="r", estimated_prompt_tokens=-1),
+            "estimated_prompt_tokens must be >= 0",
+        ),
+        ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q ", request_id="r"), "parent_session_id"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id=""), "request_id is required"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", prompt_tokens=-5), "prompt_tokens"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", completion_tokens=-1), "completion_tokens"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", cached_tokens=-1), "cached_tokens"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", outcome=7), "outcome"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=-1.0), "ttft_seconds"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=float("nan")), "ttft_seconds"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w", dp_rank=-1), "dp_rank"),
+        ("Bind", pb.BindRequest(request_id="r", worker_id=""), "worker_id is required"),
+        ("Bind", pb.BindRequest(request_id="", worker_id="w"), "request_id is required"),
+        ("Release", pb.ReleaseRequest(session_id=""), "session_id is required"),
+        ("Release", pb.ReleaseRequest(session_id="p\n"), "trimmed"),
+        ("GetProgram", pb.GetProgramRequest(session_id=" p"), "trimmed"),
+    ],
+)
 async def test_invalid_input_is_invalid_argument(h, method, request_msg, fragment):
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await getattr(h.client, method)(request_msg)
@@ -302,8 +308,9 @@ async def test_admit_stream_is_its_own_server_span_in_the_callers_trace(h):
     with provider.get_tracer("router").start_as_current_span("router.admit") as parent:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier)
-    call = h.client.AdmitStream(pb.AdmitRequest(session_id="p", request_id="r1", estimated_prompt_tokens=10),
-                                metadata=tuple(carrier.items()))
+    call = h.client.AdmitStream(
+        pb.AdmitRequest(session_id="p", request_id="r1", estimated_prompt_tokens=10), metadata=tuple(carrier.items())
+    )
     updates = [update async for update in call]
     assert updates[-1].HasField("decision")
     finished = h.exporter.get_finished_spans()
@@ -380,8 +387,9 @@ async def test_shutdown_goes_not_serving_then_releases_held_admits_unavailable(h
     call = asyncio.ensure_future(h.admit("new", "n1", 100))
     await h.held(1)
     health = health_pb2_grpc.HealthStub(h.channel)
-    assert (await health.Check(health_pb2.HealthCheckRequest(service="bandmaster.scheduler.v1.Scheduler"))
-            ).status == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        await health.Check(health_pb2.HealthCheckRequest(service="bandmaster.scheduler.v1.Scheduler"))
+    ).status == health_pb2.HealthCheckResponse.SERVING
     statuses = []
     real_stop = h.runtime.stop
 
@@ -403,8 +411,21 @@ async def test_configured_pause_policy_and_its_parameters_reach_the_core():
     from services.scheduler.server import start_scheduler
     from tests.unit.scheduler_shell.support import FakeCapacity
 
-    config = load_config(["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7",
-                          "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--state-path", "none"], {})
+    config = load_config(
+        [
+            "--pause-policy",
+            "cost_aware",
+            "--cost-aware-tool-seconds",
+            "7",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "-1",
+            "--state-path",
+            "none",
+        ],
+        {},
+    )
     running = await start_scheduler(config, capacity_stub=FakeCapacity(), tick_loop=False)
     try:
         assert running.core.policy.name == "cost_aware"

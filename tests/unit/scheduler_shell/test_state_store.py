@@ -35,8 +35,25 @@ from tests.unit.scheduler_shell.support import start_harness
 
 pytestmark = pytest.mark.timeout(30)
 
-PROGRAM = ProgramRecord("p1", "root", 10.0, 3, Status.ACTING, Lifecycle.PAUSED, 1_234, False, None,
-                        ReplicaKey("w1", 2), 0.0, 5, 4, 12.5, 12.0, 12.25, 7)
+PROGRAM = ProgramRecord(
+    "p1",
+    "root",
+    10.0,
+    3,
+    Status.ACTING,
+    Lifecycle.PAUSED,
+    1_234,
+    False,
+    None,
+    ReplicaKey("w1", 2),
+    0.0,
+    5,
+    4,
+    12.5,
+    12.0,
+    12.25,
+    7,
+)
 
 
 @pytest.fixture
@@ -50,7 +67,12 @@ def test_records_round_trip_through_wall_time():
     assert program.created_at == pytest.approx(10.0 - 4_000.0) and program.acting_since == pytest.approx(-3_988.0)
     assert program.paused_since == pytest.approx(12.25 - 4_000.0)
     assert (program.session_id, program.status, program.lifecycle, program.last_replica, program.paused_seq) == (
-        "p1", Status.ACTING, Lifecycle.PAUSED, ReplicaKey("w1", 2), 7)
+        "p1",
+        Status.ACTING,
+        Lifecycle.PAUSED,
+        ReplicaKey("w1", 2),
+        7,
+    )
     ticket = TicketRecord("pt", "", 0, 3.0, tokens=40, replica=ReplicaKey("w", 0))
     assert decode_ticket(encode_ticket(ticket, 0.0), 0.0) == ticket
     meta = CoreMeta(9, 4, (3, 5), {"pauses_total": 2})
@@ -165,8 +187,9 @@ def persister_for(store, core=None) -> tuple[StatePersister, SchedulerCore]:
     from prometheus_client import CollectorRegistry
 
     core = core or SchedulerCore(ControlParams(), ticket_lease_seconds=30.0)
-    return StatePersister(core, store, FakeClock(), SchedulerMetrics(CollectorRegistry()), flush_s=0.05,
-                          write_timeout_s=0.2), core
+    return StatePersister(
+        core, store, FakeClock(), SchedulerMetrics(CollectorRegistry()), flush_s=0.05, write_timeout_s=0.2
+    ), core
 
 
 async def test_persister_batches_deltas_and_rewrites_everything_after_an_outage(caplog):
@@ -237,8 +260,11 @@ async def test_a_state_file_in_use_refuses_the_start_naming_the_setting(tmp_path
 async def test_a_redis_store_that_never_answers_refuses_the_start_within_the_load_timeout():
     started = asyncio.get_running_loop().time()
     with pytest.raises(ConfigError) as err:
-        await start_harness(state_redis_url="redis://user:secret@127.0.0.1:1/0", state_load_timeout_seconds=0.5,
-                            state_write_timeout_seconds=0.2)
+        await start_harness(
+            state_redis_url="redis://user:secret@127.0.0.1:1/0",
+            state_load_timeout_seconds=0.5,
+            state_write_timeout_seconds=0.2,
+        )
     assert asyncio.get_running_loop().time() - started < 5
     assert err.value.field == "state_redis_url" and "within 0.5s" in err.value.reason
     assert "secret" not in str(err.value)

@@ -34,8 +34,11 @@ async def test_complete_counts_above_the_bound_are_invalid_and_change_nothing(h,
 
 @pytest.mark.parametrize("value", [MAX_TOKENS + 1, INT64_MAX])
 async def test_admit_estimate_above_the_bound_is_invalid(h, value):
-    await _invalid(h.client.Admit, pb.AdmitRequest(session_id="p", request_id="r", estimated_prompt_tokens=value),
-                   "estimated_prompt_tokens")
+    await _invalid(
+        h.client.Admit,
+        pb.AdmitRequest(session_id="p", request_id="r", estimated_prompt_tokens=value),
+        "estimated_prompt_tokens",
+    )
     assert h.core.programs() == ()
 
 
@@ -54,8 +57,9 @@ async def test_largest_valid_counts_keep_list_programs_working(h):
 
 @pytest.mark.parametrize("value", [86_400.5, 1e300, float("inf")])
 async def test_ttft_above_a_day_is_invalid(h, value):
-    await _invalid(h.client.Complete, pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=value),
-                   "ttft_seconds")
+    await _invalid(
+        h.client.Complete, pb.CompleteRequest(session_id="p", request_id="r", ttft_seconds=value), "ttft_seconds"
+    )
 
 
 async def test_complete_for_an_unknown_request_id_is_ignored_and_counted(h):
@@ -89,7 +93,9 @@ async def test_complete_naming_another_program_is_invalid(h):
     await h.admit("p", "r1", 100)
     await h.admit("q", "r2", 100)
     before = h.table()
-    await _invalid(h.client.Complete, pb.CompleteRequest(session_id="q", request_id="r1", prompt_tokens=9), "session_id")
+    await _invalid(
+        h.client.Complete, pb.CompleteRequest(session_id="q", request_id="r1", prompt_tokens=9), "session_id"
+    )
     await h.admit("", "pt", 10)
     await _invalid(h.client.Complete, pb.CompleteRequest(session_id="q", request_id="pt"), "session_id")
     assert h.table() == before
@@ -105,25 +111,28 @@ async def test_complete_of_a_released_and_recreated_program_does_not_touch_the_n
     assert prog.status == pb.PROGRAM_STATUS_REASONING and prog.token_total == 300
 
 
-@pytest.mark.parametrize("method, request_msg, field", [
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r" * 257), "request_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r\x00"), "request_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r\n1"), "request_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r\x7f"), "request_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", request_id="r\u200b"), "request_id"),
-    ("Admit", pb.AdmitRequest(session_id="p\x1b[31m", request_id="r"), "session_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q" * 300, request_id="r"), "parent_session_id"),
-    ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q\x00", request_id="r"), "parent_session_id"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r" * 257), "request_id"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r\t"), "request_id"),
-    ("Complete", pb.CompleteRequest(session_id="p\x00", request_id="r"), "session_id"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w\n"), "worker_id"),
-    ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w" * 257), "worker_id"),
-    ("Bind", pb.BindRequest(request_id="r\x00", worker_id="w"), "request_id"),
-    ("Bind", pb.BindRequest(request_id="r", worker_id="w\x00"), "worker_id"),
-    ("Release", pb.ReleaseRequest(session_id="p" * 257), "session_id"),
-    ("GetProgram", pb.GetProgramRequest(session_id="p\x00"), "session_id"),
-])
+@pytest.mark.parametrize(
+    "method, request_msg, field",
+    [
+        ("Admit", pb.AdmitRequest(session_id="p", request_id="r" * 257), "request_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", request_id="r\x00"), "request_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", request_id="r\n1"), "request_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", request_id="r\x7f"), "request_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", request_id="r\u200b"), "request_id"),
+        ("Admit", pb.AdmitRequest(session_id="p\x1b[31m", request_id="r"), "session_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q" * 300, request_id="r"), "parent_session_id"),
+        ("Admit", pb.AdmitRequest(session_id="p", parent_session_id="q\x00", request_id="r"), "parent_session_id"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r" * 257), "request_id"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r\t"), "request_id"),
+        ("Complete", pb.CompleteRequest(session_id="p\x00", request_id="r"), "session_id"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w\n"), "worker_id"),
+        ("Complete", pb.CompleteRequest(session_id="p", request_id="r", worker_id="w" * 257), "worker_id"),
+        ("Bind", pb.BindRequest(request_id="r\x00", worker_id="w"), "request_id"),
+        ("Bind", pb.BindRequest(request_id="r", worker_id="w\x00"), "worker_id"),
+        ("Release", pb.ReleaseRequest(session_id="p" * 257), "session_id"),
+        ("GetProgram", pb.GetProgramRequest(session_id="p\x00"), "session_id"),
+    ],
+)
 async def test_strings_are_bounded_and_printable(h, method, request_msg, field):
     await _invalid(getattr(h.client, method), request_msg, field)
     assert h.core.programs() == ()

@@ -43,7 +43,7 @@ def test_prompt_ids_equal_the_simworker_chat_path(seed, words):
 def test_append_words_falls_back_for_ids_that_are_not_words():
     conversation = Conversation("sys", page_size=4)
     conversation.append_words("user", [])
-    conversation.append_words("assistant", [5, 300, 20_000])      # special and hashed ids
+    conversation.append_words("assistant", [5, 300, 20_000])  # special and hashed ids
     assert list(conversation.prompt_ids()) == encode(render_chat(conversation.messages))
 
 

@@ -23,13 +23,24 @@ def _run(scenario: SimScenario):
 
 @pytest.mark.parametrize("arm", ["bandmaster", "kv"])
 def test_scale_smoke(arm):
-    _run(SimScenario(arm=arm, workload="synthetic", programs=16, workers=4, worker_kv_tokens=65_536,
-                     max_turns=6, token_scale=0.5, router_prompt="tokens"))
+    _run(
+        SimScenario(
+            arm=arm,
+            workload="synthetic",
+            programs=16,
+            workers=4,
+            worker_kv_tokens=65_536,
+            max_turns=6,
+            token_scale=0.5,
+            router_prompt="tokens",
+        )
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arm", ["bandmaster", "kv", "round_robin"])
 def test_256_programs_on_8_workers(arm):
-    result = _run(SimScenario(arm=arm, workload="swe", programs=256, workers=8, worker_kv_tokens=600_000,
-                              router_prompt="tokens"))
+    result = _run(
+        SimScenario(arm=arm, workload="swe", programs=256, workers=8, worker_kv_tokens=600_000, router_prompt="tokens")
+    )
     print(arm, result.summary())

@@ -16,23 +16,33 @@ from services.simworker.core.build import host_total_tokens
 
 SMALL = dict(workload="swe", programs=4, max_turns=4, token_scale=0.25, workers=2, worker_kv_tokens=16_384)
 # Enough pressure that the reference (threshold) policy pauses and resumes (checked below).
-PRESSURE = dict(workload="swe", programs=8, max_turns=8, token_scale=0.5, workers=2, worker_kv_tokens=16_384,
-                pause_policy="threshold")
+PRESSURE = dict(
+    workload="swe",
+    programs=8,
+    max_turns=8,
+    token_scale=0.5,
+    workers=2,
+    worker_kv_tokens=16_384,
+    pause_policy="threshold",
+)
 
 
-@pytest.mark.parametrize("field,value,rule", [
-    ("arm", "random", "arm in"),
-    ("workload", "chat", "workload in"),
-    ("programs", 0, "programs >= 1"),
-    ("workers", 0, "1 <= workers"),
-    ("worker_host_kv_tokens", 1000, "worker_host_kv_tokens > worker_kv_tokens"),
-    ("worker_page_size", 1, "worker_page_size >= 2"),
-    ("router_prompt", "json", "router_prompt in"),
-    ("live_speedup", 0.0, "live_speedup > 0"),
-    ("request_overhead_s", -1.0, "request_overhead_s >= 0"),
-    ("pause_policy", "nope", "pause_policy in"),
-    ("token_scale", 0.0, "token_scale > 0"),
-])
+@pytest.mark.parametrize(
+    "field,value,rule",
+    [
+        ("arm", "random", "arm in"),
+        ("workload", "chat", "workload in"),
+        ("programs", 0, "programs >= 1"),
+        ("workers", 0, "1 <= workers"),
+        ("worker_host_kv_tokens", 1000, "worker_host_kv_tokens > worker_kv_tokens"),
+        ("worker_page_size", 1, "worker_page_size >= 2"),
+        ("router_prompt", "json", "router_prompt in"),
+        ("live_speedup", 0.0, "live_speedup > 0"),
+        ("request_overhead_s", -1.0, "request_overhead_s >= 0"),
+        ("pause_policy", "nope", "pause_policy in"),
+        ("token_scale", 0.0, "token_scale > 0"),
+    ],
+)
 def test_invalid_scenarios_name_the_rule(field, value, rule):
     with pytest.raises(ConfigError) as info:
         SimScenario(**{field: value})
@@ -74,8 +84,13 @@ def test_live_control_params_follow_bandmaster_up():
 
 def _essential(result) -> dict:
     summary = {k: v for k, v in result.summary().items() if not k.startswith("sim_")}
-    return {"summary": summary, "timeline": result.timeline, "workers": result.worker_counters,
-            "scheduler": result.scheduler_counters, "turns": result.run.turns}
+    return {
+        "summary": summary,
+        "timeline": result.timeline,
+        "workers": result.worker_counters,
+        "scheduler": result.scheduler_counters,
+        "turns": result.run.turns,
+    }
 
 
 @pytest.mark.parametrize("arm", ["bandmaster", "kv", "round_robin"])
@@ -86,8 +101,13 @@ def test_every_arm_completes_with_the_live_summary_keys(arm):
     assert live_keys <= set(summary)
     assert summary["programs_done"] == 4 and summary["turns_failed"] == 0
     assert summary["turns_ok"] == 16 and result.completed
-    for key in ("worker_recomputed_tokens", "worker_retractions", "worker_host_loadback_tokens",
-                "worker_prompt_tokens", "worker_cached_tokens"):
+    for key in (
+        "worker_recomputed_tokens",
+        "worker_retractions",
+        "worker_host_loadback_tokens",
+        "worker_prompt_tokens",
+        "worker_cached_tokens",
+    ):
         assert key in summary
     assert summary["worker_requests"] == 16
     # Simulated minutes come from the makespan: the last program's end.
@@ -188,9 +208,30 @@ def test_parallel_limits_programs_in_flight():
 
 def test_cli_prints_the_summary_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "report.json"
-    code = sim.main(["--arm", "bandmaster", "--workload", "short", "--programs", "3", "--max-turns", "3",
-                     "--workers", "2", "--worker-kv-tokens", "16384", "--pause-threshold", "0.9",
-                     "--scheduler-interval-seconds", "2", "--seed", "3", "--out", str(out)])
+    code = sim.main(
+        [
+            "--arm",
+            "bandmaster",
+            "--workload",
+            "short",
+            "--programs",
+            "3",
+            "--max-turns",
+            "3",
+            "--workers",
+            "2",
+            "--worker-kv-tokens",
+            "16384",
+            "--pause-threshold",
+            "0.9",
+            "--scheduler-interval-seconds",
+            "2",
+            "--seed",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     report = json.loads(out.read_text())
@@ -209,8 +250,9 @@ def test_cli_refuses_invalid_scheduler_flags(capsys):
 def test_a_prompt_the_worker_cannot_hold_fails_the_turn_and_ends_the_program():
     # 4K-token pools cannot hold the trace's first prompts (several thousand tokens at scale 1).
     for arm in ("bandmaster", "kv"):
-        simulator = Simulator(SimScenario(arm=arm, workload="swe", programs=2, max_turns=3, workers=1,
-                                          worker_kv_tokens=2_048))
+        simulator = Simulator(
+            SimScenario(arm=arm, workload="swe", programs=2, max_turns=3, workers=1, worker_kv_tokens=2_048)
+        )
         result = simulator.run()
         summary = result.summary()
         assert summary["turns_failed"] >= 1 and summary["programs_done"] < 2 and result.completed
@@ -225,8 +267,9 @@ def test_default_policy_is_the_services_and_its_flags_reach_it():
     from services.scheduler.core.policies import CostAwarePauseParams
 
     assert SimScenario().pause_policy == SERVICE_DEFAULT_PAUSE_POLICY
-    scenario, _ = sim.scenario_from_args(["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7",
-                                          "--router-temperature", "0.5"])
+    scenario, _ = sim.scenario_from_args(
+        ["--pause-policy", "cost_aware", "--cost-aware-tool-seconds", "7", "--router-temperature", "0.5"]
+    )
     assert scenario.cost_aware == CostAwarePauseParams(tool_seconds=7.0)
     assert scenario.router_params().router_temperature == 0.5
     assert scenario.make_pause_policy().name == "cost_aware"

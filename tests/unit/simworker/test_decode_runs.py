@@ -22,13 +22,23 @@ def _arrivals(seed: int, n: int, vocab_base: int = 1000) -> list[tuple[float, En
     rng = random.Random(seed)
     out = []
     t = 0.0
-    shared = tuple(range(vocab_base, vocab_base + 24))      # a common system prompt
+    shared = tuple(range(vocab_base, vocab_base + 24))  # a common system prompt
     for i in range(n):
         t += rng.expovariate(1 / 0.4)
         own = tuple(rng.randrange(2000, 9000) for _ in range(rng.randrange(1, 60)))
         ignore_eos = rng.random() < 0.5
-        out.append((t, EngineRequest(f"r{i}", shared + own, rng.randrange(1, 90), ignore_eos=ignore_eos,
-                                     target_output_tokens=rng.randrange(1, 120) if rng.random() < 0.7 else None)))
+        out.append(
+            (
+                t,
+                EngineRequest(
+                    f"r{i}",
+                    shared + own,
+                    rng.randrange(1, 90),
+                    ignore_eos=ignore_eos,
+                    target_output_tokens=rng.randrange(1, 120) if rng.random() < 0.7 else None,
+                ),
+            )
+        )
     return out
 
 
@@ -37,8 +47,8 @@ def _play(engine, arrivals, fused: bool, max_steps: int = 64):
     log = []
     pending = list(arrivals)
     now = 0.0
-    busy_until = None          # end of the step or run in progress
-    run = None                 # (ends, steps) of the planned run in progress
+    busy_until = None  # end of the step or run in progress
+    run = None  # (ends, steps) of the planned run in progress
     result = None
     while pending or engine.has_work() or busy_until is not None:
         next_arrival = pending[0][0] if pending else None
@@ -102,12 +112,12 @@ def test_runs_equal_single_steps(seed, pool_tokens, max_steps):
 
 
 def test_a_run_stops_at_the_first_finish_and_before_memory_runs_short():
-    engine = make_engine(max_total_tokens=64)         # 16 pages of 4
+    engine = make_engine(max_total_tokens=64)  # 16 pages of 4
     engine.submit(EngineRequest("a", tuple(range(1000, 1010)), 5, ignore_eos=True), 0.0)
     engine.submit(EngineRequest("b", tuple(range(2000, 2006)), 50, ignore_eos=True), 0.0)
-    first = engine.step(0.0)                           # prefill both, first token each
+    first = engine.step(0.0)  # prefill both, first token each
     ends = engine.plan_decode(first.duration_s, 100)
-    assert len(ends) == 4                              # a finishes in its 4th decode step
+    assert len(ends) == 4  # a finishes in its 4th decode step
     result = engine.commit_decode(len(ends))
     by_rid = {o.rid: o for o in result.outputs}
     assert by_rid["a"].finished and by_rid["a"].completion_tokens == 5
@@ -117,7 +127,7 @@ def test_a_run_stops_at_the_first_finish_and_before_memory_runs_short():
 def test_no_run_while_anything_waits_or_prefills_and_abort_cancels_the_plan():
     engine = make_engine()
     engine.submit(EngineRequest("a", tuple(range(1000, 1010)), 30, ignore_eos=True), 0.0)
-    assert engine.plan_decode(0.0, 10) == ()          # waiting
+    assert engine.plan_decode(0.0, 10) == ()  # waiting
     engine.step(0.0)
     assert len(engine.plan_decode(1.0, 10)) == 10
     engine.abort("a", 1.0)

@@ -64,13 +64,13 @@ def test_lru_evicts_least_recently_used_prefix_leaf_first():
     run.drain()
     assert run.final("a2").cached_tokens == 16
     # D needs pages: B (least recently used) loses its deepest pages first.
-    run.submit(req("d", 12, out=1, base=4000))        # 3 pages: 1 free, 2 evicted
+    run.submit(req("d", 12, out=1, base=4000))  # 3 pages: 1 free, 2 evicted
     run.drain()
     gpu, _ = run.engine.cache.cached_hashes()
     hb = page_hashes(prompt(20, 2000), 4)
     ha = page_hashes(prompt(20, 1000), 4)
     assert set(ha) <= gpu
-    assert set(hb[:3]) <= gpu and not set(hb[3:]) & gpu    # leaf-first: B's tail went, its head stayed
+    assert set(hb[:3]) <= gpu and not set(hb[3:]) & gpu  # leaf-first: B's tail went, its head stayed
     assert run.engine.stats().evicted_tokens_total > 0
     assert_no_leak(run.engine)
 
@@ -126,8 +126,15 @@ def test_host_tier_spill_and_load_back(policy):
     # 16 GPU pages, 64 host pages. Prompt A (40 tokens = 10 pages) is pushed out by B and C, then
     # comes back: its prefix is loaded from the host instead of recomputed (selective: only
     # once A's pages have been hit twice).
-    run = Run(make_engine(page_size=4, max_total_tokens=64, enable_hierarchical_cache=True,
-                          hicache_size_tokens=256, hicache_write_policy=policy))
+    run = Run(
+        make_engine(
+            page_size=4,
+            max_total_tokens=64,
+            enable_hierarchical_cache=True,
+            hicache_size_tokens=256,
+            hicache_write_policy=policy,
+        )
+    )
     turns = ["a", "a", "a"] if policy == "write_through_selective" else ["a"]
     for i, rid in enumerate(turns):
         run.submit(req(f"{rid}{i}", 40, out=1))
@@ -156,8 +163,15 @@ def test_host_tier_spill_and_load_back(policy):
 
 
 def test_write_through_selective_skips_pages_hit_once():
-    run = Run(make_engine(page_size=4, max_total_tokens=64, enable_hierarchical_cache=True,
-                          hicache_size_tokens=256, hicache_write_policy="write_through_selective"))
+    run = Run(
+        make_engine(
+            page_size=4,
+            max_total_tokens=64,
+            enable_hierarchical_cache=True,
+            hicache_size_tokens=256,
+            hicache_write_policy="write_through_selective",
+        )
+    )
     for rid, base in (("a", 1000), ("b", 2000), ("c", 3000)):
         run.submit(req(rid, 40, out=1, base=base))
         run.drain()
@@ -165,12 +179,17 @@ def test_write_through_selective_skips_pages_hit_once():
     run.submit(req("a2", 40, out=1))
     run.drain()
     assert run.final("a2").cached_tokens == 0
-    assert run.engine.stats().recomputed_tokens_total == 40   # all 10 full pages computed again
+    assert run.engine.stats().recomputed_tokens_total == 40  # all 10 full pages computed again
 
 
 def test_load_back_takes_time_from_the_host_bandwidth():
-    engine = make_engine(page_size=4, max_total_tokens=64, enable_hierarchical_cache=True,
-                         hicache_size_tokens=256, hicache_write_policy="write_back")
+    engine = make_engine(
+        page_size=4,
+        max_total_tokens=64,
+        enable_hierarchical_cache=True,
+        hicache_size_tokens=256,
+        hicache_write_policy="write_back",
+    )
     run = Run(engine)
     for rid, base in (("a", 1000), ("b", 2000), ("c", 3000)):
         run.submit(req(rid, 40, out=1, base=base))
@@ -184,8 +203,15 @@ def test_load_back_takes_time_from_the_host_bandwidth():
 
 @pytest.mark.parametrize("low_first, expected", [(False, ["hi", "mid", "lo"]), (True, ["lo", "mid", "hi"])])
 def test_priority_order(low_first, expected):
-    run = Run(make_engine(page_size=4, max_total_tokens=4096, max_running_requests=1,
-                          enable_priority_scheduling=True, schedule_low_priority_values_first=low_first))
+    run = Run(
+        make_engine(
+            page_size=4,
+            max_total_tokens=4096,
+            max_running_requests=1,
+            enable_priority_scheduling=True,
+            schedule_low_priority_values_first=low_first,
+        )
+    )
     run.submit(req("first", 8, base=100))
     run.step()
     for rid, prio, base in (("lo", 1, 200), ("mid", 5, 300), ("hi", 10, 400)):
@@ -277,12 +303,15 @@ def test_submit_rejects_what_can_never_be_served():
         engine.submit(req("ok", 8), 0.0)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"page_size": 0}, "page_size"),
-    ({"max_total_tokens": 2, "page_size": 4}, "max_total_tokens"),
-    ({"hicache_write_policy": "write_sideways"}, "hicache_write_policy"),
-    ({"enable_hierarchical_cache": True, "hicache_ratio": 1.0}, "hicache_ratio"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"page_size": 0}, "page_size"),
+        ({"max_total_tokens": 2, "page_size": 4}, "max_total_tokens"),
+        ({"hicache_write_policy": "write_sideways"}, "hicache_write_policy"),
+        ({"enable_hierarchical_cache": True, "hicache_ratio": 1.0}, "hicache_ratio"),
+    ],
+)
 def test_engine_config_validation(kwargs, field):
     with pytest.raises(ConfigError) as info:
         EngineConfig(**kwargs)
@@ -303,7 +332,7 @@ def test_prefill_is_chunked_and_delays_decode():
     while not run.outputs.get("big"):
         run.step()
         steps_to_first_token += 1
-    assert steps_to_first_token == 4      # ceil(4000 / 1024)
+    assert steps_to_first_token == 4  # ceil(4000 / 1024)
 
 
 def test_stats_gauges():
@@ -321,23 +350,34 @@ def test_stats_gauges():
 
 request_mix = st.lists(
     st.tuples(
-        st.integers(1, 90),        # prompt tokens
-        st.integers(0, 40),        # max new tokens
-        st.integers(0, 3),         # shared-prefix family
-        st.integers(0, 6),         # submit after this many steps
-        st.one_of(st.none(), st.integers(0, 12)),   # abort after this many steps
-        st.integers(0, 20),        # priority
+        st.integers(1, 90),  # prompt tokens
+        st.integers(0, 40),  # max new tokens
+        st.integers(0, 3),  # shared-prefix family
+        st.integers(0, 6),  # submit after this many steps
+        st.one_of(st.none(), st.integers(0, 12)),  # abort after this many steps
+        st.integers(0, 20),  # priority
     ),
-    min_size=1, max_size=14)
+    min_size=1,
+    max_size=14,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mix=request_mix,
-       hicache=st.sampled_from([None, "write_back", "write_through", "write_through_selective"]),
-       priority=st.booleans(), pool_pages=st.integers(26, 60))
+@given(
+    mix=request_mix,
+    hicache=st.sampled_from([None, "write_back", "write_through", "write_through_selective"]),
+    priority=st.booleans(),
+    pool_pages=st.integers(26, 60),
+)
 def test_no_page_leaks_and_events_match_cache(mix, hicache, priority, pool_pages):
-    config = dict(page_size=4, max_total_tokens=4 * pool_pages, chunked_prefill_size=32,
-                  max_running_requests=5, enable_priority_scheduling=priority, context_length=4096)
+    config = dict(
+        page_size=4,
+        max_total_tokens=4 * pool_pages,
+        chunked_prefill_size=32,
+        max_running_requests=5,
+        enable_priority_scheduling=priority,
+        context_length=4096,
+    )
     if hicache:
         config.update(enable_hierarchical_cache=True, hicache_size_tokens=96, hicache_write_policy=hicache)
     run = Run(make_engine(**config))

@@ -33,12 +33,14 @@ def final_context_total(programs) -> int:
 
 
 def run(pool_tokens: int):
-    engine = SimEngine(EngineConfig(max_total_tokens=pool_tokens, page_size=PAGE, context_length=65_536),
-                       load_profile("glm45-fp8-h200"))
+    engine = SimEngine(
+        EngineConfig(max_total_tokens=pool_tokens, page_size=PAGE, context_length=65_536),
+        load_profile("glm45-fp8-h200"),
+    )
     samples = []
     original_step = engine.step
 
-    def step(now):                       # sample the counter as the run goes
+    def step(now):  # sample the counter as the run goes
         result = original_step(now)
         samples.append(engine.stats().recomputed_tokens_total)
         return result
@@ -83,7 +85,8 @@ def test_thrash_recomputes_and_hit_rate_falls_while_roomy_hits_everything():
     assert tight.evicted_tokens_total > 0
     assert prefix_reuse(tight_records) < 0.6
     assert tight.cached_tokens_total / tight.prompt_tokens_total < 0.8 * (
-        roomy.cached_tokens_total / roomy.prompt_tokens_total)
+        roomy.cached_tokens_total / roomy.prompt_tokens_total
+    )
     # The counter rises through the run, not in one burst at the start.
     quarter = len(tight_samples) // 4
     assert 0 < tight_samples[quarter] < tight_samples[2 * quarter] < tight_samples[-1]

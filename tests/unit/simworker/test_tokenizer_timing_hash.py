@@ -14,9 +14,10 @@ from services.simworker.core.timing import builtin_profiles, host_tokens_from_gb
 
 # -- tokenizer -------------------------------------------------------------------------------
 
+
 def test_pieces_follow_the_documented_rule():
     ids = tokenizer.encode(" hello world  ")
-    assert len(ids) == 5                          # " hell", "o", " worl", "d", "  "
+    assert len(ids) == 5  # " hell", "o", " worl", "d", "  "
     assert tokenizer.encode(" hell") == ids[:1]
     assert all(tokenizer.HASH_ID_BASE <= i < tokenizer.VOCAB_SIZE for i in ids)
 
@@ -25,8 +26,10 @@ def test_ids_are_stable_across_versions():
     # Pinned values: changing the rule breaks every recorded prefix hash.
     assert tokenizer.encode(" ba be") == [256, 257]
     assert tokenizer.encode("hello") == tokenizer.encode("hello")
-    assert tokenizer.encode("hello")[0] == 16_384 + int.from_bytes(
-        hashlib.blake2b(b"hell", digest_size=8).digest(), "little") % tokenizer.HASH_VOCAB
+    assert (
+        tokenizer.encode("hello")[0]
+        == 16_384 + int.from_bytes(hashlib.blake2b(b"hell", digest_size=8).digest(), "little") % tokenizer.HASH_VOCAB
+    )
 
 
 @pytest.mark.parametrize("n, seed", [(0, 0), (1, 1), (17, 2), (5000, 3)])
@@ -48,11 +51,12 @@ def test_generated_words_round_trip_and_eos_is_skipped():
 
 # -- timing ----------------------------------------------------------------------------------
 
+
 def test_builtin_profiles_and_default_formulas():
     assert {"glm45-fp8-h200", "mocker-h100"} <= set(builtin_profiles())
     glm = load_profile("glm45-fp8-h200")
-    assert glm.decode_ms(95_000, 0) == pytest.approx(26.2, abs=0.1)    # TIMING.md §4b bs4
-    assert glm.decode_ms(640_000, 0) == pytest.approx(63.8, abs=0.1)   # §5 table, batch 32 x 20K
+    assert glm.decode_ms(95_000, 0) == pytest.approx(26.2, abs=0.1)  # TIMING.md §4b bs4
+    assert glm.decode_ms(640_000, 0) == pytest.approx(63.8, abs=0.1)  # §5 table, batch 32 x 20K
     # Linear continuation above the 800K knee with the slope at the knee.
     slope = glm.decode_ms(900_000, 0) - glm.decode_ms(899_000, 0)
     assert slope == pytest.approx(0.0209, abs=1e-3)
@@ -64,7 +68,8 @@ def test_builtin_profiles_and_default_formulas():
     mocker = load_profile("mocker-h100")
     assert mocker.decode_ms(0, 100) == pytest.approx(5.74)
     assert mocker.prefill_batch_ms(1000) + mocker.prefill_chunk_ms(1000, 0) == pytest.approx(
-        4.209989e-7 * 1e6 + 0.01518344 * 1000 + 16.50142)
+        4.209989e-7 * 1e6 + 0.01518344 * 1000 + 16.50142
+    )
 
 
 def test_host_load_time_and_size_helpers():
@@ -87,15 +92,18 @@ def test_overrides_and_profile_files(tmp_path):
     assert load_profile(js).decode_e0_ms == 20.0
 
 
-@pytest.mark.parametrize("name, overrides, field", [
-    ("no-such-profile", None, "profile"),
-    ("glm45-fp8-h200", {"bogus": 1}, "profile.bogus"),
-    ("glm45-fp8-h200", {"kv_bytes_per_token": 0}, "kv_bytes_per_token"),
-    ("glm45-fp8-h200", {"decode_x": "batch"}, "decode_x"),
-    ("glm45-fp8-h200", {"prefill_ms_per_token": "fast"}, "profile.prefill_ms_per_token"),
-    ("glm45-fp8-h200", {"decode_e1_ms": 0.0}, "decode_x_knee"),
-    ("missing.json", None, "profile"),
-])
+@pytest.mark.parametrize(
+    "name, overrides, field",
+    [
+        ("no-such-profile", None, "profile"),
+        ("glm45-fp8-h200", {"bogus": 1}, "profile.bogus"),
+        ("glm45-fp8-h200", {"kv_bytes_per_token": 0}, "kv_bytes_per_token"),
+        ("glm45-fp8-h200", {"decode_x": "batch"}, "decode_x"),
+        ("glm45-fp8-h200", {"prefill_ms_per_token": "fast"}, "profile.prefill_ms_per_token"),
+        ("glm45-fp8-h200", {"decode_e1_ms": 0.0}, "decode_x_knee"),
+        ("missing.json", None, "profile"),
+    ],
+)
 def test_bad_profiles_raise_config_error(name, overrides, field):
     with pytest.raises(ConfigError) as info:
         load_profile(name, overrides)
@@ -104,13 +112,14 @@ def test_bad_profiles_raise_config_error(name, overrides, field):
 
 # -- page hash -------------------------------------------------------------------------------
 
+
 def test_page_hash_is_sglang_sha256_chain_as_signed_int64():
-    tokens = list(range(100, 137))                     # 2 full pages of 16, a partial tail
+    tokens = list(range(100, 137))  # 2 full pages of 16, a partial tail
     hashes = page_hashes(tokens, 16)
     assert len(hashes) == 2
     d0 = hashlib.sha256(struct.pack("<16I", *tokens[:16])).hexdigest()
     d1 = hashlib.sha256(bytes.fromhex(d0) + struct.pack("<16I", *tokens[16:32])).hexdigest()
     as_int64 = [struct.unpack(">q", bytes.fromhex(d[:16]))[0] for d in (d0, d1)]
     assert hashes == as_int64
-    assert page_hashes(tokens[:32] + [9], 16) == hashes      # the tail does not matter
+    assert page_hashes(tokens[:32] + [9], 16) == hashes  # the tail does not matter
     assert page_hashes([5] + tokens[1:], 16)[1] != hashes[1]  # chained: page 0 changes page 1

@@ -11,10 +11,14 @@ def test_render_and_generation_prompt():
 
 
 def test_text_parts_and_none_content():
-    text = render_chat([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                        {"role": "assistant", "content": None,
-                         "tool_calls": [{"function": {"name": "ls", "arguments": "{}"}}]},
-                        {"role": "tool", "content": "out"}], add_generation_prompt=False)
+    text = render_chat(
+        [
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "ls", "arguments": "{}"}}]},
+            {"role": "tool", "content": "out"},
+        ],
+        add_generation_prompt=False,
+    )
     assert text == "<|user|>\nab\n<|assistant|>\n<|tool_call|>ls({})\n\n<|tool|>\nout\n"
 
 
@@ -26,15 +30,24 @@ def test_next_turn_extends_previous_prompt_plus_answer():
 
 
 def test_continue_final_message():
-    text = render_chat([{"role": "user", "content": "u"}, {"role": "assistant", "content": "part"}],
-                       continue_final_message=True)
+    text = render_chat(
+        [{"role": "user", "content": "u"}, {"role": "assistant", "content": "part"}], continue_final_message=True
+    )
     assert text.endswith("<|assistant|>\npart")
 
 
-@pytest.mark.parametrize("messages", [
-    [], "x", [{"role": "alien", "content": "x"}], [{"content": "x"}], ["x"],
-    [{"role": "user", "content": [{"type": "image_url"}]}], [{"role": "user", "content": 5}],
-])
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        "x",
+        [{"role": "alien", "content": "x"}],
+        [{"content": "x"}],
+        ["x"],
+        [{"role": "user", "content": [{"type": "image_url"}]}],
+        [{"role": "user", "content": 5}],
+    ],
+)
 def test_invalid_messages(messages):
     with pytest.raises(ChatTemplateError):
         render_chat(messages)

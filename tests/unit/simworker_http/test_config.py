@@ -19,49 +19,65 @@ def test_defaults():
     assert c.kv_events is None and c.enable_cache_report is False
 
 
-@pytest.mark.parametrize("argv, env, field, expected", [
-    (["--port", "0"], {}, "port", 0),
-    ([], {"SIMWORKER_PORT": "31000"}, "port", 31000),
-    (["--port", "1"], {"SIMWORKER_PORT": "31000"}, "port", 1),
-    (["--served-model-name", "m"], {}, "served_model_name", "m"),
-    (["--model-name", "m"], {}, "served_model_name", "m"),
-    (["--model-path", "org/x"], {}, "served_model_name", "org/x"),
-    (["--enable-hierarchical-cache", "--hicache-ratio", "3"], {}, "hicache_ratio", 3.0),
-    ([], {"SIMWORKER_ENABLE_CACHE_REPORT": "true"}, "enable_cache_report", True),
-    (["--timing-override", "decode_min_ms=2", "--timing-override", "frontend_base_ms=0"], {}, "timing_overrides",
-     {"decode_min_ms": 2.0, "frontend_base_ms": 0.0}),
-    ([], {"SIMWORKER_TIMING_OVERRIDE": "a=1,b=2.5"}, "timing_overrides", {"a": 1.0, "b": 2.5}),
-    (["--speedup", "25"], {}, "speedup", 25.0),
-    (["--enable-priority-scheduling", "--schedule-low-priority-values-first"], {},
-     "schedule_low_priority_values_first", True),
-    (["--hicache-write-policy", "write_back"], {}, "hicache_write_policy", "write_back"),
-])
+@pytest.mark.parametrize(
+    "argv, env, field, expected",
+    [
+        (["--port", "0"], {}, "port", 0),
+        ([], {"SIMWORKER_PORT": "31000"}, "port", 31000),
+        (["--port", "1"], {"SIMWORKER_PORT": "31000"}, "port", 1),
+        (["--served-model-name", "m"], {}, "served_model_name", "m"),
+        (["--model-name", "m"], {}, "served_model_name", "m"),
+        (["--model-path", "org/x"], {}, "served_model_name", "org/x"),
+        (["--enable-hierarchical-cache", "--hicache-ratio", "3"], {}, "hicache_ratio", 3.0),
+        ([], {"SIMWORKER_ENABLE_CACHE_REPORT": "true"}, "enable_cache_report", True),
+        (
+            ["--timing-override", "decode_min_ms=2", "--timing-override", "frontend_base_ms=0"],
+            {},
+            "timing_overrides",
+            {"decode_min_ms": 2.0, "frontend_base_ms": 0.0},
+        ),
+        ([], {"SIMWORKER_TIMING_OVERRIDE": "a=1,b=2.5"}, "timing_overrides", {"a": 1.0, "b": 2.5}),
+        (["--speedup", "25"], {}, "speedup", 25.0),
+        (
+            ["--enable-priority-scheduling", "--schedule-low-priority-values-first"],
+            {},
+            "schedule_low_priority_values_first",
+            True,
+        ),
+        (["--hicache-write-policy", "write_back"], {}, "hicache_write_policy", "write_back"),
+    ],
+)
 def test_sources(argv, env, field, expected):
     assert getattr(load_config(argv, env), field) == expected
 
 
-@pytest.mark.parametrize("argv, field", [
-    (["--speedup", "0"], "speedup"),
-    (["--speedup", "-1"], "speedup"),
-    (["--port", "70000"], "port"),
-    (["--page-size", "0"], "page_size"),
-    (["--max-total-tokens", "8", "--page-size", "16"], "max_total_tokens"),
-    (["--stream-interval", "0"], "stream_interval"),
-    (["--enable-hierarchical-cache", "--hicache-ratio", "1"], "hicache_ratio"),
-    (["--hicache-size", "-1"], "hicache_size"),
-    (["--hicache-storage-backend", "mooncake"], "hicache_storage_backend"),
-    (["--schedule-low-priority-values-first"], "schedule_low_priority_values_first"),
-    (["--hicache-write-policy", "sometimes"], "hicache_write_policy"),
-    (["--model-name", "a", "--served-model-name", "b"], "model_name"),
-    (["--timing-override", "nonsense"], "timing_override"),
-    (["--timing-override", "x=abc"], "timing_override"),
-    (["--kv-events-config", "{bad"], "kv_events_config"),
-    (["--kv-events-config", '{"publisher": "kafka"}'], "kv_events_config.publisher"),
-    (["--kv-events-endpoint", "tcp://*:1", "--kv-events-config", '{"publisher":"zmq","endpoint":"tcp://*:2"}'],
-     "kv_events_endpoint"),
-    (["--no-such-flag"], "argv"),
-    (["--max-running-requests", "x"], "max_running_requests"),
-])
+@pytest.mark.parametrize(
+    "argv, field",
+    [
+        (["--speedup", "0"], "speedup"),
+        (["--speedup", "-1"], "speedup"),
+        (["--port", "70000"], "port"),
+        (["--page-size", "0"], "page_size"),
+        (["--max-total-tokens", "8", "--page-size", "16"], "max_total_tokens"),
+        (["--stream-interval", "0"], "stream_interval"),
+        (["--enable-hierarchical-cache", "--hicache-ratio", "1"], "hicache_ratio"),
+        (["--hicache-size", "-1"], "hicache_size"),
+        (["--hicache-storage-backend", "mooncake"], "hicache_storage_backend"),
+        (["--schedule-low-priority-values-first"], "schedule_low_priority_values_first"),
+        (["--hicache-write-policy", "sometimes"], "hicache_write_policy"),
+        (["--model-name", "a", "--served-model-name", "b"], "model_name"),
+        (["--timing-override", "nonsense"], "timing_override"),
+        (["--timing-override", "x=abc"], "timing_override"),
+        (["--kv-events-config", "{bad"], "kv_events_config"),
+        (["--kv-events-config", '{"publisher": "kafka"}'], "kv_events_config.publisher"),
+        (
+            ["--kv-events-endpoint", "tcp://*:1", "--kv-events-config", '{"publisher":"zmq","endpoint":"tcp://*:2"}'],
+            "kv_events_endpoint",
+        ),
+        (["--no-such-flag"], "argv"),
+        (["--max-running-requests", "x"], "max_running_requests"),
+    ],
+)
 def test_invalid_config_names_the_rule(argv, field):
     with pytest.raises(ConfigError) as err:
         load_config(argv, {})
@@ -72,9 +88,21 @@ def test_invalid_config_names_the_rule(argv, field):
 def test_kv_events_from_endpoint_and_json():
     c = load_config(["--kv-events-endpoint", "tcp://*:5557"], {})
     assert c.kv_events == KvEventsConfig(publisher="zmq", endpoint="tcp://*:5557")
-    c = load_config(["--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": "tcp://127.0.0.1:1",
-                                                       "replay_endpoint": "tcp://*:2", "topic": "kv",
-                                                       "max_queue_size": 5})], {})
+    c = load_config(
+        [
+            "--kv-events-config",
+            json.dumps(
+                {
+                    "publisher": "zmq",
+                    "endpoint": "tcp://127.0.0.1:1",
+                    "replay_endpoint": "tcp://*:2",
+                    "topic": "kv",
+                    "max_queue_size": 5,
+                }
+            ),
+        ],
+        {},
+    )
     assert c.kv_events.endpoint == "tcp://127.0.0.1:1" and c.kv_events.replay_endpoint == "tcp://*:2"
     assert c.kv_events.topic == "kv"
     assert load_config(["--kv-events-config", '{"publisher": "null"}'], {}).kv_events is None

@@ -77,8 +77,11 @@ async def test_abort_of_queued_request_is_delivered_while_idle(worker):
 
 async def test_stop_string_truncates_and_frees_the_request(worker):
     async with aiohttp.ClientSession() as http:
-        body = {"text": "tell me a story", "rid": "story", "sampling_params": {"max_new_tokens": 30,
-                                                                               "ignore_eos": True}}
+        body = {
+            "text": "tell me a story",
+            "rid": "story",
+            "sampling_params": {"max_new_tokens": 30, "ignore_eos": True},
+        }
         async with http.post(worker.url + "/generate", json=body) as r:
             full = (await r.json())["text"]
         words = full.split(" ")
@@ -88,7 +91,7 @@ async def test_stop_string_truncates_and_frees_the_request(worker):
         async with http.post(worker.url + "/generate", json={**body, "stream": True}) as r:
             lines = [line for line in (await r.read()).decode().split("\n\n") if line]
     assert lines[-1] == "data: [DONE]"
-    final = json.loads(lines[-2][len("data: "):])
+    final = json.loads(lines[-2][len("data: ") :])
     assert final["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert final["text"] == expected
     await assert_eventually(lambda: not worker.engine.has_work() and worker.driver.in_flight() == [])

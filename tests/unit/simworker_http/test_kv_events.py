@@ -20,15 +20,23 @@ def test_bind_rule():
 
 
 def test_event_encoding():
-    assert encode_event(BlockStored((1, 2), None, (5, 6, 7, 8), 2)) == \
-        ["BlockStored", [1, 2], None, [5, 6, 7, 8], 2, None, "GPU"]
+    assert encode_event(BlockStored((1, 2), None, (5, 6, 7, 8), 2)) == [
+        "BlockStored",
+        [1, 2],
+        None,
+        [5, 6, 7, 8],
+        2,
+        None,
+        "GPU",
+    ]
     assert encode_event(BlockRemoved((3,), "CPU_PINNED")) == ["BlockRemoved", [3], "CPU_PINNED"]
     assert encode_event(AllBlocksCleared()) == ["AllBlocksCleared"]
 
 
 async def test_publish_to_real_sub_socket_and_replay():
-    publisher = KvEventPublisher(KvEventsConfig(publisher="zmq", endpoint="tcp://127.0.0.1:*",
-                                                replay_endpoint="tcp://127.0.0.1:*", topic="kv"))
+    publisher = KvEventPublisher(
+        KvEventsConfig(publisher="zmq", endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic="kv")
+    )
     await publisher.start()
     ctx = zmq.asyncio.Context()
     sub = ctx.socket(zmq.SUB)
@@ -96,8 +104,10 @@ async def test_server_publishes_engine_events_and_flush(make_worker):
                 # attempt sends a new prompt: a repeated one would hit the cache and store nothing.
                 attempt[0] += 1
                 first = 300 + 100 * attempt[0]
-                async with http.post(worker.url + "/generate", json={
-                        "input_ids": list(range(first, first + 21)), "sampling_params": {"max_new_tokens": 1}}) as r:
+                async with http.post(
+                    worker.url + "/generate",
+                    json={"input_ids": list(range(first, first + 21)), "sampling_params": {"max_new_tokens": 1}},
+                ) as r:
                     assert r.status == 200
                 while await sub.poll(timeout=20):
                     seen.extend(msgpack.unpackb((await sub.recv_multipart())[2])[1])

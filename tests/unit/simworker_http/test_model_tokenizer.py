@@ -17,13 +17,16 @@ from tests.unit.simworker_http.conftest import MODEL
 SYSTEM = {"role": "system", "content": "You are a coding agent. Run the tests and fix what fails. " * 8}
 
 
-@pytest.mark.parametrize("argv, env, expected", [
-    ([], {}, ""),
-    (["--tokenizer-path", "/m"], {}, "/m"),
-    (["--tokenizer", "/m"], {}, "/m"),
-    (["--tokenizer", "/m", "--tokenizer-path", "/m"], {}, "/m"),
-    ([], {"SIMWORKER_TOKENIZER_PATH": "/env"}, "/env"),
-])
+@pytest.mark.parametrize(
+    "argv, env, expected",
+    [
+        ([], {}, ""),
+        (["--tokenizer-path", "/m"], {}, "/m"),
+        (["--tokenizer", "/m"], {}, "/m"),
+        (["--tokenizer", "/m", "--tokenizer-path", "/m"], {}, "/m"),
+        ([], {"SIMWORKER_TOKENIZER_PATH": "/env"}, "/env"),
+    ],
+)
 def test_tokenizer_path_flag_alias_and_environment(argv, env, expected):
     assert load_config(argv, env).tokenizer_path == expected
 
@@ -50,13 +53,14 @@ async def test_prompt_token_counts_are_the_models(model_worker, tokenizer_dir):
     messages = [SYSTEM, {"role": "user", "content": "run the tests"}]
     chat = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
     assert chat.usage.prompt_tokens == len(tok.chat_token_ids({"messages": messages}))
-    assert chat.choices[0].message.content   # output is the engine's stand-in words
+    assert chat.choices[0].message.content  # output is the engine's stand-in words
     text = "call the tool with the arguments"
     completion = await client.completions.create(model=MODEL, prompt=text, max_tokens=2)
     assert completion.usage.prompt_tokens == len(tok.encode(text))
     async with aiohttp.ClientSession() as s:
-        async with s.post(model_worker.url + "/generate", json={"text": text, "sampling_params": {
-                "max_new_tokens": 2}}) as r:
+        async with s.post(
+            model_worker.url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 2}}
+        ) as r:
             assert (await r.json())["meta_info"]["prompt_tokens"] == len(tok.encode(text))
         async with s.get(model_worker.url + "/server_info") as r:
             assert (await r.json())["tokenizer_path"] == str(tokenizer_dir)
@@ -67,8 +71,10 @@ async def test_next_turn_hits_the_cache_of_the_previous_prompt(model_worker, tok
     client = openai.AsyncOpenAI(base_url=model_worker.url + "/v1", api_key="none", max_retries=0, timeout=30)
     turn1 = [SYSTEM, {"role": "user", "content": "run the tests"}]
     first = await client.chat.completions.create(model=MODEL, messages=turn1, max_tokens=4)
-    turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
-                     {"role": "user", "content": "now fix what fails"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "now fix what fails"},
+    ]
     second = await client.chat.completions.create(model=MODEL, messages=turn2, max_tokens=4)
     prompt1 = len(tok.chat_token_ids({"messages": turn1}))
     assert second.usage.prompt_tokens_details.cached_tokens >= prompt1 - prompt1 % 4 > 0
@@ -77,5 +83,6 @@ async def test_next_turn_hits_the_cache_of_the_previous_prompt(model_worker, tok
 async def test_messages_the_template_refuses_are_400(model_worker):
     client = openai.AsyncOpenAI(base_url=model_worker.url + "/v1", api_key="none", max_retries=0, timeout=30)
     with pytest.raises(openai.BadRequestError, match="unknown role"):
-        await client.chat.completions.create(model=MODEL, messages=[{"role": "developer", "content": "x"}],
-                                             max_tokens=2)
+        await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "developer", "content": "x"}], max_tokens=2
+        )

@@ -27,15 +27,21 @@ async def sse_events(response: aiohttp.ClientResponse) -> list:
         if not block:
             continue
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
 
 async def test_generate_stream_is_cumulative(worker, http):
-    async with http.post(worker.url + "/generate", json={
-            "text": "the quick brown fox", "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
-            "stream": True, "rid": "r-stream"}) as response:
+    async with http.post(
+        worker.url + "/generate",
+        json={
+            "text": "the quick brown fox",
+            "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
+            "stream": True,
+            "rid": "r-stream",
+        },
+    ) as response:
         assert response.status == 200
         assert response.content_type == "text/event-stream"
         events = await sse_events(response)
@@ -57,8 +63,10 @@ async def test_generate_stream_is_cumulative(worker, http):
 
 
 async def test_generate_non_stream_with_input_ids(worker, http):
-    async with http.post(worker.url + "/generate", json={
-            "input_ids": list(range(300, 340)), "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}}) as r:
+    async with http.post(
+        worker.url + "/generate",
+        json={"input_ids": list(range(300, 340)), "sampling_params": {"max_new_tokens": 3, "ignore_eos": True}},
+    ) as r:
         assert r.status == 200
         body = await r.json()
     assert body["meta_info"]["prompt_tokens"] == 40
@@ -68,29 +76,51 @@ async def test_generate_non_stream_with_input_ids(worker, http):
 
 async def test_stream_interval_groups_tokens(make_worker, http):
     worker = await make_worker("--stream-interval", "4")
-    async with http.post(worker.url + "/generate", json={
-            "text": "x", "sampling_params": {"max_new_tokens": 9, "ignore_eos": True}, "stream": True}) as r:
+    async with http.post(
+        worker.url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 9, "ignore_eos": True}, "stream": True},
+    ) as r:
         chunks = (await sse_events(r))[:-1]
     # first token immediately, then every 4 tokens, and the final chunk
     assert [len(c["output_ids"]) for c in chunks] == [1, 5, 9] or [len(c["output_ids"]) for c in chunks][-1] == 9
     assert len(chunks) <= 4
 
 
-@pytest.mark.parametrize("path, kwargs, status, fragment", [
-    ("/generate", {"data": b"{not json"}, 400, "malformed JSON"),
-    ("/generate", {"json": {"sampling_params": {}}}, 400, "text or input_ids"),
-    ("/generate", {"json": {"text": "a", "sampling_params": {"max_new_tokens": 0}}}, 400, "positive"),
-    ("/v1/chat/completions", {"json": {"model": MODEL}}, 400, "messages"),
-    ("/v1/chat/completions", {"data": b"{}", "headers": {"Content-Type": "text/plain"}}, 400, "Content-Type"),
-    ("/v1/chat/completions", {"json": {"model": "other", "messages": [{"role": "user", "content": "x"}]}}, 404,
-     "does not exist"),
-    ("/v1/chat/completions", {"json": {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                                       "max_tokens": -1}}, 400, "positive"),
-    ("/v1/chat/completions", {"json": {"model": MODEL, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}}, 400, "text parts"),
-    ("/v1/completions", {"json": {"model": MODEL}}, 400, "prompt"),
-    ("/v1/completions", {"data": b"[1,", "headers": {"Content-Type": "application/json"}}, 400, "malformed"),
-])
+@pytest.mark.parametrize(
+    "path, kwargs, status, fragment",
+    [
+        ("/generate", {"data": b"{not json"}, 400, "malformed JSON"),
+        ("/generate", {"json": {"sampling_params": {}}}, 400, "text or input_ids"),
+        ("/generate", {"json": {"text": "a", "sampling_params": {"max_new_tokens": 0}}}, 400, "positive"),
+        ("/v1/chat/completions", {"json": {"model": MODEL}}, 400, "messages"),
+        ("/v1/chat/completions", {"data": b"{}", "headers": {"Content-Type": "text/plain"}}, 400, "Content-Type"),
+        (
+            "/v1/chat/completions",
+            {"json": {"model": "other", "messages": [{"role": "user", "content": "x"}]}},
+            404,
+            "does not exist",
+        ),
+        (
+            "/v1/chat/completions",
+            {"json": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}},
+            400,
+            "positive",
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "json": {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+                }
+            },
+            400,
+            "text parts",
+        ),
+        ("/v1/completions", {"json": {"model": MODEL}}, 400, "prompt"),
+        ("/v1/completions", {"data": b"[1,", "headers": {"Content-Type": "application/json"}}, 400, "malformed"),
+    ],
+)
 async def test_errors_are_openai_shaped(worker, http, path, kwargs, status, fragment):
     async with http.post(worker.url + path, **kwargs) as r:
         assert r.status == status
@@ -110,9 +140,15 @@ async def test_prompt_longer_than_context_is_400(make_worker, http):
 
 
 async def test_client_disconnect_aborts_the_request(worker, http):
-    async with http.post(worker.url + "/generate", json={
-            "text": "long job", "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
-            "stream": True, "rid": "gone"}) as r:
+    async with http.post(
+        worker.url + "/generate",
+        json={
+            "text": "long job",
+            "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
+            "stream": True,
+            "rid": "gone",
+        },
+    ) as r:
         first = await r.content.readuntil(b"\n\n")
         assert first.startswith(b"data: ")
         assert worker.driver.in_flight() == ["gone"]
@@ -124,9 +160,15 @@ async def test_client_disconnect_aborts_the_request(worker, http):
 
 async def test_abort_request_ends_stream_with_abort(worker, http):
     async def consume():
-        async with http.post(worker.url + "/generate", json={
-                "text": "abort me", "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
-                "stream": True, "rid": "victim"}) as r:
+        async with http.post(
+            worker.url + "/generate",
+            json={
+                "text": "abort me",
+                "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
+                "stream": True,
+                "rid": "victim",
+            },
+        ) as r:
             return await sse_events(r)
 
     task = asyncio.create_task(consume())
@@ -140,9 +182,16 @@ async def test_abort_request_ends_stream_with_abort(worker, http):
 
 async def test_abort_all(worker, http):
     async def consume(rid):
-        async with http.post(worker.url + "/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": rid}], "max_tokens": 100_000,
-                "ignore_eos": True, "rid": rid}) as r:
+        async with http.post(
+            worker.url + "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": rid}],
+                "max_tokens": 100_000,
+                "ignore_eos": True,
+                "rid": rid,
+            },
+        ) as r:
             return await r.json()
 
     tasks = [asyncio.create_task(consume(f"all-{i}")) for i in range(3)]
@@ -154,9 +203,18 @@ async def test_abort_all(worker, http):
 
 
 async def test_server_info_fields(make_worker, http):
-    worker = await make_worker("--page-size", "64", "--max-total-tokens", "131072", "--enable-hierarchical-cache",
-                               "--hicache-size", "10", "--enable-priority-scheduling",
-                               "--hicache-storage-backend", "mooncake")
+    worker = await make_worker(
+        "--page-size",
+        "64",
+        "--max-total-tokens",
+        "131072",
+        "--enable-hierarchical-cache",
+        "--hicache-size",
+        "10",
+        "--enable-priority-scheduling",
+        "--hicache-storage-backend",
+        "mooncake",
+    )
     for path in ("/server_info", "/get_server_info"):
         async with http.get(worker.url + path) as r:
             assert r.status == 200
@@ -171,9 +229,17 @@ async def test_server_info_fields(make_worker, http):
         assert info["kv_bytes_per_token"] > 0
         assert info["hicache_host_total_tokens"] == int(10e9 // info["kv_bytes_per_token"])
         assert info["enable_priority_scheduling"] is True
-        for key in ("max_running_requests", "chunked_prefill_size", "hicache_ratio", "hicache_write_policy",
-                    "schedule_low_priority_values_first", "enable_metrics", "enable_cache_report",
-                    "kv_events_config", "version"):
+        for key in (
+            "max_running_requests",
+            "chunked_prefill_size",
+            "hicache_ratio",
+            "hicache_write_policy",
+            "schedule_low_priority_values_first",
+            "enable_metrics",
+            "enable_cache_report",
+            "kv_events_config",
+            "version",
+        ):
             assert key in info
         state = info["internal_states"][0]
         assert {"memory_usage", "last_gen_throughput", "waiting_queue_size", "running_batch_size"} <= set(state)
@@ -195,9 +261,10 @@ async def test_health_and_health_generate(worker, http):
 
 
 async def test_flush_cache_refused_while_busy(worker, http):
-    async with http.post(worker.url + "/generate", json={
-            "text": "busy", "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True},
-            "stream": True}) as r:
+    async with http.post(
+        worker.url + "/generate",
+        json={"text": "busy", "sampling_params": {"max_new_tokens": 100_000, "ignore_eos": True}, "stream": True},
+    ) as r:
         await r.content.readuntil(b"\n\n")
         async with http.post(worker.url + "/flush_cache") as flush:
             assert flush.status == 400
@@ -208,18 +275,31 @@ async def test_flush_cache_refused_while_busy(worker, http):
 
 
 async def test_metrics_names_and_request_counter(worker, http):
-    async with http.post(worker.url + "/generate", json={
-            "text": "count me", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}) as r:
+    async with http.post(
+        worker.url + "/generate",
+        json={"text": "count me", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}},
+    ) as r:
         assert r.status == 200
     async with http.get(worker.url + "/metrics") as r:
         text = await r.text()
     label = f'{{model_name="{MODEL}"}}'
-    for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
-                 "sglang:gen_throughput", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-                 "sglang:cached_tokens_total", "sglang:num_requests_total", "sglang:hicache_host_used_tokens",
-                 "sglang:hicache_host_total_tokens", "simworker:recomputed_tokens_total",
-                 "simworker:retractions_total", "simworker:host_loadbacks_total",
-                 "simworker:host_loadback_tokens_total"):
+    for name in (
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "sglang:gen_throughput",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+        "sglang:cached_tokens_total",
+        "sglang:num_requests_total",
+        "sglang:hicache_host_used_tokens",
+        "sglang:hicache_host_total_tokens",
+        "simworker:recomputed_tokens_total",
+        "simworker:retractions_total",
+        "simworker:host_loadbacks_total",
+        "simworker:host_loadback_tokens_total",
+    ):
         assert name + label in text, name
     assert "sglang:time_to_first_token_seconds_bucket" in text
     assert "sglang:inter_token_latency_seconds_count" in text

@@ -17,7 +17,8 @@ def client(worker):
 
 async def test_chat_non_stream(client):
     reply = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
     assert reply.object == "chat.completion"
     assert reply.model == MODEL
     choice = reply.choices[0]
@@ -31,8 +32,12 @@ async def test_chat_non_stream(client):
 
 async def test_chat_stream_shapes_and_usage(client):
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-        max_tokens=6, stream=True, stream_options={"include_usage": True})
+        model=MODEL,
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -50,8 +55,9 @@ async def test_completions_stream_and_non_stream(client):
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.completion_tokens <= 5
 
-    stream = await client.completions.create(model=MODEL, prompt="once upon a time", max_tokens=5, stream=True,
-                                             stream_options={"include_usage": True})
+    stream = await client.completions.create(
+        model=MODEL, prompt="once upon a time", max_tokens=5, stream=True, stream_options={"include_usage": True}
+    )
     chunks = [c async for c in stream]
     text_chunks = [c for c in chunks if c.choices]
     # No separate finish chunk: finish_reason rides on the last text chunk.
@@ -64,8 +70,9 @@ async def test_repeated_prompt_reports_cached_tokens(client):
     messages = [{"role": "user", "content": LONG_PROMPT}]
     first = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
     assert first.usage.prompt_tokens > 100
-    stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, stream=True,
-                                                  stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, stream=True, stream_options={"include_usage": True}
+    )
     usage = [c async for c in stream][-1].usage
     assert usage.prompt_tokens == first.usage.prompt_tokens
     assert usage.prompt_tokens_details is not None
@@ -79,7 +86,8 @@ async def test_cached_tokens_hidden_without_cache_report(make_worker):
     client = openai.AsyncOpenAI(base_url=worker.url + "/v1", api_key="none", max_retries=0)
     for _ in range(2):
         reply = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=2)
+            model=MODEL, messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=2
+        )
     assert reply.usage.prompt_tokens_details is None
 
 

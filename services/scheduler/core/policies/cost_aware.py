@@ -100,8 +100,12 @@ class CostAwarePauseParams:
                 raise ConfigError(name, value, f"{name} must be a finite number")
             return value
 
-        for name, rule in (("prefill_tokens_per_s", "> 0"), ("prefill_quadratic_tokens", "> 0"),
-                           ("tool_seconds", "> 0"), ("half_life_observations", "> 0")):
+        for name, rule in (
+            ("prefill_tokens_per_s", "> 0"),
+            ("prefill_quadratic_tokens", "> 0"),
+            ("tool_seconds", "> 0"),
+            ("half_life_observations", "> 0"),
+        ):
             if not finite(name) > 0:
                 raise ConfigError(name, getattr(self, name), f"{name} {rule}")
         if not 0 <= finite("stall_share") <= 1:

@@ -37,8 +37,7 @@ class ThresholdPausePolicy:
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         used = ctx.used_tokens
-        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING),
-                        key=lambda p: (p.token_total, p.seq))
+        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING), key=lambda p: (p.token_total, p.seq))
         pause: list[str] = []
         for program in acting:
             if used <= ctx.target_tokens:
