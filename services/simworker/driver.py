@@ -159,9 +159,12 @@ class EngineDriver:
                 elif not result.outputs and not result.kv_events:
                     # Work that cannot progress right now: wait for a submit/abort, but
                     # look again soon in case the engine is waiting on time alone.
+                    # asyncio.timeout, not wait_for: on 3.11 wait_for can return the wake in place of a
+                    # cancellation (stop) that lands in the same iteration, and the loop would run on.
                     try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=0.05)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(0.05):
+                            await self._wake.wait()
+                    except TimeoutError:
                         pass
                     continue
                 for output in result.outputs:

@@ -95,3 +95,36 @@ async def test_stop_string_truncates_and_frees_the_request(worker):
     assert final["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert final["text"] == expected
     await assert_eventually(lambda: not worker.engine.has_work() and worker.driver.in_flight() == [])
+
+
+class _StuckEngine:
+    """Has work that cannot progress (each step takes no time and yields nothing), so the driver waits
+    for a submit or abort with a short timeout."""
+
+    def submit(self, request, now):
+        pass
+
+    def abort(self, rid, now):
+        return False
+
+    def has_work(self):
+        return True
+
+    def step(self, now):
+        from services.simworker.core.api import StepResult
+
+        return StepResult(duration_s=0.0)
+
+
+async def test_stop_ends_the_loop_when_a_wake_lands_with_the_cancellation():
+    """On 3.11 `asyncio.wait_for` returned the wake in place of a cancellation that landed in the same
+    loop iteration; the driver then kept looping and stop() waited forever."""
+    driver = EngineDriver(_StuckEngine(), speedup=10)
+    driver.start()
+    loop_task = driver._task
+    await asyncio.sleep(0.01)  # the loop waits on its wake event
+    driver._wake.set()  # the wait completes in the same iteration as stop()'s cancellation
+    stopping = asyncio.ensure_future(driver.stop())
+    done, _ = await asyncio.wait({stopping}, timeout=5)
+    assert done, "stop() did not return"
+    assert loop_task.done(), "the engine loop kept running after stop()"
