@@ -18,7 +18,12 @@ from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Progra
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.config import require
 from services.router.core.params import KvRouterParams
-from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, KvRouterConfig, service_control_params
+from services.scheduler.core.defaults import (
+    SERVICE_DEFAULT_PAUSE_POLICY,
+    KvRouterConfig,
+    check_policy_settings,
+    service_control_params,
+)
 from services.scheduler.core.model import ReplicaCapacity
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
@@ -161,19 +166,7 @@ class SimScenario:
                     self.pause_policy if self.pause_policy in PAUSE_POLICIES else SERVICE_DEFAULT_PAUSE_POLICY
                 ),
             )
-        require(isinstance(self.control, ControlParams), "control", self.control, "control is a ControlParams")
-        require(
-            self.pause_policy in PAUSE_POLICIES,
-            "pause_policy",
-            self.pause_policy,
-            f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}",
-        )
-        require(
-            isinstance(self.cost_aware, CostAwarePauseParams),
-            "cost_aware",
-            self.cost_aware,
-            "cost_aware is a CostAwarePauseParams",
-        )
+        check_policy_settings(self.control, self.pause_policy, self.cost_aware)
         require(
             isinstance(self.kv_router, KvRouterConfig), "kv_router", self.kv_router, "kv_router is a KvRouterConfig"
         )

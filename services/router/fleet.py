@@ -13,8 +13,9 @@ import logging
 import random
 from typing import Callable
 
+from services.common.kv_events import KvEvent
 from services.router.config import KvOverrides
-from services.router.core.events import EventOutcome, KvEvent
+from services.router.core.events import EventOutcome
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams, SchedulerKvSettings
 from services.router.core.types import Replica, WorkerView

@@ -29,6 +29,7 @@ from services.scheduler.core.defaults import (
     REFERENCE_BANDS,
     SERVICE_DEFAULT_PAUSE_POLICY,
     KvRouterConfig,
+    check_policy_settings,
     policy_control_defaults,
 )
 from services.scheduler.core.params import ControlParams
@@ -350,19 +351,7 @@ class SchedulerConfig:
     """TLS, tokens, reflection (services/common/security.py)."""
 
     def __post_init__(self) -> None:
-        require(isinstance(self.control, ControlParams), "control", self.control, "control must be ControlParams")
-        require(
-            self.pause_policy in PAUSE_POLICIES,
-            "pause_policy",
-            self.pause_policy,
-            f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}",
-        )
-        require(
-            isinstance(self.cost_aware, CostAwarePauseParams),
-            "cost_aware",
-            self.cost_aware,
-            "cost_aware must be CostAwarePauseParams",
-        )
+        check_policy_settings(self.control, self.pause_policy, self.cost_aware)
         parse_host_port(self.capacity_addr, "capacity_addr")
         require(
             math.isfinite(self.ticket_lease_seconds) and self.ticket_lease_seconds >= 0,

@@ -19,7 +19,8 @@ import logging
 import time
 from typing import Callable, Sequence
 
-from services.simworker.core.api import Engine, EngineRequest, KvEvent, RequestOutput
+from services.common.kv_events import KvEvent
+from services.simworker.core.api import Engine, EngineRequest, RequestOutput
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from services.router.core.events import EventOutcome, KvEvent, decode_event_batch
+from services.common.kv_events import KvEvent, decode_event_batch
+from services.router.core.events import EventOutcome
 from services.router.core.types import Replica, WorkerView
 from services.router.metrics import RouterMetrics
 

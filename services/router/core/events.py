@@ -7,17 +7,6 @@ from __future__ import annotations
 
 import enum
 
-from services.common.kv_events import (  # noqa: F401 (the router core's names for the shared events)
-    DEFAULT_MEDIUM,
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EventBatch,
-    EventDecodeError,
-    KvEvent,
-    decode_event_batch,
-)
-
 
 class EventOutcome(enum.Enum):
     """What applying one event did. The value is a metric label."""

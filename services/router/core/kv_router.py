@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from services.common.kv_events import KvEvent
 from services.router.core.cost import make_cost_policy
-from services.router.core.events import EventOutcome, KvEvent
+from services.router.core.events import EventOutcome
 from services.router.core.hashing import text_chunk_hashes, token_block_hashes
 from services.router.core.index import KvEventIndex, RoutingHistoryIndex
 from services.router.core.load import ActiveLoad

@@ -17,6 +17,7 @@ from typing import Any
 from services.common import kv_router_flags
 from services.common.config import require
 from services.scheduler.core.params import ControlParams
+from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
 # The service runs the cost-aware policy unless told otherwise: it equals the reference ("threshold")
 # wherever every context is worth holding and stops pausing where recompute is cheaper than holding
@@ -122,3 +123,21 @@ class KvRouterConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def check_policy_settings(control: Any, pause_policy: str, cost_aware: Any) -> None:
+    """The control law, pause policy and cost-aware settings a scheduler runs with (the service's
+    config and the simulator's scenario both check them here). Raises ConfigError naming the rule."""
+    require(isinstance(control, ControlParams), "control", control, "control must be ControlParams")
+    require(
+        pause_policy in PAUSE_POLICIES,
+        "pause_policy",
+        pause_policy,
+        f"pause_policy in {{{', '.join(sorted(PAUSE_POLICIES))}}}",
+    )
+    require(
+        isinstance(cost_aware, CostAwarePauseParams),
+        "cost_aware",
+        cost_aware,
+        "cost_aware must be CostAwarePauseParams",
+    )

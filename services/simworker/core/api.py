@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
 from services.common.errors import ConfigError
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent  # noqa: F401
+from services.common.kv_events import KvEvent
 
 WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 

@@ -1,5 +1,4 @@
 import hashlib
-import importlib.util
 
 import pytest
 from hypothesis import given
@@ -88,9 +87,6 @@ def test_text_chunks_count_characters_not_bytes():
     assert len(text_chunk_hashes("é" * 32, 16)) == 2
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("services.simworker.core.radix") is None, reason="simworker radix module absent"
-)
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=60), st.integers(2, 8))
 def test_same_ids_as_the_simworker(tokens, page_size):
     from services.simworker.core.radix import page_hashes

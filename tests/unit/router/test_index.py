@@ -1,10 +1,9 @@
-import importlib.util
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.router.core.events import AllBlocksCleared, BlockRemoved, BlockStored, EventOutcome
+from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.router.core.events import EventOutcome
 from services.router.core.hashing import token_block_hashes
 from services.router.core.index import KvEventIndex, RoutingHistoryIndex
 from services.router.core.types import Replica
@@ -236,9 +235,6 @@ def test_history_index_invariants(records, probe, probe_at):
 # -- conformance with the simulated engine's events ----------------------------------------
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("services.simworker.core.engine") is None, reason="simworker engine absent"
-)
 def test_index_mirrors_the_simworker_cache():
     from services.simworker.core import api as sim
     from services.simworker.core.engine import SimEngine
@@ -267,9 +263,9 @@ def test_index_mirrors_the_simworker_cache():
                     BlockStored(
                         event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, event.medium
                     )
-                    if isinstance(event, sim.BlockStored)
+                    if isinstance(event, BlockStored)
                     else BlockRemoved(event.block_hashes, event.medium)
-                    if isinstance(event, sim.BlockRemoved)
+                    if isinstance(event, BlockRemoved)
                     else AllBlocksCleared()
                 )
                 assert index.apply(A, translated) is EventOutcome.APPLIED

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.simworker.core.api import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    EngineConfig,
-    EngineRequest,
-    RequestOutput,
-)
+from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.simworker.core.api import EngineConfig, EngineRequest, RequestOutput
 from services.simworker.core.engine import SimEngine
 from services.simworker.core.timing import load_profile
 
