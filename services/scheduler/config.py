@@ -155,6 +155,16 @@ CONTROL_SETTINGS = [
         % (REFERENCE_BANDS["tail_protection_quantile"], PROGRAM_AWARE_TAIL_QUANTILE),
         env=f"{ENV_PREFIX}_TAIL_PROTECTION_QUANTILE",
     ),
+    Setting(
+        "calibrate_token_estimates",
+        bool,
+        None,
+        "charge a reasoning program the router's prompt estimate scaled by the learnt ratio of the prompt "
+        "tokens workers report to the estimates, so that the bands measure what the engines hold "
+        + _POLICY_DEFAULTED
+        % (REFERENCE_BANDS["calibrate_token_estimates"], "true"),
+        env=f"{ENV_PREFIX}_CALIBRATE_TOKEN_ESTIMATES",
+    ),
 ]
 
 SERVICE_SETTINGS = [

@@ -66,6 +66,7 @@ class Turn:
     was_paused: bool = False
     unpinned: bool = False  # answered "any" while placed: Bind may move the program
     lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
+    estimate: int = 0  # the router's prompt estimate as sent (calibration learns from it at Complete)
 
 
 @dataclass(slots=True)

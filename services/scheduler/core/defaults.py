@@ -52,6 +52,7 @@ REFERENCE_BANDS = {
     "pause_target": 0.80,
     "resume_hysteresis": 0.10,
     "tail_protection_quantile": 0.0,
+    "calibrate_token_estimates": False,
 }
 PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
 PROGRAM_AWARE_GROWTH_MARGIN = 0.05
@@ -61,10 +62,11 @@ PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
 PROGRAM_AWARE_TAIL_QUANTILE = 0.75
 
 
-def policy_control_defaults(pause_policy: str, pause_threshold: float | None = None) -> dict[str, float]:
+def policy_control_defaults(pause_policy: str, pause_threshold: float | None = None) -> dict[str, float | bool]:
     """The control defaults that depend on the pause policy: the reference's bands under
     `threshold`; otherwise the program-aware bands, whose target and soft-demote start sit
-    PROGRAM_AWARE_GROWTH_MARGIN below the pause threshold (the given one, or 1.0)."""
+    PROGRAM_AWARE_GROWTH_MARGIN below the pause threshold (the given one, or 1.0), and whose
+    working set is measured in the workers' tokens (calibrated estimates)."""
     if pause_policy == "threshold":
         return dict(REFERENCE_BANDS)
     threshold = PROGRAM_AWARE_PAUSE_THRESHOLD if pause_threshold is None else pause_threshold
@@ -75,6 +77,7 @@ def policy_control_defaults(pause_policy: str, pause_threshold: float | None = N
         "pause_target": below,
         "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
         "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE,
+        "calibrate_token_estimates": True,
     }
 
 

@@ -81,6 +81,10 @@ class ControlParams:
     an aged admission, and when it waits in the paused queue it resumes first. Agent run lengths
     are heavy-tailed, so the programs that have outlived most others are the ones with the most
     work left: they set a batch's makespan, and every second they spend paused is added to it."""
+    calibrate_token_estimates: bool = False
+    """Charge a REASONING program the router's prompt estimate scaled by the learnt ratio of the
+    prompt tokens workers report to the estimates (core/calibration.py), so that the bands measure
+    what the engines hold (False = the estimate as sent, the reference)."""
     buffer_per_program_tokens: int = BUFFER_PER_PROGRAM_TOKENS
     """Per-program allowance added to every program's weight (not a flag, as in the reference)."""
 

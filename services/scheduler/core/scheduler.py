@@ -23,6 +23,7 @@ from services.scheduler.core.accounting import (
     Turn,
     normalise_session_id,
 )
+from services.scheduler.core.calibration import EstimateCalibration
 from services.scheduler.core.control import Acc, ControlLaw
 from services.scheduler.core.errors import (
     DuplicateRequest,
@@ -135,6 +136,8 @@ class SchedulerCore:
         self.ledger = Ledger(self.params, self._policy_weight)
         self.control = ControlLaw(self.params, self.policy, self.ledger)
         self._actions = _CoreActions(self)
+        # The router's prompt estimates in the workers' tokens (used when the params ask for it).
+        self.calibration = EstimateCalibration()
         # Totals (not table state: a rolled-back admission does not un-count them).
         self.pauses_total = 0
         self.resumes_total = 0
@@ -160,7 +163,8 @@ class SchedulerCore:
             raise DuplicateRequest(f"request {request_id!r} is already in flight")
         acc = _Acc()
         self.admissions_total += 1
-        estimate = max(0, int(estimated_prompt_tokens))
+        sent = max(0, int(estimated_prompt_tokens))
+        estimate = self.calibration.apply(sent) if self.params.calibrate_token_estimates else sent
         sid = normalise_session_id(session_id)
         if not sid:
             self._passthrough[request_id] = _Passthrough(request_id, estimate, None, now, self._lease(now))
@@ -187,7 +191,7 @@ class SchedulerCore:
         program.status = Status.REASONING
         program.acting_since = None
         program.last_activity = now
-        turn = _Turn(request_id, sid, program, program.admission_epoch, now, before, paused_seq_before)
+        turn = _Turn(request_id, sid, program, program.admission_epoch, now, before, paused_seq_before, estimate=sent)
         self._turns[request_id] = turn
 
         if program.lifecycle is Lifecycle.ACTIVE:
@@ -338,6 +342,8 @@ class SchedulerCore:
             return acc.effects()
         assert turn is not None
         del self._turns[request_id]
+        if outcome is TurnOutcome.OK:
+            self.calibration.observe(turn.estimate, int(prompt_tokens))
         program = self._programs.get(turn.session_id)
         if program is not turn.program:
             return acc.effects()  # released (and perhaps re-created) meanwhile: nothing to account
