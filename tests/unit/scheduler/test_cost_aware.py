@@ -81,11 +81,26 @@ def test_weight_tokens_table(status, scale_reasoning, phi_min, raw, weight):
     assert p.weight_tokens(prog(0, 2_000, status), raw, 16_000) == weight
 
 
-@pytest.mark.parametrize("tokens, weight", [(2_000, 0), (30_000, 30_000)])
-def test_default_rule_holds_a_context_iff_recompute_outlasts_the_tool(tokens, weight):
-    # Defaults: rho 18k tok/s, K 77k, own KV only, phi_min 1; tool prior 2 s.
-    # r(2K) = 0.11 s < 2 s: let go; r(30K) = 2.3 s >= 2 s: held in full.
-    assert make_pause_policy("cost_aware").weight_tokens(prog(0, tokens), tokens, 64_000) == weight
+@pytest.mark.parametrize(
+    "tokens, capacity, weight",
+    [
+        (2_000, 64_000, 2_000),  # r(2K) = 0.11 s >= (2K / 64K) * 2 s = 0.06 s: held
+        (2_000, 8_000, 0),  # r(2K) = 0.11 s < (2K / 8K) * 2 s = 0.5 s: let go
+        (30_000, 64_000, 30_000),  # r(30K) = 2.3 s >= (30K / 64K) * 2 s = 0.94 s: held
+        (30_000, 32_000, 30_000),  # r(30K) = 2.3 s >= 1.9 s: held
+    ],
+)
+def test_default_rule_holds_a_context_iff_recompute_outlasts_its_share_of_the_tool(tokens, capacity, weight):
+    # Defaults: rho 18k tok/s, K 77k, the whole batch stalls (sigma 1), phi_min 1; tool prior 2 s.
+    # Hold iff r(T) >= (T / C) * m.
+    assert make_pause_policy("cost_aware").weight_tokens(prog(0, tokens), tokens, capacity) == weight
+
+
+def test_own_kv_only_lets_go_what_the_batch_rule_holds():
+    # sigma 0 (the paper's c^2 space-time) compares r(T) with the whole tool time: r(2K) = 0.11 s < 2 s.
+    own = make_pause_policy("cost_aware", CostAwarePauseParams(stall_share=0.0))
+    assert own.weight_tokens(prog(0, 2_000), 2_000, 64_000) == 0
+    assert own.weight_tokens(prog(0, 30_000), 30_000, 64_000) == 30_000
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,11 @@ is C tokens, with rho the estimated prefill rate (tokens/s), K the quadratic kne
 with raw(p) the threshold policy's weight (T if REASONING, floor(T * w_a) if ACTING). REASONING
 programs are weighed by phi too (`scale_reasoning`): a context not worth holding is not worth
 reserving room for either; its turns queue in the engine, at step granularity, rather than in the
-paused queue, at tick granularity. With the defaults (sigma = 0, phi_min = 1) the rule is binary
-and reads: hold a context iff recomputing it would take at least as long as the tool call it
-waits through, r(T) >= m. So a program whose recompute is expensive relative to the
+paused queue, at tick granularity. With the defaults (sigma = 1, phi_min = 1) the rule is binary
+and reads: hold a context iff recomputing it would take at least as long as its share of the
+pool times the tool call it waits through, r(T) >= (T / C) * m. sigma = 1 because a recompute's
+prefill chunks share the engine's steps with every decoding request, so the whole batch waits
+through it; with sigma = 0 (only the program's own KV waits) the rule is r(T) >= m. So a program whose recompute is expensive relative to the
 KV-time it would hold (long context, short tool, big pool) counts fully and gets the reference
 treatment; a cheap one (short context, long tool, small pool) counts little or nothing, and the
 engine may evict it, as plain KV-aware routing would. The weight enters the pause band, admission
@@ -73,10 +75,13 @@ class CostAwarePauseParams:
     """K: context length at which attention doubles the linear prefill cost."""
     tool_seconds: float = 2.0
     """Prior mean tool time m0 (s) until tool times are observed."""
-    stall_share: float = 0.0
+    stall_share: float = 1.0
     """sigma: share of the replica's budget counted as waiting while a context is recomputed
-    (0: only the program's own KV, the paper's c^2 space-time; 1: the whole batch stalls). 0 won
-    on both workloads in the policy study (docs/policy-study.md)."""
+    (0: only the program's own KV, the paper's c^2 space-time; 1: the whole batch stalls). 1 is
+    what an engine with chunked prefill mixed into decode steps (SGLang, vLLM) does: every
+    decoding request waits for the recompute's chunks, so evicting costs C * r(T) KV
+    token-seconds against T * m for holding, and a context is held iff r(T) >= (T / C) * m
+    (docs/policy-study.md, "Calibrated estimates and sigma")."""
     prior_observations: float = 8.0
     """n0: weight of the static defaults, in observations."""
     half_life_observations: float = 200.0
