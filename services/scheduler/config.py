@@ -165,6 +165,16 @@ CONTROL_SETTINGS = [
         % (REFERENCE_BANDS["calibrate_token_estimates"], "true"),
         env=f"{ENV_PREFIX}_CALIBRATE_TOKEN_ESTIMATES",
     ),
+    Setting(
+        "resume_in_pause_order",
+        bool,
+        None,
+        "resume paused programs in the order they were paused (a program that does not fit is skipped), "
+        "not smallest first "
+        + _POLICY_DEFAULTED
+        % (REFERENCE_BANDS["resume_in_pause_order"], "true"),
+        env=f"{ENV_PREFIX}_RESUME_IN_PAUSE_ORDER",
+    ),
 ]
 
 SERVICE_SETTINGS = [

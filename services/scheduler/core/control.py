@@ -178,10 +178,16 @@ class ControlLaw:
         if not room:
             return 0
         paused = ledger.paused
-        candidates = sorted(
-            (ledger.programs[sid] for sid in paused),
-            key=lambda q: (self.resume_group(q), q.token_total, paused[q.session_id]),
-        )
+        if p.resume_in_pause_order:
+            # First come, first served within a group; a program that does not fit is skipped,
+            # not waited for, so a large head never idles the room smaller ones can use.
+            def order(q: Program) -> tuple[int, int, int]:
+                return (self.resume_group(q), paused[q.session_id], 0)
+        else:
+            def order(q: Program) -> tuple[int, int, int]:
+                return (self.resume_group(q), q.token_total, paused[q.session_id])
+
+        candidates = sorted((ledger.programs[sid] for sid in paused), key=order)
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())

@@ -81,6 +81,11 @@ class ControlParams:
     an aged admission, and when it waits in the paused queue it resumes first. Agent run lengths
     are heavy-tailed, so the programs that have outlived most others are the ones with the most
     work left: they set a batch's makespan, and every second they spend paused is added to it."""
+    resume_in_pause_order: bool = False
+    """Resume the paused queue in the order programs were paused (within each resume group), a
+    program that does not fit being skipped for the next; False = smallest token_total first, the
+    reference, under which a large paused program waits while a stream of smaller ones takes the
+    room it needs (until resume aging or the forced resume)."""
     calibrate_token_estimates: bool = False
     """Charge a REASONING program the router's prompt estimate scaled by the learnt ratio of the
     prompt tokens workers report to the estimates (core/calibration.py), so that the bands measure
