@@ -170,9 +170,7 @@ CONTROL_SETTINGS = [
         bool,
         None,
         "resume paused programs in the order they were paused (a program that does not fit is skipped), "
-        "not smallest first "
-        + _POLICY_DEFAULTED
-        % (REFERENCE_BANDS["resume_in_pause_order"], "true"),
+        "not smallest first " + _POLICY_DEFAULTED % (REFERENCE_BANDS["resume_in_pause_order"], "true"),
         env=f"{ENV_PREFIX}_RESUME_IN_PAUSE_ORDER",
     ),
 ]

@@ -184,6 +184,7 @@ class ControlLaw:
             def order(q: Program) -> tuple[int, int, int]:
                 return (self.resume_group(q), paused[q.session_id], 0)
         else:
+
             def order(q: Program) -> tuple[int, int, int]:
                 return (self.resume_group(q), q.token_total, paused[q.session_id])
 

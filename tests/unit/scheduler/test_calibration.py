@@ -72,9 +72,10 @@ def test_the_core_charges_calibrated_estimates_when_asked():
     request_id = rid()
     core.admit(0.0, "b", "", 25_000, request_id)
     assert core.program("b").token_total == pytest.approx(20_000, rel=0.01)
-    assert core.stats(0.0).replicas[0].used_tokens == core.program("b").token_total + core.program(
-        "a"
-    ).token_total + 2 * core.params.buffer_per_program_tokens
+    assert (
+        core.stats(0.0).replicas[0].used_tokens
+        == core.program("b").token_total + core.program("a").token_total + 2 * core.params.buffer_per_program_tokens
+    )
     core.check_invariants(0.0)
 
 
@@ -98,19 +99,6 @@ def test_passthrough_requests_are_charged_calibrated_estimates():
     request_id = rid()
     core.admit(0.0, "", "", 10_000, request_id)
     assert core._passthrough[request_id].tokens == pytest.approx(8_000, rel=0.01)
-
-
-@pytest.mark.parametrize(
-    "argv, expected",
-    [
-        ([], True),
-        (["--pause-policy", "threshold"], False),
-        (["--pause-policy", "threshold", "--calibrate-token-estimates"], True),
-        (["--no-calibrate-token-estimates"], False),
-    ],
-)
-def test_on_under_the_program_aware_law_off_in_the_reference(argv, expected):
-    assert load_config(argv, {}).control.calibrate_token_estimates is expected
 
 
 def test_the_environment_sets_it_too():

@@ -13,6 +13,7 @@ from services.scheduler.core.defaults import (
     policy_control_defaults,
     service_control_params,
 )
+from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES
 
 
@@ -34,3 +35,19 @@ def test_overrides_apply_and_move_the_program_aware_bands_with_the_threshold():
     params = service_control_params("cost_aware", pause_threshold=0.9, resume_aging_seconds=0.0)
     assert params == load_config(["--pause-threshold", "0.9", "--resume-aging-seconds", "0"], {}).control
     assert params.pause_target == pytest.approx(0.85)
+
+
+@pytest.mark.parametrize("name", ["calibrate_token_estimates", "resume_in_pause_order"])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        ([], True),
+        (["--pause-policy", "threshold"], False),
+        (["--pause-policy", "threshold", "--{flag}"], True),
+        (["--no-{flag}"], False),
+    ],
+)
+def test_program_aware_switches_are_on_except_in_the_reference(name, argv, expected):
+    assert getattr(ControlParams(), name) is False, "the pure core's default is the reference"
+    flag = name.replace("_", "-")
+    assert getattr(load_config([a.format(flag=flag) for a in argv], {}).control, name) is expected

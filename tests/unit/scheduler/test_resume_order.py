@@ -3,10 +3,7 @@ that does not fit is skipped); the reference resumes the smallest first."""
 
 from __future__ import annotations
 
-import pytest
-
-from services.scheduler.config import load_config
-from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict
+from services.scheduler.core import Lifecycle, ReplicaKey, Verdict
 from tests.unit.scheduler.helpers import make_core, place_acting, rid
 
 W = ("w", 0)
@@ -80,17 +77,3 @@ def _acc():
     from services.scheduler.core.control import Acc
 
     return Acc()
-
-
-@pytest.mark.parametrize(
-    "argv, expected",
-    [
-        ([], True),
-        (["--pause-policy", "threshold"], False),
-        (["--pause-policy", "threshold", "--resume-in-pause-order"], True),
-        (["--no-resume-in-pause-order"], False),
-    ],
-)
-def test_on_under_the_program_aware_law_off_in_the_reference(argv, expected):
-    assert ControlParams().resume_in_pause_order is False
-    assert load_config(argv, {}).control.resume_in_pause_order is expected

@@ -19,12 +19,12 @@ paused queue, at tick granularity. With the defaults (sigma = 1, phi_min = 1) th
 and reads: hold a context iff recomputing it would take at least as long as its share of the
 pool times the tool call it waits through, r(T) >= (T / C) * m. sigma = 1 because a recompute's
 prefill chunks share the engine's steps with every decoding request, so the whole batch waits
-through it; with sigma = 0 (only the program's own KV waits) the rule is r(T) >= m. So a program whose recompute is expensive relative to the
-KV-time it would hold (long context, short tool, big pool) counts fully and gets the reference
-treatment; a cheap one (short context, long tool, small pool) counts little or nothing, and the
-engine may evict it, as plain KV-aware routing would. The weight enters the pause band, admission
-and the resume guard through the core's working set, so with phi = 1 everywhere this policy is
-the threshold policy.
+through it; with sigma = 0 (only the program's own KV waits) the rule is r(T) >= m. So a
+program whose recompute is expensive relative to the KV-time it would hold (long context, short
+tool, big pool) counts fully and gets the reference treatment; a cheap one (short context, long
+tool, small pool) counts little or nothing, and the engine may evict it, as plain KV-aware
+routing would. The weight enters the pause band, admission and the resume guard through the
+core's working set, so with phi = 1 everywhere this policy is the threshold policy.
 
 Pause plan: the threshold plan (ACTING shortest-first down to target, then just enough REASONING
 marks) over the programs that count; an ACTING program with w(p) = 0 is already let go and is
