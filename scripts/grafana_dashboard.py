@@ -253,6 +253,14 @@ def _panels() -> list[Row]:
                     "(native HiCache host tier counted; storage backends never are).",
                     width=12,
                 ),
+                Panel(
+                    "Token estimate ratio",
+                    [Query("max(bandmaster_scheduler_token_estimate_ratio)", "reported / estimated")],
+                    "Prompt tokens the workers report per token the routers estimate, as the scheduler learns it. "
+                    "1 with a router tokenizer (--tokenizer); far from 1 means the text estimate is off for this "
+                    "model and the scheduler is correcting it (calibrate_token_estimates).",
+                    width=12,
+                ),
             ],
         ),
         Row(

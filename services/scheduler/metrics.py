@@ -191,6 +191,13 @@ class _CoreCollector(Collector):
         held = GaugeMetricFamily(f"{PREFIX}_held_admissions", "Admit calls currently held (program paused)")
         held.add_metric([], self.held())
         yield held
+        ratio = GaugeMetricFamily(
+            f"{PREFIX}_token_estimate_ratio",
+            "Learnt ratio of the prompt tokens workers report to the routers' estimates (1 = exact estimates; "
+            "applied to reasoning programs' charges when calibrate_token_estimates is on)",
+        )
+        ratio.add_metric([], core.calibration.ratio)
+        yield ratio
         version = GaugeMetricFamily(f"{PREFIX}_capacity_version", "Version of the capacity snapshot in use")
         version.add_metric([], stats.capacity_version)
         yield version

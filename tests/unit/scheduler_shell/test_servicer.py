@@ -375,6 +375,9 @@ async def test_metrics_cover_table_bands_and_totals(make_harness):
     assert "bandmaster_scheduler_held_admissions 1.0" in text
     assert "bandmaster_scheduler_tick_seconds_count 1.0" in text
     assert "bandmaster_scheduler_capacity_stream_connected 1.0" in text
+    # b was estimated at 1 token and reported 800: the learnt ratio moved above 1.
+    (ratio,) = [line for line in text.splitlines() if line.startswith("bandmaster_scheduler_token_estimate_ratio ")]
+    assert float(ratio.split()[1]) > 1.0
     await h.client.Release(pb.ReleaseRequest(session_id="c"))
     await call
     text = generate_latest(h.running.host.registry).decode()
