@@ -25,6 +25,7 @@ from services.scheduler.core.defaults import (
     PROGRAM_AWARE_GROWTH_MARGIN,
     PROGRAM_AWARE_PAUSE_THRESHOLD,
     PROGRAM_AWARE_RESUME_HYSTERESIS,
+    PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS,
     PROGRAM_AWARE_TAIL_QUANTILE,
     REFERENCE_BANDS,
     SERVICE_DEFAULT_PAUSE_POLICY,
@@ -166,12 +167,14 @@ CONTROL_SETTINGS = [
         env=f"{ENV_PREFIX}_CALIBRATE_TOKEN_ESTIMATES",
     ),
     Setting(
-        "resume_in_pause_order",
-        bool,
+        "resume_wait_discount_seconds",
+        float,
         None,
-        "resume paused programs in the order they were paused (a program that does not fit is skipped), "
-        "not smallest first " + _POLICY_DEFAULTED % (REFERENCE_BANDS["resume_in_pause_order"], "true"),
-        env=f"{ENV_PREFIX}_RESUME_IN_PAUSE_ORDER",
+        "resume paused programs smallest effective size first, a program of T tokens that waited w seconds "
+        "counting T / (1 + w / this) (0: smallest T first) "
+        + _POLICY_DEFAULTED
+        % (REFERENCE_BANDS["resume_wait_discount_seconds"], PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS),
+        env=f"{ENV_PREFIX}_RESUME_WAIT_DISCOUNT_SECONDS",
     ),
 ]
 

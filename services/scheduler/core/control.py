@@ -178,17 +178,21 @@ class ControlLaw:
         if not room:
             return 0
         paused = ledger.paused
-        if p.resume_in_pause_order:
-            # First come, first served within a group; a program that does not fit is skipped,
-            # not waited for, so a large head never idles the room smaller ones can use.
-            def order(q: Program) -> tuple[int, int, int]:
-                return (self.resume_group(q), paused[q.session_id], 0)
+        discount = p.resume_wait_discount_seconds
+        if discount > 0:
+            # Smallest effective size first: T / (1 + waited / H). Packing (the most programs
+            # decoding together) against waiting (the longer a program waits, the likelier it
+            # sets the end of the batch): one that waited H seconds counts half its size.
+            def resume_key(q: Program) -> tuple[int, float, int]:
+                since = q.paused_since if q.paused_since is not None else now
+                waited = max(0.0, now - since)
+                return (self.resume_group(q), q.token_total / (1.0 + waited / discount), paused[q.session_id])
         else:
 
-            def order(q: Program) -> tuple[int, int, int]:
-                return (self.resume_group(q), q.token_total, paused[q.session_id])
+            def resume_key(q: Program) -> tuple[int, float, int]:
+                return (self.resume_group(q), float(q.token_total), paused[q.session_id])
 
-        candidates = sorted((ledger.programs[sid] for sid in paused), key=order)
+        candidates = sorted((ledger.programs[sid] for sid in paused), key=resume_key)
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())

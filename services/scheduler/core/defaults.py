@@ -53,7 +53,7 @@ REFERENCE_BANDS = {
     "resume_hysteresis": 0.10,
     "tail_protection_quantile": 0.0,
     "calibrate_token_estimates": False,
-    "resume_in_pause_order": False,
+    "resume_wait_discount_seconds": 0.0,
 }
 PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
 PROGRAM_AWARE_GROWTH_MARGIN = 0.05
@@ -61,14 +61,17 @@ PROGRAM_AWARE_GROWTH_MARGIN = 0.05
 next turns take."""
 PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
 PROGRAM_AWARE_TAIL_QUANTILE = 0.75
+PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS = 60.0
+"""In the resume order a paused program that waited this long counts half its size (chosen on the
+tuning split among smallest-first, first-come-first-served and 60 s: docs/policy-study.md)."""
 
 
 def policy_control_defaults(pause_policy: str, pause_threshold: float | None = None) -> dict[str, float | bool]:
     """The control defaults that depend on the pause policy: the reference's bands under
     `threshold`; otherwise the program-aware bands, whose target and soft-demote start sit
     PROGRAM_AWARE_GROWTH_MARGIN below the pause threshold (the given one, or 1.0), whose working
-    set is measured in the workers' tokens (calibrated estimates) and whose paused queue resumes
-    first come, first served."""
+    set is measured in the workers' tokens (calibrated estimates) and whose resume order discounts
+    a paused program's size by its wait."""
     if pause_policy == "threshold":
         return dict(REFERENCE_BANDS)
     threshold = PROGRAM_AWARE_PAUSE_THRESHOLD if pause_threshold is None else pause_threshold
@@ -80,7 +83,7 @@ def policy_control_defaults(pause_policy: str, pause_threshold: float | None = N
         "resume_hysteresis": min(PROGRAM_AWARE_RESUME_HYSTERESIS, max(0.0, threshold)),
         "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE,
         "calibrate_token_estimates": True,
-        "resume_in_pause_order": True,
+        "resume_wait_discount_seconds": PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS,
     }
 
 

@@ -81,11 +81,12 @@ class ControlParams:
     an aged admission, and when it waits in the paused queue it resumes first. Agent run lengths
     are heavy-tailed, so the programs that have outlived most others are the ones with the most
     work left: they set a batch's makespan, and every second they spend paused is added to it."""
-    resume_in_pause_order: bool = False
-    """Resume the paused queue in the order programs were paused (within each resume group), a
-    program that does not fit being skipped for the next; False = smallest token_total first, the
-    reference, under which a large paused program waits while a stream of smaller ones takes the
-    room it needs (until resume aging or the forced resume)."""
+    resume_wait_discount_seconds: float = 0.0
+    """Resume order within each resume group: smallest effective size first, where a paused
+    program of T tokens that has waited w seconds counts T / (1 + w / H), so one that waited H
+    seconds counts half its size (0 = no discount: smallest T first, the reference, under which a
+    large paused program waits while a stream of smaller ones takes the room it needs, until
+    resume aging or the forced resume)."""
     calibrate_token_estimates: bool = False
     """Charge a REASONING program the router's prompt estimate scaled by the learnt ratio of the
     prompt tokens workers report to the estimates (core/calibration.py), so that the bands measure
@@ -108,6 +109,7 @@ class ControlParams:
             "program_idle_ttl_seconds",
             "resume_aging_seconds",
             "tail_protection_quantile",
+            "resume_wait_discount_seconds",
         ):
             _finite(name, getattr(self, name))
         p = self.pause_threshold
@@ -157,6 +159,12 @@ class ControlParams:
             "resume_aging_seconds",
             self.resume_aging_seconds,
             "resume_aging_seconds >= 0",
+        )
+        _require(
+            self.resume_wait_discount_seconds >= 0,
+            "resume_wait_discount_seconds",
+            self.resume_wait_discount_seconds,
+            "resume_wait_discount_seconds >= 0",
         )
         _require(
             0 <= self.tail_protection_quantile < 1,

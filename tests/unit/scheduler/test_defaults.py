@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.errors import ConfigError
 from services.scheduler.config import CONTROL_SETTINGS, load_config
 from services.scheduler.core.defaults import (
     CONTROL_DEFAULTS,
@@ -37,17 +38,27 @@ def test_overrides_apply_and_move_the_program_aware_bands_with_the_threshold():
     assert params.pause_target == pytest.approx(0.85)
 
 
-@pytest.mark.parametrize("name", ["calibrate_token_estimates", "resume_in_pause_order"])
 @pytest.mark.parametrize(
-    "argv, expected",
+    "argv, calibrate, discount",
     [
-        ([], True),
-        (["--pause-policy", "threshold"], False),
-        (["--pause-policy", "threshold", "--{flag}"], True),
-        (["--no-{flag}"], False),
+        ([], True, 60.0),
+        (["--pause-policy", "threshold"], False, 0.0),
+        (
+            ["--pause-policy", "threshold", "--calibrate-token-estimates", "--resume-wait-discount-seconds", "30"],
+            True,
+            30.0,
+        ),
+        (["--no-calibrate-token-estimates", "--resume-wait-discount-seconds", "0"], False, 0.0),
     ],
 )
-def test_program_aware_switches_are_on_except_in_the_reference(name, argv, expected):
-    assert getattr(ControlParams(), name) is False, "the pure core's default is the reference"
-    flag = name.replace("_", "-")
-    assert getattr(load_config([a.format(flag=flag) for a in argv], {}).control, name) is expected
+def test_program_aware_switches_are_on_except_in_the_reference(argv, calibrate, discount):
+    reference = ControlParams()
+    assert not reference.calibrate_token_estimates and reference.resume_wait_discount_seconds == 0.0
+    control = load_config(argv, {}).control
+    assert control.calibrate_token_estimates is calibrate
+    assert control.resume_wait_discount_seconds == discount
+
+
+def test_a_negative_resume_discount_refuses_to_start():
+    with pytest.raises(ConfigError, match="resume_wait_discount_seconds >= 0"):
+        load_config(["--resume-wait-discount-seconds", "-5"], {})
