@@ -61,16 +61,24 @@ class CapacityWatch:
         self._task = asyncio.create_task(self.run(), name=self.name)
         self._task.add_done_callback(self._ended)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = 5.0) -> None:
         """End the watch. The flag, not the cancellation alone, is what ends it: a cancellation that lands
-        as the stream's read fails can reach the task as that failure instead."""
+        as the stream's read fails can reach the task as that failure instead. Bounded: a task still
+        running after `timeout_s` (a read that swallows cancellation) is left behind, logged, so that a
+        hung dependency cannot hang the service's shutdown."""
         self._stopping = True
         task, self._task = self._task, None
         if task is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         while not task.done():
+            left = deadline - loop.time()
+            if left <= 0:
+                self.log.error("capacity watch of %s did not stop within %.1f s; left behind", self.address, timeout_s)
+                return
             task.cancel()
-            await asyncio.wait({task}, timeout=1.0)
+            await asyncio.wait({task}, timeout=min(1.0, left))
 
     def _ended(self, task: asyncio.Task) -> None:
         if task.cancelled() or self._stopping:

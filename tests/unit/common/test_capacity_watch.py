@@ -82,3 +82,40 @@ async def test_stop_during_the_backoff_sleep_ends_the_watch():
     await asyncio.sleep(0.05)  # the first read failed: the watch sleeps its 15-30 s backoff
     assert watch.failures == 1
     await asyncio.wait_for(watch.stop(), timeout=5)
+
+
+class _DeafStream:
+    """A read that swallows every cancellation until `release` is set (a hung dependency)."""
+
+    def __init__(self, release: asyncio.Event) -> None:
+        self._release = release
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        while not self._release.is_set():
+            try:
+                await self._release.wait()
+            except asyncio.CancelledError:
+                pass
+        raise StopAsyncIteration
+
+    def cancel(self) -> bool:
+        return True
+
+
+async def test_stop_is_bounded_when_the_read_ignores_cancellation(caplog):
+    release = asyncio.Event()
+    stub = _Stub()
+    stub.WatchWorkers = lambda request: _DeafStream(release)  # type: ignore[method-assign]
+    watch = _watch(stub)
+    watch.start()
+    await asyncio.sleep(0.05)
+    task = watch._task
+    try:
+        await asyncio.wait_for(watch.stop(timeout_s=0.5), timeout=5)
+        assert "did not stop within" in caplog.text
+    finally:
+        release.set()
+        await asyncio.wait({task}, timeout=5)
