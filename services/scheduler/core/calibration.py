@@ -29,29 +29,50 @@ HALF_LIFE_OBSERVATIONS = 200.0
 MAX_RATIO = 4.0
 
 
+class DecayedRatio:
+    """(prior numerator + sum of decayed a) / (prior denominator + sum of decayed b) over observed
+    pairs (a, b), each observation's weight halving after `half_life` more. A decayed mean is the
+    ratio with b = 1 (the cost-aware policy's tool time); the calibration below is one of sizes."""
+
+    __slots__ = ("_keep", "_prior_num", "_prior_den", "_num", "_den", "observations")
+
+    def __init__(self, prior_num: float, prior_den: float, half_life: float) -> None:
+        self._keep = 2.0 ** (-1.0 / half_life)
+        self._prior_num = prior_num
+        self._prior_den = prior_den
+        self._num = self._den = 0.0
+        self.observations = 0
+
+    def observe(self, a: float, b: float) -> None:
+        self._num = self._num * self._keep + a
+        self._den = self._den * self._keep + b
+        self.observations += 1
+
+    @property
+    def value(self) -> float:
+        return (self._prior_num + self._num) / (self._prior_den + self._den)
+
+
 class EstimateCalibration:
     """The learnt ratio of reported prompt tokens to the router's estimates (pure, no clock)."""
 
-    __slots__ = ("_keep", "_reported", "_estimated", "observations")
+    __slots__ = ("_ratio",)
 
     def __init__(self) -> None:
-        self._keep = 2.0 ** (-1.0 / HALF_LIFE_OBSERVATIONS)
-        self._reported = 0.0
-        self._estimated = 0.0
-        self.observations = 0
+        self._ratio = DecayedRatio(PRIOR_TOKENS, PRIOR_TOKENS, HALF_LIFE_OBSERVATIONS)
+
+    @property
+    def observations(self) -> int:
+        return self._ratio.observations
 
     @property
     def ratio(self) -> float:
-        raw = (PRIOR_TOKENS + self._reported) / (PRIOR_TOKENS + self._estimated)
-        return min(MAX_RATIO, max(1.0 / MAX_RATIO, raw))
+        return min(MAX_RATIO, max(1.0 / MAX_RATIO, self._ratio.value))
 
     def observe(self, estimate: int, reported: int) -> None:
         """A turn admitted with `estimate` tokens whose worker reported `reported` prompt tokens."""
-        if estimate <= 0 or reported <= 0:
-            return
-        self._reported = self._reported * self._keep + float(reported)
-        self._estimated = self._estimated * self._keep + float(estimate)
-        self.observations += 1
+        if estimate > 0 and reported > 0:
+            self._ratio.observe(float(reported), float(estimate))
 
     def apply(self, estimate: int) -> int:
         """The estimate in the workers' tokens (0 stays 0: no estimate)."""

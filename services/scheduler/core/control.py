@@ -179,18 +179,16 @@ class ControlLaw:
             return 0
         paused = ledger.paused
         discount = p.resume_wait_discount_seconds
-        if discount > 0:
-            # Smallest effective size first: T / (1 + waited / H). Packing (the most programs
-            # decoding together) against waiting (the longer a program waits, the likelier it
-            # sets the end of the batch): one that waited H seconds counts half its size.
-            def resume_key(q: Program) -> tuple[int, float, int]:
-                since = q.paused_since if q.paused_since is not None else now
-                waited = max(0.0, now - since)
-                return (self.resume_group(q), q.token_total / (1.0 + waited / discount), paused[q.session_id])
-        else:
 
-            def resume_key(q: Program) -> tuple[int, float, int]:
-                return (self.resume_group(q), float(q.token_total), paused[q.session_id])
+        def resume_key(q: Program) -> tuple[int, float, int]:
+            """Smallest effective size first, T / (1 + waited / H) (H = 0: T, the reference).
+            Packing (the most programs decoding together) against waiting (the longer a program
+            waits, the likelier it sets the end of the batch)."""
+            size = float(q.token_total)
+            if discount > 0:
+                since = q.paused_since if q.paused_since is not None else now
+                size /= 1.0 + max(0.0, now - since) / discount
+            return (self.resume_group(q), size, paused[q.session_id])
 
         candidates = sorted((ledger.programs[sid] for sid in paused), key=resume_key)
         # Selection: a global knapsack over the summed headroom, in priority order.

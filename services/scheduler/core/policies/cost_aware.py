@@ -55,6 +55,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from services.common.errors import ConfigError
+from services.scheduler.core.calibration import DecayedRatio
 from services.scheduler.core.model import Program, Status
 from services.scheduler.core.policies.base import PauseContext, PausePlan
 from services.scheduler.core.policies.threshold import ThresholdPauseParams, ThresholdPausePolicy
@@ -127,9 +128,11 @@ class CostAwarePausePolicy:
     def __init__(self, params: CostAwarePauseParams) -> None:
         self.params = params
         self._threshold = ThresholdPausePolicy(ThresholdPauseParams(params.mark_all_reasoning))
-        self._keep = 2.0 ** (-1.0 / params.half_life_observations)
         # Decayed sums of observations not yet folded in, and of those folded in.
-        self._tool_n = self._tool_sum = 0.0
+        # Decayed mean tool time with n0 pseudo-observations of m0.
+        self._tool = DecayedRatio(
+            params.prior_observations * params.tool_seconds, params.prior_observations, params.half_life_observations
+        )
         self._prefill_rates: deque[float] = deque(maxlen=PREFILL_WINDOW)
         self._pending = False
         self.tool_seconds = params.tool_seconds
@@ -140,8 +143,7 @@ class CostAwarePausePolicy:
     def observe_tool(self, seconds: float) -> None:
         """A program's tool call lasted `seconds` (Complete -> its next Admit)."""
         if seconds >= 0 and math.isfinite(seconds):
-            self._tool_n = self._tool_n * self._keep + 1.0
-            self._tool_sum = self._tool_sum * self._keep + seconds
+            self._tool.observe(seconds, 1.0)
             self._pending = True
 
     def observe_prefill(self, uncached_tokens: int, ttft_s: float) -> None:
@@ -158,7 +160,7 @@ class CostAwarePausePolicy:
         self._pending = False
         p = self.params
         n0 = p.prior_observations
-        self.tool_seconds = (n0 * p.tool_seconds + self._tool_sum) / (n0 + self._tool_n)
+        self.tool_seconds = self._tool.value
         if self._prefill_rates:
             samples = sorted([p.prefill_tokens_per_s] * round(n0) + list(self._prefill_rates))
             self.prefill_tokens_per_s = samples[min(len(samples) - 1, math.floor(PREFILL_QUANTILE * len(samples)))]
