@@ -67,6 +67,23 @@ _SCHEDULER_EVENTS = {
     EventKind.SOFT_DEMOTED: "soft_demote",
 }
 
+# The columns of each worker's timeline sample (report()["timeline"]["workers"][w][i]).
+TIMELINE_COLUMNS = (
+    "t_s",
+    "utilisation",
+    "utilisation_decayed",
+    "band",
+    "reasoning_programs",
+    "resident_programs",
+    "engine_token_usage",
+    "engine_running",
+    "engine_queued",
+    "pauses",
+    "resumes",
+    "marks",
+    "soft_demotes",
+)
+
 
 @dataclass
 class _ProgramRun:
@@ -616,21 +633,7 @@ class Simulator:
                 "resume_ceiling": p.resume_ceiling,
             },
             "retention_tokens": {c.worker_id: c.retention_tokens for c in self.capacities},
-            "columns": [
-                "t_s",
-                "utilisation",
-                "utilisation_decayed",
-                "band",
-                "reasoning_programs",
-                "resident_programs",
-                "engine_token_usage",
-                "engine_running",
-                "engine_queued",
-                "pauses",
-                "resumes",
-                "marks",
-                "soft_demotes",
-            ],
+            "columns": list(TIMELINE_COLUMNS),
             "workers": self._samples,
             "control_events_columns": ["t_s", "kind", "worker", "program", "tokens"],
             "control_events": self._control_events,

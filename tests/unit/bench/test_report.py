@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import report
+from harness.simlib.simulator import TIMELINE_COLUMNS
 
 BM = "bandmaster-threshold"
 
@@ -154,21 +155,7 @@ def test_targets_are_listed_per_bandmaster_arm():
 
 
 def _timeline() -> dict:
-    columns = [
-        "t_s",
-        "utilisation",
-        "utilisation_decayed",
-        "band",
-        "reasoning_programs",
-        "resident_programs",
-        "engine_token_usage",
-        "engine_running",
-        "engine_queued",
-        "pauses",
-        "resumes",
-        "marks",
-        "soft_demotes",
-    ]
+    columns = list(TIMELINE_COLUMNS)
     rows = [[5.0 * i, 0.5 + 0.05 * i, 0.4 + 0.05 * i, "normal", 1, 2, 0.6, 1, 0, 0, 0, 0, 0] for i in range(12)]
     return {
         "interval_s": 5.0,
