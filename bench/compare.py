@@ -2,7 +2,8 @@
 
     python -m bench.compare --mode sim|live|both --workload swe|short|both \\
         --out-dir bench/results/agentic [--smoke] [--arms kv,oracle,bandmaster,...] \\
-        [--pause-policy threshold,cost_aware] [--jobs N] [--trace FILE] [--split tune|heldout|all]
+        [--pause-policy threshold,cost_aware] [--jobs N] [--live-repeats N] [--trace FILE] \\
+        [--split tune|heldout|all]
 
 The ThunderAgent evaluation (steps/min and KV hit rate against the number of parallel programs) for
 two workloads: long-context coding agents (the shipped SWE-agent trace) and short-context tool
@@ -20,9 +21,10 @@ scale and the parallel-program counts. "Memory that fits" = the workers' KV pool
 context of the workload's programs; every point records its oversubscription factor
 (parallel / fits). Sim mode runs every arm at every point through `harness.simlib.simulate`; live mode
 starts each arm's processes per point, plays the programs with the `harness/player.py` Runner at
-`--time-scale` = the workers' speedup, reads the workers' counters and stops the stack. The sim sweep
-is the large one; the live sweep is a few points with fewer turns so that it finishes in about
-15 minutes. Results go to `<out-dir>/results.json` (rewritten after every run, so a partial sweep
+`--time-scale` = the workers' speedup, reads the workers' counters and stops the stack, `--live-repeats`
+times per arm and point (3; the arms interleaved round by round), and reports the median run. The sim
+sweep is the large one; the live sweep is a few points with fewer turns so that it finishes in about
+10 minutes. Results go to `<out-dir>/results.json` (rewritten after every run, so a partial sweep
 is kept), then `bench/report.py` writes the PNGs and `summary.md` and the targets are printed.
 
 Live mode also simulates every live point (the `live-sim` sweeps: the same programs, the live
@@ -221,6 +223,14 @@ SMOKE_LIVE_SPECS = {
         "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), speedup=20.0
     ),
 }
+
+
+# Live runs per arm and point. A live run of the short sweep lasts about 10 s, and on a quiet 2-core
+# machine its steps/min moves by a few percent from run to run: four back-to-back runs of kv and
+# bandmaster-cost_aware at 40 programs gave ratios 1.007, 1.018, 1.003 and 0.980, where one earlier
+# single run had given 0.942. So each point is run this many times, round by round, and the median
+# run stands for the arm (`median_run`).
+LIVE_REPEATS = 3
 
 
 def specs_for(mode: str, smoke: bool) -> dict[str, SweepSpec]:
@@ -683,18 +693,54 @@ def run_sim(
             record(result)
 
 
-def run_live(sweeps: dict[str, dict], specs: dict[str, SweepSpec], save: Callable[[], None], log_dir: Path) -> None:
+def median_run(runs: Sequence[dict]) -> dict:
+    """The row that stands for an arm at a live point: of its repeats that ran, the one with the
+    median steps/min (the lower one of an even count), so every figure in it comes from one real run,
+    plus `repeats`, the steps/min of every run in order (None for one that failed). A failed repeat
+    makes the row an error too, so the sweep exits non-zero."""
+    ran = [r for r in runs if "summary" in r]
+    errors = [r["error"] for r in runs if r.get("error")]
+    if not ran:
+        row = dict(runs[-1])
+    else:
+        row = dict(sorted(ran, key=lambda r: r["summary"]["steps_per_min"])[(len(ran) - 1) // 2])
+        row.pop("error", None)
+    row["repeats"] = [r["summary"]["steps_per_min"] if "summary" in r else None for r in runs]
+    if errors:
+        row["error"] = f"{len(errors)} of {len(runs)} runs failed; first: {errors[0]}"[:300]
+    return row
+
+
+def run_live(
+    sweeps: dict[str, dict],
+    specs: dict[str, SweepSpec],
+    save: Callable[[], None],
+    log_dir: Path,
+    repeats: int = 1,
+    run: Callable[..., dict] | None = None,
+) -> None:
+    """Every (workload, point, arm) `repeats` times, round by round: each round runs every arm at
+    every point once, so a slow spell of the machine falls on all arms alike. After every run the
+    point's row is the median run so far (`median_run`) and the results are saved."""
+    run = run or live_run
     work = [(w, p, arm) for w, sweep in sweeps.items() for p in specs[w].parallel for arm in sweep["arms"]]
-    for n, (workload, parallel, arm) in enumerate(work, 1):
-        started = time.monotonic()
-        try:
-            row = live_run(specs[workload], arm, parallel, log_dir / f"{workload}-{parallel}-{arm}")
-        except Exception as exc:  # noqa: BLE001 - a stack that fails to start is recorded, the sweep goes on
-            row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
-        row["elapsed_s"] = round(time.monotonic() - started, 2)
-        _point(sweeps[workload], parallel)["arms"][arm] = row
-        _log(f"[live {n}/{len(work)}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
-        save()
+    runs: dict[tuple, list[dict]] = {job: [] for job in work}
+    total = len(work) * repeats
+    n = 0
+    for round_ in range(1, repeats + 1):
+        for workload, parallel, arm in work:
+            n += 1
+            started = time.monotonic()
+            try:
+                row = run(specs[workload], arm, parallel, log_dir / f"{workload}-{parallel}-{arm}-{round_}")
+            except Exception as exc:  # noqa: BLE001 - a stack that fails to start is recorded, the sweep goes on
+                row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+            row["elapsed_s"] = round(time.monotonic() - started, 2)
+            runs[(workload, parallel, arm)].append(row)
+            _point(sweeps[workload], parallel)["arms"][arm] = median_run(runs[(workload, parallel, arm)])
+            label = f"live {n}/{total}" + (f", round {round_}/{repeats}" if repeats > 1 else "")
+            _log(f"[{label}] {workload:5s} parallel {parallel:3d} {arm:22s} {_brief(row)}")
+            save()
 
 
 def _git_commit() -> str:
@@ -737,6 +783,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"Bandmaster arms' pause policies, comma list from {', '.join(PAUSE_POLICIES)} (default: all registered)",
     )
     parser.add_argument("--jobs", type=int, default=1, help="sim runs in parallel processes")
+    parser.add_argument(
+        "--live-repeats",
+        type=int,
+        default=None,
+        help=f"live runs per arm and point, arms interleaved; the median run is reported "
+        f"(default: {LIVE_REPEATS}, 1 with --smoke)",
+    )
     parser.add_argument("--no-report", action="store_true", help="write results.json only")
     parser.add_argument(
         "--trace",
@@ -760,6 +813,10 @@ def live_sim_arms(live_arms: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    repeats = args.live_repeats if args.live_repeats is not None else 1 if args.smoke else LIVE_REPEATS
+    if repeats < 1:
+        _log(f"bench.compare: --live-repeats must be >= 1, got {repeats}")
+        return 2
     arms = _csv(args.arms, (*BASE_ARMS, BANDMASTER), "arm") or [*BASE_ARMS, BANDMASTER]
     policies = _csv(args.pause_policy, tuple(PAUSE_POLICIES), "pause policy") or list(PAUSE_POLICIES)
     modes = MODES if args.mode == "both" else (args.mode,)
@@ -774,6 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "smoke": args.smoke,
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
             "pause_policies": policies,
+            "live_repeats": repeats,
         },
         "sweeps": [],
     }
@@ -816,7 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["sweeps"].extend(twins.values())
                 run_sim(twins, specs, save, args.jobs, as_live=True)
             with tempfile.TemporaryDirectory(prefix="bandmaster-compare-") as logs:
-                run_live(sweeps, specs, save, Path(logs))
+                run_live(sweeps, specs, save, Path(logs), repeats)
     from bench import report
 
     for sweep in results["sweeps"]:

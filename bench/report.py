@@ -554,6 +554,20 @@ def breakdown_markdown(sweep: dict) -> list[str]:
     return [*lines, ""]
 
 
+def repeats_markdown(sweep: dict) -> list[str]:
+    """Live sweeps run every arm and point several times (bench.compare --live-repeats); the tables
+    show the median run, and these lines every run's steps/min, so the spread is in the report."""
+    lines = []
+    for arm in sweep["arms"]:
+        runs = [(p["arms"].get(arm) or {}).get("repeats") for p in sweep["points"]]
+        if any(r and len(r) > 1 for r in runs):
+            cells = "; ".join(
+                "-" if not r else " / ".join("failed" if v is None else f"{v:.1f}" for v in r) for r in runs
+            )
+            lines.append(f"\n{arm} runs per point (steps/min, the table shows the median): {cells}")
+    return lines
+
+
 def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
     meta = results.get("meta", {})
     lines = [
@@ -596,6 +610,7 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
         ]
         for arm, counts in paused:
             lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
+        lines += repeats_markdown(sweep)
         lines.append("")
         lines += breakdown_markdown(sweep)
     lines += [

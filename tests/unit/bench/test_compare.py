@@ -147,3 +147,54 @@ def test_a_bad_trace_exits_2(tmp_path, capsys):
         == 2
     )
     assert f"{bad}:1" in capsys.readouterr().err
+
+
+def _live_row(steps: float, error: str | None = None) -> dict:
+    row = {"summary": {"steps_per_min": steps, "kv_hit_rate": 0.5, "ttft_p90_s": 1.0}, "scheduler": {}}
+    if error:
+        row["error"] = error
+    return row
+
+
+def test_the_median_run_stands_for_a_live_arm_and_keeps_every_run():
+    row = compare.median_run([_live_row(300.0), _live_row(280.0), _live_row(320.0)])
+    assert row["summary"]["steps_per_min"] == 300.0
+    assert row["repeats"] == [300.0, 280.0, 320.0]
+    assert "error" not in row
+    # An even count takes the lower median: never the better of two.
+    assert compare.median_run([_live_row(310.0), _live_row(290.0)])["summary"]["steps_per_min"] == 290.0
+
+
+def test_a_failed_live_repeat_is_an_error_of_the_row():
+    row = compare.median_run([_live_row(300.0), {"error": "RuntimeError: stack did not start"}])
+    assert row["summary"]["steps_per_min"] == 300.0
+    assert row["repeats"] == [300.0, None]
+    assert row["error"].startswith("1 of 2 runs failed; first: RuntimeError")
+    only_failed = compare.median_run([{"error": "boom"}])
+    assert "summary" not in only_failed and only_failed["error"].startswith("1 of 1 runs failed")
+
+
+def test_live_repeats_run_round_by_round_and_report_the_median(tmp_path):
+    spec = compare.SweepSpec("short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,))
+    sweeps = {"short": compare.new_sweep("live", spec, ["kv", "bandmaster-cost_aware"])}
+    order: list[tuple[str, str]] = []
+    steps = iter([100.0, 110.0, 90.0, 130.0, 95.0, 120.0])
+
+    def fake_run(spec, arm, parallel, state_dir):
+        order.append((arm, state_dir.name))
+        return _live_row(next(steps))
+
+    saves = []
+    compare.run_live(sweeps, {"short": spec}, lambda: saves.append(1), tmp_path, repeats=3, run=fake_run)
+    # Each round runs every arm once, so a slow spell of the machine hits both arms alike.
+    assert [arm for arm, _ in order] == ["kv", "bandmaster-cost_aware"] * 3
+    assert order[-1][1] == "short-3-bandmaster-cost_aware-3"
+    point = sweeps["short"]["points"][0]["arms"]
+    assert point["kv"]["repeats"] == [100.0, 90.0, 95.0] and point["kv"]["summary"]["steps_per_min"] == 95.0
+    assert point["bandmaster-cost_aware"]["summary"]["steps_per_min"] == 120.0
+    assert len(saves) == 6
+
+
+def test_live_repeats_below_one_exit_2(tmp_path, capsys):
+    assert compare.main(["--mode", "live", "--live-repeats", "0", "--out-dir", str(tmp_path)]) == 2
+    assert "--live-repeats must be >= 1" in capsys.readouterr().err

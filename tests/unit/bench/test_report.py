@@ -281,3 +281,21 @@ def test_live_ratio_is_not_applicable_without_a_simulated_point():
     twin = _sweep("swe", "live-sim", [(36, 2.9, {"kv": _row(100), BM: {"error": "boom"}})])
     (check,) = [t for t in report.evaluate_targets({"sweeps": [twin, live]}) if t.name == report.LIVE_RATIO_NAME]
     assert check.status == "N/A"
+
+
+def test_live_repeats_are_listed_under_the_table_of_medians():
+    sweep = _sweep(
+        "short",
+        "live",
+        [
+            (6, 0.4, {"kv": _row(75.8, repeats=[74.7, 75.8, 76.4]), BM: _row(76.1, repeats=[76.1, None, 75.8])}),
+            (40, 2.8, {"kv": _row(312.2, repeats=[312.2]), BM: _row(311.5)}),
+        ],
+    )
+    markdown = report.summary_markdown({"meta": {}, "sweeps": [sweep]}, [])
+    assert "| kv | 75.8 / 90.0% / 0.50 | 312.2 / 90.0% / 0.50 |" in markdown
+    assert "kv runs per point (steps/min, the table shows the median): 74.7 / 75.8 / 76.4; 312.2" in markdown
+    assert f"{BM} runs per point (steps/min, the table shows the median): 76.1 / failed / 75.8; -" in markdown
+    # A single run per point (the smoke sweep, the simulator) lists nothing.
+    single = _sweep("short", "live", [(6, 0.4, {"kv": _row(75.8, repeats=[75.8])})])
+    assert "runs per point" not in report.summary_markdown({"meta": {}, "sweeps": [single]}, [])
