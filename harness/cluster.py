@@ -256,6 +256,9 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
         "--seed",
         str(index),
         "--enable-cache-report",
+        # As docs/getting-started.md runs SGLang: the scheduler's priorities (a resumed turn first, a
+        # soft-demoted program's turns last) only order an engine's queue with this on.
+        "--enable-priority-scheduling",
     ]
     if config.tokenizer:
         # Exact token pages on both sides: the router can index the workers' KV events. The publisher
