@@ -12,3 +12,8 @@
 It imports the services (their cores, config and generated protobuf stubs) and nothing of
 services.cli or bench.
 """
+
+# First, before any module here imports grpc: the services package turns gRPC's fork handlers off,
+# and gRPC reads that setting once, at its first import. The cluster's supervisor forks children
+# after this process has used gRPC; with the handlers on, that fork can deadlock.
+import services  # noqa: E402,F401
