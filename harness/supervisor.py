@@ -30,15 +30,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# Loaded here, in the parent: `die_with_parent` runs between fork and exec in a process that has
+# threads (gRPC's among them), where a dlopen can deadlock on the dynamic loader's lock.
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:
+    _LIBC = None
 
 
 def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (runs between fork and exec)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    """Ask the kernel to SIGTERM this process when its parent dies (runs between fork and exec, so
+    it only makes the call; libc was loaded at import)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass

@@ -50,3 +50,17 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
         parent.kill()
         parent.wait_exit()
         wait_until(lambda: not pid_alive(child_pid), timeout_s=10, message="child outlived its supervisor")
+
+
+def test_the_death_signal_hook_loads_nothing_between_fork_and_exec(monkeypatch):
+    """`die_with_parent` runs in the forked child of a process with threads, where a dlopen can
+    deadlock on the loader's lock: libc is loaded at import, and the hook only calls prctl."""
+    import ctypes
+
+    from harness import supervisor
+
+    def no_dlopen(*args, **kwargs):
+        raise AssertionError("die_with_parent loaded a library after fork")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_dlopen)
+    supervisor.die_with_parent()  # in this (test) process: sets its own death signal, harmless
