@@ -120,3 +120,21 @@ def test_the_planner_config_is_validated():
         ClusterConfig(planner=True, planner_connector="local", worker_urls=("http://127.0.0.1:1",))
     with pytest.raises(ConfigError, match="planner_max_replicas"):
         ClusterConfig(workers=3, planner_max_replicas=2)
+
+
+@pytest.mark.parametrize("host", [0, 65_536])
+def test_the_simulated_engines_are_the_ones_bandmaster_up_starts(host):
+    """SimScenario.engine_config mirrors simworker_spec: a simworker started with the flags `bandmaster
+    up` gives it builds the same engine, priority scheduling included (without it the scheduler's
+    priorities would order nothing, in the simulator or in the demo)."""
+    from harness.simlib import SimScenario
+    from services.simworker.config import load_config
+    from services.simworker.core.timing import load_profile
+    from services.simworker.server import engine_config
+
+    config = _config("--worker-kv-tokens", "16384", "--worker-host-kv-tokens", str(host))
+    worker = load_config(simworker_spec(config, 0).args, {})
+    scenario = SimScenario(worker_kv_tokens=16_384, worker_host_kv_tokens=host)
+    live = engine_config(worker, load_profile(worker.timing_profile).kv_bytes_per_token)
+    assert scenario.engine_config(0) == live
+    assert live.enable_priority_scheduling

@@ -25,21 +25,25 @@ class _Unavailable(grpc.aio.AioRpcError):
         super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "refused")
 
 
-class _FailingStream:
-    """A WatchWorkers call whose next read fails as soon as `fail` is set."""
+class _EventStream:
+    """A WatchWorkers call whose reads wait on `event` (subclasses say what a read does)."""
 
-    def __init__(self, fail: asyncio.Event) -> None:
-        self._fail = fail
+    def __init__(self, event: asyncio.Event) -> None:
+        self._event = event
 
     def __aiter__(self):
         return self
 
-    async def __anext__(self):
-        await self._fail.wait()
-        raise _Unavailable()
-
     def cancel(self) -> bool:
         return True
+
+
+class _FailingStream(_EventStream):
+    """The next read fails as soon as the event is set."""
+
+    async def __anext__(self):
+        await self._event.wait()
+        raise _Unavailable()
 
 
 class _Stub:
@@ -84,25 +88,16 @@ async def test_stop_during_the_backoff_sleep_ends_the_watch():
     await asyncio.wait_for(watch.stop(), timeout=5)
 
 
-class _DeafStream:
-    """A read that swallows every cancellation until `release` is set (a hung dependency)."""
-
-    def __init__(self, release: asyncio.Event) -> None:
-        self._release = release
-
-    def __aiter__(self):
-        return self
+class _DeafStream(_EventStream):
+    """A read that swallows every cancellation until the event is set (a hung dependency)."""
 
     async def __anext__(self):
-        while not self._release.is_set():
+        while not self._event.is_set():
             try:
-                await self._release.wait()
+                await self._event.wait()
             except asyncio.CancelledError:
                 pass
         raise StopAsyncIteration
-
-    def cancel(self) -> bool:
-        return True
 
 
 async def test_stop_is_bounded_when_the_read_ignores_cancellation(caplog):

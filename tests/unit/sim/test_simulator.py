@@ -13,7 +13,6 @@ from services.capacity.core.cards import RetentionSettings, derive_card, replica
 from services.common.errors import ConfigError
 from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, service_control_params
 from services.simworker.core.build import host_total_tokens
-from services.simworker.core.timing import load_profile
 
 SMALL = dict(workload="swe", programs=4, max_turns=4, token_scale=0.25, workers=2, worker_kv_tokens=16_384)
 # Enough pressure that the reference (threshold) policy pauses and resumes (checked below).
@@ -284,25 +283,3 @@ def test_both_policies_complete_under_pressure(policy):
     result = simulator.run()
     assert result.completed and result.summary()["turns_ok"] == 64
     simulator.scheduler.check_invariants(simulator.now)
-
-
-@pytest.mark.parametrize("host", [0, 65_536])
-def test_the_simulated_engines_are_the_ones_bandmaster_up_starts(host):
-    """SimScenario.engine_config mirrors harness.cluster.simworker_spec: a simworker started with the
-    flags `bandmaster up` gives it builds the same engine, priority scheduling included (without it
-    the scheduler's priorities would order nothing, in the simulator or in the demo)."""
-    import argparse
-
-    from harness.cluster import simworker_spec
-    from services.cli.up import add_cluster_arguments, cluster_config
-    from services.simworker.config import load_config
-    from services.simworker.server import engine_config
-
-    parser = argparse.ArgumentParser()
-    add_cluster_arguments(parser)
-    flags = ["--worker-kv-tokens", "16384", "--worker-host-kv-tokens", str(host)]
-    worker = load_config(simworker_spec(cluster_config(parser.parse_args(flags)), 0).args, {})
-    scenario = SimScenario(worker_kv_tokens=16_384, worker_host_kv_tokens=host)
-    live = engine_config(worker, load_profile(worker.timing_profile).kv_bytes_per_token)
-    assert scenario.engine_config(0) == live
-    assert live.enable_priority_scheduling

@@ -128,8 +128,7 @@ class CostAwarePausePolicy:
     def __init__(self, params: CostAwarePauseParams) -> None:
         self.params = params
         self._threshold = ThresholdPausePolicy(ThresholdPauseParams(params.mark_all_reasoning))
-        # Decayed sums of observations not yet folded in, and of those folded in.
-        # Decayed mean tool time with n0 pseudo-observations of m0.
+        # Decayed mean tool time with n0 pseudo-observations of m0 (folded in by the next refresh).
         self._tool = DecayedRatio(
             params.prior_observations * params.tool_seconds, params.prior_observations, params.half_life_observations
         )
