@@ -263,6 +263,7 @@ class Runner:
 COUNTERS = {
     "recomputed_tokens": "simworker:recomputed_tokens_total",
     "retractions": "simworker:retractions_total",
+    "preemptions": "simworker:priority_preemptions_total",
     "host_loadback_tokens": "simworker:host_loadback_tokens_total",
     "prompt_tokens": "sglang:prompt_tokens_total",
     "cached_tokens": "sglang:cached_tokens_total",

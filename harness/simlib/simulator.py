@@ -646,6 +646,7 @@ class Simulator:
             out[worker.worker_id] = {
                 "recomputed_tokens": st.recomputed_tokens_total,
                 "retractions": st.retractions_total,
+                "preemptions": st.preemptions_total,
                 "host_loadbacks": st.host_loadbacks_total,
                 "host_loadback_tokens": st.host_loadback_tokens_total,
                 "prompt_tokens": st.prompt_tokens_total,

@@ -73,6 +73,19 @@ SETTINGS: tuple[Setting, ...] = (
         False,
         "lower priority values are scheduled first (default: higher first)",
     ),
+    _s(
+        "disable_priority_preemption",
+        bool,
+        False,
+        "with priority scheduling, never preempt a running request for a higher-priority queued one",
+    ),
+    _s(
+        "priority_scheduling_preemption_threshold",
+        int,
+        10,
+        "with priority scheduling, a queued request that does not fit preempts running requests whose "
+        "priority it beats by more than this",
+    ),
     _s("timing_profile", str, DEFAULT_TIMING_PROFILE, "timing profile name or path to a profile file"),
     _s(
         "timing_override",
@@ -197,6 +210,8 @@ class SimWorkerConfig:
     hicache_storage_backend: str | None = None
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
+    disable_priority_preemption: bool = False
+    priority_scheduling_preemption_threshold: int = 10
     timing_profile: str = DEFAULT_TIMING_PROFILE
     timing_overrides: Mapping[str, float] = field(default_factory=dict)
     speedup: float = 1.0
@@ -291,6 +306,13 @@ class SimWorkerConfig:
             "--schedule-low-priority-values-first requires --enable-priority-scheduling",
         )
 
+        require(
+            self.priority_scheduling_preemption_threshold >= 0,
+            "priority_scheduling_preemption_threshold",
+            self.priority_scheduling_preemption_threshold,
+            "priority_scheduling_preemption_threshold >= 0",
+        )
+
     def hicache_size_tokens(self, kv_bytes_per_token: float) -> int:
         """--hicache-size GB -> host pool tokens; 0 when the size is not given (ratio applies)."""
         if self.hicache_size <= 0:
@@ -373,6 +395,8 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
         hicache_storage_backend=v["hicache_storage_backend"] or None,
         enable_priority_scheduling=v["enable_priority_scheduling"],
         schedule_low_priority_values_first=v["schedule_low_priority_values_first"],
+        disable_priority_preemption=v["disable_priority_preemption"],
+        priority_scheduling_preemption_threshold=v["priority_scheduling_preemption_threshold"],
         timing_profile=v["timing_profile"],
         timing_overrides=parse_overrides(v["timing_override"]),
         speedup=v["speedup"],

@@ -793,6 +793,8 @@ class SimWorkerApi:
             "hicache_storage_backend": c.hicache_storage_backend,
             "enable_priority_scheduling": c.enable_priority_scheduling,
             "schedule_low_priority_values_first": c.schedule_low_priority_values_first,
+            "disable_priority_preemption": c.disable_priority_preemption,
+            "priority_scheduling_preemption_threshold": c.priority_scheduling_preemption_threshold,
             "enable_metrics": c.enable_metrics,
             "enable_cache_report": c.enable_cache_report,
             "kv_events_config": self._kv_events_config_json(),

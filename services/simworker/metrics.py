@@ -113,6 +113,11 @@ _COUNTERS = (
         "recomputed_tokens_total",
     ),
     ("simworker:retractions", "Decode retractions under KV pressure", "retractions_total"),
+    (
+        "simworker:priority_preemptions",
+        "Running requests preempted for a higher-priority queued one",
+        "preemptions_total",
+    ),
     ("simworker:host_loadbacks", "Requests that loaded a prefix back from the host tier", "host_loadbacks_total"),
     ("simworker:host_loadback_tokens", "Tokens loaded back from the host tier", "host_loadback_tokens_total"),
     ("simworker:host_cached_tokens", "Cached prompt tokens that came from the host tier", "host_cached_tokens_total"),

@@ -100,6 +100,8 @@ def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineC
         hicache_write_policy=config.hicache_write_policy,  # type: ignore[arg-type]
         enable_priority_scheduling=config.enable_priority_scheduling,
         schedule_low_priority_values_first=config.schedule_low_priority_values_first,
+        disable_priority_preemption=config.disable_priority_preemption,
+        priority_scheduling_preemption_threshold=config.priority_scheduling_preemption_threshold,
         seed=config.seed,
         emit_kv_events=config.kv_events is not None,
     )

@@ -88,6 +88,7 @@ class EngineStats:
     host_cached_tokens_total: int = 0
     recomputed_tokens_total: int = 0  # prefill of tokens this engine had computed before for that prefix
     retractions_total: int = 0
+    preemptions_total: int = 0  # running requests preempted for a higher-priority one
     host_loadbacks_total: int = 0  # requests that loaded a prefix back from host
     host_loadback_tokens_total: int = 0
     evicted_tokens_total: int = 0
@@ -129,6 +130,10 @@ class EngineConfig:
     hicache_write_policy: WritePolicy = "write_through"
     enable_priority_scheduling: bool = False
     schedule_low_priority_values_first: bool = False
+    disable_priority_preemption: bool = False
+    priority_scheduling_preemption_threshold: int = 10
+    """With priority scheduling, a queued request that does not fit preempts running requests whose
+    priority it beats by more than this (SGLang's default, 10)."""
     seed: int = 0
     emit_kv_events: bool = True
     """False when nothing subscribes to KV events (no --kv-events-config, the offline
@@ -143,6 +148,10 @@ class EngineConfig:
             raise ConfigError("max_running_requests", self.max_running_requests, ">= 1")
         if self.chunked_prefill_size < 1:
             raise ConfigError("chunked_prefill_size", self.chunked_prefill_size, ">= 1")
+        if self.priority_scheduling_preemption_threshold < 0:
+            raise ConfigError(
+                "priority_scheduling_preemption_threshold", self.priority_scheduling_preemption_threshold, ">= 0"
+            )
         if self.context_length < 2:
             raise ConfigError("context_length", self.context_length, ">= 2")
         if self.hicache_write_policy not in ("write_back", "write_through", "write_through_selective"):

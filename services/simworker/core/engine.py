@@ -15,6 +15,15 @@ Each step (see api.py for the driver contract):
    first unless `schedule_low_priority_values_first`), stopping at the first that does not
    fit (head-of-line, as SGLang does). Prefill and decode share the step (SGLang's mixed
    chunk / vLLM's chunked prefill), so a large prefill lengthens every decoding request's step.
+   **Priority preemption** (SGLang's `preempt_to_schedule`; priority scheduling on and
+   `disable_priority_preemption` off): when the head of the queue does not fit (memory or the
+   running-request cap), decoding requests whose priority it beats by *more than*
+   `priority_scheduling_preemption_threshold` are preempted, least important first and the most
+   recent arrival first among equals, until their output reservations cover its demand (its
+   uncached prompt plus min(remaining new tokens, 4096), less what the admission budget has
+   left); if that demand cannot be covered nobody is preempted. A preempted request is requeued
+   as a retracted one is (its full pages stay cached), without touching the reserve ratio, and
+   does not decode in this step.
 3. **Decode** one token for every request that had finished its prefill before this step.
 
 Admission rule (SGLang's PrefillAdder with `new_token_ratio`): a request is admitted when
@@ -154,6 +163,7 @@ class SimEngine:
         self._host_cached_total = 0
         self._recomputed_total = 0
         self._retractions_total = 0
+        self._preemptions_total = 0
         self._loadbacks_total = 0
         self._loadback_tokens_total = 0
         self._requests_total = 0
@@ -253,7 +263,12 @@ class SimEngine:
                 finished_prefill.append(r)
         load_tokens = 0
         if self._waiting and budget > 0:
-            load_tokens, budget = self._admit(budget, chunks, finished_prefill, now)
+            load_tokens, budget, preempted = self._admit(budget, chunks, finished_prefill, now)
+            if preempted:
+                # Preempted before this step's decode ran: they decode nothing in it.
+                gone = {id(r) for r, _ in preempted}
+                decoders = [r for r in decoders if id(r) not in gone]
+                context_tokens -= sum(kv_len for _, kv_len in preempted)
 
         # 3. sample one token for every request that was decoding at the start of the step, and
         #    the first token of every request whose prefill completed in it.
@@ -459,6 +474,7 @@ class SimEngine:
             host_cached_tokens_total=self._host_cached_total,
             recomputed_tokens_total=self._recomputed_total,
             retractions_total=self._retractions_total,
+            preemptions_total=self._preemptions_total,
             host_loadbacks_total=self._loadbacks_total,
             host_loadback_tokens_total=self._loadback_tokens_total,
             evicted_tokens_total=cache.evicted_pages_total * page,
@@ -482,13 +498,20 @@ class SimEngine:
         remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
         return prefill_pages + math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
 
-    def _admit(self, budget: int, chunks: list, finished_prefill: list, now: float) -> tuple[int, int]:
+    def _admit(
+        self, budget: int, chunks: list, finished_prefill: list, now: float
+    ) -> tuple[int, int, list[tuple[_Req, int]]]:
+        """Admit from the head of the waiting queue while requests fit; returns the host tokens
+        loaded, the prefill budget left and the requests preempted for priority (each with the KV
+        length it had), which the caller drops from this step's decode."""
         cache = self.cache
         page = self.page_size
         reserved = sum(self._reserve_pages(r) for r in self._running)
         load_tokens = 0
         max_running = self.config.max_running_requests
-        while self._waiting and budget > 0 and len(self._running) < max_running:
+        preempted: list[tuple[_Req, int]] = []
+        tried: _Req | None = None
+        while self._waiting and budget > 0:
             r = self._waiting[0]
             seq_len = len(r.seq)
             gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page, r.match)
@@ -497,13 +520,29 @@ class SimEngine:
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
             need = uncached_pages + (out_pages + reserved if self._running else 0)
-            if need > cache.available_pages:
-                break  # fails even before its own cached pages are locked
-            # Its matched pages that are evictable now stop being evictable once it holds them.
-            if need > cache.available_pages - len(gpu) and need > cache.available_pages - sum(
-                1 for n in gpu if n.ref == 0
-            ):
-                break
+            fits = (
+                len(self._running) < max_running
+                and need <= cache.available_pages
+                # Its matched pages that are evictable now stop being evictable once it holds them.
+                and not (
+                    need > cache.available_pages - len(gpu)
+                    and need > cache.available_pages - sum(1 for n in gpu if n.ref == 0)
+                )
+            )
+            if not fits:
+                if r is tried:
+                    break  # preemption made what room it could: still head-of-line blocked
+                tried = r
+                demand = uncached_pages + -(-max(0, remaining_new) // page) - (cache.available_pages - reserved)
+                victims = self._preemption_victims(r, demand)
+                if not victims:
+                    break
+                for victim in victims:
+                    preempted.append((victim, victim.kv_len))
+                    reserved -= self._reserve_pages(victim)
+                    self._requeue(victim, now)
+                    self._preemptions_total += 1
+                continue  # re-match: the victims' pages are evictable now
             self._waiting.pop(0)
             r.match = None
             cache.lock(gpu)
@@ -533,7 +572,28 @@ class SimEngine:
             if r.kv_len == seq_len:
                 finished_prefill.append(r)
             reserved += self._reserve_pages(r)
-        return load_tokens, budget
+        return load_tokens, budget, preempted
+
+    def _preemption_victims(self, r: _Req, demand_pages: int) -> list[_Req]:
+        """The decoding requests SGLang's `preempt_to_schedule` would release for `r`, or [] if
+        preemption is off or cannot cover `demand_pages` (a full running set needs one victim
+        even when memory would do). Least important first, then the most recent arrival; only
+        those `r` beats by more than the threshold; each is credited its output reservation."""
+        cfg = self.config
+        if not cfg.enable_priority_scheduling or cfg.disable_priority_preemption:
+            return []
+        # order[0] is the sort rank (smaller runs first), order[1] the arrival sequence.
+        candidates = sorted((q for q in self._running if q.state == _DECODE), key=lambda q: q.order, reverse=True)
+        threshold = cfg.priority_scheduling_preemption_threshold
+        victims: list[_Req] = []
+        for q in candidates:
+            if q.order[0] - r.order[0] <= threshold:
+                break  # sorted: every later candidate is at least as important
+            victims.append(q)
+            demand_pages -= self._reserve_pages(q)
+            if demand_pages <= 0:
+                return victims
+        return []
 
     def _prefill_chunk(self, r: _Req, budget: int, chunks: list) -> int:
         """Compute up to `budget` more prompt tokens of `r` (fewer if memory is short)."""
@@ -628,11 +688,15 @@ class SimEngine:
         return [r for r in decoders if id(r) in kept], need
 
     def _retract(self, r: _Req, now: float) -> None:
+        self._requeue(r, now)
+        r.retractions += 1
+        self._retractions_total += 1
+
+    def _requeue(self, r: _Req, now: float) -> None:
+        """Back to the waiting queue at its original place; its full pages stay cached."""
         self._running.remove(r)
         self._free(r, now)
         r.state = _WAITING
-        r.retractions += 1
-        self._retractions_total += 1
         bisect.insort(self._waiting, r, key=lambda q: q.order)
 
     def _unstick(self, now: float, outputs: list[RequestOutput]) -> float:

@@ -104,6 +104,7 @@ def test_every_arm_completes_with_the_live_summary_keys(arm):
     for key in (
         "worker_recomputed_tokens",
         "worker_retractions",
+        "worker_preemptions",
         "worker_host_loadback_tokens",
         "worker_prompt_tokens",
         "worker_cached_tokens",

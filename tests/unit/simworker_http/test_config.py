@@ -45,6 +45,9 @@ def test_defaults():
             True,
         ),
         (["--hicache-write-policy", "write_back"], {}, "hicache_write_policy", "write_back"),
+        ([], {}, "priority_scheduling_preemption_threshold", 10),
+        (["--priority-scheduling-preemption-threshold", "3"], {}, "priority_scheduling_preemption_threshold", 3),
+        ([], {"SIMWORKER_DISABLE_PRIORITY_PREEMPTION": "1"}, "disable_priority_preemption", True),
     ],
 )
 def test_sources(argv, env, field, expected):
@@ -64,6 +67,7 @@ def test_sources(argv, env, field, expected):
         (["--hicache-size", "-1"], "hicache_size"),
         (["--hicache-storage-backend", "mooncake"], "hicache_storage_backend"),
         (["--schedule-low-priority-values-first"], "schedule_low_priority_values_first"),
+        (["--priority-scheduling-preemption-threshold", "-1"], "priority_scheduling_preemption_threshold"),
         (["--hicache-write-policy", "sometimes"], "hicache_write_policy"),
         (["--model-name", "a", "--served-model-name", "b"], "model_name"),
         (["--timing-override", "nonsense"], "timing_override"),

@@ -235,6 +235,8 @@ async def test_server_info_fields(make_worker, http):
             "hicache_ratio",
             "hicache_write_policy",
             "schedule_low_priority_values_first",
+            "disable_priority_preemption",
+            "priority_scheduling_preemption_threshold",
             "enable_metrics",
             "enable_cache_report",
             "kv_events_config",
@@ -312,3 +314,37 @@ async def test_loads(worker, http):
         assert (await r.json())[0]["dp_rank"] == 0
     async with http.get(worker.url + "/v1/loads") as r:
         assert "num_running_reqs" in (await r.json())["loads"][0]
+
+
+async def test_priority_preemption_over_http(make_worker, http):
+    """Batch traffic at -10 on a one-slot worker yields to a resumed online turn at +1 (a difference
+    of 11, above SGLang's default threshold of 10); the batch stream is not dropped but finishes
+    after it, whole, and /metrics counts the preemption."""
+    worker = await make_worker("--enable-priority-scheduling", "--max-running-requests", "1")
+
+    async def generate(rid, priority, max_new):
+        async with http.post(
+            worker.url + "/generate",
+            json={
+                "text": rid,
+                "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True},
+                "stream": True,
+                "rid": rid,
+                "priority": priority,
+            },
+        ) as r:
+            assert r.status == 200
+            events = await sse_events(r)
+        return asyncio.get_running_loop().time(), events[-2]
+
+    batch = asyncio.create_task(generate("batch", -10, 2_000))
+    await assert_eventually(lambda: worker.engine.stats().num_running_reqs == 1)
+    online_done, online = await asyncio.wait_for(generate("online", 1, 5), 30)
+    batch_done, final = await asyncio.wait_for(batch, 60)
+    assert online["meta_info"]["completion_tokens"] == 5
+    assert final["meta_info"]["finish_reason"] == {"type": "length", "length": 2_000}
+    assert len(final["output_ids"]) == 2_000
+    assert online_done < batch_done
+    async with http.get(worker.url + "/metrics") as r:
+        text = await r.text()
+    assert f'simworker:priority_preemptions_total{{model_name="{MODEL}"}} 1.0' in text
