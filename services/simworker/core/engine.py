@@ -583,12 +583,13 @@ class SimEngine:
         if not cfg.enable_priority_scheduling or cfg.disable_priority_preemption:
             return []
         # order[0] is the sort rank (smaller runs first), order[1] the arrival sequence.
-        candidates = sorted((q for q in self._running if q.state == _DECODE), key=lambda q: q.order, reverse=True)
-        threshold = cfg.priority_scheduling_preemption_threshold
+        bound = r.order[0] + cfg.priority_scheduling_preemption_threshold
+        candidates = [q for q in self._running if q.state == _DECODE and q.order[0] > bound]
+        if not candidates:
+            return []
+        candidates.sort(key=lambda q: q.order, reverse=True)
         victims: list[_Req] = []
         for q in candidates:
-            if q.order[0] - r.order[0] <= threshold:
-                break  # sorted: every later candidate is at least as important
             victims.append(q)
             demand_pages -= self._reserve_pages(q)
             if demand_pages <= 0:
