@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from harness.supervisor import die_with_parent
+from services.common import orphan_guard
 
 
 def free_port() -> int:
@@ -27,30 +27,30 @@ def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path
     port = free_port()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [
+            orphan_guard.command(
                 sys.executable,
-                "-m",
                 "sglang_router.launch_router",
-                "--worker-urls",
-                *worker_urls,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--policy",
-                policy,
-                "--log-level",
-                "warn",
-                # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
-                "--prometheus-host",
-                "127.0.0.1",
-                "--prometheus-port",
-                str(free_port()),
-            ],
+                [
+                    "--worker-urls",
+                    *worker_urls,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--policy",
+                    policy,
+                    "--log-level",
+                    "warn",
+                    # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
+                    "--prometheus-host",
+                    "127.0.0.1",
+                    "--prometheus-port",
+                    str(free_port()),
+                ],
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
             env={**os.environ, "RUST_LOG": "warn"},
         )
     return process, f"http://127.0.0.1:{port}"

@@ -14,6 +14,6 @@ services.cli or bench.
 """
 
 # First, before any module here imports grpc: the services package turns gRPC's fork handlers off,
-# and gRPC reads that setting once, at its first import. The cluster's supervisor forks children
-# after this process has used gRPC; with the handlers on, that fork can deadlock.
+# and gRPC reads that setting once, at its first import. Whatever forks this process after it has
+# used gRPC (a worker pool, a `subprocess` that cannot vfork) could deadlock with the handlers on.
 import services  # noqa: E402,F401

@@ -3,13 +3,12 @@
 Each child is started with `--ready-file`: once it serves it writes its bound ports there as JSON.
 Readiness is then confirmed the way a user would check it: `grpc.health.v1` SERVING for gRPC
 services (over mutual TLS with `grpc_credentials` when the cluster is secure), `GET /health` 200 for
-HTTP ones. Children get PR_SET_PDEATHSIG so that even a SIGKILL of
-the supervisor does not leave them running.
+HTTP ones. Children run under `services.common.orphan_guard`, which asks for PR_SET_PDEATHSIG in the child,
+so that even a SIGKILL of the supervisor does not leave them running.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -27,22 +26,9 @@ from typing import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common import orphan_guard
+
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-# Loaded here, in the parent: `die_with_parent` runs between fork and exec in a process that has
-# threads (gRPC's among them), where a dlopen can deadlock on the dynamic loader's lock.
-try:
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:
-    _LIBC = None
-
-
-def die_with_parent() -> None:
-    """Ask the kernel to SIGTERM this process when its parent dies (runs between fork and exec, so
-    it only makes the call; libc was loaded at import)."""
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 @dataclass
@@ -99,7 +85,7 @@ class Supervisor:
         ready_file.unlink(missing_ok=True)
         log_path = self.state_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        cmd = [self.python, "-m", spec.module, *spec.args, "--ready-file", str(ready_file)]
+        cmd = orphan_guard.command(self.python, spec.module, [*spec.args, "--ready-file", str(ready_file)])
         with open(log_path, "ab") as log_fh:
             process = subprocess.Popen(
                 cmd,
@@ -107,7 +93,6 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=die_with_parent,
                 cwd=os.getcwd(),
             )
         child = Child(spec, process, ready_file, log_path)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, Sequence
 
+from services.common import orphan_guard
 from services.common.clock import Clock
 from services.planner.core.types import Inventory
 
@@ -176,15 +177,13 @@ class LocalConnector:
         self._refresh()
         while len(self.procs) < replicas:
             ready_file = self._dir / f"worker-{secrets.token_hex(4)}.json"
+            # Under the orphan guard: a planner that is killed (even SIGKILL) takes its workers along.
             proc = await asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                "services.simworker",
-                "--port",
-                "0",
-                "--ready-file",
-                str(ready_file),
-                *self.worker_args,
+                *orphan_guard.command(
+                    self.python,
+                    "services.simworker",
+                    ["--port", "0", "--ready-file", str(ready_file), *self.worker_args],
+                ),
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},

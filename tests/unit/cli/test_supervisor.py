@@ -1,5 +1,6 @@
 """The supervisor behind `bandmaster up`: readiness, failure reporting, and no orphans."""
 
+import os
 import sys
 import textwrap
 
@@ -28,7 +29,7 @@ def test_child_that_exits_is_reported_with_its_log(tmp_path):
 
 
 def test_children_die_when_the_supervisor_is_killed(tmp_path):
-    """Even SIGKILL of the supervising process leaves no orphan (PR_SET_PDEATHSIG)."""
+    """Even SIGKILL of the supervising process leaves no orphan (PR_SET_PDEATHSIG, set by the child)."""
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import time
@@ -52,15 +53,23 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
         wait_until(lambda: not pid_alive(child_pid), timeout_s=10, message="child outlived its supervisor")
 
 
-def test_the_death_signal_hook_loads_nothing_between_fork_and_exec(monkeypatch):
-    """`die_with_parent` runs in the forked child of a process with threads, where a dlopen can
-    deadlock on the loader's lock: libc is loaded at import, and the hook only calls prctl."""
-    import ctypes
+def test_children_start_without_a_preexec_fn(tmp_path, monkeypatch):
+    """A `preexec_fn` makes `subprocess` fork the threaded supervisor and run Python between fork
+    and exec, where a lock another thread holds (gRPC's, the loader's) can deadlock the child. The
+    death signal is the child's own business (services.common.orphan_guard)."""
+    import subprocess
 
-    from harness import supervisor
+    seen = []
+    real = subprocess.Popen
 
-    def no_dlopen(*args, **kwargs):
-        raise AssertionError("die_with_parent loaded a library after fork")
+    def spy(*args, **kwargs):
+        seen.append((args[0], kwargs.get("preexec_fn")))
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(ctypes, "CDLL", no_dlopen)
-    supervisor.die_with_parent()  # in this (test) process: sets its own death signal, harmless
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    supervisor = Supervisor(tmp_path)
+    supervisor.start_all([ChildSpec("fake", "tests.unit.cli.fake_service", [])], timeout_s=30)
+    supervisor.stop_all(grace_s=5)
+    (cmd, preexec_fn), *_ = seen
+    assert preexec_fn is None
+    assert cmd[1:5] == ["-m", "services.common.orphan_guard", str(os.getpid()), "tests.unit.cli.fake_service"]

@@ -1,10 +1,11 @@
 """Importing the services turns gRPC's fork handlers off (grpc/grpc#43055) unless told otherwise.
 
 The setting only counts if it is in the environment before gRPC is first imported: gRPC reads it
-once. The benchmarks and the harness start child processes (`subprocess` with a `preexec_fn`, so a
-real fork) after they have used gRPC, and with the handlers on a fork can deadlock in gRPC's
-pre-fork handler: `bench.compare` once hung for good in `fork()` while starting a router, its one
-other thread gRPC's timer. So every entry point must have set it before anything imports grpc.
+once. The benchmarks and the harness fork after they have used gRPC (worker pools; child processes
+were started with a `preexec_fn`, a real fork, until services.common.orphan_guard), and with the handlers
+on a fork can deadlock in gRPC's pre-fork handler: `bench.compare` once hung for good in `fork()`
+while starting a router, its one other thread gRPC's timer. So every entry point must have set it
+before anything imports grpc.
 """
 
 import os

@@ -276,3 +276,38 @@ async def test_local_connector_starts_and_stops_simworkers(tmp_path):
     finally:
         await c.stop()
     assert c.procs == []
+
+
+@pytest.mark.integration
+def test_local_connector_workers_die_with_a_killed_planner(tmp_path):
+    """The simworkers the local connector starts live in their own session; a planner killed with
+    SIGKILL used to leave them running. They now run under the orphan guard (PR_SET_PDEATHSIG)."""
+    import sys
+    import textwrap
+
+    from tests.support.eventually import wait_until
+    from tests.support.processes import pid_alive, start
+
+    pid_file = tmp_path / "worker.pid"
+    script = textwrap.dedent(f"""
+        import asyncio, time
+        from pathlib import Path
+        from services.common.clock import SystemClock
+        from services.planner.adapters.connectors import LocalConnector
+
+        async def main():
+            c = LocalConnector(SystemClock(), worker_args=["--speedup", "100"], workdir={str(tmp_path)!r})
+            await c.start()
+            await c.scale_to(1)
+            Path({str(pid_file)!r}).write_text(str(c.procs[0].proc.pid))
+            await asyncio.sleep(600)
+
+        asyncio.run(main())
+    """)
+    with start("planner", [sys.executable, "-c", script], tmp_path) as planner:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout_s=30, message="no worker")
+        worker_pid = int(pid_file.read_text())
+        assert pid_alive(worker_pid)
+        planner.kill()
+        planner.wait_exit()
+        wait_until(lambda: not pid_alive(worker_pid), timeout_s=15, message="simworker outlived its planner")
