@@ -83,8 +83,8 @@ SETTINGS: tuple[Setting, ...] = (
         "priority_scheduling_preemption_threshold",
         int,
         10,
-        "with priority scheduling, a queued request that does not fit preempts running requests whose "
-        "priority it beats by more than this",
+        "with priority scheduling, a queued request that finds --max-running-requests reached preempts "
+        "running requests whose priority it beats by more than this",
     ),
     _s("timing_profile", str, DEFAULT_TIMING_PROFILE, "timing profile name or path to a profile file"),
     _s(

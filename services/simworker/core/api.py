@@ -132,8 +132,8 @@ class EngineConfig:
     schedule_low_priority_values_first: bool = False
     disable_priority_preemption: bool = False
     priority_scheduling_preemption_threshold: int = 10
-    """With priority scheduling, a queued request that does not fit preempts running requests whose
-    priority it beats by more than this (SGLang's default, 10)."""
+    """With priority scheduling, a queued request that finds the running set full preempts running
+    requests whose priority it beats by more than this (SGLang's default, 10)."""
     seed: int = 0
     emit_kv_events: bool = True
     """False when nothing subscribes to KV events (no --kv-events-config, the offline

@@ -16,14 +16,15 @@ Each step (see api.py for the driver contract):
    fit (head-of-line, as SGLang does). Prefill and decode share the step (SGLang's mixed
    chunk / vLLM's chunked prefill), so a large prefill lengthens every decoding request's step.
    **Priority preemption** (SGLang's `preempt_to_schedule`; priority scheduling on and
-   `disable_priority_preemption` off): when the head of the queue does not fit (memory or the
-   running-request cap), decoding requests whose priority it beats by *more than*
+   `disable_priority_preemption` off): when the running set is full (`max_running_requests`),
+   decoding requests that the head of the queue beats by *more than*
    `priority_scheduling_preemption_threshold` are preempted, least important first and the most
-   recent arrival first among equals, until their output reservations cover its demand (its
-   uncached prompt plus min(remaining new tokens, 4096), less what the admission budget has
-   left); if that demand cannot be covered nobody is preempted. A preempted request is requeued
-   as a retracted one is (its full pages stay cached), without touching the reserve ratio, and
-   does not decode in this step.
+   recent arrival first among equals, until their output reservations cover its memory demand
+   (its uncached prompt plus min(remaining new tokens, 4096), less what the admission budget has
+   left; at least one is needed for the slot); if that cannot be covered nobody is preempted. A
+   head that is short of memory only is not a reason to preempt (SGLang ends the pass there). A
+   preempted request is requeued as a retracted one is (its full pages stay cached), without
+   touching the reserve ratio, and does not decode in this step.
 3. **Decode** one token for every request that had finished its prefill before this step.
 
 Admission rule (SGLang's PrefillAdder with `new_token_ratio`): a request is admitted when
@@ -520,8 +521,9 @@ class SimEngine:
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
             need = uncached_pages + (out_pages + reserved if self._running else 0)
+            slots_full = len(self._running) >= max_running
             fits = (
-                len(self._running) < max_running
+                not slots_full
                 and need <= cache.available_pages
                 # Its matched pages that are evictable now stop being evictable once it holds them.
                 and not (
@@ -530,8 +532,10 @@ class SimEngine:
                 )
             )
             if not fits:
-                if r is tried:
-                    break  # preemption made what room it could: still head-of-line blocked
+                # SGLang tries preemption only for a full running set (its memory-only refusal
+                # ends the pass), once per request: then it is head-of-line blocked again.
+                if not slots_full or r is tried:
+                    break
                 tried = r
                 demand = uncached_pages + -(-max(0, remaining_new) // page) - (cache.available_pages - reserved)
                 victims = self._preemption_victims(r, demand)
@@ -575,10 +579,10 @@ class SimEngine:
         return load_tokens, budget, preempted
 
     def _preemption_victims(self, r: _Req, demand_pages: int) -> list[_Req]:
-        """The decoding requests SGLang's `preempt_to_schedule` would release for `r`, or [] if
-        preemption is off or cannot cover `demand_pages` (a full running set needs one victim
-        even when memory would do). Least important first, then the most recent arrival; only
-        those `r` beats by more than the threshold; each is credited its output reservation."""
+        """The decoding requests SGLang's `preempt_to_schedule` would release for `r` when the
+        running set is full, or [] if preemption is off or cannot cover `demand_pages` (one victim
+        at least, for the slot). Least important first, then the most recent arrival; only those
+        `r` beats by more than the threshold; each is credited its output reservation."""
         cfg = self.config
         if not cfg.enable_priority_scheduling or cfg.disable_priority_preemption:
             return []

@@ -1,8 +1,9 @@
 """SimEngine's priority preemption: SGLang's `preempt_to_schedule` with priority scheduling on.
 
-A queued request that does not fit (the running-request cap or memory) preempts decoding requests
-whose priority it beats by more than `priority_scheduling_preemption_threshold`, least important
-first and the most recent among equals, only when their output reservations cover its demand.
+A queued request that finds the running set full (`max_running_requests`) preempts decoding
+requests whose priority it beats by more than `priority_scheduling_preemption_threshold`, least
+important first and the most recent among equals, only when their output reservations cover its
+memory demand. Short of memory alone, it waits as without priorities.
 """
 
 from __future__ import annotations
@@ -80,10 +81,15 @@ def test_low_values_first_preempts_the_larger_value():
     assert run.engine.stats().preemptions_total == 1
 
 
-def memory_bound_run():
+def full_run(max_running=3):
     # 64 pages of 4 tokens. Each 20-token prompt holds 5 pages and reserves ceil(60 * 0.7 / 4) = 11
-    # for its output, so three requests get in; a fourth (20 + its reservation) does not fit.
-    run = Run(make_engine(page_size=4, max_total_tokens=256, enable_priority_scheduling=True))
+    # for its output: three requests fill the running set (max_running_requests = 3); with more
+    # slots a fourth (20 tokens + its reservation) would not fit in memory either.
+    run = Run(
+        make_engine(
+            page_size=4, max_total_tokens=256, max_running_requests=max_running, enable_priority_scheduling=True
+        )
+    )
     run.submit(req("a", 20, 60, 0, 1000))
     run.submit(req("b", 20, 60, 0, 2000))
     run.submit(req("c", 20, 60, 5, 3000))
@@ -93,12 +99,12 @@ def memory_bound_run():
     return run
 
 
-def test_memory_preemption_takes_the_least_important_and_most_recent_first():
-    run = memory_bound_run()
+def test_preemption_takes_the_least_important_and_most_recent_first():
+    run = full_run()
     run.submit(req("h", 20, 60, 20, 4000))
     decoded_before = {r.rid: r.generated for r in run.engine._running}
     run.step()
-    # b and a have the lowest priority; b arrived last. One reservation covers h's demand.
+    # b and a have the lowest priority; b arrived last. One reservation covers h's memory demand.
     assert waiting_ids(run) == ["b"]
     assert sorted(running_ids(run)) == ["a", "c", "h"]
     assert run.engine._by_rid["b"].generated == decoded_before["b"]  # it decoded nothing in that step
@@ -113,7 +119,7 @@ def test_preempted_output_is_the_output_it_would_have_had():
     roomy = Run(make_engine(page_size=4, max_total_tokens=8192, enable_priority_scheduling=True))
     roomy.submit(req("b", 20, 60, 0, 2000))
     roomy.drain()
-    run = memory_bound_run()
+    run = full_run()
     run.submit(req("h", 20, 60, 20, 4000))
     run.drain()
     assert run.engine.stats().preemptions_total == 1
@@ -121,7 +127,7 @@ def test_preempted_output_is_the_output_it_would_have_had():
 
 
 def test_nobody_is_preempted_when_the_eligible_ones_cannot_cover_the_demand():
-    run = memory_bound_run()
+    run = full_run()
     # h beats only a and b (c is 5 below it, within the threshold), and needs far more than their
     # reservations: 40 prompt pages + its output.
     run.submit(req("h", 160, 60, 12, 4000))
@@ -129,6 +135,19 @@ def test_nobody_is_preempted_when_the_eligible_ones_cannot_cover_the_demand():
     assert waiting_ids(run) == ["h"]
     assert run.engine.stats().preemptions_total == 0
     run.drain()
+    assert_no_leak(run.engine)
+
+
+def test_memory_alone_is_no_reason_to_preempt():
+    """SGLang tries preemption only for a full running set: a request short of memory ends the
+    admission pass and waits, whatever its priority."""
+    run = full_run(max_running=256)
+    run.submit(req("h", 20, 60, 20, 4000))
+    run.step()
+    assert waiting_ids(run) == ["h"] and sorted(running_ids(run)) == ["a", "b", "c"]
+    assert run.engine.stats().preemptions_total == 0
+    run.drain()
+    assert run.finish_order[-1] == "h"
     assert_no_leak(run.engine)
 
 
