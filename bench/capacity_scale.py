@@ -35,6 +35,7 @@ from harness.stats import wait_for_json_file as _wait_file
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
+from services.common import orphan_guard
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,21 +149,24 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
     env["PYTHONPATH"] = str(ROOT)
     env["BANDMASTER_LOG_LEVEL"] = "WARNING"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.capacity",
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-port",
-        "-1",
-        "--ready-file",
-        str(ready),
-        "--poll-interval-seconds",
-        "600",
-        "--poll-timeout-seconds",
-        "5",
-        "--watch-heartbeat-seconds",
-        "600",
+        *orphan_guard.command(
+            sys.executable,
+            "services.capacity",
+            [
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-port",
+                "-1",
+                "--ready-file",
+                str(ready),
+                "--poll-interval-seconds",
+                "600",
+                "--poll-timeout-seconds",
+                "5",
+                "--watch-heartbeat-seconds",
+                "600",
+            ],
+        ),
         cwd=ROOT,
         env=env,
     )

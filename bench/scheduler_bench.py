@@ -41,6 +41,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from harness.stats import percentile
 from harness.stats import wait_for_json_file as _wait_file
+from services.common import orphan_guard
 from services.common.clock import SystemClock
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -159,21 +160,24 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
             cap_ready, sched_ready = Path(tmp) / "cap.json", Path(tmp) / "sched.json"
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "services.capacity",
-                    "--worker-url",
-                    stub.url,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--metrics-port",
-                    "-1",
-                    "--ready-file",
-                    str(cap_ready),
-                    "--poll-interval-seconds",
-                    "1",
-                    "--poll-timeout-seconds",
-                    "1",
+                    *orphan_guard.command(
+                        sys.executable,
+                        "services.capacity",
+                        [
+                            "--worker-url",
+                            stub.url,
+                            "--listen",
+                            "127.0.0.1:0",
+                            "--metrics-port",
+                            "-1",
+                            "--ready-file",
+                            str(cap_ready),
+                            "--poll-interval-seconds",
+                            "1",
+                            "--poll-timeout-seconds",
+                            "1",
+                        ],
+                    ),
                     cwd=ROOT,
                     env=_env(),
                 )
@@ -181,21 +185,24 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
             cap = await _wait_file(cap_ready, 30)
             procs.append(
                 await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "services.scheduler",
-                    "--capacity-addr",
-                    cap["grpc"],
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--metrics-port",
-                    "-1",
-                    "--ready-file",
-                    str(sched_ready),
-                    "--scheduler-interval-seconds",
-                    "1",
-                    "--state-path",
-                    str(Path(tmp) / "scheduler.sqlite"),
+                    *orphan_guard.command(
+                        sys.executable,
+                        "services.scheduler",
+                        [
+                            "--capacity-addr",
+                            cap["grpc"],
+                            "--listen",
+                            "127.0.0.1:0",
+                            "--metrics-port",
+                            "-1",
+                            "--ready-file",
+                            str(sched_ready),
+                            "--scheduler-interval-seconds",
+                            "1",
+                            "--state-path",
+                            str(Path(tmp) / "scheduler.sqlite"),
+                        ],
+                    ),
                     cwd=ROOT,
                     env=_env(),
                 )
@@ -348,7 +355,11 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
             return report
         port = _free_port()
         server = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
+            orphan_guard.exec_command(
+                sys.executable,
+                binary,
+                ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
+            ),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

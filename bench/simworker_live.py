@@ -28,6 +28,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.stats import summary_ms
+from services.common import orphan_guard
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
@@ -109,23 +110,26 @@ async def run(clients: int, duration_s: float, max_tokens: int, speedup: float, 
     tmp = tempfile.mkdtemp(prefix="simworker-live-")
     ready = Path(tmp) / "ready.json"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.simworker",
-        "--port",
-        "0",
-        "--model-name",
-        MODEL,
-        "--speedup",
-        str(speedup),
-        "--ready-file",
-        str(ready),
-        "--log-level",
-        "WARNING",
-        "--max-running-requests",
-        str(max(256, clients)),
-        "--max-total-tokens",
-        "262144",
+        *orphan_guard.command(
+            sys.executable,
+            "services.simworker",
+            [
+                "--port",
+                "0",
+                "--model-name",
+                MODEL,
+                "--speedup",
+                str(speedup),
+                "--ready-file",
+                str(ready),
+                "--log-level",
+                "WARNING",
+                "--max-running-requests",
+                str(max(256, clients)),
+                "--max-total-tokens",
+                "262144",
+            ],
+        ),
         cwd=ROOT,
         stdout=asyncio.subprocess.DEVNULL,
     )

@@ -1,11 +1,13 @@
-"""Run a Python module as `__main__` in a process that dies with its parent.
+"""Run a Python module as `__main__`, or exec a program, in a process that dies with its parent.
 
     python -m services.common.orphan_guard PARENT_PID MODULE [ARG ...]
+    python -m services.common.orphan_guard PARENT_PID --exec PROGRAM [ARG ...]
 
 The child asks the kernel itself for PR_SET_PDEATHSIG (SIGTERM when its parent dies), then checks
 that its parent is still PARENT_PID (the parent may have died before the call, and the child would
 then wait for a death that already happened), and runs MODULE with ARGs as `python -m MODULE ARG ...`
-would. The supervisor starts its children this way instead of asking for the death signal from a
+would, or replaces itself with PROGRAM (the death signal survives exec, except into a set-user-ID
+program). The supervisor starts its children this way instead of asking for the death signal from a
 `preexec_fn`: a `preexec_fn` makes `subprocess` fork the whole (threaded) parent and run Python
 between fork and exec, where a lock held by another thread (gRPC's, the dynamic loader's) can
 deadlock the child; without one, `subprocess` runs nothing in the child before exec.
@@ -20,15 +22,21 @@ import os
 import runpy
 import signal
 import sys
+from typing import Sequence
 
 PR_SET_PDEATHSIG = 1
 EXIT_PARENT_GONE = 3
-USAGE = "usage: python -m services.common.orphan_guard PARENT_PID MODULE [ARG ...]"
+USAGE = "usage: python -m services.common.orphan_guard PARENT_PID (MODULE | --exec PROGRAM) [ARG ...]"
 
 
-def command(python: str, module: str, args: list[str] | tuple[str, ...] = ()) -> list[str]:
+def command(python: str, module: str, args: Sequence[str] = ()) -> list[str]:
     """The argv that runs `python -m module *args` under the guard, with this process as the parent."""
     return [python, "-m", __name__, str(os.getpid()), module, *args]
+
+
+def exec_command(python: str, program: str, args: Sequence[str] = ()) -> list[str]:
+    """The argv that execs `program *args` under the guard, with this process as the parent."""
+    return [python, "-m", __name__, str(os.getpid()), "--exec", program, *args]
 
 
 def set_death_signal() -> bool:
@@ -45,16 +53,20 @@ def set_death_signal() -> bool:
 
 
 def main(argv: list[str]) -> int | None:
-    if len(argv) < 2 or not argv[0].isdigit():
+    program = len(argv) >= 3 and argv[1] == "--exec"
+    if len(argv) < 2 or not argv[0].isdigit() or (argv[1] == "--exec" and not program):
         print(USAGE, file=sys.stderr)
         return 2
-    parent, module = int(argv[0]), argv[1]
+    parent = int(argv[0])
+    target = argv[2] if program else argv[1]
     set_death_signal()
     if os.getppid() != parent:
-        print(f"orphan_guard: parent {parent} is gone before {module} started", file=sys.stderr)
+        print(f"orphan_guard: parent {parent} is gone before {target} started", file=sys.stderr)
         return EXIT_PARENT_GONE
-    sys.argv = [module, *argv[2:]]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if program:
+        os.execv(target, [target, *argv[3:]])  # raises OSError if it cannot; never returns otherwise
+    sys.argv = [target, *argv[2:]]
+    runpy.run_module(target, run_name="__main__", alter_sys=True)
     return None
 
 

@@ -1,6 +1,7 @@
 """services.common.orphan_guard: a child that dies with its parent, started without a preexec_fn."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -40,6 +41,27 @@ def test_the_guard_runs_the_module_as_main_with_its_arguments(tmp_path):
     assert result.stdout.strip() == "__main__ ['a', '--b']"
 
 
+def test_the_guard_execs_a_program_with_its_arguments(tmp_path):
+    """`--exec`: a program that is not a Python module (redis-server in the benchmarks) replaces
+    the guard once the death signal is set, and the signal survives the exec."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import ctypes, sys\n"
+        "sig = ctypes.c_int(0)\n"
+        "ctypes.CDLL(None).prctl(2, ctypes.byref(sig))  # PR_GET_PDEATHSIG\n"
+        "print(sig.value, sys.argv[1:])\n"
+    )
+    launcher = (
+        "import subprocess, sys; from services.common import orphan_guard; "
+        f"sys.exit(subprocess.run(orphan_guard.exec_command(sys.executable, sys.executable, "
+        f"[{str(probe)!r}, 'a', '--b'])).returncode)"
+    )
+    result = subprocess.run([sys.executable, "-c", launcher], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"{int(signal.SIGTERM)} ['a', '--b']"
+
+
 def test_the_guard_usage_is_checked():
     assert orphan_guard.main([]) == 2
     assert orphan_guard.main(["not-a-pid", "x"]) == 2
+    assert orphan_guard.main([str(os.getppid()), "--exec"]) == 2
