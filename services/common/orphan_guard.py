@@ -39,17 +39,15 @@ def exec_command(python: str, program: str, args: Sequence[str] = ()) -> list[st
     return [python, "-m", __name__, str(os.getpid()), "--exec", program, *args]
 
 
-def set_death_signal() -> bool:
-    """SIGTERM this process when its parent dies; False where prctl does not exist."""
+def set_death_signal() -> None:
+    """SIGTERM this process when its parent dies (nothing where prctl does not exist)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return
     if prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
-    return True
 
 
 def main(argv: list[str]) -> int | None:

@@ -299,6 +299,22 @@ def start(
     return process
 
 
+def assert_child_dies_with_parent(name: str, script: str, pid_file: Path, tmp: Path, *, timeout_s: float = 15) -> None:
+    """Run `script` (Python source) as a parent process that starts a child and writes the child's
+    pid to `pid_file`; SIGKILL the parent and assert the child is gone within `timeout_s`."""
+    with start(name, [sys.executable, "-c", script], tmp) as parent:
+        wait_until(
+            lambda: pid_file.exists() and pid_file.read_text().strip(),
+            timeout_s=30,
+            message=f"{name} did not start its child",
+        )
+        child_pid = int(pid_file.read_text())
+        assert pid_alive(child_pid)
+        parent.kill()
+        parent.wait_exit()
+        wait_until(lambda: not pid_alive(child_pid), timeout_s=timeout_s, message=f"child outlived its {name}")
+
+
 @atexit.register
 def _kill_leftovers() -> None:
     """A test that forgot to stop what it started does not leave it running after the session."""

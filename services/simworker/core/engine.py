@@ -267,9 +267,9 @@ class SimEngine:
             load_tokens, budget, preempted = self._admit(budget, chunks, finished_prefill, now)
             if preempted:
                 # Preempted before this step's decode ran: they decode nothing in it.
-                gone = {id(r) for r, _ in preempted}
+                gone = set(map(id, preempted))
                 decoders = [r for r in decoders if id(r) not in gone]
-                context_tokens -= sum(kv_len for _, kv_len in preempted)
+                context_tokens = sum(r.kv_len for r in decoders)
 
         # 3. sample one token for every request that was decoding at the start of the step, and
         #    the first token of every request whose prefill completed in it.
@@ -499,18 +499,16 @@ class SimEngine:
         remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
         return prefill_pages + math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
 
-    def _admit(
-        self, budget: int, chunks: list, finished_prefill: list, now: float
-    ) -> tuple[int, int, list[tuple[_Req, int]]]:
+    def _admit(self, budget: int, chunks: list, finished_prefill: list, now: float) -> tuple[int, int, list[_Req]]:
         """Admit from the head of the waiting queue while requests fit; returns the host tokens
-        loaded, the prefill budget left and the requests preempted for priority (each with the KV
-        length it had), which the caller drops from this step's decode."""
+        loaded, the prefill budget left and the requests preempted for priority, which the caller
+        drops from this step's decode."""
         cache = self.cache
         page = self.page_size
         reserved = sum(self._reserve_pages(r) for r in self._running)
         load_tokens = 0
         max_running = self.config.max_running_requests
-        preempted: list[tuple[_Req, int]] = []
+        preempted: list[_Req] = []
         tried: _Req | None = None
         while self._waiting and budget > 0:
             r = self._waiting[0]
@@ -542,7 +540,7 @@ class SimEngine:
                 if not victims:
                     break
                 for victim in victims:
-                    preempted.append((victim, victim.kv_len))
+                    preempted.append(victim)
                     reserved -= self._reserve_pages(victim)
                     self._requeue(victim, now)
                     self._preemptions_total += 1

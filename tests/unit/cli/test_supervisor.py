@@ -1,14 +1,12 @@
 """The supervisor behind `bandmaster up`: readiness, failure reporting, and no orphans."""
 
 import os
-import sys
 import textwrap
 
 import pytest
 
 from harness.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
-from tests.support.eventually import wait_until
-from tests.support.processes import pid_alive, start
+from tests.support.processes import assert_child_dies_with_parent, pid_alive
 
 
 def test_start_wait_ready_and_stop(tmp_path):
@@ -40,17 +38,7 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
         Path({str(pid_file)!r}).write_text(str(c.process.pid))
         time.sleep(600)
     """)
-    with start("supervisor", [sys.executable, "-c", script], tmp_path) as parent:
-        wait_until(
-            lambda: pid_file.exists() and pid_file.read_text().strip(),
-            timeout_s=30,
-            message="supervisor did not start its child",
-        )
-        child_pid = int(pid_file.read_text())
-        assert pid_alive(child_pid)
-        parent.kill()
-        parent.wait_exit()
-        wait_until(lambda: not pid_alive(child_pid), timeout_s=10, message="child outlived its supervisor")
+    assert_child_dies_with_parent("supervisor", script, pid_file, tmp_path, timeout_s=10)
 
 
 def test_children_start_without_a_preexec_fn(tmp_path, monkeypatch):

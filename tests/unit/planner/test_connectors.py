@@ -2,6 +2,7 @@
 local connector's process management (a real simworker)."""
 
 import copy
+import textwrap
 
 import pytest
 from aiohttp import web
@@ -16,6 +17,7 @@ from services.planner.adapters.connectors import (
     VirtualConnector,
 )
 from tests.support.eventually import assert_eventually
+from tests.support.processes import assert_child_dies_with_parent
 
 
 class FakeApiServer:
@@ -282,12 +284,6 @@ async def test_local_connector_starts_and_stops_simworkers(tmp_path):
 def test_local_connector_workers_die_with_a_killed_planner(tmp_path):
     """The simworkers the local connector starts live in their own session; a planner killed with
     SIGKILL used to leave them running. They now run under the orphan guard (PR_SET_PDEATHSIG)."""
-    import sys
-    import textwrap
-
-    from tests.support.eventually import wait_until
-    from tests.support.processes import pid_alive, start
-
     pid_file = tmp_path / "worker.pid"
     script = textwrap.dedent(f"""
         import asyncio, time
@@ -304,10 +300,4 @@ def test_local_connector_workers_die_with_a_killed_planner(tmp_path):
 
         asyncio.run(main())
     """)
-    with start("planner", [sys.executable, "-c", script], tmp_path) as planner:
-        wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout_s=30, message="no worker")
-        worker_pid = int(pid_file.read_text())
-        assert pid_alive(worker_pid)
-        planner.kill()
-        planner.wait_exit()
-        wait_until(lambda: not pid_alive(worker_pid), timeout_s=15, message="simworker outlived its planner")
+    assert_child_dies_with_parent("planner", script, pid_file, tmp_path)
