@@ -42,6 +42,8 @@ async def _cluster(st: stack.Stack, tmp):
     )
     client = Client.connect(sched.ready["grpc"])
     await client.wait_replicas(1)
+    # The router learns its workers from capacity on its own stream: a turn sent before that is a 503.
+    await stack.healthy_workers(stack.router_url(router), 1)
     return router, client
 
 
