@@ -12,6 +12,10 @@ program). The supervisor starts its children this way instead of asking for the 
 between fork and exec, where a lock held by another thread (gRPC's, the dynamic loader's) can
 deadlock the child; without one, `subprocess` runs nothing in the child before exec.
 
+The kernel's "parent" is the thread that started the child, not its process: start guarded children
+from a thread that lives as long as they should (the main thread, or the event loop's), never from a
+short-lived worker thread, or they get SIGTERM when that thread ends.
+
 Where there is no prctl (not Linux), the module runs without the death signal.
 """
 

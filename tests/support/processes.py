@@ -9,6 +9,7 @@ stdout and stderr go to `<tmp>/<name>.log` (appended: a restart under the same n
 lines, `log_text()` shows this run's). Every wait is bounded and fails with the process's log tail, and a
 process that fails to become ready is killed. `stop` is SIGTERM (and SIGCONT, for a process a test froze),
 then SIGKILL after `grace_s`. One-shot commands that must exit (`--help`, exit code 2) use `run_module`.
+Processes run under `services.common.orphan_guard`, so a test session killed outright takes them along.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from services.common import orphan_guard
 from tests.support.eventually import assert_eventually, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,13 +285,14 @@ def start(
     `new_session`: its own session and process group (a terminal's Ctrl-C does not reach it)."""
     if ready_file is not None:
         ready_file.unlink(missing_ok=True)
+    env = base_env() if env is None else env
     log_path = tmp / f"{name}.log"
     with open(log_path, "ab") as log:
         offset = log.tell()
         popen = subprocess.Popen(
-            argv,
+            _guarded(argv, env),
             cwd=cwd,
-            env=base_env() if env is None else env,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -297,6 +301,18 @@ def start(
     process = Process(name, argv, popen, log_path, offset, ready_file)
     _started.append(process)
     return process
+
+
+def _guarded(argv: list[str], env: dict[str, str]) -> list[str]:
+    """`argv` under the orphan guard, with the test process as the parent: a test session killed
+    outright (SIGKILL, a CI timeout) takes what it started along instead of leaving it running. The
+    pid stays the child's (the guard runs the module in place, or execs the program)."""
+    if argv[:2] == [sys.executable, "-m"] and len(argv) > 2:
+        return orphan_guard.command(sys.executable, argv[2], argv[3:])
+    program = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH"))
+    if program is None:
+        raise FileNotFoundError(f"{argv[0]}: not found on PATH")
+    return orphan_guard.exec_command(sys.executable, program, argv[1:])
 
 
 def assert_child_dies_with_parent(name: str, script: str, pid_file: Path, tmp: Path, *, timeout_s: float = 15) -> None:
