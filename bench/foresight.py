@@ -62,8 +62,9 @@ def variant_foresight(variant: str) -> tuple[str, Foresight]:
 
 @contextmanager
 def _foresight(f: Foresight) -> Iterator[None]:
-    """Within the block, the simulator tells the scheduler's tail test and the engines' queue each
-    program's remaining turns, and (gpu_only_budget) the capacity model counts no host tokens."""
+    """Within the block, the simulator tells the scheduler's tail test (noting each program's turns
+    left at admission) and the engines' queue each program's remaining turns, and (gpu_only_budget)
+    the capacity model counts no host tokens."""
     from harness.simlib import simulator as sim
     from services.capacity.core import cards
     from services.scheduler.core import accounting
@@ -89,8 +90,8 @@ def _foresight(f: Foresight) -> Iterator[None]:
         finally:
             turn.decision = decision
 
-    sim.Simulator._on_admit = admit
     if f.tail:
+        sim.Simulator._on_admit = admit
         accounting.Ledger.is_tail = tail
     if f.queue:
         sim.Simulator._on_arrive = arrive

@@ -507,11 +507,18 @@ class SimEngine:
         page = self.page_size
         reserved = sum(self._reserve_pages(r) for r in self._running)
         load_tokens = 0
-        max_running = self.config.max_running_requests
+        cfg = self.config
+        max_running = cfg.max_running_requests
+        can_preempt = cfg.enable_priority_scheduling and not cfg.disable_priority_preemption
         preempted: list[_Req] = []
         tried: _Req | None = None
         while self._waiting and budget > 0:
             r = self._waiting[0]
+            slots_full = len(self._running) >= max_running
+            # SGLang tries preemption only for a full running set, once per request: without it a
+            # full set ends the pass before the head's prefix is even matched (every step, when busy).
+            if slots_full and (not can_preempt or r is tried):
+                break
             seq_len = len(r.seq)
             gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page, r.match)
             r.match = (cache.generation, gpu, host)
@@ -519,7 +526,6 @@ class SimEngine:
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
             need = uncached_pages + (out_pages + reserved if self._running else 0)
-            slots_full = len(self._running) >= max_running
             fits = (
                 not slots_full
                 and need <= cache.available_pages
@@ -530,9 +536,8 @@ class SimEngine:
                 )
             )
             if not fits:
-                # SGLang tries preemption only for a full running set (its memory-only refusal
-                # ends the pass), once per request: then it is head-of-line blocked again.
-                if not slots_full or r is tried:
+                # A head that is only short of memory ends the pass (SGLang does not preempt for it).
+                if not slots_full:
                     break
                 tried = r
                 demand = uncached_pages + -(-max(0, remaining_new) // page) - (cache.available_pages - reserved)
@@ -578,12 +583,11 @@ class SimEngine:
 
     def _preemption_victims(self, r: _Req, demand_pages: int) -> list[_Req]:
         """The decoding requests SGLang's `preempt_to_schedule` would release for `r` when the
-        running set is full, or [] if preemption is off or cannot cover `demand_pages` (one victim
+        running set is full, or [] if they cannot cover `demand_pages` (one victim
         at least, for the slot). Least important first, then the most recent arrival; only those
-        `r` beats by more than the threshold; each is credited its output reservation."""
+        `r` beats by more than the threshold; each is credited its output reservation. The caller
+        asks only where preemption is on."""
         cfg = self.config
-        if not cfg.enable_priority_scheduling or cfg.disable_priority_preemption:
-            return []
         # order[0] is the sort rank (smaller runs first), order[1] the arrival sequence.
         bound = r.order[0] + cfg.priority_scheduling_preemption_threshold
         candidates = [q for q in self._running if q.state == _DECODE and q.order[0] > bound]
