@@ -86,6 +86,9 @@ class ClusterConfig:
     worker_page_size: int = 16
     worker_speedup: float = 1.0
     worker_timing_profile: str = "glm45-fp8-h200"
+    worker_cache_report: bool = True
+    """Start the simulated workers with `--enable-cache-report` (as docs/getting-started.md runs SGLang);
+    off models workers whose completions carry no cached-token counts."""
     model_name: str = "bandmaster-sim"
     poll_interval_seconds: float = 1.0
     http_port: int = 8000
@@ -255,7 +258,7 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
         config.worker_timing_profile,
         "--seed",
         str(index),
-        "--enable-cache-report",
+        *(("--enable-cache-report",) if config.worker_cache_report else ()),
         # As docs/getting-started.md runs SGLang: the scheduler's priorities (a resumed turn first, a
         # soft-demoted program's turns last) only order an engine's queue with this on.
         "--enable-priority-scheduling",
