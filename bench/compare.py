@@ -71,6 +71,11 @@ LIVE_ONLY_ARMS = frozenset({"sglang_cache_aware"})
 SIM_ONLY_ARMS = frozenset({ORACLE})
 MODEL = "bandmaster-sim"
 RESULTS_FILE = "results.json"
+# A live run stands for its arm only while the simulated workers kept their modelled clock: the worst
+# worker's accumulated lateness (wall seconds its steps ended after their modelled end) as a share of
+# the run's wall time. Past this share the machine, not the arm, set the pace, and the run is refused
+# (recorded as an error, never taken as the median).
+LATE_FRACTION_LIMIT = 0.02
 # Keys of a run's summary that the report and the JSON keep (RunResult.summary() plus the sim's
 # worker totals); the rest (sim cost, wall time) is per-run noise.
 SUMMARY_KEYS = (
@@ -128,6 +133,13 @@ class SweepSpec:
     """SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format); None = shipped."""
     split: str = DEFAULT_SPLIT
     """The part of the trace the SWE programs come from (harness/workloads/draws.py)."""
+    cache_report: bool = True
+    """Live only: the simworkers run with `--enable-cache-report` (as docs/getting-started.md runs
+    SGLang). Off: their completions carry no cached-token counts, the degraded set-up the scheduler
+    must survive (`--no-cache-report`)."""
+    late_limit: float = LATE_FRACTION_LIMIT
+    """Live only: a run whose worst worker fell behind its clock by more than this share of the run's
+    wall time is refused (`late_refusal`)."""
 
     def __post_init__(self) -> None:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
@@ -147,6 +159,7 @@ class SweepSpec:
         require(self.programs_per_slot >= 1, "programs_per_slot", self.programs_per_slot, "programs_per_slot >= 1")
         require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
         require(self.split in SPLITS, "split", self.split, f"split in {{{', '.join(SPLITS)}}}")
+        require(0 < self.late_limit < 1, "late_limit", self.late_limit, "0 < late_limit < 1")
 
     def programs(self, parallel: int) -> list:
         """The point's programs, exactly as the live runner and the simulator build them."""
@@ -200,11 +213,15 @@ SIM_SPECS = {
         "short", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=1.0, parallel=(5, 10, 20, 32, 40)
     ),
 }
-# The live sweep: two points (below saturation, ~3x), fewer turns and smaller contexts, at speedup 4
-# (docs/simulator.md: the live stack tracks the simulator within ~4% at S = 4 on small scenarios).
+# The live sweep. SWE: the programs at their real token counts (a token scale below 1 relieves the
+# memory pressure the sweep is there to test: at 0.25 every arm was within 10% of the others), their
+# first 32 turns (~470K prompt tokens per program) on 2 workers of 64K KV tokens, where about 4.6
+# programs fit: 14 and 18 programs are the 3x and 4x points. Speedup 4 keeps the simworkers on their
+# clock on a 2-core machine (each run reports the workers' lateness and is refused past
+# LATE_FRACTION_LIMIT). Short: the published scenario at two points (below saturation, ~4x).
 LIVE_SPECS = {
     "swe": SweepSpec(
-        "swe", workers=2, worker_kv_tokens=16_384, max_turns=8, token_scale=0.25, parallel=(6, 36), speedup=4.0
+        "swe", workers=2, worker_kv_tokens=65_536, max_turns=32, token_scale=1.0, parallel=(14, 18), speedup=4.0
     ),
     "short": SweepSpec(
         "short", workers=2, worker_kv_tokens=16_384, max_turns=4, token_scale=1.0, parallel=(6, 40), speedup=4.0
@@ -215,12 +232,29 @@ SMOKE_SIM_SPECS = {
     "swe": SweepSpec("swe", workers=2, worker_kv_tokens=1_024, max_turns=3, token_scale=0.05, parallel=(2, 12)),
     "short": SweepSpec("short", workers=2, worker_kv_tokens=1_024, max_turns=3, token_scale=0.2, parallel=(2, 8)),
 }
+# The smoke run checks shapes, at speedup 20 on a machine the rest of the suite keeps busy: its lateness
+# is recorded and judged against a limit that only a stalled worker exceeds.
+SMOKE_LATE_LIMIT = 0.5
 SMOKE_LIVE_SPECS = {
     "swe": SweepSpec(
-        "swe", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.05, parallel=(3,), speedup=20.0
+        "swe",
+        workers=2,
+        worker_kv_tokens=4_096,
+        max_turns=2,
+        token_scale=0.05,
+        parallel=(3,),
+        speedup=20.0,
+        late_limit=SMOKE_LATE_LIMIT,
     ),
     "short": SweepSpec(
-        "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), speedup=20.0
+        "short",
+        workers=2,
+        worker_kv_tokens=4_096,
+        max_turns=2,
+        token_scale=0.2,
+        parallel=(3,),
+        speedup=20.0,
+        late_limit=SMOKE_LATE_LIMIT,
     ),
 }
 
@@ -526,6 +560,7 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
         workers=spec.workers,
         worker_kv_tokens=spec.worker_kv_tokens,
         worker_speedup=spec.speedup,
+        worker_cache_report=spec.cache_report,
         model_name=MODEL,
         http_port=0,
         scheduler=policy is not None,
@@ -585,7 +620,10 @@ def _stop_process(process: subprocess.Popen | None) -> None:
 
 
 def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
-    """Start the arm's stack, play the point's programs closed loop, read the counters, stop."""
+    """Start the arm's stack, play the point's programs closed loop, read the counters and the
+    workers' lateness, stop. A run whose workers fell behind their clock is refused (`late_refusal`)."""
+    from harness.probes import worker_late_s
+
     state_dir.mkdir(parents=True, exist_ok=True)
     stack = start_live_stack(spec, arm, state_dir)
     try:
@@ -601,19 +639,57 @@ def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
                 arm=arm,
             )
             before = await scrape_counters(stack.workers)
+            late_before = await worker_late_s(stack.workers)
+            started = time.monotonic()
             result = await runner.run(programs, parallel)
+            elapsed = time.monotonic() - started
+            late_after = await worker_late_s(stack.workers)
             after = await scrape_counters(stack.workers)
             result.worker_counters = {k: after[k] - before[k] for k in after}
-            return result.summary()
+            return {**result.summary(), **lateness(late_before, late_after, elapsed)}
 
         summary = asyncio.run(play())
         scheduler = stack.counters()
     finally:
         stack.stop()
-    row = {"summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary}, "scheduler": scheduler}
+    row = {
+        "summary": {k: summary.get(k) for k in SUMMARY_KEYS if k in summary},
+        "scheduler": scheduler,
+        "lateness": {k: summary[k] for k in LATENESS_KEYS},
+    }
+    refused = late_refusal(summary, spec.late_limit)
     if summary["turns_failed"]:
         row["error"] = f"{summary['turns_failed']} turns failed"
+    elif refused:
+        row["error"] = refused
     return row
+
+
+LATENESS_KEYS = ("late_s_max", "late_fraction", "wall_s")
+
+
+def lateness(before: dict[str, float], after: dict[str, float], elapsed_s: float) -> dict:
+    """The worst simulated worker's lateness over a run: wall seconds its steps ended after their
+    modelled end (`simworker_late_s_total` from /server_info, read before and after), and that as a
+    share of the run's wall time. None when no worker reports it (real SGLang servers)."""
+    lags = [after[url] - before[url] for url in after if url in before]
+    worst = max(lags) if lags else None
+    return {
+        "late_s_max": None if worst is None else round(worst, 3),
+        "late_fraction": None if worst is None or elapsed_s <= 0 else round(worst / elapsed_s, 5),
+        "wall_s": round(elapsed_s, 2),
+    }
+
+
+def late_refusal(summary: dict, limit: float = LATE_FRACTION_LIMIT) -> str | None:
+    """Why a live run cannot stand for its arm, or None: its workers fell behind their clock."""
+    late = summary.get("late_fraction")
+    if late is None or late <= limit:
+        return None
+    return (
+        f"refused: the workers fell {late:.1%} behind their clock ({summary['late_s_max']:.2f}s over "
+        f"{summary['wall_s']:.0f}s; limit {limit:.0%}): the machine set the pace, not the arm"
+    )
 
 
 # -------------------------------------------------------------------------------------- driver
@@ -792,6 +868,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-report", action="store_true", help="write results.json only")
     parser.add_argument(
+        "--no-cache-report",
+        action="store_true",
+        help="live: start the simulated workers without --enable-cache-report (completions carry no cached-token "
+        "counts), the degraded set-up the scheduler must survive",
+    )
+    parser.add_argument(
+        "--live-points",
+        default=None,
+        help="live: comma list of parallel-program counts in place of the sweep's (e.g. 18 for the 4x point only)",
+    )
+    parser.add_argument(
+        "--late-limit",
+        type=float,
+        default=None,
+        help=f"live: refuse a run whose worst worker fell behind its clock by more than this share of the run's "
+        f"wall time (default {LATE_FRACTION_LIMIT}; {SMOKE_LATE_LIMIT} with --smoke)",
+    )
+    parser.add_argument(
         "--trace",
         type=Path,
         default=None,
@@ -807,8 +901,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def live_sim_arms(live_arms: Sequence[str]) -> list[str]:
-    """The arms of a live sweep that the live-ratio check simulates: kv and the Bandmaster arms."""
-    return [a for a in live_arms if a == "kv" or policy_of(a)]
+    """The arms of a live sweep that the simulator models at the same points (every arm but the
+    live-only peers): the reference of the live ÷ sim checks."""
+    return [a for a in live_arms if a not in LIVE_ONLY_ARMS]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -817,6 +912,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if repeats < 1:
         _log(f"bench.compare: --live-repeats must be >= 1, got {repeats}")
         return 2
+    if args.late_limit is not None and not 0 < args.late_limit < 1:
+        _log(f"bench.compare: --late-limit must be in (0, 1), got {args.late_limit}")
+        return 2
+    live_points: tuple[int, ...] | None = None
+    if args.live_points is not None:
+        try:
+            live_points = tuple(sorted({int(v) for v in args.live_points.split(",") if v.strip()}))
+        except ValueError:
+            live_points = ()
+        if not live_points or live_points[0] < 1:
+            _log(f"bench.compare: --live-points must be a comma list of counts >= 1, got {args.live_points!r}")
+            return 2
     arms = _csv(args.arms, (*BASE_ARMS, BANDMASTER), "arm") or [*BASE_ARMS, BANDMASTER]
     policies = _csv(args.pause_policy, tuple(PAUSE_POLICIES), "pause policy") or list(PAUSE_POLICIES)
     modes = MODES if args.mode == "both" else (args.mode,)
@@ -852,6 +959,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     for mode in modes:
         specs = {w: replace(specs_for(mode, args.smoke)[w], **source) for w in workloads}
+        if mode == "live":
+            live_only: dict = {"cache_report": not args.no_cache_report}
+            if args.late_limit is not None:
+                live_only["late_limit"] = args.late_limit
+            if live_points is not None:
+                live_only["parallel"] = live_points
+            specs = {w: replace(spec, **live_only) for w, spec in specs.items()}
         mode_arms = arms_for(mode, arms, policies)
         sweeps = {w: new_sweep(mode, spec, mode_arms) for w, spec in specs.items()}
         results["sweeps"].extend(sweeps.values())
@@ -869,7 +983,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             # The simulator at the live points first (seconds): the reference of the live-ratio check.
             checked = live_sim_arms(mode_arms)
-            if "kv" in checked and len(checked) > 1:
+            if checked:
                 twins = {w: new_sweep(LIVE_SIM, spec, checked) for w, spec in specs.items()}
                 results["sweeps"].extend(twins.values())
                 run_sim(twins, specs, save, args.jobs, as_live=True)

@@ -43,6 +43,19 @@ PAST_SATURATION = 1.5
 LIVE_RATIO_TOLERANCE = 0.10
 LIVE_RATIO_NAME = "live ratio to kv within 10% of the sim's at the same scenario"
 
+# Live, long context at 3-4x with the programs' real token counts: Bandmaster against the peers, as
+# ratios measured side by side in one run (medians of interleaved repeats). Workers without cache
+# reports (`bench.compare --no-cache-report`) must still hold their own against ThunderAgent.
+LIVE_PEER_TARGETS = (("sglang_cache_aware", 1.5), ("thunderagent", 1.15))
+LIVE_PEER_TARGETS_NO_CACHE_REPORT = (("thunderagent", 1.0),)
+LIVE_PEER_RANGE = (3.0 * 0.95, 4.0 * 1.05)
+# The live KV hit rate within this many points of the simulator's at the same point.
+LIVE_HIT_TOLERANCE = 0.05
+LIVE_HIT_NAME = f"live KV hit within {LIVE_HIT_TOLERANCE * 100:.0f} points of the sim's"
+# The simulator must predict the live stack: live ÷ simulated steps/min, same arm and programs.
+LIVE_SIM_MIN = 0.90
+LIVE_SIM_NAME = f"live ÷ sim steps/min >= {LIVE_SIM_MIN}"
+
 ARM_STYLE = {
     "round_robin": ("#7f7f7f", "s", "round-robin"),
     "kv": ("#1f77b4", "o", "KV-aware only (our router, no scheduler)"),
@@ -50,6 +63,8 @@ ARM_STYLE = {
     "oracle": ("#000000", "*", "oracle (kv with unlimited KV: the ceiling)"),
     "bandmaster-threshold": ("#2ca02c", "^", "Bandmaster (threshold)"),
     "bandmaster-cost_aware": ("#d62728", "v", "Bandmaster (cost_aware)"),
+    "thunderagent": ("#8c564b", "P", "ThunderAgent (the paper's algorithm, our build)"),
+    "continuum": ("#e377c2", "X", "Continuum-style TTL pinning (our build)"),
 }
 WORKLOAD_TITLE = {"swe": "long-context coding agents (SWE-agent trace)", "short": "short-context tool agents"}
 
@@ -221,6 +236,95 @@ def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
     )
 
 
+def _hit(sweep: dict, arm: str, parallel: int) -> float | None:
+    point = next((p for p in sweep["points"] if p["parallel"] == parallel), None)
+    row = point["arms"].get(arm) if point else None
+    if not row or row.get("error") or "summary" not in row:
+        return None
+    return row["summary"].get("kv_hit_rate")
+
+
+def _live_hit_target(live: dict, twin: dict, arm: str) -> Target:
+    """live KV hit - simulated KV hit at every point both ran; the worst is the farthest from 0."""
+    worst: tuple[float, int, float, float] | None = None
+    missing = []
+    for point in live["points"]:
+        p = point["parallel"]
+        mine, sim = _hit(live, arm, p), _hit(twin, arm, p)
+        if mine is None or sim is None:
+            missing.append(p)
+            continue
+        if worst is None or abs(mine - sim) > abs(worst[0]):
+            worst = (mine - sim, p, mine, sim)
+    detail = f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst else "no points"
+    if missing:
+        detail += f"; missing at {missing}"
+    return Target(
+        live["mode"],
+        live["workload"],
+        arm,
+        LIVE_HIT_NAME,
+        -LIVE_HIT_TOLERANCE,
+        round(worst[0], 4) if worst and not missing else None,
+        [p["parallel"] for p in live["points"]],
+        detail,
+        maximum=LIVE_HIT_TOLERANCE,
+    )
+
+
+def _live_sim_target(live: dict, twin: dict, arm: str) -> Target:
+    """live steps/min ÷ the simulator's for the same arm and programs, worst (lowest) over the points."""
+    worst: tuple[float, int] | None = None
+    missing = []
+    for point in live["points"]:
+        p = point["parallel"]
+        mine, sim = steps(live, arm, p), steps(twin, arm, p)
+        if not mine or not sim:
+            missing.append(p)
+            continue
+        if worst is None or mine / sim < worst[0]:
+            worst = (mine / sim, p)
+    detail = f"worst at {worst[1]} programs" if worst else "no comparable points"
+    if missing:
+        detail += f"; missing at {missing}"
+    return Target(
+        live["mode"],
+        live["workload"],
+        arm,
+        LIVE_SIM_NAME,
+        LIVE_SIM_MIN,
+        round(worst[0], 3) if worst and not missing else None,
+        [p["parallel"] for p in live["points"]],
+        detail,
+    )
+
+
+def live_peer_targets(sweep: dict, twin: dict | None, arm: str) -> list[Target]:
+    """A live SWE sweep's peer targets for one Bandmaster arm (the 3-4x points) and its KV hit against
+    the simulator's. Workers without cache reports are held to the weaker peer target."""
+    if sweep["mode"] != "live" or sweep["workload"] != "swe":
+        return []
+    cache_report = sweep["spec"].get("cache_report", True)
+    points = [p for p in sweep["points"] if LIVE_PEER_RANGE[0] <= p["oversubscription"] <= LIVE_PEER_RANGE[1]]
+    out = []
+    for base, threshold in LIVE_PEER_TARGETS if cache_report else LIVE_PEER_TARGETS_NO_CACHE_REPORT:
+        if base in sweep["arms"] and points:
+            label = "" if cache_report else ", workers without cache reports"
+            out.append(
+                _ratio_target(
+                    sweep,
+                    arm,
+                    f"live long context, 3-4x{label}: steps/min >= {threshold}x {base}",
+                    threshold,
+                    points,
+                    lambda p, b=base: (steps(sweep, b, p["parallel"]), b),
+                )
+            )
+    if twin is not None and arm in twin["arms"] and cache_report:
+        out.append(_live_hit_target(sweep, twin, arm))
+    return out
+
+
 def evaluate_targets(results: dict) -> list[Target]:
     """The issue's targets for every Bandmaster arm of every sweep (N/A where a sweep lacks the
     points or the arms a target needs, e.g. sglang-router in simulated sweeps). `live-sim` sweeps
@@ -299,6 +403,10 @@ def evaluate_targets(results: dict) -> list[Target]:
             twin = twins.get(sweep["workload"])
             if sweep["mode"] == "live" and twin is not None and "kv" in sweep["arms"] and arm in twin["arms"]:
                 out.append(_live_ratio_target(sweep, twin, arm))
+            out += live_peer_targets(sweep, twin, arm)
+        twin = twins.get(sweep["workload"])
+        if sweep["mode"] == "live" and twin is not None:
+            out += [_live_sim_target(sweep, twin, arm) for arm in sweep["arms"] if arm in twin["arms"]]
     return out
 
 
@@ -568,6 +676,43 @@ def repeats_markdown(sweep: dict) -> list[str]:
     return lines
 
 
+def lateness_markdown(sweep: dict) -> list[str]:
+    """Live sweeps: how far the worst simulated worker fell behind its clock in each arm's median run
+    (a run past the limit is refused by bench.compare and shows as an error in the tables)."""
+    if sweep["mode"] != "live":
+        return []
+    cells = []
+    for arm in sweep["arms"]:
+        shares = [((p["arms"].get(arm) or {}).get("lateness") or {}).get("late_fraction") for p in sweep["points"]]
+        if any(v is not None for v in shares):
+            cells.append(f"{arm} " + " / ".join("-" if v is None else f"{v:.2%}" for v in shares))
+    if not cells:
+        return []
+    return [
+        "",
+        "Workers' lateness behind their clock (worst worker, share of the run's wall time): " + "; ".join(cells),
+    ]
+
+
+def live_sim_markdown(sweep: dict, twin: dict | None) -> list[str]:
+    """Live sweeps: each arm's live steps/min ÷ the simulator's at the same point and programs."""
+    if sweep["mode"] != "live" or twin is None:
+        return []
+    arms = [a for a in sweep["arms"] if a in twin["arms"]]
+    if not arms:
+        return []
+    header = ["arm", *[f"{p['parallel']}" for p in sweep["points"]]]
+    lines = ["", "Live ÷ simulated steps/min (same arm, programs and workers):", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in arms:
+        cells = []
+        for p in sweep["points"]:
+            mine, sim = steps(sweep, arm, p["parallel"]), steps(twin, arm, p["parallel"])
+            cells.append(f"{mine / sim:.3f} ({mine:.1f} / {sim:.1f})" if mine and sim else "-")
+        lines.append("| " + " | ".join([arm, *cells]) + " |")
+    return lines
+
+
 def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
     meta = results.get("meta", {})
     lines = [
@@ -611,6 +756,11 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
         for arm, counts in paused:
             lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
         lines += repeats_markdown(sweep)
+        lines += lateness_markdown(sweep)
+        lines += live_sim_markdown(
+            sweep,
+            next((t for t in results["sweeps"] if t["mode"] == LIVE_SIM and t["workload"] == sweep["workload"]), None),
+        )
         lines.append("")
         lines += breakdown_markdown(sweep)
     lines += [

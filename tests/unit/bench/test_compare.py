@@ -124,8 +124,9 @@ def test_the_oracle_runs_in_the_simulator_only_and_sglang_live_only():
         "sglang_cache_aware",
         "bandmaster-cost_aware",
     ]
-    # The live-ratio check simulates kv and the Bandmaster arms of a live sweep.
+    # The live ÷ sim checks simulate every arm of a live sweep that the simulator models.
     assert compare.live_sim_arms(["round_robin", "kv", "sglang_cache_aware", "bandmaster-threshold"]) == [
+        "round_robin",
         "kv",
         "bandmaster-threshold",
     ]
@@ -198,3 +199,54 @@ def test_live_repeats_run_round_by_round_and_report_the_median(tmp_path):
 def test_live_repeats_below_one_exit_2(tmp_path, capsys):
     assert compare.main(["--mode", "live", "--live-repeats", "0", "--out-dir", str(tmp_path)]) == 2
     assert "--live-repeats must be >= 1" in capsys.readouterr().err
+
+
+def test_the_live_swe_sweep_runs_real_token_counts_at_three_and_four_times_what_fits():
+    spec = compare.LIVE_SPECS["swe"]
+    assert spec.token_scale == 1.0 and spec.max_turns == 32 and spec.cache_report
+    assert [round(x) for x in spec.describe()["oversubscription"]] == [3, 4]
+
+
+def test_lateness_is_the_worst_workers_lag_over_the_run():
+    before = {"a": 1.0, "b": 0.0}
+    after = {"a": 1.5, "b": 2.0, "c": 9.0}  # c: not read before, left out
+    assert compare.lateness(before, after, 100.0) == {"late_s_max": 2.0, "late_fraction": 0.02, "wall_s": 100.0}
+    # Real SGLang servers report no lateness: nothing to judge.
+    assert compare.lateness({}, {}, 100.0)["late_fraction"] is None
+
+
+@pytest.mark.parametrize(
+    "late_fraction, refused", [(None, False), (0.0, False), (0.02, False), (0.021, True), (0.3, True)]
+)
+def test_a_run_whose_workers_fell_behind_their_clock_is_refused(late_fraction, refused):
+    summary = {"late_fraction": late_fraction, "late_s_max": 3.0, "wall_s": 100.0}
+    reason = compare.late_refusal(summary, 0.02)
+    assert (reason is not None) == refused
+    if refused:
+        assert reason.startswith("refused: the workers fell") and "limit 2%" in reason
+
+
+def test_a_refused_run_is_an_error_and_never_the_median():
+    row = compare.median_run([_live_row(300.0), _live_row(900.0, error="refused: the workers fell 5.0% behind")])
+    assert row["summary"]["steps_per_min"] == 300.0 and row["error"].startswith("1 of 2 runs failed")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--late-limit", "0"], "--late-limit must be in (0, 1)"),
+        (["--late-limit", "1.5"], "--late-limit must be in (0, 1)"),
+        (["--live-points", "x"], "--live-points must be a comma list"),
+        (["--live-points", "0,4"], "--live-points must be a comma list"),
+    ],
+)
+def test_bad_live_options_exit_2_naming_the_rule(tmp_path, capsys, argv, message):
+    assert compare.main(["--mode", "live", *argv, "--out-dir", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_late_limit_is_validated_in_the_spec():
+    with pytest.raises(ConfigError, match="late_limit"):
+        compare.SweepSpec(
+            "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), late_limit=0
+        )

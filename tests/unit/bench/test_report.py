@@ -299,3 +299,73 @@ def test_live_repeats_are_listed_under_the_table_of_medians():
     # A single run per point (the smoke sweep, the simulator) lists nothing.
     single = _sweep("short", "live", [(6, 0.4, {"kv": _row(75.8, repeats=[75.8])})])
     assert "runs per point" not in report.summary_markdown({"meta": {}, "sweeps": [single]}, [])
+
+
+BMC = "bandmaster-cost_aware"
+
+
+def _live_peers(bm: float, ta: float, sg: float, *, cache_report: bool = True) -> dict:
+    sweep = _sweep(
+        "swe",
+        "live",
+        [
+            (14, 3.07, {"kv": _row(100), "sglang_cache_aware": _row(sg), "thunderagent": _row(ta), BMC: _row(bm)}),
+            (18, 3.95, {"kv": _row(100), "sglang_cache_aware": _row(sg), "thunderagent": _row(ta), BMC: _row(bm)}),
+        ],
+    )
+    sweep["spec"]["cache_report"] = cache_report
+    return sweep
+
+
+@pytest.mark.parametrize(
+    "bm, ta, sg, vs_ta, vs_sg",
+    [
+        (150.0, 130.0, 100.0, "PASS", "PASS"),  # 1.154x ThunderAgent, 1.5x sglang-router
+        (149.0, 130.0, 100.0, "MISS", "MISS"),
+        (160.0, 150.0, 90.0, "MISS", "PASS"),
+    ],
+)
+def test_live_peer_targets_at_three_to_four_times(bm, ta, sg, vs_ta, vs_sg):
+    targets = _targets(_live_peers(bm, ta, sg))
+    assert targets["live long context, 3-4x: steps/min >= 1.15x thunderagent"].status == vs_ta
+    assert targets["live long context, 3-4x: steps/min >= 1.5x sglang_cache_aware"].status == vs_sg
+    assert targets["live long context, 3-4x: steps/min >= 1.15x thunderagent"].points == [14, 18]
+
+
+def test_without_cache_reports_bandmaster_must_still_match_thunderagent():
+    targets = _targets(_live_peers(131.0, 130.0, 100.0, cache_report=False))
+    check = targets["live long context, 3-4x, workers without cache reports: steps/min >= 1.0x thunderagent"]
+    assert check.status == "PASS"
+    # The 1.15x and sglang-router targets are for workers with cache reports only.
+    assert not [name for name in targets if "1.15x" in name or "sglang_cache_aware" in name and "live long" in name]
+    assert _targets(_live_peers(129.0, 130.0, 100.0, cache_report=False))[check.name].status == "MISS"
+
+
+@pytest.mark.parametrize(
+    "live, sim, status",
+    [(95.0, 100.0, "PASS"), (90.0, 100.0, "PASS"), (89.0, 100.0, "MISS"), (120.0, 100.0, "PASS")],
+)
+def test_live_over_sim_steps_per_minute_for_every_arm(live, sim, status):
+    live_sweep = _sweep("swe", "live", [(18, 3.95, {"kv": _row(live), "thunderagent": _row(100), BMC: _row(100)})])
+    twin = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(sim), "thunderagent": _row(100), BMC: _row(100)})])
+    checks = {
+        t.arm: t for t in report.evaluate_targets({"sweeps": [twin, live_sweep]}) if t.name == report.LIVE_SIM_NAME
+    }
+    assert set(checks) == {"kv", "thunderagent", BMC}
+    assert checks["kv"].status == status and checks["thunderagent"].status == "PASS"
+
+
+@pytest.mark.parametrize("live_hit, status", [(0.80, "PASS"), (0.76, "PASS"), (0.74, "MISS"), (0.86, "MISS")])
+def test_live_kv_hit_within_five_points_of_the_sims(live_hit, status):
+    live_sweep = _sweep("swe", "live", [(18, 3.95, {"kv": _row(100), BMC: _row(100, hit=live_hit)})])
+    twin = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(100), BMC: _row(100, hit=0.80)})])
+    (check,) = [t for t in report.evaluate_targets({"sweeps": [twin, live_sweep]}) if t.name == report.LIVE_HIT_NAME]
+    assert check.status == status and check.arm == BMC
+
+
+def test_the_summary_shows_live_over_sim_and_the_workers_lateness():
+    live_sweep = _sweep("swe", "live", [(18, 3.95, {"kv": _row(90, lateness={"late_fraction": 0.004})})])
+    twin = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(100)})])
+    markdown = report.summary_markdown({"meta": {}, "sweeps": [twin, live_sweep]}, [])
+    assert "| kv | 0.900 (90.0 / 100.0) |" in markdown
+    assert "Workers' lateness behind their clock (worst worker, share of the run's wall time): kv 0.40%" in markdown
