@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from harness.peers import ContinuumCore, ContinuumParams, PeerPolicy, ThunderAgentCore, ThunderAgentParams
+from harness.peers.continuum import prefill_reload_s
 from harness.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
 from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
@@ -31,7 +33,9 @@ from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.build import DEFAULT_MODEL_PATH, build_engine, host_total_tokens
 from services.simworker.core.timing import TimingProfile, load_profile
 
-ARMS = ("bandmaster", "kv", "round_robin", "oracle")
+ARMS = ("bandmaster", "kv", "round_robin", "oracle", "thunderagent", "continuum")
+# Arms that are a peer system's policy core (harness/peers) in front of the workers, no KV router.
+PEER_ARMS = ("thunderagent", "continuum")
 WORKLOADS = ("swe", "synthetic", "short")
 ROUTER_PROMPT_MODES = ("text", "tokens")
 
@@ -112,6 +116,10 @@ class SimScenario:
     """Advance stretches of pure decode steps as one event (SimEngine.plan_decode), cut at the
     first step boundary after an arrival. Exactly equivalent to one event per engine step
     (tested); False is the slow reference."""
+    thunderagent: ThunderAgentParams = field(default_factory=ThunderAgentParams)
+    """The thunderagent arm's parameters (simulated seconds; the live proxy runs the same at --speedup)."""
+    continuum: ContinuumParams = field(default_factory=ContinuumParams)
+    """The continuum arm's parameters."""
     max_simulated_s: float = 30 * 24 * 3600.0
     """Safety horizon: the run stops (and says so) if programs are still running at this time."""
 
@@ -277,6 +285,17 @@ class SimScenario:
 
     # -- the control plane -----------------------------------------------------------------------
 
+    def make_peer(self) -> PeerPolicy | None:
+        """The peer arm's policy core over the workers' KV pools (None for the other arms)."""
+        return make_peer(
+            self.arm,
+            [self.worker_kv_tokens] * self.workers,
+            self.thunderagent,
+            self.continuum,
+            load_profile(self.worker_timing_profile),
+            self.worker_chunked_prefill_size,
+        )
+
     def make_pause_policy(self):
         """The policy the scheduler service builds (server.py: make_pause_policy(name, params))."""
         return make_pause_policy(self.pause_policy, self.cost_aware if self.pause_policy == "cost_aware" else None)
@@ -321,6 +340,23 @@ def live_control_params(
     )
     values.update(overrides)
     return service_control_params(pause_policy, **values)
+
+
+def make_peer(
+    arm: str,
+    capacities: Sequence[int],
+    thunderagent: ThunderAgentParams,
+    continuum: ContinuumParams,
+    profile: TimingProfile,
+    chunked_prefill_size: int,
+) -> PeerPolicy | None:
+    """The policy core of peer arm `arm` (None for a non-peer arm); the live proxy builds it the same
+    way. Continuum's reload cost is the timing profile's prefill of the context, chunk by chunk."""
+    if arm == "thunderagent":
+        return ThunderAgentCore(thunderagent, capacities)
+    if arm == "continuum":
+        return ContinuumCore(continuum, capacities, prefill_reload_s(profile.prefill_chunk_ms, chunked_prefill_size))
+    return None
 
 
 def worker_id(index: int) -> str:

@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from harness.peers import Wake
 from harness.player import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord
 from harness.simlib.conversation import Conversation
 from harness.simlib.scenario import SimScenario, worker_id
@@ -54,7 +55,7 @@ from services.simworker.core.api import EngineRequest, RequestOutput, StepResult
 from services.simworker.core.tokenizer import ids_of_n_tokens, text_of_n_tokens
 
 # Event kinds, in the order they run when due at the same instant with equal insertion order.
-_TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP, _RUN_END = range(9)
+_TURN, _ADMIT, _ARRIVE, _KICK, _STEP_END, _DEADLINE, _TICK, _SWEEP, _RUN_END, _PEER = range(10)
 
 # Longest pure-decode run planned as one event (see SimEngine.plan_decode).
 MAX_RUN_STEPS = 512
@@ -199,6 +200,10 @@ class Simulator:
         if scenario.arm == "bandmaster":
             self.scheduler = SchedulerCore(scenario.control, scenario.make_pause_policy())
             self.scheduler.apply_capacity(0.0, CapacitySnapshot(1, self.capacities))
+        # Peer arms (harness/peers): the policy core picks the worker and holds turns; no KV router.
+        self.peer = scenario.make_peer()
+        self._peer_held: dict[str, _TurnRun] = {}
+        self._peer_timers: set[float] = set()
         self._rr_next = 0
         self._queue = list(enumerate(self.programs))
         self._queue.reverse()
@@ -243,6 +248,8 @@ class Simulator:
             self._at(s.sample_interval_s, _TICK)
             if self.router is not None:
                 self._at(s.router_sweep_interval_s, _SWEEP)
+            if self.peer is not None and self.peer.monitor_interval_s is not None:
+                self._at(self.peer.monitor_interval_s, _PEER, "monitor")
         heap = self._heap
         handlers = (
             self._on_turn,
@@ -254,6 +261,7 @@ class Simulator:
             self._on_tick,
             self._on_sweep,
             self._on_run_end,
+            self._on_peer,
         )
         completed = True
         while heap:
@@ -334,12 +342,23 @@ class Simulator:
         if self.scheduler is not None:
             _, effects = self.scheduler.release(self.now, program_session(run))
             self._apply(effects)
+        if self.peer is not None:
+            self._peer_wake(self.peer.release(self.now, program_session(run)))
         self._live_programs -= 1
         self._start_next_program()
 
     # -- admission and routing (the router's TurnRunner) -----------------------------------------
 
     def _on_admit(self, turn: _TurnRun) -> None:
+        if self.peer is not None:
+            turn.prompt_ids = turn.run.conversation.prompt_ids()
+            backend = self.peer.begin_turn(self.now, program_session(turn.run), len(turn.prompt_ids))
+            self._arm_peer_timer()
+            if backend is None:
+                self._peer_held[program_session(turn.run)] = turn
+            else:
+                self._route(turn, None, backend)
+            return
         if self.scheduler is None:
             self._route(turn, None)
             return
@@ -356,12 +375,15 @@ class Simulator:
         self._apply(result.effects)
         self._route(turn, result.decision)
 
-    def _route(self, turn: _TurnRun, decision: Decision | None) -> None:
+    def _route(self, turn: _TurnRun, decision: Decision | None, backend: int | None = None) -> None:
         turn.decision = decision
         conversation = turn.run.conversation
-        turn.prompt_ids = conversation.prompt_ids()
+        if backend is None:
+            turn.prompt_ids = conversation.prompt_ids()
         router = self.router
-        if router is None:
+        if backend is not None:
+            worker = self.workers[backend]  # a peer's pick (its prompt_ids were built at admission)
+        elif router is None:
             worker = self.workers[self._rr_next % len(self.workers)]
             self._rr_next += 1
         else:
@@ -504,6 +526,15 @@ class Simulator:
         worker = self.workers[turn.worker]
         if self.router is not None:
             self.router.finish(turn.request_id)
+        if self.peer is not None:
+            self._peer_wake(
+                self.peer.end_turn(
+                    self.now,
+                    program_session(run),
+                    output.prompt_tokens if ok else 0,
+                    output.completion_tokens if ok else 0,
+                )
+            )
         if self.scheduler is not None and turn.decision is not None:
             self._apply(
                 self.scheduler.complete(
@@ -572,6 +603,32 @@ class Simulator:
             if decision.program_gone:
                 decision = None  # released while held: the live router routes it unpinned
             self._route(turn, decision)
+
+    # -- a peer arm's shell: its monitor, its timers, the turns it held ----------------------------
+
+    def _on_peer(self, what: Any) -> None:
+        assert self.peer is not None
+        interval = self.peer.monitor_interval_s
+        if what == "monitor":
+            if interval is not None and (self._live_programs or self._queue):
+                self._at(self.now + interval, _PEER, "monitor")
+        else:
+            self._peer_timers.discard(what)
+        self._peer_wake(self.peer.tick(self.now))
+
+    def _peer_wake(self, wakes: list[Wake]) -> None:
+        for wake in wakes:
+            turn = self._peer_held.pop(wake.program_id, None)
+            if turn is not None:
+                self._hold_s.append(self.now - turn.sent_s)
+                self._route(turn, None, wake.backend)
+        self._arm_peer_timer()
+
+    def _arm_peer_timer(self) -> None:
+        when = self.peer.next_timer() if self.peer is not None else None
+        if when is not None and when not in self._peer_timers:
+            self._peer_timers.add(when)
+            self._at(max(when, self.now), _PEER, when)
 
     def _on_deadline(self, request_id: str) -> None:
         if request_id in self._held and self.scheduler is not None:
@@ -660,6 +717,14 @@ class Simulator:
 
     def _scheduler_counters(self) -> dict[str, float]:
         core = self.scheduler
+        if self.peer is not None:
+            holds = sorted(self._hold_s)
+            return {
+                **self.peer.counters(),
+                "held_admissions": len(holds),
+                "hold_p50_s": round(holds[len(holds) // 2], 3) if holds else 0.0,
+                "hold_max_s": round(holds[-1], 3) if holds else 0.0,
+            }
         if core is None:
             return {}
         holds = sorted(self._hold_s)
