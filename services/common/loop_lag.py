@@ -5,7 +5,13 @@ measured on its event loop. When the loop itself is blocked (a long synchronous 
 collection, the process not scheduled on a saturated machine) a timer fires late, and a peer's answer
 that arrived meanwhile may be judged missing. This module measures that lateness so it can be seen
 (a histogram per service, one WARNING per stall episode) and so deadline owners can tell "the peer was
-slow" from "we were not running" (`LoopLag.stalled_within`).
+slow" from "we were not running": `stalled_within` for one long stall, `lag_clock` for the total.
+
+A saturated loop (hundreds of streams on a busy core) is never idle and never stalls for long, yet every
+loop turn is slow, and an answer that needs a few turns to arrive takes seconds of wall time. The
+sampler then wakes about once a loop turn, so the wall time minus `lag_clock` (the loop's on-time
+clock) advances about one sampling interval per loop turn however slow the turn: a deadline kept on it
+expires after a number of loop turns, which lag cannot shorten.
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class LoopLag:
 
     A sample's lag is how much later than asked the loop woke the sampler. `stalled_within(window_s)`
     is the longest lag seen over the last `window_s` seconds (including a stall still under way when
-    the caller runs: the time since the sampler last ran beyond its interval).
+    the caller runs: the time since the sampler last ran beyond its interval). `lag_clock()` is the
+    total lag so far (the stall under way included once the sampler runs).
     """
 
     def __init__(
@@ -47,6 +54,7 @@ class LoopLag:
         self._now = monotonic
         self._last_wake = monotonic()
         self._stalls: list[tuple[float, float]] = []  # (ended at, lag), lags >= interval only
+        self._lag_total_s = 0.0
         self._last_warning = float("-inf")
         self._suppressed = 0
         self._task: asyncio.Task | None = None
@@ -63,6 +71,7 @@ class LoopLag:
         now = self._now()
         self._last_wake = now
         lag_s = max(0.0, lag_s)
+        self._lag_total_s += lag_s
         self.histogram.observe(lag_s)
         if lag_s >= self.interval_s:
             self._stalls.append((now, lag_s))
@@ -88,6 +97,14 @@ class LoopLag:
                 break
             worst = max(worst, lag)
         return worst
+
+    def lag_clock(self) -> float:
+        """Seconds the loop has run late since this sampler was made, a stall under way included (only
+        while the sampler runs: without it there is nothing to measure, and this stays at the total
+        observed). Wall time minus this is the loop's on-time clock; see the module docstring."""
+        if self._task is None:
+            return self._lag_total_s
+        return self._lag_total_s + max(0.0, self._now() - self._last_wake - self.interval_s)
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

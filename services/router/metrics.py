@@ -69,8 +69,8 @@ class RouterMetrics:
         )
         self.admit_deadline_extended = Counter(
             "bandmaster_router_admit_deadline_extended",
-            "Admit decision windows given once more because the router's own event loop was blocked in them "
-            "(the scheduler's answer may have been waiting; see bandmaster_event_loop_lag_seconds)",
+            "Admit decision windows that ran past their wall-clock length because the router's own event loop "
+            "ran late in them (the window counts only on-time loop time; see bandmaster_event_loop_lag_seconds)",
             registry=r,
         )
         self.scheduler_errors = Counter(

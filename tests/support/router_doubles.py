@@ -38,6 +38,9 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
     block_loop: dict[str, float] = field(default_factory=dict)
     """session -> seconds: AdmitStream blocks the whole event loop that long (time.sleep) before answering,
     as a stalled router process would be (router and double share the test's loop)."""
+    answer_after_hops: dict[str, int] = field(default_factory=dict)
+    """session -> n: AdmitStream yields to the event loop n times before answering (an answer on its way
+    that needs loop turns to arrive: a saturated loop makes each turn slow)."""
     max_hold_seconds: float = 1800.0
     priority: int = 7
     pin: tuple[str, int] | None = None
@@ -64,6 +67,8 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
             await asyncio.sleep(0.02)
         if request.session_id in self.block_loop:
             time.sleep(self.block_loop[request.session_id])
+        for _ in range(self.answer_after_hops.get(request.session_id, 0)):
+            await asyncio.sleep(0)
         if request.session_id in self.hold:
             await context.write(pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.max_hold_seconds)))
         while request.session_id in self.hold:

@@ -9,7 +9,10 @@ one WARN per outage, an INFO when the scheduler answers again):
 
 * `AdmitStream` must send its first message (the decision, or `held`) within the decision deadline
   (`admit_decision_timeout_seconds`, ~2 s). No first message = the scheduler is frozen or cut off:
-  `no_answer`. UNAVAILABLE and friends: `unreachable`.
+  `no_answer`. UNAVAILABLE and friends: `unreachable`. The deadline counts only the time this
+  process's event loop ran on time (wall time minus its measured lag, services/common/loop_lag.py):
+  a router too busy to read the answer does not blame the scheduler for it
+  (`bandmaster_router_admit_deadline_extended_total` counts the turns whose window lag lengthened).
 * A held call waits for the decision as long as the scheduler said it may hold it
   (`held.max_hold_seconds`, its resume timeout) plus the decision deadline, and never longer than
   `admit_hold_timeout_seconds`: past that, `hold_overrun`.
@@ -29,6 +32,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 from opentelemetry import trace
@@ -171,10 +175,13 @@ class SchedulerClient:
     def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
         self._down(method, f"{exc.code().name}: {exc.details()}")
 
-    def _we_were_stalled(self) -> bool:
-        """True when this process's event loop was blocked for a quarter of the decision window or more
-        within it: the deadline then judged our lateness, not the scheduler's."""
-        return self._loop_lag is not None and self._loop_lag.stalled_within(self._decision_s) >= self._decision_s / 4
+    def _on_time_clock(self, loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+        """Wall time on `loop` minus this process's measured event-loop lag (wall time alone without a
+        sampler): the clock the decision windows are kept on."""
+        lag = self._loop_lag
+        if lag is None:
+            return loop.time
+        return lambda: loop.time() - lag.lag_clock()
 
     def _fail_open(self, reason: str) -> None:
         self._metrics.fail_open.labels(reason).inc()
@@ -220,22 +227,27 @@ class SchedulerClient:
         loop = asyncio.get_running_loop()
         cap_at = loop.time() + self._hold_cap_s
         call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
-        deadline = min(loop.time() + self._decision_s, cap_at)
-        held = decided = extended = False
-        # One read outlives a missed deadline (a cancelled read cancels the call), so that a window given
-        # once more can still take the answer that was on its way.
+        # The windows are kept on this loop's on-time clock (wall time minus its measured lag): a window
+        # that passed only because our own loop ran late is not the scheduler's silence. The hold cap
+        # (wall time) bounds every wait.
+        on_time = self._on_time_clock(loop)
+        window_end = on_time() + self._decision_s
+        held = decided = excused = False
+        # One read outlives a timeout that lag excuses (a cancelled read cancels the call), so that the
+        # answer on its way is still taken.
         reading: asyncio.Future | None = None
         try:
             while True:
                 if reading is None:
                     reading = asyncio.ensure_future(call.read())
-                done, _ = await asyncio.wait((reading,), timeout=max(0.0, deadline - loop.time()))
-                if not done:
-                    if not extended and self._we_were_stalled():
-                        # Our own loop did not run for part of the window: the answer may be here already.
-                        extended = True
-                        self._metrics.admit_deadline_extended.inc()
-                        deadline = loop.time() + self._decision_s
+                wait_s = min(cap_at - loop.time(), window_end - on_time())
+                done, _ = await asyncio.wait((reading,), timeout=max(0.0, wait_s))
+                if not done and not reading.done():
+                    if on_time() < window_end and loop.time() < cap_at:
+                        # Our own loop ran late in the window: the scheduler's answer may be here already.
+                        if not excused:
+                            excused = True
+                            self._metrics.admit_deadline_extended.inc()
                         continue
                     if held:
                         log.warning("scheduler held turn %s past its own bound; failing open", request_id)
@@ -262,7 +274,7 @@ class SchedulerClient:
                     held = True
                     self._ok()
                 bound_s = update.held.max_hold_seconds
-                deadline = cap_at if bound_s <= 0 else min(cap_at, loop.time() + bound_s + self._decision_s)
+                window_end = float("inf") if bound_s <= 0 else on_time() + bound_s + self._decision_s
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise

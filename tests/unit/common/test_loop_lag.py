@@ -70,3 +70,30 @@ async def test_the_sampler_measures_a_blocked_loop():
         assert registry.get_sample_value("bandmaster_event_loop_lag_seconds_count") >= 1
     finally:
         await lag.stop()
+
+
+def test_the_lag_clock_adds_every_lag_and_a_stall_under_way_only_while_sampling():
+    clock = Clock()
+    lag = LoopLag("svc", CollectorRegistry(), interval_s=0.1, monotonic=clock)
+    for late in (0.05, 0.0, 0.2, 0.03):  # short lags count too: a saturated loop has only those
+        clock.t += 0.1 + late
+        lag.observe(late)
+    assert abs(lag.lag_clock() - 0.28) < 1e-9
+    clock.t += 0.6  # the sampler is not running: nothing is under way
+    assert abs(lag.lag_clock() - 0.28) < 1e-9
+
+
+async def test_a_saturated_loop_advances_the_on_time_clock_about_one_interval_a_turn():
+    lag = LoopLag("svc", CollectorRegistry(), interval_s=0.05)
+    lag.start()
+    try:
+        await asyncio.sleep(0.06)
+        start_wall, start_lag = time.monotonic(), lag.lag_clock()
+        for _ in range(8):  # eight slow loop turns, none idle
+            time.sleep(0.15)
+            await asyncio.sleep(0)
+        wall = time.monotonic() - start_wall
+        on_time = wall - (lag.lag_clock() - start_lag)
+        assert wall >= 1.2 and on_time < 0.6 * wall
+    finally:
+        await lag.stop()

@@ -187,6 +187,53 @@ async def test_a_router_whose_own_loop_stalled_in_the_decision_window_waits_for_
         await r.close()
 
 
+async def _saturate_loop(block_s: float, until: asyncio.Future) -> int:
+    """Keep the event loop busy as a router carrying hundreds of streams does: every loop turn spends
+    `block_s` in synchronous work, with no idle moment, until `until` is done. Returns the turns."""
+    turns = 0
+    while not until.done():
+        time.sleep(block_s)
+        turns += 1
+        await asyncio.sleep(0)
+    return turns
+
+
+async def test_a_router_whose_loop_is_saturated_waits_for_the_answer_instead_of_failing_open(caplog):
+    """Regression (issue 20: 7.5-34% of turns failed open under 200 streams): a loop that is never idle, each
+    turn slow but none a stall as long as a quarter of the window, took more wall time than the decision
+    window to carry an answer that needed a few loop turns, and the turn failed open. The window now counts
+    only the time the router's loop ran on time."""
+    r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=1.0)
+    r.sched.answer_after_hops["busy"] = 4
+    try:
+        await asyncio.sleep(0.3)  # the loop-lag sampler is running
+        call = asyncio.ensure_future(_chat(r, stream=True, session="busy"))
+        turns = await _saturate_loop(0.2, call)
+        status, _, elapsed = await call
+        assert status == 200 and elapsed > 1.0, (turns, elapsed)  # the wall-clock window did pass
+        assert r.sample("bandmaster_router_scheduler_fail_open_total", reason="no_answer") == 0
+        assert r.sample("bandmaster_router_admit_deadline_extended_total") == 1
+        assert len(r.sched.of("Admit")) == 1 and "failing open" not in caplog.text
+    finally:
+        await r.close()
+
+
+async def test_a_saturated_router_still_fails_open_when_the_scheduler_never_answers():
+    """Lag excuses the router's lateness, not the scheduler's silence: the wait stays bounded."""
+    r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=0.5, scheduler_retry_seconds=60)
+    r.sched.silent.add("frozen")
+    try:
+        await asyncio.sleep(0.3)
+        call = asyncio.ensure_future(_chat(r, stream=False, session="frozen"))
+        await _saturate_loop(0.15, call)
+        status, _, elapsed = await call
+        assert status == 200 and elapsed < 15.0  # the HTTP turn's own loop turns included, far from the cap
+        assert r.sample("bandmaster_router_scheduler_fail_open_total", reason="no_answer") == 1
+    finally:
+        r.sched.silent.clear()
+        await r.close()
+
+
 async def test_a_held_turn_waits_past_the_decision_deadline_then_runs():
     r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=0.2)
     r.sched.hold.add("paused")
