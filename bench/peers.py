@@ -56,6 +56,38 @@ def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path
     return process, f"http://127.0.0.1:{port}"
 
 
+def launch_peer_proxy(
+    worker_urls: Sequence[str], policy: str, speedup: float, log_path: Path
+) -> tuple[subprocess.Popen, str]:
+    """A peer system's proxy (`python -m bench.peer_proxy`, harness/peers) in front of `worker_urls`,
+    its clock scaled by the workers' `speedup`; returns the process and its base URL. It reads the
+    workers' /server_info before it listens: callers wait until it routes."""
+    port = free_port()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            orphan_guard.command(
+                sys.executable,
+                "bench.peer_proxy",
+                [
+                    "--policy",
+                    policy,
+                    "--worker-urls",
+                    *worker_urls,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--speedup",
+                    repr(speedup),
+                ],
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    return process, f"http://127.0.0.1:{port}"
+
+
 def chat_ok(base_url: str, model: str) -> bool:
     """True when `base_url` answers a one-token chat completion: the front door routes."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()
