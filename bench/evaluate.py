@@ -47,7 +47,15 @@ from services.common.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config
 
 ARMS = ("bandmaster", "kv", "oracle")
-RATIOS = (("bandmaster", "oracle"), ("bandmaster", "kv"), ("kv", "oracle"))
+# The peer systems' arms (harness/peers): selectable with --arms, not run by default.
+PEER_ARMS = ("thunderagent", "continuum")
+RATIOS = (
+    ("bandmaster", "oracle"),
+    ("bandmaster", "kv"),
+    ("kv", "oracle"),
+    ("bandmaster", "thunderagent"),
+    ("bandmaster", "continuum"),
+)
 GROUPS = ("closed", "tool_x3", "tool_x10", "host", "steady", "heldout")
 JSON_FILE = "evaluate.json"
 MARKDOWN_FILE = "evaluate.md"
@@ -482,6 +490,23 @@ def summary_markdown(report: dict) -> str:
             f"{_ratio_cell(point['ratios'], 'bandmaster/kv')} | {_ratio_cell(point['ratios'], 'kv/oracle')} "
             f"| {' / '.join(mean_metric(a) for a in ARMS)} |"
         )
+    peers = [a for a in PEER_ARMS if any(a in d for point in report["points"] for d in point["draws"].values())]
+    if peers:
+        lines += [
+            "",
+            'Peer arms (harness/peers, docs/simulator.md "Peer arms"): bandmaster / peer, mean / worst over the '
+            "draws, and the peer's steps/min (mean).",
+            "",
+            "| point | " + " | ".join(f"bandmaster / {a} | {a} steps/min" for a in peers) + " |",
+            "|---|" + "---|---|" * len(peers),
+        ]
+        for point in report["points"]:
+            cells = []
+            for a in peers:
+                values = [d[a]["metric"] for d in point["draws"].values() if a in d and not d[a].get("error")]
+                mean = f"{statistics.fmean(values):.1f}" if values else "-"
+                cells += [_ratio_cell(point["ratios"], f"bandmaster/{a}"), mean]
+            lines.append(f"| {_point_label(point)} | " + " | ".join(cells) + " |")
     lines += ["", "## Targets", "", "| result | target | value | needs | where |", "|---|---|---|---|---|"]
     for t in report["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
@@ -546,7 +571,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="oversubscription factors to run, comma list (default: all of 2,3,4)",
     )
-    parser.add_argument("--arms", action="append", default=[], help=f"comma list from {', '.join(ARMS)} (default: all)")
+    parser.add_argument(
+        "--arms",
+        action="append",
+        default=[],
+        help=f"comma list from {', '.join((*ARMS, *PEER_ARMS))} (default: {', '.join(ARMS)})",
+    )
     parser.add_argument(
         "--groups", action="append", default=[], help=f"comma list from {', '.join(GROUPS)} (default: all)"
     )
@@ -580,7 +610,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         require(args.jobs >= 1, "jobs", args.jobs, "jobs >= 1")
         factors = _csv(args.points, spec.factors, "points", int) or list(spec.factors)
-        arms = _csv(args.arms, ARMS, "arms") or list(ARMS)
+        arms = _csv(args.arms, (*ARMS, *PEER_ARMS), "arms") or list(ARMS)
         groups = _csv(args.groups, GROUPS, "groups") or list(GROUPS)
         if args.split == "heldout":
             groups = [g for g in groups if g == "heldout"]

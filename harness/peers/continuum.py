@@ -93,6 +93,7 @@ class ContinuumCore:
         self.pin_hits_total = 0
         self.pins_expired_total = 0
         self.queued_total = 0
+        self.unpinned_total = 0
         self._pending: list[Wake] = []
         """Wakes of other programs found while admitting in `begin_turn`: returned by the next call."""
 
@@ -129,13 +130,13 @@ class ContinuumCore:
             self._learn(p, now - p.tool_started)
             p.tool_started = None
         tokens = max(1, prompt_tokens)
-        if p.pin_until > now and p.backend is not None:
-            # The pin held its room: the turn goes straight back to its KV.
+        pinned = p.pin_until > now and p.backend is not None
+        p.pinned_tokens, p.pin_until = 0, 0.0
+        if pinned and p.backend is not None and self.capacities[p.backend] - self.occupied(p.backend, now) >= tokens:
+            # The pin held its room (and the context's growth fits): straight back to its KV.
             self.pin_hits_total += 1
-            p.pinned_tokens, p.pin_until = 0, 0.0
             p.running_tokens = tokens
             return p.backend
-        p.pinned_tokens, p.pin_until = 0, 0.0
         p.queued_tokens = tokens
         self._enqueue(p)
         self.queued_total += 1
@@ -200,21 +201,48 @@ class ContinuumCore:
         out, self._pending = self._pending, []
         return out
 
+    def _victims(self, backend: int, head: CtProgram, now: float) -> list[CtProgram]:
+        """Live pins on `backend` of programs that came after `head`, the latest first: what the head
+        may unpin (program-level FCFS: an earlier program's pin outranks a later program's)."""
+        out = [
+            q
+            for q in self.programs.values()
+            if q.backend == backend and q.pinned_tokens and q.pin_until > now and q.arrival > head.arrival
+        ]
+        out.sort(key=lambda q: -q.arrival)
+        return out
+
     def _admit(self, now: float) -> list[Wake]:
-        """Admit from the head of the FCFS queue while the head fits somewhere."""
+        """Admit from the head of the FCFS queue while the head fits somewhere, unpinning later
+        programs' contexts when that makes it fit; the head that cannot fit blocks the queue."""
         wakes = []
         occupied = [self.occupied(b, now) for b in range(len(self.capacities))]
         while self.queue:
             p = self.programs[self.queue[0]]
             need = p.queued_tokens
             room = [self.capacities[b] - occupied[b] for b in range(len(occupied))]
-            if p.backend is not None and room[p.backend] >= need:
-                backend = p.backend
-            else:
-                backend = max(range(len(room)), key=lambda b: (room[b], -b))
-                # A context larger than any pool still runs once its backend holds nothing else.
-                if room[backend] < need and occupied[backend] > 0:
+            order = sorted(range(len(room)), key=lambda b: (b != p.backend, -room[b], b))
+            backend = next((b for b in order if room[b] >= need), None)
+            if backend is None:
+                for b in order:
+                    victims = self._victims(b, p, now)
+                    if room[b] + sum(q.pinned_tokens for q in victims) < need:
+                        continue
+                    for q in victims:
+                        if room[b] >= need:
+                            break
+                        room[b] += q.pinned_tokens
+                        occupied[b] -= q.pinned_tokens
+                        q.pinned_tokens, q.pin_until = 0, 0.0
+                        self.unpinned_total += 1
+                    backend = b
                     break
+            if backend is None:
+                # A context larger than any pool still runs once its backend holds nothing else.
+                emptiest = min(range(len(occupied)), key=lambda b: (occupied[b], b))
+                if occupied[emptiest] > 0:
+                    break
+                backend = emptiest
             self.queue.pop(0)
             p.backend = backend
             p.running_tokens = need
@@ -228,6 +256,7 @@ class ContinuumCore:
             "pins": self.pins_total,
             "pin_hits": self.pin_hits_total,
             "pins_expired": self.pins_expired_total,
+            "unpinned": self.unpinned_total,
             "queued": self.queued_total,
             "queued_now": len(self.queue),
         }
