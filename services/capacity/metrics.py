@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.capacity.core.cards import CapacityView
-from services.capacity.core.state import CardRejectReason, Health, PollFailureReason
+from services.capacity.core.state import CardRejectReason, Degradation, Health, PollFailureReason
 
 
 class CapacityMetrics:
@@ -37,6 +37,13 @@ class CapacityMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
             registry=registry,
         )
+        self.worker_degraded = Gauge(
+            "bandmaster_capacity_worker_degraded",
+            "1 while a server argument Bandmaster relies on is off on the worker (reason: cache_report_off, "
+            "priority_scheduling_off), else 0; one series per reason for every worker with a card",
+            ["worker_id", "reason"],
+            registry=registry,
+        )
         self.watchers = Gauge("bandmaster_capacity_watchers", "Open WatchWorkers streams", registry=registry)
         self.version = Gauge(
             "bandmaster_capacity_snapshot_version", "Version of the latest snapshot", registry=registry
@@ -50,6 +57,7 @@ class CapacityMetrics:
         for card_reason in CardRejectReason:
             self.card_rejections.labels(card_reason.value)
         self._retention_seen: dict[tuple[str, str, str], int] = {}
+        self._degraded_seen: dict[tuple[str, str], int] = {}
 
     def observe_view(self, view: CapacityView, version: int) -> None:
         counts = {h: 0 for h in Health}
@@ -67,5 +75,17 @@ class CapacityMetrics:
             if self._retention_seen.get(labels) != tokens:
                 self.retention_tokens.labels(*labels).set(tokens)
         self._retention_seen = current
+        degraded = {
+            (w.state.worker_id, d.value): int(d in w.state.card.degraded)
+            for w in view.workers
+            if w.state.card is not None
+            for d in Degradation
+        }
+        for labels in self._degraded_seen.keys() - degraded.keys():
+            self.worker_degraded.remove(*labels)
+        for labels, value in degraded.items():
+            if self._degraded_seen.get(labels) != value:
+                self.worker_degraded.labels(*labels).set(value)
+        self._degraded_seen = degraded
         self.total_retention_tokens.set(view.total_retention_tokens)
         self.version.set(version)

@@ -1,7 +1,8 @@
 """Transition log lines, rate-limited per worker and kind so that a flapping worker cannot flood the log.
 
 Lifecycle lines (`added`, `removed`) are always written. For every other kind (health,
-card_changed, card_rejected, mismatch) at most one line per `(worker_id, kind)` is written per
+card_changed, card_rejected, mismatch, and degraded: WARNING while something is off, INFO when
+it ends) at most one line per `(worker_id, kind)` is written per
 `interval_s` (for health, per target health: the first `-> UNHEALTHY` is never held back by a
 recent `-> HEALTHY`); later ones are counted, and once the interval has passed the latest of them is
 written with the count, by the next transition of that kind or by `flush` (called every poll
@@ -21,8 +22,10 @@ _ALWAYS = (TransitionKind.ADDED, TransitionKind.REMOVED)
 def level_of(t: Transition) -> int:
     if t.kind is TransitionKind.CARD_HELD:
         return logging.DEBUG
-    if t.kind in (TransitionKind.CARD_REJECTED, TransitionKind.MISMATCH) or (
-        t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY"
+    if (
+        t.kind in (TransitionKind.CARD_REJECTED, TransitionKind.MISMATCH)
+        or (t.kind is TransitionKind.HEALTH and t.new == "UNHEALTHY")
+        or (t.kind is TransitionKind.DEGRADED and t.new != "none")
     ):
         return logging.WARNING
     return logging.INFO

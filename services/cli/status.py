@@ -2,8 +2,9 @@
 until Ctrl-C (`--once`: one snapshot).
 
 What it shows, and where it comes from (the cluster is found as services/cli/endpoints.py says):
-workers, their health and retention budgets (capacity `ListWorkers`); per replica the working set against
-the budget as a bar with the resume / soft-demote / pause band edges marked, and its band (scheduler
+workers, their health and retention budgets (capacity `ListWorkers`), and loudly each worker whose server
+arguments make Bandmaster know less (its card's degradations, with the SGLang flag to add); per replica the
+working set against the budget as a bar with the resume / soft-demote / pause band edges marked, and its band (scheduler
 `ListPrograms`); programs by state (scheduler `GetStats` and the program table); the drain lease and the
 replica target (planner `GetPlan`). The band edges are those in force at the scheduler, read from its
 `bandmaster_scheduler_band_threshold_ratio` series; when its metrics port cannot be read the reference
@@ -101,6 +102,50 @@ class Snapshot:
         return self.workers is not None or self.programs is not None
 
 
+DEGRADATION_ADVICE = {
+    capacity_pb2.DEGRADATION_CACHE_REPORT_OFF: (
+        "cache reports off",
+        "--enable-cache-report",
+        "completions carry no cached-token counts, so the cost-aware policy cannot learn the prefill "
+        "rate from this worker and keeps its prior (--cost-aware-prefill-tokens-per-s)",
+    ),
+    capacity_pb2.DEGRADATION_PRIORITY_SCHEDULING_OFF: (
+        "priority scheduling off",
+        "--enable-priority-scheduling",
+        "the engine ignores the priorities Bandmaster sends (resumed turns first, soft-demoted turns last)",
+    ),
+}
+"""Per capacity.v1 Degradation: a short name, the SGLang flag that ends it, and what is lost meanwhile."""
+
+
+def degraded_workers(snapshot: capacity_pb2.WorkersSnapshot) -> list[tuple[str, list[int]]]:
+    """(worker URL or id, its degradations) for each worker whose card has any, by worker id."""
+    return [
+        (w.url or w.worker_id, list(w.card.degraded))
+        for w in sorted(snapshot.workers, key=lambda w: w.worker_id)
+        if w.card.degraded
+    ]
+
+
+def degraded_banner(snapshot: capacity_pb2.WorkersSnapshot) -> str:
+    """The loud warning naming each degraded worker, what is off and the flag to add ("" when none is)."""
+    found = degraded_workers(snapshot)
+    if not found:
+        return ""
+    rule = "!" * 78
+    lines = [rule, f"DEGRADED: {len(found)} of {len(snapshot.workers)} workers run without what Bandmaster relies on."]
+    for where, reasons in found:
+        for reason in reasons:
+            name, flag, loss = DEGRADATION_ADVICE.get(reason, (f"degradation {reason}", "?", "unknown to this CLI"))
+            lines.append(f"  {where}: {name}; restart it with {flag}: {loss}")
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _degraded_note(worker: capacity_pb2.Worker) -> str:
+    return ", ".join(DEGRADATION_ADVICE.get(d, (f"degradation {d}",))[0] for d in worker.card.degraded)
+
+
 def _workers_table(snapshot: Snapshot) -> str:
     if snapshot.workers is None:
         return f"workers: capacity service not answering ({snapshot.workers_error})"
@@ -119,7 +164,7 @@ def _workers_table(snapshot: Snapshot) -> str:
                 f"{host:,} host" if host else "GPU only",
                 w.load.num_running_reqs,
                 w.load.num_queue_reqs,
-                w.excluded_reason or "",
+                "; ".join(note for note in (w.excluded_reason, _degraded_note(w)) if note),
             ]
         )
     healthy = sum(w.health == capacity_pb2.WORKER_HEALTH_HEALTHY for w in snapshot.workers.workers)
@@ -132,6 +177,9 @@ def _workers_table(snapshot: Snapshot) -> str:
     )
     if not healthy:
         table += "\n!! NO HEALTHY WORKER: requests fail with 503 until one is"
+    banner = degraded_banner(snapshot.workers)
+    if banner:
+        table += "\n" + banner
     return table
 
 

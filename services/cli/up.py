@@ -23,6 +23,7 @@ from harness.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, s
 from harness.supervisor import StartupError
 from harness.table import render_table
 from services.cli import endpoints
+from services.cli.status import degraded_banner
 from services.common.logs import setup_logging
 from services.common.ports import DEFAULT_PORTS, port_free
 
@@ -60,6 +61,14 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
         help="HiCache host tier of each simulated worker, in tokens (0 = off)",
     )
     parser.add_argument("--worker-page-size", type=int, default=16, help="KV page size of each simulated worker")
+    parser.add_argument(
+        "--worker-cache-report",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the simulated workers with --enable-cache-report, as docs/getting-started.md starts "
+        "SGLang; --no-worker-cache-report models workers without it (capacity then warns, and the "
+        "cost-aware policy keeps its prior prefill rate)",
+    )
     parser.add_argument(
         "--speedup",
         type=float,
@@ -121,6 +130,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         worker_kv_tokens=args.worker_kv_tokens,
         worker_host_kv_tokens=args.worker_host_kv_tokens,
         worker_page_size=args.worker_page_size,
+        worker_cache_report=args.worker_cache_report,
         worker_speedup=args.worker_speedup,
         worker_timing_profile=args.worker_timing_profile,
         model_name=args.model_name,
@@ -288,6 +298,8 @@ class FleetHealth:
     problems: tuple[tuple[str, str], ...]
     pending: int = 0
     """Workers not polled successfully yet and not yet declared unhealthy."""
+    degraded: str = ""
+    """The loud warning naming each worker whose server arguments make Bandmaster know less ("" = none)."""
 
     @property
     def settled(self) -> bool:
@@ -310,7 +322,7 @@ def fleet_health(snapshot: capacity_pb2.WorkersSnapshot) -> FleetHealth:
             f"{worker.consecutive_failures} failed polls" if worker.consecutive_failures else "not answered yet"
         )
         problems.append((worker.url or worker.worker_id, why if why.startswith(state) else f"{state}: {why}"))
-    return FleetHealth(healthy, len(snapshot.workers), tuple(problems), pending)
+    return FleetHealth(healthy, len(snapshot.workers), tuple(problems), pending, degraded_banner(snapshot))
 
 
 def no_healthy_worker_banner(health: FleetHealth, waited_s: float | None = None) -> str:
@@ -441,6 +453,9 @@ def run(args: argparse.Namespace) -> int:
         elif health.problems:
             for url, why in health.problems:
                 print(f"bandmaster up: WARNING: worker {url} is not healthy ({why})", file=sys.stderr, flush=True)
+        last_degraded = health.degraded if health is not None else ""
+        if last_degraded:
+            print(last_degraded, file=sys.stderr, flush=True)
         print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
         if health is None or health.healthy == 0:
             print("Bandmaster is up WITHOUT A HEALTHY WORKER (see the warning above).")
@@ -485,6 +500,10 @@ def run(args: argparse.Namespace) -> int:
                     else:
                         print(f"bandmaster up: {now.healthy} of {now.total} workers healthy again", flush=True)
                     last_healthy = now.healthy
+                if now is not None and now.degraded != last_degraded:
+                    # Once per change (a worker restarted with or without the flags), never once per check.
+                    print(now.degraded or "bandmaster up: no worker is degraded any more", file=sys.stderr, flush=True)
+                    last_degraded = now.degraded
             time.sleep(0.2)
         return 0
     finally:

@@ -45,6 +45,8 @@ def sglang_info(
     enable_dp_attention: bool = False,
     context_length: int = 32_768,
     version: str = "0.5.5-stub",
+    enable_cache_report: bool = True,
+    enable_priority_scheduling: bool = True,
 ) -> dict[str, Any]:
     """A /server_info body with the fields (and shape) a real SGLang server has."""
     info: dict[str, Any] = {
@@ -58,7 +60,6 @@ def sglang_info(
         "max_total_tokens": None,
         "chunked_prefill_size": 8192,
         "schedule_policy": "fcfs",
-        "enable_priority_scheduling": False,
         "enable_dp_attention": enable_dp_attention,
         "context_length": context_length,
         "enable_hierarchical_cache": enable_hierarchical_cache,
@@ -69,6 +70,9 @@ def sglang_info(
         "hicache_mem_layout": "layer_first",
         "hicache_storage_backend": hicache_storage_backend,
         "enable_metrics": False,
+        # As docs/getting-started.md starts SGLang (SGLang's own defaults are off for both).
+        "enable_cache_report": enable_cache_report,
+        "enable_priority_scheduling": enable_priority_scheduling,
         "disaggregation_mode": "null",
         "mem_fraction_static": 0.88,
         # scheduler_info

@@ -25,45 +25,47 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%bandmaster/capacity/v1/capacity.proto\x12\x16\x62\x61ndmaster.capacity.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x95\x02\n\nWorkerCard\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rgpu_kv_tokens\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x16\n\x0ehost_kv_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12hierarchical_cache\x18\x05 \x01(\x08\x12\x1c\n\x14hicache_write_policy\x18\x06 \x01(\t\x12\x1f\n\x17hicache_storage_backend\x18\x07 \x01(\t\x12\x0f\n\x07\x64p_size\x18\x08 \x01(\x05\x12\x1c\n\x14max_running_requests\x18\t \x01(\x05\x12\x16\n\x0e\x63ontext_length\x18\n \x01(\x03\x12\x0f\n\x07version\x18\x0b \x01(\t\"\xcf\x01\n\x07Replica\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x18\n\x10retention_tokens\x18\x03 \x01(\x03\x12\x41\n\x10retention_source\x18\x04 \x01(\x0e\x32\'.bandmaster.capacity.v1.RetentionSource\x12\x15\n\rgpu_kv_tokens\x18\x05 \x01(\x03\x12\x16\n\x0ehost_kv_tokens\x18\x06 \x01(\x03\x12\x14\n\x0cmax_programs\x18\x07 \x01(\x05\"k\n\nWorkerLoad\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x16\n\x0enum_queue_reqs\x18\x02 \x01(\x05\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x04 \x01(\x01\"\x94\x03\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x34\n\x06origin\x18\x03 \x01(\x0e\x32$.bandmaster.capacity.v1.WorkerOrigin\x12\x34\n\x06health\x18\x04 \x01(\x0e\x32$.bandmaster.capacity.v1.WorkerHealth\x12\x30\n\x04\x63\x61rd\x18\x05 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerCard\x12\x31\n\x08replicas\x18\x06 \x03(\x0b\x32\x1f.bandmaster.capacity.v1.Replica\x12\x30\n\x04load\x18\x07 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerLoad\x12\x17\n\x0f\x65xcluded_reason\x18\x08 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\t \x01(\x05\x12\x30\n\x0clast_success\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb8\x01\n\x0fWorkersSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12/\n\x07workers\x18\x02 \x03(\x0b\x32\x1e.bandmaster.capacity.v1.Worker\x12\x1e\n\x16total_retention_tokens\x18\x03 \x01(\x03\x12\x30\n\x0cgenerated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\theartbeat\x18\x05 \x01(\x08\"s\n\x15RegisterWorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x1e\n\x16\x65xpected_gpu_kv_tokens\x18\x03 \x01(\x03\x12\x1a\n\x12\x65xpected_page_size\x18\x04 \x01(\x05\"H\n\x16RegisterWorkerResponse\x12.\n\x06worker\x18\x01 \x01(\x0b\x32\x1e.bandmaster.capacity.v1.Worker\"W\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\x04load\x18\x02 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerLoad\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\",\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"+\n\x18\x44\x65registerWorkerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\x14\n\x12ListWorkersRequest\",\n\x13WatchWorkersRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04*v\n\x0fRetentionSource\x12 \n\x1cRETENTION_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RETENTION_SOURCE_GPU_ONLY\x10\x01\x12\"\n\x1eRETENTION_SOURCE_GPU_PLUS_HOST\x10\x02*\x80\x01\n\x0cWorkerHealth\x12\x1d\n\x19WORKER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_HEALTH_PENDING\x10\x01\x12\x19\n\x15WORKER_HEALTH_HEALTHY\x10\x02\x12\x1b\n\x17WORKER_HEALTH_UNHEALTHY\x10\x03*{\n\x0cWorkerOrigin\x12\x1d\n\x19WORKER_ORIGIN_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ORIGIN_FLAG\x10\x01\x12\x1d\n\x19WORKER_ORIGIN_CONFIG_FILE\x10\x02\x12\x15\n\x11WORKER_ORIGIN_RPC\x10\x03\x32\xa0\x04\n\x08\x43\x61pacity\x12o\n\x0eRegisterWorker\x12-.bandmaster.capacity.v1.RegisterWorkerRequest\x1a..bandmaster.capacity.v1.RegisterWorkerResponse\x12`\n\tHeartbeat\x12(.bandmaster.capacity.v1.HeartbeatRequest\x1a).bandmaster.capacity.v1.HeartbeatResponse\x12u\n\x10\x44\x65registerWorker\x12/.bandmaster.capacity.v1.DeregisterWorkerRequest\x1a\x30.bandmaster.capacity.v1.DeregisterWorkerResponse\x12\x62\n\x0bListWorkers\x12*.bandmaster.capacity.v1.ListWorkersRequest\x1a\'.bandmaster.capacity.v1.WorkersSnapshot\x12\x66\n\x0cWatchWorkers\x12+.bandmaster.capacity.v1.WatchWorkersRequest\x1a\'.bandmaster.capacity.v1.WorkersSnapshot0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%bandmaster/capacity/v1/capacity.proto\x12\x16\x62\x61ndmaster.capacity.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x02\n\nWorkerCard\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rgpu_kv_tokens\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\x12\x16\n\x0ehost_kv_tokens\x18\x04 \x01(\x03\x12\x1a\n\x12hierarchical_cache\x18\x05 \x01(\x08\x12\x1c\n\x14hicache_write_policy\x18\x06 \x01(\t\x12\x1f\n\x17hicache_storage_backend\x18\x07 \x01(\t\x12\x0f\n\x07\x64p_size\x18\x08 \x01(\x05\x12\x1c\n\x14max_running_requests\x18\t \x01(\x05\x12\x16\n\x0e\x63ontext_length\x18\n \x01(\x03\x12\x0f\n\x07version\x18\x0b \x01(\t\x12\x35\n\x08\x64\x65graded\x18\x0c \x03(\x0e\x32#.bandmaster.capacity.v1.Degradation\"\xcf\x01\n\x07Replica\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\x05\x12\x18\n\x10retention_tokens\x18\x03 \x01(\x03\x12\x41\n\x10retention_source\x18\x04 \x01(\x0e\x32\'.bandmaster.capacity.v1.RetentionSource\x12\x15\n\rgpu_kv_tokens\x18\x05 \x01(\x03\x12\x16\n\x0ehost_kv_tokens\x18\x06 \x01(\x03\x12\x14\n\x0cmax_programs\x18\x07 \x01(\x05\"k\n\nWorkerLoad\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x16\n\x0enum_queue_reqs\x18\x02 \x01(\x05\x12\x13\n\x0btoken_usage\x18\x03 \x01(\x01\x12\x16\n\x0e\x63\x61\x63he_hit_rate\x18\x04 \x01(\x01\"\x94\x03\n\x06Worker\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x34\n\x06origin\x18\x03 \x01(\x0e\x32$.bandmaster.capacity.v1.WorkerOrigin\x12\x34\n\x06health\x18\x04 \x01(\x0e\x32$.bandmaster.capacity.v1.WorkerHealth\x12\x30\n\x04\x63\x61rd\x18\x05 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerCard\x12\x31\n\x08replicas\x18\x06 \x03(\x0b\x32\x1f.bandmaster.capacity.v1.Replica\x12\x30\n\x04load\x18\x07 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerLoad\x12\x17\n\x0f\x65xcluded_reason\x18\x08 \x01(\t\x12\x1c\n\x14\x63onsecutive_failures\x18\t \x01(\x05\x12\x30\n\x0clast_success\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb8\x01\n\x0fWorkersSnapshot\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12/\n\x07workers\x18\x02 \x03(\x0b\x32\x1e.bandmaster.capacity.v1.Worker\x12\x1e\n\x16total_retention_tokens\x18\x03 \x01(\x03\x12\x30\n\x0cgenerated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\theartbeat\x18\x05 \x01(\x08\"s\n\x15RegisterWorkerRequest\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x11\n\tworker_id\x18\x02 \x01(\t\x12\x1e\n\x16\x65xpected_gpu_kv_tokens\x18\x03 \x01(\x03\x12\x1a\n\x12\x65xpected_page_size\x18\x04 \x01(\x05\"H\n\x16RegisterWorkerResponse\x12.\n\x06worker\x18\x01 \x01(\x0b\x32\x1e.bandmaster.capacity.v1.Worker\"W\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x30\n\x04load\x18\x02 \x01(\x0b\x32\".bandmaster.capacity.v1.WorkerLoad\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\",\n\x17\x44\x65registerWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"+\n\x18\x44\x65registerWorkerResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\"\x14\n\x12ListWorkersRequest\",\n\x13WatchWorkersRequest\x12\x15\n\rknown_version\x18\x01 \x01(\x04*v\n\x0fRetentionSource\x12 \n\x1cRETENTION_SOURCE_UNSPECIFIED\x10\x00\x12\x1d\n\x19RETENTION_SOURCE_GPU_ONLY\x10\x01\x12\"\n\x1eRETENTION_SOURCE_GPU_PLUS_HOST\x10\x02*\x80\x01\n\x0cWorkerHealth\x12\x1d\n\x19WORKER_HEALTH_UNSPECIFIED\x10\x00\x12\x19\n\x15WORKER_HEALTH_PENDING\x10\x01\x12\x19\n\x15WORKER_HEALTH_HEALTHY\x10\x02\x12\x1b\n\x17WORKER_HEALTH_UNHEALTHY\x10\x03*{\n\x0cWorkerOrigin\x12\x1d\n\x19WORKER_ORIGIN_UNSPECIFIED\x10\x00\x12\x16\n\x12WORKER_ORIGIN_FLAG\x10\x01\x12\x1d\n\x19WORKER_ORIGIN_CONFIG_FILE\x10\x02\x12\x15\n\x11WORKER_ORIGIN_RPC\x10\x03*u\n\x0b\x44\x65gradation\x12\x1b\n\x17\x44\x45GRADATION_UNSPECIFIED\x10\x00\x12 \n\x1c\x44\x45GRADATION_CACHE_REPORT_OFF\x10\x01\x12\'\n#DEGRADATION_PRIORITY_SCHEDULING_OFF\x10\x02\x32\xa0\x04\n\x08\x43\x61pacity\x12o\n\x0eRegisterWorker\x12-.bandmaster.capacity.v1.RegisterWorkerRequest\x1a..bandmaster.capacity.v1.RegisterWorkerResponse\x12`\n\tHeartbeat\x12(.bandmaster.capacity.v1.HeartbeatRequest\x1a).bandmaster.capacity.v1.HeartbeatResponse\x12u\n\x10\x44\x65registerWorker\x12/.bandmaster.capacity.v1.DeregisterWorkerRequest\x1a\x30.bandmaster.capacity.v1.DeregisterWorkerResponse\x12\x62\n\x0bListWorkers\x12*.bandmaster.capacity.v1.ListWorkersRequest\x1a\'.bandmaster.capacity.v1.WorkersSnapshot\x12\x66\n\x0cWatchWorkers\x12+.bandmaster.capacity.v1.WatchWorkersRequest\x1a\'.bandmaster.capacity.v1.WorkersSnapshot0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bandmaster.capacity.v1.capacity_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_RETENTIONSOURCE']._serialized_start=1766
-  _globals['_RETENTIONSOURCE']._serialized_end=1884
-  _globals['_WORKERHEALTH']._serialized_start=1887
-  _globals['_WORKERHEALTH']._serialized_end=2015
-  _globals['_WORKERORIGIN']._serialized_start=2017
-  _globals['_WORKERORIGIN']._serialized_end=2140
+  _globals['_RETENTIONSOURCE']._serialized_start=1821
+  _globals['_RETENTIONSOURCE']._serialized_end=1939
+  _globals['_WORKERHEALTH']._serialized_start=1942
+  _globals['_WORKERHEALTH']._serialized_end=2070
+  _globals['_WORKERORIGIN']._serialized_start=2072
+  _globals['_WORKERORIGIN']._serialized_end=2195
+  _globals['_DEGRADATION']._serialized_start=2197
+  _globals['_DEGRADATION']._serialized_end=2314
   _globals['_WORKERCARD']._serialized_start=99
-  _globals['_WORKERCARD']._serialized_end=376
-  _globals['_REPLICA']._serialized_start=379
-  _globals['_REPLICA']._serialized_end=586
-  _globals['_WORKERLOAD']._serialized_start=588
-  _globals['_WORKERLOAD']._serialized_end=695
-  _globals['_WORKER']._serialized_start=698
-  _globals['_WORKER']._serialized_end=1102
-  _globals['_WORKERSSNAPSHOT']._serialized_start=1105
-  _globals['_WORKERSSNAPSHOT']._serialized_end=1289
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1291
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1406
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1408
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1480
-  _globals['_HEARTBEATREQUEST']._serialized_start=1482
-  _globals['_HEARTBEATREQUEST']._serialized_end=1569
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1571
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1605
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=1607
-  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=1651
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=1653
-  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=1696
-  _globals['_LISTWORKERSREQUEST']._serialized_start=1698
-  _globals['_LISTWORKERSREQUEST']._serialized_end=1718
-  _globals['_WATCHWORKERSREQUEST']._serialized_start=1720
-  _globals['_WATCHWORKERSREQUEST']._serialized_end=1764
-  _globals['_CAPACITY']._serialized_start=2143
-  _globals['_CAPACITY']._serialized_end=2687
+  _globals['_WORKERCARD']._serialized_end=431
+  _globals['_REPLICA']._serialized_start=434
+  _globals['_REPLICA']._serialized_end=641
+  _globals['_WORKERLOAD']._serialized_start=643
+  _globals['_WORKERLOAD']._serialized_end=750
+  _globals['_WORKER']._serialized_start=753
+  _globals['_WORKER']._serialized_end=1157
+  _globals['_WORKERSSNAPSHOT']._serialized_start=1160
+  _globals['_WORKERSSNAPSHOT']._serialized_end=1344
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1346
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1461
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1463
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1535
+  _globals['_HEARTBEATREQUEST']._serialized_start=1537
+  _globals['_HEARTBEATREQUEST']._serialized_end=1624
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1626
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1660
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_start=1662
+  _globals['_DEREGISTERWORKERREQUEST']._serialized_end=1706
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_start=1708
+  _globals['_DEREGISTERWORKERRESPONSE']._serialized_end=1751
+  _globals['_LISTWORKERSREQUEST']._serialized_start=1753
+  _globals['_LISTWORKERSREQUEST']._serialized_end=1773
+  _globals['_WATCHWORKERSREQUEST']._serialized_start=1775
+  _globals['_WATCHWORKERSREQUEST']._serialized_end=1819
+  _globals['_CAPACITY']._serialized_start=2317
+  _globals['_CAPACITY']._serialized_end=2861
 # @@protoc_insertion_point(module_scope)

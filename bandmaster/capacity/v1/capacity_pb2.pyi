@@ -29,6 +29,12 @@ class WorkerOrigin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKER_ORIGIN_FLAG: _ClassVar[WorkerOrigin]
     WORKER_ORIGIN_CONFIG_FILE: _ClassVar[WorkerOrigin]
     WORKER_ORIGIN_RPC: _ClassVar[WorkerOrigin]
+
+class Degradation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DEGRADATION_UNSPECIFIED: _ClassVar[Degradation]
+    DEGRADATION_CACHE_REPORT_OFF: _ClassVar[Degradation]
+    DEGRADATION_PRIORITY_SCHEDULING_OFF: _ClassVar[Degradation]
 RETENTION_SOURCE_UNSPECIFIED: RetentionSource
 RETENTION_SOURCE_GPU_ONLY: RetentionSource
 RETENTION_SOURCE_GPU_PLUS_HOST: RetentionSource
@@ -40,9 +46,12 @@ WORKER_ORIGIN_UNSPECIFIED: WorkerOrigin
 WORKER_ORIGIN_FLAG: WorkerOrigin
 WORKER_ORIGIN_CONFIG_FILE: WorkerOrigin
 WORKER_ORIGIN_RPC: WorkerOrigin
+DEGRADATION_UNSPECIFIED: Degradation
+DEGRADATION_CACHE_REPORT_OFF: Degradation
+DEGRADATION_PRIORITY_SCHEDULING_OFF: Degradation
 
 class WorkerCard(_message.Message):
-    __slots__ = ("model_name", "gpu_kv_tokens", "page_size", "host_kv_tokens", "hierarchical_cache", "hicache_write_policy", "hicache_storage_backend", "dp_size", "max_running_requests", "context_length", "version")
+    __slots__ = ("model_name", "gpu_kv_tokens", "page_size", "host_kv_tokens", "hierarchical_cache", "hicache_write_policy", "hicache_storage_backend", "dp_size", "max_running_requests", "context_length", "version", "degraded")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     GPU_KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +63,7 @@ class WorkerCard(_message.Message):
     MAX_RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     gpu_kv_tokens: int
     page_size: int
@@ -65,7 +75,8 @@ class WorkerCard(_message.Message):
     max_running_requests: int
     context_length: int
     version: str
-    def __init__(self, model_name: _Optional[str] = ..., gpu_kv_tokens: _Optional[int] = ..., page_size: _Optional[int] = ..., host_kv_tokens: _Optional[int] = ..., hierarchical_cache: _Optional[bool] = ..., hicache_write_policy: _Optional[str] = ..., hicache_storage_backend: _Optional[str] = ..., dp_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_length: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    degraded: _containers.RepeatedScalarFieldContainer[Degradation]
+    def __init__(self, model_name: _Optional[str] = ..., gpu_kv_tokens: _Optional[int] = ..., page_size: _Optional[int] = ..., host_kv_tokens: _Optional[int] = ..., hierarchical_cache: _Optional[bool] = ..., hicache_write_policy: _Optional[str] = ..., hicache_storage_backend: _Optional[str] = ..., dp_size: _Optional[int] = ..., max_running_requests: _Optional[int] = ..., context_length: _Optional[int] = ..., version: _Optional[str] = ..., degraded: _Optional[_Iterable[_Union[Degradation, str]]] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("worker_id", "dp_rank", "retention_tokens", "retention_source", "gpu_kv_tokens", "host_kv_tokens", "max_programs")

@@ -7,7 +7,7 @@ import math
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from services.capacity.core.cards import CapacityView, ReplicaView, WorkerView
 from services.capacity.core.errors import InvalidArgument
-from services.capacity.core.state import Card, Expectation, Health, Load, Origin, RetentionSource
+from services.capacity.core.state import Card, Degradation, Expectation, Health, Load, Origin, RetentionSource
 
 _HEALTH = {
     Health.PENDING: pb.WORKER_HEALTH_PENDING,
@@ -22,6 +22,10 @@ _ORIGIN = {
 _SOURCE = {
     RetentionSource.GPU_ONLY: pb.RETENTION_SOURCE_GPU_ONLY,
     RetentionSource.GPU_PLUS_HOST: pb.RETENTION_SOURCE_GPU_PLUS_HOST,
+}
+_DEGRADATION = {
+    Degradation.CACHE_REPORT_OFF: pb.DEGRADATION_CACHE_REPORT_OFF,
+    Degradation.PRIORITY_SCHEDULING_OFF: pb.DEGRADATION_PRIORITY_SCHEDULING_OFF,
 }
 _INT32_MAX = 2**31 - 1
 
@@ -39,6 +43,7 @@ def card_to_proto(card: Card) -> pb.WorkerCard:
         max_running_requests=card.max_running_requests,
         context_length=card.context_length,
         version=card.version,
+        degraded=[_DEGRADATION[d] for d in card.degraded],
     )
 
 

@@ -22,6 +22,9 @@ Derivation rules (reference/thunderagent.md §2.4, §2.5):
 * A HiCache storage backend (mooncake, file, ...) is reported, never counted.
 * Retention per replica = `G + H` (uncapped, [CORE]); with `cap_host_at_gpu`, `G + min(H, G)`
   ([LATEST], PR #14389, opt-in because it was never merged nor validated).
+* Degradations (`degradations(info)`): each server argument Bandmaster relies on that is not an
+  explicit `true` (`enable_cache_report`, `enable_priority_scheduling`) is a `Degradation` on the
+  card. It never rejects the card nor changes the budget: the worker serves, Bandmaster knows less.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from services.capacity.core.state import (
     Card,
     CardRejection,
     CardRejectReason,
+    Degradation,
     Health,
     HostNotCounted,
     RetentionSource,
@@ -271,6 +275,15 @@ def _text_field(info: Mapping[str, Any], name: str) -> str | CardRejection:
     return value
 
 
+def degradations(info: Mapping[str, Any]) -> tuple[Degradation, ...]:
+    """The reasons this server makes Bandmaster know less, in declaration order (() = none).
+
+    Only JSON `true` is on: SGLang publishes every server argument, so an absent or non-boolean
+    value means the server does not say it does this.
+    """
+    return tuple(d for d in Degradation if info.get(d.server_arg) is not True)
+
+
 def derive_card(info: Any) -> Card | CardRejection:
     """One /server_info JSON value -> Card, or the first rule it breaks."""
     if not isinstance(info, Mapping):
@@ -318,6 +331,7 @@ def derive_card(info: Any) -> Card | CardRejection:
         context_length=context if context <= MAX_TOKENS else 0,
         model_name=texts["served_model_name"] or texts["model_path"],
         version=texts["version"],
+        degraded=degradations(info),
     )
 
 

@@ -19,6 +19,9 @@ Rules:
   A worker alternating between two cards therefore settles on the smaller one and stays there,
   and one flapping between a good and a rejected card stays UNHEALTHY.
   A new worker's first card is published at once (there is nothing to flap from).
+* A published card whose degradations (server arguments off, see `cards.degradations`) differ from
+  the previous published card's, the first card included, is a `degraded` transition naming what
+  is off and the flag that ends it; it is logged once per change, not once per poll.
 * The state always reflects the latest poll: a failure clears an earlier rejection or mismatch
   (the reason becomes `unhealthy: polls failing (last: timeout)`), an answer clears the failure.
 * An RPC-registered worker that is UNHEALTHY and whose polls have been failing for longer than
@@ -40,6 +43,7 @@ from services.capacity.core.errors import AlreadyExists
 from services.capacity.core.state import (
     Card,
     CardRejection,
+    Degradation,
     Expectation,
     Health,
     Load,
@@ -98,6 +102,7 @@ class TransitionKind(enum.Enum):
     CARD_REJECTED = "card_rejected"
     MISMATCH = "mismatch"
     CARD_HELD = "card_held"  # a budget raise seen, not yet for confirm_increase_polls polls (DEBUG)
+    DEGRADED = "degraded"  # the published card's degradations changed (WARNING while any remain)
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,11 @@ class PollFailed:
 
 
 PollResult = PollOk | PollFailed
+
+
+def degradation_advice(degraded: tuple[Degradation, ...]) -> str:
+    """What each degradation costs and the SGLang flag that ends it ("" when nothing is off)."""
+    return "; ".join(f"{d.server_arg} is off, restart the worker with {d.flag}: {d.consequence}" for d in degraded)
 
 
 _UNLIMITED_PROGRAMS = 2**63  # max_running_requests 0 = no limit = more than any figure
@@ -335,6 +345,18 @@ class Registry:
             )
         if new.card is not None and old.card is not None and new.card != old.card:
             out.append(Transition(TransitionKind.CARD_CHANGED, wid, old.card.describe(), new.card.describe()))
+        old_off = old.card.degraded if old.card is not None else ()
+        new_off = new.card.degraded if new.card is not None else ()
+        if new_off != old_off and new.card is not None:
+            out.append(
+                Transition(
+                    TransitionKind.DEGRADED,
+                    wid,
+                    ",".join(d.value for d in old_off) or "none",
+                    ",".join(d.value for d in new_off) or "none",
+                    degradation_advice(new_off),
+                )
+            )
         if new.mismatch and new.mismatch != old.mismatch:
             out.append(Transition(TransitionKind.MISMATCH, wid, "consistent", new.mismatch))
         if new.health is not old.health:

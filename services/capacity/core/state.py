@@ -65,6 +65,45 @@ class HostNotCounted(enum.Enum):
     FULLY_MIRRORED = "fully_mirrored"  # write_through with H <= D
 
 
+class Degradation(enum.Enum):
+    """A server argument that is off and makes Bandmaster know less. The value is a metric label.
+
+    Only an explicit `true` in /server_info counts as on: SGLang publishes every server argument
+    there, so a missing one means the server does not say it does this, and it is treated as off.
+    """
+
+    CACHE_REPORT_OFF = "cache_report_off"
+    PRIORITY_SCHEDULING_OFF = "priority_scheduling_off"
+
+    @property
+    def server_arg(self) -> str:
+        """The /server_info key (SGLang's ServerArgs field) this reason reads."""
+        return _DEGRADATION_ARG[self][0]
+
+    @property
+    def flag(self) -> str:
+        """The SGLang flag that turns it on."""
+        return "--" + self.server_arg.replace("_", "-")
+
+    @property
+    def consequence(self) -> str:
+        """What Bandmaster loses while it is off, in a few words."""
+        return _DEGRADATION_ARG[self][1]
+
+
+_DEGRADATION_ARG = {
+    Degradation.CACHE_REPORT_OFF: (
+        "enable_cache_report",
+        "completions carry no cached-token counts: the cost-aware policy cannot learn the prefill rate "
+        "and keeps its prior (--cost-aware-prefill-tokens-per-s)",
+    ),
+    Degradation.PRIORITY_SCHEDULING_OFF: (
+        "enable_priority_scheduling",
+        "the engine ignores the priorities Bandmaster sends (resumed turns first, soft-demoted turns last)",
+    ),
+}
+
+
 class PollFailureReason(enum.Enum):
     """Why one poll of a worker failed. The value is a metric label."""
 
@@ -93,13 +132,15 @@ class Card:
     context_length: int  # 0 = not published
     model_name: str
     version: str
+    degraded: tuple[Degradation, ...] = ()  # in Degradation's declaration order; () = nothing off
 
     def describe(self) -> str:
         """Short human form for transition logs."""
         host = f"+host {self.host_kv_tokens}" if self.host_kv_tokens else ""
+        off = f" degraded={','.join(d.value for d in self.degraded)}" if self.degraded else ""
         return (
             f"gpu_kv_tokens={self.gpu_kv_tokens}{host} page_size={self.page_size} dp_size={self.dp_size} "
-            f"max_running_requests={self.max_running_requests} version={self.version or '?'}"
+            f"max_running_requests={self.max_running_requests} version={self.version or '?'}{off}"
         )
 
 

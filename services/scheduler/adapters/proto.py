@@ -103,9 +103,17 @@ def _check_printable(value: str, field_name: str) -> None:
 
 
 def capacity_from_proto(snapshot: cap_pb.WorkersSnapshot) -> CapacitySnapshot:
-    """HEALTHY workers' replicas only; everyone else contributes no budget."""
+    """HEALTHY workers' replicas only; everyone else contributes no budget. A replica reports cached
+    tokens unless its worker's card says cache reports are off (an older capacity service, which
+    sends no degradations, is taken at its word)."""
     replicas = tuple(
-        ReplicaCapacity(r.worker_id or w.worker_id, r.dp_rank, r.retention_tokens, max(0, r.max_programs))
+        ReplicaCapacity(
+            r.worker_id or w.worker_id,
+            r.dp_rank,
+            r.retention_tokens,
+            max(0, r.max_programs),
+            cache_report=cap_pb.DEGRADATION_CACHE_REPORT_OFF not in w.card.degraded,
+        )
         for w in snapshot.workers
         if w.health == cap_pb.WORKER_HEALTH_HEALTHY
         for r in w.replicas

@@ -68,6 +68,9 @@ class ReplicaCapacity:
     dp_rank: int
     retention_tokens: int
     max_programs: int = 0  # 0 = no limit published
+    cache_report: bool = True
+    """The worker reports cached prompt tokens on every completion (SGLang --enable-cache-report).
+    False: a Complete's cached_tokens of 0 means "not reported", not "nothing was cached"."""
 
     @property
     def key(self) -> ReplicaKey:

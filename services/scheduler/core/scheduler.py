@@ -133,6 +133,9 @@ class SchedulerCore:
         self._observe_tool = getattr(self.policy, "observe_tool", None)
         self._observe_prefill = getattr(self.policy, "observe_prefill", None)
         self._refresh_policy = getattr(self.policy, "refresh", None)
+        # Replicas of the last capacity snapshot whose workers report no cached tokens: their turns'
+        # (prompt, ttft) say nothing about the prefill rate (see `complete`).
+        self._no_cache_report: frozenset[ReplicaKey] = frozenset()
         self.ledger = Ledger(self.params, self._policy_weight)
         self.control = ControlLaw(self.params, self.policy, self.ledger)
         self._actions = _CoreActions(self)
@@ -309,7 +312,10 @@ class SchedulerCore:
         """A turn ended: the program is at a tool boundary (ACTING). token_total becomes
         prompt + completion when the worker reported them. A marked program is paused here.
         `ttft_s` (dispatch to first token, when the caller knows it) feeds the policy's prefill
-        estimate; the whole context stays resident whether or not it was cached.
+        estimate; the whole context stays resident whether or not it was cached. It does not when
+        the turn ran on a replica whose worker reports no cached tokens (or on an unknown replica
+        while any does): its cached_tokens is then 0 whatever the cache served, and a cached
+        prompt taken as uncached would read as a far too fast prefill (cost_aware.py, Estimates).
 
         The ticket (the admitted turn) is authoritative: a request id with none (never admitted,
         already completed, expired, or still held) is ignored and counted, and never changes the
@@ -334,6 +340,7 @@ class SchedulerCore:
             and ttft_s is not None
             and outcome is TurnOutcome.OK
             and prompt_tokens > cached_tokens >= 0
+            and self.cache_reported(replica)
         ):
             self._observe_prefill(int(prompt_tokens) - int(cached_tokens), float(ttft_s))
         pt = self._passthrough.pop(request_id, None)
@@ -507,7 +514,28 @@ class SchedulerCore:
         self._apply_capacity(now, snapshot, acc)
         return acc.effects()
 
+    def cache_reported(self, replica: ReplicaKey | None) -> bool:
+        """Does a turn that ran on `replica` come with a true cached-token count? An unknown replica
+        (None) does only when every replica's worker reports them."""
+        if replica is None:
+            return not self._no_cache_report
+        return replica not in self._no_cache_report
+
     def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: _Acc) -> None:
+        unreported = frozenset(r.key for r in snapshot.replicas if not r.cache_report)
+        if unreported != self._no_cache_report:
+            for key, level, what in [
+                *((k, WARNING, "cache_report_off") for k in sorted(unreported - self._no_cache_report)),
+                *((k, INFO, "cache_report_on") for k in sorted(self._no_cache_report - unreported)),
+            ]:
+                acc.logs.append(
+                    LogRecord(
+                        level,
+                        "scheduler.capacity %s worker=%s dp_rank=%s: its turns %s the prefill-rate estimate"
+                        % (what, key.worker_id, key.dp_rank, "no longer feed" if level == WARNING else "feed"),
+                    )
+                )
+            self._no_cache_report = unreported
         for key, unplaced in self.ledger.set_capacity(snapshot):
             acc.logs.append(
                 LogRecord(

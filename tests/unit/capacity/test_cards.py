@@ -11,6 +11,7 @@ from services.capacity.core.cards import (
     MAX_TOKENS,
     CardCache,
     RetentionSettings,
+    degradations,
     derive_card,
     parse_card,
     positive_int,
@@ -21,6 +22,7 @@ from services.capacity.core.state import (
     Card,
     CardRejection,
     CardRejectReason,
+    Degradation,
     Health,
     HostNotCounted,
     Origin,
@@ -538,3 +540,37 @@ def test_any_input_yields_a_card_or_a_typed_rejection(overrides):
         assert result.dp_size >= 1
     else:
         assert isinstance(result.reason, CardRejectReason)
+
+
+CACHE_OFF, PRIORITY_OFF = Degradation.CACHE_REPORT_OFF, Degradation.PRIORITY_SCHEDULING_OFF
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        ({"enable_cache_report": True, "enable_priority_scheduling": True}, ()),
+        ({"enable_cache_report": False, "enable_priority_scheduling": True}, (CACHE_OFF,)),
+        ({"enable_cache_report": True, "enable_priority_scheduling": False}, (PRIORITY_OFF,)),
+        ({"enable_cache_report": False, "enable_priority_scheduling": False}, (CACHE_OFF, PRIORITY_OFF)),
+        # SGLang publishes every server argument: one it does not say is on is taken as off.
+        ({}, (CACHE_OFF, PRIORITY_OFF)),
+        ({"enable_cache_report": None, "enable_priority_scheduling": True}, (CACHE_OFF,)),
+        ({"enable_cache_report": "true", "enable_priority_scheduling": 1}, (CACHE_OFF, PRIORITY_OFF)),
+    ],
+)
+def test_degradations_name_each_server_argument_that_is_not_explicitly_on(args, expected):
+    assert degradations(info(**args)) == expected
+    derived = card(info(**args))
+    assert derived.degraded == expected
+    # A degraded worker serves: its budget is whole and its card is accepted.
+    assert derived.gpu_kv_tokens == 16_000
+
+
+def test_each_degradation_names_its_server_argument_and_flag():
+    assert (CACHE_OFF.server_arg, CACHE_OFF.flag) == ("enable_cache_report", "--enable-cache-report")
+    assert (PRIORITY_OFF.server_arg, PRIORITY_OFF.flag) == (
+        "enable_priority_scheduling",
+        "--enable-priority-scheduling",
+    )
+    assert "degraded=cache_report_off" in card(info(enable_priority_scheduling=True)).describe()
+    assert "degraded" not in card(info(enable_cache_report=True, enable_priority_scheduling=True)).describe()

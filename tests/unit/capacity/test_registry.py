@@ -20,7 +20,13 @@ from services.common.errors import ConfigError
 
 
 def card(**overrides):
-    info = {"max_total_num_tokens": 1000, "page_size": 1, "version": "v1"}
+    info = {
+        "max_total_num_tokens": 1000,
+        "page_size": 1,
+        "version": "v1",
+        "enable_cache_report": True,
+        "enable_priority_scheduling": True,
+    }
     info.update(overrides)
     return derive_card(info)
 
@@ -433,3 +439,26 @@ def test_confirm_increase_polls_1_adopts_everything_at_once(clock):
 def test_a_new_worker_is_healthy_on_its_first_card(clock):
     reg = make(clock, confirm_increase_polls=5)
     healthy_with(reg, clock, BIG)
+
+
+def test_a_degraded_card_is_one_transition_per_change_naming_the_flag(clock):
+    reg = make(clock)
+    reg.add("w", "http://h:1", Origin.RPC, clock.monotonic())
+    bare = PollOk(card(enable_cache_report=False))
+    first = [t for t in poll(reg, clock, "w", bare) if t.kind is TransitionKind.DEGRADED]
+    assert [(t.old, t.new) for t in first] == [("none", "cache_report_off")]
+    assert "restart the worker with --enable-cache-report" in first[0].why
+    # The same card again: nothing new to say, however many polls.
+    for _ in range(3):
+        assert not [t for t in poll(reg, clock, "w", bare) if t.kind is TransitionKind.DEGRADED]
+    assert reg.get("w").health is Health.HEALTHY  # degraded, never unhealthy: the budget is whole
+    # Restarted with the flag: the same budget with other figures is held for confirm_increase_polls (2) polls.
+    assert not [t for t in poll(reg, clock, "w", OK) if t.kind is TransitionKind.DEGRADED]
+    fixed = [t for t in poll(reg, clock, "w", OK) if t.kind is TransitionKind.DEGRADED]
+    assert [(t.old, t.new, t.why) for t in fixed] == [("cache_report_off", "none", "")]
+
+
+def test_a_first_card_with_nothing_off_says_nothing_about_degradation(clock):
+    reg = make(clock)
+    reg.add("w", "http://h:1", Origin.RPC, clock.monotonic())
+    assert TransitionKind.DEGRADED not in {t.kind for t in poll(reg, clock, "w", OK)}

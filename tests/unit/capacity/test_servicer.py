@@ -447,3 +447,27 @@ async def test_flapping_workers_are_damped_and_logged_once(service, caplog):
     assert sum("card_changed" in m for m in messages) == 1
     assert sum("card_rejected" in m for m in messages) == 1
     assert sum("health: HEALTHY -> UNHEALTHY" in m for m in messages) == 1
+
+
+async def test_a_worker_without_cache_reports_says_so_in_the_snapshot(client, service, caplog):
+    caplog.set_level(logging.WARNING, logger="services.capacity")
+    bare = SglangStub(sglang_info(max_total_num_tokens=1000, page_size=1, enable_cache_report=False))
+    await bare.start()
+    try:
+        await client.RegisterWorker(pb.RegisterWorkerRequest(url=bare.url, worker_id="bare"))
+
+        async def healthy():
+            w = await worker(client, "bare")
+            assert w.health == H.WORKER_HEALTH_HEALTHY
+            return w
+
+        w = await assert_eventually(healthy, timeout_s=5)
+        assert list(w.card.degraded) == [pb.DEGRADATION_CACHE_REPORT_OFF]
+        assert [r.retention_tokens for r in w.replicas] == [1000]
+        text = generate_latest(service.host.registry).decode()
+        assert 'bandmaster_capacity_worker_degraded{reason="cache_report_off",worker_id="bare"} 1.0' in text
+        assert 'bandmaster_capacity_worker_degraded{reason="priority_scheduling_off",worker_id="bare"} 0.0' in text
+        warnings = [r.getMessage() for r in caplog.records if "degraded" in r.getMessage()]
+        assert len(warnings) == 1 and "--enable-cache-report" in warnings[0]
+    finally:
+        await bare.stop()

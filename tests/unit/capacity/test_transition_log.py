@@ -97,3 +97,14 @@ def test_the_last_summary_is_the_latest_state_even_when_windows_expire_apart(cap
     tlog.emit([health("w", "UNHEALTHY", "HEALTHY")], 50.0)  # held: the real state is HEALTHY
     tlog.flush(61.0)  # only the first window has run out
     assert [m for _, m in lines(caplog)][-1].startswith("worker w health: UNHEALTHY -> HEALTHY (latest of 1")
+
+
+def test_a_degradation_is_a_warning_and_its_end_is_info(caplog):
+    caplog.set_level(logging.DEBUG, logger=LOG.name)
+    tlog = TransitionLog(LOG, interval_s=60)
+    tlog.emit([Transition(TransitionKind.DEGRADED, "w", "none", "cache_report_off", "add --enable-cache-report")], 0)
+    tlog.emit([Transition(TransitionKind.DEGRADED, "v", "cache_report_off", "none")], 0)
+    assert lines(caplog) == [
+        (logging.WARNING, "worker w degraded: none -> cache_report_off (add --enable-cache-report)"),
+        (logging.INFO, "worker v degraded: cache_report_off -> none"),
+    ]

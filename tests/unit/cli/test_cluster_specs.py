@@ -23,6 +23,11 @@ def test_router_and_scheduler_extra_flags_come_last_so_they_win():
     assert scheduler_spec(config, "127.0.0.1:1").args[-1] == "--pause-threshold=0.9"
 
 
+def test_simulated_workers_report_cached_tokens_unless_told_not_to():
+    assert "--enable-cache-report" in simworker_spec(_config(), 0).args
+    assert "--enable-cache-report" not in simworker_spec(_config("--no-worker-cache-report"), 0).args
+
+
 def test_time_constants_are_divided_by_the_speedup():
     args = scheduler_spec(_config("--speedup", "20"), "127.0.0.1:1").args
     assert args[args.index("--resume-aging-seconds") + 1] == "15"

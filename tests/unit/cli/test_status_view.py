@@ -107,6 +107,27 @@ def test_no_healthy_worker_is_said_loudly():
     assert "NO HEALTHY WORKER" in render(snapshot)
 
 
+def test_a_degraded_worker_is_named_loudly_with_what_is_off_and_the_flag_to_add():
+    snapshot = _full_snapshot()
+    assert "DEGRADED" not in render(snapshot)
+    snapshot.workers.workers[0].card.degraded.extend(
+        [cpb.DEGRADATION_CACHE_REPORT_OFF, cpb.DEGRADATION_PRIORITY_SCHEDULING_OFF]
+    )
+    text = render(snapshot)
+    assert "DEGRADED: 1 of 2 workers" in text
+    assert "http://127.0.0.1:30000: cache reports off; restart it with --enable-cache-report" in text
+    assert "http://127.0.0.1:30000: priority scheduling off; restart it with --enable-priority-scheduling" in text
+    assert "cache reports off, priority scheduling off" in text  # the worker's row says so too
+    assert status.degraded_banner(cpb.WorkersSnapshot()) == ""
+
+
+def test_every_degradation_the_capacity_proto_declares_has_advice():
+    declared = set(cpb.Degradation.values()) - {cpb.DEGRADATION_UNSPECIFIED}
+    assert declared == set(status.DEGRADATION_ADVICE)
+    for name, flag, loss in status.DEGRADATION_ADVICE.values():
+        assert flag.startswith("--enable-") and name and loss
+
+
 def test_the_live_view_refreshes_until_interrupted(monkeypatch):
     snapshots = iter([_full_snapshot(), _full_snapshot()])
     monkeypatch.setattr(status, "take_snapshot", lambda *a: next(snapshots))

@@ -109,6 +109,15 @@ def _worker(url, health, reason="", failures=0):
     )
 
 
+def test_fleet_health_carries_the_degraded_warning_naming_each_worker_and_the_flag():
+    snapshot = cpb.WorkersSnapshot(workers=[_worker("http://a:1", cpb.WORKER_HEALTH_HEALTHY)])
+    assert fleet_health(snapshot).degraded == ""
+    snapshot.workers[0].card.degraded.append(cpb.DEGRADATION_CACHE_REPORT_OFF)
+    degraded = fleet_health(snapshot).degraded
+    assert "DEGRADED: 1 of 1 workers" in degraded
+    assert "http://a:1: cache reports off; restart it with --enable-cache-report" in degraded
+
+
 def test_fleet_health_names_each_unhealthy_worker_and_why():
     snapshot = cpb.WorkersSnapshot(
         workers=[

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from services.common.errors import ConfigError
 from services.scheduler.config import load_config
 from services.scheduler.core import ReplicaKey, SchedulerCore, Status, Verdict
-from services.scheduler.core.model import Program
+from services.scheduler.core.model import CapacitySnapshot, Program, ReplicaCapacity
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import (
     CostAwarePauseParams,
@@ -273,3 +273,62 @@ def test_with_every_context_worth_holding_it_is_the_threshold_policy(params, ops
     run(SchedulerCore(params, make_pause_policy("threshold")), ops, record("threshold"))
     run(SchedulerCore(params, policy(tool_seconds=1e-9, prior_observations=1e12)), ops, record("cost_aware"))
     assert seen["threshold"] == seen["cost_aware"]
+
+
+# -- workers without cache reports (capacity's DEGRADATION_CACHE_REPORT_OFF) ---------------------------------
+
+W0, W1 = ReplicaKey("w0", 0), ReplicaKey("w1", 0)
+
+
+def _fleet(core: SchedulerCore, unreported: set[str], version: int = 1):
+    """Two 64K replicas; those in `unreported` report no cached tokens."""
+    replicas = tuple(ReplicaCapacity(w, 0, 65_536, cache_report=w not in unreported) for w in ("w0", "w1"))
+    return core.apply_capacity(0.0, CapacitySnapshot(version, replicas))
+
+
+@pytest.mark.parametrize(
+    "unreported, ran_on, learns",
+    [
+        (set(), W0, True),
+        ({"w0"}, W0, False),  # its cached_tokens of 0 means "not reported"
+        ({"w0"}, W1, True),  # the replicas that report still teach the rate
+        ({"w0"}, None, False),  # where it ran is unknown and some replica does not report
+        (set(), None, True),
+        ({"w0", "w1"}, W1, False),
+    ],
+)
+def test_prefill_is_learnt_only_from_turns_whose_cached_tokens_are_reported(unreported, ran_on, learns):
+    core = SchedulerCore(ControlParams(), policy(prior_observations=1.0))
+    _fleet(core, unreported)
+    core.admit(0.0, "p", "", 2_000, "r0")
+    core.complete(1.0, "p", "r0", ran_on, 2_000, 100, cached_tokens=0, ttft_s=0.01)
+    core.tick(5.0)
+    assert (core.policy.prefill_tokens_per_s > 18_000) is learns
+    assert core.cache_reported(ran_on) is learns
+
+
+def test_turns_without_cache_reports_no_longer_teach_a_far_too_fast_prefill():
+    """Regression (issue 20): a worker without --enable-cache-report sends cached_tokens 0 for prompts that
+    were mostly cached; taking them as uncached learnt a prefill rate ~20x too fast, recompute looked cheap
+    and the policy held nothing (44% cached live instead of 81%)."""
+    core = SchedulerCore(ControlParams(), policy())
+    effects = _fleet(core, {"w0"})
+    assert [r.message for r in effects.logs if "cache_report_off" in r.message] == [
+        "scheduler.capacity cache_report_off worker=w0 dp_rank=0: its turns no longer feed the prefill-rate estimate"
+    ]
+    # 20K-token contexts of which 19K were cached: the true prefill of 1K tokens at 18K tok/s takes 56 ms.
+    now = 0.0
+    for turn in range(40):
+        core.admit(now, "p", "", 20_000, f"r{turn}")
+        core.complete(now + 0.1, "p", f"r{turn}", W0, 20_000, 100, cached_tokens=0, ttft_s=1_000 / 18_000)
+        now += 1.0
+    core.tick(now)
+    assert core.policy.prefill_tokens_per_s == 18_000  # the prior, not ~470K tok/s
+    # So a 20K context on a 64K pool with 2 s tools is worth holding: r(T) = 1.4 s >= (T / C) * m = 0.61 s.
+    assert core.policy.hold_fraction(20_000, 65_536) == 1.0
+    # The worker restarted with the flag: its turns teach the rate again, and the change is logged once.
+    effects = _fleet(core, set(), version=2)
+    assert [r.message for r in effects.logs if "cache_report" in r.message] == [
+        "scheduler.capacity cache_report_on worker=w0 dp_rank=0: its turns feed the prefill-rate estimate"
+    ]
+    assert not [r for r in _fleet(core, set(), version=3).logs if "cache_report" in r.message]

@@ -7,6 +7,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.core import EventKind, ProgramEvent, ReplicaCapacity
@@ -24,6 +25,20 @@ def test_capacity_from_proto_keeps_only_healthy_workers():
     converted = capacity_from_proto(snap)
     assert converted.version == 4
     assert converted.replicas == (ReplicaCapacity("a", 0, 100, 8), ReplicaCapacity("a", 1, 200, 8))
+
+
+def test_capacity_from_proto_marks_replicas_of_workers_without_cache_reports():
+    snap = workers_snapshot(5, {("a", 0): 100, ("a", 1): 100, ("b", 0): 300})
+    snap.workers[0].card.degraded.extend(
+        [cap_pb.DEGRADATION_CACHE_REPORT_OFF, cap_pb.DEGRADATION_PRIORITY_SCHEDULING_OFF]
+    )
+    snap.workers[1].card.degraded.append(cap_pb.DEGRADATION_PRIORITY_SCHEDULING_OFF)
+    converted = capacity_from_proto(snap)
+    assert [(r.worker_id, r.dp_rank, r.cache_report) for r in converted.replicas] == [
+        ("a", 0, False),
+        ("a", 1, False),
+        ("b", 0, True),  # priority scheduling off changes nothing the scheduler learns
+    ]
 
 
 async def test_worker_leaving_the_snapshot_unplaces_its_programs(h):

@@ -42,7 +42,21 @@ A turn's ttft is its prefill plus however long it queued in the engine, so every
 at most the engine's real prefill rate, and under load most are far below it; a mean of them
 would read queueing as slow prefill and hold contexts that are cheap to recompute (exactly when
 the engine is busiest). The upper quantile of recent rates estimates the unqueued rate; it is not
-the maximum, so that a turn whose cached-token count was under-reported cannot set it alone. Tool
+the maximum, so that a turn whose cached-token count was under-reported cannot set it alone.
+
+Workers without cache reports (SGLang without --enable-cache-report) send no cached-token count,
+so every (u, ttft) of theirs takes the whole prompt as uncached: an agent's turn is mostly cached
+context, so its rate reads many times too fast, recompute looks cheap, and the policy holds
+nothing (measured live: 44% of prompt tokens cached instead of 81%). Their turns are therefore not
+observed at all (the core asks `cache_reported(replica)` from the capacity snapshot's
+degradations before `observe_prefill`), and rho is learnt from the workers that do report, or
+stays at rho0 when none does. The alternatives are worse: the same quantile over samples biased
+upwards by an unknown cached share has no correction to apply; a lower quantile would mix that
+bias with queueing, which biases the other way; and a guess of the cached share from the
+scheduler's own table cannot see what the engine evicted. rho0 (--cost-aware-prefill-tokens-per-s,
+scaled by the workers' speedup for simulated ones) is the engine's documented rate, so a fleet
+without cache reports gets the decisions the prior gives, which is what the capacity service's
+warning tells the operator to fix or to set. Tool
 observations decay by 2^(-1/half_life) each, and n0 = prior_observations pseudo-observations of
 the static defaults (m0, rho0) keep the estimates sensible before any observation.
 """
