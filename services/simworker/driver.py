@@ -10,6 +10,18 @@ timing model says takes `d` seconds occupies `d / speedup` wall seconds. One tas
 and parks on an event when the engine has no work; `submit` and `abort` wake it. Sleeping
 until an absolute deadline (rather than for `duration`) keeps the loop's own overhead from
 accumulating as extra latency. Nothing here logs per token.
+
+While the engine stays busy, each step starts in virtual time where the previous one ended, as a
+GPU runs them back to back, not when the loop gets round to it: the loop's own wall time between
+two steps (waking up, delivering outputs, the HTTP handlers that run meanwhile, every other process
+on the machine) would otherwise be added to every step, times `speedup`, and the engine would run
+slower than the hardware it models (at --speedup 4 on a loaded 2-core machine, decode ran ~14%
+slower than the same engine in the simulator; docs/simulator.md "The live path"). A request that
+arrives while the loop is between two such steps is submitted at the next step's start, the
+moment a real scheduler would see it. Only an idle engine (no work, or none that can progress)
+takes the wall clock again. When the loop is behind, the steps run back to back without sleeping
+until it has caught up. `late_s_total` adds up how far the loop fell behind (each increase of
+its lag at a delivery; a lag it carries over several steps counts once).
 """
 
 from __future__ import annotations
@@ -55,13 +67,25 @@ class EngineDriver:
         self._task: asyncio.Task | None = None
         self.failure: BaseException | None = None
         self.steps = 0
-        # Wall seconds the loop finished steps after their simulated end (CPU-bound at high speedup).
+        # While the engine is busy: the virtual time at which its next step starts (the end of the
+        # step in progress); None when idle, and the next step starts at now().
+        self._next_start_v: float | None = None
+        # Wall seconds the loop fell behind the engine's clock, summed over the times it did (CPU-bound
+        # at high speedup, or a loaded machine), and its current lag (wall seconds, 0 when idle).
         self.late_s_total = 0.0
+        self._lag_s = 0.0
 
     # -- time ---------------------------------------------------------------------------
     def now(self) -> float:
         """Current virtual time (seconds since the driver was created, times speedup)."""
         return (self._monotonic() - self._t0) * self.speedup
+
+    def engine_now(self) -> float:
+        """The virtual time the engine is at for a submit or an abort: now(), or, while the engine is
+        busy and the loop is late, the start of its next step (never after it)."""
+        now_v = self.now()
+        next_v = self._next_start_v
+        return now_v if next_v is None or next_v > now_v else next_v
 
     def _wall_at(self, virtual_s: float) -> float:
         return self._t0 + virtual_s / self.speedup
@@ -102,7 +126,7 @@ class EngineDriver:
             raise DriverStopped(str(self.failure) if self.failure else "engine loop is not running")
         if request.rid in self._queues:
             raise KeyError(request.rid)
-        self.engine.submit(request, self.now())
+        self.engine.submit(request, self.engine_now())
         queue: asyncio.Queue[Delivery] = asyncio.Queue()
         self._queues[request.rid] = queue
         self._wake.set()
@@ -110,14 +134,14 @@ class EngineDriver:
 
     def abort(self, rid: str) -> bool:
         """Ask the engine to abort `rid`; its queue still receives the finishing abort output."""
-        known = self.engine.abort(rid, self.now())
+        known = self.engine.abort(rid, self.engine_now())
         self._wake.set()
         return known
 
     def release(self, rid: str) -> None:
         """The consumer is gone: abort the request if it is still in flight and drop its queue."""
         if self._queues.pop(rid, None) is not None:
-            self.engine.abort(rid, self.now())
+            self.engine.abort(rid, self.engine_now())
             self._wake.set()
 
     def finish(self, rid: str) -> None:
@@ -144,20 +168,24 @@ class EngineDriver:
             while True:
                 self._wake.clear()
                 if not engine.has_work():
+                    self._next_start_v = None
+                    self._lag_s = 0.0
                     await self._wake.wait()
                     continue
-                start_v = self.now()
+                start_v = self.engine_now()
                 result = engine.step(start_v)
                 self.steps += 1
                 end_v = start_v + result.duration_s
                 if result.duration_s > 0:
+                    self._next_start_v = end_v
                     delay = self._wall_at(end_v) - self._monotonic()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    else:
-                        self.late_s_total -= delay
-                        await asyncio.sleep(0)
+                    await asyncio.sleep(max(0.0, delay))
+                    lag_s = max(0.0, self._monotonic() - self._wall_at(end_v))
+                    self.late_s_total += max(0.0, lag_s - self._lag_s)
+                    self._lag_s = lag_s
                 elif not result.outputs and not result.kv_events:
+                    self._next_start_v = None
+                    self._lag_s = 0.0
                     # Work that cannot progress right now: wait for a submit/abort, but
                     # look again soon in case the engine is waiting on time alone.
                     # asyncio.timeout, not wait_for: on 3.11 wait_for can return the wake in place of a

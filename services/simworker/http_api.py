@@ -155,12 +155,12 @@ class Generation:
         self._stop = tuple(s for s in stop if s)
         self._stop_scan_from = 0
         self._interval = stream_interval
-        self._arrival_v = driver.now() if arrival_v is None else arrival_v
+        self._arrival_v = driver.engine_now() if arrival_v is None else arrival_v
         self._last_v: float | None = None
         self._done = False
         # Phases in engine (virtual) time, for the span events written at close.
         self._span = trace.get_current_span()
-        self._submitted_v = driver.now()
+        self._submitted_v = driver.engine_now()
         self._admitted_v: float | None = None
         self._first_v: float | None = None
         self._end_v: float | None = None
@@ -466,7 +466,7 @@ class SimWorkerApi:
             ignore_eos=ignore_eos,
             stop_token_ids=tuple(stop_token_ids),
         )
-        arrival_v = self.driver.now()
+        arrival_v = self.driver.engine_now()
         if self._frontend_s is not None:
             # The off-GPU part of a real server's TTFT (HTTP, tokenization), in virtual time.
             delay_s = self._frontend_s(len(request.input_ids)) / self.config.speedup

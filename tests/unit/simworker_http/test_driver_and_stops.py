@@ -128,3 +128,69 @@ async def test_stop_ends_the_loop_when_a_wake_lands_with_the_cancellation():
     done, _ = await asyncio.wait({stopping}, timeout=5)
     assert done, "stop() did not return"
     assert loop_task.done(), "the engine loop kept running after stop()"
+
+
+class _SlowLoopEngine:
+    """Steps of a fixed virtual length, each of which also burns wall time in the loop (time.sleep):
+    the loop's own overhead between steps (delivering, HTTP handlers, a loaded machine)."""
+
+    def __init__(self, steps: int, duration_s: float, overhead_wall_s: float):
+        self.left = steps
+        self.duration_s = duration_s
+        self.overhead_wall_s = overhead_wall_s
+        self.starts: list[float] = []
+        self.submitted: list[float] = []
+
+    def submit(self, request, now):
+        self.submitted.append(now)
+
+    def abort(self, rid, now):
+        return False
+
+    def has_work(self):
+        return self.left > 0
+
+    def step(self, now):
+        import time
+
+        from services.simworker.core.api import StepResult
+
+        self.starts.append(now)
+        self.left -= 1
+        time.sleep(self.overhead_wall_s)
+        return StepResult(duration_s=self.duration_s)
+
+
+async def test_busy_engine_runs_its_steps_back_to_back_in_virtual_time():
+    """The loop's overhead between steps must not stretch the engine's timeline: at --speedup 4 on a
+    loaded machine it made live decode ~14% slower than the simulator's (each step started when the
+    loop got round to it, now(), not where the previous one ended). Failed before the fix: the gaps
+    were the overhead times the speedup."""
+    # 1 virtual second per step = 2 ms wall at speedup 500; the loop burns 6 ms wall per step.
+    engine = _SlowLoopEngine(steps=8, duration_s=1.0, overhead_wall_s=0.006)
+    driver = EngineDriver(engine, speedup=500)
+    driver.start()
+    driver._wake.set()
+    await assert_eventually(lambda: not engine.has_work() and len(engine.starts) == 8)
+    gaps = [b - a for a, b in zip(engine.starts, engine.starts[1:])]
+    assert gaps == [1.0] * 7
+    # It fell behind its clock (6 ms of work per 2 ms step), and says so.
+    assert driver.late_s_total > 0.02
+    await driver.stop()
+
+
+async def test_a_request_arriving_while_the_loop_is_behind_joins_at_the_next_step_start():
+    engine = _SlowLoopEngine(steps=40, duration_s=1.0, overhead_wall_s=0.006)
+    driver = EngineDriver(engine, speedup=500)
+    driver.start()
+    driver._wake.set()
+    await assert_eventually(lambda: len(engine.starts) >= 5)
+    assert engine.has_work()
+    behind_s = driver.now() - (engine.starts[-1] + 1.0)
+    driver.submit(EngineRequest("late", (1,), 1))
+    # At the start of the engine's next step (the end of the one in progress), not at now(): a real
+    # scheduler sees it there, and a step must never start before a request it admits arrived.
+    assert behind_s > 0
+    assert engine.submitted[0] == engine.starts[-1] + 1.0
+    await assert_eventually(lambda: not engine.has_work())
+    await driver.stop()
