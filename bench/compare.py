@@ -734,6 +734,9 @@ def _brief(row: dict) -> str:
         return "ERROR " + row.get("error", "")
     s = row["summary"]
     extra = f" pauses {row['scheduler'].get('pauses')}" if row.get("scheduler") else ""
+    late = (row.get("lateness") or {}).get("late_fraction")
+    if late is not None:
+        extra += f"  late {late:.2%}"
     err = f" ERROR {row['error']}" if row.get("error") else ""
     return (
         f"{s['steps_per_min']:8.1f} steps/min  KV hit {s['kv_hit_rate']:.3f}  TTFT p90 {s['ttft_p90_s']:.2f}s"
