@@ -156,8 +156,12 @@ class ServiceHost:
         shutdown_grace_seconds: float = 5.0,
         interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
         security: SecurityConfig | None = None,
+        reuse_port: bool = False,
     ) -> None:
+        """`reuse_port`: bind the gRPC port with SO_REUSEPORT and skip the taken-port check, for one of
+        several processes that share the port (the router's `--processes`: its parent checked the port)."""
         self.name = name
+        self.reuse_port = reuse_port
         self.host, self._port = parse_host_port(listen, "listen")
         self._metrics_port_wanted = metrics_port
         self.registry = registry or CollectorRegistry()
@@ -179,8 +183,9 @@ class ServiceHost:
         chain = [tracing, RequestGuard(), *interceptors]
         if token_check is not None:
             chain.insert(0, token_check)
-        # No SO_REUSEPORT (grpc's default): a second process on the same port must fail, not share it.
-        self.server = grpc.aio.server(interceptors=chain, options=[("grpc.so_reuseport", 0)])
+        # No SO_REUSEPORT (grpc's default) unless asked: a second process on the same port must fail, not
+        # share it.
+        self.server = grpc.aio.server(interceptors=chain, options=[("grpc.so_reuseport", int(reuse_port))])
         self.health = _Health()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._service_names: list[str] = []
@@ -216,6 +221,8 @@ class ServiceHost:
         """Raise PortInUse when the gRPC or metrics port is taken: called by `start`, and by a service before it
         builds anything that would need closing. A taken port is then one clear line, not grpc's own error log
         and a RuntimeError."""
+        if self.reuse_port:
+            return  # shared on purpose, with a port the parent process checked
         require_free(self.host, self._port, f"{self.name} gRPC", "--listen")
         if self._metrics_port_wanted > 0:
             require_free(self.host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port")

@@ -18,6 +18,7 @@ from services.router.core.breaker import BreakerParams
 from services.router.core.limits import ClientLimitParams
 
 PROG = "python -m services.router"
+MAX_PROCESSES = 64
 ENV_PREFIX = "BANDMASTER_ROUTER"
 
 
@@ -34,6 +35,22 @@ ROUTER_SETTINGS = [
         8000,
         "OpenAI/SGLang HTTP API port on the listen host (0 = any free port)",
         env=_env("http_port"),
+    ),
+    Setting(
+        "processes",
+        int,
+        1,
+        "router processes sharing the HTTP and gRPC ports (SO_REUSEPORT), to use more than one core; each "
+        "keeps its own worker view and KV index, and this process serves /metrics for all of them "
+        "(label router_process); see docs/router.md",
+        env=_env("processes"),
+    ),
+    Setting(
+        "reuse_port",
+        bool,
+        False,
+        "bind the HTTP and gRPC ports with SO_REUSEPORT, unchecked (what --processes gives its children)",
+        env=_env("reuse_port"),
     ),
     Setting(
         "use_scheduler",
@@ -295,6 +312,10 @@ class RouterConfig:
     trace_sample_ratio: float | None = None
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     no_scheduler: bool = False
+    processes: int = 1
+    """Router processes on the same ports (`services/router/processes.py`); 1 = this process serves."""
+    reuse_port: bool = False
+    """Bind HTTP and gRPC with SO_REUSEPORT, without the taken-port check (a child of `processes`)."""
     max_body_bytes: int = 8 * 1024 * 1024
     admit_decision_timeout_seconds: float = 2.0
     admit_hold_timeout_seconds: float = 3600.0
@@ -345,6 +366,7 @@ class RouterConfig:
             }
         )
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
+        require(1 <= self.processes <= MAX_PROCESSES, "processes", self.processes, f"1 <= processes <= {MAX_PROCESSES}")
         require(self.max_body_bytes >= 1024, "max_body_bytes", self.max_body_bytes, "max_body_bytes >= 1024")
         for name in (
             "admit_decision_timeout_seconds",

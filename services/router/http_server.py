@@ -271,12 +271,13 @@ async def start_http(
     host: str,
     port: int,
     ssl_context: ssl.SSLContext | None = None,
+    reuse_port: bool = False,
 ) -> tuple[web.ServerRunner, int]:
-    """Serve `handler` on host:port (HTTPS with `ssl_context`); returns the runner (cleanup() stops it) and the
-    bound port."""
+    """Serve `handler` on host:port (HTTPS with `ssl_context`; SO_REUSEPORT with `reuse_port`, for one of
+    several router processes on the port); returns the runner (cleanup() stops it) and the bound port."""
     runner = web.ServerRunner(GuardedServer(handler, limits, metrics), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None, ssl_context=ssl_context)
     try:
         with binding(host, port, "router HTTP", "--http-port"):
             await site.start()

@@ -165,10 +165,13 @@ async def start_router(
         telemetry=telemetry,
         shutdown_grace_seconds=config.shutdown_grace_seconds,
         security=config.security,
+        reuse_port=config.reuse_port,
     )
-    # Taken ports are reported before anything that would need closing is built.
+    # Taken ports are reported before anything that would need closing is built (with --reuse-port the
+    # ports are shared on purpose: the parent of --processes checked them).
     host.check_ports()
-    require_free(host.host, config.http_port, "router HTTP", "--http-port")
+    if not config.reuse_port:
+        require_free(host.host, config.http_port, "router HTTP", "--http-port")
 
     scheduler = (
         None
@@ -281,7 +284,13 @@ async def start_router(
         on_refusal=host.count_refusal,
     )
     http_runner, http_port = await start_http(
-        handler, http_limits, metrics, host.host, config.http_port, ssl_context=config.security.http_ssl_context()
+        handler,
+        http_limits,
+        metrics,
+        host.host,
+        config.http_port,
+        ssl_context=config.security.http_ssl_context(),
+        reuse_port=config.reuse_port,
     )
     watch.start()
     sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock), name="router-sweep")

@@ -59,6 +59,24 @@ CASES = [
         "--listen",
     ),
     (
+        "router",
+        [
+            "--processes",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "0",
+            "--no-scheduler",
+            "--capacity-addr",
+            "127.0.0.1:9",
+            "--http-port",
+            "{port}",
+        ],
+        "router HTTP",
+        "--http-port",
+    ),
+    (
         "planner",
         [
             "--listen",
@@ -77,7 +95,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("service, argv, what, flag", CASES, ids=[f"{c[0]}-{c[3]}" for c in CASES])
+@pytest.mark.parametrize("service, argv, what, flag", CASES, ids=[f"{c[0]}-{c[3]}-{i}" for i, c in enumerate(CASES)])
 def test_a_taken_port_is_one_line_naming_it_and_its_flag(taken_port, tmp_path, service, argv, what, flag):
     args = [a.format(port=taken_port, tmp=tmp_path) for a in argv]
     result = run_module(f"services.{service}", *args, cwd=tmp_path)

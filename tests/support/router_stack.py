@@ -95,6 +95,7 @@ async def router(
     scheduler_addr: str | None = None,
     name: str = "router",
     env: dict[str, str] | None = None,
+    timeout_s: float = 30.0,
 ) -> Process:
     sched = ["--scheduler-addr", scheduler_addr] if scheduler_addr else ["--no-scheduler"]
     return await spawn(
@@ -114,6 +115,7 @@ async def router(
         ],
         tmp,
         env=env,
+        timeout_s=timeout_s,
     )
 
 
