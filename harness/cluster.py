@@ -97,6 +97,9 @@ class ClusterConfig:
     """Start the program scheduler; off = KV-aware routing only."""
     scheduler_args: tuple[str, ...] = ()
     """Extra scheduler flags (e.g. --pause-threshold 0.9), appended last so they win."""
+    router_processes: int = 1
+    """Router processes sharing the router's ports (`python -m services.router --processes N`): more
+    than one lets the data plane use more than one core (docs/router.md)."""
     router_args: tuple[str, ...] = ()
     """Extra router flags (e.g. --seed 0 for reproducible tie-breaks), appended last so they win."""
     tokenizer: str = ""
@@ -168,6 +171,12 @@ class ClusterConfig:
         require(self.worker_page_size >= 1, "worker_page_size", self.worker_page_size, "worker_page_size >= 1")
         require(self.worker_speedup > 0, "worker_speedup", self.worker_speedup, "worker_speedup > 0")
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
+        require(
+            1 <= self.router_processes <= 64,
+            "router_processes",
+            self.router_processes,
+            "1 <= router_processes <= 64",
+        )
         require(
             self.poll_interval_seconds > 0,
             "poll_interval_seconds",
@@ -363,6 +372,8 @@ def router_spec(
     ]
     if planner_url:
         args += ["--planner-url", planner_url]
+    if config.router_processes > 1:
+        args += ["--processes", str(config.router_processes)]
     if config.tokenizer:
         args += ["--tokenizer", config.tokenizer]
     if scheduler_addr:

@@ -107,6 +107,14 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
         help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)",
     )
     parser.add_argument(
+        "--router-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="router processes sharing its HTTP and gRPC ports, one core each (default: 1); each keeps its "
+        "own worker view and KV index (docs/router.md)",
+    )
+    parser.add_argument(
         "--router-arg",
         action="append",
         default=[],
@@ -140,6 +148,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         scheduler=not args.no_scheduler,
         scheduler_args=tuple(args.scheduler_args),
         router_args=tuple(args.router_args),
+        router_processes=getattr(args, "router_processes", 1),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
         secure=getattr(args, "secure", False),
     )

@@ -143,3 +143,12 @@ def test_the_simulated_engines_are_the_ones_bandmaster_up_starts(host):
     live = engine_config(worker, load_profile(worker.timing_profile).kv_bytes_per_token)
     assert scenario.engine_config(0) == live
     assert live.enable_priority_scheduling
+
+
+def test_router_processes_reach_the_router_and_one_is_the_default():
+    assert "--processes" not in router_spec(_config(), "127.0.0.1:1", "127.0.0.1:2").args
+    args = router_spec(_config("--router-processes", "2"), "127.0.0.1:1", "127.0.0.1:2").args
+    assert args[args.index("--processes") + 1] == "2"
+    with pytest.raises(ConfigError) as err:
+        _config("--router-processes", "0")
+    assert err.value.field == "router_processes"
