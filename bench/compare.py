@@ -15,6 +15,9 @@ agents (`short_context_agents`). Arms, each on a fresh copy of the same simworke
                          evicted); every arm's steps/min is also reported as a ratio to it.
 * `sglang_cache_aware` - `sglang-router --policy cache_aware` (live only: the simulator has no model of it).
 * `bandmaster-<policy>` - capacity + scheduler + router, one arm per selected pause policy.
+* `thunderagent`, `continuum` - the peer systems written from their papers (harness/peers): sim: the
+                         policy core in the simulator; live: `python -m bench.peer_proxy` in front of
+                         the simworkers, the same core at the workers' speedup.
 
 A scenario spec per workload fixes the workers, the KV per worker, the turns per program, the token
 scale and the parallel-program counts. "Memory that fits" = the workers' KV pool / the mean peak
@@ -53,7 +56,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from bench.peers import chat_ok, launch_sglang_router
+from bench.peers import chat_ok, launch_peer_proxy, launch_sglang_router, peer_stats
 from harness.player import Runner, build_workload, scrape_counters
 from harness.workloads import DEFAULT_SPLIT, SPLITS
 from services.common.config import require
@@ -65,7 +68,8 @@ LIVE_SIM = "live-sim"
 """The mode of a sweep that simulates a live sweep's points (the live-ratio check)."""
 WORKLOADS = ("swe", "short")
 ORACLE = "oracle"
-BASE_ARMS = ("round_robin", "kv", "sglang_cache_aware", ORACLE)
+PEER_ARMS = ("thunderagent", "continuum")
+BASE_ARMS = ("round_robin", "kv", "sglang_cache_aware", *PEER_ARMS, ORACLE)
 BANDMASTER = "bandmaster"
 LIVE_ONLY_ARMS = frozenset({"sglang_cache_aware"})
 SIM_ONLY_ARMS = frozenset({ORACLE})
@@ -586,6 +590,25 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
             cluster.stop,
             (lambda: scheduler_counts(cluster)) if policy else (lambda: {}),
         )
+
+    if arm in PEER_ARMS:
+        # The peer's proxy (bench.peer_proxy) in front of simworkers started as `bandmaster up` starts them.
+        peers = Supervisor(state_dir)
+        proxy: subprocess.Popen | None = None
+        try:
+            urls = [c.endpoint for c in peers.start_all([simworker_spec(config, i) for i in range(spec.workers)])]
+            proxy, proxy_url = launch_peer_proxy(urls, arm, spec.speedup, state_dir / "peer-proxy.log")
+            _wait_routable(proxy_url, lambda: proxy.poll() is None)
+        except BaseException:
+            _stop_process(proxy)
+            peers.stop_all()
+            raise
+
+        def stop_peer() -> None:
+            _stop_process(proxy)
+            peers.stop_all()
+
+        return LiveStack(proxy_url, urls, True, stop_peer, lambda: peer_stats(proxy_url))
 
     # sglang-router in front of simworkers started exactly as `bandmaster up` starts them.
     sglang_policy = {"round_robin": "round_robin", "sglang_cache_aware": "cache_aware"}[arm]

@@ -272,6 +272,8 @@ async def serve(args: argparse.Namespace) -> None:
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(
             {
+                "pauses": 0,  # the bench report's common columns (Continuum never pauses)
+                "forced_resumes": 0,
                 **core.counters(),
                 "turns": proxy.turns_total,
                 "held_turns": proxy.held_total,

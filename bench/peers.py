@@ -88,6 +88,15 @@ def launch_peer_proxy(
     return process, f"http://127.0.0.1:{port}"
 
 
+def peer_stats(base_url: str) -> dict:
+    """The peer proxy's counters (GET /peer/stats); empty when it does not answer."""
+    try:
+        with urllib.request.urlopen(base_url + "/peer/stats", timeout=5) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+
+
 def chat_ok(base_url: str, model: str) -> bool:
     """True when `base_url` answers a one-token chat completion: the front door routes."""
     body = json.dumps({"model": model, "messages": [{"role": "user", "content": "ping"}], "max_tokens": 1}).encode()

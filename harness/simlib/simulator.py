@@ -110,6 +110,15 @@ class _TurnRun:
     dispatched_s: float = 0.0
     first_token_s: float | None = None
     output_ids: list[int] = field(default_factory=list)
+    # For the per-turn breakdown (SimResult.turn_phases): when the admission call was made, when the
+    # request reached the engine and when the engine first admitted it; the live path's modelled costs.
+    admit_s: float = 0.0
+    arrive_s: float = 0.0
+    engine_admitted_s: float | None = None
+    before_admission_s: float = 0.0
+    dispatch_s: float = 0.0
+    frontend_s: float = 0.0
+    estimated_tokens: int = 0
 
 
 @dataclass
@@ -144,6 +153,9 @@ class SimResult:
     """`steady_state` of the run: throughput between warm-up and the last program's start."""
     oracle_worker_kv_tokens: int | None = None
     """The oracle arm's GPU KV per worker (None in the other arms)."""
+    turn_phases: list[dict] = field(default_factory=list)
+    """Per completed turn, where its time went in simulated seconds, by bench/breakdown.py's phases
+    (None = no such phase in this run) and `total` (the client's turn time)."""
 
     def summary(self) -> dict:
         """harness/player.py's summary keys (wall_s and simulated_minutes are simulated time here),
@@ -221,6 +233,7 @@ class Simulator:
         self._turn_end_s: list[float] = []
         self._program_end_s: list[float] = []
         self._last_start_s = 0.0
+        self._turn_phases: list[dict] = []
 
     # -- the event heap --------------------------------------------------------------------------
 
@@ -293,6 +306,7 @@ class Simulator:
             completed and not self._live_programs and not self._queue,
             steady,
             self.oracle_worker_kv_tokens,
+            self._turn_phases,
         )
 
     _makespan_s = 0.0
@@ -328,8 +342,14 @@ class Simulator:
         # The live runner's text_of_n_tokens(n, seed), as word ids (the same words).
         run.conversation.append_words("user", ids_of_n_tokens(new_tokens, run.rng.randrange(1 << 30)))
         turn = _TurnRun(f"{run.index}:{k}", run, k, self.now, program.turns[k].output_tokens)
-        if self.s.request_overhead_s > 0:
-            self._at(self.now + self.s.request_overhead_s, _ADMIT, turn)
+        delay = self.s.request_overhead_s
+        if self.s.live_path is not None:
+            turn.estimated_tokens = run.conversation.estimated_prompt_tokens()
+            wall_s = self.s.live_path.before_admission_wall_s(turn.estimated_tokens, self.scheduler is not None)
+            delay += wall_s * self.s.live_speedup
+        turn.before_admission_s = delay
+        if delay > 0:
+            self._at(self.now + delay, _ADMIT, turn)
         else:
             self._on_admit(turn)
 
@@ -350,6 +370,7 @@ class Simulator:
     # -- admission and routing (the router's TurnRunner) -----------------------------------------
 
     def _on_admit(self, turn: _TurnRun) -> None:
+        turn.admit_s = self.now
         if self.peer is not None:
             turn.prompt_ids = turn.run.conversation.prompt_ids()
             backend = self.peer.begin_turn(self.now, program_session(turn.run), len(turn.prompt_ids))
@@ -401,10 +422,13 @@ class Simulator:
                 self.scheduler.bind_request(turn.request_id, worker.key)
         turn.worker = worker.index
         turn.dispatched_s = self.now
-        delay = worker.profile.frontend_s(len(turn.prompt_ids)) if self.s.frontend_latency else 0.0
-        self._at(self.now + delay, _ARRIVE, turn)
+        turn.frontend_s = worker.profile.frontend_s(len(turn.prompt_ids)) if self.s.frontend_latency else 0.0
+        if self.s.live_path is not None:
+            turn.dispatch_s = self.s.live_path.dispatch_wall_s(len(turn.prompt_ids)) * self.s.live_speedup
+        self._at(self.now + turn.frontend_s + turn.dispatch_s, _ARRIVE, turn)
 
     def _on_arrive(self, turn: _TurnRun) -> None:
+        turn.arrive_s = self.now
         worker = self.workers[turn.worker]
         priority = turn.decision.priority if turn.decision is not None else None
         try:
@@ -509,6 +533,8 @@ class Simulator:
         turn = self._in_flight.get(output.rid)
         if turn is None:
             return
+        if turn.engine_admitted_s is None and output.admitted_at is not None:
+            turn.engine_admitted_s = output.admitted_at
         if output.new_token_ids:
             if turn.first_token_s is None:
                 turn.first_token_s = self.now
@@ -553,13 +579,19 @@ class Simulator:
                 )
             )
         ttft_s = (turn.first_token_s if turn.first_token_s is not None else self.now) - turn.sent_s
+        # The client sees the end of the answer after the relay (0 without the live path model).
+        relay_s = 0.0
+        if ok and self.s.live_path is not None:
+            wall_s = self.s.live_path.relay_wall_s(output.prompt_tokens, output.completion_tokens)
+            relay_s = wall_s * self.s.live_speedup
+        end_s = self.now + relay_s
         self.result.turns.append(
             TurnRecord(
                 run.program.program_id,
                 turn.k,
                 ok=ok,
                 ttft_s=round(ttft_s, 4),
-                turn_s=round(self.now - turn.sent_s, 4),
+                turn_s=round(end_s - turn.sent_s, 4),
                 prompt_tokens=output.prompt_tokens,
                 cached_tokens=output.cached_tokens,
                 completion_tokens=output.completion_tokens,
@@ -571,14 +603,49 @@ class Simulator:
             self._end_program(run)
             return
         run.record.turns_done += 1
-        self._turn_end_s.append(self.now)
+        self._turn_end_s.append(end_s)
+        self._record_phases(turn, relay_s)
         run.conversation.append_words("assistant", turn.output_ids)
         tool_s = run.program.turns[turn.k].tool_seconds_after
         run.turn += 1
-        if tool_s > 0:
-            self._at(self.now + tool_s, _TURN, run)
+        if tool_s + relay_s > 0:
+            self._at(end_s + tool_s, _TURN, run)
         else:
             self._on_turn(run)
+
+    def _record_phases(self, turn: _TurnRun, relay_s: float) -> None:
+        """The turn's phases in simulated seconds (bench/breakdown.py's names). Before the admission
+        call the model has one figure (client_send, router parsing and the admission round trip
+        together, or request_overhead_s); the pick is instantaneous."""
+        live, speedup = self.s.live_path, self.s.live_speedup
+        admitted = turn.engine_admitted_s if turn.engine_admitted_s is not None else turn.arrive_s
+        first = turn.first_token_s if turn.first_token_s is not None else self.now
+        phases: dict = {"client_send": turn.before_admission_s}
+        if live is not None:
+            n, prompt = turn.estimated_tokens, len(turn.prompt_ids)
+            phases = {
+                "client_send": self.s.request_overhead_s + live.client_send.wall_s(n) * speedup,
+                "router_parse": live.router_parse.wall_s(n) * speedup,
+                "admission_round_trip": (
+                    live.admission_round_trip.wall_s(n) * speedup if self.scheduler is not None else None
+                ),
+                "router_to_worker": live.router_to_worker.wall_s(prompt) * speedup,
+                "worker_parse": live.worker_parse.wall_s(prompt) * speedup,
+                "relay": relay_s,
+            }
+        self._turn_phases.append(
+            {
+                **phases,
+                "admission_held": turn.dispatched_s - turn.admit_s,
+                "route": 0.0,
+                "worker_frontend": turn.frontend_s,
+                "queue": admitted - turn.arrive_s,
+                "prefill": first - admitted,
+                "decode": self.now - first,
+                "total": self.now + relay_s - turn.sent_s,
+                "prompt_tokens": len(turn.prompt_ids),
+            }
+        )
 
     # -- the scheduler's shell: ticks, timers, resolutions ---------------------------------------
 
@@ -720,6 +787,8 @@ class Simulator:
         if self.peer is not None:
             holds = sorted(self._hold_s)
             return {
+                "pauses": 0,  # the report's common columns (Continuum never pauses)
+                "forced_resumes": 0,
                 **self.peer.counters(),
                 "held_admissions": len(holds),
                 "hold_p50_s": round(holds[len(holds) // 2], 3) if holds else 0.0,

@@ -54,7 +54,7 @@ def test_full_specs_span_below_saturation_to_about_4x():
 def test_sim_smoke_every_arm_both_workloads(tmp_path):
     assert compare.main(["--mode", "sim", "--workload", "both", "--smoke", "--out-dir", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
-    arms = ["round_robin", "kv", "oracle", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
+    arms = ["round_robin", "kv", "thunderagent", "continuum", "oracle", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
     assert [s["workload"] for s in results["sweeps"]] == ["swe", "short"]
     for sweep in results["sweeps"]:
         _assert_sweep(sweep, "sim", arms, points=2)
@@ -110,6 +110,13 @@ def test_live_full_sweep(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     live = [s for s in results["sweeps"] if s["mode"] == "live"]
     assert [s["workload"] for s in live] == ["swe", "short"]
-    arms = ["round_robin", "kv", "sglang_cache_aware", *[f"bandmaster-{p}" for p in PAUSE_POLICIES]]
+    arms = [
+        "round_robin",
+        "kv",
+        "sglang_cache_aware",
+        "thunderagent",
+        "continuum",
+        *[f"bandmaster-{p}" for p in PAUSE_POLICIES],
+    ]
     for sweep in live:
         _assert_sweep(sweep, "live", arms, points=len(compare.LIVE_SPECS[sweep["workload"]].parallel))
