@@ -14,6 +14,9 @@ let it use every core. This parent process:
   own loopback metrics port), each sample labelled `router_process="<i>"`, plus
   `bandmaster_router_process_up{router_process}`;
 * writes its ready file (the ports, as one router writes it) once every child wrote its own;
+* probes every child's metrics port (served by the child's own event loop) every
+  LIVENESS_PERIOD_S: a child that does not answer LIVENESS_FAILURES probes in a row is wedged, and
+  counts as exited (no probe when metrics are off, `--metrics-port -1`);
 * on SIGTERM/SIGINT stops the children (SIGTERM, then SIGKILL past their shutdown grace + 5 s); when a
   child exits on its own, it stops the others and exits 1, so that the supervisor (bandmaster up,
   Kubernetes, compose) restarts the whole router rather than run one process short unnoticed.
@@ -55,6 +58,8 @@ PROCESS_LABEL = "router_process"
 CHILD_START_TIMEOUT_S = 120.0
 """Longest wait for every child to write its ready file (a tokenizer load is the slow part)."""
 SCRAPE_TIMEOUT_S = 2.0
+LIVENESS_PERIOD_S = 10.0
+LIVENESS_FAILURES = 3
 STOP_MARGIN_S = 5.0
 """Past its shutdown grace, a child still running after this long is killed."""
 
@@ -206,13 +211,13 @@ class RouterProcesses:
             await asyncio.sleep(0.05)
         return [int(found[i].get("metrics_port") or 0) for i in range(len(readies))]
 
-    async def _scrape(self, port: int) -> str | None:
+    async def _scrape(self, port: int, timeout_s: float = SCRAPE_TIMEOUT_S) -> str | None:
         if not port or self._session is None:
             return None
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
         try:
-            async with self._session.get(url) as resp:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
@@ -233,7 +238,9 @@ class RouterProcesses:
         self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def wait(self, stop: asyncio.Event) -> int:
-        """Until `stop` is set (0) or a child exits on its own (1)."""
+        """Until `stop` is set (0), or a child exits on its own or stops answering its liveness probe (1)."""
+        misses = [0] * len(self.children)
+        next_probe = time.monotonic() + LIVENESS_PERIOD_S
         while not stop.is_set():
             for index, child in enumerate(self.children):
                 if child.poll() is not None:
@@ -244,6 +251,22 @@ class RouterProcesses:
                         child.returncode,
                     )
                     return 1
+            if self._session is not None and time.monotonic() >= next_probe:
+                answers = await asyncio.gather(
+                    *(self._scrape(port, LIVENESS_PERIOD_S / 2) for port in self.child_metrics)
+                )
+                for index, answer in enumerate(answers):
+                    misses[index] = 0 if answer is not None else misses[index] + 1
+                    if misses[index] >= LIVENESS_FAILURES:
+                        log.error(
+                            "router process %d (pid %d) did not answer %d liveness probes in a row; stopping "
+                            "the router",
+                            index,
+                            self.children[index].pid,
+                            misses[index],
+                        )
+                        return 1
+                next_probe = time.monotonic() + LIVENESS_PERIOD_S
             try:
                 await asyncio.wait_for(stop.wait(), timeout=0.5)
             except asyncio.TimeoutError:
@@ -255,6 +278,7 @@ class RouterProcesses:
         for child in self.children:
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
+                child.send_signal(signal.SIGCONT)  # a stopped (wedged) child acts on SIGTERM once continued
         deadline = time.monotonic() + self.config.shutdown_grace_seconds + STOP_MARGIN_S
         while any(child.poll() is None for child in self.children) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)

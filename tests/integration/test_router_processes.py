@@ -11,6 +11,8 @@ import signal
 import aiohttp
 import pytest
 
+from services.router import processes
+from services.router.config import load_config
 from tests.support import router_stack as stack
 from tests.support.eventually import assert_eventually
 from tests.support.processes import pid_alive
@@ -81,3 +83,19 @@ async def test_sigterm_stops_every_router_process(tmp_path):
     finally:
         assert await router.stop_async() == 0
     await assert_eventually(lambda: not any(pid_alive(pid) for pid in children), timeout_s=10)
+
+
+async def test_a_wedged_router_process_stops_the_router(tmp_path, monkeypatch):
+    """A child whose event loop no longer answers (here: SIGSTOP) counts as exited, like one that died."""
+    monkeypatch.setattr(processes, "LIVENESS_PERIOD_S", 0.4)
+    argv = ["--no-scheduler", "--capacity-addr", "127.0.0.1:9", "--listen", "127.0.0.1:0", "--http-port", "0"]
+    argv += ["--metrics-port", "0", "--shutdown-grace-seconds", "1"]
+    parent = processes.RouterProcesses(load_config([*argv, "--processes", "2"], {}), argv)
+    await parent.start()
+    try:
+        children = [child.pid for child in parent.children]
+        os.kill(children[1], signal.SIGSTOP)
+        assert await asyncio.wait_for(parent.wait(asyncio.Event()), timeout=20) == 1
+    finally:
+        await parent.stop()
+    assert not any(pid_alive(pid) for pid in children)
