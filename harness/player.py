@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Sequence
 
 import aiohttp
+from opentelemetry import propagate, trace
 
 from harness.progress import ProgressBar
 from harness.stats import interpolated_percentile
@@ -200,6 +201,14 @@ class Runner:
             "temperature": 0,
             "ignore_eos": True,
         }
+        # A CLIENT span per turn, the root of the turn's trace (bench/breakdown.py reads client -> router
+        # and router -> client from it). Through the OpenTelemetry API only: a no-op unless the process has
+        # a tracer provider (bench.breakdown.client_tracing installs one).
+        span = trace.get_tracer("bandmaster.player").start_span(
+            "client.turn", kind=trace.SpanKind.CLIENT, attributes={"client.turn": k}
+        )
+        headers = dict(headers)
+        propagate.inject(headers, context=trace.set_span_in_context(span))
         t0 = time.monotonic()
         ttft = None
         pieces: list[str] = []
@@ -233,6 +242,7 @@ class Runner:
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             error = f"{type(exc).__name__}: {exc}"[:200]
         elapsed = time.monotonic() - t0
+        span.end()
         details = usage.get("prompt_tokens_details") or {}
         rec = TurnRecord(
             program_id,

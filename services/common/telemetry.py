@@ -1,7 +1,9 @@
-"""OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, nothing otherwise.
+"""OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, JSON lines to a file when
+BANDMASTER_TRACE_FILE is set (either or both), nothing otherwise.
 
-Tests pass an in-memory exporter. Spans are one per decision (`capacity.recompute`,
-`scheduler.tick`, ...), with few bounded attributes. docs/tracing.md lists them.
+Tests pass an in-memory exporter. The file exporter (`JsonLinesSpanExporter`) is for measuring without a
+collector: bench/breakdown.py joins the spans of every process of a live run per turn. Spans are one per
+decision (`capacity.recompute`, `scheduler.tick`, ...), with few bounded attributes. docs/tracing.md lists them.
 
 Sampling is parent-based everywhere, so one decision at the root of a trace (normally the router's
 request span) holds for the whole agent turn. The root's rate is `--trace-sample-ratio` when a service
@@ -17,8 +19,10 @@ channels that carry a turn. Server-streaming RPCs and HTTP keep hand-written pro
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
+import threading
 from typing import Awaitable, Callable, Collection, Mapping
 
 import grpc
@@ -26,8 +30,8 @@ from aiohttp import web
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
@@ -39,6 +43,10 @@ from opentelemetry.sdk.trace.sampling import (
 from services.common.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# Every service (and harness/player.py) honours it: the spans it records, one JSON object a line.
+TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
+FILE_QUEUE_SPANS = 1 << 16
 
 # gRPC services whose calls are never traced: probes and tooling, not work.
 UNTRACED_GRPC_SERVICES = (
@@ -84,6 +92,72 @@ def trace_sampler(sample_ratio: float | None, env: Mapping[str, str]) -> Sampler
     return root if name == "traceidratio" else ParentBased(root)
 
 
+def trace_file_path(template: str, service_name: str, pid: int) -> str:
+    """The span file of one process: `template` with `{service}` and `{pid}` filled in. Without them
+    every process appends to the one file (each batch is one O_APPEND write, so lines never interleave)."""
+    try:
+        return template.format(service=service_name, pid=pid)
+    except (KeyError, IndexError, ValueError):
+        raise ConfigError(TRACE_FILE_ENV, template, "a path whose only {} fields are {service} and {pid}") from None
+
+
+def span_record(span: ReadableSpan) -> dict:
+    """One finished span as the JSON object `JsonLinesSpanExporter` writes (times in Unix ns)."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    return {
+        "trace_id": format(ctx.trace_id, "032x") if ctx is not None else "",
+        "span_id": format(ctx.span_id, "016x") if ctx is not None else "",
+        "parent_id": format(parent.span_id, "016x") if parent is not None else None,
+        "name": span.name,
+        "service": (span.resource.attributes.get("service.name") if span.resource is not None else None) or "",
+        "kind": span.kind.name,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": span.status.status_code.name,
+        "attributes": dict(span.attributes or {}),
+        "events": [{"name": e.name, "t_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events],
+    }
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    """Appends finished spans to a file, one JSON object a line (`span_record`); behind a
+    BatchSpanProcessor, so the writes are off the request path. Attribute values are strings, numbers,
+    booleans or lists of them (OpenTelemetry's rule), so every record is plain JSON."""
+
+    def __init__(self, path: str) -> None:
+        directory = os.path.dirname(path)
+        try:
+            if directory:
+                os.makedirs(directory, exist_ok=True)
+            self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:
+            raise ConfigError(TRACE_FILE_ENV, path, f"a file this process can append to ({exc.strerror})") from None
+        self.path = path
+        self._lock = threading.Lock()
+
+    def export(self, spans) -> SpanExportResult:
+        data = "".join(json.dumps(span_record(s), separators=(",", ":")) + "\n" for s in spans).encode()
+        with self._lock:
+            if self._fd is None:
+                return SpanExportResult.FAILURE
+            try:
+                os.write(self._fd, data)
+            except OSError:
+                log.warning("telemetry: could not append %d spans to %s", len(spans), self.path)
+                return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True  # every export is written through
+
+
 class Telemetry:
     """Owns a tracer provider for one service process (or one in-process test server)."""
 
@@ -118,9 +192,13 @@ def setup_telemetry(
     sample_ratio: float | None = None,
 ) -> Telemetry:
     """Build the provider. `exporter` (tests) wins over the environment; with neither, spans are
-    created (so context still propagates) but never exported. Raises ConfigError for a sampling
-    setting out of range."""
+    created (so context still propagates) but never exported. BANDMASTER_TRACE_FILE adds the JSON-lines
+    file exporter (`trace_file_path`), beside OTLP if that is set too. Raises ConfigError for a sampling
+    setting out of range or a trace file that cannot be opened."""
     env = os.environ if env is None else env
+    template = env.get(TRACE_FILE_ENV) if exporter is None else None
+    # Opened first: a path that cannot be written refuses the start before anything runs.
+    file_exporter = JsonLinesSpanExporter(trace_file_path(template, service_name, os.getpid())) if template else None
     provider = TracerProvider(
         resource=Resource.create({"service.name": service_name}), sampler=trace_sampler(sample_ratio, env)
     )
@@ -138,6 +216,13 @@ def setup_telemetry(
             service_name,
             provider.sampler.get_description(),
         )
+    if file_exporter is not None:
+        # A measurement wants every span: a deep queue (the default drops past 2,048), written each second.
+        provider.add_span_processor(
+            BatchSpanProcessor(file_exporter, max_queue_size=FILE_QUEUE_SPANS, schedule_delay_millis=1_000)
+        )
+        exporting = True
+        log.info("telemetry: writing spans of service %s to %s", service_name, file_exporter.path)
     if set_global:
         try:
             trace.set_tracer_provider(provider)

@@ -1,0 +1,97 @@
+"""The JSON-lines span file (BANDMASTER_TRACE_FILE): what it writes, what it refuses, and a real service writing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+
+import pytest
+
+from services.common.errors import ConfigError
+from services.common.telemetry import TRACE_FILE_ENV, setup_telemetry, trace_file_path
+from tests.support.processes import base_env, python_module, start
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_spans_are_written_one_json_object_a_line_with_events_and_parents(tmp_path):
+    path = tmp_path / "spans" / "{service}-{pid}.jsonl"
+    telemetry = setup_telemetry("bandmaster-test", env={TRACE_FILE_ENV: str(path)}, set_global=False)
+    assert telemetry.exporting
+    tracer = telemetry.tracer("t")
+    with tracer.start_as_current_span("router.request") as parent:
+        with tracer.start_as_current_span("router.pick", attributes={"router.candidates": 2}) as child:
+            child.add_event("queue.start", {"simworker.engine_time_s": 1.5})
+    telemetry.shutdown()  # flushes the batch
+    (written,) = (tmp_path / "spans").iterdir()
+    assert written.name == f"bandmaster-test-{os.getpid()}.jsonl"
+    pick, request = _lines(written)
+    assert (pick["name"], request["name"]) == ("router.pick", "router.request")
+    assert pick["trace_id"] == request["trace_id"] == format(parent.get_span_context().trace_id, "032x")
+    assert pick["parent_id"] == request["span_id"] and request["parent_id"] is None
+    assert pick["service"] == "bandmaster-test" and pick["kind"] == "INTERNAL"
+    assert pick["attributes"] == {"router.candidates": 2}
+    assert pick["start_ns"] <= pick["end_ns"]
+    (event,) = pick["events"]
+    assert event["name"] == "queue.start" and event["attributes"] == {"simworker.engine_time_s": 1.5}
+    assert pick["start_ns"] <= event["t_ns"] <= pick["end_ns"]
+
+
+def test_processes_without_placeholders_append_to_one_file(tmp_path):
+    path = tmp_path / "all.jsonl"
+    for name in ("a", "b"):
+        telemetry = setup_telemetry(name, env={TRACE_FILE_ENV: str(path)}, set_global=False)
+        with telemetry.tracer("t").start_as_current_span(f"{name}.span"):
+            pass
+        telemetry.shutdown()
+    assert [s["name"] for s in _lines(path)] == ["a.span", "b.span"]
+
+
+@pytest.mark.parametrize(
+    "template, reason",
+    [
+        ("{service}-{nope}.jsonl", "{service} and {pid}"),
+        ("{0}.jsonl", "{service} and {pid}"),
+        ("/proc/definitely/not/writable.jsonl", "append to"),
+    ],
+)
+def test_a_trace_file_that_cannot_be_written_refuses_the_start(template, reason):
+    with pytest.raises(ConfigError) as err:
+        setup_telemetry("bandmaster-test", env={TRACE_FILE_ENV: template}, set_global=False)
+    assert err.value.field == TRACE_FILE_ENV and reason in str(err.value)
+
+
+def test_trace_file_path_fills_service_and_pid():
+    assert trace_file_path("/t/{service}.{pid}.jsonl", "bandmaster-router", 7) == "/t/bandmaster-router.7.jsonl"
+    assert trace_file_path("/t/spans.jsonl", "bandmaster-router", 7) == "/t/spans.jsonl"
+
+
+def test_a_real_simworker_process_writes_its_request_spans(tmp_path):
+    spans = tmp_path / "spans"
+    ready = tmp_path / "ready.json"
+    env = base_env(**{TRACE_FILE_ENV: str(spans / "{service}-{pid}.jsonl")})
+    argv = python_module("services.simworker", "--port", "0", "--speedup", "50", "--ready-file", str(ready))
+    worker = start("simworker", argv, tmp_path, env=env, ready_file=ready).wait_ready()
+    body = json.dumps({"text": "hello there world", "sampling_params": {"max_new_tokens": 3}}).encode()
+    request = urllib.request.Request(
+        worker.ready["url"] + "/generate", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.status == 200
+    assert worker.stop() == 0  # a graceful stop flushes the spans
+    (written,) = spans.iterdir()
+    assert written.name == f"bandmaster-simworker-{worker.pid}.jsonl"
+    (span,) = _lines(written)
+    assert span["name"] == "POST /generate" and span["kind"] == "SERVER"
+    assert [e["name"] for e in span["events"]] == [
+        "queue.start",
+        "queue.end",
+        "prefill.start",
+        "prefill.end",
+        "decode.start",
+        "decode.end",
+    ]
+    assert span["attributes"]["simworker.completion_tokens"] == 3
