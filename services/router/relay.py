@@ -2,8 +2,9 @@
 
 The token path does no JSON work except on the chunk that carries usage (or, for /generate, the last
 chunk), and no logging. `SseRelay` forwards each read from the worker as one block when C-level byte
-tests show it holds only plain data and blank lines; only a block with a line that needs attention
-(usage, an error event, a suppressed blank, anything else) is taken apart line by line. No I/O: the open
+tests show it holds only plain data and blank lines; only the lines from a usage chunk on, or a block
+with a line that needs attention (an error event, a suppressed blank, anything else), are taken apart
+line by line. No I/O: the open
 turn (open_turn.py) reads the worker and feeds the relay.
 """
 
@@ -30,9 +31,10 @@ class SseRelay:
 
     `feed(data)` takes the bytes of one read and returns the bytes to forward: the whole lines so far
     (a trailing partial line waits for the next read; `end()` flushes it). A block of only data lines
-    and blank lines, none of them an error event or (OpenAI APIs) a usage chunk, is returned as it is,
-    after a handful of `bytes.count` calls. Any other block goes through `classify` line by line, which
-    is the one statement of the rules:
+    and blank lines, none of them an error event, is returned as it is, after a handful of `bytes.count`
+    calls; in a block with a usage chunk (OpenAI APIs) that holds for the lines before it, and only the
+    rest goes line by line. Any other block goes through `classify` line by line, which is the one
+    statement of the rules:
 
     * `data: [DONE]` is forwarded; `data: {"error"...` stops the stream (`error` is set and what came
       before it in the block is returned);
@@ -72,18 +74,34 @@ class SseRelay:
         block = self.complete_lines(data)
         if not block:
             return b""
-        if not self._skip_blank and b'data: {"error"' not in block and (self._generate or b'"usage":{' not in block):
-            # Every line must be a data line or a blank line. The counts find distinct lines, so they
-            # add up to the number of lines only if that holds (a miscount sends the block line by line).
-            data_lines = block.count(b"\ndata:") + block.startswith(b"data:")
-            if data_lines + block.count(b"\n\n") + block.startswith(b"\n") == block.count(b"\n"):
-                done = block.count(b"\ndata: [DONE]") + block.startswith(b"data: [DONE]")
-                if data_lines > done:
-                    self.chunks += data_lines - done
-                    if self._generate:
-                        self._last_data = block
-                return block
+        if self._skip_blank:
+            return self._by_line(block)
+        # Only the lines from the first usage chunk on are taken apart: a read that holds a whole short
+        # answer (a loaded router reads seldom) forwards its content lines as one block all the same.
+        cut = len(block)
+        if not self._generate:
+            usage_at = block.find(b'"usage":{')
+            if usage_at >= 0:
+                cut = block.rfind(b"\n", 0, usage_at) + 1
+        if cut and self._plain(block if cut == len(block) else block[:cut]):
+            return block if cut == len(block) else block[:cut] + self._by_line(block[cut:])
         return self._by_line(block)
+
+    def _plain(self, block: bytes) -> bool:
+        """True (and the books kept) when every line of `block` is a data line or a blank line and none is
+        an error event. The counts find distinct lines, so they add up to the number of lines only if that
+        holds (a miscount sends the block line by line)."""
+        if b'data: {"error"' in block:
+            return False
+        data_lines = block.count(b"\ndata:") + block.startswith(b"data:")
+        if data_lines + block.count(b"\n\n") + block.startswith(b"\n") != block.count(b"\n"):
+            return False
+        done = block.count(b"\ndata: [DONE]") + block.startswith(b"data: [DONE]")
+        if data_lines > done:
+            self.chunks += data_lines - done
+            if self._generate:
+                self._last_data = block
+        return True
 
     def end(self) -> bytes:
         """The worker closed the stream: a last line without a newline is still a line."""

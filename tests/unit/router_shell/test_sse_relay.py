@@ -261,3 +261,25 @@ async def test_sse_failure_after_first_token_forwards_what_came_before_then_rais
     assert b"".join(got) == stream
     if ending == "error_event":
         assert failure.value.message == "engine died"
+
+
+class CountingRelay(SseRelay):
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.classified = 0
+
+    def classify(self, line: bytes):
+        self.classified += 1
+        return super().classify(line)
+
+
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_read_holding_a_whole_answer_takes_apart_only_the_lines_from_the_usage_chunk_on(include_usage):
+    """Regression (issue 20): a loaded router reads a short answer in one go, and the usage chunk in it sent
+    every line of the read through `classify`; the content lines before it now go out as one block."""
+    stream = (CONTENT + b"\n") * 64 + FINISH + b"\n" + USAGE + b"\n" + DONE + b"\n"
+    relay = CountingRelay(Api.CHAT, include_usage, lambda chunk: None)
+    out = relay.feed(stream) + relay.end()
+    expected_out, _, expected_chunks, _, _ = reference(Api.CHAT, stream, include_usage)
+    assert (out, relay.chunks) == (expected_out, expected_chunks)
+    assert relay.classified == 4  # the usage chunk, its blank line, [DONE] and the blank after it
