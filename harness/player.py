@@ -170,10 +170,16 @@ class Runner:
         messages: list[dict] = [{"role": "system", "content": system}]
         started = time.monotonic()
         headers = {SESSION: program.program_id} if self.session_headers else {}
+        # For the client.turn span: the wall seconds between the previous answer (or the program's start)
+        # and this turn's send, and the tool wait among them (bench/breakdown.py: the client's own time).
+        since, tool_wait_s = started, 0.0
         for k, turn in enumerate(program.turns):
             new_tokens = max(1, program.new_prompt_tokens(k) - (SYSTEM_PROMPT_TOKENS if k == 0 else 0))
             messages.append({"role": "user", "content": text_of_n_tokens(new_tokens, rng.randrange(1 << 30))})
-            rec, text = await self._turn(session, program.program_id, k, messages, turn.output_tokens, headers)
+            between = {"client.program": program.program_id, "client.gap_s": time.monotonic() - since}
+            between["client.tool_wait_s"] = tool_wait_s
+            rec, text = await self._turn(session, program.program_id, k, messages, turn.output_tokens, headers, between)
+            since, tool_wait_s = time.monotonic(), 0.0
             result.turns.append(rec)
             if self.progress is not None:
                 self.progress.advance(1)
@@ -183,14 +189,22 @@ class Runner:
             record.turns_done += 1
             messages.append({"role": "assistant", "content": text})
             if turn.tool_seconds_after > 0:
-                await asyncio.sleep(turn.tool_seconds_after / self.time_scale)
+                tool_wait_s = turn.tool_seconds_after / self.time_scale
+                await asyncio.sleep(tool_wait_s)
         record.duration_s = (time.monotonic() - started) * self.time_scale
         record.finished = record.turns_done == record.turns_planned
         if self.session_headers:
             await self._final(session, program.program_id)
 
     async def _turn(
-        self, session, program_id: str, k: int, messages: list[dict], output_tokens: int, headers: dict
+        self,
+        session,
+        program_id: str,
+        k: int,
+        messages: list[dict],
+        output_tokens: int,
+        headers: dict,
+        span_attributes: dict | None = None,
     ) -> tuple[TurnRecord, str]:
         body = {
             "model": self.model,
@@ -205,7 +219,7 @@ class Runner:
         # and router -> client from it). Through the OpenTelemetry API only: a no-op unless the process has
         # a tracer provider (bench.breakdown.client_tracing installs one).
         span = trace.get_tracer("bandmaster.player").start_span(
-            "client.turn", kind=trace.SpanKind.CLIENT, attributes={"client.turn": k}
+            "client.turn", kind=trace.SpanKind.CLIENT, attributes={"client.turn": k, **(span_attributes or {})}
         )
         headers = dict(headers)
         propagate.inject(headers, context=trace.set_span_in_context(span))

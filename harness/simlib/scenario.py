@@ -16,6 +16,7 @@ from typing import Sequence
 from harness.peers import ContinuumCore, ContinuumParams, PeerPolicy, ThunderAgentCore, ThunderAgentParams
 from harness.peers.continuum import prefill_reload_s
 from harness.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
+from harness.simlib.live_path import LivePathCosts
 from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.common.config import require
@@ -112,6 +113,9 @@ class SimScenario:
     request_overhead_s: float = 0.0
     """Extra simulated seconds per turn between the client's send and the router's admission
     (client/router/scheduler round trips), for comparing with a live stack; 0 = none."""
+    live_path: LivePathCosts | None = None
+    """Model the live path's per-turn costs outside the engine (harness/simlib/live_path.py), in wall
+    seconds converted by `live_speedup`; None = none (the offline figures)."""
     fuse_decode: bool = True
     """Advance stretches of pure decode steps as one event (SimEngine.plan_decode), cut at the
     first step boundary after an arrival. Exactly equivalent to one event per engine step
@@ -195,6 +199,12 @@ class SimScenario:
             "request_overhead_s",
             self.request_overhead_s,
             "request_overhead_s >= 0",
+        )
+        require(
+            self.live_path is None or isinstance(self.live_path, LivePathCosts),
+            "live_path",
+            self.live_path,
+            "live_path is None or a LivePathCosts",
         )
         require(self.max_simulated_s > 0, "max_simulated_s", self.max_simulated_s, "max_simulated_s > 0")
         if self.arm == "oracle":
