@@ -65,6 +65,7 @@ class PeerProxy:
         self.turns_total = 0
         self.held_total = 0
         self.hold_timeouts_total = 0
+        self.turns_without_usage_total = 0
 
     def now(self) -> float:
         """The core's clock: simulated seconds (wall seconds times the workers' speedup)."""
@@ -150,7 +151,9 @@ class PeerProxy:
             response, usage = await self._forward(request, self.workers[backend], raw, body)
             prompt_tokens = int(usage.get("prompt_tokens") or 0)
             completion_tokens = int(usage.get("completion_tokens") or 0)
-            if prompt_tokens > 0:
+            if prompt_tokens <= 0:
+                self.turns_without_usage_total += 1
+            else:
                 a = TOKENS_PER_BYTE_ALPHA
                 self.tokens_per_byte = a * prompt_tokens / len(raw) + (1 - a) * self.tokens_per_byte
             return response
@@ -191,10 +194,15 @@ class PeerProxy:
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             previous = last = b""
-            async for data in upstream.content.iter_any():
-                await response.write(data)
-                previous, last = last, data
-            await response.write_eof()
+            try:
+                async for data in upstream.content.iter_any():
+                    await response.write(data)
+                    previous, last = last, data
+                await response.write_eof()
+            except ConnectionResetError:
+                # The client went away. After [DONE] that is normal (a client may close without
+                # reading the stream's end): the turn is over and its usage counts either way.
+                pass
             return response, _usage_of(previous + last)
 
 
@@ -278,6 +286,7 @@ async def serve(args: argparse.Namespace) -> None:
                 "turns": proxy.turns_total,
                 "held_turns": proxy.held_total,
                 "hold_timeouts": proxy.hold_timeouts_total,
+                "turns_without_usage": proxy.turns_without_usage_total,
             }
         )
 

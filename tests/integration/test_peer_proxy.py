@@ -88,6 +88,8 @@ async def test_peer_proxy_plays_two_programs_through_a_simworker(tmp_path, polic
         with urllib.request.urlopen(url + "/peer/stats", timeout=5) as response:
             stats = json.loads(response.read())
         assert stats["turns"] == 6
+        # The core saw every turn's usage (the player closes its stream at [DONE], before the proxy's end).
+        assert stats["turns_without_usage"] == 0, stats
         if policy == "thunderagent":
             # 2 x ~3,000 tokens on a 4,096-token pool: one program waited for the other.
             assert stats["held_turns"] >= 1 and stats["resumes"] >= 1, stats
