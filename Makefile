@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim bench-planner bench-soak clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-planner bench-soak clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -16,6 +16,8 @@ help:
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
 	@echo "                       against the oracle and kv over many draws (bench/results/agentic/, evaluate.md)"
+	@echo "make bench-live      - the live instrument: SWE programs at real token counts at 3x and 4x, every arm, workers'"
+	@echo "                       lateness checked, live / sim per arm; then without cache reports and held out (bench/results/live/)"
 	@echo "make bench-sim       - the offline simulator's cost: 256 programs on 8 workers, per arm (bench/results/sim_scale.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
@@ -99,9 +101,23 @@ bench-scheduler: venv
 bench-router: venv
 	$(PY) -m bench.router_bench --out bench/results/router_bench.json
 
+# The live part runs the SWE programs at their real token counts at 3x and 4x (about 3.5 minutes a run on
+# 2 cores, 3 interleaved runs per arm and point): kv, sglang-router, the two peers and Bandmaster's default
+# policy. bench-live adds the same live sweep on workers without cache reports and on the held-out programs.
+LIVE_ARMS := kv,sglang_cache_aware,thunderagent,continuum,bandmaster
 bench-agentic: venv
-	$(PY) -m bench.compare --mode both --workload both --out-dir bench/results/agentic --jobs 2
+	$(PY) -m bench.compare --mode sim --workload both --out-dir bench/results/agentic --jobs 2
+	$(PY) -m bench.compare --mode live --workload both --arms $(LIVE_ARMS) --pause-policy cost_aware \
+	  --out-dir bench/results/agentic/live --jobs 2
 	$(PY) -m bench.evaluate --out-dir bench/results/agentic --jobs 2
+
+bench-live: venv
+	$(PY) -m bench.compare --mode live --workload swe --arms $(LIVE_ARMS) --pause-policy cost_aware \
+	  --out-dir bench/results/live/tune --jobs 2
+	$(PY) -m bench.compare --mode live --workload swe --arms thunderagent,bandmaster --pause-policy cost_aware \
+	  --no-cache-report --out-dir bench/results/live/no-cache-report --jobs 2
+	$(PY) -m bench.compare --mode live --workload swe --arms $(LIVE_ARMS) --pause-policy cost_aware \
+	  --split heldout --out-dir bench/results/live/heldout --jobs 2
 
 bench-sim: venv
 	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
