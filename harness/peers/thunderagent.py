@@ -105,6 +105,9 @@ class ThunderAgentCore:
         self.resumes_total = 0
         self.forced_resumes_total = 0
         self.queued_new_total = 0
+        self.events: list[tuple[str, str, int | None, int]] = []
+        """(kind, program, backend, tokens) of every pause, resume, forced_resume and mark, for the
+        simulator's timeline; the caller drains it (`take_events`)."""
 
     # -- weights --------------------------------------------------------------------------------
 
@@ -197,7 +200,7 @@ class ThunderAgentCore:
                 range(len(self.capacities)), key=lambda b: (self.limit(b) - self.used(b, now, decayed=True), -b)
             )
             self.forced_resumes_total += 1
-            wakes += self._resume(p, backend)
+            wakes += self._resume(p, backend, forced=True)
         return wakes
 
     def restore_order(self) -> list[str]:
@@ -226,7 +229,12 @@ class ThunderAgentCore:
             wakes += self._resume(p, backend)
         return wakes
 
-    def _resume(self, p: TaProgram, backend: int) -> list[Wake]:
+    def take_events(self) -> list[tuple[str, str, int | None, int]]:
+        out, self.events = self.events, []
+        return out
+
+    def _resume(self, p: TaProgram, backend: int, forced: bool = False) -> list[Wake]:
+        self.events.append(("forced_resume" if forced else "resume", p.program_id, backend, p.tokens))
         self.queue.remove(p.program_id)
         p.paused = False
         p.backend = backend
@@ -258,10 +266,12 @@ class ThunderAgentCore:
                 else:
                     p.marked = True  # pauses at its next tool boundary (end_turn)
                     self.marks_total += 1
+                    self.events.append(("mark", pid, b, p.tokens))
 
     def _pause(self, p: TaProgram, now: float) -> None:
         if p.backend is not None:
             self.pauses_total += 1
+            self.events.append(("pause", p.program_id, p.backend, p.tokens))
         p.paused = True
         p.backend = None
         p.paused_since = now

@@ -684,6 +684,15 @@ class Simulator:
         self._peer_wake(self.peer.tick(self.now))
 
     def _peer_wake(self, wakes: list[Wake]) -> None:
+        take_events = getattr(self.peer, "take_events", None)
+        if take_events is not None:
+            # A peer's pauses, resumes and marks go to the timeline as the scheduler's do.
+            for kind, program, backend, tokens in take_events():
+                wid = self.workers[backend].worker_id if backend is not None else ""
+                self._control_events.append([round(self.now, 3), kind, wid, program, tokens])
+                if wid:
+                    counts = self._pending_counts[wid]
+                    counts[kind] = counts.get(kind, 0) + 1
         for wake in wakes:
             turn = self._peer_held.pop(wake.program_id, None)
             if turn is not None:

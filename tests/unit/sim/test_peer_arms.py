@@ -39,10 +39,15 @@ def test_a_peer_arm_completes_deterministically(arm):
 
 
 def test_thunderagent_pauses_marks_and_restores_under_pressure():
-    counters = simulate(SimScenario(arm="thunderagent", **PRESSURE)).scheduler_counters
+    result = simulate(SimScenario(arm="thunderagent", **PRESSURE))
+    counters = result.scheduler_counters
     assert counters["pauses"] + counters["queued_new"] >= 1, counters
     assert counters["held_admissions"] >= 1 and counters["resumes"] >= 1
     assert counters["paused_now"] == 0  # everything was restored before the end
+    # Its pauses, resumes and marks are the timeline's control events, as the scheduler's are.
+    kinds = [e[1] for e in result.timeline["control_events"]]
+    assert kinds.count("pause") == counters["pauses"] and kinds.count("mark") == counters["marks"]
+    assert kinds.count("resume") + kinds.count("forced_resume") == counters["resumes"]
 
 
 def test_thunderagent_without_pressure_never_holds():
