@@ -1,8 +1,8 @@
 """The gRPC edge of the scheduler. Thin: validate, call the runtime, convert, map errors.
 
 Domain errors map to status codes in `DOMAIN_ERRORS` and nowhere else. `Admit` may hold the call while
-its program is paused; whatever ends the wait early (client cancel, deadline, shutdown) rolls the
-admission back before the RPC ends.
+its program is paused; whatever ends the call before its answer is handed to gRPC (client cancel,
+deadline, shutdown, a closed channel), held or not, rolls the admission back before the RPC ends.
 """
 
 from __future__ import annotations
@@ -69,7 +69,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.tracer = tracer
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
-        return await self._admit(request, context, None)
+        async def deliver(response: pb.AdmitResponse) -> None:
+            # An await on the call itself: a cancel that reached the server while the decision was made
+            # (it sits in gRPC's queue until this task awaits) lands here, before the answer is sent.
+            await context.send_initial_metadata(())
+
+        return await self._admit(request, context, None, deliver)
 
     async def AdmitStream(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> None:
         """Admit, with `held` sent as soon as the call is held (the router's decision deadline covers
@@ -80,11 +85,21 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.runtime.core.params.resume_timeout_seconds))
             )
 
-        await context.write(pb.AdmitUpdate(decision=await self._admit(request, context, on_held)))
+        async def deliver(response: pb.AdmitResponse) -> None:
+            await context.write(pb.AdmitUpdate(decision=response))
+
+        await self._admit(request, context, on_held, deliver)
 
     async def _admit(
-        self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext, on_held: Callable[[], Awaitable[None]] | None
+        self,
+        request: pb.AdmitRequest,
+        context: grpc.aio.ServicerContext,
+        on_held: Callable[[], Awaitable[None]] | None,
+        deliver: Callable[[pb.AdmitResponse], Awaitable[None]],
     ) -> pb.AdmitResponse:
+        """Decide, then deliver: the admission is a transaction that commits only once `deliver` (an
+        await on the call) returned. A call cancelled, timed out or broken before that is rolled back
+        to the exact table it found, whether it was held, waiting at the gate or already placed."""
         # Unary Admit: a child of the instrumentation's SERVER span. AdmitStream is not instrumented (a
         # streaming handler, see GrpcServerTracing): this span is its SERVER span, from the metadata.
         trace_parent, kind = grpc_parent(context)
@@ -121,7 +136,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 span.set_attribute("scheduler.was_paused", decision.was_paused)
                 span.set_attribute("scheduler.forced_resume", decision.forced_resume)
                 span.set_attribute("scheduler.priority", decision.priority)
-                return decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
+                response = decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
+                delivered = False
+                try:
+                    await deliver(response)
+                    delivered = True
+                finally:
+                    if not delivered:
+                        span.add_event("scheduler.rolled_back")
+                        self.runtime.cancel(request_id)
+                return response
 
     async def _hold(
         self, request_id: str, context: grpc.aio.ServicerContext, on_held: Callable[[], Awaitable[None]] | None = None

@@ -66,6 +66,9 @@ class Turn:
     was_paused: bool = False
     unpinned: bool = False  # answered "any" while placed: Bind may move the program
     lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
+    # The router has shown it holds the answer (RenewLeases or Bind named it). A placed ticket that
+    # lapses unconfirmed was never delivered as far as anyone can tell: rolled back, not counted.
+    confirmed: bool = False
     estimate: int = 0  # the router's prompt estimate as sent (calibration learns from it at Complete)
 
 

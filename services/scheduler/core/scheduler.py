@@ -222,9 +222,10 @@ class SchedulerCore:
         return AdmitResult(decision, acc.effects())
 
     def cancel_admission(self, now: float, request_id: str) -> Effects:
-        """Roll back an admission (client gone while held, or before its turn started) to the exact
-        table state it found. Idempotent. Skipped if the program was replaced or a later admission
-        moved its epoch on (a later turn owns it)."""
+        """Roll back an admission (client gone while held, its answer never delivered, or its lease
+        lapsed unconfirmed) to the exact table state it found. Idempotent. If a later admission moved
+        the program's epoch on, the later turn keeps the state (and inherits this turn's `before`) and
+        only this turn's count is taken back; skipped if the program was replaced."""
         acc = _Acc()
         pt = self._passthrough.pop(request_id, None)
         if pt is not None:
@@ -246,6 +247,9 @@ class SchedulerCore:
                 successor = min(later, key=lambda t: t.epoch)
                 successor.before = turn.before
                 successor.paused_seq_before = turn.paused_seq_before
+            # The later turns keep the program's state, but this turn's count goes with it.
+            program.turns = max(0, program.turns - 1)
+            self._recharge(program)
             return acc.effects()
         if turn.before is None:
             self._remove(program)
@@ -253,6 +257,8 @@ class SchedulerCore:
         else:
             for name in _PROGRAM_FIELDS:
                 setattr(program, name, getattr(turn.before, name))
+            if program.replica is not None and self._caps and program.replica not in self._caps:
+                program.replica = None  # its replica left the snapshot meanwhile (a late rollback)
             self._paused.pop(program.session_id, None)
             if turn.paused_seq_before is not None:
                 self._paused[program.session_id] = turn.paused_seq_before
@@ -283,6 +289,8 @@ class SchedulerCore:
         turn = self._turns.get(request_id)
         if turn is None:
             return False
+        if not turn.waiting:
+            turn.confirmed = True  # the router holds the answer: it named the turn
         program = self._programs.get(turn.session_id)
         if (
             program is not turn.program
@@ -388,17 +396,25 @@ class SchedulerCore:
         until = self._lease(now)
         unknown = []
         for rid in request_ids:
-            ticket = self._turns.get(rid) or self._passthrough.get(rid)
+            turn = self._turns.get(rid)
+            ticket = turn or self._passthrough.get(rid)
             if ticket is None:
                 unknown.append(rid)
-            elif until is not None and not getattr(ticket, "waiting", False):
-                ticket.lease_until = until
+            elif turn is not None and turn.waiting:
+                continue  # held: its open Admit call is its liveness
+            else:
+                if until is not None:
+                    ticket.lease_until = until
+                if turn is not None:
+                    turn.confirmed = True
         return tuple(unknown)
 
     def expire_leases(self, now: float) -> Effects:
         """End every placed turn whose lease lapsed, as if Complete(outcome=CANCELLED, no counts)
         had arrived: the program goes to ACTING (paused there if marked) and its token_total stays
-        the last known one, so idle expiry and pauses see it again. A passthrough request stops being
+        the last known one, so idle expiry and pauses see it again. A turn never confirmed (no
+        RenewLeases or Bind named it) is rolled back instead, as a cancelled admission: its answer
+        never reached a router that lived on, so it never counted. A passthrough request stops being
         charged. A lapsed ticket of an older turn (a newer one is in flight) is only dropped. A ticket
         placed by a resume starts its lease at the first call after it. O(tickets in flight)."""
         acc = _Acc()
@@ -428,6 +444,20 @@ class SchedulerCore:
                 continue
             self.tickets_expired_total += 1
             program = self._programs.get(turn.session_id)
+            if not turn.confirmed:
+                # No sign that the answer reached anyone (no RenewLeases, Bind or Complete named it):
+                # a call cancelled as it was answered, or a router that died at once. Roll it back.
+                effects = self.cancel_admission(now, rid)
+                acc.events.extend(effects.events)
+                acc.logs.extend(effects.logs)
+                acc.logs.append(
+                    LogRecord(
+                        INFO,
+                        "thunderagent.program lease_expired_unconfirmed program=%s request=%s age=%.1fs rolled_back"
+                        % (turn.session_id, rid, now - turn.started_at),
+                    )
+                )
+                continue
             if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
                 effects = self.complete(now, "", rid, None, 0, 0, 0, TurnOutcome.CANCELLED)
                 acc.events.extend(effects.events)
@@ -705,6 +735,7 @@ class SchedulerCore:
                 self._paused.get(ticket.session_id),
                 was_paused=ticket.was_paused,
                 lease_until=self._lease(now),
+                confirmed=True,  # stored as running: its `before` is lost, it can only end
             )
             running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
         ended = 0

@@ -1,4 +1,5 @@
-"""Ticket leases: an admitted turn whose router stops renewing it ends as if Complete(CANCELLED) arrived."""
+"""Ticket leases: an admitted turn whose router stops renewing it ends as if Complete(CANCELLED) arrived;
+one that no router ever named (renewed or bound) is rolled back as an admission never delivered."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def test_a_lapsed_lease_ends_the_turn_and_idle_expiry_follows():
     core = core_with(program_idle_ttl_seconds=90.0)
     acting(core, "p", 2_000)
     core.admit(1.0, "p", "", 3_000, "r2")
+    core.renew_leases(1.0, ["r2"])  # its router held the answer, then died
     assert core.expire_leases(30.9).logs == ()  # lease until 31.0
     effects = core.expire_leases(31.0)
     view = core.program("p")
@@ -84,6 +86,7 @@ def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_
     core.release(1_000.0, "big")
     assert [d.request_id for d in core.tick(1_000.0).resolutions] == ["n1"]
     core.expire_leases(1_001.0)  # the first look after the resume starts the lease
+    core.bind_request("n1", ReplicaKey(*W))  # the router holds the answer
     core.expire_leases(1_030.9)
     assert core.program("new").status is Status.REASONING
     core.expire_leases(1_031.0)
@@ -94,7 +97,9 @@ def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_
 def test_a_lapsed_older_turn_does_not_end_the_newer_one():
     core = core_with()
     core.admit(0.0, "p", "", 1_000, "r1")  # never completed
+    core.renew_leases(0.0, ["r1"])
     core.admit(20.0, "p", "", 1_500, "r2")
+    core.renew_leases(20.0, ["r2"])
     core.expire_leases(30.0)  # r1 lapses: dropped, the program's turn in flight is r2's
     view = core.program("p")
     assert view.status is Status.REASONING and view.admission_epoch == 2
@@ -121,6 +126,7 @@ def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
     )
     acting(core, "p", 5_000)
     core.admit(0.0, "p", "", 9_800, "r1")  # a live program keeps its placement
+    core.renew_leases(0.0, ["r1"])
     core.tick(1.0)  # pause band, nothing ACTING: p is marked
     assert core.program("p").marked
     core.expire_leases(31.0)
@@ -139,6 +145,67 @@ def test_complete_outcome_of_an_expired_turn_is_cancelled():
     """The lapse reads as a cancelled turn: the estimate stays an estimate."""
     core = core_with()
     core.admit(0.0, "p", "", 1_000, "r1")
+    core.renew_leases(0.0, ["r1"])
     core.expire_leases(30.0)
     view = core.program("p")
     assert view.tokens_estimated and TurnOutcome.CANCELLED.value == "cancelled"
+
+
+def _table(core: SchedulerCore) -> dict:
+    return {
+        v.session_id: (v.status, v.lifecycle, v.token_total, v.tokens_estimated, v.turns, v.replica, v.marked)
+        for v in core.programs()
+    }
+
+
+def test_an_unconfirmed_turn_is_rolled_back_when_its_lease_lapses():
+    """Answered, but no router ever named it (its call was cancelled as the answer left)."""
+    core = core_with()
+    acting(core, "p", 2_000)
+    before = _table(core)
+    core.admit(1.0, "p", "", 3_000, "r2")
+    core.expire_leases(31.0)
+    assert _table(core) == before
+    stats = core.stats(31.0)
+    assert stats.tickets_in_flight == 0 and stats.tickets_expired_total == 1
+    core.check_invariants(31.0)
+
+
+def test_a_new_program_whose_only_turn_lapses_unconfirmed_is_gone():
+    core = core_with()
+    core.admit(0.0, "new", "", 3_000, "r1")
+    core.expire_leases(30.0)
+    assert core.program("new") is None and core.stats(30.0).tickets_in_flight == 0
+    core.check_invariants(30.0)
+
+
+@pytest.mark.parametrize("order", ["oldest_first", "newest_first", "middle_first"])
+def test_rolling_back_placed_turns_in_any_order_restores_the_table(order):
+    """Turns of a live program are not gated: several placed at once, each rolled back (cancelled as
+    its answer left, or lapsed unconfirmed) in any order, leave the table as it was."""
+    core = core_with()
+    acting(core, "p", 2_000)
+    before = _table(core)
+    ids = [f"r{i}" for i in range(5)]
+    for i, request_id in enumerate(ids):
+        assert core.admit(1.0 + i, "p", "", 1_000 + i, request_id).decision.verdict is Verdict.PLACED
+    ordered = {"oldest_first": ids, "newest_first": ids[::-1], "middle_first": [ids[2], ids[0], ids[4], ids[1], ids[3]]}
+    for request_id in ordered[order]:
+        core.cancel_admission(10.0, request_id)
+        core.check_invariants(10.0)
+    assert _table(core) == before
+
+
+def test_one_rolled_back_turn_among_delivered_ones_takes_only_its_count():
+    core = core_with()
+    acting(core, "p", 2_000)
+    turns = core.program("p").turns
+    for request_id in ("r1", "r2", "r3"):
+        core.admit(1.0, "p", "", 1_000, request_id)
+    core.cancel_admission(2.0, "r2")  # cancelled as its answer left; r1 and r3 were delivered
+    assert core.program("p").turns == turns + 2
+    core.complete(3.0, "p", "r3", ReplicaKey(*W), 4_000, 0)
+    core.cancel_admission(4.0, "r1")  # now a late rollback of the first
+    view = core.program("p")
+    assert view.turns == turns + 1 and view.token_total == 4_000
+    core.check_invariants(4.0)

@@ -34,10 +34,11 @@ async def test_admit_carries_the_lease_and_a_renewed_turn_outlives_it(make_harne
     assert prog.status == pb.PROGRAM_STATUS_ACTING and prog.token_total == 320
 
 
-async def test_the_tick_ends_a_turn_nobody_renews(make_harness):
+async def test_the_tick_ends_a_turn_nobody_renews_any_more(make_harness):
     h = await make_harness(ticket_lease_seconds=20.0)
     await h.set_capacity({W: 10_000})
     await h.admit("p", "r1", 100)
+    await renew(h, "r1")  # its router held the answer, then died
     h.clock.advance(19.0)
     h.tick()
     assert (await h.program("p")).status == pb.PROGRAM_STATUS_REASONING
@@ -50,6 +51,27 @@ async def test_the_tick_ends_a_turn_nobody_renews(make_harness):
     text = generate_latest(h.runtime.metrics.registry).decode()
     assert "bandmaster_scheduler_tickets_expired_total 1.0" in text
     assert "bandmaster_scheduler_tickets_in_flight 0.0" in text
+
+
+async def test_a_turn_never_renewed_is_rolled_back_when_its_lease_lapses(make_harness):
+    """No RenewLeases, Bind or Complete named it: its answer never reached a live router."""
+    h = await make_harness(ticket_lease_seconds=20.0)
+    await h.set_capacity({W: 10_000})
+    await h.admit("p", "r1", 100)
+    await h.complete("p", "r1", 300, 20, "w1", 0)
+    before = await h.program("p")
+    await h.admit("p", "r2", 900)
+    h.clock.advance(20.0)
+    h.tick()
+    after = await h.program("p")
+    assert (after.status, after.token_total, after.turns, after.worker_id) == (
+        before.status,
+        before.token_total,
+        before.turns,
+        before.worker_id,
+    )
+    stats = await h.client.GetStats(pb.GetStatsRequest())
+    assert stats.tickets_expired_total == 1 and stats.tickets_in_flight == 0
 
 
 async def test_no_lease_when_disabled(make_harness):
