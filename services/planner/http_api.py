@@ -24,6 +24,7 @@ from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from services.common.clock import Clock
+from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from services.common.ports import binding
 from services.common.security import SecurityConfig, bearer_guard
 from services.planner.adapters.registry import Conflict, NotFound, Registry
@@ -208,7 +209,9 @@ class BatchApi:
 
     async def create_batch(self, request: web.Request) -> web.Response:
         try:
-            body = await request.json()
+            body = loads_bounded(await request.text())
+        except JsonTooDeep:
+            raise BatchInputError(f"the body is nested deeper than {MAX_JSON_DEPTH} levels") from None
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise BatchInputError("the body must be a JSON object") from None
         if not isinstance(body, dict):

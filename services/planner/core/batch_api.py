@@ -16,6 +16,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 BATCH_STATUSES = (
     "validating",
@@ -122,7 +124,11 @@ def parse_batch_input(
         if not raw.strip():
             continue
         try:
-            item = json.loads(raw)
+            item = loads_bounded(raw)
+        except JsonTooDeep:
+            raise BatchInputError(
+                f"line {number}: JSON nested deeper than {MAX_JSON_DEPTH} levels", code="invalid_json_line", line=number
+            ) from None
         except json.JSONDecodeError as exc:
             raise BatchInputError(
                 f"line {number}: invalid JSON ({exc.msg})", code="invalid_json_line", line=number

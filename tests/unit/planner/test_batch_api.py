@@ -4,6 +4,7 @@ bad input as a clear 4xx with nothing stored."""
 import io
 import json
 
+import aiohttp
 import openai
 import pytest
 
@@ -287,3 +288,46 @@ async def test_ids_in_paths_bodies_and_queries_are_checked(planner, bad, raw):
             async with http.request(method, planner.http_url + path, json=payload) as r:
                 assert r.status == 400, (path, await r.text())
                 assert "letters, digits" in (await r.json())["error"]["message"]
+
+
+def _deep_line(depth: int) -> bytes:
+    nested = b"[" * depth + b"]" * depth
+    return b'{"custom_id": "deep", "method": "POST", "url": "/v1/chat/completions", "body": {"x": ' + nested + b"}}\n"
+
+
+@pytest.mark.parametrize("depth", [300, 1_500, 100_000])
+async def test_a_deeply_nested_line_is_a_400_not_a_500(planner, depth):
+    """A line nested past what the router would forward (254 levels), or past what the parser can recurse
+    into (a RecursionError and a 500 before), is refused like any bad line, with nothing stored."""
+    client = client_for(planner)
+    data = batch_jsonl(2) + _deep_line(depth)
+    with pytest.raises(openai.APIStatusError) as info:
+        await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    assert info.value.status_code == 400
+    assert info.value.body["code"] == "invalid_json_line" and info.value.body["line"] == 3
+    assert "nested deeper than 254 levels" in info.value.body["message"]
+    assert planner.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
+
+
+async def test_a_line_at_the_depth_bound_is_accepted(planner):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(_deep_line(251))), purpose="batch")
+    assert f.id
+
+
+@pytest.mark.parametrize("depth", [300, 1_500, 100_000])
+async def test_a_deeply_nested_batches_body_is_a_400_not_a_500(planner, depth):
+    client = client_for(planner)
+    f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
+    body = (
+        b'{"input_file_id": "' + f.id.encode() + b'", "endpoint": "/v1/chat/completions", '
+        b'"completion_window": "24h", "metadata": {"x": ' + b"[" * depth + b"]" * depth + b"}}"
+    )
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            planner.http_url + "/v1/batches", data=body, headers={"Content-Type": "application/json"}
+        ) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and "nested deeper than 254 levels" in error["message"]
+    assert planner.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
