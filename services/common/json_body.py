@@ -9,7 +9,7 @@ ValueError the edge maps to a 400. Pure: no I/O.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable
 
 MAX_JSON_DEPTH = 254
 """Most nested containers (objects and arrays) a body may have: what orjson will still encode."""
@@ -25,12 +25,9 @@ def json_depth(value: Any) -> int:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
+        if not isinstance(item, (dict, list)):
             continue
+        children: Iterable[Any] = item.values() if isinstance(item, dict) else item
         deepest = max(deepest, depth)
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
