@@ -184,8 +184,13 @@ async def start_router(
             hold_timeout_s=config.admit_hold_timeout_seconds,
             breaker=config.scheduler_breaker,
             tracer=tracer,
-            channel=config.security.channel(config.scheduler_addr, interceptors=telemetry.grpc_client_interceptors()),
+            # The instrumentation's CLIENT spans on Bind/Complete only when spans leave the process.
+            channel=config.security.channel(
+                config.scheduler_addr,
+                interceptors=telemetry.grpc_client_interceptors() if telemetry.exporting else (),
+            ),
             loop_lag=host.loop_lag,
+            inject_context=not telemetry.exporting,
         )
     )
     scheduler_config = None

@@ -21,7 +21,9 @@ one WARN per outage, an INFO when the scheduler answers again):
   closes it.
 
 Bind/Complete/Release are short, bounded calls whose failure never fails a turn. Tracing: unary calls get
-their CLIENT span and `traceparent` from the gRPC instrumentation on the channel; AdmitStream is a stream
+their CLIENT span and `traceparent` from the gRPC instrumentation on the channel when spans are exported
+(when not, the instrumentation's spans would cost CPU on every turn for nothing: the calls carry the
+caller's `traceparent` by hand instead); AdmitStream is a stream
 the instrumentation does not fit (services/common/telemetry.py), so `admit` opens its own CLIENT span
 (`router.admit`) and injects its context by hand.
 """
@@ -94,8 +96,12 @@ class SchedulerClient:
         channel: grpc.aio.Channel | None = None,
         tracer: trace.Tracer | None = None,
         loop_lag: LoopLag | None = None,
+        inject_context: bool = False,
     ) -> None:
+        """`inject_context`: the channel has no tracing interceptor (spans are not exported), so the unary
+        calls carry the caller's trace context in their metadata by hand, without a CLIENT span."""
         self.address = address
+        self._inject_context = inject_context
         self._loop_lag = loop_lag
         self._metrics = metrics
         self._timeout_s = call_timeout_s
@@ -306,9 +312,18 @@ class SchedulerClient:
         )
 
     async def _short(self, method: str, call, request):
+        on_time = self._on_time_clock(asyncio.get_running_loop())
+        started = on_time()
         try:
-            answer = await call(request, timeout=self._timeout_s)
+            metadata = inject_metadata() if self._inject_context else None
+            answer = await call(request, timeout=self._timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and on_time() - started < self._timeout_s:
+                # The deadline (wall time) passed while our own loop ran late: not the scheduler's
+                # silence, so the scheduler is not taken for down (turns would fail open for it).
+                self._metrics.scheduler_errors.labels(method).inc()
+                log.debug("scheduler %s exceeded its deadline while this router's loop lagged", method)
+                return None
             if exc.code() in _UNREACHABLE:
                 self._unreachable(method, exc)
             else:

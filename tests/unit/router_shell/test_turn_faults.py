@@ -213,6 +213,10 @@ async def test_a_router_whose_loop_is_saturated_waits_for_the_answer_instead_of_
         assert status == 200 and elapsed > 1.0, (turns, elapsed)  # the wall-clock window did pass
         assert r.sample("bandmaster_router_scheduler_fail_open_total", reason="no_answer") == 0
         assert r.sample("bandmaster_router_admit_deadline_extended_total") == 1
+        # Bind and Complete, whose deadlines may pass while the loop is saturated, do not take the
+        # scheduler for down either (every later turn would fail open for it).
+        await assert_eventually(lambda: len(r.sched.of("Complete")) == 1)
+        assert r.sample("bandmaster_router_scheduler_reachable") == 1
         assert len(r.sched.of("Admit")) == 1 and "failing open" not in caplog.text
     finally:
         await r.close()
