@@ -11,6 +11,8 @@ the HTTP/SSE path dominates) is put behind every proxy at once:
                            program (`X-Dynamo-Session-ID`), closed by a final request at the end.
 * `bandmaster-nosched`   - a second router on the same capacity service with `--no-scheduler`
                            (KV-aware pick only, no Admit round trip); no session headers.
+* `bandmaster-2proc`     - a third router, `--processes 2`, on the same capacity and scheduler as
+                           `bandmaster`, programs and finals as there.
 * `sglang-router`        - `sglang_router.launch_router --policy cache_aware` on the same workers.
 
 This process is the load generator: C closed-loop aiohttp SSE streams of `/v1/chat/completions`
@@ -20,6 +22,10 @@ DCBA, ...) so that drift on the shared machine hits every arm alike. Per phase w
 (send -> first content token), streamed tokens and completed requests inside the window, errors
 (non-200, transport failures, short streams, failed finals; warm-up and drain included) and the CPU
 seconds every process used. Arms are then compared by ratio, never against absolute thresholds.
+Each Bandmaster arm's own /metrics, read before and after each phase, give the turns that failed open
+(by reason), the Admit windows lengthened by the router's loop lag, and the router's event-loop lag
+(p99 from its histogram: the upper bound of the bucket that holds it). `targets` in the report states
+issue 20's router targets against the figures of the run.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -48,7 +54,9 @@ from harness.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
-ARMS = ("direct", "bandmaster", "bandmaster-nosched", "sglang-router")
+ARMS = ("direct", "bandmaster", "bandmaster-nosched", "bandmaster-2proc", "sglang-router")
+SCHEDULED_ARMS = ("bandmaster", "bandmaster-2proc")
+"""Arms whose streams are programs (session headers, a final request) admitted by the scheduler."""
 # One filler word is one simworker token (pieces of <= 4 non-space characters), so the prompt size
 # is controlled by the word count; the chat template adds a handful of tokens.
 FILLER_WORD = " tok"
@@ -211,19 +219,57 @@ def worker_requests(url: str) -> float:
     return float(match.group(1)) if match else float("nan")
 
 
+def router_counters(metrics_url: str) -> dict[str, float]:
+    """The router's fail-open, deadline-extension and loop-lag series at `metrics_url`, summed over its
+    processes (`router_process`), keyed `fail_open:<reason>`, `deadline_extended`, `lag_le:<bound>`."""
+    try:
+        with urllib.request.urlopen(metrics_url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("bandmaster_router_scheduler_fail_open_total{"):
+            key = "fail_open:" + re.search(r'reason="([^"]*)"', line).group(1)  # type: ignore[union-attr]
+        elif line.startswith("bandmaster_router_admit_deadline_extended_total"):
+            key = "deadline_extended"
+        elif line.startswith("bandmaster_event_loop_lag_seconds_bucket{"):
+            key = "lag_le:" + re.search(r'le="([^"]*)"', line).group(1)  # type: ignore[union-attr]
+        else:
+            continue
+        out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_p99_s(delta: dict[str, float]) -> float:
+    """The upper bound of the loop-lag bucket holding the 99th percentile of a phase's samples (nan: none)."""
+    buckets = sorted((float(key.split(":", 1)[1]), count) for key, count in delta.items() if key.startswith("lag_le:"))
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return float("nan")
+    for bound, count in buckets:
+        if count >= 0.99 * total:
+            return bound
+    return float("inf")
+
+
 @dataclass
 class Stack:
     cluster: Cluster
     nosched_url: str
+    twoproc_url: str
     sglang: subprocess.Popen
     sglang_url: str
     pids: dict[str, list[int]]
+    metrics_urls: dict[str, str]
+    """Arm -> the /metrics base URL of its router (Bandmaster arms)."""
 
     def urls(self, arm: str) -> list[str]:
         return {
             "direct": self.cluster.workers,
             "bandmaster": [self.cluster.http_url],
             "bandmaster-nosched": [self.nosched_url],
+            "bandmaster-2proc": [self.twoproc_url],
             "sglang-router": [self.sglang_url],
         }[arm]
 
@@ -258,13 +304,19 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         nosched_spec.name = "router-nosched"  # the supervisor names ready and log files after the child
         (nosched,) = cluster.supervisor.start_all([nosched_spec])
         nosched_url = f"http://127.0.0.1:{nosched.ready['http_port']}"
+        twoproc_spec = router_spec(
+            replace(config, router_processes=2), cluster.capacity.endpoint, cluster.scheduler.endpoint
+        )
+        twoproc_spec.name = "router-2proc"
+        (twoproc,) = cluster.supervisor.start_all([twoproc_spec])
+        twoproc_url = f"http://127.0.0.1:{twoproc.ready['http_port']}"
         sglang, sglang_url = launch_sglang_router(
             cluster.workers, "cache_aware", cluster.supervisor.state_dir / "sglang-router.log"
         )
         # Every front door must answer a chat request before any phase starts: sglang-router registers
         # its workers in the background, our routers learn them from the capacity watch.
         deadline = time.monotonic() + 60
-        pending = {cluster.http_url, nosched_url, sglang_url}
+        pending = {cluster.http_url, nosched_url, twoproc_url, sglang_url}
         while pending:
             if sglang.poll() is not None:
                 raise RuntimeError(
@@ -281,16 +333,26 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         cluster.stop()
         raise
     children = {child.spec.name: child.process.pid for child in cluster.supervisor.children}
+    ready = {child.spec.name: child.ready for child in cluster.supervisor.children}
     pids = {
         "workers": [pid for name, pid in children.items() if name.startswith("simworker")],
         "capacity": [children["capacity"]],
         "scheduler": [children["scheduler"]],
         "router": [children["router"]],
         "router-nosched": [children["router-nosched"]],
+        "router-2proc": [children["router-2proc"], *ready["router-2proc"]["processes"]],
         "sglang-router": [sglang.pid],
         "client": [os.getpid()],
     }
-    return Stack(cluster, nosched_url, sglang, sglang_url, pids)
+    metrics_urls = {
+        arm: f"http://127.0.0.1:{ready[name]['metrics_port']}"
+        for arm, name in (
+            ("bandmaster", "router"),
+            ("bandmaster-nosched", "router-nosched"),
+            ("bandmaster-2proc", "router-2proc"),
+        )
+    }
+    return Stack(cluster, nosched_url, twoproc_url, sglang, sglang_url, pids, metrics_urls)
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -300,27 +362,33 @@ PROXY_CPU_GROUPS = {
     "direct": (),
     "bandmaster": ("router", "scheduler"),
     "bandmaster-nosched": ("router-nosched",),
+    "bandmaster-2proc": ("router-2proc", "scheduler"),
     "sglang-router": ("sglang-router",),
 }
 
 
-def phase_order(repeats: int, concurrencies: list[int]) -> list[tuple[int, int, str]]:
+def phase_order(repeats: int, concurrencies: list[int], arms: tuple[str, ...] = ARMS) -> list[tuple[int, int, str]]:
     """(rep, concurrency, arm): per repetition each concurrency runs every arm, alternating direction."""
     order = []
     for rep in range(repeats):
         for position, concurrency in enumerate(concurrencies):
             # Each concurrency alternates ABCD / DCBA from one repetition to the next.
-            arms = list(reversed(ARMS)) if (rep + position) % 2 else list(ARMS)
-            order += [(rep, concurrency, arm) for arm in arms]
+            ordered = tuple(reversed(arms)) if (rep + position) % 2 else arms
+            order += [(rep, concurrency, arm) for arm in ordered]
     return order
 
 
-def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float]], concurrencies: list[int]) -> dict:
+def aggregate(
+    phases: list[dict],
+    ttft_samples: dict[tuple[int, str], list[float]],
+    concurrencies: list[int],
+    arms: tuple[str, ...] = ARMS,
+) -> dict:
     """Per concurrency and arm: pooled TTFT percentiles, mean rates over repetitions, deltas and ratios."""
     out: dict[str, dict] = {}
     for concurrency in concurrencies:
         rows: dict[str, dict] = {}
-        for arm in ARMS:
+        for arm in arms:
             mine = [p for p in phases if p["arm"] == arm and p["concurrency"] == concurrency]
             tokens = sum(p["tokens"] for p in mine)
             window = sum(p["window_s"] for p in mine)
@@ -338,8 +406,19 @@ def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float
                 "client_cpu_fraction": sum(p["cpu_s"]["client"] for p in mine) / window,
                 "busiest_worker_share": max(max(p["worker_share"]) for p in mine),
             }
+            if arm in PROXY_METRICS_ARMS:
+                router = [p["router"] for p in mine]
+                rows[arm]["router"] = {
+                    "fail_open": sum(r["fail_open"] for r in router),
+                    "fail_open_by_reason": merge_counts(r["fail_open_by_reason"] for r in router),
+                    "deadline_extended": sum(r["deadline_extended"] for r in router),
+                    "loop_lag_p99_s": max(r["loop_lag_p99_s"] for r in router),
+                    "loop_lag_samples": sum(r["loop_lag_samples"] for r in router),
+                }
         for row in rows.values():
             for base in ("direct", "sglang-router"):
+                if base not in rows:
+                    continue
                 ref = rows[base]
                 row[f"vs_{base}"] = {
                     "added_ttft_ms_p50": row["ttft_ms"]["p50"] - ref["ttft_ms"]["p50"],
@@ -352,6 +431,57 @@ def aggregate(phases: list[dict], ttft_samples: dict[tuple[int, str], list[float
     return out
 
 
+PROXY_METRICS_ARMS = ("bandmaster", "bandmaster-nosched", "bandmaster-2proc")
+"""Arms whose router's /metrics are read around each phase."""
+
+
+def merge_counts(counts) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for one in counts:
+        for key, value in one.items():
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def router_phase(before: dict[str, float], after: dict[str, float]) -> dict:
+    """What one phase did to a router's counters."""
+    delta = {key: after[key] - before.get(key, 0.0) for key in after}
+    by_reason = {k.split(":", 1)[1]: v for k, v in delta.items() if k.startswith("fail_open:") and v}
+    lag = {k: v for k, v in delta.items() if k.startswith("lag_le:")}
+    return {
+        "fail_open": sum(by_reason.values()),
+        "fail_open_by_reason": by_reason,
+        "deadline_extended": delta.get("deadline_extended", 0.0),
+        "loop_lag_p99_s": lag_p99_s(lag),
+        "loop_lag_samples": lag.get("lag_le:+Inf", 0.0),
+    }
+
+
+def targets(summary: dict) -> dict:
+    """Issue 20's router targets against this run (None where the run lacks the concurrency or arm)."""
+    out: dict[str, dict] = {}
+    at64 = summary.get("64", {})
+    if "bandmaster" in at64 and "direct" in at64:
+        added = at64["bandmaster"]["vs_direct"]["added_ttft_ms_p50"]
+        out["added_ttft_p50_ms_at_64"] = {"target": "<= 10", "value": round(added, 1), "met": added <= 10}
+    if "bandmaster" in at64 and "sglang-router" in at64:
+        cpu = ratio(
+            at64["bandmaster"]["proxy_cpu_ms_per_1k_tokens"], at64["sglang-router"]["proxy_cpu_ms_per_1k_tokens"]
+        )
+        out["cpu_per_token_vs_sglang_router_at_64"] = {"target": "<= 1.0", "value": round(cpu, 2), "met": cpu <= 1.0}
+    at256 = summary.get("256", {})
+    for arm in SCHEDULED_ARMS:
+        if arm in at256:
+            router = at256[arm]["router"]
+            # The scheduler is up throughout the bench: every turn that failed open did so through the
+            # router's own lateness (a missed window, or a breaker such a miss opened).
+            failed = sum(router["fail_open_by_reason"].values())
+            out[f"{arm}_fail_open_at_256"] = {"target": "0", "value": failed, "met": failed == 0}
+            lag = router["loop_lag_p99_s"]
+            out[f"{arm}_loop_lag_p99_s_at_256"] = {"target": "<= 0.1", "value": lag, "met": lag <= 0.1}
+    return out
+
+
 def print_table(summary: dict) -> None:
     header = (
         f"{'conc':>4} {'arm':19} {'TTFT p50':>9} {'p99':>8} {'+p50 vs dir':>11} {'+p99 vs dir':>11} "
@@ -359,19 +489,25 @@ def print_table(summary: dict) -> None:
     )
     print(header)
     print("-" * len(header))
+    nan = {"added_ttft_ms_p50": float("nan"), "added_ttft_ms_p99": float("nan")}
+    nan |= {"tokens_per_s_ratio": float("nan"), "ttft_p50_ratio": float("nan")}
     for concurrency, rows in summary.items():
         for arm, r in rows.items():
+            direct, sgl = r.get("vs_direct", nan), r.get("vs_sglang-router", nan)
+            router = r.get("router")
+            extra = f"  fail-open {router['fail_open']:.0f} lag p99 <= {router['loop_lag_p99_s']:g} s" if router else ""
             print(
                 f"{concurrency:>4} {arm:19} {r['ttft_ms']['p50']:9.1f} {r['ttft_ms']['p99']:8.1f} "
-                f"{r['vs_direct']['added_ttft_ms_p50']:+11.1f} {r['vs_direct']['added_ttft_ms_p99']:+11.1f} "
+                f"{direct['added_ttft_ms_p50']:+11.1f} {direct['added_ttft_ms_p99']:+11.1f} "
                 f"{r['streamed_tokens_per_s']:8.0f} {r['requests_per_s']:7.1f} "
-                f"{r['vs_direct']['tokens_per_s_ratio']:9.2f} {r['vs_sglang-router']['tokens_per_s_ratio']:9.2f} "
-                f"{r['vs_sglang-router']['ttft_p50_ratio']:7.2f} {r['proxy_cpu_ms_per_1k_tokens']:6.0f} "
-                f"{r['errors']:6d}"
+                f"{direct['tokens_per_s_ratio']:9.2f} {sgl['tokens_per_s_ratio']:9.2f} "
+                f"{sgl['ttft_p50_ratio']:7.2f} {r['proxy_cpu_ms_per_1k_tokens']:6.0f} "
+                f"{r['errors']:6d}{extra}"
             )
     print(
         "TTFT in ms (client send -> first content token); tok/s = streamed tokens per wall second;\n"
-        "cpu/1k = CPU ms of the arm's proxy processes (router + scheduler for bandmaster) per 1000 streamed tokens."
+        "cpu/1k = CPU ms of the arm's proxy processes (router + scheduler for bandmaster) per 1000 streamed tokens;\n"
+        "fail-open = turns the router let through without an admission; lag p99 = its event loop's (bucket bound)."
     )
 
 
@@ -383,11 +519,14 @@ async def run_phases(stack: Stack, order: list[tuple[int, int, str]], make_load)
     ttft: dict[tuple[int, str], list[float]] = {}
     for index, (rep, concurrency, arm) in enumerate(order):
         load = make_load(concurrency)
-        prefix = f"rb{os.getpid()}-{index}" if arm == "bandmaster" else None
+        prefix = f"rb{os.getpid()}-{index}" if arm in SCHEDULED_ARMS else None
+        metrics_url = stack.metrics_urls.get(arm)
+        counters0 = router_counters(metrics_url) if metrics_url else {}
         cpu0 = stack.cpu()
         served0 = [worker_requests(url) for url in stack.cluster.workers]
         stats, window_s = await run_phase(stack.urls(arm), load, prefix)
         cpu1 = stack.cpu()
+        router = router_phase(counters0, router_counters(metrics_url)) if metrics_url else None
         served = [worker_requests(url) - before for url, before in zip(stack.cluster.workers, served0)]
         ttft.setdefault((concurrency, arm), []).extend(stats.ttft_s)
         phase = {
@@ -409,11 +548,14 @@ async def run_phases(stack: Stack, order: list[tuple[int, int, str]], make_load)
             # Share of the phase's requests each worker served (the routing balance of the arm).
             "worker_share": [round(n / sum(served), 3) if sum(served) else float("nan") for n in served],
         }
+        if router is not None:
+            phase["router"] = router
         phases.append(phase)
         print(
             f"  [{index + 1}/{len(order)}] c={concurrency:<4} {arm:19} ttft p50 {phase['ttft_ms']['p50']:7.1f} ms "
             f"p99 {phase['ttft_ms']['p99']:7.1f} ms  {phase['streamed_tokens_per_s']:7.0f} tok/s  "
-            f"errors {stats.errors}  workers {'/'.join(f'{x:.2f}' for x in phase['worker_share'])}",
+            f"errors {stats.errors}  workers {'/'.join(f'{x:.2f}' for x in phase['worker_share'])}"
+            + (f"  fail-open {router['fail_open']:.0f} lag p99 <= {router['loop_lag_p99_s']:g} s" if router else ""),
             flush=True,
         )
     return phases, ttft
@@ -431,7 +573,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speedup", type=float, default=1000.0)
     parser.add_argument("--prompt-tokens", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=None)
+    parser.add_argument(
+        "--arms", default=",".join(ARMS), help=f"comma-separated arms to run (default all: {','.join(ARMS)})"
+    )
     args = parser.parse_args(argv)
+    arms = tuple(arm.strip() for arm in args.arms.split(",") if arm.strip())
+    unknown = sorted(set(arms) - set(ARMS))
+    if unknown or not arms:
+        parser.error(f"--arms: unknown arm(s) {unknown}; choose from {','.join(ARMS)}")
     concurrencies = [int(c) for c in (args.concurrency or ("8" if args.smoke else "64,256")).split(",")]
     duration_s = args.duration_s or (1.0 if args.smoke else 8.0)
     warmup_s = args.warmup_s if args.warmup_s is not None else (0.5 if args.smoke else 2.0)
@@ -442,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     # Every stream holds prompt + output tokens; KV is sized so that nothing queues or pauses on it.
     kv_tokens = max(65_536, 4 * max_concurrency * (prompt_tokens + max_tokens + 32))
     max_running = max(256, max_concurrency)
-    order = phase_order(repeats, concurrencies)
+    order = phase_order(repeats, concurrencies, arms)
 
     def make_load(concurrency: int) -> Load:
         return Load(concurrency, prompt_tokens, max_tokens, warmup_s, duration_s)
@@ -461,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         stack.stop()
-    summary = aggregate(phases, ttft, concurrencies)
+    summary = aggregate(phases, ttft, concurrencies, arms)
     report = {
         "benchmark": "router_bench",
         "smoke": args.smoke,
@@ -480,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": duration_s,
             "warmup_s": warmup_s,
             "repeats": repeats,
-            "arms": list(ARMS),
+            "arms": list(arms),
             "worker_kv_tokens": kv_tokens,
             "worker_max_running_requests": max_running,
             "sglang_router_policy": "cache_aware",
@@ -489,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(time.monotonic() - started, 1),
         "processes_exited_early": failed,
         "summary": summary,
+        "targets": targets(summary),
         "phases": phases,
     }
     out = Path(args.out)
@@ -496,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     print()
     print_table(summary)
+    for name, target in report["targets"].items():
+        print(f"target {name}: {target['value']} (target {target['target']}): {'met' if target['met'] else 'MISSED'}")
     print(f"report written to {out} ({report['wall_s']:.0f} s)")
     errors = sum(p["errors"] for p in phases)
     empty = [p for p in phases if p["requests"] == 0]

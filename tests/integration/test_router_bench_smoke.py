@@ -57,4 +57,9 @@ def test_router_bench_smoke(tmp_path):
                     "tokens_per_s_ratio",
                 }
         assert rows["direct"]["vs_direct"]["tokens_per_s_ratio"] == 1.0
+        for arm in ("bandmaster", "bandmaster-nosched", "bandmaster-2proc"):
+            router = rows[arm]["router"]  # read from the arm's own router /metrics around each phase
+            assert router["fail_open"] == 0 and router["loop_lag_samples"] > 0, (arm, router)
+            assert 0 < router["loop_lag_p99_s"] <= float("inf")
+    assert set(report["targets"]) == set()  # the smoke run has neither 64 nor 256 streams
     assert "tok/s" in done.stdout and "sglang-router" in done.stdout
