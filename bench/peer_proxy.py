@@ -130,7 +130,9 @@ class PeerProxy:
         try:
             body = json.loads(raw)
         except ValueError:
-            return web.json_response({"error": {"message": "the body is not JSON"}}, status=400)
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"error": {"message": "the body is not a JSON object"}}, status=400)
         if not program:
             self._rr += 1
             passed, _ = await self._forward(request, self.workers[self._rr % len(self.workers)], raw, body)
