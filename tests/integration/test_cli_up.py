@@ -211,3 +211,36 @@ def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait_exit(60)
         assert proc.returncode == 0
+
+
+def test_up_and_status_name_a_worker_without_cache_reports_and_the_flag_to_add(tmp_path):
+    cluster_file = tmp_path / "run" / "cluster.json"
+    with start(
+        "bandmaster-up",
+        python_module(
+            "services.cli",
+            "up",
+            "--workers",
+            "1",
+            "--no-worker-cache-report",
+            "--no-planner",
+            "--speedup",
+            "20",
+            "--ports",
+            "auto",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--cluster-file",
+            str(cluster_file),
+        ),
+        tmp_path,
+    ) as proc:
+        output = proc.wait_for_log(UP_LINE, timeout_s=90)
+        assert "DEGRADED: 1 of 1 workers" in output, output
+        assert "cache reports off; restart it with --enable-cache-report" in output, output
+        assert "priority scheduling off" not in output, output  # the simulated workers run with it
+        status = _cli("status", "--once", cluster_file=cluster_file)
+        assert status.returncode == 0, status.stderr
+        assert "DEGRADED: 1 of 1 workers" in status.stdout and "--enable-cache-report" in status.stdout
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait_exit(60) == 0
