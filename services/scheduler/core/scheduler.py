@@ -553,19 +553,14 @@ class SchedulerCore:
 
     def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: _Acc) -> None:
         unreported = frozenset(r.key for r in snapshot.replicas if not r.cache_report)
-        if unreported != self._no_cache_report:
-            for key, level, what in [
-                *((k, WARNING, "cache_report_off") for k in sorted(unreported - self._no_cache_report)),
-                *((k, INFO, "cache_report_on") for k in sorted(self._no_cache_report - unreported)),
-            ]:
-                acc.logs.append(
-                    LogRecord(
-                        level,
-                        "scheduler.capacity %s worker=%s dp_rank=%s: its turns %s the prefill-rate estimate"
-                        % (what, key.worker_id, key.dp_rank, "no longer feed" if level == WARNING else "feed"),
-                    )
-                )
-            self._no_cache_report = unreported
+        present = {r.key for r in snapshot.replicas}
+        line = "scheduler.capacity %s worker=%s dp_rank=%s: its turns %s the prefill-rate estimate"
+        for key in sorted(unreported - self._no_cache_report):
+            acc.logs.append(LogRecord(WARNING, line % ("cache_report_off", *key, "no longer feed")))
+        # A replica that left the snapshot says nothing about reports: its removal is logged below.
+        for key in sorted((self._no_cache_report - unreported) & present):
+            acc.logs.append(LogRecord(INFO, line % ("cache_report_on", *key, "feed")))
+        self._no_cache_report = unreported
         for key, unplaced in self.ledger.set_capacity(snapshot):
             acc.logs.append(
                 LogRecord(

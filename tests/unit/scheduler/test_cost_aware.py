@@ -332,3 +332,11 @@ def test_turns_without_cache_reports_no_longer_teach_a_far_too_fast_prefill():
         "scheduler.capacity cache_report_on worker=w0 dp_rank=0: its turns feed the prefill-rate estimate"
     ]
     assert not [r for r in _fleet(core, set(), version=3).logs if "cache_report" in r.message]
+
+
+def test_a_replica_that_leaves_the_snapshot_is_not_said_to_report_again():
+    core = SchedulerCore(ControlParams(), policy())
+    _fleet(core, {"w0"})
+    gone = core.apply_capacity(0.0, CapacitySnapshot(2, (ReplicaCapacity("w1", 0, 65_536),)))
+    assert not [r for r in gone.logs if "cache_report" in r.message]
+    assert core.cache_reported(None)  # every replica left reports
