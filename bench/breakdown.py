@@ -206,16 +206,21 @@ def breakdown_from_sim(result: "SimResult") -> dict:
     return out
 
 
-def client_tracing(service_name: str = "bandmaster-client"):
-    """Write this process's spans (the player's `client.turn`) where BANDMASTER_TRACE_FILE says, as every
-    service does; returns the Telemetry to shut down (flush) at the end, or None when the variable is unset."""
+def client_tracing(path: str | Path | None = None, service_name: str = "bandmaster-client"):
+    """Write this process's spans (the player's `client.turn`) to `path`, else where BANDMASTER_TRACE_FILE
+    says, as every service does; returns the Telemetry (`.provider.force_flush()` before reading the
+    file, `.shutdown()` at the end), or None with neither. Once per process: the tracer provider is
+    global. A process that runs several live stacks one after another keeps one client file and passes
+    it with each stack's span directory to `breakdown_from_spans`: only the client spans of that
+    stack's traces join."""
     import os
 
     from services.common.telemetry import TRACE_FILE_ENV, setup_telemetry
 
-    if not os.environ.get(TRACE_FILE_ENV):
+    template = str(path) if path is not None else os.environ.get(TRACE_FILE_ENV)
+    if not template:
         return None
-    return setup_telemetry(service_name)
+    return setup_telemetry(service_name, env={**os.environ, TRACE_FILE_ENV: template})
 
 
 def format_table(report: dict) -> str:

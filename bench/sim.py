@@ -30,6 +30,7 @@ from typing import Sequence
 
 from harness.player import add_program_arguments
 from harness.simlib import SimResult, SimScenario, simulate
+from harness.simlib.live_path import LivePathCosts
 from harness.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
 from services.common.errors import ConfigError
 from services.scheduler.config import load_config
@@ -79,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="model a live run at this simworker --speedup (router wall-clock constants scale)",
     )
     parser.add_argument(
+        "--live-path",
+        action="store_true",
+        help="model the live stack's per-turn costs outside the engine (harness/simlib/live_path.py, "
+        "calibrated wall seconds x --live-speedup); off: the offline figures",
+    )
+    parser.add_argument(
         "--request-overhead-seconds",
         type=float,
         default=0.0,
@@ -123,6 +130,7 @@ def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Names
         router_prompt=args.router_prompt,
         live_speedup=args.live_speedup,
         request_overhead_s=args.request_overhead_seconds,
+        live_path=LivePathCosts() if args.live_path else None,
     )
     return scenario, args
 

@@ -4,17 +4,20 @@ One heap of timed events drives everything. Per turn it follows the live request
 (harness/player.py -> services/router/turns.py -> simworker):
 
     turn start (client sends)          t0
-    Admit (scheduler core)             t0 + request_overhead_s; WAIT -> held until a Decision with
-                                       the same request id comes back in some call's Effects
+    Admit (scheduler core)             t0 + request_overhead_s (+ the live path's client, parsing and
+                                       admission costs, with `live_path`); WAIT -> held until a
+                                       Decision with the same request id comes back in some call's Effects
     pick + commit (router core), Bind  same instant (round_robin: the next worker in turn)
     engine.submit                      + the profile's frontend latency (the live simworker sleeps it)
+                                       (+ the live path's router -> worker and parsing costs)
     engine steps                       step(now) when a worker is idle and has work, or when its
                                        previous step ends; outputs are delivered at now + duration;
                                        pure-decode stretches as one event (plan_decode /
                                        commit_decode, cut at the first step boundary after an
                                        arrival; see docs/simulator.md "Decode runs")
     first token -> router first_token; last token -> router finish, Complete (scheduler core)
-    tool wait, next turn ...           after the last turn: Release (the final request)
+    tool wait, next turn ...           after the live path's relay, if modelled; after the last
+                                       turn: Release (the final request)
 
 Scheduler ticks run every `scheduler_interval_seconds`; each held admission also gets a timer at
 its forced-resume deadline. Every arm samples a per-worker timeline at the tick times.

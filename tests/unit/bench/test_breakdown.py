@@ -168,6 +168,8 @@ def test_the_simulators_breakdown_accounts_for_every_turn():
 
 def test_the_live_path_model_puts_its_costs_in_the_turns_timeline():
     costs = LivePathCosts(
+        router_parse=PhaseCost(),  # the calibrated defaults off: only what this test sets
+        admission_round_trip=PhaseCost(),
         client_send=PhaseCost(base_s=0.010),
         router_to_worker=PhaseCost(base_s=0.002),
         worker_parse=PhaseCost(per_prompt_token_s=1e-6),
@@ -186,3 +188,17 @@ def test_the_live_path_model_puts_its_costs_in_the_turns_timeline():
         assert turn.turn_s == pytest.approx(before.turn_s + extra, abs=2e-4)
         assert phases["total"] == pytest.approx(turn.turn_s, abs=1e-4)
     assert live.run.wall_s > plain.run.wall_s
+
+
+def test_the_calibrated_defaults_cost_something_on_every_phase():
+    costs = LivePathCosts()
+    assert costs.before_admission_wall_s(10_000, scheduled=True) > costs.before_admission_wall_s(10_000, False) > 0
+    assert costs.dispatch_wall_s(20_000) > costs.dispatch_wall_s(1_000) > 0
+    assert costs.relay_wall_s(10_000, 100) > 0
+
+
+def test_a_negative_cost_is_a_config_error():
+    from services.common.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="base_s >= 0"):
+        PhaseCost(base_s=-0.001)
