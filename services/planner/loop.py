@@ -31,6 +31,7 @@ from services.planner.core.types import Lease, LeaseDecision, Observation
 from services.planner.metrics import PlannerMetrics
 
 log = logging.getLogger("services.planner")
+EFFECT_FAILURES = ("lease_failed", "lease_unknown", "scale_failed", "scale_unknown")
 
 
 @dataclass
@@ -44,6 +45,14 @@ class TickRecord:
     effects_error: str = ""
     lease: Lease | None = None
     tick_seconds: float = 0.0
+
+    @property
+    def fail_closed(self) -> tuple[str, ...]:
+        """Why this tick failed closed: the decision's reasons, and an effect that was not applied
+        (a lease that could not be written leaves batches at 0 rps as surely as a zero lease)."""
+        if self.effects_outcome in EFFECT_FAILURES:
+            return (*self.decision.fail_closed, self.effects_outcome)
+        return self.decision.fail_closed
 
 
 @dataclass
@@ -102,6 +111,8 @@ class PlannerRuntime:
         self.board = LeaseBoard()
         self.last: TickRecord | None = None
         self.ticks = 0
+        self.lease_failing_since: int | None = None
+        """The tick whose lease write first failed, while writes keep failing (None when the last one applied)."""
         self.ready = False
         self._task: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -214,12 +225,20 @@ class PlannerRuntime:
             )
         except LeaseRejected as exc:
             self.metrics.effects.labels("lease", "failed").inc()
-            return self._stopped(d, obs, "lease_failed", exc)
+            return self._lease_failed(d, obs, "lease_failed", exc)
         except (LeaseStoreError, TimeoutError, OSError) as exc:
             self.metrics.effects.labels("lease", "unknown").inc()
-            return self._stopped(d, obs, "lease_unknown", exc)
+            return self._lease_failed(d, obs, "lease_unknown", exc)
         self.metrics.lease_publish_seconds.observe(time.perf_counter() - publish_started)
         self.metrics.effects.labels("lease", "applied").inc()
+        if self.lease_failing_since is not None:
+            log.info(
+                "lease writes to the %s store applied again after %d failed tick(s); no longer failing closed",
+                self.store.name,
+                self.ticks - self.lease_failing_since,
+            )
+            self.lease_failing_since = None
+        self.metrics.lease_fail_closed.set(0)
         self._published(lease)
         # 2. Then the replicas.
         if d.scale_to is not None:
@@ -237,12 +256,30 @@ class PlannerRuntime:
             log.info("scaled pool %s to %d replicas (%s; was %s)", self.pool_id, d.scale_to, d.action, d.desired)
         return TickRecord(d, obs, False, "applied", lease=lease)
 
+    def _lease_failed(self, d: TickDecision, obs: Observation, outcome: str, exc: BaseException) -> TickRecord:
+        """The lease could not be written: fail closed (no scaling; the last lease lapses, so batches
+        go to 0 rps), reported as such until a write is applied again (GetPlan, the gauge, one log
+        line when it starts; per-tick lines at DEBUG)."""
+        self.metrics.lease_fail_closed.set(1)
+        first = self.lease_failing_since is None
+        if first:
+            self.lease_failing_since = self.ticks
+        return self._stopped(d, obs, outcome, exc, level=logging.WARNING if first else logging.DEBUG)
+
     def _stopped(
-        self, d: TickDecision, obs: Observation, outcome: str, exc: BaseException, lease: Lease | None = None
+        self,
+        d: TickDecision,
+        obs: Observation,
+        outcome: str,
+        exc: BaseException,
+        lease: Lease | None = None,
+        *,
+        level: int = logging.WARNING,
     ) -> TickRecord:
         self.metrics.fail_closed.labels(outcome).inc()
-        log.warning(
-            "tick %s: %s (%s: %s); no further effects this tick, the last lease lapses by its TTL",
+        log.log(
+            level,
+            "tick %s: %s (%s: %s); failing closed: no further effects this tick, the last lease lapses by its TTL",
             d.decision_id,
             outcome,
             type(exc).__name__,

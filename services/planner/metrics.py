@@ -41,6 +41,12 @@ class PlannerMetrics:
         self.fail_closed = Counter(
             "bandmaster_planner_fail_closed", "Ticks that failed closed, by reason", ["reason"], registry=r
         )
+        self.lease_fail_closed = Gauge(
+            "bandmaster_planner_lease_fail_closed",
+            "1 while lease writes fail or have an unknown outcome (no lease, no scaling: failing closed); "
+            "0 once one is applied",
+            registry=r,
+        )
         self.ticks = Counter("bandmaster_planner_ticks", "Ticks by action", ["action"], registry=r)
         self.tick_seconds = Histogram(
             "bandmaster_planner_tick_seconds",

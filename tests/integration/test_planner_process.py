@@ -245,6 +245,70 @@ def test_redis_lease_store_process(tmp_path, redis_server):
     assert r.hget(key, "max_admission_rps") == "0" and r.hget(key, "decision_id").startswith("planner-shutdown-")
 
 
+def _plan(address: str) -> pb.Plan:
+    with grpc.insecure_channel(address) as ch:
+        return pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
+
+
+def _tick_of(decision_id: str) -> int:
+    return int(decision_id.rsplit("-", 1)[1])  # d-<wall>-<tick>
+
+
+def test_redis_restarted_empty_leases_flow_again_within_two_ticks(tmp_path, redis_server):
+    """Issue 21: Redis restarted without its data took the writer fence with it, and every lease write
+    was refused as stale until the planner restarted, with no sign of failing closed."""
+    import redis as redis_lib
+
+    r = redis_lib.Redis(port=redis_server.port, decode_responses=True)
+    key = "bandmaster:drain-limit:default"
+    ready = tmp_path / "ready.json"
+    proc = _start(
+        tmp_path,
+        "planner",
+        _planner_cmd(
+            tmp_path,
+            ready,
+            "--lease-store",
+            "redis",
+            "--redis-url",
+            redis_server.url,
+            "--virtual-initial-replicas",
+            "2",
+            "--safe-rps-per-replica",
+            "5",
+            "--redis-connect-timeout-seconds",
+            "0.3",
+            "--redis-socket-timeout-seconds",
+            "0.3",
+        ),
+        ready,
+    )
+    try:
+        address = proc.ready["grpc"]
+        _submit(address)
+        wait_until(lambda: float(r.hget(key, "max_admission_rps") or 0) == 10.0, timeout_s=20)
+        redis_server.stop()
+
+        def failing_closed():
+            plan = _plan(address)
+            return "lease_unknown" in plan.fail_closed_reasons and plan.effects_outcome == "lease_unknown"
+
+        wait_until(failing_closed, timeout_s=20)
+        redis_server.start()  # on the same port, empty
+        r = redis_lib.Redis(port=redis_server.port, decode_responses=True)
+        last_tick_before = _tick_of(_plan(address).decision_id)
+        wait_until(lambda: float(r.hget(key, "max_admission_rps") or 0) == 10.0, timeout_s=20)
+        written_by = _tick_of(r.hget(key, "decision_id"))
+        assert written_by - last_tick_before <= 2, (last_tick_before, written_by)
+        wait_until(lambda: not _plan(address).fail_closed_reasons, timeout_s=10)
+        log = proc.log_text()
+        assert "re-established it from writer epoch 1" in log
+        assert log.count("failing closed: no further effects") == 1  # once, then DEBUG per tick
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait_exit(20) == 0
+
+
 def test_local_connector_scales_from_zero_and_registers_with_capacity(tmp_path):
     from bandmaster.capacity.v1 import capacity_pb2 as cpb
     from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc

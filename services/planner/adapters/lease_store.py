@@ -14,9 +14,18 @@ Redis layout (reference §3.5, with a relative TTL):
   Redis-Cluster slot (`{control}:planner-writer-fence` unless the control key has a hash tag).
 
 Bootstrap (once per process, one Lua call): epoch += 1, fresh random writer id, sequence 0 and
-a zero-rate lease. Apply (one Lua call): a stale epoch or writer, or a lower sequence, returns 0
-and changes nothing; the same sequence with a different payload is an error; an identical retry
-returns 2 (and repairs an evicted control key); a new sequence returns 1.
+a zero-rate lease. Apply (one Lua call): a stale epoch or writer returns 0 (the writer is deposed),
+a lower sequence -1, and neither changes anything; the same sequence with a different payload is an
+error; an identical retry returns 2 (and repairs an evicted control key); a new sequence returns 1.
+
+A lost fence (Redis restarted without its data) is re-established by the next write, from the
+writer's own epoch and id, marked `reestablished` (apply returns 3). Who may do so, so that a
+deposed planner stays fenced out:
+* a writer that was ever refused as stale (deposed) never re-establishes;
+* a re-established fence of a lower epoch is taken over by a writer of a higher one (an older
+  planner that had not yet noticed it was deposed may have re-established it first);
+* a fence bootstrapped after the loss (by a planner started since: not `reestablished`) is
+  respected whatever its epoch: that planner is the newest.
 
 Outcomes: `LeaseRejected` = known not applied; `LeaseOutcomeUnknown` = may or may not have been
 applied (a transport failure after one identical retry). The caller stops that tick's effects
@@ -133,6 +142,7 @@ class MemoryLeaseStore:
 _BOOTSTRAP = """
 local epoch = redis.call('HINCRBY', KEYS[2], 'epoch', 1)
 redis.call('HSET', KEYS[2], 'writer_id', ARGV[1], 'last_sequence', 0, 'last_payload', ARGV[2])
+redis.call('HDEL', KEYS[2], 'reestablished')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'api_version', ARGV[3], 'pool_id', ARGV[4], 'max_admission_rps', ARGV[5],
   'valid_until_unix_ms', ARGV[6], 'decision_id', ARGV[7], 'writer_epoch', epoch, 'writer_id', ARGV[1],
@@ -142,15 +152,22 @@ return epoch
 """
 
 _APPLY = """
-local f = redis.call('HMGET', KEYS[2], 'epoch', 'writer_id', 'last_sequence', 'last_payload')
-if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return 0 end
-local seq = tonumber(ARGV[3])
-local last = tonumber(f[3])
-if last == nil or seq < last then return 0 end
+local f = redis.call('HMGET', KEYS[2], 'epoch', 'writer_id', 'last_sequence', 'last_payload', 'reestablished')
 local code = 1
-if seq == last then
-  if f[4] ~= ARGV[4] then return redis.error_reply('writer sequence reused with different payload') end
-  code = 2
+if not f[1] or (f[5] and tonumber(f[1]) < tonumber(ARGV[1])) then
+  -- The fence was lost (or re-established by an older writer): take it from this writer's epoch.
+  if ARGV[11] ~= '1' then return 0 end
+  redis.call('HSET', KEYS[2], 'epoch', ARGV[1], 'writer_id', ARGV[2], 'reestablished', 1)
+  code = 3
+else
+  if f[1] ~= ARGV[1] or f[2] ~= ARGV[2] then return 0 end
+  local seq = tonumber(ARGV[3])
+  local last = tonumber(f[3])
+  if last == nil or seq < last then return -1 end
+  if seq == last then
+    if f[4] ~= ARGV[4] then return redis.error_reply('writer sequence reused with different payload') end
+    code = 2
+  end
 end
 redis.call('HSET', KEYS[2], 'last_sequence', ARGV[3], 'last_payload', ARGV[4])
 redis.call('DEL', KEYS[1])
@@ -197,6 +214,9 @@ class RedisLeaseStore:
         )
         self.writer_id = ""
         self.epoch = 0
+        self.deposed = False
+        """Refused as a stale writer once: never re-establishes a lost fence (restart to write again)."""
+        self.fences_reestablished = 0
         self._seq = _Sequencer()
         self._current: Lease | None = None
         self._bootstrap = self.client.register_script(_BOOTSTRAP)
@@ -207,6 +227,7 @@ class RedisLeaseStore:
         if zero.max_admission_rps != 0:
             raise LeaseRejected("the start-up lease must be a zero-rate lease")
         self.writer_id = secrets.token_hex(16)
+        self.deposed = False
         self._seq = _Sequencer()
         until_mono = now_mono + zero.duration_s
         until_ms = int((now_wall + zero.duration_s) * 1000)
@@ -255,6 +276,7 @@ class RedisLeaseStore:
             until_ms,
             decision.decision_id,
             ttl_ms,
+            "0" if self.deposed else "1",
         ]
         result = None
         for attempt in (1, 2):
@@ -267,8 +289,27 @@ class RedisLeaseStore:
                 log.warning("lease publish to Redis failed (%s); retrying once with the same sequence", exc)
             except rex.ResponseError as exc:
                 raise LeaseRejected(f"Redis refused the lease: {exc}") from exc
-        if result not in (1, 2):
-            raise LeaseRejected("Redis rejected a stale lease writer or sequence")
+        if result == 0:
+            if not self.deposed:
+                log.warning(
+                    "lease writer epoch %d refused as stale: another planner holds the Redis fence; "
+                    "this planner writes no lease until it restarts",
+                    self.epoch,
+                )
+            self.deposed = True
+            raise LeaseRejected("Redis rejected a stale lease writer (another planner holds the fence)")
+        if result == -1:
+            raise LeaseRejected("Redis rejected a lower writer sequence")
+        if result not in (1, 2, 3):
+            raise LeaseRejected(f"Redis answered the lease write with {result!r}")
+        if result == 3:
+            self.fences_reestablished += 1
+            log.warning(
+                "Redis lost the lease writer fence (restarted without its data?); re-established it "
+                "from writer epoch %d, sequence %d",
+                self.epoch,
+                seq,
+            )
         self._current = Lease(
             decision.pool_id, decision.max_admission_rps, until_ms, decision.decision_id, self.epoch, seq, until_mono
         )

@@ -148,7 +148,7 @@ def plan_to_proto(record) -> pb.Plan:
         targets=targets,
         audit=list(d.audit),
         action=d.action,
-        fail_closed_reasons=list(d.fail_closed),
+        fail_closed_reasons=list(record.fail_closed),
         policy_reasons=list(diag.infeasible_reasons),
         has_replica_floor=plan.replica_floor is not None,
         replica_floor=plan.replica_floor or 0,

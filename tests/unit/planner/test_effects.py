@@ -194,3 +194,42 @@ async def test_unknown_traffic_keeps_admission_closed_but_scales_from_zero():
     assert record.decision.lease.max_admission_rps == 0 and record.decision.scale_to == 1
     assert j.events == [("lease", 0.0), ("lease", 0.0), ("scale", 1)]
     assert OnlineTraffic  # imported for the type in docs
+
+
+def _fail_closed_gauge(rt) -> float:
+    return rt.metrics.lease_fail_closed._value.get()
+
+
+async def test_redis_restarted_empty_leases_flow_again_and_the_outage_is_reported_fail_closed(redis_server, caplog):
+    """Issue 21: the fence is lost with Redis's data. Before, every write was refused as stale until
+    the planner restarted (batches at 0 rps) and nothing said the planner was failing closed."""
+    clock, j = FakeClock(), Journal()
+    connector = JournalConnector(j, clock, initial_replicas=20)
+    store = RedisLeaseStore(redis_server.url, "bm:lease:default", connect_timeout_s=0.3, socket_timeout_s=0.3)
+    rt = runtime(clock, store, connector, drain_lease_duration_s=5.0)
+    rt.effect_timeout_s = 3
+    await rt.start_lease()
+    assert (await rt.tick_once()).effects_outcome == "applied"
+    assert _fail_closed_gauge(rt) == 0
+    redis_server.stop()
+    for _ in range(3):
+        clock.advance(1.0)
+        record = await rt.tick_once()
+        assert record.effects_outcome == "lease_unknown" and "lease_unknown" in record.fail_closed
+        assert _fail_closed_gauge(rt) == 1
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "failing closed" in r.getMessage()]
+    assert len(warnings) == 1  # once when it starts, not once per tick
+    redis_server.start()  # empty: no fence, no control key
+    ticks = 0
+    while True:
+        clock.advance(1.0)
+        record = await rt.tick_once()
+        ticks += 1
+        if record.effects_outcome == "applied" or ticks == 2:
+            break
+    assert record.effects_outcome == "applied", record.effects_error  # within 2 ticks
+    assert record.fail_closed == () and _fail_closed_gauge(rt) == 0
+    h = await store.read_control()
+    assert float(h["max_admission_rps"]) > 0 and h["writer_epoch"] == str(store.epoch)
+    assert (await rt.tick_once()).effects_outcome == "applied"
+    await store.close()

@@ -107,7 +107,7 @@ async def test_redis_lower_and_reused_sequences(redis_server):
             1000,
         ],
     )
-    assert result == 0
+    assert result == -1  # a lower sequence (0 means a stale writer)
     # The same sequence with another payload is an error, and changes nothing.
     with pytest.raises(Exception, match="different payload"):
         await s._apply(
@@ -159,3 +159,81 @@ async def test_redis_unreachable_at_start(redis_server):
     with pytest.raises(LeaseOutcomeUnknown, match="bootstrap"):
         await s.start(dec(0.0, "s"), 100.0, WALL)
     await s.close()
+
+
+async def _restart_empty(server) -> None:
+    """Redis restarted on the same port without its data: the fence and the control key are gone."""
+    server.stop()
+    server.start()
+
+
+async def test_redis_restarted_empty_the_writer_re_establishes_its_fence(redis_server):
+    s = await _store(redis_server)
+    await s.start(dec(0.0, "s"), 100.0, WALL)
+    before = await s.publish(dec(5.0, "d-1"), 101.0, WALL)
+    await _restart_empty(redis_server)
+    lease = await s.publish(dec(7.0, "d-2"), 102.0, WALL)  # one retry covers the dead connection
+    assert lease.writer_epoch == before.writer_epoch and lease.writer_sequence == before.writer_sequence + 1
+    assert s.fences_reestablished == 1
+    h = await s.read_control()
+    assert h["max_admission_rps"] == "7" and h["writer_epoch"] == str(s.epoch)
+    fence = await s.client.hgetall(s.fence_key)
+    assert fence["epoch"] == str(s.epoch) and fence["writer_id"] == s.writer_id and fence["reestablished"] == "1"
+    await s.publish(dec(8.0, "d-3"), 103.0, WALL)  # and on as usual
+    assert s.fences_reestablished == 1 and (await s.read_control())["max_admission_rps"] == "8"
+    await s.close()
+
+
+async def test_a_deposed_writer_stays_fenced_out_after_redis_lost_the_fence(redis_server):
+    old = await _store(redis_server)
+    await old.start(dec(0.0, "s1"), 100.0, WALL)
+    new = await _store(redis_server)
+    await new.start(dec(0.0, "s2"), 101.0, WALL)
+    with pytest.raises(LeaseRejected):
+        await old.publish(dec(9.0, "old-1"), 102.0, WALL)  # refused as stale: it knows it was deposed
+    await _restart_empty(redis_server)
+    with pytest.raises(LeaseRejected):
+        await old.publish(dec(9.0, "old-2"), 103.0, WALL)  # the fence is gone, but not for it to take
+    assert await old.client.exists(old.control_key, old.fence_key) == 0
+    await new.publish(dec(3.0, "new-1"), 104.0, WALL)
+    with pytest.raises(LeaseRejected):
+        await old.publish(dec(9.0, "old-3"), 105.0, WALL)
+    assert (await new.read_control())["max_admission_rps"] == "3"
+    await old.close()
+    await new.close()
+
+
+async def test_an_older_writer_that_re_established_first_is_taken_over(redis_server):
+    """The older planner had not written since it was deposed, so it did not know; the newer takes
+    the fence back at its next write and the older is refused from then on."""
+    old = await _store(redis_server)
+    await old.start(dec(0.0, "s1"), 100.0, WALL)
+    new = await _store(redis_server)
+    await new.start(dec(0.0, "s2"), 101.0, WALL)
+    await _restart_empty(redis_server)
+    await old.publish(dec(9.0, "old-1"), 102.0, WALL)
+    await new.publish(dec(3.0, "new-1"), 103.0, WALL)
+    assert (await new.read_control())["writer_epoch"] == str(new.epoch)
+    with pytest.raises(LeaseRejected):
+        await old.publish(dec(9.0, "old-2"), 104.0, WALL)
+    assert old.deposed and (await new.read_control())["max_admission_rps"] == "3"
+    await new.publish(dec(4.0, "new-2"), 105.0, WALL)
+    await old.close()
+    await new.close()
+
+
+async def test_a_planner_started_after_the_loss_is_the_writer(redis_server):
+    """Its bootstrap (a new epoch from the empty store, not a re-established fence) outranks the
+    planner that ran before the loss, whatever the epoch numbers say."""
+    before = await _store(redis_server)
+    await before.start(dec(0.0, "s1"), 100.0, WALL)
+    await before.start(dec(0.0, "s1b"), 100.0, WALL)  # epoch 2 (a restart of its own)
+    await _restart_empty(redis_server)
+    after = await _store(redis_server)
+    assert (await after.start(dec(0.0, "s2"), 101.0, WALL)).writer_epoch == 1
+    with pytest.raises(LeaseRejected):
+        await before.publish(dec(9.0, "b-1"), 102.0, WALL)
+    await after.publish(dec(2.0, "a-1"), 103.0, WALL)
+    assert (await after.read_control())["max_admission_rps"] == "2"
+    await before.close()
+    await after.close()
