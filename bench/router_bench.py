@@ -296,6 +296,9 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         http_port=0,
         log_level="WARNING",
         extra_worker_args=("--max-running-requests", str(max_running), "--log-level", "WARNING"),
+        # One client opens every program: the per-client new-program rate (50/s, burst 200) would answer
+        # a 256-stream phase's first turns with 429 (each router process has its own bucket).
+        router_args=("--client-new-programs-per-second", "0"),
     )
     cluster = start_cluster(config, Supervisor())
     sglang = None
