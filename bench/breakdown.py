@@ -19,6 +19,8 @@ the seconds of the modelled hardware), plus the remainder no phase accounts for.
     queue                 queue.start -> queue.end (engine admission)              engine
     prefill               queue.end -> prefill.end (first token)                   engine
     decode                decode.start -> decode.end                               engine
+    worker_lag            how much further the simworker's loop fell behind its    (none)
+                          engine clock while serving the turn (simworker.lag_*_s)
     relay                 decode.end -> router.request end                         live path model
     client_receive        router.request end -> client.turn end                    (in relay)
 
@@ -59,6 +61,7 @@ PHASES = (
     "queue",
     "prefill",
     "decode",
+    "worker_lag",
     "relay",
     "client_receive",
 )
@@ -122,12 +125,18 @@ def turn_phases(trace: Sequence[dict]) -> dict | None:
     elif picks:
         phases["route"] = (upstream["start_ns"] - picks[0]["start_ns"]) * NS
     phases["router_to_worker"] = (worker["start_ns"] - upstream["start_ns"]) * NS
-    phases["worker_parse"] = (events["queue.start"] - worker["start_ns"]) * NS - frontend_wall
+    # The worker's events are in engine time; a loop running behind its clock stamps them earlier than
+    # the wall clock saw them: add the lag back where it was incurred.
+    lag_submit = float(attrs.get("simworker.lag_submit_s") or 0.0)
+    lag_end_s = attrs.get("simworker.lag_end_s")
+    lag_end = lag_submit if lag_end_s is None else float(lag_end_s)
+    phases["worker_parse"] = (events["queue.start"] - worker["start_ns"]) * NS - frontend_wall + lag_submit
     phases["worker_frontend"] = frontend_wall
     phases["queue"] = (events["queue.end"] - events["queue.start"]) * NS
     phases["prefill"] = (events["prefill.end"] - events["prefill.start"]) * NS
     phases["decode"] = (events["decode.end"] - events["decode.start"]) * NS
-    phases["relay"] = (request["end_ns"] - events["decode.end"]) * NS
+    phases["worker_lag"] = lag_end - lag_submit
+    phases["relay"] = (request["end_ns"] - events["decode.end"]) * NS - lag_end
     client = (by_name.get("client.turn") or [None])[0]
     if client is not None:
         phases["client_send"] = (request["start_ns"] - client["start_ns"]) * NS

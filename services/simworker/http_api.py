@@ -128,6 +128,8 @@ class Generation:
         "_admitted_v",
         "_first_v",
         "_end_v",
+        "_lag_submit_s",
+        "_lag_end_s",
     )
 
     def __init__(
@@ -161,6 +163,10 @@ class Generation:
         # Phases in engine (virtual) time, for the span events written at close.
         self._span = trace.get_current_span()
         self._submitted_v = driver.engine_now()
+        # How far (wall seconds) the engine's clock was behind the wall clock when the request was
+        # submitted and when its last output was read: its span events are stamped in engine time.
+        self._lag_submit_s = max(0.0, (driver.now() - self._submitted_v) / driver.speedup)
+        self._lag_end_s: float | None = None
         self._admitted_v: float | None = None
         self._first_v: float | None = None
         self._end_v: float | None = None
@@ -244,6 +250,7 @@ class Generation:
         self._done = True
         self.finish_reason = reason
         self._end_v = t_v
+        self._lag_end_s = max(0.0, (self._driver.now() - t_v) / self._driver.speedup)
         self.e2e_latency_s = t_v - self._arrival_v
         if self._metrics is not None:
             self._metrics.observe_e2e(self.e2e_latency_s)
@@ -284,7 +291,10 @@ class Generation:
             "simworker.retractions": self.num_retractions,
             "simworker.finish_reason": (self.finish_reason or {}).get("type") or "abort",
             "simworker.speedup": self._driver.speedup,
+            "simworker.lag_submit_s": self._lag_submit_s,
         }
+        if self._lag_end_s is not None:
+            attributes["simworker.lag_end_s"] = self._lag_end_s
         if admitted is not None:
             attributes["simworker.prefill_s"] = (first if first is not None else end_v) - admitted
         if first is not None:

@@ -28,7 +28,7 @@ def _span(name, start_ms, end_ms, span_id, parent=None, attributes=None, events=
     }
 
 
-def _worker(parent, start_ms=40, end_ms=900, speedup=4.0, frontend_s=0.04, events=None):
+def _worker(parent, start_ms=40, end_ms=900, speedup=4.0, frontend_s=0.04, events=None, lags=None):
     events = events or {
         "queue.start": 60,
         "queue.end": 100,
@@ -38,6 +38,8 @@ def _worker(parent, start_ms=40, end_ms=900, speedup=4.0, frontend_s=0.04, event
         "decode.end": 880,
     }
     attributes = {"simworker.speedup": speedup, "simworker.frontend_s": frontend_s, "simworker.prompt_tokens": 9}
+    if lags is not None:
+        attributes["simworker.lag_submit_s"], attributes["simworker.lag_end_s"] = lags
     return _span("POST /v1/chat/completions", start_ms, end_ms, "w", parent, attributes, events)
 
 
@@ -103,6 +105,19 @@ def test_a_turns_phases_from_its_spans(spans, expected):
             assert row[name] is None, name
         else:
             assert row[name] == pytest.approx(ms / 1000, abs=1e-9), name
+
+
+def test_a_worker_loop_behind_its_clock_gives_its_lag_back_to_the_phases_that_saw_it():
+    # The loop was 5 ms behind at submission and 12 ms behind when the last output was read: its
+    # events (engine time) are stamped that much earlier than the wall clock saw them.
+    spans = [s for s in _turn() if s["span_id"] != "w"] + [_worker("u", lags=(0.005, 0.012))]
+    row = turn_phases(spans)
+    assert row["worker_parse"] == pytest.approx(0.015)
+    assert row["worker_lag"] == pytest.approx(0.007)
+    assert row["relay"] == pytest.approx(0.003)
+    assert row["total"] - sum(row[p] for p in PHASES if row[p] is not None) == pytest.approx(0.0, abs=1e-9)
+    zero_end = [s for s in _turn() if s["span_id"] != "w"] + [_worker("u", lags=(0.005, 0.0))]
+    assert turn_phases(zero_end)["worker_lag"] == pytest.approx(-0.005)
 
 
 def test_with_a_failover_the_last_attempt_counts():
