@@ -30,7 +30,7 @@ from typing import Sequence
 
 from harness.player import add_program_arguments
 from harness.simlib import SimResult, SimScenario, simulate
-from harness.simlib.live_path import LivePathCosts
+from harness.simlib.live_path import LivePathCosts, costs_from_breakdown
 from harness.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
 from services.common.errors import ConfigError
 from services.scheduler.config import load_config
@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrated wall seconds x --live-speedup); off: the offline figures",
     )
     parser.add_argument(
+        "--live-path-from",
+        type=Path,
+        default=None,
+        metavar="BREAKDOWN.json",
+        help="model the live path with the mean costs of a live `python -m bench.breakdown --out` report "
+        "(calibrated on your machine and load) instead of the defaults",
+    )
+    parser.add_argument(
         "--request-overhead-seconds",
         type=float,
         default=0.0,
@@ -103,6 +111,12 @@ def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Names
     forwards to the router), which raises ConfigError for anything it does not know either."""
     args, rest = build_parser().parse_known_args(list(argv))
     scheduler = load_config(rest, {})
+    live_path = LivePathCosts() if args.live_path else None
+    if args.live_path_from is not None:
+        try:
+            live_path = costs_from_breakdown(json.loads(args.live_path_from.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError("live_path_from", str(args.live_path_from), f"a bench.breakdown report ({exc})") from None
     if args.mode == "steady" and not 1 <= args.parallel < args.programs:
         raise ConfigError("parallel", args.parallel, "--mode steady needs 1 <= --parallel < --programs")
     scenario = SimScenario(
@@ -130,7 +144,7 @@ def scenario_from_args(argv: Sequence[str]) -> tuple[SimScenario, argparse.Names
         router_prompt=args.router_prompt,
         live_speedup=args.live_speedup,
         request_overhead_s=args.request_overhead_seconds,
-        live_path=LivePathCosts() if args.live_path else None,
+        live_path=live_path,
     )
     return scenario, args
 

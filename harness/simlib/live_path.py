@@ -79,3 +79,29 @@ class LivePathCosts:
 
     def relay_wall_s(self, prompt_tokens: int, output_tokens: int) -> float:
         return self.relay.wall_s(prompt_tokens, output_tokens)
+
+
+# LivePathCosts field <- the bench.breakdown phases whose wall means it adds up.
+BREAKDOWN_PHASES = {
+    "client_send": ("client_send",),
+    "router_parse": ("router_parse",),
+    "admission_round_trip": ("admission_round_trip",),
+    "router_to_worker": ("route", "router_to_worker"),
+    "worker_parse": ("worker_parse", "worker_lag"),
+    "relay": ("relay", "client_receive", "client_between_turns"),
+}
+
+
+def costs_from_breakdown(report: dict) -> LivePathCosts:
+    """Fixed per-turn costs from a live bench.breakdown report (its phases' mean wall seconds), to
+    calibrate the model on the machine and load at hand. A phase the report lacks costs nothing; a
+    negative mean (a lag that shrank) counts as 0."""
+    phases = report.get("phases")
+    require(isinstance(phases, dict) and bool(phases), "live_path", "report", "a bench.breakdown report with phases")
+    means = {name: float(entry["wall_s"]["mean"]) for name, entry in phases.items()}
+    return LivePathCosts(
+        **{
+            field_name: PhaseCost(base_s=max(0.0, sum(means.get(p, 0.0) for p in parts)))
+            for field_name, parts in BREAKDOWN_PHASES.items()
+        }
+    )

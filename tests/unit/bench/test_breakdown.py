@@ -217,3 +217,23 @@ def test_a_negative_cost_is_a_config_error():
 
     with pytest.raises(ConfigError, match="base_s >= 0"):
         PhaseCost(base_s=-0.001)
+
+
+def test_the_model_calibrates_from_a_live_breakdown_report():
+    from harness.simlib.live_path import costs_from_breakdown
+    from services.common.errors import ConfigError
+
+    report = breakdown_from_spans([DATA])
+    means = {name: entry["wall_s"]["mean"] for name, entry in report["phases"].items()}
+    costs = costs_from_breakdown(report)
+    assert costs.client_send == PhaseCost(base_s=means["client_send"])
+    assert costs.router_to_worker.base_s == pytest.approx(means["route"] + means["router_to_worker"])
+    relay = means["relay"] + means["client_receive"] + means.get("client_between_turns", 0.0)
+    assert costs.relay.base_s == pytest.approx(relay)
+    assert costs.relay.per_prompt_token_s == 0.0
+    # A lag that shrank (negative mean) costs nothing; a phase the report lacks costs nothing.
+    shrunk = {"phases": {"worker_lag": {"wall_s": {"mean": -0.5}}, "worker_parse": {"wall_s": {"mean": 0.1}}}}
+    assert costs_from_breakdown(shrunk).worker_parse.base_s == 0.0
+    assert costs_from_breakdown(shrunk).admission_round_trip == PhaseCost()
+    with pytest.raises(ConfigError):
+        costs_from_breakdown({"turns": 0})
