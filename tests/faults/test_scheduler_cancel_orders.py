@@ -9,7 +9,7 @@ just as its call was cancelled is rolled back when its lease lapses unconfirmed.
 
 Invariant after each storm: the program's turns, status and tokens, the other program's whole row,
 the tickets in flight and the held admissions are what they were before it (the resume itself, which
-capacity caused, is the only change).
+capacity caused, is the only change); and once the capacity is as it was, the whole table is.
 """
 
 from __future__ import annotations
@@ -129,6 +129,7 @@ async def _run(tmp_path, scripted_capacity, order: str, calls: int) -> None:
     try:
         await _paused_program(client)
         before = _invariant(await client.programs(), await client.stats())
+        table_before = table(await client.programs())
 
         def resume():
             scripted_capacity.set({W: 40_000})  # room for b: the next tick resumes it
@@ -148,6 +149,15 @@ async def _run(tmp_path, scripted_capacity, order: str, calls: int) -> None:
 
         # Within one lease and a few ticks: answers that left as their call was cancelled lapse unconfirmed.
         await assert_eventually(settled, timeout_s=LEASE_S + 10)
+        # And with the capacity as it was, the control law pauses b again: the whole table is as before.
+        scripted_capacity.set({W: 10_000})
+
+        async def as_before():
+            stats = await client.stats()
+            assert table(await client.programs()) == table_before and stats.tickets_in_flight == 0
+            return True
+
+        await assert_eventually(as_before, timeout_s=10)
     finally:
         await client.close()
         await sched.stop_async()
