@@ -232,6 +232,61 @@ def client_tracing(path: str | Path | None = None, service_name: str = "bandmast
     return setup_telemetry(service_name, env={**os.environ, TRACE_FILE_ENV: template})
 
 
+_client_file: Path | None = None
+_client_telemetry = None
+
+
+class LiveSpans:
+    """Span files for one live run, for a benchmark that starts stacks itself (bench/compare.py):
+
+        spans = LiveSpans(state_dir / "spans")
+        with spans:                      # processes started inside inherit BANDMASTER_TRACE_FILE
+            stack = start_live_stack(...)
+            ... play, stop the stack (a graceful stop flushes every service's spans) ...
+        row["breakdown"] = spans.report(speedup)
+
+    With `client=True` the benchmark's own process also writes the player's `client.turn` spans, to one
+    file per process for all its runs (the tracer provider is global: `client_tracing` once); each
+    report joins only its own run's traces."""
+
+    def __init__(self, directory: str | Path, *, client: bool = True) -> None:
+        self.directory = Path(directory)
+        self.client = client
+        self._saved: str | None = None
+
+    def __enter__(self) -> "LiveSpans":
+        import os
+
+        from services.common.telemetry import TRACE_FILE_ENV
+
+        global _client_file, _client_telemetry
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.client and _client_telemetry is None:
+            _client_file = self.directory.parent / f"client-{os.getpid()}.jsonl"
+            _client_telemetry = client_tracing(_client_file)
+        self._saved = os.environ.get(TRACE_FILE_ENV)
+        os.environ[TRACE_FILE_ENV] = str(self.directory / "{service}-{pid}.jsonl")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        import os
+
+        from services.common.telemetry import TRACE_FILE_ENV
+
+        if self._saved is None:
+            os.environ.pop(TRACE_FILE_ENV, None)
+        else:
+            os.environ[TRACE_FILE_ENV] = self._saved
+
+    def report(self, speedup: float | None = None) -> dict:
+        """The run's breakdown (`breakdown_from_spans`), once its processes have stopped."""
+        paths: list[Path] = [self.directory]
+        if self.client and _client_telemetry is not None and _client_file is not None:
+            _client_telemetry.provider.force_flush()
+            paths.append(_client_file)
+        return breakdown_from_spans(paths, speedup)
+
+
 def format_table(report: dict) -> str:
     """Phases as rows: mean and p90 wall milliseconds, mean simulated seconds, share of the total."""
     lines = [f"{'phase':<22}{'wall ms mean':>14}{'p90':>10}{'sim s mean':>12}{'share':>8}"]

@@ -237,3 +237,18 @@ def test_the_model_calibrates_from_a_live_breakdown_report():
     assert costs_from_breakdown(shrunk).admission_round_trip == PhaseCost()
     with pytest.raises(ConfigError):
         costs_from_breakdown({"turns": 0})
+
+
+def test_live_spans_sets_the_trace_file_for_processes_started_inside_and_restores_it(tmp_path, monkeypatch):
+    import os
+
+    from bench.breakdown import LiveSpans
+    from services.common.telemetry import TRACE_FILE_ENV
+
+    monkeypatch.setenv(TRACE_FILE_ENV, "/elsewhere/{pid}.jsonl")
+    spans = LiveSpans(tmp_path / "run1", client=False)
+    with spans:
+        assert os.environ[TRACE_FILE_ENV] == str(tmp_path / "run1" / "{service}-{pid}.jsonl")
+        (tmp_path / "run1" / "bandmaster-router-1.jsonl").write_text(DATA.read_text())
+    assert os.environ[TRACE_FILE_ENV] == "/elsewhere/{pid}.jsonl"
+    assert spans.report()["turns"] == 1
