@@ -1,0 +1,97 @@
+"""Admission commits only when its answer is handed to the call (issue 21, phantom admissions).
+
+The servicer awaits the call before an answer counts (the unary Admit its initial metadata, AdmitStream
+its decision message); a cancel that reached the server while the decision was being made lands on
+that await. Here the call's context is one whose client is gone, so the landing is deterministic:
+every kind of admission (placed at once, passthrough, resumed after a hold) is rolled back exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry import trace
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from services.scheduler.servicer import SchedulerServicer
+
+pytestmark = pytest.mark.timeout(30)
+W = ("w1", 0)
+
+
+class GoneClient:
+    """The context of a call whose client cancelled while its admission was decided: the first await
+    on the call after the decision raises CancelledError, as gRPC does once it sees the cancel."""
+
+    def __init__(self) -> None:
+        self.held_written = asyncio.Event()
+
+    def invocation_metadata(self):
+        return ()
+
+    def time_remaining(self) -> float:
+        return 30.0
+
+    async def send_initial_metadata(self, metadata) -> None:
+        raise asyncio.CancelledError()
+
+    async def write(self, update: pb.AdmitUpdate) -> None:
+        if update.HasField("held"):
+            self.held_written.set()
+            return
+        raise asyncio.CancelledError()
+
+    async def abort(self, code, details):  # pragma: no cover - no domain error expected here
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+def _servicer(h) -> SchedulerServicer:
+    return SchedulerServicer(h.runtime, h.running.config.kv_router, trace.get_tracer("test"))
+
+
+def _state(h) -> tuple:
+    stats = h.core.stats(h.clock.monotonic())
+    return h.table(), stats.tickets_in_flight, stats.waiting_admissions, stats.passthrough_in_flight
+
+
+@pytest.mark.parametrize("method", ["Admit", "AdmitStream"])
+@pytest.mark.parametrize("session_id", ["p", "new", ""])
+async def test_an_answer_that_cannot_be_delivered_is_rolled_back(make_harness, method, session_id):
+    h = await make_harness(ticket_lease_seconds=30.0)
+    await h.set_capacity({W: 100_000})
+    await h.admit("p", "p-1", 1_000)
+    await h.complete("p", "p-1", 2_000, 10, "w1", 0)
+    before = _state(h)
+    request = pb.AdmitRequest(session_id=session_id, request_id="gone", estimated_prompt_tokens=500)
+    with pytest.raises(asyncio.CancelledError):
+        await getattr(_servicer(h), method)(request, GoneClient())
+    assert _state(h) == before
+    h.core.check_invariants(h.clock.monotonic())
+
+
+@pytest.mark.parametrize("method", ["Admit", "AdmitStream"])
+async def test_a_held_admission_resumed_as_its_client_left_is_rolled_back(make_harness, method):
+    h = await make_harness(
+        ticket_lease_seconds=30.0,
+        pause_threshold=0.95,
+        pause_target=0.8,
+        soft_demote_threshold=0.8,
+        resume_hysteresis=0.1,
+    )
+    await h.set_capacity({W: 10_000})
+    await h.admit("big", "big-1", 1)
+    await h.complete("big", "big-1", 9_000, 0, "w1", 0)
+    context = GoneClient()
+    request = pb.AdmitRequest(session_id="new", request_id="gone", estimated_prompt_tokens=500)
+    call = asyncio.ensure_future(getattr(_servicer(h), method)(request, context))
+    await h.held(1)
+    await h.client.Release(pb.ReleaseRequest(session_id="big"))
+    h.tick()  # room again: the held admission resolves, and its answer meets a client that is gone
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call, 5)
+    stats = h.core.stats(h.clock.monotonic())
+    assert stats.tickets_in_flight == 0 and stats.waiting_admissions == 0
+    assert h.core.program("new") is None  # created by that admission: gone with it
+    assert h.core.program("big") is None  # released: the only change left
+    h.core.check_invariants(h.clock.monotonic())
