@@ -10,6 +10,7 @@ import functools
 import io
 import json
 import signal
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -103,6 +104,7 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
         assert [b.id for b in client.batches.list()] == [batch.id]
         with pytest.raises(openai.NotFoundError):  # the planner's 404 body, through the router
             client.batches.retrieve("batch_missing")
+        _deep_json_is_a_400_through_the_router(client, base_url)
         # The router counted the dispatcher's requests as batch traffic, not online.
         metrics = json.loads((state / "router.ready.json").read_text())["metrics_port"]
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
@@ -135,6 +137,23 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
     finally:
         proc.stop(grace_s=60)
     assert proc.returncode == 0
+
+
+def _deep_json_is_a_400_through_the_router(client: openai.OpenAI, base_url: str) -> None:
+    """Issue 21: a JSONL line or a /v1/batches body nested 1,000+ deep was the planner's 500."""
+    deep = b"[" * 1_500 + b"]" * 1_500
+    line = b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"x": ' + deep + b"}}\n"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.files.create(file=("deep.jsonl", io.BytesIO(line)), purpose="batch")
+    assert info.value.body["code"] == "invalid_json_line"
+    body = b'{"input_file_id": "file-x", "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": '
+    request = urllib.request.Request(
+        base_url + "/batches", data=body + deep + b"}", headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 400
+    assert "nested deeper than" in json.loads(refused.value.read())["error"]["message"]
 
 
 def _local_workers(capacity_addr: str) -> int:
