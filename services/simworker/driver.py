@@ -20,8 +20,9 @@ slower than the same engine in the simulator; docs/simulator.md "The live path")
 arrives while the loop is between two such steps is submitted at the next step's start, the
 moment a real scheduler would see it. Only an idle engine (no work, or none that can progress)
 takes the wall clock again. When the loop is behind, the steps run back to back without sleeping
-until it has caught up. `late_s_total` adds up how far the loop fell behind (each increase of
-its lag at a delivery; a lag it carries over several steps counts once).
+until it has caught up. `late_s_total` adds up how far the loop fell behind: each increase of its
+backlog when a step's end has passed before the loop could wait for it (a backlog carried over
+several steps counts once; a single late step counts as it always did).
 """
 
 from __future__ import annotations
@@ -179,10 +180,13 @@ class EngineDriver:
                 if result.duration_s > 0:
                     self._next_start_v = end_v
                     delay = self._wall_at(end_v) - self._monotonic()
-                    await asyncio.sleep(max(0.0, delay))
-                    lag_s = max(0.0, self._monotonic() - self._wall_at(end_v))
+                    # Behind when the step's end has already passed: count only what the backlog grew
+                    # by, so that a lag carried over several steps counts once (a sleep's jitter, when
+                    # the loop is on time, is no lag).
+                    lag_s = max(0.0, -delay)
                     self.late_s_total += max(0.0, lag_s - self._lag_s)
                     self._lag_s = lag_s
+                    await asyncio.sleep(max(0.0, delay))
                 elif not result.outputs and not result.kv_events:
                     self._next_start_v = None
                     self._lag_s = 0.0

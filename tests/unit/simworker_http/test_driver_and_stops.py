@@ -194,3 +194,26 @@ async def test_a_request_arriving_while_the_loop_is_behind_joins_at_the_next_ste
     assert engine.submitted[0] == engine.starts[-1] + 1.0
     await assert_eventually(lambda: not engine.has_work())
     await driver.stop()
+
+
+class _OneSlowStepEngine(_SlowLoopEngine):
+    """The loop is held up once (50 ms wall), then steps cost it nothing."""
+
+    def step(self, now):
+        result = super().step(now)
+        self.overhead_wall_s = 0.0
+        return result
+
+
+async def test_a_backlog_carried_over_several_steps_counts_once_as_lateness():
+    # 20 steps of 2 ms wall (1 virtual second at speedup 500); the first holds the loop 50 ms, after
+    # which it runs behind for the rest of the steps, catching up 2 ms a step without sleeping.
+    engine = _OneSlowStepEngine(steps=20, duration_s=1.0, overhead_wall_s=0.05)
+    driver = EngineDriver(engine, speedup=500)
+    driver.start()
+    driver._wake.set()
+    await assert_eventually(lambda: not engine.has_work() and len(engine.starts) == 20)
+    assert [b - a for a, b in zip(engine.starts, engine.starts[1:])] == [1.0] * 19
+    # ~48 ms behind once; summing the backlog at every step would give ~0.5 s.
+    assert 0.04 < driver.late_s_total < 0.1
+    await driver.stop()
