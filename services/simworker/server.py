@@ -53,6 +53,8 @@ class CoreTokenizer:
 
         self._module = tokenizer
         self.eos_token_id: int = tokenizer.EOS_TOKEN_ID
+        # Chat prompts re-send their history every turn: only the new messages are tokenised (exact).
+        self._chat_cache = tokenizer.ChunkCache()
 
     def encode(self, text: str) -> list[int]:
         return self._module.encode(text)
@@ -61,7 +63,7 @@ class CoreTokenizer:
         return self._module.decode(ids)
 
     def chat_ids(self, body: dict) -> list[int]:
-        return self.encode(
+        return self._chat_cache.encode(
             render_chat(
                 body.get("messages"),
                 add_generation_prompt=body.get("add_generation_prompt", True),

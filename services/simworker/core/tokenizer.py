@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from collections import OrderedDict
 
 PAD_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
@@ -74,6 +75,65 @@ def decode(ids) -> str:
         else:
             out.append(WORDS[NUM_WORDS - 1 - token_id % (NUM_WORDS - 90)])
     return "".join(out)
+
+
+# Where a chat prompt may be cut without changing its tokens: a message marker's newline right after a
+# non-space character (see `ChunkCache`).
+_MARKER = "\n<|"
+
+
+class ChunkCache:
+    """`encode` for prompts that repeat their history, as an agent's chat prompts do every turn.
+
+    The rule of `encode` never lets a token span a cut at position p when text[p-1] is not whitespace
+    and text[p] is: `\\S{1,4}` stops before whitespace, and the next token starts at p with its
+    leading whitespace. So encode(text) == encode(text[:p]) + encode(text[p:]) exactly there. The
+    prompt is cut before every message marker (`\\n<|`) that follows a non-space character, and each
+    piece's ids are kept, least recently used first out, up to `max_tokens` ids in all: a turn then
+    tokenises only its new messages. (A real SGLang server tokenises in its own process, so the whole
+    prompt never holds up its scheduler; here the tokeniser shares the engine loop's thread.)"""
+
+    def __init__(self, max_tokens: int = 2_000_000) -> None:
+        if max_tokens < 1:
+            raise ValueError("max_tokens >= 1")
+        self.max_tokens = max_tokens
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()
+        self._tokens = 0
+        self.hits = 0
+        self.misses = 0
+
+    def encode(self, text: str) -> list[int]:
+        out: list[int] = []
+        start = 0
+        at = text.find(_MARKER, 1)
+        while at != -1:
+            if not text[at - 1].isspace():
+                out += self._piece(text[start:at])
+                start = at
+            at = text.find(_MARKER, at + 1)
+        out += self._piece(text[start:])
+        return out
+
+    def _piece(self, piece: str) -> list[int]:
+        ids = self._ids.get(piece)
+        if ids is not None:
+            self._ids.move_to_end(piece)
+            self.hits += 1
+            return ids
+        self.misses += 1
+        ids = encode(piece)
+        if len(ids) <= self.max_tokens:
+            self._ids[piece] = ids
+            self._tokens += len(ids)
+            while self._tokens > self.max_tokens:
+                _, old = self._ids.popitem(last=False)
+                self._tokens -= len(old)
+        return ids
+
+    @property
+    def tokens(self) -> int:
+        """Ids held now."""
+        return self._tokens
 
 
 def word_id(index: int) -> int:
