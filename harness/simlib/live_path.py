@@ -50,9 +50,10 @@ class LivePathCosts:
     (docs/simulator.md, "The live path"): 2 simworkers of 65,536 KV tokens at --speedup 4 on the shared
     2-core machine, 24 SWE programs of the tuning split x their first 16 turns at full token counts
     (prompts 0.4K-27K tokens, median 9.6K), the kv and Bandmaster arms, simworkers that run their
-    steps back to back (services/simworker/driver.py). They are contention more than work: only the
-    simworker's parsing grows clearly with the prompt (~0.5 ms per 1K tokens); the others vary with
-    the machine's load more than with the prompt, so they are fixed costs here."""
+    steps back to back (services/simworker/driver.py), the machine's load average at 4-6. They are
+    contention more than work: they vary with the machine's load more than with the prompt, so they
+    are fixed costs here; the simworker's tokenizing, which grew with the prompt (~0.45 ms per 1K
+    tokens), now covers only a turn's new messages (~0.04 ms per 1K tokens of prompt)."""
 
     client_send: PhaseCost = field(default_factory=lambda: PhaseCost(base_s=0.005))
     """The client serialises the conversation, the router accepts the connection and reads the body
@@ -63,9 +64,10 @@ class LivePathCosts:
     """The scheduler's AdmitStream round trip, less any time held (Bandmaster only; 10.0 ms, p50 4.3 ms)."""
     router_to_worker: PhaseCost = field(default_factory=lambda: PhaseCost(base_s=0.008))
     """The pick and the request to the worker, until the simworker's handler starts (9.3 / 6.4 ms)."""
-    worker_parse: PhaseCost = field(default_factory=lambda: PhaseCost(base_s=0.004, per_prompt_token_s=5e-7))
-    """The simworker parses the body, renders the chat template and tokenises the prompt, and its
-    modelled frontend sleep overshoots (9.0 / 9.4 ms at a mean prompt of ~10K tokens)."""
+    worker_parse: PhaseCost = field(default_factory=lambda: PhaseCost(base_s=0.004, per_prompt_token_s=4e-8))
+    """The simworker parses the body, renders the chat template and tokenises the new messages, its
+    modelled frontend sleep overshoots and its loop's lag (4.3 ms with the tokenizer's cache at load
+    ~2; 9.0 / 9.4 ms before it, at load 4-6, of which ~4.5 ms tokenizing a ~10K-token prompt)."""
     relay: PhaseCost = field(default_factory=lambda: PhaseCost(base_s=0.012))
     """From the engine's last token until the client has read the answer and sends again, less the
     tool wait (relay, the client's read and its time between turns: 18.0 / 8.6 ms)."""
