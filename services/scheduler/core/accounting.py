@@ -69,6 +69,10 @@ class Turn:
     # The router has shown it holds the answer (RenewLeases or Bind named it). A placed ticket that
     # lapses unconfirmed was never delivered as far as anyone can tell: rolled back, not counted.
     confirmed: bool = False
+    # Field copy as this admission (or the resume that resolved it) left the program: a rollback
+    # that finds the program so restores `before` whole; one that finds it changed since (another
+    # turn completed, a tick, a Bind) takes back only this turn's own effects.
+    after: Program | None = None
     estimate: int = 0  # the router's prompt estimate as sent (calibration learns from it at Complete)
 
 

@@ -73,6 +73,8 @@ from services.scheduler.core.state import (
 __all__ = ["SchedulerCore", "iter_events", "normalise_session_id"]
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
+# What an admission sets on its program besides the count (and what taking it back restores).
+_TURN_FIELDS = ("status", "acting_since", "token_total", "tokens_estimated", "last_activity", "admission_epoch")
 
 # The accounting's ticket types and the effects accumulator, under the names this module had.
 _Turn = Turn
@@ -210,6 +212,7 @@ class SchedulerCore:
                 # else: a live session is never parked; it runs unpinned (bound later).
         self._recharge(program)
 
+        turn.after = dataclasses.replace(program)
         if program.lifecycle is Lifecycle.PAUSED:
             turn.waiting = True
             turn.was_paused = True
@@ -240,21 +243,34 @@ class SchedulerCore:
         if program is not turn.program:
             return acc.effects()
         if program.admission_epoch != turn.epoch:
-            # A later admission of the same program captured its `before` after this one; it now
-            # inherits ours, so cancelling it too restores the state before both (turns serialise).
-            later = [t for t in self._turns.values() if t.program is program and t.epoch > turn.epoch]
+            # Later admissions of the program captured their snapshots with this turn in them: take
+            # it out of each, so that rolling them back too restores the state before all of them.
+            # The next one inherits our `before` whole if nothing happened between the two admissions.
+            later = sorted(
+                (t for t in self._turns.values() if t.program is program and t.epoch > turn.epoch),
+                key=lambda t: t.epoch,
+            )
             if later:
-                successor = min(later, key=lambda t: t.epoch)
-                successor.before = turn.before
-                successor.paused_seq_before = turn.paused_seq_before
-            # The later turns keep the program's state, but this turn's count goes with it.
-            program.turns = max(0, program.turns - 1)
+                successor = later[0]
+                if turn.before is None or successor.before == turn.after:
+                    successor.before = None if turn.before is None else dataclasses.replace(turn.before)
+                    successor.paused_seq_before = turn.paused_seq_before
+                elif successor.before is not None:
+                    _take_out(successor.before, turn)
+                for t in later[1:]:
+                    if t.before is not None:
+                        _take_out(t.before, turn)
+                for t in later:
+                    if t.after is not None:
+                        _take_out(t.after, turn)
+            _take_out(program, turn)  # the later turns keep the program's state; this count goes
             self._recharge(program)
             return acc.effects()
         if turn.before is None:
             self._remove(program)
             retained = False
-        else:
+        elif program == turn.after:
+            # Untouched since this admission: the exact state it found, paused-queue position included.
             for name in _PROGRAM_FIELDS:
                 setattr(program, name, getattr(turn.before, name))
             if program.replica is not None and self._caps and program.replica not in self._caps:
@@ -262,6 +278,12 @@ class SchedulerCore:
             self._paused.pop(program.session_id, None)
             if turn.paused_seq_before is not None:
                 self._paused[program.session_id] = turn.paused_seq_before
+            self._recharge(program)
+            retained = True
+        else:
+            # Changed since (an earlier turn completed, a tick marked it, a Bind moved it): what others
+            # did stays; only this turn's own effects are taken back.
+            _take_out(program, turn)
             self._recharge(program)
             retained = True
         acc.logs.append(
@@ -974,6 +996,7 @@ class SchedulerCore:
         for rid in list(self._waiting.pop(sid, {})):
             turn = self._turns[rid]
             turn.waiting = False
+            turn.after = dataclasses.replace(program)  # a rollback from here undoes the resume too
             decision = self._decision(now, turn, program, forced=forced)
             acc.resolutions.append(decision)
             acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, target, program.token_total, now))
@@ -1057,6 +1080,15 @@ class _CoreActions:
 
     def mark(self, now: float, program: Program, key: ReplicaKey, acc: _Acc) -> None:
         self._core._mark(now, program, key, acc)
+
+
+def _take_out(state: Program, turn: _Turn) -> None:
+    """Take `turn`'s own effects out of `state` (the program, or a snapshot of it): its count, and the
+    REASONING it began if that is still its doing (no later admission, no Complete since)."""
+    state.turns = max(0, state.turns - 1)
+    if turn.before is not None and state.admission_epoch == turn.epoch and state.status is Status.REASONING:
+        for name in _TURN_FIELDS:
+            setattr(state, name, getattr(turn.before, name))
 
 
 def iter_events(effects: Iterable[Effects]) -> list[ProgramEvent]:
