@@ -40,6 +40,9 @@ from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 MAX_RENEW_IDS = 10_000
 """RenewLeases ids per call (10,000 ids of up to 256 bytes stay under gRPC's 4 MB message limit)."""
+DELIVERY_TIMEOUT_S = 10.0
+"""How long an Admit answer may wait for its call to take it (a stalled stream's flow control) before
+the admission is rolled back instead."""
 
 
 class ProgramNotFound(LookupError):
@@ -50,23 +53,35 @@ class HoldDeadlineExceeded(Exception):
     """The caller's deadline passed while its admission was held (gRPC: DEADLINE_EXCEEDED)."""
 
 
+class AnswerNotTaken(Exception):
+    """The call did not take its answer within the delivery bound; rolled back (gRPC: DEADLINE_EXCEEDED)."""
+
+
 DOMAIN_ERRORS = ErrorTable(
     [
         ((InvalidArgument, MissingRequestId, RequestMismatch), grpc.StatusCode.INVALID_ARGUMENT),
         (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
         (ProgramNotFound, grpc.StatusCode.NOT_FOUND),
         (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
-        (HoldDeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED),
+        ((HoldDeadlineExceeded, AnswerNotTaken), grpc.StatusCode.DEADLINE_EXCEEDED),
     ]
 )
 """The one mapping from the scheduler's domain errors to gRPC codes."""
 
 
 class SchedulerServicer(pb_grpc.SchedulerServicer):
-    def __init__(self, runtime: SchedulerRuntime, kv_router: KvRouterConfig, tracer: trace.Tracer) -> None:
+    def __init__(
+        self,
+        runtime: SchedulerRuntime,
+        kv_router: KvRouterConfig,
+        tracer: trace.Tracer,
+        *,
+        delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
+    ) -> None:
         self.runtime = runtime
         self.kv_router = kv_router
         self.tracer = tracer
+        self.delivery_timeout_s = delivery_timeout_s
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
         async def deliver(response: pb.AdmitResponse) -> None:
@@ -139,8 +154,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 response = decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
                 delivered = False
                 try:
-                    await deliver(response)
+                    async with asyncio.timeout(self.delivery_timeout_s):
+                        await deliver(response)
                     delivered = True
+                except TimeoutError:
+                    raise AnswerNotTaken(
+                        f"the answer was not taken within {self.delivery_timeout_s:g}s; admission rolled back"
+                    ) from None
                 finally:
                     if not delivered:
                         span.add_event("scheduler.rolled_back")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from opentelemetry import trace
 
@@ -46,8 +47,26 @@ class GoneClient:
         raise AssertionError(f"aborted: {code} {details}")
 
 
-def _servicer(h) -> SchedulerServicer:
-    return SchedulerServicer(h.runtime, h.running.config.kv_router, trace.get_tracer("test"))
+class StalledClient(GoneClient):
+    """A client that never reads: the answer cannot be handed over (its stream's window is full)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborted: tuple | None = None
+
+    async def send_initial_metadata(self, metadata) -> None:
+        await asyncio.Event().wait()
+
+    async def write(self, update: pb.AdmitUpdate) -> None:
+        await asyncio.Event().wait()
+
+    async def abort(self, code, details):
+        self.aborted = (code, details)
+        raise grpc.aio.AbortError()
+
+
+def _servicer(h, **kwargs) -> SchedulerServicer:
+    return SchedulerServicer(h.runtime, h.running.config.kv_router, trace.get_tracer("test"), **kwargs)
 
 
 def _state(h) -> tuple:
@@ -95,3 +114,17 @@ async def test_a_held_admission_resumed_as_its_client_left_is_rolled_back(make_h
     assert h.core.program("new") is None  # created by that admission: gone with it
     assert h.core.program("big") is None  # released: the only change left
     h.core.check_invariants(h.clock.monotonic())
+
+
+@pytest.mark.parametrize("method", ["Admit", "AdmitStream"])
+async def test_an_answer_the_call_never_takes_is_rolled_back_within_the_delivery_bound(make_harness, method):
+    h = await make_harness(ticket_lease_seconds=30.0)
+    await h.set_capacity({W: 100_000})
+    before = _state(h)
+    context = StalledClient()
+    request = pb.AdmitRequest(session_id="p", request_id="stalled", estimated_prompt_tokens=500)
+    with pytest.raises(grpc.aio.AbortError):
+        await getattr(_servicer(h, delivery_timeout_s=0.05), method)(request, context)
+    assert context.aborted is not None and context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "rolled back" in context.aborted[1]
+    assert _state(h) == before
