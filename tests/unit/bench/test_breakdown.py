@@ -252,3 +252,12 @@ def test_live_spans_sets_the_trace_file_for_processes_started_inside_and_restore
         (tmp_path / "run1" / "bandmaster-router-1.jsonl").write_text(DATA.read_text())
     assert os.environ[TRACE_FILE_ENV] == "/elsewhere/{pid}.jsonl"
     assert spans.report()["turns"] == 1
+
+
+@pytest.mark.parametrize("argv", [["--programs", "0"], ["--max-turns", "0"], ["--speedup", "0"]])
+def test_the_live_point_refuses_a_bad_point_before_starting_anything(argv, tmp_path, capsys):
+    from bench.breakdown_live import main as live_main
+
+    assert live_main([*argv, "--out-dir", str(tmp_path)]) == 2
+    assert "invalid configuration" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
