@@ -84,7 +84,7 @@ def admit_calls() -> st.SearchStrategy[Call]:
 ADMITS = admit_calls()
 
 
-OUTCOMES = st.one_of(st.sampled_from([0, 1, 2, 3]), int_in(INT32_MIN, INT32_MAX))
+OUTCOMES = st.one_of(st.sampled_from([0, 1, 2, 3, 4]), int_in(INT32_MIN, INT32_MAX))
 OTHER_CALLS = st.one_of(
     st.builds(
         lambda r: Call("Bind", r), st.builds(pb.BindRequest, request_id=REQUESTS, worker_id=WORKERS, dp_rank=RANKS)

@@ -28,6 +28,7 @@ class TurnOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TURN_OUTCOME_OK: _ClassVar[TurnOutcome]
     TURN_OUTCOME_CANCELLED: _ClassVar[TurnOutcome]
     TURN_OUTCOME_FAILED: _ClassVar[TurnOutcome]
+    TURN_OUTCOME_NOT_STARTED: _ClassVar[TurnOutcome]
 
 class Band(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -57,6 +58,7 @@ TURN_OUTCOME_UNSPECIFIED: TurnOutcome
 TURN_OUTCOME_OK: TurnOutcome
 TURN_OUTCOME_CANCELLED: TurnOutcome
 TURN_OUTCOME_FAILED: TurnOutcome
+TURN_OUTCOME_NOT_STARTED: TurnOutcome
 BAND_UNSPECIFIED: Band
 BAND_NORMAL: Band
 BAND_SOFT_DEMOTE: Band

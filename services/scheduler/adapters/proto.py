@@ -89,6 +89,8 @@ def outcome_from_proto(value: int) -> TurnOutcome:
         return TurnOutcome.CANCELLED
     if value == pb.TURN_OUTCOME_FAILED:
         return TurnOutcome.FAILED
+    if value == pb.TURN_OUTCOME_NOT_STARTED:
+        return TurnOutcome.NOT_STARTED
     raise InvalidArgument(f"outcome {value} is not a TurnOutcome")
 
 

@@ -42,6 +42,7 @@ class TurnOutcome(enum.Enum):
     OK = "ok"
     CANCELLED = "cancelled"  # the client went away
     FAILED = "failed"  # the worker failed
+    NOT_STARTED = "not_started"  # answered, never sent to a worker: the admission is rolled back
 
 
 class EventKind(enum.Enum):

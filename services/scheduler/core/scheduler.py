@@ -349,7 +349,8 @@ class SchedulerCore:
 
         The ticket (the admitted turn) is authoritative: a request id with none (never admitted,
         already completed, expired, or still held) is ignored and counted, and never changes the
-        table; a `session_id` other than the admitted one is a RequestMismatch."""
+        table; a `session_id` other than the admitted one is a RequestMismatch. NOT_STARTED (answered,
+        never sent to a worker) rolls the admission back instead (`cancel_admission`)."""
         acc = _Acc()
         turn = self._turns.get(request_id)
         sid = normalise_session_id(session_id)
@@ -365,6 +366,8 @@ class SchedulerCore:
             raise RequestMismatch(
                 f"session_id {sid!r} does not match request {request_id!r} (admitted for {turn.session_id!r})"
             )
+        if outcome is TurnOutcome.NOT_STARTED:
+            return self.cancel_admission(now, request_id)  # never reached a worker: it never counted
         if (
             self._observe_prefill is not None
             and ttft_s is not None

@@ -271,3 +271,18 @@ def test_interleaved_admissions_completions_and_rollbacks_count_exactly(seed):
     view = core.program("p")
     assert view.turns == turns + completed and view.status is Status.ACTING
     core.check_invariants(now + 1.0)
+
+
+def test_a_turn_completed_as_not_started_is_rolled_back():
+    """The router's word that an answered turn never reached a worker (its client left first)."""
+    core = core_with()
+    acting(core, "p", 2_000)
+    before = _table(core)
+    core.admit(1.0, "p", "", 3_000, "r2")
+    core.complete(2.0, "p", "r2", None, 0, 0, 0, TurnOutcome.NOT_STARTED)
+    assert _table(core) == before and core.stats(2.0).tickets_in_flight == 0
+    core.admit(3.0, "", "", 4_000, "pt")  # a passthrough request: no longer charged
+    assert core.bind_request("pt", ReplicaKey(*W))
+    core.complete(4.0, "", "pt", ReplicaKey(*W), 0, 0, 0, TurnOutcome.NOT_STARTED)
+    assert core.stats(4.0).passthrough_in_flight == 0 and _table(core) == before
+    core.check_invariants(4.0)

@@ -128,3 +128,16 @@ async def test_an_answer_the_call_never_takes_is_rolled_back_within_the_delivery
     assert context.aborted is not None and context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "rolled back" in context.aborted[1]
     assert _state(h) == before
+
+
+async def test_complete_not_started_over_grpc_rolls_the_admission_back(make_harness):
+    h = await make_harness(ticket_lease_seconds=30.0)
+    await h.set_capacity({W: 100_000})
+    await h.admit("p", "p-1", 1_000)
+    await h.complete("p", "p-1", 2_000, 10, "w1", 0)
+    before = _state(h)
+    await h.admit("p", "p-2", 1_000)
+    await h.complete("p", "p-2", 0, outcome=pb.TURN_OUTCOME_NOT_STARTED)
+    assert _state(h) == before
+    await h.complete("p", "p-2", 0, outcome=pb.TURN_OUTCOME_NOT_STARTED)  # repeated: ignored
+    assert _state(h) == before
