@@ -144,6 +144,11 @@ class SweepSpec:
     late_limit: float = LATE_FRACTION_LIMIT
     """Live only: a run whose worst worker fell behind its clock by more than this share of the run's
     wall time is refused (`late_refusal`)."""
+    breakdown: bool = False
+    """Live: every run writes its services' spans to files and its row carries the per-turn wall-time
+    breakdown (bench/breakdown.py); its live-sim twin the simulator's breakdown of the same point.
+    Off by default: exporting spans costs the Bandmaster arms' processes CPU that the peers' proxies
+    do not spend, so the headline runs leave it off (`--breakdown`)."""
 
     def __post_init__(self) -> None:
         require(self.workload in WORKLOADS, "workload", self.workload, f"workload in {{{', '.join(WORKLOADS)}}}")
@@ -470,12 +475,15 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
     and router clocks of `bandmaster up --speedup <spec.speedup>` and the live router's text
     prompts; summary and counters only."""
     from harness.simlib import SimScenario, Simulator, live_control_params
+    from harness.simlib.live_path import LivePathCosts
 
     policy = policy_of(arm)
     live = dict(
         control=live_control_params(spec.speedup, policy or "threshold"),
         live_speedup=spec.speedup,
         router_prompt="text",
+        # The live stack's per-turn costs outside the engine, measured (harness/simlib/live_path.py).
+        live_path=LivePathCosts(),
     )
     scenario = SimScenario(
         arm=BANDMASTER if policy else arm,
@@ -509,6 +517,10 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
     if not result.completed:
         row["error"] = "the simulation hit its horizon with programs still running"
     if as_live:
+        if spec.breakdown:
+            from bench.breakdown import breakdown_from_sim
+
+            row["turn_phases"] = breakdown_from_sim(result)
         return row
     if spec.programs_per_slot == 1:
         row["breakdown"] = {
@@ -644,10 +656,23 @@ def _stop_process(process: subprocess.Popen | None) -> None:
 
 def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
     """Start the arm's stack, play the point's programs closed loop, read the counters and the
-    workers' lateness, stop. A run whose workers fell behind their clock is refused (`late_refusal`)."""
+    workers' lateness, stop. A run whose workers fell behind their clock is refused (`late_refusal`).
+    With `spec.breakdown` the row also carries where each turn's wall time went (bench/breakdown.py)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if spec.breakdown:
+        from bench.breakdown import LiveSpans
+
+        with LiveSpans(state_dir / "spans") as spans:
+            row = _live_run(spec, arm, parallel, state_dir)
+        if "summary" in row:
+            row["turn_phases"] = spans.report(spec.speedup)
+        return row
+    return _live_run(spec, arm, parallel, state_dir)
+
+
+def _live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
     from harness.probes import worker_late_s
 
-    state_dir.mkdir(parents=True, exist_ok=True)
     stack = start_live_stack(spec, arm, state_dir)
     try:
         programs = spec.programs(parallel)
@@ -900,6 +925,12 @@ def build_parser() -> argparse.ArgumentParser:
         "counts), the degraded set-up the scheduler must survive",
     )
     parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="live: record every run's spans and attach the per-turn wall-time breakdown to each run and to its "
+        "simulated twin (costs the Bandmaster arms some CPU: leave it off for headline figures)",
+    )
+    parser.add_argument(
         "--live-points",
         default=None,
         help="live: comma list of parallel-program counts in place of the sweep's (e.g. 18 for the 4x point only)",
@@ -986,7 +1017,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for mode in modes:
         specs = {w: replace(specs_for(mode, args.smoke)[w], **source) for w in workloads}
         if mode == "live":
-            live_only: dict = {"cache_report": not args.no_cache_report}
+            live_only: dict = {"cache_report": not args.no_cache_report, "breakdown": args.breakdown}
             if args.late_limit is not None:
                 live_only["late_limit"] = args.late_limit
             if live_points is not None:

@@ -694,6 +694,37 @@ def lateness_markdown(sweep: dict) -> list[str]:
     ]
 
 
+def turn_phases_markdown(sweep: dict, twin: dict | None) -> list[str]:
+    """Live sweeps run with `--breakdown`: where a turn's time went, per arm and point, live against the
+    simulator's model of the same run (mean simulated seconds per turn, phases of bench/breakdown.py)."""
+    if sweep["mode"] != "live":
+        return []
+    lines: list[str] = []
+    for point in sweep["points"]:
+        for arm in sweep["arms"]:
+            live = (point["arms"].get(arm) or {}).get("turn_phases")
+            if not live:
+                continue
+            sim_row = None
+            if twin is not None:
+                sim_point = next((p for p in twin["points"] if p["parallel"] == point["parallel"]), None)
+                sim_row = ((sim_point or {}).get("arms", {}).get(arm) or {}).get("turn_phases")
+            if not lines:
+                lines += ["", "Where a turn's time went (mean simulated seconds per turn; live / simulated):", ""]
+                lines += ["| point | arm | phase | live | sim |", "|---|---|---|---|---|"]
+            phases = dict(live.get("phases", {}))
+            if "total" in live:
+                phases["total"] = live["total"]
+            sim_phases = dict((sim_row or {}).get("phases", {}))
+            if sim_row and "total" in sim_row:
+                sim_phases["total"] = sim_row["total"]
+            for name, entry in phases.items():
+                sim_entry = sim_phases.get(name)
+                sim_value = f"{sim_entry['sim_s']['mean']:.3f}" if sim_entry else "-"
+                lines.append(f"| {point['parallel']} | {arm} | {name} | {entry['sim_s']['mean']:.3f} | {sim_value} |")
+    return lines
+
+
 def live_sim_markdown(sweep: dict, twin: dict | None) -> list[str]:
     """Live sweeps: each arm's live steps/min ÷ the simulator's at the same point and programs."""
     if sweep["mode"] != "live" or twin is None:
@@ -757,10 +788,11 @@ def summary_markdown(results: dict, targets: Sequence[Target]) -> str:
             lines.append(f"\n{arm} pauses per point: {', '.join('-' if c is None else str(c) for c in counts)}")
         lines += repeats_markdown(sweep)
         lines += lateness_markdown(sweep)
-        lines += live_sim_markdown(
-            sweep,
-            next((t for t in results["sweeps"] if t["mode"] == LIVE_SIM and t["workload"] == sweep["workload"]), None),
+        twin = next(
+            (t for t in results["sweeps"] if t["mode"] == LIVE_SIM and t["workload"] == sweep["workload"]), None
         )
+        lines += live_sim_markdown(sweep, twin)
+        lines += turn_phases_markdown(sweep, twin)
         lines.append("")
         lines += breakdown_markdown(sweep)
     lines += [

@@ -83,6 +83,7 @@ def test_live_smoke_bandmaster_and_kv(tmp_path):
         "kv,bandmaster",
         "--pause-policy",
         "threshold",
+        "--breakdown",
         "--out-dir",
         str(tmp_path),
     ]
@@ -95,6 +96,12 @@ def test_live_smoke_bandmaster_and_kv(tmp_path):
     # Every live run reports how far its simulated workers fell behind their clock.
     for row in sweep["points"][0]["arms"].values():
         assert row["lateness"]["late_fraction"] is not None and row["lateness"]["wall_s"] > 0
+    # --breakdown: each live run's turns joined from its services' spans, and the simulator's model of them.
+    for arm in ("kv", "bandmaster-threshold"):
+        live, sim = sweep["points"][0]["arms"][arm]["turn_phases"], twin["points"][0]["arms"][arm]["turn_phases"]
+        assert live["source"] == "live" and live["turns"] > 0 and "prefill" in live["phases"], arm
+        assert sim["source"] == "sim" and sim["turns"] > 0, (arm, sim["turns"], live["turns"])
+    assert "Where a turn's time went" in (tmp_path / "summary.md").read_text()
     _assert_png(tmp_path / "live_short_steps.png")
     _assert_png(tmp_path / "live_short_kv_hit.png")
     assert "## live: short-context tool agents" in (tmp_path / "summary.md").read_text()

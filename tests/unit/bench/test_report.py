@@ -369,3 +369,17 @@ def test_the_summary_shows_live_over_sim_and_the_workers_lateness():
     markdown = report.summary_markdown({"meta": {}, "sweeps": [twin, live_sweep]}, [])
     assert "| kv | 0.900 (90.0 / 100.0) |" in markdown
     assert "Workers' lateness behind their clock (worst worker, share of the run's wall time): kv 0.40%" in markdown
+
+
+def test_turn_phases_are_tabled_live_against_the_simulated_model():
+    def phases(prefill: float) -> dict:
+        entry = {"sim_s": {"mean": prefill}, "wall_s": {"mean": prefill / 4}}
+        return {"phases": {"prefill": entry}, "total": {"sim_s": {"mean": 2 * prefill}, "wall_s": {"mean": 0.0}}}
+
+    live_sweep = _sweep("swe", "live", [(18, 3.95, {"kv": _row(90, turn_phases=phases(1.5))})])
+    twin = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(100, turn_phases=phases(1.25))})])
+    markdown = report.summary_markdown({"meta": {}, "sweeps": [twin, live_sweep]}, [])
+    assert "| 18 | kv | prefill | 1.500 | 1.250 |" in markdown and "| 18 | kv | total | 3.000 | 2.500 |" in markdown
+    # Without --breakdown there is no such table.
+    plain = _sweep("swe", "live", [(18, 3.95, {"kv": _row(90)})])
+    assert "Where a turn's time went" not in report.summary_markdown({"meta": {}, "sweeps": [plain]}, [])
