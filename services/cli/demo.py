@@ -127,6 +127,7 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | Non
     if args.worker_urls or args.scheduler_args or args.router_args or args.worker_host_kv_tokens or args.tokenizer:
         return None
     from harness.simlib import SimScenario, live_control_params, simulate
+    from harness.simlib.live_path import LivePathCosts
 
     out = {}
     for arm in arms:
@@ -143,6 +144,9 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | Non
             control=live_control_params(args.worker_speedup),
             live_speedup=args.worker_speedup,
             router_prompt="text",
+            # The live stack's own per-turn costs (client, router, scheduler round trip, worker front end,
+            # relay), measured and counted `worker_speedup` times, as the live run pays them.
+            live_path=LivePathCosts(),
         )
         out[arm] = simulate(scenario).summary()["steps_per_min"]
     return out

@@ -78,3 +78,27 @@ def test_parser_defaults_and_bad_arms(capsys):
     bad = parser.parse_args(["demo", "--arms", "bandmaster,nope"])
     assert demo.run(bad) == 2
     assert "--arms" in capsys.readouterr().err
+
+
+def test_the_prediction_models_the_live_paths_own_costs(monkeypatch):
+    import harness.simlib as simlib
+    from harness.simlib.live_path import LivePathCosts
+
+    seen = []
+
+    class _Result:
+        def summary(self) -> dict:
+            return {"steps_per_min": 1.0}
+
+    def fake_simulate(scenario):
+        seen.append(scenario)
+        return _Result()
+
+    monkeypatch.setattr(simlib, "simulate", fake_simulate)
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--programs", "2", "--max-turns", "2"])
+    assert demo.predict(args, ["bandmaster", "kv"]) == {"bandmaster": 1.0, "kv": 1.0}
+    # The live run pays the client, router, admission and relay costs `speedup` times over: so does the prediction.
+    assert [s.live_path for s in seen] == [LivePathCosts(), LivePathCosts()]
+    assert {s.live_speedup for s in seen} == {10.0}
