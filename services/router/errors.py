@@ -2,12 +2,25 @@
 
 Handlers raise a `RouterError`; the HTTP edge turns it into `{"error": {message, type, param, code}}`
 with `http_status` (and `Retry-After` when `retry_after_s` is set), the gRPC edge into `grpc_code`.
-Nothing else maps errors. Messages never quote credentials or worker URLs.
+Nothing else maps errors. Messages never quote credentials or worker URLs, and quote a client's value
+only through `quoted` (at most `ECHO_MAX_CHARS` of it).
 """
 
 from __future__ import annotations
 
 import grpc
+
+ECHO_MAX_CHARS = 64
+"""An error message quotes at most this many characters of a client's value (a header may be 8 KB)."""
+
+
+def quoted(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """How an error message quotes a value the client sent: its repr, of the first `limit` characters
+    only, with `...` after the quote when it was cut (`'abc'`, `'aaaa'...`, `12`)."""
+    if isinstance(value, str):
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
+    text = repr(value)
+    return text[:limit] + "..." if len(text) > limit else text
 
 
 class RouterError(Exception):
@@ -38,6 +51,12 @@ class BadRequest(RouterError):
 
 class BodyTooLarge(BadRequest):
     http_status = 413
+
+
+class UnsupportedMediaType(BadRequest):
+    """A request body in a Content-Encoding the router does not decode (only identity, gzip, deflate)."""
+
+    http_status = 415
 
 
 class RequestTimeout(BadRequest):
@@ -85,7 +104,7 @@ class ModelNotFound(RouterError):
     error_type = "invalid_request_error"
 
     def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+        super().__init__(f"The model {quoted(model)} does not exist.", param="model", code="model_not_found")
 
 
 class NoHealthyWorker(RouterError):

@@ -4,7 +4,8 @@ the Batch API (`/v1/files*`, `/v1/batches*`) is the planner's, passed through (a
 
 Served by `http_server.GuardedServer` (connection cap, header deadline, JSON errors for malformed
 HTTP). Validation happens before anything is forwarded: session headers (session.py), body size and
-time (`--http-body-timeout-seconds`, 408), encoding, JSON shape, types and ranges (validation.py).
+time (`--http-body-timeout-seconds`, 408), encoding (identity, gzip or deflate, else 415), JSON shape,
+types and ranges (validation.py). An error quotes a client's value only cut short (`errors.quoted`).
 Domain errors become OpenAI-style bodies in `http_server.error_response` only; an unexpected exception
 is a counted, logged 500 with a generic body. A streamed turn is answered only once the worker produced
 its first chunk (so a failure before it can be retried invisibly); after that a failure ends the stream
@@ -41,8 +42,9 @@ from services.router.errors import (
     RouterError,
     WorkerFailed,
     WorkerTimeout,
+    quoted,
 )
-from services.router.http_server import HttpLimits, error_response
+from services.router.http_server import HttpLimits, check_content_encoding, error_response
 from services.router.metrics import RouterMetrics
 from services.router.turn_types import Api, TurnSpec
 from services.router.turns import TurnRunner
@@ -280,9 +282,10 @@ class HttpApi:
             return await self.batch_api(request)
         methods = self.routes.get(request.path)
         if methods is None:
-            return self._error(NotFound(f"no route {request.path!r}", code="not_found"))
+            return self._error(NotFound(f"no route {quoted(request.path)}", code="not_found"))
         handler = methods.get(request.method)
         if handler is None:
+            # Quoted as is: the path is one of the routes, the method one the HTTP parser knows.
             response = self._error(
                 MethodNotAllowed(f"{request.method} is not allowed on {request.path}", code="method_not_allowed")
             )
@@ -294,13 +297,18 @@ class HttpApi:
         if self.batch_proxy is None:
             response = self._error(
                 PlannerMissing(
-                    f"{request.path} is the Batch API, served by the planner: this router was started without "
+                    f"{quoted(request.path)} is the Batch API, served by the planner: this router was started without "
                     "--planner-url (bandmaster up starts one unless --no-planner)",
                     code="planner_not_configured",
                 )
             )
         else:
-            response = await self.batch_proxy.forward(request, self._headers, self._error)
+            try:
+                check_content_encoding(request.headers)
+            except RouterError as err:
+                response = self._error(err)
+            else:
+                response = await self.batch_proxy.forward(request, self._headers, self._error)
         self.metrics.batch_api.labels(str(response.status)).inc()
         return response
 
@@ -339,6 +347,7 @@ class HttpApi:
         )
 
     async def _read_body(self, request: web.BaseRequest) -> dict:
+        check_content_encoding(request.headers)
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
         try:

@@ -9,6 +9,8 @@
 * A request the HTTP parser refuses (bad bytes in a header, a header too long, conflicting
   Content-Length and Transfer-Encoding, ...) is answered with an OpenAI-style JSON error that
   names the problem but never quotes the request (a header line may hold a token), logged at DEBUG.
+* A body is decoded from `identity`, `gzip` or `deflate` only (`check_content_encoding`); any other
+  Content-Encoding is a 415, never a body read as if it were identity.
 * `Server: bandmaster` unless the framework's name and version are asked for.
 
 `request.protocol.request_started()` / `request_finished()` are called by the dispatch around
@@ -21,7 +23,7 @@ import asyncio
 import logging
 import ssl
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http_exceptions import (
@@ -38,7 +40,7 @@ from aiohttp.http_exceptions import (
 
 from services.common.ports import PortInUse, binding
 from services.router.adapters.upstream import dumps
-from services.router.errors import BadRequest, Internal, Overloaded, RouterError
+from services.router.errors import BadRequest, Internal, Overloaded, RouterError, UnsupportedMediaType, quoted
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,33 @@ log = logging.getLogger(__name__)
 SERVER_NAME = "bandmaster"
 LINGER_S = 1.0
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# The codings aiohttp decodes without optional packages, as it matches them (one value, any case); br and
+# zstd need Brotli / backports.zstd, which the router does not rely on.
+DECODED_CODINGS = ("gzip", "deflate")
+
+
+def unsupported_encoding(value: str | None = None) -> UnsupportedMediaType:
+    what = "this Content-Encoding" if value is None else f"Content-Encoding {quoted(value)}"
+    return UnsupportedMediaType(
+        f"{what} is not supported: send the body as identity, gzip or deflate (one Content-Encoding)",
+        param="Content-Encoding",
+        code="unsupported_content_encoding",
+    )
+
+
+def check_content_encoding(headers: Any) -> None:
+    """Refuse (415) a body the server would not decode: a Content-Encoding other than identity (or empty),
+    gzip or deflate, or more than one (given twice, or a list of codings). `headers`: a request's
+    case-insensitive multidict."""
+    values = headers.getall("Content-Encoding", ())
+    if not values:
+        return
+    value = values[0]
+    if len(values) > 1:
+        raise unsupported_encoding(", ".join(values))
+    if value.strip().lower() in ("", "identity") or (value.isascii() and value.lower() in DECODED_CODINGS):
+        return
+    raise unsupported_encoding(value)
 
 
 @dataclass(frozen=True)
@@ -79,6 +108,10 @@ def malformed(exc: BaseException | None, status: int) -> RouterError:
     """What a client is told about a request the HTTP parser refused: the kind of problem, never its bytes."""
     if status >= 500 or not isinstance(exc, HttpProcessingError):
         return Internal("internal error")
+    if isinstance(exc, ContentEncodingError) and "install" in exc.message:
+        # A coding aiohttp knows but has no decoder for here (br without Brotli, zstd without
+        # backports.zstd): refused while parsing the head, before a handler could.
+        return unsupported_encoding()
     if isinstance(exc, LineTooLong):
         reason = "a request line or header field is longer than the limit"
     elif isinstance(exc, (BadHttpMethod, BadStatusLine)):

@@ -31,6 +31,7 @@ class Bookkeeping:
     """What Complete needs, filled while the turn runs."""
 
     replica: Replica | None = None
+    dispatched: bool = False  # a request went to a worker (set as it is sent: it may have got there)
     usage: Usage = field(default_factory=Usage)
     bind_task: asyncio.Task | None = None
     ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)

@@ -3,7 +3,8 @@
 Values are trimmed and an empty value counts as absent. A present value longer than 256 bytes or with a
 character outside printable ASCII (whatever bytes the client sent), or a header given more than once, is
 refused (`BadRequest`), before anything reaches the scheduler or a worker. A parent equal to the session
-id is dropped (reference/thunderagent.md §1.1).
+id is dropped (reference/thunderagent.md §1.1). The final header is `true` or `false` (any case), nothing
+else: `1`, `yes` or `on` are refused rather than guessed at.
 
 `client_identity` names the client the per-client limits count against: a hash of its bearer token when
 it sends one (never the token itself), else its address.
@@ -15,15 +16,14 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
-from services.router.errors import BadRequest
+from services.router.errors import BadRequest, quoted
 
 SESSION_HEADER = "X-Dynamo-Session-ID"
 PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
 FINAL_HEADER = "X-Dynamo-Session-Final"
 TRAFFIC_HEADER = "X-Bandmaster-Traffic"
 MAX_SESSION_ID_BYTES = 256
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_FINAL_VALUES = {"true": True, "false": False}
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,15 @@ def normalize_session_id(value: str | None, field: str) -> str:
 
 
 def parse_final(value: str | None) -> bool:
-    if value is None:
+    """`true` / `false` in any case, trimmed; absent or empty is false; anything else raises BadRequest."""
+    if value is None or not value.strip():
         return False
-    text = value.strip().lower()
-    if not text or text in _FALSE:
-        return False
-    if text in _TRUE:
-        return True
-    raise BadRequest(f"{FINAL_HEADER} must be a boolean (true/false), got {value!r}", param=FINAL_HEADER)
+    final = _FINAL_VALUES.get(value.strip().lower())
+    if final is None:
+        raise BadRequest(
+            f"{FINAL_HEADER} must be true or false (case-insensitive), got {quoted(value)}", param=FINAL_HEADER
+        )
+    return final
 
 
 def identity(

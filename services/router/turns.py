@@ -10,7 +10,9 @@
 
 The runner is here; the turn types in turn_types.py, the workers it picks among in fleet.py, the
 turn it returns in open_turn.py and the SSE relay that streams it in relay.py. Bookkeeping (Bind,
-Complete) runs in background tasks off the stream.
+Complete) runs in background tasks off the stream. A turn that ends before its request was sent to a
+worker (its client left, even while being admitted; no worker could take it) is completed `NOT_STARTED`:
+the scheduler rolls its admission back, so a turn that never ran is never counted.
 """
 
 from __future__ import annotations
@@ -197,9 +199,23 @@ class TurnRunner:
         self.metrics.prompt(mode.value).inc()
         admission: Admission | None = None
         if self.scheduler is not None:
-            admission = await self.scheduler.admit(
-                spec.identity.session_id, spec.identity.parent_session_id, spec.request_id, self.estimated_tokens(spec)
-            )
+            try:
+                admission = await self.scheduler.admit(
+                    spec.identity.session_id,
+                    spec.identity.parent_session_id,
+                    spec.request_id,
+                    self.estimated_tokens(spec),
+                )
+            except asyncio.CancelledError:
+                # The client left while its turn was being admitted. The scheduler may have answered as it
+                # left (an answer it delivered counts there, read here or not): it never started. The
+                # scheduler rolls such an admission back, and ignores the word for one it never made.
+                self._spawn(
+                    self.scheduler.complete(
+                        spec.identity.session_id, spec.request_id, "", 0, 0, 0, 0, Outcome.NOT_STARTED
+                    )
+                )
+                raise
         if spec.traffic == "batch":
             # Batch work yields to every online turn in the worker's queue, whatever the scheduler said.
             spec.body["priority"] = self.batch_priority
@@ -217,6 +233,8 @@ class TurnRunner:
             raise
         finally:
             if outcome != Outcome.OK:
+                if not book.dispatched:
+                    outcome = Outcome.NOT_STARTED  # no worker saw it: the admission is rolled back
                 self.finish(spec, admission, book, outcome)
 
     async def _connect(
@@ -348,6 +366,7 @@ class TurnRunner:
         headers: dict[str, str],
     ) -> OpenTurn:
         dispatched_at = time.monotonic()
+        book.dispatched = True  # from here on the worker may have the request: never NOT_STARTED
         if not spec.stream:
             response = await self.upstream.post(
                 worker.worker_id, worker.url + spec.api.value, spec.body, headers, stream=False

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from services.router.adapters.upstream import dumps
-from services.router.errors import BadRequest
+from services.router.errors import BadRequest, quoted
 
 MAX_ID_BYTES = 256
 MAX_TOKEN_ID = 2**31 - 1  # SGLang token ids are int32; the prefix hash packs them as u32
@@ -38,7 +38,7 @@ def number_in_range(value: Any, name: str, low: float, high: float, *, param: st
         raise BadRequest(f"{name} must be a number", param=param or name)
     if not (math.isfinite(value) and low <= value <= high):
         bounds = f">= {low:g}" if math.isinf(high) else f"between {low:g} and {high:g}"
-        raise BadRequest(f"{name} must be {bounds}, got {value!r}", param=param or name)
+        raise BadRequest(f"{name} must be {bounds}, got {quoted(value)}", param=param or name)
 
 
 def sampling(fields: dict, ranges=OPENAI_RANGES, *, prefix: str = "") -> None:

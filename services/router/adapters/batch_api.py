@@ -7,7 +7,8 @@ checks the data token itself. Only end-to-end headers are forwarded (hop-by-hop 
 A planner that cannot be reached is a 502 (refused, reset) or 504 (timed out) in the router's own
 OpenAI-style body; without `--planner-url` every such route is a 501 naming the missing planner.
 A client body that stalls for `--http-body-timeout-seconds` is a 408, one that breaks its
-Content-Encoding a 400 (a gzip/deflate/br body is forwarded decoded).
+Content-Encoding a 400 (a gzip/deflate body is forwarded decoded; the HTTP API answers any other
+Content-Encoding 415 before a request gets here).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class BatchApiProxy:
         """Send `request` to the planner and stream its answer back."""
         headers = {name: request.headers[name] for name in _REQUEST_HEADERS if name in request.headers}
         if "Content-Encoding" in headers:
-            # The router's HTTP server decodes a gzip/deflate/br body as it reads it: what goes on is the
+            # The router's HTTP server decodes a gzip/deflate body as it reads it: what goes on is the
             # decoded body, whose length the planner learns from the chunked framing.
             headers.pop("Content-Encoding")
             headers.pop("Content-Length", None)

@@ -107,13 +107,14 @@ class Upstream:
 
 
 def _error_message(text: str) -> str:
+    """The worker's error message, at most 500 characters (it may quote the client's input)."""
     try:
         body = loads(text)
     except Exception:
         return text.strip()[:500]
     if isinstance(body, dict):
         if isinstance(body.get("error"), dict):
-            return str(body["error"].get("message", ""))
+            return str(body["error"].get("message", ""))[:500]
         if "message" in body:
-            return str(body["message"])
+            return str(body["message"])[:500]
     return text.strip()[:500]

@@ -14,3 +14,6 @@ class Outcome(enum.Enum):
     OK = "ok"  # the worker's answer reached the client
     CANCELLED = "cancelled"  # the client went away
     FAILED = "failed"  # the worker failed (before or after the first token)
+    # Admitted, but nothing was sent to a worker (its client left first, or no worker could take it):
+    # the scheduler rolls the admission back exactly, so a turn that never ran is never counted.
+    NOT_STARTED = "not_started"
