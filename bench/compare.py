@@ -567,9 +567,8 @@ class LiveStack:
 
 
 def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
-    from harness.cluster import ClusterConfig, simworker_spec, start_cluster
+    from harness.cluster import ClusterConfig, start_cluster
     from harness.probes import scheduler_counts, wait_for_workers
-    from harness.supervisor import Supervisor
 
     policy = policy_of(arm)
     config = ClusterConfig(
@@ -605,42 +604,56 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
 
     if arm in PEER_ARMS:
         # The peer's proxy (bench.peer_proxy) in front of simworkers started as `bandmaster up` starts them.
-        peers = Supervisor(state_dir)
-        proxy: subprocess.Popen | None = None
-        try:
-            urls = [c.endpoint for c in peers.start_all([simworker_spec(config, i) for i in range(spec.workers)])]
-            proxy, proxy_url = launch_peer_proxy(urls, arm, spec.speedup, state_dir / "peer-proxy.log")
-            _wait_routable(proxy_url, lambda: proxy.poll() is None)
-        except BaseException:
-            _stop_process(proxy)
-            peers.stop_all()
-            raise
-
-        def stop_peer() -> None:
-            _stop_process(proxy)
-            peers.stop_all()
-
-        return LiveStack(proxy_url, urls, True, stop_peer, lambda: peer_stats(proxy_url))
-
-    # sglang-router in front of simworkers started exactly as `bandmaster up` starts them.
+        return _front_door_stack(
+            config,
+            spec.workers,
+            state_dir,
+            lambda urls: launch_peer_proxy(urls, arm, spec.speedup, state_dir / "peer-proxy.log"),
+            session_headers=True,
+            counters=peer_stats,
+        )
+    # sglang-router in front of simworkers started exactly as `bandmaster up` starts them. It knows no
+    # programs: plain requests, no session headers and no final request.
     sglang_policy = {"round_robin": "round_robin", "sglang_cache_aware": "cache_aware"}[arm]
+    return _front_door_stack(
+        config,
+        spec.workers,
+        state_dir,
+        lambda urls: launch_sglang_router(urls, sglang_policy, state_dir / "sglang-router.log"),
+        session_headers=False,
+    )
+
+
+def _front_door_stack(
+    config,
+    workers: int,
+    state_dir: Path,
+    launch: Callable[[list[str]], tuple[subprocess.Popen, str]],
+    *,
+    session_headers: bool,
+    counters: Callable[[str], dict] | None = None,
+) -> LiveStack:
+    """Simulated workers as `bandmaster up` starts them, behind a peer's front door process (`launch`
+    takes the worker URLs and returns the process and its base URL); `stop` leaves nothing running."""
+    from harness.cluster import simworker_spec
+    from harness.supervisor import Supervisor
+
     supervisor = Supervisor(state_dir)
-    router: subprocess.Popen | None = None
+    door: subprocess.Popen | None = None
     try:
-        workers = [c.endpoint for c in supervisor.start_all([simworker_spec(config, i) for i in range(spec.workers)])]
-        router, url = launch_sglang_router(workers, sglang_policy, state_dir / "sglang-router.log")
-        _wait_routable(url, lambda: router.poll() is None)
+        urls = [c.endpoint for c in supervisor.start_all([simworker_spec(config, i) for i in range(workers)])]
+        door, url = launch(urls)
+        _wait_routable(url, lambda: door.poll() is None)
     except BaseException:
-        _stop_process(router)
+        _stop_process(door)
         supervisor.stop_all()
         raise
 
     def stop() -> None:
-        _stop_process(router)
+        _stop_process(door)
         supervisor.stop_all()
 
-    # sglang-router knows no programs: plain requests, no session headers and no final request.
-    return LiveStack(url, workers, False, stop)
+    return LiveStack(url, urls, session_headers, stop, (lambda: counters(url)) if counters else (lambda: {}))
 
 
 def _stop_process(process: subprocess.Popen | None) -> None:
