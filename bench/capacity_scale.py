@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import platform
-import signal
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
 from services.common import orphan_guard
+from services.common.child_stop import stop_child_async
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,13 +227,7 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
             if w.task is not None:
                 w.task.cancel()
             await w.channel.close()
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 20)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_child_async(proc, 20.0, name="capacity")
         await stub.stop()
 
 

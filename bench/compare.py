@@ -45,7 +45,6 @@ import json
 import math
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,7 @@ from typing import Callable, Iterable, Sequence
 from bench.peers import chat_ok, launch_peer_proxy, launch_sglang_router, peer_stats
 from harness.player import Runner, build_workload, scrape_counters
 from harness.workloads import DEFAULT_SPLIT, SPLITS
+from services.common.child_stop import stop_child
 from services.common.config import require
 from services.common.errors import ConfigError
 from services.scheduler.core.policies import PAUSE_POLICIES
@@ -657,14 +657,7 @@ def _front_door_stack(
 
 
 def _stop_process(process: subprocess.Popen | None) -> None:
-    if process is None or process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_child(process, 10.0, name="front door")
 
 
 def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:

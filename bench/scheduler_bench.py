@@ -26,7 +26,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from harness.stats import percentile
 from harness.stats import wait_for_json_file as _wait_file
 from services.common import orphan_guard
+from services.common.child_stop import stop_child_async
 from services.common.clock import SystemClock
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -134,13 +134,7 @@ def _env() -> dict[str, str]:
 
 
 async def _terminate(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(proc.wait(), 15)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+    await stop_child_async(proc, 15.0, name="scheduler")
 
 
 async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:

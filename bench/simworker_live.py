@@ -19,7 +19,6 @@ import json
 import os
 import platform
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import aiohttp
 
 from harness.stats import summary_ms
 from services.common import orphan_guard
+from services.common.child_stop import stop_child_async
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"
@@ -157,13 +157,7 @@ async def run(clients: int, duration_s: float, max_tokens: int, speedup: float, 
             async with session.get(url + "/metrics") as r:
                 metrics_text = await r.text()
     finally:
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 15)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_child_async(proc, 15.0, name="simworker")
     steps = after["simworker_steps"] - before["simworker_steps"]
     late_s = after["simworker_late_s_total"] - before["simworker_late_s_total"]
     return {

@@ -27,6 +27,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import orphan_guard
+from services.common.child_stop import stop_child
 
 log = logging.getLogger(__name__)
 
@@ -155,13 +156,7 @@ class Supervisor:
                 child.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for child in reversed(self.children):
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                child.process.wait(timeout=remaining)
-            except subprocess.TimeoutExpired:
-                log.warning("%s did not stop within %.0fs; killing it", child.spec.name, grace_s)
-                child.process.kill()
-                child.process.wait()
+            stop_child(child.process, max(0.0, deadline - time.monotonic()), name=child.spec.name)
         self.children.clear()
 
     def failed(self) -> list[Child]:

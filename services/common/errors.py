@@ -19,3 +19,8 @@ class ConfigError(ValueError):
         self.value = value
         self.reason = reason
         super().__init__(f"invalid configuration: {field}={value!r}: {reason}")
+
+    def __reduce__(self):
+        # Rebuilt from its three parts, not from the message: a ConfigError raised in a worker process
+        # (a process pool, a multiprocessing child) reaches the parent intact instead of breaking the pool.
+        return (type(self), (self.field, self.value, self.reason))

@@ -21,7 +21,6 @@ import json
 import logging
 import os
 import secrets
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Awaitable, Callable, Protocol, Sequence
 
 from services.common import orphan_guard
+from services.common.child_stop import stop_child_async
 from services.common.clock import Clock
 from services.planner.core.types import Inventory
 
@@ -200,13 +200,7 @@ class LocalConnector:
                 await self.deregister(p.worker_id)
             except Exception as exc:
                 log.warning("deregistering %s failed: %s", p.url, exc)
-        if p.proc.returncode is None:
-            p.proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(p.proc.wait(), self.stop_timeout_s)
-            except TimeoutError:
-                p.proc.kill()
-                await p.proc.wait()
+        await stop_child_async(p.proc, self.stop_timeout_s, name=f"simworker {p.url}")
         log.info("local connector: stopped simworker pid %d", p.proc.pid)
 
     def worker_urls(self) -> list[str]:
