@@ -21,7 +21,7 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 BANDMASTER_PREFIX = "bandmaster-"
 ORACLE = "oracle"
@@ -82,12 +82,17 @@ def arm_rows(sweep: dict, arm: str) -> list[tuple[dict, dict]]:
     return out
 
 
-def steps(sweep: dict, arm: str, parallel: int) -> float | None:
+def summary_value(sweep: dict, arm: str, parallel: int, key: str) -> float | None:
+    """One figure of `arm`'s summary at the point of `parallel` programs; None where it did not run cleanly."""
     point = next((p for p in sweep["points"] if p["parallel"] == parallel), None)
     row = point["arms"].get(arm) if point else None
     if not row or row.get("error") or "summary" not in row:
         return None
-    return row["summary"]["steps_per_min"]
+    return row["summary"].get(key)
+
+
+def steps(sweep: dict, arm: str, parallel: int) -> float | None:
+    return summary_value(sweep, arm, parallel, "steps_per_min")
 
 
 def bandmaster_arms(sweep: dict) -> list[str]:
@@ -204,99 +209,77 @@ def _flatness_target(sweep: dict, arm: str, above: list[dict]) -> Target | None:
     )
 
 
-def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
-    """live (arm / kv) over sim (arm / kv) at every point both ran; the worst is the farthest from 1."""
-    worst: tuple[float, int, float, float] | None = None
+def _worst_point(live: dict, measure: Callable[[int], tuple | None], badness: Callable[[float], float]):
+    """Over a live sweep's points: (value, point, *detail) of the worst `measure(point)` by `badness`,
+    and the points where `measure` had nothing (None)."""
+    worst: tuple | None = None
     missing = []
     for point in live["points"]:
         p = point["parallel"]
-        values = (steps(live, arm, p), steps(live, "kv", p), steps(twin, arm, p), steps(twin, "kv", p))
-        if any(not v for v in values):
+        measured = measure(p)
+        if measured is None:
             missing.append(p)
             continue
+        if worst is None or badness(measured[0]) > badness(worst[0]):
+            worst = (measured[0], p, *measured[1:])
+    return worst, missing
+
+
+def _live_target(live: dict, arm: str, name: str, minimum: float, found, detail: str, *, digits: int = 3, **kw):
+    worst, missing = found
+    if missing:
+        detail += f"; missing at {missing}"
+    value = round(worst[0], digits) if worst and not missing else None
+    return Target(
+        live["mode"], live["workload"], arm, name, minimum, value, [p["parallel"] for p in live["points"]], detail, **kw
+    )
+
+
+def _live_ratio_target(live: dict, twin: dict, arm: str) -> Target:
+    """live (arm / kv) over sim (arm / kv) at every point both ran; the worst is the farthest from 1."""
+
+    def measure(p: int) -> tuple | None:
+        values = (steps(live, arm, p), steps(live, "kv", p), steps(twin, arm, p), steps(twin, "kv", p))
+        if any(not v for v in values):
+            return None
         live_ratio, sim_ratio = values[0] / values[1], values[2] / values[3]
-        r = live_ratio / sim_ratio
-        if worst is None or abs(r - 1) > abs(worst[0] - 1):
-            worst = (r, p, live_ratio, sim_ratio)
+        return (live_ratio / sim_ratio, live_ratio, sim_ratio)
+
+    found = _worst_point(live, measure, lambda r: abs(r - 1))
+    worst = found[0]
     detail = (
         f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst else "no comparable points"
     )
-    if missing:
-        detail += f"; missing at {missing}"
-    return Target(
-        live["mode"],
-        live["workload"],
-        arm,
-        LIVE_RATIO_NAME,
-        1 - LIVE_RATIO_TOLERANCE,
-        round(worst[0], 3) if worst and not missing else None,
-        [p["parallel"] for p in live["points"]],
-        detail,
-        maximum=1 + LIVE_RATIO_TOLERANCE,
+    return _live_target(
+        live, arm, LIVE_RATIO_NAME, 1 - LIVE_RATIO_TOLERANCE, found, detail, maximum=1 + LIVE_RATIO_TOLERANCE
     )
-
-
-def _hit(sweep: dict, arm: str, parallel: int) -> float | None:
-    point = next((p for p in sweep["points"] if p["parallel"] == parallel), None)
-    row = point["arms"].get(arm) if point else None
-    if not row or row.get("error") or "summary" not in row:
-        return None
-    return row["summary"].get("kv_hit_rate")
 
 
 def _live_hit_target(live: dict, twin: dict, arm: str) -> Target:
     """live KV hit - simulated KV hit at every point both ran; the worst is the farthest from 0."""
-    worst: tuple[float, int, float, float] | None = None
-    missing = []
-    for point in live["points"]:
-        p = point["parallel"]
-        mine, sim = _hit(live, arm, p), _hit(twin, arm, p)
-        if mine is None or sim is None:
-            missing.append(p)
-            continue
-        if worst is None or abs(mine - sim) > abs(worst[0]):
-            worst = (mine - sim, p, mine, sim)
+
+    def measure(p: int) -> tuple | None:
+        mine, sim = summary_value(live, arm, p, "kv_hit_rate"), summary_value(twin, arm, p, "kv_hit_rate")
+        return None if mine is None or sim is None else (mine - sim, mine, sim)
+
+    found = _worst_point(live, measure, abs)
+    worst = found[0]
     detail = f"worst at {worst[1]} programs: live {worst[2]:.3f} vs sim {worst[3]:.3f}" if worst else "no points"
-    if missing:
-        detail += f"; missing at {missing}"
-    return Target(
-        live["mode"],
-        live["workload"],
-        arm,
-        LIVE_HIT_NAME,
-        -LIVE_HIT_TOLERANCE,
-        round(worst[0], 4) if worst and not missing else None,
-        [p["parallel"] for p in live["points"]],
-        detail,
-        maximum=LIVE_HIT_TOLERANCE,
+    return _live_target(
+        live, arm, LIVE_HIT_NAME, -LIVE_HIT_TOLERANCE, found, detail, digits=4, maximum=LIVE_HIT_TOLERANCE
     )
 
 
 def _live_sim_target(live: dict, twin: dict, arm: str) -> Target:
     """live steps/min ÷ the simulator's for the same arm and programs, worst (lowest) over the points."""
-    worst: tuple[float, int] | None = None
-    missing = []
-    for point in live["points"]:
-        p = point["parallel"]
+
+    def measure(p: int) -> tuple | None:
         mine, sim = steps(live, arm, p), steps(twin, arm, p)
-        if not mine or not sim:
-            missing.append(p)
-            continue
-        if worst is None or mine / sim < worst[0]:
-            worst = (mine / sim, p)
-    detail = f"worst at {worst[1]} programs" if worst else "no comparable points"
-    if missing:
-        detail += f"; missing at {missing}"
-    return Target(
-        live["mode"],
-        live["workload"],
-        arm,
-        LIVE_SIM_NAME,
-        LIVE_SIM_MIN,
-        round(worst[0], 3) if worst and not missing else None,
-        [p["parallel"] for p in live["points"]],
-        detail,
-    )
+        return (mine / sim,) if mine and sim else None
+
+    found = _worst_point(live, measure, lambda r: -r)
+    detail = f"worst at {found[0][1]} programs" if found[0] else "no comparable points"
+    return _live_target(live, arm, LIVE_SIM_NAME, LIVE_SIM_MIN, found, detail)
 
 
 def live_peer_targets(sweep: dict, twin: dict | None, arm: str) -> list[Target]:
