@@ -1,5 +1,8 @@
 """OpenAI-style JSON bodies for aiohttp's own errors (unknown path 404, wrong method 405, ...), which
-aiohttp otherwise answers as plain text: `{"error": {"message", "type", "param", "code"}}`."""
+aiohttp otherwise answers as plain text: `{"error": {"message", "type", "param", "code"}}`.
+
+`quoted` is the one way an error message quotes a value a client sent (a path, a header, a model
+name): at most `ECHO_MAX_CHARS` of it. The router's errors use the same helper."""
 
 from __future__ import annotations
 
@@ -7,6 +10,19 @@ import json
 from typing import Awaitable, Callable
 
 from aiohttp import web
+
+ECHO_MAX_CHARS = 64
+"""An error message quotes at most this many characters of a client's value (a path or a header may be 8 KB)."""
+
+
+def quoted(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """How an error message quotes a value the client sent: its repr, of the first `limit` characters
+    only, with `...` after the quote when it was cut (`'abc'`, `'aaaa'...`, `12`)."""
+    if isinstance(value, str):
+        return repr(value[:limit]) + ("..." if len(value) > limit else "")
+    text = repr(value)
+    return text[:limit] + "..." if len(text) > limit else text
+
 
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
@@ -32,9 +48,9 @@ async def json_errors(
         if exc.status < 400:
             raise
         if exc.status == 404:
-            message = f"no route {request.path!r}"
+            message = f"no route {quoted(request.path)}"
         elif exc.status == 405:
-            message = f"{request.method} is not allowed on {request.path}"
+            message = f"{quoted(request.method)} is not allowed on {quoted(request.path)}"
         else:
             message = exc.reason
         headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}

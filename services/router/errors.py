@@ -10,17 +10,8 @@ from __future__ import annotations
 
 import grpc
 
-ECHO_MAX_CHARS = 64
-"""An error message quotes at most this many characters of a client's value (a header may be 8 KB)."""
-
-
-def quoted(value: object, limit: int = ECHO_MAX_CHARS) -> str:
-    """How an error message quotes a value the client sent: its repr, of the first `limit` characters
-    only, with `...` after the quote when it was cut (`'abc'`, `'aaaa'...`, `12`)."""
-    if isinstance(value, str):
-        return repr(value[:limit]) + ("..." if len(value) > limit else "")
-    text = repr(value)
-    return text[:limit] + "..." if len(text) > limit else text
+# The one quoting helper lives in services/common/http_errors.py (the metrics ports' 404s use it too).
+from services.common.http_errors import ECHO_MAX_CHARS, quoted  # noqa: F401 - re-exported
 
 
 class RouterError(Exception):

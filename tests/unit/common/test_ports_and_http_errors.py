@@ -48,3 +48,29 @@ async def test_the_metrics_port_answers_openai_style_json_errors():
                 assert response.status == 200
     finally:
         await host.stop()
+
+
+async def test_the_metrics_port_404_quotes_at_most_64_characters_of_the_path():
+    from services.common.http_errors import ECHO_MAX_CHARS
+
+    host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.1)
+    await host.start()
+    try:
+        long_path = "/" + "a" * 4000
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{host.metrics_port}{long_path}") as response:
+                assert response.status == 404
+                message = (await response.json())["error"]["message"]
+            async with http.post(f"http://127.0.0.1:{host.metrics_port}/metrics{'b' * 3000}") as response:
+                assert response.status == 404
+        assert message == f"no route {long_path[:ECHO_MAX_CHARS]!r}..."
+        assert len(message) < 100
+    finally:
+        await host.stop()
+
+
+def test_the_router_quotes_with_the_same_one_helper():
+    from services.common import http_errors
+    from services.router import errors
+
+    assert errors.quoted is http_errors.quoted and errors.ECHO_MAX_CHARS == http_errors.ECHO_MAX_CHARS
