@@ -33,6 +33,7 @@ from services.scheduler.core.defaults import (
     check_policy_settings,
     policy_control_defaults,
 )
+from services.scheduler.core.leadership import LeaseParams
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
@@ -315,6 +316,54 @@ STATE_SETTINGS = [
         env=f"{ENV_PREFIX}_STATE_LOAD_TIMEOUT_SECONDS",
     ),
 ]
+# Active/standby replicas (services/scheduler/election.py): leadership is a lease in the state store.
+LEADER_SETTINGS = [
+    Setting(
+        "leader_election",
+        bool,
+        False,
+        "run as one of several scheduler replicas sharing the state store: the replica holding the "
+        "store's leadership lease decides, the others stand by and answer FAILED_PRECONDITION with the "
+        "leader's address (needs --state-path or --state-redis-url)",
+        env=f"{ENV_PREFIX}_LEADER_ELECTION",
+    ),
+    Setting(
+        "advertise_addr",
+        str,
+        "",
+        "the host:port other processes reach this replica at, published with the lease so that standbys "
+        "redirect to it (default: the bound --listen address; set it when listening on 0.0.0.0)",
+        env=f"{ENV_PREFIX}_ADVERTISE_ADDR",
+    ),
+    Setting(
+        "leader_lease_seconds",
+        float,
+        2.0,
+        "the leadership lease lasts this long after each renewal (a crashed leader is replaced after it)",
+        env=f"{ENV_PREFIX}_LEADER_LEASE_SECONDS",
+    ),
+    Setting(
+        "leader_renew_seconds",
+        float,
+        0.4,
+        "the leader renews its lease this often",
+        env=f"{ENV_PREFIX}_LEADER_RENEW_SECONDS",
+    ),
+    Setting(
+        "leader_poll_seconds",
+        float,
+        0.25,
+        "a standby tries to take the lease this often",
+        env=f"{ENV_PREFIX}_LEADER_POLL_SECONDS",
+    ),
+    Setting(
+        "leader_margin_seconds",
+        float,
+        0.5,
+        "a leader that could not renew steps down this long before its lease can expire in the store",
+        env=f"{ENV_PREFIX}_LEADER_MARGIN_SECONDS",
+    ),
+]
 MEMORY_STATE = ("", "none")
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -333,6 +382,7 @@ SETTINGS = [
     *CONTROL_SETTINGS,
     *SERVICE_SETTINGS,
     *STATE_SETTINGS,
+    *LEADER_SETTINGS,
     *COST_AWARE_SETTINGS,
     *KV_ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
@@ -360,6 +410,12 @@ class SchedulerConfig:
     state_flush_seconds: float = 1.0
     state_write_timeout_seconds: float = 2.0
     state_load_timeout_seconds: float = 30.0
+    leader_election: bool = False
+    """Active/standby: decide only while holding the store's leadership lease."""
+    advertise_addr: str = ""
+    """Where others reach this replica ("" = the bound listen address)."""
+    lease: LeaseParams = field(default_factory=LeaseParams)
+    """Timing of the leadership lease (validated even without leader election)."""
     kv_router: KvRouterConfig = field(default_factory=KvRouterConfig)
     listen: str = "127.0.0.1:50052"
     metrics_port: int = 9102
@@ -397,13 +453,15 @@ class SchedulerConfig:
             prefix,
             "state_redis_prefix is 1-128 printable ASCII characters, no spaces",
         )
-
-    @property
-    def state_store(self) -> str:
-        """Where the durable state lives: "redis", "sqlite" or "memory"."""
-        if self.state_redis_url:
-            return "redis"
-        return "memory" if self.state_path.strip().lower() in MEMORY_STATE else "sqlite"
+        require(
+            not (self.leader_election and self.state_store == "memory"),
+            "leader_election",
+            True,
+            "leader election needs a state store the replicas share (--state-path FILE or --state-redis-url), "
+            "not the in-memory table",
+        )
+        if self.advertise_addr:
+            parse_host_port(self.advertise_addr, "advertise_addr")
         validate_serve(
             {
                 "listen": self.listen,
@@ -412,6 +470,13 @@ class SchedulerConfig:
                 "trace_sample_ratio": self.trace_sample_ratio,
             }
         )
+
+    @property
+    def state_store(self) -> str:
+        """Where the durable state lives: "redis", "sqlite" or "memory"."""
+        if self.state_redis_url:
+            return "redis"
+        return "memory" if self.state_path.strip().lower() in MEMORY_STATE else "sqlite"
 
     def pause_policy_params(self) -> Any:
         """The params for `make_pause_policy(self.pause_policy, ...)` (None: the policy's defaults)."""
@@ -451,6 +516,14 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         state_flush_seconds=values["state_flush_seconds"],
         state_write_timeout_seconds=values["state_write_timeout_seconds"],
         state_load_timeout_seconds=values["state_load_timeout_seconds"],
+        leader_election=values["leader_election"],
+        advertise_addr=values["advertise_addr"],
+        lease=LeaseParams(
+            ttl_s=values["leader_lease_seconds"],
+            renew_s=values["leader_renew_seconds"],
+            poll_s=values["leader_poll_seconds"],
+            margin_s=values["leader_margin_seconds"],
+        ),
         kv_router=kv_router,
         listen=values["listen"],
         metrics_port=values["metrics_port"],

@@ -23,7 +23,7 @@ import collections
 import heapq
 import logging
 import time
-from typing import Awaitable
+from typing import Awaitable, Callable
 
 from opentelemetry import trace
 
@@ -86,8 +86,12 @@ class SchedulerRuntime:
         tracer: trace.Tracer,
         interval_s: float,
         watch_queue: int = DEFAULT_WATCH_QUEUE,
+        may_decide: Callable[[], bool] | None = None,
     ) -> None:
+        """`may_decide`: checked before each tick (leader election: a replica whose lease lapsed makes no
+        control decision, even before its election loop has run to end the term)."""
         self.core = core
+        self.may_decide = may_decide
         self.clock = clock
         self.metrics = metrics
         self.tracer = tracer
@@ -104,6 +108,7 @@ class SchedulerRuntime:
         self._subscribers: set[EventQueue] = set()
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
+        self.stop_reason = "scheduler is shutting down"
         self.ticks = 0
         self.capacity_received = False
         self.recovery = None  # persist.Recovery when the table was recovered from a store at start
@@ -120,18 +125,20 @@ class SchedulerRuntime:
     def stopping(self) -> bool:
         return self._stopping
 
-    async def stop(self) -> None:
-        """Release held admissions with ShuttingDown (rolled back), stop loops, end event streams."""
+    async def stop(self, reason: str = "scheduler is shutting down") -> None:
+        """Release held admissions with ShuttingDown (rolled back), stop loops, end event streams.
+        `reason` is what the held callers are told (a deposed leader says so: they retry elsewhere)."""
         if self._stopping:
             return
         self._stopping = True
+        self.stop_reason = reason
         now = self.clock.monotonic()
         for request_id, future in list(self._held.items()):
             self._held.pop(request_id, None)
             self._observe_hold(request_id, "shutdown")
             self._publish(self.core.cancel_admission(now, request_id))
             if not future.done():
-                future.set_exception(ShuttingDown("scheduler is shutting down"))
+                future.set_exception(ShuttingDown(reason))
         for _, event in list(self._gates.values()):
             event.set()
         self._gates.clear()
@@ -150,7 +157,7 @@ class SchedulerRuntime:
         """The core's decision now. On WAIT the admission is held: `wait(request_id)` returns its
         resolution, and the caller must `cancel(request_id)` if it stops waiting."""
         if self._stopping:
-            raise ShuttingDown("scheduler is shutting down")
+            raise ShuttingDown(self.stop_reason)
         if self.gated(session_id):
             # Only `pass_gate` may lead here for a gated program, and it returns with the gate open;
             # replacing a held turn's gate would strand everything waiting behind it.
@@ -180,7 +187,7 @@ class SchedulerRuntime:
         try:
             while session_id and session_id in self._gates:
                 if self._stopping:
-                    raise ShuttingDown("scheduler is shutting down")
+                    raise ShuttingDown(self.stop_reason)
                 await self._gates[session_id][1].wait()
         finally:
             self.gate_waiting -= 1
@@ -273,7 +280,9 @@ class SchedulerRuntime:
     # ------------------------------------------------------------------ tick
 
     def tick_once(self) -> TickResult | None:
-        """One control step (also the tests' hook). Returns None if the core raised."""
+        """One control step (also the tests' hook). Returns None if the core raised (or may not decide)."""
+        if self.may_decide is not None and not self.may_decide():
+            return None
         started = time.perf_counter()
         with self.tracer.start_as_current_span("scheduler.tick") as span:
             try:

@@ -24,6 +24,28 @@ PREFIX = "bandmaster_scheduler"
 class SchedulerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._collector: _CoreCollector | None = None
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 while this replica decides (the leader, or a single scheduler), 0 while it stands by",
+            registry=registry,
+        )
+        self.leader_epoch = Gauge(
+            f"{PREFIX}_leader_epoch",
+            "The leadership epoch this replica holds or last saw (0 = none)",
+            registry=registry,
+        )
+        self.leadership_changes = Counter(
+            f"{PREFIX}_leadership_changes_total",
+            "Leadership terms started (role=leader) and ended (role=standby, reason lost/expired/fenced/shutdown)",
+            ["role", "reason"],
+            registry=registry,
+        )
+        self.not_leader_refusals = Counter(
+            f"{PREFIX}_not_leader_total",
+            "RPCs a standby (or a deposed leader) refused with FAILED_PRECONDITION",
+            registry=registry,
+        )
         self.tick_seconds = Histogram(
             f"{PREFIX}_tick_seconds",
             "Duration of one control tick (core + publishing)",
@@ -88,13 +110,18 @@ class SchedulerMetrics:
         for kind in ("delta", "full"):
             self.state_writes.labels(kind)
 
-    def watch_core(self, core: SchedulerCore, now: Callable[[], float], held: Callable[[], int]) -> None:
-        """Register the scrape-time collector over `core` (one per registry)."""
-        self.registry.register(_CoreCollector(core, now, held))
+    def watch_core(self, core: SchedulerCore | None, now: Callable[[], float], held: Callable[[], int]) -> None:
+        """Register the scrape-time collector over `core` (one per registry); a later call points it at
+        another core (a new leadership term's), None = no table (a standby)."""
+        if self._collector is None:
+            self._collector = _CoreCollector(core, now, held)
+            self.registry.register(self._collector)
+        else:
+            self._collector.core, self._collector.now, self._collector.held = core, now, held
 
 
 class _CoreCollector(Collector):
-    def __init__(self, core: SchedulerCore, now: Callable[[], float], held: Callable[[], int]) -> None:
+    def __init__(self, core: SchedulerCore | None, now: Callable[[], float], held: Callable[[], int]) -> None:
         self.core = core
         self.now = now
         self.held = held
@@ -104,6 +131,8 @@ class _CoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         core = self.core
+        if core is None:
+            return
         now = self.now()
         stats = core.stats(now)
         programs = GaugeMetricFamily(

@@ -10,6 +10,13 @@ written in one replacing batch. So a store outage never blocks an RPC or a tick,
 
 Loss window: a SIGKILL loses at most the changes of the last `flush_s` plus the batch being written
 (and, with Redis, whatever Redis itself does not persist). A graceful stop writes a last batch.
+
+With leader election (`epoch` set) every write is conditional on the leadership epoch (StoreFenced when
+another replica took over: the writer stops and `on_fenced` ends its term), and `commit()` is a group
+commit: it wakes the writer at once and returns when a batch holding every change made before the call
+is in the store. The servicer awaits it before answering Admit, Complete and Release, so an answer the
+router got is never lost to a failover: the loss window is then the RPCs not yet answered, which the
+router retries on the new leader.
 """
 
 from __future__ import annotations
@@ -18,11 +25,13 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from services.common.clock import Clock
 from services.scheduler.adapters.state_store import (
     StateStore,
     StoreError,
+    StoreFenced,
     StoreLost,
     WriteBatch,
     decode_state,
@@ -60,6 +69,8 @@ class StatePersister:
         *,
         flush_s: float,
         write_timeout_s: float,
+        epoch: int | None = None,
+        on_fenced: Callable[[], None] | None = None,
     ) -> None:
         self.core = core
         self.store = store
@@ -71,6 +82,13 @@ class StatePersister:
         self._needs_full = True  # the first batch after recovery makes the store exactly the table
         self._failing_since: float | None = None
         self._task: asyncio.Task | None = None
+        self.epoch = epoch
+        """The leadership epoch every write is conditional on (None: a single scheduler, unconditional)."""
+        self.on_fenced = on_fenced
+        self.fenced = False
+        """A write was refused for a stale epoch: nothing more is written."""
+        self._kick = asyncio.Event()
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def _wall_offset(self) -> float:
         return self.clock.wall() - self.clock.monotonic()
@@ -137,31 +155,63 @@ class StatePersister:
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="scheduler-state-writer")
 
-    async def stop(self) -> None:
-        """Stop the loop, write a last batch (bounded), close the store."""
+    async def stop(self, *, final_flush: bool = True, close_store: bool = True) -> None:
+        """Stop the loop, write a last batch (bounded), close the store. A deposed leader writes nothing
+        more (`final_flush=False`) and leaves the store open for the next term (`close_store=False`)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        self._settle(False)
         try:
-            await self.flush()
+            if final_flush and not self.fenced:
+                await self.flush()
         finally:
-            try:
-                async with asyncio.timeout(self.write_timeout_s):  # a hung store must not hang the stop
-                    await self.store.close()
-            except TimeoutError:
-                log.warning(
-                    "scheduler state: %s did not close within %gs", self.store.description, self.write_timeout_s
-                )
+            if close_store:
+                await self._close_store()
+
+    async def _close_store(self) -> None:
+        try:
+            async with asyncio.timeout(self.write_timeout_s):  # a hung store must not hang the stop
+                await self.store.close()
+        except TimeoutError:
+            log.warning("scheduler state: %s did not close within %gs", self.store.description, self.write_timeout_s)
+
+    async def commit(self) -> bool:
+        """Wait until every change made before this call is in the store (group commit). False if the
+        store failed or refused the write (then `fenced` tells which)."""
+        if self.fenced:
+            return False
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        self._kick.set()
+        return await future
+
+    def _settle(self, ok: bool) -> None:
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(ok)
 
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_s)
+        while not self.fenced:
             try:
-                await self.flush()
+                async with asyncio.timeout(self.flush_s):
+                    await self._kick.wait()
+            except TimeoutError:
+                pass
+            self._kick.clear()
+            waiters, self._waiters = self._waiters, []
+            ok = False
+            try:
+                ok = await self.flush()
             except Exception:  # never let a bug stop the writer; the next batch rewrites everything
                 self._needs_full = True
                 log.exception("scheduler state: writer failed; the whole table is rewritten next")
+            finally:
+                for future in waiters:
+                    if not future.done():
+                        future.set_result(ok)
 
     @property
     def healthy(self) -> bool:
@@ -170,6 +220,8 @@ class StatePersister:
     async def flush(self) -> bool:
         """Write one batch: the changes since the last one, or the whole table when the store may be
         stale. False if the store failed (or was not reachable for a full rewrite)."""
+        if self.fenced:
+            return False
         if self._needs_full:
             # The full rewrite will export everything: what changed meanwhile need not be remembered
             # (a long outage with many programs coming and going must not grow the change sets).
@@ -188,7 +240,16 @@ class StatePersister:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.write_timeout_s):
-                await self.store.write(batch)
+                if self.epoch is None:
+                    await self.store.write(batch)
+                else:
+                    await self.store.write(batch, self.epoch)
+        except StoreFenced as exc:
+            self.fenced = True
+            log.warning("scheduler state: %s; this replica writes nothing more", exc)
+            if self.on_fenced is not None:
+                self.on_fenced()
+            return False
         except StoreLost as exc:
             log.warning("scheduler state: %s; writing the whole table again", exc)
             self._needs_full = True

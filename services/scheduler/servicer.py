@@ -3,6 +3,12 @@
 Domain errors map to status codes in `DOMAIN_ERRORS` and nowhere else. `Admit` may hold the call while
 its program is paused; whatever ends the call before its answer is handed to gRPC (client cancel,
 deadline, shutdown, a closed channel), held or not, rolls the admission back before the RPC ends.
+
+Every RPC but GetRouterConfig and GetLeadership asks the replica (services/scheduler/election.py) for the
+deciding runtime: a standby ends the call FAILED_PRECONDITION with the leader's address in the
+`bandmaster-scheduler-leader` trailing metadata. With leader election, Admit, Complete and Release are
+answered only once their change is in the store (group commit), and a term that ends under a call
+answers it UNAVAILABLE (rolled back), so its router retries on the new leader.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from services.scheduler.adapters.proto import (
 )
 from services.scheduler.core import DuplicateRequest, MissingRequestId, RequestMismatch, Verdict
 from services.scheduler.core.defaults import KvRouterConfig
+from services.scheduler.election import LEADER_METADATA_KEY, Election, NotLeader, SingleReplica
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
@@ -63,6 +70,7 @@ DOMAIN_ERRORS = ErrorTable(
         (DuplicateRequest, grpc.StatusCode.ALREADY_EXISTS),
         (ProgramNotFound, grpc.StatusCode.NOT_FOUND),
         (ShuttingDown, grpc.StatusCode.UNAVAILABLE),
+        (NotLeader, grpc.StatusCode.FAILED_PRECONDITION),
         ((HoldDeadlineExceeded, AnswerNotTaken), grpc.StatusCode.DEADLINE_EXCEEDED),
     ]
 )
@@ -72,16 +80,33 @@ DOMAIN_ERRORS = ErrorTable(
 class SchedulerServicer(pb_grpc.SchedulerServicer):
     def __init__(
         self,
-        runtime: SchedulerRuntime,
+        replica: SingleReplica | Election | SchedulerRuntime,
         kv_router: KvRouterConfig,
         tracer: trace.Tracer,
         *,
         delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
+        held_heartbeat_s: float | None = None,
     ) -> None:
-        self.runtime = runtime
+        """`replica`: who decides (a bare runtime = a single scheduler). `held_heartbeat_s`: re-send `held`
+        this often on a held AdmitStream (default: with leader election, 1 s; otherwise never)."""
+        if isinstance(replica, SchedulerRuntime):
+            replica = SingleReplica(replica, lambda: "")
+        self.replica = replica
+        if held_heartbeat_s is None:
+            held_heartbeat_s = 1.0 if isinstance(replica, Election) else 0.0
+        self.held_heartbeat_s = held_heartbeat_s
         self.kv_router = kv_router
         self.tracer = tracer
         self.delivery_timeout_s = delivery_timeout_s
+
+    def _runtime(self, context: grpc.aio.ServicerContext) -> SchedulerRuntime:
+        """The deciding runtime, or NotLeader with the leader's address in the trailing metadata."""
+        try:
+            return self.replica.current()
+        except NotLeader as exc:
+            context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
+            self.replica.refused()
+            raise
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
         async def deliver(response: pb.AdmitResponse) -> None:
@@ -95,9 +120,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         """Admit, with `held` sent as soon as the call is held (the router's decision deadline covers
         only the first message)."""
 
-        async def on_held() -> None:
+        async def on_held(runtime: SchedulerRuntime) -> None:
             await context.write(
-                pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=self.runtime.core.params.resume_timeout_seconds))
+                pb.AdmitUpdate(
+                    held=pb.AdmitHeld(
+                        max_hold_seconds=runtime.core.params.resume_timeout_seconds,
+                        heartbeat_seconds=self.held_heartbeat_s,
+                    )
+                )
             )
 
         async def deliver(response: pb.AdmitResponse) -> None:
@@ -109,7 +139,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self,
         request: pb.AdmitRequest,
         context: grpc.aio.ServicerContext,
-        on_held: Callable[[], Awaitable[None]] | None,
+        on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None,
         deliver: Callable[[pb.AdmitResponse], Awaitable[None]],
     ) -> pb.AdmitResponse:
         """Decide, then deliver: the admission is a transaction that commits only once `deliver` (an
@@ -120,40 +150,46 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         trace_parent, kind = grpc_parent(context)
         with self.tracer.start_as_current_span("scheduler.admit", context=trace_parent, kind=kind) as span:
             async with DOMAIN_ERRORS.guard(context):
+                runtime = self._runtime(context)
                 session_id = validate_session_id(request.session_id)
                 parent = validate_session_id(request.parent_session_id, "parent_session_id")
                 request_id = validate_request_id(request.request_id)
                 validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
                 span.set_attribute("scheduler.passthrough", not session_id)
-                if self.runtime.gated(session_id):
+                if runtime.gated(session_id):
                     span.add_event("scheduler.gated")
                     if on_held is not None:
-                        await on_held()
+                        await on_held(runtime)
                     try:
                         # Awaited in this task (not through wait_for's inner task, which on Python 3.11
                         # swallows a cancellation that lands as the gate opens): a cancelled call stops
                         # here, and one that passes admits before anything else can run.
                         async with asyncio.timeout(context.time_remaining()):
-                            await self.runtime.pass_gate(session_id)
+                            await self._heartbeat(runtime.pass_gate(session_id), runtime, on_held)
                     except TimeoutError:
                         raise HoldDeadlineExceeded(
                             "deadline exceeded while another turn of the program was held"
                         ) from None
-                result = self.runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
+                if runtime.stopping:  # the term ended while this call waited at the gate
+                    raise ShuttingDown(runtime.stop_reason)
+                result = runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
                 decision = result.decision
                 held = decision.verdict is Verdict.WAIT
                 span.set_attribute("scheduler.held", held)
                 if held:
                     span.add_event("scheduler.held")
-                    decision = await self._hold(request_id, context, on_held)
+                    decision = await self._hold(runtime, request_id, context, on_held)
                     span.add_event("scheduler.resumed", {"scheduler.forced_resume": decision.forced_resume})
                 span.set_attribute("scheduler.pinned", decision.pinned)
                 span.set_attribute("scheduler.was_paused", decision.was_paused)
                 span.set_attribute("scheduler.forced_resume", decision.forced_resume)
                 span.set_attribute("scheduler.priority", decision.priority)
-                response = decision_to_proto(decision, self.runtime.core.ticket_lease_seconds)
+                response = decision_to_proto(decision, runtime.core.ticket_lease_seconds)
                 delivered = False
                 try:
+                    # Leader election: the admission is in the store before its answer leaves (a failover
+                    # after the answer cannot lose it); a term that ended meanwhile rolls it back here.
+                    await self.replica.commit(runtime)
                     async with asyncio.timeout(self.delivery_timeout_s):
                         await deliver(response)
                     delivered = True
@@ -164,11 +200,36 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 finally:
                     if not delivered:
                         span.add_event("scheduler.rolled_back")
-                        self.runtime.cancel(request_id)
+                        runtime.cancel(request_id)
                 return response
 
+    async def _heartbeat(
+        self,
+        waiting: Awaitable,
+        runtime: SchedulerRuntime,
+        on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None,
+    ):
+        """Await `waiting`, re-sending `held` every `held_heartbeat_s` (AdmitStream with leader election):
+        the caller then tells a live hold from a frozen or deposed leader within about that."""
+        if on_held is None or self.held_heartbeat_s <= 0:
+            return await waiting
+        task = asyncio.ensure_future(waiting)
+        try:
+            while True:
+                done, _ = await asyncio.wait((task,), timeout=self.held_heartbeat_s)
+                if done:
+                    return task.result()
+                await on_held(runtime)
+        finally:
+            if not task.done():
+                task.cancel()
+
     async def _hold(
-        self, request_id: str, context: grpc.aio.ServicerContext, on_held: Callable[[], Awaitable[None]] | None = None
+        self,
+        runtime: SchedulerRuntime,
+        request_id: str,
+        context: grpc.aio.ServicerContext,
+        on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None = None,
     ):
         """Wait for the resolution; roll back on cancellation or the caller's deadline.
 
@@ -178,12 +239,12 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         timeout = context.time_remaining()
         resolved = False
         # Taken before writing "held": the program may be resumed while that write is under way.
-        resolution = self.runtime.wait(request_id)
+        resolution = runtime.wait(request_id)
         try:
             if on_held is not None:
-                await on_held()
+                await on_held(runtime)
             async with asyncio.timeout(timeout):
-                decision = await resolution
+                decision = await self._heartbeat(resolution, runtime, on_held)
             resolved = True
             return decision
         except TimeoutError:
@@ -193,34 +254,37 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         finally:
             if not resolved:
                 resolution.cancel()
-                self.runtime.cancel(request_id)
+                runtime.cancel(request_id)
 
     async def RenewLeases(
         self, request: pb.RenewLeasesRequest, context: grpc.aio.ServicerContext
     ) -> pb.RenewLeasesResponse:
         async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
             if len(request.request_ids) > MAX_RENEW_IDS:
                 raise InvalidArgument(f"request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.request_ids)}")
             ids = [validate_request_id(rid, f"request_ids[{i}]") for i, rid in enumerate(request.request_ids)]
-            unknown = self.runtime.renew_leases(ids)
+            unknown = runtime.renew_leases(ids)
             return pb.RenewLeasesResponse(
                 renewed=len(ids) - len(unknown),
                 unknown_request_ids=unknown,
-                lease_ttl_seconds=self.runtime.core.ticket_lease_seconds,
+                lease_ttl_seconds=runtime.core.ticket_lease_seconds,
             )
 
     async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
         async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
             request_id = validate_request_id(request.request_id)
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             if replica is None:
                 raise InvalidArgument("worker_id is required")
-            bound = self.runtime.bind(request_id, replica)
+            bound = runtime.bind(request_id, replica)
             trace.get_current_span().set_attribute("scheduler.bound", bound)
             return pb.BindResponse(bound=bound)
 
     async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
             session_id = validate_session_id(request.session_id)
             request_id = validate_request_id(request.request_id)
             validate_tokens(
@@ -231,7 +295,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             replica = replica_from_fields(request.worker_id, request.dp_rank)
             outcome = outcome_from_proto(request.outcome)
             ttft_s = validate_ttft(request.ttft_seconds)
-            self.runtime.complete(
+            runtime.complete(
                 session_id,
                 request_id,
                 replica,
@@ -241,6 +305,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 outcome,
                 ttft_s=ttft_s or None,
             )
+            await self.replica.commit(runtime)
             span = trace.get_current_span()  # the instrumentation's SERVER span
             span.set_attribute("scheduler.outcome", outcome.value)
             span.set_attribute("scheduler.prompt_tokens", request.prompt_tokens)
@@ -249,28 +314,33 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
             session_id = validate_session_id(request.session_id)
             if not session_id:
                 raise InvalidArgument("session_id is required")
-            released = self.runtime.release(session_id)
+            released = runtime.release(session_id)
+            await self.replica.commit(runtime)
             trace.get_current_span().set_attribute("scheduler.released", released)
             return pb.ReleaseResponse(released=released)
 
     async def GetProgram(self, request: pb.GetProgramRequest, context: grpc.aio.ServicerContext) -> pb.Program:
         async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
             session_id = validate_session_id(request.session_id)
-            view = self.runtime.core.program(session_id) if session_id else None
+            view = runtime.core.program(session_id) if session_id else None
             if view is None:
                 raise ProgramNotFound(f"no program {session_id!r}")
-            return program_to_proto(view, WallTime.now(self.runtime.clock))
+            return program_to_proto(view, WallTime.now(runtime.clock))
 
     async def ListPrograms(
         self, request: pb.ListProgramsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListProgramsResponse:
-        clock = self.runtime.clock
+        async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
+        clock = runtime.clock
         now = clock.monotonic()
         wall = WallTime.now(clock)
-        core = self.runtime.core
+        core = runtime.core
         return pb.ListProgramsResponse(
             programs=[program_to_proto(v, wall) for v in core.programs(now)],
             replicas=[replica_stats_to_proto(r) for r in core.replica_stats(now)],
@@ -279,22 +349,26 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def WatchEvents(
         self, request: pb.WatchEventsRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ProgramEvent]:
-        queue = self.runtime.subscribe()
+        async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
+        queue = runtime.subscribe()
         try:
             while True:
                 await queue.wake.wait()
                 queue.wake.clear()
                 if queue.closed:
                     return
-                wall = WallTime.now(self.runtime.clock)
+                wall = WallTime.now(runtime.clock)
                 while queue.events:
                     yield event_to_proto(queue.events.popleft(), wall)
         finally:
-            self.runtime.unsubscribe(queue)
+            runtime.unsubscribe(queue)
 
     async def GetStats(self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext) -> pb.Stats:
-        stats = stats_to_proto(self.runtime.core.stats(self.runtime.clock.monotonic()))
-        recovery = self.runtime.recovery
+        async with DOMAIN_ERRORS.guard(context):
+            runtime = self._runtime(context)
+        stats = stats_to_proto(runtime.core.stats(runtime.clock.monotonic()))
+        recovery = runtime.recovery
         if recovery is not None:
             stats.state_recovery_seconds = recovery.seconds
             stats.state_recovered_programs = recovery.programs
@@ -304,3 +378,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self, request: pb.GetRouterConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.RouterConfig:
         return router_config_to_proto(self.kv_router)
+
+    async def GetLeadership(self, request: pb.GetLeadershipRequest, context: grpc.aio.ServicerContext) -> pb.Leadership:
+        view = self.replica.view()
+        return pb.Leadership(
+            role=view.role,
+            replica_id=view.replica_id,
+            address=view.address,
+            leader_address=view.leader_address,
+            epoch=view.epoch,
+            leader_for_seconds=view.leader_for_s,
+            terms_total=view.terms,
+        )

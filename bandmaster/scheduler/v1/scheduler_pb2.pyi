@@ -112,10 +112,12 @@ class AdmitResponse(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., pinned: _Optional[bool] = ..., priority: _Optional[int] = ..., held_seconds: _Optional[float] = ..., forced_resume: _Optional[bool] = ..., admission_epoch: _Optional[int] = ..., was_paused: _Optional[bool] = ..., was_soft_demoted: _Optional[bool] = ..., priority_seconds: _Optional[float] = ..., lease_ttl_seconds: _Optional[float] = ...) -> None: ...
 
 class AdmitHeld(_message.Message):
-    __slots__ = ("max_hold_seconds",)
+    __slots__ = ("max_hold_seconds", "heartbeat_seconds")
     MAX_HOLD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     max_hold_seconds: float
-    def __init__(self, max_hold_seconds: _Optional[float] = ...) -> None: ...
+    heartbeat_seconds: float
+    def __init__(self, max_hold_seconds: _Optional[float] = ..., heartbeat_seconds: _Optional[float] = ...) -> None: ...
 
 class AdmitUpdate(_message.Message):
     __slots__ = ("held", "decision")
@@ -376,3 +378,25 @@ class RouterConfig(_message.Message):
     router_queue_policy: str
     router_replica_sync: bool
     def __init__(self, router_temperature: _Optional[float] = ..., kv_overlap_score_weight: _Optional[float] = ..., use_kv_events: _Optional[bool] = ..., router_track_active_blocks: _Optional[bool] = ..., router_track_output_blocks: _Optional[bool] = ..., router_assume_kv_reuse: _Optional[bool] = ..., router_track_prefill_tokens: _Optional[bool] = ..., router_ttl_secs: _Optional[float] = ..., router_block_size: _Optional[int] = ..., router_queue_threshold: _Optional[float] = ..., router_queue_policy: _Optional[str] = ..., router_replica_sync: _Optional[bool] = ...) -> None: ...
+
+class GetLeadershipRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Leadership(_message.Message):
+    __slots__ = ("role", "replica_id", "address", "leader_address", "epoch", "leader_for_seconds", "terms_total")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FOR_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TERMS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    replica_id: str
+    address: str
+    leader_address: str
+    epoch: int
+    leader_for_seconds: float
+    terms_total: int
+    def __init__(self, role: _Optional[str] = ..., replica_id: _Optional[str] = ..., address: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., leader_for_seconds: _Optional[float] = ..., terms_total: _Optional[int] = ...) -> None: ...

@@ -89,6 +89,11 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.FromString,
                 _registered_method=True)
+        self.GetLeadership = channel.unary_unary(
+                '/bandmaster.scheduler.v1.Scheduler/GetLeadership',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetLeadershipRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Leadership.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -164,6 +169,12 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLeadership(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -221,6 +232,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.GetRouterConfig,
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.SerializeToString,
+            ),
+            'GetLeadership': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLeadership,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetLeadershipRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Leadership.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -520,6 +536,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/GetRouterConfig',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetRouterConfigRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.RouterConfig.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLeadership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/GetLeadership',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.GetLeadershipRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.Leadership.FromString,
             options,
             channel_credentials,
             insecure,

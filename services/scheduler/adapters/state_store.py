@@ -9,10 +9,15 @@ monotonic clock) maps them onto its own.
 
 - SQLite: WAL journal, `synchronous=FULL` (one fsync per batch, on the store's own thread, never on
   the event loop or per RPC); an exclusive `flock` on `<path>.lock` keeps a second scheduler off the
-  same file (the scheduler is a single active replica).
+  same file, unless the file is `shared` by an active/standby pair (leader election): the lease is
+  then a row of the `leader` table, taken and renewed in `BEGIN IMMEDIATE` transactions, and every
+  write checks the writer's epoch against it in its own transaction.
 - Redis: hashes `<prefix>programs` and `<prefix>tickets`, strings `<prefix>meta` and
   `<prefix>generation`. A full write sets a new generation; a delta checks it in the same
   transaction, so a Redis that lost its data (restarted empty) is noticed and rewritten in full.
+  With leader election, `<prefix>leader` holds the lease ("epoch|holder|address", with a PX TTL) and
+  `<prefix>epoch` the last epoch (no TTL); lease calls are Lua scripts, and a write WATCHes the epoch
+  key and applies only if it still holds the writer's epoch.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import orjson
 
 from services.common.redact import redact_url
 from services.scheduler.core import Lifecycle, ReplicaKey, Status
+from services.scheduler.core.leadership import LeaseRecord
 from services.scheduler.core.state import CoreMeta, CoreState, ProgramRecord, TicketRecord
 
 
@@ -45,6 +51,19 @@ class StoreLocked(StoreError):
 
 class StoreLost(StoreError):
     """The store no longer holds what was written to it (e.g. Redis restarted empty)."""
+
+
+class StoreFenced(StoreError):
+    """A write was refused: the store's leadership epoch is not the writer's (it was deposed)."""
+
+
+@dataclass(frozen=True)
+class LeaseRead:
+    """The answer to an acquire or renew: whether this replica holds the lease, and the lease as stored."""
+
+    held: bool
+    epoch: int
+    record: LeaseRecord | None
 
 
 @dataclass
@@ -69,9 +88,32 @@ class StateStore(Protocol):
 
     async def open(self) -> None: ...
     async def load(self) -> StoredState: ...
-    async def write(self, batch: WriteBatch) -> None: ...
+    async def write(self, batch: WriteBatch, epoch: int | None = None) -> None:
+        """Apply `batch` atomically; with `epoch`, only if the stored lease epoch is still `epoch`
+        (StoreFenced otherwise)."""
+
     async def ping(self) -> None: ...
     async def close(self) -> None: ...
+    # Leader election (a shared store only):
+    async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead: ...
+    async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead: ...
+    async def release_lease(self, holder: str, epoch: int) -> None: ...
+
+
+def _lease_value(epoch: int, holder: str, address: str) -> str:
+    return f"{epoch}|{holder}|{address}"
+
+
+def _lease_record(value) -> LeaseRecord | None:
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    epoch, _, rest = text.partition("|")
+    holder, _, address = rest.partition("|")
+    try:
+        return LeaseRecord(holder, int(epoch), address)
+    except ValueError:
+        return None
 
 
 # ---------------------------------------------------------------------- records <-> JSON
@@ -223,14 +265,24 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS programs (session_id TEXT PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS tickets (request_id TEXT PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS leader (
+    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, address TEXT NOT NULL,
+    epoch INTEGER NOT NULL, expires_at REAL NOT NULL
+);
 """
 
 
 class SqliteStateStore:
     """One file; every call runs on the store's single thread, in order."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, *, shared: bool = False, wall=None) -> None:
+        """`shared`: an active/standby pair uses the file (no flock; the `leader` row fences writes).
+        `wall`: the wall clock the lease expiry is kept on (time.time; every replica is on this machine)."""
+        import time as _time
+
         self.path = Path(path)
+        self.shared = shared
+        self._wall = wall or _time.time
         self.description = f"sqlite:{self.path}"
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-state")
         self._conn: sqlite3.Connection | None = None
@@ -243,6 +295,13 @@ class SqliteStateStore:
         await self._run(self._open)
 
     def _open(self) -> None:
+        if self.shared:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create {self.path}: {exc.strerror}") from None
+            self._connect()
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -256,6 +315,9 @@ class SqliteStateStore:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise StoreLocked(f"{self.path} is in use by another scheduler") from None
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
+        self._connect()
+
+    def _connect(self) -> None:
         try:
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
             conn.execute("PRAGMA journal_mode=WAL")
@@ -279,14 +341,21 @@ class SqliteStateStore:
             raise StoreError(f"cannot read {self.path}: {exc}") from None
         return StoredState(programs, tickets, meta[0] if meta else None)
 
-    async def write(self, batch: WriteBatch) -> None:
-        await self._run(self._write, batch)
+    async def write(self, batch: WriteBatch, epoch: int | None = None) -> None:
+        await self._run(self._write, batch, epoch)
 
-    def _write(self, batch: WriteBatch) -> None:
+    def _write(self, batch: WriteBatch, epoch: int | None = None) -> None:
         conn = self._require()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
+                if epoch is not None:
+                    row = conn.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
+                    if row is None or int(row[0]) != epoch:
+                        raise StoreFenced(
+                            f"{self.path}: write of epoch {epoch} refused (the lease is at epoch "
+                            f"{None if row is None else row[0]})"
+                        )
                 if batch.full:
                     conn.execute("DELETE FROM programs")
                     conn.execute("DELETE FROM tickets")
@@ -311,6 +380,73 @@ class SqliteStateStore:
 
     async def ping(self) -> None:
         await self._run(lambda: self._require().execute("SELECT 1").fetchone())
+
+    # -- the lease row (shared files) -------------------------------------------------------------
+
+    async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
+        return await self._run(self._acquire, holder, address, ttl_s, min_epoch)
+
+    def _acquire(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
+        conn = self._require()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                row = conn.execute("SELECT holder, address, epoch, expires_at FROM leader WHERE id = 1").fetchone()
+                now = self._wall()
+                if row is not None and row[3] > now:
+                    conn.execute("ROLLBACK")
+                    return LeaseRead(False, int(row[2]), LeaseRecord(row[0], int(row[2]), row[1]))
+                epoch = max(int(row[2]) if row is not None else 0, min_epoch) + 1
+                conn.execute(
+                    "INSERT OR REPLACE INTO leader (id, holder, address, epoch, expires_at) VALUES (1, ?, ?, ?, ?)",
+                    (holder, address, epoch, now + ttl_s),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot take the lease in {self.path}: {exc}") from None
+        return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
+
+    async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
+        return await self._run(self._renew, holder, address, epoch, ttl_s)
+
+    def _renew(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
+        conn = self._require()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                now = self._wall()
+                cursor = conn.execute(
+                    "UPDATE leader SET expires_at = ? WHERE id = 1 AND holder = ? AND epoch = ? AND expires_at > ?",
+                    (now + ttl_s, holder, epoch, now),
+                )
+                if cursor.rowcount == 1:
+                    conn.execute("COMMIT")
+                    return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
+                row = conn.execute("SELECT holder, address, epoch FROM leader WHERE id = 1").fetchone()
+                conn.execute("ROLLBACK")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot renew the lease in {self.path}: {exc}") from None
+        record = None if row is None else LeaseRecord(row[0], int(row[2]), row[1])
+        return LeaseRead(False, record.epoch if record else 0, record)
+
+    async def release_lease(self, holder: str, epoch: int) -> None:
+        def release() -> None:
+            try:
+                self._require().execute(
+                    "UPDATE leader SET expires_at = 0 WHERE id = 1 AND holder = ? AND epoch = ?", (holder, epoch)
+                )
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot release the lease in {self.path}: {exc}") from None
+
+        await self._run(release)
 
     async def close(self) -> None:
         try:
@@ -360,6 +496,11 @@ class RedisStateStore:
         self._meta = f"{prefix}meta"
         self._generation_key = f"{prefix}generation"
         self._generation: bytes | None = None
+        self._lease_key = f"{prefix}leader"
+        self._epoch_key = f"{prefix}epoch"
+        self._acquire = self._client.register_script(_ACQUIRE_LUA)
+        self._renew = self._client.register_script(_RENEW_LUA)
+        self._release = self._client.register_script(_RELEASE_LUA)
 
     async def open(self) -> None:
         return None  # connects on first use; load() is the first call
@@ -376,10 +517,36 @@ class RedisStateStore:
         self._generation = generation
         return StoredState(list(programs), list(tickets), meta)
 
-    async def write(self, batch: WriteBatch) -> None:
-        from redis.exceptions import RedisError
+    async def write(self, batch: WriteBatch, epoch: int | None = None) -> None:
+        from redis.exceptions import RedisError, WatchError
 
-        pipe = self._client.pipeline(transaction=True)
+        if epoch is None:
+            await self._write(self._client.pipeline(transaction=True), batch)
+            return
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                await pipe.watch(self._epoch_key)
+                stored = await pipe.get(self._epoch_key)
+                if stored is None:
+                    # Redis lost the epoch (restarted empty): not a successor's. The next renewal
+                    # re-establishes the lease, then the whole table is written again.
+                    raise StoreLost(f"{self.description} lost the leadership epoch")
+                if int(stored) != epoch:
+                    raise StoreFenced(
+                        f"{self.description}: write of epoch {epoch} refused (the lease is at {int(stored)})"
+                    )
+                pipe.multi()
+                await self._write(pipe, batch)
+        except WatchError:
+            raise StoreFenced(
+                f"{self.description}: the leadership epoch moved during a write of epoch {epoch}"
+            ) from None
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"cannot write {self.description}: {redact_url(str(exc))}") from None
+
+    async def _write(self, pipe, batch: WriteBatch) -> None:
+        from redis.exceptions import RedisError, WatchError
+
         generation = self._generation
         if batch.full:
             generation = secrets.token_hex(8).encode()
@@ -398,6 +565,8 @@ class RedisStateStore:
             pipe.set(self._meta, batch.meta)
         try:
             results = await pipe.execute()
+        except WatchError:
+            raise
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot write {self.description}: {redact_url(str(exc))}") from None
         if batch.full:
@@ -415,3 +584,76 @@ class RedisStateStore:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+    # -- the lease (Lua: each call is one atomic step) ----------------------------------------------
+
+    async def _script(self, script, keys, args):
+        from redis.exceptions import RedisError
+
+        try:
+            return await script(keys=keys, args=args)
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"lease call to {self.description} failed: {redact_url(str(exc))}") from None
+
+    async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
+        got, value = await self._script(
+            self._acquire,
+            [self._lease_key, self._epoch_key],
+            [holder, address, max(1, int(ttl_s * 1000)), min_epoch],
+        )
+        record = _lease_record(value)
+        return LeaseRead(bool(int(got)), record.epoch if record else 0, record)
+
+    async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
+        value = _lease_value(epoch, holder, address)
+        got, stored = await self._script(
+            self._renew, [self._lease_key, self._epoch_key], [value, max(1, int(ttl_s * 1000)), epoch]
+        )
+        record = _lease_record(stored)
+        return LeaseRead(bool(int(got)), record.epoch if record else 0, record)
+
+    async def release_lease(self, holder: str, epoch: int) -> None:
+        await self._script(self._release, [self._lease_key], [f"{epoch}|{holder}|"])
+
+
+# KEYS[1] lease, KEYS[2] epoch. ARGV: holder, address, ttl ms, min epoch. -> {1, value} taken, {0, value} held.
+# The new epoch is above both the stored one and the highest this replica saw (a Redis restarted empty
+# must not hand out an epoch a deposed leader still holds).
+_ACQUIRE_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur then return {0, cur} end
+local e = tonumber(redis.call('GET', KEYS[2]) or '0')
+local floor = tonumber(ARGV[4])
+if floor > e then e = floor end
+e = e + 1
+redis.call('SET', KEYS[2], e)
+local v = e .. '|' .. ARGV[1] .. '|' .. ARGV[2]
+redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
+return {1, v}
+"""
+
+# ARGV: value, ttl ms, epoch. -> {1, value} renewed (or re-established after Redis lost it), {0, stored} not ours.
+_RENEW_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, cur}
+end
+if not cur then
+  local e = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if e <= tonumber(ARGV[3]) then
+    if e < tonumber(ARGV[3]) then redis.call('SET', KEYS[2], ARGV[3]) end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return {1, ARGV[1]}
+  end
+  return {0, false}
+end
+return {0, cur}
+"""
+
+# ARGV: "epoch|holder|" prefix of our own value.
+_RELEASE_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if cur and string.sub(cur, 1, string.len(ARGV[1])) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
