@@ -58,6 +58,13 @@ class ClusterPorts:
     def worker(self, index: int) -> int:
         return self.first_worker + index if self.first_worker else 0
 
+    def scheduler_replica(self, index: int) -> int:
+        """Scheduler replica i's gRPC port: the scheduler port + 10 i (0 = any free port)."""
+        return self.scheduler + 10 * index if self.scheduler else 0
+
+    def scheduler_metrics_replica(self, index: int) -> int:
+        return self.scheduler_metrics + 10 * index if self.scheduler_metrics else 0
+
 
 PORT_LABELS = {
     "capacity": "capacity gRPC",
@@ -97,6 +104,11 @@ class ClusterConfig:
     """Start the program scheduler; off = KV-aware routing only."""
     scheduler_args: tuple[str, ...] = ()
     """Extra scheduler flags (e.g. --pause-threshold 0.9), appended last so they win."""
+    scheduler_replicas: int = 1
+    """Scheduler processes. More than one: active/standby with leader election, sharing
+    `<state dir>/scheduler-state.sqlite` (or the Redis a `--state-redis-url` scheduler arg names); replica i
+    listens on the scheduler ports + 10 i; the router and the planner are given every address
+    (docs/scheduler-failover.md)."""
     router_processes: int = 1
     """Router processes sharing the router's ports (`python -m services.router --processes N`): more
     than one lets the data plane use more than one core (docs/router.md)."""
@@ -140,7 +152,11 @@ class ClusterConfig:
             ("http", self.http_port),
         ]
         if self.scheduler:
-            wanted += [("scheduler", self.ports.scheduler), ("scheduler_metrics", self.ports.scheduler_metrics)]
+            for i in range(self.scheduler_replicas):
+                wanted += [
+                    ("scheduler", self.ports.scheduler_replica(i)),
+                    ("scheduler_metrics", self.ports.scheduler_metrics_replica(i)),
+                ]
         if self.planner:
             wanted += [
                 ("planner", self.ports.planner),
@@ -171,6 +187,12 @@ class ClusterConfig:
         require(self.worker_page_size >= 1, "worker_page_size", self.worker_page_size, "worker_page_size >= 1")
         require(self.worker_speedup > 0, "worker_speedup", self.worker_speedup, "worker_speedup > 0")
         require(0 <= self.http_port <= 65535, "http_port", self.http_port, "0 <= http_port <= 65535")
+        require(
+            1 <= self.scheduler_replicas <= 5,
+            "scheduler_replicas",
+            self.scheduler_replicas,
+            "1 <= scheduler_replicas <= 5",
+        )
         require(
             1 <= self.router_processes <= 64,
             "router_processes",
@@ -220,6 +242,8 @@ class Cluster:
     workers: list[str] = field(default_factory=list)
     capacity: Child | None = None
     scheduler: Child | None = None
+    """The first scheduler replica (the only one unless `scheduler_replicas` > 1)."""
+    schedulers: list[Child] = field(default_factory=list)
     router: Child | None = None
     planner: Child | None = None
     pki: LocalPki | None = None
@@ -244,6 +268,11 @@ class Cluster:
                         (f"{child.spec.name} /metrics", f"http://127.0.0.1:{child.ready['metrics_port']}/metrics")
                     )
         return rows
+
+    @property
+    def scheduler_addrs(self) -> str:
+        """Every scheduler replica's address, comma-separated (what the router and the planner are given)."""
+        return ",".join(child.endpoint for child in self.schedulers)
 
     def stop(self) -> None:
         self.supervisor.stop_all()
@@ -316,7 +345,12 @@ def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
 SCHEDULER_STATE_FILE = "scheduler-state.sqlite"
 
 
-def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | None = None) -> ChildSpec:
+def scheduler_spec(
+    config: ClusterConfig, capacity_addr: str, state_dir: Path | None = None, replica: int = 0
+) -> ChildSpec:
+    """Scheduler replica `replica` (named `scheduler`, then `scheduler-1`, ...). With several replicas
+    each runs with `--leader-election` on the shared state file."""
+    replicated = config.scheduler_replicas > 1
     # The control loop's time constants are in wall seconds; simulated workers run `speedup` times
     # faster than the hardware they model, so the loop runs that much faster too.
     speedup = config.worker_speedup if not config.worker_urls else 1.0
@@ -324,9 +358,9 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
         "--capacity-addr",
         capacity_addr,
         "--listen",
-        f"127.0.0.1:{config.ports.scheduler}",
+        f"127.0.0.1:{config.ports.scheduler_replica(replica)}",
         "--metrics-port",
-        str(config.ports.scheduler_metrics),
+        str(config.ports.scheduler_metrics_replica(replica)),
         "--log-level",
         config.log_level,
         "--scheduler-interval-seconds",
@@ -349,10 +383,11 @@ def scheduler_spec(config: ClusterConfig, capacity_addr: str, state_dir: Path | 
         # chunks (approximate mode), which KV events cannot match. See docs/router-selection.md.
         *([] if config.tokenizer else ["--no-use-kv-events"]),
         "--state-path",
-        str(state_dir / SCHEDULER_STATE_FILE) if config.scheduler_state and state_dir else "none",
+        str(state_dir / SCHEDULER_STATE_FILE) if (config.scheduler_state or replicated) and state_dir else "none",
+        *(["--leader-election"] if replicated else []),
         *config.scheduler_args,
     ]
-    return ChildSpec(name="scheduler", module="services.scheduler", args=args)
+    return ChildSpec(name=f"scheduler-{replica}" if replica else "scheduler", module="services.scheduler", args=args)
 
 
 def router_spec(
@@ -494,7 +529,7 @@ def _secured(spec: ChildSpec, pki: LocalPki | None) -> ChildSpec:
     return ChildSpec(
         spec.name,
         spec.module,
-        [*pki.service_args(spec.name), *spec.args],
+        [*pki.service_args(spec.name.partition("-")[0]), *spec.args],
         spec.kind,
         spec.env,
         spec.serving_means_ready,
@@ -518,10 +553,14 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
         (cluster.capacity,) = supervisor.start_all([_secured(capacity_spec(config, cluster.workers), pki)])
         scheduler_addr = None
         if config.scheduler:
-            (cluster.scheduler,) = supervisor.start_all(
-                [_secured(scheduler_spec(config, cluster.capacity.endpoint, supervisor.state_dir), pki)]
+            cluster.schedulers = supervisor.start_all(
+                [
+                    _secured(scheduler_spec(config, cluster.capacity.endpoint, supervisor.state_dir, i), pki)
+                    for i in range(config.scheduler_replicas)
+                ]
             )
-            scheduler_addr = cluster.scheduler.endpoint
+            cluster.scheduler = cluster.schedulers[0]
+            scheduler_addr = cluster.scheduler_addrs
         # The router forwards the Batch API to the planner, which starts after it (it dispatches through the
         # router): the planner's HTTP port is chosen first so that both are told it.
         planner_port = (config.ports.planner_http or free_loopback_port()) if config.planner else 0

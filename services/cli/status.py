@@ -96,6 +96,8 @@ class Snapshot:
     planner_error: str = ""
     bands: Bands = field(default_factory=Bands)
     taken_at: float = 0.0
+    schedulers: list[tuple[str, str]] = field(default_factory=list)
+    """(address, "leader" / "standby" (epoch N) / the error) of each scheduler replica, when there are several."""
 
     @property
     def reachable(self) -> bool:
@@ -282,6 +284,10 @@ def _lease_summary(snapshot: Snapshot) -> str:
     )
 
 
+def _schedulers_line(snapshot: Snapshot) -> str:
+    return "Scheduler replicas: " + "   ".join(f"{address} {role}" for address, role in snapshot.schedulers)
+
+
 def render(snapshot: Snapshot, where: str = "") -> str:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(snapshot.taken_at)) if snapshot.taken_at else ""
     head = f"Bandmaster status  {stamp}" + (f"  ({where})" if where else "")
@@ -289,6 +295,7 @@ def render(snapshot: Snapshot, where: str = "") -> str:
         [
             head,
             _workers_table(snapshot),
+            *([_schedulers_line(snapshot)] if snapshot.schedulers else []),
             _replicas_table(snapshot),
             _programs_summary(snapshot),
             _lease_summary(snapshot),
@@ -313,7 +320,8 @@ def add_parser(commands) -> None:
             f"--{service}-addr",
             default="",
             help=f"{service} gRPC address host:port (default: from --state-dir or the running "
-            f"`bandmaster up`, else 127.0.0.1:{DEFAULT_PORTS[service]})",
+            f"`bandmaster up`, else 127.0.0.1:{DEFAULT_PORTS[service]})"
+            + ("; active/standby replicas: every address, comma-separated" if service == "scheduler" else ""),
         )
     parser.add_argument(
         "--scheduler-metrics-url",
@@ -350,7 +358,11 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
             )
         except grpc.RpcError as exc:
             snapshot.workers_error = f"{addresses['capacity']}: {_error(exc)}"
-    channel, metadata = endpoints.channel(addresses["scheduler"], args)
+    scheduler = addresses["scheduler"]
+    replicas = [a for a in scheduler.split(",") if a]
+    if len(replicas) > 1:
+        scheduler = _leading_scheduler(args, replicas, snapshot)
+    channel, metadata = endpoints.channel(scheduler, args)
     with channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
         try:
@@ -360,7 +372,7 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
             snapshot.stats = stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             snapshot.programs = snapshot.stats = None
-            snapshot.scheduler_error = f"{addresses['scheduler']}: {_error(exc)}"
+            snapshot.scheduler_error = f"{scheduler}: {_error(exc)}"
     channel, metadata = endpoints.channel(addresses["planner"], args)
     with channel:
         try:
@@ -374,6 +386,39 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
     return snapshot
 
 
+def _leading_scheduler(args: argparse.Namespace, replicas: list[str], snapshot: Snapshot) -> str:
+    """Ask each scheduler replica who leads (GetLeadership); note each one's role; return the leader's
+    address (the first replica when none says it leads)."""
+    leader = ""
+    for address in replicas:
+        channel, metadata = endpoints.channel(address, args)
+        with channel:
+            try:
+                view = scheduler_pb2_grpc.SchedulerStub(channel).GetLeadership(
+                    scheduler_pb2.GetLeadershipRequest(), timeout=args.timeout_seconds, metadata=metadata
+                )
+            except grpc.RpcError as exc:
+                snapshot.schedulers.append((address, f"unreachable ({exc.code().name})"))  # type: ignore[attr-defined]
+                continue
+        role = view.role.upper() if view.role == "leader" else view.role
+        snapshot.schedulers.append((address, f"{role} (epoch {view.epoch})"))
+        if view.role in ("leader", "single"):
+            leader = leader or address
+        elif view.leader_address and not leader and view.leader_address in replicas:
+            leader = view.leader_address
+    return leader or replicas[0]
+
+
+def _scheduler_addresses(args: argparse.Namespace) -> str:
+    """The flag's address(es), else every scheduler replica's ready file in the state dir, else the default."""
+    if args.scheduler_addr:
+        return args.scheduler_addr
+    found = [endpoints.ready(args.state_dir, "scheduler").get("grpc", "")]
+    found += [endpoints.ready(args.state_dir, f"scheduler-{i}").get("grpc", "") for i in range(1, 5)]
+    found = [a for a in found if a]
+    return ",".join(found) if found else endpoints.grpc_address(args, "", "scheduler")
+
+
 def run(
     args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep
 ) -> int:
@@ -381,11 +426,12 @@ def run(
     endpoints.fill_security(args)
     addresses = {
         "capacity": endpoints.grpc_address(args, args.capacity_addr, "capacity"),
-        "scheduler": endpoints.grpc_address(args, args.scheduler_addr, "scheduler"),
+        "scheduler": _scheduler_addresses(args),
         "planner": endpoints.grpc_address(args, args.planner_addr, "planner"),
     }
     for name, address in addresses.items():
-        parse_host_port(address, f"{name}_addr")  # ConfigError -> exit 2 in services.cli.main
+        for one in address.split(","):  # the scheduler: every replica's, comma-separated
+            parse_host_port(one, f"{name}_addr")  # ConfigError -> exit 2 in services.cli.main
     metrics_url = args.scheduler_metrics_url
     if not metrics_url:
         port = endpoints.ready(args.state_dir, "scheduler").get("metrics_port") or DEFAULT_PORTS["scheduler_metrics"]

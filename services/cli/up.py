@@ -13,14 +13,14 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from harness.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, start_cluster
-from harness.supervisor import StartupError
+from harness.supervisor import ChildSpec, StartupError
 from harness.table import render_table
 from services.cli import endpoints
 from services.cli.status import degraded_banner
@@ -107,6 +107,16 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
         help="extra flag for the scheduler, e.g. --scheduler-arg=--pause-threshold=0.9 (repeatable)",
     )
     parser.add_argument(
+        "--scheduler-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="scheduler processes, active/standby (default: 1): with 2 or more, leadership is a lease in the "
+        "shared state store, the router and the planner follow the leader, and a replica that dies is "
+        "started again as a standby; replica i listens on --scheduler-port + 10 i "
+        "(docs/scheduler-failover.md)",
+    )
+    parser.add_argument(
         "--router-processes",
         type=int,
         default=1,
@@ -147,6 +157,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         http_port=DEFAULT_PORTS["router_http"] if args.http_port is None else args.http_port,
         scheduler=not args.no_scheduler,
         scheduler_args=tuple(args.scheduler_args),
+        scheduler_replicas=getattr(args, "scheduler_replicas", 1),
         router_args=tuple(args.router_args),
         router_processes=getattr(args, "router_processes", 1),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
@@ -400,6 +411,50 @@ def discovery_record(cluster: Cluster) -> dict:
     return record
 
 
+SCHEDULER_RESTART_S = 2.0
+"""Least time between two starts of the same scheduler replica."""
+
+
+def _same_ports(child) -> ChildSpec:
+    """`child`'s spec listening on the ports it had bound (with --ports auto its flags say 0)."""
+    args = list(child.spec.args)
+    bound = {"--listen": child.ready.get("grpc"), "--metrics-port": child.ready.get("metrics_port")}
+    for flag, value in bound.items():
+        if value and flag in args:
+            args[args.index(flag) + 1] = str(value)
+    return replace(child.spec, args=args)
+
+
+def restart_scheduler_replicas(cluster: Cluster, config: ClusterConfig, restarts: dict[str, float]) -> list:
+    """The children that stopped, less the scheduler replicas of an active/standby cluster, which are started
+    again as standbys (another replica leads meanwhile) at most once per SCHEDULER_RESTART_S each."""
+    dead = cluster.supervisor.failed()
+    if config.scheduler_replicas < 2:
+        return dead
+    others = []
+    now = time.monotonic()
+    for child in dead:
+        if not child.spec.name.startswith("scheduler"):
+            others.append(child)
+            continue
+        if now - restarts.get(child.spec.name, -SCHEDULER_RESTART_S) < SCHEDULER_RESTART_S:
+            continue
+        restarts[child.spec.name] = now
+        print(
+            f"bandmaster up: {child.spec.name} stopped (exit {child.process.returncode}); another replica leads; "
+            "starting it again as a standby",
+            file=sys.stderr,
+            flush=True,
+        )
+        cluster.supervisor.children.remove(child)
+        replacement = cluster.supervisor.start(_same_ports(child))
+        replacement.ready = dict(child.ready)  # same ports: its address stays the one the router was given
+        cluster.schedulers = [replacement if c is child else c for c in cluster.schedulers]
+        if cluster.scheduler is child:
+            cluster.scheduler = replacement
+    return others
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     if args.ports == "auto" and args.http_port is None:
@@ -494,8 +549,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
         last_healthy = health.healthy if health is not None else 0
         next_check = time.monotonic() + 2.0
+        restarts: dict[str, float] = {}
         while not stop_requested:
-            dead = cluster.supervisor.failed()
+            dead = restart_scheduler_replicas(cluster, config, restarts)
             if dead:
                 names = ", ".join(f"{c.spec.name} (exit {c.process.returncode})" for c in dead)
                 print(f"bandmaster up: {names} stopped unexpectedly; stopping the cluster", file=sys.stderr)

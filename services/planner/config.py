@@ -108,7 +108,13 @@ SETTINGS: list[Setting] = [
     _s("k8s_writer_fence", bool, True, "claim a writer annotation on the Deployment and refuse to scale without it"),
     # Observation sources
     _s("capacity", str, "", "capacity service gRPC address (inventory health and load; local workers register there)"),
-    _s("scheduler", str, "", "scheduler gRPC address (program signal; online traffic when no router is given)"),
+    _s(
+        "scheduler",
+        str,
+        "",
+        "scheduler gRPC address (program signal; online traffic when no router is given); active/standby "
+        "replicas: every address, comma-separated (the calls follow the leader)",
+    ),
     _s(
         "router_metrics_url", str, (), "router base URL whose /metrics gives online traffic (repeatable)", repeated=True
     ),

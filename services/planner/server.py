@@ -192,8 +192,16 @@ async def start_planner(
     scheduler_stub = None
     if config.scheduler:
         from bandmaster.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
+        from services.common.leader_follow import FollowingStub, parse_addresses
 
-        scheduler_stub = stub(config.scheduler, sched_grpc.SchedulerStub)
+        def scheduler_channel(address: str) -> grpc.aio.Channel:
+            channels.append(channel := config.security.channel(address))
+            return channel
+
+        # Active/standby schedulers: every replica's address, the calls follow the leader.
+        scheduler_stub = FollowingStub(
+            parse_addresses(config.scheduler, "scheduler"), scheduler_channel, sched_grpc.SchedulerStub
+        )
 
     if store is None:
         if config.lease_store == "redis":

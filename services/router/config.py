@@ -27,7 +27,14 @@ def _env(name: str) -> str:
 
 
 ROUTER_SETTINGS = [
-    Setting("scheduler_addr", str, "127.0.0.1:50052", "scheduler gRPC address host:port", env=_env("scheduler_addr")),
+    Setting(
+        "scheduler_addr",
+        str,
+        "127.0.0.1:50052",
+        "scheduler gRPC address host:port; active/standby replicas: every address, comma-separated (calls "
+        "follow the leader)",
+        env=_env("scheduler_addr"),
+    ),
     Setting("capacity_addr", str, "127.0.0.1:50051", "capacity gRPC address host:port", env=_env("capacity_addr")),
     Setting(
         "http_port",
@@ -96,6 +103,14 @@ ROUTER_SETTINGS = [
         2.0,
         "deadline of Bind, Complete, Release and GetRouterConfig",
         env=_env("scheduler_timeout_seconds"),
+    ),
+    Setting(
+        "scheduler_failover_seconds",
+        float,
+        5.0,
+        "with several --scheduler-addr replicas: how long Admit, Complete and Release look for the new leader "
+        "before the turn fails open (a failover takes about the lease, 2 s)",
+        env=_env("scheduler_failover_seconds"),
     ),
     Setting(
         "upstream_connect_timeout_seconds",
@@ -321,6 +336,7 @@ class RouterConfig:
     admit_hold_timeout_seconds: float = 3600.0
     scheduler_retry_seconds: float = 1.0
     scheduler_timeout_seconds: float = 2.0
+    scheduler_failover_seconds: float = 5.0
     upstream_connect_timeout_seconds: float = 5.0
     upstream_first_token_timeout_seconds: float = 60.0
     upstream_inter_token_timeout_seconds: float = 30.0
@@ -356,7 +372,8 @@ class RouterConfig:
     def __post_init__(self) -> None:
         parse_host_port(self.capacity_addr, "capacity_addr")
         if not self.no_scheduler:
-            parse_host_port(self.scheduler_addr, "scheduler_addr")
+            for address in self.scheduler_addr.split(","):
+                parse_host_port(address.strip(), "scheduler_addr")
         validate_serve(
             {
                 "listen": self.listen,
@@ -373,6 +390,7 @@ class RouterConfig:
             "admit_hold_timeout_seconds",
             "scheduler_retry_seconds",
             "scheduler_timeout_seconds",
+            "scheduler_failover_seconds",
             "upstream_connect_timeout_seconds",
             "upstream_first_token_timeout_seconds",
             "upstream_inter_token_timeout_seconds",

@@ -185,10 +185,11 @@ async def start_router(
             breaker=config.scheduler_breaker,
             tracer=tracer,
             # The instrumentation's CLIENT spans on Bind/Complete only when spans leave the process.
-            channel=config.security.channel(
-                config.scheduler_addr,
+            channel_factory=lambda address: config.security.channel(
+                address,
                 interceptors=telemetry.grpc_client_interceptors() if telemetry.exporting else (),
             ),
+            failover_s=config.scheduler_failover_seconds,
             loop_lag=host.loop_lag,
             inject_context=not telemetry.exporting,
         )

@@ -37,8 +37,6 @@ from services.scheduler.persist import StatePersister
 
 log = logging.getLogger("services.scheduler.leader")
 
-LEADER_METADATA_KEY = "bandmaster-scheduler-leader"
-"""Trailing metadata of a FAILED_PRECONDITION "not the leader": the leader's address ("" = unknown)."""
 DEPOSED = "this scheduler replica is no longer the leader; retry on the new leader"
 
 

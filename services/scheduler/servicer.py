@@ -22,6 +22,7 @@ from opentelemetry import trace
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.grpc_errors import ErrorTable
+from services.common.leader_follow import LEADER_METADATA_KEY
 from services.common.telemetry import grpc_parent
 from services.scheduler.adapters.proto import (
     InvalidArgument,
@@ -41,7 +42,7 @@ from services.scheduler.adapters.proto import (
 )
 from services.scheduler.core import DuplicateRequest, MissingRequestId, RequestMismatch, Verdict
 from services.scheduler.core.defaults import KvRouterConfig
-from services.scheduler.election import LEADER_METADATA_KEY, Election, NotLeader, SingleReplica
+from services.scheduler.election import Election, NotLeader, SingleReplica
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name

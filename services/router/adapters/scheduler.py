@@ -20,6 +20,14 @@ one WARN per outage, an INFO when the scheduler answers again):
   without waiting, except one probe Admit per `scheduler_retry_seconds`; a probe that gets an answer
   closes it.
 
+Active/standby schedulers (a comma-separated `--scheduler-addr`): every call goes to the replica
+believed to lead. A standby's FAILED_PRECONDITION names the leader (`bandmaster-scheduler-leader`
+trailing metadata) and the call is sent there at once; UNAVAILABLE (a dead or deposed leader), no first
+answer within the decision deadline (a frozen one) or no `held` heartbeat within heartbeat + deadline
+(a held call on a frozen leader) moves the call to the next address. Admit, Complete and Release keep
+trying for `failover_s` (about twice a failover), Bind/RenewLeases/GetRouterConfig for one pass
+over the addresses; past that the turn fails open as above, so an outage stays bounded.
+
 Bind/Complete/Release are short, bounded calls whose failure never fails a turn. Tracing: unary calls get
 their CLIENT span and `traceparent` from the gRPC instrumentation on the channel when spans are exported
 (when not, the instrumentation's spans would cost CPU on every turn for nothing: the calls carry the
@@ -41,6 +49,7 @@ from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.leader_follow import FOLLOW, leader_hint
 from services.common.loop_lag import LoopLag
 from services.common.telemetry import inject_metadata
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
@@ -53,6 +62,9 @@ log = logging.getLogger(__name__)
 # Codes that mean "the scheduler cannot decide now": fail open. Anything else from Admit is a bug
 # on one side or the other; we fail open too (the data plane must not stop), but log it as an error.
 _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+# Codes after which, with several scheduler addresses, a call goes to another replica.
+_MOVE_ON = _UNREACHABLE | FOLLOW
+RETRY_PAUSE_S = 0.1  # between two passes over the addresses while no replica leads
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 
 
@@ -95,13 +107,26 @@ class SchedulerClient:
         hold_timeout_s: float,
         breaker: BreakerParams,
         channel: grpc.aio.Channel | None = None,
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+        failover_s: float = 5.0,
         tracer: trace.Tracer | None = None,
         loop_lag: LoopLag | None = None,
         inject_context: bool = False,
     ) -> None:
-        """`inject_context`: the channel has no tracing interceptor (spans are not exported), so the unary
+        """`address`: one scheduler, or every replica of an active/standby pair, comma-separated.
+        `channel_factory(address)` opens a channel (`channel`: the first address's, given). `failover_s`:
+        with several addresses, how long Admit/Complete/Release look for a leader before failing open.
+        `inject_context`: the channel has no tracing interceptor (spans are not exported), so the unary
         calls carry the caller's trace context in their metadata by hand, without a CLIENT span."""
-        self.address = address
+        self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
+        self.address = self.addresses[0]
+        """The replica believed to lead (the only one without failover)."""
+        self._factory = channel_factory or grpc.aio.insecure_channel
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, pb_grpc.SchedulerStub] = {}
+        if channel is not None:
+            self._channels[self.address] = channel
+        self._failover_s = failover_s if len(self.addresses) > 1 else 0.0
         self._inject_context = inject_context
         self._loop_lag = loop_lag
         self._metrics = metrics
@@ -109,8 +134,6 @@ class SchedulerClient:
         self._decision_s = decision_timeout_s
         self._hold_cap_s = hold_timeout_s
         self._breaker = CircuitBreaker(breaker)
-        self._channel = channel or grpc.aio.insecure_channel(address)
-        self._stub = pb_grpc.SchedulerStub(self._channel)
         self._tracer = tracer or trace.get_tracer(__name__)
         self._outage_since: float | None = None
         # Ticket leases: the request ids of admitted turns still running, renewed together.
@@ -122,7 +145,33 @@ class SchedulerClient:
         if self._renewer is not None:
             self._renewer.cancel()
             await asyncio.gather(self._renewer, return_exceptions=True)
-        await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
+
+    # -- which replica -----------------------------------------------------------------------------
+
+    def _stub(self, address: str) -> pb_grpc.SchedulerStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = self._channels[address] = self._factory(address)
+            stub = self._stubs[address] = pb_grpc.SchedulerStub(channel)
+        return stub
+
+    def _next(self, failed: str, exc: grpc.aio.AioRpcError | None) -> str:
+        """Where to send a call that `failed` at `failed`: the leader a standby named, else the next address."""
+        hint = leader_hint(exc) if exc is not None else None
+        if hint and hint != failed:
+            return hint
+        if failed in self.addresses:
+            return self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
+        return self.addresses[0]
+
+    def _follow(self, address: str) -> None:
+        if address != self.address:
+            log.info("scheduler leader: now %s (was %s)", address, self.address)
+            self.address = address
 
     # -- ticket leases ---------------------------------------------------------------------------
     # The scheduler ends an admitted turn whose lease lapses (as if it was cancelled), so that a
@@ -143,9 +192,7 @@ class SchedulerClient:
             ids = list(self._leases)
             for start in range(0, len(ids), RENEW_BATCH):
                 answer = await self._short(
-                    "RenewLeases",
-                    self._stub.RenewLeases,
-                    pb.RenewLeasesRequest(request_ids=ids[start : start + RENEW_BATCH]),
+                    "RenewLeases", pb.RenewLeasesRequest(request_ids=ids[start : start + RENEW_BATCH])
                 )
                 if answer is None:
                     continue  # logged; the next period tries again, well within the lease
@@ -232,8 +279,61 @@ class SchedulerClient:
             request_id=request_id,
         )
         loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self._failover_s
+        address = self.address
+        tried: set[str] = set()
+        while True:
+            kind, value, exc = await self._admit_once(address, request, request_id)
+            if kind == "ok":
+                self._follow(address)
+                answer = value
+                break
+            if kind == "error":
+                # The scheduler answered: it is up, but refused (a bug on one side). The turn fails open.
+                self._ok()
+                self._metrics.scheduler_errors.labels("Admit").inc()
+                log.error("scheduler Admit failed with %s: %s; failing open", exc.code().name, exc.details())
+                self._fail_open(FailOpen.ERROR)
+                return None
+            if self._failover_s > 0 and loop.time() < give_up_at:
+                # Another replica may lead (or is about to): look for it until the failover bound.
+                tried.add(address)
+                address = self._next(address, exc)
+                if address in tried and leader_hint(exc) is None:
+                    tried.clear()
+                    await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
+                continue
+            if kind == "hold_overrun":
+                log.warning("scheduler held turn %s past its own bound; failing open", request_id)
+                self._down("Admit", "a held turn was not answered within the scheduler's bound")
+                self._fail_open(FailOpen.HOLD_OVERRUN)
+            elif kind == "no_answer":
+                self._down("Admit", f"no answer to Admit within {self._decision_s:g}s")
+                self._fail_open(FailOpen.NO_ANSWER)
+            else:
+                self._unreachable("Admit", exc)
+                self._fail_open(FailOpen.UNREACHABLE)
+            return None
+        self._ok()
+        self._metrics.admit_wait.observe(answer.held_seconds)
+        self._hold_lease(request_id, answer.lease_ttl_seconds)
+        return Admission(
+            answer.worker_id,
+            answer.dp_rank,
+            answer.pinned and bool(answer.worker_id),
+            answer.priority,
+            answer.held_seconds,
+            answer.was_paused,
+        )
+
+    async def _admit_once(self, address: str, request: pb.AdmitRequest, request_id: str):
+        """One AdmitStream to `address`: ("ok", decision, None), ("error", None, exc) for a refusal that
+        is no outage, or (why, None, exc|None) with why = unreachable / no_answer / hold_overrun. Raises
+        CancelledError when the caller is cancelled (gRPC then cancels the call: the scheduler rolls the
+        admission back)."""
+        loop = asyncio.get_running_loop()
         cap_at = loop.time() + self._hold_cap_s
-        call = self._stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
+        call = self._stub(address).AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
         # The windows are kept on this loop's on-time clock (wall time minus its measured lag): a window
         # that passed only because our own loop ran late is not the scheduler's silence. The hold cap
         # (wall time) bounds every wait.
@@ -256,14 +356,7 @@ class SchedulerClient:
                             excused = True
                             self._metrics.admit_deadline_extended.inc()
                         continue
-                    if held:
-                        log.warning("scheduler held turn %s past its own bound; failing open", request_id)
-                        self._down("Admit", "a held turn was not answered within the scheduler's bound")
-                        self._fail_open(FailOpen.HOLD_OVERRUN)
-                    else:
-                        self._down("Admit", f"no answer to Admit within {self._decision_s:g}s")
-                        self._fail_open(FailOpen.NO_ANSWER)
-                    return None
+                    return ("hold_overrun" if held else "no_answer"), None, None
                 update, reading = reading.result(), None
                 if update is grpc.aio.EOF:
                     raise grpc.aio.AioRpcError(
@@ -273,71 +366,72 @@ class SchedulerClient:
                         "AdmitStream ended without a decision",
                     )
                 if update.HasField("decision"):
-                    answer = update.decision
                     decided = True
-                    break
-                # Held: the scheduler is alive and says wait. It answers again within its bound.
+                    return "ok", update.decision, None
+                # Held: the scheduler is alive and says wait. It answers again within its bound (and, with
+                # leader election, sends `held` again every heartbeat: silence past it = a frozen leader).
                 if not held:
                     held = True
                     self._ok()
                 bound_s = update.held.max_hold_seconds
-                window_end = float("inf") if bound_s <= 0 else on_time() + bound_s + self._decision_s
+                beat_s = update.held.heartbeat_seconds
+                if beat_s > 0:
+                    window_end = on_time() + beat_s + self._decision_s
+                else:
+                    window_end = float("inf") if bound_s <= 0 else on_time() + bound_s + self._decision_s
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise
-            if exc.code() in _UNREACHABLE:
-                self._unreachable("Admit", exc)
-                self._fail_open(FailOpen.UNREACHABLE)
-            else:
-                # The scheduler answered: it is up, but refused (a bug on one side). The turn fails open.
-                self._ok()
-                self._metrics.scheduler_errors.labels("Admit").inc()
-                log.error("scheduler Admit failed with %s: %s; failing open", exc.code().name, exc.details())
-                self._fail_open(FailOpen.ERROR)
-            return None
+            if exc.code() in _UNREACHABLE or (self._failover_s > 0 and exc.code() in _MOVE_ON):
+                return "unreachable", None, exc
+            return "error", None, exc
         finally:
             if reading is not None:
                 reading.cancel()
             if not decided:
                 call.cancel()  # the scheduler rolls the admission back
-        self._ok()
-        self._metrics.admit_wait.observe(answer.held_seconds)
-        self._hold_lease(request_id, answer.lease_ttl_seconds)
-        return Admission(
-            answer.worker_id,
-            answer.dp_rank,
-            answer.pinned and bool(answer.worker_id),
-            answer.priority,
-            answer.held_seconds,
-            answer.was_paused,
-        )
 
-    async def _short(self, method: str, call, request):
-        on_time = self._on_time_clock(asyncio.get_running_loop())
-        started = on_time()
-        try:
-            metadata = inject_metadata() if self._inject_context else None
-            answer = await call(request, timeout=self._timeout_s, metadata=metadata)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and on_time() - started < self._timeout_s:
-                # The deadline (wall time) passed while our own loop ran late: not the scheduler's
-                # silence, so the scheduler is not taken for down (turns would fail open for it).
-                self._metrics.scheduler_errors.labels(method).inc()
-                log.debug("scheduler %s exceeded its deadline while this router's loop lagged", method)
+    async def _short(self, method: str, request, *, persist: bool = False):
+        """One unary call, to the replica believed to lead; with several addresses, on to the others
+        (one pass, or until `failover_s` when `persist`: Complete and Release must reach the new leader)."""
+        loop = asyncio.get_running_loop()
+        on_time = self._on_time_clock(loop)
+        give_up_at = loop.time() + (self._failover_s if persist else 0.0)
+        address = self.address
+        attempts = 0
+        while True:
+            attempts += 1
+            started = on_time()
+            try:
+                metadata = inject_metadata() if self._inject_context else None
+                answer = await getattr(self._stub(address), method)(request, timeout=self._timeout_s, metadata=metadata)
+            except grpc.aio.AioRpcError as exc:
+                lagged = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and on_time() - started < self._timeout_s
+                if self._failover_s > 0 and exc.code() in _MOVE_ON and not lagged:
+                    if attempts <= len(self.addresses) or loop.time() < give_up_at:
+                        nxt = self._next(address, exc)
+                        if attempts % len(self.addresses) == 0 and leader_hint(exc) is None:
+                            await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
+                        address = nxt
+                        continue
+                if lagged:
+                    # The deadline (wall time) passed while our own loop ran late: not the scheduler's
+                    # silence, so the scheduler is not taken for down (turns would fail open for it).
+                    self._metrics.scheduler_errors.labels(method).inc()
+                    log.debug("scheduler %s exceeded its deadline while this router's loop lagged", method)
+                    return None
+                if exc.code() in _UNREACHABLE or exc.code() in FOLLOW:
+                    self._unreachable(method, exc)
+                else:
+                    self._metrics.scheduler_errors.labels(method).inc()
+                    log.error("scheduler %s failed with %s: %s", method, exc.code().name, exc.details())
                 return None
-            if exc.code() in _UNREACHABLE:
-                self._unreachable(method, exc)
-            else:
-                self._metrics.scheduler_errors.labels(method).inc()
-                log.error("scheduler %s failed with %s: %s", method, exc.code().name, exc.details())
-            return None
-        self._ok()
-        return answer
+            self._follow(address)
+            self._ok()
+            return answer
 
     async def bind(self, request_id: str, worker_id: str, dp_rank: int) -> None:
-        await self._short(
-            "Bind", self._stub.Bind, pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank)
-        )
+        await self._short("Bind", pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
 
     async def complete(
         self,
@@ -355,7 +449,6 @@ class SchedulerClient:
         try:
             await self._short(
                 "Complete",
-                self._stub.Complete,
                 pb.CompleteRequest(
                     session_id=session_id,
                     request_id=request_id,
@@ -367,17 +460,18 @@ class SchedulerClient:
                     outcome=_OUTCOME_TO_PROTO[outcome],
                     ttft_seconds=max(0.0, ttft_s),
                 ),
+                persist=True,
             )
         finally:
             self._leases.pop(request_id, None)  # the turn is over (if Complete failed, its lease lapses)
 
     async def release(self, session_id: str) -> bool:
-        answer = await self._short("Release", self._stub.Release, pb.ReleaseRequest(session_id=session_id))
+        answer = await self._short("Release", pb.ReleaseRequest(session_id=session_id), persist=True)
         return bool(answer and answer.released)
 
     async def router_config(self) -> SchedulerKvSettings | None:
         """The scheduler's KvRouter settings, None when it does not answer."""
-        rc = await self._short("GetRouterConfig", self._stub.GetRouterConfig, pb.GetRouterConfigRequest())
+        rc = await self._short("GetRouterConfig", pb.GetRouterConfigRequest())
         if rc is None:
             return None
         return SchedulerKvSettings(
