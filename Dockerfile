@@ -40,6 +40,10 @@ COPY --from=build /opt/bandmaster /opt/bandmaster
 WORKDIR /var/lib/bandmaster
 USER 10001:10001
 # capacity, scheduler, router, planner gRPC; router and planner HTTP; metrics; simworker HTTP.
+# Every service listens on loopback by default. A container that listens on 0.0.0.0 for its gRPC or
+# /metrics port must authenticate its callers there or say --insecure (BANDMASTER_<SERVICE>_INSECURE=true),
+# else it refuses to start (the bind rule, docs/security.md); the compose file and the Kubernetes
+# manifests set it.
 EXPOSE 50051 50052 50053 50061 8000 8090 9101 9102 9103 9105 30000
 # Probes the endpoints named in BANDMASTER_HEALTHCHECK (e.g. "grpc://127.0.0.1:50051"); the compose
 # file sets each service's own probe. services/common/healthcheck.py.

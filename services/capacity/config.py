@@ -22,6 +22,7 @@ from services.common.config import Setting, parse_settings, require, serve_setti
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"
@@ -110,6 +111,7 @@ SETTINGS: list[Setting] = [
     ),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
     *security_settings(ENV_PREFIX),
+    *worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
 ]
 
 
@@ -198,6 +200,8 @@ class CapacityConfig:
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection (services/common/security.py)."""
+    worker_client: WorkerClientConfig = WorkerClientConfig()
+    """The workers' API key and TLS to https workers, used by every poll (services/common/worker_client.py)."""
 
     def __post_init__(self) -> None:
         validate_serve(
@@ -338,6 +342,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
         SETTINGS, argv, env, prog=PROG, description="Bandmaster capacity service: worker registry and retention budgets"
     )
     security = load_security(values, env)
+    worker_client = load_worker_client(values, env)
     workers: list[StaticWorker] = []
     for url in values.pop("worker_url"):
         try:
@@ -348,4 +353,4 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     config_file = values.pop("config_file")
     if config_file:
         workers.extend(read_config_file(config_file))
-    return CapacityConfig(workers=tuple(workers), security=security, **values)
+    return CapacityConfig(workers=tuple(workers), security=security, worker_client=worker_client, **values)

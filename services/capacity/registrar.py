@@ -7,7 +7,8 @@ the planner scales: the registrar runs beside the worker (a sidecar container in
 
 * waits until the worker's own `/health` answers 200 (a loading SGLang server can take minutes, and
   a worker registered before it listens would be polled into UNHEALTHY and, past
-  `--remove-unhealthy-after-seconds`, removed), unless `--no-wait-for-health`;
+  `--remove-unhealthy-after-seconds`, removed), unless `--no-wait-for-health`; an https worker is
+  verified and the workers' API key is sent (services/common/worker_client.py);
 * then calls `RegisterWorker`, retrying until the capacity service answers;
 * calls it again every `--interval-seconds`. Registration is idempotent for the same id and URL, and
   the capacity service keeps its registry in memory, so a restarted capacity service learns the
@@ -42,6 +43,7 @@ from services.common.errors import ConfigError
 from services.common.logs import setup_logging
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, client_security
+from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 
 log = logging.getLogger("services.capacity.registrar")
 
@@ -105,6 +107,7 @@ SETTINGS: list[Setting] = [
         "file with the control-plane bearer token sent on every call (or env BANDMASTER_CONTROL_TOKEN)",
         env=_env("control_token_file"),
     ),
+    *worker_client_settings(ENV_PREFIX),
 ]
 
 
@@ -118,6 +121,7 @@ class RegistrarConfig:
     wait_for_health: bool = True
     log_level: str = "INFO"
     security: SecurityConfig = SecurityConfig()
+    worker_client: WorkerClientConfig = WorkerClientConfig()
 
     def __post_init__(self) -> None:
         parse_host_port(self.capacity_addr, "capacity_addr")
@@ -148,8 +152,9 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:
         control_token_file=values.pop("control_token_file"),
         env=env,
     )
+    worker_client = load_worker_client(values, env)
     values.update(worker_url=url, worker_id=worker_id)
-    return RegistrarConfig(security=security, **values)
+    return RegistrarConfig(security=security, worker_client=worker_client, **values)
 
 
 class Registrar:
@@ -186,7 +191,10 @@ class Registrar:
         url = f"{c.worker_url}/health"
         timeout = aiohttp.ClientTimeout(total=c.timeout_seconds)
         log.info("waiting for %s to answer 200 before registering", redact_url(url))
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        connector = aiohttp.TCPConnector(ssl=c.worker_client.ssl_context())
+        async with aiohttp.ClientSession(
+            timeout=timeout, connector=connector, headers=c.worker_client.headers
+        ) as session:
             while not self._stop.is_set():
                 try:
                     async with session.get(url) as response:

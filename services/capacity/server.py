@@ -63,7 +63,12 @@ async def start_capacity(
     runtime = CapacityRuntime(
         registry=registry,
         retention=retention,
-        poller=SglangPoller(config.poll_timeout_seconds, cache, max_body_bytes=config.max_server_info_bytes),
+        poller=SglangPoller(
+            config.poll_timeout_seconds,
+            cache,
+            max_body_bytes=config.max_server_info_bytes,
+            worker_client=config.worker_client,
+        ),
         clock=clock,
         metrics=CapacityMetrics(host.registry),
         tracer=tracer,

@@ -28,7 +28,7 @@ from services.common.http_errors import json_errors
 from services.common.loop_lag import LoopLag
 from services.common.ports import PortInUse, binding, port_free, require_free
 from services.common.ready import write_ready_file
-from services.common.security import SecurityConfig, Verdict, log_posture
+from services.common.security import SecurityConfig, Verdict, check_service_binds, log_posture, metrics_guard
 from services.common.telemetry import Telemetry, grpc_server_tracing
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,9 @@ class ServiceHost:
         self.telemetry = telemetry
         self.grace = shutdown_grace_seconds
         self.security = security or SecurityConfig()
+        # The bind rule (load_config checks it first; here too, so that no composition path skips it).
+        check_service_binds(listen, metrics_port, self.security)
+        self.metrics_host = self.security.metrics_host(self.host)
         self.auth_refusals = Counter(
             "bandmaster_auth_refusals",
             "calls refused for a missing, unknown or under-privileged bearer token",
@@ -192,7 +195,12 @@ class ServiceHost:
         self._stoppers: list[Stopper] = []
         self._http_runner: web.AppRunner | None = None
         self.http_app = web.Application(middlewares=[json_errors])
-        self.http_app.router.add_get("/metrics", self._metrics)
+        self.http_app.router.add_get(
+            "/metrics",
+            metrics_guard(
+                self._metrics, self.security.metrics_tokens, self.security.control_tokens, self.count_refusal
+            ),
+        )
         self.grpc_port = 0
         self.metrics_port = 0
         self._stopped = asyncio.Event()
@@ -225,7 +233,7 @@ class ServiceHost:
             return  # shared on purpose, with a port the parent process checked
         require_free(self.host, self._port, f"{self.name} gRPC", "--listen")
         if self._metrics_port_wanted > 0:
-            require_free(self.host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port")
+            require_free(self.metrics_host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port")
 
     async def start(self) -> None:
         if self.security.grpc_reflection:
@@ -256,8 +264,8 @@ class ServiceHost:
         if self._metrics_port_wanted >= 0:
             self._http_runner = web.AppRunner(self.http_app, access_log=None)
             await self._http_runner.setup()
-            site = web.TCPSite(self._http_runner, self.host, self._metrics_port_wanted)
-            with binding(self.host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port"):
+            site = web.TCPSite(self._http_runner, self.metrics_host, self._metrics_port_wanted)
+            with binding(self.metrics_host, self._metrics_port_wanted, f"{self.name} /metrics", "--metrics-port"):
                 await site.start()
             self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         for service in ["", *self._service_names]:

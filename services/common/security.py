@@ -11,6 +11,16 @@ One settings group (`security_settings(prefix)`), the same flags on every gRPC s
     --control-token-file    bearer token(s) of the control plane (env BANDMASTER_CONTROL_TOKEN)
     --data-token-file       bearer token(s) of the data plane (env BANDMASTER_DATA_TOKEN)
     --grpc-reflection       serve gRPC reflection (off by default)
+    --insecure              allow control ports (gRPC, /metrics) on a non-loopback address unauthenticated
+    --metrics-token-file    bearer token(s) /metrics requires (env BANDMASTER_METRICS_TOKEN)
+    --metrics-loopback      serve /metrics on 127.0.0.1 only, whatever the listen host
+
+The bind rule (`check_bind`): a control port (every gRPC port, every /metrics port) binds a loopback
+address freely; a non-loopback one only when the service authenticates its callers there ("secure":
+mutual TLS or a control token for gRPC, a metrics token for /metrics) or `--insecure` says the operator
+means it. Otherwise the service refuses to start: "binding <addr> (not loopback) needs --secure or
+--insecure". The router's OpenAI HTTP port and the planner's Batch API port are the data plane: they
+are not under the rule (they sit behind a Service or a load balancer; the data token guards them).
 
 Roles (`required_role`): every RPC is a control RPC except the data-plane RPCs in `DATA_METHODS`
 and the health checks in `PUBLIC_METHODS`. When a control token is configured, a control RPC needs
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -46,8 +57,19 @@ log = logging.getLogger(__name__)
 
 CONTROL_TOKEN_ENV = "BANDMASTER_CONTROL_TOKEN"
 DATA_TOKEN_ENV = "BANDMASTER_DATA_TOKEN"
+METRICS_TOKEN_ENV = "BANDMASTER_METRICS_TOKEN"
 MIN_TOKEN_LENGTH = 16
-SECURITY_NAMES = ("tls_cert", "tls_key", "tls_ca", "control_token_file", "data_token_file", "grpc_reflection")
+SECURITY_NAMES = (
+    "tls_cert",
+    "tls_key",
+    "tls_ca",
+    "control_token_file",
+    "data_token_file",
+    "grpc_reflection",
+    "insecure",
+    "metrics_token_file",
+    "metrics_loopback",
+)
 
 # The role table (docs/security.md). Full gRPC method names: /package.Service/Method.
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
@@ -189,7 +211,82 @@ def security_settings(prefix: str) -> list[Setting]:
             "serve gRPC server reflection (a control RPC when a control token is set)",
             env=_env(prefix, "grpc_reflection"),
         ),
+        Setting(
+            "insecure",
+            bool,
+            False,
+            "allow the gRPC and /metrics ports on a non-loopback address without authentication (no mutual "
+            "TLS or control token; no metrics token): anyone who reaches them may call them (docs/security.md)",
+            env=_env(prefix, "insecure"),
+        ),
+        Setting(
+            "metrics_token_file",
+            str,
+            "",
+            "file with the bearer token(s) /metrics requires, one per line; the control token is accepted too "
+            f"(or env {METRICS_TOKEN_ENV})",
+            env=_env(prefix, "metrics_token_file"),
+        ),
+        Setting(
+            "metrics_loopback",
+            bool,
+            False,
+            "serve /metrics on 127.0.0.1 only, whatever the listen host",
+            env=_env(prefix, "metrics_loopback"),
+        ),
     ]
+
+
+# -- the bind rule -------------------------------------------------------------------------------
+
+
+class Port(enum.Enum):
+    """The kinds of control port the bind rule covers (the data-plane HTTP ports are not among them)."""
+
+    GRPC = "gRPC"
+    METRICS = "/metrics"
+
+
+_SECURE_MEANS = {
+    Port.GRPC: "secure here is mutual TLS (--tls-cert, --tls-key, --tls-ca) or a control token "
+    f"(--control-token-file or {CONTROL_TOKEN_ENV})",
+    Port.METRICS: f"secure here is a metrics token (--metrics-token-file or {METRICS_TOKEN_ENV}), "
+    "or --metrics-loopback",
+}
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 and `localhost`; a wildcard (0.0.0.0, ::, "") or any other name is not."""
+    name = host.strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(field_name: str, value: Any, host: str, port: Port, security: "SecurityConfig") -> None:
+    """The bind rule: raise ConfigError(field_name, value, ...) when a control port would bind the
+    non-loopback `host` with nobody checking who calls it and without `--insecure`."""
+    if is_loopback(host) or security.insecure or security.guards(port):
+        return
+    raise ConfigError(
+        field_name,
+        value,
+        f"binding {host or '0.0.0.0'} (not loopback) needs --secure or --insecure: {_SECURE_MEANS[port]}; "
+        "--insecure opens the port to anyone who reaches it",
+    )
+
+
+def check_service_binds(listen: str, metrics_port: int, security: "SecurityConfig") -> None:
+    """The bind rule over a service's gRPC `listen` address and its /metrics port (-1 = off)."""
+    from services.common.config import parse_host_port
+
+    host, _ = parse_host_port(listen, "listen")
+    check_bind("listen", listen, host, Port.GRPC, security)
+    if metrics_port >= 0:
+        check_bind("metrics_port", metrics_port, security.metrics_host(host), Port.METRICS, security)
 
 
 # -- outbound channels ---------------------------------------------------------------------------
@@ -341,6 +438,33 @@ def bearer_guard(
     return guarded
 
 
+def metrics_guard(
+    handler: Handler,
+    metrics: Tokens | None,
+    control: Tokens | None,
+    on_refusal: Callable[[str, Verdict], None] | None = None,
+) -> Handler:
+    """`handler` (a /metrics page) behind the metrics token when one is configured: a metrics token or the
+    control token is accepted (Prometheus sends `Authorization: Bearer` from its `authorization`
+    credentials); otherwise 401 JSON that never quotes what was presented."""
+    if metrics is None:
+        return handler
+
+    async def guarded(request: web.BaseRequest) -> web.StreamResponse:
+        presented = bearer_of(request.headers.get("Authorization"))
+        # Both comparisons always run, in constant time: the time taken does not say which token matched.
+        allowed = presented is not None and (
+            metrics.matches(presented) | (control.matches(presented) if control is not None else False)
+        )
+        if not allowed:
+            if on_refusal is not None:
+                on_refusal("metrics", Verdict.UNAUTHENTICATED)
+            return openai_auth_error(Verdict.UNAUTHENTICATED)
+        return await handler(request)
+
+    return guarded
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 
@@ -363,6 +487,12 @@ class SecurityConfig:
     data_tokens: Tokens | None = None
     """Accepted on data-plane RPCs and the router's HTTP API only."""
     grpc_reflection: bool = False
+    insecure: bool = False
+    """`--insecure`: control ports may bind a non-loopback address unauthenticated (`check_bind`)."""
+    metrics_tokens: Tokens | None = None
+    """Required on /metrics (the control token is accepted too); None = /metrics is open."""
+    metrics_loopback: bool = False
+    """Serve /metrics on 127.0.0.1 whatever the listen host."""
     notes: tuple[str, ...] = ()
     """Warnings found while loading (a group/world-readable token file), logged when the service starts."""
 
@@ -387,6 +517,16 @@ class SecurityConfig:
     def tls(self) -> bool:
         return self.cert_pem is not None
 
+    def guards(self, port: Port) -> bool:
+        """Whether this service authenticates the callers of `port` (the bind rule's "secure")."""
+        if port is Port.GRPC:
+            return self.mutual_tls or self.control_tokens is not None
+        return self.metrics_tokens is not None
+
+    def metrics_host(self, listen_host: str) -> str:
+        """Where /metrics binds: the listen host, or loopback with `--metrics-loopback`."""
+        return "127.0.0.1" if self.metrics_loopback else listen_host
+
     @property
     def mutual_tls(self) -> bool:
         """A server with a CA asks every client for a certificate signed by it."""
@@ -403,8 +543,12 @@ class SecurityConfig:
             parts.append("control token")
         if self.data_tokens is not None:
             parts.append("data token")
+        if self.metrics_tokens is not None:
+            parts.append("metrics token")
         if self.grpc_reflection:
             parts.append("reflection")
+        if self.insecure:
+            parts.append("--insecure")
         return ", ".join(parts)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
@@ -508,19 +652,24 @@ def _load_tokens(field_name: str, path: str, env_name: str, env: Mapping[str, st
         return _parse_tokens(env_name, "<redacted>", from_env)
     if not path:
         return None
+    return _parse_tokens(field_name, path, load_secret_file(field_name, path, notes))
+
+
+def load_secret_file(field_name: str, path: str, notes: list[str] | None = None) -> str:
+    """The ASCII text of a file holding secrets: refused when other users may write it (ConfigError), a
+    note in `notes` when they may read it."""
     try:
         mode = os.stat(path).st_mode
     except OSError as exc:
         raise ConfigError(field_name, path, f"cannot read: {exc.strerror or exc}") from None
     if mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise ConfigError(field_name, path, f"writable by other users (mode {stat.S_IMODE(mode):o}): chmod 600")
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
+    if mode & (stat.S_IRGRP | stat.S_IROTH) and notes is not None:
         notes.append(f"{field_name} {path} is readable by other users (mode {stat.S_IMODE(mode):o}); chmod 600")
     try:
-        text = _read(field_name, path).decode("ascii")
+        return _read(field_name, path).decode("ascii")
     except UnicodeDecodeError:
         raise ConfigError(field_name, path, "tokens must be printable ASCII") from None
-    return _parse_tokens(field_name, path, text)
 
 
 def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityConfig:
@@ -541,7 +690,8 @@ def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityCon
     notes: list[str] = []
     control = _load_tokens("control_token_file", raw["control_token_file"], CONTROL_TOKEN_ENV, env, notes)
     data = _load_tokens("data_token_file", raw["data_token_file"], DATA_TOKEN_ENV, env, notes)
-    return SecurityConfig(
+    metrics = _load_tokens("metrics_token_file", raw["metrics_token_file"], METRICS_TOKEN_ENV, env, notes)
+    security = SecurityConfig(
         tls_cert=raw["tls_cert"],
         tls_key=raw["tls_key"],
         tls_ca=raw["tls_ca"],
@@ -551,8 +701,14 @@ def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityCon
         control_tokens=control,
         data_tokens=data,
         grpc_reflection=bool(raw["grpc_reflection"]),
+        insecure=bool(raw["insecure"]),
+        metrics_tokens=metrics,
+        metrics_loopback=bool(raw["metrics_loopback"]),
         notes=tuple(notes),
     )
+    if "listen" in values:  # a serving process: the bind rule, before anything starts
+        check_service_binds(values["listen"], values.get("metrics_port", -1), security)
+    return security
 
 
 def client_security(
@@ -587,11 +743,11 @@ def log_posture(name: str, security: SecurityConfig, host: str) -> None:
     """One INFO line of what protects the service, and the warnings an operator should see."""
     for note in security.notes:
         log.warning("%s: %s", name, note)
-    loopback = host in ("127.0.0.1", "::1", "localhost")
-    if not loopback and security.control_tokens is None:
+    loopback = is_loopback(host)
+    if not loopback and not security.guards(Port.GRPC):
         log.warning(
-            "%s listens on %s with no control token: anyone who reaches the port may call its control "
-            "RPCs (see docs/security.md)",
+            "%s listens on %s with --insecure and no control token: anyone who reaches the port may call its "
+            "control RPCs (see docs/security.md)",
             name,
             host,
         )

@@ -11,8 +11,8 @@ let it use every core. This parent process:
   --reuse-port` and the chosen ports, each under the orphan guard (they die with it); each child is
   a whole router: its own scheduler client, capacity watch, KV-event subscriptions and KV index;
 * serves `/metrics` on `--metrics-port` for all of them: every child's exposition (scraped from its
-  own loopback metrics port), each sample labelled `router_process="<i>"`, plus
-  `bandmaster_router_process_up{router_process}`;
+  own metrics port, always on loopback: `--metrics-loopback`), each sample labelled
+  `router_process="<i>"`, plus `bandmaster_router_process_up{router_process}`;
 * writes its ready file (the ports, as one router writes it) once every child wrote its own;
 * probes every child's metrics port (served by the child's own event loop) every
   LIVENESS_PERIOD_S: a child that does not answer LIVENESS_FAILURES probes in a row is wedged, and
@@ -47,9 +47,11 @@ from prometheus_client.samples import Sample
 
 from services.common import orphan_guard
 from services.common.config import parse_host_port
+from services.common.http_errors import json_errors
 from services.common.logs import setup_logging
 from services.common.ports import PortInUse, binding, require_free
 from services.common.ready import write_ready_file
+from services.common.security import metrics_guard
 from services.router.config import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ def child_args(argv: Sequence[str], host: str, grpc_port: int, http_port: int, m
         str(http_port),
         "--metrics-port",
         "0" if metrics else "-1",
+        "--metrics-loopback",  # only the parent scrapes a child's metrics
         "--ready-file",
         ready,
     ]
@@ -152,7 +155,12 @@ class RouterProcesses:
             raise
         try:
             if self.config.metrics_port > 0:
-                require_free(self.host, self.config.metrics_port, "router /metrics", "--metrics-port")
+                require_free(
+                    self.config.security.metrics_host(self.host),
+                    self.config.metrics_port,
+                    "router /metrics",
+                    "--metrics-port",
+                )
             self.grpc_port = grpc_hold.getsockname()[1]
             self.http_port = http_hold.getsockname()[1]
             readies = [Path(self._state.name) / f"router-{i}.ready.json" for i in range(self.config.processes)]
@@ -214,10 +222,11 @@ class RouterProcesses:
     async def _scrape(self, port: int, timeout_s: float = SCRAPE_TIMEOUT_S) -> str | None:
         if not port or self._session is None:
             return None
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        url = f"http://[{host}]:{port}/metrics" if ":" in host else f"http://{host}:{port}/metrics"
+        url = f"http://127.0.0.1:{port}/metrics"  # a child's metrics port is on loopback (--metrics-loopback)
+        tokens = self.config.security.metrics_tokens
+        headers = {"Authorization": f"Bearer {tokens.first}"} if tokens is not None else None
         try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            async with self._session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 return await resp.text() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
@@ -228,12 +237,14 @@ class RouterProcesses:
 
     async def _serve_metrics(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S))
-        app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
+        security = self.config.security
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_get("/metrics", metrics_guard(self._metrics, security.metrics_tokens, security.control_tokens))
         self._metrics_runner = web.AppRunner(app, access_log=None)
         await self._metrics_runner.setup()
-        site = web.TCPSite(self._metrics_runner, self.host, self.config.metrics_port)
-        with binding(self.host, self.config.metrics_port, "router /metrics", "--metrics-port"):
+        host = security.metrics_host(self.host)
+        site = web.TCPSite(self._metrics_runner, host, self.config.metrics_port)
+        with binding(host, self.config.metrics_port, "router /metrics", "--metrics-port"):
             await site.start()
         self.metrics_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 

@@ -122,6 +122,13 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_EXPORTER_OTLP_ENDPOINT is set",
     ),
     _s("health_generate_timeout_s", float, 20.0, "how long /health_generate waits for its one token"),
+    _s(
+        "api_key",
+        str,
+        "",
+        "as SGLang's --api-key: every endpoint but /health* and /metrics* (and OPTIONS) requires "
+        '`Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"} (default: none)',
+    ),
 )
 
 
@@ -226,6 +233,8 @@ class SimWorkerConfig:
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     log_level: str = "INFO"
     health_generate_timeout_s: float = 20.0
+    api_key: str = field(default="", repr=False)
+    """SGLang's `--api-key` ("" = none); never in a repr or a log line."""
 
     def __post_init__(self) -> None:
         require(bool(self.host), "host", self.host, "host must not be empty")
@@ -409,4 +418,5 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
         log_level=v["log_level"],
         trace_sample_ratio=v["trace_sample_ratio"],
         health_generate_timeout_s=v["health_generate_timeout_s"],
+        api_key=v["api_key"],
     )

@@ -15,6 +15,7 @@ mapped in one place (`_error`).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -25,6 +26,7 @@ from aiohttp import web
 from opentelemetry import trace
 
 from services.common.http_errors import json_errors
+from services.common.security import bearer_of
 from services.common.telemetry import http_server_middleware
 from services.simworker.chat import ChatTemplateError
 from services.simworker.config import SimWorkerConfig
@@ -89,6 +91,25 @@ class ApiError(Exception):
 
 def _error(exc: ApiError) -> web.Response:
     return web.Response(status=exc.status, body=dumps(exc.body()), content_type="application/json")
+
+
+def api_key_middleware(api_key: str):
+    """SGLang's `--api-key` (`add_api_key_middleware`): OPTIONS and every path starting with /health or
+    /metrics are open (probes, Prometheus); every other request, known path or not, needs
+    `Authorization: Bearer <key>` (scheme in any case), else 401 `{"error": "Unauthorized"}`.
+    Compared in constant time."""
+    expected = api_key.encode("utf-8")
+
+    @web.middleware
+    async def check_api_key(request: web.Request, handler) -> web.StreamResponse:
+        if request.method == "OPTIONS" or request.path.startswith(("/health", "/metrics")):
+            return await handler(request)
+        presented = bearer_of(request.headers.get("Authorization"))
+        if presented is None or not hmac.compare_digest(presented, expected):
+            return web.Response(status=401, body=b'{"error":"Unauthorized"}', content_type="application/json")
+        return await handler(request)
+
+    return check_api_key
 
 
 def _json_response(obj: Any, status: int = 200) -> web.Response:
@@ -409,6 +430,8 @@ class SimWorkerApi:
 
     def build_app(self) -> web.Application:
         middlewares = [http_server_middleware(self.tracer, TRACED_PATHS)] if self.tracer is not None else []
+        if self.config.api_key:  # before the routes resolve: an unknown path without the key is a 401, as in SGLang
+            middlewares.append(api_key_middleware(self.config.api_key))
         # Unknown paths and wrong methods: JSON errors like every other Bandmaster port, not aiohttp's text.
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[*middlewares, json_errors])
         r = app.router

@@ -9,6 +9,10 @@ pieces), up to `max_body_bytes`: a larger body is a card rejection (`body_too_la
 from its Content-Length before reading when the server declares one. Nothing that a worker
 sends makes `poll` raise: the outcome is a `PollOk` (a card or a typed rejection) or a
 `PollFailed` with a reason; error details never carry URL credentials.
+
+Every request carries the workers' API key when one is configured (`WorkerClientConfig`: SGLang's
+`--api-key` guards /server_info, not /health), and https workers are verified (system roots, or
+`--worker-ca-file`). A 401/403 is a poll failure that says the key is missing or wrong, never the key.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk, PollResult
 from services.capacity.core.state import CardRejection, CardRejectReason, PollFailureReason
 from services.common.redact import redact_url
+from services.common.worker_client import WorkerClientConfig
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +56,10 @@ class SglangPoller:
         *,
         max_body_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES,
         max_concurrency: int = 256,
+        worker_client: WorkerClientConfig | None = None,
     ) -> None:
         self._timeout_s = timeout_s
+        self._worker_client = worker_client or WorkerClientConfig()
         self._cache = cache
         self._max_body_bytes = max_body_bytes
         # Bounds sockets and file descriptors when thousands of workers are polled at once.
@@ -63,10 +70,13 @@ class SglangPoller:
         self._info_path: dict[str, str] = {}
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=self._max_concurrency, ttl_dns_cache=60)
+        connector = aiohttp.TCPConnector(
+            limit=self._max_concurrency, ttl_dns_cache=60, ssl=self._worker_client.ssl_context()
+        )
         # The session timeout backs up the per-poll deadline below; neither lets a worker hold a poll.
         self._session = aiohttp.ClientSession(
             connector=connector,
+            headers=self._worker_client.headers,
             raise_for_status=False,
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=self._timeout_s * 2),
@@ -148,6 +158,9 @@ class SglangPoller:
             status, data = await self._get(url + path, read_body=True)
             if status == 404:
                 continue
+            if status in (401, 403):
+                key = "wrong worker API key" if self._worker_client.api_key is not None else "no worker API key given"
+                raise _Failed(PollFailureReason.HTTP_STATUS, f"{path}: HTTP {status} ({key}: --worker-api-key-file)")
             if status != 200:
                 raise _Failed(PollFailureReason.HTTP_STATUS, f"{path}: HTTP {status}")
             self._info_path[url] = path

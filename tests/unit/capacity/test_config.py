@@ -51,6 +51,7 @@ def test_flags_and_env():
             "BANDMASTER_CAPACITY_POLL_INTERVAL_SECONDS": "9",
             "BANDMASTER_CAPACITY_POLL_TIMEOUT_SECONDS": "0.5",
             "BANDMASTER_CAPACITY_LISTEN": "0.0.0.0:0",
+            "BANDMASTER_CAPACITY_INSECURE": "true",  # the bind rule: a non-loopback address needs it
             "BANDMASTER_CAPACITY_REMOVE_UNHEALTHY_AFTER_SECONDS": "0",
         },
     )
@@ -60,7 +61,7 @@ def test_flags_and_env():
     ]
     assert cfg.poll_interval_seconds == 2.0  # flag wins
     assert cfg.poll_timeout_seconds == 0.5
-    assert cfg.listen == "0.0.0.0:0" and cfg.remove_unhealthy_after_seconds == 0
+    assert cfg.listen == "0.0.0.0:0" and cfg.remove_unhealthy_after_seconds == 0 and cfg.security.insecure
     assert cfg.cap_host_at_gpu
 
 

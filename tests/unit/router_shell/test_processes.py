@@ -28,11 +28,13 @@ def test_processes_default_to_one_and_come_from_the_environment():
 
 def test_a_childs_flags_are_the_parents_with_one_process_the_shared_ports_and_its_own_ready_file():
     parent = ["--processes", "2", "--listen", "0.0.0.0:0", "--http-port", "0", "--metrics-port", "9103", "--seed", "4"]
+    parent.append("--insecure")  # the bind rule: 0.0.0.0 needs --secure or --insecure
     config = load_config(
         child_args(parent, "0.0.0.0", 5001, 8001, True, "/tmp/r0.json"), {"BANDMASTER_ROUTER_PROCESSES": "2"}
     )
     assert (config.processes, config.reuse_port, config.listen, config.http_port) == (1, True, "0.0.0.0:5001", 8001)
     assert (config.metrics_port, config.ready_file, config.seed) == (0, "/tmp/r0.json", 4)
+    assert config.security.metrics_loopback  # only the parent scrapes a child's metrics
     assert load_config(child_args([], "::1", 5001, 8001, False, "r"), {}).listen == "[::1]:5001"
     assert load_config(child_args([], "127.0.0.1", 5001, 8001, False, "r"), {}).metrics_port == -1
 
