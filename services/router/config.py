@@ -15,6 +15,7 @@ from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
 from services.router.core.breaker import BreakerParams
+from services.router.core.deadline import DeadlineParams
 from services.router.core.limits import ClientLimitParams
 
 PROG = "python -m services.router"
@@ -263,6 +264,38 @@ ROUTER_SETTINGS = [
         "the scheduler's, -2..+1 by default)",
         env=_env("batch_priority"),
     ),
+    # Bounded waits of a turn that has sent nothing to its client (issue 21; services/router/core/deadline.py).
+    Setting(
+        "failover_floor_seconds",
+        float,
+        2.0,
+        "a turn's deadline for its worker's first token (non-streamed: its answer) is this plus its uncached "
+        "prompt tokens / the worker's prefill rate (capped by the first-token timeout); past it a worker that "
+        "does not answer a health probe is taken for frozen and the turn fails over",
+        env=_env("failover_floor_seconds"),
+    ),
+    Setting(
+        "failover_prefill_tokens_per_second",
+        float,
+        4000.0,
+        "prefill rate assumed for a worker until its streamed turns measured it",
+        env=_env("failover_prefill_tokens_per_second"),
+    ),
+    Setting(
+        "failover_probe_timeout_seconds",
+        float,
+        2.0,
+        "a worker past a turn's deadline must answer GET /health within this, else the turn fails over",
+        env=_env("failover_probe_timeout_seconds"),
+    ),
+    Setting(
+        "context_length_check",
+        bool,
+        True,
+        "refuse (400 context_length_exceeded) a prompt that cannot fit the workers' context_length, before "
+        "Admit; off for workers that truncate long prompts (SGLang --allow-auto-truncate)",
+        env=_env("context_length_check"),
+    ),
     Setting("seed", int, -1, "seed of the selection core's random source (-1 = from the OS)", env=_env("seed")),
     Setting(
         "tokenizer",
@@ -362,6 +395,11 @@ class RouterConfig:
     """The planner's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 404."""
     batch_priority: int = -10
     """SGLang `priority` of batch traffic (`X-Bandmaster-Traffic: batch`), in place of the scheduler's."""
+    failover_floor_seconds: float = 2.0
+    failover_prefill_tokens_per_second: float = 4000.0
+    failover_probe_timeout_seconds: float = 2.0
+    context_length_check: bool = True
+    """Bounded waits (issue 21): see `answer_deadlines` and docs/router.md, Failure semantics."""
     seed: int = -1
     tokenizer: str = ""
     """Directory of the model's tokenizer files; empty = approximate text mode. Loaded by `start_router`."""
@@ -402,6 +440,9 @@ class RouterConfig:
             "client_program_idle_seconds",
             "sweep_interval_seconds",
             "capacity_retry_max_seconds",
+            "failover_floor_seconds",
+            "failover_prefill_tokens_per_second",
+            "failover_probe_timeout_seconds",
         ):
             value = getattr(self, name)
             require(value > 0, name, value, f"{name} > 0")
@@ -438,6 +479,10 @@ class RouterConfig:
     @property
     def worker_breaker(self) -> BreakerParams:
         return BreakerParams(self.worker_failure_threshold, self.worker_eject_seconds, self.worker_eject_max_seconds)
+
+    @property
+    def answer_deadlines(self) -> DeadlineParams:
+        return DeadlineParams(self.failover_floor_seconds, self.failover_prefill_tokens_per_second)
 
     @property
     def scheduler_breaker(self) -> BreakerParams:

@@ -40,6 +40,13 @@ class BadRequest(RouterError):
     error_type = "invalid_request_error"
 
 
+class ContextLengthExceeded(BadRequest):
+    """The prompt cannot fit the model's context (core/context_fit.py): refused before Admit."""
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
 class BodyTooLarge(BadRequest):
     http_status = 413
 
@@ -116,6 +123,14 @@ class WorkerTimeout(RouterError):
     http_status = 504
     grpc_code = grpc.StatusCode.DEADLINE_EXCEEDED
     error_type = "upstream_timeout"
+
+
+class WorkerUnresponsive(WorkerTimeout):
+    """Past the turn's answer deadline the worker did not answer its health probe (taken for frozen)."""
+
+
+class WorkerEvacuated(WorkerFailed):
+    """The capacity service marked the turn's worker unhealthy (or removed it) before the turn sent anything."""
 
 
 class WorkerRejected(RouterError):

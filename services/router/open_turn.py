@@ -35,6 +35,7 @@ class Bookkeeping:
     usage: Usage = field(default_factory=Usage)
     bind_task: asyncio.Task | None = None
     ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)
+    uncached_tokens: int = 0  # prompt tokens the chosen worker must prefill (the pick's prediction)
     trace_context: otel_context.Context | None = None  # the turn's (its request span's), for Complete
     upstream_span: trace.Span | None = None  # CLIENT span of the worker request in use, ended at close
 
@@ -61,6 +62,7 @@ class OpenTurn:
         replica: Replica,
         first_line: bytes | None,
         book: Bookkeeping,
+        answer: dict | None = None,
     ) -> None:
         self._runner = runner
         self.spec = spec
@@ -69,6 +71,7 @@ class OpenTurn:
         self.worker = worker
         self.replica = replica
         self._first_line = first_line
+        self._answer = answer  # a non-streamed turn's whole answer, read before the turn was opened
         self.book = book
         self.usage = book.usage
         self.finish_reason: str | None = None
@@ -159,12 +162,16 @@ class OpenTurn:
         self._absorb_last_generate_line(relay)
 
     async def json(self) -> dict:
-        try:
-            body = await self.response.json(loads=loads, content_type=None)
-        except asyncio.TimeoutError:
-            raise WorkerTimeout(f"worker {self.worker.worker_id} did not finish in time") from None
-        except (aiohttp.ClientError, ValueError) as exc:
-            raise WorkerFailed(f"worker {self.worker.worker_id} failed: {exc.__class__.__name__}") from None
+        """The non-streamed answer. The runner reads it before it opens the turn (until then the turn may
+        still fail over: it has sent nothing to its client), so this only takes the usage from it."""
+        body = self._answer
+        if body is None:
+            try:
+                body = await self.response.json(loads=loads, content_type=None)
+            except asyncio.TimeoutError:
+                raise WorkerTimeout(f"worker {self.worker.worker_id} did not finish in time") from None
+            except (aiohttp.ClientError, ValueError) as exc:
+                raise WorkerFailed(f"worker {self.worker.worker_id} failed: {exc.__class__.__name__}") from None
         if self.spec.api is Api.GENERATE:
             self._absorb_generate(body)
         else:

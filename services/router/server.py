@@ -221,6 +221,9 @@ async def start_router(
         limits=limits,
         prompts=prompts,
         batch_priority=config.batch_priority,
+        deadlines=config.answer_deadlines,
+        probe_timeout_s=config.failover_probe_timeout_seconds,
+        context_check=config.context_length_check,
     )
     batch_proxy = (
         BatchApiProxy(

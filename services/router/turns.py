@@ -1,8 +1,9 @@
 """One agent turn, whatever API it came in on: admit -> pick -> bind -> stream -> complete.
 
-    turn = await runner.open(spec)          # Admit (may wait while the program is paused), pick, Bind,
-                                            # send upstream and wait for the first chunk; one retry on
-                                            # another worker if that fails before the first token
+    turn = await runner.open(spec)          # refuse a prompt longer than the context; Admit (may wait
+                                            # while the program is paused), pick, Bind, send upstream and
+                                            # wait for the first chunk (non-streamed: the whole answer);
+                                            # one failover to another worker if that fails first
     async for block in turn.sse(usage):     # HTTP: the worker's SSE bytes, whole lines, as they arrive
         ...                                 # (gRPC: `async for line, kind in turn.lines()`)
     await turn.close(outcome)               # in `finally`: abort upstream if still open, free the load,
@@ -13,6 +14,18 @@ turn it returns in open_turn.py and the SSE relay that streams it in relay.py. B
 Complete) runs in background tasks off the stream. A turn that ends before its request was sent to a
 worker (its client left, even while being admitted; no worker could take it) is completed `NOT_STARTED`:
 the scheduler rolls its admission back, so a turn that never ran is never counted.
+
+Bounded waits (issue 21). Until a turn has sent something to its client (streamed: the first token;
+non-streamed: the whole answer, read here before the turn is opened) it fails over, once, to another
+worker when its worker
+  * refuses, resets, answers 5xx, or sends nothing within the hard bound (first-token timeout, response
+    timeout);
+  * sends nothing by the turn's answer deadline (core/deadline.py: a floor plus the uncached prompt over
+    the worker's observed prefill rate) and then does not answer a health probe (health.WorkerProbes);
+  * leaves the fleet (capacity marked it unhealthy, or removed it): the turn is aborted at once (its
+    upstream connection closed) and re-sent, when another worker can take it.
+A failover is decided before anything reached the client, so the client never sees a turn twice; the
+turn's Complete names the worker that answered.
 """
 
 from __future__ import annotations
@@ -20,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Mapping
 
 import aiohttp
 from opentelemetry import context as otel_context
@@ -27,8 +42,10 @@ from opentelemetry import propagate, trace
 
 from services.common.tokenizer import ChatTemplateError
 from services.router.adapters.scheduler import Admission, SchedulerClient
-from services.router.adapters.upstream import Upstream
+from services.router.adapters.upstream import Upstream, loads
 from services.router.circuits import WorkerCircuits
+from services.router.core.context_fit import chat_content_chars, context_limit, overflow
+from services.router.core.deadline import DeadlineParams, PrefillRates
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.limits import ClientLimits
 from services.router.core.outcome import Outcome
@@ -36,14 +53,18 @@ from services.router.core.prompt_text import CHARS_PER_TOKEN
 from services.router.core.select import Candidate, NoWorkerAvailable
 from services.router.core.types import Prompt, Replica, WorkerView
 from services.router.errors import (
+    ContextLengthExceeded,
     NoHealthyWorker,
     RouterError,
     TooManyRequests,
+    WorkerEvacuated,
     WorkerFailed,
     WorkerRejected,
     WorkerTimeout,
+    WorkerUnresponsive,
 )
 from services.router.fleet import Fleet
+from services.router.health import WorkerProbes
 from services.router.metrics import RouterMetrics
 from services.router.open_turn import Bookkeeping, OpenTurn
 from services.router.prompts import PromptMode, PromptTokenizer
@@ -59,6 +80,20 @@ _LIMIT_MESSAGES = {
 }
 
 
+_PROMPT_PARAM = {Api.CHAT: "messages", Api.COMPLETIONS: "prompt", Api.GENERATE: "text"}
+
+
+@dataclass(eq=False)
+class Attempt:
+    """A turn's request at one worker while the turn has sent nothing to its client: it may still move."""
+
+    spec: TurnSpec
+    worker_id: str
+    may_fail_over: bool  # the turn's first attempt (one failover per turn)
+    excluded: set[str]  # workers it may not move to (this one, and any that failed it)
+    evacuated: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class TurnRunner:
     def __init__(
         self,
@@ -72,6 +107,10 @@ class TurnRunner:
         limits: ClientLimits | None = None,
         prompts: PromptTokenizer | None = None,
         batch_priority: int = -10,
+        deadlines: DeadlineParams | None = None,
+        probe_timeout_s: float = 2.0,
+        probes: WorkerProbes | None = None,
+        context_check: bool = True,
     ) -> None:
         self.fleet = fleet
         self.batch_priority = batch_priority
@@ -83,6 +122,14 @@ class TurnRunner:
         self.circuits = circuits
         self.limits = limits
         self._background: set[asyncio.Task] = set()
+        self.deadlines = deadlines or DeadlineParams()
+        self.rates = PrefillRates(self.deadlines)
+        self.probe_timeout_s = probe_timeout_s
+        self.probes = probes or WorkerProbes(lambda url: upstream.alive(url, probe_timeout_s))
+        self.context_check = context_check
+        self._pending: dict[str, set[Attempt]] = {}  # worker id -> its turns that have sent nothing yet
+        if fleet is not None:  # (unit tests build runners without a fleet)
+            fleet.on_workers.append(self._on_workers)
 
     # -- bookkeeping off the stream -----------------------------------------------------------
 
@@ -103,6 +150,9 @@ class TurnRunner:
         if core is not None:
             core.finish(spec.request_id)
         self.metrics.flight(spec.traffic).dec()
+        if outcome == Outcome.OK and book.ttft_s > 0 and book.replica is not None:
+            usage = book.usage
+            self.rates.observe(book.replica.worker_id, usage.prompt_tokens - usage.cached_tokens, book.ttft_s)
         # A final request (X-Dynamo-Session-Final with content) is served like any turn; its program is
         # released once the turn is over, whatever the outcome: its client slot now, at the scheduler
         # after its Complete.
@@ -191,12 +241,40 @@ class TurnRunner:
                 _LIMIT_MESSAGES.get(reason, "too many requests"), code=reason, retry_after_s=verdict.retry_after_s
             )
 
+    def _check_context(self, spec: TurnSpec, views: list[WorkerView]) -> None:
+        """A prompt that cannot fit the workers' context: ContextLengthExceeded (core/context_fit.py)."""
+        if not self.context_check:
+            return
+        limit = context_limit(v.context_length for v in views)
+        if not limit:
+            return
+        if spec.prompt_token_ids is not None:
+            verdict = overflow(limit, token_count=len(spec.prompt_token_ids), text_chars=0)
+        else:
+            messages = spec.body.get("messages") if spec.api is Api.CHAT else None
+            chars = chat_content_chars(messages) if isinstance(messages, list) else len(spec.prompt_text)
+            verdict = overflow(limit, token_count=None, text_chars=chars)
+        if verdict is None:
+            return
+        with self.tracer.start_as_current_span("router.context_check") as span:
+            span.set_attributes(
+                {
+                    "router.prompt_tokens": verdict.prompt_tokens,
+                    "router.prompt_tokens_exact": verdict.exact,
+                    "router.context_length": verdict.context_length,
+                }
+            )
+        log.debug("turn %s refused: %s", spec.request_id, verdict.message())
+        param = "input_ids" if spec.api is Api.GENERATE and "input_ids" in spec.body else _PROMPT_PARAM[spec.api]
+        raise ContextLengthExceeded(verdict.message(), param=param)
+
     async def open(self, spec: TurnSpec) -> OpenTurn:
         """Admit, pick and connect. On failure the turn is completed here and a RouterError raised."""
         views = self.fleet.serving(spec.model)  # 503/404 before the scheduler is bothered
         self._check_client_limits(spec)
         mode = await self.tokenize(spec)
         self.metrics.prompt(mode.value).inc()
+        self._check_context(spec, views)  # 400 before the scheduler holds or counts a turn no worker takes
         admission: Admission | None = None
         if self.scheduler is not None:
             try:
@@ -240,8 +318,9 @@ class TurnRunner:
     async def _connect(
         self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping, views: list[WorkerView]
     ) -> OpenTurn:
-        """Pick among the workers in rotation and send; a failure before the first token is retried once
-        on another worker. Every attempt gives the worker's breaker a verdict (or abandons it)."""
+        """Pick among the workers in rotation and send; a failure before the turn sent anything to its
+        client fails over once, to another worker. Every attempt gives the worker's breaker a verdict (or
+        abandons it)."""
         excluded: set[str] = set()
         last_error: RouterError | None = None
         for attempt in range(2):
@@ -259,20 +338,37 @@ class TurnRunner:
                 self.metrics.retries.inc()
             worker, replica = self._pick(spec, admission if attempt == 0 else None, candidates_views, book)
             self.circuits.dispatched(worker.worker_id)
+            excluded.add(worker.worker_id)
             try:
-                return await self._send(spec, admission, worker, replica, book)
+                return await self._send(
+                    spec, admission, worker, replica, book, Attempt(spec, worker.worker_id, attempt == 0, excluded)
+                )
             except (WorkerFailed, WorkerTimeout) as exc:
                 phase = "connect" if attempt == 0 else "retry"
                 self.metrics.upstream_errors.labels(exc.__class__.__name__, phase).inc()
                 log.debug(
-                    "turn %s: worker %s failed before the first token: %s", spec.request_id, worker.worker_id, exc
+                    "turn %s: worker %s failed before the turn sent anything: %s",
+                    spec.request_id,
+                    worker.worker_id,
+                    exc,
                 )
-                self.circuits.failed(worker.worker_id, exc.message)
-                excluded.add(worker.worker_id)
+                if isinstance(exc, WorkerEvacuated):
+                    self.circuits.abandoned(worker.worker_id)  # capacity's verdict, not this turn's
+                else:
+                    self.circuits.failed(worker.worker_id, exc.message)
                 last_error = exc
                 core = self.fleet.core
                 if core is not None:
                     core.finish(spec.request_id)
+                if attempt == 0:
+                    with self.tracer.start_as_current_span("router.failover") as span:
+                        span.set_attributes(
+                            {
+                                "router.worker_id": worker.worker_id,
+                                "router.failover.reason": exc.__class__.__name__,
+                                "router.stream": spec.stream,
+                            }
+                        )
             except WorkerRejected:
                 self.circuits.succeeded(worker.worker_id)  # it answered: alive, the request was bad
                 raise
@@ -280,6 +376,83 @@ class TurnRunner:
                 self.circuits.abandoned(worker.worker_id)
                 raise
         raise last_error or NoHealthyWorker("no healthy worker left to retry on")
+
+    # -- moving turns that have sent nothing -----------------------------------------------------
+
+    def _on_workers(self, workers: Mapping[str, WorkerView]) -> None:
+        """Each fleet update: a worker that left (capacity marked it unhealthy, or removed it) gives up its
+        turns that have sent nothing to their clients, when another worker can take them (with none, the
+        turn stays: its deadline and the hard bounds still apply)."""
+        self.rates.forget(workers)
+        self.probes.forget(workers)
+        for worker_id in [w for w in self._pending if w not in workers]:
+            moved = 0
+            for attempt in self._pending[worker_id]:
+                if attempt.may_fail_over and not attempt.evacuated.is_set() and self._has_alternative(attempt, workers):
+                    attempt.evacuated.set()
+                    moved += 1
+            if moved:
+                log.info(
+                    "worker %s left the fleet: %d turns that had sent nothing move to another worker", worker_id, moved
+                )
+
+    def _has_alternative(self, attempt: Attempt, workers: Mapping[str, WorkerView]) -> bool:
+        model = attempt.spec.model
+        views = [
+            v
+            for v in workers.values()
+            if v.worker_id not in attempt.excluded and (model is None or v.model_name == model or not v.model_name)
+        ]
+        return bool(self.circuits.routable(views))
+
+    async def _watch(self, worker: WorkerView, deadline_s: float) -> None:
+        """Returns never; raises WorkerUnresponsive once the worker, past `deadline_s`, misses a health probe.
+        A worker that answers is only slow: it is asked again every deadline floor."""
+        await asyncio.sleep(deadline_s)
+        while True:
+            if not await self.probes.alive(worker.worker_id, worker.url):
+                raise WorkerUnresponsive(
+                    f"worker {worker.worker_id} sent nothing within {deadline_s:.1f}s and did not answer a health "
+                    f"probe within {self.probe_timeout_s:g}s"
+                )
+            await asyncio.sleep(self.deadlines.floor_s)
+
+    async def _bounded(
+        self, worker: WorkerView, attempt: Attempt, deadline_s: float, cap_s: float | None, work: Awaitable[Any]
+    ) -> Any:
+        """`work`'s result (an open response and what was read of it), unless first: the worker leaves the
+        fleet (WorkerEvacuated), misses its probe past the deadline (WorkerUnresponsive), or `cap_s` passes
+        (WorkerTimeout). Whatever loses is cancelled; `work` closes its response when cancelled."""
+        task = asyncio.ensure_future(work)
+        evacuated = asyncio.ensure_future(attempt.evacuated.wait())
+        watchdog = asyncio.ensure_future(self._watch(worker, deadline_s))
+        pending = self._pending.setdefault(worker.worker_id, set())
+        pending.add(attempt)
+        delivered = False
+        try:
+            done, _ = await asyncio.wait(
+                (task, evacuated, watchdog), timeout=cap_s, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
+                result = task.result()
+                delivered = True
+                return result
+            if evacuated in done:
+                raise WorkerEvacuated(
+                    f"worker {worker.worker_id} left the fleet (marked unhealthy) before the first token"
+                )
+            if watchdog in done:
+                watchdog.result()  # raises WorkerUnresponsive
+            raise WorkerTimeout(f"worker {worker.worker_id} sent no first token within {cap_s:g}s")
+        finally:
+            pending.discard(attempt)
+            if not pending and self._pending.get(worker.worker_id) is pending:
+                del self._pending[worker.worker_id]
+            for t in (task, evacuated, watchdog):
+                t.cancel()
+            await asyncio.wait((task, evacuated, watchdog))
+            if not delivered and not task.cancelled() and task.exception() is None:
+                task.result()[0].close()  # it finished as it lost: abort it at the worker
 
     def _pick(
         self, spec: TurnSpec, admission: Admission | None, views: list[WorkerView], book: Bookkeeping
@@ -310,6 +483,7 @@ class TurnRunner:
             decision.overlap_blocks,
         )
         book.replica = decision.replica
+        book.uncached_tokens = max(0, decision.prompt.isl_tokens - decision.cached_tokens)
         if (
             admission is not None
             and self.scheduler is not None
@@ -328,12 +502,19 @@ class TurnRunner:
         return worker, decision.replica
 
     async def _send(
-        self, spec: TurnSpec, admission: Admission | None, worker: WorkerView, replica: Replica, book: Bookkeeping
+        self,
+        spec: TurnSpec,
+        admission: Admission | None,
+        worker: WorkerView,
+        replica: Replica,
+        book: Bookkeeping,
+        attempt: Attempt,
     ) -> OpenTurn:
         """Dispatch under a CLIENT span whose context the worker gets in `traceparent`. The span ends with
         the worker's answer (at `OpenTurn.close`), or here when the attempt fails. Propagated by hand: the
         aiohttp client instrumentation cannot be installed beside this opentelemetry-sdk (docs/tracing.md),
         and its span would end at the response headers, not with the streamed answer."""
+        deadline_s = self.rates.deadline_s(worker.worker_id, book.uncached_tokens, self.upstream.first_token_timeout_s)
         span = self.tracer.start_span(
             "router.upstream",
             kind=trace.SpanKind.CLIENT,
@@ -343,12 +524,13 @@ class TurnRunner:
                 "router.worker_id": worker.worker_id,
                 "router.dp_rank": replica.dp_rank,
                 "router.stream": spec.stream,
+                "router.answer_deadline_s": round(deadline_s, 3),
             },
         )
         headers: dict[str, str] = {}
         propagate.inject(headers, context=trace.set_span_in_context(span))
         try:
-            turn = await self._dispatch(spec, admission, worker, replica, book, headers)
+            turn = await self._dispatch(spec, admission, worker, replica, book, headers, attempt, deadline_s)
         except BaseException as exc:
             span.set_status(trace.Status(trace.StatusCode.ERROR, exc.__class__.__name__))
             span.end()
@@ -364,45 +546,27 @@ class TurnRunner:
         replica: Replica,
         book: Bookkeeping,
         headers: dict[str, str],
+        attempt: Attempt,
+        deadline_s: float,
     ) -> OpenTurn:
         dispatched_at = time.monotonic()
         book.dispatched = True  # from here on the worker may have the request: never NOT_STARTED
+        url = worker.url + spec.api.value
         if not spec.stream:
-            response = await self.upstream.post(
-                worker.worker_id, worker.url + spec.api.value, spec.body, headers, stream=False
+            # The whole answer is read before the turn opens: until it is written to the client the turn
+            # has sent nothing and may still fail over. Its hard bound is the response timeout (aiohttp's).
+            response, answer = await self._bounded(
+                worker, attempt, deadline_s, None, self._whole_answer(worker, url, spec.body, headers)
             )
-            return OpenTurn(self, spec, admission, response, worker, replica, None, book)
-        # Streamed: the first data line must come within the first-token timeout (wall time from
-        # dispatch); a failure before it is retried elsewhere, invisibly to the client.
-        response: aiohttp.ClientResponse | None = None
-        first_line: bytes | None = None
-        try:
-            async with asyncio.timeout(self.upstream.first_token_timeout_s):
-                response = await self.upstream.post(
-                    worker.worker_id, worker.url + spec.api.value, spec.body, headers, stream=True
-                )
-                while True:
-                    line = await response.content.readline()
-                    if not line:
-                        raise WorkerFailed(f"worker {worker.worker_id} closed the stream before the first token")
-                    if line.startswith(b'data: {"error"'):
-                        raise WorkerFailed(stream_error(line))
-                    if line.startswith(b"data:"):
-                        first_line = line
-                        break
-        except TimeoutError:
-            if response is not None:
-                response.close()
-            raise WorkerTimeout(
-                f"worker {worker.worker_id} sent no first token within {self.upstream.first_token_timeout_s:g}s"
-            ) from None
-        except aiohttp.ClientError as exc:
-            response.close()  # type: ignore[union-attr]  (post maps its own ClientErrors)
-            raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None
-        except BaseException:
-            if response is not None:
-                response.close()
-            raise
+            return OpenTurn(self, spec, admission, response, worker, replica, None, book, answer=answer)
+        # Streamed: the first data line within the first-token timeout (wall time from dispatch).
+        response, first_line = await self._bounded(
+            worker,
+            attempt,
+            deadline_s,
+            self.upstream.first_token_timeout_s,
+            self._first_line(worker, url, spec.body, headers),
+        )
         self.upstream.streaming_started(response)
         self.circuits.succeeded(worker.worker_id)
         book.ttft_s = time.monotonic() - dispatched_at
@@ -411,3 +575,40 @@ class TurnRunner:
         if core is not None:
             core.first_token(spec.request_id)
         return OpenTurn(self, spec, admission, response, worker, replica, first_line, book)
+
+    async def _first_line(
+        self, worker: WorkerView, url: str, body: dict, headers: dict[str, str]
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        response = await self.upstream.post(worker.worker_id, url, body, headers, stream=True)
+        try:
+            while True:
+                line = await response.content.readline()
+                if not line:
+                    raise WorkerFailed(f"worker {worker.worker_id} closed the stream before the first token")
+                if line.startswith(b'data: {"error"'):
+                    raise WorkerFailed(stream_error(line))
+                if line.startswith(b"data:"):
+                    return response, line
+        except BaseException as exc:
+            response.close()
+            if isinstance(exc, TimeoutError):  # the socket's read timeout (the first-token timeout)
+                raise WorkerTimeout(
+                    f"worker {worker.worker_id} sent no first token within {self.upstream.first_token_timeout_s:g}s"
+                ) from None
+            if isinstance(exc, aiohttp.ClientError):
+                raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None
+            raise
+
+    async def _whole_answer(
+        self, worker: WorkerView, url: str, body: dict, headers: dict[str, str]
+    ) -> tuple[aiohttp.ClientResponse, Any]:
+        response = await self.upstream.post(worker.worker_id, url, body, headers, stream=False)
+        try:
+            return response, loads(await response.read())
+        except BaseException as exc:
+            response.close()
+            if isinstance(exc, TimeoutError):
+                raise WorkerTimeout(f"worker {worker.worker_id} did not finish in time") from None
+            if isinstance(exc, (aiohttp.ClientError, ValueError)):
+                raise WorkerFailed(f"worker {worker.worker_id} failed: {exc.__class__.__name__}") from None
+            raise

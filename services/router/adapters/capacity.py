@@ -1,6 +1,8 @@
 """The router's side of the capacity watch (the client is services/common/capacity_watch.py): each
 snapshot's routable workers replace the fleet's (recompute from a fresh snapshot, not deltas). Only
-HEALTHY workers with replicas are routable. While the stream is down the last view stays in force: the
+HEALTHY workers with replicas are routable; a worker that leaves this set (unhealthy, gone) has its
+not-yet-started turns moved (turns.py). The card's `context_length` is kept: prompts that cannot fit are
+refused before Admit. While the stream is down the last view stays in force: the
 data plane keeps running through a control-plane outage.
 """
 
@@ -22,7 +24,9 @@ def view_from_snapshot(snapshot: pb.WorkersSnapshot) -> dict[str, WorkerView]:
         if w.health != pb.WORKER_HEALTH_HEALTHY or not w.replicas:
             continue
         replicas = tuple(sorted(Replica(w.worker_id, r.dp_rank) for r in w.replicas))
-        out[w.worker_id] = WorkerView(w.worker_id, w.url.rstrip("/"), w.card.model_name, w.card.page_size, replicas)
+        out[w.worker_id] = WorkerView(
+            w.worker_id, w.url.rstrip("/"), w.card.model_name, w.card.page_size, replicas, w.card.context_length
+        )
     return out
 
 

@@ -9,6 +9,10 @@ away). Timeouts (all configurable):
   first token by wall time;
 * non-streamed: the whole answer within `response_timeout_s`.
 
+Those are the hard bounds. A turn that has sent nothing to its client is also bounded by its answer
+deadline (core/deadline.py): past it the runner asks `alive` and fails the turn over when the worker
+does not answer (turns.py).
+
 Error messages name the worker by id, never by URL (a URL may carry credentials).
 """
 
@@ -50,6 +54,7 @@ class Upstream:
     ) -> None:
         self.first_token_timeout_s = first_token_timeout_s
         self.inter_token_timeout_s = inter_token_timeout_s
+        self.response_timeout_s = response_timeout_s
         self._stream_timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=first_token_timeout_s
         )
@@ -96,6 +101,16 @@ class Upstream:
         if response.status >= 500:
             raise WorkerFailed(f"worker {worker_id} answered {response.status}: {message}")
         raise WorkerRejected(response.status, message)
+
+    async def alive(self, url: str, timeout_s: float) -> bool:
+        """Does the worker at `url` answer GET /health with a 2xx within `timeout_s`? (The capacity service's
+        health check too: on SGLang it sees a frozen scheduler, not only a frozen HTTP server.)"""
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                    return r.status < 300
+        except (asyncio.TimeoutError, aiohttp.ClientError, OSError):
+            return False
 
     def streaming_started(self, response: aiohttp.ClientResponse) -> None:
         """The first token arrived: from now on every gap between chunks is bounded by the inter-token

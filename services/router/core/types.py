@@ -22,6 +22,7 @@ class WorkerView:
     model_name: str
     page_size: int
     replicas: tuple[Replica, ...]
+    context_length: int = 0  # the card's; 0 = not published
 
 
 @dataclass(frozen=True)
