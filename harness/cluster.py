@@ -138,6 +138,12 @@ class ClusterConfig:
     """Most workers the `local` connector runs (0 = workers + 2)."""
     planner_args: tuple[str, ...] = ()
     """Extra planner flags, appended last so they win."""
+    worker_api_key: str = field(default="", repr=False)
+    """The API key the workers require (SGLang's `--api-key`; `bandmaster up --worker-api-key`): given to the
+    capacity service and the router in their environment (never on a command line), and to the simulated
+    workers, which then require it too. Empty = none."""
+    worker_ca_file: str = ""
+    """PEM CA bundle that https workers are verified against (empty = the system roots)."""
     ports: ClusterPorts = field(default_factory=ClusterPorts)
     """The gRPC, metrics, Batch API and simulated worker ports (default: any free ones)."""
 
@@ -320,8 +326,21 @@ def simworker_spec(config: ClusterConfig, index: int) -> ChildSpec:
             f"{config.worker_host_kv_tokens / config.worker_kv_tokens:.6f}",
         ]
     return ChildSpec(
-        name=f"simworker-{index}", module="services.simworker", args=[*args, *config.extra_worker_args], kind="http"
+        name=f"simworker-{index}",
+        module="services.simworker",
+        args=[*args, *config.extra_worker_args],
+        kind="http",
+        env={"SIMWORKER_API_KEY": config.worker_api_key} if config.worker_api_key else {},
     )
+
+
+def worker_client_env(config: ClusterConfig) -> dict[str, str]:
+    """The worker API key of the children that call workers, in their environment (a command line is public)."""
+    return {"BANDMASTER_WORKER_API_KEY": config.worker_api_key} if config.worker_api_key else {}
+
+
+def worker_client_args(config: ClusterConfig) -> list[str]:
+    return ["--worker-ca-file", config.worker_ca_file] if config.worker_ca_file else []
 
 
 def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
@@ -339,7 +358,12 @@ def capacity_spec(config: ClusterConfig, worker_urls: list[str]) -> ChildSpec:
     ]
     for url in worker_urls:
         args += ["--worker-url", url]
-    return ChildSpec(name="capacity", module="services.capacity", args=args)
+    return ChildSpec(
+        name="capacity",
+        module="services.capacity",
+        args=[*args, *worker_client_args(config)],
+        env=worker_client_env(config),
+    )
 
 
 SCHEDULER_STATE_FILE = "scheduler-state.sqlite"
@@ -417,7 +441,11 @@ def router_spec(
         args += ["--no-scheduler", "--use-kv-events" if config.tokenizer else "--no-use-kv-events"]
     # Its gRPC health follows the fleet (NOT_SERVING while no worker is healthy): ready once it answers.
     return ChildSpec(
-        name="router", module="services.router", args=[*args, *config.router_args], serving_means_ready=False
+        name="router",
+        module="services.router",
+        args=[*args, *worker_client_args(config), *config.router_args],
+        env=worker_client_env(config),
+        serving_means_ready=False,
     )
 
 

@@ -24,8 +24,11 @@ from harness.supervisor import ChildSpec, StartupError
 from harness.table import render_table
 from services.cli import endpoints
 from services.cli.status import degraded_banner
+from services.common.errors import ConfigError
 from services.common.logs import setup_logging
 from services.common.ports import DEFAULT_PORTS, port_free
+from services.common.security import load_secret_file
+from services.common.worker_client import WORKER_API_KEY_ENV, check_api_key
 
 PORT_FLAGS = {
     "capacity": "--capacity-port",
@@ -162,6 +165,7 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         router_processes=getattr(args, "router_processes", 1),
         tokenizer=os.path.abspath(args.tokenizer) if args.tokenizer else "",  # the children run elsewhere
         secure=getattr(args, "secure", False),
+        **worker_client_values(args, os.environ),
     )
     values.update(overrides)
     return ClusterConfig(**values)
@@ -257,6 +261,7 @@ def add_parser(commands) -> None:
         "control token on control RPCs: a local CA, certificates and tokens are made in "
         "<state dir>/secure/ (reused when it already holds them); see docs/security.md",
     )
+    add_worker_client_arguments(parser)
     parser.add_argument(
         "--no-planner",
         action="store_true",
@@ -284,6 +289,48 @@ def add_parser(commands) -> None:
         help="extra flag for the planner, e.g. --planner-arg=--safe-rps-per-replica=20 (repeatable)",
     )
     parser.set_defaults(run=run)
+
+
+def add_worker_client_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the cluster reaches its workers: their API key and the CA of https ones (docs/security.md)."""
+    parser.add_argument(
+        "--worker-api-key",
+        default=None,
+        metavar="KEY",
+        help="the API key the workers were started with (SGLang's --api-key): the capacity service and the "
+        "router send it as Authorization: Bearer, given to them in their environment, never on a command line or "
+        f"in a log; simulated workers require it too (or env {WORKER_API_KEY_ENV}, or --worker-api-key-file)",
+    )
+    parser.add_argument(
+        "--worker-api-key-file", default=None, metavar="PATH", help="file holding the worker API key (one line)"
+    )
+    parser.add_argument(
+        "--worker-ca-file",
+        default="",
+        metavar="PATH",
+        help="PEM CA bundle that https --worker-url servers are verified against (default: the system roots)",
+    )
+
+
+def worker_client_values(args: argparse.Namespace, env) -> dict:
+    """ClusterConfig's worker_api_key and worker_ca_file from the flags, else the environment (a command
+    without these flags, e.g. `demo`, gets none). Raises ConfigError naming the flag, never showing the key."""
+    if not hasattr(args, "worker_api_key"):
+        return {}
+    if args.worker_api_key and args.worker_api_key_file:
+        raise ConfigError("worker_api_key", "<redacted>", "give --worker-api-key or --worker-api-key-file, not both")
+    key = ""
+    if args.worker_api_key_file:
+        text = load_secret_file("worker_api_key_file", args.worker_api_key_file)
+        key = check_api_key("worker_api_key_file", args.worker_api_key_file, text).first
+    elif args.worker_api_key:
+        key = check_api_key("worker_api_key", "<redacted>", args.worker_api_key).first
+    elif env.get(WORKER_API_KEY_ENV, "").strip():
+        key = check_api_key(WORKER_API_KEY_ENV, "<redacted>", env[WORKER_API_KEY_ENV]).first
+    ca = os.path.abspath(args.worker_ca_file) if args.worker_ca_file else ""  # the children run elsewhere
+    if ca and not os.path.isfile(ca):
+        raise ConfigError("worker_ca_file", args.worker_ca_file, "cannot read: no such file")
+    return {"worker_api_key": key, "worker_ca_file": ca}
 
 
 def connect_help(cluster: Cluster) -> str:

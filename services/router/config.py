@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 from services.router.core.breaker import BreakerParams
 from services.router.core.deadline import DeadlineParams
 from services.router.core.limits import ClientLimitParams
@@ -325,7 +326,12 @@ ROUTER_SETTINGS = [
 KV_FROM_SCHEDULER = tuple(s.name for s in ROUTER_SETTINGS if s.name in kv_router_flags.BY_NAME)
 """The KvRouter flags the router overrides the scheduler's values with."""
 
-SETTINGS = [*ROUTER_SETTINGS, *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103), *security_settings(ENV_PREFIX)]
+SETTINGS = [
+    *ROUTER_SETTINGS,
+    *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103),
+    *security_settings(ENV_PREFIX),
+    *worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
+]
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,8 @@ class RouterConfig:
     kv: KvOverrides = KvOverrides()
     security: SecurityConfig = SecurityConfig()
     """TLS (gRPC, and HTTPS on the HTTP port), tokens, reflection (services/common/security.py)."""
+    worker_client: WorkerClientConfig = WorkerClientConfig()
+    """The workers' API key and TLS to https workers (services/common/worker_client.py)."""
 
     def __post_init__(self) -> None:
         parse_host_port(self.capacity_addr, "capacity_addr")
@@ -536,4 +544,5 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:
     """The one mapping from flags and environment to a validated `RouterConfig`."""
     values = parse_settings(SETTINGS, argv, env, prog=PROG, description="Bandmaster router (data plane)")
     security = load_security(values, env)
-    return config_from_values({**values, "security": security})
+    worker_client = load_worker_client(values, env)
+    return config_from_values({**values, "security": security, "worker_client": worker_client})

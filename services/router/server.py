@@ -207,6 +207,8 @@ async def start_router(
         first_token_timeout_s=config.upstream_first_token_timeout_seconds,
         inter_token_timeout_s=config.upstream_inter_token_timeout_seconds,
         response_timeout_s=config.upstream_response_timeout_seconds,
+        headers=config.worker_client.headers,
+        worker_ssl=config.worker_client.ssl_context(),
     )
     circuits = WorkerCircuits(config.worker_breaker, metrics)
     limit_params = config.client_limits

@@ -19,6 +19,7 @@ Error messages name the worker by id, never by URL (a URL may carry credentials)
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Mapping
 
 import aiohttp
@@ -51,7 +52,11 @@ class Upstream:
         first_token_timeout_s: float,
         inter_token_timeout_s: float,
         response_timeout_s: float,
+        headers: Mapping[str, str] | None = None,
+        worker_ssl: ssl.SSLContext | bool = True,
     ) -> None:
+        """`headers` go on every request to a worker (its API key: `Authorization: Bearer`, never logged);
+        `worker_ssl` verifies https workers (True: the system roots; or a context with a CA / client cert)."""
         self.first_token_timeout_s = first_token_timeout_s
         self.inter_token_timeout_s = inter_token_timeout_s
         self.response_timeout_s = response_timeout_s
@@ -66,7 +71,8 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(
                 total=None, connect=connect_timeout_s, sock_connect=connect_timeout_s, sock_read=first_token_timeout_s
             ),
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, ssl=worker_ssl),
+            headers=dict(headers or {}),
             auto_decompress=False,
         )
 
