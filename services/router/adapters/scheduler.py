@@ -127,6 +127,9 @@ class SchedulerClient:
         if channel is not None:
             self._channels[self.address] = channel
         self._failover_s = failover_s if len(self.addresses) > 1 else 0.0
+        self._suspect_until: dict[str, float] = {}
+        """Replicas that just failed to answer: a standby's redirect to one of them is not followed until
+        then (it names the leader it last saw, which may be the one that died or froze)."""
         self._inject_context = inject_context
         self._loop_lag = loop_lag
         self._metrics = metrics
@@ -160,9 +163,14 @@ class SchedulerClient:
         return stub
 
     def _next(self, failed: str, exc: grpc.aio.AioRpcError | None) -> str:
-        """Where to send a call that `failed` at `failed`: the leader a standby named, else the next address."""
+        """Where to send a call that `failed` at `failed`: the leader a standby named (unless that one just
+        failed itself), else the next address."""
         hint = leader_hint(exc) if exc is not None else None
-        if hint and hint != failed:
+        now = time.monotonic()
+        if hint is None:
+            # No answer, or not a standby's refusal: this replica is suspect for a decision window.
+            self._suspect_until[failed] = now + self._decision_s
+        elif hint and hint != failed and self._suspect_until.get(hint, 0.0) <= now:
             return hint
         if failed in self.addresses:
             return self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
@@ -299,7 +307,8 @@ class SchedulerClient:
                 # Another replica may lead (or is about to): look for it until the failover bound.
                 tried.add(address)
                 address = self._next(address, exc)
-                if address in tried and leader_hint(exc) is None:
+                if address in tried:
+                    # A pass over the replicas found no leader (it is being elected): pause, then again.
                     tried.clear()
                     await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
                 continue
@@ -410,7 +419,7 @@ class SchedulerClient:
                 if self._failover_s > 0 and exc.code() in _MOVE_ON and not lagged:
                     if attempts <= len(self.addresses) or loop.time() < give_up_at:
                         nxt = self._next(address, exc)
-                        if attempts % len(self.addresses) == 0 and leader_hint(exc) is None:
+                        if attempts % len(self.addresses) == 0:
                             await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
                         address = nxt
                         continue
@@ -420,7 +429,12 @@ class SchedulerClient:
                     self._metrics.scheduler_errors.labels(method).inc()
                     log.debug("scheduler %s exceeded its deadline while this router's loop lagged", method)
                     return None
-                if exc.code() in _UNREACHABLE or exc.code() in FOLLOW:
+                if self._failover_s > 0 and not persist:
+                    # A pass over the replicas found no leader: a failover is under way. Only Admit (and a
+                    # Complete/Release that outlived the failover bound) takes the scheduler for down.
+                    self._metrics.scheduler_errors.labels(method).inc()
+                    log.debug("scheduler %s: no leader answered (%s)", method, exc.code().name)
+                elif exc.code() in _UNREACHABLE or exc.code() in FOLLOW:
                     self._unreachable(method, exc)
                 else:
                     self._metrics.scheduler_errors.labels(method).inc()

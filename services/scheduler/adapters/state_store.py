@@ -10,8 +10,10 @@ monotonic clock) maps them onto its own.
 - SQLite: WAL journal, `synchronous=FULL` (one fsync per batch, on the store's own thread, never on
   the event loop or per RPC); an exclusive `flock` on `<path>.lock` keeps a second scheduler off the
   same file, unless the file is `shared` by an active/standby pair (leader election): the lease is
-  then a row of the `leader` table, taken and renewed in `BEGIN IMMEDIATE` transactions, and every
-  write checks the writer's epoch against it in its own transaction.
+  then the one row of `<path>.leader` (its own file, connection and thread, so that a replica frozen
+  in the middle of a table write cannot keep the others from taking the lease), taken and renewed in
+  `BEGIN IMMEDIATE` transactions; every table write reads the lease epoch inside its own write
+  transaction and rolls back unless it is the writer's.
 - Redis: hashes `<prefix>programs` and `<prefix>tickets`, strings `<prefix>meta` and
   `<prefix>generation`. A full write sets a new generation; a delta checks it in the same
   transaction, so a Redis that lost its data (restarted empty) is noticed and rewritten in full.
@@ -265,6 +267,9 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS programs (session_id TEXT PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS tickets (request_id TEXT PRIMARY KEY, record BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+_LEASE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS leader (
     id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, address TEXT NOT NULL,
     epoch INTEGER NOT NULL, expires_at REAL NOT NULL
@@ -273,7 +278,7 @@ CREATE TABLE IF NOT EXISTS leader (
 
 
 class SqliteStateStore:
-    """One file; every call runs on the store's single thread, in order."""
+    """One file; every call runs on the store's single thread, in order (lease calls: on their own)."""
 
     def __init__(self, path: str | os.PathLike, *, shared: bool = False, wall=None) -> None:
         """`shared`: an active/standby pair uses the file (no flock; the `leader` row fences writes).
@@ -287,6 +292,19 @@ class SqliteStateStore:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-state")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
+        self.lease_path = Path(f"{self.path}.leader")
+        self._lease_executor = (
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-lease")
+            if shared
+            else None
+        )
+        self._lease_conn: sqlite3.Connection | None = None
+        self._lease_reader: sqlite3.Connection | None = None
+        """The table thread's own connection to the lease file (the epoch check of each write)."""
+
+    async def _run_lease(self, fn, *args):
+        assert self._lease_executor is not None, "leases need a shared store"
+        return await asyncio.get_running_loop().run_in_executor(self._lease_executor, fn, *args)
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -301,6 +319,10 @@ class SqliteStateStore:
             except OSError as exc:
                 raise StoreError(f"cannot create {self.path}: {exc.strerror}") from None
             self._connect()
+            try:
+                self._lease_reader = self._lease_connection(self.lease_path, timeout_s=1.0)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.lease_path} is not a usable SQLite database: {exc}") from None
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -317,9 +339,28 @@ class SqliteStateStore:
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
         self._connect()
 
+    @staticmethod
+    def _lease_connection(path: Path, timeout_s: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout_s)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.executescript(_LEASE_SCHEMA)
+        return conn
+
+    def _lease(self) -> sqlite3.Connection:
+        if self._lease_conn is None:
+            try:
+                self._lease_conn = self._lease_connection(self.lease_path, timeout_s=0.5)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.lease_path} is not a usable SQLite database: {exc}") from None
+        return self._lease_conn
+
     def _connect(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=5.0)
+            # Shared: a write waits for the file's write lock at most about a write's timeout (a frozen
+            # replica may hold it); alone, 5 s.
+            timeout_s = 1.0 if self.shared else 5.0
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=timeout_s)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
@@ -350,7 +391,10 @@ class SqliteStateStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if epoch is not None:
-                    row = conn.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
+                    # Read inside this write transaction: a successor's acquire after it cannot be missed by
+                    # a write that commits (its answer is checked against the lease again after the commit).
+                    assert self._lease_reader is not None
+                    row = self._lease_reader.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
                     if row is None or int(row[0]) != epoch:
                         raise StoreFenced(
                             f"{self.path}: write of epoch {epoch} refused (the lease is at epoch "
@@ -384,10 +428,10 @@ class SqliteStateStore:
     # -- the lease row (shared files) -------------------------------------------------------------
 
     async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
-        return await self._run(self._acquire, holder, address, ttl_s, min_epoch)
+        return await self._run_lease(self._acquire, holder, address, ttl_s, min_epoch)
 
     def _acquire(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
-        conn = self._require()
+        conn = self._lease()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -411,10 +455,10 @@ class SqliteStateStore:
         return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
 
     async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
-        return await self._run(self._renew, holder, address, epoch, ttl_s)
+        return await self._run_lease(self._renew, holder, address, epoch, ttl_s)
 
     def _renew(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
-        conn = self._require()
+        conn = self._lease()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
@@ -440,25 +484,37 @@ class SqliteStateStore:
     async def release_lease(self, holder: str, epoch: int) -> None:
         def release() -> None:
             try:
-                self._require().execute(
+                self._lease().execute(
                     "UPDATE leader SET expires_at = 0 WHERE id = 1 AND holder = ? AND epoch = ?", (holder, epoch)
                 )
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot release the lease in {self.path}: {exc}") from None
+                raise StoreError(f"cannot release the lease in {self.lease_path}: {exc}") from None
 
-        await self._run(release)
+        await self._run_lease(release)
 
     async def close(self) -> None:
         try:
             await self._run(self._close)  # after any write still queued on the store's thread
+            if self._lease_executor is not None:
+                await self._run_lease(self._close_lease)
         finally:
             self._executor.shutdown(wait=False)
+            if self._lease_executor is not None:
+                self._lease_executor.shutdown(wait=False)
 
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if self._lease_reader is not None:
+            self._lease_reader.close()
+            self._lease_reader = None
         self._unlock()
+
+    def _close_lease(self) -> None:
+        if self._lease_conn is not None:
+            self._lease_conn.close()
+            self._lease_conn = None
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

@@ -1,0 +1,139 @@
+"""Two scheduler replicas on one shared SQLite file (in process, real clock, short leases): the standby
+refuses every decision naming the leader; the leader answers only what is in the store; a leader that
+loses its lease answers its held Admits UNAVAILABLE and writes nothing more."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import grpc
+import pytest
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from services.common.errors import ConfigError
+from services.common.leader_follow import LEADER_METADATA_KEY, leader_hint
+from services.scheduler.adapters.state_store import SqliteStateStore
+from services.scheduler.core.leadership import LeaseParams
+from services.scheduler.server import start_scheduler
+from tests.support.eventually import assert_eventually
+from tests.unit.scheduler_shell.support import FakeCapacity, config, workers_snapshot
+
+pytestmark = pytest.mark.timeout(30)
+LEASE = LeaseParams(ttl_s=0.8, renew_s=0.1, poll_s=0.05, margin_s=0.2)
+
+
+async def _replica(path, capacity):
+    return await start_scheduler(
+        config(state_path=str(path), leader_election=True, lease=LEASE, state_flush_seconds=0.05),
+        capacity_stub=capacity,
+    )
+
+
+async def _role(stub) -> pb.Leadership:
+    return await stub.GetLeadership(pb.GetLeadershipRequest(), timeout=2)
+
+
+@pytest.fixture
+async def pair(tmp_path):
+    capacity = FakeCapacity()
+    capacity.push(workers_snapshot(1, {("w1", 0): 1_000}))
+    a = await _replica(tmp_path / "s.sqlite", capacity)
+    stub_a = pb_grpc.SchedulerStub(channel_a := grpc.aio.insecure_channel(a.address))
+    await assert_eventually(lambda: _is_leader(stub_a), timeout_s=5)
+    b = await _replica(tmp_path / "s.sqlite", capacity)
+    stub_b = pb_grpc.SchedulerStub(channel_b := grpc.aio.insecure_channel(b.address))
+    await assert_eventually(lambda: _knows_leader(stub_b, a.address), timeout_s=5)
+    yield a, stub_a, b, stub_b
+    for channel in (channel_a, channel_b):
+        await channel.close()
+    for running in (b, a):
+        await running.stop()
+
+
+async def _is_leader(stub) -> bool:
+    return (await _role(stub)).role == "leader"
+
+
+async def _knows_leader(stub, address) -> bool:
+    view = await _role(stub)
+    return view.role == "standby" and view.leader_address == address
+
+
+DECISIONS = [
+    ("Admit", pb.AdmitRequest(session_id="p", request_id="r1")),
+    ("Complete", pb.CompleteRequest(session_id="p", request_id="r1")),
+    ("Release", pb.ReleaseRequest(session_id="p")),
+    ("Bind", pb.BindRequest(request_id="r1", worker_id="w1")),
+    ("RenewLeases", pb.RenewLeasesRequest(request_ids=["r1"])),
+    ("GetProgram", pb.GetProgramRequest(session_id="p")),
+    ("ListPrograms", pb.ListProgramsRequest()),
+    ("GetStats", pb.GetStatsRequest()),
+]
+
+
+async def test_the_standby_refuses_every_decision_naming_the_leader(pair):
+    a, stub_a, b, stub_b = pair
+    for method, request in DECISIONS:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await getattr(stub_b, method)(request, timeout=2)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION, method
+        assert leader_hint(err.value) == a.address, method
+        assert "standby" in err.value.details()
+    for streaming in (stub_b.AdmitStream(DECISIONS[0][1], timeout=2), stub_b.WatchEvents(pb.WatchEventsRequest())):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in streaming:
+                pass
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert dict(err.value.trailing_metadata())[LEADER_METADATA_KEY] == a.address
+    # Configuration and leadership are answered by every replica.
+    await stub_b.GetRouterConfig(pb.GetRouterConfigRequest(), timeout=2)
+    view_a, view_b = await _role(stub_a), await _role(stub_b)
+    assert (view_a.role, view_b.role) == ("leader", "standby")
+    assert view_a.epoch == view_b.epoch == 1 and view_a.replica_id != view_b.replica_id
+    assert view_a.leader_address == view_b.leader_address == a.address
+    assert b.runtime is None and a.runtime is not None
+
+
+async def test_an_admission_is_in_the_store_before_its_answer_leaves(pair, tmp_path):
+    a, stub_a, _, _ = pair
+    await stub_a.Admit(pb.AdmitRequest(session_id="p", request_id="r1", estimated_prompt_tokens=10), timeout=5)
+    reader = SqliteStateStore(tmp_path / "s.sqlite", shared=True)
+    await reader.open()
+    try:
+        stored = await reader.load()  # no flush interval waited for: the answer came after the commit
+    finally:
+        await reader.close()
+    assert len(stored.programs) == 1 and len(stored.tickets) == 1
+
+
+async def test_a_leader_that_loses_its_lease_answers_held_admits_unavailable_and_writes_nothing(pair, tmp_path):
+    a, stub_a, b, stub_b = pair
+    # p1 fills the replica; p2, a new program, then queues (held) at admission.
+    await stub_a.Admit(pb.AdmitRequest(session_id="p1", request_id="r1", estimated_prompt_tokens=1), timeout=5)
+    await stub_a.Complete(pb.CompleteRequest(session_id="p1", request_id="r1", prompt_tokens=990), timeout=5)
+    held = stub_a.AdmitStream(pb.AdmitRequest(session_id="p2", request_id="r2", estimated_prompt_tokens=500))
+    first = await asyncio.wait_for(held.read(), timeout=5)
+    assert first.HasField("held") and first.held.heartbeat_seconds > 0
+    lease = sqlite3.connect(f"{tmp_path / 's.sqlite'}.leader", isolation_level=None)
+    try:
+        # Another replica took the lease (a later epoch): A's next renewal finds out.
+        lease.execute("UPDATE leader SET holder = 'intruder', epoch = epoch + 1, expires_at = expires_at + 60")
+    finally:
+        lease.close()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        while True:
+            update = await asyncio.wait_for(held.read(), timeout=5)
+            assert update.HasField("held")  # heartbeats until the term ends
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "no longer the leader" in err.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub_a.Admit(pb.AdmitRequest(session_id="p3", request_id="r3"), timeout=2)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (await _role(stub_a)).role == "standby" and a.runtime is None
+
+
+async def test_leader_election_with_the_in_memory_table_refuses_to_start():
+    with pytest.raises(ConfigError) as err:
+        config(state_path="none", leader_election=True)
+    assert err.value.field == "leader_election" and "share" in err.value.reason
