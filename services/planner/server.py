@@ -249,6 +249,7 @@ async def start_planner(
             timeout_s=config.observe_timeout_seconds,
             dispatched=(lambda: dispatcher.finished_total) if subtract else None,
             dispatch_inflight=(lambda: len(dispatcher.inflight)) if subtract else None,
+            metrics_token=_metrics_token(config),
         )
 
     def jobs(now_mono: float):
@@ -357,6 +358,13 @@ def _dispatch_token(config: PlannerConfig) -> str:
     if sec.data_tokens is not None:
         return sec.data_tokens.first
     return sec.control_tokens.first if sec.control_tokens is not None else ""
+
+
+def _metrics_token(config: PlannerConfig) -> str:
+    """What the planner presents to the routers' /metrics: its metrics token, else its control token (a
+    guarded /metrics accepts either), else nothing."""
+    tokens = config.security.metrics_tokens or config.security.control_tokens
+    return tokens.first if tokens is not None else ""
 
 
 def _dispatch_ssl(config: PlannerConfig):

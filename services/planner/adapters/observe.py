@@ -62,8 +62,12 @@ class RouterTrafficSource:
         timeout_s: float,
         dispatched: Callable[[], int] | None = None,
         dispatch_inflight: Callable[[], int] | None = None,
+        metrics_token: str = "",
     ) -> None:
+        """`metrics_token`: sent as `Authorization: Bearer` on each scrape (a router whose /metrics takes a
+        metrics token accepts it, or the control token; docs/security.md#metrics)."""
         self.urls = tuple(u.rstrip("/") for u in urls)
+        self._headers = {"Authorization": f"Bearer {metrics_token}"} if metrics_token else None
         self.clock = clock
         self.timeout_s = timeout_s
         self.dispatched = dispatched
@@ -74,7 +78,7 @@ class RouterTrafficSource:
     async def _scrape(self, url: str) -> tuple[float, float, float, float, bool]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-        async with self._session.get(url + "/metrics") as resp:
+        async with self._session.get(url + "/metrics", headers=self._headers) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"{url}/metrics answered {resp.status}")
             text = await resp.text()

@@ -183,3 +183,24 @@ def test_the_process_refuses_to_start_naming_the_rule(module):
     )
     assert done.returncode == 2, done.stderr
     assert RULE in done.stderr and "listen" in done.stderr and "Traceback" not in done.stderr
+
+
+async def test_the_planner_scrapes_a_guarded_router_metrics_port_with_its_token():
+    from services.common.clock import SystemClock
+    from services.planner.adapters.observe import RouterTrafficSource
+
+    security = SecurityConfig(metrics_tokens=Tokens([METRICS]), control_tokens=Tokens([CONTROL]))
+    host = ServiceHost("router", listen="127.0.0.1:0", metrics_port=0, security=security, shutdown_grace_seconds=0.1)
+    await host.start()
+    url = f"http://127.0.0.1:{host.metrics_port}"
+    sources = [RouterTrafficSource([url], SystemClock(), timeout_s=2, metrics_token=t) for t in ("", CONTROL, METRICS)]
+    try:
+        with pytest.raises(RuntimeError, match="answered 401"):
+            await sources[0]._scrape(url)
+        for source in sources[1:]:
+            assert await source._scrape(url) == (0.0, 0.0, 0.0, 0.0, False)
+    finally:
+        for source in sources:
+            if source._session is not None:
+                await source._session.close()
+        await host.stop()
