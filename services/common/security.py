@@ -50,7 +50,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import grpc
 from aiohttp import web
 
-from services.common.config import Setting
+from services.common.config import Setting, parse_host_port
 from services.common.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -281,8 +281,6 @@ def check_bind(field_name: str, value: Any, host: str, port: Port, security: "Se
 
 def check_service_binds(listen: str, metrics_port: int, security: "SecurityConfig") -> None:
     """The bind rule over a service's gRPC `listen` address and its /metrics port (-1 = off)."""
-    from services.common.config import parse_host_port
-
     host, _ = parse_host_port(listen, "listen")
     check_bind("listen", listen, host, Port.GRPC, security)
     if metrics_port >= 0:
