@@ -91,7 +91,14 @@ class Attempt:
     worker_id: str
     may_fail_over: bool  # the turn's first attempt (one failover per turn)
     excluded: set[str]  # workers it may not move to (this one, and any that failed it)
-    evacuated: asyncio.Event = field(default_factory=asyncio.Event)
+    interrupted: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    """Resolves to the error that ends the attempt early (its worker left the fleet, or missed its probe)."""
+
+    def interrupt(self, error: RouterError) -> bool:
+        if self.interrupted.done():
+            return False
+        self.interrupted.set_result(error)
+        return True
 
 
 class TurnRunner:
@@ -388,9 +395,12 @@ class TurnRunner:
         for worker_id in [w for w in self._pending if w not in workers]:
             moved = 0
             for attempt in self._pending[worker_id]:
-                if attempt.may_fail_over and not attempt.evacuated.is_set() and self._has_alternative(attempt, workers):
-                    attempt.evacuated.set()
-                    moved += 1
+                if attempt.may_fail_over and self._has_alternative(attempt, workers):
+                    moved += attempt.interrupt(
+                        WorkerEvacuated(
+                            f"worker {worker_id} left the fleet (marked unhealthy) before the turn sent anything"
+                        )
+                    )
             if moved:
                 log.info(
                     "worker %s left the fleet: %d turns that had sent nothing move to another worker", worker_id, moved
@@ -405,16 +415,18 @@ class TurnRunner:
         ]
         return bool(self.circuits.routable(views))
 
-    async def _watch(self, worker: WorkerView, deadline_s: float) -> None:
-        """Returns never; raises WorkerUnresponsive once the worker, past `deadline_s`, misses a health probe.
-        A worker that answers is only slow: it is asked again every deadline floor."""
-        await asyncio.sleep(deadline_s)
-        while True:
+    async def _watch(self, worker: WorkerView, attempt: Attempt, deadline_s: float) -> None:
+        """Started at the attempt's deadline: interrupts it with WorkerUnresponsive once the worker misses a
+        health probe. A worker that answers is only slow: it is asked again every deadline floor."""
+        while not attempt.interrupted.done():
             if not await self.probes.alive(worker.worker_id, worker.url):
-                raise WorkerUnresponsive(
-                    f"worker {worker.worker_id} sent nothing within {deadline_s:.1f}s and did not answer a health "
-                    f"probe within {self.probe_timeout_s:g}s"
+                attempt.interrupt(
+                    WorkerUnresponsive(
+                        f"worker {worker.worker_id} sent nothing within {deadline_s:.1f}s and did not answer a "
+                        f"health probe within {self.probe_timeout_s:g}s"
+                    )
                 )
+                return
             await asyncio.sleep(self.deadlines.floor_s)
 
     async def _bounded(
@@ -422,35 +434,42 @@ class TurnRunner:
     ) -> Any:
         """`work`'s result (an open response and what was read of it), unless first: the worker leaves the
         fleet (WorkerEvacuated), misses its probe past the deadline (WorkerUnresponsive), or `cap_s` passes
-        (WorkerTimeout). Whatever loses is cancelled; `work` closes its response when cancelled."""
+        (WorkerTimeout). The loser is cancelled; `work` closes its response when cancelled. The common case
+        costs one task and one timer: the probe starts only when the deadline passes."""
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(work)
-        evacuated = asyncio.ensure_future(attempt.evacuated.wait())
-        watchdog = asyncio.ensure_future(self._watch(worker, deadline_s))
+        watchdog: asyncio.Task | None = None
+
+        def deadline_passed() -> None:
+            nonlocal watchdog
+            watchdog = loop.create_task(self._watch(worker, attempt, deadline_s))
+
+        timer = loop.call_later(deadline_s, deadline_passed) if cap_s is None or deadline_s < cap_s else None
         pending = self._pending.setdefault(worker.worker_id, set())
         pending.add(attempt)
         delivered = False
         try:
             done, _ = await asyncio.wait(
-                (task, evacuated, watchdog), timeout=cap_s, return_when=asyncio.FIRST_COMPLETED
+                (task, attempt.interrupted), timeout=cap_s, return_when=asyncio.FIRST_COMPLETED
             )
             if task in done:
                 result = task.result()
                 delivered = True
                 return result
-            if evacuated in done:
-                raise WorkerEvacuated(
-                    f"worker {worker.worker_id} left the fleet (marked unhealthy) before the first token"
-                )
-            if watchdog in done:
-                watchdog.result()  # raises WorkerUnresponsive
+            if attempt.interrupted.done():
+                raise attempt.interrupted.result()
             raise WorkerTimeout(f"worker {worker.worker_id} sent no first token within {cap_s:g}s")
         finally:
             pending.discard(attempt)
             if not pending and self._pending.get(worker.worker_id) is pending:
                 del self._pending[worker.worker_id]
-            for t in (task, evacuated, watchdog):
+            if timer is not None:
+                timer.cancel()
+            losers = [t for t in (task, watchdog) if t is not None and not t.done()]
+            for t in losers:
                 t.cancel()
-            await asyncio.wait((task, evacuated, watchdog))
+            if losers:
+                await asyncio.wait(losers)
             if not delivered and not task.cancelled() and task.exception() is None:
                 task.result()[0].close()  # it finished as it lost: abort it at the worker
 
