@@ -14,6 +14,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from harness.table import render_table
 from services.cli import endpoints
 from services.common.config import parse_host_port
+from services.common.leader_follow import leader_hint
 
 _STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}
 _LIFECYCLE = {pb.LIFECYCLE_ACTIVE: "active", pb.LIFECYCLE_PAUSED: "paused"}
@@ -38,15 +39,21 @@ def run(args: argparse.Namespace) -> int:
     endpoints.fill_security(args)
     address = endpoints.grpc_address(args, args.scheduler_addr, "scheduler")
     parse_host_port(address, "scheduler_addr")  # ConfigError -> exit 2 in services.cli.main
-    try:
-        channel, metadata = endpoints.channel(address, args)
-        with channel:
-            listing = pb_grpc.SchedulerStub(channel).ListPrograms(
-                pb.ListProgramsRequest(), timeout=args.timeout_seconds, metadata=metadata
-            )
-    except grpc.RpcError as exc:
-        print(f"bandmaster programs: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+    for _ in range(2):  # a standby names the leader (active/standby schedulers): ask it once
+        try:
+            channel, metadata = endpoints.channel(address, args)
+            with channel:
+                listing = pb_grpc.SchedulerStub(channel).ListPrograms(
+                    pb.ListProgramsRequest(), timeout=args.timeout_seconds, metadata=metadata
+                )
+            break
+        except grpc.RpcError as exc:
+            leader = leader_hint(exc)
+            if leader and leader != address:
+                address = leader
+                continue
+            print(f"bandmaster programs: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
     print(render(listing))
     return 0
 

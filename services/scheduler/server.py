@@ -100,6 +100,7 @@ async def start_scheduler(
     )
     tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
     metrics = SchedulerMetrics(host.registry)
+    metrics.leader.set(1)  # a single scheduler always decides
     core = SchedulerCore(
         config.control,
         make_pause_policy(config.pause_policy, config.pause_policy_params()),

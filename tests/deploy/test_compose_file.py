@@ -184,6 +184,7 @@ def test_the_documented_default_ports():
     expected = {
         "capacity": {"grpc": 50051, "metrics": 9101},
         "scheduler": {"grpc": 50052, "metrics": 9102},
+        "scheduler-2": {"grpc": 50052, "metrics": 9102},
         "router-1": {"grpc": 50053, "metrics": 9103, "http": 8000},
         "router-2": {"grpc": 50053, "metrics": 9103, "http": 8000},
         "planner": {"grpc": 50061, "metrics": 9105, "http": 8090},

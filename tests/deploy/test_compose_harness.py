@@ -52,7 +52,9 @@ def test_plan_of_the_compose_file(tmp_path):
     assert set(stack.addresses.values()) == {f"127.0.42.{10 + i}" for i in range(len(stack.addresses))}
     router = stack.services["router-1"]
     assert router.argv[3:5] == ["--listen", f"{router.address}:50053"]
-    assert router.env["BANDMASTER_ROUTER_SCHEDULER_ADDR"] == f"{stack.addresses['scheduler']}:50052"
+    assert router.env["BANDMASTER_ROUTER_SCHEDULER_ADDR"] == (
+        f"{stack.addresses['scheduler']}:50052,{stack.addresses['scheduler-2']}:50052"
+    )
     assert router.depends_on_healthy == ["capacity", "scheduler"]
     assert router.healthcheck[-2:] == [f"http://{router.address}:8000/health", f"grpc://{router.address}:50053"]
     assert stack.dropped_env["router-1"] == ["OTEL_EXPORTER_OTLP_ENDPOINT"]

@@ -77,6 +77,7 @@ def test_the_stack_is_what_the_compose_file_says(stack):
         "simworker-2",
         "capacity",
         "scheduler",
+        "scheduler-2",
         "router-1",
         "router-2",
         "planner",
@@ -121,10 +122,13 @@ def test_agent_program_across_both_routers(stack):
         for r in routers
     }
     assert all(count >= 2 for count in served.values()), f"program turns per router: {served}"
-    scheduler = scrape(stack.url("scheduler", 9102, "/metrics"))
-    # The program table is kept in the compose file's Redis: the store is up and has been written.
-    assert sample(scheduler, "bandmaster_scheduler_state_store_up") == 1
-    assert sample(scheduler, "bandmaster_scheduler_state_writes_total") > 0
+    # Two schedulers, active and standby: the leader keeps the program table in the compose file's Redis
+    # (its store is up and has been written); the standby writes nothing.
+    schedulers = [scrape(stack.url(name, 9102, "/metrics")) for name in ("scheduler", "scheduler-2")]
+    leaders = [m for m in schedulers if sample(m, "bandmaster_scheduler_leader") == 1]
+    assert len(leaders) == 1, "not exactly one leading scheduler"
+    assert sample(leaders[0], "bandmaster_scheduler_state_store_up") == 1
+    assert sample(leaders[0], "bandmaster_scheduler_state_writes_total") > 0
     state = redis.Redis(host=stack.stack.addresses["redis"], port=6379, db=1, socket_timeout=5)
     try:
         assert state.keys("bandmaster:scheduler:*"), "no scheduler state in Redis db 1"

@@ -28,8 +28,11 @@ def test_tokens_guard_the_compose_cluster(tmp_path):
         with pytest.raises(openai.AuthenticationError):
             client(stack, "router-1").models.list()
         agent_program(stack, "compose-secured-agent", api_key=data)
-        scheduler = scrape(stack.url("scheduler", 9102, "/metrics"))
-        assert sample(scheduler, "bandmaster_scheduler_admissions_total") >= 4, "the routers' Admits did not arrive"
+        admissions = sum(  # active and standby: the leader counts them
+            sample(scrape(stack.url(name, 9102, "/metrics")), "bandmaster_scheduler_admissions_total")
+            for name in ("scheduler", "scheduler-2")
+        )
+        assert admissions >= 4, "the routers' Admits did not arrive"
         for router in ("router-1", "router-2"):
             metrics = scrape(stack.url(router, 9103, "/metrics"))
             assert sample(metrics, "bandmaster_router_scheduler_fail_open_total") == 0, f"{router} failed open"

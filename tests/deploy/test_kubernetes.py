@@ -430,7 +430,7 @@ def test_routers_are_replicated_with_a_pdb_and_no_autoscaler(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_single_writers_are_recreated_and_the_worker_count_is_the_planners(target):
     objects = rendered(target)
-    for name in ("scheduler", "planner", "redis"):
+    for name in ("planner", "redis"):
         deployment = named(objects, "Deployment", name)
         assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", name
     # No spec.replicas: `kubectl apply` must not reset what the planner set through the scale subresource.
@@ -458,6 +458,23 @@ def test_bandmaster_images_are_tagged(target):
     for _, container in bandmaster_containers(rendered(target)):
         assert re.fullmatch(r"bandmaster:[A-Za-z0-9_][A-Za-z0-9_.-]*", container["image"]), container["image"]
         assert not container["image"].endswith(":latest")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_scheduler_runs_active_and_standby_with_leader_election_in_redis(target):
+    """Two replicas, one pod replaced at a time (the leader releases its lease when told to stop); the
+    lease and the table in Redis; each replica advertises its pod address, which standbys redirect to."""
+    objects = rendered(target)
+    deployment = named(objects, "Deployment", "scheduler")
+    assert deployment["spec"]["replicas"] == 2
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate" and strategy["rollingUpdate"]["maxSurge"] == 0
+    (container,) = [c for c in containers(deployment) if c["name"] == "scheduler"]
+    _, config = load(deployment, container)
+    assert config.leader_election and config.state_store == "redis"
+    assert config.advertise_addr == f"{POD_IP}:50052"  # the loader expands $(POD_IP) as the kubelet does
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
 
 
 # -- RBAC -----------------------------------------------------------------------------------------

@@ -74,6 +74,9 @@ class Turn:
     # turn completed, a tick, a Bind) takes back only this turn's own effects.
     after: Program | None = None
     estimate: int = 0  # the router's prompt estimate as sent (calibration learns from it at Complete)
+    # Restored from the store by a new leader and not yet named by an Admit: the old leader may have
+    # stored it and died before its answer left, and the router then retries the same request id here.
+    restored: bool = False
 
 
 @dataclass(slots=True)

@@ -164,6 +164,17 @@ class SchedulerCore:
         paused queue; a later tick (resume) or `force_resume` resolves the admission."""
         if not request_id:
             raise MissingRequestId("request_id is required")
+        replayed = self._turns.get(request_id)
+        if (
+            replayed is not None
+            and replayed.restored
+            and not replayed.waiting
+            and replayed.session_id == normalise_session_id(session_id)
+        ):
+            # Stored by the previous leader, whose answer may never have left (it failed between its
+            # commit and the reply): the router's retry gets the same admission, counted once.
+            replayed.restored = False
+            return AdmitResult(self._decision(now, replayed, replayed.program), Effects())
         if request_id in self._turns or request_id in self._passthrough:
             raise DuplicateRequest(f"request {request_id!r} is already in flight")
         acc = _Acc()
@@ -756,6 +767,7 @@ class SchedulerCore:
                 was_paused=ticket.was_paused,
                 lease_until=self._lease(now),
                 confirmed=True,  # stored as running: its `before` is lost, it can only end
+                restored=True,
             )
             running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
         ended = 0

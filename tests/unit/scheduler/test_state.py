@@ -216,3 +216,21 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
             assert store_tickets == {r.request_id: r for r in full.tickets}
             core.check_invariants(now)
             restored(core, now).check_invariants(now)
+
+
+def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_admission():
+    """The old leader stored the admission and died before its answer left: the router's retry on the new
+    leader (same request id) gets it again, counted once; a second Admit of it is a duplicate."""
+    from services.scheduler.core import DuplicateRequest
+
+    core = new_core()
+    first = core.admit(0.0, "p", "", 1_000, "r1").decision
+    other = restored(core, 5.0)
+    again = other.admit(5.0, "p", "", 1_000, "r1").decision
+    assert again.verdict is Verdict.PLACED and again.admission_epoch == first.admission_epoch
+    assert other.program("p").turns == 1 and other.admissions_total == core.admissions_total
+    with pytest.raises(DuplicateRequest):
+        other.admit(5.5, "p", "", 1_000, "r1")
+    other.complete(6.0, "p", "r1", again.replica, 1_200, 10)
+    assert other.program("p").status is Status.ACTING and other.program("p").token_total == 1_210
+    other.check_invariants(6.0)
