@@ -137,3 +137,42 @@ async def test_leader_election_with_the_in_memory_table_refuses_to_start():
     with pytest.raises(ConfigError) as err:
         config(state_path="none", leader_election=True)
     assert err.value.field == "leader_election" and "share" in err.value.reason
+
+
+async def test_the_planners_following_stub_and_the_routers_client_find_the_leader(pair):
+    """Both clients given [standby, leader]: the standby's redirect sends the calls to the leader."""
+    from services.common.leader_follow import FollowingStub
+    from services.router.adapters.scheduler import SchedulerClient
+    from services.router.core.breaker import BreakerParams
+    from services.router.core.outcome import Outcome
+    from services.router.metrics import RouterMetrics
+
+    a, _, b, _ = pair
+    channels: list[grpc.aio.Channel] = []
+
+    def channel(address: str) -> grpc.aio.Channel:
+        channels.append(opened := grpc.aio.insecure_channel(address))
+        return opened
+
+    stub = FollowingStub([b.address, a.address], channel, pb_grpc.SchedulerStub)
+    await stub.GetStats(pb.GetStatsRequest(), timeout=2)
+    assert stub.current == a.address
+    for opened in channels:
+        await opened.close()
+
+    client = SchedulerClient(
+        f"{b.address},{a.address}",
+        RouterMetrics(),
+        call_timeout_s=2.0,
+        decision_timeout_s=2.0,
+        hold_timeout_s=30.0,
+        breaker=BreakerParams(1, 1.0, 1.0),
+    )
+    try:
+        admission = await client.admit("p9", "", "r9", 10)
+        assert admission is not None and client.address == a.address
+        await client.complete("p9", "r9", admission.worker_id, 0, 100, 5, 0, Outcome.OK)
+        view = a.core.program("p9")
+        assert view is not None and view.turns == 1 and view.token_total == 105
+    finally:
+        await client.close()
