@@ -56,6 +56,13 @@ _DONE = b"data: [DONE]\n\n"
 _ROUTE_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "completions", Api.GENERATE: "generate"}
 
 
+class _SseResponse(web.StreamResponse):
+    """A streamed answer whose headers leave with its first chunk, in one write (aiohttp's StreamResponse
+    sends them at `prepare` on their own; `web.Response` buffers them likewise)."""
+
+    _send_headers_immediately = False
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
 
@@ -254,6 +261,7 @@ class HttpApi:
         serve_metrics: bool,
         has_scheduler: bool,
         batch_proxy: BatchApiProxy | None = None,
+        stream_flush_s: float = 0.0,
     ) -> None:
         self.runner = runner
         self.batch_proxy = batch_proxy
@@ -263,6 +271,7 @@ class HttpApi:
         self.max_body_bytes = limits.max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.has_scheduler = has_scheduler
+        self.stream_flush_s = stream_flush_s
         self._headers = limits.server_header
         self._sse_headers = {**_SSE_HEADERS, **self._headers}
         self.routes: dict[str, dict[str, Any]] = {
@@ -369,7 +378,7 @@ class HttpApi:
             raise BadRequest(f"malformed JSON body: {exc}") from None
         if not isinstance(body, dict):
             raise BadRequest("request body must be a JSON object")
-        validation.encodable(body)
+        validation.encodable(body, raw)
         return body
 
     async def _turn(self, request: web.BaseRequest, api: Api) -> web.StreamResponse:
@@ -434,13 +443,24 @@ class HttpApi:
     async def _stream(
         self, request: web.BaseRequest, turn, route: str, path: str, client_usage: bool, traffic: str
     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers=self._sse_headers)
+        response = _SseResponse(headers=self._sse_headers)
         outcome = Outcome.CANCELLED
         try:
             await response.prepare(request)
             try:
-                # One write per read from the worker, not per line: see SseRelay.
+                # One write per read from the worker, not per line (see SseRelay), and at most one write per
+                # `stream_flush_s`: a block that follows the last write sooner waits for the rest of that
+                # interval, and the next read takes whatever the worker sent meanwhile. The first token goes
+                # out at once; a worker that sends a token per interval or slower is never held.
+                flush_s = self.stream_flush_s
+                loop = asyncio.get_running_loop()
+                written = -flush_s
                 async for block in turn.sse(client_usage):
+                    if flush_s:
+                        wait_s = written + flush_s - loop.time()
+                        if wait_s > 0:
+                            await asyncio.sleep(wait_s)
+                        written = loop.time()
                     await response.write(block)
                 outcome = Outcome.OK
             except (WorkerFailed, WorkerTimeout) as err:

@@ -1,7 +1,10 @@
 """The router's public HTTP port: aiohttp's low-level server with the rules a public port needs.
 
-* At most `max_connections` open connections: one more is answered `503` (OpenAI-style JSON,
-  `Retry-After: 1`, `Connection: close`) and closed at once.
+* At most `max_connections` open connections, and at most `max_connections_per_client` of one client (its
+  address; under data tokens, the token's identity once a request on the connection proved it): one more
+  is answered `503` (OpenAI-style JSON, `Retry-After: 1`, `Connection: close`) and closed at once. At the
+  port's cap, another client's connection closes the longest idle connection of the client that holds the
+  most instead (`core/limits.ConnectionShares`), so one client's idle sockets cannot lock the others out.
 * Request heads have a deadline: a connection must deliver a complete request line and headers
   within `header_timeout_s` of opening, and on a kept-alive connection within `header_timeout_s`
   of the next request's first byte; otherwise it is closed. An idle kept-alive connection is
@@ -20,8 +23,10 @@ every handler (see `GuardedServer.handle`), which is how a connection knows a he
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -39,7 +44,9 @@ from aiohttp.http_exceptions import (
 )
 
 from services.common.ports import PortInUse, binding
+from services.common.security import Role, Tokens, Verdict, authorize, bearer_of
 from services.router.adapters.upstream import dumps
+from services.router.core.limits import ConnectionLimitParams, ConnectionRefusal, ConnectionShares
 from services.router.errors import BadRequest, Internal, Overloaded, RouterError, UnsupportedMediaType, quoted
 from services.router.metrics import RouterMetrics
 
@@ -82,6 +89,8 @@ class HttpLimits:
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 60.0
     max_connections: int = 2048
+    max_connections_per_client: int = 1024
+    """0 = no cap of its own (only the eviction at `max_connections` shares the port)."""
     max_body_bytes: int = 8 * 1024 * 1024
     server_version: bool = False
     """True: the framework's own `Server` header (name and version); False: `Server: bandmaster`."""
@@ -131,15 +140,29 @@ def malformed(exc: BaseException | None, status: int) -> RouterError:
     return err
 
 
-class _Refusal(asyncio.Protocol):
-    """A connection over the cap: one 503, then closed."""
+def token_identity(control: Tokens | None, data: Tokens | None) -> Callable[[str | None], str | None] | None:
+    """What files a connection under its bearer token (None when no token is configured): the client
+    identity of an `Authorization` value that the bearer guard lets through (`token:<sha256 prefix>`, as
+    `session.client_identity` names it), else None (the connection stays filed under its address). Only
+    with data tokens: without them the data plane is open and any token would do, so addresses count."""
+    if data is None:
+        return None
 
-    def __init__(self, payload: bytes) -> None:
-        self._payload = payload
+    def identify(authorization: str | None) -> str | None:
+        token = bearer_of(authorization)
+        if token is None or authorize(Role.DATA, token, control, data) is not Verdict.ALLOW:
+            return None
+        return "token:" + hashlib.sha256(token).hexdigest()[:16]
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self._payload)  # type: ignore[attr-defined]
-        transport.close()
+    return identify
+
+
+def peer_identity(transport: asyncio.BaseTransport) -> str:
+    """`addr:<host>` of a connection's peer (its port is not part of who the client is)."""
+    peer = transport.get_extra_info("peername")
+    if isinstance(peer, (tuple, list)) and peer:
+        return f"addr:{peer[0]}"
+    return f"addr:{peer or 'unknown'}"
 
 
 class _Connection(web.RequestHandler):
@@ -151,32 +174,67 @@ class _Connection(web.RequestHandler):
         self._head_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._counted = False
+        self._refused = False
+        self._idle = True  # no request on it and no byte of the next head: it may be evicted at the cap
+        self._head_pending = False  # bytes of a request head arrived that no handler has started on yet
+        self.identified = False  # a request's token filed it (or tried to): see GuardedServer.handle
         self.unsupported_version = False  # the request being handled named an HTTP version other than 1.x
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._guard.admit(self, transport):
+            self._refused = True
+            transport.write(self._guard.refusal)  # type: ignore[attr-defined]
+            transport.close()
+            return
         super().connection_made(transport)
         self._counted = True
-        self._guard.opened()
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if not self._in_request and self._head_timer is None:
-            self._arm()  # the first byte of the next request head
+        if self._refused:
+            return
+        if not self._in_request:
+            self._head_pending = True
+            if self._idle:
+                self._idle = False
+                self._guard.shares.busy(self)
+            if self._head_timer is None:
+                self._arm()  # the first byte of the next request head
         super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        if self._refused:
+            return
         self._disarm()
         if self._counted:
             self._counted = False
-            self._guard.closed()
+            self._guard.closed(self)
         super().connection_lost(exc)
+
+    def evict(self) -> None:
+        """Closed to make room for another client's connection (it was idle)."""
+        self._disarm()
+        self.force_close()
 
     def request_started(self) -> None:
         self._in_request = True
+        self._head_pending = False
         self._disarm()
+        if self._idle:
+            self._idle = False
+            self._guard.shares.busy(self)
 
     def request_finished(self) -> None:
         self._in_request = False
+
+    async def _handle_request(self, request, start_time, request_handler):  # type: ignore[no-untyped-def]
+        # Idle (evictable) once the answer is written out, not when the handler returns it.
+        try:
+            return await super()._handle_request(request, start_time, request_handler)
+        finally:
+            if not self._idle and self._counted and not self._head_pending:
+                self._idle = True
+                self._guard.shares.idle(self, time.monotonic())
 
     def _arm(self) -> None:
         loop = asyncio.get_running_loop()
@@ -222,10 +280,17 @@ class _Connection(web.RequestHandler):
 class GuardedServer(web.Server):
     """`web.Server` whose connections are `_Connection`s, counted and capped."""
 
-    def __init__(self, handler: Handler, limits: HttpLimits, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        limits: HttpLimits,
+        metrics: RouterMetrics,
+        identify: Callable[[str | None], str | None] | None = None,
+    ) -> None:
         self.limits = limits
         self.metrics = metrics
-        self.open_connections = 0
+        self.shares = ConnectionShares(ConnectionLimitParams(limits.max_connections, limits.max_connections_per_client))
+        self._identify = identify
         self._app_handler = handler
         # lingering_time: after an error answer to a request whose body is still arriving (408, 413), the
         # rest is read and dropped for at most this long before the connection closes (aiohttp: 10 s).
@@ -241,7 +306,7 @@ class GuardedServer(web.Server):
             "Connection: close",
             *(f"{k}: {v}" for k, v in limits.server_header.items()),
         ]
-        self._refusal = ("\r\n".join(head) + "\r\n\r\n").encode() + refusal.body
+        self.refusal = ("\r\n".join(head) + "\r\n\r\n").encode() + refusal.body
         super().__init__(self.handle, request_factory=self._make_request, handler_cancellation=True)
 
     def _make_request(self, message, payload, protocol, writer, task) -> web.BaseRequest:
@@ -260,25 +325,62 @@ class GuardedServer(web.Server):
             client_max_size=self.limits.max_body_bytes,
         )
 
+    @property
+    def open_connections(self) -> int:
+        return self.shares.total
+
     def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
-        if self.open_connections >= self.limits.max_connections:
-            self.metrics.http_connections_refused.inc()
-            return _Refusal(self._refusal)
         return _Connection(self, loop=asyncio.get_running_loop(), **self._handler_kwargs)
 
-    def opened(self) -> None:
-        self.open_connections += 1
-        self.metrics.http_connections.set(self.open_connections)
+    def admit(self, connection: _Connection, transport: asyncio.BaseTransport) -> bool:
+        """A new connection: counted (closing another client's idle one if the port is full), or refused."""
+        verdict = self.shares.open(connection, peer_identity(transport), time.monotonic())
+        if not verdict.allowed:
+            self.metrics.http_connections_refused.inc()
+            if verdict.refusal is ConnectionRefusal.CLIENT_CAP:
+                self.metrics.http_connection_shares.labels("refused_client_cap").inc()
+            return False
+        if isinstance(verdict.evict, _Connection):
+            self.metrics.http_connection_shares.labels("evicted_idle").inc()
+            verdict.evict._counted = False  # already forgotten by the shares
+            verdict.evict.evict()
+        self.metrics.http_connections.set(self.shares.total)
+        return True
 
-    def closed(self) -> None:
-        self.open_connections -= 1
-        self.metrics.http_connections.set(self.open_connections)
+    def closed(self, connection: _Connection) -> None:
+        self.shares.close(connection)
+        self.metrics.http_connections.set(self.shares.total)
+
+    def _file_by_token(self, connection: _Connection, request: web.BaseRequest) -> bool:
+        """Under data tokens, file the connection under its token's identity at its first request that
+        carries a valid one. False: that identity already holds its share (the request is refused)."""
+        identity = self._identify(request.headers.get("Authorization")) if self._identify is not None else None
+        if identity is None:
+            return True
+        connection.identified = True
+        if self.shares.move(connection, identity, time.monotonic()):
+            return True
+        self.metrics.http_connections_refused.inc()
+        self.metrics.http_connection_shares.labels("refused_client_cap").inc()
+        return False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         connection = request.protocol
         guarded = isinstance(connection, _Connection)
         if guarded:
             connection.request_started()
+            if (
+                not connection.identified
+                and self._identify is not None
+                and not self._file_by_token(connection, request)
+            ):
+                connection.request_finished()
+                response = error_response(
+                    Overloaded("too many connections from this client; retry later", retry_after_s=1.0),
+                    self.limits.server_header,
+                )
+                response.force_close()
+                return response
             if connection.unsupported_version:
                 connection.unsupported_version = False
                 connection.request_finished()
@@ -305,10 +407,12 @@ async def start_http(
     port: int,
     ssl_context: ssl.SSLContext | None = None,
     reuse_port: bool = False,
+    identify: Callable[[str | None], str | None] | None = None,
 ) -> tuple[web.ServerRunner, int]:
     """Serve `handler` on host:port (HTTPS with `ssl_context`; SO_REUSEPORT with `reuse_port`, for one of
-    several router processes on the port); returns the runner (cleanup() stops it) and the bound port."""
-    runner = web.ServerRunner(GuardedServer(handler, limits, metrics), access_log=None)
+    several router processes on the port); returns the runner (cleanup() stops it) and the bound port.
+    `identify` (`token_identity`) files connections under their bearer token's identity."""
+    runner = web.ServerRunner(GuardedServer(handler, limits, metrics, identify), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port or None, ssl_context=ssl_context)
     try:

@@ -115,6 +115,14 @@ class RouterMetrics:
             "Client connections refused at the connection cap (503)",
             registry=r,
         )
+        self.http_connection_shares = Counter(
+            "bandmaster_router_http_connection_shares",
+            "Connections acted on to share the HTTP port between clients: refused_client_cap (the client held "
+            "--http-max-connections-per-client; also counted in http_connections_refused), evicted_idle (an idle "
+            "connection of the client holding the most, closed at the port's cap for another client's)",
+            ("action",),
+            registry=r,
+        )
         self.http_timeouts = Counter(
             "bandmaster_router_http_timeouts",
             "Client connections closed for slowness, by phase (header, body)",

@@ -39,7 +39,8 @@ from services.router.fleet import Fleet, resolve_params
 from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.health import FleetHealth
 from services.router.http_api import HttpApi
-from services.router.http_server import HttpLimits, start_http
+from services.router.http_server import HttpLimits, start_http, token_identity
+from services.router.lean_tracer import LeanTracer
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptTokenizer
 from services.router.redaction import install_log_redaction
@@ -154,7 +155,8 @@ async def start_router(
     prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
     install_log_redaction()
     telemetry = telemetry or setup_telemetry("bandmaster-router", sample_ratio=config.trace_sample_ratio)
-    tracer = telemetry.tracer("bandmaster.router")
+    # Without an exporter the router's spans only carry context: LeanTracer (services/router/lean_tracer.py).
+    tracer = telemetry.tracer("bandmaster.router") if telemetry.exporting else LeanTracer(telemetry.provider)
     metrics = RouterMetrics()
     clock = SystemClock()
     host = ServiceHost(
@@ -266,6 +268,7 @@ async def start_router(
         header_timeout_s=config.http_header_timeout_seconds,
         keepalive_timeout_s=config.http_keepalive_timeout_seconds,
         max_connections=config.http_max_connections,
+        max_connections_per_client=config.http_max_connections_per_client,
         max_body_bytes=config.max_body_bytes,
         server_version=config.http_server_version,
     )
@@ -278,6 +281,7 @@ async def start_router(
         serve_metrics=config.http_metrics,
         has_scheduler=scheduler is not None,
         batch_proxy=batch_proxy,
+        stream_flush_s=config.http_stream_flush_ms / 1000.0,
     )
     _check_file_limit(config.http_max_connections)
 
@@ -302,6 +306,7 @@ async def start_router(
         config.http_port,
         ssl_context=config.security.http_ssl_context(),
         reuse_port=config.reuse_port,
+        identify=token_identity(config.security.control_tokens, config.security.data_tokens),
     )
     watch.start()
     sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock), name="router-sweep")

@@ -60,8 +60,15 @@ def request_id(value: str, field: str = "request_id") -> str:
     return value
 
 
-def encodable(body: dict) -> None:
-    """The body can be forwarded: it re-encodes (orjson refuses nesting deeper than 254 levels)."""
+MAX_ENCODABLE_DEPTH = 254
+"""orjson.dumps refuses a value nested deeper than this (its loads takes up to 1024)."""
+
+
+def encodable(body: dict, raw: bytes | None = None) -> None:
+    """The body can be forwarded: it re-encodes (orjson refuses nesting deeper than 254 levels). With the
+    `raw` JSON it came from, a body with too few brackets to nest that deep is not encoded to find out."""
+    if raw is not None and raw.count(b"[") + raw.count(b"{") <= MAX_ENCODABLE_DEPTH:
+        return
     try:
         dumps(body)
     except (TypeError, ValueError, RecursionError):

@@ -9,7 +9,10 @@ a known program's next turn is never refused. The verdict says how long to wait:
     cap:  the oldest program's idle expiry          retry_after = last_seen_oldest + program_idle_s - now
     rate: the next token                            retry_after = (1 - tokens) / new_programs_per_s
 
-One router's view: each router replica enforces its own limits. Pure: `now` is passed in.
+`ConnectionShares` (below) is the same idea one level down: open HTTP connections per client, so that
+one client's idle sockets cannot take the port's whole connection cap.
+
+One router's view: each router replica (and process) enforces its own limits. Pure: `now` is passed in.
 """
 
 from __future__ import annotations
@@ -128,3 +131,157 @@ class ClientLimits:
             del programs[sid]
             dropped += 1
         return dropped
+
+
+# -- connections per client ---------------------------------------------------------------------------
+
+
+class ConnectionRefusal(enum.Enum):
+    CLIENT_CAP = "client_cap"  # the client already holds its share
+    FULL = "full"  # the port is at its cap and no other client holds an idle connection beyond its share
+
+
+@dataclass(frozen=True)
+class ConnectionLimitParams:
+    max_connections: int = 2048
+    """Open client connections on the port, all clients together."""
+    max_per_client: int = 1024
+    """Open connections one client may hold (0 = no cap of its own: `max_connections`)."""
+
+    def __post_init__(self) -> None:
+        require(self.max_connections >= 1, "max_connections", self.max_connections, "max_connections >= 1")
+        require(self.max_per_client >= 0, "max_per_client", self.max_per_client, "max_per_client >= 0 (0 = off)")
+
+    @property
+    def per_client(self) -> int:
+        return min(self.max_per_client or self.max_connections, self.max_connections)
+
+
+@dataclass(frozen=True)
+class ConnectionVerdict:
+    allowed: bool
+    refusal: ConnectionRefusal | None = None
+    evict: object | None = None
+    """An idle connection of another client to close so that this one fits (None = none needed)."""
+
+
+CONNECTION_ALLOWED = ConnectionVerdict(True)
+
+
+@dataclass
+class _Holder:
+    open: int = 0
+    idle: OrderedDict = field(default_factory=OrderedDict)  # connection -> idle since, longest idle first
+
+
+class ConnectionShares:
+    """Open connections per client, so that one client's sockets cannot lock the others out.
+
+    A connection is opened for a client (its address; `move` re-files it under another identity, e.g. its
+    bearer token once a request proved it), is busy while a request (or the head of the next one) is on it
+    and idle otherwise. `open` admits a connection when
+
+        held(client) < per_client   and   (total < max_connections  or  an idle one can be evicted)
+
+    At the cap, the idle connection evicted is the longest idle one of the client that holds the most
+    connections, provided that client holds more than the newcomer will (held(victim) > held(client) + 1):
+    room is taken from a client beyond its fair share, never from the newcomer itself nor from an equal.
+    The evicted connection is forgotten at once; the shell closes it. Pure: `now` is passed in.
+    """
+
+    def __init__(self, params: ConnectionLimitParams) -> None:
+        self.params = params
+        self.total = 0
+        self._holders: dict[str, _Holder] = {}
+        self._owner: dict[object, str] = {}  # connection -> client
+
+    def open(self, conn: object, client: str, now: float) -> ConnectionVerdict:
+        """A new connection of `client` (idle until `busy`): allowed (and counted), or refused."""
+        holder = self._holders.get(client)
+        held = holder.open if holder is not None else 0
+        if held >= self.params.per_client:
+            return ConnectionVerdict(False, ConnectionRefusal.CLIENT_CAP)
+        evict = None
+        if self.total >= self.params.max_connections:
+            evict = self._victim(client, held)
+            if evict is None:
+                return ConnectionVerdict(False, ConnectionRefusal.FULL)
+            self.close(evict)
+        self._add(conn, client, now)
+        return CONNECTION_ALLOWED if evict is None else ConnectionVerdict(True, evict=evict)
+
+    def move(self, conn: object, client: str, now: float) -> bool:
+        """File an open connection under `client` instead. False (and left where it was) when `client`
+        already holds its share."""
+        owner = self._owner.get(conn)
+        if owner is None or owner == client:
+            return True
+        holder = self._holders.get(client)
+        if holder is not None and holder.open >= self.params.per_client:
+            return False
+        idle = conn in self._holders[owner].idle
+        self.close(conn)
+        self._add(conn, client, now)
+        if not idle:
+            self.busy(conn)
+        return True
+
+    def busy(self, conn: object) -> None:
+        owner = self._owner.get(conn)
+        if owner is not None:
+            self._holders[owner].idle.pop(conn, None)
+
+    def idle(self, conn: object, now: float) -> None:
+        owner = self._owner.get(conn)
+        if owner is not None:
+            self._holders[owner].idle[conn] = now
+
+    def close(self, conn: object) -> None:
+        """The connection is gone (or evicted). Unknown connections are ignored."""
+        owner = self._owner.pop(conn, None)
+        if owner is None:
+            return
+        holder = self._holders[owner]
+        holder.idle.pop(conn, None)
+        holder.open -= 1
+        self.total -= 1
+        if not holder.open:
+            del self._holders[owner]
+
+    def held(self, client: str) -> int:
+        holder = self._holders.get(client)
+        return holder.open if holder is not None else 0
+
+    def client_of(self, conn: object) -> str | None:
+        return self._owner.get(conn)
+
+    @property
+    def clients(self) -> int:
+        return len(self._holders)
+
+    @property
+    def idle_connections(self) -> int:
+        return sum(len(holder.idle) for holder in self._holders.values())
+
+    def _add(self, conn: object, client: str, now: float) -> None:
+        holder = self._holders.get(client)
+        if holder is None:
+            holder = self._holders[client] = _Holder()
+        holder.open += 1
+        holder.idle[conn] = now
+        self._owner[conn] = client
+        self.total += 1
+
+    def _victim(self, client: str, held: int) -> object | None:
+        """The longest idle connection of the biggest holder beyond the newcomer's share (ties: the one
+        idle the longest)."""
+        best: tuple[int, float] | None = None
+        victim = None
+        for name, holder in self._holders.items():
+            if name == client or not holder.idle or holder.open <= held + 1:
+                continue
+            conn, since = next(iter(holder.idle.items()))
+            key = (holder.open, -since)
+            if best is None or key > best:
+                best, victim = key, conn
+        return victim
