@@ -14,6 +14,10 @@ the HTTP/SSE path dominates) is put behind every proxy at once:
 * `bandmaster-2proc`     - a third router, `--processes 2`, on the same capacity and scheduler as
                            `bandmaster`, programs and finals as there.
 * `sglang-router`        - `sglang_router.launch_router --policy cache_aware` on the same workers.
+* `baseline`, `baseline-nosched` (only with `--baseline-ref REF`) - `bandmaster` and `bandmaster-nosched`
+                           run by the router of git commit REF (`git archive` into a temporary directory),
+                           on the same capacity service, scheduler and workers: a before/after comparison
+                           of the router measured side by side in one run.
 
 This process is the load generator: C closed-loop aiohttp SSE streams of `/v1/chat/completions`
 (fixed prompt size, fixed `max_tokens` with `ignore_eos`). Each phase = one arm at one concurrency
@@ -39,6 +43,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -55,7 +60,9 @@ from harness.supervisor import Supervisor
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
 ARMS = ("direct", "bandmaster", "bandmaster-nosched", "bandmaster-2proc", "sglang-router")
-SCHEDULED_ARMS = ("bandmaster", "bandmaster-2proc")
+BASELINE_ARMS = ("baseline", "baseline-nosched")
+"""With --baseline-ref: the router of another commit, with and without the scheduler."""
+SCHEDULED_ARMS = ("bandmaster", "bandmaster-2proc", "baseline")
 """Arms whose streams are programs (session headers, a final request) admitted by the scheduler."""
 # One filler word is one simworker token (pieces of <= 4 non-space characters), so the prompt size
 # is controlled by the word count; the chat template adds a handful of tokens.
@@ -263,8 +270,12 @@ class Stack:
     pids: dict[str, list[int]]
     metrics_urls: dict[str, str]
     """Arm -> the /metrics base URL of its router (Bandmaster arms)."""
+    baseline_urls: dict[str, str] = field(default_factory=dict)
+    baseline: list[subprocess.Popen] = field(default_factory=list)
 
     def urls(self, arm: str) -> list[str]:
+        if arm in self.baseline_urls:
+            return [self.baseline_urls[arm]]
         return {
             "direct": self.cluster.workers,
             "bandmaster": [self.cluster.http_url],
@@ -277,6 +288,8 @@ class Stack:
         return {group: sum(cpu_seconds(pid) for pid in pids) for group, pids in self.pids.items()}
 
     def stop(self) -> None:
+        for process in self.baseline:
+            stop_process(process)
         if self.sglang.poll() is None:
             self.sglang.send_signal(signal.SIGTERM)
             try:
@@ -287,7 +300,55 @@ class Stack:
         self.cluster.stop()
 
 
-def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) -> Stack:
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def checkout(ref: str, into: Path) -> str:
+    """The tree of git commit `ref` in `into` (git archive: the repository is not touched); its full hash."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.Popen(["git", "archive", commit], cwd=ROOT, stdout=subprocess.PIPE)
+    subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
+    if archive.wait() != 0:
+        raise RuntimeError(f"git archive {commit} failed")
+    return commit
+
+
+def start_baseline_router(tree: Path, spec, state_dir: Path, name: str) -> tuple[subprocess.Popen, dict]:
+    """`spec` (a router's ChildSpec) run from the source tree `tree` (its cwd, so that `python -m` imports
+    that tree's services); returns the process and its ready file once written."""
+    ready = state_dir / f"{name}.ready.json"
+    ready.unlink(missing_ok=True)
+    with open(state_dir / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", spec.module, *spec.args, "--ready-file", str(ready)],
+            cwd=tree,
+            env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_process(process)
+            raise RuntimeError(f"{name} did not start; see {state_dir / f'{name}.log'}")
+        time.sleep(0.1)
+    return process, json.loads(ready.read_text())
+
+
+def start_stack(
+    workers: int, speedup: float, kv_tokens: int, max_running: int, baseline_tree: Path | None = None
+) -> Stack:
     config = ClusterConfig(
         workers=workers,
         worker_speedup=speedup,
@@ -313,13 +374,28 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         twoproc_spec.name = "router-2proc"
         (twoproc,) = cluster.supervisor.start_all([twoproc_spec])
         twoproc_url = f"http://127.0.0.1:{twoproc.ready['http_port']}"
+        baseline: list[subprocess.Popen] = []
+        baseline_ready: dict[str, dict] = {}
+        if baseline_tree is not None:
+            for arm, scheduler in (("baseline", cluster.scheduler.endpoint), ("baseline-nosched", None)):
+                # The ports of the cluster's own router are taken: any free ones.
+                spec = router_spec(replace(config, http_port=0), cluster.capacity.endpoint, scheduler)
+                args = list(spec.args)
+                for flag in ("--listen", "--metrics-port"):
+                    args[args.index(flag) + 1] = "127.0.0.1:0" if flag == "--listen" else "0"
+                spec.args = args
+                process, baseline_ready[arm] = start_baseline_router(
+                    baseline_tree, spec, cluster.supervisor.state_dir, f"router-{arm}"
+                )
+                baseline.append(process)
         sglang, sglang_url = launch_sglang_router(
             cluster.workers, "cache_aware", cluster.supervisor.state_dir / "sglang-router.log"
         )
+        baseline_urls = {arm: f"http://127.0.0.1:{ready['http_port']}" for arm, ready in baseline_ready.items()}
         # Every front door must answer a chat request before any phase starts: sglang-router registers
         # its workers in the background, our routers learn them from the capacity watch.
         deadline = time.monotonic() + 60
-        pending = {cluster.http_url, nosched_url, twoproc_url, sglang_url}
+        pending = {cluster.http_url, nosched_url, twoproc_url, sglang_url, *baseline_urls.values()}
         while pending:
             if sglang.poll() is not None:
                 raise RuntimeError(
@@ -333,6 +409,8 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         if sglang is not None and sglang.poll() is None:
             sglang.kill()
             sglang.wait()
+        for process in locals().get("baseline", []):
+            stop_process(process)
         cluster.stop()
         raise
     children = {child.spec.name: child.process.pid for child in cluster.supervisor.children}
@@ -346,6 +424,7 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
         "router-2proc": [children["router-2proc"], *ready["router-2proc"]["processes"]],
         "sglang-router": [sglang.pid],
         "client": [os.getpid()],
+        **{f"router-{arm}": [process.pid] for arm, process in zip(baseline_ready, baseline)},
     }
     metrics_urls = {
         arm: f"http://127.0.0.1:{ready[name]['metrics_port']}"
@@ -355,7 +434,8 @@ def start_stack(workers: int, speedup: float, kv_tokens: int, max_running: int) 
             ("bandmaster-2proc", "router-2proc"),
         )
     }
-    return Stack(cluster, nosched_url, twoproc_url, sglang, sglang_url, pids, metrics_urls)
+    metrics_urls |= {arm: f"http://127.0.0.1:{ready['metrics_port']}" for arm, ready in baseline_ready.items()}
+    return Stack(cluster, nosched_url, twoproc_url, sglang, sglang_url, pids, metrics_urls, baseline_urls, baseline)
 
 
 # ---------------------------------------------------------------------------------------- report
@@ -367,6 +447,8 @@ PROXY_CPU_GROUPS = {
     "bandmaster-nosched": ("router-nosched",),
     "bandmaster-2proc": ("router-2proc", "scheduler"),
     "sglang-router": ("sglang-router",),
+    "baseline": ("router-baseline", "scheduler"),
+    "baseline-nosched": ("router-baseline-nosched",),
 }
 
 
@@ -434,7 +516,7 @@ def aggregate(
     return out
 
 
-PROXY_METRICS_ARMS = ("bandmaster", "bandmaster-nosched", "bandmaster-2proc")
+PROXY_METRICS_ARMS = ("bandmaster", "bandmaster-nosched", "bandmaster-2proc", *BASELINE_ARMS)
 """Arms whose router's /metrics are read around each phase."""
 
 
@@ -473,7 +555,7 @@ def targets(summary: dict) -> dict:
         )
         out["cpu_per_token_vs_sglang_router_at_64"] = {"target": "<= 1.0", "value": round(cpu, 2), "met": cpu <= 1.0}
     at256 = summary.get("256", {})
-    for arm in SCHEDULED_ARMS:
+    for arm in ("bandmaster", "bandmaster-2proc"):
         if arm in at256:
             router = at256[arm]["router"]
             # The scheduler is up throughout the bench: every turn that failed open did so through the
@@ -579,11 +661,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms to run (default all: {','.join(ARMS)})"
     )
+    parser.add_argument(
+        "--baseline-ref",
+        default="",
+        help="git commit whose router also runs, as the arms baseline (scheduled) and baseline-nosched",
+    )
     args = parser.parse_args(argv)
     arms = tuple(arm.strip() for arm in args.arms.split(",") if arm.strip())
-    unknown = sorted(set(arms) - set(ARMS))
+    if args.baseline_ref and args.arms == parser.get_default("arms"):
+        arms += BASELINE_ARMS
+    known = ARMS + (BASELINE_ARMS if args.baseline_ref else ())
+    unknown = sorted(set(arms) - set(known))
     if unknown or not arms:
-        parser.error(f"--arms: unknown arm(s) {unknown}; choose from {','.join(ARMS)}")
+        parser.error(f"--arms: unknown arm(s) {unknown}; choose from {','.join(known)}")
     concurrencies = [int(c) for c in (args.concurrency or ("8" if args.smoke else "64,256")).split(",")]
     duration_s = args.duration_s or (1.0 if args.smoke else 8.0)
     warmup_s = args.warmup_s if args.warmup_s is not None else (0.5 if args.smoke else 2.0)
@@ -605,14 +695,22 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     started = time.monotonic()
-    stack = start_stack(args.workers, args.speedup, kv_tokens, max_running)
-    try:
-        phases, ttft = asyncio.run(run_phases(stack, order, make_load))
-        failed = [c.spec.name for c in stack.cluster.supervisor.failed()] + (
-            ["sglang-router"] if stack.sglang.poll() is not None else []
+    baseline_commit = ""
+    with tempfile.TemporaryDirectory(prefix="router-bench-baseline-") as tree:
+        if args.baseline_ref:
+            baseline_commit = checkout(args.baseline_ref, Path(tree))
+            print(f"baseline arms: the router of {baseline_commit}", flush=True)
+        stack = start_stack(
+            args.workers, args.speedup, kv_tokens, max_running, Path(tree) if args.baseline_ref else None
         )
-    finally:
-        stack.stop()
+        try:
+            phases, ttft = asyncio.run(run_phases(stack, order, make_load))
+            failed = [c.spec.name for c in stack.cluster.supervisor.failed()] + (
+                ["sglang-router"] if stack.sglang.poll() is not None else []
+            )
+            failed += [f"router-{arm}" for arm, p in zip(BASELINE_ARMS, stack.baseline) if p.poll() is not None]
+        finally:
+            stack.stop()
     summary = aggregate(phases, ttft, concurrencies, arms)
     report = {
         "benchmark": "router_bench",
@@ -633,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup_s": warmup_s,
             "repeats": repeats,
             "arms": list(arms),
+            "baseline_commit": baseline_commit,
             "worker_kv_tokens": kv_tokens,
             "worker_max_running_requests": max_running,
             "sglang_router_policy": "cache_aware",
