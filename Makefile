@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-planner bench-soak clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-planner bench-soak bench-chaos clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -24,6 +24,8 @@ help:
 	@echo "make bench-planner   - planner tick with 1,000 jobs on 64 workers, lease publication to Redis (bench/results/planner.json)"
 	@echo "make bench-soak      - 256 agent programs for 10 minutes through the full stack: lost programs (must be 0) and"
 	@echo "                       each service's RSS growth after warm-up (target < 10%) (bench/results/soak.json)"
+	@echo "make bench-chaos     - 10 minutes of agent load and a batch while seeded faults kill, freeze and restart every"
+	@echo "                       kind of process, 3 seeds: invariant violations (target 0) (bench/results/chaos.json)"
 
 # Installs exactly what requirements.lock pins (versions and hashes), then the project itself without
 # resolving anything. `make lock` refreshes the lock files from pyproject.toml.
@@ -127,6 +129,9 @@ bench-planner: venv system-deps
 
 bench-soak: venv
 	$(PY) -m bench.soak --programs 256 --duration-s 600 --out bench/results/soak.json
+
+bench-chaos: venv system-deps
+	$(PY) -m bench.chaos --seeds 0,1,2 --duration-s 600 --out bench/results/chaos.json
 
 bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim
 
