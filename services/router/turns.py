@@ -607,6 +607,12 @@ class TurnRunner:
                 if line.startswith(b'data: {"error"'):
                     raise WorkerFailed(stream_error(line))
                 if line.startswith(b"data:"):
+                    # What came with it, taken now: once the connection breaks, the reader raises instead
+                    # of handing out what it buffered, and the turn reaches its client a few loop hops on.
+                    try:
+                        line += response.content.read_nowait()
+                    except (asyncio.TimeoutError, aiohttp.ClientError):
+                        pass
                     return response, line
         except BaseException as exc:
             response.close()
