@@ -360,8 +360,11 @@ class HttpApi:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             raise BodyTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
         try:
-            async with asyncio.timeout(self.body_timeout_s):
+            if request.content.is_eof():  # the whole body came with the head (most do): no timer to arm
                 raw = await request.read()
+            else:
+                async with asyncio.timeout(self.body_timeout_s):
+                    raw = await request.read()
         except TimeoutError:
             self.metrics.http_timeouts.labels("body").inc()
             raise RequestTimeout(
