@@ -304,7 +304,7 @@ ROUTER_SETTINGS = [
     Setting(
         "failover_probe_timeout_seconds",
         float,
-        2.0,
+        3.0,
         "a worker past a turn's deadline must answer GET /health within this, else the turn fails over",
         env=_env("failover_probe_timeout_seconds"),
     ),
@@ -424,7 +424,7 @@ class RouterConfig:
     """SGLang `priority` of batch traffic (`X-Bandmaster-Traffic: batch`), in place of the scheduler's."""
     failover_floor_seconds: float = 2.0
     failover_prefill_tokens_per_second: float = 4000.0
-    failover_probe_timeout_seconds: float = 2.0
+    failover_probe_timeout_seconds: float = 3.0
     context_length_check: bool = True
     """Bounded waits (issue 21): see `answer_deadlines` and docs/router.md, Failure semantics."""
     seed: int = -1

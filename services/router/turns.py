@@ -115,7 +115,7 @@ class TurnRunner:
         prompts: PromptTokenizer | None = None,
         batch_priority: int = -10,
         deadlines: DeadlineParams | None = None,
-        probe_timeout_s: float = 2.0,
+        probe_timeout_s: float = 3.0,
         probes: WorkerProbes | None = None,
         context_check: bool = True,
     ) -> None:
