@@ -121,3 +121,32 @@ def test_chat_characters_are_the_contents_only():
         "not a message",
     ]
     assert chat_content_chars(messages) == 7
+
+
+# -- flags ------------------------------------------------------------------------------------------
+
+
+def test_the_flags_map_to_the_deadline_params_and_the_context_switch():
+    from services.router.config import load_config
+
+    default = load_config([], {})
+    assert default.answer_deadlines == DeadlineParams(2.0, 4000.0)
+    assert default.failover_probe_timeout_seconds == 3.0 and default.context_length_check
+    c = load_config(
+        ["--failover-floor-seconds", "1.5", "--failover-probe-timeout-seconds", "0.5", "--no-context-length-check"],
+        {"BANDMASTER_ROUTER_FAILOVER_PREFILL_TOKENS_PER_SECOND": "20000"},
+    )
+    assert c.answer_deadlines == DeadlineParams(1.5, 20000.0)
+    assert c.failover_probe_timeout_seconds == 0.5 and not c.context_length_check
+
+
+@pytest.mark.parametrize(
+    "flag", ["--failover-floor-seconds", "--failover-prefill-tokens-per-second", "--failover-probe-timeout-seconds"]
+)
+def test_a_non_positive_failover_setting_refuses_to_start_naming_the_rule(flag):
+    from services.common.errors import ConfigError
+    from services.router.config import load_config
+
+    name = flag[2:].replace("-", "_")
+    with pytest.raises(ConfigError, match=f"{name} > 0"):
+        load_config([flag, "0"], {})
