@@ -182,6 +182,11 @@ class StatePersister:
         store failed or refused the write (then `fenced` tells which)."""
         if self.fenced:
             return False
+        if self._failing_since is not None:
+            # The store is failing (down, or its write lock held by a frozen replica): as without leader
+            # election, a store outage must not hold up RPCs. The writer keeps trying; the answer goes now.
+            self._kick.set()
+            return False
         future = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
         self._kick.set()

@@ -359,7 +359,7 @@ class SqliteStateStore:
         try:
             # Shared: a write waits for the file's write lock at most about a write's timeout (a frozen
             # replica may hold it); alone, 5 s.
-            timeout_s = 1.0 if self.shared else 5.0
+            timeout_s = 0.5 if self.shared else 5.0
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=timeout_s)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
