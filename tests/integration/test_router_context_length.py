@@ -72,6 +72,16 @@ async def test_prompts_longer_than_the_context_are_refused_before_admit(cluster)
     assert f"has at least {CONTEXT + 1} tokens" in error["message"]  # 5 * 6554 characters / 16, rounded up
     assert f"maximum context length is {CONTEXT} tokens" in error["message"]
 
+    # Longer than the worker's whole KV pool (the stack's simworker: 32768 tokens): a new program the scheduler
+    # would hold until its forced resume before the worker's 400 (5 minutes at 1x), refused at once.
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as refused:
+        await _openai(url, "longer-than-kv").completions.create(model=MODEL, max_tokens=4, prompt=[7] * 40_000)
+    assert time.monotonic() - started < 3.0
+    assert (
+        refused.value.body["code"] == "context_length_exceeded" and "has 40000 tokens" in refused.value.body["message"]
+    )
+
     # Token ids are counted exactly (SGLang's rule: refused at n >= context_length), streamed or not.
     for stream in (False, True):
         with pytest.raises(openai.BadRequestError) as refused:
@@ -104,6 +114,6 @@ async def test_prompts_longer_than_the_context_are_refused_before_admit(cluster)
 
     # The refused programs never reached the scheduler; the forwarded ones did.
     programs = await scheduler.programs()
-    assert not {"long-chat", "long-ids-False", "long-ids-True", "long-generate"} & programs.keys()
+    assert not {"long-chat", "longer-than-kv", "long-ids-False", "long-ids-True", "long-generate"} & programs.keys()
     assert {"fits", "long-output"} <= programs.keys()
-    assert await stack.metric(url, "bandmaster_router_requests_total", 'outcome="error_400"') == 5
+    assert await stack.metric(url, "bandmaster_router_requests_total", 'outcome="error_400"') == 6
