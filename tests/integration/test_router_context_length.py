@@ -65,7 +65,7 @@ async def test_prompts_longer_than_the_context_are_refused_before_admit(cluster)
         await _openai(url, "long-chat").chat.completions.create(
             model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "abcd " * (CONTEXT * 16 // 5 + 1)}]
         )
-    assert time.monotonic() - started < 3.0  # at once: never held by the scheduler
+    assert time.monotonic() - started < 8.0  # at once (a held turn waits minutes; slack for a loaded CI box)
     error = refused.value.body
     assert refused.value.status_code == 400 and error["code"] == "context_length_exceeded"
     assert error["type"] == "invalid_request_error" and error["param"] == "messages"
@@ -77,7 +77,7 @@ async def test_prompts_longer_than_the_context_are_refused_before_admit(cluster)
     started = time.monotonic()
     with pytest.raises(openai.BadRequestError) as refused:
         await _openai(url, "longer-than-kv").completions.create(model=MODEL, max_tokens=4, prompt=[7] * 40_000)
-    assert time.monotonic() - started < 3.0
+    assert time.monotonic() - started < 8.0
     assert (
         refused.value.body["code"] == "context_length_exceeded" and "has 40000 tokens" in refused.value.body["message"]
     )
