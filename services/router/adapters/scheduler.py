@@ -65,6 +65,7 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 # Codes after which, with several scheduler addresses, a call goes to another replica.
 _MOVE_ON = _UNREACHABLE | FOLLOW
 RETRY_PAUSE_S = 0.1  # between two passes over the addresses while no replica leads
+MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 
 
@@ -126,7 +127,8 @@ class SchedulerClient:
         self._stubs: dict[str, pb_grpc.SchedulerStub] = {}
         if channel is not None:
             self._channels[self.address] = channel
-        self._failover_s = failover_s if len(self.addresses) > 1 else 0.0
+        self._configured = len(self.addresses)
+        self._failover_cfg_s = failover_s
         self._suspect_until: dict[str, float] = {}
         """Replicas that just failed to answer: a standby's redirect to one of them is not followed until
         then (it names the leader it last saw, which may be the one that died or froze)."""
@@ -162,6 +164,24 @@ class SchedulerClient:
             stub = self._stubs[address] = pb_grpc.SchedulerStub(channel)
         return stub
 
+    @property
+    def _failover_s(self) -> float:
+        """The leader search bound: only with more than one replica known (given, or named by a standby's
+        redirect: a router given one Service address learns the leader's own address that way)."""
+        return self._failover_cfg_s if len(self.addresses) > 1 else 0.0
+
+    def _learn(self, address: str) -> None:
+        """Remember a replica a standby named (at most MAX_LEARNT beyond the given ones: pods come and go)."""
+        if address in self.addresses:
+            return
+        self.addresses.append(address)
+        while len(self.addresses) > self._configured + MAX_LEARNT:
+            dropped = self.addresses.pop(self._configured)
+            self._stubs.pop(dropped, None)
+            channel = self._channels.pop(dropped, None)
+            if channel is not None:
+                asyncio.get_running_loop().create_task(channel.close())
+
     def _next(self, failed: str, exc: grpc.aio.AioRpcError | None) -> str:
         """Where to send a call that `failed` at `failed`: the leader a standby named (unless that one just
         failed itself), else the next address."""
@@ -171,6 +191,7 @@ class SchedulerClient:
             # No answer, or not a standby's refusal: this replica is suspect for a decision window.
             self._suspect_until[failed] = now + self._decision_s
         elif hint and hint != failed and self._suspect_until.get(hint, 0.0) <= now:
+            self._learn(hint)
             return hint
         if failed in self.addresses:
             return self.addresses[(self.addresses.index(failed) + 1) % len(self.addresses)]
@@ -287,7 +308,7 @@ class SchedulerClient:
             request_id=request_id,
         )
         loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + self._failover_s
+        started = loop.time()
         address = self.address
         tried: set[str] = set()
         while True:
@@ -303,10 +324,12 @@ class SchedulerClient:
                 log.error("scheduler Admit failed with %s: %s; failing open", exc.code().name, exc.details())
                 self._fail_open(FailOpen.ERROR)
                 return None
+            following = self._next(address, exc)  # may learn the leader a standby named
+            give_up_at = started + self._failover_s
             if self._failover_s > 0 and loop.time() < give_up_at:
                 # Another replica may lead (or is about to): look for it until the failover bound.
                 tried.add(address)
-                address = self._next(address, exc)
+                address = following
                 if address in tried:
                     # A pass over the replicas found no leader (it is being elected): pause, then again.
                     tried.clear()
@@ -391,8 +414,9 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise
-            if exc.code() in _UNREACHABLE or (self._failover_s > 0 and exc.code() in _MOVE_ON):
-                return "unreachable", None, exc
+            if exc.code() in _UNREACHABLE or self._failover_s > 0 or leader_hint(exc):
+                if exc.code() in _MOVE_ON:
+                    return "unreachable", None, exc
             return "error", None, exc
         finally:
             if reading is not None:
@@ -405,7 +429,7 @@ class SchedulerClient:
         (one pass, or until `failover_s` when `persist`: Complete and Release must reach the new leader)."""
         loop = asyncio.get_running_loop()
         on_time = self._on_time_clock(loop)
-        give_up_at = loop.time() + (self._failover_s if persist else 0.0)
+        first_at = loop.time()
         address = self.address
         attempts = 0
         while True:
@@ -416,9 +440,10 @@ class SchedulerClient:
                 answer = await getattr(self._stub(address), method)(request, timeout=self._timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as exc:
                 lagged = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and on_time() - started < self._timeout_s
+                nxt = self._next(address, exc) if exc.code() in _MOVE_ON and not lagged else address
+                give_up_at = first_at + (self._failover_s if persist else 0.0)
                 if self._failover_s > 0 and exc.code() in _MOVE_ON and not lagged:
                     if attempts <= len(self.addresses) or loop.time() < give_up_at:
-                        nxt = self._next(address, exc)
                         if attempts % len(self.addresses) == 0:
                             await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
                         address = nxt

@@ -176,3 +176,26 @@ async def test_the_planners_following_stub_and_the_routers_client_find_the_leade
         assert view is not None and view.turns == 1 and view.token_total == 105
     finally:
         await client.close()
+
+
+async def test_a_router_given_one_address_learns_the_leader_from_the_standbys_redirect(pair):
+    """As behind a Kubernetes Service: the one address reaches a standby, whose redirect names the leader."""
+    from services.router.adapters.scheduler import SchedulerClient
+    from services.router.core.breaker import BreakerParams
+    from services.router.metrics import RouterMetrics
+
+    a, _, b, _ = pair
+    client = SchedulerClient(
+        b.address,
+        RouterMetrics(),
+        call_timeout_s=2.0,
+        decision_timeout_s=2.0,
+        hold_timeout_s=30.0,
+        breaker=BreakerParams(1, 1.0, 1.0),
+    )
+    try:
+        assert await client.admit("p8", "", "r8", 10) is not None
+        assert client.address == a.address and client.addresses == [b.address, a.address]
+        assert await client.release("p8")
+    finally:
+        await client.close()
