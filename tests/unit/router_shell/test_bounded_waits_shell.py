@@ -63,7 +63,7 @@ async def test_a_worker_that_misses_its_probe_past_the_deadline_loses_the_turn(f
         status, raw, elapsed = await _chat(r, stream=stream)
         assert status == 200
         assert b"partial" in raw if stream else json.loads(raw)["choices"][0]["message"]["content"] == "ok ok"
-        assert 0.4 <= elapsed < 1.5, elapsed  # deadline 0.2 s (+ a 2-token prompt) + probe 0.2 s
+        assert 0.4 <= elapsed < 3.0, elapsed  # deadline 0.2 s (+ a 2-token prompt) + probe 0.2 s; slack for load
         assert r.workers[0].requests == 1 and r.workers[1].requests == 1
         assert r.sample("bandmaster_router_retries_total") == 1
         assert r.sample("bandmaster_router_upstream_errors_total", kind="WorkerUnresponsive", phase="connect") == 1
@@ -79,7 +79,7 @@ async def test_a_slow_worker_that_answers_its_probe_keeps_the_turn(frozen_health
     try:
         asyncio.get_running_loop().call_later(1.0, r.workers[0].gate.set)  # a long prefill, well past 0.2 s
         status, raw, elapsed = await _chat(r, stream=True)
-        assert status == 200 and b"partial" in raw and 1.0 <= elapsed < 2.0
+        assert status == 200 and b"partial" in raw and 1.0 <= elapsed < 4.0
         assert r.workers[1].requests == 0 and r.sample("bandmaster_router_retries_total") == 0
         assert (await _one_complete(r)).worker_id == "w0"
     finally:
@@ -98,7 +98,7 @@ async def test_a_worker_dropped_from_the_fleet_gives_up_its_turns_at_once(stream
         dropped_at = time.monotonic()
         r.set_workers([1])  # capacity marked w0 unhealthy
         status, raw, _ = await turn
-        assert status == 200 and time.monotonic() - dropped_at < 0.5
+        assert status == 200 and time.monotonic() - dropped_at < 2.0  # at once (the deadline is 30 s)
         assert r.workers[1].requests == 1
         assert r.sample("bandmaster_router_upstream_errors_total", kind="WorkerEvacuated", phase="connect") == 1
         complete = await _one_complete(r)
