@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from opentelemetry import trace
+
 from services.common.clock import Clock
 from services.scheduler.adapters.state_store import StateStore, StoreError
 from services.scheduler.core.leadership import Leadership, LeaseParams, Role, StepDown, Transition
@@ -103,6 +105,7 @@ class Election:
         *,
         address: Callable[[], str],
         call_timeout_s: float,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         """`build_term(epoch, may_decide)` rebuilds the table and starts a term's loops; `address` is this
         replica's advertised address (known once the server is bound)."""
@@ -115,6 +118,7 @@ class Election:
         self.leadership = Leadership(params, self.replica_id, "")
         self._address = address
         self.call_timeout_s = call_timeout_s
+        self.tracer = tracer or trace.get_tracer("services.scheduler")
         self.term: Term | None = None
         self.terms = 0
         self._starting: asyncio.Task | None = None
@@ -253,6 +257,7 @@ class Election:
                 )
             return
         transition = lead.acquired(sent_at, read.epoch)
+        self._span(transition)
         self._fenced_epoch = None
         self.terms += 1
         self.metrics.leader_epoch.set(read.epoch)
@@ -305,6 +310,7 @@ class Election:
         if transition is None:
             return
         why = transition.step_down or StepDown.LOST
+        self._span(transition)
         if why is not StepDown.SHUTDOWN or self.term is not None:
             log.warning(
                 "scheduler leadership: stepping down from epoch %d: %s (%s)",
@@ -322,6 +328,14 @@ class Election:
         if term is not None:
             self.on_term(None)
             await self._stop_term(term, why)
+
+    def _span(self, transition: Transition) -> None:
+        """One span per leadership decision (a term started, or ended and why)."""
+        attributes = {"scheduler.role": transition.role.value, "scheduler.epoch": transition.epoch}
+        if transition.step_down is not None:
+            attributes["scheduler.step_down"] = transition.step_down.value
+        with self.tracer.start_as_current_span("scheduler.leadership", attributes=attributes):
+            pass
 
     async def _stop_term(self, term: Term, why: StepDown) -> None:
         started = time.perf_counter()

@@ -310,6 +310,7 @@ async def _start_replica(
         build_term,
         address=lambda: config.advertise_addr or host.address,
         call_timeout_s=max(config.lease.renew_s, min(config.state_write_timeout_seconds, config.lease.ttl_s / 2)),
+        tracer=tracer,
     )
     election.on_term = on_term
     channel = None
