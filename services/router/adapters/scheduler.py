@@ -414,9 +414,8 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED:
                 raise
-            if exc.code() in _UNREACHABLE or self._failover_s > 0 or leader_hint(exc):
-                if exc.code() in _MOVE_ON:
-                    return "unreachable", None, exc
+            if exc.code() in _MOVE_ON:  # down, frozen, or a standby (no leader here): another replica may lead
+                return "unreachable", None, exc
             return "error", None, exc
         finally:
             if reading is not None:
