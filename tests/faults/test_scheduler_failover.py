@@ -191,3 +191,48 @@ async def test_sigstopped_leader_on_sqlite_is_deposed_and_writes_nothing_when_it
 
 async def test_sigstopped_leader_on_redis_is_deposed_and_writes_nothing_when_it_wakes(tmp_path, redis_server):
     await _failover(tmp_path, ["--state-redis-url", redis_server.url], signal.SIGSTOP)
+
+
+async def test_redis_frozen_under_the_pair_the_leader_steps_down_then_a_leader_decides_with_the_table(
+    tmp_path, scripted_capacity, redis_server
+):
+    """The store itself stops answering: the leader cannot renew, so it stops deciding by itself within the
+    lease (no replica decides without the store); once Redis answers again a leader is elected and decides
+    with the whole table."""
+    from tests.faults.support import Client
+
+    flags = ["--leader-election", "--state-redis-url", redis_server.url, "--state-write-timeout-seconds", "0.5"]
+    pair = [await start_scheduler(tmp_path, scripted_capacity.address, *flags, name=name) for name in ("s-a", "s-b")]
+    try:
+        addresses = [p.ready["grpc"] for p in pair]
+
+        async def one_leader() -> str | None:
+            roles = {a: await _role(a) for a in addresses}
+            leaders = [a for a, r in roles.items() if r == "leader"]
+            return leaders[0] if len(leaders) == 1 else None
+
+        await assert_eventually(one_leader, timeout_s=10)
+        client = Client.connect(await one_leader())
+        try:
+            await client.wait_replicas(1)
+            for i in range(5):
+                await client.turn(f"p{i}", f"p{i}-1", 100 + i)
+        finally:
+            await client.close()
+        redis_server.signal(signal.SIGSTOP)
+        try:
+            frozen_at = time.monotonic()
+
+            async def nobody_leads() -> bool:
+                return all([await _role(a) == "standby" for a in addresses])
+
+            await assert_eventually(nobody_leads, timeout_s=5, interval_s=0.05)
+            assert time.monotonic() - frozen_at <= 2.5  # the lease (2 s) less the margin, plus polling
+        finally:
+            redis_server.signal(signal.SIGCONT)
+        await assert_eventually(one_leader, timeout_s=10)
+        table = await _programs(await one_leader())
+        assert table == {f"p{i}": 1 for i in range(5)}
+    finally:
+        for proc in pair:
+            await proc.stop_async()
