@@ -310,6 +310,8 @@ class Election:
         if transition is None:
             return
         why = transition.step_down or StepDown.LOST
+        if why is StepDown.SHUTDOWN and self.term is None and self._starting is None:
+            return  # a standby stopping: no term to end
         self._span(transition)
         if why is not StepDown.SHUTDOWN or self.term is not None:
             log.warning(
