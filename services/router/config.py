@@ -193,7 +193,7 @@ ROUTER_SETTINGS = [
         "open client connections on the HTTP port; more are answered 503 and closed",
         env=_env("http_max_connections"),
     ),
-    # Issues 20-21: the connection share of one client, and the streamed write interval.
+    # Issue 21: the connection share of one client.
     Setting(
         "http_max_connections_per_client",
         int,
@@ -202,15 +202,6 @@ ROUTER_SETTINGS = [
         "hold; more are answered 503. At --http-max-connections, a client's new connection closes the longest "
         "idle one of the client holding the most (0 = no cap of its own)",
         env=_env("http_max_connections_per_client"),
-    ),
-    Setting(
-        "http_stream_flush_ms",
-        float,
-        0.0,
-        "streamed answers: at most one write to the client per this interval; tokens that arrive sooner go "
-        "out together at its end (the first token never waits). Fewer writes for fast streams, but a worker "
-        "that breaks its stream within an interval loses what it sent in it (0 = one write per read)",
-        env=_env("http_stream_flush_ms"),
     ),
     Setting(
         "http_metrics",
@@ -407,7 +398,6 @@ class RouterConfig:
     http_keepalive_timeout_seconds: float = 60.0
     http_max_connections: int = 2048
     http_max_connections_per_client: int = 1024
-    http_stream_flush_ms: float = 0.0
     http_metrics: bool = False
     """Serve /metrics on the public HTTP port too (off: only on the metrics port)."""
     http_server_version: bool = False
@@ -498,9 +488,12 @@ class RouterConfig:
             self.http_max_connections,
             "http_max_connections >= 1",
         )
-        for name in ("http_max_connections_per_client", "http_stream_flush_ms"):
-            value = getattr(self, name)
-            require(value >= 0, name, value, f"{name} >= 0 (0 = off)")
+        require(
+            self.http_max_connections_per_client >= 0,
+            "http_max_connections_per_client",
+            self.http_max_connections_per_client,
+            "http_max_connections_per_client >= 0 (0 = off)",
+        )
         require(
             self.client_new_programs_burst >= 1,
             "client_new_programs_burst",

@@ -261,7 +261,6 @@ class HttpApi:
         serve_metrics: bool,
         has_scheduler: bool,
         batch_proxy: BatchApiProxy | None = None,
-        stream_flush_s: float = 0.0,
     ) -> None:
         self.runner = runner
         self.batch_proxy = batch_proxy
@@ -271,7 +270,6 @@ class HttpApi:
         self.max_body_bytes = limits.max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.has_scheduler = has_scheduler
-        self.stream_flush_s = stream_flush_s
         self._headers = limits.server_header
         self._sse_headers = {**_SSE_HEADERS, **self._headers}
         self.routes: dict[str, dict[str, Any]] = {
@@ -451,19 +449,10 @@ class HttpApi:
         try:
             await response.prepare(request)
             try:
-                # One write per read from the worker, not per line (see SseRelay), and at most one write per
-                # `stream_flush_s`: a block that follows the last write sooner waits for the rest of that
-                # interval, and the next read takes whatever the worker sent meanwhile. The first token goes
-                # out at once; a worker that sends a token per interval or slower is never held.
-                flush_s = self.stream_flush_s
-                loop = asyncio.get_running_loop()
-                written = -flush_s
+                # One write per read from the worker, not per line: see SseRelay. (Holding writes back to
+                # coalesce them saved no CPU at the bench's token rates, and a worker that breaks its stream
+                # meanwhile makes aiohttp's reader drop what it had buffered: docs/benchmarks/router.md.)
                 async for block in turn.sse(client_usage):
-                    if flush_s:
-                        wait_s = written + flush_s - loop.time()
-                        if wait_s > 0:
-                            await asyncio.sleep(wait_s)
-                        written = loop.time()
                     await response.write(block)
                 outcome = Outcome.OK
             except (WorkerFailed, WorkerTimeout) as err:

@@ -281,7 +281,6 @@ async def start_router(
         serve_metrics=config.http_metrics,
         has_scheduler=scheduler is not None,
         batch_proxy=batch_proxy,
-        stream_flush_s=config.http_stream_flush_ms / 1000.0,
     )
     _check_file_limit(config.http_max_connections)
 
