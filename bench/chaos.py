@@ -624,29 +624,46 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
+_TAKEN: set[int] = set()
+"""Ports this process has handed out (a run's processes must not share one)."""
+
+
+def _port_range() -> tuple[int, int]:
+    """Ports to choose from: below the kernel's ephemeral range, which outgoing connections take ports from
+    at any time (a port bound to 0 and released is one of those, and may be gone by the time a restarted
+    process binds it again)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32_768
+    return (10_000, low) if low > 12_000 else (low, 65_000)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
-def _free_run(n: int, tries: int = 200, step: int = 1) -> int:
+def _free_run(n: int, tries: int = 500, step: int = 1) -> int:
     """A free loopback port `base` with base + step, ..., base + (n - 1) step free too (the simulated workers
-    count up from it by 1, the scheduler replicas by 10)."""
+    count up from it by 1, the scheduler replicas by 10), none handed out before."""
     rng = random.Random()
+    lo, hi = _port_range()
     for _ in range(tries):
-        base = rng.randrange(20_000, 60_000 - n * step)
-        ok = True
-        for port in range(base, base + n * step, step):
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
+        base = rng.randrange(lo, hi - n * step)
+        ports = range(base, base + n * step, step)
+        if all(p not in _TAKEN and _bindable(p) for p in ports):
+            _TAKEN.update(ports)
             return base
-    raise RuntimeError(f"no {n} consecutive free ports")
+    raise RuntimeError(f"no {n} free ports {step} apart in {lo}-{hi}")
+
+
+def _free_port() -> int:
+    return _free_run(1)
 
 
 @dataclass
@@ -787,7 +804,9 @@ class Stack:
         from services.common import orphan_guard
 
         config = self.config
-        argv = redis_argv(self.redis_port, self.state_dir, config.redis_persistence)
+        redis_dir = self.state_dir / f"redis-{self.redis_port}"  # its own append-only file, per start
+        redis_dir.mkdir(parents=True, exist_ok=True)
+        argv = redis_argv(self.redis_port, redis_dir, config.redis_persistence)
         self.redis_argv = orphan_guard.command(sys.executable, "--exec", argv)
         self.redis = launch(LaunchedCommand(self.redis_argv, dict(os.environ), str(self.state_dir)), self._redis_log)
         deadline = time.monotonic() + 10
@@ -1532,11 +1551,22 @@ class BatchClient:
 
 
 def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = False) -> dict:
+    from harness.supervisor import StartupError
+
     state_dir = Path(tempfile.mkdtemp(prefix=f"bandmaster-chaos-{seed}-"))
-    stack = Stack(config, state_dir)
     started = time.monotonic()
+    for attempt in range(3):
+        # A port taken between its choice and its bind fails the start: start again on other ports.
+        stack = Stack(config, state_dir)
+        try:
+            stack.start()
+            break
+        except (StartupError, RuntimeError) as exc:
+            stack.stop()
+            if attempt == 2:
+                raise
+            _log(f"bench.chaos: seed {seed}: the stack did not start ({str(exc).splitlines()[0]}); again")
     try:
-        stack.start()
         schedule = fault_schedule(
             seed,
             config.duration_s,
@@ -1579,8 +1609,18 @@ def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = F
                 await stack.close_session()
             return injector, load, batch, watch
 
+        from harness.probes import busy_share, cpu_times
+
+        cpu_before, load_before = cpu_times(), os.getloadavg()
         injector, load, batch, watch = asyncio.run(play())
         wall_s = time.monotonic() - started
+        busy = busy_share(cpu_before, cpu_times())
+        machine = {
+            "cpus": os.cpu_count(),
+            "cpu_busy": round(busy, 3) if busy is not None else None,
+            "loadavg_1m_start": round(load_before[0], 2),
+            "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        }
         _, expected = batch_lines(config.batch_requests, seed)
         report = build_report(
             config,
@@ -1596,6 +1636,7 @@ def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = F
             watch.outages,
         )
         report["batch_client"] = {"tag": batch.tag}
+        report["machine"] = machine
     finally:
         stack.stop()
     report["state_dir"] = str(state_dir)
@@ -1629,6 +1670,11 @@ def text_summary(report: dict) -> str:
             f"{p['turns_excused_fail_open']}); turns ok {r['turns_ok']} of {r['turn_attempts']} attempts "
             f"({r['outcomes']}); batch {run['batch'].get('status')} "
             f"({run['batch'].get('output_lines')} output, {run['batch'].get('error_lines')} error lines)"
+        )
+        m = run.get("machine", {})
+        lines.append(
+            f"  machine: {m.get('cpus')} cores, {m.get('cpu_busy')} busy, load {m.get('loadavg_1m_start')} -> "
+            f"{m.get('loadavg_1m_end')}; scheduler outages {run['scheduler_outages']}"
         )
         for row in run["invariants"]:
             lines.append(f"  {row['status']} {row['name']}: {row['violations']} violations")
@@ -1680,19 +1726,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         _log(f"bench.chaos: {exc}")
         return 2
-    runs = [run_seed(config, seed, quick=args.quick, keep_logs=args.keep_logs) for seed in seeds]
-    report = {
-        "benchmark": "chaos",
-        "quick": args.quick,
-        "config": asdict(config),
-        "seeds": seeds,
-        "violations_total": sum(len(r["violations"]) for r in runs),
-        "target": "0 invariant violations over every seed",
-        "runs": runs,
-        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    runs: list[dict] = []
+    report: dict = {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    for seed in seeds:
+        runs.append(run_seed(config, seed, quick=args.quick, keep_logs=args.keep_logs))
+        report = {
+            "benchmark": "chaos",
+            "quick": args.quick,
+            "config": asdict(config),
+            "seeds": seeds,
+            "seeds_done": [r["seed"] for r in runs],
+            "violations_total": sum(len(r["violations"]) for r in runs),
+            "target": "0 invariant violations over every seed",
+            "runs": runs,
+            "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        args.out.write_text(json.dumps(report, indent=1) + "\n")  # after each seed: a crash keeps the others
     print(text_summary(report))
     print(f"wrote {args.out}")
     return 0 if report["violations_total"] == 0 else 1

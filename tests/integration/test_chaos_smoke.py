@@ -31,6 +31,7 @@ RUN_KEYS = {
     "batch_client",
     "state_dir",
     "scheduler_outages",
+    "machine",
 }
 FAULT_KEYS = {
     "at_s",
