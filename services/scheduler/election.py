@@ -40,6 +40,7 @@ from services.scheduler.persist import StatePersister
 log = logging.getLogger("services.scheduler.leader")
 
 DEPOSED = "this scheduler replica is no longer the leader; retry on the new leader"
+NOT_STORED = "the state store did not take this decision (it is failing); retry"
 
 
 class NotLeader(Exception):
@@ -151,9 +152,16 @@ class Election:
         term = self.term
         if term is None or term.runtime is not runtime or term.persister is None:
             raise ShuttingDown(DEPOSED)
-        await term.persister.commit()
+        stored = await term.persister.commit()
         if term.persister.fenced or not self.leads(term.epoch):
             raise ShuttingDown(DEPOSED)
+        if not stored and not term.persister.busy:
+            # An answer is given only for what a successor would find: with the store down (this leader
+            # cannot renew either, and steps down) the call is refused (an Admit rolled back) and the
+            # router retries, here or on the next leader. A shared SQLite file whose write lock a frozen
+            # replica holds is up, and this leader keeps its lease (another file): it decides on and
+            # rewrites the whole table once the lock is free (lost only if it fails before that).
+            raise ShuttingDown(NOT_STORED)
 
     def refused(self) -> None:
         self.metrics.not_leader_refusals.inc()

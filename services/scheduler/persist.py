@@ -30,6 +30,7 @@ from typing import Callable
 from services.common.clock import Clock
 from services.scheduler.adapters.state_store import (
     StateStore,
+    StoreBusy,
     StoreError,
     StoreFenced,
     StoreLost,
@@ -87,6 +88,8 @@ class StatePersister:
         self.on_fenced = on_fenced
         self.fenced = False
         """A write was refused for a stale epoch: nothing more is written."""
+        self.busy = False
+        """The last failure was a write lock held elsewhere (StoreBusy): the store itself is up."""
         self._kick = asyncio.Event()
         self._waiters: list[asyncio.Future[bool]] = []
 
@@ -183,8 +186,8 @@ class StatePersister:
         if self.fenced:
             return False
         if self._failing_since is not None:
-            # The store is failing (down, or its write lock held by a frozen replica): as without leader
-            # election, a store outage must not hold up RPCs. The writer keeps trying; the answer goes now.
+            # The store is failing (down, or its write lock held by a frozen replica): the caller is not held
+            # up (it refuses the call at once); the writer keeps trying and rewrites everything when it can.
             self._kick.set()
             return False
         future = asyncio.get_running_loop().create_future()
@@ -261,8 +264,10 @@ class StatePersister:
             return await self.flush()
         except (StoreError, TimeoutError, OSError) as exc:
             self._needs_full = True  # this batch's changes are lost to the store: rewrite everything
+            self.busy = isinstance(exc, StoreBusy)
             self._failed(exc)
             return False
+        self.busy = False
         self.metrics.state_write_seconds.observe(time.perf_counter() - started)
         self.metrics.state_writes.labels("full" if batch.full else "delta").inc()
         if batch.full:

@@ -55,6 +55,11 @@ class StoreLost(StoreError):
     """The store no longer holds what was written to it (e.g. Redis restarted empty)."""
 
 
+class StoreBusy(StoreError):
+    """A shared SQLite file's write lock is held by another process (a replica frozen inside a write):
+    the store is up, only this write could not be made."""
+
+
 class StoreFenced(StoreError):
     """A write was refused: the store's leadership epoch is not the writer's (it was deposed)."""
 
@@ -362,7 +367,11 @@ class SqliteStateStore:
             timeout_s = 0.5 if self.shared else 5.0
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=timeout_s)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            # Shared by replicas on this machine, the table must survive a replica's death, which WAL with
+            # NORMAL does (a commit is in the OS before it returns; only a machine crash, which takes every
+            # replica with it, may lose the last ones), and a commit then holds the write lock for
+            # microseconds instead of an fsync: a replica frozen inside one is that much rarer.
+            conn.execute("PRAGMA synchronous=NORMAL" if self.shared else "PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
         except sqlite3.Error as exc:
             self._unlock()
@@ -419,6 +428,10 @@ class SqliteStateStore:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise StoreBusy(f"cannot write {self.path}: {exc} (another process holds its write lock)") from None
+            raise StoreError(f"cannot write {self.path}: {exc}") from None
         except sqlite3.Error as exc:
             raise StoreError(f"cannot write {self.path}: {exc}") from None
 

@@ -750,12 +750,13 @@ class SchedulerCore:
                     self._unsettled_pt.add(ticket.request_id)
                 continue
             program = self._programs.get(ticket.session_id)
-            if (
-                program is None
-                or ticket.epoch > program.admission_epoch
-                or (program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch)
-            ):
-                continue  # its program is gone, or it was held: its Admit call ended with the old process
+            if program is None or ticket.epoch > program.admission_epoch:
+                continue  # its program is gone
+            if program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch:
+                # Held: its Admit call ended with the old process and its router asks again, so the turn
+                # it counted is taken back (else the retry would count the same turn twice).
+                program.turns = max(0, program.turns - 1)
+                continue
             self._turns[ticket.request_id] = _Turn(
                 ticket.request_id,
                 ticket.session_id,

@@ -234,3 +234,19 @@ def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_adm
     other.complete(6.0, "p", "r1", again.replica, 1_200, 10)
     assert other.program("p").status is Status.ACTING and other.program("p").token_total == 1_210
     other.check_invariants(6.0)
+
+
+def test_a_held_turn_is_not_counted_after_restore_so_the_routers_retry_counts_it_once():
+    core = new_core(caps={("w1", 0): 10_000})
+    done_turn(core, "big", 9_000, 0.0)
+    done_turn(core, "p", 300, 0.5)
+    core.tick(0.6)  # under pressure: p pauses at its tool boundary
+    if core.program("p").lifecycle is not Lifecycle.PAUSED:
+        pytest.skip("p was not paused by this control law")
+    assert core.admit(1.0, "p", "", 300, "p2").decision.verdict is Verdict.WAIT
+    assert core.program("p").turns == 2
+    other = restored(core, 50.0, caps={("w1", 0): 10_000})
+    assert other.program("p").turns == 1  # the held turn's Admit is asked again
+    other.admit(50.0, "p", "", 300, "p2")
+    assert other.program("p").turns == 2
+    other.check_invariants(50.0)

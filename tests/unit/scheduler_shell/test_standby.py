@@ -18,6 +18,7 @@ from services.scheduler.adapters.state_store import SqliteStateStore
 from services.scheduler.core.leadership import LeaseParams
 from services.scheduler.server import start_scheduler
 from tests.support.eventually import assert_eventually
+from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 from tests.unit.scheduler_shell.support import FakeCapacity, config, workers_snapshot
 
 pytestmark = pytest.mark.timeout(30)
@@ -199,3 +200,62 @@ async def test_a_router_given_one_address_learns_the_leader_from_the_standbys_re
         assert await client.release("p8")
     finally:
         await client.close()
+
+
+async def test_a_decision_the_store_does_not_take_is_refused_and_rolled_back(tmp_path, redis_server):
+    """With leader election an answer means "stored": Redis frozen, an Admit is refused (UNAVAILABLE, or
+    FAILED_PRECONDITION once the leader stepped down for want of renewals) and rolled back, never answered."""
+    import signal
+
+    from services.scheduler.core.leadership import LeaseParams as Lease
+
+    capacity = FakeCapacity()
+    capacity.push(workers_snapshot(1, {("w1", 0): 1_000}))
+    running = await start_scheduler(
+        config(
+            state_redis_url=redis_server.url,
+            leader_election=True,
+            lease=Lease(ttl_s=2.0, renew_s=0.4, poll_s=0.05, margin_s=0.5),
+            state_write_timeout_seconds=0.3,
+        ),
+        capacity_stub=capacity,
+    )
+    stub = pb_grpc.SchedulerStub(channel := grpc.aio.insecure_channel(running.address))
+    try:
+        await assert_eventually(lambda: _is_leader(stub), timeout_s=5)
+        runtime = running.runtime
+        redis_server.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Admit(pb.AdmitRequest(session_id="q", request_id="q1", estimated_prompt_tokens=5), timeout=5)
+            assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
+            assert runtime.core.program("q") is None  # rolled back
+        finally:
+            redis_server.signal(signal.SIGCONT)
+    finally:
+        await channel.close()
+        await running.stop()
+
+
+async def test_a_write_lock_held_by_a_frozen_replica_does_not_stop_the_leader_deciding(pair, tmp_path):
+    """A shared SQLite file whose write lock another process holds: the store is up and the leader keeps
+    its lease (another file), so it decides on, and the table is rewritten whole once the lock is free."""
+    a, stub_a, _, _ = pair
+    blocker = sqlite3.connect(tmp_path / "s.sqlite", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        await stub_a.Admit(pb.AdmitRequest(session_id="q", request_id="q1", estimated_prompt_tokens=5), timeout=5)
+        assert a.core.program("q").turns == 1
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+
+    async def stored() -> bool:
+        reader = SqliteStateStore(tmp_path / "s.sqlite", shared=True)
+        await reader.open()
+        try:
+            return len((await reader.load()).programs) == 1
+        finally:
+            await reader.close()
+
+    await assert_eventually(stored, timeout_s=10, interval_s=0.2)
