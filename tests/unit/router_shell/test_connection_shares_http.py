@@ -130,3 +130,15 @@ async def test_under_data_tokens_connections_count_against_their_token():
         for _, writer in conns:
             writer.close()
         await r.close()
+
+
+def test_token_identity_names_only_valid_data_tokens_as_the_program_limits_do():
+    from services.router.http_server import token_identity
+    from services.router.session import client_identity
+
+    assert token_identity(Tokens(["ctl"]), None) is None  # an open data plane: addresses count
+    identify = token_identity(Tokens(["ctl"]), Tokens(["tok-a"]))
+    assert identify is not None
+    assert identify("Bearer tok-a") == client_identity("Bearer tok-a", "10.0.0.1")
+    assert identify("Bearer ctl") == client_identity("Bearer ctl", "10.0.0.1")  # control tokens pass the guard too
+    assert identify("Bearer forged") is None and identify(None) is None and identify("Basic tok-a") is None
