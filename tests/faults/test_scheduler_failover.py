@@ -29,7 +29,6 @@ from tests.support.router_doubles import MODEL
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 PROGRAMS = 8
 FAILOVER_BOUND_S = 5.0
-DECISION_S = 1.0
 
 
 @dataclass
@@ -107,15 +106,8 @@ async def _failover(tmp_path, store_args: list[str], fault: signal.Signals) -> N
         for name in ("scheduler-a", "scheduler-b"):
             schedulers.append(st.add(await start_scheduler(tmp_path, cap.ready["grpc"], *flags, name=name)))
         addresses = [s.ready["grpc"] for s in schedulers]
-        router = st.add(
-            await stack.router(
-                tmp_path,
-                cap.ready["grpc"],
-                "--admit-decision-timeout-seconds",
-                str(DECISION_S),
-                scheduler_addr=",".join(addresses),
-            )
-        )
+        # The router's defaults (a 2 s decision deadline, a 5 s failover search): what a deployment runs.
+        router = st.add(await stack.router(tmp_path, cap.ready["grpc"], scheduler_addr=",".join(addresses)))
         url = stack.router_url(router)
         await stack.healthy_workers(url, 1)
         roles = {a: await _role(a) for a in addresses}
