@@ -147,6 +147,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                                 worker_id=worker_id,
                                 request_id=spec.request_id,
                             )
+                            turn.delivered()  # its first message is out: the turn counts at the scheduler
                         completion_tokens = total
                     outcome = Outcome.OK
                     u = turn.usage
@@ -160,6 +161,7 @@ class RouterServicer(pb_grpc.RouterServicer):
                             cached_tokens=u.cached_tokens,
                         ),
                     )
+                    turn.delivered()
                 except (WorkerFailed, WorkerTimeout) as err:
                     outcome = Outcome.FAILED
                     self.metrics.upstream_errors.labels(err.__class__.__name__, "stream").inc()

@@ -439,6 +439,7 @@ class HttpApi:
         finally:
             await turn.close(outcome)
         self.metrics.request(route, path, "ok", traffic).inc()
+        turn.delivered()  # the whole answer is in hand and goes out as this handler returns
         return web.Response(body=dumps(answer), content_type="application/json", headers=self._headers)
 
     async def _stream(
@@ -454,6 +455,7 @@ class HttpApi:
                 # meanwhile makes aiohttp's reader drop what it had buffered: docs/benchmarks/router.md.)
                 async for block in turn.sse(client_usage):
                     await response.write(block)
+                    turn.delivered()  # headers and the first chunk are out: the turn counts
                 outcome = Outcome.OK
             except (WorkerFailed, WorkerTimeout) as err:
                 outcome = Outcome.FAILED

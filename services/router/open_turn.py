@@ -48,6 +48,8 @@ class TurnOwner(Protocol):
 
     def finish(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping, outcome: Outcome) -> None: ...
 
+    def delivered(self, spec: TurnSpec, admission: Admission | None) -> None: ...
+
 
 class OpenTurn:
     """A turn whose worker answered. Iterate `lines()` (streaming) or await `json()`, then `close()`."""
@@ -76,9 +78,18 @@ class OpenTurn:
         self.usage = book.usage
         self.finish_reason: str | None = None
         self._closed = False
+        self._delivered = False
         # A streamed turn told the worker's breaker "alive" at its first token; a non-streamed one
         # tells it once the whole answer arrived (or not: see close).
         self._verdict_pending = not spec.stream
+
+    def delivered(self) -> None:
+        """The client has received something (headers with the first chunk, or the whole answer): from now
+        on the turn counts at the scheduler even if this router dies (turns.TurnRunner.delivered). Call it
+        after the first write to the client. Idempotent."""
+        if not self._delivered:
+            self._delivered = True
+            self._runner.delivered(self.spec, self.admission)
 
     async def _blocks(self, *, merge_first: bool) -> AsyncIterator[bytes]:
         """Raw upstream bytes as they arrive, starting with the already-read first line; read

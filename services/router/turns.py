@@ -199,6 +199,13 @@ class TurnRunner:
 
         self._spawn(complete())
 
+    def delivered(self, spec: TurnSpec, admission: Admission | None) -> None:
+        """The turn's client has received something: the scheduler confirms its admission (a turn that lapses
+        unconfirmed, its router dead before its client's first byte, is rolled back there: the client
+        retries it)."""
+        if admission is not None and self.scheduler is not None:
+            self.scheduler.delivered(spec.request_id)
+
     # -- the turn --------------------------------------------------------------------------------
 
     def _prompt(self, spec: TurnSpec, core: KvRouterCore) -> Prompt:

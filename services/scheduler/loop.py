@@ -217,9 +217,9 @@ class SchedulerRuntime:
     def bind(self, request_id: str, replica: ReplicaKey) -> bool:
         return self.core.bind_request(request_id, replica)
 
-    def renew_leases(self, request_ids: list[str]) -> tuple[str, ...]:
-        """Renew the named tickets' leases; returns the ids with no ticket."""
-        return self.core.renew_leases(self.clock.monotonic(), request_ids)
+    def renew_leases(self, request_ids: list[str], delivered: tuple[str, ...] | list[str] = ()) -> tuple[str, ...]:
+        """Renew the named tickets' leases (confirm the `delivered` ones); returns the ids with no ticket."""
+        return self.core.renew_leases(self.clock.monotonic(), request_ids, delivered)
 
     def complete(
         self,

@@ -264,10 +264,18 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             runtime = self._runtime(context)
             if len(request.request_ids) > MAX_RENEW_IDS:
                 raise InvalidArgument(f"request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.request_ids)}")
+            if len(request.delivered_request_ids) > MAX_RENEW_IDS:
+                raise InvalidArgument(
+                    f"delivered_request_ids: at most {MAX_RENEW_IDS} per call, got {len(request.delivered_request_ids)}"
+                )
             ids = [validate_request_id(rid, f"request_ids[{i}]") for i, rid in enumerate(request.request_ids)]
-            unknown = runtime.renew_leases(ids)
+            delivered = [
+                validate_request_id(rid, f"delivered_request_ids[{i}]")
+                for i, rid in enumerate(request.delivered_request_ids)
+            ]
+            unknown = runtime.renew_leases(ids, delivered)
             return pb.RenewLeasesResponse(
-                renewed=len(ids) - len(unknown),
+                renewed=len(set(ids) | set(delivered)) - len(unknown),
                 unknown_request_ids=unknown,
                 lease_ttl_seconds=runtime.core.ticket_lease_seconds,
             )

@@ -170,10 +170,12 @@ class CompleteResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class RenewLeasesRequest(_message.Message):
-    __slots__ = ("request_ids",)
+    __slots__ = ("request_ids", "delivered_request_ids")
     REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     request_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    delivered_request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ..., delivered_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RenewLeasesResponse(_message.Message):
     __slots__ = ("renewed", "unknown_request_ids", "lease_ttl_seconds")

@@ -28,7 +28,10 @@ answer within the decision deadline (a frozen one) or no `held` heartbeat within
 trying for `failover_s` (about twice a failover), Bind/RenewLeases/GetRouterConfig for one pass
 over the addresses; past that the turn fails open as above, so an outage stays bounded.
 
-Bind/Complete/Release are short, bounded calls whose failure never fails a turn. Tracing: unary calls get
+Bind/Complete/Release are short, bounded calls whose failure never fails a turn. A turn counts at the
+scheduler once its client has received something (`delivered`, sent with RenewLeases within ~50 ms) or once
+it completes: Bind, sent as the worker is picked, confirms nothing (a router killed before its client's
+first byte leaves a turn the client retries; its lease lapses and the scheduler rolls it back). Tracing: unary calls get
 their CLIENT span and `traceparent` from the gRPC instrumentation on the channel when spans are exported
 (when not, the instrumentation's spans would cost CPU on every turn for nothing: the calls carry the
 caller's `traceparent` by hand instead); AdmitStream is a stream
@@ -67,6 +70,7 @@ _MOVE_ON = _UNREACHABLE | FOLLOW
 RETRY_PAUSE_S = 0.1  # between two passes over the addresses while no replica leads
 MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
+DELIVERED_FLUSH_S = 0.05  # a delivered turn is confirmed at the scheduler within about this
 
 
 _OUTCOME_TO_PROTO = {
@@ -145,11 +149,15 @@ class SchedulerClient:
         self._leases: dict[str, None] = {}
         self._lease_ttl_s = 0.0
         self._renewer: asyncio.Task | None = None
+        # Turns whose client received something since the last flush: confirmed in one RenewLeases call.
+        self._delivered: dict[str, None] = {}
+        self._confirmer: asyncio.Task | None = None
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            await asyncio.gather(self._renewer, return_exceptions=True)
+        for task in (self._renewer, self._confirmer):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for channel in self._channels.values():
             await channel.close()
 
@@ -229,6 +237,34 @@ class SchedulerClient:
                     self._leases.pop(request_id, None)
                 if answer.lease_ttl_seconds > 0:
                     self._lease_ttl_s = answer.lease_ttl_seconds
+
+    def delivered(self, request_id: str) -> None:
+        """The turn's client has received something (headers with the first chunk, or the whole answer):
+        the turn counts at the scheduler from now on, whatever happens to this router. Until then a lapsed
+        lease rolls it back (its client got nothing and retries). Queued, and sent within DELIVERED_FLUSH_S
+        with every other turn delivered meanwhile in one RenewLeases call."""
+        if request_id not in self._leases:
+            return  # leases off at the scheduler, or the turn is already over (Complete counts it)
+        self._delivered[request_id] = None
+        if self._confirmer is None or self._confirmer.done():
+            self._confirmer = asyncio.get_running_loop().create_task(
+                self._flush_delivered(), name="scheduler-delivered-flush"
+            )
+
+    async def _flush_delivered(self) -> None:
+        while self._delivered:
+            await asyncio.sleep(DELIVERED_FLUSH_S)
+            ids = [rid for rid in self._delivered if rid in self._leases]  # a completed turn needs none
+            self._delivered.clear()
+            for start in range(0, len(ids), RENEW_BATCH):
+                batch = ids[start : start + RENEW_BATCH]
+                answer = await self._short("RenewLeases", pb.RenewLeasesRequest(delivered_request_ids=batch))
+                if answer is None:
+                    # Logged; tried again at the next flush (the lease is renewed meanwhile).
+                    self._delivered.update((rid, None) for rid in batch if rid in self._leases)
+                    continue
+                for request_id in answer.unknown_request_ids:
+                    self._leases.pop(request_id, None)
 
     @property
     def in_outage(self) -> bool:
@@ -502,6 +538,7 @@ class SchedulerClient:
             )
         finally:
             self._leases.pop(request_id, None)  # the turn is over (if Complete failed, its lease lapses)
+            self._delivered.pop(request_id, None)
 
     async def release(self, session_id: str) -> bool:
         answer = await self._short("Release", pb.ReleaseRequest(session_id=session_id), persist=True)

@@ -66,8 +66,8 @@ class Turn:
     was_paused: bool = False
     unpinned: bool = False  # answered "any" while placed: Bind may move the program
     lease_until: float | None = None  # placed and not renewed by then: ended as if Complete(CANCELLED)
-    # The router has shown it holds the answer (RenewLeases or Bind named it). A placed ticket that
-    # lapses unconfirmed was never delivered as far as anyone can tell: rolled back, not counted.
+    # The router reported that the turn's client received something (RenewLeases.delivered_request_ids).
+    # A placed ticket that lapses unconfirmed never reached its client: rolled back, not counted.
     confirmed: bool = False
     # Field copy as this admission (or the resume that resolved it) left the program: a rollback
     # that finds the program so restores `before` whole; one that finds it changed since (another

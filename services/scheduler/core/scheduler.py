@@ -14,6 +14,7 @@ publish them.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Iterable
 
@@ -322,8 +323,8 @@ class SchedulerCore:
         turn = self._turns.get(request_id)
         if turn is None:
             return False
-        if not turn.waiting:
-            turn.confirmed = True  # the router holds the answer: it named the turn
+        # Not a confirmation: the router binds as it picks the worker, before its client has anything
+        # (a router killed now leaves a client that retries the turn). `renew_leases(delivered=...)` is.
         program = self._programs.get(turn.session_id)
         if (
             program is not turn.program
@@ -425,23 +426,28 @@ class SchedulerCore:
     def _lease(self, now: float) -> float | None:
         return now + self.ticket_lease_seconds if self.ticket_lease_seconds > 0 else None
 
-    def renew_leases(self, now: float, request_ids: Iterable[str]) -> tuple[str, ...]:
-        """Extend the lease of each named ticket to now + ticket_lease_seconds; return the ids that
-        have no ticket (completed, expired, never admitted), which the caller may stop renewing. A
-        held admission's ticket is known but has no lease: its Admit call is its liveness."""
+    def renew_leases(self, now: float, request_ids: Iterable[str], delivered: Iterable[str] = ()) -> tuple[str, ...]:
+        """Extend the lease of each named ticket (`request_ids` and `delivered`) to now +
+        ticket_lease_seconds; return the ids that have no ticket (completed, expired, never admitted),
+        which the caller may stop renewing. A held admission's ticket is known but has no lease: its
+        Admit call is its liveness. A ticket named in `delivered` is confirmed: its client has received
+        something (a streamed answer's headers and first chunk, a whole answer), so the turn counts
+        whatever happens to its router from now on. A renewal alone confirms nothing: a live router
+        renews a turn still waiting for its worker's first byte, and a client that got nothing retries."""
         until = self._lease(now)
         unknown = []
-        for rid in request_ids:
+        for rid, confirm in itertools.chain(((r, False) for r in request_ids), ((r, True) for r in delivered)):
             turn = self._turns.get(rid)
             ticket = turn or self._passthrough.get(rid)
             if ticket is None:
-                unknown.append(rid)
+                if rid not in unknown:
+                    unknown.append(rid)
             elif turn is not None and turn.waiting:
                 continue  # held: its open Admit call is its liveness
             else:
                 if until is not None:
                     ticket.lease_until = until
-                if turn is not None:
+                if confirm and turn is not None:
                     turn.confirmed = True
         return tuple(unknown)
 
@@ -449,8 +455,8 @@ class SchedulerCore:
         """End every placed turn whose lease lapsed, as if Complete(outcome=CANCELLED, no counts)
         had arrived: the program goes to ACTING (paused there if marked) and its token_total stays
         the last known one, so idle expiry and pauses see it again. A turn never confirmed (no
-        RenewLeases or Bind named it) is rolled back instead, as a cancelled admission: its answer
-        never reached a router that lived on, so it never counted. A passthrough request stops being
+        delivery reported by RenewLeases, no Complete) is rolled back instead, as a cancelled admission:
+        its client received nothing (it retries the turn), so it never counted. A passthrough request stops being
         charged. A lapsed ticket of an older turn (a newer one is in flight) is only dropped. A ticket
         placed by a resume starts its lease at the first call after it. O(tickets in flight)."""
         acc = _Acc()
@@ -481,8 +487,9 @@ class SchedulerCore:
             self.tickets_expired_total += 1
             program = self._programs.get(turn.session_id)
             if not turn.confirmed:
-                # No sign that the answer reached anyone (no RenewLeases, Bind or Complete named it):
-                # a call cancelled as it was answered, or a router that died at once. Roll it back.
+                # No sign that its client received anything (no delivery reported, no Complete): a call
+                # cancelled as it was answered, or a router that died before its client's first byte
+                # (after its Bind, perhaps). Roll it back.
                 effects = self.cancel_admission(now, rid)
                 acc.events.extend(effects.events)
                 acc.logs.extend(effects.logs)

@@ -1,5 +1,7 @@
 """Ticket leases: an admitted turn whose router stops renewing it ends as if Complete(CANCELLED) arrived;
-one that no router ever named (renewed or bound) is rolled back as an admission never delivered."""
+one whose delivery no router reported (RenewLeases.delivered_request_ids) is rolled back as an admission
+its client never received, even if it was renewed and bound (issue 21: a router killed between Bind and
+its 200)."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def test_a_lapsed_lease_ends_the_turn_and_idle_expiry_follows():
     core = core_with(program_idle_ttl_seconds=90.0)
     acting(core, "p", 2_000)
     core.admit(1.0, "p", "", 3_000, "r2")
-    core.renew_leases(1.0, ["r2"])  # its router held the answer, then died
+    core.renew_leases(1.0, [], ["r2"])  # its client had its first bytes, then its router died
     assert core.expire_leases(30.9).logs == ()  # lease until 31.0
     effects = core.expire_leases(31.0)
     view = core.program("p")
@@ -63,6 +65,7 @@ def test_a_lapsed_lease_ends_the_turn_and_idle_expiry_follows():
 def test_renewal_keeps_a_long_turn_and_a_late_complete_after_expiry_is_ignored():
     core = core_with()
     core.admit(0.0, "p", "", 1_000, "r1")
+    core.renew_leases(0.0, [], ["r1"])  # delivered
     for now in (20.0, 45.0, 70.0):
         assert core.renew_leases(now, ["r1", "gone"]) == ("gone",)
         core.expire_leases(now + 1.0)
@@ -86,7 +89,7 @@ def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_
     core.release(1_000.0, "big")
     assert [d.request_id for d in core.tick(1_000.0).resolutions] == ["n1"]
     core.expire_leases(1_001.0)  # the first look after the resume starts the lease
-    core.bind_request("n1", ReplicaKey(*W))  # the router holds the answer
+    core.renew_leases(1_001.0, [], ["n1"])  # its client has its first bytes
     core.expire_leases(1_030.9)
     assert core.program("new").status is Status.REASONING
     core.expire_leases(1_031.0)
@@ -97,9 +100,9 @@ def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_
 def test_a_lapsed_older_turn_does_not_end_the_newer_one():
     core = core_with()
     core.admit(0.0, "p", "", 1_000, "r1")  # never completed
-    core.renew_leases(0.0, ["r1"])
+    core.renew_leases(0.0, [], ["r1"])
     core.admit(20.0, "p", "", 1_500, "r2")
-    core.renew_leases(20.0, ["r2"])
+    core.renew_leases(20.0, [], ["r2"])
     core.expire_leases(30.0)  # r1 lapses: dropped, the program's turn in flight is r2's
     view = core.program("p")
     assert view.status is Status.REASONING and view.admission_epoch == 2
@@ -126,7 +129,7 @@ def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
     )
     acting(core, "p", 5_000)
     core.admit(0.0, "p", "", 9_800, "r1")  # a live program keeps its placement
-    core.renew_leases(0.0, ["r1"])
+    core.renew_leases(0.0, [], ["r1"])
     core.tick(1.0)  # pause band, nothing ACTING: p is marked
     assert core.program("p").marked
     core.expire_leases(31.0)
@@ -145,7 +148,7 @@ def test_complete_outcome_of_an_expired_turn_is_cancelled():
     """The lapse reads as a cancelled turn: the estimate stays an estimate."""
     core = core_with()
     core.admit(0.0, "p", "", 1_000, "r1")
-    core.renew_leases(0.0, ["r1"])
+    core.renew_leases(0.0, [], ["r1"])
     core.expire_leases(30.0)
     view = core.program("p")
     assert view.tokens_estimated and TurnOutcome.CANCELLED.value == "cancelled"
@@ -286,3 +289,32 @@ def test_a_turn_completed_as_not_started_is_rolled_back():
     core.complete(4.0, "", "pt", ReplicaKey(*W), 0, 0, 0, TurnOutcome.NOT_STARTED)
     assert core.stats(4.0).passthrough_in_flight == 0 and _table(core) == before
     core.check_invariants(4.0)
+
+
+def test_a_bound_turn_whose_client_got_nothing_is_rolled_back_when_its_lease_lapses():
+    """Issue 21, a router killed between Bind and its 200: it bound the turn and renewed its lease while the
+    worker prepared the first byte, then died. The client got nothing and retries: the scheduler must not
+    count the turn (it did: Bind and RenewLeases confirmed it, and the lapse ended it as CANCELLED)."""
+    core = core_with(caps={W: 100_000, ("w2", 0): 100_000})
+    core.admit(0.0, "p", "", 2_000, "r1")  # a cold start: answered "any", the router picks and binds
+    core.bind_request("r1", ReplicaKey(*W))
+    core.complete(0.5, "p", "r1", ReplicaKey(*W), 2_000, 10)
+    before = _table(core)
+    core.admit(1.0, "p", "", 3_000, "r2")
+    core.bind_request("r2", ReplicaKey(*W))
+    core.renew_leases(10.0, ["r2"])
+    core.expire_leases(40.0)
+    assert _table(core) == before and core.program("p").turns == 1
+    core.check_invariants(40.0)
+
+
+def test_a_delivered_turn_counts_when_its_lease_lapses():
+    core = core_with()
+    acting(core, "p", 2_000)
+    core.admit(1.0, "p", "", 3_000, "r2")
+    core.bind_request("r2", ReplicaKey(*W))
+    assert core.renew_leases(1.5, [], ["r2", "gone"]) == ("gone",)
+    core.expire_leases(31.5)
+    view = core.program("p")
+    assert view.turns == 2 and view.status is Status.ACTING and view.token_total == 3_000
+    core.check_invariants(31.5)

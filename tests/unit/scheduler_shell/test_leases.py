@@ -38,7 +38,7 @@ async def test_the_tick_ends_a_turn_nobody_renews_any_more(make_harness):
     h = await make_harness(ticket_lease_seconds=20.0)
     await h.set_capacity({W: 10_000})
     await h.admit("p", "r1", 100)
-    await renew(h, "r1")  # its router held the answer, then died
+    await h.client.RenewLeases(pb.RenewLeasesRequest(delivered_request_ids=["r1"]))  # delivered, then died
     h.clock.advance(19.0)
     h.tick()
     assert (await h.program("p")).status == pb.PROGRAM_STATUS_REASONING
@@ -102,3 +102,38 @@ async def test_renew_validates_every_id(h, ids, fragment):
 async def test_a_full_batch_is_accepted(h):
     answer = await renew(h, *[f"r{i}" for i in range(MAX_RENEW_IDS)])
     assert answer.renewed == 0 and len(answer.unknown_request_ids) == MAX_RENEW_IDS
+
+
+async def test_a_bound_and_renewed_turn_never_delivered_is_rolled_back(make_harness):
+    """Issue 21: a router killed between Bind and its 200. Bind and renewals confirm nothing: the client got
+    no byte and retries the turn, so the lapsed ticket is rolled back (the turns stay the client's)."""
+    h = await make_harness(ticket_lease_seconds=20.0)
+    await h.set_capacity({W: 10_000})
+    await h.admit("p", "r1", 100)
+    await h.complete("p", "r1", 300, 20, "w1", 0)
+    before = await h.program("p")
+    await h.admit("p", "r2", 900)
+    await h.client.Bind(pb.BindRequest(request_id="r2", worker_id="w1", dp_rank=0))
+    await renew(h, "r2")  # a live router waiting on a slow worker
+    h.clock.advance(20.0)
+    h.tick()
+    after = await h.program("p")
+    assert (after.status, after.turns, after.token_total) == (before.status, before.turns, before.token_total)
+
+
+async def test_a_delivered_turn_counts_when_its_lease_lapses(make_harness):
+    h = await make_harness(ticket_lease_seconds=20.0)
+    await h.set_capacity({W: 10_000})
+    await h.admit("p", "r1", 100)
+    answer = await h.client.RenewLeases(pb.RenewLeasesRequest(delivered_request_ids=["r1", "gone"]))
+    assert answer.renewed == 1 and list(answer.unknown_request_ids) == ["gone"]
+    h.clock.advance(20.0)
+    h.tick()
+    prog = await h.program("p")
+    assert prog.status == pb.PROGRAM_STATUS_ACTING and prog.turns == 1
+
+
+async def test_renew_validates_every_delivered_id(h):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await h.client.RenewLeases(pb.RenewLeasesRequest(delivered_request_ids=["ok", "bad\x00"]))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "delivered_request_ids[1]" in err.value.details()
