@@ -307,6 +307,14 @@ ROUTER_SETTINGS = [
         "Admit; off for workers that truncate long prompts (SGLang --allow-auto-truncate)",
         env=_env("context_length_check"),
     ),
+    Setting(
+        "admission_fast_path",
+        bool,
+        True,
+        "start a turn of a program whose last admission was not held on that admission at once, its Admit "
+        "sent in the background, while the scheduler's event stream is live (issue 20: docs/router.md)",
+        env=_env("admission_fast_path"),
+    ),
     Setting("seed", int, -1, "seed of the selection core's random source (-1 = from the OS)", env=_env("seed")),
     Setting(
         "tokenizer",
@@ -417,6 +425,8 @@ class RouterConfig:
     failover_probe_timeout_seconds: float = 3.0
     context_length_check: bool = True
     """Bounded waits (issue 21): see `answer_deadlines` and docs/router.md, Failure semantics."""
+    admission_fast_path: bool = True
+    """Issue 20 item 4: a turn of an ACTIVE program starts on its cached admission (core/admission_cache.py)."""
     seed: int = -1
     tokenizer: str = ""
     """Directory of the model's tokenizer files; empty = approximate text mode. Loaded by `start_router`."""

@@ -57,6 +57,12 @@ class RouterMetrics:
         self.retries = Counter(
             "bandmaster_router_retries", "Turns retried on another worker before the first token", registry=r
         )
+        self.admission_fast_path = Counter(
+            "bandmaster_router_admission_fast_path",
+            "Turns started on their program's cached admission, their Admit sent in the background "
+            "(--admission-fast-path)",
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "bandmaster_router_upstream_errors", "Worker failures by kind and phase", ("kind", "phase"), registry=r
         )

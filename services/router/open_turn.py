@@ -34,6 +34,11 @@ class Bookkeeping:
     dispatched: bool = False  # a request went to a worker (set as it is sent: it may have got there)
     usage: Usage = field(default_factory=Usage)
     bind_task: asyncio.Task | None = None
+    # The admission fast path: the turn started on a cached admission, its Admit (`dispatched`) sent in the
+    # background; Bind, the delivery report and Complete follow that task's answer.
+    fast: bool = False
+    admit_task: asyncio.Task | None = None
+    delivered: bool = False
     ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)
     uncached_tokens: int = 0  # prompt tokens the chosen worker must prefill (the pick's prediction)
     trace_context: otel_context.Context | None = None  # the turn's (its request span's), for Complete
@@ -48,7 +53,7 @@ class TurnOwner(Protocol):
 
     def finish(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping, outcome: Outcome) -> None: ...
 
-    def delivered(self, spec: TurnSpec, admission: Admission | None) -> None: ...
+    def delivered(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping) -> None: ...
 
 
 class OpenTurn:
@@ -89,7 +94,7 @@ class OpenTurn:
         after the first write to the client. Idempotent."""
         if not self._delivered:
             self._delivered = True
-            self._runner.delivered(self.spec, self.admission)
+            self._runner.delivered(self.spec, self.admission, self.book)
 
     async def _blocks(self, *, merge_first: bool) -> AsyncIterator[bytes]:
         """Raw upstream bytes as they arrive, starting with the already-read first line; read

@@ -34,6 +34,7 @@ from services.router.adapters.scheduler import SchedulerClient
 from services.router.adapters.upstream import Upstream
 from services.router.circuits import WorkerCircuits
 from services.router.config import RouterConfig
+from services.router.core.admission_cache import AdmissionCache
 from services.router.core.limits import ClientLimits
 from services.router.fleet import Fleet, resolve_params
 from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
@@ -228,7 +229,10 @@ async def start_router(
         deadlines=config.answer_deadlines,
         probe_timeout_s=config.failover_probe_timeout_seconds,
         context_check=config.context_length_check,
+        fast_path=config.admission_fast_path and scheduler is not None,
     )
+    if scheduler is not None and config.admission_fast_path:
+        scheduler.start_watching(AdmissionCache())
     batch_proxy = (
         BatchApiProxy(
             config.planner_url,

@@ -44,6 +44,7 @@ from services.common.tokenizer import ChatTemplateError
 from services.router.adapters.scheduler import Admission, SchedulerClient
 from services.router.adapters.upstream import Upstream, loads
 from services.router.circuits import WorkerCircuits
+from services.router.core.admission_cache import CachedAdmission
 from services.router.core.context_fit import chat_content_chars, context_limit, overflow
 from services.router.core.deadline import DeadlineParams, PrefillRates
 from services.router.core.kv_router import KvRouterCore
@@ -118,8 +119,12 @@ class TurnRunner:
         probe_timeout_s: float = 3.0,
         probes: WorkerProbes | None = None,
         context_check: bool = True,
+        fast_path: bool = False,
     ) -> None:
         self.fleet = fleet
+        self.fast_path = fast_path
+        """The admission fast path (issue 20 item 4): a turn of a program whose last admission is cached (the
+        scheduler's event stream live) starts at once; its Admit (`dispatched`) follows in the background."""
         self.batch_priority = batch_priority
         self.upstream = upstream
         self.scheduler = scheduler
@@ -135,6 +140,7 @@ class TurnRunner:
         self.probes = probes or WorkerProbes(lambda url: upstream.alive(url, probe_timeout_s))
         self.context_check = context_check
         self._pending: dict[str, set[Attempt]] = {}  # worker id -> its turns that have sent nothing yet
+        self._dispatching: dict[str, asyncio.Task] = {}  # program -> its fast-path Admit not answered yet
         if fleet is not None:  # (unit tests build runners without a fleet)
             fleet.on_workers.append(self._on_workers)
 
@@ -166,16 +172,26 @@ class TurnRunner:
         final = spec.identity.final and spec.identity.is_program
         if final and self.limits is not None:
             self.limits.release(spec.client, spec.identity.session_id)
-        if admission is None or self.scheduler is None:
+        if admission is None or self.scheduler is None or (book.fast and book.admit_task is None):
+            # (A fast-path turn that failed before its pick never sent its Admit: the scheduler never knew it.)
             if final and self.scheduler is not None:
                 self._spawn(self.scheduler.release(spec.identity.session_id))
             return
         scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
+        admit_task = book.admit_task
 
         async def complete() -> None:
             # In the turn's trace even when the turn is closed outside its request span (a stream).
             token = otel_context.attach(book.trace_context) if book.trace_context is not None else None
             try:
+                if admit_task is not None:
+                    # Never before its Admit: a fast-path turn's Complete follows the Admit's answer.
+                    answered = (await asyncio.gather(admit_task, return_exceptions=True))[0]
+                    if not isinstance(answered, Admission):
+                        # Failed open: the scheduler has no ticket for it (a Complete would be ignored).
+                        if final:
+                            await scheduler.release(spec.identity.session_id)
+                        return
                 if bind_task is not None:
                     await asyncio.gather(bind_task, return_exceptions=True)
                 try:
@@ -199,12 +215,66 @@ class TurnRunner:
 
         self._spawn(complete())
 
-    def delivered(self, spec: TurnSpec, admission: Admission | None) -> None:
+    def delivered(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping) -> None:
         """The turn's client has received something: the scheduler confirms its admission (a turn that lapses
         unconfirmed, its router dead before its client's first byte, is rolled back there: the client
-        retries it)."""
+        retries it). A fast-path turn whose Admit has not answered yet reports it once it has."""
+        book.delivered = True
         if admission is not None and self.scheduler is not None:
-            self.scheduler.delivered(spec.request_id)
+            if book.admit_task is None or book.admit_task.done():
+                self.scheduler.delivered(spec.request_id)
+
+    # -- the admission fast path ----------------------------------------------------------------
+
+    def _cached_admission(self, spec: TurnSpec) -> CachedAdmission | None:
+        """The cached admission a turn may start on without waiting for its Admit, or None (the normal path):
+        only a turn of a known program whose last admission was not held, while the scheduler's event
+        stream is live and the scheduler is not in an outage."""
+        scheduler = self.scheduler
+        if not self.fast_path or scheduler is None or not spec.identity.is_program:
+            return None
+        cache = scheduler.cache
+        if cache is None or scheduler.in_outage or spec.identity.session_id in self._dispatching:
+            # (One Admit in flight per program, as on the normal path: a program whose turns end before their
+            # Admits answer would otherwise queue Admits at the scheduler without bound.)
+            return None
+        return cache.get(time.monotonic(), spec.identity.session_id)
+
+    async def _admit_dispatched(self, spec: TurnSpec, replica: Replica, book: Bookkeeping) -> Admission | None:
+        """The Admit of a turn already under way (`dispatched`: the scheduler never holds it). Its answer
+        starts the ticket's lease; a delivery seen meanwhile is reported then; Complete waits for it."""
+        scheduler = self.scheduler
+        assert scheduler is not None
+        cache = scheduler.cache
+        token = cache.begin() if cache is not None else None
+        admission = await scheduler.admit(
+            spec.identity.session_id,
+            spec.identity.parent_session_id,
+            spec.request_id,
+            self.estimated_tokens(spec),
+            dispatched=(replica.worker_id, replica.dp_rank),
+        )
+        if admission is None:
+            if cache is not None:
+                cache.drop(spec.identity.session_id)
+            return None
+        if cache is not None and token is not None:
+            # What the scheduler says now (it placed the program where the turn runs).
+            cache.put(
+                time.monotonic(),
+                spec.identity.session_id,
+                token,
+                CachedAdmission(
+                    admission.worker_id if admission.pinned else "",
+                    admission.dp_rank,
+                    admission.pinned,
+                    admission.priority,
+                ),
+                was_paused=admission.was_paused,
+            )
+        if book.delivered:
+            scheduler.delivered(spec.request_id)
+        return admission
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -290,7 +360,14 @@ class TurnRunner:
         self.metrics.prompt(mode.value).inc()
         self._check_context(spec, views)  # 400 before the scheduler holds or counts a turn no worker takes
         admission: Admission | None = None
-        if self.scheduler is not None:
+        fast = self._cached_admission(spec)
+        if fast is not None:
+            admission = Admission(fast.worker_id, fast.dp_rank, fast.pinned, fast.priority, 0.0, False)
+            self.metrics.admission_fast_path.inc()
+            trace.get_current_span().set_attribute("router.admission_fast_path", True)
+        elif self.scheduler is not None:
+            cache = self.scheduler.cache
+            token = cache.begin() if cache is not None and self.fast_path else None
             try:
                 admission = await self.scheduler.admit(
                     spec.identity.session_id,
@@ -298,6 +375,14 @@ class TurnRunner:
                     spec.request_id,
                     self.estimated_tokens(spec),
                 )
+                if admission is not None and token is not None and cache is not None and spec.identity.is_program:
+                    cache.put(
+                        time.monotonic(),
+                        spec.identity.session_id,
+                        token,
+                        CachedAdmission(admission.worker_id, admission.dp_rank, admission.pinned, admission.priority),
+                        was_paused=admission.was_paused,
+                    )
             except asyncio.CancelledError:
                 # The client left while its turn was being admitted. The scheduler may have answered as it
                 # left (an answer it delivered counts there, read here or not): it never started. The
@@ -313,7 +398,7 @@ class TurnRunner:
             spec.body["priority"] = self.batch_priority
         elif admission is not None:
             spec.body["priority"] = admission.priority
-        book = Bookkeeping(trace_context=otel_context.get_current())
+        book = Bookkeeping(trace_context=otel_context.get_current(), fast=fast is not None)
         self.metrics.flight(spec.traffic).inc()
         outcome = Outcome.FAILED
         try:
@@ -510,7 +595,15 @@ class TurnRunner:
         )
         book.replica = decision.replica
         book.uncached_tokens = max(0, decision.prompt.isl_tokens - decision.cached_tokens)
-        if (
+        if book.fast and book.admit_task is None:
+            # The fast path's Admit, sent as the worker is known (it names it: no Bind), before the request.
+            book.admit_task = self._spawn(self._admit_dispatched(spec, decision.replica, book))
+            sid = spec.identity.session_id
+            self._dispatching[sid] = book.admit_task
+            book.admit_task.add_done_callback(
+                lambda task: self._dispatching.pop(sid) if self._dispatching.get(sid) is task else None
+            )
+        elif (
             admission is not None
             and self.scheduler is not None
             and not (admission.pinned and pinned == decision.replica)

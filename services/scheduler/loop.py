@@ -152,18 +152,34 @@ class SchedulerRuntime:
     # ------------------------------------------------------------------ operations (servicer)
 
     def admit(
-        self, session_id: str, parent_session_id: str, estimated_prompt_tokens: int, request_id: str
+        self,
+        session_id: str,
+        parent_session_id: str,
+        estimated_prompt_tokens: int,
+        request_id: str,
+        *,
+        dispatched: bool = False,
+        dispatched_replica: ReplicaKey | None = None,
     ) -> AdmitResult:
         """The core's decision now. On WAIT the admission is held: `wait(request_id)` returns its
         resolution, and the caller must `cancel(request_id)` if it stops waiting."""
         if self._stopping:
             raise ShuttingDown(self.stop_reason)
-        if self.gated(session_id):
+        if self.gated(session_id) and not dispatched:
             # Only `pass_gate` may lead here for a gated program, and it returns with the gate open;
-            # replacing a held turn's gate would strand everything waiting behind it.
+            # replacing a held turn's gate would strand everything waiting behind it. (A dispatched turn
+            # runs already: it never waits, and never replaces a gate, since it is never held.)
             raise RuntimeError(f"admission of {session_id!r} bypassed the per-program gate")
         now = self.clock.monotonic()
-        result = self.core.admit(now, session_id, parent_session_id, estimated_prompt_tokens, request_id)
+        result = self.core.admit(
+            now,
+            session_id,
+            parent_session_id,
+            estimated_prompt_tokens,
+            request_id,
+            dispatched=dispatched,
+            dispatched_replica=dispatched_replica,
+        )
         if result.decision.request_id == request_id and result.decision.verdict is Verdict.WAIT:
             self._held[request_id] = asyncio.get_running_loop().create_future()
             self._held_since[request_id] = now

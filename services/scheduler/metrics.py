@@ -208,6 +208,12 @@ class _CoreCollector(Collector):
                 stats.tickets_expired_total,
                 "Admitted turns ended because their router stopped renewing their lease",
             ),
+            (
+                "dispatched_while_paused",
+                stats.dispatched_while_paused_total,
+                "Turns a router started before their Admit (its fast path) whose program was paused meanwhile:"
+                " admitted anyway, the program resumed where the turn runs",
+            ),
         ):
             family = CounterMetricFamily(f"{PREFIX}_{name}", text)
             family.add_metric([], value)

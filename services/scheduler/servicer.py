@@ -157,7 +157,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                 request_id = validate_request_id(request.request_id)
                 validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
                 span.set_attribute("scheduler.passthrough", not session_id)
-                if runtime.gated(session_id):
+                dispatched = request.dispatched and bool(session_id)
+                dispatched_replica = (
+                    replica_from_fields(request.dispatched_worker_id, request.dispatched_dp_rank)
+                    if dispatched
+                    else None
+                )
+                if dispatched:
+                    span.set_attribute("scheduler.dispatched", True)
+                if runtime.gated(session_id) and not dispatched:
                     span.add_event("scheduler.gated")
                     if on_held is not None:
                         await on_held(runtime)
@@ -173,7 +181,14 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
                         ) from None
                 if runtime.stopping:  # the term ended while this call waited at the gate
                     raise ShuttingDown(runtime.stop_reason)
-                result = runtime.admit(session_id, parent, request.estimated_prompt_tokens, request_id)
+                result = runtime.admit(
+                    session_id,
+                    parent,
+                    request.estimated_prompt_tokens,
+                    request_id,
+                    dispatched=dispatched,
+                    dispatched_replica=dispatched_replica,
+                )
                 decision = result.decision
                 held = decision.verdict is Verdict.WAIT
                 span.set_attribute("scheduler.held", held)
@@ -362,11 +377,16 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             runtime = self._runtime(context)
         queue = runtime.subscribe()
         try:
+            # Subscribed: say so at once (a router's admission fast path counts on the stream only once
+            # it knows that every later change reaches it).
+            await context.send_initial_metadata(())
             while True:
                 await queue.wake.wait()
                 queue.wake.clear()
                 if queue.closed:
                     return
+                if request.end_on_gap and queue.dropped:
+                    return  # this watcher must see every change: it re-subscribes
                 wall = WallTime.now(runtime.clock)
                 while queue.events:
                     yield event_to_proto(queue.events.popleft(), wall)

@@ -94,6 +94,11 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
         self.released.add(request.session_id)
         return pb.ReleaseResponse(released=known)
 
+    async def WatchEvents(self, request, context):
+        # No event stream here: the router's admission fast path stays off (every turn asks Admit first).
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no event stream in this double")
+        yield pb.ProgramEvent()  # never reached: makes this a server-stream handler
+
     async def GetRouterConfig(self, request, context):
         self._record("GetRouterConfig", request, context)
         return pb.RouterConfig(

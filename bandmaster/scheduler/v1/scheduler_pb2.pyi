@@ -74,16 +74,22 @@ EVENT_KIND_RELEASED: EventKind
 EVENT_KIND_EXPIRED: EventKind
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("session_id", "parent_session_id", "estimated_prompt_tokens", "request_id")
+    __slots__ = ("session_id", "parent_session_id", "estimated_prompt_tokens", "request_id", "dispatched", "dispatched_worker_id", "dispatched_dp_rank")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DISPATCHED_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     parent_session_id: str
     estimated_prompt_tokens: int
     request_id: str
-    def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+    dispatched: bool
+    dispatched_worker_id: str
+    dispatched_dp_rank: int
+    def __init__(self, session_id: _Optional[str] = ..., parent_session_id: _Optional[str] = ..., estimated_prompt_tokens: _Optional[int] = ..., request_id: _Optional[str] = ..., dispatched: _Optional[bool] = ..., dispatched_worker_id: _Optional[str] = ..., dispatched_dp_rank: _Optional[int] = ...) -> None: ...
 
 class AdmitResponse(_message.Message):
     __slots__ = ("worker_id", "dp_rank", "pinned", "priority", "held_seconds", "forced_resume", "admission_epoch", "was_paused", "was_soft_demoted", "priority_seconds", "lease_ttl_seconds")
@@ -296,8 +302,10 @@ class ProgramEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tokens: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("end_on_gap",)
+    END_ON_GAP_FIELD_NUMBER: _ClassVar[int]
+    end_on_gap: bool
+    def __init__(self, end_on_gap: _Optional[bool] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

@@ -55,6 +55,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.leader_follow import FOLLOW, leader_hint
 from services.common.loop_lag import LoopLag
 from services.common.telemetry import inject_metadata
+from services.router.core.admission_cache import AdmissionCache
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.core.outcome import Outcome
 from services.router.core.params import SchedulerKvSettings
@@ -152,9 +153,13 @@ class SchedulerClient:
         # Turns whose client received something since the last flush: confirmed in one RenewLeases call.
         self._delivered: dict[str, None] = {}
         self._confirmer: asyncio.Task | None = None
+        # The admission fast path's cache, live while `watch_events` holds the leader's event stream.
+        self.cache: AdmissionCache | None = None
+        self._watcher: asyncio.Task | None = None
+        self._restart_watch = asyncio.Event()
 
     async def close(self) -> None:
-        for task in (self._renewer, self._confirmer):
+        for task in (self._renewer, self._confirmer, self._watcher):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -209,6 +214,55 @@ class SchedulerClient:
         if address != self.address:
             log.info("scheduler leader: now %s (was %s)", address, self.address)
             self.address = address
+            self._cache_lost()  # the event stream is the old leader's: the watcher moves to the new one
+
+    # -- the admission fast path's event stream -------------------------------------------------------
+
+    def _cache_lost(self) -> None:
+        if self.cache is not None and self.cache.live:
+            self.cache.lost()
+            self._restart_watch.set()
+
+    def start_watching(self, cache: AdmissionCache) -> None:
+        """Hold the leader's WatchEvents stream and keep `cache` (the admission fast path) in step with it:
+        live once the scheduler says it subscribed us, cleared at every event of a program, and whole at
+        any loss of the stream, a leader change or an outage."""
+        self.cache = cache
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_events(cache), name="scheduler-events")
+
+    async def _watch_events(self, cache: AdmissionCache) -> None:
+        prefix = len("EVENT_KIND_")
+        while True:
+            self._restart_watch.clear()
+            call = self._stub(self.address).WatchEvents(pb.WatchEventsRequest(end_on_gap=True))
+            restart = asyncio.ensure_future(self._restart_watch.wait())
+            reading: asyncio.Future | None = None
+            try:
+                await asyncio.wait_for(call.initial_metadata(), self._decision_s)
+                if not self.in_outage:
+                    cache.connected()
+                while True:
+                    reading = asyncio.ensure_future(call.read())
+                    await asyncio.wait((reading, restart), return_when=asyncio.FIRST_COMPLETED)
+                    if not reading.done():
+                        break  # a leader change or an outage: again, on the leader
+                    event, reading = reading.result(), None
+                    if event is grpc.aio.EOF:
+                        break
+                    cache.event(pb.EventKind.Name(event.kind)[prefix:].lower(), event.session_id)
+            except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    log.info("scheduler %s has no event stream: admission fast path off", self.address)
+                    cache.lost()
+                    return
+                log.debug("scheduler event stream: %s", exc)
+            finally:
+                cache.lost()
+                restart.cancel()
+                if reading is not None:
+                    reading.cancel()
+                call.cancel()
+            await asyncio.sleep(RETRY_PAUSE_S if self._restart_watch.is_set() else 1.0)
 
     # -- ticket leases ---------------------------------------------------------------------------
     # The scheduler ends an admitted turn whose lease lapses (as if it was cancelled), so that a
@@ -281,8 +335,10 @@ class SchedulerClient:
             )
             self._outage_since = None
             self._metrics.scheduler_reachable.set(1)
+            self._restart_watch.set()  # the fast path's stream starts afresh
 
     def _down(self, method: str, why: str) -> None:
+        self._cache_lost()
         self._metrics.scheduler_errors.labels(method).inc()
         now = time.monotonic()
         self._breaker.on_failure(now)
@@ -306,7 +362,13 @@ class SchedulerClient:
         self._metrics.fail_open.labels(reason).inc()
 
     async def admit(
-        self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int
+        self,
+        session_id: str,
+        parent_session_id: str,
+        request_id: str,
+        estimated_prompt_tokens: int,
+        *,
+        dispatched: tuple[str, int] | None = None,
     ) -> Admission | None:
         """Admission, or None to fail open. Raises CancelledError when the caller is cancelled
         (gRPC then cancels the call and the scheduler rolls the admission back).
@@ -322,7 +384,11 @@ class SchedulerClient:
                 "rpc.method": "AdmitStream",
             },
         ) as span:
-            admission = await self._admit(session_id, parent_session_id, request_id, estimated_prompt_tokens)
+            if dispatched is not None:
+                span.set_attribute("router.dispatched", True)
+            admission = await self._admit(
+                session_id, parent_session_id, request_id, estimated_prompt_tokens, dispatched
+            )
             span.set_attribute("router.fail_open", admission is None)
             if admission is not None:
                 span.set_attribute("router.held_seconds", admission.held_seconds)
@@ -330,7 +396,12 @@ class SchedulerClient:
             return admission
 
     async def _admit(
-        self, session_id: str, parent_session_id: str, request_id: str, estimated_prompt_tokens: int
+        self,
+        session_id: str,
+        parent_session_id: str,
+        request_id: str,
+        estimated_prompt_tokens: int,
+        dispatched: tuple[str, int] | None = None,
     ) -> Admission | None:
         now = time.monotonic()
         if not self._breaker.available(now):
@@ -343,6 +414,9 @@ class SchedulerClient:
             estimated_prompt_tokens=estimated_prompt_tokens,
             request_id=request_id,
         )
+        if dispatched is not None:
+            request.dispatched = True
+            request.dispatched_worker_id, request.dispatched_dp_rank = dispatched
         loop = asyncio.get_running_loop()
         started = loop.time()
         address = self.address

@@ -204,6 +204,7 @@ class Stats:
     completes_ignored_total: int = 0  # Complete for a request id with no ticket: ignored, table unchanged
     tickets_in_flight: int = 0  # admitted turns not yet completed (held ones included)
     tickets_expired_total: int = 0  # turns ended because their lease lapsed
+    dispatched_while_paused_total: int = 0  # dispatched Admits (router fast path) of a program paused meanwhile
 
 
 @dataclass(frozen=True)

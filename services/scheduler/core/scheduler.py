@@ -155,14 +155,28 @@ class SchedulerCore:
         self.admissions_cancelled_total = 0
         self.completes_ignored_total = 0
         self.tickets_expired_total = 0
+        self.dispatched_while_paused_total = 0
 
     # ------------------------------------------------------------------ admission
 
     def admit(
-        self, now: float, session_id: str, parent_session_id: str, estimated_prompt_tokens: int, request_id: str
+        self,
+        now: float,
+        session_id: str,
+        parent_session_id: str,
+        estimated_prompt_tokens: int,
+        request_id: str,
+        *,
+        dispatched: bool = False,
+        dispatched_replica: ReplicaKey | None = None,
     ) -> AdmitResult:
         """Start a turn. PLACED: go now (replica None = any worker). WAIT: the program is in the
-        paused queue; a later tick (resume) or `force_resume` resolves the admission."""
+        paused queue; a later tick (resume) or `force_resume` resolves the admission.
+
+        `dispatched`: the router already started the turn (its admission fast path: the program was ACTIVE
+        as far as it knew), on `dispatched_replica` when it says. Never WAIT: a program paused meanwhile
+        (the pause and its event crossed the turn) is resumed onto the replica the turn runs on and counted
+        (`dispatched_while_paused_total`); the program is placed where the turn runs, as a Bind would."""
         if not request_id:
             raise MissingRequestId("request_id is required")
         replayed = self._turns.get(request_id)
@@ -210,11 +224,21 @@ class SchedulerCore:
         program.last_activity = now
         turn = _Turn(request_id, sid, program, program.admission_epoch, now, before, paused_seq_before, estimate=sent)
         self._turns[request_id] = turn
+        running_on = dispatched_replica if dispatched and dispatched_replica in self._caps else None
+        if dispatched and program.lifecycle is Lifecycle.PAUSED:
+            # Already running: its KV is where it runs. The control law sees it REASONING there, and may
+            # mark it again at its next tool boundary if the pressure lasts.
+            self.dispatched_while_paused_total += 1
+            self._resume_onto(now, program, running_on, acc, forced=False, held_s=None)
+            turn.was_paused = True  # the answer says so: the router drops its cached admission
 
         if program.lifecycle is Lifecycle.ACTIVE:
             if program.replica is not None and program.replica not in self._caps:
                 program.replica = None  # stale pin: its replica left the snapshot
-            if program.replica is None and self._caps:
+            if running_on is not None:
+                if program.replica != running_on:
+                    self._place(program, running_on)
+            elif program.replica is None and self._caps and not dispatched:
                 target = self._choose_admission_replica(now, program, gate=created and self._any_waiting())
                 if target is not None:
                     self._place(program, target)
@@ -867,6 +891,7 @@ class SchedulerCore:
             admissions_cancelled_total=self.admissions_cancelled_total,
             completes_ignored_total=self.completes_ignored_total,
             tickets_in_flight=len(self._turns) + len(self._passthrough),
+            dispatched_while_paused_total=self.dispatched_while_paused_total,
             tickets_expired_total=self.tickets_expired_total,
             waiting_admissions=sum(len(r) for r in self._waiting.values()),
             passthrough_in_flight=len(self._passthrough),

@@ -1,0 +1,159 @@
+"""Issue 20 item 4, the admission fast path, in process: a router against the real scheduler servicer (fake
+clock, scripted capacity) and a simworker. A later turn of an ACTIVE program starts on its cached admission
+without waiting for Admit (here the scheduler's answers are held back: the turn's first token arrives
+first), and the scheduler still counts every turn the client ran; a pause event takes the fast path away
+from that program (its next turn is held as usual)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from clients import session_headers
+from services.router.config import KvOverrides, RouterConfig
+from services.router.server import start_router
+from services.scheduler.election import SingleReplica
+from tests.support import router_stack as stack
+from tests.support.eventually import assert_eventually
+from tests.support.router_doubles import MODEL
+from tests.unit.scheduler_shell.support import start_harness
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+
+async def _first_token(url: str, sid: str, done: asyncio.Event | None = None) -> tuple[asyncio.Future, asyncio.Event]:
+    first = asyncio.Event()
+
+    async def turn() -> int:
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": "tell me " * 20}],
+        }
+        async with aiohttp.ClientSession() as s:
+            async with s.post(url + "/v1/chat/completions", json=body, headers=session_headers(sid)) as r:
+                assert r.status == 200
+                async for line in r.content:
+                    if line.startswith(b"data:"):
+                        first.set()
+                return r.status
+
+    return asyncio.ensure_future(turn()), first
+
+
+async def _cluster(tmp_path, st):
+    h = await start_harness(ticket_lease_seconds=30.0, resume_timeout_seconds=60.0)
+    w = st.add(await stack.simworker(tmp_path, "w"))
+    cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+    router = await start_router(
+        RouterConfig(
+            capacity_addr=cap.ready["grpc"], scheduler_addr=h.running.address, kv=KvOverrides(use_kv_events=False)
+        )
+    )
+    workers = await assert_eventually(lambda: router.fleet.workers)
+    worker_id = next(iter(workers))
+    await h.set_capacity({(worker_id, 0): 1_000_000})
+    await assert_eventually(lambda: router.runner.scheduler.cache.live)
+    return h, router, worker_id
+
+
+def _fast_turns(router) -> float:
+    return router.metrics.admission_fast_path._value.get()
+
+
+def _failed_open(router) -> float:
+    return sum(
+        sample.value
+        for metric in router.metrics.fail_open.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
+
+
+async def test_a_later_turn_starts_before_its_admit_answers_and_is_still_counted(tmp_path, monkeypatch):
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router, worker_id = await _cluster(tmp_path, st)
+        url = router.base_url
+        turn, _ = await _first_token(url, "prog")
+        assert await turn == 200  # the first turn: the normal path, its admission cached
+        await assert_eventually(lambda: h.core.program("prog").turns == 1)
+
+        gate = asyncio.Event()
+        blocked = []
+        original = SingleReplica.commit
+
+        async def slow_commit(self, runtime):
+            blocked.append(1)
+            await gate.wait()
+            return await original(self, runtime)
+
+        monkeypatch.setattr(SingleReplica, "commit", slow_commit)
+        turn, first = await _first_token(url, "prog")
+        await asyncio.wait_for(first.wait(), 20)
+        assert blocked and not gate.is_set(), "the first token came while the scheduler held its Admit answer"
+        assert _fast_turns(router) == 1 and _failed_open(router) == 0  # not a fail-open after the decision deadline
+        assert await turn == 200  # the client has its whole answer; its Admit is still unanswered
+        # One Admit in flight per program: the next turn takes the normal path (else a program whose turns
+        # end before their Admits answer would pile Admits up at the scheduler).
+        turn3, first3 = await _first_token(url, "prog")
+        await asyncio.sleep(0.3)
+        assert _fast_turns(router) == 1 and not first3.is_set()
+        gate.set()
+        assert await turn3 == 200
+
+        async def counted():
+            view = h.core.program("prog")
+            stats = h.core.stats(h.clock.monotonic())
+            return view.turns == 3 and stats.tickets_in_flight == 0 and stats.completes_ignored_total == 0
+
+        await assert_eventually(counted, timeout_s=10)
+    finally:
+        if router is not None:
+            await router.stop()
+        await st.close()
+        if h is not None:
+            await h.channel.close()
+            await h.running.stop()
+
+
+async def test_a_pause_event_takes_the_fast_path_away_from_that_program(tmp_path):
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router, worker_id = await _cluster(tmp_path, st)
+        url = router.base_url
+        for sid in ("prog", "other"):
+            turn, _ = await _first_token(url, sid)
+            assert await turn == 200
+        await assert_eventually(lambda: h.core.program("prog").turns == 1 and h.core.program("other").turns == 1)
+        cache = router.runner.scheduler.cache
+        assert cache.get(time.monotonic(), "prog") is not None
+
+        # Pressure: the capacity shrinks below both programs; the tick pauses them at their tool boundary.
+        await h.set_capacity({(worker_id, 0): 100})
+        h.tick()
+        assert h.core.program("prog").lifecycle.value == "paused"
+        await assert_eventually(lambda: cache.get(time.monotonic(), "prog") is None)
+
+        before = _fast_turns(router)
+        turn, first = await _first_token(url, "prog")
+        await h.held(1)  # the normal path: held while paused
+        assert _fast_turns(router) == before and not first.is_set()
+        await h.set_capacity({(worker_id, 0): 1_000_000})
+        h.tick()  # room again: resumed, the held turn goes
+        assert await asyncio.wait_for(turn, 20) == 200
+        program = await h.program("prog")
+        assert program.turns == 2
+    finally:
+        if router is not None:
+            await router.stop()
+        await st.close()
+        if h is not None:
+            await h.channel.close()
+            await h.running.stop()
