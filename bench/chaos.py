@@ -554,6 +554,18 @@ def recovery_summary(rows: Sequence[dict]) -> dict[str, dict]:
     return out
 
 
+def error_summary(requests: Sequence[RequestRecord], top: int = 15) -> dict:
+    """The failed attempts by what they said (outcome, status, the error's first words), most common first,
+    and when they happened (10-second buckets of their start)."""
+    failed = [r for r in requests if r.outcome != "ok"]
+    kinds = Counter(f"{r.outcome} {r.status or ''} {r.error[:70]}".replace("  ", " ").strip() for r in failed)
+    buckets = Counter(int(r.start_s // 10) * 10 for r in failed)
+    return {
+        "by_kind": dict(kinds.most_common(top)),
+        "by_10s_from": {str(t): n for t, n in sorted(buckets.items())},
+    }
+
+
 def invariant_table(violations: Sequence[dict]) -> list[dict]:
     names = ("lost", "turns", "streams", "batch", "waits")
     counts = Counter(v["invariant"] for v in violations)
@@ -606,6 +618,7 @@ def build_report(
             "retried_turns": len({(r.program_id, r.turn) for r in turns if r.attempt > 0}),
             "outcomes": dict(Counter(r.outcome for r in turns).most_common()),
             "finals": dict(Counter(r.outcome for r in requests if r.turn < 0).most_common()),
+            "errors": error_summary(turns),
         },
         "slowest_requests": [
             {**asdict(r), "took_s": round(r.end_s - r.start_s, 3)}

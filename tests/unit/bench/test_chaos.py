@@ -243,3 +243,17 @@ def test_the_invariant_table_names_every_invariant():
         "batch": (0, "PASS"),
         "waits": (0, "PASS"),
     }
+
+
+def test_the_error_summary_groups_failed_attempts_by_what_they_said_and_when():
+    requests = [
+        _req(outcome="http_error", status=503, start=12.0, end=12.1),
+        _req(outcome="http_error", status=503, start=15.0, end=15.1),
+        _req(outcome="error_event", start=31.0, end=32.0),
+        _req(outcome="ok", start=40.0, end=41.0),
+    ]
+    requests[0].error = requests[1].error = "HTTP 503: no healthy worker"
+    assert chaos.error_summary(requests) == {
+        "by_kind": {"http_error 503 HTTP 503: no healthy worker": 2, "error_event 200": 1},
+        "by_10s_from": {"10": 2, "30": 1},
+    }
