@@ -322,12 +322,15 @@ def _overlaps(start: float, end: float, windows: Sequence[tuple[float, float]]) 
 
 
 def scheduler_windows(
-    faults: Sequence[FaultRecord], outages: Sequence[tuple[float, float]] = ()
+    faults: Sequence[FaultRecord], outages: Sequence[tuple[float, float]] = (), *, store_decides: bool = False
 ) -> list[tuple[float, float]]:
     """Where a turn may have been routed fail open or lost by the scheduler's crash: per scheduler fault,
     and per outage the watcher observed (no scheduler leading and serving, whatever the fault: a Redis
-    outage deposes a leader too), [start - flush interval, end + the routers' fail-open bounds]."""
-    spans = [f.window() for f in faults if f.fault.kind == "scheduler"] + list(outages)
+    outage deposes a leader too), [start - flush interval, end + the routers' fail-open bounds].
+    `store_decides` (leader election): a leader refuses every decision its store does not take
+    (UNAVAILABLE, the router fails open) while still leading and serving, so a Redis fault is one too."""
+    kinds = ("scheduler", "redis") if store_decides else ("scheduler",)
+    spans = [f.window() for f in faults if f.fault.kind in kinds] + list(outages)
     return [(start - STATE_FLUSH_S - 0.5, end + ROUTER_FAIL_OPEN_S) for start, end in spans]
 
 
@@ -367,10 +370,12 @@ def check_turns(
     requests: Sequence[RequestRecord],
     faults: Sequence[FaultRecord],
     outages: Sequence[tuple[float, float]] = (),
+    *,
+    store_decides: bool = False,
 ) -> tuple[list[dict], dict]:
     """Scheduler turns against the client's started turns, per program that was looked up. Returns the
     violations and the counts (programs compared, turns excused as fail-open)."""
-    windows = scheduler_windows(faults, outages)
+    windows = scheduler_windows(faults, outages, store_decides=store_decides)
     started: dict[str, list[RequestRecord]] = defaultdict(list)
     failed: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
@@ -588,7 +593,8 @@ def build_report(
     outages: Sequence[tuple[float, float]] = (),
 ) -> dict:
     """One seed's report: every check over the recorded events, the faults with their figures, counts."""
-    turn_violations, turn_counts = check_turns(programs, requests, faults, outages)
+    store_decides = bool(stack.get("scheduler_failover"))
+    turn_violations, turn_counts = check_turns(programs, requests, faults, outages, store_decides=store_decides)
     violations = [
         *check_programs(programs, config),
         *turn_violations,

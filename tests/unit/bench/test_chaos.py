@@ -150,6 +150,16 @@ def test_an_observed_scheduler_outage_excuses_like_a_scheduler_fault():
     assert chaos.check_turns([_program(turns=1)], requests, redis, outages=[(19.5, 20.2)])[0] == []
 
 
+def test_under_leader_election_a_redis_fault_excuses_like_a_scheduler_fault():
+    """The leader refuses what its store does not take (UNAVAILABLE) while it still leads and serves: the
+    watcher sees no outage, the routers fail open all the same."""
+    requests = [_req(turn=0, start=1, end=2), _req(turn=1, start=20, end=21)]
+    redis = [_fault("redis", "kill", 19.0, 20.5)]
+    assert chaos.check_turns([_program(turns=1)], requests, redis)[0]  # one scheduler: it serves on
+    assert chaos.check_turns([_program(turns=1)], requests, redis, store_decides=True)[0] == []
+    assert chaos.check_turns([_program(turns=3)], requests, redis, store_decides=True)[0][0]["kind"] == "phantom_turns"
+
+
 def test_a_program_the_scheduler_no_longer_knows_is_lost_unless_every_turn_was_excusable():
     requests = [_req(turn=0, start=1, end=2), _req(turn=1, start=20, end=21)]
     (violation,) = chaos.check_turns([_program(known=False)], requests, [])[0]
