@@ -41,7 +41,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
 from services.common.tokenizer import ChatTemplateError
-from services.router.adapters.scheduler import Admission, SchedulerClient
+from services.router.adapters.scheduler import Admission, FailOpen, SchedulerClient
 from services.router.adapters.upstream import Upstream, loads
 from services.router.circuits import WorkerCircuits
 from services.router.core.admission_cache import CachedAdmission
@@ -141,6 +141,7 @@ class TurnRunner:
         self.context_check = context_check
         self._pending: dict[str, set[Attempt]] = {}  # worker id -> its turns that have sent nothing yet
         self._dispatching: dict[str, asyncio.Task] = {}  # program -> its fast-path Admit not answered yet
+        self._completing: dict[str, asyncio.Task] = {}  # program -> its last turn's Complete not done yet
         if fleet is not None:  # (unit tests build runners without a fleet)
             fleet.on_workers.append(self._on_workers)
 
@@ -213,7 +214,14 @@ class TurnRunner:
                 if token is not None:
                     otel_context.detach(token)
 
-        self._spawn(complete())
+        task = self._spawn(complete())
+        if spec.identity.is_program:
+            # A fast-path Admit of the program's next turn is sent after this (`_admit_dispatched`).
+            sid = spec.identity.session_id
+            self._completing[sid] = task
+            task.add_done_callback(
+                lambda done: self._completing.pop(sid) if self._completing.get(sid) is done else None
+            )
 
     def delivered(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping) -> None:
         """The turn's client has received something: the scheduler confirms its admission (a turn that lapses
@@ -242,18 +250,38 @@ class TurnRunner:
 
     async def _admit_dispatched(self, spec: TurnSpec, replica: Replica, book: Bookkeeping) -> Admission | None:
         """The Admit of a turn already under way (`dispatched`: the scheduler never holds it). Its answer
-        starts the ticket's lease; a delivery seen meanwhile is reported then; Complete waits for it."""
+        starts the ticket's lease; a delivery seen meanwhile is reported then; Complete waits for it.
+
+        The scheduler must still learn the turn: this runs in its own task (never cancelled with the
+        client's turn, bounded by the adapter's own deadline, which tries again after a transient failure),
+        is sent after the program's previous Complete (so that it is counted and ordered after it there),
+        and a failure that remains is a fail-open, counted with its reason."""
         scheduler = self.scheduler
         assert scheduler is not None
+        sid = spec.identity.session_id
+        previous = self._completing.get(sid)
+        if previous is not None and not previous.done():
+            # The previous turn's Complete is still on its way (the client started this turn at once): it
+            # goes first, within the failover bound (a Complete is itself bounded).
+            await asyncio.wait((previous,), timeout=max(scheduler.failover_bound_s, 1.0))
         cache = scheduler.cache
         token = cache.begin() if cache is not None else None
-        admission = await scheduler.admit(
-            spec.identity.session_id,
-            spec.identity.parent_session_id,
-            spec.request_id,
-            self.estimated_tokens(spec),
-            dispatched=(replica.worker_id, replica.dp_rank),
-        )
+        try:
+            admission = await scheduler.admit(
+                sid,
+                spec.identity.parent_session_id,
+                spec.request_id,
+                self.estimated_tokens(spec),
+                dispatched=(replica.worker_id, replica.dp_rank),
+            )
+        except asyncio.CancelledError:
+            # Only the router's own shutdown cancels this task: the turn goes uncounted, and says so.
+            scheduler.count_fail_open(FailOpen.CANCELLED, spec.request_id)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the turn runs on regardless; the failure is counted
+            log.warning("dispatched Admit of %s failed: %r; the turn goes uncounted", spec.request_id, exc)
+            scheduler.count_fail_open(FailOpen.ERROR, spec.request_id)
+            admission = None
         if admission is None:
             if cache is not None:
                 cache.drop(spec.identity.session_id)

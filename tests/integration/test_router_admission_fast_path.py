@@ -10,6 +10,7 @@ import asyncio
 import time
 
 import aiohttp
+import grpc
 import pytest
 
 from clients import session_headers
@@ -157,3 +158,145 @@ async def test_a_pause_event_takes_the_fast_path_away_from_that_program(tmp_path
         if h is not None:
             await h.channel.close()
             await h.running.stop()
+
+
+# -- the scheduler must still learn every turn (docs/benchmarks/chaos.md, defect 6) ---------------------
+
+
+async def _fast_cluster(tmp_path, st):
+    """A cluster whose program "prog" ran one turn (the normal path, its admission cached)."""
+    h, router, worker_id = await _cluster(tmp_path, st)
+    turn, _ = await _first_token(router.base_url, "prog")
+    assert await turn == 200
+    await assert_eventually(lambda: h.core.program("prog").turns == 1)
+    await assert_eventually(lambda: router.runner.scheduler.cache.get(time.monotonic(), "prog") is not None)
+    return h, router
+
+
+async def _all_counted(h, turns: int) -> None:
+    async def counted():
+        stats = h.core.stats(h.clock.monotonic())
+        return h.core.program("prog").turns == turns and stats.tickets_in_flight == 0
+
+    await assert_eventually(counted, timeout_s=15)
+
+
+async def _stop(router, st, h) -> None:
+    if router is not None:
+        await router.stop()
+    await st.close()
+    if h is not None:
+        await h.channel.close()
+        await h.running.stop()
+
+
+async def test_a_transient_unavailable_on_the_background_admit_is_tried_again(tmp_path, monkeypatch):
+    """One scheduler address (no failover bound for a waiting client's Admit): the background Admit of a
+    fast-path turn meets UNAVAILABLE once (a connection reset); it tries again, and the turn is counted."""
+    from services.router.adapters.scheduler import SchedulerClient
+
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router = await _fast_cluster(tmp_path, st)
+        original = SchedulerClient._admit_once
+        failed = []
+
+        async def flaky(self, address, request, request_id, **kw):
+            if request.dispatched and not failed:
+                failed.append(request_id)
+                exc = grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "reset"
+                )
+                return "unreachable", None, exc
+            return await original(self, address, request, request_id, **kw)
+
+        monkeypatch.setattr(SchedulerClient, "_admit_once", flaky)
+        turn, _ = await _first_token(router.base_url, "prog")
+        assert await turn == 200
+        assert failed and _fast_turns(router) == 1
+        await _all_counted(h, 2)  # the client ran 2 turns
+        assert _failed_open(router) == 0
+    finally:
+        await _stop(router, st, h)
+
+
+async def test_a_fast_path_admit_goes_after_the_previous_turns_complete(tmp_path, monkeypatch):
+    """The client starts its next turn as the previous one ends; that turn's Complete is still on its way
+    (held back here) when the fast path starts the next: its Admit reaches the scheduler after it."""
+    from services.router.adapters.scheduler import SchedulerClient
+
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router = await _fast_cluster(tmp_path, st)
+        order: list[str] = []
+        gate = asyncio.Event()
+        original_complete, original_admit = SchedulerClient.complete, SchedulerClient._admit_once
+
+        async def slow_complete(self, *args, **kw):
+            await gate.wait()
+            await original_complete(self, *args, **kw)
+            order.append("complete")
+
+        async def admit_once(self, address, request, request_id, **kw):
+            order.append("admit-dispatched" if request.dispatched else "admit")
+            return await original_admit(self, address, request, request_id, **kw)
+
+        monkeypatch.setattr(SchedulerClient, "complete", slow_complete)
+        monkeypatch.setattr(SchedulerClient, "_admit_once", admit_once)
+        turn, _ = await _first_token(router.base_url, "prog")  # turn 2: fast path; its Complete held back
+        assert await turn == 200
+        await asyncio.sleep(0.2)
+        turn, first = await _first_token(router.base_url, "prog")  # turn 3 starts while Complete 2 waits
+        await asyncio.wait_for(first.wait(), 20)
+        await asyncio.sleep(0.3)
+        gate.set()
+        assert await turn == 200
+        await _all_counted(h, 3)
+        assert _failed_open(router) == 0
+        assert order.count("complete") == 2
+        dispatched = [i for i, what in enumerate(order) if what == "admit-dispatched"]
+        first_complete = order.index("complete")
+        assert dispatched and all(i > first_complete for i in dispatched[1:]), order
+        # (Turn 2's Admit went before anything completed; turn 3's, if it took the fast path, after.)
+    finally:
+        await _stop(router, st, h)
+
+
+async def test_a_client_gone_right_after_a_fast_path_turn_started_is_still_counted(tmp_path, monkeypatch):
+    """The client disconnects after its first token while the turn's background Admit is unanswered (the
+    scheduler's answer held back): the Admit is not cancelled with the turn; the scheduler counts it."""
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router = await _fast_cluster(tmp_path, st)
+        gate = asyncio.Event()
+        original = SingleReplica.commit
+
+        async def slow_commit(self, runtime):
+            await gate.wait()
+            return await original(self, runtime)
+
+        monkeypatch.setattr(SingleReplica, "commit", slow_commit)
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": "tell me " * 20}],
+        }
+        async with aiohttp.ClientSession() as s:
+            async with s.post(
+                router.base_url + "/v1/chat/completions", json=body, headers=session_headers("prog")
+            ) as r:
+                assert r.status == 200
+                async for line in r.content:
+                    if line.startswith(b"data:"):
+                        break  # started: the client leaves
+        assert _fast_turns(router) == 1
+        await asyncio.sleep(0.5)  # the router has seen the client go
+        gate.set()
+        await _all_counted(h, 2)  # the client started 2 turns
+        assert _failed_open(router) == 0
+    finally:
+        await _stop(router, st, h)

@@ -100,6 +100,7 @@ class FailOpen:
     HOLD_OVERRUN = "hold_overrun"  # held longer than the scheduler's own bound
     OUTAGE = "outage"  # the scheduler is known down: not asked
     ERROR = "error"  # any other status (a bug on one side): logged at ERROR
+    CANCELLED = "cancelled"  # a dispatched Admit (fast path) cut short by the router's own shutdown
 
 
 class SchedulerClient:
@@ -146,6 +147,8 @@ class SchedulerClient:
         self._breaker = CircuitBreaker(breaker)
         self._tracer = tracer or trace.get_tracer(__name__)
         self._outage_since: float | None = None
+        # Set while an outage lasts: a dispatched Admit with no other replica to try stops waiting then.
+        self._outage_began = asyncio.Event()
         # Ticket leases: the request ids of admitted turns still running, renewed together.
         self._leases: dict[str, None] = {}
         self._lease_ttl_s = 0.0
@@ -334,6 +337,7 @@ class SchedulerClient:
                 time.monotonic() - self._outage_since,
             )
             self._outage_since = None
+            self._outage_began.clear()
             self._metrics.scheduler_reachable.set(1)
             self._restart_watch.set()  # the fast path's stream starts afresh
 
@@ -344,6 +348,7 @@ class SchedulerClient:
         self._breaker.on_failure(now)
         if self._outage_since is None:
             self._outage_since = now
+            self._outage_began.set()
             self._metrics.scheduler_reachable.set(0)
             log.warning("scheduler %s unreachable (%s); failing open to KV-aware routing", self.address, why)
 
@@ -360,6 +365,17 @@ class SchedulerClient:
 
     def _fail_open(self, reason: str) -> None:
         self._metrics.fail_open.labels(reason).inc()
+
+    @property
+    def failover_bound_s(self) -> float:
+        """How long a call that must reach the scheduler keeps trying (the configured failover bound)."""
+        return self._failover_cfg_s
+
+    def count_fail_open(self, reason: str, request_id: str) -> None:
+        """A turn that went uncounted for a reason outside this client's own calls (a dispatched Admit that
+        raised or was cancelled): counted with its reason, and logged."""
+        log.warning("turn %s goes without admission (%s); failing open", request_id, reason)
+        self._fail_open(reason)
 
     async def admit(
         self,
@@ -421,12 +437,39 @@ class SchedulerClient:
         started = loop.time()
         address = self.address
         tried: set[str] = set()
+        # A dispatched Admit (the admission fast path) has no client waiting on it: the turn runs already.
+        # It is given its own bound (the failover bound, at least the decision deadline) and tries again
+        # within it after a transient failure (unreachable, no answer, a refusal of its own request id
+        # while a cancelled earlier try is rolled back), with one replica known as with several: the
+        # scheduler must still learn the turn. Only a failure that lasts fails it open (counted).
+        dispatched_until = started + max(self._failover_cfg_s, self._decision_s) if dispatched is not None else None
         while True:
-            kind, value, exc = await self._admit_once(address, request, request_id)
+            window_s = None
+            if dispatched_until is not None:
+                window_s = max(self._decision_s, dispatched_until - loop.time())
+            kind, value, exc = await self._admit_once(address, request, request_id, window_s=window_s)
             if kind == "ok":
                 self._follow(address)
                 answer = value
                 break
+            single_down = self.in_outage and self._failover_s == 0  # known down, no other replica to try
+            if dispatched_until is not None and kind != "hold_overrun" and not single_down:
+                duplicate = kind == "error" and exc is not None and exc.code() == grpc.StatusCode.ALREADY_EXISTS
+                if kind != "error" or duplicate:
+                    if loop.time() < dispatched_until:
+                        if kind != "error":
+                            address = self._next(address, exc)
+                        await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, dispatched_until - loop.time())))
+                        continue
+                    if duplicate:
+                        # Still in flight there under this id after the whole bound: the scheduler holds
+                        # this turn's ticket (an earlier try's answer was lost). Complete counts it.
+                        self._ok()
+                        log.warning("scheduler already holds dispatched turn %s; taking it as admitted", request_id)
+                        self._hold_lease(request_id, self._lease_ttl_s)
+                        worker, rank = dispatched
+                        # (was_paused: its state there unknown here, the program's next turn asks first.)
+                        return Admission(worker, rank, False, 0, 0.0, True)
             if kind == "error":
                 # The scheduler answered: it is up, but refused (a bug on one side). The turn fails open.
                 self._ok()
@@ -468,7 +511,9 @@ class SchedulerClient:
             answer.was_paused,
         )
 
-    async def _admit_once(self, address: str, request: pb.AdmitRequest, request_id: str):
+    async def _admit_once(
+        self, address: str, request: pb.AdmitRequest, request_id: str, *, window_s: float | None = None
+    ):
         """One AdmitStream to `address`: ("ok", decision, None), ("error", None, exc) for a refusal that
         is no outage, or (why, None, exc|None) with why = unreachable / no_answer / hold_overrun. Raises
         CancelledError when the caller is cancelled (gRPC then cancels the call: the scheduler rolls the
@@ -480,7 +525,7 @@ class SchedulerClient:
         # that passed only because our own loop ran late is not the scheduler's silence. The hold cap
         # (wall time) bounds every wait.
         on_time = self._on_time_clock(loop)
-        window_end = on_time() + self._decision_s
+        window_end = on_time() + (self._decision_s if window_s is None else window_s)
         held = decided = excused = False
         # One read outlives a timeout that lag excuses (a cancelled read cancels the call), so that the
         # answer on its way is still taken.
@@ -490,7 +535,19 @@ class SchedulerClient:
                 if reading is None:
                     reading = asyncio.ensure_future(call.read())
                 wait_s = min(cap_at - loop.time(), window_end - on_time())
-                done, _ = await asyncio.wait((reading,), timeout=max(0.0, wait_s))
+                if window_s is not None and self._failover_s == 0:
+                    # A dispatched Admit (its own, longer, window) to the only replica: once the scheduler
+                    # is known down (another call's deadline passed), it is an outage: fail open now.
+                    outage = asyncio.ensure_future(self._outage_began.wait())
+                    try:
+                        await asyncio.wait((reading, outage), timeout=max(0.0, wait_s), return_when="FIRST_COMPLETED")
+                    finally:
+                        outage.cancel()
+                    if not reading.done() and self.in_outage:
+                        return "no_answer", None, None
+                    done = {reading} if reading.done() else set()
+                else:
+                    done, _ = await asyncio.wait((reading,), timeout=max(0.0, wait_s))
                 if not done and not reading.done():
                     if on_time() < window_end and loop.time() < cap_at:
                         # Our own loop ran late in the window: the scheduler's answer may be here already.
