@@ -35,7 +35,7 @@ from services.scheduler.adapters.state_store import StateStore, StoreError
 from services.scheduler.core.leadership import Leadership, LeaseParams, Role, StepDown, Transition
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.persist import StatePersister
+from services.scheduler.persist import StatePersister, wait_bounded
 
 log = logging.getLogger("services.scheduler.leader")
 
@@ -107,9 +107,11 @@ class Election:
         address: Callable[[], str],
         call_timeout_s: float,
         tracer: trace.Tracer | None = None,
+        stop_timeout_s: float = 5.0,
     ) -> None:
         """`build_term(epoch, may_decide)` rebuilds the table and starts a term's loops; `address` is this
-        replica's advertised address (known once the server is bound)."""
+        replica's advertised address (known once the server is bound). `stop_timeout_s` bounds `stop`
+        (the server passes its shutdown grace): past it what did not finish is logged and left behind."""
         self.params = params
         self.store = store
         self.clock = clock
@@ -119,6 +121,7 @@ class Election:
         self.leadership = Leadership(params, self.replica_id, "")
         self._address = address
         self.call_timeout_s = call_timeout_s
+        self.stop_timeout_s = stop_timeout_s
         self.tracer = tracer or trace.get_tracer("services.scheduler")
         self.term: Term | None = None
         self.terms = 0
@@ -193,19 +196,34 @@ class Election:
         self._task = asyncio.create_task(self._run(), name="scheduler-election")
 
     async def stop(self) -> None:
-        """End the term (last fenced batch), release the lease, stop the loop."""
+        """End the term (last fenced batch), release the lease, stop the loop. Bounded by `stop_timeout_s`:
+        each wait gets what is left of it (the lease release keeps its own call timeout), and whatever
+        did not finish in time is named in a WARNING and left behind, so a SIGTERM always ends."""
         self._stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stop_timeout_s
+        # What the lease release may need is kept back from the term's stop.
+        reserve = min(self.call_timeout_s, self.stop_timeout_s / 4)
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            if not await wait_bounded(task, min(self.call_timeout_s, deadline - reserve - loop.time())):
+                log.warning("scheduler leadership: the election loop did not end when cancelled; going on")
         epoch = self.leadership.epoch
         was_leader = self.leadership.role is Role.LEADER
         transition = self.leadership.released(self.clock.monotonic())
-        await self._end(transition or Transition(Role.STANDBY, epoch, "stopping", StepDown.SHUTDOWN))
+        ending = asyncio.ensure_future(
+            self._end(transition or Transition(Role.STANDBY, epoch, "stopping", StepDown.SHUTDOWN))
+        )
+        if not await wait_bounded(ending, deadline - reserve - loop.time()):
+            log.warning(
+                "scheduler leadership: the term of epoch %d did not end within the %gs stop bound; going on",
+                epoch,
+                self.stop_timeout_s,
+            )
         if was_leader:
             try:
-                async with asyncio.timeout(self.call_timeout_s):
+                async with asyncio.timeout(max(0.001, min(self.call_timeout_s, deadline - loop.time()))):
                     await self.store.release_lease(self.replica_id, epoch)
                 log.info("scheduler leadership: released the lease (epoch %d)", epoch)
             except (StoreError, TimeoutError, OSError) as exc:
@@ -348,11 +366,31 @@ class Election:
             pass
 
     async def _stop_term(self, term: Term, why: StepDown) -> None:
+        """Held Admits answered UNAVAILABLE (rolled back: their routers retry on the new leader), event
+        streams ended, loops stopped, then the writer (a graceful stop writes a last, fenced batch). Each
+        step is bounded (`stop_timeout_s` in all): one that does not finish is named and left behind."""
         started = time.perf_counter()
-        # Held Admits are answered UNAVAILABLE (rolled back): their routers retry on the new leader.
-        await term.runtime.stop(DEPOSED if why is not StepDown.SHUTDOWN else "scheduler is shutting down")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.stop_timeout_s
+        reason = DEPOSED if why is not StepDown.SHUTDOWN else "scheduler is shutting down"
+        steps: list[tuple[str, Awaitable[None]]] = [("the runtime", term.runtime.stop(reason))]
         if term.persister is not None:
             # Only a graceful stop writes a last batch (fenced by the epoch all the same).
-            await term.persister.stop(final_flush=why is StepDown.SHUTDOWN, close_store=False)
+            steps.append(
+                ("the state writer", term.persister.stop(final_flush=why is StepDown.SHUTDOWN, close_store=False))
+            )
+        late: list[str] = []
+        for what, step in steps:
+            task = asyncio.ensure_future(step)
+            if not await wait_bounded(task, deadline - loop.time()):
+                task.cancel()
+                late.append(what)
         self.metrics.watch_core(None, self.clock.monotonic, lambda: 0)
+        if late:
+            log.warning(
+                "scheduler leadership: term of epoch %d ended without waiting for %s (not done within %gs)",
+                term.epoch,
+                " and ".join(late),
+                self.stop_timeout_s,
+            )
         log.info("scheduler leadership: term of epoch %d ended in %.3fs", term.epoch, time.perf_counter() - started)

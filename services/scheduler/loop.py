@@ -47,6 +47,8 @@ log = logging.getLogger("services.scheduler")
 core_log = logging.getLogger("services.scheduler.control")
 
 DEFAULT_WATCH_QUEUE = 1024
+STOP_TIMEOUT_S = 1.0
+"""How long `stop` waits for its loops to end once cancelled (they end at once; this only bounds a bug)."""
 
 
 class ShuttingDown(Exception):
@@ -144,10 +146,18 @@ class SchedulerRuntime:
         self._gates.clear()
         for queue in list(self._subscribers):
             queue.close()
-        for task in self._tasks:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        if tasks:
+            # Bounded: both loops also end on `_stopping`, but a stop must never wait on a task for ever.
+            _, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT_S)
+            if pending:
+                log.warning(
+                    "scheduler stop: %s did not end within %gs of its cancellation; going on",
+                    ", ".join(sorted(task.get_name() for task in pending)),
+                    STOP_TIMEOUT_S,
+                )
 
     # ------------------------------------------------------------------ operations (servicer)
 

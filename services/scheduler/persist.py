@@ -60,6 +60,21 @@ class Recovery:
         return self.load_s + self.rebuild_s
 
 
+async def wait_bounded(task: asyncio.Future, timeout_s: float) -> bool:
+    """Wait for `task` at most `timeout_s` (never longer, even if it ignores a cancellation: it is not
+    cancelled here). True if it finished; its exception, if any, is logged and swallowed."""
+    done, _ = await asyncio.wait((task,), timeout=max(0.001, timeout_s))
+    if not done:
+        return False
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "scheduler stop: %s failed",
+            task.get_name() if isinstance(task, asyncio.Task) else task,
+            exc_info=task.exception(),
+        )
+    return True
+
+
 class StatePersister:
     def __init__(
         self,
@@ -92,6 +107,7 @@ class StatePersister:
         """The last failure was a write lock held elsewhere (StoreBusy): the store itself is up."""
         self._kick = asyncio.Event()
         self._waiters: list[asyncio.Future[bool]] = []
+        self._stopping = False
 
     def _wall_offset(self) -> float:
         return self.clock.wall() - self.clock.monotonic()
@@ -160,15 +176,31 @@ class StatePersister:
 
     async def stop(self, *, final_flush: bool = True, close_store: bool = True) -> None:
         """Stop the loop, write a last batch (bounded), close the store. A deposed leader writes nothing
-        more (`final_flush=False`) and leaves the store open for the next term (`close_store=False`)."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        more (`final_flush=False`) and leaves the store open for the next term (`close_store=False`).
+
+        Every wait is bounded: the writer is told to stop (it checks `_stopping` at each pass, so a
+        cancellation lost inside a store client cannot keep it writing forever) and cancelled, and is
+        waited for at most a write's timeout; past it a WARNING names it and the stop goes on."""
+        self._stopping = True
+        self._kick.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            if not await wait_bounded(task, self.write_timeout_s):
+                log.warning(
+                    "scheduler state: the writer did not stop within %gs of its cancellation; going on without it",
+                    self.write_timeout_s,
+                )
         self._settle(False)
         try:
             if final_flush and not self.fenced:
-                await self.flush()
+                last = asyncio.ensure_future(self.flush())
+                if not await wait_bounded(last, 3 * self.write_timeout_s):
+                    last.cancel()
+                    log.warning(
+                        "scheduler state: the last batch was not written within %gs; going on",
+                        3 * self.write_timeout_s,
+                    )
         finally:
             if close_store:
                 await self._close_store()
@@ -182,8 +214,8 @@ class StatePersister:
 
     async def commit(self) -> bool:
         """Wait until every change made before this call is in the store (group commit). False if the
-        store failed or refused the write (then `fenced` tells which)."""
-        if self.fenced:
+        store failed or refused the write (then `fenced` tells which), or the writer is stopping."""
+        if self.fenced or self._stopping:
             return False
         if self._failing_since is not None:
             # The store is failing (down, or its write lock held by a frozen replica): the caller is not held
@@ -202,12 +234,17 @@ class StatePersister:
                 future.set_result(ok)
 
     async def _loop(self) -> None:
-        while not self.fenced:
+        # Ends on `_stopping`, not only by its cancellation: on Python 3.11 a stop's cancel that lands as the
+        # flush interval's timeout fires is swallowed by `asyncio.timeout` (seen as TimeoutError), and this
+        # loop then went on writing for ever while `stop` waited for it (chaos.md, defect 5).
+        while not self.fenced and not self._stopping:
             try:
                 async with asyncio.timeout(self.flush_s):
                     await self._kick.wait()
             except TimeoutError:
                 pass
+            if self._stopping:
+                return  # `stop` settles the waiters and writes the last batch itself
             self._kick.clear()
             waiters, self._waiters = self._waiters, []
             ok = False

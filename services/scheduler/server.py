@@ -311,6 +311,7 @@ async def _start_replica(
         address=lambda: config.advertise_addr or host.address,
         call_timeout_s=max(config.lease.renew_s, min(config.state_write_timeout_seconds, config.lease.ttl_s / 2)),
         tracer=tracer,
+        stop_timeout_s=max(0.5, config.shutdown_grace_seconds),
     )
     election.on_term = on_term
     channel = None
