@@ -373,15 +373,19 @@ class Election:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.stop_timeout_s
         reason = DEPOSED if why is not StepDown.SHUTDOWN else "scheduler is shutting down"
-        steps: list[tuple[str, Awaitable[None]]] = [("the runtime", term.runtime.stop(reason))]
-        if term.persister is not None:
+        persister = term.persister
+        steps: list[tuple[str, Callable[[], Awaitable[None]]]] = [("the runtime", lambda: term.runtime.stop(reason))]
+        if persister is not None:
             # Only a graceful stop writes a last batch (fenced by the epoch all the same).
             steps.append(
-                ("the state writer", term.persister.stop(final_flush=why is StepDown.SHUTDOWN, close_store=False))
+                (
+                    "the state writer",
+                    lambda: persister.stop(final_flush=why is StepDown.SHUTDOWN, close_store=False),
+                )
             )
         late: list[str] = []
         for what, step in steps:
-            task = asyncio.ensure_future(step)
+            task = asyncio.ensure_future(step())
             if not await wait_bounded(task, deadline - loop.time()):
                 task.cancel()
                 late.append(what)
