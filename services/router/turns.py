@@ -173,10 +173,14 @@ class TurnRunner:
         final = spec.identity.final and spec.identity.is_program
         if final and self.limits is not None:
             self.limits.release(spec.client, spec.identity.session_id)
+        # A final turn's Release goes after the program's earlier turns reached the scheduler (a fast-path
+        # Admit still on its way, a Complete): else the program ends there without them.
+        sid = spec.identity.session_id
+        earlier = [t for t in (self._dispatching.get(sid), self._completing.get(sid)) if t is not None] if final else []
         if admission is None or self.scheduler is None or (book.fast and book.admit_task is None):
             # (A fast-path turn that failed before its pick never sent its Admit: the scheduler never knew it.)
             if final and self.scheduler is not None:
-                self._spawn(self.scheduler.release(spec.identity.session_id))
+                self._spawn(self._release_after(self.scheduler, sid, earlier))
             return
         scheduler, replica, usage, bind_task = self.scheduler, book.replica, book.usage, book.bind_task
         admit_task = book.admit_task
@@ -191,7 +195,7 @@ class TurnRunner:
                     if not isinstance(answered, Admission):
                         # Failed open: the scheduler has no ticket for it (a Complete would be ignored).
                         if final:
-                            await scheduler.release(spec.identity.session_id)
+                            await self._release_after(scheduler, sid, earlier)
                         return
                 if bind_task is not None:
                     await asyncio.gather(bind_task, return_exceptions=True)
@@ -209,7 +213,7 @@ class TurnRunner:
                     )
                 finally:
                     if final:
-                        await scheduler.release(spec.identity.session_id)
+                        await self._release_after(scheduler, sid, earlier)
             finally:
                 if token is not None:
                     otel_context.detach(token)
@@ -222,6 +226,13 @@ class TurnRunner:
             task.add_done_callback(
                 lambda done: self._completing.pop(sid) if self._completing.get(sid) is done else None
             )
+
+    @staticmethod
+    async def _release_after(scheduler: SchedulerClient, session_id: str, earlier: list[asyncio.Task]) -> None:
+        pending = [t for t in earlier if not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=max(scheduler.failover_bound_s, 1.0))
+        await scheduler.release(session_id)
 
     def delivered(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping) -> None:
         """The turn's client has received something: the scheduler confirms its admission (a turn that lapses
@@ -394,6 +405,10 @@ class TurnRunner:
             self.metrics.admission_fast_path.inc()
             trace.get_current_span().set_attribute("router.admission_fast_path", True)
         elif self.scheduler is not None:
+            pending = self._dispatching.get(spec.identity.session_id) if spec.identity.is_program else None
+            if pending is not None and not pending.done():
+                # The program's previous turn's Admit (fast path) is still on its way: this one goes after it.
+                await asyncio.wait((pending,), timeout=max(self.scheduler.failover_bound_s, 1.0))
             cache = self.scheduler.cache
             token = cache.begin() if cache is not None and self.fast_path else None
             try:
