@@ -300,3 +300,45 @@ async def test_a_client_gone_right_after_a_fast_path_turn_started_is_still_count
         assert _failed_open(router) == 0
     finally:
         await _stop(router, st, h)
+
+
+async def test_a_final_turn_releases_the_program_after_the_fast_path_admit_before_it(tmp_path, monkeypatch):
+    """A fast-path turn whose Admit is slow to leave, then at once the final turn (the normal path): its
+    Admit, Complete and the program's Release reach the scheduler after the earlier Admit, so that the
+    program ends there with every turn (not re-created by a late Admit after its Release)."""
+    from services.router.adapters.scheduler import SchedulerClient
+
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router = await _fast_cluster(tmp_path, st)
+        order: list[str] = []
+        original_admit, original_release = SchedulerClient._admit_once, SchedulerClient.release
+
+        async def admit_once(self, address, request, request_id, **kw):
+            if request.dispatched:
+                await asyncio.sleep(1.0)  # slow to leave (a loaded router)
+            answer = await original_admit(self, address, request, request_id, **kw)
+            order.append("admit-dispatched" if request.dispatched else "admit")
+            return answer
+
+        async def release(self, session_id):
+            order.append("release")
+            return await original_release(self, session_id)
+
+        monkeypatch.setattr(SchedulerClient, "_admit_once", admit_once)
+        monkeypatch.setattr(SchedulerClient, "release", release)
+        turn, _ = await _first_token(router.base_url, "prog")  # turn 2: fast path
+        assert await turn == 200 and _fast_turns(router) == 1
+        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "the end"}]}
+        async with aiohttp.ClientSession() as s:
+            headers = session_headers("prog", final=True)
+            async with s.post(router.base_url + "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200  # turn 3, final
+        await assert_eventually(lambda: "release" in order, timeout_s=15)
+        await asyncio.sleep(0.5)
+        assert order.index("release") > order.index("admit-dispatched"), order
+        assert "prog" not in h.core._programs  # released with its 3 turns, not re-created by a late Admit
+        assert _failed_open(router) == 0
+    finally:
+        await _stop(router, st, h)
