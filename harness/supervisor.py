@@ -154,9 +154,10 @@ class Supervisor:
         for child in reversed(self.children):
             if child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
+                child.process.send_signal(signal.SIGCONT)  # a frozen child acts on SIGTERM once continued
         deadline = time.monotonic() + grace_s
         for child in reversed(self.children):
-            stop_child(child.process, max(0.0, deadline - time.monotonic()), name=child.spec.name)
+            stop_child(child.process, max(0.0, deadline - time.monotonic()), name=child.spec.name, signalled=True)
         self.children.clear()
 
     def failed(self) -> list[Child]:

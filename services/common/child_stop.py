@@ -28,11 +28,17 @@ def _signal(send, sig: int) -> None:
         pass
 
 
-def stop_child(process: subprocess.Popen | None, grace_s: float = 10.0, *, name: str = "") -> bool:
+def stop_child(
+    process: subprocess.Popen | None, grace_s: float = 10.0, *, name: str = "", signalled: bool = False
+) -> bool:
+    """`signalled`: the caller already sent SIGTERM (and SIGCONT), e.g. to several children at once; only
+    wait, then kill. Never send SIGTERM twice: a service shutting down has given its handler back, and a
+    second SIGTERM would end it at once, cutting its graceful stop (flushes, final writes) short."""
     if process is None or process.poll() is not None:
         return True
-    _signal(process.send_signal, signal.SIGTERM)
-    _signal(process.send_signal, signal.SIGCONT)
+    if not signalled:
+        _signal(process.send_signal, signal.SIGTERM)
+        _signal(process.send_signal, signal.SIGCONT)
     try:
         process.wait(timeout=grace_s)
         return True

@@ -70,3 +70,36 @@ def test_config_error_raised_in_a_process_pool_reaches_the_parent():
         with pytest.raises(ConfigError) as caught:
             pool.submit(_refuse, 0).result(timeout=60)
     assert caught.value.field == "pause_threshold"
+
+
+# A service's graceful stop: on SIGTERM it gives the handler back (as serve_until_signal does), then takes
+# a while to flush. A second SIGTERM in that window would end it at once, with its flush undone.
+GRACEFUL = (
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
+    "    time.sleep(0.5)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def test_an_already_signalled_child_is_not_sent_sigterm_again():
+    process = _start(GRACEFUL)
+    process.send_signal(signal.SIGTERM)
+    assert stop_child(process, grace_s=5.0, signalled=True)
+    assert process.returncode == 0  # its graceful stop ran to the end
+
+
+def test_supervisor_stop_all_lets_every_child_finish_its_graceful_stop(tmp_path):
+    from harness.supervisor import ChildSpec, Supervisor
+
+    supervisor = Supervisor(tmp_path)
+    child = supervisor.start(ChildSpec("graceful", "unused", []))
+    child.process.kill()  # replaced by a bare graceful child, to watch how stop_all signals it
+    child.process.wait()
+    child.process = _start(GRACEFUL)
+    supervisor.stop_all(grace_s=5.0)
+    assert child.process.returncode == 0
