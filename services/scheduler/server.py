@@ -90,16 +90,7 @@ async def start_scheduler(
             tick_loop=tick_loop,
             capacity_idle_timeout_s=capacity_idle_timeout_s,
         )
-    host = ServiceHost(
-        "scheduler",
-        listen=config.listen,
-        metrics_port=config.metrics_port,
-        telemetry=telemetry,
-        shutdown_grace_seconds=config.shutdown_grace_seconds,
-        security=config.security,
-    )
-    tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
-    metrics = SchedulerMetrics(host.registry)
+    host, tracer, metrics = _host(config, telemetry)
     metrics.leader.set(1)  # a single scheduler always decides
     core = SchedulerCore(
         config.control,
@@ -225,6 +216,20 @@ async def _recover_state(
     return persister
 
 
+def _host(config: SchedulerConfig, telemetry: Telemetry | None):
+    """The service host, tracer and metrics every scheduler process has, single or one of several replicas."""
+    host = ServiceHost(
+        "scheduler",
+        listen=config.listen,
+        metrics_port=config.metrics_port,
+        telemetry=telemetry,
+        shutdown_grace_seconds=config.shutdown_grace_seconds,
+        security=config.security,
+    )
+    tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
+    return host, tracer, SchedulerMetrics(host.registry)
+
+
 async def _start_replica(
     config: SchedulerConfig,
     *,
@@ -235,16 +240,7 @@ async def _start_replica(
     capacity_idle_timeout_s: float,
 ) -> RunningScheduler:
     """One of several replicas on a shared store: serve at once as a standby; lead when the lease is won."""
-    host = ServiceHost(
-        "scheduler",
-        listen=config.listen,
-        metrics_port=config.metrics_port,
-        telemetry=telemetry,
-        shutdown_grace_seconds=config.shutdown_grace_seconds,
-        security=config.security,
-    )
-    tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
-    metrics = SchedulerMetrics(host.registry)
+    host, tracer, metrics = _host(config, telemetry)
     metrics.leader.set(0)
     store = _open_store(config)
     field = "state_redis_url" if config.state_store == "redis" else "state_path"

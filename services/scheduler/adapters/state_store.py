@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import errno
 import fcntl
 import os
@@ -33,7 +34,7 @@ import secrets
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import orjson
 
@@ -282,6 +283,21 @@ CREATE TABLE IF NOT EXISTS leader (
 """
 
 
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection, failure: str) -> Iterator[sqlite3.Connection]:
+    """A `BEGIN IMMEDIATE` transaction on the lease row: the body commits what it keeps; whatever it leaves
+    open (a read that changed nothing, an exception) is rolled back; an SQLite error is a StoreError."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        raise StoreError(f"{failure}: {exc}") from None
+
+
 class SqliteStateStore:
     """One file; every call runs on the store's single thread, in order (lease calls: on their own)."""
 
@@ -444,53 +460,33 @@ class SqliteStateStore:
         return await self._run_lease(self._acquire, holder, address, ttl_s, min_epoch)
 
     def _acquire(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
-        conn = self._lease()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                row = conn.execute("SELECT holder, address, epoch, expires_at FROM leader WHERE id = 1").fetchone()
-                now = self._wall()
-                if row is not None and row[3] > now:
-                    conn.execute("ROLLBACK")
-                    return LeaseRead(False, int(row[2]), LeaseRecord(row[0], int(row[2]), row[1]))
-                epoch = max(int(row[2]) if row is not None else 0, min_epoch) + 1
-                conn.execute(
-                    "INSERT OR REPLACE INTO leader (id, holder, address, epoch, expires_at) VALUES (1, ?, ?, ?, ?)",
-                    (holder, address, epoch, now + ttl_s),
-                )
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot take the lease in {self.path}: {exc}") from None
+        with _immediate(self._lease(), f"cannot take the lease in {self.lease_path}") as conn:
+            row = conn.execute("SELECT holder, address, epoch, expires_at FROM leader WHERE id = 1").fetchone()
+            now = self._wall()
+            if row is not None and row[3] > now:
+                return LeaseRead(False, int(row[2]), LeaseRecord(row[0], int(row[2]), row[1]))
+            epoch = max(int(row[2]) if row is not None else 0, min_epoch) + 1
+            conn.execute(
+                "INSERT OR REPLACE INTO leader (id, holder, address, epoch, expires_at) VALUES (1, ?, ?, ?, ?)",
+                (holder, address, epoch, now + ttl_s),
+            )
+            conn.execute("COMMIT")
         return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
 
     async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
         return await self._run_lease(self._renew, holder, address, epoch, ttl_s)
 
     def _renew(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
-        conn = self._lease()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                now = self._wall()
-                cursor = conn.execute(
-                    "UPDATE leader SET expires_at = ? WHERE id = 1 AND holder = ? AND epoch = ? AND expires_at > ?",
-                    (now + ttl_s, holder, epoch, now),
-                )
-                if cursor.rowcount == 1:
-                    conn.execute("COMMIT")
-                    return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
-                row = conn.execute("SELECT holder, address, epoch FROM leader WHERE id = 1").fetchone()
-                conn.execute("ROLLBACK")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot renew the lease in {self.path}: {exc}") from None
+        with _immediate(self._lease(), f"cannot renew the lease in {self.lease_path}") as conn:
+            now = self._wall()
+            cursor = conn.execute(
+                "UPDATE leader SET expires_at = ? WHERE id = 1 AND holder = ? AND epoch = ? AND expires_at > ?",
+                (now + ttl_s, holder, epoch, now),
+            )
+            if cursor.rowcount == 1:
+                conn.execute("COMMIT")
+                return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
+            row = conn.execute("SELECT holder, address, epoch FROM leader WHERE id = 1").fetchone()
         record = None if row is None else LeaseRecord(row[0], int(row[2]), row[1])
         return LeaseRead(False, record.epoch if record else 0, record)
 
