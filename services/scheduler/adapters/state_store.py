@@ -9,11 +9,11 @@ monotonic clock) maps them onto its own.
 
 - SQLite: WAL journal, `synchronous=FULL` (one fsync per batch, on the store's own thread, never on
   the event loop or per RPC); an exclusive `flock` on `<path>.lock` keeps a second scheduler off the
-  same file, unless the file is `shared` by an active/standby pair (leader election): the lease is
-  then the one row of `<path>.leader` (its own file, connection and thread, so that a replica frozen
-  in the middle of a table write cannot keep the others from taking the lease), taken and renewed in
-  `BEGIN IMMEDIATE` transactions; every table write reads the lease epoch inside its own write
-  transaction and rolls back unless it is the writer's.
+  same file, unless the file is `shared` by an active/standby pair (leader election): the lease then
+  lives in plain files, `<path>.lease/epoch-<E>` (adapters/file_lease.py: taken and renewed without any
+  lock, so that a replica frozen in the middle of a table write or of a renewal cannot keep the others
+  from taking the lease); every table write reads the lease epoch inside its own write transaction and
+  rolls back unless it is the writer's.
 - Redis: hashes `<prefix>programs` and `<prefix>tickets`, strings `<prefix>meta` and
   `<prefix>generation`. A full write sets a new generation; a delta checks it in the same
   transaction, so a Redis that lost its data (restarted empty) is noticed and rewritten in full.
@@ -26,21 +26,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import errno
 import fcntl
 import os
 import secrets
 import sqlite3
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import orjson
 
 from services.common.redact import redact_url
+from services.scheduler.adapters.file_lease import FileLease, LeaseFileError
 from services.scheduler.core import Lifecycle, ReplicaKey, Status
-from services.scheduler.core.leadership import LeaseRecord
+from services.scheduler.core.leadership import LeaseRead, LeaseRecord
 from services.scheduler.core.state import CoreMeta, CoreState, ProgramRecord, TicketRecord
 
 
@@ -63,15 +64,6 @@ class StoreBusy(StoreError):
 
 class StoreFenced(StoreError):
     """A write was refused: the store's leadership epoch is not the writer's (it was deposed)."""
-
-
-@dataclass(frozen=True)
-class LeaseRead:
-    """The answer to an acquire or renew: whether this replica holds the lease, and the lease as stored."""
-
-    held: bool
-    epoch: int
-    record: LeaseRecord | None
 
 
 @dataclass
@@ -275,57 +267,32 @@ CREATE TABLE IF NOT EXISTS tickets (request_id TEXT PRIMARY KEY, record BLOB NOT
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 """
 
-_LEASE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS leader (
-    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, address TEXT NOT NULL,
-    epoch INTEGER NOT NULL, expires_at REAL NOT NULL
-);
-"""
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection, failure: str) -> Iterator[sqlite3.Connection]:
-    """A `BEGIN IMMEDIATE` transaction on the lease row: the body commits what it keeps; whatever it leaves
-    open (a read that changed nothing, an exception) is rolled back; an SQLite error is a StoreError."""
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-    except sqlite3.Error as exc:
-        raise StoreError(f"{failure}: {exc}") from None
-
 
 class SqliteStateStore:
     """One file; every call runs on the store's single thread, in order (lease calls: on their own)."""
 
     def __init__(self, path: str | os.PathLike, *, shared: bool = False, wall=None) -> None:
-        """`shared`: an active/standby pair uses the file (no flock; the `leader` row fences writes).
+        """`shared`: an active/standby pair uses the file (no flock; the lease's epoch fences writes).
         `wall`: the wall clock the lease expiry is kept on (time.time; every replica is on this machine)."""
-        import time as _time
-
         self.path = Path(path)
         self.shared = shared
-        self._wall = wall or _time.time
         self.description = f"sqlite:{self.path}"
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-state")
         self._conn: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
-        self.lease_path = Path(f"{self.path}.leader")
+        self.lease = FileLease(f"{self.path}.lease", wall or time.time)
         self._lease_executor = (
             concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="scheduler-lease")
             if shared
             else None
         )
-        self._lease_conn: sqlite3.Connection | None = None
-        self._lease_reader: sqlite3.Connection | None = None
-        """The table thread's own connection to the lease file (the epoch check of each write)."""
 
     async def _run_lease(self, fn, *args):
         assert self._lease_executor is not None, "leases need a shared store"
-        return await asyncio.get_running_loop().run_in_executor(self._lease_executor, fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._lease_executor, fn, *args)
+        except LeaseFileError as exc:
+            raise StoreError(str(exc)) from None
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -341,9 +308,9 @@ class SqliteStateStore:
                 raise StoreError(f"cannot create {self.path}: {exc.strerror}") from None
             self._connect()
             try:
-                self._lease_reader = self._lease_connection(self.lease_path, timeout_s=1.0)
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.lease_path} is not a usable SQLite database: {exc}") from None
+                self.lease.open()
+            except LeaseFileError as exc:
+                raise StoreError(str(exc)) from None
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -359,22 +326,6 @@ class SqliteStateStore:
                 raise StoreLocked(f"{self.path} is in use by another scheduler") from None
             raise StoreError(f"cannot lock {self.path}: {exc.strerror}") from None
         self._connect()
-
-    @staticmethod
-    def _lease_connection(path: Path, timeout_s: float) -> sqlite3.Connection:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout_s)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.executescript(_LEASE_SCHEMA)
-        return conn
-
-    def _lease(self) -> sqlite3.Connection:
-        if self._lease_conn is None:
-            try:
-                self._lease_conn = self._lease_connection(self.lease_path, timeout_s=0.5)
-            except sqlite3.Error as exc:
-                raise StoreError(f"{self.lease_path} is not a usable SQLite database: {exc}") from None
-        return self._lease_conn
 
     def _connect(self) -> None:
         try:
@@ -418,12 +369,13 @@ class SqliteStateStore:
                 if epoch is not None:
                     # Read inside this write transaction: a successor's acquire after it cannot be missed by
                     # a write that commits (its answer is checked against the lease again after the commit).
-                    assert self._lease_reader is not None
-                    row = self._lease_reader.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
-                    if row is None or int(row[0]) != epoch:
+                    try:
+                        current = self.lease.current_epoch()
+                    except LeaseFileError as exc:
+                        raise StoreError(str(exc)) from None
+                    if current != epoch:
                         raise StoreFenced(
-                            f"{self.path}: write of epoch {epoch} refused (the lease is at epoch "
-                            f"{None if row is None else row[0]})"
+                            f"{self.path}: write of epoch {epoch} refused (the lease is at epoch {current})"
                         )
                 if batch.full:
                     conn.execute("DELETE FROM programs")
@@ -457,55 +409,17 @@ class SqliteStateStore:
     # -- the lease row (shared files) -------------------------------------------------------------
 
     async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
-        return await self._run_lease(self._acquire, holder, address, ttl_s, min_epoch)
-
-    def _acquire(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
-        with _immediate(self._lease(), f"cannot take the lease in {self.lease_path}") as conn:
-            row = conn.execute("SELECT holder, address, epoch, expires_at FROM leader WHERE id = 1").fetchone()
-            now = self._wall()
-            if row is not None and row[3] > now:
-                return LeaseRead(False, int(row[2]), LeaseRecord(row[0], int(row[2]), row[1]))
-            epoch = max(int(row[2]) if row is not None else 0, min_epoch) + 1
-            conn.execute(
-                "INSERT OR REPLACE INTO leader (id, holder, address, epoch, expires_at) VALUES (1, ?, ?, ?, ?)",
-                (holder, address, epoch, now + ttl_s),
-            )
-            conn.execute("COMMIT")
-        return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
+        return await self._run_lease(self.lease.acquire, holder, address, ttl_s, min_epoch)
 
     async def renew_lease(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
-        return await self._run_lease(self._renew, holder, address, epoch, ttl_s)
-
-    def _renew(self, holder: str, address: str, epoch: int, ttl_s: float) -> LeaseRead:
-        with _immediate(self._lease(), f"cannot renew the lease in {self.lease_path}") as conn:
-            now = self._wall()
-            cursor = conn.execute(
-                "UPDATE leader SET expires_at = ? WHERE id = 1 AND holder = ? AND epoch = ? AND expires_at > ?",
-                (now + ttl_s, holder, epoch, now),
-            )
-            if cursor.rowcount == 1:
-                conn.execute("COMMIT")
-                return LeaseRead(True, epoch, LeaseRecord(holder, epoch, address))
-            row = conn.execute("SELECT holder, address, epoch FROM leader WHERE id = 1").fetchone()
-        record = None if row is None else LeaseRecord(row[0], int(row[2]), row[1])
-        return LeaseRead(False, record.epoch if record else 0, record)
+        return await self._run_lease(self.lease.renew, holder, address, epoch, ttl_s)
 
     async def release_lease(self, holder: str, epoch: int) -> None:
-        def release() -> None:
-            try:
-                self._lease().execute(
-                    "UPDATE leader SET expires_at = 0 WHERE id = 1 AND holder = ? AND epoch = ?", (holder, epoch)
-                )
-            except sqlite3.Error as exc:
-                raise StoreError(f"cannot release the lease in {self.lease_path}: {exc}") from None
-
-        await self._run_lease(release)
+        await self._run_lease(self.lease.release, holder, epoch)
 
     async def close(self) -> None:
         try:
             await self._run(self._close)  # after any write still queued on the store's thread
-            if self._lease_executor is not None:
-                await self._run_lease(self._close_lease)
         finally:
             self._executor.shutdown(wait=False)
             if self._lease_executor is not None:
@@ -515,15 +429,7 @@ class SqliteStateStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        if self._lease_reader is not None:
-            self._lease_reader.close()
-            self._lease_reader = None
         self._unlock()
-
-    def _close_lease(self) -> None:
-        if self._lease_conn is not None:
-            self._lease_conn.close()
-            self._lease_conn = None
 
     def _unlock(self) -> None:
         if self._lock_fd is not None:

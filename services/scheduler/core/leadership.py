@@ -97,6 +97,15 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class LeaseRead:
+    """A store's answer to an acquire or a renewal: whether the caller holds the lease, and the lease as stored."""
+
+    held: bool
+    epoch: int
+    record: LeaseRecord | None
+
+
+@dataclass(frozen=True)
 class Transition:
     """A role change for the shell to act on (start or end a leadership term) and to log."""
 

@@ -10,6 +10,7 @@ import redis
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
     SqliteStateStore,
+    StoreError,
     StoreFenced,
     StoreLost,
     WriteBatch,
@@ -131,4 +132,65 @@ async def test_a_sqlite_writer_frozen_inside_a_table_write_does_not_block_the_le
     finally:
         frozen.execute("ROLLBACK")
         frozen.close()
+        await b.close()
+
+
+_RENEWER = """
+import asyncio, sys
+from services.scheduler.adapters.state_store import SqliteStateStore
+
+async def main(path, ttl_s):
+    store = SqliteStateStore(path, shared=True)
+    await store.open()
+    got = await store.acquire_lease("frozen", "frozen:1", ttl_s, 0)
+    assert got.held, got
+    print("leading", flush=True)
+    while True:  # renew as fast as it can: most of its time is spent inside a renewal
+        assert (await store.renew_lease("frozen", "frozen:1", got.epoch, ttl_s)).held
+
+asyncio.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+@pytest.mark.parametrize("round_", range(4))
+async def test_a_replica_frozen_in_the_middle_of_renewing_cannot_keep_the_lease(tmp_path, round_):
+    """A leader SIGSTOPped at an arbitrary instant of its renewals (here: while renewing back to back, so
+    nearly always inside one) loses the lease when it expires: nothing it holds while frozen keeps another
+    replica from taking it. (Failed before the lease moved out of an SQLite row, whose write lock a frozen
+    renewal kept, so the standby never led: a CI run's SIGSTOP failover test.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    ttl_s = 0.5
+    root = Path(__file__).resolve().parents[3]
+    renewer = subprocess.Popen(
+        [sys.executable, "-c", _RENEWER, str(tmp_path / "s.sqlite"), str(ttl_s)],
+        stdout=subprocess.PIPE,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+    b = SqliteStateStore(tmp_path / "s.sqlite", shared=True)
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(renewer.stdout.readline), timeout=20)
+        assert line.strip() == b"leading"
+        await asyncio.sleep(0.1 + 0.037 * round_)
+        renewer.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        await b.open()
+        taken = None
+        while taken is None and time.monotonic() - frozen_at < ttl_s + 3.0:
+            try:
+                got = await asyncio.wait_for(b.acquire_lease("B", "b:1", ttl_s, 0), timeout=2)
+                taken = got if got.held else None
+            except (StoreError, TimeoutError):
+                pass
+            await asyncio.sleep(0.02)
+        assert taken is not None, "the standby could not take the lease of a frozen leader"
+        assert taken.epoch == 2
+        await b.write(batch(b"from B"), epoch=2)  # and it writes the table
+    finally:
+        renewer.kill()
+        renewer.wait(timeout=10)
         await b.close()

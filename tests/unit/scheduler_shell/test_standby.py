@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 
 import grpc
 import pytest
@@ -14,6 +15,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.errors import ConfigError
 from services.common.leader_follow import LEADER_METADATA_KEY, leader_hint
+from services.scheduler.adapters.file_lease import FileLease
 from services.scheduler.adapters.state_store import SqliteStateStore
 from services.scheduler.core.leadership import LeaseParams
 from services.scheduler.server import start_scheduler
@@ -117,12 +119,9 @@ async def test_a_leader_that_loses_its_lease_answers_held_admits_unavailable_and
     held = stub_a.AdmitStream(pb.AdmitRequest(session_id="p2", request_id="r2", estimated_prompt_tokens=500))
     first = await asyncio.wait_for(held.read(), timeout=5)
     assert first.HasField("held") and first.held.heartbeat_seconds > 0
-    lease = sqlite3.connect(f"{tmp_path / 's.sqlite'}.leader", isolation_level=None)
-    try:
-        # Another replica took the lease (a later epoch): A's next renewal finds out.
-        lease.execute("UPDATE leader SET holder = 'intruder', epoch = epoch + 1, expires_at = expires_at + 60")
-    finally:
-        lease.close()
+    # Another replica took the lease (a later epoch; its clock says A's lease ran out): A's next renewal finds out.
+    intruder = FileLease(f"{tmp_path / 's.sqlite'}.lease", wall=lambda: time.time() + 60)
+    assert intruder.acquire("intruder", "elsewhere:1", 60, 0).held
     with pytest.raises(grpc.aio.AioRpcError) as err:
         while True:
             update = await asyncio.wait_for(held.read(), timeout=5)
