@@ -17,6 +17,11 @@ is `core/leadership.py`; the store calls are `adapters/state_store.py`):
   WatchEvents streams end, nothing more is written.
 - graceful stop: the term ends with a last (fenced) batch and the lease is released, so a standby
   takes over at its next poll instead of after the TTL.
+- a store that lost its data (Redis restarted without persistence): a leader that stepped down because
+  it could not renew keeps its table in memory (`Retained`); a standby that finds the store holding no
+  table although a leader ran leaves the lease for `ttl + 2 polls` to the replica that may hold it, and
+  that replica's next term starts from its own table and writes it back whole instead of starting empty.
+  A term of another replica at a later epoch makes the kept table stale: it is dropped.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from opentelemetry import trace
 from services.common.clock import Clock
 from services.scheduler.adapters.state_store import StateStore, StoreError
 from services.scheduler.core.leadership import Leadership, LeaseParams, Role, StepDown, Transition
+from services.scheduler.core.state import CoreState
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister, wait_bounded
@@ -61,6 +67,15 @@ class Term:
     runtime: SchedulerRuntime
     persister: StatePersister | None
     started_at: float
+
+
+@dataclass(frozen=True)
+class Retained:
+    """The table of a term that ended because the store stopped answering: the freshest copy if the store
+    comes back without its data."""
+
+    epoch: int
+    state: CoreState
 
 
 @dataclass(frozen=True)
@@ -102,14 +117,15 @@ class Election:
         store: StateStore,
         clock: Clock,
         metrics: SchedulerMetrics,
-        build_term: Callable[[int, Callable[[], bool]], Awaitable[Term]],
+        build_term: Callable[[int, Callable[[], bool], CoreState | None], Awaitable[Term]],
         *,
         address: Callable[[], str],
         call_timeout_s: float,
         tracer: trace.Tracer | None = None,
         stop_timeout_s: float = 5.0,
     ) -> None:
-        """`build_term(epoch, may_decide)` rebuilds the table and starts a term's loops; `address` is this
+        """`build_term(epoch, may_decide, retained)` rebuilds the table (from `retained` if the store holds
+        none) and starts a term's loops; `address` is this
         replica's advertised address (known once the server is bound). `stop_timeout_s` bounds `stop`
         (the server passes its shutdown grace): past it what did not finish is logged and left behind."""
         self.params = params
@@ -130,6 +146,10 @@ class Election:
         self._fenced_epoch: int | None = None
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._retained: Retained | None = None
+        self._empty_store_since: float | None = None
+        """When this replica (holding no table of its own) found the store without a table after a leader ran."""
+        self._waited_out = False
         self.on_term: Callable[[Term | None], None] = lambda term: None
         """Told of each term that starts (and None when it ends): the server's capacity feed and tests."""
 
@@ -262,6 +282,8 @@ class Election:
 
     async def _try_acquire(self, sent_at: float) -> None:
         lead = self.leadership
+        if await self._leaving_a_lost_store_to_its_last_leader(sent_at):
+            return
         try:
             async with asyncio.timeout(self.call_timeout_s):
                 read = await self.store.acquire_lease(
@@ -274,6 +296,10 @@ class Election:
         if not read.held:
             before = lead.leader
             lead.observed(self.clock.monotonic(), read.record)
+            kept = self._retained
+            if kept and read.record and read.record.holder != self.replica_id and read.record.epoch > kept.epoch:
+                self._retained = None  # another replica's term: its table is fresher than the one kept
+                log.info("scheduler leadership: dropped the table kept from epoch %d (a later term ran)", kept.epoch)
             if read.record is not None and before != read.record:
                 self.metrics.leader_epoch.set(read.record.epoch)
                 log.info(
@@ -292,9 +318,42 @@ class Election:
         epoch = read.epoch
         self._starting = asyncio.create_task(self._begin(epoch, sent_at), name="scheduler-term-start")
 
-    async def _begin(self, epoch: int, acquired_at: float) -> None:
+    async def _leaving_a_lost_store_to_its_last_leader(self, now: float) -> bool:
+        """True while this standby should not take the lease: the store holds no table although a leader
+        ran (it lost its data), this replica has no copy of it, and the replica that led last may: it gets
+        `ttl + 2 polls` to take the lease and write its table back. One probe per poll (a key's existence)."""
+        lead = self.leadership
+        if self._retained is not None or lead.highest_epoch == 0:
+            return False
         try:
-            term = await self.build_term(epoch, lambda: self.leads(epoch))
+            async with asyncio.timeout(self.call_timeout_s):
+                has_table = await self.store.has_table()
+        except (StoreError, TimeoutError, OSError):
+            return False  # the acquire fails the same way, and is handled there
+        if has_table:
+            self._empty_store_since = None
+            return False
+        grace_s = self.params.ttl_s + 2 * self.params.poll_s
+        if self._empty_store_since is None:
+            self._empty_store_since = now
+            log.warning(
+                "scheduler leadership: the store holds no table although epoch %d led (it lost its data); "
+                "leaving the lease for %gs to a replica that kept the table",
+                lead.highest_epoch,
+                grace_s,
+            )
+        if now - self._empty_store_since < grace_s:
+            lead.observed(now, None)
+            return True
+        if not self._waited_out:
+            self._waited_out = True
+            log.warning("scheduler leadership: no replica wrote a table back; taking the lease with an empty table")
+        return False
+
+    async def _begin(self, epoch: int, acquired_at: float) -> None:
+        kept = self._retained
+        try:
+            term = await self.build_term(epoch, lambda: self.leads(epoch), kept.state if kept else None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -303,6 +362,9 @@ class Election:
                 self._fenced_epoch = epoch  # gives the lease up through the FENCED path
                 self._wake.set()
             return
+        if self._retained is kept:
+            self._retained = None  # used (the store had no table) or superseded (it had one)
+        self._empty_store_since, self._waited_out = None, False
         if not self.leads(epoch):
             await self._stop_term(term, StepDown.LOST)
             return
@@ -356,6 +418,9 @@ class Election:
         if term is not None:
             self.on_term(None)
             await self._stop_term(term, why)
+            if why is StepDown.EXPIRED:
+                # The store stopped answering: if it comes back without its data, this is the freshest table.
+                self._retained = Retained(term.epoch, term.runtime.core.export_state())
 
     def _span(self, transition: Transition) -> None:
         """One span per leadership decision (a term started, or ended and why)."""

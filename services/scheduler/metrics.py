@@ -90,6 +90,11 @@ class SchedulerMetrics:
         self.state_recovered_programs = Gauge(
             f"{PREFIX}_state_recovered_programs", "Programs recovered from the state store at start", registry=registry
         )
+        self.state_tables_written_back = Counter(
+            f"{PREFIX}_state_tables_written_back_total",
+            "Terms that found the store without a table (it lost its data) and wrote this replica's own back",
+            registry=registry,
+        )
         self.state_write_seconds = Histogram(
             f"{PREFIX}_state_write_seconds",
             "Duration of one state batch write",

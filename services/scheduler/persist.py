@@ -41,6 +41,7 @@ from services.scheduler.adapters.state_store import (
     encode_ticket,
 )
 from services.scheduler.core import SchedulerCore
+from services.scheduler.core.state import CoreState
 from services.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger("services.scheduler.state")
@@ -114,9 +115,11 @@ class StatePersister:
 
     # ------------------------------------------------------------------ recovery
 
-    async def recover(self, load_timeout_s: float) -> Recovery:
+    async def recover(self, load_timeout_s: float, retained: CoreState | None = None) -> Recovery:
         """Load the stored table and rebuild the core from it (before anything is served). Retries a
-        store that does not answer until `load_timeout_s`; raises StoreError past it."""
+        store that does not answer until `load_timeout_s`; raises StoreError past it. `retained`: this
+        process's own table from an earlier term, rebuilt instead if the store holds no table at all (it
+        lost its data while this replica could not write); the first batch writes it back whole."""
         started = time.perf_counter()
         deadline = time.monotonic() + load_timeout_s
         delay_s = 0.2
@@ -136,7 +139,18 @@ class StatePersister:
                 delay_s = min(2.0, delay_s * 2)
         loaded = time.perf_counter()
         decoded = decode_state(stored, self._wall_offset())
-        effects = self.core.restore(self.clock.monotonic(), decoded.state)
+        state = decoded.state
+        if retained is not None and stored.meta is None and not stored.programs and not stored.tickets:
+            log.warning(
+                "scheduler state: %s holds no table (it lost its data); rebuilding from this replica's own "
+                "table (%d programs) and writing it back",
+                self.store.description,
+                len(retained.programs),
+            )
+            self.metrics.state_tables_written_back.inc()
+            state = retained
+            self._kick.set()  # the writer's first pass writes it back at once, not a flush interval later
+        effects = self.core.restore(self.clock.monotonic(), state)
         self.core.track_changes()
         done = time.perf_counter()
         stats = self.core.stats(self.clock.monotonic())

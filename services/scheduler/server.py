@@ -34,6 +34,7 @@ from services.scheduler.adapters.state_store import (
 )
 from services.scheduler.config import SchedulerConfig
 from services.scheduler.core import SchedulerCore, make_pause_policy
+from services.scheduler.core.state import CoreState
 from services.scheduler.election import Election, SingleReplica, Term
 from services.scheduler.loop import SchedulerRuntime
 from services.scheduler.metrics import SchedulerMetrics
@@ -252,7 +253,7 @@ async def _start_replica(
     last_capacity: list[Any] = []
     running_ref: list[RunningScheduler] = []
 
-    async def build_term(epoch: int, may_decide) -> Term:
+    async def build_term(epoch: int, may_decide, retained: CoreState | None) -> Term:
         core = SchedulerCore(
             config.control,
             make_pause_policy(config.pause_policy, config.pause_policy_params()),
@@ -276,7 +277,7 @@ async def _start_replica(
             epoch=epoch,
             on_fenced=lambda: election.fenced(epoch),
         )
-        await persister.recover(config.state_load_timeout_seconds)
+        await persister.recover(config.state_load_timeout_seconds, retained)
         runtime.recovery = persister.recovery
         if last_capacity:
             runtime.apply_capacity(last_capacity[-1])

@@ -228,3 +228,62 @@ async def test_redis_frozen_under_the_pair_the_leader_steps_down_then_a_leader_d
     finally:
         for proc in pair:
             await proc.stop_async()
+
+
+@pytest.mark.parametrize("leader_survives", [True, False], ids=["leader-kept-the-table", "leader-gone-too"])
+async def test_redis_restarted_without_its_data_under_the_pair_keeps_the_table(
+    tmp_path, scripted_capacity, redis_server, leader_survives
+):
+    """Redis is killed and comes back empty (no persistence) after the leader stepped down for want of
+    renewals. The replica that led keeps its table and writes it back: the next leader decides with every
+    program (chaos defect 4: the next term loaded the empty store, "recovered 0 programs"). If the old
+    leader is gone as well, the standby waits out the grace and starts empty."""
+    from tests.faults.support import Client
+
+    flags = ["--leader-election", "--state-redis-url", redis_server.url, "--state-write-timeout-seconds", "0.5"]
+    pair = [await start_scheduler(tmp_path, scripted_capacity.address, *flags, name=name) for name in ("s-a", "s-b")]
+    try:
+        addresses = [p.ready["grpc"] for p in pair]
+
+        async def one_leader() -> str | None:
+            roles = {a: await _role(a) for a in addresses}
+            leaders = [a for a, r in roles.items() if r == "leader"]
+            return leaders[0] if len(leaders) == 1 else None
+
+        await assert_eventually(one_leader, timeout_s=10)
+        first = await one_leader()
+        client = Client.connect(first)
+        try:
+            await client.wait_replicas(1)
+            for i in range(5):
+                await client.turn(f"p{i}", f"p{i}-1", 100 + i)
+        finally:
+            await client.close()
+        redis_server.kill()
+
+        async def nobody_leads() -> bool:
+            return all([await _role(a) in ("standby", "down") for a in addresses])
+
+        await assert_eventually(nobody_leads, timeout_s=5, interval_s=0.05)
+        if not leader_survives:
+            next(p for p in pair if p.ready["grpc"] == first).kill()
+        redis_server.start()  # the same port, no data
+        await assert_eventually(one_leader, timeout_s=15)
+        leader = await one_leader()
+        table = await _programs(leader)
+        if leader_survives:
+            assert leader == first
+            assert table == {f"p{i}": 1 for i in range(5)}
+            text = next(p for p in pair if p.ready["grpc"] == first).log_text()
+            assert "holds no table (it lost its data)" in text
+            # ... and it is in the store again.
+            await asyncio.sleep(0.5)
+            stored = await _stored(["--state-redis-url", redis_server.url])
+            assert stored == {f"p{i}": 1 for i in range(5)}
+        else:
+            assert table == {}
+            standby = next(p for p in pair if p.ready["grpc"] == leader)
+            assert "leaving the lease" in standby.log_text()
+    finally:
+        for proc in pair:
+            await proc.stop_async()

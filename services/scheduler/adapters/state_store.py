@@ -93,6 +93,11 @@ class StateStore(Protocol):
         (StoreFenced otherwise)."""
 
     async def ping(self) -> None: ...
+    async def has_table(self) -> bool:
+        """Whether the store holds a table at all (any term writes one at its start): False for a new store
+        or one that lost its data."""
+        ...
+
     async def close(self) -> None: ...
     # Leader election (a shared store only):
     async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead: ...
@@ -406,6 +411,15 @@ class SqliteStateStore:
     async def ping(self) -> None:
         await self._run(lambda: self._require().execute("SELECT 1").fetchone())
 
+    async def has_table(self) -> bool:
+        def probe() -> bool:
+            try:
+                return self._require().execute("SELECT 1 FROM meta WHERE key = 'core'").fetchone() is not None
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read {self.path}: {exc}") from None
+
+        return await self._run(probe)
+
     # -- the lease row (shared files) -------------------------------------------------------------
 
     async def acquire_lease(self, holder: str, address: str, ttl_s: float, min_epoch: int) -> LeaseRead:
@@ -550,6 +564,14 @@ class RedisStateStore:
 
         try:
             await self._client.ping()
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"{self.description} unreachable: {redact_url(str(exc))}") from None
+
+    async def has_table(self) -> bool:
+        from redis.exceptions import RedisError
+
+        try:
+            return bool(await self._client.exists(self._meta))
         except (RedisError, OSError) as exc:
             raise StoreError(f"{self.description} unreachable: {redact_url(str(exc))}") from None
 
