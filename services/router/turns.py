@@ -318,9 +318,13 @@ class TurnRunner:
     # -- the turn --------------------------------------------------------------------------------
 
     def _prompt(self, spec: TurnSpec, core: KvRouterCore) -> Prompt:
+        session = spec.identity.session_id
+        if spec.identity.final and session:  # the program's last turn: nothing will extend its prompt
+            core.chains.forget(session)
+            session = ""
         if spec.prompt_token_ids is not None:
-            return core.prompt_from_tokens(spec.prompt_token_ids)
-        return core.prompt_from_text(spec.prompt_text, self.estimated_tokens(spec))
+            return core.prompt_from_tokens(spec.prompt_token_ids, session)
+        return core.prompt_from_text(spec.prompt_text, self.estimated_tokens(spec), session)
 
     @staticmethod
     def estimated_tokens(spec: TurnSpec) -> int:

@@ -42,7 +42,8 @@ def digest_to_block_id(digest: bytes) -> int:
     return _INT64_BE(digest)[0]
 
 
-def _le_u32_bytes(token_ids: Sequence[int]) -> bytes:
+def pack_token_ids(token_ids: Sequence[int]) -> bytes:
+    """Token ids as 4-byte little-endian u32s: what a page's digest is taken over."""
     # One conversion for the whole prompt, then slices per page: the hot path stays O(tokens).
     packed = array("I", token_ids)  # OverflowError for ids outside [0, 2**32)
     if packed.itemsize != 4:  # pragma: no cover - every mainstream ABI has a 4-byte unsigned int
@@ -52,18 +53,23 @@ def _le_u32_bytes(token_ids: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+def chained_block_digests(data: bytes, block_bytes: int, start: int = 0, parent_digest: bytes = b"") -> list[bytes]:
+    """Chained digests of the complete `block_bytes` blocks of `data[start:]`, continuing `parent_digest`
+    (the digest of the block ending at `start`, a block boundary)."""
+    digests: list[bytes] = []
+    previous = parent_digest
+    sha256 = hashlib.sha256
+    for begin in range(start, len(data) - block_bytes + 1, block_bytes):
+        previous = sha256(previous + data[begin : begin + block_bytes]).digest()
+        digests.append(previous)
+    return digests
+
+
 def page_digests(token_ids: Sequence[int], page_size: int, parent_digest: bytes = b"") -> list[bytes]:
     """Chained SHA-256 digests of the complete pages of `token_ids`, continuing `parent_digest`."""
     if page_size < 1:
         raise ValueError("page_size must be >= 1")
-    data = _le_u32_bytes(token_ids)
-    page_bytes = 4 * page_size
-    digests: list[bytes] = []
-    previous = parent_digest
-    for start in range(0, len(data) - page_bytes + 1, page_bytes):
-        previous = hashlib.sha256(previous + data[start : start + page_bytes]).digest()
-        digests.append(previous)
-    return digests
+    return chained_block_digests(pack_token_ids(token_ids), 4 * page_size, 0, parent_digest)
 
 
 def token_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
@@ -95,6 +101,8 @@ def text_chunk_digests(
         raise ValueError("chunk_chars must be >= 1")
     if start % chunk_chars:
         raise ValueError("start must be a chunk boundary")
+    if text.isascii():  # a character is a byte: encode once, slice bytes (the same chunks, the same digests)
+        return chained_block_digests(text.encode("ascii"), chunk_chars, start, parent_digest)
     digests: list[bytes] = []
     previous = parent_digest
     sha256 = hashlib.sha256

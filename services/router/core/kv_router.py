@@ -1,6 +1,6 @@
 """The router's KV-aware selection core: one object the async shell drives.
 
-    prompt = core.prompt_from_tokens(token_ids)            # or prompt_from_text(text, isl_tokens)
+    prompt = core.prompt_from_tokens(token_ids, session)   # or prompt_from_text(text, isl_tokens, session)
     p = core.pick(prompt, candidates, now, pinned=...)     # filter -> score -> pick; no state change
     core.commit(request_id, p, now)                        # count its load (approx mode: remember it)
     core.first_token(request_id)                           # prefill done
@@ -37,6 +37,7 @@ from services.router.core.select import (
     pick,
     score_candidates,
 )
+from services.router.core.session_chains import SessionChains
 from services.router.core.types import Prompt, Replica
 
 
@@ -51,6 +52,7 @@ class KvRouterCore:
         self.params = params
         self._rng = rng
         self._policy = make_cost_policy(params.cost_policy)
+        self.chains = SessionChains(params.session_chain_bytes)
         self.index: KvEventIndex | RoutingHistoryIndex
         if params.use_kv_events:
             self.index = KvEventIndex(
@@ -72,12 +74,14 @@ class KvRouterCore:
 
     # -- prompts ---------------------------------------------------------------------------
 
-    def prompt_from_tokens(self, token_ids: Sequence[int]) -> Prompt:
-        """Exact: one entry per complete `block_size`-token page (SGLang's event hash rule)."""
+    def prompt_from_tokens(self, token_ids: Sequence[int], session: str = "") -> Prompt:
+        """Exact: one entry per complete `block_size`-token page (SGLang's event hash rule). With a
+        `session`, the pages it shares with that session's previous prompt are not hashed again."""
         bs = self.params.block_size
-        return Prompt(tuple(token_block_hashes(token_ids, bs)), len(token_ids), float(bs))
+        ids = self.chains.token_ids(session, token_ids, bs) if session else tuple(token_block_hashes(token_ids, bs))
+        return Prompt(ids, len(token_ids), float(bs))
 
-    def prompt_from_text(self, text: str, isl_tokens: int) -> Prompt:
+    def prompt_from_text(self, text: str, isl_tokens: int, session: str = "") -> Prompt:
         """Approximate, for prompts the router cannot tokenize: one entry per `text_chunk_chars`
         characters; an overlap converts to tokens by this prompt's own tokens-per-character
         ratio (`isl_tokens` is the caller's estimate). Only a routing-history index matches
@@ -86,7 +90,8 @@ class KvRouterCore:
             raise ValueError("isl_tokens >= 0")
         chunk = self.params.text_chunk_chars
         tokens_per_chunk = isl_tokens * chunk / len(text) if text else 0.0
-        return Prompt(tuple(text_chunk_hashes(text, chunk)), isl_tokens, tokens_per_chunk)
+        ids = self.chains.text_ids(session, text, chunk) if session else tuple(text_chunk_hashes(text, chunk))
+        return Prompt(ids, isl_tokens, tokens_per_chunk)
 
     # -- the decision ----------------------------------------------------------------------
 

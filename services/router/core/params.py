@@ -60,6 +60,11 @@ class KvRouterParams:
     """Approximate hashing of rendered prompt text: characters per chunk. Choose about
     block_size x characters per token (~4 for English and code) so one chunk stands for a page."""
 
+    session_chain_bytes: int = 64 << 20
+    """Memory for each session's last prompt and its block digests, so that a turn hashes only what it
+    adds to its session's previous prompt (core/session_chains.py); least recently used sessions are
+    dropped past it, and their next turn hashes its prompt whole. 0 keeps nothing."""
+
     request_expiry_s: float = 300.0
     """Active-load safety net: a request still tracked this long after it was added is freed
     at the next sweep (Dynamo's EXPIRY_DURATION)."""
@@ -111,6 +116,12 @@ class KvRouterParams:
             "text_chunk_chars",
             self.text_chunk_chars,
             "text_chunk_chars >= 1",
+        )
+        require(
+            isinstance(self.session_chain_bytes, int) and self.session_chain_bytes >= 0,
+            "session_chain_bytes",
+            self.session_chain_bytes,
+            "session_chain_bytes >= 0",
         )
         require(
             math.isfinite(self.request_expiry_s) and self.request_expiry_s > 0,
