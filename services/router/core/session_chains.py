@@ -117,11 +117,12 @@ class SessionChains:
             self.bytes -= old.size
             if old.unit == unit:
                 shared = _common_blocks(old.source, source, unit, min(blocks, len(old.ids)))
-        parent = old.digests[(shared - 1) * _DIGEST : shared * _DIGEST] if shared else root
+        kept_ids, kept_digests = (old.ids[:shared], old.digests[: shared * _DIGEST]) if old else (array("q"), b"")
+        parent = kept_digests[-_DIGEST:] if shared else root
         fresh = hash_from(shared * unit, parent)
-        ids = array("q", old.ids[:shared] if old is not None else ())
+        ids = array("q", kept_ids)
         ids.extend(digest_to_block_id(d) for d in fresh)
-        digests = (old.digests[: shared * _DIGEST] if old is not None else b"") + b"".join(fresh)
+        digests = kept_digests + b"".join(fresh)
         self.reused_blocks += shared
         self.hashed_blocks += len(fresh)
         size = sys.getsizeof(source) + len(digests) + ids.itemsize * len(ids)
