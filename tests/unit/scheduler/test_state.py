@@ -71,7 +71,7 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
     core.bind_request("pt", ReplicaKey("w1", 0))
     core.tick(4.0)
     assert core.paused_ids(), "the setup must leave programs paused"
-    core.check_invariants(4.0)
+    core.ledger.check_invariants(4.0)
 
     other = restored(core, 4.0)
     assert table(other) == table(core)
@@ -79,7 +79,7 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
     assert [(r.replica, r.used_tokens, r.used_decayed_tokens) for r in other.replica_stats(4.0)] == [
         (r.replica, r.used_tokens, r.used_decayed_tokens) for r in core.replica_stats(4.0)
     ]
-    assert other._tail_turns == core._tail_turns is not None
+    assert other.ledger.tail_turns == core.ledger.tail_turns is not None
     s1, s2 = core.stats(4.0), other.stats(4.0)
     assert (s2.pauses_total, s2.released_total, s2.admissions_total, s2.passthrough_in_flight) == (
         s1.pauses_total,
@@ -87,12 +87,12 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
         s1.admissions_total,
         s1.passthrough_in_flight,
     )
-    other.check_invariants(4.0)
+    other.ledger.check_invariants(4.0)
     # The running turn is still a ticket: its Complete is accounted, not ignored.
     other.complete(5.0, "root", "running", ReplicaKey("w1", 0), 3_600, 100)
     assert other.program("root").token_total == 3_700 and other.completes_ignored_total == 0
     # New programs continue the creation and pause sequences.
-    assert other._next_seq == core._next_seq and other._next_pause_seq == core._next_pause_seq
+    assert (other.ledger.next_seq, other.ledger.next_pause_seq) == (core.ledger.next_seq, core.ledger.next_pause_seq)
 
 
 def test_a_held_turn_or_an_unstored_ticket_ends_at_restore():
@@ -109,7 +109,7 @@ def test_a_held_turn_or_an_unstored_ticket_ends_at_restore():
     assert new.status is Status.ACTING and new.lifecycle is Lifecycle.PAUSED and other.waiting_request_ids() == ()
     assert big.status is Status.ACTING and big.turns == 2
     other.apply_capacity(50.0, snapshot({("w1", 0): 10_000}))
-    other.check_invariants(50.0)
+    other.ledger.check_invariants(50.0)
 
 
 def test_restored_tickets_get_a_fresh_lease_and_lapse_without_a_router():
@@ -135,7 +135,7 @@ def test_placements_wait_for_their_replica_in_the_snapshot():
     assert sum(r.used_tokens for r in other.replica_stats(1.0)) == 0
     other.apply_capacity(2.0, snapshot(CAPS, version=2))
     assert {r.replica: r.used_tokens for r in other.replica_stats(2.0)}[replica] == 2_100
-    other.check_invariants(2.0)
+    other.ledger.check_invariants(2.0)
 
 
 def test_a_newer_format_is_refused_and_restore_needs_an_empty_core():
@@ -152,7 +152,7 @@ def test_change_tracking_is_off_until_asked_and_a_policy_refresh_touches_nothing
     done_turn(core, "p", 1_000, 0.0)
     core.track_changes()
     assert not core.take_changes()
-    core._recharge(core._programs["p"], touched=False)
+    core.ledger.recharge(core.ledger.programs["p"], touched=False)
     assert not core.take_changes()
     core.admit(1.0, "p", "", 1_200, "r9")
     changes = core.take_changes()
@@ -214,8 +214,8 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
             full = core.export_state()
             assert store_programs == {r.session_id: r for r in full.programs}
             assert store_tickets == {r.request_id: r for r in full.tickets}
-            core.check_invariants(now)
-            restored(core, now).check_invariants(now)
+            core.ledger.check_invariants(now)
+            restored(core, now).ledger.check_invariants(now)
 
 
 def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_admission():
@@ -233,7 +233,7 @@ def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_adm
         other.admit(5.5, "p", "", 1_000, "r1")
     other.complete(6.0, "p", "r1", again.replica, 1_200, 10)
     assert other.program("p").status is Status.ACTING and other.program("p").token_total == 1_210
-    other.check_invariants(6.0)
+    other.ledger.check_invariants(6.0)
 
 
 def test_a_held_turn_is_not_counted_after_restore_so_the_routers_retry_counts_it_once():
@@ -249,4 +249,4 @@ def test_a_held_turn_is_not_counted_after_restore_so_the_routers_retry_counts_it
     assert other.program("p").turns == 1  # the held turn's Admit is asked again
     other.admit(50.0, "p", "", 300, "p2")
     assert other.program("p").turns == 2
-    other.check_invariants(50.0)
+    other.ledger.check_invariants(50.0)
