@@ -65,20 +65,10 @@ from services.scheduler.core.model import (
     Verdict,
 )
 from services.scheduler.core.params import (
-    TAIL_WINDOW_RELEASES,
     ControlParams,
     to_sglang_priority,
 )
 from services.scheduler.core.policies import PausePolicy, make_pause_policy
-from services.scheduler.core.state import (
-    STATE_FORMAT,
-    TOTAL_NAMES,
-    Changes,
-    CoreMeta,
-    CoreState,
-    ProgramRecord,
-    TicketRecord,
-)
 
 __all__ = ["SchedulerCore", "iter_events", "normalise_session_id"]
 
@@ -172,7 +162,7 @@ class SchedulerCore:
         estimate = self.calibration.apply(sent) if self.params.calibrate_token_estimates else sent
         sid = normalise_session_id(session_id)
         if not sid:
-            self.ledger.passthrough[request_id] = Passthrough(request_id, estimate, None, now, self._lease(now))
+            self.ledger.passthrough[request_id] = Passthrough(request_id, estimate, None, now, self.lease_until(now))
             return AdmitResult(Decision(request_id, "", Verdict.PLACED, None, 0, 0.0, 0), acc.effects())
 
         program = self.ledger.programs.get(sid)
@@ -230,7 +220,7 @@ class SchedulerCore:
             decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch, was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)
-        turn.lease_until = self._lease(now)
+        turn.lease_until = self.lease_until(now)
         acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, program.replica, program.token_total, now))
         return AdmitResult(decision, acc.effects())
 
@@ -426,7 +416,8 @@ class SchedulerCore:
 
     # ------------------------------------------------------------------ ticket leases
 
-    def _lease(self, now: float) -> float | None:
+    def lease_until(self, now: float) -> float | None:
+        """Until when a ticket placed (or renewed) at `now` lives unrenewed; None: tickets never expire."""
         return now + self.ticket_lease_seconds if self.ticket_lease_seconds > 0 else None
 
     def renew_leases(self, now: float, request_ids: Iterable[str], delivered: Iterable[str] = ()) -> tuple[str, ...]:
@@ -437,7 +428,7 @@ class SchedulerCore:
         something (a streamed answer's headers and first chunk, a whole answer), so the turn counts
         whatever happens to its router from now on. A renewal alone confirms nothing: a live router
         renews a turn still waiting for its worker's first byte, and a client that got nothing retries."""
-        until = self._lease(now)
+        until = self.lease_until(now)
         unknown = []
         for rid, confirm in itertools.chain(((r, False) for r in request_ids), ((r, True) for r in delivered)):
             turn = self.ledger.turns.get(rid)
@@ -467,7 +458,7 @@ class SchedulerCore:
             return acc.effects()
         for rid, pt in list(self.ledger.passthrough.items()):
             if pt.lease_until is None:
-                pt.lease_until = self._lease(now)
+                pt.lease_until = self.lease_until(now)
             elif pt.lease_until <= now:
                 del self.ledger.passthrough[rid]
                 self.ledger.recharge_passthrough(rid, None)
@@ -483,7 +474,7 @@ class SchedulerCore:
             if turn.waiting:
                 continue
             if turn.lease_until is None:
-                turn.lease_until = self._lease(now)
+                turn.lease_until = self.lease_until(now)
                 continue
             if turn.lease_until > now:
                 continue
@@ -645,174 +636,6 @@ class SchedulerCore:
                 )
             )
         return len(due)
-
-    # ------------------------------------------------------------------ durable state
-
-    def track_changes(self) -> None:
-        """Start recording which programs and tickets change (for `take_changes`)."""
-        self.ledger.tracking = True
-
-    def take_changes(self) -> Changes:
-        """The programs and tickets changed, created or removed since the last call (export each id:
-        None means delete it). O(changed programs + tickets in flight)."""
-        return self.ledger.take_changes()
-
-    def export_program(self, session_id: str) -> ProgramRecord | None:
-        p = self.ledger.programs.get(session_id)
-        if p is None:
-            return None
-        return ProgramRecord(
-            p.session_id,
-            p.parent_session_id,
-            p.created_at,
-            p.seq,
-            p.status,
-            p.lifecycle,
-            p.token_total,
-            p.tokens_estimated,
-            p.replica,
-            p.last_replica,
-            p.pause_protected_until,
-            p.admission_epoch,
-            p.turns,
-            p.last_activity,
-            p.acting_since,
-            p.paused_since,
-            self.ledger.paused.get(session_id),
-        )
-
-    def export_ticket(self, request_id: str) -> TicketRecord | None:
-        turn = self.ledger.turns.get(request_id)
-        if turn is not None:
-            return TicketRecord(request_id, turn.session_id, turn.epoch, turn.started_at, turn.was_paused)
-        pt = self.ledger.passthrough.get(request_id)
-        if pt is not None:
-            return TicketRecord(request_id, "", 0, pt.started_at, tokens=pt.tokens, replica=pt.replica)
-        return None
-
-    def export_meta(self) -> CoreMeta:
-        return CoreMeta(
-            self.ledger.next_seq,
-            self.ledger.next_pause_seq,
-            tuple(self.ledger.released_turns),
-            {name: getattr(self, name) for name in TOTAL_NAMES},
-        )
-
-    def export_state(self) -> CoreState:
-        """Everything `restore` needs; also resets change tracking (the export is the new baseline)."""
-        self.take_changes()
-        tickets = [self.export_ticket(rid) for rid in (*self.ledger.turns, *self.ledger.passthrough)]
-        return CoreState(
-            tuple(self.export_program(sid) for sid in self.ledger.programs),  # type: ignore[misc]
-            tuple(t for t in tickets if t is not None),
-            self.export_meta(),
-        )
-
-    def restore(self, now: float, state: CoreState) -> Effects:
-        """Rebuild the table from `state` (times already on this process's clock) into an empty core.
-
-        A turn whose program waited in the paused queue had its Admit call end with the old process,
-        and a turn whose ticket was not stored cannot be completed: a REASONING program without a
-        stored ticket for its current turn is at a tool boundary as far as anyone can tell, so it is
-        ACTING from `now`. Stored tickets of running turns get a fresh lease: their router renews
-        them, or they lapse. Placements wait for the capacity snapshot (see _settle)."""
-        if self.ledger.programs or self.ledger.turns or self.ledger.passthrough:
-            raise RuntimeError("restore needs an empty core")
-        if state.meta.format > STATE_FORMAT:
-            raise ValueError(f"state format {state.meta.format} is newer than this scheduler's ({STATE_FORMAT})")
-        acc = Acc()
-        meta = state.meta
-        next_seq, next_pause_seq = meta.next_seq, meta.next_pause_seq
-        for rec in state.programs:
-            program = Program(
-                session_id=rec.session_id,
-                parent_session_id=rec.parent_session_id,
-                created_at=rec.created_at,
-                seq=rec.seq,
-                status=rec.status,
-                lifecycle=rec.lifecycle,
-                token_total=max(0, rec.token_total),
-                tokens_estimated=rec.tokens_estimated,
-                replica=rec.replica,
-                last_replica=rec.last_replica,
-                pause_protected_until=rec.pause_protected_until,
-                admission_epoch=rec.admission_epoch,
-                turns=rec.turns,
-                last_activity=rec.last_activity,
-                acting_since=rec.acting_since,
-                paused_since=rec.paused_since,
-            )
-            sid = program.session_id
-            self.ledger.programs[sid] = program
-            next_seq = max(next_seq, program.seq + 1)
-            if program.lifecycle is Lifecycle.PAUSED:
-                program.replica = None
-                seq = rec.paused_seq if rec.paused_seq is not None else next_pause_seq
-                self.ledger.paused[sid] = seq
-                next_pause_seq = max(next_pause_seq, seq + 1)
-            if program.parent_session_id:
-                self.ledger.children.setdefault(program.parent_session_id, {})[sid] = None
-            if program.replica is not None:
-                self.ledger.unsettled.add(sid)
-        self.ledger.next_seq, self.ledger.next_pause_seq = next_seq, next_pause_seq
-        running: dict[str, int] = {}
-        for ticket in state.tickets:
-            if not ticket.session_id:
-                self.ledger.passthrough[ticket.request_id] = Passthrough(
-                    ticket.request_id, max(0, ticket.tokens), ticket.replica, ticket.started_at, self._lease(now)
-                )
-                if ticket.replica is not None:
-                    self.ledger.unsettled_pt.add(ticket.request_id)
-                continue
-            owner = self.ledger.programs.get(ticket.session_id)
-            if owner is None or ticket.epoch > owner.admission_epoch:
-                continue  # its owner is gone
-            if owner.lifecycle is Lifecycle.PAUSED and ticket.epoch == owner.admission_epoch:
-                # Held: its Admit call ended with the old process and its router asks again, so the turn
-                # it counted is taken back (else the retry would count the same turn twice).
-                owner.turns = max(0, owner.turns - 1)
-                continue
-            self.ledger.turns[ticket.request_id] = Turn(
-                ticket.request_id,
-                ticket.session_id,
-                owner,
-                ticket.epoch,
-                ticket.started_at,
-                dataclasses.replace(owner),
-                self.ledger.paused.get(ticket.session_id),
-                was_paused=ticket.was_paused,
-                lease_until=self._lease(now),
-                confirmed=True,  # stored as running: its `before` is lost, it can only end
-                restored=True,
-            )
-            running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
-        ended = 0
-        for program in self.ledger.programs.values():
-            if program.status is Status.REASONING and running.get(program.session_id) != program.admission_epoch:
-                program.status = Status.ACTING
-                program.acting_since = now
-                ended += 1
-        self.ledger.released_turns.extend(meta.released_turns[-TAIL_WINDOW_RELEASES:])
-        self.ledger.refresh_tail()
-        for name in TOTAL_NAMES:
-            setattr(self, name, int(meta.totals.get(name, 0)))
-        for program in self.ledger.programs.values():
-            self.ledger.recharge(program)
-        if self.ledger.caps:
-            self.ledger.settle()
-        acc.logs.append(
-            LogRecord(
-                INFO,
-                "scheduler.recovered programs=%d paused=%d tickets=%d ended_turns=%d"
-                % (
-                    len(self.ledger.programs),
-                    len(self.ledger.paused),
-                    len(self.ledger.turns) + len(self.ledger.passthrough),
-                    ended,
-                ),
-            )
-        )
-        return acc.effects()
 
     # ------------------------------------------------------------------ views
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, SchedulerCore, Status, Verdict
+from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, SchedulerCore, Status, Verdict, durable
 from services.scheduler.core.state import STATE_FORMAT, CoreMeta, CoreState
 from tests.unit.scheduler.helpers import rid, snapshot
 
@@ -42,7 +42,7 @@ def table(core: SchedulerCore) -> dict:
 
 def restored(core: SchedulerCore, now: float, caps=CAPS) -> SchedulerCore:
     other = new_core(caps=None)
-    other.restore(now, core.export_state())
+    durable.restore(other, now, durable.export_state(core))
     if caps is not None:
         other.apply_capacity(now, snapshot(caps))
     return other
@@ -100,10 +100,10 @@ def test_a_held_turn_or_an_unstored_ticket_ends_at_restore():
     done_turn(core, "big", 9_000, 0.0)
     assert core.admit(1.0, "new", "", 500, "n1").decision.verdict is Verdict.WAIT
     core.admit(1.0, "big", "", 9_100, "b2")  # running
-    state = core.export_state()
+    state = durable.export_state(core)
     without_b2 = dataclasses.replace(state, tickets=tuple(t for t in state.tickets if t.request_id != "b2"))
     other = new_core(caps=None)
-    logs = other.restore(50.0, without_b2).logs
+    logs = durable.restore(other, 50.0, without_b2).logs
     assert "scheduler.recovered programs=2 paused=1 tickets=0 ended_turns=2" in logs[0].message
     new, big = other.program("new"), other.program("big")
     assert new.status is Status.ACTING and new.lifecycle is Lifecycle.PAUSED and other.waiting_request_ids() == ()
@@ -128,7 +128,7 @@ def test_placements_wait_for_their_replica_in_the_snapshot():
     done_turn(core, "p", 2_000, 0.0)
     replica = core.program("p").replica
     other = new_core(caps=None)
-    other.restore(1.0, core.export_state())
+    durable.restore(other, 1.0, durable.export_state(core))
     assert other.program("p").replica == replica
     others = {k: v for k, v in CAPS.items() if k != (replica.worker_id, replica.dp_rank)}
     other.apply_capacity(1.0, snapshot(others))  # its worker has not re-registered yet
@@ -140,26 +140,26 @@ def test_placements_wait_for_their_replica_in_the_snapshot():
 
 def test_a_newer_format_is_refused_and_restore_needs_an_empty_core():
     with pytest.raises(ValueError, match="newer"):
-        new_core().restore(0.0, CoreState(meta=CoreMeta(format=STATE_FORMAT + 1)))
+        durable.restore(new_core(), 0.0, CoreState(meta=CoreMeta(format=STATE_FORMAT + 1)))
     core = new_core()
     core.admit(0.0, "p", "", 1, "r")
     with pytest.raises(RuntimeError):
-        core.restore(0.0, CoreState())
+        durable.restore(core, 0.0, CoreState())
 
 
 def test_change_tracking_is_off_until_asked_and_a_policy_refresh_touches_nothing():
     core = new_core()
     done_turn(core, "p", 1_000, 0.0)
-    core.track_changes()
-    assert not core.take_changes()
+    core.ledger.track_changes()
+    assert not core.ledger.take_changes()
     core.ledger.recharge(core.ledger.programs["p"], touched=False)
-    assert not core.take_changes()
+    assert not core.ledger.take_changes()
     core.admit(1.0, "p", "", 1_200, "r9")
-    changes = core.take_changes()
+    changes = core.ledger.take_changes()
     assert changes.programs == {"p"} and changes.tickets == {"r9"}
     core.complete(2.0, "p", "r9", None, 1_300, 0)
-    changes = core.take_changes()
-    assert changes.tickets == {"r9"} and core.export_ticket("r9") is None
+    changes = core.ledger.take_changes()
+    assert changes.tickets == {"r9"} and durable.export_ticket(core.ledger, "r9") is None
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -168,7 +168,7 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
     full export: nothing that changes escapes the tracking."""
     rng = random.Random(seed)
     core = new_core(lease_s=20.0)
-    core.track_changes()
+    core.ledger.track_changes()
     store_programs: dict = {}
     store_tickets: dict = {}
     now = 0.0
@@ -203,15 +203,15 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
             core.bind_request(request_id, ReplicaKey("w2", 0))
         else:
             core.tick(now)
-        changes = core.take_changes()
+        changes = core.ledger.take_changes()
         for p in changes.programs:
-            record = core.export_program(p)
+            record = durable.export_program(core.ledger, p)
             store_programs.pop(p, None) if record is None else store_programs.__setitem__(p, record)
         for t in changes.tickets:
-            record = core.export_ticket(t)
+            record = durable.export_ticket(core.ledger, t)
             store_tickets.pop(t, None) if record is None else store_tickets.__setitem__(t, record)
         if step % 50 == 49:
-            full = core.export_state()
+            full = durable.export_state(core)
             assert store_programs == {r.session_id: r for r in full.programs}
             assert store_tickets == {r.request_id: r for r in full.tickets}
             core.ledger.check_invariants(now)
