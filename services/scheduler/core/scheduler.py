@@ -1,9 +1,11 @@
-"""The scheduler core: admission, turns, leases, release, tick, durable state and views.
+"""The scheduler core: admission, turns, leases, release, tick, the transitions and the views.
 
-A thin composition of the two concerns it holds: the accounting (`accounting.Ledger`: the program
-table, tickets, per-replica token sums and release statistics, with their invariants) and the
-control law (`control.ControlLaw`: bands, admission placement, soft demote, resume, aging, forced
-resume and pause choices, which read the ledger and act through this core's transitions).
+It holds the two concerns it composes as public attributes: the accounting (`ledger`, an
+`accounting.Ledger`: the program table, tickets, per-replica token sums and release statistics,
+with their invariants) and the control law (`control`, a `control.ControlLaw`: bands, admission
+placement, and the tick's soft demote, resume, aging, forced resume and pause choices, which it
+returns as plans that `apply` carries out through this core's transitions). Export and restore of
+the durable state are in durable.py.
 
 Pure and synchronous: no I/O, no clock reads (`now` is monotonic seconds passed in), no locks
 (the shell serialises calls). Every mutating call returns the `Effects` it caused (events for
@@ -70,7 +72,7 @@ from services.scheduler.core.params import (
 )
 from services.scheduler.core.policies import PausePolicy, make_pause_policy
 
-__all__ = ["SchedulerCore", "iter_events", "normalise_session_id"]
+__all__ = ["SchedulerCore"]
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 # What an admission sets on its program besides the count (and what taking it back restores).
@@ -97,14 +99,13 @@ class SchedulerCore:
         # Optional policy hooks (see policies/base.py): a per-program pause-side weight,
         # observations of tool times and prefills, and a once-per-tick refresh of the
         # estimates behind that weight. A policy without them (threshold) gets the raw weight.
-        self._policy_weight = getattr(self.policy, "weight_tokens", None)
         self._observe_tool = getattr(self.policy, "observe_tool", None)
         self._observe_prefill = getattr(self.policy, "observe_prefill", None)
         self._refresh_policy = getattr(self.policy, "refresh", None)
         # Replicas of the last capacity snapshot whose workers report no cached tokens: their turns'
         # (prompt, ttft) say nothing about the prefill rate (see `complete`).
         self._no_cache_report: frozenset[ReplicaKey] = frozenset()
-        self.ledger = Ledger(self.params, self._policy_weight)
+        self.ledger = Ledger(self.params, getattr(self.policy, "weight_tokens", None))
         self.control = ControlLaw(self.params, self.policy, self.ledger)
         # The router's prompt estimates in the workers' tokens (used when the params ask for it).
         self.calibration = EstimateCalibration()
@@ -893,7 +894,3 @@ def _take_out(state: Program, turn: Turn) -> None:
     if turn.before is not None and state.admission_epoch == turn.epoch and state.status is Status.REASONING:
         for name in _TURN_FIELDS:
             setattr(state, name, getattr(turn.before, name))
-
-
-def iter_events(effects: Iterable[Effects]) -> list[ProgramEvent]:
-    return [e for eff in effects for e in eff.events]

@@ -15,7 +15,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.accounting import Ledger
 from services.scheduler.core.control import ControlLaw, Mark, Pause, Plan, Resume, SoftDemote
-from services.scheduler.core.policies import make_pause_policy
+from services.scheduler.core.policies import PausePlan, make_pause_policy
 
 A = ReplicaKey("a", 0)
 B = ReplicaKey("b", 0)
@@ -168,3 +168,49 @@ def test_soft_demote_emits_one_event_per_window() -> None:
     control.ledger.programs["p"].soft_demoted_until = first.steps[0].until  # as the core applies it
     second = control.plan_soft_demote(1.0)
     assert [(s.session_id, s.announce) for s in second.steps if isinstance(s, SoftDemote)] == [("p", False)]
+
+
+def test_planning_changes_nothing_in_the_ledger() -> None:
+    control = law({A: 10_000, B: 10_000}, resume_aging_seconds=1.0)
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+    put(control, "r", 1_000, B, Status.REASONING)
+    Recorder(control).pause(put(control, "q", 2_000, B))
+    led = control.ledger
+    before = (dict(led.used), dict(led.paused), {sid: repr(p) for sid, p in led.programs.items()})
+    plans = [
+        control.plan_soft_demote(5.0),
+        control.plan_resume(5.0),
+        control.plan_aging(5.0),
+        control.plan_forced(5.0),
+        control.plan_pauses(5.0),
+    ]
+    assert (dict(led.used), dict(led.paused), {sid: repr(p) for sid, p in led.programs.items()}) == before
+    assert any(plan.steps for plan in plans)
+
+
+def test_the_pause_plan_carries_the_charges_it_takes_off_into_its_log_line() -> None:
+    control = law({A: 10_000})
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+    plan = control.plan_pauses(0.0)
+    line = [step.message for step in plan.steps if not isinstance(step, (Pause, Mark))]
+    Recorder(control).apply(plan)
+    assert line == [line[0].rsplit("-> ", 1)[0] + "-> %.4f" % (control.ledger.used[A] / 10_000)]
+
+
+def test_a_policy_that_chooses_a_program_twice_is_refused_before_anything_happens() -> None:
+    control = law({A: 10_000})
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+
+    class Twice:
+        name = "twice"
+
+        def plan(self, ctx):
+            return PausePlan(pause=("p1", "p1"), mark=())
+
+    control.policy = Twice()  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="twice"):
+        control.plan_pauses(0.0)
+    assert not control.ledger.paused
