@@ -51,7 +51,7 @@ from services.scheduler.adapters.state_store import (
     encode_program,
     encode_ticket,
 )
-from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict
+from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict, durable
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
 from tests.support.sglang_stub import SglangStub, sglang_info
@@ -289,7 +289,7 @@ def _stored_table(programs: int, replicas: int) -> WriteBatch:
     bench_tick(programs, replicas, ticks=3, core=core)
     clock = SystemClock()
     offset = clock.wall() - clock.monotonic()
-    state = core.export_state()
+    state = durable.export_state(core)
     return WriteBatch(
         {r.session_id: encode_program(r, offset) for r in state.programs},
         {r.request_id: encode_ticket(r, offset) for r in state.tickets},

@@ -37,6 +37,7 @@ from opentelemetry import trace
 
 from services.common.clock import Clock
 from services.scheduler.adapters.state_store import StateStore, StoreError
+from services.scheduler.core import durable
 from services.scheduler.core.leadership import Leadership, LeaseParams, Role, StepDown, Transition
 from services.scheduler.core.state import CoreState
 from services.scheduler.loop import SchedulerRuntime, ShuttingDown
@@ -420,7 +421,7 @@ class Election:
             await self._stop_term(term, why)
             if why is StepDown.EXPIRED:
                 # The store stopped answering: if it comes back without its data, this is the freshest table.
-                self._retained = Retained(term.epoch, term.runtime.core.export_state())
+                self._retained = Retained(term.epoch, durable.export_state(term.runtime.core))
 
     def _span(self, transition: Transition) -> None:
         """One span per leadership decision (a term started, or ended and why)."""

@@ -40,7 +40,7 @@ from services.scheduler.adapters.state_store import (
     encode_program,
     encode_ticket,
 )
-from services.scheduler.core import SchedulerCore
+from services.scheduler.core import SchedulerCore, durable
 from services.scheduler.core.state import CoreState
 from services.scheduler.metrics import SchedulerMetrics
 
@@ -150,8 +150,8 @@ class StatePersister:
             self.metrics.state_tables_written_back.inc()
             state = retained
             self._kick.set()  # the writer's first pass writes it back at once, not a flush interval later
-        effects = self.core.restore(self.clock.monotonic(), state)
-        self.core.track_changes()
+        effects = durable.restore(self.core, self.clock.monotonic(), state)
+        self.core.ledger.track_changes()
         done = time.perf_counter()
         stats = self.core.stats(self.clock.monotonic())
         self.recovery = Recovery(
@@ -284,7 +284,7 @@ class StatePersister:
         if self._needs_full:
             # The full rewrite will export everything: what changed meanwhile need not be remembered
             # (a long outage with many programs coming and going must not grow the change sets).
-            self.core.take_changes()
+            self.core.ledger.take_changes()
             try:
                 async with asyncio.timeout(self.write_timeout_s):
                     await self.store.ping()
@@ -347,7 +347,7 @@ class StatePersister:
 
     def _full_batch(self) -> WriteBatch:
         offset = self._wall_offset()
-        state = self.core.export_state()  # also the new baseline of change tracking
+        state = durable.export_state(self.core)  # also the new baseline of change tracking
         return WriteBatch(
             programs={r.session_id: encode_program(r, offset) for r in state.programs},
             tickets={r.request_id: encode_ticket(r, offset) for r in state.tickets},
@@ -356,16 +356,16 @@ class StatePersister:
         )
 
     def _delta_batch(self) -> WriteBatch | None:
-        changes = self.core.take_changes()
+        changes = self.core.ledger.take_changes()
         if not changes:
             return None
         offset = self._wall_offset()
         programs: dict[str, bytes | None] = {}
         for sid in changes.programs:
-            record = self.core.export_program(sid)
+            record = durable.export_program(self.core.ledger, sid)
             programs[sid] = None if record is None else encode_program(record, offset)
         tickets: dict[str, bytes | None] = {}
         for rid in changes.tickets:
-            record = self.core.export_ticket(rid)
+            record = durable.export_ticket(self.core.ledger, rid)
             tickets[rid] = None if record is None else encode_ticket(record, offset)
-        return WriteBatch(programs, tickets, encode_meta(self.core.export_meta()))
+        return WriteBatch(programs, tickets, encode_meta(durable.export_meta(self.core)))

@@ -242,7 +242,7 @@ async def send(rig: WireRig, method: Method, payload: bytes) -> grpc.StatusCode:
 
 async def healthy(rig: WireRig) -> None:
     h = rig.scheduler
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
     await h.client.ListPrograms(sched_pb.ListProgramsRequest())
     await rig.channels["capacity"].unary_unary(
         "/bandmaster.capacity.v1.Capacity/ListWorkers", response_deserializer=cap_pb.WorkersSnapshot.FromString

@@ -237,7 +237,7 @@ async def run_script(rig: LoopRig, script) -> None:
         await resolve_held(h, pending)
         for task in pending:
             task.result()  # a client-error status, checked in `call`
-        h.core.check_invariants(h.clock.monotonic())
+        h.core.ledger.check_invariants(h.clock.monotonic())
         listing = await h.client.ListPrograms(pb.ListProgramsRequest())
         assert len(listing.programs) == len(h.core.programs())
         for program in listing.programs:
@@ -328,7 +328,7 @@ async def test_admit_stream_resolved_while_held_is_written_answers_the_decision(
         assert kinds == ["held", "decision"], kinds
         assert context.written[-1].decision.was_paused
         assert (await h.program("p")).status == pb.PROGRAM_STATUS_REASONING  # admitted, not rolled back
-        h.core.check_invariants(h.clock.monotonic())
+        h.core.ledger.check_invariants(h.clock.monotonic())
     finally:
         await h.channel.close()
         await h.running.stop()

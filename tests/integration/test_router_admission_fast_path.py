@@ -338,7 +338,7 @@ async def test_a_final_turn_releases_the_program_after_the_fast_path_admit_befor
         await assert_eventually(lambda: "release" in order, timeout_s=15)
         await asyncio.sleep(0.5)
         assert order.index("release") > order.index("admit-dispatched"), order
-        assert "prog" not in h.core._programs  # released with its 3 turns, not re-created by a late Admit
+        assert h.core.program("prog") is None  # released with its 3 turns, not re-created by a late Admit
         assert _failed_open(router) == 0
     finally:
         await _stop(router, st, h)

@@ -3,8 +3,10 @@
 Public API (the gRPC shell is written against this):
 
 - `SchedulerCore(params, policy)` with `admit`, `cancel_admission`, `bind_request`, `complete`,
-  `release`, `force_resume`, `tick`, `apply_capacity`, and the views `program`, `programs`,
-  `paused_ids`, `waiting_request_ids`, `resume_deadline`, `replica_stats`, `stats`.
+  `renew_leases`, `expire_leases`, `release`, `force_resume`, `tick`, `apply_capacity`, `apply`
+  (a control-law `Plan`), and the views `program`, `programs`, `paused_ids`, `waiting_request_ids`,
+  `resume_deadline`, `replica_stats`, `stats`; its `ledger` (accounting) and `control` (control law).
+- Durable state: `durable.export_*` / `durable.restore` over the records of `state`.
 - Inputs: `CapacitySnapshot` / `ReplicaCapacity`, `ReplicaKey`, `TurnOutcome`.
 - Outputs: `AdmitResult` (`Decision` + `Effects`), `Effects`, `TickResult`, `ProgramEvent`,
   `LogRecord`, `ProgramView`, `ReplicaStats`, `Stats`.
@@ -12,9 +14,11 @@ Public API (the gRPC shell is written against this):
 
 Inside, `SchedulerCore` (scheduler.py) composes the accounting (`accounting.Ledger`: program table,
 tickets, token sums, release statistics) and the control law (`control.ControlLaw`: bands and the
-pause / soft-demote / resume choices), each readable and tested alone.
+pause / soft-demote / resume choices, returned as plans the core applies), each readable and tested
+alone.
 """
 
+from services.scheduler.core.accounting import normalise_session_id
 from services.scheduler.core.errors import DuplicateRequest, MissingRequestId, RequestMismatch, SchedulerError
 from services.scheduler.core.model import (
     AdmitResult,
@@ -38,7 +42,7 @@ from services.scheduler.core.model import (
 )
 from services.scheduler.core.params import BUFFER_PER_PROGRAM_TOKENS, ControlParams, to_sglang_priority
 from services.scheduler.core.policies import PAUSE_POLICIES, make_pause_policy
-from services.scheduler.core.scheduler import SchedulerCore, normalise_session_id
+from services.scheduler.core.scheduler import SchedulerCore
 
 __all__ = [
     "AdmitResult",

@@ -362,6 +362,10 @@ class Ledger:
 
     # ------------------------------------------------------------------ change tracking
 
+    def track_changes(self) -> None:
+        """Start recording which programs and tickets change (for `take_changes`)."""
+        self.tracking = True
+
     def take_changes(self) -> Changes:
         """The programs and tickets changed, created or removed since the last call (export each id:
         None means delete it). O(changed programs + tickets in flight)."""

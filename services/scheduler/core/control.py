@@ -1,7 +1,10 @@
 """The scheduler's control law: bands, admission placement, and the tick's soft demote, resume,
-aging, forced resume and pause choices. It reads the ledger (accounting.py) and never changes its
-sums itself: every pause, resume and mark it chooses takes effect through `Actions`, the
-transitions the core owns (so the events, logs and totals of a choice are the same whoever makes it).
+aging, forced resume and pause choices. It reads the ledger (accounting.py) and changes nothing:
+each tick step returns a `Plan`, an ordered list of steps (pause, resume, mark, ...) that the core
+applies through its own transitions (so the events, logs and totals of a step are the same whoever
+chose it). Where a step's later choices depend on its earlier ones (the resume loop's guard, aging's
+victims), the law carries the working-set change of each chosen step forward itself, exactly as
+the ledger will account it: a pause removes the program's charge, a resume adds w(p) + B.
 
 Bands per replica r, with util = used(r) / capacity(r) and the in-flight count against max_programs:
 PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >= theta_s, else NORMAL.
@@ -10,20 +13,16 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
 from services.scheduler.core.model import (
     INFO,
     Band,
-    Decision,
-    Effects,
-    EventKind,
     Lifecycle,
     LogRecord,
     Program,
-    ProgramEvent,
     ReplicaKey,
     Status,
 )
@@ -31,30 +30,70 @@ from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PauseContext, PausePolicy
 
 
-@dataclass
-class Acc:
-    """Effects collected during one call."""
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Pause the program (unplace it, queue it at the back of the paused queue)."""
 
-    events: list[ProgramEvent] = field(default_factory=list)
-    logs: list[LogRecord] = field(default_factory=list)
-    resolutions: list[Decision] = field(default_factory=list)
-
-    def effects(self) -> Effects:
-        return Effects(tuple(self.events), tuple(self.logs), tuple(self.resolutions))
+    session_id: str
+    reason: str
 
 
-class Actions(Protocol):
-    """How the control law's choices take effect (implemented by the core)."""
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Resume a paused program onto `replica` (None: any worker); `protect_until`: not paused for
+    pressure before then (aging's quantum)."""
 
-    def pause(self, now: float, program: Program, reason: str, acc: Acc) -> None: ...
+    session_id: str
+    replica: ReplicaKey | None
+    protect_until: float | None = None
 
-    def resume_onto(
-        self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *, forced: bool, held_s: float | None
-    ) -> None: ...
 
-    def forced_resume(self, now: float, program: Program, waited_s: float, acc: Acc) -> None: ...
+@dataclass(frozen=True, slots=True)
+class ForceResume:
+    """Resume a program whose held admission waited `waited_s` >= the resume timeout, thresholds
+    ignored, where `ControlLaw.forced_target` says when the step is applied."""
 
-    def mark(self, now: float, program: Program, key: ReplicaKey, acc: Acc) -> None: ...
+    session_id: str
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Mark a REASONING program on `replica`: it is paused at its next tool boundary."""
+
+    session_id: str
+    replica: ReplicaKey
+
+
+@dataclass(frozen=True, slots=True)
+class Unmark:
+    """Pressure is gone: the program's mark is taken back."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SoftDemote:
+    """Lower the program's priority until `until`; `announce`: it was not demoted already (an event)."""
+
+    session_id: str
+    replica: ReplicaKey
+    until: float
+    announce: bool
+
+
+Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
+"""One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one step of the control law chose, in the order the core applies it."""
+
+    steps: tuple[Step, ...] = ()
+
+    def count(self, kind: type) -> int:
+        return sum(1 for step in self.steps if type(step) is kind)
 
 
 class ControlLaw:
@@ -137,21 +176,21 @@ class ControlLaw:
 
     # ------------------------------------------------------------------ the tick's steps
 
-    def soft_demote(self, now: float, acc: Acc) -> None:
+    def plan_soft_demote(self, now: float) -> Plan:
+        """Every unmarked program on a replica in the SOFT_DEMOTE band is demoted for the window."""
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
+        steps: list[Step] = []
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
             for sid in ledger.resident[key]:
                 program = ledger.programs[sid]
-                if program.marked:
-                    continue
-                if program.soft_demoted_until <= now:
-                    acc.events.append(ProgramEvent(EventKind.SOFT_DEMOTED, sid, key, program.token_total, now))
-                program.soft_demoted_until = max(program.soft_demoted_until, until)
+                if not program.marked:
+                    steps.append(SoftDemote(sid, key, until, announce=program.soft_demoted_until <= now))
+        return Plan(tuple(steps))
 
-    def resume(self, now: float, act: Actions, acc: Acc) -> int:
+    def plan_resume(self, now: float) -> Plan:
         """Greedy best-fit-decreasing from the one global paused queue onto any replica.
 
         Resume-side headroom R(r) = floor(capacity * c) - used_d(r), c = max(0, theta_p - h), where
@@ -161,7 +200,7 @@ class ControlLaw:
         """
         ledger = self.ledger
         if not ledger.paused:
-            return 0
+            return Plan()
         p = self.params
         buffer = p.buffer_per_program_tokens
         c = p.resume_ceiling
@@ -176,7 +215,7 @@ class ControlLaw:
                     max(0, math.floor(cap.max_programs * c) - ledger.inflight[key]) if cap.max_programs > 0 else None
                 )
         if not room:
-            return 0
+            return Plan()
         paused = ledger.paused
         discount = p.resume_wait_discount_seconds
 
@@ -207,21 +246,22 @@ class ControlLaw:
                 cumulative += req
                 slots_needed += takes_slot
         if not selected:
-            return 0
+            return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
         selected.sort(key=lambda q: q.token_total, reverse=True)
         min_req = min(q.token_total for q in selected) + buffer
         order = sorted(room, key=lambda k: room[k], reverse=True)
-        resumed = 0
+        used = dict(ledger.used)  # the raw working sets as the chosen resumes will leave them
+        steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
-            target = self.resume_target(program, order, room, slots)
+            target = self.resume_target(program, order, room, slots, used)
             if target is None:
                 continue
             req = program.token_total + buffer
-            act.resume_onto(now, program, target, acc, forced=False, held_s=None)
-            resumed += 1
+            steps.append(Resume(program.session_id, target))
+            used[target] += ledger.weight(program, target) + buffer  # its charge once resumed there
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
@@ -232,7 +272,7 @@ class ControlLaw:
                 while idx < len(order) and room[order[idx]] >= room[target]:
                     idx += 1
                 order.insert(idx, target)
-        return resumed
+        return Plan(tuple(steps))
 
     def resume_target(
         self,
@@ -240,6 +280,7 @@ class ControlLaw:
         order: list[ReplicaKey],
         room: dict[ReplicaKey, int],
         slots: dict[ReplicaKey, int | None],
+        used: dict[ReplicaKey, int],
     ) -> ReplicaKey | None:
         ledger = self.ledger
         req = program.token_total + self.params.buffer_per_program_tokens
@@ -250,7 +291,7 @@ class ControlLaw:
             cap = ledger.caps[key]
             return (
                 req <= room[key]
-                and ledger.used[key] + ledger.weight(program, key) + buffer
+                and used[key] + ledger.weight(program, key) + buffer
                 < cap.retention_tokens * self.params.pause_threshold
                 and not (takes_slot and slots[key] == 0)
             )
@@ -265,7 +306,7 @@ class ControlLaw:
                 return key
         return None
 
-    def resume_aged(self, now: float, act: Actions, acc: Acc) -> int:
+    def plan_aging(self, now: float) -> Plan:
         """Bound the wait of large programs that best-fit resume keeps passing over.
 
         Shortest-first resume starves a large paused program while smaller ones keep taking the
@@ -294,7 +335,8 @@ class ControlLaw:
                 aged.append((started, program))
         aged.sort(key=lambda item: (item[0], item[1].seq))
         used_targets: set[ReplicaKey] = set()
-        resumed = 0
+        steps: list[Step] = []
+        # Each replica is a target once, so only a target's working set moves within this step.
         for started, program in aged:
             best: tuple[float, ReplicaKey, list[Program]] | None = None
             for key, cap in ledger.caps.items():
@@ -325,40 +367,37 @@ class ControlLaw:
                 target = max(free, key=lambda k: ledger.caps[k].retention_tokens - ledger.used[k])
                 movable = []
             limit = ledger.caps[target].retention_tokens * threshold
+            used = ledger.used[target]
             for victim in movable:
-                if ledger.used[target] + need < limit:
+                if used + need < limit:
                     break
-                act.pause(now, victim, "aging", acc)
+                steps.append(Pause(victim.session_id, "aging"))
+                used -= ledger.charge[victim.session_id][1]  # what its pause takes off the replica
             used_targets.add(target)
             # Its quantum: a pause cycle may not send it straight back to the queue (a program too
             # large to share a replica would otherwise bounce between pause and aging every turn).
-            program.pause_protected_until = now + age / 2
-            act.resume_onto(now, program, target, acc, forced=False, held_s=now - started)
-            acc.logs.append(
+            steps.append(Resume(program.session_id, target, protect_until=now + age / 2))
+            steps.append(
                 LogRecord(
                     INFO,
                     "thunderagent.program resumed program=%s reason=aging waited=%.1fs "
                     "worker=%s tokens=%d" % (program.session_id, now - started, target.worker_id, program.token_total),
                 )
             )
-            resumed += 1
-        return resumed
+        return Plan(tuple(steps))
 
-    def force_overdue(self, now: float, act: Actions, acc: Acc) -> int:
+    def plan_forced(self, now: float) -> Plan:
+        """Every program with a held admission that waited resume_timeout_seconds or more."""
         ledger = self.ledger
         timeout = self.params.resume_timeout_seconds
-        overdue: list[tuple[Program, float]] = []
-        seen: set[str] = set()
+        steps: list[Step] = []
         for sid, request_ids in ledger.waiting.items():
             for rid in request_ids:
                 waited_s = now - ledger.turns[rid].started_at
-                if waited_s >= timeout and sid not in seen:
-                    overdue.append((ledger.programs[sid], waited_s))
-                    seen.add(sid)
-        for program, waited_s in overdue:
-            if program.lifecycle is Lifecycle.PAUSED:
-                act.forced_resume(now, program, waited_s, acc)
-        return len(overdue)
+                if waited_s >= timeout:
+                    steps.append(ForceResume(sid, waited_s))
+                    break
+        return Plan(tuple(steps))
 
     def forced_target(self, now: float) -> ReplicaKey | None:
         """Where a forced resume goes: argmax(capacity - used_d) over the snapshot; None (any) when empty."""
@@ -368,19 +407,22 @@ class ControlLaw:
         used_d = ledger.decayed_used(now)
         return max(ledger.caps, key=lambda k: ledger.caps[k].retention_tokens - used_d[k])
 
-    def pause_over_threshold(self, now: float, act: Actions, acc: Acc) -> tuple[int, int]:
+    def plan_pauses(self, now: float) -> Plan:
+        """On each replica in the PAUSE band, what the pause policy pauses and marks (unmarking a
+        replica whose pressure is gone). Replicas do not interact: a pause changes only its own."""
         ledger = self.ledger
         p = self.params
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
         weight: Callable[[Program, ReplicaKey], int] = ledger.weight
-        paused_total = marked_total = 0
+        steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
             count_target = cap.max_programs * target_frac if cap.max_programs > 0 else None
             if self.band(key) is not Band.PAUSE:
                 if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
-                    self.unmark(key)  # pressure is gone: marks are not sticky
+                    # Pressure is gone: marks are not sticky.
+                    steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
                 continue
             programs = sorted(
                 (
@@ -395,7 +437,7 @@ class ControlLaw:
             def weight_on(q: Program, key: ReplicaKey = key) -> int:
                 return weight(q, key)
 
-            plan = self.policy.plan(
+            chosen = self.policy.plan(
                 PauseContext(
                     replica=key,
                     programs=programs,
@@ -408,19 +450,22 @@ class ControlLaw:
                     now=now,
                 )
             )
-            for sid in plan.pause:
+            after = before
+            for sid in dict.fromkeys(chosen.pause):
                 program = ledger.programs[sid]
                 if program.replica != key or program.status is not Status.ACTING or program.marked:
                     raise ValueError(f"pause policy {self.policy.name!r} chose an invalid program {sid!r}")
-                act.pause(now, program, "pressure", acc)
-                ledger.recharge(program)
-            for sid in plan.mark:
+                steps.append(Pause(sid, "pressure"))
+                after -= ledger.charge[sid][1]  # what its pause takes off the replica
+            for sid in dict.fromkeys(chosen.mark):
                 program = ledger.programs[sid]
                 if program.replica != key or program.status is not Status.REASONING or program.marked:
                     raise ValueError(f"pause policy {self.policy.name!r} chose an invalid mark {sid!r}")
-                act.mark(now, program, key, acc)
-            if plan.pause or plan.mark:
-                acc.logs.append(
+                steps.append(Mark(sid, key))
+            if len(chosen.pause) != len(set(chosen.pause)) or len(chosen.mark) != len(set(chosen.mark)):
+                raise ValueError(f"pause policy {self.policy.name!r} chose a program twice")
+            if chosen.pause or chosen.mark:
+                steps.append(
                     LogRecord(
                         INFO,
                         "scheduler.tick worker=%s dp_rank=%s paused=%d marked=%d "
@@ -428,18 +473,11 @@ class ControlLaw:
                         % (
                             key.worker_id,
                             key.dp_rank,
-                            len(plan.pause),
-                            len(plan.mark),
+                            len(chosen.pause),
+                            len(chosen.mark),
                             before / cap.retention_tokens,
-                            ledger.used[key] / cap.retention_tokens,
+                            after / cap.retention_tokens,
                         ),
                     )
                 )
-            paused_total += len(plan.pause)
-            marked_total += len(plan.mark)
-        return paused_total, marked_total
-
-    def unmark(self, key: ReplicaKey) -> None:
-        ledger = self.ledger
-        for sid in ledger.resident[key]:
-            ledger.programs[sid].marked = False
+        return Plan(tuple(steps))

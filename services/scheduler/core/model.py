@@ -217,6 +217,18 @@ class Effects:
     resolutions: tuple[Decision, ...] = ()
 
 
+@dataclass
+class Acc:
+    """The effects collected during one call of the core, frozen into `Effects` at its end."""
+
+    events: list[ProgramEvent] = field(default_factory=list)
+    logs: list[LogRecord] = field(default_factory=list)
+    resolutions: list[Decision] = field(default_factory=list)
+
+    def effects(self) -> Effects:
+        return Effects(tuple(self.events), tuple(self.logs), tuple(self.resolutions))
+
+
 @dataclass(frozen=True)
 class AdmitResult:
     decision: Decision

@@ -1,9 +1,11 @@
-"""The scheduler core: admission, turns, leases, release, tick, durable state and views.
+"""The scheduler core: admission, turns, leases, release, tick, the transitions and the views.
 
-A thin composition of the two concerns it holds: the accounting (`accounting.Ledger`: the program
-table, tickets, per-replica token sums and release statistics, with their invariants) and the
-control law (`control.ControlLaw`: bands, admission placement, soft demote, resume, aging, forced
-resume and pause choices, which read the ledger and act through this core's transitions).
+It holds the two concerns it composes as public attributes: the accounting (`ledger`, an
+`accounting.Ledger`: the program table, tickets, per-replica token sums and release statistics,
+with their invariants) and the control law (`control`, a `control.ControlLaw`: bands, admission
+placement, and the tick's soft demote, resume, aging, forced resume and pause choices, which it
+returns as plans that `apply` carries out through this core's transitions). Export and restore of
+the durable state are in durable.py.
 
 Pure and synchronous: no I/O, no clock reads (`now` is monotonic seconds passed in), no locks
 (the shell serialises calls). Every mutating call returns the `Effects` it caused (events for
@@ -25,7 +27,16 @@ from services.scheduler.core.accounting import (
     normalise_session_id,
 )
 from services.scheduler.core.calibration import EstimateCalibration
-from services.scheduler.core.control import Acc, ControlLaw
+from services.scheduler.core.control import (
+    ControlLaw,
+    ForceResume,
+    Mark,
+    Pause,
+    Plan,
+    Resume,
+    SoftDemote,
+    Unmark,
+)
 from services.scheduler.core.errors import (
     DuplicateRequest,
     MissingRequestId,
@@ -35,8 +46,8 @@ from services.scheduler.core.model import (
     DEBUG,
     INFO,
     WARNING,
+    Acc,
     AdmitResult,
-    Band,
     CapacitySnapshot,
     Decision,
     Effects,
@@ -56,64 +67,20 @@ from services.scheduler.core.model import (
     Verdict,
 )
 from services.scheduler.core.params import (
-    TAIL_WINDOW_RELEASES,
     ControlParams,
     to_sglang_priority,
 )
 from services.scheduler.core.policies import PausePolicy, make_pause_policy
-from services.scheduler.core.state import (
-    STATE_FORMAT,
-    TOTAL_NAMES,
-    Changes,
-    CoreMeta,
-    CoreState,
-    ProgramRecord,
-    TicketRecord,
-)
 
-__all__ = ["SchedulerCore", "iter_events", "normalise_session_id"]
+__all__ = ["SchedulerCore"]
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 # What an admission sets on its program besides the count (and what taking it back restores).
 _TURN_FIELDS = ("status", "acting_since", "token_total", "tokens_estimated", "last_activity", "admission_epoch")
 
-# The accounting's ticket types and the effects accumulator, under the names this module had.
-_Turn = Turn
-_Passthrough = Passthrough
-_Acc = Acc
-
-
-def _ledger_field(name: str, doc: str = "") -> property:
-    """`SchedulerCore._<name>`: the ledger's `<name>` (the core's methods and tests read them so)."""
-    return property(
-        lambda self: getattr(self.ledger, name), lambda self, value: setattr(self.ledger, name, value), doc=doc
-    )
-
 
 class SchedulerCore:
     """The program table and control law, composed. See docs/scheduler.md for the semantics."""
-
-    # The accounting's state, under the names the core's methods (and white-box tests) use.
-    _programs = _ledger_field("programs")
-    _paused = _ledger_field("paused")
-    _children = _ledger_field("children")
-    _caps = _ledger_field("caps")
-    _capacity_version = _ledger_field("capacity_version")
-    _used = _ledger_field("used")
-    _resident = _ledger_field("resident")
-    _charge = _ledger_field("charge")
-    _pt_count = _ledger_field("pt_count")
-    _turns = _ledger_field("turns")
-    _waiting = _ledger_field("waiting")
-    _passthrough = _ledger_field("passthrough")
-    _next_seq = _ledger_field("next_seq")
-    _next_pause_seq = _ledger_field("next_pause_seq")
-    _released_turns = _ledger_field("released_turns")
-    _tail_turns = _ledger_field("tail_turns")
-    _tracking = _ledger_field("tracking")
-    _dirty_tickets = _ledger_field("dirty_tickets")
-    _unsettled = _ledger_field("unsettled")
-    _unsettled_pt = _ledger_field("unsettled_pt")
 
     def __init__(
         self,
@@ -132,16 +99,14 @@ class SchedulerCore:
         # Optional policy hooks (see policies/base.py): a per-program pause-side weight,
         # observations of tool times and prefills, and a once-per-tick refresh of the
         # estimates behind that weight. A policy without them (threshold) gets the raw weight.
-        self._policy_weight = getattr(self.policy, "weight_tokens", None)
         self._observe_tool = getattr(self.policy, "observe_tool", None)
         self._observe_prefill = getattr(self.policy, "observe_prefill", None)
         self._refresh_policy = getattr(self.policy, "refresh", None)
         # Replicas of the last capacity snapshot whose workers report no cached tokens: their turns'
         # (prompt, ttft) say nothing about the prefill rate (see `complete`).
         self._no_cache_report: frozenset[ReplicaKey] = frozenset()
-        self.ledger = Ledger(self.params, self._policy_weight)
+        self.ledger = Ledger(self.params, getattr(self.policy, "weight_tokens", None))
         self.control = ControlLaw(self.params, self.policy, self.ledger)
-        self._actions = _CoreActions(self)
         # The router's prompt estimates in the workers' tokens (used when the params ask for it).
         self.calibration = EstimateCalibration()
         # Totals (not table state: a rolled-back admission does not un-count them).
@@ -179,7 +144,7 @@ class SchedulerCore:
         (`dispatched_while_paused_total`); the program is placed where the turn runs, as a Bind would."""
         if not request_id:
             raise MissingRequestId("request_id is required")
-        replayed = self._turns.get(request_id)
+        replayed = self.ledger.turns.get(request_id)
         if (
             replayed is not None
             and replayed.restored
@@ -190,23 +155,23 @@ class SchedulerCore:
             # commit and the reply): the router's retry gets the same admission, counted once.
             replayed.restored = False
             return AdmitResult(self._decision(now, replayed, replayed.program), Effects())
-        if request_id in self._turns or request_id in self._passthrough:
+        if request_id in self.ledger.turns or request_id in self.ledger.passthrough:
             raise DuplicateRequest(f"request {request_id!r} is already in flight")
-        acc = _Acc()
+        acc = Acc()
         self.admissions_total += 1
         sent = max(0, int(estimated_prompt_tokens))
         estimate = self.calibration.apply(sent) if self.params.calibrate_token_estimates else sent
         sid = normalise_session_id(session_id)
         if not sid:
-            self._passthrough[request_id] = _Passthrough(request_id, estimate, None, now, self._lease(now))
+            self.ledger.passthrough[request_id] = Passthrough(request_id, estimate, None, now, self.lease_until(now))
             return AdmitResult(Decision(request_id, "", Verdict.PLACED, None, 0, 0.0, 0), acc.effects())
 
-        program = self._programs.get(sid)
+        program = self.ledger.programs.get(sid)
         before = dataclasses.replace(program) if program is not None else None
-        paused_seq_before = self._paused.get(sid)
+        paused_seq_before = self.ledger.paused.get(sid)
         created = program is None
         if program is None:
-            program = self._create(now, sid, parent_session_id)
+            program = self.ledger.create(now, sid, parent_session_id)
         if (
             self._observe_tool is not None
             and program is not None
@@ -222,41 +187,41 @@ class SchedulerCore:
         program.status = Status.REASONING
         program.acting_since = None
         program.last_activity = now
-        turn = _Turn(request_id, sid, program, program.admission_epoch, now, before, paused_seq_before, estimate=sent)
-        self._turns[request_id] = turn
-        running_on = dispatched_replica if dispatched and dispatched_replica in self._caps else None
+        turn = Turn(request_id, sid, program, program.admission_epoch, now, before, paused_seq_before, estimate=sent)
+        self.ledger.turns[request_id] = turn
+        running_on = dispatched_replica if dispatched and dispatched_replica in self.ledger.caps else None
         if dispatched and program.lifecycle is Lifecycle.PAUSED:
             # Already running: its KV is where it runs. The control law sees it REASONING there, and may
             # mark it again at its next tool boundary if the pressure lasts.
             self.dispatched_while_paused_total += 1
-            self._resume_onto(now, program, running_on, acc, forced=False, held_s=None)
+            self._resume_onto(now, program, running_on, acc, forced=False)
             turn.was_paused = True  # the answer says so: the router drops its cached admission
 
         if program.lifecycle is Lifecycle.ACTIVE:
-            if program.replica is not None and program.replica not in self._caps:
+            if program.replica is not None and program.replica not in self.ledger.caps:
                 program.replica = None  # stale pin: its replica left the snapshot
             if running_on is not None:
                 if program.replica != running_on:
-                    self._place(program, running_on)
-            elif program.replica is None and self._caps and not dispatched:
-                target = self._choose_admission_replica(now, program, gate=created and self._any_waiting())
+                    self.ledger.place(program, running_on)
+            elif program.replica is None and self.ledger.caps and not dispatched:
+                target = self.control.choose_admission_replica(now, program, gate=created and bool(self.ledger.waiting))
                 if target is not None:
-                    self._place(program, target)
+                    self.ledger.place(program, target)
                 elif created:
                     # Nothing fits a brand-new program: it queues before its first turn runs.
                     self._pause(now, program, "admission_full", acc)
                 # else: a live session is never parked; it runs unpinned (bound later).
-        self._recharge(program)
+        self.ledger.recharge(program)
 
         turn.after = dataclasses.replace(program)
         if program.lifecycle is Lifecycle.PAUSED:
             turn.waiting = True
             turn.was_paused = True
-            self._waiting.setdefault(sid, {})[request_id] = None
+            self.ledger.waiting.setdefault(sid, {})[request_id] = None
             decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch, was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)
-        turn.lease_until = self._lease(now)
+        turn.lease_until = self.lease_until(now)
         acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, program.replica, program.token_total, now))
         return AdmitResult(decision, acc.effects())
 
@@ -265,17 +230,17 @@ class SchedulerCore:
         lapsed unconfirmed) to the exact table state it found. Idempotent. If a later admission moved
         the program's epoch on, the later turn keeps the state (and inherits this turn's `before`) and
         only this turn's count is taken back; skipped if the program was replaced."""
-        acc = _Acc()
-        pt = self._passthrough.pop(request_id, None)
+        acc = Acc()
+        pt = self.ledger.passthrough.pop(request_id, None)
         if pt is not None:
-            self._recharge_passthrough(request_id, None)
+            self.ledger.recharge_passthrough(request_id, None)
             return acc.effects()
-        turn = self._turns.pop(request_id, None)
+        turn = self.ledger.turns.pop(request_id, None)
         if turn is None:
             return acc.effects()
         self.admissions_cancelled_total += 1
-        self._drop_waiter(turn.session_id, request_id)
-        program = self._programs.get(turn.session_id)
+        self.ledger.drop_waiter(turn.session_id, request_id)
+        program = self.ledger.programs.get(turn.session_id)
         if program is not turn.program:
             return acc.effects()
         if program.admission_epoch != turn.epoch:
@@ -283,7 +248,7 @@ class SchedulerCore:
             # it out of each, so that rolling them back too restores the state before all of them.
             # The next one inherits our `before` whole if nothing happened between the two admissions.
             later = sorted(
-                (t for t in self._turns.values() if t.program is program and t.epoch > turn.epoch),
+                (t for t in self.ledger.turns.values() if t.program is program and t.epoch > turn.epoch),
                 key=lambda t: t.epoch,
             )
             if later:
@@ -300,34 +265,39 @@ class SchedulerCore:
                     if t.after is not None:
                         _take_out(t.after, turn)
             _take_out(program, turn)  # the later turns keep the program's state; this count goes
-            self._recharge(program)
+            self.ledger.recharge(program)
             return acc.effects()
         if turn.before is None:
-            self._remove(program)
+            self.ledger.remove(program)
             retained = False
         elif program == turn.after:
             # Untouched since this admission: the exact state it found, paused-queue position included.
             for name in _PROGRAM_FIELDS:
                 setattr(program, name, getattr(turn.before, name))
-            if program.replica is not None and self._caps and program.replica not in self._caps:
+            if program.replica is not None and self.ledger.caps and program.replica not in self.ledger.caps:
                 program.replica = None  # its replica left the snapshot meanwhile (a late rollback)
-            self._paused.pop(program.session_id, None)
+            self.ledger.paused.pop(program.session_id, None)
             if turn.paused_seq_before is not None:
-                self._paused[program.session_id] = turn.paused_seq_before
-            self._recharge(program)
+                self.ledger.paused[program.session_id] = turn.paused_seq_before
+            self.ledger.recharge(program)
             retained = True
         else:
             # Changed since (an earlier turn completed, a tick marked it, a Bind moved it): what others
             # did stays; only this turn's own effects are taken back.
             _take_out(program, turn)
-            self._recharge(program)
+            self.ledger.recharge(program)
             retained = True
         acc.logs.append(
             LogRecord(
                 INFO,
                 "thunderagent.program admission_cancelled program=%s retained=%s "
                 "active=%d paused=%d"
-                % (turn.session_id, retained, len(self._programs) - len(self._paused), len(self._paused)),
+                % (
+                    turn.session_id,
+                    retained,
+                    len(self.ledger.programs) - len(self.ledger.paused),
+                    len(self.ledger.paused),
+                ),
             )
         )
         return acc.effects()
@@ -335,21 +305,21 @@ class SchedulerCore:
     def bind_request(self, request_id: str, replica: ReplicaKey) -> bool:
         """Record the replica the router chose for an unpinned turn (passthrough, cold start, or a
         live session nothing could take). Admission placement stays authoritative."""
-        if replica not in self._caps:
+        if replica not in self.ledger.caps:
             return False
-        pt = self._passthrough.get(request_id)
+        pt = self.ledger.passthrough.get(request_id)
         if pt is not None:
             pt.replica = replica
-            self._recharge_passthrough(request_id, pt)
-            if self._tracking:
-                self._dirty_tickets.add(request_id)
+            self.ledger.recharge_passthrough(request_id, pt)
+            if self.ledger.tracking:
+                self.ledger.dirty_tickets.add(request_id)
             return True
-        turn = self._turns.get(request_id)
+        turn = self.ledger.turns.get(request_id)
         if turn is None:
             return False
         # Not a confirmation: the router binds as it picks the worker, before its client has anything
         # (a router killed now leaves a client that retries the turn). `renew_leases(delivered=...)` is.
-        program = self._programs.get(turn.session_id)
+        program = self.ledger.programs.get(turn.session_id)
         if (
             program is not turn.program
             or program.admission_epoch != turn.epoch
@@ -359,8 +329,8 @@ class SchedulerCore:
         if program.replica is not None and not turn.unpinned:
             return False  # pinned by admission: placement stays authoritative
         if program.replica != replica:
-            self._place(program, replica)
-            self._recharge(program)
+            self.ledger.place(program, replica)
+            self.ledger.recharge(program)
         return True
 
     def complete(
@@ -387,10 +357,10 @@ class SchedulerCore:
         already completed, expired, or still held) is ignored and counted, and never changes the
         table; a `session_id` other than the admitted one is a RequestMismatch. NOT_STARTED (answered,
         never sent to a worker) rolls the admission back instead (`cancel_admission`)."""
-        acc = _Acc()
-        turn = self._turns.get(request_id)
+        acc = Acc()
+        turn = self.ledger.turns.get(request_id)
         sid = normalise_session_id(session_id)
-        if request_id in self._passthrough:
+        if request_id in self.ledger.passthrough:
             if sid:
                 raise RequestMismatch(
                     f"session_id {sid!r} does not match request {request_id!r} (admitted as a passthrough request)"
@@ -412,15 +382,15 @@ class SchedulerCore:
             and self.cache_reported(replica)
         ):
             self._observe_prefill(int(prompt_tokens) - int(cached_tokens), float(ttft_s))
-        pt = self._passthrough.pop(request_id, None)
+        pt = self.ledger.passthrough.pop(request_id, None)
         if pt is not None:
-            self._recharge_passthrough(request_id, None)
+            self.ledger.recharge_passthrough(request_id, None)
             return acc.effects()
         assert turn is not None
-        del self._turns[request_id]
+        del self.ledger.turns[request_id]
         if outcome is TurnOutcome.OK:
             self.calibration.observe(turn.estimate, int(prompt_tokens))
-        program = self._programs.get(turn.session_id)
+        program = self.ledger.programs.get(turn.session_id)
         if program is not turn.program:
             return acc.effects()  # released (and perhaps re-created) meanwhile: nothing to account
         reported = max(0, int(prompt_tokens)) + max(0, int(completion_tokens))
@@ -436,18 +406,19 @@ class SchedulerCore:
             program.lifecycle is Lifecycle.ACTIVE
             and program.replica is None
             and replica is not None
-            and replica in self._caps
+            and replica in self.ledger.caps
         ):
-            self._place(program, replica)  # its KV now lives where the turn ran
+            self.ledger.place(program, replica)  # its KV now lives where the turn ran
         if program.marked and program.lifecycle is Lifecycle.ACTIVE:
             program.marked = False
             self._pause(now, program, "marked", acc)
-        self._recharge(program)
+        self.ledger.recharge(program)
         return acc.effects()
 
     # ------------------------------------------------------------------ ticket leases
 
-    def _lease(self, now: float) -> float | None:
+    def lease_until(self, now: float) -> float | None:
+        """Until when a ticket placed (or renewed) at `now` lives unrenewed; None: tickets never expire."""
         return now + self.ticket_lease_seconds if self.ticket_lease_seconds > 0 else None
 
     def renew_leases(self, now: float, request_ids: Iterable[str], delivered: Iterable[str] = ()) -> tuple[str, ...]:
@@ -458,11 +429,11 @@ class SchedulerCore:
         something (a streamed answer's headers and first chunk, a whole answer), so the turn counts
         whatever happens to its router from now on. A renewal alone confirms nothing: a live router
         renews a turn still waiting for its worker's first byte, and a client that got nothing retries."""
-        until = self._lease(now)
+        until = self.lease_until(now)
         unknown = []
         for rid, confirm in itertools.chain(((r, False) for r in request_ids), ((r, True) for r in delivered)):
-            turn = self._turns.get(rid)
-            ticket = turn or self._passthrough.get(rid)
+            turn = self.ledger.turns.get(rid)
+            ticket = turn or self.ledger.passthrough.get(rid)
             if ticket is None:
                 if rid not in unknown:
                     unknown.append(rid)
@@ -483,15 +454,15 @@ class SchedulerCore:
         its client received nothing (it retries the turn), so it never counted. A passthrough request stops being
         charged. A lapsed ticket of an older turn (a newer one is in flight) is only dropped. A ticket
         placed by a resume starts its lease at the first call after it. O(tickets in flight)."""
-        acc = _Acc()
+        acc = Acc()
         if self.ticket_lease_seconds <= 0:
             return acc.effects()
-        for rid, pt in list(self._passthrough.items()):
+        for rid, pt in list(self.ledger.passthrough.items()):
             if pt.lease_until is None:
-                pt.lease_until = self._lease(now)
+                pt.lease_until = self.lease_until(now)
             elif pt.lease_until <= now:
-                del self._passthrough[rid]
-                self._recharge_passthrough(rid, None)
+                del self.ledger.passthrough[rid]
+                self.ledger.recharge_passthrough(rid, None)
                 self.tickets_expired_total += 1
                 acc.logs.append(
                     LogRecord(
@@ -500,16 +471,16 @@ class SchedulerCore:
                         "age=%.1fs" % (rid, now - pt.started_at),
                     )
                 )
-        for rid, turn in list(self._turns.items()):
+        for rid, turn in list(self.ledger.turns.items()):
             if turn.waiting:
                 continue
             if turn.lease_until is None:
-                turn.lease_until = self._lease(now)
+                turn.lease_until = self.lease_until(now)
                 continue
             if turn.lease_until > now:
                 continue
             self.tickets_expired_total += 1
-            program = self._programs.get(turn.session_id)
+            program = self.ledger.programs.get(turn.session_id)
             if not turn.confirmed:
                 # No sign that its client received anything (no delivery reported, no Complete): a call
                 # cancelled as it was answered, or a router that died before its client's first byte
@@ -530,7 +501,7 @@ class SchedulerCore:
                 acc.events.extend(effects.events)
                 acc.logs.extend(effects.logs)
             else:
-                del self._turns[rid]
+                del self.ledger.turns[rid]
             acc.logs.append(
                 LogRecord(
                     INFO,
@@ -542,17 +513,18 @@ class SchedulerCore:
 
     def release(self, now: float, session_id: str) -> tuple[bool, Effects]:
         """Final request: remove every trace of the program. Held admissions go unpinned."""
-        acc = _Acc()
-        program = self._programs.get(normalise_session_id(session_id))
+        acc = Acc()
+        program = self.ledger.programs.get(normalise_session_id(session_id))
         if program is None:
             return False, acc.effects()
         self._end(now, program, EventKind.RELEASED, "final", acc)
         self.released_total += 1
-        self._note_release(program.turns)
+        self.ledger.note_release(program.turns)
         acc.logs.append(
             LogRecord(
                 INFO,
-                "thunderagent.program terminated program=%s remaining=%d" % (program.session_id, len(self._programs)),
+                "thunderagent.program terminated program=%s remaining=%d"
+                % (program.session_id, len(self.ledger.programs)),
             )
         )
         return True, acc.effects()
@@ -560,10 +532,10 @@ class SchedulerCore:
     def force_resume(self, now: float, request_id: str) -> Effects:
         """Resume the program a held admission waits on, ignoring thresholds (starvation bound).
         The shell may call this at the exact deadline; `tick` also does it for overdue waits."""
-        acc = _Acc()
-        turn = self._turns.get(request_id)
+        acc = Acc()
+        turn = self.ledger.turns.get(request_id)
         if turn is not None and turn.waiting:
-            program = self._programs.get(turn.session_id)
+            program = self.ledger.programs.get(turn.session_id)
             if program is not None and program.lifecycle is Lifecycle.PAUSED:
                 self._forced_resume(now, program, now - turn.started_at, acc)
         return acc.effects()
@@ -573,26 +545,30 @@ class SchedulerCore:
     def tick(self, now: float, snapshot: CapacitySnapshot | None = None) -> TickResult:
         """One control step: apply capacity -> expire idle -> soft demote -> resume -> forced
         resume -> pause. Cost O(P log P) in the number of programs P."""
-        acc = _Acc()
+        acc = Acc()
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
         if self._refresh_policy is not None and self._refresh_policy():
             # The policy's estimates moved: re-charge the placed programs (their weight depends on them).
-            for program in list(self._programs.values()):
-                if program.session_id in self._charge:
-                    self._recharge(program, touched=False)
+            for program in list(self.ledger.programs.values()):
+                if program.session_id in self.ledger.charge:
+                    self.ledger.recharge(program, touched=False)
         expired = self._expire_idle(now, acc)
-        resumed = paused = marked = forced = 0
-        if self._caps:
-            self._soft_demote(now, acc)
-            resumed = self._resume(now, acc)
-        if self._caps and self.params.resume_aging_seconds > 0:
-            resumed += self._resume_aged(now, acc)
-        forced = self._force_overdue(now, acc)
-        if self._caps:
-            paused, marked = self._pause_over_threshold(now, acc)
+        resumed = paused = marked = 0
+        control = self.control
+        if self.ledger.caps:
+            self._apply(now, control.plan_soft_demote(now), acc)
+            resumed = self._apply(now, control.plan_resume(now), acc).count(Resume)
+        if self.ledger.caps and self.params.resume_aging_seconds > 0:
+            resumed += self._apply(now, control.plan_aging(now), acc).count(Resume)
+        forced = self._apply(now, control.plan_forced(now), acc).count(ForceResume)
+        if self.ledger.caps:
+            plan = self._apply(now, control.plan_pauses(now), acc)
+            paused, marked = plan.count(Pause), plan.count(Mark)
         if resumed:
-            acc.logs.append(LogRecord(INFO, "scheduler.tick resumed=%d still_paused=%d" % (resumed, len(self._paused))))
+            acc.logs.append(
+                LogRecord(INFO, "scheduler.tick resumed=%d still_paused=%d" % (resumed, len(self.ledger.paused)))
+            )
         return TickResult(
             tuple(acc.events),
             tuple(acc.logs),
@@ -607,7 +583,7 @@ class SchedulerCore:
 
     def apply_capacity(self, now: float, snapshot: CapacitySnapshot) -> Effects:
         """Take a new capacity snapshot without running the control law (e.g. between ticks)."""
-        acc = _Acc()
+        acc = Acc()
         self._apply_capacity(now, snapshot, acc)
         return acc.effects()
 
@@ -618,7 +594,7 @@ class SchedulerCore:
             return not self._no_cache_report
         return replica not in self._no_cache_report
 
-    def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: _Acc) -> None:
+    def _apply_capacity(self, now: float, snapshot: CapacitySnapshot, acc: Acc) -> None:
         unreported = frozenset(r.key for r in snapshot.replicas if not r.cache_report)
         present = {r.key for r in snapshot.replicas}
         line = "scheduler.capacity %s worker=%s dp_rank=%s: its turns %s the prefill-rate estimate"
@@ -637,17 +613,17 @@ class SchedulerCore:
                 )
             )
 
-    def _expire_idle(self, now: float, acc: _Acc) -> int:
+    def _expire_idle(self, now: float, acc: Acc) -> int:
         ttl = self.params.program_idle_ttl_seconds
         if ttl <= 0:
             return 0
         due = [
             p
-            for p in self._programs.values()
+            for p in self.ledger.programs.values()
             if p.status is Status.ACTING
             and p.acting_since is not None
             and now - p.acting_since >= ttl
-            and not self._waiting.get(p.session_id)
+            and not self.ledger.waiting.get(p.session_id)
         ]
         for program in due:
             idle_s = now - (program.acting_since or now)
@@ -657,230 +633,67 @@ class SchedulerCore:
                 LogRecord(
                     INFO,
                     "thunderagent.program expired program=%s idle=%.0fs tokens=%d "
-                    "remaining=%d" % (program.session_id, idle_s, program.token_total, len(self._programs)),
+                    "remaining=%d" % (program.session_id, idle_s, program.token_total, len(self.ledger.programs)),
                 )
             )
         return len(due)
 
-    # ------------------------------------------------------------------ durable state
-
-    def track_changes(self) -> None:
-        """Start recording which programs and tickets change (for `take_changes`)."""
-        self._tracking = True
-
-    def take_changes(self) -> Changes:
-        """The programs and tickets changed, created or removed since the last call (export each id:
-        None means delete it). O(changed programs + tickets in flight)."""
-        return self.ledger.take_changes()
-
-    def export_program(self, session_id: str) -> ProgramRecord | None:
-        p = self._programs.get(session_id)
-        if p is None:
-            return None
-        return ProgramRecord(
-            p.session_id,
-            p.parent_session_id,
-            p.created_at,
-            p.seq,
-            p.status,
-            p.lifecycle,
-            p.token_total,
-            p.tokens_estimated,
-            p.replica,
-            p.last_replica,
-            p.pause_protected_until,
-            p.admission_epoch,
-            p.turns,
-            p.last_activity,
-            p.acting_since,
-            p.paused_since,
-            self._paused.get(session_id),
-        )
-
-    def export_ticket(self, request_id: str) -> TicketRecord | None:
-        turn = self._turns.get(request_id)
-        if turn is not None:
-            return TicketRecord(request_id, turn.session_id, turn.epoch, turn.started_at, turn.was_paused)
-        pt = self._passthrough.get(request_id)
-        if pt is not None:
-            return TicketRecord(request_id, "", 0, pt.started_at, tokens=pt.tokens, replica=pt.replica)
-        return None
-
-    def export_meta(self) -> CoreMeta:
-        return CoreMeta(
-            self._next_seq,
-            self._next_pause_seq,
-            tuple(self._released_turns),
-            {name: getattr(self, name) for name in TOTAL_NAMES},
-        )
-
-    def export_state(self) -> CoreState:
-        """Everything `restore` needs; also resets change tracking (the export is the new baseline)."""
-        self.take_changes()
-        tickets = [self.export_ticket(rid) for rid in (*self._turns, *self._passthrough)]
-        return CoreState(
-            tuple(self.export_program(sid) for sid in self._programs),  # type: ignore[misc]
-            tuple(t for t in tickets if t is not None),
-            self.export_meta(),
-        )
-
-    def restore(self, now: float, state: CoreState) -> Effects:
-        """Rebuild the table from `state` (times already on this process's clock) into an empty core.
-
-        A turn whose program waited in the paused queue had its Admit call end with the old process,
-        and a turn whose ticket was not stored cannot be completed: a REASONING program without a
-        stored ticket for its current turn is at a tool boundary as far as anyone can tell, so it is
-        ACTING from `now`. Stored tickets of running turns get a fresh lease: their router renews
-        them, or they lapse. Placements wait for the capacity snapshot (see _settle)."""
-        if self._programs or self._turns or self._passthrough:
-            raise RuntimeError("restore needs an empty core")
-        if state.meta.format > STATE_FORMAT:
-            raise ValueError(f"state format {state.meta.format} is newer than this scheduler's ({STATE_FORMAT})")
-        acc = _Acc()
-        meta = state.meta
-        next_seq, next_pause_seq = meta.next_seq, meta.next_pause_seq
-        for rec in state.programs:
-            program = Program(
-                session_id=rec.session_id,
-                parent_session_id=rec.parent_session_id,
-                created_at=rec.created_at,
-                seq=rec.seq,
-                status=rec.status,
-                lifecycle=rec.lifecycle,
-                token_total=max(0, rec.token_total),
-                tokens_estimated=rec.tokens_estimated,
-                replica=rec.replica,
-                last_replica=rec.last_replica,
-                pause_protected_until=rec.pause_protected_until,
-                admission_epoch=rec.admission_epoch,
-                turns=rec.turns,
-                last_activity=rec.last_activity,
-                acting_since=rec.acting_since,
-                paused_since=rec.paused_since,
-            )
-            sid = program.session_id
-            self._programs[sid] = program
-            next_seq = max(next_seq, program.seq + 1)
-            if program.lifecycle is Lifecycle.PAUSED:
-                program.replica = None
-                seq = rec.paused_seq if rec.paused_seq is not None else next_pause_seq
-                self._paused[sid] = seq
-                next_pause_seq = max(next_pause_seq, seq + 1)
-            if program.parent_session_id:
-                self._children.setdefault(program.parent_session_id, {})[sid] = None
-            if program.replica is not None:
-                self._unsettled.add(sid)
-        self._next_seq, self._next_pause_seq = next_seq, next_pause_seq
-        running: dict[str, int] = {}
-        for ticket in state.tickets:
-            if not ticket.session_id:
-                self._passthrough[ticket.request_id] = _Passthrough(
-                    ticket.request_id, max(0, ticket.tokens), ticket.replica, ticket.started_at, self._lease(now)
-                )
-                if ticket.replica is not None:
-                    self._unsettled_pt.add(ticket.request_id)
-                continue
-            program = self._programs.get(ticket.session_id)
-            if program is None or ticket.epoch > program.admission_epoch:
-                continue  # its program is gone
-            if program.lifecycle is Lifecycle.PAUSED and ticket.epoch == program.admission_epoch:
-                # Held: its Admit call ended with the old process and its router asks again, so the turn
-                # it counted is taken back (else the retry would count the same turn twice).
-                program.turns = max(0, program.turns - 1)
-                continue
-            self._turns[ticket.request_id] = _Turn(
-                ticket.request_id,
-                ticket.session_id,
-                program,
-                ticket.epoch,
-                ticket.started_at,
-                dataclasses.replace(program),
-                self._paused.get(ticket.session_id),
-                was_paused=ticket.was_paused,
-                lease_until=self._lease(now),
-                confirmed=True,  # stored as running: its `before` is lost, it can only end
-                restored=True,
-            )
-            running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
-        ended = 0
-        for program in self._programs.values():
-            if program.status is Status.REASONING and running.get(program.session_id) != program.admission_epoch:
-                program.status = Status.ACTING
-                program.acting_since = now
-                ended += 1
-        self._released_turns.extend(meta.released_turns[-TAIL_WINDOW_RELEASES:])
-        self._refresh_tail()
-        for name in TOTAL_NAMES:
-            setattr(self, name, int(meta.totals.get(name, 0)))
-        for program in self._programs.values():
-            self._recharge(program)
-        if self._caps:
-            self._settle()
-        acc.logs.append(
-            LogRecord(
-                INFO,
-                "scheduler.recovered programs=%d paused=%d tickets=%d ended_turns=%d"
-                % (len(self._programs), len(self._paused), len(self._turns) + len(self._passthrough), ended),
-            )
-        )
-        return acc.effects()
-
     # ------------------------------------------------------------------ views
 
     def program(self, session_id: str) -> ProgramView | None:
-        program = self._programs.get(normalise_session_id(session_id))
+        program = self.ledger.programs.get(normalise_session_id(session_id))
         return None if program is None else self._view(program, None)
 
     def programs(self, now: float | None = None) -> tuple[ProgramView, ...]:
-        return tuple(self._view(p, now) for p in self._programs.values())
+        return tuple(self._view(p, now) for p in self.ledger.programs.values())
 
     def paused_ids(self) -> tuple[str, ...]:
         """The global paused queue, oldest pause first."""
-        return tuple(sorted(self._paused, key=self._paused.__getitem__))
+        return tuple(sorted(self.ledger.paused, key=self.ledger.paused.__getitem__))
 
     def waiting_request_ids(self) -> tuple[str, ...]:
-        return tuple(rid for rids in self._waiting.values() for rid in rids)
+        return tuple(rid for rids in self.ledger.waiting.values() for rid in rids)
 
     def resume_deadline(self, request_id: str) -> float | None:
         """When a held admission is force-resumed (for the shell's timer)."""
-        turn = self._turns.get(request_id)
+        turn = self.ledger.turns.get(request_id)
         if turn is None or not turn.waiting:
             return None
         return turn.started_at + self.params.resume_timeout_seconds
 
     @property
     def capacity(self) -> tuple[ReplicaCapacity, ...]:
-        return tuple(self._caps.values())
+        return tuple(self.ledger.caps.values())
 
     def replica_stats(self, now: float) -> tuple[ReplicaStats, ...]:
-        used_d = self._decayed_used(now)
+        used_d = self.ledger.decayed_used(now)
         out = []
-        for key, cap in self._caps.items():
-            resident = self._resident[key]
-            reasoning = sum(1 for sid in resident if self._programs[sid].status is Status.REASONING)
+        for key, cap in self.ledger.caps.items():
+            resident = self.ledger.resident[key]
+            reasoning = sum(1 for sid in resident if self.ledger.programs[sid].status is Status.REASONING)
             out.append(
                 ReplicaStats(
                     key,
                     cap.retention_tokens,
                     cap.max_programs,
-                    self._used[key],
+                    self.ledger.used[key],
                     used_d[key],
-                    self._used[key] / cap.retention_tokens,
-                    self._band(key),
+                    self.ledger.used[key] / cap.retention_tokens,
+                    self.control.band(key),
                     reasoning,
                     len(resident),
-                    self._pt_count[key],
+                    self.ledger.pt_count[key],
                 )
             )
         return tuple(out)
 
     def stats(self, now: float) -> Stats:
-        reasoning = sum(1 for p in self._programs.values() if p.status is Status.REASONING)
+        reasoning = sum(1 for p in self.ledger.programs.values() if p.status is Status.REASONING)
         return Stats(
-            programs_active=len(self._programs) - len(self._paused),
-            programs_paused=len(self._paused),
+            programs_active=len(self.ledger.programs) - len(self.ledger.paused),
+            programs_paused=len(self.ledger.paused),
             programs_reasoning=reasoning,
-            programs_acting=len(self._programs) - reasoning,
+            programs_acting=len(self.ledger.programs) - reasoning,
             pauses_total=self.pauses_total,
             resumes_total=self.resumes_total,
             forced_resumes_total=self.forced_resumes_total,
@@ -890,98 +703,74 @@ class SchedulerCore:
             admissions_total=self.admissions_total,
             admissions_cancelled_total=self.admissions_cancelled_total,
             completes_ignored_total=self.completes_ignored_total,
-            tickets_in_flight=len(self._turns) + len(self._passthrough),
+            tickets_in_flight=len(self.ledger.turns) + len(self.ledger.passthrough),
             dispatched_while_paused_total=self.dispatched_while_paused_total,
             tickets_expired_total=self.tickets_expired_total,
-            waiting_admissions=sum(len(r) for r in self._waiting.values()),
-            passthrough_in_flight=len(self._passthrough),
-            capacity_version=self._capacity_version,
+            waiting_admissions=sum(len(r) for r in self.ledger.waiting.values()),
+            passthrough_in_flight=len(self.ledger.passthrough),
+            capacity_version=self.ledger.capacity_version,
             replicas=self.replica_stats(now),
         )
 
     # ------------------------------------------------------------------ internals
 
-    # The accounting and the control law, under the names the core's methods use.
+    # ------------------------------------------------------------------ plans
 
-    def _recharge(self, program: Program, *, touched: bool = True) -> None:
-        self.ledger.recharge(program, touched=touched)
+    def apply(self, now: float, plan: Plan) -> Effects:
+        """Carry out a control-law plan (`ControlLaw.plan_*`, or one built by hand: an operator's or a
+        test's pause) through the core's transitions, in order."""
+        acc = Acc()
+        self._apply(now, plan, acc)
+        return acc.effects()
 
-    def _recharge_passthrough(self, request_id: str, pt: _Passthrough | None) -> None:
-        self.ledger.recharge_passthrough(request_id, pt)
-
-    def _weight(self, program: Program, key: ReplicaKey) -> int:
-        return self.ledger.weight(program, key)
-
-    def _decayed_used(self, now: float) -> dict[ReplicaKey, int]:
-        return self.ledger.decayed_used(now)
-
-    def _decayed_used_one(self, now: float, key: ReplicaKey) -> int:
-        return self.ledger.decayed_used_one(now, key)
-
-    def _is_tail(self, program: Program) -> bool:
-        return self.ledger.is_tail(program)
-
-    def _band(self, key: ReplicaKey) -> Band:
-        return self.control.band(key)
-
-    def _create(self, now: float, sid: str, parent_session_id: str) -> Program:
-        return self.ledger.create(now, sid, parent_session_id)
-
-    def _remove(self, program: Program) -> None:
-        self.ledger.remove(program)
-
-    def _place(self, program: Program, replica: ReplicaKey) -> None:
-        self.ledger.place(program, replica)
-
-    def _settle(self) -> None:
-        self.ledger.settle()
-
-    def _drop_waiter(self, sid: str, request_id: str) -> None:
-        self.ledger.drop_waiter(sid, request_id)
-
-    def _note_release(self, turns: int) -> None:
-        self.ledger.note_release(turns)
-
-    def _refresh_tail(self) -> None:
-        self.ledger.refresh_tail()
-
-    def _choose_admission_replica(self, now: float, program: Program, *, gate: bool) -> ReplicaKey | None:
-        return self.control.choose_admission_replica(now, program, gate=gate)
-
-    def _soft_demote(self, now: float, acc: _Acc) -> None:
-        self.control.soft_demote(now, acc)
-
-    def _resume(self, now: float, acc: _Acc) -> int:
-        return self.control.resume(now, self._actions, acc)
-
-    def _resume_aged(self, now: float, acc: _Acc) -> int:
-        return self.control.resume_aged(now, self._actions, acc)
-
-    def _force_overdue(self, now: float, acc: _Acc) -> int:
-        return self.control.force_overdue(now, self._actions, acc)
-
-    def _pause_over_threshold(self, now: float, acc: _Acc) -> tuple[int, int]:
-        return self.control.pause_over_threshold(now, self._actions, acc)
+    def _apply(self, now: float, plan: Plan, acc: Acc) -> Plan:
+        programs = self.ledger.programs
+        for step in plan.steps:
+            if isinstance(step, Pause):
+                self._pause(now, programs[step.session_id], step.reason, acc)
+            elif isinstance(step, Resume):
+                program = programs[step.session_id]
+                if step.protect_until is not None:
+                    program.pause_protected_until = step.protect_until
+                self._resume_onto(now, program, step.replica, acc, forced=False)
+            elif isinstance(step, ForceResume):
+                program = programs[step.session_id]
+                if program.lifecycle is Lifecycle.PAUSED:
+                    self._forced_resume(now, program, step.waited_s, acc)
+            elif isinstance(step, Mark):
+                self._mark(now, programs[step.session_id], step.replica, acc)
+            elif isinstance(step, Unmark):
+                programs[step.session_id].marked = False
+            elif isinstance(step, SoftDemote):
+                program = programs[step.session_id]
+                if step.announce:
+                    acc.events.append(
+                        ProgramEvent(EventKind.SOFT_DEMOTED, step.session_id, step.replica, program.token_total, now)
+                    )
+                program.soft_demoted_until = max(program.soft_demoted_until, step.until)
+            else:
+                acc.logs.append(step)
+        return plan
 
     # ------------------------------------------------------------------ transitions
 
-    def _forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:
+    def _forced_resume(self, now: float, program: Program, waited_s: float, acc: Acc) -> None:
         """Onto argmax(capacity - used_d) over the whole snapshot; None (any worker) when empty."""
         target = self.control.forced_target(now)
         acc.logs.append(LogRecord(WARNING, "Forced resume for %s after %.1fs" % (program.session_id, waited_s)))
         self.forced_resumes_total += 1
-        self._resume_onto(now, program, target, acc, forced=True, held_s=waited_s)
+        self._resume_onto(now, program, target, acc, forced=True)
 
-    def _mark(self, now: float, program: Program, key: ReplicaKey, acc: _Acc) -> None:
+    def _mark(self, now: float, program: Program, key: ReplicaKey, acc: Acc) -> None:
         program.marked = True
         self.marks_total += 1
         acc.events.append(ProgramEvent(EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure"))
 
-    def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: _Acc) -> None:
+    def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: Acc) -> None:
         """Release or expire: held admissions proceed unpinned with priority 0."""
         sid = program.session_id
-        for rid in list(self._waiting.pop(sid, {})):
-            turn = self._turns[rid]
+        for rid in list(self.ledger.waiting.pop(sid, {})):
+            turn = self.ledger.turns[rid]
             turn.waiting = False
             acc.resolutions.append(
                 Decision(
@@ -998,17 +787,17 @@ class SchedulerCore:
                 )
             )
         replica = program.replica
-        self._remove(program)
+        self.ledger.remove(program)
         acc.events.append(ProgramEvent(kind, sid, replica, program.token_total, now, reason))
 
-    def _pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
+    def _pause(self, now: float, program: Program, reason: str, acc: Acc) -> None:
         replica = program.replica
         program.lifecycle = Lifecycle.PAUSED
         program.replica = None  # a paused program is never placed
         program.paused_since = now
         self.ledger.enqueue_paused(program.session_id)
         self.pauses_total += 1
-        self._recharge(program)
+        self.ledger.recharge(program)
         acc.events.append(ProgramEvent(EventKind.PAUSED, program.session_id, replica, program.token_total, now, reason))
         acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)" % (program.session_id, program.token_total)))
         if reason == "admission_full":
@@ -1016,21 +805,19 @@ class SchedulerCore:
                 LogRecord(
                     INFO,
                     "thunderagent.program paused program=%s reason=admission_full tokens=%d "
-                    "paused=%d" % (program.session_id, program.token_total, len(self._paused)),
+                    "paused=%d" % (program.session_id, program.token_total, len(self.ledger.paused)),
                 )
             )
 
-    def _resume_onto(
-        self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *, forced: bool, held_s: float | None
-    ) -> None:
+    def _resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *, forced: bool) -> None:
         sid = program.session_id
         program.lifecycle = Lifecycle.ACTIVE
         program.paused_since = None
-        self._paused.pop(sid, None)
+        self.ledger.paused.pop(sid, None)
         program.replica = None
         if target is not None:
-            self._place(program, target)
-        self._recharge(program)
+            self.ledger.place(program, target)
+        self.ledger.recharge(program)
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
         acc.events.append(ProgramEvent(kind, sid, target, program.token_total, now))
@@ -1041,15 +828,15 @@ class SchedulerCore:
                 % (sid, target.worker_id if target else "any", program.token_total),
             )
         )
-        for rid in list(self._waiting.pop(sid, {})):
-            turn = self._turns[rid]
+        for rid in list(self.ledger.waiting.pop(sid, {})):
+            turn = self.ledger.turns[rid]
             turn.waiting = False
             turn.after = dataclasses.replace(program)  # a rollback from here undoes the resume too
             decision = self._decision(now, turn, program, forced=forced)
             acc.resolutions.append(decision)
             acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, target, program.token_total, now))
 
-    def _decision(self, now: float, turn: _Turn, program: Program, *, forced: bool = False) -> Decision:
+    def _decision(self, now: float, turn: Turn, program: Program, *, forced: bool = False) -> Decision:
         demoted = program.soft_demoted_until > now
         jump_s = (self.params.resume_priority_boost if turn.was_paused else 0.0) + (
             self.params.soft_demote_priority_jump if demoted else 0.0
@@ -1079,13 +866,6 @@ class SchedulerCore:
             held_seconds=now - turn.started_at,
         )
 
-    def _any_waiting(self) -> bool:
-        return bool(self._waiting)
-
-    def check_invariants(self, now: float | None = None) -> None:
-        """Recompute the accounting from scratch and compare (used by tests and debug builds)."""
-        self.ledger.check_invariants(now)
-
     def _view(self, program: Program, now: float | None) -> ProgramView:
         at = program.last_activity if now is None else now
         return ProgramView(
@@ -1103,41 +883,14 @@ class SchedulerCore:
             created_at=program.created_at,
             last_activity=program.last_activity,
             paused_since=program.paused_since,
-            children=tuple(self._children.get(program.session_id, ())),
+            children=tuple(self.ledger.children.get(program.session_id, ())),
         )
 
 
-class _CoreActions:
-    """The core's transitions, as the control law's `Actions`."""
-
-    __slots__ = ("_core",)
-
-    def __init__(self, core: SchedulerCore) -> None:
-        self._core = core
-
-    def pause(self, now: float, program: Program, reason: str, acc: _Acc) -> None:
-        self._core._pause(now, program, reason, acc)
-
-    def resume_onto(
-        self, now: float, program: Program, target: ReplicaKey | None, acc: _Acc, *, forced: bool, held_s: float | None
-    ) -> None:
-        self._core._resume_onto(now, program, target, acc, forced=forced, held_s=held_s)
-
-    def forced_resume(self, now: float, program: Program, waited_s: float, acc: _Acc) -> None:
-        self._core._forced_resume(now, program, waited_s, acc)
-
-    def mark(self, now: float, program: Program, key: ReplicaKey, acc: _Acc) -> None:
-        self._core._mark(now, program, key, acc)
-
-
-def _take_out(state: Program, turn: _Turn) -> None:
+def _take_out(state: Program, turn: Turn) -> None:
     """Take `turn`'s own effects out of `state` (the program, or a snapshot of it): its count, and the
     REASONING it began if that is still its doing (no later admission, no Complete since)."""
     state.turns = max(0, state.turns - 1)
     if turn.before is not None and state.admission_epoch == turn.epoch and state.status is Status.REASONING:
         for name in _TURN_FIELDS:
             setattr(state, name, getattr(turn.before, name))
-
-
-def iter_events(effects: Iterable[Effects]) -> list[ProgramEvent]:
-    return [e for eff in effects for e in eff.events]

@@ -87,7 +87,7 @@ async def test_a_bound_turn_never_delivered_is_rolled_back_when_its_router_dies(
 
 
 async def _confirmed(h, request_id: str) -> bool:
-    turn = h.core._turns.get(request_id)
+    turn = h.core.ledger.turns.get(request_id)
     return turn is not None and turn.confirmed
 
 

@@ -60,13 +60,14 @@ def place_acting(core: SchedulerCore, sid: str, tokens: int, replica: tuple[str,
 def place_reasoning(core: SchedulerCore, sid: str, tokens: int, replica: tuple[str, int], now: float = 0.0) -> str:
     request_id = rid()
     core.admit(now, sid, "", tokens, request_id)
-    program = core._programs[sid]
+    ledger = core.ledger  # set up through the accounting's own API: no transition does this
+    program = ledger.programs[sid]
     if program.lifecycle.value == "paused":  # force it in, whatever the headroom
-        core._paused.pop(sid)
+        ledger.paused.pop(sid)
         program.lifecycle = type(program.lifecycle).ACTIVE
         program.paused_since = None
-        core._waiting.pop(sid, None)
-        core._turns[request_id].waiting = False
+        ledger.waiting.pop(sid, None)
+        ledger.turns[request_id].waiting = False
     program.replica = ReplicaKey(*replica)
-    core._recharge(program)
+    ledger.recharge(program)
     return request_id

@@ -76,7 +76,7 @@ def test_the_core_charges_calibrated_estimates_when_asked():
         core.stats(0.0).replicas[0].used_tokens
         == core.program("b").token_total + core.program("a").token_total + 2 * core.params.buffer_per_program_tokens
     )
-    core.check_invariants(0.0)
+    core.ledger.check_invariants(0.0)
 
 
 def test_the_reference_charges_the_estimate_as_sent():
@@ -98,7 +98,7 @@ def test_passthrough_requests_are_charged_calibrated_estimates():
     _turns(core, "a", 50, estimate=20_000, reported=16_000)
     request_id = rid()
     core.admit(0.0, "", "", 10_000, request_id)
-    assert core._passthrough[request_id].tokens == pytest.approx(8_000, rel=0.01)
+    assert core.ledger.passthrough[request_id].tokens == pytest.approx(8_000, rel=0.01)
 
 
 def test_the_environment_sets_it_too():

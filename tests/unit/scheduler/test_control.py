@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core import Band, CapacitySnapshot, ControlParams, ReplicaCapacity, ReplicaKey, Status
+from services.scheduler.core import (
+    Band,
+    CapacitySnapshot,
+    ControlParams,
+    Lifecycle,
+    ReplicaCapacity,
+    ReplicaKey,
+    Status,
+)
 from services.scheduler.core.accounting import Ledger
-from services.scheduler.core.control import Acc, ControlLaw
-from services.scheduler.core.policies import make_pause_policy
+from services.scheduler.core.control import ControlLaw, Mark, Pause, Plan, Resume, SoftDemote
+from services.scheduler.core.policies import PausePlan, make_pause_policy
 
 A = ReplicaKey("a", 0)
 B = ReplicaKey("b", 0)
@@ -36,37 +44,35 @@ def put(control: ControlLaw, sid: str, tokens: int, key: ReplicaKey, status: Sta
 
 
 class Recorder:
-    """Actions that record the law's choices and apply them to the ledger as the core would."""
+    """Applies the law's plans to the ledger as the core would, and records the steps."""
 
     def __init__(self, control: ControlLaw) -> None:
         self.ledger = control.ledger
         self.calls: list[tuple[str, str]] = []
 
-    def pause(self, now, program, reason, acc) -> None:
-        from services.scheduler.core import Lifecycle
+    def apply(self, plan: Plan) -> Plan:
+        for step in plan.steps:
+            if isinstance(step, Pause):
+                self.pause(self.ledger.programs[step.session_id])
+            elif isinstance(step, Resume):
+                self.calls.append(("resume", step.session_id))
+                program = self.ledger.programs[step.session_id]
+                program.lifecycle = Lifecycle.ACTIVE
+                self.ledger.paused.pop(program.session_id, None)
+                if step.replica is not None:
+                    self.ledger.place(program, step.replica)
+                self.ledger.recharge(program)
+            elif isinstance(step, Mark):
+                self.calls.append(("mark", step.session_id))
+                self.ledger.programs[step.session_id].marked = True
+        return plan
 
+    def pause(self, program) -> None:
         self.calls.append(("pause", program.session_id))
         program.lifecycle = Lifecycle.PAUSED
         program.replica = None
         self.ledger.enqueue_paused(program.session_id)
         self.ledger.recharge(program)
-
-    def resume_onto(self, now, program, target, acc, *, forced, held_s) -> None:
-        from services.scheduler.core import Lifecycle
-
-        self.calls.append(("resume", program.session_id))
-        program.lifecycle = Lifecycle.ACTIVE
-        self.ledger.paused.pop(program.session_id, None)
-        if target is not None:
-            self.ledger.place(program, target)
-        self.ledger.recharge(program)
-
-    def forced_resume(self, now, program, waited_s, acc) -> None:
-        self.resume_onto(now, program, None, acc, forced=True, held_s=waited_s)
-
-    def mark(self, now, program, key, acc) -> None:
-        self.calls.append(("mark", program.session_id))
-        program.marked = True
 
 
 @pytest.mark.parametrize(
@@ -125,8 +131,8 @@ def test_pause_over_threshold_pauses_acting_programs_until_the_target() -> None:
     for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
         put(control, sid, tokens, A)
     acts = Recorder(control)
-    paused, marked = control.pause_over_threshold(0.0, acts, Acc())
-    assert paused >= 1 and marked == 0
+    plan = acts.apply(control.plan_pauses(0.0))
+    assert plan.count(Pause) >= 1 and plan.count(Mark) == 0
     assert all(kind == "pause" for kind, _ in acts.calls)
     assert control.ledger.used[A] <= 10_000 * control.params.pause_target
     control.ledger.check_invariants(0.0)
@@ -136,7 +142,8 @@ def test_pause_over_threshold_marks_reasoning_programs_it_cannot_pause() -> None
     control = law({A: 10_000})
     put(control, "r", 9_800, A, Status.REASONING)
     acts = Recorder(control)
-    assert control.pause_over_threshold(0.0, acts, Acc()) == (0, 1)
+    plan = acts.apply(control.plan_pauses(0.0))
+    assert (plan.count(Pause), plan.count(Mark)) == (0, 1)
     assert acts.calls == [("mark", "r")]
 
 
@@ -145,10 +152,10 @@ def test_resume_fills_headroom_smallest_first() -> None:
     acts = Recorder(control)
     for sid, tokens in (("large", 6_000), ("small", 1_000)):
         program = put(control, sid, tokens, A)
-        acts.pause(0.0, program, "test", Acc())
+        acts.pause(program)
     acts.calls.clear()
     put(control, "resident", 5_000, A, Status.REASONING)
-    assert control.resume(0.0, acts, Acc()) == 1
+    assert acts.apply(control.plan_resume(0.0)).count(Resume) == 1
     assert acts.calls == [("resume", "small")]
     control.ledger.check_invariants(0.0)
 
@@ -156,7 +163,54 @@ def test_resume_fills_headroom_smallest_first() -> None:
 def test_soft_demote_emits_one_event_per_window() -> None:
     control = law({A: 10_000})
     put(control, "p", 8_000, A)
-    first, second = Acc(), Acc()
-    control.soft_demote(0.0, first)
-    control.soft_demote(1.0, second)
-    assert [e.session_id for e in first.events] == ["p"] and second.events == []
+    first = control.plan_soft_demote(0.0)
+    assert [(s.session_id, s.announce) for s in first.steps if isinstance(s, SoftDemote)] == [("p", True)]
+    control.ledger.programs["p"].soft_demoted_until = first.steps[0].until  # as the core applies it
+    second = control.plan_soft_demote(1.0)
+    assert [(s.session_id, s.announce) for s in second.steps if isinstance(s, SoftDemote)] == [("p", False)]
+
+
+def test_planning_changes_nothing_in_the_ledger() -> None:
+    control = law({A: 10_000, B: 10_000}, resume_aging_seconds=1.0)
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+    put(control, "r", 1_000, B, Status.REASONING)
+    Recorder(control).pause(put(control, "q", 2_000, B))
+    led = control.ledger
+    before = (dict(led.used), dict(led.paused), {sid: repr(p) for sid, p in led.programs.items()})
+    plans = [
+        control.plan_soft_demote(5.0),
+        control.plan_resume(5.0),
+        control.plan_aging(5.0),
+        control.plan_forced(5.0),
+        control.plan_pauses(5.0),
+    ]
+    assert (dict(led.used), dict(led.paused), {sid: repr(p) for sid, p in led.programs.items()}) == before
+    assert any(plan.steps for plan in plans)
+
+
+def test_the_pause_plan_carries_the_charges_it_takes_off_into_its_log_line() -> None:
+    control = law({A: 10_000})
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+    plan = control.plan_pauses(0.0)
+    line = [step.message for step in plan.steps if not isinstance(step, (Pause, Mark))]
+    Recorder(control).apply(plan)
+    assert line == [line[0].rsplit("-> ", 1)[0] + "-> %.4f" % (control.ledger.used[A] / 10_000)]
+
+
+def test_a_policy_that_chooses_a_program_twice_is_refused_before_anything_happens() -> None:
+    control = law({A: 10_000})
+    for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
+        put(control, sid, tokens, A)
+
+    class Twice:
+        name = "twice"
+
+        def plan(self, ctx):
+            return PausePlan(pause=("p1", "p1"), mark=())
+
+    control.policy = Twice()  # type: ignore[assignment]
+    with pytest.raises(ValueError, match="twice"):
+        control.plan_pauses(0.0)
+    assert not control.ledger.paused

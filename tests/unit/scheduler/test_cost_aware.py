@@ -201,7 +201,7 @@ def test_cheap_contexts_neither_hold_admission_nor_get_paused():
         core.complete(0.5, f"p{i}", f"r{i}", result.decision.replica, 2_000, 100)
     tick = core.tick(5.0)
     assert tick.paused == 0 and core.paused_ids() == ()
-    core.check_invariants(5.0)
+    core.ledger.check_invariants(5.0)
 
 
 def test_expensive_contexts_get_the_reference_treatment():
@@ -232,7 +232,7 @@ def test_the_core_feeds_tool_times_and_ttft_and_recharges_on_refresh():
     assert p.tool_seconds == pytest.approx((2.0 + 10.0) / 2)
     # One sample beside one prior pseudo-observation: the upper of the two.
     assert p.prefill_tokens_per_s == pytest.approx(max(18_000, 2_000 * (1 + 2_000 / 77_000) / 0.05))
-    core.check_invariants(15.0)
+    core.ledger.check_invariants(15.0)
     assert core.stats(15.0).replicas[0].used_tokens < before  # longer tools: worth holding less
 
 

@@ -48,10 +48,10 @@ def test_a_paused_program_is_held_but_its_dispatched_admit_is_placed_resumed_and
     assert view.lifecycle is Lifecycle.ACTIVE and view.status is Status.REASONING and view.replica == W1
     assert view.turns == turns + 1
     assert core.stats(3.0).dispatched_while_paused_total == 1
-    core.check_invariants(3.0)
+    core.ledger.check_invariants(3.0)
     core.complete(4.0, sid, "fast", W1, 5_100, 10)
     assert core.program(sid).turns == turns + 1 and core.program(sid).status is Status.ACTING
-    core.check_invariants(4.0)
+    core.ledger.check_invariants(4.0)
 
 
 def test_a_dispatched_admit_places_the_program_where_the_turn_runs():
@@ -61,7 +61,7 @@ def test_a_dispatched_admit_places_the_program_where_the_turn_runs():
     result = core.admit(1.0, "p", "", 2_100, "r2", dispatched=True, dispatched_replica=W2)
     assert result.decision.verdict is Verdict.PLACED and core.program("p").replica == W2
     assert core.stats(1.0).dispatched_while_paused_total == 0
-    core.check_invariants(1.0)
+    core.ledger.check_invariants(1.0)
 
 
 def test_a_dispatched_admit_of_a_program_unknown_to_the_scheduler_is_never_held():
@@ -72,7 +72,7 @@ def test_a_dispatched_admit_of_a_program_unknown_to_the_scheduler_is_never_held(
     assert core.admit(1.0, "new", "", 500, "n1").decision.verdict is Verdict.WAIT
     result = core.admit(1.0, "gone", "", 500, "g1", dispatched=True, dispatched_replica=W1)
     assert result.decision.verdict is Verdict.PLACED and core.program("gone").replica == W1
-    core.check_invariants(1.0)
+    core.ledger.check_invariants(1.0)
 
 
 def test_a_rolled_back_dispatched_admit_restores_the_pause():
@@ -83,4 +83,4 @@ def test_a_rolled_back_dispatched_admit_restores_the_pause():
     core.cancel_admission(3.5, "fast")
     after = core.program(sid)
     assert after.lifecycle is Lifecycle.PAUSED and after.turns == before.turns
-    core.check_invariants(3.5)
+    core.ledger.check_invariants(3.5)

@@ -79,7 +79,7 @@ def run(core: SchedulerCore, ops, check):
                 caps[("w2", 0)] = 2000
             result = core.tick(now, snapshot(caps, version=3))
             check("tick", core, now, result, None)
-        core.check_invariants(now)
+        core.ledger.check_invariants(now)
 
 
 def check_all(kind, core, now, result, before):
@@ -88,7 +88,7 @@ def check_all(kind, core, now, result, before):
         sid = result
         assert core.program(sid) is None and sid not in core.paused_ids()
         assert all(sid not in v.children for v in core.programs())
-        assert all(core._turns[r].session_id != sid for r in core.waiting_request_ids())
+        assert all(core.ledger.turns[r].session_id != sid for r in core.waiting_request_ids())
     if kind == "admit" and result.decision.verdict is Verdict.WAIT:
         assert core.program(result.decision.session_id).replica is None
     if kind == "tick":
@@ -123,7 +123,7 @@ def test_cancelled_admission_leaves_the_table_as_it_found_it(params, ops, sid, t
     core.admit(1e4, sid, "parent" if sid else "", tokens, "the-one")
     core.cancel_admission(1e4, "the-one")
     assert state(core) == before
-    core.check_invariants(1e4)
+    core.ledger.check_invariants(1e4)
 
 
 @settings(max_examples=40, deadline=None)
@@ -148,4 +148,4 @@ def test_pause_cycle_reaches_target_unless_nothing_acting_is_left(sizes, thresho
     (row,) = core.replica_stats(0.5)
     acting_left = [v for v in core.programs() if v.replica is not None and v.status is Status.ACTING]
     assert row.utilization <= target + 1e-9 or not acting_left
-    core.check_invariants(0.5)
+    core.ledger.check_invariants(0.5)

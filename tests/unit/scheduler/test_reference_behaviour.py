@@ -13,6 +13,7 @@ from services.scheduler.core import (
     TurnOutcome,
     Verdict,
 )
+from services.scheduler.core.control import Pause, Plan
 from tests.unit.scheduler.helpers import make_core, place_acting, place_reasoning, rid, snapshot, turn
 
 R10 = ReplicaKey("1", 0)
@@ -81,7 +82,7 @@ def test_replica_leaving_snapshot_releases_placement_and_next_turn_moves():
     core.tick(1.0, snapshot({("2", 0): 10_000}, version=2))
     assert core.program("p").replica is None
     assert core.admit(2.0, "p", "", 100, rid()).decision.replica == ReplicaKey("2", 0)
-    core.check_invariants()
+    core.ledger.check_invariants()
 
 
 def test_stale_replacement_bypasses_new_program_gate():
@@ -100,9 +101,7 @@ def test_stale_replacement_bypasses_new_program_gate():
 def test_paused_program_waits_until_resume_with_boost():
     core = make_core({("1", 0): 1000}, resume_hysteresis=0.0)
     turn(core, "p", 100)
-    core._pause(
-        0.0, core._programs["p"], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-    )
+    core.apply(0.0, Plan((Pause("p", "test"),)))
     request_id = rid()
     d = core.admit(1.0, "p", "", 100, request_id).decision
     assert d.verdict is Verdict.WAIT
@@ -278,9 +277,7 @@ def test_resume_respects_count_ceiling_but_not_for_idle_programs():
     for sid in ("w1", "w2"):
         turn(core, sid, 100)  # placed, then ACTING
     for sid in ("w1", "w2"):
-        core._pause(
-            0.0, core._programs[sid], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-        )
+        core.apply(0.0, Plan((Pause(sid, "test"),)))
         request_id = rid()
         waiting.append(request_id)
         core.admit(0.5, sid, "", 100, request_id)
@@ -294,9 +291,7 @@ def test_resume_restores_idle_programs_past_the_count_ceiling():
     place_acting(core, "idle", 100, ("1", 0))
     place_reasoning(core, "busy", 100, ("1", 0))
     place_reasoning(core, "busy2", 100, ("1", 0))
-    core._pause(
-        1.0, core._programs["idle"], "test", __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-    )
+    core.apply(1.0, Plan((Pause("idle", "test"),)))
     assert "idle" in [e.session_id for e in core.tick(2.0).events if e.kind is EventKind.RESUMED]
 
 
@@ -316,12 +311,11 @@ def test_in_flight_and_held_programs_never_expire_but_paused_ghosts_do():
     core = make_core({("1", 0): 1000}, program_idle_ttl_seconds=5.0)
     place_reasoning(core, "inflight", 100, ("1", 0))
     turn(core, "held", 100)
-    acc = __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-    core._pause(0.0, core._programs["held"], "test", acc)
+    core.apply(0.0, Plan((Pause("held", "test"),)))
     core.apply_capacity(0.0, snapshot({("1", 0): 150}))  # nothing can resume
     core.admit(0.0, "held", "", 100, rid())
     place_acting(core, "ghost", 100, ("1", 0))
-    core._pause(0.0, core._programs["ghost"], "test", acc)
+    core.apply(0.0, Plan((Pause("ghost", "test"),)))
     core.tick(100.0)
     assert core.program("inflight") is not None and core.program("held") is not None
     assert core.program("ghost") is None and "ghost" not in core.paused_ids()
@@ -351,8 +345,7 @@ def test_cancelled_admission_of_new_program_leaves_no_trace():
 def test_cancelled_admission_restores_prior_turn_exactly():
     core = make_core({("1", 0): 1000})
     turn(core, "p", 110)
-    acc = __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-    core._pause(0.0, core._programs["p"], "test", acc)
+    core.apply(0.0, Plan((Pause("p", "test"),)))
     before = core.program("p")
     first = rid()
     core.admit(1.0, "p", "", 500, first)
@@ -366,7 +359,7 @@ def test_cancelled_admission_restores_prior_turn_exactly():
     third = rid()
     core.admit(3.0, "p", "", 600, third)
     core.cancel_admission(3.0, third)
-    core.check_invariants()
+    core.ledger.check_invariants()
     assert core.program("p") == before
     assert before.token_total == 110 and before.turns == 1 and "p" in core.paused_ids()
 
@@ -380,16 +373,15 @@ def test_two_cancelled_admissions_of_a_new_program_leave_no_trace():
     core.cancel_admission(2.0, second)
     assert core.program("n") is None
     assert "n" not in core.paused_ids()
-    core.check_invariants()
+    core.ledger.check_invariants()
 
 
 def test_cancelled_admission_of_existing_program_restores_fields_and_queue_position():
     core = make_core({("1", 0): 1000})
     turn(core, "a", 100)
     turn(core, "p", 110)
-    acc = __import__("services.scheduler.core.scheduler", fromlist=["_Acc"])._Acc()
-    core._pause(0.0, core._programs["p"], "test", acc)
-    core._pause(0.0, core._programs["a"], "test", acc)
+    core.apply(0.0, Plan((Pause("p", "test"),)))
+    core.apply(0.0, Plan((Pause("a", "test"),)))
     before = (core.program("p"), core.paused_ids())
     request_id = rid()
     core.admit(1.0, "p", "", 500, request_id)

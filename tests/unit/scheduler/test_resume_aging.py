@@ -35,7 +35,7 @@ def test_a_large_program_waits_past_the_aging_time_then_makes_room():
     stats = {s.replica: s for s in core.replica_stats(31.0)}
     assert stats[W].used_tokens < 10_000 * 0.95
     assert any("reason=aging" in log.message for log in result.logs)
-    core.check_invariants(31.0)
+    core.ledger.check_invariants(31.0)
 
 
 def test_without_aging_the_reference_waits_for_the_forced_resume():
@@ -55,7 +55,7 @@ def test_an_oversized_program_is_resumed_where_it_can_use_the_most():
     request_id = _hold(core, "huge", 50_000, now=0.0)
     decisions = [d for d in core.tick(6.0).resolutions if d.request_id == request_id]
     assert decisions and decisions[0].replica == ReplicaKey("v", 0)
-    core.check_invariants(6.0)
+    core.ledger.check_invariants(6.0)
 
 
 def test_aging_parameter_is_validated():
@@ -72,7 +72,7 @@ def test_aging_never_leaves_a_resumed_program_paused_and_keeps_invariants(sizes,
     request_id = rid()
     first = core.admit(0.0, "big", "", big, request_id)
     result = core.tick(2.0)
-    core.check_invariants(2.0)
+    core.ledger.check_invariants(2.0)
     if first.decision.verdict is Verdict.WAIT:
         assert [d for d in result.resolutions if d.request_id == request_id]
     assert core.program("big").lifecycle is Lifecycle.ACTIVE
@@ -89,4 +89,4 @@ def test_a_program_resumed_by_aging_is_not_paused_again_within_its_quantum():
     assert core.program("big").lifecycle is Lifecycle.ACTIVE
     core.tick(47.0)  # quantum over: the reference law applies
     assert core.program("big").lifecycle is Lifecycle.PAUSED
-    core.check_invariants(47.0)
+    core.ledger.check_invariants(47.0)

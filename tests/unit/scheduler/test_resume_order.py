@@ -8,7 +8,7 @@ import pytest
 
 from services.common.errors import ConfigError
 from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict
-from services.scheduler.core.control import Acc
+from services.scheduler.core.control import Pause, Plan
 from tests.unit.scheduler.helpers import make_core, place_acting, rid
 
 W = ("w", 0)
@@ -31,7 +31,7 @@ def _queue_big_then_small(small_at: float, **params):
     core.release(39.0, "resident")
     place_acting(core, "stays", 4_000, W, now=39.0)
     core.tick(40.0)
-    core.check_invariants(40.0)
+    core.ledger.check_invariants(40.0)
     return core
 
 
@@ -69,7 +69,7 @@ def test_a_head_that_does_not_fit_is_skipped():
     core.tick(40.0)
     assert core.program("small").lifecycle is Lifecycle.ACTIVE, "the room is not left idle behind the head"
     assert core.program("huge").lifecycle is Lifecycle.PAUSED
-    core.check_invariants(40.0)
+    core.ledger.check_invariants(40.0)
 
 
 def test_groups_still_come_first():
@@ -78,19 +78,19 @@ def test_groups_still_come_first():
         {W: 10_000}, resume_aging_seconds=0.0, acting_decay_tau_seconds=1e6, resume_wait_discount_seconds=10.0
     )
     place_acting(core, "idle", 2_500, W)
-    core._pause(0.0, core._programs["idle"], "test", Acc())
+    core.apply(0.0, Plan((Pause("idle", "test"),)))
     place_acting(core, "resident", 9_000, W)
     request_id = rid()
     core.admit(1.0, "w0", "", 1_000, request_id)
     core.complete(1.0, "w0", request_id, ReplicaKey(*W), 1_000, 0)
-    core._pause(1.5, core._programs["w0"], "test", Acc())
+    core.apply(1.5, Plan((Pause("w0", "test"),)))
     _hold(core, "w0", 2_000, now=2.0)  # its next turn waits
     core.release(39.0, "resident")
     place_acting(core, "stays", 4_000, W, now=39.0)
     core.tick(40.0)
     assert core.program("w0").lifecycle is Lifecycle.ACTIVE
     assert core.program("idle").lifecycle is Lifecycle.PAUSED
-    core.check_invariants(40.0)
+    core.ledger.check_invariants(40.0)
 
 
 def test_the_discount_is_validated():

@@ -1,7 +1,8 @@
 """Soft pinning: below pressure the router picks and the scheduler follows (ours, not the reference's)."""
 
 from services.scheduler.core import ReplicaKey, Verdict
-from tests.unit.scheduler.helpers import make_core, place_acting, rid
+from services.scheduler.core.control import Pause, Plan
+from tests.unit.scheduler.helpers import make_core, place_acting, rid, turn
 
 A, B = ReplicaKey("a", 0), ReplicaKey("b", 0)
 
@@ -17,7 +18,7 @@ def test_below_pressure_admission_answers_any_and_bind_moves_the_program():
     assert core.program("p").replica == other
     stats = {s.replica: s for s in core.replica_stats(0.0)}
     assert stats[other].used_tokens > 0 and stats[placed].used_tokens == 0
-    core.check_invariants(0.0)
+    core.ledger.check_invariants(0.0)
 
 
 def test_under_pressure_admission_pins_and_bind_cannot_move():
@@ -52,7 +53,7 @@ def _cost_aware_core(**params):
 def test_a_context_the_policy_lets_go_is_routed_like_kv_routing_under_pressure():
     core = _cost_aware_core()
     place_acting(core, "heavy", 9_700, ("a", 0))  # raw tokens put a in the soft-demote band, but they weigh 0
-    core._programs["heavy"].soft_demoted_until = 0.0
+    core.ledger.programs["heavy"].soft_demoted_until = 0.0
     # Pressure by count: a resident program that counts (REASONING, weight > 0) would pin; ours weighs 0.
     request_id = rid()
     core.admit(0.0, "p", "", 500, request_id)
@@ -63,7 +64,7 @@ def test_a_context_the_policy_lets_go_is_routed_like_kv_routing_under_pressure()
     again = rid()
     decision = core.admit(1.0, "p", "", 600, again).decision
     assert decision.verdict is Verdict.PLACED and decision.replica is None  # let go: the router picks
-    core.check_invariants(1.0)
+    core.ledger.check_invariants(1.0)
 
 
 def test_once_programs_are_held_a_let_go_context_is_pinned_again():
@@ -73,8 +74,7 @@ def test_once_programs_are_held_a_let_go_context_is_pinned_again():
     request_id = rid()
     core.admit(0.0, "p", "", 500, request_id)
     core.complete(0.0, "p", request_id, core.program("p").replica or A, 500, 0)
-    core._paused["ghost"] = 0  # something is held: placement stays authoritative
-    core._programs["ghost"] = core._programs["p"].__class__("ghost", "", 0.0, 99)
-    core._programs["ghost"].lifecycle = type(core._programs["ghost"].lifecycle).PAUSED
+    turn(core, "ghost", 100)
+    core.apply(0.0, Plan((Pause("ghost", "test"),)))  # something is held: placement stays authoritative
     decision = core.admit(1.0, "p", "", 600, rid()).decision
     assert decision.replica is not None

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, SchedulerCore, Status, Verdict
+from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, SchedulerCore, Status, Verdict, durable
 from services.scheduler.core.state import STATE_FORMAT, CoreMeta, CoreState
 from tests.unit.scheduler.helpers import rid, snapshot
 
@@ -42,7 +42,7 @@ def table(core: SchedulerCore) -> dict:
 
 def restored(core: SchedulerCore, now: float, caps=CAPS) -> SchedulerCore:
     other = new_core(caps=None)
-    other.restore(now, core.export_state())
+    durable.restore(other, now, durable.export_state(core))
     if caps is not None:
         other.apply_capacity(now, snapshot(caps))
     return other
@@ -71,7 +71,7 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
     core.bind_request("pt", ReplicaKey("w1", 0))
     core.tick(4.0)
     assert core.paused_ids(), "the setup must leave programs paused"
-    core.check_invariants(4.0)
+    core.ledger.check_invariants(4.0)
 
     other = restored(core, 4.0)
     assert table(other) == table(core)
@@ -79,7 +79,7 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
     assert [(r.replica, r.used_tokens, r.used_decayed_tokens) for r in other.replica_stats(4.0)] == [
         (r.replica, r.used_tokens, r.used_decayed_tokens) for r in core.replica_stats(4.0)
     ]
-    assert other._tail_turns == core._tail_turns is not None
+    assert other.ledger.tail_turns == core.ledger.tail_turns is not None
     s1, s2 = core.stats(4.0), other.stats(4.0)
     assert (s2.pauses_total, s2.released_total, s2.admissions_total, s2.passthrough_in_flight) == (
         s1.pauses_total,
@@ -87,12 +87,12 @@ def test_round_trip_keeps_table_paused_order_accounting_tail_history_and_totals(
         s1.admissions_total,
         s1.passthrough_in_flight,
     )
-    other.check_invariants(4.0)
+    other.ledger.check_invariants(4.0)
     # The running turn is still a ticket: its Complete is accounted, not ignored.
     other.complete(5.0, "root", "running", ReplicaKey("w1", 0), 3_600, 100)
     assert other.program("root").token_total == 3_700 and other.completes_ignored_total == 0
     # New programs continue the creation and pause sequences.
-    assert other._next_seq == core._next_seq and other._next_pause_seq == core._next_pause_seq
+    assert (other.ledger.next_seq, other.ledger.next_pause_seq) == (core.ledger.next_seq, core.ledger.next_pause_seq)
 
 
 def test_a_held_turn_or_an_unstored_ticket_ends_at_restore():
@@ -100,16 +100,16 @@ def test_a_held_turn_or_an_unstored_ticket_ends_at_restore():
     done_turn(core, "big", 9_000, 0.0)
     assert core.admit(1.0, "new", "", 500, "n1").decision.verdict is Verdict.WAIT
     core.admit(1.0, "big", "", 9_100, "b2")  # running
-    state = core.export_state()
+    state = durable.export_state(core)
     without_b2 = dataclasses.replace(state, tickets=tuple(t for t in state.tickets if t.request_id != "b2"))
     other = new_core(caps=None)
-    logs = other.restore(50.0, without_b2).logs
+    logs = durable.restore(other, 50.0, without_b2).logs
     assert "scheduler.recovered programs=2 paused=1 tickets=0 ended_turns=2" in logs[0].message
     new, big = other.program("new"), other.program("big")
     assert new.status is Status.ACTING and new.lifecycle is Lifecycle.PAUSED and other.waiting_request_ids() == ()
     assert big.status is Status.ACTING and big.turns == 2
     other.apply_capacity(50.0, snapshot({("w1", 0): 10_000}))
-    other.check_invariants(50.0)
+    other.ledger.check_invariants(50.0)
 
 
 def test_restored_tickets_get_a_fresh_lease_and_lapse_without_a_router():
@@ -128,38 +128,38 @@ def test_placements_wait_for_their_replica_in_the_snapshot():
     done_turn(core, "p", 2_000, 0.0)
     replica = core.program("p").replica
     other = new_core(caps=None)
-    other.restore(1.0, core.export_state())
+    durable.restore(other, 1.0, durable.export_state(core))
     assert other.program("p").replica == replica
     others = {k: v for k, v in CAPS.items() if k != (replica.worker_id, replica.dp_rank)}
     other.apply_capacity(1.0, snapshot(others))  # its worker has not re-registered yet
     assert sum(r.used_tokens for r in other.replica_stats(1.0)) == 0
     other.apply_capacity(2.0, snapshot(CAPS, version=2))
     assert {r.replica: r.used_tokens for r in other.replica_stats(2.0)}[replica] == 2_100
-    other.check_invariants(2.0)
+    other.ledger.check_invariants(2.0)
 
 
 def test_a_newer_format_is_refused_and_restore_needs_an_empty_core():
     with pytest.raises(ValueError, match="newer"):
-        new_core().restore(0.0, CoreState(meta=CoreMeta(format=STATE_FORMAT + 1)))
+        durable.restore(new_core(), 0.0, CoreState(meta=CoreMeta(format=STATE_FORMAT + 1)))
     core = new_core()
     core.admit(0.0, "p", "", 1, "r")
     with pytest.raises(RuntimeError):
-        core.restore(0.0, CoreState())
+        durable.restore(core, 0.0, CoreState())
 
 
 def test_change_tracking_is_off_until_asked_and_a_policy_refresh_touches_nothing():
     core = new_core()
     done_turn(core, "p", 1_000, 0.0)
-    core.track_changes()
-    assert not core.take_changes()
-    core._recharge(core._programs["p"], touched=False)
-    assert not core.take_changes()
+    core.ledger.track_changes()
+    assert not core.ledger.take_changes()
+    core.ledger.recharge(core.ledger.programs["p"], touched=False)
+    assert not core.ledger.take_changes()
     core.admit(1.0, "p", "", 1_200, "r9")
-    changes = core.take_changes()
+    changes = core.ledger.take_changes()
     assert changes.programs == {"p"} and changes.tickets == {"r9"}
     core.complete(2.0, "p", "r9", None, 1_300, 0)
-    changes = core.take_changes()
-    assert changes.tickets == {"r9"} and core.export_ticket("r9") is None
+    changes = core.ledger.take_changes()
+    assert changes.tickets == {"r9"} and durable.export_ticket(core.ledger, "r9") is None
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -168,7 +168,7 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
     full export: nothing that changes escapes the tracking."""
     rng = random.Random(seed)
     core = new_core(lease_s=20.0)
-    core.track_changes()
+    core.ledger.track_changes()
     store_programs: dict = {}
     store_tickets: dict = {}
     now = 0.0
@@ -203,19 +203,19 @@ def test_deltas_rebuild_exactly_the_full_export(seed):
             core.bind_request(request_id, ReplicaKey("w2", 0))
         else:
             core.tick(now)
-        changes = core.take_changes()
+        changes = core.ledger.take_changes()
         for p in changes.programs:
-            record = core.export_program(p)
+            record = durable.export_program(core.ledger, p)
             store_programs.pop(p, None) if record is None else store_programs.__setitem__(p, record)
         for t in changes.tickets:
-            record = core.export_ticket(t)
+            record = durable.export_ticket(core.ledger, t)
             store_tickets.pop(t, None) if record is None else store_tickets.__setitem__(t, record)
         if step % 50 == 49:
-            full = core.export_state()
+            full = durable.export_state(core)
             assert store_programs == {r.session_id: r for r in full.programs}
             assert store_tickets == {r.request_id: r for r in full.tickets}
-            core.check_invariants(now)
-            restored(core, now).check_invariants(now)
+            core.ledger.check_invariants(now)
+            restored(core, now).ledger.check_invariants(now)
 
 
 def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_admission():
@@ -233,7 +233,7 @@ def test_a_new_leader_answers_a_retried_admit_of_a_stored_turn_with_the_same_adm
         other.admit(5.5, "p", "", 1_000, "r1")
     other.complete(6.0, "p", "r1", again.replica, 1_200, 10)
     assert other.program("p").status is Status.ACTING and other.program("p").token_total == 1_210
-    other.check_invariants(6.0)
+    other.ledger.check_invariants(6.0)
 
 
 def test_a_held_turn_is_not_counted_after_restore_so_the_routers_retry_counts_it_once():
@@ -249,4 +249,4 @@ def test_a_held_turn_is_not_counted_after_restore_so_the_routers_retry_counts_it
     assert other.program("p").turns == 1  # the held turn's Admit is asked again
     other.admit(50.0, "p", "", 300, "p2")
     assert other.program("p").turns == 2
-    other.check_invariants(50.0)
+    other.ledger.check_invariants(50.0)

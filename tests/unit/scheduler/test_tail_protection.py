@@ -7,6 +7,7 @@ import pytest
 
 from services.common.errors import ConfigError
 from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict
+from services.scheduler.core.control import Pause, Plan
 from tests.unit.scheduler.helpers import make_core, place_acting, place_reasoning, rid
 
 W = ("w", 0)
@@ -31,19 +32,19 @@ def test_off_by_default_in_the_core():
     core = make_core({W: 100_000})
     _release_programs(core, [2, 2, 2, 2, 2])
     _run_turns(core, "old", 10, 1_000)
-    assert not core._is_tail(core._programs["old"])
+    assert not core.ledger.is_tail(core.ledger.programs["old"])
 
 
 def test_needs_enough_releases_and_uses_the_quantile():
     core = make_core({W: 100_000}, tail_protection_quantile=0.75)
     _run_turns(core, "old", 6, 1_000)
     _release_programs(core, [2, 3, 4])
-    assert not core._is_tail(core._programs["old"]), "three releases are not evidence yet"
+    assert not core.ledger.is_tail(core.ledger.programs["old"]), "three releases are not evidence yet"
     _release_programs(core, [5])
     # Released turn counts {2, 3, 4, 5}: the 0.75 quantile is 5 (index floor(0.75 * 4) = 3).
-    assert core._is_tail(core._programs["old"])  # 6 turns > 5
+    assert core.ledger.is_tail(core.ledger.programs["old"])  # 6 turns > 5
     _run_turns(core, "young", 5, 1_000)
-    assert not core._is_tail(core._programs["young"])  # 5 turns is not more than 5
+    assert not core.ledger.is_tail(core.ledger.programs["young"])  # 5 turns is not more than 5
 
 
 @pytest.mark.parametrize("quantile, paused_old", [(0.0, True), (0.75, False)])
@@ -57,13 +58,13 @@ def test_a_tail_program_is_not_paused_for_pressure(quantile, paused_old):
     result = core.tick(1.0)
     assert result.paused >= 1
     assert (core.program("old").lifecycle is Lifecycle.PAUSED) is paused_old
-    core.check_invariants(1.0)
+    core.ledger.check_invariants(1.0)
 
 
 def _park(core, sid: str, turns: int, tokens: int) -> str:
     """A program with `turns` finished turns, paused, whose next turn now waits."""
     _run_turns(core, sid, turns, tokens)
-    core._pause(0.0, core._programs[sid], "pressure", type("Acc", (), {"events": [], "logs": []})())
+    core.apply(0.0, Plan((Pause(sid, "pressure"),)))
     request_id = rid()
     assert core.admit(1.0, sid, "", tokens, request_id).decision.verdict is Verdict.WAIT
     return request_id
@@ -89,7 +90,7 @@ def test_a_waiting_tail_program_resumes_before_shorter_ones(quantile, first):
     # Room for one of them: 9,700 - 6,100 = 3,600 < 3,100 + 600.
     resolved = [d.request_id for d in core.tick(3.0).resolutions]
     assert resolved == [requests[first]]
-    core.check_invariants(3.0)
+    core.ledger.check_invariants(3.0)
 
 
 def test_the_quantile_is_validated():

@@ -57,7 +57,7 @@ def test_a_lapsed_lease_ends_the_turn_and_idle_expiry_follows():
     assert any("lease_expired program=p request=r2" in r.message for r in effects.logs)
     stats = core.stats(31.0)
     assert stats.tickets_expired_total == 1 and stats.tickets_in_flight == 0
-    core.check_invariants(31.0)
+    core.ledger.check_invariants(31.0)
     core.tick(121.0)  # idle 90 s at a tool boundary: released by the idle TTL
     assert core.program("p") is None
 
@@ -94,7 +94,7 @@ def test_a_held_admission_has_no_lease_and_a_resumed_one_starts_its_lease_after_
     assert core.program("new").status is Status.REASONING
     core.expire_leases(1_031.0)
     assert core.program("new").status is Status.ACTING
-    core.check_invariants(1_031.0)
+    core.ledger.check_invariants(1_031.0)
 
 
 def test_a_lapsed_older_turn_does_not_end_the_newer_one():
@@ -120,7 +120,7 @@ def test_a_lapsed_passthrough_request_stops_being_charged():
     stats = core.stats(30.0)
     assert stats.passthrough_in_flight == 0 and stats.replicas[0].used_tokens == 0
     assert stats.tickets_expired_total == 1
-    core.check_invariants(30.0)
+    core.ledger.check_invariants(30.0)
 
 
 def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
@@ -135,7 +135,7 @@ def test_a_marked_program_whose_lease_lapses_is_paused_at_that_boundary():
     core.expire_leases(31.0)
     view = core.program("p")
     assert view.status is Status.ACTING and view.lifecycle is Lifecycle.PAUSED
-    core.check_invariants(31.0)
+    core.ledger.check_invariants(31.0)
 
 
 def test_negative_or_infinite_lease_is_refused():
@@ -171,7 +171,7 @@ def test_an_unconfirmed_turn_is_rolled_back_when_its_lease_lapses():
     assert _table(core) == before
     stats = core.stats(31.0)
     assert stats.tickets_in_flight == 0 and stats.tickets_expired_total == 1
-    core.check_invariants(31.0)
+    core.ledger.check_invariants(31.0)
 
 
 def test_a_new_program_whose_only_turn_lapses_unconfirmed_is_gone():
@@ -179,7 +179,7 @@ def test_a_new_program_whose_only_turn_lapses_unconfirmed_is_gone():
     core.admit(0.0, "new", "", 3_000, "r1")
     core.expire_leases(30.0)
     assert core.program("new") is None and core.stats(30.0).tickets_in_flight == 0
-    core.check_invariants(30.0)
+    core.ledger.check_invariants(30.0)
 
 
 @pytest.mark.parametrize("order", ["oldest_first", "newest_first", "middle_first"])
@@ -195,7 +195,7 @@ def test_rolling_back_placed_turns_in_any_order_restores_the_table(order):
     ordered = {"oldest_first": ids, "newest_first": ids[::-1], "middle_first": [ids[2], ids[0], ids[4], ids[1], ids[3]]}
     for request_id in ordered[order]:
         core.cancel_admission(10.0, request_id)
-        core.check_invariants(10.0)
+        core.ledger.check_invariants(10.0)
     assert _table(core) == before
 
 
@@ -211,7 +211,7 @@ def test_one_rolled_back_turn_among_delivered_ones_takes_only_its_count():
     core.cancel_admission(4.0, "r1")  # now a late rollback of the first
     view = core.program("p")
     assert view.turns == turns + 1 and view.token_total == 4_000
-    core.check_invariants(4.0)
+    core.ledger.check_invariants(4.0)
 
 
 def test_any_subset_rolled_back_in_any_order_takes_back_exactly_its_counts():
@@ -234,7 +234,7 @@ def test_any_subset_rolled_back_in_any_order_takes_back_exactly_its_counts():
                     core.cancel_admission(10.0, request_id)
                 else:
                     core.complete(10.0, "p", request_id, ReplicaKey(*W), 3_000, 0)
-                core.check_invariants(10.0)
+                core.ledger.check_invariants(10.0)
             assert core.program("p").turns == turns + len(ids) - len(rolled), (rolled, order)
             assert core.program("p").status is Status.ACTING  # nothing in flight: nothing left REASONING
             if len(rolled) == len(ids):
@@ -268,12 +268,12 @@ def test_interleaved_admissions_completions_and_rollbacks_count_exactly(seed):
             request_id = f"r{step}"
             core.admit(now, "p", "", 1_000 + step, request_id)
             in_flight.append(request_id)
-        core.check_invariants(now)
+        core.ledger.check_invariants(now)
     for request_id in in_flight:
         core.cancel_admission(now + 1.0, request_id)
     view = core.program("p")
     assert view.turns == turns + completed and view.status is Status.ACTING
-    core.check_invariants(now + 1.0)
+    core.ledger.check_invariants(now + 1.0)
 
 
 def test_a_turn_completed_as_not_started_is_rolled_back():
@@ -288,7 +288,7 @@ def test_a_turn_completed_as_not_started_is_rolled_back():
     assert core.bind_request("pt", ReplicaKey(*W))
     core.complete(4.0, "", "pt", ReplicaKey(*W), 0, 0, 0, TurnOutcome.NOT_STARTED)
     assert core.stats(4.0).passthrough_in_flight == 0 and _table(core) == before
-    core.check_invariants(4.0)
+    core.ledger.check_invariants(4.0)
 
 
 def test_a_bound_turn_whose_client_got_nothing_is_rolled_back_when_its_lease_lapses():
@@ -305,7 +305,7 @@ def test_a_bound_turn_whose_client_got_nothing_is_rolled_back_when_its_lease_lap
     core.renew_leases(10.0, ["r2"])
     core.expire_leases(40.0)
     assert _table(core) == before and core.program("p").turns == 1
-    core.check_invariants(40.0)
+    core.ledger.check_invariants(40.0)
 
 
 def test_a_delivered_turn_counts_when_its_lease_lapses():
@@ -317,4 +317,4 @@ def test_a_delivered_turn_counts_when_its_lease_lapses():
     core.expire_leases(31.5)
     view = core.program("p")
     assert view.turns == 2 and view.status is Status.ACTING and view.token_total == 3_000
-    core.check_invariants(31.5)
+    core.ledger.check_invariants(31.5)

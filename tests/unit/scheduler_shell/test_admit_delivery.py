@@ -86,7 +86,7 @@ async def test_an_answer_that_cannot_be_delivered_is_rolled_back(make_harness, m
     with pytest.raises(asyncio.CancelledError):
         await getattr(_servicer(h), method)(request, GoneClient())
     assert _state(h) == before
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 @pytest.mark.parametrize("method", ["Admit", "AdmitStream"])
@@ -113,7 +113,7 @@ async def test_a_held_admission_resumed_as_its_client_left_is_rolled_back(make_h
     assert stats.tickets_in_flight == 0 and stats.waiting_admissions == 0
     assert h.core.program("new") is None  # created by that admission: gone with it
     assert h.core.program("big") is None  # released: the only change left
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 @pytest.mark.parametrize("method", ["Admit", "AdmitStream"])

@@ -136,7 +136,7 @@ async def test_two_cancelled_admissions_of_a_new_program_leave_no_trace(h):
         await h.held(0)
         assert h.table() == before
         assert not h.runtime.gated("new")
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_new_program_queues_before_its_first_turn_when_full_and_resumes_with_boost(h):

@@ -58,7 +58,7 @@ async def test_worker_leaving_the_snapshot_unplaces_its_programs(h):
     await h.complete(on_w2[0], f"r{on_w2[0][1:]}", 100, 0)
     resp = await h.admit(on_w2[0], "again", 100)
     assert resp.pinned and resp.worker_id == "w1"
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_follower_reconnects_with_one_warning_per_outage(h, caplog):

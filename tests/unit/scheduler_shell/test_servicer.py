@@ -37,7 +37,7 @@ async def test_admit_places_and_complete_makes_acting(h):
     assert prog.status == pb.PROGRAM_STATUS_ACTING and prog.token_total == 150 and not prog.tokens_estimated
     assert prog.turns == 1 and prog.lifecycle == pb.LIFECYCLE_ACTIVE
     assert prog.created_at.seconds > 1_700_000_000  # wall time, not the monotonic scale
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_before_first_capacity_snapshot_admit_answers_any(h):
@@ -64,7 +64,7 @@ async def test_many_concurrent_admits_held_then_released_by_one_tick(h):
         assert resp.was_paused and resp.pinned and resp.worker_id == "w1" and resp.priority == 1
         assert resp.priority_seconds == pytest.approx(1.0) and not resp.forced_resume
     assert h.runtime.held_count == 0
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_cancelled_held_admission_of_existing_program_leaves_table_as_before(make_harness):
@@ -86,7 +86,7 @@ async def test_cancelled_held_admission_of_existing_program_leaves_table_as_befo
     assert h.table() == before
     stats = await h.client.GetStats(pb.GetStatsRequest())
     assert stats.admissions_cancelled_total == 1 and stats.waiting_admissions == 0
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_cancelled_admission_of_new_program_leaves_no_trace(h):
@@ -149,7 +149,7 @@ async def test_complete_is_idempotent_per_request_id(h):
     await h.complete("p", "t1", 100, 20, "w1", 0)  # a late retry of the previous turn
     prog = await h.program("p")
     assert prog.status == pb.PROGRAM_STATUS_REASONING and prog.token_total == 300 and prog.turns == 2
-    h.core.check_invariants(h.clock.monotonic())
+    h.core.ledger.check_invariants(h.clock.monotonic())
 
 
 async def test_release_removes_the_program_and_frees_held_admissions_unpinned(h):

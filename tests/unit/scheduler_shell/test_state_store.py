@@ -212,7 +212,7 @@ async def test_persister_batches_deltas_and_rewrites_everything_after_an_outage(
         core.complete(2.0, "p", "r1", None, 150, 0)
         for _ in range(3):
             assert not await persister.flush()
-        assert not core.take_changes()  # an outage does not accumulate changes: the rewrite exports all
+        assert not core.ledger.take_changes()  # an outage does not accumulate changes: the rewrite exports all
         store.mode = "ok"
         assert await persister.flush()
     messages = [r.getMessage() for r in caplog.records]

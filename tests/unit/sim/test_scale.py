@@ -16,7 +16,7 @@ def _run(scenario: SimScenario):
     assert result.completed, summary
     assert summary["programs_done"] == scenario.programs and summary["turns_failed"] == 0, summary
     if simulator.scheduler is not None:
-        simulator.scheduler.check_invariants(simulator.now)
+        simulator.scheduler.ledger.check_invariants(simulator.now)
         assert simulator.scheduler.programs() == ()
     return result
 

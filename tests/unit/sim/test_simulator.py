@@ -153,7 +153,7 @@ def test_bandmaster_pauses_resumes_and_releases_everything():
     assert result.summary()["turns_ok"] == 64
     core = simulator.scheduler
     assert core.programs() == () and core.waiting_request_ids() == ()
-    core.check_invariants(simulator.now)
+    core.ledger.check_invariants(simulator.now)
     assert not simulator._held and not simulator._in_flight
     assert simulator.router is not None and len(simulator.router.load) == 0
 
@@ -283,4 +283,4 @@ def test_both_policies_complete_under_pressure(policy):
     simulator = Simulator(SimScenario(arm="bandmaster", **{**PRESSURE, "pause_policy": policy}))
     result = simulator.run()
     assert result.completed and result.summary()["turns_ok"] == 64
-    simulator.scheduler.check_invariants(simulator.now)
+    simulator.scheduler.ledger.check_invariants(simulator.now)
