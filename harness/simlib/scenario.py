@@ -32,7 +32,8 @@ from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
 from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.build import DEFAULT_MODEL_PATH, build_engine, host_total_tokens
-from services.simworker.core.timing import TimingProfile, load_profile
+from services.simworker.core.timing import TimingProfile
+from services.simworker.profiles import load_profile
 
 ARMS = ("bandmaster", "kv", "round_robin", "oracle", "thunderagent", "continuum")
 # Arms that are a peer system's policy core (harness/peers) in front of the workers, no KV router.
