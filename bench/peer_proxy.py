@@ -35,7 +35,7 @@ from aiohttp import web
 from harness.peers import PEERS, ContinuumParams, PeerPolicy, ThunderAgentParams, Wake
 from harness.simlib.scenario import make_peer
 from services.common.errors import ConfigError
-from services.simworker.core.timing import load_profile
+from services.simworker.profiles import load_profile
 
 log = logging.getLogger("bench.peer_proxy")
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.replay import Program, Turn, median, replay_closed_loop  # noqa: E402
 from services.simworker.core.api import EngineConfig  # noqa: E402
 from services.simworker.core.engine import SimEngine  # noqa: E402
-from services.simworker.core.timing import load_profile  # noqa: E402
+from services.simworker.profiles import load_profile  # noqa: E402
 
 
 def _lognormal(rng: random.Random, median_value: float, p90: float) -> float:

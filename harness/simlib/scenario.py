@@ -32,7 +32,8 @@ from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams, make_pause_policy
 from services.simworker.core.api import Engine, EngineConfig
 from services.simworker.core.build import DEFAULT_MODEL_PATH, build_engine, host_total_tokens
-from services.simworker.core.timing import TimingProfile, load_profile
+from services.simworker.core.timing import TimingProfile
+from services.simworker.profiles import load_profile
 
 ARMS = ("bandmaster", "kv", "round_robin", "oracle", "thunderagent", "continuum")
 # Arms that are a peer system's policy core (harness/peers) in front of the workers, no KV router.
@@ -319,7 +320,9 @@ class SimScenario:
             router_temperature=kv.router_temperature,
             kv_overlap_score_weight=kv.kv_overlap_score_weight,
             use_kv_events=False,
+            router_track_active_blocks=kv.router_track_active_blocks,
             router_track_output_blocks=kv.router_track_output_blocks,
+            router_track_prefill_tokens=kv.router_track_prefill_tokens,
             block_size=self.worker_page_size,
             router_ttl_s=kv.router_ttl_secs * self.live_speedup,
             request_expiry_s=ROUTER_REQUEST_EXPIRY_WALL_S * self.live_speedup,

@@ -7,22 +7,24 @@ given", meaning take the scheduler's value (the help says so).
     scheduler_settings()                   # Settings with the real defaults
     router_settings("router_temperature")  # Settings defaulting to None, help noting the scheduler's value
     validate(values)                       # ConfigError(name, value, "name >= 0") for a value off its rule
+    refuse_unsupported(argv, env)          # ConfigError for a Dynamo KvRouter flag Bandmaster does not implement
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from services.common.config import Setting, require
+from services.common.errors import ConfigError
 
 _OPS: dict[str, Callable[[Any, Any], bool]] = {">=": operator.ge, ">": operator.gt}
 
 
 @dataclass(frozen=True)
 class KvRouterFlag:
-    """One KvRouter setting. `rule` is "OP BOUND" (">= 0", "> 0"); `choices` bound a string."""
+    """One KvRouter setting. `rule` is "OP BOUND" (">= 0", "> 0")."""
 
     name: str
     type: type
@@ -30,12 +32,9 @@ class KvRouterFlag:
     help: str
     env: str
     rule: str = ""
-    choices: tuple[str, ...] | None = None
 
     def check(self, value: Any) -> None:
         """Raise ConfigError naming the rule unless `value` keeps it."""
-        if self.choices is not None:
-            require(value in self.choices, self.name, value, f"{self.name} in {{{', '.join(self.choices)}}}")
         if self.rule:
             op, bound = self.rule.split()
             require(_OPS[op](value, self.type(bound)), self.name, value, f"{self.name} {self.rule}")
@@ -68,17 +67,11 @@ KV_ROUTER_FLAGS = (
         "DYN_USE_KV_EVENTS",
     ),
     KvRouterFlag(
-        "router_replica_sync",
-        bool,
-        False,
-        "share active-request state between router replicas",
-        "DYN_ROUTER_REPLICA_SYNC",
-    ),
-    KvRouterFlag(
         "router_track_active_blocks",
         bool,
         True,
-        "maintain decode-block load per worker",
+        "count the active requests' prompt blocks in each worker's decode load (off: a worker's decode "
+        "term is only the new prompt's blocks, so load does not steer the pick)",
         "DYN_ROUTER_TRACK_ACTIVE_BLOCKS",
     ),
     KvRouterFlag(
@@ -89,43 +82,15 @@ KV_ROUTER_FLAGS = (
         "DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
     ),
     KvRouterFlag(
-        "router_assume_kv_reuse", bool, True, "deduplicate active blocks by their hashes", "DYN_ROUTER_ASSUME_KV_REUSE"
-    ),
-    KvRouterFlag(
         "router_track_prefill_tokens",
         bool,
         True,
-        "include prompt tokens in the prefill load",
+        "count the uncached prompt tokens of requests still in prefill in each worker's prefill load "
+        "(off: only the new prompt's own uncached tokens)",
         "DYN_ROUTER_TRACK_PREFILL_TOKENS",
     ),
     KvRouterFlag(
-        "router_snapshot_threshold",
-        int,
-        1_000_000,
-        "events between index snapshots",
-        "DYN_ROUTER_SNAPSHOT_THRESHOLD",
-        "> 0",
-    ),
-    KvRouterFlag("router_reset_states", bool, False, "purge router state on start", "DYN_ROUTER_RESET_STATES"),
-    KvRouterFlag(
         "router_ttl_secs", float, 120.0, "TTL of approximate (no-events) index entries", "DYN_ROUTER_TTL_SECS", "> 0"
-    ),
-    KvRouterFlag("router_event_threads", int, 4, "KV event indexer threads", "DYN_ROUTER_EVENT_THREADS", ">= 1"),
-    KvRouterFlag(
-        "router_queue_threshold",
-        float,
-        0.0,
-        "hold requests while every worker's prefill load exceeds this multiple of its batch budget (0 = off)",
-        "DYN_ROUTER_QUEUE_THRESHOLD",
-        ">= 0",
-    ),
-    KvRouterFlag(
-        "router_queue_policy",
-        str,
-        "fcfs",
-        "router queue order",
-        "DYN_ROUTER_QUEUE_POLICY",
-        choices=("fcfs", "lcfs", "wspt"),
     ),
     KvRouterFlag(
         "router_block_size",
@@ -138,17 +103,43 @@ KV_ROUTER_FLAGS = (
 )
 BY_NAME = {flag.name: flag for flag in KV_ROUTER_FLAGS}
 
+# Dynamo KvRouter settings Bandmaster does not implement: refused by name (flag or environment variable),
+# never accepted and ignored. Name -> why.
+UNSUPPORTED = {
+    "router_replica_sync": "one router's load is not shared with other router replicas (docs/router.md)",
+    "router_assume_kv_reuse": "active blocks are always deduplicated by their hashes",
+    "router_snapshot_threshold": "the router's prefix index is in memory only, never snapshotted",
+    "router_reset_states": "the router's state is in memory only, so every start is already a reset",
+    "router_event_threads": "KV events are indexed on the router's event loop, not by a thread pool",
+    "router_queue_threshold": "the router does not queue; the scheduler's admission holds turns",
+    "router_queue_policy": "the router does not queue; the scheduler's admission holds turns",
+}
+
+
+def refuse_unsupported(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Raise ConfigError naming a Dynamo KvRouter flag (`--name`, `--no-name`, `--name=V`) or its
+    environment variable (`DYN_NAME`) that Bandmaster does not support."""
+    for name, why in UNSUPPORTED.items():
+        flag = "--" + name.replace("_", "-")
+        for arg in argv:
+            if arg.split("=", 1)[0] in (flag, "--no-" + flag[2:]):
+                raise ConfigError(name, arg, f"{flag} is a Dynamo KvRouter flag not supported by Bandmaster: {why}")
+        variable = "DYN_" + name.upper()
+        if env.get(variable, "").strip():
+            raise ConfigError(
+                name, env[variable], f"{variable} is a Dynamo KvRouter setting not supported by Bandmaster: {why}"
+            )
+
 
 def scheduler_settings() -> list[Setting]:
     """Every KvRouter flag with its real default."""
-    return [Setting(f.name, f.type, f.default, f.help, env=f.env, choices=f.choices) for f in KV_ROUTER_FLAGS]
+    return [Setting(f.name, f.type, f.default, f.help, env=f.env) for f in KV_ROUTER_FLAGS]
 
 
 def router_settings(*names: str) -> list[Setting]:
     """The flags `names`, in that order, defaulting to None: not given, the scheduler's value is used."""
     return [
-        Setting(f.name, f.type, None, f.help + FROM_SCHEDULER, env=f.env, choices=f.choices)
-        for f in (BY_NAME[name] for name in names)
+        Setting(f.name, f.type, None, f.help + FROM_SCHEDULER, env=f.env) for f in (BY_NAME[name] for name in names)
     ]
 
 

@@ -569,6 +569,7 @@ def config_from_values(values: Mapping[str, Any]) -> RouterConfig:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:
     """The one mapping from flags and environment to a validated `RouterConfig`."""
+    kv_router_flags.refuse_unsupported(argv, env)
     values = parse_settings(SETTINGS, argv, env, prog=PROG, description="Bandmaster router (data plane)")
     security = load_security(values, env)
     worker_client = load_worker_client(values, env)

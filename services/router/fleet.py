@@ -57,6 +57,9 @@ def resolve_params(
             sc and sc.router_track_output_blocks,
             defaults.router_track_output_blocks,
         ),
+        # Scheduler-only settings (the router has no flag for them).
+        router_track_active_blocks=sc.router_track_active_blocks if sc else defaults.router_track_active_blocks,
+        router_track_prefill_tokens=sc.router_track_prefill_tokens if sc else defaults.router_track_prefill_tokens,
         block_size=block_size,
         router_ttl_s=pick(
             overrides.router_ttl_secs,
@@ -82,12 +85,15 @@ class Fleet:
             self.core = KvRouterCore(self._params_for(page), self._rng)
             p = self.core.params
             log.info(
-                "selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s ttl=%gs",
+                "selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s "
+                "active_blocks=%s prefill_tokens=%s ttl=%gs",
                 p.block_size,
                 p.router_temperature,
                 p.kv_overlap_score_weight,
                 p.use_kv_events,
                 p.router_track_output_blocks,
+                p.router_track_active_blocks,
+                p.router_track_prefill_tokens,
                 p.router_ttl_s,
             )
         if self.core is not None:

@@ -485,6 +485,7 @@ class SchedulerConfig:
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
     """Flags win over environment, environment over defaults; raises ConfigError."""
+    kv_router_flags.refuse_unsupported(argv, env)
     values = parse_settings(
         SETTINGS,
         argv,

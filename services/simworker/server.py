@@ -24,11 +24,12 @@ from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core import build
 from services.simworker.core.api import Engine, EngineConfig
-from services.simworker.core.timing import TimingProfile, load_profile
+from services.simworker.core.timing import TimingProfile
 from services.simworker.driver import EngineDriver
 from services.simworker.http_api import SimWorkerApi, Tokenizer
 from services.simworker.kv_events import KvEventPublisher
 from services.simworker.metrics import SimWorkerMetrics
+from services.simworker.profiles import load_profile
 
 log = logging.getLogger(__name__)
 

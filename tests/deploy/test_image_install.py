@@ -129,7 +129,7 @@ def test_the_install_holds_every_service_and_its_data(installed):
             f"assert services.__file__.startswith({str(installed)!r}), services.__file__",
             *[f"importlib.import_module('services.{s}.__main__')" for s in SERVICES],
             "import services.common.healthcheck",
-            "from services.simworker.core.timing import builtin_profiles",
+            "from services.simworker.profiles import builtin_profiles",
             "assert 'glm45-fp8-h200' in builtin_profiles(), builtin_profiles()",
         ]
     )

@@ -1,7 +1,7 @@
 """deploy/kubernetes/: render the base and every overlay offline and prove the objects.
 
-* Rendering: tests/deploy/kustomize.py (the Kustomize subset the manifests use); where `kubectl` is
-  installed, `kubectl kustomize` must render the same objects.
+* Rendering: `kubectl kustomize <dir>`, the tool itself (the rendering tests skip, naming why, on a
+  machine without `kubectl`).
 * Schemas: every object validates, strictly (unknown fields refused), against the Kubernetes JSON
   schemas that the `kubernetes-validate` package ships, for the oldest supported and the newest
   Kubernetes minor.
@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -40,7 +41,6 @@ from services.planner.adapters.connectors import FENCE_ANNOTATION, KubernetesCon
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
 from services.simworker import config as simworker_config
-from tests.deploy.kustomize import KustomizeError, key_of, render, strategic_merge
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 TARGETS = ["base", "overlays/simulated", "overlays/sglang"]
@@ -75,13 +75,35 @@ POD_IP = "10.1.2.3"
 
 # -- rendering ----------------------------------------------------------------------------------------
 
+KUBECTL_TIMEOUT_S = 120  # renders in well under a second; the bound only keeps a wedged kubectl from hanging CI
 _rendered: dict[str, list[dict[str, Any]]] = {}
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize <directory>` prints (its multi-document YAML, parsed)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the manifests are rendered by `kubectl kustomize`")
+    try:
+        done = subprocess.run(
+            [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"kubectl kustomize {directory} did not finish in {KUBECTL_TIMEOUT_S} s")
+    if done.returncode != 0:
+        pytest.fail(f"kubectl kustomize {directory} exited {done.returncode}: {done.stderr.strip()}")
+    return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
 
 
 def rendered(target: str) -> list[dict[str, Any]]:
     if target not in _rendered:
         _rendered[target] = render(ROOT / target)
     return _rendered[target]
+
+
+def key_of(obj: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = obj.get("metadata", {})
+    return obj.get("apiVersion", ""), obj.get("kind", ""), meta.get("namespace", ""), meta.get("name", "")
 
 
 def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -113,22 +135,10 @@ def bandmaster_containers(objects):
 @pytest.mark.parametrize("target", TARGETS)
 def test_renders_and_names_are_unique(target):
     objects = rendered(target)
+    assert len(objects) >= 10 and all(o.get("kind") and o.get("metadata", {}).get("name") for o in objects)
     assert len({key_of(o) for o in objects}) == len(objects)
     namespaces = {o["metadata"].get("namespace") for o in objects if o["kind"] != "Namespace"}
     assert namespaces == {named(objects, "Namespace", "bandmaster")["metadata"]["name"]}
-
-
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-@pytest.mark.parametrize("target", TARGETS)
-def test_kubectl_kustomize_renders_the_same_objects(target):
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(ROOT / target)], capture_output=True, text=True, timeout=120, check=True
-    ).stdout
-    theirs = {key_of(o): o for o in yaml.safe_load_all(out) if o}
-    ours = {key_of(o): o for o in rendered(target)}
-    assert set(ours) == set(theirs)
-    for key, obj in ours.items():
-        assert obj == theirs[key], key
 
 
 @pytest.mark.parametrize("version", SCHEMA_VERSIONS)
@@ -145,15 +155,9 @@ def test_every_object_validates_against_the_kubernetes_schemas(target, version):
 
 
 def test_the_schema_check_catches_a_wrong_field():
-    deployment = named(rendered("base"), "Deployment", "router")
-    broken = strategic_merge(
-        deployment,
-        {
-            "spec": {
-                "template": {"spec": {"containers": [{"name": "router", "readinessProbe": {"grpc": {"port": "grpc"}}}]}}
-            }
-        },
-    )  # grpc probes take a number
+    broken = copy.deepcopy(named(rendered("base"), "Deployment", "router"))
+    router = next(c for c in containers(broken) if c["name"] == "router")
+    router["readinessProbe"] = {"grpc": {"port": "grpc"}}  # grpc probes take a number
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, SCHEMA_VERSIONS[0], strict=True)
 
@@ -685,53 +689,3 @@ async def test_the_planner_connector_scales_the_worker_with_exactly_its_role(tar
             await other.scale_to(5)
     finally:
         await api.stop()
-
-
-# -- the renderer itself --------------------------------------------------------------------------
-
-
-def test_strategic_merge_follows_kustomize():
-    original = {
-        "containers": [
-            {
-                "name": "a",
-                "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}],
-                "args": ["--x"],
-                "resources": {"limits": {"cpu": "1"}},
-            },
-            {"name": "b", "image": "y"},
-        ],
-        "volumes": [{"name": "tmp", "emptyDir": {}}],
-    }
-    patch = {
-        "containers": [
-            {"name": "b", "image": "z"},
-            {
-                "name": "a",
-                "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}],
-                "args": ["--y"],
-                "resources": {"limits": {"memory": "1Gi"}},
-            },
-        ],
-        "volumes": [{"name": "tmp", "emptyDir": None, "configMap": {"name": "c"}}],
-    }
-    assert strategic_merge(original, patch) == {
-        "containers": [
-            {"name": "b", "image": "z"},
-            {
-                "name": "a",
-                "env": [{"name": "C", "value": "3"}, {"name": "A", "value": "9"}, {"name": "B", "value": "2"}],
-                "args": ["--y"],
-                "resources": {"limits": {"cpu": "1", "memory": "1Gi"}},
-            },
-        ],
-        "volumes": [{"name": "tmp", "configMap": {"name": "c"}}],
-    }
-    with pytest.raises(KustomizeError):
-        strategic_merge(original, {"containers": [{"$patch": "delete", "name": "a"}]})
-
-
-def test_fields_outside_the_subset_are_refused(tmp_path):
-    (tmp_path / "kustomization.yaml").write_text("namePrefix: x-\nresources: []\n")
-    with pytest.raises(KustomizeError, match="namePrefix"):
-        render(tmp_path)

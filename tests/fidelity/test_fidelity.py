@@ -33,7 +33,7 @@ from bench.replay import Program, Turn, median, replay_closed_loop
 from harness.workloads.traces import DATA as PROGRAMS_DATA
 from services.simworker.core.api import EngineConfig
 from services.simworker.core.engine import SimEngine
-from services.simworker.core.timing import load_profile
+from services.simworker.profiles import load_profile
 
 # The trace's figures ship with the repository (scripts/extract_trace_workload.py derives both
 # files from shared/traces/swe_agent_trace.jsonl and timing_calibration.jsonl), so the test runs

@@ -105,6 +105,8 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
             router_temperature=0.0,
             kv_overlap_score_weight=1.0,
             use_kv_events=False,
+            router_track_active_blocks=True,
+            router_track_prefill_tokens=True,
             router_ttl_secs=120.0,
             router_block_size=128,
         )

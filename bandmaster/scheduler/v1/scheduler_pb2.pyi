@@ -362,32 +362,24 @@ class GetRouterConfigRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterConfig(_message.Message):
-    __slots__ = ("router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_active_blocks", "router_track_output_blocks", "router_assume_kv_reuse", "router_track_prefill_tokens", "router_ttl_secs", "router_block_size", "router_queue_threshold", "router_queue_policy", "router_replica_sync")
+    __slots__ = ("router_temperature", "kv_overlap_score_weight", "use_kv_events", "router_track_active_blocks", "router_track_output_blocks", "router_track_prefill_tokens", "router_ttl_secs", "router_block_size")
     ROUTER_TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     KV_OVERLAP_SCORE_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     USE_KV_EVENTS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_TRACK_ACTIVE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_TRACK_OUTPUT_BLOCKS_FIELD_NUMBER: _ClassVar[int]
-    ROUTER_ASSUME_KV_REUSE_FIELD_NUMBER: _ClassVar[int]
     ROUTER_TRACK_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_TTL_SECS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
-    ROUTER_QUEUE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
-    ROUTER_QUEUE_POLICY_FIELD_NUMBER: _ClassVar[int]
-    ROUTER_REPLICA_SYNC_FIELD_NUMBER: _ClassVar[int]
     router_temperature: float
     kv_overlap_score_weight: float
     use_kv_events: bool
     router_track_active_blocks: bool
     router_track_output_blocks: bool
-    router_assume_kv_reuse: bool
     router_track_prefill_tokens: bool
     router_ttl_secs: float
     router_block_size: int
-    router_queue_threshold: float
-    router_queue_policy: str
-    router_replica_sync: bool
-    def __init__(self, router_temperature: _Optional[float] = ..., kv_overlap_score_weight: _Optional[float] = ..., use_kv_events: _Optional[bool] = ..., router_track_active_blocks: _Optional[bool] = ..., router_track_output_blocks: _Optional[bool] = ..., router_assume_kv_reuse: _Optional[bool] = ..., router_track_prefill_tokens: _Optional[bool] = ..., router_ttl_secs: _Optional[float] = ..., router_block_size: _Optional[int] = ..., router_queue_threshold: _Optional[float] = ..., router_queue_policy: _Optional[str] = ..., router_replica_sync: _Optional[bool] = ...) -> None: ...
+    def __init__(self, router_temperature: _Optional[float] = ..., kv_overlap_score_weight: _Optional[float] = ..., use_kv_events: _Optional[bool] = ..., router_track_active_blocks: _Optional[bool] = ..., router_track_output_blocks: _Optional[bool] = ..., router_track_prefill_tokens: _Optional[bool] = ..., router_ttl_secs: _Optional[float] = ..., router_block_size: _Optional[int] = ...) -> None: ...
 
 class GetLeadershipRequest(_message.Message):
     __slots__ = ()

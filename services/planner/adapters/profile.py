@@ -1,4 +1,4 @@
-"""Load a worker timing profile file (the simworker's JSON format) into the core's EngineProfile.
+"""Read a worker timing profile file (the simworker's JSON format) for the core's `EngineProfile.from_fields`.
 
 A name (e.g. "glm45-fp8-h200") resolves to the profile shipped with the simworker package as a
 data file (read as data, no simworker code is imported); anything else is a path. A real
@@ -13,19 +13,6 @@ from pathlib import Path
 
 from services.common.errors import ConfigError
 from services.planner.core.throughput import EngineProfile
-
-_FIELDS = (
-    "decode_x",
-    "decode_e0_ms",
-    "decode_e1_ms",
-    "decode_e2_ms",
-    "decode_x_knee",
-    "decode_min_ms",
-    "prefill_step_base_ms",
-    "prefill_ms_per_token",
-    "prefill_attn_ms_per_token2",
-    "kv_capacity_tokens",
-)
 
 
 def load_engine_profile(
@@ -43,18 +30,6 @@ def load_engine_profile(
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError("timing_profile", name_or_path, f"invalid JSON: {exc.msg}") from None
-    missing = [f for f in _FIELDS if f not in raw]
-    if missing:
-        raise ConfigError("timing_profile", name_or_path, f"missing fields: {', '.join(missing)}")
-    if raw["decode_x"] not in ("context_k", "kv_utilisation"):
-        raise ConfigError("timing_profile", name_or_path, "decode_x must be context_k or kv_utilisation")
-    try:
-        return EngineProfile(
-            name=str(raw.get("name", name_or_path)),
-            decode_x=raw["decode_x"],
-            **{f: float(raw[f]) for f in _FIELDS[1:-1]},
-            kv_capacity_tokens=int(kv_capacity_tokens or raw["kv_capacity_tokens"]),
-            max_running_requests=max_running_requests,
-        )
-    except (TypeError, ValueError) as exc:
-        raise ConfigError("timing_profile", name_or_path, f"bad field value: {exc}") from None
+    return EngineProfile.from_fields(
+        raw, name_or_path, max_running_requests=max_running_requests, kv_capacity_tokens=kv_capacity_tokens
+    )

@@ -18,6 +18,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
+
+from services.common.errors import ConfigError
+
+_PROFILE_FIELDS = (
+    "decode_x",
+    "decode_e0_ms",
+    "decode_e1_ms",
+    "decode_e2_ms",
+    "decode_x_knee",
+    "decode_min_ms",
+    "prefill_step_base_ms",
+    "prefill_ms_per_token",
+    "prefill_attn_ms_per_token2",
+    "kv_capacity_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +62,28 @@ class EngineProfile:
         else:
             value = poly(x)
         return max(self.decode_min_ms, value)
+
+    @classmethod
+    def from_fields(
+        cls, raw: Mapping[str, Any], label: str, *, max_running_requests: int = 256, kv_capacity_tokens: int = 0
+    ) -> EngineProfile:
+        """The profile from a timing profile's fields (the simworker's format; the shell reads the file).
+        `kv_capacity_tokens` > 0 replaces the profile's. Raises ConfigError("timing_profile", label, why)."""
+        missing = [f for f in _PROFILE_FIELDS if f not in raw]
+        if missing:
+            raise ConfigError("timing_profile", label, f"missing fields: {', '.join(missing)}")
+        if raw["decode_x"] not in ("context_k", "kv_utilisation"):
+            raise ConfigError("timing_profile", label, "decode_x must be context_k or kv_utilisation")
+        try:
+            return cls(
+                name=str(raw.get("name", label)),
+                decode_x=raw["decode_x"],
+                **{f: float(raw[f]) for f in _PROFILE_FIELDS[1:-1]},
+                kv_capacity_tokens=int(kv_capacity_tokens or raw["kv_capacity_tokens"]),
+                max_running_requests=max_running_requests,
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("timing_profile", label, f"bad field value: {exc}") from None
 
     def prefill_ms(self, isl: int) -> float:
         return (

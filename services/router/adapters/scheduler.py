@@ -678,13 +678,18 @@ class SchedulerClient:
     async def router_config(self) -> SchedulerKvSettings | None:
         """The scheduler's KvRouter settings, None when it does not answer."""
         rc = await self._short("GetRouterConfig", pb.GetRouterConfigRequest())
-        if rc is None:
-            return None
-        return SchedulerKvSettings(
-            router_temperature=rc.router_temperature,
-            kv_overlap_score_weight=rc.kv_overlap_score_weight,
-            use_kv_events=rc.use_kv_events,
-            router_track_output_blocks=rc.router_track_output_blocks,
-            router_ttl_secs=rc.router_ttl_secs,
-            router_block_size=rc.router_block_size,
-        )
+        return None if rc is None else kv_settings_from_proto(rc)
+
+
+def kv_settings_from_proto(rc: pb.RouterConfig) -> SchedulerKvSettings:
+    """The scheduler's GetRouterConfig answer as the router's selection core takes it."""
+    return SchedulerKvSettings(
+        router_temperature=rc.router_temperature,
+        kv_overlap_score_weight=rc.kv_overlap_score_weight,
+        use_kv_events=rc.use_kv_events,
+        router_track_active_blocks=rc.router_track_active_blocks,
+        router_track_output_blocks=rc.router_track_output_blocks,
+        router_track_prefill_tokens=rc.router_track_prefill_tokens,
+        router_ttl_secs=rc.router_ttl_secs,
+        router_block_size=rc.router_block_size,
+    )

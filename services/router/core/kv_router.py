@@ -70,6 +70,8 @@ class KvRouterCore:
             block_size=params.block_size,
             track_output_blocks=params.router_track_output_blocks,
             request_expiry_s=params.request_expiry_s,
+            track_active_blocks=params.router_track_active_blocks,
+            track_prefill_tokens=params.router_track_prefill_tokens,
         )
 
     # -- prompts ---------------------------------------------------------------------------

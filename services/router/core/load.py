@@ -85,9 +85,20 @@ class _ReplicaState:
 
 
 class ActiveLoad:
-    def __init__(self, *, block_size: int, track_output_blocks: bool, request_expiry_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        track_output_blocks: bool,
+        request_expiry_s: float,
+        track_active_blocks: bool = True,
+        track_prefill_tokens: bool = True,
+    ) -> None:
         self.block_size = block_size
         self.track_output_blocks = track_output_blocks
+        # Off: the bookkeeping still runs (the replica of a request, expiry), only the load reads 0.
+        self.track_active_blocks = track_active_blocks
+        self.track_prefill_tokens = track_prefill_tokens
         self.request_expiry_s = request_expiry_s
         self._requests: dict[str, _Request] = {}
         self._replicas: dict[Replica, _ReplicaState] = {}
@@ -107,14 +118,17 @@ class ActiveLoad:
         state = self._replicas.get(replica)
         if state is None:
             return new_tokens, len(prompt_blocks)
+        prefill = self._prefill_tokens(state) + new_tokens
+        if not self.track_active_blocks:
+            return prefill, len(prompt_blocks)
         shared = held_prefix(prompt_blocks, state.blocks)
-        return state.prefill_tokens + new_tokens, self._decode_blocks(state) + len(prompt_blocks) - shared
+        return prefill, self._decode_blocks(state) + len(prompt_blocks) - shared
 
     def load(self, replica: Replica) -> ReplicaLoad:
         state = self._replicas.get(replica)
         if state is None:
             return ReplicaLoad(0, 0, 0)
-        return ReplicaLoad(len(state.request_ids), state.prefill_tokens, self._decode_blocks(state))
+        return ReplicaLoad(len(state.request_ids), self._prefill_tokens(state), self._decode_blocks(state))
 
     def replica_of(self, request_id: str) -> Replica | None:
         request = self._requests.get(request_id)
@@ -123,7 +137,12 @@ class ActiveLoad:
     def __len__(self) -> int:
         return len(self._requests)
 
+    def _prefill_tokens(self, state: _ReplicaState) -> int:
+        return state.prefill_tokens if self.track_prefill_tokens else 0
+
     def _decode_blocks(self, state: _ReplicaState) -> int:
+        if not self.track_active_blocks:
+            return 0
         blocks = float(len(state.blocks) + state.output_blocks)
         for request_id in state.decayed:  # only requests with an expected length and output
             request = self._requests[request_id]

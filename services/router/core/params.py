@@ -18,7 +18,9 @@ class SchedulerKvSettings:
     router_temperature: float
     kv_overlap_score_weight: float
     use_kv_events: bool
+    router_track_active_blocks: bool
     router_track_output_blocks: bool
+    router_track_prefill_tokens: bool
     router_ttl_secs: float  # 0 = not set
     router_block_size: int  # <= 1 = not set
 
@@ -38,9 +40,18 @@ class KvRouterParams:
     use_kv_events: bool = True
     """Index fed by the workers' KV events; False = the router's own routing history with a TTL."""
 
+    router_track_active_blocks: bool = True
+    """Count the active requests' prompt blocks in a replica's decode load. False: a candidate's
+    decode term is only the new prompt's blocks (the same on every replica), so decode load does
+    not steer the pick and output blocks are not counted either."""
+
     router_track_output_blocks: bool = False
     """Count generated tokens as decode blocks while a request runs (decayed by the expected
     output length when the request gives one)."""
+
+    router_track_prefill_tokens: bool = True
+    """Count the uncached prompt tokens of requests still in prefill in a replica's prefill load.
+    False: a candidate's prefill term is only the new prompt's own uncached tokens."""
 
     block_size: int = 16
     """KV page size in tokens; must equal the workers' SGLang `--page-size` (events with another

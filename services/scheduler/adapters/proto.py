@@ -254,11 +254,7 @@ def router_config_to_proto(kv: KvRouterConfig) -> pb.RouterConfig:
         use_kv_events=kv.use_kv_events,
         router_track_active_blocks=kv.router_track_active_blocks,
         router_track_output_blocks=kv.router_track_output_blocks,
-        router_assume_kv_reuse=kv.router_assume_kv_reuse,
         router_track_prefill_tokens=kv.router_track_prefill_tokens,
         router_ttl_secs=kv.router_ttl_secs,
         router_block_size=kv.router_block_size,
-        router_queue_threshold=kv.router_queue_threshold,
-        router_queue_policy=kv.router_queue_policy,
-        router_replica_sync=kv.router_replica_sync,
     )

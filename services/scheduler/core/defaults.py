@@ -108,17 +108,10 @@ class KvRouterConfig:
     router_temperature: float = _KV["router_temperature"].default
     kv_overlap_score_weight: float = _KV["kv_overlap_score_weight"].default
     use_kv_events: bool = _KV["use_kv_events"].default
-    router_replica_sync: bool = _KV["router_replica_sync"].default
     router_track_active_blocks: bool = _KV["router_track_active_blocks"].default
     router_track_output_blocks: bool = _KV["router_track_output_blocks"].default
-    router_assume_kv_reuse: bool = _KV["router_assume_kv_reuse"].default
     router_track_prefill_tokens: bool = _KV["router_track_prefill_tokens"].default
-    router_snapshot_threshold: int = _KV["router_snapshot_threshold"].default
-    router_reset_states: bool = _KV["router_reset_states"].default
     router_ttl_secs: float = _KV["router_ttl_secs"].default
-    router_event_threads: int = _KV["router_event_threads"].default
-    router_queue_threshold: float = _KV["router_queue_threshold"].default
-    router_queue_policy: str = _KV["router_queue_policy"].default
     router_block_size: int = _KV["router_block_size"].default
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ converted with the timing profile's kv_bytes_per_token) and builds through here;
 (harness/simlib) builds its workers through here from an `EngineConfig` it makes itself, so both run
 the same engine with the same host pool.
 
-    profile = load_profile("glm45-fp8-h200")
+    profile = load_profile("glm45-fp8-h200")          # services/simworker/profiles.py (the file is read there)
     engine = build_engine(EngineConfig(max_total_tokens=131_072, emit_kv_events=False), profile)
     host_total_tokens(config)   # what /server_info reports as hicache_host_total_tokens
 """

@@ -25,18 +25,16 @@ runs, T_batch the step's total prefill tokens.
 * ``mocker-h100`` is Dynamo's mocker polynomial (reference/kvrouter_sglang.md §B.6, item 2).
 
 Profiles are JSON files shipped in ``profiles/``. A user file (JSON or TOML) may name
-``"base": "<profile>"`` and override some fields; `load_profile` also takes a dict of overrides.
+``"base": "<profile>"`` and override some fields. Reading them is the shell's
+(services/simworker/profiles.py `load_profile`); this module turns the fields read into a
+`TimingProfile` (`profile_from_fields`) and does no I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import tomllib
 from dataclasses import dataclass
-from importlib import resources
-from pathlib import Path
 from typing import Any, Mapping
 
 from services.common.errors import ConfigError
@@ -154,29 +152,6 @@ def host_tokens_from_gb(size_gb: float, kv_bytes_per_token: int) -> int:
 _FIELDS = {f.name: f for f in dataclasses.fields(TimingProfile)}
 
 
-def builtin_profiles() -> list[str]:
-    folder = resources.files(__package__) / "profiles"
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
-
-
-def _read_builtin(name: str) -> dict[str, Any]:
-    path = resources.files(__package__) / "profiles" / f"{name}.json"
-    if not path.is_file():
-        raise ConfigError("profile", name, f"unknown profile; known: {builtin_profiles()} or a .json/.toml path")
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise ConfigError("profile", str(path), f"unreadable profile file: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError("profile", str(path), "a profile file holds one object")
-    return data
-
-
 def _coerce(name: str, value: Any) -> Any:
     field = _FIELDS.get(name)
     if field is None:
@@ -211,28 +186,18 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"profile.{name}", value, str(exc)) from exc
 
 
-def load_profile(
-    name_or_path: str | Path = DEFAULT_PROFILE, overrides: Mapping[str, Any] | None = None
+def profile_from_fields(
+    fields: Mapping[str, Any], overrides: Mapping[str, Any] | None = None, *, label: str
 ) -> TimingProfile:
-    """A built-in profile by name, or a JSON/TOML file (optionally ``"base": <name>``), plus overrides."""
-    text = str(name_or_path)
-    path = Path(text)
-    if text.endswith((".json", ".toml")) or path.is_file():
-        if not path.is_file():
-            raise ConfigError("profile", text, "profile file does not exist")
-        data = _read_file(path)
-        base = data.pop("base", None)
-        data.setdefault("name", path.stem)  # a derived file is its own profile, not its base
-        if base is not None:
-            merged = _read_builtin(str(base))
-            merged.update(data)
-            data = merged
-    else:
-        data = _read_builtin(text)
-    data = dict(data)
+    """A profile from its fields (a base profile's already merged under a derived file's), then `overrides`.
+
+    Values may be strings (flags) and are coerced to each field's type. `label` (the profile's name or
+    path) is named in the error for missing fields; an unknown field or a bad value raises ConfigError
+    naming `profile.<field>`."""
+    data = dict(fields)
     data.update(overrides or {})
     values = {k: _coerce(k, v) for k, v in data.items()}
     missing = sorted(n for n, f in _FIELDS.items() if n not in values and f.default is dataclasses.MISSING)
     if missing:
-        raise ConfigError("profile", text, f"missing fields {missing}")
+        raise ConfigError("profile", label, f"missing fields {missing}")
     return TimingProfile(**values)

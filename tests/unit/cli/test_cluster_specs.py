@@ -134,7 +134,7 @@ def test_the_simulated_engines_are_the_ones_bandmaster_up_starts(host):
     priorities would order nothing, in the simulator or in the demo)."""
     from harness.simlib import SimScenario
     from services.simworker.config import load_config
-    from services.simworker.core.timing import load_profile
+    from services.simworker.profiles import load_profile
     from services.simworker.server import engine_config
 
     config = _config("--worker-kv-tokens", "16384", "--worker-host-kv-tokens", str(host))

@@ -8,6 +8,7 @@ import pytest
 from services.common.errors import ConfigError
 from services.planner.adapters.profile import load_engine_profile
 from services.planner.config import SETTINGS, load_config
+from services.planner.core.throughput import EngineProfile
 
 
 def test_defaults_are_valid_and_every_flag_has_an_env_var():
@@ -77,6 +78,28 @@ def test_profiles_load_by_name_or_path(tmp_path):
         load_engine_profile(str(bad))
     with pytest.raises(ConfigError, match="cannot read"):
         load_engine_profile("no-such-profile")
+
+
+def test_the_core_builds_the_engine_profile_from_fields_handed_in():
+    """The adapter reads the file; the core's EngineProfile.from_fields checks and converts the fields."""
+    fields = {
+        "name": "x",
+        "decode_x": "context_k",
+        **{f: 1 for f in ("decode_e0_ms", "decode_e1_ms", "decode_e2_ms", "decode_x_knee", "decode_min_ms")},
+        **{f: 0 for f in ("prefill_step_base_ms", "prefill_ms_per_token", "prefill_attn_ms_per_token2")},
+        "kv_capacity_tokens": 1000,
+    }
+    p = EngineProfile.from_fields(fields, "x.json", max_running_requests=8)
+    assert (p.name, p.decode_e0_ms, p.kv_capacity_tokens, p.max_running_requests) == ("x", 1.0, 1000, 8)
+    assert EngineProfile.from_fields(fields, "x.json", kv_capacity_tokens=50).kv_capacity_tokens == 50
+    for broken, reason in (
+        ({**fields, "decode_x": "batch"}, "decode_x must be"),
+        ({**fields, "decode_e1_ms": "fast"}, "bad field value"),
+        ({k: v for k, v in fields.items() if k != "decode_min_ms"}, "missing fields: decode_min_ms"),
+    ):
+        with pytest.raises(ConfigError, match=reason) as info:
+            EngineProfile.from_fields(broken, "x.json")
+        assert (info.value.field, info.value.value) == ("timing_profile", "x.json")
 
 
 CORE = pathlib.Path(__file__).resolve().parents[3] / "services" / "planner" / "core"

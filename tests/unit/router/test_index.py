@@ -238,7 +238,7 @@ def test_history_index_invariants(records, probe, probe_at):
 def test_index_mirrors_the_simworker_cache():
     from services.simworker.core import api as sim
     from services.simworker.core.engine import SimEngine
-    from services.simworker.core.timing import load_profile
+    from services.simworker.profiles import load_profile
 
     page = 4
     config = sim.EngineConfig(

@@ -9,8 +9,32 @@ A, W = Replica("a"), Replica("w")
 B = 4
 
 
-def tracker(track_output_blocks=False, expiry_s=300.0):
-    return ActiveLoad(block_size=B, track_output_blocks=track_output_blocks, request_expiry_s=expiry_s)
+def tracker(track_output_blocks=False, expiry_s=300.0, **tracking):
+    return ActiveLoad(block_size=B, track_output_blocks=track_output_blocks, request_expiry_s=expiry_s, **tracking)
+
+
+@pytest.mark.parametrize(
+    "tracking, load_a, potential_a",
+    [
+        # One request on A: 6 uncached prompt tokens still in prefill, 3 prompt blocks. The new prompt: one
+        # block (4 tokens) nothing holds.
+        ({}, ReplicaLoad(1, 6, 3), (6 + 4, 3 + 1)),
+        ({"track_active_blocks": False}, ReplicaLoad(1, 6, 0), (6 + 4, 1)),
+        ({"track_prefill_tokens": False}, ReplicaLoad(1, 0, 3), (4, 3 + 1)),
+        ({"track_active_blocks": False, "track_prefill_tokens": False}, ReplicaLoad(1, 0, 0), (4, 1)),
+    ],
+)
+def test_active_block_and_prefill_tracking_switch_their_load_term_off(tracking, load_a, potential_a):
+    load = tracker(track_output_blocks=True, **tracking)
+    assert load.add_request("r1", A, [1, 2, 3], isl_tokens=14, cached_tokens=8, now=0.0)
+    load.observe_output("r1", 8)  # crosses into output blocks: still no decode load without active tracking
+    if tracking.get("track_active_blocks", True):
+        load_a = ReplicaLoad(load_a.active_requests, load_a.active_prefill_tokens, load_a.active_decode_blocks + 2)
+        potential_a = (potential_a[0], potential_a[1] + 2)
+    assert load.load(A) == load_a
+    assert load.potential(A, [9], isl_tokens=4, cached_tokens=0) == potential_a
+    assert load.potential(W, [9], isl_tokens=4, cached_tokens=0) == (4, 1)  # an idle replica: the same either way
+    assert load.free("r1") and load.load(A) == ReplicaLoad(0, 0, 0)
 
 
 def test_prefill_counts_uncached_tokens_until_the_first_token():

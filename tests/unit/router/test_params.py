@@ -11,6 +11,7 @@ def test_defaults_follow_the_reference():
     assert p.kv_overlap_score_weight == 1.0
     assert p.use_kv_events is True
     assert p.router_track_output_blocks is False
+    assert p.router_track_active_blocks is True and p.router_track_prefill_tokens is True
     assert p.router_ttl_s == 120.0
     assert p.prune_target_ratio == 0.8
     assert p.request_expiry_s == 300.0

@@ -173,6 +173,27 @@ def test_golden_router_decisions(use_kv_events):
     assert (core.index.tree_size(WA), core.index.tree_size(WB)) == (5, 4)
 
 
+@pytest.mark.parametrize(
+    "active_blocks, prefill_tokens, expected",
+    [(True, True, WB), (False, True, WA), (True, False, WA), (False, False, WA)],
+)
+def test_load_tracking_flags_change_the_pick(active_blocks, prefill_tokens, expected):
+    """A holds ABC cached and is busy prefilling DE (2 uncached blocks); the prompt is ABCF, B = 8.
+    Cost = prefill blocks + decode blocks: A = (2 + 1) + (2 + 4) = 9, B = 4 + 4 = 8, so the load sends it to
+    B. Without prefill tracking A = 1 + 6 = 7, without active-block tracking A = 3 + 4 = 7: the cache wins."""
+    params = KvRouterParams(
+        block_size=B, router_track_active_blocks=active_blocks, router_track_prefill_tokens=prefill_tokens
+    )
+    core = KvRouterCore(params, random.Random(0))
+    workers = [Candidate(WA), Candidate(WB)]
+    serve(core, "1", "ABC", workers, 0.0, pinned=WA)
+    busy = core.pick(core.prompt_from_tokens(prompt_tokens("D", "E")), workers, 1.0, pinned=WA)
+    assert core.commit("busy", busy, 1.0)  # no first token yet: its prompt is still in prefill
+    decision = core.pick(core.prompt_from_tokens(prompt_tokens("A", "B", "C", "F")), workers, 2.0)
+    assert decision.replica == expected
+    assert {s.replica: s.overlap_blocks for s in decision.scores} == {WA: 3, WB: 0}
+
+
 def test_pinned_replica_is_used_without_rescoring():
     core = KvRouterCore(KvRouterParams(block_size=B), random.Random(0))
     engine_stores(core, WA, prompt_tokens("A", "B"))

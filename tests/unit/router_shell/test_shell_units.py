@@ -140,7 +140,9 @@ def test_kv_params_precedence_flags_then_scheduler_then_defaults():
         router_temperature=0.3,
         kv_overlap_score_weight=2.0,
         use_kv_events=False,
+        router_track_active_blocks=True,
         router_track_output_blocks=False,
+        router_track_prefill_tokens=False,
         router_ttl_secs=30.0,
         router_block_size=128,
     )
@@ -152,10 +154,12 @@ def test_kv_params_precedence_flags_then_scheduler_then_defaults():
         30.0,
         16,
     )
+    assert (p.router_track_active_blocks, p.router_track_prefill_tokens) == (True, False)
     assert resolve_params(KvOverrides(), sched, None).block_size == 128
     assert resolve_params(KvOverrides(block_size=32), sched, 16).block_size == 32
     d = resolve_params(KvOverrides(), None, None)
     assert (d.use_kv_events, d.kv_overlap_score_weight, d.block_size) == (True, 1.0, 16)
+    assert (d.router_track_active_blocks, d.router_track_prefill_tokens) == (True, True)
 
 
 @pytest.mark.parametrize(

@@ -154,7 +154,6 @@ def test_flag_and_env_names(flag, env, field, value):
             "router_track_output_blocks requires router_track_active_blocks",
         ),
         (["--router-ttl-secs", "0"], "router_ttl_secs > 0"),
-        (["--router-event-threads", "0"], "router_event_threads >= 1"),
         (["--router-block-size", "0"], "router_block_size > 0"),
         (["--capacity-addr", "nohost"], "expected host:port"),
     ],
@@ -173,7 +172,6 @@ def test_every_relation_is_refused_by_name(argv, reason):
         (["--pause-threshold", "abc"], {}),
         ([], {"DYN_THUNDERAGENT_PAUSE_TARGET": "nan"}),
         (["--pause-policy", "nope"], {}),
-        (["--router-queue-policy", "random"], {}),
         (["--no-such-flag"], {}),
     ],
 )
@@ -189,8 +187,7 @@ def test_kv_router_flags_are_forwarded():
             "0.5",
             "--no-use-kv-events",
             "--router-track-output-blocks",
-            "--router-queue-policy",
-            "wspt",
+            "--no-router-track-prefill-tokens",
         ],
         {"DYN_ROUTER_BLOCK_SIZE": "64"},
     )
@@ -199,9 +196,9 @@ def test_kv_router_flags_are_forwarded():
         kv["router_temperature"],
         kv["use_kv_events"],
         kv["router_track_output_blocks"],
-        kv["router_queue_policy"],
+        kv["router_track_prefill_tokens"],
         kv["router_block_size"],
-    ) == (0.5, False, True, "wspt", 64)
+    ) == (0.5, False, True, False, 64)
     assert load_config(["--use-kv-events"], {"DYN_USE_KV_EVENTS": "false"}).kv_router.use_kv_events is True
 
 

@@ -263,8 +263,9 @@ async def test_list_programs_fills_children_and_replica_bands(h):
 
 async def test_router_config_and_stats(h):
     cfg = await h.client.GetRouterConfig(pb.GetRouterConfigRequest())
-    assert cfg.router_block_size == 128 and cfg.use_kv_events and cfg.router_queue_policy == "fcfs"
+    assert cfg.router_block_size == 128 and cfg.use_kv_events
     assert cfg.kv_overlap_score_weight == 1.0 and cfg.router_ttl_secs == 120.0
+    assert cfg.router_track_active_blocks and cfg.router_track_prefill_tokens and not cfg.router_track_output_blocks
     await h.set_capacity({W: 1_000}, version=7)
     stats = await h.client.GetStats(pb.GetStatsRequest())
     assert stats.capacity_version == 7 and len(stats.replicas) == 1 and stats.replicas[0].retention_tokens == 1_000

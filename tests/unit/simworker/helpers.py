@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from services.simworker.core.api import EngineConfig, EngineRequest, RequestOutput
 from services.simworker.core.engine import SimEngine
-from services.simworker.core.timing import load_profile
+from services.simworker.profiles import load_profile
 
 
 def make_engine(**config) -> SimEngine:

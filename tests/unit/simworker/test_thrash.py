@@ -6,7 +6,7 @@ from __future__ import annotations
 from bench.replay import Program, Turn, replay_closed_loop
 from services.simworker.core.api import EngineConfig
 from services.simworker.core.engine import SimEngine
-from services.simworker.core.timing import load_profile
+from services.simworker.profiles import load_profile
 
 PAGE = 16
 CONVERSATIONS = 24

@@ -10,7 +10,8 @@ import pytest
 from services.common.errors import ConfigError
 from services.simworker.core import tokenizer
 from services.simworker.core.radix import page_hashes
-from services.simworker.core.timing import builtin_profiles, host_tokens_from_gb, load_profile
+from services.simworker.core.timing import host_tokens_from_gb, profile_from_fields
+from services.simworker.profiles import builtin_profiles, load_profile
 
 # -- tokenizer -------------------------------------------------------------------------------
 
@@ -90,6 +91,19 @@ def test_overrides_and_profile_files(tmp_path):
     js = tmp_path / "full.json"
     js.write_text('{"base": "glm45-fp8-h200", "name": "x", "decode_e0_ms": 20}')
     assert load_profile(js).decode_e0_ms == 20.0
+
+
+def test_the_core_builds_a_profile_from_fields_handed_in():
+    """core/timing.py reads no file: the shell hands it the fields (strings from flags coerced)."""
+    glm = load_profile("glm45-fp8-h200")
+    fields = {f: getattr(glm, f) for f in glm.__dataclass_fields__}
+    assert profile_from_fields(fields, label="x") == glm
+    derived = profile_from_fields(fields, {"decode_e0_ms": "20", "decode_on_prefill_only_steps": "false"}, label="x")
+    assert (derived.decode_e0_ms, derived.decode_on_prefill_only_steps) == (20.0, False)
+    with pytest.raises(ConfigError) as info:
+        profile_from_fields({"name": "partial", "decode_x": "context_k"}, label="partial.json")
+    assert (info.value.field, info.value.value) == ("profile", "partial.json")
+    assert "missing fields" in info.value.reason
 
 
 @pytest.mark.parametrize(
