@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from services.router.adapters.upstream import dumps
+from orjson import dumps
+
 from services.router.errors import BadRequest, quoted
 
 MAX_ID_BYTES = 256
