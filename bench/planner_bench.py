@@ -32,6 +32,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from services.common.ready import read_ready_file, wait_ready_file
 from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import EngineRate
@@ -203,12 +204,9 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
             cwd=ROOT,
             env=env,
         )
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or planner.poll() is not None:
-                raise RuntimeError("the planner did not start")
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
+        info = wait_ready_file(ready, 60, alive=lambda: planner.poll() is None)
+        if info is None:
+            raise RuntimeError("the planner did not start")
         with grpc.insecure_channel(info["grpc"]) as ch:
             stub = pb_grpc.PlannerStub(ch)
             deadline_ts = Timestamp()
@@ -366,7 +364,9 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
             line = up.stdout.readline()
             if not line or "Ctrl-C to stop" in line:
                 break
-        router = json.loads((tmp / "router.ready.json").read_text())
+        router = read_ready_file(tmp / "router.ready.json")
+        if router is None:
+            raise RuntimeError(f"bandmaster up wrote no router ready file in {tmp}")
         base_url = f"http://127.0.0.1:{router['http_port']}/v1"
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=2)
         _agents(base_url, agents, 2.0, tool_s, "warm")  # warm-up: connections, caches

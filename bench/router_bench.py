@@ -56,6 +56,7 @@ from bench.peers import chat_ok, launch_sglang_router
 from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from harness.stats import summary_ms
 from harness.supervisor import Supervisor
+from services.common.ready import wait_ready_file
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -337,13 +338,11 @@ def start_baseline_router(tree: Path, spec, state_dir: Path, name: str) -> tuple
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_process(process)
-            raise RuntimeError(f"{name} did not start; see {state_dir / f'{name}.log'}")
-        time.sleep(0.1)
-    return process, json.loads(ready.read_text())
+    info = wait_ready_file(ready, 120, alive=lambda: process.poll() is None, interval_s=0.1)
+    if info is None:
+        stop_process(process)
+        raise RuntimeError(f"{name} did not start; see {state_dir / f'{name}.log'}")
+    return process, info
 
 
 def start_stack(

@@ -15,7 +15,6 @@ Processes run under `services.common.orphan_guard`, so a test session killed out
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from services.common import orphan_guard
+from services.common.ready import read_ready_file
 from tests.support.eventually import assert_eventually, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,10 +182,11 @@ class Process:
 
     def _read_ready(self) -> dict[str, Any] | None:
         assert self.ready_file is not None, f"{self.name} was started without a ready file"
-        if not self.ready_file.exists():
+        ready = read_ready_file(self.ready_file)
+        if ready is None:
             return None
-        self.ready = json.loads(self.ready_file.read_text())
-        return self.ready
+        self.ready = ready
+        return ready
 
     def wait_ready(self, timeout_s: float = 30.0) -> Process:
         """Wait for the ready file; its JSON is then `self.ready`."""

@@ -17,7 +17,6 @@ unknown. Either stops the tick's effects.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -30,6 +29,7 @@ from typing import Awaitable, Callable, Protocol, Sequence
 from services.common import orphan_guard
 from services.common.child_stop import stop_child_async
 from services.common.clock import Clock
+from services.common.ready import read_ready_file
 from services.planner.core.types import Inventory
 
 log = logging.getLogger("services.planner.connector")
@@ -150,11 +150,13 @@ class LocalConnector:
             if p.proc.returncode is not None:
                 log.warning("local worker %s exited with %s", p.url if p.port else "(starting)", p.proc.returncode)
                 continue
-            if not p.port and p.ready_file.exists():
-                try:
-                    p.port = int(json.loads(p.ready_file.read_text())["port"])
-                except (ValueError, KeyError, OSError):
-                    pass
+            if not p.port:
+                ready = read_ready_file(p.ready_file)
+                if ready is not None:
+                    try:
+                        p.port = int(ready["port"])
+                    except (ValueError, KeyError, TypeError):
+                        pass
             alive.append(p)
         self.procs = alive
 
