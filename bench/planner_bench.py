@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from services.common.ready import read_ready_file, wait_ready_file
+from services.common.session_ids import SESSION_HEADER
 from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import EngineRate
@@ -282,7 +283,7 @@ def _agents(base_url: str, agents: int, seconds: float, tool_s: float, tag: str)
                 answer = _post(
                     base_url + "/chat/completions",
                     {"model": LIVE_MODEL, "messages": messages, "max_tokens": 32},
-                    {"X-Dynamo-Session-ID": f"{tag}-{i}"},
+                    {SESSION_HEADER: f"{tag}-{i}"},
                 )
             except OSError:
                 continue

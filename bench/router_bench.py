@@ -57,6 +57,7 @@ from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from harness.stats import summary_ms
 from harness.supervisor import Supervisor
 from services.common.ready import wait_ready_file
+from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -118,7 +119,7 @@ async def stream_loop(
     stop: asyncio.Event,
 ) -> None:
     """One closed-loop stream; with `session_id` every request is a turn of that program, then a final."""
-    headers = {"X-Dynamo-Session-ID": session_id} if session_id else {}
+    headers = {SESSION_HEADER: session_id} if session_id else {}
     prompt = f"stream {index}:" + FILLER_WORD * load.prompt_tokens
     turn = 0
     while not stop.is_set():
@@ -161,7 +162,7 @@ async def stream_loop(
         elif stats.measuring:
             stats.requests += 1
     if session_id:
-        final = {**headers, "X-Dynamo-Session-Final": "true"}
+        final = {**headers, FINAL_HEADER: "true"}
         body = {"model": MODEL, "messages": []}  # no content: the final request only releases the program
         try:
             async with session.post(url + "/v1/chat/completions", json=body, headers=final) as response:

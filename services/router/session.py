@@ -16,13 +16,17 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
+from services.common.session_ids import (  # noqa: F401 - the header names are re-exported
+    FINAL_HEADER,
+    MAX_ID_BYTES,
+    PARENT_HEADER,
+    SESSION_HEADER,
+    id_too_long,
+    printable_ascii,
+)
 from services.router.errors import BadRequest, quoted
 
-SESSION_HEADER = "X-Dynamo-Session-ID"
-PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
-FINAL_HEADER = "X-Dynamo-Session-Final"
 TRAFFIC_HEADER = "X-Bandmaster-Traffic"
-MAX_SESSION_ID_BYTES = 256
 _FINAL_VALUES = {"true": True, "false": False}
 
 
@@ -45,10 +49,10 @@ def normalize_session_id(value: str | None, field: str) -> str:
     if not text:
         return ""
     # ASCII first: a header's undecodable bytes arrive as surrogates, which cannot even be encoded.
-    if not text.isascii() or not text.isprintable():
+    if not printable_ascii(text):
         raise BadRequest(f"{field} must be printable ASCII", param=field)
-    if len(text) > MAX_SESSION_ID_BYTES:
-        raise BadRequest(f"{field} is longer than {MAX_SESSION_ID_BYTES} bytes", param=field)
+    if id_too_long(text):
+        raise BadRequest(f"{field} is longer than {MAX_ID_BYTES} bytes", param=field)
     return text
 
 
