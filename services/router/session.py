@@ -16,6 +16,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
+from services.common.config import TRUE_OR_FALSE, parse_bool
 from services.common.session_ids import (  # noqa: F401 - the header names are re-exported
     FINAL_HEADER,
     MAX_ID_BYTES,
@@ -27,7 +28,6 @@ from services.common.session_ids import (  # noqa: F401 - the header names are r
 from services.router.errors import BadRequest, quoted
 
 TRAFFIC_HEADER = "X-Bandmaster-Traffic"
-_FINAL_VALUES = {"true": True, "false": False}
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,12 @@ def parse_final(value: str | None) -> bool:
     """`true` / `false` in any case, trimmed; absent or empty is false; anything else raises BadRequest."""
     if value is None or not value.strip():
         return False
-    final = _FINAL_VALUES.get(value.strip().lower())
-    if final is None:
+    try:
+        return parse_bool(value, TRUE_OR_FALSE)
+    except ValueError:
         raise BadRequest(
             f"{FINAL_HEADER} must be true or false (case-insensitive), got {quoted(value)}", param=FINAL_HEADER
-        )
-    return final
+        ) from None
 
 
 def identity(
