@@ -30,6 +30,7 @@ from services.common import orphan_guard
 from services.common.child_stop import stop_child_async
 from services.common.clock import Clock
 from services.common.ready import read_ready_file
+from services.common.retry import RetryPolicy, retrying
 from services.planner.core.types import Inventory
 
 log = logging.getLogger("services.planner.connector")
@@ -263,7 +264,8 @@ class KubernetesConnector:
 
         api = self._client()
         t = self.target
-        for attempt in range(3):
+
+        async def claim() -> None:
             dep = await self._call(api.read_namespaced_deployment, t.deployment, t.namespace)
             body = {
                 "metadata": {
@@ -271,18 +273,24 @@ class KubernetesConnector:
                     "annotations": {FENCE_ANNOTATION: t.writer_id},
                 }
             }
-            try:
-                await self._call(
-                    api.patch_namespaced_deployment,
-                    t.deployment,
-                    t.namespace,
-                    body,
-                    _content_type="application/merge-patch+json",
-                )
-                break
-            except ApiException as exc:
-                if exc.status != 409 or attempt == 2:
-                    raise
+            await self._call(
+                api.patch_namespaced_deployment,
+                t.deployment,
+                t.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+
+        # A 409 is another writer's change between our read and our patch: read again and retry (3 tries).
+        await retrying(
+            claim,
+            RetryPolicy(
+                first_delay_s=0.0,
+                max_attempts=3,
+                retry_on=(ApiException,),
+                retry_if=lambda exc: getattr(exc, "status", None) == 409,
+            ),
+        )
         dep = await self._call(api.read_namespaced_deployment, t.deployment, t.namespace)
         if (dep.metadata.annotations or {}).get(FENCE_ANNOTATION) != t.writer_id:
             raise ConnectorRefused(f"deployment {t.deployment}: writer fence not held after claiming it")
