@@ -32,6 +32,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child
 from services.common.ready import read_ready_file, wait_ready_file
 from services.common.session_ids import SESSION_HEADER
 from services.planner.core.batch_policy import BatchPolicyConfig
@@ -161,11 +163,7 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     port = _free_port()
-    redis = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    redis = start_child([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], None)
     ready = tmp / "ready.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     planner = None
@@ -246,11 +244,8 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
             },
         }
     finally:
-        if planner is not None:
-            planner.terminate()
-            planner.wait(timeout=20)
-        redis.terminate()
-        redis.wait(timeout=10)
+        stop_child(planner, 20.0, name="planner")
+        stop_child(redis, 10.0, name="redis-server")
         shutil.rmtree(tmp, ignore_errors=True)
 
 

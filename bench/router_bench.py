@@ -56,6 +56,8 @@ from bench.peers import chat_ok, launch_sglang_router
 from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from harness.stats import summary_ms
 from harness.supervisor import Supervisor
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child
 from services.common.ready import wait_ready_file
 from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
 
@@ -303,13 +305,7 @@ class Stack:
 
 
 def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_child(process, 10.0, name="router-bench child")
 
 
 def checkout(ref: str, into: Path) -> str:
@@ -330,15 +326,12 @@ def start_baseline_router(tree: Path, spec, state_dir: Path, name: str) -> tuple
     that tree's services); returns the process and its ready file once written."""
     ready = state_dir / f"{name}.ready.json"
     ready.unlink(missing_ok=True)
-    with open(state_dir / f"{name}.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", spec.module, *spec.args, "--ready-file", str(ready)],
-            cwd=tree,
-            env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    process = start_child(
+        [sys.executable, "-m", spec.module, *spec.args, "--ready-file", str(ready)],
+        state_dir / f"{name}.log",
+        cwd=tree,
+        env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
+    )
     info = wait_ready_file(ready, 120, alive=lambda: process.poll() is None, interval_s=0.1)
     if info is None:
         stop_process(process)

@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import orphan_guard
+from services.common.child_start import start_child
 from services.common.child_stop import stop_child
 from services.common.ready import read_ready_file
 
@@ -87,15 +88,7 @@ class Supervisor:
         log_path = self.state_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         cmd = orphan_guard.command(self.python, spec.module, [*spec.args, "--ready-file", str(ready_file)])
-        with open(log_path, "ab") as log_fh:
-            process = subprocess.Popen(
-                cmd,
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=os.getcwd(),
-            )
+        process = start_child(cmd, log_path, env=env, cwd=os.getcwd())
         child = Child(spec, process, ready_file, log_path)
         self.children.append(child)
         log.debug("started %s pid=%d: %s", spec.name, process.pid, " ".join(cmd))

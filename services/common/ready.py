@@ -1,6 +1,7 @@
 """The ready file: a service publishes where it listens, once serving, for a supervising process
 (`bandmaster up`, the planner's local connector, benches, tests) that polls for it. Both ends live
-here: `write_ready_file` (the service) and `read_ready_file` / `wait_ready_file` (every reader).
+here: `write_ready_file` (the service) and `read_ready_file` / `wait_ready_file` (and its async twin,
+`wait_ready_file_async`) for every reader.
 
 The file appears whole or not at all: the JSON is written to a temporary file in the same directory,
 then renamed over `path`. A reader never sees a partial document.
@@ -8,6 +9,7 @@ then renamed over `path`. A reader never sees a partial document.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import tempfile
@@ -61,3 +63,19 @@ def wait_ready_file(
         if not alive() or time.monotonic() > deadline:
             return None
         time.sleep(interval_s)
+
+
+async def wait_ready_file_async(
+    path: str | Path,
+    timeout_s: float,
+    *,
+    alive: Callable[[], bool] = lambda: True,
+    interval_s: float = 0.05,
+) -> dict[str, Any] | None:
+    """`wait_ready_file` for a caller on an event loop: the same bound, the loop's sleep."""
+    deadline = time.monotonic() + timeout_s
+    while (payload := read_ready_file(path)) is None:
+        if not alive() or time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(interval_s)
+    return payload

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from services.common import orphan_guard
+from services.common.child_start import start_child
 from services.common.ready import read_ready_file
 from tests.support.eventually import assert_eventually, wait_until
 
@@ -288,17 +289,8 @@ def start(
         ready_file.unlink(missing_ok=True)
     env = base_env() if env is None else env
     log_path = tmp / f"{name}.log"
-    with open(log_path, "ab") as log:
-        offset = log.tell()
-        popen = subprocess.Popen(
-            _guarded(argv, env),
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=new_session,
-        )
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    popen = start_child(_guarded(argv, env), log_path, env=env, cwd=cwd, new_session=new_session)
     process = Process(name, argv, popen, log_path, offset, ready_file)
     _started.append(process)
     return process
