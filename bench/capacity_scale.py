@@ -30,12 +30,12 @@ import grpc
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from harness.stats import percentile
-from harness.stats import wait_for_json_file as _wait_file
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
 from services.common import orphan_guard
 from services.common.child_stop import stop_child_async
+from services.common.ready import wait_ready_file_async
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +172,10 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
     )
     ws: list[Watcher] = []
     try:
-        address = (await _wait_file(ready, 30))["grpc"]
+        published = await wait_ready_file_async(ready, 30)
+        if published is None:
+            raise TimeoutError(f"{ready} did not appear")
+        address = published["grpc"]
         async with grpc.aio.insecure_channel(address) as channel:
             client = pb_grpc.CapacityStub(channel)
             t0 = time.perf_counter()

@@ -73,6 +73,8 @@ from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
 from harness.workloads import Program
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child
 from services.common.config import require
 from services.common.errors import ConfigError
 
@@ -709,15 +711,7 @@ def read_command(pid: int, fallback_argv: Sequence[str] | None = None) -> Launch
 
 def launch(command: LaunchedCommand, log_path: Path) -> subprocess.Popen:
     """Start `command` (from the event loop's thread: the orphan guard ties the child to this thread)."""
-    with open(log_path, "ab") as log_fh:
-        return subprocess.Popen(
-            command.argv,
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=command.env,
-            cwd=command.cwd,
-        )
+    return start_child(command.argv, log_path, env=command.env, cwd=command.cwd)
 
 
 @dataclass
@@ -1047,14 +1041,7 @@ class Stack:
                     except OSError:
                         pass
             self.cluster.stop()
-        if self.redis is not None and self.redis.poll() is None:
-            os.kill(self.redis.pid, signal.SIGCONT)
-            self.redis.terminate()
-            try:
-                self.redis.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.redis.kill()
-                self.redis.wait()
+        stop_child(self.redis, 10.0, name="redis-server")  # SIGTERM + SIGCONT (a frozen one), then SIGKILL
 
 
 class Injector:

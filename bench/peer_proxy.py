@@ -35,12 +35,13 @@ from aiohttp import web
 from harness.peers import PEERS, ContinuumParams, PeerPolicy, ThunderAgentParams, Wake
 from harness.simlib.scenario import make_peer
 from services.common.errors import ConfigError
+from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
 from services.simworker.profiles import load_profile
 
 log = logging.getLogger("bench.peer_proxy")
 
-SESSION = "X-Dynamo-Session-ID"
-FINAL = "X-Dynamo-Session-Final"
+SESSION = SESSION_HEADER
+FINAL = FINAL_HEADER
 START_TIMEOUT_S = 60.0
 # Before any usage was seen: about 4 bytes of chat JSON per token; learned from usage after that.
 INITIAL_TOKENS_PER_BYTE = 0.25

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from services.common import orphan_guard
+from services.common.child_start import start_child
 
 
 def free_port() -> int:
@@ -25,34 +26,32 @@ def launch_sglang_router(worker_urls: Sequence[str], policy: str, log_path: Path
     """SGLang's own router (`sglang-router` from PyPI) in front of `worker_urls`; returns the process
     and its base URL. It registers workers in the background: callers wait until it routes."""
     port = free_port()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            orphan_guard.command(
-                sys.executable,
-                "sglang_router.launch_router",
-                [
-                    "--worker-urls",
-                    *worker_urls,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--policy",
-                    policy,
-                    "--log-level",
-                    "warn",
-                    # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
-                    "--prometheus-host",
-                    "127.0.0.1",
-                    "--prometheus-port",
-                    str(free_port()),
-                ],
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": "warn"},
-        )
+    process = start_child(
+        orphan_guard.command(
+            sys.executable,
+            "sglang_router.launch_router",
+            [
+                "--worker-urls",
+                *worker_urls,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                policy,
+                "--log-level",
+                "warn",
+                # Its metrics port defaults to a fixed 29000: take a free one so that runs do not collide.
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
+            ],
+        ),
+        log_path,
+        env={**os.environ, "RUST_LOG": "warn"},
+        truncate=True,
+    )
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -63,28 +62,26 @@ def launch_peer_proxy(
     its clock scaled by the workers' `speedup`; returns the process and its base URL. It reads the
     workers' /server_info before it listens: callers wait until it routes."""
     port = free_port()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            orphan_guard.command(
-                sys.executable,
-                "bench.peer_proxy",
-                [
-                    "--policy",
-                    policy,
-                    "--worker-urls",
-                    *worker_urls,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--speedup",
-                    repr(speedup),
-                ],
-            ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
+    process = start_child(
+        orphan_guard.command(
+            sys.executable,
+            "bench.peer_proxy",
+            [
+                "--policy",
+                policy,
+                "--worker-urls",
+                *worker_urls,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--speedup",
+                repr(speedup),
+            ],
+        ),
+        log_path,
+        truncate=True,
+    )
     return process, f"http://127.0.0.1:{port}"
 
 

@@ -32,6 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child
+from services.common.ready import read_ready_file, wait_ready_file
+from services.common.session_ids import SESSION_HEADER
 from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import EngineRate
@@ -159,11 +163,7 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
 
     tmp = Path(tempfile.mkdtemp(prefix="planner-bench-"))
     port = _free_port()
-    redis = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    redis = start_child([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], None)
     ready = tmp / "ready.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     planner = None
@@ -203,12 +203,9 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
             cwd=ROOT,
             env=env,
         )
-        deadline = time.monotonic() + 60
-        while not ready.exists():
-            if time.monotonic() > deadline or planner.poll() is not None:
-                raise RuntimeError("the planner did not start")
-            time.sleep(0.05)
-        info = json.loads(ready.read_text())
+        info = wait_ready_file(ready, 60, alive=lambda: planner.poll() is None)
+        if info is None:
+            raise RuntimeError("the planner did not start")
         with grpc.insecure_channel(info["grpc"]) as ch:
             stub = pb_grpc.PlannerStub(ch)
             deadline_ts = Timestamp()
@@ -247,11 +244,8 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
             },
         }
     finally:
-        if planner is not None:
-            planner.terminate()
-            planner.wait(timeout=20)
-        redis.terminate()
-        redis.wait(timeout=10)
+        stop_child(planner, 20.0, name="planner")
+        stop_child(redis, 10.0, name="redis-server")
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -284,7 +278,7 @@ def _agents(base_url: str, agents: int, seconds: float, tool_s: float, tag: str)
                 answer = _post(
                     base_url + "/chat/completions",
                     {"model": LIVE_MODEL, "messages": messages, "max_tokens": 32},
-                    {"X-Dynamo-Session-ID": f"{tag}-{i}"},
+                    {SESSION_HEADER: f"{tag}-{i}"},
                 )
             except OSError:
                 continue
@@ -366,7 +360,9 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
             line = up.stdout.readline()
             if not line or "Ctrl-C to stop" in line:
                 break
-        router = json.loads((tmp / "router.ready.json").read_text())
+        router = read_ready_file(tmp / "router.ready.json")
+        if router is None:
+            raise RuntimeError(f"bandmaster up wrote no router ready file in {tmp}")
         base_url = f"http://127.0.0.1:{router['http_port']}/v1"
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=2)
         _agents(base_url, agents, 2.0, tool_s, "warm")  # warm-up: connections, caches

@@ -56,6 +56,10 @@ from bench.peers import chat_ok, launch_sglang_router
 from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from harness.stats import summary_ms
 from harness.supervisor import Supervisor
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child
+from services.common.ready import wait_ready_file
+from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"
@@ -117,7 +121,7 @@ async def stream_loop(
     stop: asyncio.Event,
 ) -> None:
     """One closed-loop stream; with `session_id` every request is a turn of that program, then a final."""
-    headers = {"X-Dynamo-Session-ID": session_id} if session_id else {}
+    headers = {SESSION_HEADER: session_id} if session_id else {}
     prompt = f"stream {index}:" + FILLER_WORD * load.prompt_tokens
     turn = 0
     while not stop.is_set():
@@ -160,7 +164,7 @@ async def stream_loop(
         elif stats.measuring:
             stats.requests += 1
     if session_id:
-        final = {**headers, "X-Dynamo-Session-Final": "true"}
+        final = {**headers, FINAL_HEADER: "true"}
         body = {"model": MODEL, "messages": []}  # no content: the final request only releases the program
         try:
             async with session.post(url + "/v1/chat/completions", json=body, headers=final) as response:
@@ -301,13 +305,7 @@ class Stack:
 
 
 def stop_process(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_child(process, 10.0, name="router-bench child")
 
 
 def checkout(ref: str, into: Path) -> str:
@@ -328,22 +326,17 @@ def start_baseline_router(tree: Path, spec, state_dir: Path, name: str) -> tuple
     that tree's services); returns the process and its ready file once written."""
     ready = state_dir / f"{name}.ready.json"
     ready.unlink(missing_ok=True)
-    with open(state_dir / f"{name}.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", spec.module, *spec.args, "--ready-file", str(ready)],
-            cwd=tree,
-            env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    deadline = time.monotonic() + 120
-    while not ready.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            stop_process(process)
-            raise RuntimeError(f"{name} did not start; see {state_dir / f'{name}.log'}")
-        time.sleep(0.1)
-    return process, json.loads(ready.read_text())
+    process = start_child(
+        [sys.executable, "-m", spec.module, *spec.args, "--ready-file", str(ready)],
+        state_dir / f"{name}.log",
+        cwd=tree,
+        env={**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"},
+    )
+    info = wait_ready_file(ready, 120, alive=lambda: process.poll() is None, interval_s=0.1)
+    if info is None:
+        stop_process(process)
+        raise RuntimeError(f"{name} did not start; see {state_dir / f'{name}.log'}")
+    return process, info
 
 
 def start_stack(

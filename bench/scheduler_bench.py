@@ -27,7 +27,6 @@ import platform
 import random
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +38,11 @@ from prometheus_client import CollectorRegistry
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from harness.stats import percentile
-from harness.stats import wait_for_json_file as _wait_file
 from services.common import orphan_guard
-from services.common.child_stop import stop_child_async
+from services.common.child_start import start_child
+from services.common.child_stop import stop_child, stop_child_async
 from services.common.clock import SystemClock
+from services.common.ready import wait_ready_file_async
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
     SqliteStateStore,
@@ -176,7 +176,9 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
                     env=_env(),
                 )
             )
-            cap = await _wait_file(cap_ready, 30)
+            cap = await wait_ready_file_async(cap_ready, 30)
+            if cap is None:
+                raise TimeoutError(f"{cap_ready} did not appear")
             procs.append(
                 await asyncio.create_subprocess_exec(
                     *orphan_guard.command(
@@ -201,7 +203,9 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
                     env=_env(),
                 )
             )
-            sched = await _wait_file(sched_ready, 30)
+            sched = await wait_ready_file_async(sched_ready, 30)
+            if sched is None:
+                raise TimeoutError(f"{sched_ready} did not appear")
             chans = [
                 grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(channels)
@@ -348,14 +352,13 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
             report["redis"] = None  # not installed (make system-deps installs it)
             return report
         port = _free_port()
-        server = subprocess.Popen(
+        server = start_child(
             orphan_guard.exec_command(
                 sys.executable,
                 binary,
                 ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
             ),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            None,
         )
         try:
             deadline = time.monotonic() + 10
@@ -370,8 +373,7 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
             url = f"redis://127.0.0.1:{port}/0"
             report["redis"] = await _time_recovery(lambda: RedisStateStore(url, "bench:", 10.0), batch, repeats)
         finally:
-            server.terminate()
-            server.wait(10)
+            stop_child(server, 10.0, name="redis-server")
     return report
 
 

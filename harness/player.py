@@ -41,9 +41,10 @@ from harness.workloads import (
     trace_programs,
 )
 from services.common.config import require
+from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
 
-SESSION = "X-Dynamo-Session-ID"
-FINAL = "X-Dynamo-Session-Final"
+SESSION = SESSION_HEADER
+FINAL = FINAL_HEADER
 SYSTEM_PROMPT_TOKENS = 400
 
 

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 import statistics
-import time
-from pathlib import Path
 from typing import Sequence
 
 
@@ -39,13 +35,3 @@ def summary_ms(values_s: Sequence[float]) -> dict:
         "mean": statistics.fmean(ms) if ms else float("nan"),
         "n": len(ms),
     }
-
-
-async def wait_for_json_file(path: Path, timeout_s: float) -> dict:
-    """The JSON a child process writes once it serves (its ready file)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return json.loads(path.read_text())
-        await asyncio.sleep(0.05)
-    raise TimeoutError(f"{path} did not appear")

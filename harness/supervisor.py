@@ -9,7 +9,6 @@ so that even a SIGKILL of the supervisor does not leave them running.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -27,7 +26,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.common import orphan_guard
+from services.common.child_start import start_child
 from services.common.child_stop import stop_child
+from services.common.ready import read_ready_file
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +88,7 @@ class Supervisor:
         log_path = self.state_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
         cmd = orphan_guard.command(self.python, spec.module, [*spec.args, "--ready-file", str(ready_file)])
-        with open(log_path, "ab") as log_fh:
-            process = subprocess.Popen(
-                cmd,
-                stdout=log_fh,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=os.getcwd(),
-            )
+        process = start_child(cmd, log_path, env=env, cwd=os.getcwd())
         child = Child(spec, process, ready_file, log_path)
         self.children.append(child)
         log.debug("started %s pid=%d: %s", spec.name, process.pid, " ".join(cmd))
@@ -109,13 +102,9 @@ class Supervisor:
                     f"{child.spec.name} exited with code {child.process.returncode} before serving:\n"
                     + self.tail(child)
                 )
-            if child.ready_file.exists():
-                try:
-                    child.ready = json.loads(child.ready_file.read_text())
-                except (OSError, ValueError):
-                    child.ready = {}
-                if child.ready and self._probe(child):
-                    return
+            child.ready = read_ready_file(child.ready_file) or {}
+            if child.ready and self._probe(child):
+                return
             time.sleep(0.05)
         raise StartupError(f"{child.spec.name} did not report SERVING within {timeout_s:.0f}s:\n" + self.tail(child))
 

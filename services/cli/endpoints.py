@@ -18,6 +18,7 @@ import grpc
 
 from services.common.certs import LocalPki
 from services.common.ports import DEFAULT_PORTS
+from services.common.ready import read_ready_file
 from services.common.security import client_security
 
 CLUSTER_FILE_ENV = "BANDMASTER_CLUSTER_FILE"
@@ -103,10 +104,7 @@ def ready(state_dir: Path | None, name: str) -> dict:
     """A child's ready file in a `bandmaster up` state dir ({} when absent)."""
     if state_dir is None:
         return {}
-    try:
-        return json.loads((state_dir / f"{name}.ready.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_ready_file(state_dir / f"{name}.ready.json") or {}
 
 
 def discover(args: argparse.Namespace, *addresses: str, env: Mapping[str, str] = os.environ) -> None:

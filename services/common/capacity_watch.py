@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from typing import Any, Callable
 
 import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
+from services.common.retry import Backoff, RetryPolicy
 
 
 def _ignore(*_: Any) -> None:
@@ -92,7 +92,8 @@ class CapacityWatch:
         )
 
     async def run(self) -> None:
-        backoff_s = self.initial_backoff_s
+        # Read at each start: tests shorten the waits on a built watch. The cap bounds every wait.
+        backoff = Backoff(RetryPolicy(min(self.initial_backoff_s, self.max_backoff_s), self.max_backoff_s, jitter=0.5))
         in_outage = False
         while not self._stopping:
             try:
@@ -102,7 +103,7 @@ class CapacityWatch:
                             "capacity stream to %s recovered (snapshot version %d)", self.address, self.version
                         )
                         in_outage = False
-                    backoff_s = self.initial_backoff_s
+                    backoff.reset()
                 reason = "stream ended"
             except asyncio.CancelledError:
                 raise
@@ -130,8 +131,7 @@ class CapacityWatch:
                 in_outage = True
             else:
                 self.log.debug("capacity stream still down: %s", reason)
-            await asyncio.sleep(backoff_s * random.uniform(0.5, 1.0))
-            backoff_s = min(self.max_backoff_s, backoff_s * 2)
+            await asyncio.sleep(backoff.failed())
 
     async def _follow_once(self):
         """Yield once per message received; hand each real (non-heartbeat) change to `on_snapshot`."""

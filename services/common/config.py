@@ -15,17 +15,22 @@ from typing import Any, Callable, Mapping, Sequence
 
 from services.common.errors import ConfigError
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+FLAG_BOOLEANS: Mapping[str, bool] = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
+"""What a boolean flag or environment variable may say (any case)."""
+
+TRUE_OR_FALSE: Mapping[str, bool] = {"true": True, "false": False}
+"""The strict vocabulary of a protocol header (`X-Dynamo-Session-Final`): `1`, `yes` or `on` are refused."""
 
 
-def parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+def parse_bool(text: str, words: Mapping[str, bool] = FLAG_BOOLEANS) -> bool:
+    """The one boolean parser: `text` trimmed and in any case must be one of `words`, else ValueError."""
+    value = words.get(text.strip().lower())
+    if value is None:
+        raise ValueError(f"expected one of {sorted(words)}")
+    return value
 
 
 def parse_float(text: str) -> float:

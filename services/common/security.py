@@ -52,6 +52,7 @@ from aiohttp import web
 
 from services.common.config import Setting, parse_host_port
 from services.common.errors import ConfigError
+from services.common.openai_errors import error_body
 
 log = logging.getLogger(__name__)
 
@@ -400,7 +401,7 @@ def openai_auth_error(verdict: Verdict, headers: Mapping[str, str] | None = None
             "missing or invalid bearer token (Authorization: Bearer <token>)",
             "invalid_api_key",
         )
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+    body = error_body(message, code=code)
     return web.Response(
         status=status,
         text=json.dumps(body),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import grpc
 
-# The one quoting helper lives in services/common/http_errors.py (the metrics ports' 404s use it too).
-from services.common.http_errors import ECHO_MAX_CHARS, quoted  # noqa: F401 - re-exported
+# The one body builder and quoting helper live in services/common/openai_errors.py (every HTTP edge uses them).
+from services.common.openai_errors import ECHO_MAX_CHARS, error_body, quoted  # noqa: F401 - re-exported
 
 
 class RouterError(Exception):
@@ -29,7 +29,7 @@ class RouterError(Exception):
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return error_body(self.message, type_=self.error_type, code=self.code, param=self.param)
 
 
 class BadRequest(RouterError):

@@ -12,12 +12,12 @@ from typing import AsyncIterator
 
 import grpc
 from opentelemetry import trace
+from orjson import loads
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
 from services.common.telemetry import grpc_parent
 from services.router import session, validation
-from services.router.adapters.upstream import loads
 from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout

@@ -23,12 +23,12 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from opentelemetry import propagate, trace
+from orjson import dumps, loads
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.router import session, validation
 from services.router.adapters.batch_api import BatchApiProxy, is_batch_path
-from services.router.adapters.upstream import dumps, loads
 from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import (

@@ -42,10 +42,10 @@ from aiohttp.http_exceptions import (
     LineTooLong,
     TransferEncodingError,
 )
+from orjson import dumps
 
 from services.common.ports import PortInUse, binding
 from services.common.security import Role, Tokens, Verdict, authorize, bearer_of
-from services.router.adapters.upstream import dumps
 from services.router.core.limits import ConnectionLimitParams, ConnectionRefusal, ConnectionShares
 from services.router.errors import BadRequest, Internal, Overloaded, RouterError, UnsupportedMediaType, quoted
 from services.router.metrics import RouterMetrics

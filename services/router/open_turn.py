@@ -14,9 +14,9 @@ from typing import AsyncIterator, Protocol
 import aiohttp
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from orjson import loads
 
 from services.router.adapters.scheduler import Admission
-from services.router.adapters.upstream import loads
 from services.router.circuits import WorkerCircuits
 from services.router.core.outcome import Outcome
 from services.router.core.types import Replica, WorkerView

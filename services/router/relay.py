@@ -13,7 +13,8 @@ from __future__ import annotations
 import enum
 from typing import Callable
 
-from services.router.adapters.upstream import dumps, loads
+from orjson import dumps, loads
+
 from services.router.redaction import redact
 from services.router.turn_types import Api
 

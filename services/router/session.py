@@ -16,14 +16,18 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
+from services.common.config import TRUE_OR_FALSE, parse_bool
+from services.common.session_ids import (  # noqa: F401 - the header names are re-exported
+    FINAL_HEADER,
+    MAX_ID_BYTES,
+    PARENT_HEADER,
+    SESSION_HEADER,
+    id_too_long,
+    printable_ascii,
+)
 from services.router.errors import BadRequest, quoted
 
-SESSION_HEADER = "X-Dynamo-Session-ID"
-PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
-FINAL_HEADER = "X-Dynamo-Session-Final"
 TRAFFIC_HEADER = "X-Bandmaster-Traffic"
-MAX_SESSION_ID_BYTES = 256
-_FINAL_VALUES = {"true": True, "false": False}
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,10 @@ def normalize_session_id(value: str | None, field: str) -> str:
     if not text:
         return ""
     # ASCII first: a header's undecodable bytes arrive as surrogates, which cannot even be encoded.
-    if not text.isascii() or not text.isprintable():
+    if not printable_ascii(text):
         raise BadRequest(f"{field} must be printable ASCII", param=field)
-    if len(text) > MAX_SESSION_ID_BYTES:
-        raise BadRequest(f"{field} is longer than {MAX_SESSION_ID_BYTES} bytes", param=field)
+    if id_too_long(text):
+        raise BadRequest(f"{field} is longer than {MAX_ID_BYTES} bytes", param=field)
     return text
 
 
@@ -56,12 +60,12 @@ def parse_final(value: str | None) -> bool:
     """`true` / `false` in any case, trimmed; absent or empty is false; anything else raises BadRequest."""
     if value is None or not value.strip():
         return False
-    final = _FINAL_VALUES.get(value.strip().lower())
-    if final is None:
+    try:
+        return parse_bool(value, TRUE_OR_FALSE)
+    except ValueError:
         raise BadRequest(
             f"{FINAL_HEADER} must be true or false (case-insensitive), got {quoted(value)}", param=FINAL_HEADER
-        )
-    return final
+        ) from None
 
 
 def identity(

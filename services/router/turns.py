@@ -39,10 +39,11 @@ from typing import Any, Awaitable, Mapping
 import aiohttp
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
+from orjson import loads
 
 from services.common.tokenizer import ChatTemplateError
 from services.router.adapters.scheduler import Admission, FailOpen, SchedulerClient
-from services.router.adapters.upstream import Upstream, loads
+from services.router.adapters.upstream import Upstream
 from services.router.circuits import WorkerCircuits
 from services.router.core.admission_cache import CachedAdmission
 from services.router.core.context_fit import chat_content_chars, context_limit, overflow

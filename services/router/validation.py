@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from services.router.adapters.upstream import dumps
+from orjson import dumps
+
+from services.common.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
 from services.router.errors import BadRequest, quoted
 
-MAX_ID_BYTES = 256
 MAX_TOKEN_ID = 2**31 - 1  # SGLang token ids are int32; the prefix hash packs them as u32
 # (name, low, high) of the OpenAI sampling fields; SGLang's /generate takes temperature >= 0 unbounded.
 OPENAI_RANGES = (
@@ -55,7 +56,7 @@ def is_token_list(value: Any) -> bool:
 
 def request_id(value: str, field: str = "request_id") -> str:
     """A client-given request id: at most 256 bytes of printable ASCII (the scheduler's rule)."""
-    if len(value) > MAX_ID_BYTES or not value.isascii() or not value.isprintable():
+    if id_too_long(value) or not printable_ascii(value):
         raise BadRequest(f"{field} must be at most {MAX_ID_BYTES} characters of printable ASCII", param=field)
     return value
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from services.common.clock import Clock
+from services.common.retry import Backoff, RetryPolicy
 from services.scheduler.adapters.state_store import (
     StateStore,
     StoreBusy,
@@ -45,6 +46,9 @@ from services.scheduler.core.state import CoreState
 from services.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger("services.scheduler.state")
+
+LOAD_RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=2.0)
+"""A state store that does not answer at start: tried again after 0.2 s, doubling to 2 s, until the load bound."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +126,7 @@ class StatePersister:
         lost its data while this replica could not write); the first batch writes it back whole."""
         started = time.perf_counter()
         deadline = time.monotonic() + load_timeout_s
-        delay_s = 0.2
+        backoff = Backoff(LOAD_RETRY)
         while True:
             try:
                 async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
@@ -135,8 +139,7 @@ class StatePersister:
                         f"{load_timeout_s:g}s: {exc or 'timed out'}"
                     ) from None
                 log.warning("scheduler state: %s not readable yet (%s); retrying", self.store.description, exc)
-                await asyncio.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
-                delay_s = min(2.0, delay_s * 2)
+                await asyncio.sleep(backoff.failed(remaining_s=deadline - time.monotonic()))
         loaded = time.perf_counter()
         decoded = decode_state(stored, self._wall_offset())
         state = decoded.state

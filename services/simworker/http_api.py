@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from aiohttp import web
 from opentelemetry import trace
+from orjson import dumps
 
 from services.common.http_errors import json_errors
 from services.common.security import bearer_of
@@ -34,17 +35,6 @@ from services.simworker.core.api import EngineRequest, RequestOutput
 from services.simworker.driver import DriverStopped, EngineDriver
 from services.simworker.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from services.simworker.metrics import SimWorkerMetrics
-
-try:  # orjson is much faster on the token path; plain json keeps working without it.
-    import orjson
-
-    def dumps(obj: Any) -> bytes:
-        return orjson.dumps(obj)
-except ImportError:  # pragma: no cover - depends on the environment
-
-    def dumps(obj: Any) -> bytes:
-        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ Processes run under `services.common.orphan_guard`, so a test session killed out
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from services.common import orphan_guard
+from services.common.child_start import start_child
+from services.common.ready import read_ready_file
 from tests.support.eventually import assert_eventually, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,10 +183,11 @@ class Process:
 
     def _read_ready(self) -> dict[str, Any] | None:
         assert self.ready_file is not None, f"{self.name} was started without a ready file"
-        if not self.ready_file.exists():
+        ready = read_ready_file(self.ready_file)
+        if ready is None:
             return None
-        self.ready = json.loads(self.ready_file.read_text())
-        return self.ready
+        self.ready = ready
+        return ready
 
     def wait_ready(self, timeout_s: float = 30.0) -> Process:
         """Wait for the ready file; its JSON is then `self.ready`."""
@@ -287,17 +289,8 @@ def start(
         ready_file.unlink(missing_ok=True)
     env = base_env() if env is None else env
     log_path = tmp / f"{name}.log"
-    with open(log_path, "ab") as log:
-        offset = log.tell()
-        popen = subprocess.Popen(
-            _guarded(argv, env),
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=new_session,
-        )
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    popen = start_child(_guarded(argv, env), log_path, env=env, cwd=cwd, new_session=new_session)
     process = Process(name, argv, popen, log_path, offset, ready_file)
     _started.append(process)
     return process

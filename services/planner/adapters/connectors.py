@@ -17,7 +17,6 @@ unknown. Either stops the tick's effects.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -30,6 +29,8 @@ from typing import Awaitable, Callable, Protocol, Sequence
 from services.common import orphan_guard
 from services.common.child_stop import stop_child_async
 from services.common.clock import Clock
+from services.common.ready import read_ready_file
+from services.common.retry import RetryPolicy, retrying
 from services.planner.core.types import Inventory
 
 log = logging.getLogger("services.planner.connector")
@@ -150,11 +151,13 @@ class LocalConnector:
             if p.proc.returncode is not None:
                 log.warning("local worker %s exited with %s", p.url if p.port else "(starting)", p.proc.returncode)
                 continue
-            if not p.port and p.ready_file.exists():
-                try:
-                    p.port = int(json.loads(p.ready_file.read_text())["port"])
-                except (ValueError, KeyError, OSError):
-                    pass
+            if not p.port:
+                ready = read_ready_file(p.ready_file)
+                if ready is not None:
+                    try:
+                        p.port = int(ready["port"])
+                    except (ValueError, KeyError, TypeError):
+                        pass
             alive.append(p)
         self.procs = alive
 
@@ -261,7 +264,8 @@ class KubernetesConnector:
 
         api = self._client()
         t = self.target
-        for attempt in range(3):
+
+        async def claim() -> None:
             dep = await self._call(api.read_namespaced_deployment, t.deployment, t.namespace)
             body = {
                 "metadata": {
@@ -269,18 +273,24 @@ class KubernetesConnector:
                     "annotations": {FENCE_ANNOTATION: t.writer_id},
                 }
             }
-            try:
-                await self._call(
-                    api.patch_namespaced_deployment,
-                    t.deployment,
-                    t.namespace,
-                    body,
-                    _content_type="application/merge-patch+json",
-                )
-                break
-            except ApiException as exc:
-                if exc.status != 409 or attempt == 2:
-                    raise
+            await self._call(
+                api.patch_namespaced_deployment,
+                t.deployment,
+                t.namespace,
+                body,
+                _content_type="application/merge-patch+json",
+            )
+
+        # A 409 is another writer's change between our read and our patch: read again and retry (3 tries).
+        await retrying(
+            claim,
+            RetryPolicy(
+                first_delay_s=0.0,
+                max_attempts=3,
+                retry_on=(ApiException,),
+                retry_if=lambda exc: getattr(exc, "status", None) == 409,
+            ),
+        )
         dep = await self._call(api.read_namespaced_deployment, t.deployment, t.namespace)
         if (dep.metadata.annotations or {}).get(FENCE_ANNOTATION) != t.writer_id:
             raise ConnectorRefused(f"deployment {t.deployment}: writer fence not held after claiming it")

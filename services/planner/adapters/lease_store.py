@@ -41,6 +41,7 @@ import math
 import secrets
 from typing import Protocol
 
+from services.common.retry import RetryPolicy, retrying
 from services.planner.core.types import Lease, LeaseDecision
 
 log = logging.getLogger("services.planner.lease")
@@ -278,17 +279,19 @@ class RedisLeaseStore:
             ttl_ms,
             "0" if self.deposed else "1",
         ]
-        result = None
-        for attempt in (1, 2):
-            try:
-                result = await self._apply(keys=[self.control_key, self.fence_key], args=args)
-                break
-            except (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError) as exc:
-                if attempt == 2:
-                    raise LeaseOutcomeUnknown(f"Redis unreachable publishing {decision.decision_id}: {exc}") from exc
-                log.warning("lease publish to Redis failed (%s); retrying once with the same sequence", exc)
-            except rex.ResponseError as exc:
-                raise LeaseRejected(f"Redis refused the lease: {exc}") from exc
+        unreachable = (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError)
+        try:
+            result = await retrying(
+                lambda: self._apply(keys=[self.control_key, self.fence_key], args=args),
+                RetryPolicy(first_delay_s=0.0, max_attempts=2, retry_on=unreachable),
+                on_retry=lambda exc, _failures, _delay_s: log.warning(
+                    "lease publish to Redis failed (%s); retrying once with the same sequence", exc
+                ),
+            )
+        except unreachable as exc:
+            raise LeaseOutcomeUnknown(f"Redis unreachable publishing {decision.decision_id}: {exc}") from exc
+        except rex.ResponseError as exc:
+            raise LeaseRejected(f"Redis refused the lease: {exc}") from exc
         if result == 0:
             if not self.deposed:
                 log.warning(

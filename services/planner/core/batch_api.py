@@ -18,6 +18,9 @@ from dataclasses import dataclass
 
 from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 
+# The planner's HTTP edge builds its error bodies with the one builder (imported from here).
+from services.common.openai_errors import error_body  # noqa: F401 - re-exported
+
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 BATCH_STATUSES = (
     "validating",
@@ -183,9 +186,3 @@ def check_endpoint(endpoint: object, lines_urls: set[str]) -> str:
             f"the input file has requests for {', '.join(other)}, not only {endpoint}", param="input_file_id"
         )
     return endpoint
-
-
-def error_body(
-    message: str, *, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None
-) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

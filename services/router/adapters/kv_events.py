@@ -19,11 +19,16 @@ import zmq
 import zmq.asyncio
 
 from services.common.kv_events import KvEvent, decode_event_batch
+from services.common.retry import Backoff, RetryPolicy
 from services.router.core.events import EventOutcome
 from services.router.core.types import Replica, WorkerView
 from services.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
+
+SERVER_INFO_RETRY = RetryPolicy(first_delay_s=0.2, max_delay_s=5.0)
+"""A worker's /server_info that fails: asked again after 0.2 s, doubling to 5 s, while the worker is in the fleet
+(its follow task is cancelled when it leaves; each request has its own 5 s timeout)."""
 
 ApplyEvent = Callable[[Replica, KvEvent], EventOutcome | None]
 _WILDCARD_HOSTS = ("*", "0.0.0.0", "[::]", "::", "")
@@ -90,7 +95,7 @@ class KvEventFeeds:
         self._ctx.term()
 
     async def _endpoint(self, view: WorkerView) -> str | None:
-        delay_s = 0.2
+        backoff = Backoff(SERVER_INFO_RETRY)
         while True:
             try:
                 async with self._http.get(f"{view.url}/server_info", timeout=aiohttp.ClientTimeout(total=5)) as r:
@@ -104,8 +109,7 @@ class KvEventFeeds:
                     return publisher_endpoint_from_info(await r.json())
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 log.debug("kv events: /server_info of %s failed (%s); retrying", view.worker_id, exc.__class__.__name__)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
+                await asyncio.sleep(backoff.failed())
 
     async def _follow(self, view: WorkerView) -> None:
         endpoint = await self._endpoint(view)

@@ -54,6 +54,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.leader_follow import FOLLOW, leader_hint
 from services.common.loop_lag import LoopLag
+from services.common.retry import RetryPolicy
 from services.common.telemetry import inject_metadata
 from services.router.core.admission_cache import AdmissionCache
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
@@ -69,6 +70,10 @@ _UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, 
 # Codes after which, with several scheduler addresses, a call goes to another replica.
 _MOVE_ON = _UNREACHABLE | FOLLOW
 RETRY_PAUSE_S = 0.1  # between two passes over the addresses while no replica leads
+PASS_PAUSE = RetryPolicy(first_delay_s=RETRY_PAUSE_S, multiplier=1.0)
+"""Between two passes over the addresses while no replica leads: a fixed pause, never past the caller's bound."""
+WATCH_RETRY = RetryPolicy(first_delay_s=1.0, multiplier=1.0)
+"""Reopening the event stream after it failed (a leader change or an outage reopens it after PASS_PAUSE)."""
 MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 DELIVERED_FLUSH_S = 0.05  # a delivered turn is confirmed at the scheduler within about this
@@ -265,7 +270,7 @@ class SchedulerClient:
                 if reading is not None:
                     reading.cancel()
                 call.cancel()
-            await asyncio.sleep(RETRY_PAUSE_S if self._restart_watch.is_set() else 1.0)
+            await asyncio.sleep((PASS_PAUSE if self._restart_watch.is_set() else WATCH_RETRY).delay_s(1))
 
     # -- ticket leases ---------------------------------------------------------------------------
     # The scheduler ends an admitted turn whose lease lapses (as if it was cancelled), so that a
@@ -459,7 +464,7 @@ class SchedulerClient:
                     if loop.time() < dispatched_until:
                         if kind != "error":
                             address = self._next(address, exc)
-                        await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, dispatched_until - loop.time())))
+                        await asyncio.sleep(PASS_PAUSE.delay_s(1, remaining_s=dispatched_until - loop.time()))
                         continue
                     if duplicate:
                         # Still in flight there under this id after the whole bound: the scheduler holds
@@ -486,7 +491,7 @@ class SchedulerClient:
                 if address in tried:
                     # A pass over the replicas found no leader (it is being elected): pause, then again.
                     tried.clear()
-                    await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
+                    await asyncio.sleep(PASS_PAUSE.delay_s(1, remaining_s=give_up_at - loop.time()))
                 continue
             if kind == "hold_overrun":
                 log.warning("scheduler held turn %s past its own bound; failing open", request_id)
@@ -611,7 +616,7 @@ class SchedulerClient:
                 if self._failover_s > 0 and exc.code() in _MOVE_ON and not lagged:
                     if attempts <= len(self.addresses) or loop.time() < give_up_at:
                         if attempts % len(self.addresses) == 0:
-                            await asyncio.sleep(min(RETRY_PAUSE_S, max(0.0, give_up_at - loop.time())))
+                            await asyncio.sleep(PASS_PAUSE.delay_s(1, remaining_s=give_up_at - loop.time()))
                         address = nxt
                         continue
                 if lagged:

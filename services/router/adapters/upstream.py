@@ -23,25 +23,10 @@ import ssl
 from typing import Mapping
 
 import aiohttp
+from orjson import dumps, loads
 
 from services.router.errors import WorkerFailed, WorkerRejected, WorkerTimeout
 from services.router.redaction import redact
-
-try:
-    import orjson
-
-    def dumps(obj) -> bytes:
-        return orjson.dumps(obj)
-
-    loads = orjson.loads
-except ImportError:  # pragma: no cover
-    import json
-
-    def dumps(obj) -> bytes:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-    def loads(data):
-        return json.loads(bytes(data))
 
 
 class Upstream:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.common.clock import Clock
+from services.common.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
 from services.scheduler.core import (
     Band,
     CapacitySnapshot,
@@ -28,7 +29,6 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.defaults import KvRouterConfig
 
-MAX_ID_BYTES = 256
 _INT32_MAX = 2**31 - 1
 MAX_TOKENS = _INT32_MAX
 """Bound on every token count a caller sends (no context is two billion tokens long); sums of them
@@ -95,9 +95,9 @@ def outcome_from_proto(value: int) -> TurnOutcome:
 
 
 def _check_printable(value: str, field_name: str) -> None:
-    if len(value.encode("utf-8")) > MAX_ID_BYTES:
+    if id_too_long(value):
         raise InvalidArgument(f"{field_name} must be at most {MAX_ID_BYTES} bytes")
-    if not all(" " <= ch <= "~" for ch in value):
+    if not printable_ascii(value):
         raise InvalidArgument(f"{field_name} must be printable ASCII")
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from services.common.config import Setting, parse_host_port, parse_settings, require
+from services.common.config import TRUE_OR_FALSE, Setting, parse_bool, parse_host_port, parse_settings, require
 from services.common.errors import ConfigError
 
 SETTINGS = [
@@ -73,3 +73,19 @@ def test_host_port(text, expected):
 def test_host_port_rejects(text):
     with pytest.raises(ConfigError):
         parse_host_port(text, "listen")
+
+
+@pytest.mark.parametrize(
+    "text, value", [("1", True), (" TRUE ", True), ("yes", True), ("On", True), ("0", False), ("off", False)]
+)
+def test_parse_bool_takes_the_flag_words_in_any_case(text, value):
+    assert parse_bool(text) is value
+
+
+def test_parse_bool_refuses_other_words_naming_the_vocabulary():
+    with pytest.raises(ValueError, match=r"expected one of \['0', '1', 'false', 'no', 'off', 'on', 'true', 'yes'\]"):
+        parse_bool("maybe")
+    assert parse_bool(" False", TRUE_OR_FALSE) is False
+    for strict_refused in ("1", "yes", "on"):
+        with pytest.raises(ValueError, match=r"\['false', 'true'\]"):
+            parse_bool(strict_refused, TRUE_OR_FALSE)

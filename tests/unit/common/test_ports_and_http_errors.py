@@ -51,7 +51,7 @@ async def test_the_metrics_port_answers_openai_style_json_errors():
 
 
 async def test_the_metrics_port_404_quotes_at_most_64_characters_of_the_path():
-    from services.common.http_errors import ECHO_MAX_CHARS
+    from services.common.openai_errors import ECHO_MAX_CHARS
 
     host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.1)
     await host.start()
@@ -70,7 +70,26 @@ async def test_the_metrics_port_404_quotes_at_most_64_characters_of_the_path():
 
 
 def test_the_router_quotes_with_the_same_one_helper():
-    from services.common import http_errors
+    from services.common import http_errors, openai_errors
     from services.router import errors
 
-    assert errors.quoted is http_errors.quoted and errors.ECHO_MAX_CHARS == http_errors.ECHO_MAX_CHARS
+    assert errors.quoted is openai_errors.quoted and errors.ECHO_MAX_CHARS == openai_errors.ECHO_MAX_CHARS
+    assert http_errors.quoted is openai_errors.quoted
+
+
+def test_every_openai_error_body_comes_from_the_one_builder():
+    from services.common import http_errors, openai_errors
+    from services.planner.core import batch_api
+    from services.router import errors
+
+    assert batch_api.error_body is openai_errors.error_body
+    assert openai_errors.error_body("m") == {
+        "error": {"message": "m", "type": "invalid_request_error", "param": None, "code": None}
+    }
+    assert errors.ModelNotFound("x").body() == openai_errors.error_body(
+        "The model 'x' does not exist.", code="model_not_found", param="model"
+    )
+    assert http_errors.status_error_body(503, "busy") == openai_errors.error_body(
+        "busy", type_="server_error", code="503"
+    )
+    assert http_errors.status_error_body(404, "no route")["error"]["code"] == "not_found"

@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from orjson import dumps, loads
 
-from services.router.adapters.upstream import dumps, loads
 from services.router.errors import WorkerFailed
 from services.router.open_turn import Bookkeeping as _Bookkeeping
 from services.router.open_turn import OpenTurn
