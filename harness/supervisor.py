@@ -80,13 +80,25 @@ class Supervisor:
         self.grpc_credentials = grpc_credentials
         """Credentials of the health probes (a client certificate, when the children require one)."""
         self.children: list[Child] = []
+        self.trace_dir: Path | None = None
+        """Set: every service child writes its spans to `<trace_dir>/<name>.jsonl` (`--trace-file`)."""
+        self.trace_background = False
+        """With `trace_dir`: background spans too (`--trace-background`), not only the turns'."""
+
+    def trace_args(self, spec: ChildSpec) -> list[str]:
+        if self.trace_dir is None or not spec.module.startswith("services."):
+            return []
+        args = ["--trace-file", str(self.trace_dir / f"{spec.name}.jsonl")]
+        return [*args, "--trace-background"] if self.trace_background else args
 
     def start(self, spec: ChildSpec) -> Child:
         ready_file = self.state_dir / f"{spec.name}.ready.json"
         ready_file.unlink(missing_ok=True)
         log_path = self.state_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        cmd = orphan_guard.command(self.python, spec.module, [*spec.args, "--ready-file", str(ready_file)])
+        cmd = orphan_guard.command(
+            self.python, spec.module, [*spec.args, *self.trace_args(spec), "--ready-file", str(ready_file)]
+        )
         with open(log_path, "ab") as log_fh:
             process = subprocess.Popen(
                 cmd,

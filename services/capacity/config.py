@@ -22,8 +22,8 @@ from services.common.config import Setting, parse_settings, require, serve_setti
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"

@@ -1,4 +1,4 @@
-"""The `bandmaster` command: `up`, `status`, `programs`, `plan`, `batch`, `demo`, `bench`."""
+"""The `bandmaster` command: `up`, `status`, `programs`, `plan`, `batch`, `demo`, `bench`, `trace`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from services.common.errors import ConfigError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from services.cli import demo, plan, programs, status, up
+    from services.cli import demo, plan, programs, status, trace, up
     from services.cli.help import CliParser
 
     parser = CliParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
@@ -20,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     programs.add_parser(commands)
     plan.add_parser(commands)
     status.add_parser(commands)
+    trace.add_parser(commands)
     _add_bench(commands)
     args = parser.parse_args(argv)
     try:

@@ -31,7 +31,9 @@ DEFAULT_TRACE_FILE_MAX_MB = 256.0
 
 TURN_STATE_KEY = "bandmaster"
 TURN_STATE_VALUE = "turn"
-TURN_ENTRY_SPANS = frozenset({"router.request", "router.release", "/bandmaster.router.v1.Router/Release", "client.turn"})
+TURN_ENTRY_SPANS = frozenset(
+    {"router.request", "router.release", "/bandmaster.router.v1.Router/Release", "client.turn"}
+)
 """The spans a turn's trace enters by: from each of them down, the trace is a turn's."""
 
 

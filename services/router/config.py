@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 from services.router.core.breaker import BreakerParams
 from services.router.core.deadline import DeadlineParams
 from services.router.core.limits import ClientLimitParams

@@ -83,7 +83,9 @@ class LeanTracer(trace.Tracer):
             if self._parent_decides:
                 # ParentBased: the parent's decision, whoever made it (remote or local).
                 state = mark_turn(name, parent.trace_state)
-                return NonRecordingSpan(SpanContext(trace_id, self._ids.generate_span_id(), False, parent.trace_flags, state))
+                return NonRecordingSpan(
+                    SpanContext(trace_id, self._ids.generate_span_id(), False, parent.trace_flags, state)
+                )
         else:
             trace_id = self._ids.generate_trace_id()
         result = self._sampler.should_sample(context, trace_id, name, kind, attributes, links)
