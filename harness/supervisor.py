@@ -53,6 +53,8 @@ class Child:
     ready_file: Path
     log_path: Path
     ready: dict = field(default_factory=dict)
+    log_start: int = 0
+    """Where this run's lines begin in `log_path`: a reused state dir keeps earlier runs' lines before it."""
 
     @property
     def endpoint(self) -> str:
@@ -100,6 +102,7 @@ class Supervisor:
             self.python, spec.module, [*spec.args, *self.trace_args(spec), "--ready-file", str(ready_file)]
         )
         with open(log_path, "ab") as log_fh:
+            log_start = log_fh.tell()  # the end of an earlier run's lines (append mode opens at the end)
             process = subprocess.Popen(
                 cmd,
                 stdout=log_fh,
@@ -108,7 +111,7 @@ class Supervisor:
                 env=env,
                 cwd=os.getcwd(),
             )
-        child = Child(spec, process, ready_file, log_path)
+        child = Child(spec, process, ready_file, log_path, log_start=log_start)
         self.children.append(child)
         log.debug("started %s pid=%d: %s", spec.name, process.pid, " ".join(cmd))
         return child
@@ -140,11 +143,14 @@ class Supervisor:
         return http_ok(child.endpoint + "/health")
 
     def tail(self, child: Child, lines: int = 20) -> str:
+        """The last `lines` lines this run of the child wrote (never an earlier run's, in a reused state dir)."""
         try:
-            text = child.log_path.read_text(errors="replace").splitlines()
+            with open(child.log_path, "rb") as fh:
+                fh.seek(child.log_start)
+                text = fh.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(text[-lines:])
+        return "\n".join(text[-lines:]) if text else "(no output)"
 
     def start_all(
         self, specs: Sequence[ChildSpec], timeout_s: float = 60.0, on_ready: Callable[[Child], None] | None = None
