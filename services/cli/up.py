@@ -281,7 +281,8 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--no-planner",
         action="store_true",
-        help="start no planner: no Batch API (/v1/files, /v1/batches answer 501), no drain leases",
+        help="start no planner: no Batch API (/v1/files, /v1/batches answer 404 planner_not_configured), no drain "
+        "leases",
     )
     parser.add_argument(
         "--planner-connector",

@@ -49,7 +49,7 @@ def _full_snapshot() -> Snapshot:
                 worker_id="w1",
                 url="http://127.0.0.1:30001",
                 health=cpb.WORKER_HEALTH_UNHEALTHY,
-                excluded_reason="unhealthy: polls failing (last: connection_refused)",
+                excluded_reason="unhealthy: polls failing (last: connection)",
             ),
         ],
     )
@@ -83,7 +83,7 @@ def _full_snapshot() -> Snapshot:
 def test_the_view_shows_workers_bands_programs_and_leases():
     text = render(_full_snapshot())
     assert "workers (1 of 2 healthy, retention budget 65,536 tokens)" in text
-    assert "connection_refused" in text
+    assert "(last: connection)" in text
     assert "soft-demote" in text and "90.0%" in text and "58,982/65,536" in text
     assert "r resume < 85%   s soft-demote >= 80%   P pause >= 95%" in text
     assert "marked (pause at the next tool call)      1" in text and "paused  " in text
