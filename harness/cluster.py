@@ -123,6 +123,13 @@ class ClusterConfig:
     cluster starts again on the same state dir (`bandmaster up`); off = in memory (demo, benchmarks:
     every run starts from an empty table)."""
     log_level: str = "INFO"
+    trace: bool = False
+    """Every service process writes the spans of turns to `<trace_dir>/<name>.jsonl` (`--trace-file`), which
+    `bandmaster trace` reads."""
+    trace_dir: Path | None = None
+    """Where the span files go with `trace`; None = `<state dir>/traces`."""
+    trace_background: bool = False
+    """With `trace`: background spans too (`--trace-background`)."""
     extra_worker_args: tuple[str, ...] = field(default_factory=tuple)
     secure: bool = False
     """Mutual TLS on every gRPC port, HTTPS on the router's, control and data bearer tokens: a local CA,
@@ -567,6 +574,9 @@ def _secured(spec: ChildSpec, pki: LocalPki | None) -> ChildSpec:
 def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -> Cluster:
     """Start workers (unless real URLs are given), then the control plane; raise StartupError on failure."""
     supervisor = supervisor or Supervisor(config.state_dir)
+    if config.trace:
+        supervisor.trace_dir = Path(config.trace_dir or supervisor.state_dir / "traces").absolute()
+        supervisor.trace_background = config.trace_background
     cluster = Cluster(supervisor)
     try:
         pki = cluster.pki = secure_cluster(supervisor) if config.secure else None

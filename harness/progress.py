@@ -8,8 +8,10 @@ from typing import TextIO
 
 
 class ProgressBar:
-    """`done/total` with a bar, rate and ETA. Redraws in place on a TTY; on a pipe it prints a line
-    every `log_every_s` seconds so CI logs stay short."""
+    """`done/total` with a bar, rate and ETA. Redraws in place on a TTY (at most ten times a second). Off a
+    TTY (CI logs, `make demo | tee`) every draw is a new line, so there are few: one at each 10% step of
+    the run, plus one when `log_every_s` passed without any (a slow run still shows it is alive), plus the
+    last. A run of any length writes about a dozen lines, not one per update."""
 
     def __init__(
         self,
@@ -18,7 +20,7 @@ class ProgressBar:
         *,
         stream: TextIO | None = None,
         width: int = 30,
-        log_every_s: float = 5.0,
+        log_every_s: float = 60.0,
         clock=time.monotonic,
     ) -> None:
         self.total = max(1, total)
@@ -32,6 +34,7 @@ class ProgressBar:
         self._start = clock()
         self._last_draw = -1e9
         self._drawn_done = -1
+        self._drawn_step = -1
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
 
     def advance(self, n: int = 1, extra: str | None = None) -> None:
@@ -40,13 +43,23 @@ class ProgressBar:
             self.extra = extra
         self._maybe_draw()
 
+    def _step(self) -> int:
+        return self.done * 10 // self.total  # 0..10: the 10% steps reached
+
+    def _due(self, now: float) -> bool:
+        if self.done >= self.total:
+            return self._drawn_done != self.done
+        if self._tty:
+            return now - self._last_draw >= 0.1
+        return self._step() > self._drawn_step or now - self._last_draw >= self.log_every_s
+
     def _maybe_draw(self, force: bool = False) -> None:
         now = self.clock()
-        interval = 0.1 if self._tty else self.log_every_s
-        if not force and now - self._last_draw < interval and self.done < self.total:
+        if not force and not self._due(now):
             return
         self._last_draw = now
         self._drawn_done = self.done
+        self._drawn_step = self._step()
         self.stream.write(self.render(now) + ("\r" if self._tty and self.done < self.total else "\n"))
         self.stream.flush()
 

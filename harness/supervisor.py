@@ -54,6 +54,8 @@ class Child:
     ready_file: Path
     log_path: Path
     ready: dict = field(default_factory=dict)
+    log_start: int = 0
+    """Where this run's lines begin in `log_path`: a reused state dir keeps earlier runs' lines before it."""
 
     @property
     def endpoint(self) -> str:
@@ -81,15 +83,28 @@ class Supervisor:
         self.grpc_credentials = grpc_credentials
         """Credentials of the health probes (a client certificate, when the children require one)."""
         self.children: list[Child] = []
+        self.trace_dir: Path | None = None
+        """Set: every service child writes its spans to `<trace_dir>/<name>.jsonl` (`--trace-file`)."""
+        self.trace_background = False
+        """With `trace_dir`: background spans too (`--trace-background`), not only the turns'."""
+
+    def trace_args(self, spec: ChildSpec) -> list[str]:
+        if self.trace_dir is None or not spec.module.startswith("services."):
+            return []
+        args = ["--trace-file", str(self.trace_dir / f"{spec.name}.jsonl")]
+        return [*args, "--trace-background"] if self.trace_background else args
 
     def start(self, spec: ChildSpec) -> Child:
         ready_file = self.state_dir / f"{spec.name}.ready.json"
         ready_file.unlink(missing_ok=True)
         log_path = self.state_dir / f"{spec.name}.log"
         env = {**os.environ, **spec.env, "PYTHONUNBUFFERED": "1"}
-        cmd = orphan_guard.command(self.python, spec.module, [*spec.args, "--ready-file", str(ready_file)])
+        cmd = orphan_guard.command(
+            self.python, spec.module, [*spec.args, *self.trace_args(spec), "--ready-file", str(ready_file)]
+        )
+        log_start = log_path.stat().st_size if log_path.exists() else 0  # where this run's lines begin
         process = start_child(cmd, log_path, env=env, cwd=os.getcwd())
-        child = Child(spec, process, ready_file, log_path)
+        child = Child(spec, process, ready_file, log_path, log_start=log_start)
         self.children.append(child)
         log.debug("started %s pid=%d: %s", spec.name, process.pid, " ".join(cmd))
         return child
@@ -117,11 +132,14 @@ class Supervisor:
         return http_ok(child.endpoint + "/health")
 
     def tail(self, child: Child, lines: int = 20) -> str:
+        """The last `lines` lines this run of the child wrote (never an earlier run's, in a reused state dir)."""
         try:
-            text = child.log_path.read_text(errors="replace").splitlines()
+            with open(child.log_path, "rb") as fh:
+                fh.seek(child.log_start)
+                text = fh.read().decode(errors="replace").splitlines()
         except OSError:
             return "(no log)"
-        return "\n".join(text[-lines:])
+        return "\n".join(text[-lines:]) if text else "(no output)"
 
     def start_all(
         self, specs: Sequence[ChildSpec], timeout_s: float = 60.0, on_ready: Callable[[Child], None] | None = None

@@ -34,16 +34,17 @@ DOC = ROOT / "docs" / "metrics.md"
 SECTION = "metrics table (scripts/metrics_table.py)"
 SERVICES = ("capacity", "scheduler", "router", "planner", "simworker")
 
-# Labels whose values name a worker, replica or model of the deployment: the values the catalog
-# sees for them come from its own fixtures and are not shown.
-IDENTITY_LABELS = frozenset({"worker_id", "dp_rank", "model_name"})
+# Labels whose values name a worker, replica or model of the deployment, or the process's build: the
+# values the catalog sees for them come from its own fixtures (or this machine) and are not shown.
+IDENTITY_LABELS = frozenset({"worker_id", "dp_rank", "model_name", "service", "version", "python_version"})
 
-# Sample names prometheus_client writes for a family of each type (text format 0.0.4).
+# Sample names prometheus_client writes for a family of each type (text format 0.0.4). No `_created`:
+# every service turns it off (services/common/process_metrics.py).
 _SUFFIXES = {
-    "counter": ("_total", "_created"),
+    "counter": ("_total",),
     "gauge": ("",),
-    "histogram": ("_bucket", "_sum", "_count", "_created"),
-    "summary": ("", "_sum", "_count", "_created"),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("", "_sum", "_count"),
     "info": ("_info",),
     "stateset": ("",),
     "unknown": ("",),
@@ -70,8 +71,8 @@ class MetricDoc:
 
     @property
     def shown(self) -> tuple[str, ...]:
-        """The names a query uses (`_created` left out)."""
-        return tuple(name for name in self.series if not name.endswith("_created"))
+        """The names a query uses."""
+        return self.series
 
 
 # --- the registries, built like each service's composition root ------------------------------------

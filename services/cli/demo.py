@@ -97,7 +97,7 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
     from harness.progress import ProgressBar
 
     programs = demo_programs(args)
-    progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns", log_every_s=2.0)
+    progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns")
     runner = Runner(
         cluster.http_url + "/v1", args.model_name, time_scale=args.worker_speedup, progress=progress, arm=arm
     )

@@ -217,20 +217,35 @@ def _replicas_table(snapshot: Snapshot) -> str:
     )
 
 
+def program_counts(programs) -> list[list]:
+    """The program rows of the view, counted from one program table so that they nest: active splits into
+    reasoning and acting, paused into held (its next turn waits for the resume) and idle.
+
+    GetStats' `programs_reasoning` / `programs_acting` count every program, paused ones too, while its
+    `programs_active` leaves the paused out: put under "active", reasoning could exceed it."""
+    active = [p for p in programs if p.lifecycle != scheduler_pb2.LIFECYCLE_PAUSED]
+    paused = [p for p in programs if p.lifecycle == scheduler_pb2.LIFECYCLE_PAUSED]
+    reasoning = sum(p.status == scheduler_pb2.PROGRAM_STATUS_REASONING for p in active)
+    held = sum(p.status == scheduler_pb2.PROGRAM_STATUS_REASONING for p in paused)
+    return [
+        ["active", len(active)],
+        ["  reasoning (in a turn)", reasoning],
+        ["  acting (at a tool call)", len(active) - reasoning],
+        ["paused", len(paused)],
+        ["  held (a turn waits for the resume)", held],
+        ["  idle (at a tool call)", len(paused) - held],
+        ["marked (pause at the next tool call)", sum(p.marked for p in programs)],
+        ["soft-demoted", sum(p.soft_demoted for p in programs)],
+    ]
+
+
 def _programs_summary(snapshot: Snapshot) -> str:
     if snapshot.programs is None or snapshot.stats is None:
         return f"programs: scheduler not answering ({snapshot.scheduler_error})"
     s = snapshot.stats
     programs = snapshot.programs.programs
-    marked = sum(p.marked for p in programs)
-    demoted = sum(p.soft_demoted for p in programs)
     rows = [
-        ["active", s.programs_active],
-        ["  reasoning (in a turn)", s.programs_reasoning],
-        ["  acting (at a tool call)", s.programs_acting],
-        ["paused", s.programs_paused],
-        ["marked (pause at the next tool call)", marked],
-        ["soft-demoted", demoted],
+        *program_counts(programs),
         ["admissions waiting", s.waiting_admissions],
         ["passthrough in flight", s.passthrough_in_flight],
     ]

@@ -142,6 +142,19 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
         "table there (scheduler-state.sqlite), recovered when it is started again with it",
     )
     parser.add_argument("--log-level", default="INFO", help="log level of every child process")
+    parser.add_argument(
+        "--trace-dir",
+        nargs="?",
+        const="",
+        default=None,
+        help="write every process's turn spans to DIR/<process>.jsonl (no collector needed; read them with "
+        "`bandmaster trace`); without DIR: <state dir>/traces",
+    )
+    parser.add_argument(
+        "--trace-background",
+        action="store_true",
+        help="with --trace-dir, also write background spans (control ticks, recomputes, lease renewals)",
+    )
 
 
 def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
@@ -157,6 +170,9 @@ def cluster_config(args: argparse.Namespace, **overrides) -> ClusterConfig:
         model_name=args.model_name,
         state_dir=args.state_dir,
         log_level=args.log_level.upper(),
+        trace=getattr(args, "trace_dir", None) is not None,
+        trace_dir=Path(args.trace_dir) if getattr(args, "trace_dir", None) else None,
+        trace_background=getattr(args, "trace_background", False),
         http_port=DEFAULT_PORTS["router_http"] if args.http_port is None else args.http_port,
         scheduler=not args.no_scheduler,
         scheduler_args=tuple(args.scheduler_args),
@@ -265,7 +281,8 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--no-planner",
         action="store_true",
-        help="start no planner: no Batch API (/v1/files, /v1/batches answer 501), no drain leases",
+        help="start no planner: no Batch API (/v1/files, /v1/batches answer 404 planner_not_configured), no drain "
+        "leases",
     )
     parser.add_argument(
         "--planner-connector",
@@ -450,6 +467,8 @@ def discovery_record(cluster: Cluster) -> dict:
         "http_url": cluster.http_url,
         "workers": list(cluster.workers),
     }
+    if cluster.supervisor.trace_dir is not None:
+        record["trace_dir"] = str(cluster.supervisor.trace_dir)
     for child in cluster.supervisor.children:
         if child.spec.kind == "grpc":
             record[child.spec.name] = child.endpoint
@@ -593,6 +612,8 @@ def run(args: argparse.Namespace) -> int:
                 f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
                 f"one with --state-dir {cluster.supervisor.state_dir}"
             )
+        if cluster.supervisor.trace_dir is not None:
+            print(f"traces: {cluster.supervisor.trace_dir}   (bandmaster trace --dir {cluster.supervisor.trace_dir})")
         print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
         last_healthy = health.healthy if health is not None else 0
         next_check = time.monotonic() + 2.0

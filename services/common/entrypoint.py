@@ -39,7 +39,10 @@ def service_main(
         setup_logging(config.log_level)
         try:
             running = await start(
-                config, telemetry=setup_telemetry(f"bandmaster-{name}", sample_ratio=config.trace_sample_ratio)
+                config,
+                telemetry=setup_telemetry(
+                    f"bandmaster-{name}", sample_ratio=config.trace_sample_ratio, export=config.tracing
+                ),
             )
         except ConfigError as exc:  # found while starting, e.g. a file named by a flag
             print(f"{name}: {exc}", file=sys.stderr)

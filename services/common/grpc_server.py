@@ -27,6 +27,7 @@ from services.common.config import parse_host_port
 from services.common.http_errors import json_errors
 from services.common.loop_lag import LoopLag
 from services.common.ports import PortInUse, binding, port_free, require_free
+from services.common.process_metrics import register_process_metrics
 from services.common.ready import write_ready_file
 from services.common.security import SecurityConfig, Verdict, check_service_binds, log_posture, metrics_guard
 from services.common.telemetry import Telemetry, grpc_server_tracing
@@ -165,6 +166,7 @@ class ServiceHost:
         self.host, self._port = parse_host_port(listen, "listen")
         self._metrics_port_wanted = metrics_port
         self.registry = registry or CollectorRegistry()
+        register_process_metrics(self.registry, name)
         self.telemetry = telemetry
         self.grace = shutdown_grace_seconds
         self.security = security or SecurityConfig()

@@ -1,5 +1,7 @@
-"""OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, JSON lines to a file when
-BANDMASTER_TRACE_FILE is set (either or both), nothing otherwise.
+"""OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, JSON lines to a file with
+`--trace-file` (or BANDMASTER_TRACE_FILE), one line per span on stderr with `--trace-console` (any of
+them), nothing otherwise. The file and the console keep only the spans of turns unless
+`--trace-background` is given (services/common/trace_export.py says how a span is known to be a turn's).
 
 Tests pass an in-memory exporter. The file exporter (`JsonLinesSpanExporter`) is for measuring without a
 collector: bench/breakdown.py joins the spans of every process of a live run per turn. Spans are one per
@@ -22,31 +24,35 @@ import inspect
 import json
 import logging
 import os
+import sys
 import threading
-from typing import Awaitable, Callable, Collection, Mapping
+from typing import Awaitable, Callable, Collection, Mapping, Sequence
 
 import grpc
 from aiohttp import web
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
     ALWAYS_ON,
     ParentBased,
     Sampler,
+    SamplingResult,
     TraceIdRatioBased,
 )
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.util.types import Attributes
 
 from services.common.errors import ConfigError
+from services.common.trace_export import TRACE_FILE_ENV, TraceExport, keeps, mark_turn
 
 log = logging.getLogger(__name__)
 
-# Every service (and harness/player.py) honours it: the spans it records, one JSON object a line.
-TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
 FILE_QUEUE_SPANS = 1 << 16
+CONSOLE_QUEUE_SPANS = 1 << 12
 
 # gRPC services whose calls are never traced: probes and tooling, not work.
 UNTRACED_GRPC_SERVICES = (
@@ -98,7 +104,7 @@ def trace_file_path(template: str, service_name: str, pid: int) -> str:
     try:
         return template.format(service=service_name, pid=pid)
     except (KeyError, IndexError, ValueError):
-        raise ConfigError(TRACE_FILE_ENV, template, "a path whose only {} fields are {service} and {pid}") from None
+        raise ConfigError("trace_file", template, "a path whose only {} fields are {service} and {pid}") from None
 
 
 def span_record(span: ReadableSpan) -> dict:
@@ -122,18 +128,24 @@ def span_record(span: ReadableSpan) -> dict:
 
 class JsonLinesSpanExporter(SpanExporter):
     """Appends finished spans to a file, one JSON object a line (`span_record`); behind a
-    BatchSpanProcessor, so the writes are off the request path. Attribute values are strings, numbers,
-    booleans or lists of them (OpenTelemetry's rule), so every record is plain JSON."""
+    BatchSpanProcessor, so the writes happen on its thread, never on the event loop. Attribute values
+    are strings, numbers, booleans or lists of them (OpenTelemetry's rule), so every record is plain JSON.
 
-    def __init__(self, path: str) -> None:
+    Bounded: once the file holds `max_bytes` (counting what an earlier run left in it), later batches
+    are dropped, and one WARNING names the file and the cap; the number dropped is logged at shutdown."""
+
+    def __init__(self, path: str, max_bytes: int | None = None) -> None:
         directory = os.path.dirname(path)
         try:
             if directory:
                 os.makedirs(directory, exist_ok=True)
             self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._size = os.fstat(self._fd).st_size
         except OSError as exc:
-            raise ConfigError(TRACE_FILE_ENV, path, f"a file this process can append to ({exc.strerror})") from None
+            raise ConfigError("trace_file", path, f"a file this process can append to ({exc.strerror})") from None
         self.path = path
+        self.max_bytes = max_bytes
+        self.dropped = 0
         self._lock = threading.Lock()
 
     def export(self, spans) -> SpanExportResult:
@@ -141,11 +153,22 @@ class JsonLinesSpanExporter(SpanExporter):
         with self._lock:
             if self._fd is None:
                 return SpanExportResult.FAILURE
+            if self.max_bytes is not None and self._size + len(data) > self.max_bytes:
+                if self.dropped == 0:
+                    log.warning(
+                        "telemetry: span file %s reached its cap of %.1f MB (--trace-file-max-mb); "
+                        "later spans are dropped",
+                        self.path,
+                        self.max_bytes / 1e6,
+                    )
+                self.dropped += len(spans)
+                return SpanExportResult.FAILURE
             try:
                 os.write(self._fd, data)
             except OSError:
                 log.warning("telemetry: could not append %d spans to %s", len(spans), self.path)
                 return SpanExportResult.FAILURE
+            self._size += len(data)
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
@@ -153,9 +176,87 @@ class JsonLinesSpanExporter(SpanExporter):
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+                if self.dropped:
+                    log.warning("telemetry: %d spans were not written to %s (its cap)", self.dropped, self.path)
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return True  # every export is written through
+
+
+def console_line(record: dict) -> str:
+    """One span as one short line: service, name, duration, ids and attributes (`--trace-console`)."""
+    duration_ms = (record["end_ns"] - record["start_ns"]) / 1e6 if record["end_ns"] else 0.0
+    attributes = " ".join(f"{k}={v}" for k, v in record["attributes"].items())
+    return (
+        f"span {record['service']} {record['name']} {duration_ms:.1f}ms trace={record['trace_id']} "
+        f"span={record['span_id']} parent={record['parent_id'] or '-'}" + (f" {attributes}" if attributes else "")
+    )
+
+
+class ConsoleSpanLines(SpanExporter):
+    """Writes each finished span to a stream (stderr) as `console_line`, from the batch processor's thread."""
+
+    def __init__(self, stream=None) -> None:
+        self._stream = stream
+
+    def export(self, spans) -> SpanExportResult:
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            stream.write("".join(console_line(span_record(s)) + "\n" for s in spans))
+            stream.flush()
+        except (OSError, ValueError):
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+
+class TurnMarkingSampler(Sampler):
+    """`inner`'s decision, with the trace state of a turn entry span marked (`trace_export.mark_turn`), so
+    every span below it, in this process and (by `tracestate`) in the others, is known as a turn's."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+
+    def should_sample(
+        self,
+        parent_context: otel_context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: trace.TraceState | None = None,
+    ) -> SamplingResult:
+        result = self.inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+        marked = mark_turn(name, result.trace_state)
+        if marked is result.trace_state:
+            return result
+        return SamplingResult(result.decision, result.attributes, marked)
+
+    def get_description(self) -> str:
+        return self.inner.get_description()
+
+
+class TurnSpanFilter(SpanProcessor):
+    """Hands `processor` only the spans `trace_export.keeps` (a turn's, or all with `background`). The
+    test is one dictionary look-up in the span's trace state, made when the span ends."""
+
+    def __init__(self, processor: SpanProcessor, background: bool) -> None:
+        self.processor = processor
+        self.background = background
+
+    def on_start(self, span: Span, parent_context: otel_context.Context | None = None) -> None:
+        return None  # the batch processor does nothing at start either
+
+    def on_end(self, span: ReadableSpan) -> None:
+        ctx = span.get_span_context()
+        if ctx is not None and keeps(ctx.trace_state, self.background):
+            self.processor.on_end(span)
+
+    def shutdown(self) -> None:
+        self.processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.processor.force_flush(timeout_millis)
 
 
 class Telemetry:
@@ -190,18 +291,28 @@ def setup_telemetry(
     exporter: SpanExporter | None = None,
     set_global: bool = True,
     sample_ratio: float | None = None,
+    export: TraceExport | None = None,
 ) -> Telemetry:
-    """Build the provider. `exporter` (tests) wins over the environment; with neither, spans are
-    created (so context still propagates) but never exported. BANDMASTER_TRACE_FILE adds the JSON-lines
-    file exporter (`trace_file_path`), beside OTLP if that is set too. Raises ConfigError for a sampling
-    setting out of range or a trace file that cannot be opened."""
+    """Build the provider. `exporter` (tests) wins over the environment and `export`; with none of them,
+    spans are created (so context still propagates) but never exported. `export` (the `--trace-*` flags;
+    default: BANDMASTER_TRACE_FILE from `env`) adds the JSON-lines file (`trace_file_path`) and the
+    console lines, beside OTLP if that is set too. Raises ConfigError for a sampling setting out of range
+    or a trace file that cannot be opened."""
     env = os.environ if env is None else env
-    template = env.get(TRACE_FILE_ENV) if exporter is None else None
+    if export is None:
+        export = TraceExport(file=env.get(TRACE_FILE_ENV, ""))
+    template = export.file if exporter is None else ""
     # Opened first: a path that cannot be written refuses the start before anything runs.
-    file_exporter = JsonLinesSpanExporter(trace_file_path(template, service_name, os.getpid())) if template else None
+    file_exporter = (
+        JsonLinesSpanExporter(trace_file_path(template, service_name, os.getpid()), export.file_max_bytes)
+        if template
+        else None
+    )
     provider = TracerProvider(
         resource=Resource.create({"service.name": service_name}), sampler=trace_sampler(sample_ratio, env)
     )
+    # After the provider resolved its sampler (a name left to the SDK included); before any tracer exists.
+    provider.sampler = TurnMarkingSampler(provider.sampler)
     exporting = False
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -216,13 +327,18 @@ def setup_telemetry(
             service_name,
             provider.sampler.get_description(),
         )
+    which = "every span" if export.background else "the spans of turns (--trace-background: all)"
     if file_exporter is not None:
         # A measurement wants every span: a deep queue (the default drops past 2,048), written each second.
-        provider.add_span_processor(
-            BatchSpanProcessor(file_exporter, max_queue_size=FILE_QUEUE_SPANS, schedule_delay_millis=1_000)
-        )
+        batch = BatchSpanProcessor(file_exporter, max_queue_size=FILE_QUEUE_SPANS, schedule_delay_millis=1_000)
+        provider.add_span_processor(TurnSpanFilter(batch, export.background))
         exporting = True
-        log.info("telemetry: writing spans of service %s to %s", service_name, file_exporter.path)
+        log.info("telemetry: writing %s of service %s to %s", which, service_name, file_exporter.path)
+    if export.console and exporter is None:
+        batch = BatchSpanProcessor(ConsoleSpanLines(), max_queue_size=CONSOLE_QUEUE_SPANS, schedule_delay_millis=500)
+        provider.add_span_processor(TurnSpanFilter(batch, export.background))
+        exporting = True
+        log.info("telemetry: printing %s of service %s to stderr", which, service_name)
     if set_global:
         try:
             trace.set_tracer_provider(provider)

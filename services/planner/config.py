@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 from services.planner.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS
 
 ENV_PREFIX = "BANDMASTER_PLANNER"
@@ -166,6 +167,7 @@ SETTINGS: list[Setting] = [
     _s("total_power_limit_watts", float, -1.0, "watts the pool may draw (-1 = no budget)"),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50061", 9105),
     *security_settings(ENV_PREFIX),
+    *trace_export_settings(ENV_PREFIX),
 ]
 
 
@@ -243,6 +245,8 @@ class PlannerConfig:
     ready_file: str = ""
     trace_sample_ratio: float | None = None
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
+    tracing: TraceExport = TraceExport()
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection of the gRPC server and channels (services/common/security.py)."""
 
@@ -455,6 +459,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> PlannerConfig:
         description="Bandmaster planner: batch jobs (OpenAI Batch API), drain leases, replica targets",
     )
     values["security"] = load_security(values, env)
+    values["tracing"] = load_trace_export(values, env)
     known = {f.name for f in fields(PlannerConfig)}
     assert set(values) <= known, set(values) - known
     return PlannerConfig(**values)

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from services.common import kv_router_flags
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
 from services.router.core.breaker import BreakerParams
 from services.router.core.deadline import DeadlineParams
@@ -348,6 +349,7 @@ SETTINGS = [
     *ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50053", 9103),
     *security_settings(ENV_PREFIX),
+    *trace_export_settings(ENV_PREFIX),
     *worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
 ]
 
@@ -383,6 +385,8 @@ class RouterConfig:
     ready_file: str = ""
     trace_sample_ratio: float | None = None
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
+    tracing: TraceExport = TraceExport()
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     no_scheduler: bool = False
     processes: int = 1
     """Router processes on the same ports (`services/router/processes.py`); 1 = this process serves."""
@@ -573,4 +577,5 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:
     values = parse_settings(SETTINGS, argv, env, prog=PROG, description="Bandmaster router (data plane)")
     security = load_security(values, env)
     worker_client = load_worker_client(values, env)
-    return config_from_values({**values, "security": security, "worker_client": worker_client})
+    tracing = load_trace_export(values, env)
+    return config_from_values({**values, "security": security, "worker_client": worker_client, "tracing": tracing})

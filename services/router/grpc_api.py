@@ -23,7 +23,7 @@ from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
 from services.router.metrics import RouterMetrics
 from services.router.relay import LineKind
-from services.router.turn_types import Api, TurnSpec
+from services.router.turn_types import Api, TurnSpec, request_attributes
 from services.router.turns import TurnRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
@@ -116,6 +116,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             try:
                 with trace.use_span(span):
                     spec = spec_from_request(request)
+                    if span.is_recording():
+                        span.set_attributes(request_attributes(spec))
                     spec.client = client_of(context)
                     turn = await self.runner.open(spec)
             except RouterError as err:

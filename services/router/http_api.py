@@ -46,7 +46,7 @@ from services.router.errors import (
 )
 from services.router.http_server import HttpLimits, check_content_encoding, error_response
 from services.router.metrics import RouterMetrics
-from services.router.turn_types import Api, TurnSpec
+from services.router.turn_types import Api, TurnSpec, request_attributes
 from services.router.turns import TurnRunner
 
 log = logging.getLogger(__name__)
@@ -402,6 +402,8 @@ class HttpApi:
                             return await self._final(request, api, body, identity.session_id, client)
                     spec = build_spec(api, body, identity)
                     span.set_attribute("router.path", path)
+                    if span.is_recording():
+                        span.set_attributes(request_attributes(spec))
                     spec.client = client
                     spec.traffic = traffic
                     client_usage = True

@@ -8,7 +8,9 @@ sampled flag and trace state, and the same current-span context, so the schedule
 
 The sampled flag follows the provider's sampler: `ParentBased` (the default, and every ratio set by
 `--trace-sample-ratio`) keeps a valid parent's flag and asks its root sampler only for a new trace, as the
-SDK does; any other sampler is asked for every span.
+SDK does; any other sampler is asked for every span. A turn entry span (`router.request`) marks the trace
+state as a turn's, as `TurnMarkingSampler` does, so that the scheduler and the workers can tell its spans
+from background ones (services/common/trace_export.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+from services.common.telemetry import TurnMarkingSampler
+from services.common.trace_export import mark_turn
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -57,7 +62,8 @@ def _follows_parent(sampler: Any) -> bool:
 class LeanTracer(trace.Tracer):
     def __init__(self, provider: TracerProvider) -> None:
         self._sampler = provider.sampler
-        self._parent_decides = _follows_parent(self._sampler)
+        inner = self._sampler.inner if isinstance(self._sampler, TurnMarkingSampler) else self._sampler
+        self._parent_decides = _follows_parent(inner)
         self._ids = provider.id_generator
 
     def start_span(  # type: ignore[override]
@@ -76,8 +82,9 @@ class LeanTracer(trace.Tracer):
             trace_id = parent.trace_id
             if self._parent_decides:
                 # ParentBased: the parent's decision, whoever made it (remote or local).
+                state = mark_turn(name, parent.trace_state)
                 return NonRecordingSpan(
-                    SpanContext(trace_id, self._ids.generate_span_id(), False, parent.trace_flags, parent.trace_state)
+                    SpanContext(trace_id, self._ids.generate_span_id(), False, parent.trace_flags, state)
                 )
         else:
             trace_id = self._ids.generate_trace_id()

@@ -155,7 +155,9 @@ async def start_router(
     `capacity_idle_timeout_s`: a capacity stream silent this long (no snapshot, no heartbeat) is reopened."""
     prompts = PromptTokenizer(load_tokenizer(config.tokenizer)) if config.tokenizer else None
     install_log_redaction()
-    telemetry = telemetry or setup_telemetry("bandmaster-router", sample_ratio=config.trace_sample_ratio)
+    telemetry = telemetry or setup_telemetry(
+        "bandmaster-router", sample_ratio=config.trace_sample_ratio, export=config.tracing
+    )
     # Without an exporter the router's spans only carry context: LeanTracer (services/router/lean_tracer.py).
     tracer = telemetry.tracer("bandmaster.router") if telemetry.exporting else LeanTracer(telemetry.provider)
     metrics = RouterMetrics()

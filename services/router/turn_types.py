@@ -38,3 +38,13 @@ class TurnSpec:
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     client: str = ""  # who sent it (edge.client_identity), for the per-client limits
     traffic: str = "online"  # "batch" when marked X-Bandmaster-Traffic: batch (session.traffic)
+
+
+def request_attributes(spec: TurnSpec) -> dict[str, str]:
+    """The `router.request` span's names of the turn: its request id and, for a program, its session id, by
+    which `bandmaster trace --request-id / --session-id` finds the turn in span files. Span attributes,
+    never metric labels: the values are unbounded."""
+    attributes = {"router.request_id": spec.request_id}
+    if spec.identity.session_id:
+        attributes["router.session_id"] = spec.identity.session_id
+    return attributes

@@ -20,6 +20,7 @@ from services.common.config import Setting, parse_host_port, parse_settings, req
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 from services.scheduler.core.defaults import (
     CONTROL_DEFAULTS,
     PROGRAM_AWARE_GROWTH_MARGIN,
@@ -387,6 +388,7 @@ SETTINGS = [
     *KV_ROUTER_SETTINGS,
     *serve_settings(ENV_PREFIX, "127.0.0.1:50052", 9102),
     *security_settings(ENV_PREFIX),
+    *trace_export_settings(ENV_PREFIX),
 ]
 
 
@@ -424,6 +426,8 @@ class SchedulerConfig:
     ready_file: str = ""
     trace_sample_ratio: float | None = None
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
+    tracing: TraceExport = TraceExport()
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens, reflection (services/common/security.py)."""
 
@@ -532,6 +536,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         shutdown_grace_seconds=values["shutdown_grace_seconds"],
         ready_file=values["ready_file"],
         trace_sample_ratio=values["trace_sample_ratio"],
+        tracing=load_trace_export(values, env),
         security=security,
     )
 

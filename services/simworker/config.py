@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from services.common.config import Setting, parse_settings, require, validate_trace_sample_ratio
 from services.common.errors import ConfigError
+from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 from services.simworker.core.build import DEFAULT_MODEL_PATH
 from services.simworker.core.timing import host_tokens_from_gb
 
@@ -121,6 +122,7 @@ SETTINGS: tuple[Setting, ...] = (
         "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
         "OTEL_EXPORTER_OTLP_ENDPOINT is set",
     ),
+    *trace_export_settings(ENV_PREFIX.rstrip("_")),
     _s("health_generate_timeout_s", float, 20.0, "how long /health_generate waits for its one token"),
     _s(
         "api_key",
@@ -231,6 +233,8 @@ class SimWorkerConfig:
     ready_file: str = ""
     trace_sample_ratio: float | None = None
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
+    tracing: TraceExport = TraceExport()
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     log_level: str = "INFO"
     health_generate_timeout_s: float = 20.0
     api_key: str = field(default="", repr=False)
@@ -417,6 +421,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
         ready_file=v["ready_file"],
         log_level=v["log_level"],
         trace_sample_ratio=v["trace_sample_ratio"],
+        tracing=load_trace_export(v, env),
         health_generate_timeout_s=v["health_generate_timeout_s"],
         api_key=v["api_key"],
     )

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from services.common.process_metrics import register_process_metrics
 from services.simworker.core.api import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -147,6 +148,7 @@ class SimWorkerMetrics:
 
     def __init__(self, stats: Callable[[], EngineStats], model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        register_process_metrics(self.registry, "simworker")
         self.registry.register(_EngineCollector(stats, model_name))
         labels = ("model_name",)
         self._ttft = Histogram(

@@ -5,7 +5,8 @@ Bodies are streamed both ways, never parsed or buffered whole (a multipart uploa
 client unchanged, its error bodies included; the client's `Authorization` goes to the planner, which
 checks the data token itself. Only end-to-end headers are forwarded (hop-by-hop ones are not).
 A planner that cannot be reached is a 502 (refused, reset) or 504 (timed out) in the router's own
-OpenAI-style body; without `--planner-url` every such route is a 501 naming the missing planner.
+OpenAI-style body; without `--planner-url` every such route is a 404 `planner_not_configured` naming the
+missing planner (errors.PlannerMissing says why not a 5xx).
 A client body that stalls for `--http-body-timeout-seconds` is a 408, one that breaks its
 Content-Encoding a 400 (a gzip/deflate body is forwarded decoded; the HTTP API answers any other
 Content-Encoding 415 before a request gets here).

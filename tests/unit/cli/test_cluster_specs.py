@@ -152,3 +152,21 @@ def test_router_processes_reach_the_router_and_one_is_the_default():
     with pytest.raises(ConfigError) as err:
         _config("--router-processes", "0")
     assert err.value.field == "router_processes"
+
+
+def test_trace_dir_gives_every_service_child_a_span_file(tmp_path):
+    from harness.supervisor import ChildSpec, Supervisor
+
+    assert _config().trace is False
+    bare = _config("--trace-dir", "--state-dir", str(tmp_path))
+    assert bare.trace and bare.trace_dir is None  # start_cluster puts it in <state dir>/traces
+    named = _config("--trace-dir", str(tmp_path / "t"), "--trace-background")
+    assert named.trace and named.trace_dir == tmp_path / "t" and named.trace_background
+    supervisor = Supervisor(tmp_path)
+    router = ChildSpec("router", "services.router", [])
+    assert supervisor.trace_args(router) == []
+    supervisor.trace_dir = tmp_path / "t"
+    assert supervisor.trace_args(router) == ["--trace-file", str(tmp_path / "t" / "router.jsonl")]
+    assert supervisor.trace_args(ChildSpec("proxy", "bench.peer_proxy", [])) == []  # not a service: no such flag
+    supervisor.trace_background = True
+    assert supervisor.trace_args(router)[-1] == "--trace-background"

@@ -7,7 +7,7 @@ from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from bandmaster.planner.v1 import planner_pb2 as ppb
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from services.cli import status
-from services.cli.status import Bands, Snapshot, bar, parse_bands, render
+from services.cli.status import Bands, Snapshot, bar, parse_bands, program_counts, render
 
 BANDS = Bands(pause=0.95, soft_demote=0.80, resume=0.85, source="test")
 
@@ -49,7 +49,7 @@ def _full_snapshot() -> Snapshot:
                 worker_id="w1",
                 url="http://127.0.0.1:30001",
                 health=cpb.WORKER_HEALTH_UNHEALTHY,
-                excluded_reason="unhealthy: polls failing (last: connection_refused)",
+                excluded_reason="unhealthy: polls failing (last: connection)",
             ),
         ],
     )
@@ -83,7 +83,7 @@ def _full_snapshot() -> Snapshot:
 def test_the_view_shows_workers_bands_programs_and_leases():
     text = render(_full_snapshot())
     assert "workers (1 of 2 healthy, retention budget 65,536 tokens)" in text
-    assert "connection_refused" in text
+    assert "(last: connection)" in text
     assert "soft-demote" in text and "90.0%" in text and "58,982/65,536" in text
     assert "r resume < 85%   s soft-demote >= 80%   P pause >= 95%" in text
     assert "marked (pause at the next tool call)      1" in text and "paused  " in text
@@ -158,3 +158,34 @@ def test_the_live_view_refreshes_until_interrupted(monkeypatch):
     except KeyboardInterrupt:
         pass
     assert len(shown) == 2 and all("refreshing every 0.5 s" in s for s in shown)
+
+
+def test_program_counts_nest_under_active_and_paused():
+    """Two paused programs whose next turn waits for the resume are REASONING too: GetStats counts them in
+    programs_reasoning but not in programs_active, so the old view showed reasoning 3 under active 1."""
+    reasoning, acting = spb.PROGRAM_STATUS_REASONING, spb.PROGRAM_STATUS_ACTING
+    active, paused = spb.LIFECYCLE_ACTIVE, spb.LIFECYCLE_PAUSED
+    programs = [
+        spb.Program(session_id="a", lifecycle=active, status=reasoning),
+        spb.Program(session_id="b", lifecycle=paused, status=reasoning),
+        spb.Program(session_id="c", lifecycle=paused, status=reasoning),
+        spb.Program(session_id="d", lifecycle=paused, status=acting, marked=True),
+        spb.Program(session_id="e", lifecycle=active, status=acting, soft_demoted=True),
+    ]
+    counts = dict((label, n) for label, n in program_counts(programs))
+    assert counts == {
+        "active": 2,
+        "  reasoning (in a turn)": 1,
+        "  acting (at a tool call)": 1,
+        "paused": 3,
+        "  held (a turn waits for the resume)": 2,
+        "  idle (at a tool call)": 1,
+        "marked (pause at the next tool call)": 1,
+        "soft-demoted": 1,
+    }
+    snapshot = _full_snapshot()
+    snapshot.programs = spb.ListProgramsResponse(programs=programs)
+    snapshot.stats = spb.Stats(programs_active=2, programs_paused=3, programs_reasoning=3, programs_acting=2)
+    text = render(snapshot)
+    (row,) = [line for line in text.splitlines() if line.startswith("  reasoning (in a turn)")]
+    assert row.split()[-1] == "1", text

@@ -61,3 +61,13 @@ def test_children_start_without_a_preexec_fn(tmp_path, monkeypatch):
     (cmd, preexec_fn), *_ = seen
     assert preexec_fn is None
     assert cmd[1:5] == ["-m", "services.common.orphan_guard", str(os.getpid()), "tests.unit.cli.fake_service"]
+
+
+def test_a_reused_state_dir_reports_only_this_runs_log_lines(tmp_path):
+    (tmp_path / "bad.log").write_text("an earlier run: all well\n" * 30)
+    supervisor = Supervisor(tmp_path)
+    with pytest.raises(StartupError) as err:
+        supervisor.start_all([ChildSpec("bad", "tests.unit.cli.fake_service", ["--fail"])], timeout_s=30)
+    assert "refusing to start" in str(err.value)
+    assert "an earlier run" not in str(err.value)
+    assert (tmp_path / "bad.log").read_text().startswith("an earlier run")  # kept, only not shown

@@ -122,7 +122,7 @@ def test_fleet_health_names_each_unhealthy_worker_and_why():
     snapshot = cpb.WorkersSnapshot(
         workers=[
             _worker("http://a:1", cpb.WORKER_HEALTH_HEALTHY),
-            _worker("http://b:2", cpb.WORKER_HEALTH_UNHEALTHY, "unhealthy: polls failing (last: connection_refused)"),
+            _worker("http://b:2", cpb.WORKER_HEALTH_UNHEALTHY, "unhealthy: polls failing (last: connection)"),
             _worker("http://c:3", cpb.WORKER_HEALTH_PENDING, failures=2),
         ]
     )
@@ -133,7 +133,7 @@ def test_fleet_health_names_each_unhealthy_worker_and_why():
     assert not fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:2])).settled
     assert not fleet_health(cpb.WorkersSnapshot()).settled
     assert health.problems == (
-        ("http://b:2", "unhealthy: polls failing (last: connection_refused)"),
+        ("http://b:2", "unhealthy: polls failing (last: connection)"),
         ("http://c:3", "pending: 2 failed polls"),
     )
     banner = no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot(workers=snapshot.workers[1:])), 12.4)
