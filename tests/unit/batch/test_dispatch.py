@@ -6,12 +6,12 @@ import time
 
 import pytest
 
+from services.batch.adapters.registry import Registry
+from services.batch.core.batch_api import parse_batch_input
+from services.batch.core.lease import DrainLease
+from services.batch.dispatcher import Dispatcher
 from services.common.clock import SystemClock
-from services.planner.adapters.registry import Registry
-from services.planner.core.batch_api import parse_batch_input
-from services.planner.core.types import Lease
-from services.planner.dispatcher import Dispatcher
-from tests.unit.planner.fakes import FakeUpstream, batch_jsonl
+from tests.unit.batch.fakes import FakeUpstream, batch_jsonl
 
 
 def new_batch(reg: Registry, n=3, now=1000, window_s=3600):
@@ -58,15 +58,21 @@ def test_expiry_closes_unsent_requests_and_waits_for_in_flight(tmp_path):
     assert errors.count("batch_expired") == 2
 
 
-def test_job_demands_are_the_non_terminal_batches(tmp_path):
+def test_open_batches_then_each_end_reported_once(tmp_path):
+    """What the planner is told: every non-terminal batch while open, then its end until acknowledged."""
     reg = Registry(":memory:")
     b = new_batch(reg, n=3, now=1000)
-    (d,) = reg.job_demands(5.0)
-    assert (d.job_id, d.total_requests, d.deadline_wall_s, d.observed_at_s) == (b["id"], 3, 4600.0, 5.0)
+    (o,) = reg.open_batches()
+    assert (o["id"], o["request_counts"]["total"], o["expires_at"]) == (b["id"], 3, 4600)
+    assert reg.ended_unreported() == []
     reg.cancel(b["id"], 1001)
-    assert reg.job_demands(6.0)[0].status == "cancelling"
+    assert reg.open_batches()[0]["status"] == "cancelling"
     reg.advance(1002)
-    assert reg.job_demands(7.0) == ()
+    assert reg.open_batches() == []
+    (ended,) = reg.ended_unreported()
+    assert ended["status"] == "cancelled"
+    reg.mark_ended_reported(b["id"])
+    assert reg.ended_unreported() == []
 
 
 class LeaseBox:
@@ -75,7 +81,7 @@ class LeaseBox:
 
     def set(self, rate, ttl_s):
         now = time.monotonic()
-        self.lease = Lease("default", rate, int((time.time() + ttl_s) * 1000), "d", 1, 1, now + ttl_s)
+        self.lease = DrainLease("default", rate, now + ttl_s, "d")
 
 
 @pytest.fixture
