@@ -451,10 +451,10 @@ def _panels() -> list[Row]:
                     "Lease rate",
                     [
                         Query("bandmaster_planner_lease_max_admission_rps", "lease max admission rps"),
-                        Query("bandmaster_planner_dispatch_rate_cap_rps", "dispatcher rate cap"),
+                        Query("bandmaster_batch_dispatch_rate_cap_rps", "batch service rate cap"),
                     ],
                     "Batch admission rate granted by the last published drain lease, and the rate the dispatcher "
-                    "applies now (0 = lease missing, expired or paused).",
+                    "(the batch service) applies now (0 = lease missing, expired or paused).",
                     unit="reqps",
                     width=8,
                 ),

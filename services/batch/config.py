@@ -68,7 +68,7 @@ SETTINGS: list[Setting] = [
     _s("dispatch_timeout_seconds", float, 600.0, "deadline of one batch request"),
     _s("dispatch_max_attempts", int, 3, "sends of one request before a retryable failure becomes an error line"),
     _s("dispatch_priority", int, None, "SGLang priority put in each batch request body (unset = none)"),
-    *serve_settings(ENV_PREFIX, "127.0.0.1:50062", 9106),
+    *serve_settings(ENV_PREFIX, "127.0.0.1:50063", 9106),
     *security_settings(ENV_PREFIX),
 ]
 
@@ -92,7 +92,7 @@ class BatchConfig:
     dispatch_timeout_seconds: float = 600.0
     dispatch_max_attempts: int = 3
     dispatch_priority: int | None = None
-    listen: str = "127.0.0.1:50062"
+    listen: str = "127.0.0.1:50063"
     """gRPC (health only) host:port."""
     metrics_port: int = 9106
     log_level: str = "INFO"

@@ -17,7 +17,7 @@ DEFAULT_PORTS: dict[str, int] = {
     "router": 50053,
     "router_http": 8000,
     "planner": 50061,
-    "batch": 50062,
+    "batch": 50063,
     "batch_http": 8090,
     "capacity_metrics": 9101,
     "scheduler_metrics": 9102,

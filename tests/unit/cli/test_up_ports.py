@@ -184,3 +184,11 @@ def test_a_running_cluster_is_found_unless_an_address_is_given(tmp_path):
     named = argparse.Namespace(state_dir=None)
     endpoints.discover(named, "10.0.0.1:50052", env=env)  # its certificates must not go to another server
     assert named.state_dir is None
+
+
+def test_the_batch_service_ports_clash_with_no_scheduler_replica():
+    """Scheduler replica i listens on the scheduler ports + 10 i (50062 for the second): the batch service's
+    fixed ports are none of them, so `--scheduler-replicas 5` with the planner on still starts."""
+    config = ClusterConfig(planner=True, scheduler_replicas=5, ports=ClusterPorts.fixed())  # validates: no clash
+    planned = dict(config.planned_ports())
+    assert planned["batch"] == DEFAULT_PORTS["batch"] and planned["batch_http"] == DEFAULT_PORTS["batch_http"]
