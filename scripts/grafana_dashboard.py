@@ -152,7 +152,7 @@ def _panels() -> list[Row]:
                         )
                     ],
                     "Agent steps (LLM turns) the routers completed per minute, online traffic only (batch requests "
-                    "from the planner's dispatcher are in 'Steps / min by traffic').",
+                    "from the batch service's dispatcher are in 'Steps / min by traffic').",
                     kind="stat",
                     width=6,
                     height=5,
