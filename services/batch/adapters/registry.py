@@ -112,6 +112,22 @@ class Registry:
         # NORMAL under WAL survives a killed process (not a power cut); FULL would fsync every commit.
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """A registry the planner kept before batch execution moved out of it (its `--registry-path`, handed
+        to the batch service) lacks `planner_ended`; its batches carry on here. Its rows of jobs another
+        dispatcher ran (`external`) have no requests of their own: they are ended, never dispatched."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(batches)")}
+        if "planner_ended" in columns:
+            return
+        with self._tx():
+            self.db.execute("ALTER TABLE batches ADD COLUMN planner_ended INTEGER NOT NULL DEFAULT 0")
+            if "external" in columns:
+                self.db.execute(
+                    "UPDATE batches SET status = 'cancelled', planner_ended = 1 WHERE external = 1 AND status NOT IN "
+                    "('completed', 'failed', 'expired', 'cancelled')"
+                )
 
     def close(self) -> None:
         self.db.close()
