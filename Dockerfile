@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image for every Bandmaster service (capacity, scheduler, router, planner, simworker): the
+# One image for every Bandmaster service (capacity, scheduler, router, planner, batch, simworker): the
 # compose file and the Kubernetes manifests pick the service with the command
 # `python -m services.<name>`. docs/deploy/compose.md explains the cluster built from it.
 #
@@ -36,15 +36,15 @@ RUN groupadd --system --gid 10001 bandmaster \
  && useradd --system --uid 10001 --gid bandmaster --home-dir /var/lib/bandmaster --create-home \
       --shell /usr/sbin/nologin bandmaster
 COPY --from=build /opt/bandmaster /opt/bandmaster
-# State that must outlive a container (the planner's registry) goes to a volume mounted here.
+# State that must outlive a container (the batch service's registry, the planner's jobs) goes to a volume here.
 WORKDIR /var/lib/bandmaster
 USER 10001:10001
-# capacity, scheduler, router, planner gRPC; router and planner HTTP; metrics; simworker HTTP.
+# capacity, scheduler, router, planner, batch gRPC; router and batch service HTTP; metrics; simworker HTTP.
 # Every service listens on loopback by default. A container that listens on 0.0.0.0 for its gRPC or
 # /metrics port must authenticate its callers there or say --insecure (BANDMASTER_<SERVICE>_INSECURE=true),
 # else it refuses to start (the bind rule, docs/security.md); the compose file and the Kubernetes
 # manifests set it.
-EXPOSE 50051 50052 50053 50061 8000 8090 9101 9102 9103 9105 30000
+EXPOSE 50051 50052 50053 50061 50063 8000 8090 9101 9102 9103 9105 9106 30000
 # Probes the endpoints named in BANDMASTER_HEALTHCHECK (e.g. "grpc://127.0.0.1:50051"); the compose
 # file sets each service's own probe. services/common/healthcheck.py.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \

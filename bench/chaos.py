@@ -834,11 +834,13 @@ class Stack:
             scheduler=_free_run(replicas, step=10),
             router=_free_port(),
             planner=_free_port(),
-            planner_http=_free_port(),
+            batch=_free_port(),
+            batch_http=_free_port(),
             capacity_metrics=_free_port(),
             scheduler_metrics=_free_run(replicas, step=10),
             router_metrics=_free_port(),
             planner_metrics=_free_port(),
+            batch_metrics=_free_port(),
             first_worker=_free_run(config.workers),
         )
         extra = {"scheduler_replicas": replicas} if two_schedulers else {}
@@ -867,11 +869,11 @@ class Stack:
         )
         supervisor = Supervisor(self.state_dir)
         self.cluster = cluster = start_cluster(cluster_config, supervisor)
-        # The second router: the same flags, ports and planner; its own metrics port.
-        planner_url = f"http://127.0.0.1:{ports.planner_http}"
+        # The second router: the same flags, ports and batch service; its own metrics port.
+        batch_url = f"http://127.0.0.1:{ports.batch_http}"
         second = replace(cluster_config, ports=replace(ports, router_metrics=_free_port()))
         scheduler_addr = getattr(cluster, "scheduler_addrs", "") or cluster.scheduler.endpoint
-        spec = router_spec(second, cluster.capacity.endpoint, scheduler_addr, planner_url)
+        spec = router_spec(second, cluster.capacity.endpoint, scheduler_addr, batch_url)
         spec.args = [*spec.args]
         spec.name = "router-1"
         (self.second_router,) = supervisor.start_all([spec])

@@ -178,8 +178,6 @@ def process(jobs: int, workers: int, seconds: float) -> dict:
                 "127.0.0.1:0",
                 "--metrics-port",
                 "0",
-                "--http-listen",
-                "127.0.0.1:0",
                 "--registry-path",
                 str(tmp / "planner.sqlite3"),
                 "--ready-file",

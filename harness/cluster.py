@@ -30,12 +30,15 @@ class ClusterPorts:
     router: int = 0
     """The router's gRPC port (Router.Generate / Release)."""
     planner: int = 0
-    planner_http: int = 0
-    """The planner's own Batch API (the router forwards /v1/files*, /v1/batches* there)."""
+    batch: int = 0
+    """The batch service's gRPC port (health)."""
+    batch_http: int = 0
+    """The batch service's Batch API (the router forwards /v1/files*, /v1/batches* there)."""
     capacity_metrics: int = 0
     scheduler_metrics: int = 0
     router_metrics: int = 0
     planner_metrics: int = 0
+    batch_metrics: int = 0
     first_worker: int = 0
     """Simulated worker i listens on first_worker + i (0 = each on any free port)."""
 
@@ -47,11 +50,13 @@ class ClusterPorts:
             scheduler=d["scheduler"],
             router=d["router"],
             planner=d["planner"],
-            planner_http=d["planner_http"],
+            batch=d["batch"],
+            batch_http=d["batch_http"],
             capacity_metrics=d["capacity_metrics"],
             scheduler_metrics=d["scheduler_metrics"],
             router_metrics=d["router_metrics"],
             planner_metrics=d["planner_metrics"],
+            batch_metrics=d["batch_metrics"],
             first_worker=d["simworker"],
         )
 
@@ -71,11 +76,13 @@ PORT_LABELS = {
     "scheduler": "scheduler gRPC",
     "router": "router gRPC",
     "planner": "planner gRPC",
-    "planner_http": "planner Batch API HTTP",
+    "batch": "batch service gRPC",
+    "batch_http": "batch service Batch API HTTP",
     "capacity_metrics": "capacity /metrics",
     "scheduler_metrics": "scheduler /metrics",
     "router_metrics": "router /metrics",
     "planner_metrics": "planner /metrics",
+    "batch_metrics": "batch service /metrics",
     "http": "router HTTP",
     "first_worker": "simulated worker",
 }
@@ -135,8 +142,9 @@ class ClusterConfig:
     """Mutual TLS on every gRPC port, HTTPS on the router's, control and data bearer tokens: a local CA,
     certificates and tokens are made in `<state dir>/secure/` (docs/security.md)."""
     planner: bool = False
-    """Start the planner (Batch API, drain leases, replica targets) after the router, which forwards
-    `/v1/files*` and `/v1/batches*` to it (`bandmaster up` turns it on; `--no-planner` off)."""
+    """Start the planner (batch job demand, drain leases, replica targets) after the router, then the batch
+    service (the Batch API and its dispatcher, paced by the planner's lease), to which the router forwards
+    `/v1/files*` and `/v1/batches*` (`bandmaster up` turns both on; `--no-planner` off)."""
     planner_connector: str = "virtual"
     """`virtual`: the fleet is the `workers` simulated workers this command starts, fixed (the planner's
     replica targets are recorded, nothing is started); `local`: the planner owns the simulated workers,
@@ -174,7 +182,9 @@ class ClusterConfig:
             wanted += [
                 ("planner", self.ports.planner),
                 ("planner_metrics", self.ports.planner_metrics),
-                ("planner_http", self.ports.planner_http),
+                ("batch", self.ports.batch),
+                ("batch_metrics", self.ports.batch_metrics),
+                ("batch_http", self.ports.batch_http),
             ]
         if not self.worker_urls and not (self.planner and self.planner_connector == "local"):
             wanted += [("first_worker", self.ports.worker(i)) for i in range(self.workers)]
@@ -259,6 +269,8 @@ class Cluster:
     schedulers: list[Child] = field(default_factory=list)
     router: Child | None = None
     planner: Child | None = None
+    batch: Child | None = None
+    """The batch service (Batch API and dispatcher), started with the planner."""
     pki: LocalPki | None = None
     """The CA, certificates and token files of a secure cluster."""
 
@@ -271,8 +283,8 @@ class Cluster:
         rows = [(f"worker[{i}]", url) for i, url in enumerate(self.workers)]
         if self.router is not None:
             rows.append(("router HTTP (OpenAI API)", self.http_url + "/v1"))
-        if self.planner is not None:
-            rows.append(("planner Batch API (also via the router)", self.planner.ready.get("http", "") + "/v1"))
+        if self.batch is not None:
+            rows.append(("batch service Batch API (also via the router)", self.batch.ready.get("http", "") + "/v1"))
         for child in self.supervisor.children:
             if child.spec.kind == "grpc":
                 rows.append((child.spec.name, child.endpoint))
@@ -422,7 +434,7 @@ def scheduler_spec(
 
 
 def router_spec(
-    config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None, planner_url: str = ""
+    config: ClusterConfig, capacity_addr: str, scheduler_addr: str | None, batch_url: str = ""
 ) -> ChildSpec:
     args = [
         "--capacity-addr",
@@ -436,8 +448,8 @@ def router_spec(
         "--log-level",
         config.log_level,
     ]
-    if planner_url:
-        args += ["--planner-url", planner_url]
+    if batch_url:
+        args += ["--batch-url", batch_url]
     if config.router_processes > 1:
         args += ["--processes", str(config.router_processes)]
     if config.tokenizer:
@@ -457,6 +469,9 @@ def router_spec(
 
 
 PLANNER_REGISTRY_FILE = "planner.sqlite3"
+"""The planner's job store: ids, counts and deadlines of batch jobs (no request content)."""
+BATCH_REGISTRY_FILE = "batch.sqlite3"
+"""The batch service's registry: input files, batches, per-request state and results."""
 
 
 def local_worker_args(config: ClusterConfig) -> list[str]:
@@ -473,29 +488,23 @@ def planner_spec(
     config: ClusterConfig,
     capacity_addr: str,
     scheduler_addr: str | None,
-    router_url: str,
     router_metrics_url: str,
-    http_port: int,
     state_dir: Path,
 ) -> ChildSpec:
-    """The planner after the router: its Batch API on `http_port` (the router forwards there), dispatching
-    through the router, reading online traffic from the router's /metrics."""
+    """The planner after the router, reading online traffic from the router's /metrics. Control only: the
+    batch service (`batch_spec`) carries the batch requests."""
     speedup = config.worker_speedup if not config.worker_urls else 1.0
     args = [
         "--listen",
         f"127.0.0.1:{config.ports.planner}",
         "--metrics-port",
         str(config.ports.planner_metrics),
-        "--http-listen",
-        f"127.0.0.1:{http_port}",
         "--registry-path",
         str(state_dir / PLANNER_REGISTRY_FILE),
         "--capacity",
         capacity_addr,
         "--router-metrics-url",
         router_metrics_url,
-        "--dispatch-url",
-        router_url,
         "--log-level",
         config.log_level,
         # Decisions follow the simulated clock like the scheduler's loop; a tick stays >= 0.2 s.
@@ -534,6 +543,28 @@ def planner_spec(
     return ChildSpec(name="planner", module="services.planner", args=[*args, *config.planner_args])
 
 
+def batch_spec(config: ClusterConfig, planner_addr: str, router_url: str, http_port: int, state_dir: Path) -> ChildSpec:
+    """The batch service after the planner: its Batch API on `http_port` (the router forwards there), its
+    requests sent through the router at the rate of the planner's lease, its progress reported to the planner."""
+    args = [
+        "--listen",
+        f"127.0.0.1:{config.ports.batch}",
+        "--metrics-port",
+        str(config.ports.batch_metrics),
+        "--http-listen",
+        f"127.0.0.1:{http_port}",
+        "--registry-path",
+        str(state_dir / BATCH_REGISTRY_FILE),
+        "--planner",
+        planner_addr,
+        "--dispatch-url",
+        router_url,
+        "--log-level",
+        config.log_level,
+    ]
+    return ChildSpec(name="batch", module="services.batch", args=args)
+
+
 def free_loopback_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -541,7 +572,7 @@ def free_loopback_port() -> int:
 
 
 SECURE_DIR = "secure"
-SECURE_NAMES = ("capacity", "scheduler", "router", "planner", "client")
+SECURE_NAMES = ("capacity", "scheduler", "router", "planner", "batch", "client")
 """Who gets a certificate: each control-plane service, and `client` for the supervisor's health probes,
 the CLI and the user's own gRPC clients."""
 
@@ -599,25 +630,26 @@ def start_cluster(config: ClusterConfig, supervisor: Supervisor | None = None) -
             )
             cluster.scheduler = cluster.schedulers[0]
             scheduler_addr = cluster.scheduler_addrs
-        # The router forwards the Batch API to the planner, which starts after it (it dispatches through the
-        # router): the planner's HTTP port is chosen first so that both are told it.
-        planner_port = (config.ports.planner_http or free_loopback_port()) if config.planner else 0
+        # The router forwards the Batch API to the batch service, which starts after it (it dispatches through
+        # the router) and after the planner (whose lease it follows): its HTTP port is chosen first so that
+        # the router is told it.
+        batch_port = (config.ports.batch_http or free_loopback_port()) if config.planner else 0
         scheme = "https" if pki is not None else "http"
-        planner_url = f"{scheme}://127.0.0.1:{planner_port}" if config.planner else ""
+        batch_url = f"{scheme}://127.0.0.1:{batch_port}" if config.planner else ""
         (cluster.router,) = supervisor.start_all(
-            [_secured(router_spec(config, cluster.capacity.endpoint, scheduler_addr, planner_url), pki)]
+            [_secured(router_spec(config, cluster.capacity.endpoint, scheduler_addr, batch_url), pki)]
         )
         if config.planner:
             spec = planner_spec(
                 config,
                 cluster.capacity.endpoint,
                 scheduler_addr,
-                cluster.http_url,
                 f"http://127.0.0.1:{cluster.router.ready['metrics_port']}",
-                planner_port,
                 supervisor.state_dir,
             )
             (cluster.planner,) = supervisor.start_all([_secured(spec, pki)])
+            batch = batch_spec(config, cluster.planner.endpoint, cluster.http_url, batch_port, supervisor.state_dir)
+            (cluster.batch,) = supervisor.start_all([_secured(batch, pki)])
     except BaseException:
         supervisor.stop_all()
         raise

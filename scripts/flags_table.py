@@ -30,6 +30,7 @@ COMMANDS = (
     ("scheduler", "python -m services.scheduler", "services.scheduler.config"),
     ("router", "python -m services.router", "services.router.config"),
     ("planner", "python -m services.planner", "services.planner.config"),
+    ("batch", "python -m services.batch", "services.batch.config"),
     ("simworker", "python -m services.simworker", "services.simworker.config"),
     ("capacity registrar", "python -m services.capacity.registrar", "services.capacity.registrar"),
 )

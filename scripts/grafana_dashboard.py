@@ -152,7 +152,7 @@ def _panels() -> list[Row]:
                         )
                     ],
                     "Agent steps (LLM turns) the routers completed per minute, online traffic only (batch requests "
-                    "from the planner's dispatcher are in 'Steps / min by traffic').",
+                    "from the batch service's dispatcher are in 'Steps / min by traffic').",
                     kind="stat",
                     width=6,
                     height=5,
@@ -451,10 +451,10 @@ def _panels() -> list[Row]:
                     "Lease rate",
                     [
                         Query("bandmaster_planner_lease_max_admission_rps", "lease max admission rps"),
-                        Query("bandmaster_planner_dispatch_rate_cap_rps", "dispatcher rate cap"),
+                        Query("bandmaster_batch_dispatch_rate_cap_rps", "batch service rate cap"),
                     ],
                     "Batch admission rate granted by the last published drain lease, and the rate the dispatcher "
-                    "applies now (0 = lease missing, expired or paused).",
+                    "(the batch service) applies now (0 = lease missing, expired or paused).",
                     unit="reqps",
                     width=8,
                 ),

@@ -32,7 +32,7 @@ from scripts.doc_markers import run  # noqa: E402
 
 DOC = ROOT / "docs" / "metrics.md"
 SECTION = "metrics table (scripts/metrics_table.py)"
-SERVICES = ("capacity", "scheduler", "router", "planner", "simworker")
+SERVICES = ("capacity", "scheduler", "router", "planner", "batch", "simworker")
 
 # Labels whose values name a worker, replica or model of the deployment, or the process's build: the
 # values the catalog sees for them come from its own fixtures (or this machine) and are not shown.
@@ -123,6 +123,14 @@ def _planner() -> CollectorRegistry:
     return registry
 
 
+def _batch() -> CollectorRegistry:
+    from services.batch.metrics import BatchMetrics
+
+    registry = _with_host("batch", CollectorRegistry())
+    BatchMetrics(registry)
+    return registry
+
+
 def _simworker() -> CollectorRegistry:
     from services.simworker.core.api import EngineStats
     from services.simworker.metrics import SimWorkerMetrics
@@ -135,6 +143,7 @@ _BUILDERS = {
     "scheduler": _scheduler,
     "router": _router,
     "planner": _planner,
+    "batch": _batch,
     "simworker": _simworker,
 }
 
@@ -222,6 +231,7 @@ def _labels_cell(doc: MetricDoc) -> str:
 
 def _ports() -> list[tuple[str, str]]:
     """Where each service serves /metrics by default, from its settings."""
+    from services.batch.config import SETTINGS as batch
     from services.capacity.config import SETTINGS as capacity
     from services.planner.config import SETTINGS as planner
     from services.router.config import SETTINGS as router
@@ -237,6 +247,7 @@ def _ports() -> list[tuple[str, str]]:
         ("scheduler", scheduler),
         ("router", router),
         ("planner", planner),
+        ("batch", batch),
     ):
         s = default(settings, "metrics_port")
         rows.append((service, f"`{s.flag_name}` (`{s.env}`), default {s.default}"))

@@ -1,5 +1,5 @@
 """`bandmaster plan`: the planner's last tick (GetPlan) with provenance and diagnostics, and
-`bandmaster batch submit|list|get|cancel`: the Batch API through the router's base URL (official openai client).
+`bandmaster batch submit|list|get|cancel`: the batch service's Batch API (official openai client).
 
 Both find the local cluster as services/cli/endpoints.py says (flags, `--state-dir`, the running
 `bandmaster up`'s discovery file, the default ports); a `--secure` cluster's `secure/` directory gives the
@@ -22,6 +22,7 @@ from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from harness.table import render_table
 from services.cli import endpoints
 from services.common.config import parse_host_port
+from services.common.ports import DEFAULT_PORTS
 from services.common.security import DATA_TOKEN_ENV
 
 _PROVENANCE = {
@@ -53,11 +54,12 @@ def add_parser(commands) -> None:
     endpoints.add_connection_arguments(parser)
     parser.set_defaults(run=run_plan)
 
-    batch = commands.add_parser("batch", help="the Batch API through the router (OpenAI's, served by the planner)")
+    batch = commands.add_parser("batch", help="the Batch API (OpenAI's, served by the batch service)")
     batch.add_argument(
         "--base-url",
         default="",
-        help="the router's OpenAI base URL (default: from --state-dir, else http://127.0.0.1:8000/v1)",
+        help="the Batch API base URL: the batch service's, or a router's (which forwards there) (default: the "
+        "batch service of --state-dir or the running `bandmaster up`, else http://127.0.0.1:8090/v1)",
     )
     endpoints.add_connection_arguments(batch)
     actions = batch.add_subparsers(dest="action", required=True)
@@ -197,9 +199,9 @@ def _client(args: argparse.Namespace):
     endpoints.fill_security(args)
     base_url = args.base_url
     if not base_url:
-        router = endpoints.ready(args.state_dir, "router")
-        scheme = "https" if endpoints.secure_dir(args) is not None else "http"
-        base_url = f"{scheme}://127.0.0.1:{router['http_port']}/v1" if router else "http://127.0.0.1:8000/v1"
+        # The batch service's own address (its ready file names it, scheme included).
+        http = endpoints.ready(args.state_dir, "batch").get("http", "")
+        base_url = f"{http}/v1" if http else f"http://127.0.0.1:{DEFAULT_PORTS['batch_http']}/v1"
     token = os.environ.get(DATA_TOKEN_ENV, "")
     if args.data_token_file:
         lines = Path(args.data_token_file).read_text().split()

@@ -35,11 +35,13 @@ PORT_FLAGS = {
     "scheduler": "--scheduler-port",
     "router": "--router-port",
     "planner": "--planner-port",
-    "planner_http": "--planner-http-port",
+    "batch": "--batch-port",
+    "batch_http": "--batch-http-port",
     "capacity_metrics": "--capacity-metrics-port",
     "scheduler_metrics": "--scheduler-metrics-port",
     "router_metrics": "--router-metrics-port",
     "planner_metrics": "--planner-metrics-port",
+    "batch_metrics": "--batch-metrics-port",
     "first_worker": "--worker-port",
     "http": "--http-port",
 }
@@ -281,8 +283,8 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--no-planner",
         action="store_true",
-        help="start no planner: no Batch API (/v1/files, /v1/batches answer 404 planner_not_configured), no drain "
-        "leases",
+        help="start no planner and no batch service: no Batch API (/v1/files, /v1/batches answer 404 "
+        "batch_not_configured), no drain leases",
     )
     parser.add_argument(
         "--planner-connector",
@@ -472,8 +474,8 @@ def discovery_record(cluster: Cluster) -> dict:
     for child in cluster.supervisor.children:
         if child.spec.kind == "grpc":
             record[child.spec.name] = child.endpoint
-    if cluster.planner is not None:
-        record["planner_http"] = cluster.planner.ready.get("http", "")
+    if cluster.batch is not None:
+        record["batch_http"] = cluster.batch.ready.get("http", "")
     return record
 
 
@@ -589,10 +591,10 @@ def run(args: argparse.Namespace) -> int:
         print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
         if health is None or health.healthy == 0:
             print("Bandmaster is up WITHOUT A HEALTHY WORKER (see the warning above).")
-        if cluster.planner is not None:
+        if cluster.batch is not None:
             print(
-                f"Batch API: {cluster.http_url}/v1/batches (through the router; the planner's own: "
-                f"{cluster.planner.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
+                f"Batch API: {cluster.http_url}/v1/batches (through the router; the batch service's own: "
+                f"{cluster.batch.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
                 f"{cluster.supervisor.state_dir}"
             )
         if cluster.pki is not None:

@@ -17,11 +17,13 @@ DEFAULT_PORTS: dict[str, int] = {
     "router": 50053,
     "router_http": 8000,
     "planner": 50061,
-    "planner_http": 8090,
+    "batch": 50063,
+    "batch_http": 8090,
     "capacity_metrics": 9101,
     "scheduler_metrics": 9102,
     "router_metrics": 9103,
     "planner_metrics": 9105,
+    "batch_metrics": 9106,
     "simworker": 30000,
 }
 """The fixed ports a local cluster uses unless told otherwise (the services' own `--listen` /

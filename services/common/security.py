@@ -19,7 +19,7 @@ The bind rule (`check_bind`): a control port (every gRPC port, every /metrics po
 address freely; a non-loopback one only when the service authenticates its callers there ("secure":
 mutual TLS or a control token for gRPC, a metrics token for /metrics) or `--insecure` says the operator
 means it. Otherwise the service refuses to start: "binding <addr> (not loopback) needs --secure or
---insecure". The router's OpenAI HTTP port and the planner's Batch API port are the data plane: they
+--insecure". The router's OpenAI HTTP port and the batch service's Batch API port are the data plane: they
 are not under the rule (they sit behind a Service or a load balancer; the data token guards them).
 
 Roles (`required_role`): every RPC is a control RPC except the data-plane RPCs in `DATA_METHODS`

@@ -12,11 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
+from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
 from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
-from services.planner.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS
 
 ENV_PREFIX = "BANDMASTER_PLANNER"
 PROG = "python -m services.planner"
@@ -33,21 +32,14 @@ def _s(name: str, type_: type, default: Any, help_text: str, **kw: Any) -> Setti
 
 
 SETTINGS: list[Setting] = [
-    # Batch API
-    _s(
-        "http_listen",
-        str,
-        "127.0.0.1:8090",
-        "Batch API (OpenAI /v1/files, /v1/batches) HTTP listen host:port (port 0 = any)",
-    ),
+    # Job record
     _s(
         "registry_path",
         str,
         "planner.sqlite3",
-        "SQLite file of batch files, jobs and per-request state (':memory:' = nothing survives a restart)",
+        "SQLite file of the batch jobs planned for: ids, counts, deadlines, no request content "
+        "(':memory:' = nothing survives a restart; the batch service re-submits its open batches)",
     ),
-    _s("max_batch_requests", int, DEFAULT_MAX_REQUESTS, "most requests in one batch input file (above: 413)"),
-    _s("max_file_bytes", int, DEFAULT_MAX_FILE_BYTES, "largest batch input file in bytes (above: 413)"),
     # Pool and tick
     _s("pool_id", str, "default", "the worker pool this planner owns"),
     _s("work_class", str, "default", "work class of this planner's batch jobs"),
@@ -119,25 +111,6 @@ SETTINGS: list[Setting] = [
     _s(
         "router_metrics_url", str, (), "router base URL whose /metrics gives online traffic (repeatable)", repeated=True
     ),
-    _s(
-        "subtract_dispatch_from_online",
-        bool,
-        True,
-        "subtract the dispatcher's own requests from the routers' "
-        "counters (turn off when the dispatcher does not send through those routers)",
-    ),
-    # Dispatcher
-    _s(
-        "dispatch_url",
-        str,
-        "",
-        "OpenAI-compatible base URL batch requests are sent to (the router); empty = no "
-        "dispatcher (an external one reports with ReportDispatch)",
-    ),
-    _s("dispatch_max_inflight", int, 16, "most batch requests in flight"),
-    _s("dispatch_timeout_seconds", float, 600.0, "deadline of one batch request"),
-    _s("dispatch_max_attempts", int, 3, "sends of one request before a retryable failure becomes an error line"),
-    _s("dispatch_priority", int, None, "SGLang priority put in each batch request body (unset = none)"),
     # Scaling proposals
     _s("enable_load_scaling", bool, True, "reactive scaling from the workers' KV usage and queues (needs --capacity)"),
     _s("load_scale_up_kv_usage", float, 0.9, "scale up when any worker's KV usage is above this"),
@@ -173,10 +146,7 @@ SETTINGS: list[Setting] = [
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    http_listen: str = "127.0.0.1:8090"
     registry_path: str = "planner.sqlite3"
-    max_batch_requests: int = DEFAULT_MAX_REQUESTS
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     pool_id: str = "default"
     work_class: str = "default"
     advisory: bool = False
@@ -212,12 +182,6 @@ class PlannerConfig:
     capacity: str = ""
     scheduler: str = ""
     router_metrics_url: tuple[str, ...] = ()
-    subtract_dispatch_from_online: bool = True
-    dispatch_url: str = ""
-    dispatch_max_inflight: int = 16
-    dispatch_timeout_seconds: float = 600.0
-    dispatch_max_attempts: int = 3
-    dispatch_priority: int | None = None
     enable_load_scaling: bool = True
     load_scale_up_kv_usage: float = 0.9
     load_scale_down_kv_usage: float = 0.3
@@ -274,20 +238,7 @@ class PlannerConfig:
                 "trace_sample_ratio": self.trace_sample_ratio,
             }
         )
-        parse_host_port(self.http_listen, "http_listen")
         require(bool(self.registry_path), "registry_path", self.registry_path, "registry_path must not be empty")
-        require(
-            1 <= self.max_batch_requests <= 1_000_000,
-            "max_batch_requests",
-            self.max_batch_requests,
-            "1 <= max_batch_requests <= 1000000",
-        )
-        require(
-            1024 <= self.max_file_bytes <= 1 << 31,
-            "max_file_bytes",
-            self.max_file_bytes,
-            "1024 <= max_file_bytes <= 2 GiB",
-        )
         require(bool(self.pool_id.strip()), "pool_id", self.pool_id, "pool_id must not be empty")
         require(bool(self.work_class.strip()), "work_class", self.work_class, "work_class must not be empty")
         for name in (
@@ -298,7 +249,6 @@ class PlannerConfig:
             "drain_lease_duration_seconds",
             "redis_connect_timeout_seconds",
             "redis_socket_timeout_seconds",
-            "dispatch_timeout_seconds",
             "throughput_interval_seconds",
             "itl_ms",
         ):
@@ -380,28 +330,6 @@ class PlannerConfig:
             self.local_max_workers,
             "1 <= local_max_workers <= 256",
         )
-        require(
-            self.dispatch_max_inflight >= 1,
-            "dispatch_max_inflight",
-            self.dispatch_max_inflight,
-            "dispatch_max_inflight >= 1",
-        )
-        require(
-            self.dispatch_max_attempts >= 1,
-            "dispatch_max_attempts",
-            self.dispatch_max_attempts,
-            "dispatch_max_attempts >= 1",
-        )
-        for name in ("dispatch_url", *[]):
-            url = getattr(self, name)
-            if url:
-                p = urlsplit(url)
-                require(
-                    p.scheme in ("http", "https") and bool(p.hostname) and not p.username,
-                    name,
-                    redact_url(url),
-                    f"{name} must be an http(s) URL without credentials",
-                )
         for url in self.router_metrics_url:
             p = urlsplit(url)
             require(
@@ -456,7 +384,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> PlannerConfig:
         argv,
         env,
         prog=PROG,
-        description="Bandmaster planner: batch jobs (OpenAI Batch API), drain leases, replica targets",
+        description="Bandmaster planner: batch job demand, drain leases, replica targets (control only: no tokens)",
     )
     values["security"] = load_security(values, env)
     values["tracing"] = load_trace_export(values, env)

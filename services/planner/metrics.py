@@ -66,17 +66,11 @@ class PlannerMetrics:
         self.scale_actions = Counter(
             "bandmaster_planner_scale_actions", "Replica changes actuated", ["direction"], registry=r
         )
-        self.dispatch_sent = Counter("bandmaster_planner_dispatch_sent", "Batch requests sent", registry=r)
-        self.dispatch_results = Counter(
-            "bandmaster_planner_dispatch_results", "Batch results written, by file", ["file"], registry=r
-        )
-        self.dispatch_rate_cap = Gauge(
-            "bandmaster_planner_dispatch_rate_cap_rps",
-            "Rate the dispatcher applies now (0 when the lease is missing, expired or a pause)",
-            registry=r,
-        )
         self.batches = Counter(
-            "bandmaster_planner_batch_transitions", "Batch status transitions", ["status"], registry=r
+            "bandmaster_planner_batch_transitions",
+            "Batch job status transitions (expiry at the planner)",
+            ["status"],
+            registry=r,
         )
         for reason in FAIL_CLOSED_REASONS:
             self.fail_closed.labels(reason)

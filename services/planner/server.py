@@ -1,10 +1,13 @@
-"""Composition root: config -> registry, lease store, connector, sources, dispatcher, runtime,
-Batch API (HTTP) and gRPC servicer, started in the fail-closed order:
+"""Composition root: config -> job store, lease store, connector, sources, runtime and gRPC servicer,
+started in the fail-closed order:
 
     1. the zero-rate start-up lease (nothing else runs before it; an unreachable store refuses
        to start with a message naming it)
-    2. the connector (the Kubernetes writer fence), the dispatcher, the Batch API, gRPC
+    2. the connector (the Kubernetes writer fence), gRPC
     3. the tick loop
+
+The planner is control only: batch requests are dispatched by the batch service (`python -m
+services.batch`), which submits jobs, follows the lease and reports progress over gRPC.
 
 and stopped in reverse: the tick loop, then the shutdown zero lease, then the rest.
 """
@@ -20,7 +23,6 @@ from opentelemetry import trace
 
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.common.clock import Clock, SystemClock
-from services.common.config import parse_host_port
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
 from services.common.ready import write_ready_file
@@ -33,17 +35,15 @@ from services.planner.adapters.connectors import (
     LocalConnector,
     VirtualConnector,
 )
+from services.planner.adapters.jobs import JobStore
 from services.planner.adapters.lease_store import LeaseStore, LeaseStoreError, MemoryLeaseStore, RedisLeaseStore
 from services.planner.adapters.observe import CapacitySource, Collector, RouterTrafficSource, SchedulerSource
 from services.planner.adapters.profile import load_engine_profile
-from services.planner.adapters.registry import Registry
 from services.planner.config import PlannerConfig
 from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import engine_rps
 from services.planner.core.tick import Budgets, TickSettings
-from services.planner.dispatcher import Dispatcher
-from services.planner.http_api import BatchApi
 from services.planner.loop import PlannerRuntime
 from services.planner.metrics import PlannerMetrics
 from services.planner.servicer import SERVICE_NAME, PlannerServicer
@@ -55,23 +55,15 @@ log = logging.getLogger("services.planner")
 class RunningPlanner:
     host: ServiceHost
     runtime: PlannerRuntime
-    registry: Registry
-    api: BatchApi
+    jobs: JobStore
     store: LeaseStore
     connector: Connector
-    dispatcher: Dispatcher | None
     servicer: PlannerServicer
     config: PlannerConfig
 
     @property
     def address(self) -> str:
         return self.host.address
-
-    @property
-    def http_url(self) -> str:
-        host, _ = parse_host_port(self.config.http_listen, "http_listen")
-        scheme = "https" if self.config.security.tls else "http"
-        return f"{scheme}://{host}:{self.api.port}"
 
     async def stop(self) -> None:
         await self.host.stop()
@@ -151,7 +143,6 @@ def _write_ready_file(path: str, running: RunningPlanner) -> None:
             "service": "planner",
             "grpc": running.address,
             "metrics_port": running.host.metrics_port,
-            "http": running.http_url,
             "pid": os.getpid(),
         },
     )
@@ -215,47 +206,25 @@ async def start_planner(
             store = MemoryLeaseStore()
     if connector is None:
         connector = _connector(config, clock, capacity_stub)
-    registry = Registry(config.registry_path)
-    runtime_ref: list[PlannerRuntime] = []
-    dispatcher = None
-    if config.dispatch_url:
-        dispatcher = Dispatcher(
-            registry,
-            lambda: runtime_ref[0].board.lease,
-            clock,
-            base_url=config.dispatch_url,
-            max_inflight=config.dispatch_max_inflight,
-            timeout_s=config.dispatch_timeout_seconds,
-            max_attempts=config.dispatch_max_attempts,
-            priority=config.dispatch_priority,
-            metrics=metrics,
-            token=_dispatch_token(config),
-            ssl_context=_dispatch_ssl(config),
-            on_transition=lambda moved: _log_transitions(moved, metrics),
-        )
+    job_store = JobStore(config.registry_path)
     servicer_ref: list[PlannerServicer] = []
 
     def feedback():
-        if dispatcher is not None:
-            return dispatcher.feedback()
         return servicer_ref[0].external_feedback if servicer_ref else None
 
     router = None
     if config.router_metrics_url:
-        subtract = dispatcher is not None and config.subtract_dispatch_from_online
         router = RouterTrafficSource(
             config.router_metrics_url,
             clock,
             timeout_s=config.observe_timeout_seconds,
-            dispatched=(lambda: dispatcher.finished_total) if subtract else None,
-            dispatch_inflight=(lambda: len(dispatcher.inflight)) if subtract else None,
             metrics_token=_metrics_token(config),
         )
 
     def jobs(now_mono: float):
-        # Batch lifecycle moves on every tick too (expiry, finalizing), dispatcher or not.
-        _log_transitions(registry.advance(int(clock.wall())), metrics)
-        return registry.job_demands(now_mono, config.work_class)
+        # Jobs past their deadline expire on the tick (the dispatcher may be gone).
+        _log_transitions(job_store.advance(int(clock.wall())), metrics)
+        return job_store.job_demands(now_mono, config.work_class)
 
     collector = Collector(
         clock,
@@ -282,82 +251,55 @@ async def start_planner(
         tick_max_duration_s=config.tick_max_duration_seconds,
         effect_timeout_s=config.effect_timeout_seconds,
         advisory=config.advisory,
-        on_lease=dispatcher.wake if dispatcher else (lambda: None),
     )
-    runtime_ref.append(runtime)
 
     async def close_all() -> None:
         await runtime.stop()  # the tick loop, then the shutdown zero lease
-        if dispatcher is not None:
-            await dispatcher.stop()
-        await api.stop()
         await connector.stop()
         await store.close()
         if router is not None:
             await router.close()
         for channel in channels:
             await channel.close()
-        registry.close()
+        job_store.close()
 
     # 1. The zero lease before anything else.
     try:
         await runtime.start_lease()
     except (LeaseStoreError, TimeoutError, OSError) as exc:
         await store.close()
-        registry.close()
+        job_store.close()
         where = redact_url(config.redis_url) if config.lease_store == "redis" else config.lease_store
         raise ConfigError(
             "redis_url" if config.lease_store == "redis" else "lease_store",
             where,
             f"the lease store is unreachable at start-up, refusing to start ({exc})",
         ) from None
-    api = BatchApi(
-        registry,
-        clock,
-        max_requests=config.max_batch_requests,
-        max_file_bytes=config.max_file_bytes,
-        pool_id=config.pool_id,
-        on_change=dispatcher.wake if dispatcher else (lambda: None),
-        security=config.security,
-    )
-    servicer = PlannerServicer(runtime, registry, clock)
+    servicer = PlannerServicer(runtime, job_store, clock)
     servicer_ref.append(servicer)
     pb_grpc.add_PlannerServicer_to_server(servicer, host.server)
     host.add_service(SERVICE_NAME)
     host.on_stop(close_all)
     try:
-        # 2. The connector (writer fence), dispatcher, Batch API, gRPC.
+        # 2. The connector (writer fence), gRPC.
         await connector.start()
-        if dispatcher is not None and not config.advisory:
-            await dispatcher.start()
-        http_host, http_port = parse_host_port(config.http_listen, "http_listen")
-        await api.start(http_host, http_port)
         await host.start()
     except BaseException:
         await close_all()
         raise
     # 3. The tick loop.
     runtime.start()
-    running = RunningPlanner(host, runtime, registry, api, store, connector, dispatcher, servicer, config)
+    running = RunningPlanner(host, runtime, job_store, store, connector, servicer, config)
     log.info(
-        "planner: pool %s, connector %s, lease store %s%s, Batch API on %s, dispatch to %s",
+        "planner: pool %s, connector %s, lease store %s%s, gRPC on %s",
         config.pool_id,
         connector.name,
         store.name,
         " (advisory)" if config.advisory else "",
-        running.http_url,
-        config.dispatch_url or "(external dispatcher)",
+        running.address,
     )
     _write_ready_file(config.ready_file, running)
     return running
-
-
-def _dispatch_token(config: PlannerConfig) -> str:
-    """The router's HTTP API takes a data (or control) token: the first data token, else the first control one."""
-    sec = config.security
-    if sec.data_tokens is not None:
-        return sec.data_tokens.first
-    return sec.control_tokens.first if sec.control_tokens is not None else ""
 
 
 def _metrics_token(config: PlannerConfig) -> str:
@@ -367,19 +309,10 @@ def _metrics_token(config: PlannerConfig) -> str:
     return tokens.first if tokens is not None else ""
 
 
-def _dispatch_ssl(config: PlannerConfig):
-    """Verify an https dispatch target against --tls-ca when one is given (else the system roots)."""
-    if not config.dispatch_url.startswith("https://") or config.security.ca_pem is None:
-        return None
-    import ssl
-
-    return ssl.create_default_context(cadata=config.security.ca_pem.decode())
-
-
 def _log_transitions(moved: list, metrics: PlannerMetrics) -> None:
     for batch_id, old, new in moved:
         metrics.batches.labels(new).inc()
-        log.info("batch %s: %s -> %s", batch_id, old, new)
+        log.info("job %s: %s -> %s", batch_id, old, new)
 
 
 def _connector(config: PlannerConfig, clock: Clock, capacity_stub) -> Connector:

@@ -1,4 +1,8 @@
-"""The gRPC edge of the planner. Thin: validate, call the registry/runtime, map errors (`DOMAIN_ERRORS`)."""
+"""The gRPC edge of the planner. Thin: validate, call the job store/runtime, map errors (`DOMAIN_ERRORS`).
+
+Every batch job is dispatched outside the planner (the batch service, or another gateway): it submits the job
+(`SubmitBatchJob`: a count and a deadline), follows the lease (`WatchLease`) and reports progress
+(`ReportDispatch`). Nothing here sees a request body or a completion."""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.common.clock import Clock
 from services.common.grpc_errors import ErrorTable
-from services.planner.adapters.proto import batch_to_proto, lease_to_proto, plan_to_proto
-from services.planner.adapters.registry import Conflict, NotFound, Registry
-from services.planner.core.batch_api import check_id
+from services.planner.adapters.jobs import Conflict, JobStore, NotFound
+from services.planner.adapters.proto import job_to_proto, lease_to_proto, plan_to_proto
+from services.planner.core.jobs import check_id
 from services.planner.core.types import DispatcherFeedback
 from services.planner.loop import PlannerRuntime
 
@@ -38,9 +42,9 @@ DOMAIN_ERRORS = ErrorTable(
 
 
 class PlannerServicer(pb_grpc.PlannerServicer):
-    def __init__(self, runtime: PlannerRuntime, registry: Registry, clock: Clock) -> None:
+    def __init__(self, runtime: PlannerRuntime, jobs: JobStore, clock: Clock) -> None:
         self.runtime = runtime
-        self.registry = registry
+        self.jobs = jobs
         self.clock = clock
         self.external_feedback: DispatcherFeedback | None = None
 
@@ -60,26 +64,19 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             if not request.HasField("deadline") or request.deadline.ToNanoseconds() / 1e9 <= now:
                 raise InvalidArgument("deadline must be in the future")
             job_id = check_id(request.job_id, "job_id") if request.job_id else f"job_{secrets.token_hex(12)}"
-            b = self.registry.create_external_job(
+            job = self.jobs.submit(
                 job_id, request.total_requests, int(request.deadline.ToNanoseconds() // 1_000_000_000), int(now), pool
             )
-            return batch_to_proto(b)
+            return job_to_proto(job)
 
     async def GetBatchJob(self, request: pb.GetBatchJobRequest, context) -> pb.BatchJob:
         async with DOMAIN_ERRORS.guard(context):
-            return batch_to_proto(self.registry.get_batch(check_id(request.job_id, "job_id")))
+            return job_to_proto(self.jobs.get(check_id(request.job_id, "job_id")))
 
     async def ListBatchJobs(self, request: pb.ListBatchJobsRequest, context) -> pb.ListBatchJobsResponse:
         async with DOMAIN_ERRORS.guard(context):
             pool = self._pool(request.pool_id)
-            jobs, after = [], None
-            while True:
-                page, more = self.registry.list_batches(after, 100)
-                jobs.extend(batch_to_proto(b) for b in page if b["pool_id"] == pool)
-                if not more or not page:
-                    break
-                after = page[-1]["id"]
-            return pb.ListBatchJobsResponse(jobs=jobs)
+            return pb.ListBatchJobsResponse(jobs=[job_to_proto(job) for job in self.jobs.list(pool)])
 
     async def GetLease(self, request: pb.GetLeaseRequest, context) -> pb.Lease:
         async with DOMAIN_ERRORS.guard(context):
@@ -108,13 +105,16 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             self._pool(request.pool_id)
             if min(request.dispatched, request.completed, request.queued, request.inflight, request.failed) < 0:
                 raise InvalidArgument("counts must be >= 0")
+            if request.final_status and not request.job_id:
+                raise InvalidArgument("final_status needs a job_id")
             if request.job_id:
-                self.registry.report_external(
+                self.jobs.report(
                     check_id(request.job_id, "job_id"),
                     request.dispatched,
                     request.completed,
                     request.failed,
                     int(self.clock.wall()),
+                    request.final_status,
                 )
             self.external_feedback = DispatcherFeedback(
                 self.clock.monotonic(),

@@ -261,12 +261,12 @@ ROUTER_SETTINGS = [
         env=_env("capacity_retry_max_seconds"),
     ),
     Setting(
-        "planner_url",
+        "batch_url",
         str,
         "",
-        "the planner's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
+        "the batch service's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "
         "there; empty = those routes answer 404",
-        env=_env("planner_url"),
+        env=_env("batch_url"),
     ),
     Setting(
         "batch_priority",
@@ -420,8 +420,8 @@ class RouterConfig:
     client_program_idle_seconds: float = 900.0
     sweep_interval_seconds: float = 5.0
     capacity_retry_max_seconds: float = 5.0
-    planner_url: str = ""
-    """The planner's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 404."""
+    batch_url: str = ""
+    """The batch service's Batch API base URL; empty = `/v1/files*` and `/v1/batches*` answer 404."""
     batch_priority: int = -10
     """SGLang `priority` of batch traffic (`X-Bandmaster-Traffic: batch`), in place of the scheduler's."""
     failover_floor_seconds: float = 2.0
@@ -494,8 +494,8 @@ class RouterConfig:
         for name in ("worker_failure_threshold", "client_max_programs", "client_new_programs_per_second"):
             value = getattr(self, name)
             require(value >= 0, name, value, f"{name} >= 0 (0 = off)")
-        if self.planner_url:
-            validate_base_url(self.planner_url, "planner_url")
+        if self.batch_url:
+            validate_base_url(self.batch_url, "batch_url")
         require(
             self.http_max_connections >= 1,
             "http_max_connections",

@@ -152,9 +152,9 @@ class ShuttingDown(RouterError):
     error_type = "service_unavailable"
 
 
-class PlannerMissing(RouterError):
-    """A Batch API route (`/v1/files*`, `/v1/batches*`) on a router started without `--planner-url`: a 404
-    (the route is not served here; a client's mistake to fix by pointing at a router with a planner), not a 5xx
+class BatchServiceMissing(RouterError):
+    """A Batch API route (`/v1/files*`, `/v1/batches*`) on a router started without `--batch-url`: a 404
+    (the route is not served here; a client's mistake to fix by pointing at a router with a batch service), not a 5xx
     that monitoring would count as the router failing."""
 
     http_status = 404

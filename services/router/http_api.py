@@ -1,6 +1,6 @@
 """The router's public HTTP API: OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 SGLang `/generate`, `/health`, and `/metrics` only with `--http-metrics` (the metrics port serves it);
-the Batch API (`/v1/files*`, `/v1/batches*`) is the planner's, passed through (adapters/batch_api.py).
+the Batch API (`/v1/files*`, `/v1/batches*`) is the batch service's, passed through (adapters/batch_api.py).
 
 Served by `http_server.GuardedServer` (connection cap, header deadline, JSON errors for malformed
 HTTP). Validation happens before anything is forwarded: session headers (session.py), body size and
@@ -33,11 +33,11 @@ from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import (
     BadRequest,
+    BatchServiceMissing,
     BodyTooLarge,
     Internal,
     MethodNotAllowed,
     NotFound,
-    PlannerMissing,
     RequestTimeout,
     RouterError,
     WorkerFailed,
@@ -284,7 +284,7 @@ class HttpApi:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         """The dispatch: path, then method. Anything unknown is an OpenAI-style 404 / 405. The Batch API's
-        routes go to the planner whatever the method (it answers 404/405 itself)."""
+        routes go to the batch service whatever the method (it answers 404/405 itself)."""
         if is_batch_path(request.path):
             return await self.batch_api(request)
         methods = self.routes.get(request.path)
@@ -303,10 +303,10 @@ class HttpApi:
     async def batch_api(self, request: web.BaseRequest) -> web.StreamResponse:
         if self.batch_proxy is None:
             response = self._error(
-                PlannerMissing(
-                    f"{quoted(request.path)} is the Batch API, served by the planner: this router was started without "
-                    "--planner-url (bandmaster up starts one unless --no-planner)",
-                    code="planner_not_configured",
+                BatchServiceMissing(
+                    f"{quoted(request.path)} is the Batch API, served by the batch service: this router was started "
+                    "without --batch-url (bandmaster up starts one unless --no-planner)",
+                    code="batch_not_configured",
                 )
             )
         else:

@@ -17,7 +17,7 @@ class RouterMetrics:
         self.requests = Counter(
             "bandmaster_router_requests",
             "Requests by API route, path, outcome and traffic (online, or batch: marked "
-            "X-Bandmaster-Traffic: batch by the planner's dispatcher)",
+            "X-Bandmaster-Traffic: batch by the batch service's dispatcher)",
             ("route", "path", "outcome", "traffic"),
             registry=r,
         )
@@ -35,7 +35,7 @@ class RouterMetrics:
         )
         self.batch_api = Counter(
             "bandmaster_router_batch_api_requests",
-            "Batch API calls forwarded to the planner (/v1/files*, /v1/batches*) by status "
+            "Batch API calls forwarded to the batch service (/v1/files*, /v1/batches*) by status "
             "(not counted in bandmaster_router_requests: they are not inference)",
             ("status",),
             registry=r,

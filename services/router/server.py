@@ -140,9 +140,9 @@ def _log_prompt_mode(config: RouterConfig, prompts: PromptTokenizer | None, use_
     )
 
 
-def _planner_ssl(config: RouterConfig) -> ssl.SSLContext | None:
-    """An https planner is verified against --tls-ca when one is given, else the system roots."""
-    if not config.planner_url.startswith("https://") or not config.security.ca_pem:
+def _batch_ssl(config: RouterConfig) -> ssl.SSLContext | None:
+    """An https batch service is verified against --tls-ca when one is given, else the system roots."""
+    if not config.batch_url.startswith("https://") or not config.security.ca_pem:
         return None
     return ssl.create_default_context(cadata=config.security.ca_pem.decode())
 
@@ -237,13 +237,13 @@ async def start_router(
         scheduler.start_watching(AdmissionCache())
     batch_proxy = (
         BatchApiProxy(
-            config.planner_url,
+            config.batch_url,
             connect_timeout_s=config.upstream_connect_timeout_seconds,
             read_timeout_s=config.upstream_response_timeout_seconds,
             body_timeout_s=config.http_body_timeout_seconds,
-            ssl_context=_planner_ssl(config),
+            ssl_context=_batch_ssl(config),
         )
-        if config.planner_url
+        if config.batch_url
         else None
     )
     feeds = KvEventFeeds(fleet.apply_kv_event, metrics, upstream.session)
@@ -350,6 +350,6 @@ async def start_router(
         http_port,
         "off" if scheduler is None else config.scheduler_addr,
         config.capacity_addr,
-        config.planner_url or "off",
+        config.batch_url or "off",
     )
     return running

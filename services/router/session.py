@@ -120,7 +120,7 @@ def client_identity(authorization: str | None, address: str | None) -> str:
 
 
 def traffic(headers: Mapping[str, str]) -> str:
-    """`batch` when `X-Bandmaster-Traffic: batch` (the planner's dispatcher marks its requests so), else `online`.
+    """`batch` when `X-Bandmaster-Traffic: batch` (the batch service's dispatcher marks its requests so), else `online`.
     Any other value is online: marking a request batch only ever lowers its priority."""
     value = headers.get(TRAFFIC_HEADER)
     return "batch" if value is not None and value.strip().lower() == "batch" else "online"

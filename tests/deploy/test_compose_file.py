@@ -75,7 +75,7 @@ def listen_ports(name: str, service: Mapping[str, Any]) -> dict[str, int]:
     ports = {"grpc": int(config.listen.rpartition(":")[2]), "metrics": config.metrics_port}
     if module == "services.router":
         ports["http"] = config.http_port
-    if module == "services.planner":
+    if module == "services.batch":
         ports["http"] = int(config.http_listen.rpartition(":")[2])
     return ports
 
@@ -156,6 +156,7 @@ def test_every_bandmaster_service_config_loads(env):
         "services.scheduler",
         "services.router",
         "services.planner",
+        "services.batch",
         "services.simworker",
     }
     for service in services.values():
@@ -173,7 +174,7 @@ def test_services_listen_on_all_interfaces():
     for name, service in bandmaster_services(compose()).items():
         config = load_service_config(service)
         hosts = [config.host] if service_module(service) == "services.simworker" else [config.listen]
-        if service_module(service) == "services.planner":
+        if service_module(service) == "services.batch":
             hosts.append(config.http_listen)
         for host in hosts:
             assert host.startswith("0.0.0.0"), f"{name} binds {host}: other containers could not reach it"
@@ -187,7 +188,8 @@ def test_the_documented_default_ports():
         "scheduler-2": {"grpc": 50052, "metrics": 9102},
         "router-1": {"grpc": 50053, "metrics": 9103, "http": 8000},
         "router-2": {"grpc": 50053, "metrics": 9103, "http": 8000},
-        "planner": {"grpc": 50061, "metrics": 9105, "http": 8090},
+        "planner": {"grpc": 50061, "metrics": 9105},
+        "batch": {"grpc": 50063, "metrics": 9106, "http": 8090},
         "simworker-1": {"http": 30000, "metrics": 30000},
         "simworker-2": {"http": 30000, "metrics": 30000},
     }
@@ -265,13 +267,28 @@ def test_real_workers_replace_the_simulated_ones():
     assert [w.url for w in default.workers] == ["http://simworker-1:30000", "http://simworker-2:30000"]
 
 
-def test_planner_leases_live_in_redis_and_its_registry_on_a_volume():
+def test_planner_leases_live_in_redis_and_both_registries_on_volumes():
     doc = compose()
     planner = doc["services"]["planner"]
     config = load_service_config(planner)
     assert config.lease_store == "redis" and config.redis_url.startswith("redis://redis:")
-    mounts = ch.named_volume_mounts(planner, doc)
-    assert any(config.registry_path.startswith(target + "/") for target in mounts), (config.registry_path, mounts)
+    for name in ("planner", "batch"):
+        service = doc["services"][name]
+        path = load_service_config(service).registry_path
+        mounts = ch.named_volume_mounts(service, doc)
+        assert any(path.startswith(target + "/") for target in mounts), (name, path, mounts)
+
+
+def test_the_planner_is_control_only_and_the_batch_service_follows_it():
+    """The planner has no data-plane settings (no token reaches it); the batch service takes its lease from the
+    planner, sends through a router and is what the routers forward the Batch API to."""
+    doc = compose()
+    planner_env = ch.environment(doc["services"]["planner"])
+    assert "BANDMASTER_DATA_TOKEN" not in planner_env and not any("DISPATCH" in k for k in planner_env)
+    batch = load_service_config(doc["services"]["batch"])
+    assert batch.planner == "planner:50061" and batch.dispatch_url == "http://router-1:8000"
+    for router in ("router-1", "router-2"):
+        assert load_service_config(doc["services"][router]).batch_url == "http://batch:8090"
 
 
 # --- the Dockerfile ----------------------------------------------------------------------------------

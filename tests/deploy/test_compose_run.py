@@ -81,6 +81,7 @@ def test_the_stack_is_what_the_compose_file_says(stack):
         "router-1",
         "router-2",
         "planner",
+        "batch",
         "redis",
     }
     assert set(stack.stack.schema_only) == {"otel-collector", "jaeger", "prometheus", "grafana"}
@@ -165,8 +166,8 @@ def run_batch(stack: ch.ComposeRun, api_key: str = "none", n: int = 3) -> None:
         assert batch.status not in ("failed", "expired", "cancelled"), batch
         assert time.monotonic() < deadline, (
             f"batch {batch.id} still {batch.status} after {BATCH_TIMEOUT_S:g}s "
-            f"({batch.request_counts}); planner log:\n"
-            f"{stack.running['planner'].process.log_tail(25)}"
+            f"({batch.request_counts}); batch service log:\n"
+            f"{stack.running['batch'].process.log_tail(25)}"
         )
         time.sleep(0.5)
         batch = api.batches.retrieve(batch.id)

@@ -31,6 +31,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.capacity import registrar
 from services.common.clock import FakeClock
@@ -64,6 +65,7 @@ SERVICES = {
     "services.scheduler": Service(scheduler_config.load_config, scheduler_config.SETTINGS, ("BANDMASTER_", "DYN_")),
     "services.router": Service(router_config.load_config, router_config.SETTINGS, ("BANDMASTER_", "DYN_")),
     "services.planner": Service(planner_config.load_config, planner_config.SETTINGS, ("BANDMASTER_",)),
+    "services.batch": Service(batch_config.load_config, batch_config.SETTINGS, ("BANDMASTER_",)),
     "services.simworker": Service(
         simworker_config.load_config, list(simworker_config.SETTINGS), ("SIMWORKER_", "BANDMASTER_")
     ),
@@ -234,6 +236,7 @@ def test_every_bandmaster_container_parses_with_its_service_config(target, secre
         "services.scheduler",
         "services.router",
         "services.planner",
+        "services.batch",
         "services.capacity.registrar",
     }
 
@@ -277,7 +280,7 @@ def test_services_bind_all_interfaces_on_declared_ports_and_scrape_their_metrics
             metrics_port = config.metrics_port
             if module == "services.router":
                 listening.append(config.http_port)
-            if module == "services.planner":
+            if module == "services.batch":
                 http_host, http_port = parse_host_port(config.http_listen, "http_listen")
                 assert http_host == "0.0.0.0"
                 listening.append(http_port)
@@ -337,15 +340,16 @@ def test_every_address_a_service_dials_is_a_service_serving_that_port(target):
             dialled += [
                 (module, c.scheduler_addr, "scheduler"),
                 (module, c.capacity_addr, "capacity"),
-                (module, _url_address(c.planner_url), "planner"),
+                (module, _url_address(c.batch_url), "batch"),
             ]
         elif module == "services.planner":
             dialled += [
                 (module, c.capacity, "capacity"),
                 (module, c.scheduler, "scheduler"),
-                (module, _url_address(c.dispatch_url), "router"),
                 (module, _url_address(c.redis_url), "redis"),
             ]
+        elif module == "services.batch":
+            dialled += [(module, c.planner, "planner"), (module, _url_address(c.dispatch_url), "router")]
         elif module == "services.capacity.registrar":
             dialled.append((module, c.capacity_addr, "capacity"))
     assert len(dialled) >= 10
@@ -434,7 +438,7 @@ def test_routers_are_replicated_with_a_pdb_and_no_autoscaler(target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_single_writers_are_recreated_and_the_worker_count_is_the_planners(target):
     objects = rendered(target)
-    for name in ("planner", "redis"):
+    for name in ("planner", "batch", "redis"):
         deployment = named(objects, "Deployment", name)
         assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", name
     # No spec.replicas: `kubectl apply` must not reset what the planner set through the scale subresource.

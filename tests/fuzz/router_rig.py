@@ -1,6 +1,6 @@
 """An in-process router (tests/support/router_inprocess) in front of a healthy worker that answers every
-API the router forwards to, and a real in-process planner behind its Batch API (`/v1/files*`,
-`/v1/batches*`), for the router's HTTP and gRPC fuzz modules.
+API the router forwards to, and a real in-process batch service (following a real planner) behind its Batch
+API (`/v1/files*`, `/v1/batches*`), for the router's HTTP and gRPC fuzz modules.
 
 The worker checks what it is sent: every forwarded body must be a JSON object of the API's shape;
 anything else is recorded in `bad_forwards` (the router forwarded something it should have refused).
@@ -17,12 +17,14 @@ from pathlib import Path
 
 from aiohttp import web
 
+from services.batch.server import RunningBatch, start_batch
 from services.common.security import SecurityConfig, Tokens
 from services.planner.server import RunningPlanner, start_planner
 from tests.fuzz.common import LoopRig
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
 from tests.support.sglang_stub import sglang_info
+from tests.unit.batch.fakes import batch_config
 from tests.unit.planner.fakes import planner_config
 
 DATA_TOKEN = "fuzz-data-token"
@@ -157,9 +159,8 @@ ROUTER_SETTINGS = dict(
 
 
 class RouterRig(LoopRig):
-    """An in-process router with one healthy worker, the recording scheduler and a planner, on its own loop.
-
-    The planner holds one input file and one batch from the start (`file_id`, `batch_id`)."""
+    """An in-process router with one healthy worker, the recording scheduler, a batch service and its planner,
+    on its own loop. The batch service holds one input file and one batch from the start (`file_id`, `batch_id`)."""
 
     def __init__(self, *, secured: bool = False) -> None:
         super().__init__()
@@ -168,8 +169,12 @@ class RouterRig(LoopRig):
         settings["security"] = security
         self.tmp = Path(tempfile.mkdtemp(prefix="fuzz-planner-"))
         self.worker = HealthyWorker()
-        self.planner: RunningPlanner = self.run(start_planner(planner_config(self.tmp, security=security)))
-        settings["planner_url"] = self.planner.http_url
+        # The planner's lease is a pause (cap 0): the seeded batch stays queued, nothing is dispatched.
+        self.planner: RunningPlanner = self.run(start_planner(planner_config(self.tmp, max_batch_admission_rps=0.0)))
+        self.batch: RunningBatch = self.run(
+            start_batch(batch_config(self.tmp, self.planner.address, "http://127.0.0.1:9", security=security))
+        )
+        settings["batch_url"] = self.batch.http_url
         self.router: InProcessRouter = self.run(self._start(settings))
         self.file_id, self.batch_id = self.run(self._seed(secured))
 
@@ -229,6 +234,7 @@ class RouterRig(LoopRig):
 
     def close(self) -> None:
         self.run(self.router.close())
+        self.run(self.batch.stop())
         self.run(self.planner.stop())
         super().close()
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -1,11 +1,13 @@
-"""The planner end to end through the router: `bandmaster up` as a user starts it, the official `openai`
-client on the ROUTER's base URL (files.create, batches.create, batches.retrieve until completed,
+"""The planner and the batch service end to end through the router: `bandmaster up` as a user starts them, the
+official `openai` client on the ROUTER's base URL (files.create, batches.create, batches.retrieve until completed,
 files.content: one output line per request with its custom_id); with `--planner-connector local` a batch
 makes the planner start workers (the capacity service sees them) and stop them again once it is done;
-a planner SIGKILLed mid-batch and restarted behind the same router loses and duplicates nothing."""
+a planner and then a batch service SIGKILLed mid-batch and restarted behind the same router lose and duplicate
+nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -96,16 +98,18 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
     proc, base_url = _up(state, "--workers", "2")
     try:
         planner = json.loads((state / "planner.ready.json").read_text())
-        assert {"grpc", "metrics_port", "http", "pid"} <= set(planner)
+        assert {"grpc", "metrics_port", "pid"} <= set(planner) and "http" not in planner  # control only
+        batch_ready = json.loads((state / "batch.ready.json").read_text())
+        assert {"grpc", "metrics_port", "http", "pid"} <= set(batch_ready)
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         n = 30
         batch = submit(client, n)
         assert assert_exactly_once(client, completed(client, batch.id, 90), n) is None
         assert [b.id for b in client.batches.list()] == [batch.id]
-        with pytest.raises(openai.NotFoundError):  # the planner's 404 body, through the router
+        with pytest.raises(openai.NotFoundError):  # the batch service's 404 body, through the router
             client.batches.retrieve("batch_missing")
         _deep_json_is_a_400_through_the_router(client, base_url)
-        # The router counted the dispatcher's requests as batch traffic, not online.
+        # The router counted the batch service's requests as batch traffic, not online.
         metrics = json.loads((state / "router.ready.json").read_text())["metrics_port"]
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read().decode()
         batch_ok = sum(
@@ -116,7 +120,7 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
             and 'outcome="ok"' in line
         )
         assert batch_ok >= n
-        # The CLI on the same cluster, found through the state dir.
+        # The CLI on the same cluster, found through the state dir: it talks to the batch service's own address.
         (tmp_path / "in.jsonl").write_bytes(batch_file(3))
         cli = functools.partial(run_module, "services.cli")
         submitted = cli("batch", "--state-dir", str(state), "submit", str(tmp_path / "in.jsonl"), "--window", "24h")
@@ -140,7 +144,7 @@ def test_a_batch_through_the_routers_base_url_of_bandmaster_up(tmp_path):
 
 
 def _deep_json_is_a_400_through_the_router(client: openai.OpenAI, base_url: str) -> None:
-    """Issue 21: a JSONL line or a /v1/batches body nested 1,000+ deep was the planner's 500."""
+    """Issue 21: a JSONL line or a /v1/batches body nested 1,000+ deep was a 500 (then the planner's)."""
     deep = b"[" * 1_500 + b"]" * 1_500
     line = b'{"custom_id": "d", "method": "POST", "url": "/v1/chat/completions", "body": {"x": ' + deep + b"}}\n"
     with pytest.raises(openai.BadRequestError) as info:
@@ -189,7 +193,19 @@ def test_the_local_connector_scales_up_for_a_batch_and_back_to_the_idle_target(t
         proc.stop(grace_s=60)
 
 
-def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothing(tmp_path):
+def _restart_on_the_same_ports(cluster, child):
+    """SIGKILL `child` and start its spec again listening on the gRPC port it had bound (its flags may say 0)."""
+    child.process.send_signal(signal.SIGKILL)
+    child.process.wait(timeout=10)
+    cluster.supervisor.children.remove(child)
+    args = list(child.spec.args)
+    args[args.index("--listen") + 1] = child.ready["grpc"]
+    spec = dataclasses.replace(child.spec, args=args)
+    (new,) = cluster.supervisor.start_all([spec])
+    return new
+
+
+def test_a_planner_and_a_batch_service_killed_mid_batch_lose_and_duplicate_nothing(tmp_path):
     cluster = start_cluster(
         ClusterConfig(
             workers=2,
@@ -207,17 +223,19 @@ def test_a_planner_killed_mid_batch_behind_the_router_loses_and_duplicates_nothi
         n = 60
         batch = submit(client, n)
 
-        def partly_done():
-            b = client.batches.retrieve(batch.id)
-            return b if 5 <= b.request_counts.completed < n else None
+        def done_at_least(k):
+            def check():
+                b = client.batches.retrieve(batch.id)
+                return b if k <= b.request_counts.completed < n else None
 
-        wait_until(partly_done, timeout_s=60, interval_s=0.1)
-        old = cluster.planner
-        old.process.send_signal(signal.SIGKILL)
-        old.process.wait(timeout=10)
-        cluster.supervisor.children.remove(old)
-        # Same spec: the same Batch API port (the router's --planner-url) and the same registry.
-        (cluster.planner,) = cluster.supervisor.start_all([old.spec])
+            return check
+
+        wait_until(done_at_least(5), timeout_s=60, interval_s=0.1)
+        # The planner (control only) dies and comes back on its port: the batch service follows its lease again.
+        cluster.planner = _restart_on_the_same_ports(cluster, cluster.planner)
+        wait_until(done_at_least(15), timeout_s=60, interval_s=0.1)
+        # The batch service (the data) dies: the same Batch API port (the router's --batch-url), the same registry.
+        cluster.batch = _restart_on_the_same_ports(cluster, cluster.batch)
         assert_exactly_once(client, completed(client, batch.id, 90), n)
     finally:
         cluster.stop()

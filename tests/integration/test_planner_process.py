@@ -1,17 +1,12 @@
-"""`python -m services.planner` as a real process, dispatching a batch to a real simworker.
-
-A batch submitted with the official openai client completes through the simworker's OpenAI API;
-the planner is SIGKILLed mid-batch and restarted on the same registry: every request is in the
-output exactly once, none lost. Bad configuration and an unreachable Redis refuse to start.
+"""`python -m services.planner` as a real process: leases in Redis (and after Redis restarts empty), the local
+connector, and bad configuration or an unreachable Redis refusing to start. Batches through a real batch service
+process are in test_batch_process.py.
 """
 
-import io
-import json
 import signal
 import time
 
 import grpc
-import openai
 import pytest
 
 from bandmaster.planner.v1 import planner_pb2 as pb
@@ -21,64 +16,10 @@ from tests.support.processes import free_port, python_module, run_module, start
 from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
-MODEL = "bandmaster/simworker"
 
 
 def _start(tmp_path, name, argv, ready):
     return start(name, argv, tmp_path, ready_file=ready).wait_ready(timeout_s=60)
-
-
-@pytest.fixture
-def simworker(tmp_path):
-    ready = tmp_path / "sim.json"
-    with _start(
-        tmp_path,
-        "simworker",
-        python_module(
-            "services.simworker", "--port", "0", "--ready-file", str(ready), "--speedup", "50", "--log-level", "WARNING"
-        ),
-        ready,
-    ) as proc:
-        yield f"http://127.0.0.1:{proc.ready['port']}"
-
-
-def start_planner(tmp_path, dispatch_url, *extra):
-    ready = tmp_path / "planner-ready.json"
-    proc = _start(
-        tmp_path,
-        "planner",
-        _planner_cmd(
-            tmp_path,
-            ready,
-            "--virtual-initial-replicas",
-            "1",
-            "--safe-rps-per-replica",
-            "50",
-            "--dispatch-url",
-            dispatch_url,
-            *extra,
-            tick_max_s="2",
-            effect_s="1",
-            lease_s="10",
-        ),
-        ready,
-    )
-    return proc, proc.ready
-
-
-def batch_file(n):
-    lines = [
-        json.dumps(
-            {
-                "custom_id": f"r{i}",
-                "method": "POST",
-                "url": "/v1/chat/completions",
-                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"say {i}"}], "max_tokens": 4},
-            }
-        )
-        for i in range(n)
-    ]
-    return ("\n".join(lines) + "\n").encode()
 
 
 @pytest.mark.parametrize(
@@ -87,6 +28,7 @@ def batch_file(n):
         (["--max-replicas", "0"], "max_replicas >= max(1, min_replicas)"),
         (["--lease-store", "redis"], "--redis-url is required"),
         (["--bogus"], "unrecognized arguments"),
+        (["--dispatch-url", "http://127.0.0.1:8000"], "unrecognized arguments"),
     ],
 )
 def test_invalid_config_exits_2_naming_the_rule(argv, message):
@@ -108,8 +50,6 @@ def test_unreachable_redis_refuses_to_start(tmp_path):
         "127.0.0.1:0",
         "--metrics-port",
         "-1",
-        "--http-listen",
-        "127.0.0.1:0",
         "--redis-connect-timeout-seconds",
         "0.5",
         "--redis-socket-timeout-seconds",
@@ -119,49 +59,6 @@ def test_unreachable_redis_refuses_to_start(tmp_path):
     assert "unreachable at start-up, refusing to start" in proc.stderr and "hunter2" not in proc.stderr
 
 
-def test_batch_completes_through_a_simworker_and_survives_a_kill(tmp_path, simworker):
-    n = 40
-    proc, ready = start_planner(tmp_path, simworker, "--max-batch-admission-rps", "8")
-    try:
-        client = openai.OpenAI(base_url=ready["http"] + "/v1", api_key="unused", max_retries=0)
-        f = client.files.create(file=("in.jsonl", io.BytesIO(batch_file(n))), purpose="batch")
-        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
-
-        def partly_done():
-            b = client.batches.retrieve(batch.id)
-            return b if 5 <= b.request_counts.completed < n else None
-
-        wait_until(partly_done, timeout_s=60, interval_s=0.1)
-        with grpc.insecure_channel(ready["grpc"]) as ch:
-            plan = pb_grpc.PlannerStub(ch).GetPlan(pb.GetPlanRequest(), timeout=5)
-            assert plan.observation.active_jobs == 1 and plan.leases[0].max_admission_rps == pytest.approx(8)
-    finally:
-        proc.kill()
-        proc.wait_exit(10)
-
-    proc, ready = start_planner(tmp_path, simworker)
-    try:
-        client = openai.OpenAI(base_url=ready["http"] + "/v1", api_key="unused", max_retries=0)
-
-        def done():
-            b = client.batches.retrieve(batch.id)
-            return b if b.status == "completed" else None
-
-        b = wait_until(done, timeout_s=90, interval_s=0.2)
-        assert b.request_counts.total == n and b.request_counts.completed == n and b.request_counts.failed == 0
-        lines = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
-        ids = [x["custom_id"] for x in lines]
-        assert sorted(ids) == sorted(f"r{i}" for i in range(n))  # none lost, none twice
-        assert all(x["response"]["status_code"] == 200 and x["response"]["body"]["choices"] for x in lines)
-        assert b.error_file_id is None
-        assert [x.id for x in client.batches.list()] == [batch.id]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait_exit(20) == 0
-    log = (tmp_path / "planner.log").read_text()
-    assert "shutdown zero lease published" in log
-
-
 def _planner_cmd(tmp_path, ready, *extra, tick_max_s="3", effect_s="2", lease_s="20"):
     return python_module(
         "services.planner",
@@ -169,8 +66,6 @@ def _planner_cmd(tmp_path, ready, *extra, tick_max_s="3", effect_s="2", lease_s=
         "127.0.0.1:0",
         "--metrics-port",
         "0",
-        "--http-listen",
-        "127.0.0.1:0",
         "--registry-path",
         str(tmp_path / "planner.sqlite3"),
         "--ready-file",

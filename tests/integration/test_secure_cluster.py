@@ -253,3 +253,50 @@ def test_status_cli_over_mutual_tls_from_the_state_dir(cluster, capsys):
     assert cli_main(["status", "--once", "--state-dir", str(cluster.supervisor.state_dir)]) == 0
     out = capsys.readouterr().out
     assert "of 1 healthy" in out and "utilisation" in out and "scheduler not answering" not in out, out
+
+
+def test_a_batch_runs_in_a_secure_cluster_with_the_planner_and_the_batch_service(tmp_path):
+    """Under --secure the batch service dials the planner with mutual TLS and the control token, serves its
+    Batch API over HTTPS behind the router, and sends its requests to the router's HTTPS port with the data
+    token; the planner's ready file names no HTTP API."""
+    import io
+    import json
+
+    running = start_cluster(
+        ClusterConfig(
+            workers=1,
+            worker_kv_tokens=8192,
+            worker_speedup=50.0,
+            http_port=0,
+            state_dir=tmp_path / "state",
+            secure=True,
+            planner=True,
+            log_level="WARNING",
+        )
+    )
+    try:
+        client = _client(running, _token(running.pki.data_token_file))
+        assert running.batch.ready["http"].startswith("https://") and "http" not in running.planner.ready
+        lines = [
+            {
+                "custom_id": f"s{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "bandmaster-sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            }
+            for i in range(3)
+        ]
+        data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+        f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+        batch = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="1h")
+
+        def done():
+            b = client.batches.retrieve(batch.id)
+            return b if b.status == "completed" else None
+
+        b = wait_until(done, timeout_s=90, interval_s=0.2)
+        assert b.request_counts.completed == 3 and b.request_counts.failed == 0
+        with pytest.raises(openai.AuthenticationError):
+            _client(running, "wrong-" + "x" * 26).batches.list()
+    finally:
+        running.stop()

@@ -127,7 +127,7 @@ class WatchLeaseRequest(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ...) -> None: ...
 
 class ReportDispatchRequest(_message.Message):
-    __slots__ = ("pool_id", "dispatched", "completed", "queued", "inflight", "job_id", "failed", "actual_dispatch_rps", "applied_max_admission_rps", "has_applied_cap")
+    __slots__ = ("pool_id", "dispatched", "completed", "queued", "inflight", "job_id", "failed", "actual_dispatch_rps", "applied_max_admission_rps", "has_applied_cap", "final_status")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     DISPATCHED_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class ReportDispatchRequest(_message.Message):
     ACTUAL_DISPATCH_RPS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_MAX_ADMISSION_RPS_FIELD_NUMBER: _ClassVar[int]
     HAS_APPLIED_CAP_FIELD_NUMBER: _ClassVar[int]
+    FINAL_STATUS_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     dispatched: int
     completed: int
@@ -148,7 +149,8 @@ class ReportDispatchRequest(_message.Message):
     actual_dispatch_rps: float
     applied_max_admission_rps: float
     has_applied_cap: bool
-    def __init__(self, pool_id: _Optional[str] = ..., dispatched: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., inflight: _Optional[int] = ..., job_id: _Optional[str] = ..., failed: _Optional[int] = ..., actual_dispatch_rps: _Optional[float] = ..., applied_max_admission_rps: _Optional[float] = ..., has_applied_cap: _Optional[bool] = ...) -> None: ...
+    final_status: str
+    def __init__(self, pool_id: _Optional[str] = ..., dispatched: _Optional[int] = ..., completed: _Optional[int] = ..., queued: _Optional[int] = ..., inflight: _Optional[int] = ..., job_id: _Optional[str] = ..., failed: _Optional[int] = ..., actual_dispatch_rps: _Optional[float] = ..., applied_max_admission_rps: _Optional[float] = ..., has_applied_cap: _Optional[bool] = ..., final_status: _Optional[str] = ...) -> None: ...
 
 class ReportDispatchResponse(_message.Message):
     __slots__ = ()

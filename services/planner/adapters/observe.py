@@ -8,10 +8,10 @@ is optional: a failure or timeout leaves it None (unknown, never zero) and names
 Online traffic comes from the routers' `/metrics` (`bandmaster_router_requests_total`, summed,
 as a rate between two scrapes: the first scrape only warms up; a counter reset, a failed scrape
 or a change in the set of routers re-warms) and `bandmaster_router_requests_in_flight`; else from
-the scheduler's GetStats (admissions rate, reasoning + passthrough in flight). When the batch
-dispatcher sends through those routers its own requests are left out — a router that labels
-`traffic` counts them under `traffic="batch"`, which is skipped; from an unlabelled one they are
-subtracted (`subtract_dispatch`) — so batch drain is not mistaken for online load.
+the scheduler's GetStats (admissions rate, reasoning + passthrough in flight). Batch requests (the
+batch service marks each `X-Bandmaster-Traffic: batch`) are left out: the router counts them under
+`traffic="batch"`, which is skipped, so batch drain is not mistaken for online load. The planner
+sends no requests itself, so there is nothing of its own to subtract.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ class WarmingUp(Exception):
 @dataclass
 class _Baseline:
     counter: float
-    dispatched: int
     end_s: float
     urls: tuple[str, ...]
     ttft_sum: float = 0.0
@@ -60,8 +59,6 @@ class RouterTrafficSource:
         clock: Clock,
         *,
         timeout_s: float,
-        dispatched: Callable[[], int] | None = None,
-        dispatch_inflight: Callable[[], int] | None = None,
         metrics_token: str = "",
     ) -> None:
         """`metrics_token`: sent as `Authorization: Bearer` on each scrape (a router whose /metrics takes a
@@ -70,12 +67,10 @@ class RouterTrafficSource:
         self._headers = {"Authorization": f"Bearer {metrics_token}"} if metrics_token else None
         self.clock = clock
         self.timeout_s = timeout_s
-        self.dispatched = dispatched
-        self.dispatch_inflight = dispatch_inflight
         self._baseline: _Baseline | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    async def _scrape(self, url: str) -> tuple[float, float, float, float, bool]:
+    async def _scrape(self, url: str) -> tuple[float, float, float, float]:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         async with self._session.get(url + "/metrics", headers=self._headers) as resp:
@@ -83,14 +78,10 @@ class RouterTrafficSource:
                 raise RuntimeError(f"{url}/metrics answered {resp.status}")
             text = await resp.text()
         counter = in_flight = ttft_sum = ttft_count = 0.0
-        labelled = False
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                traffic = s.labels.get("traffic")
-                if traffic is not None:
-                    labelled = True
-                    if traffic == "batch":
-                        continue
+                if s.labels.get("traffic") == "batch":
+                    continue
                 if s.name == "bandmaster_router_requests_total":
                     counter += s.value
                 elif s.name == "bandmaster_router_requests_in_flight":
@@ -99,11 +90,10 @@ class RouterTrafficSource:
                     ttft_sum += s.value
                 elif s.name == "bandmaster_router_ttft_seconds_count":
                     ttft_count += s.value
-        return counter, in_flight, ttft_sum, ttft_count, labelled
+        return counter, in_flight, ttft_sum, ttft_count
 
     async def collect(self) -> OnlineTraffic:
         start = self.clock.monotonic()
-        dispatched = self.dispatched() if self.dispatched else 0
         try:
             results = await asyncio.gather(*(self._scrape(u) for u in self.urls))
         except BaseException:
@@ -113,7 +103,7 @@ class RouterTrafficSource:
         counter = sum(r[0] for r in results)
         in_flight = sum(r[1] for r in results)
         ttft_sum, ttft_count = sum(r[2] for r in results), sum(r[3] for r in results)
-        prev, self._baseline = self._baseline, _Baseline(counter, dispatched, end, self.urls, ttft_sum, ttft_count)
+        prev, self._baseline = self._baseline, _Baseline(counter, end, self.urls, ttft_sum, ttft_count)
         if prev is None or prev.urls != self.urls:
             raise WarmingUp("first scrape")
         if counter < prev.counter or ttft_count < prev.ttft_count:
@@ -122,11 +112,6 @@ class RouterTrafficSource:
         if window <= 0:
             raise WarmingUp("overlapping scrape windows")
         delta = counter - prev.counter
-        # A router that labels its traffic already keeps the dispatcher's requests (traffic="batch") apart;
-        # subtracting them again would under-count online load, so only unlabelled routers are corrected.
-        if self.dispatched and not any(r[4] for r in results):
-            delta = max(0.0, delta - (dispatched - prev.dispatched))
-            in_flight = max(0.0, in_flight - (self.dispatch_inflight() if self.dispatch_inflight else 0))
         ttft = None
         if ttft_count > prev.ttft_count:
             ttft = (ttft_sum - prev.ttft_sum) / (ttft_count - prev.ttft_count)

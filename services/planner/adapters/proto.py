@@ -46,21 +46,20 @@ def lease_to_proto(lease: Lease | None) -> pb.Lease:
     )
 
 
-def batch_to_proto(b: dict) -> pb.BatchJob:
-    counts = b["request_counts"]
+def job_to_proto(job: dict) -> pb.BatchJob:
+    """A JobStore row -> BatchJob (every planner job is external: dispatched outside the planner)."""
     return pb.BatchJob(
-        job_id=b["id"],
-        pool_id=b["pool_id"],
-        total_requests=counts["total"],
-        dispatched_requests=b["dispatched"],
-        completed_requests=counts["completed"],
-        failed_requests=counts["failed"],
-        deadline=_ts(b["expires_at"]),
-        state=_STATE.get(b["status"], pb.BATCH_JOB_STATE_UNSPECIFIED),
-        submitted_at=_ts(b["created_at"]),
-        status=b["status"],
-        endpoint=b["endpoint"],
-        external=b["external"],
+        job_id=job["id"],
+        pool_id=job["pool_id"],
+        total_requests=job["total"],
+        dispatched_requests=job["dispatched"],
+        completed_requests=job["completed"],
+        failed_requests=job["failed"],
+        deadline=_ts(job["expires_at"]),
+        state=_STATE.get(job["status"], pb.BATCH_JOB_STATE_UNSPECIFIED),
+        submitted_at=_ts(job["created_at"]),
+        status=job["status"],
+        external=True,
     )
 
 

@@ -1,12 +1,12 @@
-"""The router's `/v1/files*` and `/v1/batches*`: a pass-through to the planner's Batch API (`--planner-url`).
+"""The router's `/v1/files*` and `/v1/batches*`: a pass-through to the batch service's Batch API (`--batch-url`).
 
 Bodies are streamed both ways, never parsed or buffered whole (a multipart upload may be 200 MB, a
-`/content` download is `application/jsonl`). The planner's status, body and content type reach the
-client unchanged, its error bodies included; the client's `Authorization` goes to the planner, which
+`/content` download is `application/jsonl`). The batch service's status, body and content type reach the
+client unchanged, its error bodies included; the client's `Authorization` goes to the batch service, which
 checks the data token itself. Only end-to-end headers are forwarded (hop-by-hop ones are not).
-A planner that cannot be reached is a 502 (refused, reset) or 504 (timed out) in the router's own
-OpenAI-style body; without `--planner-url` every such route is a 404 `planner_not_configured` naming the
-missing planner (errors.PlannerMissing says why not a 5xx).
+A batch service that cannot be reached is a 502 (refused, reset) or 504 (timed out) in the router's own
+OpenAI-style body; without `--batch-url` every such route is a 404 `batch_not_configured` naming the
+missing batch service (errors.BatchServiceMissing says why not a 5xx).
 A client body that stalls for `--http-body-timeout-seconds` is a 408, one that breaks its
 Content-Encoding a 400 (a gzip/deflate body is forwarded decoded; the HTTP API answers any other
 Content-Encoding 415 before a request gets here).
@@ -78,7 +78,7 @@ class BatchApiProxy:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl is not None else None
-            # auto_decompress off: the body reaches the client exactly as the planner sent it.
+            # auto_decompress off: the body reaches the client exactly as the batch service sent it.
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector, auto_decompress=False)
         return self._session
 
@@ -89,11 +89,11 @@ class BatchApiProxy:
     async def forward(
         self, request: web.BaseRequest, extra_headers: dict[str, str], on_error: Callable[[RouterError], web.Response]
     ) -> web.StreamResponse:
-        """Send `request` to the planner and stream its answer back."""
+        """Send `request` to the batch service and stream its answer back."""
         headers = {name: request.headers[name] for name in _REQUEST_HEADERS if name in request.headers}
         if "Content-Encoding" in headers:
             # The router's HTTP server decodes a gzip/deflate body as it reads it: what goes on is the
-            # decoded body, whose length the planner learns from the chunked framing.
+            # decoded body, whose length the batch service learns from the chunked framing.
             headers.pop("Content-Encoding")
             headers.pop("Content-Length", None)
         body_errors: list[RouterError] = []
@@ -139,9 +139,11 @@ class BatchApiProxy:
                 # The client's body stalled or broke its Content-Encoding or framing on the way: its fault.
                 return on_error(body_errors[0])
             if isinstance(exc, asyncio.TimeoutError):
-                return on_error(WorkerTimeout("the planner's Batch API did not answer in time", code="planner_timeout"))
-            log.warning("Batch API request to the planner failed: %s", exc.__class__.__name__)
-            return on_error(WorkerFailed("the planner's Batch API is unreachable", code="planner_unreachable"))
+                return on_error(
+                    WorkerTimeout("the batch service's Batch API did not answer in time", code="batch_timeout")
+                )
+            log.warning("Batch API request to the batch service failed: %s", exc.__class__.__name__)
+            return on_error(WorkerFailed("the batch service's Batch API is unreachable", code="batch_unreachable"))
         async with upstream:
             response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
             response.headers.update(extra_headers)
@@ -156,7 +158,7 @@ class BatchApiProxy:
                     await response.write(chunk)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 # Headers are gone: all that is left is to cut the connection so the client sees a short body.
-                log.warning("Batch API answer from the planner broke off: %s", exc.__class__.__name__)
+                log.warning("Batch API answer from the batch service broke off: %s", exc.__class__.__name__)
                 response.force_close()
                 return response
             await response.write_eof()

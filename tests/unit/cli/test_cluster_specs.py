@@ -5,7 +5,15 @@ import json
 
 import pytest
 
-from harness.cluster import ClusterConfig, local_worker_args, planner_spec, router_spec, scheduler_spec, simworker_spec
+from harness.cluster import (
+    ClusterConfig,
+    batch_spec,
+    local_worker_args,
+    planner_spec,
+    router_spec,
+    scheduler_spec,
+    simworker_spec,
+)
 from services.cli.up import add_cluster_arguments, cluster_config
 from services.common.errors import ConfigError
 
@@ -77,25 +85,27 @@ def _flag(args, name):
 
 def test_the_planner_follows_the_router_and_owns_a_fixed_virtual_fleet_by_default(tmp_path):
     config = ClusterConfig(workers=3, worker_speedup=10, planner=True)
-    spec = planner_spec(
-        config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8000", "http://127.0.0.1:9", 8091, tmp_path
-    )
+    spec = planner_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:9", tmp_path)
     args = spec.args
     assert spec.name == "planner" and spec.module == "services.planner"
-    assert _flag(args, "--http-listen") == "127.0.0.1:8091" and _flag(args, "--listen") == "127.0.0.1:0"
-    assert _flag(args, "--metrics-port") == "0"
+    assert _flag(args, "--listen") == "127.0.0.1:0" and _flag(args, "--metrics-port") == "0"
     assert _flag(args, "--registry-path") == str(tmp_path / "planner.sqlite3")
     assert _flag(args, "--capacity") == "127.0.0.1:1" and _flag(args, "--scheduler") == "127.0.0.1:2"
-    assert _flag(args, "--dispatch-url") == "http://127.0.0.1:8000"
+    assert "--dispatch-url" not in args and "--http-listen" not in args  # control only: no Batch API, no sends
     assert _flag(args, "--router-metrics-url") == "http://127.0.0.1:9"
     assert _flag(args, "--connector") == "virtual" and _flag(args, "--virtual-initial-replicas") == "3"
     assert _flag(args, "--min-replicas") == "3" and _flag(args, "--max-replicas") == "3"
     assert _flag(args, "--tick-interval-seconds") == "0.5"
     assert (
-        _flag(router_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8091").args, "--planner-url")
+        _flag(router_spec(config, "127.0.0.1:1", "127.0.0.1:2", "http://127.0.0.1:8091").args, "--batch-url")
         == "http://127.0.0.1:8091"
     )
-    assert "--planner-url" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
+    assert "--batch-url" not in router_spec(config, "127.0.0.1:1", "127.0.0.1:2").args
+    batch = batch_spec(config, "127.0.0.1:5", "http://127.0.0.1:8000", 8091, tmp_path)
+    assert batch.name == "batch" and batch.module == "services.batch"
+    assert _flag(batch.args, "--http-listen") == "127.0.0.1:8091" and _flag(batch.args, "--planner") == "127.0.0.1:5"
+    assert _flag(batch.args, "--dispatch-url") == "http://127.0.0.1:8000"
+    assert _flag(batch.args, "--registry-path") == str(tmp_path / "batch.sqlite3")
 
 
 def test_the_local_connector_starts_workers_like_up_does(tmp_path):
@@ -108,7 +118,7 @@ def test_the_local_connector_starts_workers_like_up_does(tmp_path):
             "planner_args": ("--safe-rps-per-replica=9",),
         }
     )
-    args = planner_spec(config, "127.0.0.1:1", None, "http://r:1", "http://r:2", 1, tmp_path).args
+    args = planner_spec(config, "127.0.0.1:1", None, "http://r:2", tmp_path).args
     assert _flag(args, "--connector") == "local" and "--virtual-initial-replicas" not in args
     assert _flag(args, "--min-replicas") == "2" and _flag(args, "--max-replicas") == "4"
     assert "--scheduler" not in args and args[-1] == "--safe-rps-per-replica=9"

@@ -23,15 +23,23 @@ def test_the_port_table_is_the_defaults_with_their_flags():
         if len(cells) == 3 and cells[2].startswith("`--"):
             rows[cells[0]] = (cells[1], cells[2])
     assert rows["router, OpenAI / SGLang HTTP API"] == (str(DEFAULT_PORTS["router_http"]), "`--http-port`")
-    for name, key in (("capacity", "capacity"), ("scheduler", "scheduler"), ("planner", "planner")):
+    for name, key in (
+        ("capacity", "capacity"),
+        ("scheduler", "scheduler"),
+        ("planner", "planner"),
+        ("batch service", "batch"),
+    ):
         port, flag = next(v for k, v in rows.items() if k.startswith(name + " ("))
         assert (port, flag) == (str(DEFAULT_PORTS[key]), f"`{PORT_FLAGS[key]}`")
     port, flag = next(v for k, v in rows.items() if k.startswith("router, gRPC"))
     assert (port, flag) == (str(DEFAULT_PORTS["router"]), f"`{PORT_FLAGS['router']}`")
-    assert rows["planner's Batch API (also served through the router)"][0] == str(DEFAULT_PORTS["planner_http"])
-    metrics = rows["`/metrics` of capacity, scheduler, router, planner"][0]
+    assert rows["batch service's Batch API (also served through the router)"] == (
+        str(DEFAULT_PORTS["batch_http"]),
+        f"`{PORT_FLAGS['batch_http']}`",
+    )
+    metrics = rows["`/metrics` of capacity, scheduler, router, planner, batch service"][0]
     assert metrics == ", ".join(
-        str(DEFAULT_PORTS[f"{s}_metrics"]) for s in ("capacity", "scheduler", "router", "planner")
+        str(DEFAULT_PORTS[f"{s}_metrics"]) for s in ("capacity", "scheduler", "router", "planner", "batch")
     )
 
 

@@ -6,6 +6,7 @@ import argparse
 import pytest
 
 from services import cli
+from services.batch.config import SETTINGS as BATCH
 from services.capacity.config import SETTINGS as CAPACITY
 from services.capacity.registrar import SETTINGS as REGISTRAR
 from services.common.config import build_parser
@@ -74,6 +75,7 @@ def test_every_bandmaster_command_shows_its_defaults(monkeypatch):
         ("scheduler", SCHEDULER),
         ("router", ROUTER),
         ("planner", PLANNER),
+        ("batch", BATCH),
         ("simworker", SIMWORKER),
         ("capacity.registrar", REGISTRAR),
     ],

@@ -48,7 +48,7 @@ def test_the_router_and_the_planner_are_given_every_replica(tmp_path):
     config = _config("--scheduler-replicas", "2")
     addresses = "127.0.0.1:50052,127.0.0.1:50062"
     assert _arg(router_spec(config, "127.0.0.1:1", addresses).args, "--scheduler-addr") == addresses
-    planner = planner_spec(config, "127.0.0.1:1", addresses, "http://r", "http://m", 0, tmp_path)
+    planner = planner_spec(config, "127.0.0.1:1", addresses, "http://m", tmp_path)
     assert _arg(planner.args, "--scheduler") == addresses
 
 

@@ -3,7 +3,7 @@ the supervisor's health probes get the client certificate."""
 
 import argparse
 
-from harness.cluster import ClusterConfig, _secured, capacity_spec, router_spec, secure_cluster
+from harness.cluster import ClusterConfig, _secured, batch_spec, capacity_spec, router_spec, secure_cluster
 from harness.supervisor import Supervisor
 from services.cli.up import add_parser, cluster_config
 from services.common.config import parse_settings
@@ -25,6 +25,7 @@ def test_each_child_gets_flags_its_own_settings_accept(tmp_path):
     for spec in (
         _secured(capacity_spec(config, ["http://127.0.0.1:1"]), pki),
         _secured(router_spec(config, "127.0.0.1:1", "127.0.0.1:2"), pki),
+        _secured(batch_spec(config, "127.0.0.1:1", "https://127.0.0.1:2", 0, tmp_path), pki),
     ):
         args = list(spec.args)
         assert args[args.index("--tls-cert") + 1] == str(pki.cert(spec.name))

@@ -9,6 +9,7 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from harness.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
+from services.batch.config import SETTINGS as BATCH
 from services.capacity.config import SETTINGS as CAPACITY
 from services.cli import endpoints
 from services.cli.up import (
@@ -49,7 +50,9 @@ def test_the_documented_ports_are_the_services_own_defaults():
         assert _default(settings, "listen") == f"127.0.0.1:{DEFAULT_PORTS[service]}"
         assert _default(settings, "metrics_port") == DEFAULT_PORTS[f"{service}_metrics"]
     assert _default(ROUTER, "http_port") == DEFAULT_PORTS["router_http"]
-    assert _default(PLANNER, "http_listen") == f"127.0.0.1:{DEFAULT_PORTS['planner_http']}"
+    assert _default(BATCH, "listen") == f"127.0.0.1:{DEFAULT_PORTS['batch']}"
+    assert _default(BATCH, "metrics_port") == DEFAULT_PORTS["batch_metrics"]
+    assert _default(BATCH, "http_listen") == f"127.0.0.1:{DEFAULT_PORTS['batch_http']}"
     assert _default(SIMWORKER, "port") == DEFAULT_PORTS["simworker"]
 
 
@@ -64,7 +67,7 @@ def test_up_uses_the_fixed_ports_and_each_flag_moves_one():
 def test_ports_auto_leaves_every_port_not_given_to_the_system():
     ports = cluster_ports(_args("--ports", "auto", "--router-port", "7001"))
     assert ports.router == 7001
-    assert ports.capacity == ports.scheduler == ports.planner_http == ports.first_worker == 0
+    assert ports.capacity == ports.scheduler == ports.batch_http == ports.first_worker == 0
 
 
 def test_the_ports_reach_the_children_flags():
@@ -181,3 +184,11 @@ def test_a_running_cluster_is_found_unless_an_address_is_given(tmp_path):
     named = argparse.Namespace(state_dir=None)
     endpoints.discover(named, "10.0.0.1:50052", env=env)  # its certificates must not go to another server
     assert named.state_dir is None
+
+
+def test_the_batch_service_ports_clash_with_no_scheduler_replica():
+    """Scheduler replica i listens on the scheduler ports + 10 i (50062 for the second): the batch service's
+    fixed ports are none of them, so `--scheduler-replicas 5` with the planner on still starts."""
+    config = ClusterConfig(planner=True, scheduler_replicas=5, ports=ClusterPorts.fixed())  # validates: no clash
+    planned = dict(config.planned_ports())
+    assert planned["batch"] == DEFAULT_PORTS["batch"] and planned["batch_http"] == DEFAULT_PORTS["batch_http"]

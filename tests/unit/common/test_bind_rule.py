@@ -10,6 +10,7 @@ import sys
 import aiohttp
 import pytest
 
+from services.batch.config import load_config as batch_config
 from services.capacity.config import load_config as capacity_config
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
@@ -27,6 +28,7 @@ LOADERS = {
     "scheduler": (scheduler_config, ["--state-path", "none"]),
     "router": (router_config, []),
     "planner": (planner_config, []),
+    "batch": (batch_config, ["--planner", "127.0.0.1:1", "--dispatch-url", "http://127.0.0.1:1"]),
 }
 
 
@@ -198,7 +200,7 @@ async def test_the_planner_scrapes_a_guarded_router_metrics_port_with_its_token(
         with pytest.raises(RuntimeError, match="answered 401"):
             await sources[0]._scrape(url)
         for source in sources[1:]:
-            assert await source._scrape(url) == (0.0, 0.0, 0.0, 0.0, False)
+            assert await source._scrape(url) == (0.0, 0.0, 0.0, 0.0)
     finally:
         for source in sources:
             if source._session is not None:

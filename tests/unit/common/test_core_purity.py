@@ -117,7 +117,7 @@ def _file_submodule(name: str) -> bool:
 
 def test_there_are_cores_to_check():
     services = {p.relative_to(ROOT).parts[1] for p in CORE_FILES}
-    assert {"capacity", "scheduler", "router", "planner", "simworker"} <= services
+    assert {"capacity", "scheduler", "router", "planner", "batch", "simworker"} <= services
 
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: str(p.relative_to(ROOT / "services")))

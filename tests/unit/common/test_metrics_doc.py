@@ -57,6 +57,7 @@ _PREFIXES = {
     "scheduler": ("bandmaster_scheduler_",),
     "router": ("bandmaster_router_",),
     "planner": ("bandmaster_planner_",),
+    "batch": ("bandmaster_batch_",),
     "simworker": ("sglang:", "simworker:"),
 }
 
@@ -77,6 +78,7 @@ def test_names_follow_the_conventions(catalog):
                 "scheduler",
                 "router",
                 "planner",
+                "batch",
             }, doc
         if doc.type == "histogram":
             assert doc.name.endswith("_seconds"), f"{doc.name}: a histogram here measures seconds"

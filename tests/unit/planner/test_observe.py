@@ -1,4 +1,4 @@
-"""Observation sources: router scrapes (warm-up, rates, resets, dispatch subtracted), the capacity
+"""Observation sources: router scrapes (warm-up, rates, resets, batch traffic left out), the capacity
 and scheduler sources, and the collector's unknown-is-never-zero rules."""
 
 import pytest
@@ -87,32 +87,16 @@ async def test_router_traffic_warms_up_then_reports_a_rate(router):
     await src.close()
 
 
-async def test_router_traffic_subtracts_the_dispatchers_own_requests(router):
+async def test_router_traffic_leaves_out_the_batch_labelled_samples(router):
+    """The batch service's requests (X-Bandmaster-Traffic: batch) are counted by the router under
+    traffic="batch": the planner skips those samples, and has no dispatch of its own to subtract."""
     clock = FakeClock()
-    sent = {"n": 0}
-    src = RouterTrafficSource(
-        [router.url], clock, timeout_s=2, dispatched=lambda: sent["n"], dispatch_inflight=lambda: 2
-    )
-    with pytest.raises(WarmingUp):
-        await src.collect()
-    clock.advance(10)
-    router.total, sent["n"] = 50, 30
-    t = await src.collect()
-    assert t.offered_rps == pytest.approx(2.0) and t.active_requests == 1
-    await src.close()
-
-
-async def test_router_traffic_skips_batch_labelled_samples_and_subtracts_nothing_more(router):
-    clock = FakeClock()
-    sent = {"n": 0}
     router.batch = (0, 0)
-    src = RouterTrafficSource(
-        [router.url], clock, timeout_s=2, dispatched=lambda: sent["n"], dispatch_inflight=lambda: 2
-    )
+    src = RouterTrafficSource([router.url], clock, timeout_s=2)
     with pytest.raises(WarmingUp):
         await src.collect()
     clock.advance(10)
-    router.total, router.batch, sent["n"] = 20, (30, 2), 30
+    router.total, router.batch = 20, (30, 2)
     t = await src.collect()
     assert t.offered_rps == pytest.approx(2.0) and t.active_requests == 3
     await src.close()

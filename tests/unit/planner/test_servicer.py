@@ -168,3 +168,46 @@ async def test_client_named_ids_are_refused_unless_short_and_plain(stub, job_id)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "letters, digits" in info.value.details() and "\n" not in info.value.details()
     assert not (await stub.ListBatchJobs(pb.ListBatchJobsRequest())).jobs
+
+
+async def test_a_final_status_closes_a_job_and_stops_its_demand(stub, running):
+    """The batch service reports a cancelled (or expired) batch with `final_status`: the planner closes the
+    job at once instead of planning for its remaining requests until the deadline."""
+    await stub.SubmitBatchJob(pb.SubmitBatchJobRequest(total_requests=5, deadline=ts(time.time() + 3600), job_id="c"))
+    await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="c", dispatched=1, completed=1))
+    assert [d.job_id for d in running.jobs.job_demands(0.0)] == ["c"]
+    await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="c", dispatched=1, completed=1, final_status="cancelled"))
+    job = await stub.GetBatchJob(pb.GetBatchJobRequest(job_id="c"))
+    assert (job.status, job.state, job.completed_requests) == ("cancelled", pb.BATCH_JOB_STATE_CANCELLED, 1)
+    assert job.external and running.jobs.job_demands(0.0) == ()
+    # A later report cannot reopen it.
+    await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="c", dispatched=2, completed=2))
+    assert (await stub.GetBatchJob(pb.GetBatchJobRequest(job_id="c"))).status == "cancelled"
+    for bad in (
+        pb.ReportDispatchRequest(job_id="c", final_status="done-ish"),
+        pb.ReportDispatchRequest(final_status="cancelled"),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ReportDispatch(bad)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ReportDispatch(pb.ReportDispatchRequest(job_id="nope", completed=1))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_job_store_holds_counts_and_deadlines_only(tmp_path):
+    """The planner's store has no column for a request body, a prompt or a completion."""
+    from services.planner.adapters.jobs import JobStore
+
+    store = JobStore(str(tmp_path / "jobs.sqlite3"))
+    try:
+        store.submit("j", 3, 5000, 1000, "default")
+        store.report("j", 3, 2, 1, 1001)
+        assert store.get("j")["status"] == "completed"
+        tables = [r[0] for r in store.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        columns = {c[1] for t in tables for c in store.db.execute(f"PRAGMA table_info({t})")}
+        assert not columns & {"body", "content", "result", "prompt", "messages", "url"}, columns
+        store.submit("late", 1, 1500, 1000, "default")
+        assert store.advance(1500) == [("late", "in_progress", "expired")]
+    finally:
+        store.close()

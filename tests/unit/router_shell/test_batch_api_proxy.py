@@ -1,6 +1,6 @@
-"""The router's Batch API routes against an in-process router: forwarded to a fake planner with bodies
+"""The router's Batch API routes against an in-process router: forwarded to a fake batch service with bodies
 streamed unchanged (a multipart upload, a JSONL download), statuses and error bodies passed through,
-`Authorization` forwarded; no `--planner-url` is a 404 naming the planner; an unreachable planner a 502.
+`Authorization` forwarded; no `--batch-url` is a 404 naming the batch service; an unreachable one a 502.
 Batch traffic (`X-Bandmaster-Traffic: batch`) gets the low priority and its own metric label."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ async def planner():
 async def test_upload_download_and_errors_pass_through(planner):
     fake, url = planner
     # max_body_bytes is the router's own limit for inference bodies: a forwarded upload is streamed past it.
-    router = await InProcessRouter.start(["ok"], planner_url=url, max_body_bytes=1024 * 1024)
+    router = await InProcessRouter.start(["ok"], batch_url=url, max_body_bytes=1024 * 1024)
     try:
         payload = b'{"custom_id": "x"}\n' * 200_000  # ~4 MB, multipart
         async with aiohttp.ClientSession() as http:
@@ -114,13 +114,13 @@ async def test_upload_download_and_errors_pass_through(planner):
         assert fake.seen[1] == {"query": "", "auth": "Bearer tok"}
         assert fake.seen[2] == {"query": "limit=2&after=b-1"}
         assert router.sample("bandmaster_router_batch_api_requests_total", status="404") == 1
-        # Batch API calls are not inference: the planner's online-traffic counter does not see them.
+        # Batch API calls are not inference: the online-traffic counter does not see them.
         assert router.sample("bandmaster_router_requests_total") == 0
     finally:
         await router.close()
 
 
-async def test_without_planner_url_the_batch_api_is_a_404_naming_the_planner():
+async def test_without_batch_url_the_batch_api_is_a_404_naming_the_batch_service():
     """Was a 501: a 5xx for a client pointed at the wrong router, counted as a router failure."""
     router = await InProcessRouter.start(["ok"])
     try:
@@ -129,20 +129,20 @@ async def test_without_planner_url_the_batch_api_is_a_404_naming_the_planner():
                 async with http.request(method, router.url + path) as r:
                     assert r.status == 404
                     err = (await r.json())["error"]
-                    assert err["code"] == "planner_not_configured" and "--planner-url" in err["message"]
+                    assert err["code"] == "batch_not_configured" and "--batch-url" in err["message"]
             async with http.get(router.url + "/v1/batchesX") as r:  # not a Batch API path
                 assert r.status == 404
     finally:
         await router.close()
 
 
-async def test_an_unreachable_planner_is_a_502():
-    router = await InProcessRouter.start(["ok"], planner_url=f"http://127.0.0.1:{free_port()}")
+async def test_an_unreachable_batch_service_is_a_502():
+    router = await InProcessRouter.start(["ok"], batch_url=f"http://127.0.0.1:{free_port()}")
     try:
         async with aiohttp.ClientSession() as http:
             async with http.get(router.url + "/v1/batches") as r:
                 assert r.status == 502
-                assert (await r.json())["error"]["code"] == "planner_unreachable"
+                assert (await r.json())["error"]["code"] == "batch_unreachable"
     finally:
         await router.close()
 
@@ -172,16 +172,16 @@ async def test_batch_traffic_gets_the_batch_priority_and_its_own_label(stream):
 
 
 @pytest.mark.parametrize("url", ["127.0.0.1:8090", "ftp://h:1", "http://h", "http://h:1/v1", "http://u:p@h:1"])
-def test_planner_url_is_validated(url):
-    with pytest.raises(ConfigError, match="planner_url"):
-        RouterConfig(no_scheduler=True, planner_url=url)
+def test_batch_url_is_validated(url):
+    with pytest.raises(ConfigError, match="batch_url"):
+        RouterConfig(no_scheduler=True, batch_url=url)
 
 
 async def test_a_gzip_body_is_forwarded_decoded_and_a_405_keeps_its_allow_header(planner):
     import gzip
 
     fake, url = planner
-    router = await InProcessRouter.start(["ok"], planner_url=url)
+    router = await InProcessRouter.start(["ok"], batch_url=url)
     try:
         form = aiohttp.FormData()
         form.add_field("purpose", "batch")

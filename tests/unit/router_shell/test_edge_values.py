@@ -181,9 +181,9 @@ async def test_an_unknown_path_or_model_is_quoted_cut_short(router):
             raw = await r.read()
             assert r.status == 404 and _error(raw)["code"] == "not_found"
             assert len(raw) < 500
-        async with s.get(router.url + "/v1/files/" + "f" * 4000) as r:  # the Batch API, no planner here
+        async with s.get(router.url + "/v1/files/" + "f" * 4000) as r:  # the Batch API, no batch service here
             raw = await r.read()
-            assert r.status == 404 and _error(raw)["code"] == "planner_not_configured"
+            assert r.status == 404 and _error(raw)["code"] == "batch_not_configured"
             assert b"f" * (ECHO_MAX_CHARS + 1) not in raw
     status, raw = await _post(router, json.dumps({**CHAT, "model": "m" * 8000}).encode(), {})
     assert status == 404 and _error(raw)["code"] == "model_not_found"
@@ -221,12 +221,12 @@ async def test_a_body_in_an_encoding_the_router_decodes_is_served(router, encodi
     assert status == 200, raw
 
 
-async def test_a_batch_api_body_in_an_unknown_encoding_is_415_before_the_planner_is_asked():
-    router = await InProcessRouter.start(["ok"], planner_url=f"http://127.0.0.1:{free_port()}")
+async def test_a_batch_api_body_in_an_unknown_encoding_is_415_before_the_batch_service_is_asked():
+    router = await InProcessRouter.start(["ok"], batch_url=f"http://127.0.0.1:{free_port()}")
     try:
         async with aiohttp.ClientSession() as s:
             async with s.post(router.url + "/v1/batches", data=b"{}", headers={"Content-Encoding": "compress"}) as r:
-                assert r.status == 415  # not the unreachable planner's 502
+                assert r.status == 415  # not the unreachable batch service's 502
                 assert _error(await r.read())["code"] == "unsupported_content_encoding"
     finally:
         await router.close()

@@ -1,7 +1,8 @@
 """The durable registry of batch files, jobs and per-request dispatch state (SQLite).
 
-Everything the Batch API returns and the dispatcher needs lives here, in one SQLite file (WAL),
-so a planner restart loses nothing: every state change is committed before it is acted on. The
+Everything the Batch API returns and the dispatcher needs lives here, in the batch service's own
+SQLite file (WAL), so a restart of the batch service loses nothing: every state change is committed
+before it is acted on. The
 per-request state machine makes dispatch restart-safe:
 
     queued --claim--> sending --result--> done (output line) | failed (error line)
@@ -24,8 +25,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from services.planner.core.batch_api import TERMINAL_STATUSES, BatchLine
-from services.planner.core.types import JobDemand
+from services.batch.core.batch_api import TERMINAL_STATUSES, BatchLine
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -42,7 +42,8 @@ CREATE TABLE IF NOT EXISTS batches (
   in_progress_at INTEGER, finalizing_at INTEGER, completed_at INTEGER, failed_at INTEGER, expired_at INTEGER,
   cancelling_at INTEGER, cancelled_at INTEGER, output_file_id TEXT, error_file_id TEXT, errors TEXT,
   metadata TEXT, total INTEGER NOT NULL, completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
-  external INTEGER NOT NULL DEFAULT 0, pool_id TEXT NOT NULL DEFAULT 'default', dispatched INTEGER NOT NULL DEFAULT 0
+  pool_id TEXT NOT NULL DEFAULT 'default', dispatched INTEGER NOT NULL DEFAULT 0,
+  planner_ended INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS requests (
   batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
@@ -74,7 +75,6 @@ BATCH_FIELDS = (
     "total",
     "completed",
     "failed",
-    "external",
     "pool_id",
     "dispatched",
 )
@@ -112,6 +112,22 @@ class Registry:
         # NORMAL under WAL survives a killed process (not a power cut); FULL would fsync every commit.
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(_SCHEMA)
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """A registry the planner kept before batch execution moved out of it (its `--registry-path`, handed
+        to the batch service) lacks `planner_ended`; its batches carry on here. Its rows of jobs another
+        dispatcher ran (`external`) have no requests of their own: they are ended, never dispatched."""
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(batches)")}
+        if "planner_ended" in columns:
+            return
+        with self._tx():
+            self.db.execute("ALTER TABLE batches ADD COLUMN planner_ended INTEGER NOT NULL DEFAULT 0")
+            if "external" in columns:
+                self.db.execute(
+                    "UPDATE batches SET status = 'cancelled', planner_ended = 1 WHERE external = 1 AND status NOT IN "
+                    "('completed', 'failed', 'expired', 'cancelled')"
+                )
 
     def close(self) -> None:
         self.db.close()
@@ -211,44 +227,6 @@ class Registry:
             )
         return self.get_batch(batch_id)
 
-    def create_external_job(self, job_id: str, total: int, deadline: int, now: int, pool_id: str) -> dict:
-        """A job whose requests someone else dispatches (gRPC SubmitBatchJob): demand only."""
-        row = self.db.execute(
-            "SELECT total, expires_at, pool_id, external FROM batches WHERE id = ?", (job_id,)
-        ).fetchone()
-        if row is not None:
-            if (row["total"], row["expires_at"], row["pool_id"], row["external"]) != (total, deadline, pool_id, 1):
-                raise Conflict(f"job {job_id} exists with a different payload")
-            return self.get_batch(job_id)
-        with self._tx():
-            self.db.execute(
-                "INSERT INTO batches (id, endpoint, completion_window, status, created_at, expires_at, metadata, "
-                "total, "
-                "external, pool_id, in_progress_at) VALUES (?, '', '', 'in_progress', ?, ?, '{}', ?, 1, ?, ?)",
-                (job_id, now, deadline, total, pool_id, now),
-            )
-        return self.get_batch(job_id)
-
-    def report_external(self, job_id: str, dispatched: int, completed: int, failed: int, now: int) -> dict:
-        b = self.get_batch(job_id)
-        if not b["external"]:
-            raise Conflict(f"job {job_id} is dispatched by the planner; it takes no progress reports")
-        if b["status"] in TERMINAL_STATUSES:
-            return b
-        completed = max(b["request_counts"]["completed"], min(completed, b["request_counts"]["total"]))
-        failed = max(b["request_counts"]["failed"], min(failed, b["request_counts"]["total"] - completed))
-        with self._tx():
-            self.db.execute(
-                "UPDATE batches SET dispatched = MAX(dispatched, ?), completed = ?, failed = ? WHERE id = ?",
-                (dispatched, completed, failed, job_id),
-            )
-            if completed + failed >= b["request_counts"]["total"]:
-                self.db.execute(
-                    "UPDATE batches SET status = 'completed', finalizing_at = ?, completed_at = ? WHERE id = ?",
-                    (now, now, job_id),
-                )
-        return self.get_batch(job_id)
-
     def get_batch(self, batch_id: str) -> dict:
         row = self.db.execute(f"SELECT {', '.join(BATCH_FIELDS)} FROM batches WHERE id = ?", (batch_id,)).fetchone()
         if row is None:
@@ -279,8 +257,7 @@ class Registry:
             "cancelled_at": row["cancelled_at"],
             "request_counts": {"total": row["total"], "completed": row["completed"], "failed": row["failed"]},
             "metadata": json.loads(row["metadata"] or "{}") or None,
-            # Not OpenAI fields; the gRPC edge uses them.
-            "external": bool(row["external"]),
+            # Not OpenAI fields; the planner reports use them.
             "pool_id": row["pool_id"],
             "dispatched": row["dispatched"],
         }
@@ -333,11 +310,11 @@ class Registry:
     def advance(self, now: int) -> list[tuple[str, str, str]]:
         """Move every non-terminal batch along; returns (batch_id, old, new) transitions.
 
-        Called every tick and every dispatcher step: one read of the open batches and one grouped
+        Called every few dispatcher steps: one read of the open batches and one grouped
         count of their open requests; a transaction only for a batch that changes."""
         moved: list[tuple[str, str, str]] = []
         rows = self.db.execute(
-            "SELECT id, status, expires_at, external FROM batches WHERE status NOT IN "
+            "SELECT id, status, expires_at FROM batches WHERE status NOT IN "
             "('completed', 'failed', 'expired', 'cancelled')"
         ).fetchall()
         if not rows:
@@ -349,11 +326,6 @@ class Registry:
         )
         for r in rows:
             bid, status = r["id"], r["status"]
-            if r["external"]:
-                if now >= r["expires_at"]:
-                    self.db.execute("UPDATE batches SET status = 'expired', expired_at = ? WHERE id = ?", (now, bid))
-                    moved.append((bid, status, "expired"))
-                continue
             expiring = status in ("validating", "in_progress") and now >= r["expires_at"]
             open_ = open_counts.get(bid, 0)
             if status != "validating" and not expiring and open_:
@@ -457,25 +429,24 @@ class Registry:
 
     # --- observation ---
 
-    def job_demands(self, observed_at_s: float, work_class: str = "default") -> tuple[JobDemand, ...]:
+    def open_batches(self) -> list[dict]:
+        """The batches the planner should plan for: every non-terminal one."""
         rows = self.db.execute(
-            "SELECT id, status, total, completed, failed, expires_at, pool_id FROM batches "
-            "WHERE status NOT IN ('completed', 'failed', 'expired', 'cancelled')"
+            f"SELECT {', '.join(BATCH_FIELDS)} FROM batches WHERE status NOT IN "
+            "('completed', 'failed', 'expired', 'cancelled') ORDER BY seq"
         ).fetchall()
-        return tuple(
-            JobDemand(
-                r["id"],
-                r["status"],
-                r["total"],
-                min(r["completed"], r["total"]),
-                min(r["failed"], r["total"] - min(r["completed"], r["total"])),
-                float(r["expires_at"]),
-                observed_at_s,
-                work_class,
-                r["pool_id"],
-            )
-            for r in rows
-        )
+        return [self._batch(r) for r in rows]
+
+    def ended_unreported(self) -> list[dict]:
+        """Terminal batches whose end the planner has not acknowledged yet (`mark_ended_reported`)."""
+        rows = self.db.execute(
+            f"SELECT {', '.join(BATCH_FIELDS)} FROM batches WHERE planner_ended = 0 AND status IN "
+            "('completed', 'failed', 'expired', 'cancelled') ORDER BY seq"
+        ).fetchall()
+        return [self._batch(r) for r in rows]
+
+    def mark_ended_reported(self, batch_id: str) -> None:
+        self.db.execute("UPDATE batches SET planner_ended = 1 WHERE id = ?", (batch_id,))
 
     def queue_counts(self) -> tuple[int, int]:
         """(queued, sending) over in-progress batches."""

@@ -1,5 +1,5 @@
-"""The Batch API against the official `openai` client, end to end through the dispatcher, and every
-bad input as a clear 4xx with nothing stored."""
+"""The batch service's Batch API against the official `openai` client, end to end through the dispatcher
+(paced by a real planner's lease over gRPC), and every bad input as a clear 4xx with nothing stored."""
 
 import io
 import json
@@ -8,9 +8,8 @@ import aiohttp
 import openai
 import pytest
 
-from services.planner.server import start_planner
 from tests.support.eventually import assert_eventually
-from tests.unit.planner.fakes import FakeUpstream, batch_jsonl, planner_config
+from tests.unit.batch.fakes import FakeUpstream, batch_jsonl, start_stack
 
 
 @pytest.fixture
@@ -21,8 +20,8 @@ async def upstream():
 
 
 @pytest.fixture
-async def planner(tmp_path, upstream):
-    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url, max_batch_requests=20))
+async def batch(tmp_path, upstream):
+    running = await start_stack(tmp_path, upstream.url, max_batch_requests=20)
     yield running
     await running.stop()
 
@@ -31,8 +30,8 @@ def client_for(running) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=running.http_url + "/v1", api_key="unused", max_retries=0)
 
 
-async def test_openai_client_batch_round_trip(planner, upstream):
-    client = client_for(planner)
+async def test_openai_client_batch_round_trip(batch, upstream):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(5))), purpose="batch")
     assert f.purpose == "batch" and f.bytes > 0 and f.object == "file"
     assert (await client.files.retrieve(f.id)).id == f.id
@@ -63,8 +62,8 @@ async def test_openai_client_batch_round_trip(planner, upstream):
     assert (await client.files.content(f.id)).content == batch_jsonl(5)
 
 
-async def test_failed_requests_go_to_the_error_file(planner, upstream):
-    client = client_for(planner)
+async def test_failed_requests_go_to_the_error_file(batch, upstream):
+    client = client_for(batch)
     upstream.status_queue.extend([400])
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(2, url="/v1/completions"))), purpose="batch")
     batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="1h")
@@ -79,8 +78,8 @@ async def test_failed_requests_go_to_the_error_file(planner, upstream):
     assert err[0]["response"]["status_code"] == 400 and err[0]["response"]["body"]["error"]["message"] == "nope"
 
 
-async def test_retryable_upstream_errors_are_retried(planner, upstream):
-    client = client_for(planner)
+async def test_retryable_upstream_errors_are_retried(batch, upstream):
+    client = client_for(batch)
     upstream.status_queue.extend([503, 429])
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -93,8 +92,8 @@ async def test_retryable_upstream_errors_are_retried(planner, upstream):
     assert b.request_counts.completed == 1 and len(upstream.requests) == 3
 
 
-async def test_list_paginates_newest_first(planner):
-    client = client_for(planner)
+async def test_list_paginates_newest_first(batch):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     ids = [
         (await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")).id
@@ -107,7 +106,7 @@ async def test_list_paginates_newest_first(planner):
 
 
 async def test_cancel_is_idempotent_and_unsent_requests_land_in_the_error_file(tmp_path, upstream):
-    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url, max_batch_admission_rps=0.0))
+    running = await start_stack(tmp_path, upstream.url, planner={"max_batch_admission_rps": 0.0})
     try:
         client = client_for(running)
         f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(3))), purpose="batch")
@@ -153,17 +152,17 @@ BAD_FILES = [
 
 
 @pytest.mark.parametrize("name, data, status, code", BAD_FILES, ids=[b[0] for b in BAD_FILES])
-async def test_bad_input_files_are_refused_whole(planner, name, data, status, code):
-    client = client_for(planner)
+async def test_bad_input_files_are_refused_whole(batch, name, data, status, code):
+    client = client_for(batch)
     with pytest.raises(openai.APIStatusError) as info:
         await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     assert info.value.status_code == status
     assert info.value.body["code"] == code and info.value.body["message"]
-    assert planner.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
+    assert batch.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
 
 
 async def test_hundred_thousand_lines_are_refused_with_413(tmp_path):
-    running = await start_planner(planner_config(tmp_path))  # default limit 50,000
+    running = await start_stack(tmp_path, "http://127.0.0.1:9")  # default limit 50,000
     try:
         client = client_for(running)
         with pytest.raises(openai.APIStatusError) as info:
@@ -173,31 +172,31 @@ async def test_hundred_thousand_lines_are_refused_with_413(tmp_path):
         await running.stop()
 
 
-async def test_wrong_purpose_is_refused(planner):
+async def test_wrong_purpose_is_refused(batch):
     with pytest.raises(openai.BadRequestError, match="purpose"):
-        await client_for(planner).files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="fine-tune")
+        await client_for(batch).files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="fine-tune")
 
 
 @pytest.mark.parametrize("window", ["0s", "-1h", "1000d", "8d", "30s", "soon", "24 h", "", 24])
-async def test_completion_windows_outside_the_documented_range_are_refused(planner, window):
-    client = client_for(planner)
+async def test_completion_windows_outside_the_documented_range_are_refused(batch, window):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     with pytest.raises(openai.BadRequestError) as info:
         await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window=window)
     assert info.value.body["param"] == "completion_window"
-    assert planner.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
+    assert batch.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
 
 
 @pytest.mark.parametrize("window, seconds", [("24h", 86400), ("1m", 60), ("7d", 604800), ("90m", 5400)])
-async def test_documented_completion_windows_are_accepted(planner, window, seconds):
-    client = client_for(planner)
+async def test_documented_completion_windows_are_accepted(batch, window, seconds):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     b = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window=window)
     assert b.expires_at - b.created_at == seconds
 
 
-async def test_endpoint_must_match_the_lines(planner):
-    client = client_for(planner)
+async def test_endpoint_must_match_the_lines(batch):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     with pytest.raises(openai.BadRequestError, match="not only"):
         await client.batches.create(input_file_id=f.id, endpoint="/v1/completions", completion_window="24h")
@@ -205,8 +204,8 @@ async def test_endpoint_must_match_the_lines(planner):
         await client.batches.create(input_file_id=f.id, endpoint="/v1/embeddings", completion_window="24h")
 
 
-async def test_unknown_ids_are_404(planner):
-    client = client_for(planner)
+async def test_unknown_ids_are_404(batch):
+    client = client_for(batch)
     with pytest.raises(openai.NotFoundError):
         await client.batches.retrieve("batch_nope")
     with pytest.raises(openai.NotFoundError):
@@ -219,16 +218,17 @@ async def test_unknown_ids_are_404(planner):
         await client.batches.create(input_file_id="file_nope", endpoint="/v1/chat/completions", completion_window="24h")
 
 
-async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
-    cfg = planner_config(tmp_path, dispatch_url=upstream.url, max_batch_admission_rps=0.0)
-    running = await start_planner(cfg)
-    client = client_for(running)
+async def test_batches_survive_a_batch_service_restart(tmp_path, upstream):
+    """Files and batches live in the batch service's registry: a batch created before a restart runs after it,
+    once the planner's lease allows (paused before the restart, open after)."""
+    stack = await start_stack(tmp_path, upstream.url, planner={"max_batch_admission_rps": 0.0})
+    client = client_for(stack)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(4))), purpose="batch")
     batch = await client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
-    await running.stop()
-    running = await start_planner(planner_config(tmp_path, dispatch_url=upstream.url))
+    await stack.stop()
+    stack = await start_stack(tmp_path, upstream.url)
     try:
-        client = client_for(running)
+        client = client_for(stack)
         assert (await client.files.retrieve(f.id)).bytes == len(batch_jsonl(4))
 
         async def done():
@@ -238,19 +238,14 @@ async def test_jobs_survive_a_planner_restart(tmp_path, upstream):
         b = await assert_eventually(done, timeout_s=15)
         assert b.request_counts.completed == 4 and len(upstream.requests) == 4
     finally:
-        await running.stop()
+        await stack.stop()
 
 
 async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_path, upstream):
-    import dataclasses
-
     from services.common.security import SecurityConfig, Tokens
 
     token = "d" * 32
-    cfg = dataclasses.replace(
-        planner_config(tmp_path, dispatch_url=upstream.url), security=SecurityConfig(data_tokens=Tokens([token]))
-    )
-    running = await start_planner(cfg)
+    running = await start_stack(tmp_path, upstream.url, security=SecurityConfig(data_tokens=Tokens([token])))
     try:
         with pytest.raises(openai.AuthenticationError):
             await openai.AsyncOpenAI(
@@ -271,7 +266,7 @@ async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_pa
 
 
 @pytest.mark.parametrize("bad, raw", [("x" * 65, "x" * 65), ("a%0Ab", "a\nb"), ("a%20b", "a b"), ("%C3%A9", "\u00e9")])
-async def test_ids_in_paths_bodies_and_queries_are_checked(planner, bad, raw):
+async def test_ids_in_paths_bodies_and_queries_are_checked(batch, bad, raw):
     """Regression: any id reached the registry and came back in the error message."""
     import aiohttp
 
@@ -285,7 +280,7 @@ async def test_ids_in_paths_bodies_and_queries_are_checked(planner, bad, raw):
             ("GET", f"/v1/batches?after={bad}", None),
             ("POST", "/v1/batches", body),
         ]:
-            async with http.request(method, planner.http_url + path, json=payload) as r:
+            async with http.request(method, batch.http_url + path, json=payload) as r:
                 assert r.status == 400, (path, await r.text())
                 assert "letters, digits" in (await r.json())["error"]["message"]
 
@@ -296,28 +291,28 @@ def _deep_line(depth: int) -> bytes:
 
 
 @pytest.mark.parametrize("depth", [300, 1_500, 100_000])
-async def test_a_deeply_nested_line_is_a_400_not_a_500(planner, depth):
+async def test_a_deeply_nested_line_is_a_400_not_a_500(batch, depth):
     """A line nested past what the router would forward (254 levels), or past what the parser can recurse
     into (a RecursionError and a 500 before), is refused like any bad line, with nothing stored."""
-    client = client_for(planner)
+    client = client_for(batch)
     data = batch_jsonl(2) + _deep_line(depth)
     with pytest.raises(openai.APIStatusError) as info:
         await client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
     assert info.value.status_code == 400
     assert info.value.body["code"] == "invalid_json_line" and info.value.body["line"] == 3
     assert "nested deeper than 254 levels" in info.value.body["message"]
-    assert planner.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
+    assert batch.registry.db.execute("SELECT COUNT(*) FROM files").fetchone()[0] == 0
 
 
-async def test_a_line_at_the_depth_bound_is_accepted(planner):
-    client = client_for(planner)
+async def test_a_line_at_the_depth_bound_is_accepted(batch):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(_deep_line(251))), purpose="batch")
     assert f.id
 
 
 @pytest.mark.parametrize("depth", [300, 1_500, 100_000])
-async def test_a_deeply_nested_batches_body_is_a_400_not_a_500(planner, depth):
-    client = client_for(planner)
+async def test_a_deeply_nested_batches_body_is_a_400_not_a_500(batch, depth):
+    client = client_for(batch)
     f = await client.files.create(file=("in.jsonl", io.BytesIO(batch_jsonl(1))), purpose="batch")
     body = (
         b'{"input_file_id": "' + f.id.encode() + b'", "endpoint": "/v1/chat/completions", '
@@ -325,9 +320,9 @@ async def test_a_deeply_nested_batches_body_is_a_400_not_a_500(planner, depth):
     )
     async with aiohttp.ClientSession() as session:
         async with session.post(
-            planner.http_url + "/v1/batches", data=body, headers={"Content-Type": "application/json"}
+            batch.http_url + "/v1/batches", data=body, headers={"Content-Type": "application/json"}
         ) as response:
             assert response.status == 400
             error = (await response.json())["error"]
     assert error["type"] == "invalid_request_error" and "nested deeper than 254 levels" in error["message"]
-    assert planner.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0
+    assert batch.registry.db.execute("SELECT COUNT(*) FROM batches").fetchone()[0] == 0

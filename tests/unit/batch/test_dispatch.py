@@ -6,12 +6,12 @@ import time
 
 import pytest
 
+from services.batch.adapters.registry import Registry
+from services.batch.core.batch_api import parse_batch_input
+from services.batch.core.lease import DrainLease
+from services.batch.dispatcher import Dispatcher
 from services.common.clock import SystemClock
-from services.planner.adapters.registry import Registry
-from services.planner.core.batch_api import parse_batch_input
-from services.planner.core.types import Lease
-from services.planner.dispatcher import Dispatcher
-from tests.unit.planner.fakes import FakeUpstream, batch_jsonl
+from tests.unit.batch.fakes import FakeUpstream, batch_jsonl
 
 
 def new_batch(reg: Registry, n=3, now=1000, window_s=3600):
@@ -58,15 +58,21 @@ def test_expiry_closes_unsent_requests_and_waits_for_in_flight(tmp_path):
     assert errors.count("batch_expired") == 2
 
 
-def test_job_demands_are_the_non_terminal_batches(tmp_path):
+def test_open_batches_then_each_end_reported_once(tmp_path):
+    """What the planner is told: every non-terminal batch while open, then its end until acknowledged."""
     reg = Registry(":memory:")
     b = new_batch(reg, n=3, now=1000)
-    (d,) = reg.job_demands(5.0)
-    assert (d.job_id, d.total_requests, d.deadline_wall_s, d.observed_at_s) == (b["id"], 3, 4600.0, 5.0)
+    (o,) = reg.open_batches()
+    assert (o["id"], o["request_counts"]["total"], o["expires_at"]) == (b["id"], 3, 4600)
+    assert reg.ended_unreported() == []
     reg.cancel(b["id"], 1001)
-    assert reg.job_demands(6.0)[0].status == "cancelling"
+    assert reg.open_batches()[0]["status"] == "cancelling"
     reg.advance(1002)
-    assert reg.job_demands(7.0) == ()
+    assert reg.open_batches() == []
+    (ended,) = reg.ended_unreported()
+    assert ended["status"] == "cancelled"
+    reg.mark_ended_reported(b["id"])
+    assert reg.ended_unreported() == []
 
 
 class LeaseBox:
@@ -75,7 +81,7 @@ class LeaseBox:
 
     def set(self, rate, ttl_s):
         now = time.monotonic()
-        self.lease = Lease("default", rate, int((time.time() + ttl_s) * 1000), "d", 1, 1, now + ttl_s)
+        self.lease = DrainLease("default", rate, now + ttl_s, "d")
 
 
 @pytest.fixture
@@ -127,3 +133,47 @@ async def test_max_inflight_bounds_concurrency(upstream):
         upstream.gate.set()
     finally:
         await d.stop()
+
+
+def test_a_registry_the_planner_kept_before_the_split_carries_on(tmp_path):
+    """The planner's old registry (files, batches, requests, and `external` demand-only jobs) handed to the
+    batch service: its open batch is still served and reported; its external job is closed, never sent."""
+    import sqlite3
+
+    path = str(tmp_path / "planner.sqlite3")
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(
+        """
+        CREATE TABLE files (id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
+          created_at INTEGER NOT NULL, kind TEXT NOT NULL, batch_id TEXT, content BLOB,
+          lines INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE input_lines (file_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL,
+          url TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (file_id, idx));
+        CREATE TABLE batches (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, endpoint TEXT NOT NULL,
+          input_file_id TEXT, completion_window TEXT NOT NULL, status TEXT NOT NULL, created_at INTEGER NOT NULL,
+          expires_at INTEGER NOT NULL, in_progress_at INTEGER, finalizing_at INTEGER, completed_at INTEGER,
+          failed_at INTEGER, expired_at INTEGER, cancelling_at INTEGER, cancelled_at INTEGER, output_file_id TEXT,
+          error_file_id TEXT, errors TEXT, metadata TEXT, total INTEGER NOT NULL, completed INTEGER NOT NULL DEFAULT 0,
+          failed INTEGER NOT NULL DEFAULT 0, external INTEGER NOT NULL DEFAULT 0,
+          pool_id TEXT NOT NULL DEFAULT 'default', dispatched INTEGER NOT NULL DEFAULT 0);
+        CREATE TABLE requests (batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL,
+          body TEXT NOT NULL, state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, result TEXT, result_kind TEXT,
+          PRIMARY KEY (batch_id, idx));
+        INSERT INTO batches (id, endpoint, completion_window, status, created_at, expires_at, metadata, total,
+          external) VALUES ('ext-1', '', '', 'in_progress', 1000, 9000, '{}', 5, 1);
+        INSERT INTO batches (id, endpoint, completion_window, status, created_at, expires_at, metadata, total)
+          VALUES ('batch_a', '/v1/chat/completions', '24h', 'in_progress', 1000, 9000, '{}', 1);
+        INSERT INTO requests (batch_id, idx, custom_id, url, body, state)
+          VALUES ('batch_a', 0, 'a', '/v1/chat/completions', '{}', 'queued');
+        """
+    )
+    old.close()
+    reg = Registry(path)
+    try:
+        assert [b["id"] for b in reg.open_batches()] == ["batch_a"]
+        assert reg.ended_unreported() == [] and reg.get_batch("ext-1")["status"] == "cancelled"
+        (claimed,) = reg.claim(5)
+        assert claimed.batch_id == "batch_a"
+    finally:
+        reg.close()
+    Registry(path).close()  # opening it again changes nothing

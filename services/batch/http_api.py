@@ -1,4 +1,4 @@
-"""The OpenAI Batch API over HTTP (aiohttp), backed by the durable registry.
+"""The batch service's OpenAI Batch API over HTTP (aiohttp), backed by the durable registry.
 
     POST /v1/files                    multipart {file, purpose="batch"} -> file object
     GET  /v1/files/{id}               file object
@@ -23,12 +23,8 @@ from typing import Awaitable, Callable
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from services.common.clock import Clock
-from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
-from services.common.ports import binding
-from services.common.security import SecurityConfig, bearer_guard
-from services.planner.adapters.registry import Conflict, NotFound, Registry
-from services.planner.core.batch_api import (
+from services.batch.adapters.registry import Conflict, NotFound, Registry
+from services.batch.core.batch_api import (
     BatchInputError,
     check_endpoint,
     check_id,
@@ -36,8 +32,12 @@ from services.planner.core.batch_api import (
     parse_batch_input,
     parse_completion_window,
 )
+from services.common.clock import Clock
+from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from services.common.ports import binding
+from services.common.security import SecurityConfig, bearer_guard
 
-log = logging.getLogger("services.planner.http")
+log = logging.getLogger("services.batch.http")
 MAX_LIST_LIMIT = 100
 
 
@@ -141,7 +141,7 @@ class BatchApi:
         self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=2.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=self.security.http_ssl_context())
-        with binding(host, port, "planner Batch API HTTP", "--http-listen"):
+        with binding(host, port, "batch service Batch API HTTP", "--http-listen"):
             await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
@@ -299,4 +299,4 @@ def _path_id(request: web.Request) -> str:
 
 
 def _public(batch: dict) -> dict:
-    return {k: v for k, v in batch.items() if k not in ("external", "pool_id", "dispatched")}
+    return {k: v for k, v in batch.items() if k not in ("pool_id", "dispatched")}

@@ -1,8 +1,9 @@
 """The batch dispatcher: drains queued batch requests to an OpenAI-compatible endpoint at no more
 than the leased rate, and writes each result to its batch's output or error file.
 
-* Rate: at most one send every 1/rate seconds, where rate is the current lease's
-  `max_admission_rps` judged on the monotonic clock (an expired or missing lease is 0). No burst
+* Rate: at most one send every 1/rate seconds, where rate is the planner's current drain lease's
+  `max_admission_rps` (followed over gRPC, adapters/planner.py) judged on the monotonic clock (an
+  expired or missing lease is 0). No burst
   accumulates while paused.
 * Requests go without a session header (the scheduler counts them as passthrough load) and carry
   `X-Bandmaster-Batch-Id` / `X-Bandmaster-Traffic: batch`; `priority` is added to the body only
@@ -10,7 +11,8 @@ than the leased rate, and writes each result to its batch's output or error file
 * Restart safety lives in the registry (claim -> sending -> one result). A transport error, a
   timeout, 408, 429 or 5xx is retried up to `max_attempts` sends; then, like any 4xx, it becomes
   an error line.
-* Feedback for the tick: queued, in flight, actual send rate over `window_s`, the applied cap.
+* Feedback for the planner's tick (sent with ReportDispatch): queued, in flight, actual send rate
+  over `window_s`, the applied cap.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Callable
 
 import aiohttp
 
+from services.batch.adapters.registry import Claimed, Registry
+from services.batch.core.lease import DispatchFeedback, DrainLease
 from services.common.clock import Clock
-from services.planner.adapters.registry import Claimed, Registry
-from services.planner.core.types import DispatcherFeedback, Lease
 
-log = logging.getLogger("services.planner.dispatcher")
+log = logging.getLogger("services.batch.dispatcher")
 RETRYABLE = {408, 429, 500, 502, 503, 504}
 ADVANCE_INTERVAL_S = 0.25
 
@@ -37,7 +39,7 @@ class Dispatcher:
     def __init__(
         self,
         registry: Registry,
-        lease: Callable[[], Lease | None],
+        lease: Callable[[], DrainLease | None],
         clock: Clock,
         *,
         base_url: str,
@@ -89,7 +91,7 @@ class Dispatcher:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.timeout_s, connect=5.0), connector=connector
         )
-        self._task = asyncio.create_task(self._run(), name="planner-dispatcher")
+        self._task = asyncio.create_task(self._run(), name="batch-dispatcher")
 
     async def stop(self) -> None:
         # A flag as well as the cancel: on 3.11 `wait_for` can swallow a cancel that races a wake.
@@ -111,17 +113,15 @@ class Dispatcher:
         lease = self.lease()
         return 0.0 if lease is None else lease.rate_at(self.clock.monotonic())
 
-    def feedback(self) -> DispatcherFeedback:
+    def feedback(self) -> DispatchFeedback:
         now = self.clock.monotonic()
         while self._sends and self._sends[0] < now - self.window_s:
             self._sends.popleft()
         queued, _sending = self.registry.queue_counts()
         lease = self.lease()
         # None = no valid lease (missing or expired); 0.0 = an explicit pause.
-        applied = None if lease is None or now >= lease.valid_until_mono_s else lease.max_admission_rps
-        return DispatcherFeedback(
-            now, self.window_s, queued, len(self.inflight), len(self._sends) / self.window_s, applied
-        )
+        applied = None if lease is None or not lease.valid_at(now) else lease.max_admission_rps
+        return DispatchFeedback(queued, len(self.inflight), len(self._sends) / self.window_s, applied)
 
     async def _run(self) -> None:
         while not self._closing:

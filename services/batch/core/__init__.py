@@ -1,0 +1,1 @@
+"""The batch service\x27s pure parts: Batch API input rules and the drain lease."""
