@@ -17,6 +17,7 @@ from services.common.config import Setting, parse_host_port, parse_settings, req
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
+from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 
 ENV_PREFIX = "BANDMASTER_BATCH"
 PROG = "python -m services.batch"
@@ -70,6 +71,7 @@ SETTINGS: list[Setting] = [
     _s("dispatch_priority", int, None, "SGLang priority put in each batch request body (unset = none)"),
     *serve_settings(ENV_PREFIX, "127.0.0.1:50063", 9106),
     *security_settings(ENV_PREFIX),
+    *trace_export_settings(ENV_PREFIX),
 ]
 
 
@@ -99,6 +101,8 @@ class BatchConfig:
     shutdown_grace_seconds: float = 5.0
     ready_file: str = ""
     trace_sample_ratio: float | None = None
+    tracing: TraceExport = TraceExport()
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens of the gRPC server, the Batch API and the channel to the planner (services/common/security.py)."""
 
@@ -166,6 +170,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> BatchConfig:
         description="Bandmaster batch service: the OpenAI Batch API and its dispatcher, paced by the planner's lease",
     )
     values["security"] = load_security(values, env)
+    values["tracing"] = load_trace_export(values, env)
     known = {f.name for f in fields(BatchConfig)}
     assert set(values) <= known, set(values) - known
     return BatchConfig(**values)
