@@ -78,8 +78,8 @@ def test_the_router_quotes_with_the_same_one_helper():
 
 
 def test_every_openai_error_body_comes_from_the_one_builder():
-    from services.common import http_errors, openai_errors
     from services.batch.core import batch_api
+    from services.common import http_errors, openai_errors
     from services.router import errors
 
     assert batch_api.error_body is openai_errors.error_body
