@@ -44,6 +44,7 @@ import logging
 import os
 import ssl
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
@@ -328,13 +329,23 @@ def bearer_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 # -- the server side -----------------------------------------------------------------------------
 
 
-def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that only aborts with `code`."""
+def _refusal(
+    handler: grpc.RpcMethodHandler,
+    code: grpc.StatusCode,
+    details: str,
+    on_call: Callable[[grpc.aio.ServicerContext], None] | None = None,
+) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only aborts with `code` (after `on_call(context)`,
+    which sees the peer)."""
 
     async def unary(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        if on_call is not None:
+            on_call(context)
         await context.abort(code, details)
 
     async def streaming(_request: Any, context: grpc.aio.ServicerContext):
+        if on_call is not None:
+            on_call(context)
         await context.abort(code, details)
         yield  # pragma: no cover - abort raises
 
@@ -350,40 +361,99 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
     )
 
 
-_REFUSAL_TEXT = {
-    Verdict.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"),
-    Verdict.PERMISSION_DENIED: (grpc.StatusCode.PERMISSION_DENIED, "a data-plane token may not call control RPCs"),
-}
+def refusal_reason(role: Role, verdict: Verdict, authorization: str | None) -> str:
+    """What was wrong with a refused call's credentials, in words for the caller and the server log. It
+    never quotes what was presented."""
+    wanted = "the control token" if role is Role.CONTROL else "the data or control token"
+    if verdict is Verdict.PERMISSION_DENIED:
+        return "a data-plane token may not call control RPCs: send the control token"
+    if authorization is None:
+        return f"missing authorization metadata: send `authorization: Bearer <token>` with {wanted}"
+    if bearer_of(authorization) is None:
+        return f"authorization metadata is not `Bearer <token>`: send `authorization: Bearer <token>` with {wanted}"
+    return f"bearer token not accepted: it is not {wanted} of this service"
+
+
+REFUSAL_LOG_INTERVAL_S = 60.0
+
+
+class OncePer:
+    """Says yes to a key at most once per `interval_s` (by the injected clock): one log line per peer and
+    reason a minute, however many calls a misconfigured client makes. Holds at most `max_keys` keys."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float], max_keys: int = 1024) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._last: dict[Any, float] = {}
+
+    def __call__(self, key: Any) -> bool:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            return False
+        if len(self._last) >= self._max_keys:
+            self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
+            if len(self._last) >= self._max_keys:
+                return False  # a flood of distinct peers: stay quiet rather than grow
+        self._last[key] = now
+        return True
+
+
+def peer_host(peer: str) -> str:
+    """grpc's peer string without the client's port ("ipv4:127.0.0.1:53012" -> "ipv4:127.0.0.1")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Checks the `authorization` metadata of every call against the role table (`authorize`)."""
+    """Checks the `authorization` metadata of every call against the role table (`authorize`). A refused
+    call ends UNAUTHENTICATED (or PERMISSION_DENIED) with details saying what was wrong, and a WARNING names
+    the peer and the reason, at most once per peer and reason per `REFUSAL_LOG_INTERVAL_S`."""
 
     def __init__(
-        self, control: Tokens | None, data: Tokens | None, on_refusal: Callable[[str, Verdict], None] | None = None
+        self,
+        control: Tokens | None,
+        data: Tokens | None,
+        on_refusal: Callable[[str, Verdict], None] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.control = control
         self.data = data
         self._on_refusal = on_refusal
+        self._log_once = OncePer(REFUSAL_LOG_INTERVAL_S, clock or time.monotonic)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        presented = None
+        authorization = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                presented = bearer_of(value if isinstance(value, str) else value.decode("latin-1"))
+                authorization = value if isinstance(value, str) else value.decode("latin-1")
                 break
-        verdict = authorize(required_role(method), presented, self.control, self.data)
+        role = required_role(method)
+        verdict = authorize(role, bearer_of(authorization), self.control, self.data)
         if verdict is Verdict.ALLOW:
             return handler
-        log.debug("refused %s: %s", method, verdict.value)
         if self._on_refusal is not None:
             self._on_refusal("grpc", verdict)
-        code, details = _REFUSAL_TEXT[verdict]
-        return _refusal(handler, code, details)
+        reason = refusal_reason(role, verdict, authorization)
+        code = (
+            grpc.StatusCode.PERMISSION_DENIED
+            if verdict is Verdict.PERMISSION_DENIED
+            else grpc.StatusCode.UNAUTHENTICATED
+        )
+
+        def note(context: grpc.aio.ServicerContext) -> None:
+            peer = peer_host(context.peer() or "unknown peer")
+            if self._log_once((peer, reason)):
+                log.warning("refused %s from %s: %s (logged once a minute per peer and reason)", method, peer, reason)
+            else:
+                log.debug("refused %s from %s: %s", method, peer, reason)
+
+        return _refusal(handler, code, reason, note)
 
 
 # -- the HTTP side (the router's OpenAI API) -----------------------------------------------------
