@@ -25,7 +25,8 @@ are not under the rule (they sit behind a Service or a load balancer; the data t
 Roles (`required_role`): every RPC is a control RPC except the data-plane RPCs in `DATA_METHODS`
 and the health checks in `PUBLIC_METHODS`. When a control token is configured, a control RPC needs
 it; a data token there is PERMISSION_DENIED. When a data token is configured, a data RPC needs a
-data token or a control token. A missing or unknown token is UNAUTHENTICATED. A token file may hold
+data token or a control token. A missing or unknown token is UNAUTHENTICATED, its details saying which
+(`refusal_reason`), with a WARNING per peer and reason a minute. A token file may hold
 several tokens, one per line (rotation: old and new both accepted); outbound calls send the first
 control token. Tokens are compared with `hmac.compare_digest`, never logged, never in a repr.
 
