@@ -362,16 +362,17 @@ def _refusal(
     )
 
 
-def refusal_reason(role: Role, verdict: Verdict, authorization: str | None) -> str:
-    """What was wrong with a refused call's credentials, in words for the caller and the server log. It
-    never quotes what was presented."""
+def refusal_reason(role: Role, verdict: Verdict, authorization: str | None, *, http: bool = False) -> str:
+    """What was wrong with a refused call's credentials, in words for the caller and the server log (gRPC
+    metadata, or with `http` the HTTP header). It never quotes what was presented."""
     wanted = "the control token" if role is Role.CONTROL else "the data or control token"
+    carrier, send = ("Authorization header", "Authorization") if http else ("authorization metadata", "authorization")
     if verdict is Verdict.PERMISSION_DENIED:
         return "a data-plane token may not call control RPCs: send the control token"
     if authorization is None:
-        return f"missing authorization metadata: send `authorization: Bearer <token>` with {wanted}"
+        return f"missing {carrier}: send `{send}: Bearer <token>` with {wanted}"
     if bearer_of(authorization) is None:
-        return f"authorization metadata is not `Bearer <token>`: send `authorization: Bearer <token>` with {wanted}"
+        return f"{carrier} is not `Bearer <token>`: send `{send}: Bearer <token>` with {wanted}"
     return f"bearer token not accepted: it is not {wanted} of this service"
 
 
@@ -399,6 +400,10 @@ class OncePer:
                 return False  # a flood of distinct peers: stay quiet rather than grow
         self._last[key] = now
         return True
+
+
+# One for the process: the batch service builds its guard per request.
+_HTTP_REFUSAL_LOG = OncePer(REFUSAL_LOG_INTERVAL_S, time.monotonic)
 
 
 def peer_host(peer: str) -> str:
@@ -462,14 +467,17 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def openai_auth_error(verdict: Verdict, headers: Mapping[str, str] | None = None) -> web.Response:
-    """What OpenAI answers for a missing/invalid key (401) or a key without the permission (403)."""
+def openai_auth_error(
+    verdict: Verdict, headers: Mapping[str, str] | None = None, reason: str | None = None
+) -> web.Response:
+    """What OpenAI answers for a missing/invalid key (401) or a key without the permission (403); `reason`
+    (`refusal_reason`) says which, when the caller knows."""
     if verdict is Verdict.PERMISSION_DENIED:
         status, message, code = 403, "this token may not use this endpoint", "insufficient_permissions"
     else:
         status, message, code = (
             401,
-            "missing or invalid bearer token (Authorization: Bearer <token>)",
+            reason or "missing or invalid bearer token (Authorization: Bearer <token>)",
             "invalid_api_key",
         )
     body = error_body(message, code=code)
@@ -489,20 +497,35 @@ def bearer_guard(
     headers: Mapping[str, str] | None = None,
     public_paths: frozenset[str] = PUBLIC_HTTP_PATHS,
     on_refusal: Callable[[str, Verdict], None] | None = None,
+    log_once: OncePer | None = None,
 ) -> Handler:
     """`handler` behind the data-plane bearer token: every path but `public_paths` needs a data (or
-    control) token when one is configured; otherwise OpenAI-style 401 JSON, before the body is read."""
+    control) token when one is configured; otherwise OpenAI-style 401 JSON saying what was wrong, before
+    the body is read, and a WARNING (peer and reason, `log_once`: by default once a minute per peer and
+    reason across the process)."""
     if data is None and control is None:
         return handler
+    once = log_once or _HTTP_REFUSAL_LOG
 
     async def guarded(request: web.BaseRequest) -> web.StreamResponse:
         if request.path in public_paths:
             return await handler(request)
-        verdict = authorize(Role.DATA, bearer_of(request.headers.get("Authorization")), control, data)
+        authorization = request.headers.get("Authorization")
+        verdict = authorize(Role.DATA, bearer_of(authorization), control, data)
         if verdict is not Verdict.ALLOW:
             if on_refusal is not None:
                 on_refusal("http", verdict)
-            return openai_auth_error(verdict, headers)
+            reason = refusal_reason(Role.DATA, verdict, authorization, http=True)
+            peer = request.remote or "unknown peer"
+            if once((peer, reason)):
+                log.warning(
+                    "refused %s %s from %s: %s (logged once a minute per peer and reason)",
+                    request.method,
+                    request.path,
+                    peer,
+                    reason,
+                )
+            return openai_auth_error(verdict, headers, reason)
         return await handler(request)
 
     return guarded

@@ -391,7 +391,7 @@ def test_peer_host(peer, host):
 # -- the HTTP bearer guard ----------------------------------------------------------------------
 
 
-async def test_http_bearer_guard():
+async def test_http_bearer_guard(caplog):
     async def handler(request):
         return web.json_response({"path": request.path})
 
@@ -402,27 +402,36 @@ async def test_http_bearer_guard():
         Tokens([DATA]),
         headers={"Server": "bandmaster"},
         on_refusal=lambda interface, verdict: refusals.append((interface, verdict)),
+        log_once=OncePer(60.0, lambda: 0.0),
     )
+    caplog.set_level("WARNING", logger="services.common.security")
     async with RawTestServer(guarded) as server, aiohttp.ClientSession() as session:
         url = str(server.make_url("/v1/models"))
-        for headers, status in [
-            ({}, 401),
-            ({"Authorization": f"Bearer {OTHER}"}, 401),
-            ({"Authorization": DATA}, 401),
-            ({"Authorization": f"Bearer {DATA}"}, 200),
-            ({"Authorization": f"Bearer {CONTROL}"}, 200),
+        for headers, status, message in [
+            ({}, 401, "missing Authorization header: send `Authorization: Bearer <token>`"),
+            ({"Authorization": f"Bearer {OTHER}"}, 401, "bearer token not accepted"),
+            ({"Authorization": f"Bearer {OTHER}"}, 401, "bearer token not accepted"),
+            ({"Authorization": DATA}, 401, "Authorization header is not `Bearer <token>`"),
+            ({"Authorization": f"Bearer {DATA}"}, 200, ""),
+            ({"Authorization": f"Bearer {CONTROL}"}, 200, ""),
         ]:
             async with session.get(url, headers=headers) as response:
                 assert response.status == status, headers
                 body = await response.json()
                 if status == 401:
+                    assert body["error"]["message"].startswith(message)
+                    assert OTHER not in body["error"]["message"] and DATA not in body["error"]["message"]
                     assert body["error"]["code"] == "invalid_api_key"
                     assert body["error"]["type"] == "invalid_request_error"
                     assert response.headers["WWW-Authenticate"].startswith("Bearer")
                     assert response.headers["Server"] == "bandmaster"
         async with session.get(server.make_url("/health")) as response:  # probes need no token
             assert response.status == 200
-    assert refusals == [("http", Verdict.UNAUTHENTICATED)] * 3
+    assert refusals == [("http", Verdict.UNAUTHENTICATED)] * 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # One line per peer and reason: the second unknown token is not logged again; never the token.
+    assert len(warnings) == 3 and all(w.startswith("refused GET /v1/models from 127.0.0.1: ") for w in warnings)
+    assert not any(OTHER in w or DATA in w for w in warnings)
 
 
 def test_http_guard_off_without_tokens():
