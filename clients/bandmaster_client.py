@@ -7,15 +7,21 @@
 
     openai = AsyncOpenAI(base_url=..., default_headers=session_headers("agent-42"))
 
-A secure router (docs/security.md) wants TLS credentials (a client certificate under mutual TLS) and
-the data-plane token:
+A secure router (docs/security.md) wants the CA that signed its certificate, a client certificate and key
+(mutual TLS: without them the connection is refused before any call) and the data-plane token:
 
-    credentials = grpc.ssl_channel_credentials(ca_pem, client_key_pem, client_cert_pem)
-    BandmasterClient(address, credentials=credentials, token=open("data.token").read().strip())
+    BandmasterClient(address, ca_pem=ca, cert_pem=client_cert, key_pem=client_key, token=data_token)
+
+A call that fails UNAVAILABLE raises `Unreachable` (an `AioRpcError`, still UNAVAILABLE) whose details say
+why when a TLS probe of the address finds it (`services.common.tls_diagnosis`): no client certificate, a
+certificate the server refused, a server certificate the CA does not trust, TLS against plaintext or the
+reverse. The probe runs only after the failure (at most 2 s). With opaque `credentials=` instead of the PEMs
+it cannot know what was dialed, and the error is grpc's own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import AsyncIterator, Iterable, Mapping
 
@@ -23,6 +29,7 @@ import grpc
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
+from services.common.tls_diagnosis import FlagNames, diagnose
 
 SESSION_HEADER = "X-Dynamo-Session-ID"
 PARENT_HEADER = "X-Dynamo-Parent-Session-ID"
@@ -46,6 +53,23 @@ class GenerateError(Exception):
     def __init__(self, message: str, chunk: pb.GenerateChunk) -> None:
         super().__init__(message)
         self.chunk = chunk
+
+
+class Unreachable(grpc.aio.AioRpcError):
+    """UNAVAILABLE, with `reason`: what a TLS probe of the address found wrong (None: nothing found)."""
+
+    def __init__(self, original: grpc.aio.AioRpcError, reason: str) -> None:
+        super().__init__(
+            original.code(),
+            original.initial_metadata(),
+            original.trailing_metadata(),
+            details=f"{reason} (grpc: {original.details()})",
+            debug_error_string=original.debug_error_string(),
+        )
+        self.reason = reason
+
+
+SDK_NAMES = FlagNames(ca="ca_pem=", cert_and_key="cert_pem= and key_pem=")
 
 
 class Program:
@@ -114,7 +138,21 @@ class BandmasterClient:
         metadata: Mapping[str, str] | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         token: str | None = None,
+        ca_pem: bytes | None = None,
+        cert_pem: bytes | None = None,
+        key_pem: bytes | None = None,
     ) -> None:
+        """TLS: `ca_pem` (the CA that signed the server's certificate; None = system roots) and, under mutual
+        TLS, `cert_pem` and `key_pem`; or ready-made `credentials` (then no diagnosis of an UNAVAILABLE)."""
+        if credentials is not None and (ca_pem or cert_pem or key_pem):
+            raise ValueError("give credentials= or the PEMs (ca_pem=, cert_pem=, key_pem=), not both")
+        if bool(cert_pem) != bool(key_pem):
+            raise ValueError("cert_pem= and key_pem= go together")
+        self._pems = (ca_pem, cert_pem, key_pem)
+        self._tls_from_pems = bool(ca_pem or cert_pem)
+        if credentials is None and self._tls_from_pems:
+            credentials = grpc.ssl_channel_credentials(ca_pem, key_pem, cert_pem)
+        self._opaque_credentials = credentials is not None and not self._tls_from_pems
         self.address = address
         self.timeout_s = timeout_s
         self.metadata = tuple((metadata or {}).items())
@@ -159,11 +197,32 @@ class BandmasterClient:
                 if chunk.finish_reason == "error":
                     raise GenerateError(chunk.error, chunk)
                 yield chunk
+        except grpc.aio.AioRpcError as exc:
+            explained = await self.explained(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
         finally:
             call.cancel()
 
     async def release(self, session_id: str) -> bool:
-        answer = await self.stub.Release(
-            pb.ReleaseRequest(session_id=session_id), timeout=self.timeout_s or 10, metadata=self.metadata
-        )
+        try:
+            answer = await self.stub.Release(
+                pb.ReleaseRequest(session_id=session_id), timeout=self.timeout_s or 10, metadata=self.metadata
+            )
+        except grpc.aio.AioRpcError as exc:
+            explained = await self.explained(exc)
+            if explained is exc:
+                raise
+            raise explained from exc
         return answer.released
+
+    async def explained(self, exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+        """`exc`, or for UNAVAILABLE an `Unreachable` saying why when a TLS probe of the address finds it."""
+        if exc.code() is not grpc.StatusCode.UNAVAILABLE or self._opaque_credentials:
+            return exc
+        ca, cert, key = self._pems
+        reason = await asyncio.to_thread(
+            diagnose, self.address, tls=self._tls_from_pems, ca_pem=ca, cert_pem=cert, key_pem=key, names=SDK_NAMES
+        )
+        return Unreachable(exc, reason) if reason else exc

@@ -20,6 +20,7 @@ from services.common.certs import LocalPki
 from services.common.ports import DEFAULT_PORTS
 from services.common.ready import read_ready_file
 from services.common.security import client_security
+from services.common.tls_diagnosis import diagnose
 
 CLUSTER_FILE_ENV = "BANDMASTER_CLUSTER_FILE"
 
@@ -168,3 +169,23 @@ def channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple
     if credentials is None:
         return grpc.insecure_channel(address), metadata
     return grpc.secure_channel(address, credentials), metadata
+
+
+def _pem(path: str) -> bytes | None:
+    try:
+        return Path(path).read_bytes() if path else None
+    except OSError:
+        return None
+
+
+def rpc_error(exc: grpc.RpcError, address: str, args: argparse.Namespace) -> str:
+    """One line for a failed call: the status and its details; for UNAVAILABLE, what a TLS probe of
+    `address` (`tls_diagnosis.diagnose`, at most 2 s, run only here, after the failure) says is wrong."""
+    code = exc.code()  # type: ignore[attr-defined]
+    details = " ".join((exc.details() or "").split())  # type: ignore[attr-defined]
+    if code is grpc.StatusCode.UNAVAILABLE:
+        ca, cert, key = _pem(args.tls_ca), _pem(args.tls_cert), _pem(args.tls_key)
+        why = diagnose(address, tls=bool(ca or cert), ca_pem=ca, cert_pem=cert, key_pem=key)
+        if why:
+            return f"{code.name}: {why} (grpc: {details})"
+    return f"{code.name}: {details}"

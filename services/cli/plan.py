@@ -89,7 +89,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 pb.GetPlanRequest(), timeout=args.timeout_seconds, metadata=metadata
             )
     except grpc.RpcError as exc:
-        print(f"bandmaster plan: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"bandmaster plan: {address}: {endpoints.rpc_error(exc, address, args)}", file=sys.stderr)
         return 1
     if args.json:
         from google.protobuf.json_format import MessageToDict

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
             if leader and leader != address:
                 address = leader
                 continue
-            print(f"bandmaster programs: {address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            print(f"bandmaster programs: {address}: {endpoints.rpc_error(exc, address, args)}", file=sys.stderr)
             return 1
     print(render(listing))
     return 0

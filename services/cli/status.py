@@ -349,8 +349,8 @@ def add_parser(commands) -> None:
     parser.set_defaults(run=run)
 
 
-def _error(exc: grpc.RpcError) -> str:
-    return f"{exc.code().name}: {exc.details()}"  # type: ignore[attr-defined]
+def _error(exc: grpc.RpcError, address: str, args: argparse.Namespace) -> str:
+    return f"{address}: {endpoints.rpc_error(exc, address, args)}"
 
 
 def read_bands(url: str, timeout_s: float) -> Bands:
@@ -372,7 +372,7 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
                 capacity_pb2.ListWorkersRequest(), timeout=timeout, metadata=metadata
             )
         except grpc.RpcError as exc:
-            snapshot.workers_error = f"{addresses['capacity']}: {_error(exc)}"
+            snapshot.workers_error = _error(exc, addresses["capacity"], args)
     scheduler = addresses["scheduler"]
     replicas = [a for a in scheduler.split(",") if a]
     if len(replicas) > 1:
@@ -387,7 +387,7 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
             snapshot.stats = stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             snapshot.programs = snapshot.stats = None
-            snapshot.scheduler_error = f"{scheduler}: {_error(exc)}"
+            snapshot.scheduler_error = _error(exc, scheduler, args)
     channel, metadata = endpoints.channel(addresses["planner"], args)
     with channel:
         try:
@@ -395,7 +395,7 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
                 planner_pb2.GetPlanRequest(), timeout=timeout, metadata=metadata
             )
         except grpc.RpcError as exc:
-            snapshot.planner_error = f"{addresses['planner']}: {_error(exc)}"
+            snapshot.planner_error = _error(exc, addresses["planner"], args)
     if snapshot.programs is not None:
         snapshot.bands = read_bands(metrics_url, timeout)
     return snapshot

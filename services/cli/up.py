@@ -359,9 +359,11 @@ def connect_help(cluster: Cluster) -> str:
     return "\n".join(
         [
             f"secure: mutual TLS on gRPC, HTTPS on {cluster.http_url} (CA {pki.ca})",
+            "  a gRPC agent needs the CA, a client certificate and key, and the data token:",
+            f"  gRPC client certificate: {pki.cert('client')}  key: {pki.key('client')}",
             f"  data token (HTTP API, Router.Generate/Release): {pki.data_token_file}",
             f"  control token (control RPCs):                   {pki.control_token_file}",
-            f"  gRPC client certificate: {pki.cert('client')}  key: {pki.key('client')}",
+            "  an HTTP client needs the CA and the data token:",
             f'  curl --cacert {pki.ca} -H "Authorization: Bearer $(cat {pki.data_token_file})" '
             f"{cluster.http_url}/v1/models",
             f'  OpenAI(base_url="{cluster.http_url}/v1", api_key=open("{pki.data_token_file}").read().strip(), '

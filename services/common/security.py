@@ -25,7 +25,8 @@ are not under the rule (they sit behind a Service or a load balancer; the data t
 Roles (`required_role`): every RPC is a control RPC except the data-plane RPCs in `DATA_METHODS`
 and the health checks in `PUBLIC_METHODS`. When a control token is configured, a control RPC needs
 it; a data token there is PERMISSION_DENIED. When a data token is configured, a data RPC needs a
-data token or a control token. A missing or unknown token is UNAUTHENTICATED. A token file may hold
+data token or a control token. A missing or unknown token is UNAUTHENTICATED, its details saying which
+(`refusal_reason`), with a WARNING per peer and reason a minute. A token file may hold
 several tokens, one per line (rotation: old and new both accepted); outbound calls send the first
 control token. Tokens are compared with `hmac.compare_digest`, never logged, never in a repr.
 
@@ -44,6 +45,7 @@ import logging
 import os
 import ssl
 import stat
+import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
@@ -328,13 +330,23 @@ def bearer_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
 # -- the server side -----------------------------------------------------------------------------
 
 
-def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that only aborts with `code`."""
+def _refusal(
+    handler: grpc.RpcMethodHandler,
+    code: grpc.StatusCode,
+    details: str,
+    on_call: Callable[[grpc.aio.ServicerContext], None] | None = None,
+) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that only aborts with `code` (after `on_call(context)`,
+    which sees the peer)."""
 
     async def unary(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        if on_call is not None:
+            on_call(context)
         await context.abort(code, details)
 
     async def streaming(_request: Any, context: grpc.aio.ServicerContext):
+        if on_call is not None:
+            on_call(context)
         await context.abort(code, details)
         yield  # pragma: no cover - abort raises
 
@@ -350,40 +362,104 @@ def _refusal(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
     )
 
 
-_REFUSAL_TEXT = {
-    Verdict.UNAUTHENTICATED: (grpc.StatusCode.UNAUTHENTICATED, "missing or invalid bearer token"),
-    Verdict.PERMISSION_DENIED: (grpc.StatusCode.PERMISSION_DENIED, "a data-plane token may not call control RPCs"),
-}
+def refusal_reason(role: Role, verdict: Verdict, authorization: str | None, *, http: bool = False) -> str:
+    """What was wrong with a refused call's credentials, in words for the caller and the server log (gRPC
+    metadata, or with `http` the HTTP header). It never quotes what was presented."""
+    wanted = "the control token" if role is Role.CONTROL else "the data or control token"
+    carrier, send = ("Authorization header", "Authorization") if http else ("authorization metadata", "authorization")
+    if verdict is Verdict.PERMISSION_DENIED:
+        return "a data-plane token may not call control RPCs: send the control token"
+    if authorization is None:
+        return f"missing {carrier}: send `{send}: Bearer <token>` with {wanted}"
+    if bearer_of(authorization) is None:
+        return f"{carrier} is not `Bearer <token>`: send `{send}: Bearer <token>` with {wanted}"
+    return f"bearer token not accepted: it is not {wanted} of this service"
+
+
+REFUSAL_LOG_INTERVAL_S = 60.0
+
+
+class OncePer:
+    """Says yes to a key at most once per `interval_s` (by the injected clock): one log line per peer and
+    reason a minute, however many calls a misconfigured client makes. Holds at most `max_keys` keys."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float], max_keys: int = 1024) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._last: dict[Any, float] = {}
+
+    def __call__(self, key: Any) -> bool:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            return False
+        if len(self._last) >= self._max_keys:
+            self._last = {k: t for k, t in self._last.items() if now - t < self.interval_s}
+            if len(self._last) >= self._max_keys:
+                return False  # a flood of distinct peers: stay quiet rather than grow
+        self._last[key] = now
+        return True
+
+
+# One for the process: the batch service builds its guard per request.
+_HTTP_REFUSAL_LOG = OncePer(REFUSAL_LOG_INTERVAL_S, time.monotonic)
+
+
+def peer_host(peer: str) -> str:
+    """grpc's peer string without the client's port ("ipv4:127.0.0.1:53012" -> "ipv4:127.0.0.1")."""
+    host, sep, port = peer.rpartition(":")
+    return host if sep and port.isdigit() else peer
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Checks the `authorization` metadata of every call against the role table (`authorize`)."""
+    """Checks the `authorization` metadata of every call against the role table (`authorize`). A refused
+    call ends UNAUTHENTICATED (or PERMISSION_DENIED) with details saying what was wrong, and a WARNING names
+    the peer and the reason, at most once per peer and reason per `REFUSAL_LOG_INTERVAL_S`."""
 
     def __init__(
-        self, control: Tokens | None, data: Tokens | None, on_refusal: Callable[[str, Verdict], None] | None = None
+        self,
+        control: Tokens | None,
+        data: Tokens | None,
+        on_refusal: Callable[[str, Verdict], None] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.control = control
         self.data = data
         self._on_refusal = on_refusal
+        self._log_once = OncePer(REFUSAL_LOG_INTERVAL_S, clock or time.monotonic)
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
-        presented = None
+        authorization = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                presented = bearer_of(value if isinstance(value, str) else value.decode("latin-1"))
+                authorization = value if isinstance(value, str) else value.decode("latin-1")
                 break
-        verdict = authorize(required_role(method), presented, self.control, self.data)
+        role = required_role(method)
+        verdict = authorize(role, bearer_of(authorization), self.control, self.data)
         if verdict is Verdict.ALLOW:
             return handler
-        log.debug("refused %s: %s", method, verdict.value)
         if self._on_refusal is not None:
             self._on_refusal("grpc", verdict)
-        code, details = _REFUSAL_TEXT[verdict]
-        return _refusal(handler, code, details)
+        reason = refusal_reason(role, verdict, authorization)
+        code = (
+            grpc.StatusCode.PERMISSION_DENIED
+            if verdict is Verdict.PERMISSION_DENIED
+            else grpc.StatusCode.UNAUTHENTICATED
+        )
+
+        def note(context: grpc.aio.ServicerContext) -> None:
+            peer = peer_host(context.peer() or "unknown peer")
+            if self._log_once((peer, reason)):
+                log.warning("refused %s from %s: %s (logged once a minute per peer and reason)", method, peer, reason)
+            else:
+                log.debug("refused %s from %s: %s", method, peer, reason)
+
+        return _refusal(handler, code, reason, note)
 
 
 # -- the HTTP side (the router's OpenAI API) -----------------------------------------------------
@@ -391,14 +467,17 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
-def openai_auth_error(verdict: Verdict, headers: Mapping[str, str] | None = None) -> web.Response:
-    """What OpenAI answers for a missing/invalid key (401) or a key without the permission (403)."""
+def openai_auth_error(
+    verdict: Verdict, headers: Mapping[str, str] | None = None, reason: str | None = None
+) -> web.Response:
+    """What OpenAI answers for a missing/invalid key (401) or a key without the permission (403); `reason`
+    (`refusal_reason`) says which, when the caller knows."""
     if verdict is Verdict.PERMISSION_DENIED:
         status, message, code = 403, "this token may not use this endpoint", "insufficient_permissions"
     else:
         status, message, code = (
             401,
-            "missing or invalid bearer token (Authorization: Bearer <token>)",
+            reason or "missing or invalid bearer token (Authorization: Bearer <token>)",
             "invalid_api_key",
         )
     body = error_body(message, code=code)
@@ -418,20 +497,35 @@ def bearer_guard(
     headers: Mapping[str, str] | None = None,
     public_paths: frozenset[str] = PUBLIC_HTTP_PATHS,
     on_refusal: Callable[[str, Verdict], None] | None = None,
+    log_once: OncePer | None = None,
 ) -> Handler:
     """`handler` behind the data-plane bearer token: every path but `public_paths` needs a data (or
-    control) token when one is configured; otherwise OpenAI-style 401 JSON, before the body is read."""
+    control) token when one is configured; otherwise OpenAI-style 401 JSON saying what was wrong, before
+    the body is read, and a WARNING (peer and reason, `log_once`: by default once a minute per peer and
+    reason across the process)."""
     if data is None and control is None:
         return handler
+    once = log_once or _HTTP_REFUSAL_LOG
 
     async def guarded(request: web.BaseRequest) -> web.StreamResponse:
         if request.path in public_paths:
             return await handler(request)
-        verdict = authorize(Role.DATA, bearer_of(request.headers.get("Authorization")), control, data)
+        authorization = request.headers.get("Authorization")
+        verdict = authorize(Role.DATA, bearer_of(authorization), control, data)
         if verdict is not Verdict.ALLOW:
             if on_refusal is not None:
                 on_refusal("http", verdict)
-            return openai_auth_error(verdict, headers)
+            reason = refusal_reason(Role.DATA, verdict, authorization, http=True)
+            peer = request.remote or "unknown peer"
+            if once((peer, reason)):
+                log.warning(
+                    "refused %s %s from %s: %s (logged once a minute per peer and reason)",
+                    request.method,
+                    request.path,
+                    peer,
+                    reason,
+                )
+            return openai_auth_error(verdict, headers, reason)
         return await handler(request)
 
     return guarded

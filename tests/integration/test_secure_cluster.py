@@ -139,6 +139,12 @@ async def test_grpc_roles_over_mutual_tls(cluster):
             await capacity_pb2_grpc.CapacityStub(channel).ListWorkers(capacity_pb2.ListWorkersRequest(), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
+    # What a refused call is told: what was wrong, never the token.
+    why = {
+        (grpc.StatusCode.UNAUTHENTICATED, False): "missing authorization metadata",
+        (grpc.StatusCode.UNAUTHENTICATED, True): "bearer token not accepted",
+        (grpc.StatusCode.PERMISSION_DENIED, True): "a data-plane token may not call control RPCs",
+    }
     async with _channel(cluster) as channel:
         capacity = capacity_pb2_grpc.CapacityStub(channel)
         for metadata, code in [
@@ -154,6 +160,7 @@ async def test_grpc_roles_over_mutual_tls(cluster):
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await call(request, timeout=5, metadata=metadata)
                 assert info.value.code() == code, (call, metadata)
+                assert info.value.details().startswith(why[code, bool(metadata)]), info.value.details()
         # The control token may: register a worker, then take it out again.
         answer = await capacity.RegisterWorker(fake, timeout=5, metadata=_bearer(pki.control_token_file))
         assert answer.worker.worker_id == "intruder"
@@ -170,6 +177,10 @@ async def test_grpc_roles_over_mutual_tls(cluster):
     ).channel(cluster.scheduler.endpoint)
     async with scheduler_channel as channel:
         scheduler = scheduler_pb2_grpc.SchedulerStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await scheduler.ListPrograms(scheduler_pb2.ListProgramsRequest(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert info.value.details().startswith("missing authorization metadata"), info.value.details()
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await scheduler.Release(
                 scheduler_pb2.ReleaseRequest(session_id="secure-program"),
@@ -195,6 +206,8 @@ async def test_grpc_roles_over_mutual_tls(cluster):
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await router.Release(router_pb2.ReleaseRequest(session_id="secure-program"), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert info.value.details().startswith("missing authorization metadata: send `authorization: Bearer <token>`")
+        assert "the data or control token" in info.value.details()
         await router.Release(
             router_pb2.ReleaseRequest(session_id="secure-program"), timeout=5, metadata=_bearer(pki.data_token_file)
         )
@@ -216,6 +229,42 @@ def test_programs_cli_over_mutual_tls(cluster, capsys):
     assert cli_main(base) == 1
     assert "UNAUTHENTICATED" in capsys.readouterr().err
     assert cli_main([*base, "--control-token-file", str(pki.control_token_file)]) == 0
+
+
+def test_the_cli_without_the_client_certificate_says_why(cluster, capsys):
+    pki = cluster.pki
+    address = cluster.scheduler.endpoint
+    base = ["--scheduler-addr", address, "--control-token-file", str(pki.control_token_file)]
+    assert cli_main(["programs", *base, "--tls-ca", str(pki.ca)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"bandmaster programs: {address}: UNAVAILABLE: the server requires a client certificate" in err
+    assert cli_main(["programs", *base]) == 1
+    assert "the server speaks TLS but this client dialed plaintext" in capsys.readouterr().err
+    others = ["--capacity-addr", cluster.capacity.endpoint, "--planner-addr", address]  # no default ports
+    assert cli_main(["status", "--once", *base, *others, "--tls-ca", str(pki.ca), "--timeout-seconds", "3"]) == 1
+    captured = capsys.readouterr()
+    assert f"{address}: UNAVAILABLE: the server requires a client certificate" in captured.out + captured.err
+
+
+async def test_the_sdk_without_the_client_certificate_says_why(cluster):
+    from clients import BandmasterClient, Unreachable
+
+    pki = cluster.pki
+    async with BandmasterClient(cluster.router.endpoint, ca_pem=pki.ca.read_bytes(), timeout_s=5) as client:
+        with pytest.raises(Unreachable) as info:
+            await client.release("nobody")
+    assert "requires a client certificate" in info.value.details()
+
+
+def test_the_server_logs_say_why_a_client_was_refused(cluster):
+    # After the tests above (module order). The token refusal is ours: a WARNING naming the peer and the reason.
+    # The TLS refusal is grpc's own line (C-core, not Python logging, no peer address): the library does not
+    # hand handshake failures to Python, so that line is what the operator gets.
+    capacity_log = (cluster.supervisor.state_dir / "capacity.log").read_text(errors="replace")
+    assert "refused /bandmaster.capacity.v1.Capacity/" in capacity_log
+    assert "missing authorization metadata" in capacity_log and "bearer token not accepted" in capacity_log
+    assert "PEER_DID_NOT_RETURN_A_CERTIFICATE" in capacity_log
 
 
 def test_connect_help_names_files_never_tokens(cluster):

@@ -19,6 +19,7 @@ from services.common.config import parse_settings
 from services.common.errors import ConfigError
 from services.common.grpc_server import ServiceHost
 from services.common.security import (
+    OncePer,
     Role,
     Tokens,
     Verdict,
@@ -27,6 +28,8 @@ from services.common.security import (
     bearer_of,
     client_security,
     load_security,
+    peer_host,
+    refusal_reason,
     required_role,
     security_settings,
 )
@@ -321,10 +324,74 @@ async def test_tokens_without_tls(tmp_path):
         await host.stop()
 
 
+async def test_a_refused_call_says_what_was_wrong_and_is_logged_once_per_peer(tmp_path, caplog):
+    host = await _serve(load(["--control-token-file", token_file(tmp_path, "c", CONTROL)]))
+    caplog.set_level("WARNING", logger="services.common.security")
+    try:
+        async with grpc.aio.insecure_channel(host.address) as channel:
+            details = {}
+            for name, metadata in [
+                ("missing", None),
+                ("not bearer", (("authorization", f"Basic {CONTROL}"),)),
+                ("unknown", (("authorization", f"Bearer {OTHER}"),)),
+                ("unknown again", (("authorization", f"Bearer {OTHER}"),)),
+            ]:
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await channel.unary_unary("/test.v1.Control/Ping")(b"hi", timeout=5, metadata=metadata)
+                assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                details[name] = info.value.details()
+        assert details["missing"].startswith("missing authorization metadata")
+        assert details["not bearer"].startswith("authorization metadata is not `Bearer <token>`")
+        assert details["unknown"] == "bearer token not accepted: it is not the control token of this service"
+        text = caplog.text
+        assert OTHER not in text and CONTROL not in text and OTHER not in "".join(details.values())
+        warnings = [r for r in caplog.records if r.levelname == "WARNING" and "refused" in r.getMessage()]
+        # Three reasons, one line each: the second unknown-token call from the same peer is not logged again.
+        assert len(warnings) == 3
+        assert all("/test.v1.Control/Ping from ipv4:127.0.0.1:" in r.getMessage() for r in warnings)
+    finally:
+        await host.stop()
+
+
+@pytest.mark.parametrize(
+    ("role", "verdict", "authorization", "start"),
+    [
+        (Role.CONTROL, Verdict.UNAUTHENTICATED, None, "missing authorization metadata"),
+        (Role.DATA, Verdict.UNAUTHENTICATED, None, "missing authorization metadata"),
+        (Role.CONTROL, Verdict.UNAUTHENTICATED, "Bearer", "authorization metadata is not"),
+        (Role.DATA, Verdict.UNAUTHENTICATED, f"Bearer {OTHER}", "bearer token not accepted: it is not the data or"),
+        (Role.CONTROL, Verdict.PERMISSION_DENIED, f"Bearer {DATA}", "a data-plane token may not call control RPCs"),
+    ],
+)
+def test_refusal_reason(role, verdict, authorization, start):
+    reason = refusal_reason(role, verdict, authorization)
+    assert reason.startswith(start)
+    assert OTHER not in reason and DATA not in reason
+
+
+def test_once_per_interval_per_key():
+    now = [0.0]
+    once = OncePer(60.0, lambda: now[0], max_keys=2)
+    assert once("a") and not once("a") and once("b")
+    now[0] = 59.0
+    assert not once("a")
+    assert not once("c")  # full, and nothing old enough to forget: quiet
+    now[0] = 60.0
+    assert once("a") and once("c")
+
+
+@pytest.mark.parametrize(
+    ("peer", "host"),
+    [("ipv4:127.0.0.1:53012", "ipv4:127.0.0.1"), ("ipv6:[::1]:4", "ipv6:[::1]"), ("unix:/tmp/s", "unix:/tmp/s")],
+)
+def test_peer_host(peer, host):
+    assert peer_host(peer) == host
+
+
 # -- the HTTP bearer guard ----------------------------------------------------------------------
 
 
-async def test_http_bearer_guard():
+async def test_http_bearer_guard(caplog):
     async def handler(request):
         return web.json_response({"path": request.path})
 
@@ -335,27 +402,36 @@ async def test_http_bearer_guard():
         Tokens([DATA]),
         headers={"Server": "bandmaster"},
         on_refusal=lambda interface, verdict: refusals.append((interface, verdict)),
+        log_once=OncePer(60.0, lambda: 0.0),
     )
+    caplog.set_level("WARNING", logger="services.common.security")
     async with RawTestServer(guarded) as server, aiohttp.ClientSession() as session:
         url = str(server.make_url("/v1/models"))
-        for headers, status in [
-            ({}, 401),
-            ({"Authorization": f"Bearer {OTHER}"}, 401),
-            ({"Authorization": DATA}, 401),
-            ({"Authorization": f"Bearer {DATA}"}, 200),
-            ({"Authorization": f"Bearer {CONTROL}"}, 200),
+        for headers, status, message in [
+            ({}, 401, "missing Authorization header: send `Authorization: Bearer <token>`"),
+            ({"Authorization": f"Bearer {OTHER}"}, 401, "bearer token not accepted"),
+            ({"Authorization": f"Bearer {OTHER}"}, 401, "bearer token not accepted"),
+            ({"Authorization": DATA}, 401, "Authorization header is not `Bearer <token>`"),
+            ({"Authorization": f"Bearer {DATA}"}, 200, ""),
+            ({"Authorization": f"Bearer {CONTROL}"}, 200, ""),
         ]:
             async with session.get(url, headers=headers) as response:
                 assert response.status == status, headers
                 body = await response.json()
                 if status == 401:
+                    assert body["error"]["message"].startswith(message)
+                    assert OTHER not in body["error"]["message"] and DATA not in body["error"]["message"]
                     assert body["error"]["code"] == "invalid_api_key"
                     assert body["error"]["type"] == "invalid_request_error"
                     assert response.headers["WWW-Authenticate"].startswith("Bearer")
                     assert response.headers["Server"] == "bandmaster"
         async with session.get(server.make_url("/health")) as response:  # probes need no token
             assert response.status == 200
-    assert refusals == [("http", Verdict.UNAUTHENTICATED)] * 3
+    assert refusals == [("http", Verdict.UNAUTHENTICATED)] * 4
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    # One line per peer and reason: the second unknown token is not logged again; never the token.
+    assert len(warnings) == 3 and all(w.startswith("refused GET /v1/models from 127.0.0.1: ") for w in warnings)
+    assert not any(OTHER in w or DATA in w for w in warnings)
 
 
 def test_http_guard_off_without_tokens():
