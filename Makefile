@@ -71,7 +71,7 @@ $(PROMTOOL): | $(STAMP)
 	  chmod +x $(PROMTOOL).part && mv $(PROMTOOL).part $(PROMTOOL)
 
 # The boundaries, held by tools (configured in pyproject.toml): import contracts (services independent, cores
-# pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every service (services/, cores and shells).
+# pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every service (cores and shells).
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check
