@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
-	@echo "make lint   - import contracts (lint-imports), ruff check, ruff format --check, mypy on the cores (make test runs it)"
+	@echo "make lint   - import contracts (lint-imports), ruff check, ruff format --check, mypy on every service (make test runs it)"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
@@ -71,7 +71,7 @@ $(PROMTOOL): | $(STAMP)
 	  chmod +x $(PROMTOOL).part && mv $(PROMTOOL).part $(PROMTOOL)
 
 # The boundaries, held by tools (configured in pyproject.toml): import contracts (services independent, cores
-# pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every services/*/core.
+# pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every service (cores and shells).
 lint: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check

@@ -192,7 +192,10 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         require(
-            self.worker_urls or self.workers >= 1, "workers", self.workers, "workers >= 1 unless --worker-url is given"
+            bool(self.worker_urls) or self.workers >= 1,
+            "workers",
+            self.workers,
+            "workers >= 1 unless --worker-url is given",
         )
         require(0 <= self.workers <= 64, "workers", self.workers, "0 <= workers <= 64")
         require(

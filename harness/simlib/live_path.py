@@ -100,6 +100,7 @@ def costs_from_breakdown(report: dict) -> LivePathCosts:
     negative mean (a lag that shrank) counts as 0."""
     phases = report.get("phases")
     require(isinstance(phases, dict) and bool(phases), "live_path", "report", "a bench.breakdown report with phases")
+    assert isinstance(phases, dict)  # (require raised otherwise)
     means = {name: float(entry["wall_s"]["mean"]) for name, entry in phases.items()}
     return LivePathCosts(
         **{

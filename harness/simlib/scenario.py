@@ -19,6 +19,7 @@ from harness.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
 from harness.simlib.live_path import LivePathCosts
 from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
+from services.capacity.core.state import CardRejection
 from services.common.config import require
 from services.router.core.params import KvRouterParams
 from services.scheduler.core.defaults import (
@@ -335,7 +336,13 @@ class SimScenario:
     @property
     def sample_interval_s(self) -> float:
         """Timeline sampling period: the scheduler's tick (every arm samples at the same times)."""
-        return self.control.scheduler_interval_seconds
+        return self.control_law.scheduler_interval_seconds
+
+    @property
+    def control_law(self) -> ControlParams:
+        """`control`, never None once constructed (__post_init__ fills in the service's defaults)."""
+        assert self.control is not None
+        return self.control
 
 
 def live_control_params(
@@ -404,7 +411,7 @@ def replica_capacity(worker: str, config: EngineConfig, profile: TimingProfile) 
     """The capacity service's retention budget for this worker (GPU KV + counted host tokens)
     and its request slots, as the scheduler receives them."""
     card = derive_card(server_info(config, profile))
-    if not hasattr(card, "gpu_kv_tokens"):
+    if isinstance(card, CardRejection):
         raise ValueError(f"the capacity service would reject worker {worker}: {card}")
     (replica,) = replicas_for(worker, card, RetentionSettings())
     return ReplicaCapacity(worker, replica.dp_rank, replica.retention_tokens, replica.max_programs)

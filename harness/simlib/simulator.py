@@ -670,9 +670,8 @@ class Simulator:
             if turn is None:
                 continue
             self._hold_s.append(decision.held_seconds)
-            if decision.program_gone:
-                decision = None  # released while held: the live router routes it unpinned
-            self._route(turn, decision)
+            # program_gone: released while held, the live router routes it unpinned.
+            self._route(turn, None if decision.program_gone else decision)
 
     # -- a peer arm's shell: its monitor, its timers, the turns it held ----------------------------
 
@@ -759,7 +758,7 @@ class Simulator:
             counts.clear()
 
     def _timeline(self) -> dict:
-        p: ControlParams = self.s.control
+        p: ControlParams = self.s.control_law
         return {
             "interval_s": self.s.sample_interval_s,
             "bands": {

@@ -28,7 +28,7 @@ def synthetic_like(n_programs: int, *, seed: int = 0, source: Sequence[Program] 
     for i in range(n_programs):
         n_turns = rng.choice(turn_counts)
         prompt = rng.choice(first_prompts)
-        turns = []
+        turns: list[Turn] = []
         for k in range(n_turns):
             if k:
                 prompt = prompt + turns[-1].output_tokens + rng.choice(growth)

@@ -172,8 +172,9 @@ class Dispatcher:
         if self.metrics is not None:
             self.metrics.dispatch_sent.inc()
         task = asyncio.create_task(self._send(item), name=f"batch-{item.batch_id}-{item.idx}")
-        self.inflight[(item.batch_id, item.idx)] = task
-        task.add_done_callback(lambda t, k=(item.batch_id, item.idx): self._done(k, t))
+        key = (item.batch_id, item.idx)
+        self.inflight[key] = task
+        task.add_done_callback(lambda t: self._done(key, t))
         return min(interval, 0.2)
 
     def _done(self, key: tuple[str, int], task: asyncio.Task) -> None:

@@ -250,9 +250,10 @@ class CapacityRuntime:
                 pass
 
     def _spawn_poll(self, state: WorkerState) -> asyncio.Task:
-        task = asyncio.create_task(self._poll_one(state.worker_id, state.url), name=f"poll-{state.worker_id}")
-        self._polls[state.worker_id] = task
-        task.add_done_callback(lambda t, wid=state.worker_id: self._poll_done(wid, t))
+        worker_id = state.worker_id
+        task = asyncio.create_task(self._poll_one(worker_id, state.url), name=f"poll-{worker_id}")
+        self._polls[worker_id] = task
+        task.add_done_callback(lambda t: self._poll_done(worker_id, t))
         return task
 
     def _poll_done(self, worker_id: str, task: asyncio.Task) -> None:

@@ -81,11 +81,11 @@ class CapacityMetrics:
             if w.state.card is not None
             for d in Degradation
         }
-        for labels in self._degraded_seen.keys() - degraded.keys():
-            self.worker_degraded.remove(*labels)
-        for labels, value in degraded.items():
-            if self._degraded_seen.get(labels) != value:
-                self.worker_degraded.labels(*labels).set(value)
+        for pair in self._degraded_seen.keys() - degraded.keys():
+            self.worker_degraded.remove(*pair)
+        for pair, value in degraded.items():
+            if self._degraded_seen.get(pair) != value:
+                self.worker_degraded.labels(*pair).set(value)
         self._degraded_seen = degraded
         self.total_retention_tokens.set(view.total_retention_tokens)
         self.version.set(version)

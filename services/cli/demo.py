@@ -251,6 +251,7 @@ def run_arm(args: argparse.Namespace, arm: str, summaries: dict[str, dict]) -> i
         return 1
     try:
         print(render_table(["process", "endpoint"], cluster.endpoints()))
+        assert cluster.capacity is not None  # start_cluster always starts the capacity service
         snapshot = wait_for_workers(cluster.capacity.endpoint, len(cluster.workers))
         if len(summaries) == 0:
             print()

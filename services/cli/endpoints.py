@@ -181,8 +181,8 @@ def _pem(path: str) -> bytes | None:
 def rpc_error(exc: grpc.RpcError, address: str, args: argparse.Namespace) -> str:
     """One line for a failed call: the status and its details; for UNAVAILABLE, what a TLS probe of
     `address` (`tls_diagnosis.diagnose`, at most 2 s, run only here, after the failure) says is wrong."""
-    code = exc.code()  # type: ignore[attr-defined]
-    details = " ".join((exc.details() or "").split())  # type: ignore[attr-defined]
+    code = exc.code()
+    details = " ".join((exc.details() or "").split())
     if code is grpc.StatusCode.UNAVAILABLE:
         ca, cert, key = _pem(args.tls_ca), _pem(args.tls_cert), _pem(args.tls_key)
         why = diagnose(address, tls=bool(ca or cert), ca_pem=ca, cert_pem=cert, key_pem=key)

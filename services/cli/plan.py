@@ -246,7 +246,7 @@ def run_batch(args: argparse.Namespace) -> int:
                 )
             with args.file.open("rb") as fh:
                 uploaded = client.files.create(file=(args.file.name, fh), purpose="batch")
-            batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=args.window)  # type: ignore[arg-type]
+            batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=args.window)
             print(batch.id)
             return 0
         if args.action == "list":

@@ -104,7 +104,7 @@ class Snapshot:
         return self.workers is not None or self.programs is not None
 
 
-DEGRADATION_ADVICE = {
+DEGRADATION_ADVICE: dict[int, tuple[str, str, str]] = {
     capacity_pb2.DEGRADATION_CACHE_REPORT_OFF: (
         "cache reports off",
         "--enable-cache-report",
@@ -413,7 +413,7 @@ def _leading_scheduler(args: argparse.Namespace, replicas: list[str], snapshot: 
                     scheduler_pb2.GetLeadershipRequest(), timeout=args.timeout_seconds, metadata=metadata
                 )
             except grpc.RpcError as exc:
-                snapshot.schedulers.append((address, f"unreachable ({exc.code().name})"))  # type: ignore[attr-defined]
+                snapshot.schedulers.append((address, f"unreachable ({exc.code().name})"))
                 continue
         role = view.role.upper() if view.role == "leader" else view.role
         snapshot.schedulers.append((address, f"{role} (epoch {view.epoch})"))

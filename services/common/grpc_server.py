@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import signal
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Protocol
 
 import grpc
 from aiohttp import web
@@ -98,7 +98,7 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             inner = handler.unary_stream
             if inspect.isasyncgenfunction(inner):
 
-                async def unary_stream(request, context):
+                async def streamed(request, context):
                     context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
@@ -110,13 +110,17 @@ class RequestGuard(grpc.aio.ServerInterceptor):
                         # Closed here, in the call's task: left to the garbage collector, its cleanup (a span's
                         # context among it) would run later in another task.
                         await responses.aclose()
+
+                unary_stream: Callable[..., Any] = streamed
             else:
 
-                async def unary_stream(request, context):
+                async def returned(request, context):
                     context = _ClippedContext(context)
                     if isinstance(request, _Malformed):
                         await refuse(request, context)
                     return await inner(request, context)
+
+                unary_stream = returned
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, request_deserializer=guarded, response_serializer=handler.response_serializer
@@ -223,7 +227,7 @@ class ServiceHost:
     def address(self) -> str:
         return f"{self.host}:{self.grpc_port}"
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self, _request: web.BaseRequest) -> web.Response:
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -330,7 +334,7 @@ async def serve_until_signal(host: Stoppable) -> None:
         await host.stop()
 
 
-def run(main: Callable[[], Awaitable[int | None]]) -> int:
+def run(main: Callable[[], Coroutine[Any, Any, int | None]]) -> int:
     """Run an async entry point on uvloop and return its exit code."""
     import uvloop
 

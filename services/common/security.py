@@ -674,11 +674,11 @@ class SecurityConfig:
         chain = list(interceptors)
         if self.control_tokens is not None:
             chain.extend(bearer_interceptors(self.control_tokens.first))
-        interceptors = chain or None
+        outbound = chain or None
         credentials = self.channel_credentials()
         if credentials is None:
-            return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
-        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=interceptors)
+            return grpc.aio.insecure_channel(address, options=options, interceptors=outbound)
+        return grpc.aio.secure_channel(address, credentials, options=options, interceptors=outbound)
 
     def http_ssl_context(self) -> ssl.SSLContext | None:
         """Server-side TLS for an HTTP port (no client certificate asked: the bearer token authenticates)."""

@@ -117,9 +117,10 @@ def _iterates_content(node: jinja2.nodes.Node) -> bool:
     while isinstance(node, (jinja2.nodes.Filter, jinja2.nodes.Test)) or (
         isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Slice)
     ):
-        node = node.node
-        if node is None:
+        inner = node.node
+        if inner is None:
             return False
+        node = inner
     if isinstance(node, jinja2.nodes.Getitem):
         key = node.arg.value if isinstance(node.arg, jinja2.nodes.Const) else None
     elif isinstance(node, jinja2.nodes.Getattr):
@@ -296,9 +297,9 @@ class ModelTokenizer:
             return self._ids(text, add_special_tokens)
         ids = self._ids(text, False)
         add_bos, add_eos = self._specials
-        if add_bos:
+        if add_bos and self.bos_token_id is not None:  # (add_bos: the model has one)
             ids.insert(0, self.bos_token_id)
-        if add_eos:
+        if add_eos and self.eos_token_id is not None:
             ids.append(self.eos_token_id)
         return ids
 

@@ -8,7 +8,7 @@ Domain errors map to status codes in `_abort` only.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncGenerator, AsyncIterator, TypedDict, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -35,18 +35,19 @@ async def _abort(context: grpc.aio.ServicerContext, err: RouterError) -> None:
     await context.abort(err.grpc_code, err.message, trailing_metadata=trailers)
 
 
-_END = object()
+_T = TypeVar("_T")
 
 
-async def _within(span: trace.Span, lines: AsyncIterator) -> AsyncIterator:
+async def _within(span: trace.Span, lines: AsyncGenerator[_T, None]) -> AsyncIterator[_T]:
     """Iterate `lines` with `span` current while each item is awaited (a failover's pick is its child)."""
-    iterator = aiter(lines)
+    iterator = lines
     try:
         while True:
             with trace.use_span(span):
-                item = await anext(iterator, _END)
-            if item is _END:
-                return
+                try:
+                    item = await anext(iterator)
+                except StopAsyncIteration:
+                    return
             yield item
     finally:
         await iterator.aclose()
@@ -58,6 +59,10 @@ def client_of(context: grpc.aio.ServicerContext) -> str:
     peer = context.peer() or ""
     address = peer.split(":", 1)[1].rsplit(":", 1)[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
     return session.client_identity(metadata.get("authorization"), address)
+
+
+class _RequestId(TypedDict, total=False):
+    request_id: str  # absent: TurnSpec makes one up
 
 
 def spec_from_request(request: pb.GenerateRequest) -> TurnSpec:
@@ -78,7 +83,7 @@ def spec_from_request(request: pb.GenerateRequest) -> TurnSpec:
     if s.stop:
         body["stop"] = list(s.stop)
     which = request.WhichOneof("input")
-    kwargs = {"request_id": validation.request_id(request.request_id)} if request.request_id else {}
+    kwargs: _RequestId = {"request_id": validation.request_id(request.request_id)} if request.request_id else {}
     if which == "chat":
         if not request.chat.messages:
             raise BadRequest("chat.messages must not be empty", param="chat")
@@ -129,8 +134,8 @@ class RouterServicer(pb_grpc.RouterServicer):
             try:
                 completion_tokens = 0
                 try:
-                    async for line, kind in _within(span, turn.lines()):
-                        if kind is not LineKind.DATA:
+                    async for line, line_kind in _within(span, turn.lines()):
+                        if line_kind is not LineKind.DATA:
                             continue
                         chunk = loads(memoryview(line)[5:])
                         usage = chunk.get("usage") or {}

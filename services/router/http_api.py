@@ -301,6 +301,7 @@ class HttpApi:
         return await handler(request)
 
     async def batch_api(self, request: web.BaseRequest) -> web.StreamResponse:
+        response: web.StreamResponse
         if self.batch_proxy is None:
             response = self._error(
                 BatchServiceMissing(

@@ -227,7 +227,7 @@ class _Connection(web.RequestHandler):
     def request_finished(self) -> None:
         self._in_request = False
 
-    async def _handle_request(self, request, start_time, request_handler):  # type: ignore[no-untyped-def]
+    async def _handle_request(self, request, start_time, request_handler):
         # Idle (evictable) once the answer is written out, not when the handler returns it.
         try:
             return await super()._handle_request(request, start_time, request_handler)
@@ -298,6 +298,7 @@ class GuardedServer(web.Server):
             keepalive_timeout=limits.keepalive_timeout_s, access_log=None, lingering_time=LINGER_S
         )
         refusal = error_response(Overloaded("too many connections; retry later", retry_after_s=1.0), {})
+        assert isinstance(refusal.body, bytes)  # error_response's body is the encoded JSON
         head = [
             "HTTP/1.1 503 Service Unavailable",
             "Content-Type: application/json",
@@ -365,9 +366,8 @@ class GuardedServer(web.Server):
         return False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        connection = request.protocol
-        guarded = isinstance(connection, _Connection)
-        if guarded:
+        connection = request.protocol if isinstance(request.protocol, _Connection) else None
+        if connection is not None:
             connection.request_started()
             if (
                 not connection.identified
@@ -395,7 +395,7 @@ class GuardedServer(web.Server):
         try:
             return await self._app_handler(request)
         finally:
-            if guarded:
+            if connection is not None:
                 connection.request_finished()
 
 

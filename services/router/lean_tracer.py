@@ -43,9 +43,8 @@ class _UseSpan:
         self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self._span
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         otel_context.detach(self._token)
-        return False
 
 
 def _follows_parent(sampler: Any) -> bool:
@@ -66,7 +65,7 @@ class LeanTracer(trace.Tracer):
         self._parent_decides = _follows_parent(inner)
         self._ids = provider.id_generator
 
-    def start_span(  # type: ignore[override]
+    def start_span(
         self,
         name: str,
         context: otel_context.Context | None = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncGenerator, AsyncIterator, Protocol
 
 import aiohttp
 from opentelemetry import context as otel_context
@@ -155,7 +155,7 @@ class OpenTurn:
             raise WorkerFailed(relay.error)
         self._absorb_last_generate_line(relay)
 
-    async def lines(self) -> AsyncIterator[tuple[bytes, LineKind]]:
+    async def lines(self) -> AsyncGenerator[tuple[bytes, LineKind], None]:
         """The worker's SSE lines that are forwarded (data, usage, [DONE], blank), one by one, for
         callers that look at every chunk. Raises WorkerFailed / WorkerTimeout if the stream breaks."""
         relay = SseRelay(self.spec.api, True, self._absorb_openai)

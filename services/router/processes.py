@@ -125,7 +125,7 @@ def merge_expositions(texts: Sequence[str | None]) -> bytes:
             return collected
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collected())  # type: ignore[arg-type]
+    registry.register(_Collected())
     return generate_latest(registry)
 
 
@@ -231,7 +231,7 @@ class RouterProcesses:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             return None
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self, _request: web.BaseRequest) -> web.Response:
         texts = await asyncio.gather(*(self._scrape(port) for port in self.child_metrics))
         return web.Response(body=merge_expositions(texts), headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -23,7 +23,7 @@ import collections
 import heapq
 import logging
 import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Callable
 
 from opentelemetry import trace
 
@@ -41,6 +41,9 @@ from services.scheduler.core import (
     Verdict,
 )
 from services.scheduler.metrics import SchedulerMetrics
+
+if TYPE_CHECKING:
+    from services.scheduler.persist import Recovery
 
 log = logging.getLogger("services.scheduler")
 # The core's own records (`scheduler.tick ...`, `thunderagent.program ...`, DEBUG per program).
@@ -113,7 +116,7 @@ class SchedulerRuntime:
         self.stop_reason = "scheduler is shutting down"
         self.ticks = 0
         self.capacity_received = False
-        self.recovery = None  # persist.Recovery when the table was recovered from a store at start
+        self.recovery: Recovery | None = None  # persist.Recovery when the table was recovered from a store at start
         metrics.watch_core(core, clock.monotonic, lambda: len(self._held))
 
     # ------------------------------------------------------------------ lifecycle
@@ -220,12 +223,14 @@ class SchedulerRuntime:
 
     def _open_gate(self, request_id: str) -> None:
         session_id = self._held_session.pop(request_id, None)
-        gate = self._gates.get(session_id) if session_id is not None else None
+        if session_id is None:
+            return
+        gate = self._gates.get(session_id)
         if gate is not None and gate[0] == request_id:
             del self._gates[session_id]
             gate[1].set()
 
-    def wait(self, request_id: str) -> Awaitable[Decision]:
+    def wait(self, request_id: str) -> asyncio.Future[Decision]:
         """The resolution of a held admission, to await. Taken at once (a tick may resolve the admission
         before the caller awaits it). Cancelling the wait leaves the admission held; the caller rolls back."""
         future = self._held.get(request_id)

@@ -296,9 +296,10 @@ class StatePersister:
                 return False
             batch = self._full_batch()
         else:
-            batch = self._delta_batch()
-            if batch is None:
+            delta = self._delta_batch()
+            if delta is None:
                 return True
+            batch = delta
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.write_timeout_s):
@@ -369,6 +370,6 @@ class StatePersister:
             programs[sid] = None if record is None else encode_program(record, offset)
         tickets: dict[str, bytes | None] = {}
         for rid in changes.tickets:
-            record = durable.export_ticket(self.core.ledger, rid)
-            tickets[rid] = None if record is None else encode_ticket(record, offset)
+            ticket = durable.export_ticket(self.core.ledger, rid)
+            tickets[rid] = None if ticket is None else encode_ticket(ticket, offset)
         return WriteBatch(programs, tickets, encode_meta(durable.export_meta(self.core)))

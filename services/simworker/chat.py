@@ -18,7 +18,7 @@ as `<|tool_call|>{name}({arguments})` lines after its text.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 from services.common.tokenizer import ChatTemplateError  # one error type for both templates (HTTP 400)
 
@@ -52,9 +52,7 @@ def _tool_calls_text(tool_calls: Any, index: int) -> str:
     return "".join(lines)
 
 
-def render_chat(
-    messages: Sequence[Any], *, add_generation_prompt: bool = True, continue_final_message: bool = False
-) -> str:
+def render_chat(messages: object, *, add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
     """Render OpenAI chat messages to the prompt text; raises ChatTemplateError on bad input."""
     if not isinstance(messages, list) or not messages:
         raise ChatTemplateError("messages must be a non-empty list")

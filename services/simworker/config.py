@@ -326,7 +326,7 @@ class SimWorkerConfig:
             "priority_scheduling_preemption_threshold >= 0",
         )
 
-    def hicache_size_tokens(self, kv_bytes_per_token: float) -> int:
+    def hicache_size_tokens(self, kv_bytes_per_token: int) -> int:
         """--hicache-size GB -> host pool tokens; 0 when the size is not given (ratio applies)."""
         if self.hicache_size <= 0:
             return 0

@@ -172,7 +172,7 @@ class Generation:
         self._last_v: float | None = None
         self._done = False
         # Phases in engine (virtual) time, for the span events written at close.
-        self._span = trace.get_current_span()
+        self._span: trace.Span | None = trace.get_current_span()
         self._submitted_v = driver.engine_now()
         # How far (wall seconds) the engine's clock was behind the wall clock when the request was
         # submitted and when its last output was read: its span events are stamped in engine time.
@@ -313,7 +313,7 @@ class Generation:
         span.set_attributes(attributes)
 
     def meta_info(self) -> dict:
-        meta = {
+        meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,

@@ -138,9 +138,9 @@ class _EngineCollector(Collector):
             family.add_metric((self._model_name,), float(getattr(stats, attr)))
             yield family
         for name, help_text, attr in _COUNTERS:
-            family = CounterMetricFamily(name, help_text, labels=("model_name",))
-            family.add_metric((self._model_name,), float(getattr(stats, attr)))
-            yield family
+            counter = CounterMetricFamily(name, help_text, labels=("model_name",))
+            counter.add_metric((self._model_name,), float(getattr(stats, attr)))
+            yield counter
 
 
 class SimWorkerMetrics:

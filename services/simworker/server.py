@@ -90,7 +90,7 @@ class ModelPromptTokenizer(CoreTokenizer):
         return self.model.chat_token_ids(body)
 
 
-def engine_config(config: SimWorkerConfig, kv_bytes_per_token: float) -> EngineConfig:
+def engine_config(config: SimWorkerConfig, kv_bytes_per_token: int) -> EngineConfig:
     return EngineConfig(
         max_total_tokens=config.max_total_tokens,
         page_size=config.page_size,
@@ -116,7 +116,7 @@ def build_engine(config: SimWorkerConfig) -> tuple[Engine, TimingProfile]:
     return build.build_engine(engine_config(config, profile.kv_bytes_per_token), profile), profile
 
 
-def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: float) -> int:
+def host_total_tokens(config: SimWorkerConfig, kv_bytes_per_token: int) -> int:
     """HiCache host pool in tokens: --hicache-size GB if given, else ratio x GPU pool (core/build.py
     `host_total_tokens`)."""
     if not config.enable_hierarchical_cache:

@@ -13,6 +13,7 @@ Timestamps are wall-clock Unix seconds, passed in by the caller.
 
 from __future__ import annotations
 
+import builtins
 import sqlite3
 
 from services.planner.core.jobs import FINAL_STATUSES, TERMINAL_STATUSES
@@ -94,7 +95,7 @@ class JobStore:
         rows = self.db.execute(f"SELECT {_FIELDS} FROM jobs WHERE pool_id = ? ORDER BY seq DESC", (pool_id,))
         return [dict(r) for r in rows]
 
-    def advance(self, now: int) -> list[tuple[str, str, str]]:
+    def advance(self, now: int) -> builtins.list[tuple[str, str, str]]:  # (list: the method above)
         """Jobs past their deadline expire; returns (job_id, old, new) transitions."""
         rows = self.db.execute(
             "SELECT id, status FROM jobs WHERE status = 'in_progress' AND expires_at <= ?", (now,)

@@ -266,7 +266,7 @@ class RedisLeaseStore:
         if ttl_ms <= 0:
             raise LeaseRejected(f"decision {decision.decision_id} has already expired")
         rate = _rate_text(decision.max_admission_rps)
-        args = [
+        args: list[str | int | float] = [
             self.epoch,
             self.writer_id,
             seq,

@@ -227,8 +227,8 @@ class Collector:
             "scheduler": self._bounded("scheduler", self.scheduler.collect(), errors) if self.scheduler else None,
             "capacity": self._bounded("capacity", self.capacity.collect(), errors) if self.capacity else None,
         }
-        names = [k for k, v in tasks.items() if v is not None]
-        results = dict(zip(names, await asyncio.gather(*(tasks[k] for k in names))))
+        started = {k: v for k, v in tasks.items() if v is not None}
+        results = dict(zip(started, await asyncio.gather(*started.values())))
         # The job snapshot and the dispatcher's feedback are local: read after the I/O, so the
         # observation's time is the end of collection.
         now = self.clock.monotonic()

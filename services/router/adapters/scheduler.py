@@ -458,7 +458,7 @@ class SchedulerClient:
                 answer = value
                 break
             single_down = self.in_outage and self._failover_s == 0  # known down, no other replica to try
-            if dispatched_until is not None and kind != "hold_overrun" and not single_down:
+            if dispatched is not None and dispatched_until is not None and kind != "hold_overrun" and not single_down:
                 duplicate = kind == "error" and exc is not None and exc.code() == grpc.StatusCode.ALREADY_EXISTS
                 if kind != "error" or duplicate:
                     if loop.time() < dispatched_until:

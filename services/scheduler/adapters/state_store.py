@@ -495,7 +495,10 @@ class RedisStateStore:
 
         try:
             pipe = self._client.pipeline(transaction=True)
-            pipe.hvals(self._programs).hvals(self._tickets).get(self._meta).get(self._generation_key)
+            pipe.hvals(self._programs)
+            pipe.hvals(self._tickets)
+            pipe.get(self._meta)
+            pipe.get(self._generation_key)
             programs, tickets, meta, generation = await pipe.execute()
         except (RedisError, OSError) as exc:
             raise StoreError(f"cannot read {self.description}: {redact_url(str(exc))}") from None
