@@ -54,3 +54,56 @@ def test_getting_started_runs_and_shows_the_scheduler_at_work(tmp_path):
     ran = run_page(ROOT / "docs" / "getting-started.md", tmp_path)
     bench = [command for command in ran if "bandmaster bench" in command or "status --once" in command]
     assert len(bench) == 2 and all("# expect:" in command for command in bench)
+
+
+SERVER = "python -c 'import time; print(\"serving\", flush=True); time.sleep(60)'"
+
+
+def _page(tmp_path: Path, blocks: str) -> Path:
+    page = tmp_path / "page.md"
+    page.write_text(f"# Page\n\n{blocks}")
+    return page
+
+
+def test_the_runner_runs_verbatim_in_a_scratch_dir_and_stops_the_background_with_ctrl_c(tmp_path):
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    page = _page(
+        tmp_path,
+        f'<!-- doc-run: name=server background ready="^serving" timeout=30 -->\n```bash\n{SERVER}\n```\n\n'
+        "<!-- doc-run: name=use -->\n```bash\n"
+        "test -x .venv/bin/bandmaster && pwd   # expect: scratch$\n"
+        "echo one \\\n  two   # expect: ^one two$\n```\n\n"
+        '<!-- doc-run: name=py expect="^3$" -->\n```python\nprint(1 + 2)\n```\n',
+    )
+    ran = run_page(page, scratch)
+    assert ran[0] == SERVER and ran[-1] == "python py.py" and len(ran) == 4
+
+
+@pytest.mark.parametrize(
+    ("block", "why"),
+    [
+        ("<!-- doc-run: name=f -->\n```bash\necho out; exit 3\n```\n", "exited 3"),
+        ("<!-- doc-run: name=e -->\n```bash\necho something   # expect: other\n```\n", "does not match 'other'"),
+        ("<!-- doc-run: name=t timeout=1 -->\n```bash\nsleep 30\n```\n", "still running after 1 s"),
+        (
+            "<!-- doc-run: name=s background ready=never timeout=2 -->\n```bash\nsleep 30\n```\n",
+            "printing 'never'",
+        ),
+        (
+            "<!-- doc-run: name=d background ready=^x -->\n```bash\n"
+            'python -c \'import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print("x", flush=True);'
+            " time.sleep(60)'\n```\n",
+            "did not stop within",
+        ),
+    ],
+)
+def test_the_runner_fails_naming_the_block(tmp_path, monkeypatch, block, why):
+    import tests.support.doc_run as doc_run
+
+    monkeypatch.setattr(doc_run, "STOP_GRACE_S", 2.0)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    with pytest.raises(Exception, match=why) as failure:
+        run_page(_page(tmp_path, block), scratch)
+    assert "page.md" in str(failure.value)

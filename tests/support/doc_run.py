@@ -2,15 +2,14 @@
 
     run_page(Path("docs/getting-started.md"), tmp_path)   # AssertionError naming the block and command
 
-The scratch directory holds a `.venv` link to the venv running the tests, so `.venv/bin/bandmaster` in a
-page is that venv's console script, and the venv's bin is first on PATH (a bare `bandmaster` or `python`
-too). The repository is on PYTHONPATH (its code, not an installed copy) and `bandmaster up` writes its
-discovery file and its state directory into the scratch directory (BANDMASTER_CLUSTER_FILE, TMPDIR),
-so the commands change nothing outside it. Each bash command runs on its own (`bash -o pipefail -c COMMAND`) and must exit 0 and match
-its `# expect:` pattern; a python block runs as a script. Background blocks (`bandmaster up`) run in
-their own process group until a later block stops them or the page ends: SIGINT, as Ctrl-C in the
-terminal, then SIGKILL if they outlive STOP_GRACE_S; a background block that does not stop on SIGINT
-fails the run.
+The scratch directory holds a `.venv` link to the venv running the tests, so `.venv/bin/bandmaster` in a page
+is that venv's console script, and the venv's bin is first on PATH (a bare `bandmaster` or `python` too). The
+repository is on PYTHONPATH (its code, not an installed copy) and `bandmaster up` writes its discovery file
+and its state directory into the scratch directory (BANDMASTER_CLUSTER_FILE, TMPDIR), so the commands change
+nothing outside it. Each bash command runs on its own (`bash -o pipefail -c COMMAND`) and must exit 0 and
+match its `# expect:` pattern; a python block runs as a script. Background blocks (`bandmaster up`) run in
+their own process group until a later block stops them or the page ends: SIGINT, as Ctrl-C in the terminal,
+then SIGKILL if they outlive STOP_GRACE_S; a background block that does not stop on SIGINT fails the run.
 """
 
 from __future__ import annotations
