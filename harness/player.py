@@ -114,6 +114,36 @@ class RunResult:
         }
 
 
+FAILURE_REASON_CHARS = 160
+"""A failed program's reason on the console is cut here: one line each, the whole text is in --out."""
+
+
+def failure_lines(turns: Sequence[TurnRecord], limit_chars: int = FAILURE_REASON_CHARS) -> list[str]:
+    """One line per failed program: its first failed turn and that turn's error, newlines folded and the
+    text cut at `limit_chars` (a program stops at its first failed turn, so there is one per program)."""
+    first: dict[str, TurnRecord] = {}
+    for turn in turns:
+        if not turn.ok and turn.program_id not in first:
+            first[turn.program_id] = turn
+    lines = []
+    for turn in first.values():
+        reason = " ".join((turn.error or "failed").split())
+        if len(reason) > limit_chars:
+            reason = reason[: limit_chars - 3] + "..."
+        lines.append(f"failed: {turn.program_id} turn {turn.turn}: {reason}")
+    return lines
+
+
+def print_report(report: dict) -> int:
+    """The console end of a run: each failed program's reason (stderr), then the summary as JSON (stdout);
+    the exit status is 1 when a turn failed."""
+    failed = [TurnRecord(**t) for t in report["turns"] if not t["ok"]]
+    for line in failure_lines(failed):
+        print(line, file=sys.stderr)
+    print(json.dumps(report["summary"], indent=1))
+    return 0 if report["summary"]["turns_failed"] == 0 else 1
+
+
 def _pct(values: Sequence[float], q: float) -> float:
     return round(interpolated_percentile(values, q), 4)
 
@@ -455,9 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bandmaster bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    report = asyncio.run(run_from_args(args))
-    print(json.dumps(report["summary"], indent=1))
-    return 0 if report["summary"]["turns_failed"] == 0 else 1
+    return print_report(asyncio.run(run_from_args(args)))
 
 
 if __name__ == "__main__":

@@ -63,11 +63,8 @@ def _add_bench(commands) -> None:
 
     def run(args: argparse.Namespace) -> int:
         import asyncio
-        import json
 
-        report = asyncio.run(player.run_from_args(args))
-        print(json.dumps(report["summary"], indent=1))
-        return 0 if report["summary"]["turns_failed"] == 0 else 1
+        return player.print_report(asyncio.run(player.run_from_args(args)))
 
     parser.set_defaults(run=run)
 
