@@ -1,17 +1,27 @@
 """Flag + environment mapping shared by every service.
 
-Each service declares its settings once as `Setting`s; `parse_settings` maps command-line flags
-and environment variables onto them (flag wins over environment, environment over default) and
-turns every malformed value into a `ConfigError` naming the setting. Relations between settings
-are checked by the service's frozen config dataclass in `__post_init__`.
+A service declares each setting once, as a field of its frozen config dataclass made by `setting()`
+(default, help, environment variable, flag, bounds, choices):
+
+    poll_interval_seconds: float = setting(5.0, "seconds between polls", env="X_POLL_INTERVAL_SECONDS", gt=0)
+
+`settings_of(Config)` derives the `Setting` list from those fields; `parse_settings` maps
+command-line flags and environment variables onto it (flag wins over environment, environment over
+default) and turns every malformed value into a `ConfigError` naming the setting. `check_bounds(config)`,
+called first in the config's `__post_init__`, enforces every declared bound and choice with a
+`ConfigError` naming the setting and the rule ("1 <= page_size <= 1024"); relations between settings
+stay as explicit code after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from services.common.errors import ConfigError
 
@@ -73,6 +83,139 @@ class Setting:
     @property
     def flag_name(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
+
+
+_SPEC = "bandmaster.setting"
+"""The dataclass-field metadata key under which `setting()` stores its declaration."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The declared rule of a numeric setting: any of ge (>=), gt (>), le (<=), lt (<)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def rule(self, name: str) -> str:
+        """The rule as text, e.g. "1 <= page_size <= 1024" or "poll_interval_seconds > 0"."""
+        low = f"{_num(self.ge)} <= " if self.ge is not None else f"{_num(self.gt)} < " if self.gt is not None else ""
+        high = f" <= {_num(self.le)}" if self.le is not None else f" < {_num(self.lt)}" if self.lt is not None else ""
+        if low and high:
+            return f"{low}{name}{high}"
+        if low:  # one-sided: the name first, as people write it
+            return f"{name} >= {_num(self.ge)}" if self.ge is not None else f"{name} > {_num(self.gt)}"
+        return f"{name}{high}"
+
+    def holds(self, value: float) -> bool:
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+
+def _num(bound: float | None) -> str:
+    return str(int(bound)) if isinstance(bound, float) and bound.is_integer() else str(bound)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    help: str
+    env: str | None
+    flag: str | None
+    repeated: bool
+    choices: tuple[str, ...] | None
+    bounds: Bounds
+    note: str
+    type: type | None
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    env: str | None = None,
+    flag: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: Sequence[str] | None = None,
+    repeated: bool = False,
+    note: str = "",
+    type: type | None = None,
+) -> Any:
+    """Declare a config field that is also a flag and an environment variable.
+
+    Returns a `dataclasses.field`; the flag's type comes from the field's annotation (`float | None`
+    is a float, `tuple[str, ...]` with `repeated=True` a repeatable str) unless `type` is given.
+    `ge`/`gt`/`le`/`lt` bound the value (None always passes); `note` is appended to the bound's
+    error message, e.g. "(0 = never)". The value is checked by `check_bounds`.
+    """
+    spec = _Spec(
+        help, env, flag, repeated, tuple(choices) if choices is not None else None, Bounds(ge, gt, le, lt), note, type
+    )
+    return dataclasses.field(default=default, metadata={_SPEC: spec})
+
+
+def _setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], _Spec]]:
+    return [(f, f.metadata[_SPEC]) for f in dataclasses.fields(cls) if _SPEC in f.metadata]
+
+
+def _flag_type(annotation: Any) -> type:
+    """`float | None` -> float, `tuple[str, ...]` -> str, `int` -> int."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        origin = typing.get_origin(annotation)
+    if origin is tuple:
+        annotation = typing.get_args(annotation)[0]
+    if annotation not in _PARSERS:
+        raise TypeError(f"no flag parser for {annotation!r}")
+    return typing.cast(type, annotation)
+
+
+def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
+    """The `Setting`s declared by `cls`'s `setting()` fields, in field order, then those of the
+    composed sub-configs (security, tracing, ...) that load themselves from the parsed values."""
+    hints = typing.get_type_hints(cls)
+    out = [
+        Setting(
+            f.name,
+            spec.type or _flag_type(hints[f.name]),
+            f.default,
+            spec.help,
+            env=spec.env,
+            flag=spec.flag,
+            repeated=spec.repeated,
+            choices=spec.choices,
+        )
+        for f, spec in _setting_fields(cls)
+    ]
+    for group in composed:
+        out.extend(group)
+    return out
+
+
+def check_bounds(config: Any) -> None:
+    """Raise ConfigError(name, value, rule) for the first `setting()` field of `config` (a dataclass
+    instance) outside its declared bounds or choices. None passes: it means "not given"."""
+    for f, spec in _setting_fields(type(config)):
+        value = getattr(config, f.name)
+        values = value if spec.repeated else (value,)
+        for item in values:
+            if item is None:
+                continue
+            if spec.choices is not None and item not in spec.choices:
+                raise ConfigError(f.name, item, f"{f.name} must be one of {', '.join(spec.choices)}")
+            if spec.bounds != Bounds() and not (
+                isinstance(item, (int, float)) and not math.isnan(item) and spec.bounds.holds(item)
+            ):
+                rule = spec.bounds.rule(f.name)
+                raise ConfigError(f.name, item, f"{rule} {spec.note}" if spec.note else rule)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -227,6 +370,57 @@ def serve_settings(prefix: str, grpc_default: str, metrics_default: int) -> list
             env=f"{prefix}_TRACE_SAMPLE_RATIO",
         ),
     ]
+
+
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+class Serve:
+    """The listen/metrics/log fields every gRPC service's config has, each declared here once with
+    the service's env prefix (`listen: str = Serve.listen("BANDMASTER_CAPACITY", "127.0.0.1:50051")`).
+    `listen` is checked by `parse_host_port` in the service's `__post_init__`."""
+
+    @staticmethod
+    def listen(prefix: str, default: str) -> Any:
+        return setting(default, "gRPC listen address host:port (port 0 = any free port)", env=f"{prefix}_LISTEN")
+
+    @staticmethod
+    def metrics_port(prefix: str, default: int) -> Any:
+        return setting(
+            default,
+            "Prometheus /metrics HTTP port on the listen host (0 = any free port, -1 = off)",
+            env=f"{prefix}_METRICS_PORT",
+            ge=-1,
+            le=65535,
+        )
+
+    @staticmethod
+    def log_level(prefix: str) -> Any:
+        return setting("INFO", "log level", env=f"{prefix}_LOG_LEVEL", choices=LOG_LEVELS)
+
+    @staticmethod
+    def shutdown_grace_seconds(prefix: str) -> Any:
+        return setting(5.0, "seconds in-flight RPCs get on shutdown", env=f"{prefix}_SHUTDOWN_GRACE_SECONDS", ge=0)
+
+    @staticmethod
+    def ready_file(prefix: str) -> Any:
+        return setting(
+            "",
+            "write the bound gRPC and metrics ports as JSON to this file once serving (used by `bandmaster up`)",
+            env=f"{prefix}_READY_FILE",
+        )
+
+    @staticmethod
+    def trace_sample_ratio(prefix: str) -> Any:
+        return setting(
+            None,
+            "share of new traces to sample, 0..1, parent-based: a request "
+            "that arrives with a sampled traceparent is always traced (default: OTEL_TRACES_SAMPLER and "
+            "OTEL_TRACES_SAMPLER_ARG, else every trace)",
+            env=f"{prefix}_TRACE_SAMPLE_RATIO",
+            ge=0,
+            le=1,
+        )
 
 
 def validate_serve(values: Mapping[str, Any]) -> None:
