@@ -147,18 +147,20 @@ def setting(
     repeated: bool = False,
     note: str = "",
     type: type | None = None,
+    secret: bool = False,
 ) -> Any:
     """Declare a config field that is also a flag and an environment variable.
 
     Returns a `dataclasses.field`; the flag's type comes from the field's annotation (`float | None`
     is a float, `tuple[str, ...]` with `repeated=True` a repeatable str) unless `type` is given.
     `ge`/`gt`/`le`/`lt` bound the value (None always passes); `note` is appended to the bound's
-    error message, e.g. "(0 = never)". The value is checked by `check_bounds`.
+    error message, e.g. "(0 = never)". The value is checked by `check_bounds`. A `secret` value
+    (an API key) is left out of the config's repr.
     """
     spec = _Spec(
         help, env, flag, repeated, tuple(choices) if choices is not None else None, Bounds(ge, gt, le, lt), note, type
     )
-    return dataclasses.field(default=default, metadata={_SPEC: spec})
+    return dataclasses.field(default=default, repr=not secret, metadata={_SPEC: spec})
 
 
 def _setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], _Spec]]:

@@ -15,12 +15,14 @@ import pytest
 from services.capacity import config as capacity_config
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
+from services.simworker import config as simworker_config
 
 # service config module -> (its config class, its fields that are derived or composed, not settings)
 SERVICES: dict[str, tuple[Any, set[str]]] = {
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
+    "simworker": (simworker_config.SimWorkerConfig, {"timing_overrides", "kv_events", "tracing"}),
 }
-MODULES = {"capacity": capacity_config}
+MODULES = {"capacity": capacity_config, "simworker": simworker_config}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
