@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
@@ -19,10 +20,11 @@ from services.simworker import config as simworker_config
 
 # service config module -> (its config class, its fields that are derived or composed, not settings)
 SERVICES: dict[str, tuple[Any, set[str]]] = {
+    "batch": (batch_config.BatchConfig, {"tracing", "security"}),
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
     "simworker": (simworker_config.SimWorkerConfig, {"timing_overrides", "kv_events", "tracing"}),
 }
-MODULES = {"capacity": capacity_config, "simworker": simworker_config}
+MODULES = {"batch": batch_config, "capacity": capacity_config, "simworker": simworker_config}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
