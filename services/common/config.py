@@ -163,6 +163,26 @@ def setting(
     return dataclasses.field(default=default, repr=not secret, metadata={_SPEC: spec})
 
 
+_GROUP = "bandmaster.setting_group"
+
+
+def group(default: Any) -> Any:
+    """A nested config dataclass whose `setting()` fields are flags of the outer config, listed in its
+    place (`kv: KvOverrides = group(KvOverrides())`); it checks its own bounds."""
+    return dataclasses.field(default=default, metadata={_GROUP: True})
+
+
+def setting_like(cls: type, name: str, *, default: Any, help_suffix: str = "") -> Any:
+    """The `setting()` field `name` of `cls` again, with another default and `help_suffix` added: the
+    same env, flag, bounds and choices (the router's overrides of the KvRouter flags)."""
+    spec = _spec(cls, name)
+    return dataclasses.field(default=default, metadata={_SPEC: dataclasses.replace(spec, help=spec.help + help_suffix)})
+
+
+def _spec(cls: type, name: str) -> _Spec:
+    return typing.cast(_Spec, {f.name: f for f in dataclasses.fields(cls)}[name].metadata[_SPEC])
+
+
 def _setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], _Spec]]:
     return [(f, f.metadata[_SPEC]) for f in dataclasses.fields(cls) if _SPEC in f.metadata]
 
@@ -181,43 +201,54 @@ def _flag_type(annotation: Any) -> type:
 
 
 def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
-    """The `Setting`s declared by `cls`'s `setting()` fields, in field order, then those of the
-    composed sub-configs (security, tracing, ...) that load themselves from the parsed values."""
+    """The `Setting`s declared by `cls`'s `setting()` fields (and its `group()`s'), in field order,
+    then those of the composed sub-configs (security, tracing, ...) that load themselves from the
+    parsed values."""
     hints = typing.get_type_hints(cls)
-    out = [
-        Setting(
-            f.name,
-            spec.type or _flag_type(hints[f.name]),
-            f.default,
-            spec.help,
-            env=spec.env,
-            flag=spec.flag,
-            repeated=spec.repeated,
-            choices=spec.choices,
-        )
-        for f, spec in _setting_fields(cls)
-    ]
-    for group in composed:
-        out.extend(group)
+    out: list[Setting] = []
+    for f in dataclasses.fields(cls):
+        if _GROUP in f.metadata:
+            out.extend(settings_of(hints[f.name]))
+        elif _SPEC in f.metadata:
+            spec = f.metadata[_SPEC]
+            out.append(
+                Setting(
+                    f.name,
+                    spec.type or _flag_type(hints[f.name]),
+                    f.default,
+                    spec.help,
+                    env=spec.env,
+                    flag=spec.flag,
+                    repeated=spec.repeated,
+                    choices=spec.choices,
+                )
+            )
+    for extra in composed:
+        out.extend(extra)
     return out
 
 
-def check_bounds(config: Any) -> None:
-    """Raise ConfigError(name, value, rule) for the first `setting()` field of `config` (a dataclass
-    instance) outside its declared bounds or choices. None passes: it means "not given"."""
-    for f, spec in _setting_fields(type(config)):
-        value = getattr(config, f.name)
-        values = value if spec.repeated else (value,)
-        for item in values:
+def check_values(cls: type, values: Mapping[str, Any]) -> None:
+    """Raise ConfigError(name, value, rule) for the first of `values` outside the bounds or choices
+    its `setting()` field of `cls` declares. None passes: it means "not given"."""
+    for name, value in values.items():
+        spec = _spec(cls, name)
+        for item in value if spec.repeated else (value,):
             if item is None:
                 continue
             if spec.choices is not None and item not in spec.choices:
-                raise ConfigError(f.name, item, f"{f.name} must be one of {', '.join(spec.choices)}")
+                raise ConfigError(name, item, f"{name} must be one of {', '.join(spec.choices)}")
             if spec.bounds != Bounds() and not (
                 isinstance(item, (int, float)) and not math.isnan(item) and spec.bounds.holds(item)
             ):
-                rule = spec.bounds.rule(f.name)
-                raise ConfigError(f.name, item, f"{rule} {spec.note}" if spec.note else rule)
+                rule = spec.bounds.rule(name)
+                raise ConfigError(name, item, f"{rule} {spec.note}" if spec.note else rule)
+
+
+def check_bounds(config: Any) -> None:
+    """`check_values` for every `setting()` field of `config`, a dataclass instance: called first in
+    its `__post_init__`."""
+    check_values(type(config), {f.name: getattr(config, f.name) for f, _ in _setting_fields(type(config))})
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,15 +16,17 @@ from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
+from services.router import config as router_config
 from services.simworker import config as simworker_config
 
 # service config module -> (its config class, its fields that are derived or composed, not settings)
 SERVICES: dict[str, tuple[Any, set[str]]] = {
     "batch": (batch_config.BatchConfig, {"tracing", "security"}),
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
+    "router": (router_config.RouterConfig, {"kv", "tracing", "security", "worker_client"}),
     "simworker": (simworker_config.SimWorkerConfig, {"timing_overrides", "kv_events", "tracing"}),
 }
-MODULES = {"batch": batch_config, "capacity": capacity_config, "simworker": simworker_config}
+MODULES = {"batch": batch_config, "capacity": capacity_config, "router": router_config, "simworker": simworker_config}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
@@ -40,6 +42,13 @@ def test_every_field_is_a_setting_or_a_composed_config(service: str) -> None:
     for f in dataclasses.fields(cls):
         if f.name not in composed:
             assert by_name[f.name].default == f.default, f.name
+
+
+def test_the_routers_kv_overrides_are_its_flags_in_place() -> None:
+    names = [s.name for s in router_config.SETTINGS]
+    kv = [f.name for f in dataclasses.fields(router_config.KvOverrides)]
+    start = names.index(kv[0])
+    assert names[start : start + len(kv)] == kv
 
 
 @dataclass(frozen=True)
