@@ -166,10 +166,15 @@ def setting(
 _GROUP = "bandmaster.setting_group"
 
 
-def group(default: Any) -> Any:
-    """A nested config dataclass whose `setting()` fields are flags of the outer config, listed in its
-    place (`kv: KvOverrides = group(KvOverrides())`); it checks its own bounds."""
-    return dataclasses.field(default=default, metadata={_GROUP: True})
+def group(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, flags: Any = None) -> Any:
+    """A nested config whose flags are listed in its place among the outer config's.
+
+    Without `flags` the field's own dataclass declares them with `setting()` fields
+    (`kv: KvOverrides = group(KvOverrides())`) and checks its own bounds; with `flags` that dataclass
+    declares them and the service's `load_config` builds the field from their values (a core parameter
+    set that knows nothing of flags: `lease: LeaseParams = group(default_factory=LeaseParams, flags=LeaseFlags)`).
+    """
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_GROUP: flags})
 
 
 def setting_like(cls: type, name: str, *, default: Any, help_suffix: str = "") -> Any:
@@ -208,7 +213,7 @@ def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
     out: list[Setting] = []
     for f in dataclasses.fields(cls):
         if _GROUP in f.metadata:
-            out.extend(settings_of(hints[f.name]))
+            out.extend(settings_of(f.metadata[_GROUP] or hints[f.name]))
         elif _SPEC in f.metadata:
             spec = f.metadata[_SPEC]
             out.append(

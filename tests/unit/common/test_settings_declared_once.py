@@ -17,6 +17,7 @@ from services.capacity import config as capacity_config
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
 from services.router import config as router_config
+from services.scheduler import config as scheduler_config
 from services.simworker import config as simworker_config
 
 # service config module -> (its config class, its fields that are derived or composed, not settings)
@@ -24,9 +25,19 @@ SERVICES: dict[str, tuple[Any, set[str]]] = {
     "batch": (batch_config.BatchConfig, {"tracing", "security"}),
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
     "router": (router_config.RouterConfig, {"kv", "tracing", "security", "worker_client"}),
+    "scheduler": (
+        scheduler_config.SchedulerConfig,
+        {"control", "lease", "cost_aware", "kv_router", "tracing", "security"},
+    ),
     "simworker": (simworker_config.SimWorkerConfig, {"timing_overrides", "kv_events", "tracing"}),
 }
-MODULES = {"batch": batch_config, "capacity": capacity_config, "router": router_config, "simworker": simworker_config}
+MODULES = {
+    "batch": batch_config,
+    "capacity": capacity_config,
+    "router": router_config,
+    "scheduler": scheduler_config,
+    "simworker": simworker_config,
+}
 
 
 @pytest.mark.parametrize("service", sorted(SERVICES))
@@ -42,6 +53,24 @@ def test_every_field_is_a_setting_or_a_composed_config(service: str) -> None:
     for f in dataclasses.fields(cls):
         if f.name not in composed:
             assert by_name[f.name].default == f.default, f.name
+
+
+def test_the_schedulers_flag_groups_name_their_core_parameters() -> None:
+    """Each flags dataclass declares exactly the fields of the core parameter set it builds."""
+    from services.common.kv_router_flags import KvRouterFlags
+    from services.scheduler.core.defaults import KvRouterConfig
+    from services.scheduler.core.params import ControlParams
+    from services.scheduler.core.policies import CostAwarePauseParams
+
+    def names(cls: Any) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert names(scheduler_config.ControlFlags) <= names(ControlParams)
+    assert {n.removeprefix("cost_aware_") for n in names(scheduler_config.CostAwareFlags)} <= names(
+        CostAwarePauseParams
+    )
+    assert set(scheduler_config._LEASE) == names(scheduler_config.LeaseFlags)
+    assert names(KvRouterFlags) == names(KvRouterConfig)
 
 
 def test_the_routers_kv_overrides_are_its_flags_in_place() -> None:
