@@ -16,6 +16,7 @@ from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
+from services.planner import config as planner_config
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
 from services.simworker import config as simworker_config
@@ -24,6 +25,7 @@ from services.simworker import config as simworker_config
 SERVICES: dict[str, tuple[Any, set[str]]] = {
     "batch": (batch_config.BatchConfig, {"tracing", "security"}),
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
+    "planner": (planner_config.PlannerConfig, {"tracing", "security"}),
     "router": (router_config.RouterConfig, {"kv", "tracing", "security", "worker_client"}),
     "scheduler": (
         scheduler_config.SchedulerConfig,
@@ -34,6 +36,7 @@ SERVICES: dict[str, tuple[Any, set[str]]] = {
 MODULES = {
     "batch": batch_config,
     "capacity": capacity_config,
+    "planner": planner_config,
     "router": router_config,
     "scheduler": scheduler_config,
     "simworker": simworker_config,
