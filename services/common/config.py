@@ -359,57 +359,6 @@ def parse_host_port(text: str, field_name: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
-def serve_settings(prefix: str, grpc_default: str, metrics_default: int) -> list[Setting]:
-    """The listen/metrics/log settings every gRPC service has, with its own env prefix."""
-    return [
-        Setting(
-            "listen",
-            str,
-            grpc_default,
-            "gRPC listen address host:port (port 0 = any free port)",
-            env=f"{prefix}_LISTEN",
-        ),
-        Setting(
-            "metrics_port",
-            int,
-            metrics_default,
-            "Prometheus /metrics HTTP port on the listen host (0 = any free port, -1 = off)",
-            env=f"{prefix}_METRICS_PORT",
-        ),
-        Setting(
-            "log_level",
-            str,
-            "INFO",
-            "log level",
-            env=f"{prefix}_LOG_LEVEL",
-            choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"),
-        ),
-        Setting(
-            "shutdown_grace_seconds",
-            float,
-            5.0,
-            "seconds in-flight RPCs get on shutdown",
-            env=f"{prefix}_SHUTDOWN_GRACE_SECONDS",
-        ),
-        Setting(
-            "ready_file",
-            str,
-            "",
-            "write the bound gRPC and metrics ports as JSON to this file once serving (used by `bandmaster up`)",
-            env=f"{prefix}_READY_FILE",
-        ),
-        Setting(
-            "trace_sample_ratio",
-            float,
-            None,
-            "share of new traces to sample, 0..1, parent-based: a request "
-            "that arrives with a sampled traceparent is always traced (default: OTEL_TRACES_SAMPLER and "
-            "OTEL_TRACES_SAMPLER_ARG, else every trace)",
-            env=f"{prefix}_TRACE_SAMPLE_RATIO",
-        ),
-    ]
-
-
 LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 
@@ -459,21 +408,3 @@ class Serve:
             ge=0,
             le=1,
         )
-
-
-def validate_serve(values: Mapping[str, Any]) -> None:
-    parse_host_port(values["listen"], "listen")
-    require(
-        -1 <= values["metrics_port"] <= 65535, "metrics_port", values["metrics_port"], "-1 <= metrics_port <= 65535"
-    )
-    require(
-        values["shutdown_grace_seconds"] >= 0,
-        "shutdown_grace_seconds",
-        values["shutdown_grace_seconds"],
-        "shutdown_grace_seconds >= 0",
-    )
-    validate_trace_sample_ratio(values.get("trace_sample_ratio"))
-
-
-def validate_trace_sample_ratio(ratio: float | None) -> None:
-    require(ratio is None or 0.0 <= ratio <= 1.0, "trace_sample_ratio", ratio, "0 <= trace_sample_ratio <= 1")

@@ -14,6 +14,7 @@ import pytest
 
 from services.batch import config as batch_config
 from services.capacity import config as capacity_config
+from services.capacity import registrar
 from services.common.config import check_bounds, parse_settings, setting, settings_of
 from services.common.errors import ConfigError
 from services.planner import config as planner_config
@@ -25,6 +26,7 @@ from services.simworker import config as simworker_config
 SERVICES: dict[str, tuple[Any, set[str]]] = {
     "batch": (batch_config.BatchConfig, {"tracing", "security"}),
     "capacity": (capacity_config.CapacityConfig, {"workers", "tracing", "security", "worker_client"}),
+    "registrar": (registrar.RegistrarConfig, {"security", "worker_client"}),
     "planner": (planner_config.PlannerConfig, {"tracing", "security"}),
     "router": (router_config.RouterConfig, {"kv", "tracing", "security", "worker_client"}),
     "scheduler": (
@@ -37,6 +39,7 @@ MODULES = {
     "batch": batch_config,
     "capacity": capacity_config,
     "planner": planner_config,
+    "registrar": registrar,
     "router": router_config,
     "scheduler": scheduler_config,
     "simworker": simworker_config,
