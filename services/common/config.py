@@ -185,11 +185,17 @@ def setting_like(cls: type, name: str, *, default: Any, help_suffix: str = "") -
 
 
 def _spec(cls: type, name: str) -> _Spec:
-    return typing.cast(_Spec, {f.name: f for f in dataclasses.fields(cls)}[name].metadata[_SPEC])
+    return _specs(cls)[name]
 
 
-def _setting_fields(cls: type) -> list[tuple[dataclasses.Field[Any], _Spec]]:
-    return [(f, f.metadata[_SPEC]) for f in dataclasses.fields(cls) if _SPEC in f.metadata]
+_SPECS: dict[type, dict[str, _Spec]] = {}
+
+
+def _specs(cls: type) -> dict[str, _Spec]:
+    """`cls`'s `setting()` fields by name, cached (a dataclass's fields never change once it is made)."""
+    if cls not in _SPECS:
+        _SPECS[cls] = {f.name: f.metadata[_SPEC] for f in dataclasses.fields(cls) if _SPEC in f.metadata}
+    return _SPECS[cls]
 
 
 def _flag_type(annotation: Any) -> type:
@@ -253,7 +259,7 @@ def check_values(cls: type, values: Mapping[str, Any]) -> None:
 def check_bounds(config: Any) -> None:
     """`check_values` for every `setting()` field of `config`, a dataclass instance: called first in
     its `__post_init__`."""
-    check_values(type(config), {f.name: getattr(config, f.name) for f, _ in _setting_fields(type(config))})
+    check_values(type(config), {name: getattr(config, name) for name in _specs(type(config))})
 
 
 class _Parser(argparse.ArgumentParser):
