@@ -1,19 +1,27 @@
 """Batch service configuration: flags > BANDMASTER_BATCH_* environment > defaults.
 
-`load_config(argv, env)` is the one mapping function; unknown flags are refused, and
-`BatchConfig.__post_init__` checks every relation, raising one `ConfigError` that names the
-violated rule.
+`load_config(argv, env)` is the one mapping function; unknown flags are refused. Each setting is
+declared once, as a `setting()` field of `BatchConfig`, whose `__post_init__` checks the declared
+bounds and the relations, raising one `ConfigError` that names the violated rule.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.batch.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS, check_id
-from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
+from services.common.config import (
+    Serve,
+    Setting,
+    check_bounds,
+    parse_host_port,
+    parse_settings,
+    require,
+    setting,
+    settings_of,
+)
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
@@ -27,129 +35,94 @@ def _env(name: str) -> str:
     return f"{ENV_PREFIX}_{name.upper()}"
 
 
-def _s(name: str, type_: type, default: Any, help_text: str, **kw: Any) -> Setting:
-    return Setting(name, type_, default, help_text, env=_env(name), **kw)
+@dataclass(frozen=True)
+class BatchConfig:
+    """Each `setting()` field is also a flag and a BANDMASTER_BATCH_* variable (declared once, here)."""
 
-
-SETTINGS: list[Setting] = [
     # Batch API
-    _s(
-        "http_listen",
-        str,
+    http_listen: str = setting(
         "127.0.0.1:8090",
         "Batch API (OpenAI /v1/files, /v1/batches) HTTP listen host:port (port 0 = any)",
-    ),
-    _s(
-        "registry_path",
-        str,
+        env=_env("http_listen"),
+    )
+    registry_path: str = setting(
         "batch.sqlite3",
         "SQLite file of batch files, batches, per-request state and results (':memory:' = nothing survives a restart)",
-    ),
-    _s("max_batch_requests", int, DEFAULT_MAX_REQUESTS, "most requests in one batch input file (above: 413)"),
-    _s("max_file_bytes", int, DEFAULT_MAX_FILE_BYTES, "largest batch input file in bytes (above: 413)"),
+        env=_env("registry_path"),
+    )
+    max_batch_requests: int = setting(
+        DEFAULT_MAX_REQUESTS,
+        "most requests in one batch input file (above: 413)",
+        env=_env("max_batch_requests"),
+        ge=1,
+        le=1_000_000,
+    )
+    max_file_bytes: int = setting(
+        DEFAULT_MAX_FILE_BYTES,
+        "largest batch input file in bytes (above: 413)",
+        env=_env("max_file_bytes"),
+        ge=1024,
+        le=1 << 31,
+        note="(2 GiB)",
+    )
     # The planner
-    _s(
-        "planner",
-        str,
+    planner: str = setting(
         "",
         "planner gRPC address host:port: batches become its jobs, its drain lease sets the send rate, progress "
         "is reported to it (required: without a lease nothing is sent)",
-    ),
-    _s("pool_id", str, "default", "the worker pool whose lease this service follows (the planner's --pool-id)"),
-    _s("report_interval_seconds", float, 1.0, "seconds between progress reports to the planner"),
-    _s("planner_timeout_seconds", float, 3.0, "deadline of each call to the planner"),
+        env=_env("planner"),
+    )
+    pool_id: str = setting(
+        "default", "the worker pool whose lease this service follows (the planner's --pool-id)", env=_env("pool_id")
+    )
+    report_interval_seconds: float = setting(
+        1.0, "seconds between progress reports to the planner", env=_env("report_interval_seconds"), gt=0
+    )
+    planner_timeout_seconds: float = setting(
+        3.0, "deadline of each call to the planner", env=_env("planner_timeout_seconds"), gt=0
+    )
     # Dispatcher
-    _s(
-        "dispatch_url",
-        str,
+    dispatch_url: str = setting(
         "",
         "OpenAI-compatible base URL batch requests are sent to (the router) (required)",
-    ),
-    _s("dispatch_max_inflight", int, 16, "most batch requests in flight"),
-    _s("dispatch_timeout_seconds", float, 600.0, "deadline of one batch request"),
-    _s("dispatch_max_attempts", int, 3, "sends of one request before a retryable failure becomes an error line"),
-    _s("dispatch_priority", int, None, "SGLang priority put in each batch request body (unset = none)"),
-    *serve_settings(ENV_PREFIX, "127.0.0.1:50063", 9106),
-    *security_settings(ENV_PREFIX),
-    *trace_export_settings(ENV_PREFIX),
-]
-
-
-@dataclass(frozen=True)
-class BatchConfig:
-    http_listen: str = "127.0.0.1:8090"
-    """Batch API HTTP host:port."""
-    registry_path: str = "batch.sqlite3"
-    """The SQLite file of files, batches, request state and results."""
-    max_batch_requests: int = DEFAULT_MAX_REQUESTS
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    planner: str = ""
-    """The planner's gRPC address (required)."""
-    pool_id: str = "default"
-    report_interval_seconds: float = 1.0
-    planner_timeout_seconds: float = 3.0
-    dispatch_url: str = ""
-    """Where batch requests go: the router's OpenAI base URL (required)."""
-    dispatch_max_inflight: int = 16
-    dispatch_timeout_seconds: float = 600.0
-    dispatch_max_attempts: int = 3
-    dispatch_priority: int | None = None
-    listen: str = "127.0.0.1:50063"
+        env=_env("dispatch_url"),
+    )
+    dispatch_max_inflight: int = setting(16, "most batch requests in flight", env=_env("dispatch_max_inflight"), ge=1)
+    dispatch_timeout_seconds: float = setting(
+        600.0, "deadline of one batch request", env=_env("dispatch_timeout_seconds"), gt=0
+    )
+    dispatch_max_attempts: int = setting(
+        3,
+        "sends of one request before a retryable failure becomes an error line",
+        env=_env("dispatch_max_attempts"),
+        ge=1,
+    )
+    dispatch_priority: int | None = setting(
+        None, "SGLang priority put in each batch request body (unset = none)", env=_env("dispatch_priority")
+    )
+    listen: str = Serve.listen(ENV_PREFIX, "127.0.0.1:50063")
     """gRPC (health only) host:port."""
-    metrics_port: int = 9106
-    log_level: str = "INFO"
-    shutdown_grace_seconds: float = 5.0
-    ready_file: str = ""
-    trace_sample_ratio: float | None = None
+    metrics_port: int = Serve.metrics_port(ENV_PREFIX, 9106)
+    log_level: str = Serve.log_level(ENV_PREFIX)
+    shutdown_grace_seconds: float = Serve.shutdown_grace_seconds(ENV_PREFIX)
+    ready_file: str = Serve.ready_file(ENV_PREFIX)
+    trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     tracing: TraceExport = TraceExport()
     """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     security: SecurityConfig = SecurityConfig()
     """TLS, tokens of the gRPC server, the Batch API and the channel to the planner (services/common/security.py)."""
 
     def __post_init__(self) -> None:
-        validate_serve(
-            {
-                "listen": self.listen,
-                "metrics_port": self.metrics_port,
-                "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                "trace_sample_ratio": self.trace_sample_ratio,
-            }
-        )
+        check_bounds(self)
+        parse_host_port(self.listen, "listen")
         parse_host_port(self.http_listen, "http_listen")
         require(bool(self.registry_path), "registry_path", self.registry_path, "registry_path must not be empty")
-        require(
-            1 <= self.max_batch_requests <= 1_000_000,
-            "max_batch_requests",
-            self.max_batch_requests,
-            "1 <= max_batch_requests <= 1000000",
-        )
-        require(
-            1024 <= self.max_file_bytes <= 1 << 31,
-            "max_file_bytes",
-            self.max_file_bytes,
-            "1024 <= max_file_bytes <= 2 GiB",
-        )
         require(bool(self.planner), "planner", "", "--planner (the planner's gRPC host:port) is required")
         parse_host_port(self.planner, "planner")
         try:
             check_id(self.pool_id, "pool_id")
         except ValueError as exc:
             raise ConfigError("pool_id", self.pool_id, str(exc)) from None
-        for name in ("report_interval_seconds", "planner_timeout_seconds", "dispatch_timeout_seconds"):
-            v = getattr(self, name)
-            require(math.isfinite(v) and v > 0, name, v, f"{name} > 0")
-        require(
-            self.dispatch_max_inflight >= 1,
-            "dispatch_max_inflight",
-            self.dispatch_max_inflight,
-            "dispatch_max_inflight >= 1",
-        )
-        require(
-            self.dispatch_max_attempts >= 1,
-            "dispatch_max_attempts",
-            self.dispatch_max_attempts,
-            "dispatch_max_attempts >= 1",
-        )
         require(bool(self.dispatch_url), "dispatch_url", "", "--dispatch-url (the router's base URL) is required")
         p = urlsplit(self.dispatch_url)
         require(
@@ -158,6 +131,10 @@ class BatchConfig:
             redact_url(self.dispatch_url),
             "dispatch_url must be an http(s) URL without credentials",
         )
+
+
+SETTINGS: list[Setting] = settings_of(BatchConfig, security_settings(ENV_PREFIX), trace_export_settings(ENV_PREFIX))
+"""The flags and environment variables: BatchConfig's fields, then the composed sub-configs'."""
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> BatchConfig:

@@ -1,6 +1,7 @@
 """Capacity service configuration: flags > BANDMASTER_CAPACITY_* environment > defaults.
 
-`load_config(argv, env)` is the one mapping function; `CapacityConfig.__post_init__` checks the
+`load_config(argv, env)` is the one mapping function; each setting is declared once, as a
+`setting()` field of `CapacityConfig`, whose `__post_init__` checks the declared bounds and the
 relations and raises `ConfigError` naming the rule. A config file (TOML) lists static workers:
 
     [[workers]]
@@ -18,7 +19,16 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.capacity.core.state import Expectation, Origin
-from services.common.config import Setting, parse_settings, require, serve_settings, validate_serve
+from services.common.config import (
+    Serve,
+    Setting,
+    check_bounds,
+    parse_host_port,
+    parse_settings,
+    require,
+    setting,
+    settings_of,
+)
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, load_security, security_settings
@@ -39,82 +49,6 @@ MAX_SERVER_INFO_BYTES = 1024 * 1024 * 1024  # one worker must not be able to mak
 
 def _env(name: str) -> str:
     return f"{ENV_PREFIX}_{name.upper()}"
-
-
-SETTINGS: list[Setting] = [
-    Setting(
-        "worker_url",
-        str,
-        (),
-        "SGLang worker base URL http(s)://host:port (repeatable)",
-        env=_env("worker_urls"),
-        repeated=True,
-    ),
-    Setting("config_file", str, "", "TOML file with [[workers]] url=..., id=... entries", env=_env("config_file")),
-    Setting(
-        "poll_interval_seconds",
-        float,
-        5.0,
-        "seconds between polls of each worker's /server_info and /health",
-        env=_env("poll_interval_seconds"),
-    ),
-    Setting("poll_timeout_seconds", float, 2.0, "deadline of each poll request", env=_env("poll_timeout_seconds")),
-    Setting(
-        "unhealthy_after_failures",
-        int,
-        3,
-        "consecutive failed polls that make a worker UNHEALTHY",
-        env=_env("unhealthy_after_failures"),
-    ),
-    Setting(
-        "remove_unhealthy_after_seconds",
-        float,
-        300.0,
-        "remove an RPC-registered worker UNHEALTHY this long (0 = never; flag/config workers are kept)",
-        env=_env("remove_unhealthy_after_seconds"),
-    ),
-    Setting(
-        "watch_heartbeat_seconds",
-        float,
-        10.0,
-        "WatchWorkers sends a heartbeat snapshot after this much quiet",
-        env=_env("watch_heartbeat_seconds"),
-    ),
-    Setting(
-        "cap_host_at_gpu",
-        bool,
-        False,
-        "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
-        env=_env("cap_host_at_gpu"),
-    ),
-    Setting(
-        "max_server_info_bytes",
-        int,
-        DEFAULT_MAX_SERVER_INFO_BYTES,
-        "a larger /server_info body is a card rejection (body_too_large)",
-        env=_env("max_server_info_bytes"),
-    ),
-    Setting(
-        "confirm_increase_polls",
-        int,
-        2,
-        "consecutive polls a budget raise (recovery, a larger card) must be seen on before it is published; "
-        "drops are immediate; 1 = no damping",
-        env=_env("confirm_increase_polls"),
-    ),
-    Setting(
-        "transition_log_interval_seconds",
-        float,
-        60.0,
-        "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
-        "(0 = log every transition)",
-        env=_env("transition_log_interval_seconds"),
-    ),
-    *serve_settings(ENV_PREFIX, "127.0.0.1:50051", 9101),
-    *security_settings(ENV_PREFIX),
-    *trace_export_settings(ENV_PREFIX),
-    *worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
-]
 
 
 def validate_worker_url(url: str) -> str:
@@ -174,31 +108,73 @@ class StaticWorker:
 
 @dataclass(frozen=True)
 class CapacityConfig:
+    """Each `setting()` field is also a flag and a BANDMASTER_CAPACITY_* variable (declared once, here)."""
+
     workers: tuple[StaticWorker, ...] = ()
     """Static workers from --worker-url and the config file, in that order."""
-    poll_interval_seconds: float = 5.0
-    """Seconds between poll rounds."""
-    poll_timeout_seconds: float = 2.0
+    worker_url: tuple[str, ...] = setting(
+        (), "SGLang worker base URL http(s)://host:port (repeatable)", env=_env("worker_urls"), repeated=True
+    )
+    """As given; `load_config` canonicalises them into `workers`."""
+    config_file: str = setting("", "TOML file with [[workers]] url=..., id=... entries", env=_env("config_file"))
+    """As given; `load_config` reads its workers into `workers`."""
+    poll_interval_seconds: float = setting(
+        5.0, "seconds between polls of each worker's /server_info and /health", env=_env("poll_interval_seconds"), gt=0
+    )
+    poll_timeout_seconds: float = setting(2.0, "deadline of each poll request", env=_env("poll_timeout_seconds"), gt=0)
     """Deadline of each HTTP call of a poll; must fit in one interval."""
-    unhealthy_after_failures: int = 3
-    remove_unhealthy_after_seconds: float = 300.0
-    """0 = never remove."""
-    watch_heartbeat_seconds: float = 10.0
-    """A watcher that has received nothing for this long gets a heartbeat snapshot."""
-    cap_host_at_gpu: bool = False
+    unhealthy_after_failures: int = setting(
+        3, "consecutive failed polls that make a worker UNHEALTHY", env=_env("unhealthy_after_failures"), ge=1
+    )
+    remove_unhealthy_after_seconds: float = setting(
+        300.0,
+        "remove an RPC-registered worker UNHEALTHY this long (0 = never; flag/config workers are kept)",
+        env=_env("remove_unhealthy_after_seconds"),
+        ge=0,
+        note="(0 = never)",
+    )
+    watch_heartbeat_seconds: float = setting(
+        10.0,
+        "WatchWorkers sends a heartbeat snapshot after this much quiet",
+        env=_env("watch_heartbeat_seconds"),
+        gt=0,
+    )
+    cap_host_at_gpu: bool = setting(
+        False,
+        "count at most the GPU pool in host tokens per replica (G + min(H, G)); off = G + H",
+        env=_env("cap_host_at_gpu"),
+    )
     """[LATEST] cap: count at most G host tokens per replica."""
-    max_server_info_bytes: int = DEFAULT_MAX_SERVER_INFO_BYTES
+    max_server_info_bytes: int = setting(
+        DEFAULT_MAX_SERVER_INFO_BYTES,
+        "a larger /server_info body is a card rejection (body_too_large)",
+        env=_env("max_server_info_bytes"),
+        ge=MIN_SERVER_INFO_BYTES,
+        le=MAX_SERVER_INFO_BYTES,
+    )
     """A /server_info body larger than this is rejected (read to its end otherwise)."""
-    confirm_increase_polls: int = 2
-    """Consecutive polls that must agree before a worker's budget goes up (drops are immediate)."""
-    transition_log_interval_seconds: float = 60.0
-    """Rate limit of transition log lines per worker and kind; 0 = none."""
-    listen: str = "127.0.0.1:50051"
-    metrics_port: int = 9101
-    log_level: str = "INFO"
-    shutdown_grace_seconds: float = 5.0
-    ready_file: str = ""
-    trace_sample_ratio: float | None = None
+    confirm_increase_polls: int = setting(
+        2,
+        "consecutive polls a budget raise (recovery, a larger card) must be seen on before it is published; "
+        "drops are immediate; 1 = no damping",
+        env=_env("confirm_increase_polls"),
+        ge=1,
+        note="(1 = no damping)",
+    )
+    transition_log_interval_seconds: float = setting(
+        60.0,
+        "at most one log line per worker and kind of transition in this many seconds, repeats summarised "
+        "(0 = log every transition)",
+        env=_env("transition_log_interval_seconds"),
+        ge=0,
+        note="(0 = log every transition)",
+    )
+    listen: str = Serve.listen(ENV_PREFIX, "127.0.0.1:50051")
+    metrics_port: int = Serve.metrics_port(ENV_PREFIX, 9101)
+    log_level: str = Serve.log_level(ENV_PREFIX)
+    shutdown_grace_seconds: float = Serve.shutdown_grace_seconds(ENV_PREFIX)
+    ready_file: str = Serve.ready_file(ENV_PREFIX)
+    trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     tracing: TraceExport = TraceExport()
     """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
@@ -208,70 +184,13 @@ class CapacityConfig:
     """The workers' API key and TLS to https workers, used by every poll (services/common/worker_client.py)."""
 
     def __post_init__(self) -> None:
-        validate_serve(
-            {
-                "listen": self.listen,
-                "metrics_port": self.metrics_port,
-                "shutdown_grace_seconds": self.shutdown_grace_seconds,
-                "trace_sample_ratio": self.trace_sample_ratio,
-            }
-        )
-        require(
-            self.poll_interval_seconds > 0,
-            "poll_interval_seconds",
-            self.poll_interval_seconds,
-            "poll_interval_seconds > 0",
-        )
-        require(
-            self.poll_timeout_seconds > 0, "poll_timeout_seconds", self.poll_timeout_seconds, "poll_timeout_seconds > 0"
-        )
+        check_bounds(self)
+        parse_host_port(self.listen, "listen")
         require(
             self.poll_timeout_seconds <= self.poll_interval_seconds,
             "poll_timeout_seconds",
             self.poll_timeout_seconds,
             "poll_timeout_seconds <= poll_interval_seconds (one poll per interval)",
-        )
-        require(
-            self.unhealthy_after_failures >= 1,
-            "unhealthy_after_failures",
-            self.unhealthy_after_failures,
-            "unhealthy_after_failures >= 1",
-        )
-        require(
-            self.remove_unhealthy_after_seconds >= 0,
-            "remove_unhealthy_after_seconds",
-            self.remove_unhealthy_after_seconds,
-            "remove_unhealthy_after_seconds >= 0 (0 = never)",
-        )
-        require(
-            self.watch_heartbeat_seconds > 0,
-            "watch_heartbeat_seconds",
-            self.watch_heartbeat_seconds,
-            "watch_heartbeat_seconds > 0",
-        )
-        require(
-            self.max_server_info_bytes >= MIN_SERVER_INFO_BYTES,
-            "max_server_info_bytes",
-            self.max_server_info_bytes,
-            f"max_server_info_bytes >= {MIN_SERVER_INFO_BYTES}",
-        )
-        require(
-            self.max_server_info_bytes <= MAX_SERVER_INFO_BYTES,
-            "max_server_info_bytes",
-            self.max_server_info_bytes,
-            f"max_server_info_bytes <= {MAX_SERVER_INFO_BYTES}",
-        )
-        require(
-            self.confirm_increase_polls >= 1,
-            "confirm_increase_polls",
-            self.confirm_increase_polls,
-            "confirm_increase_polls >= 1 (1 = no damping)",
-        )
-        require(
-            self.transition_log_interval_seconds >= 0,
-            "transition_log_interval_seconds",
-            self.transition_log_interval_seconds,
-            "transition_log_interval_seconds >= 0 (0 = log every transition)",
         )
         ids: dict[str, str] = {}
         urls: dict[str, str] = {}
@@ -290,6 +209,15 @@ class CapacityConfig:
             )
             ids[w.worker_id] = w.url
             urls[w.url] = w.worker_id
+
+
+SETTINGS: list[Setting] = settings_of(
+    CapacityConfig,
+    security_settings(ENV_PREFIX),
+    trace_export_settings(ENV_PREFIX),
+    worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
+)
+"""The flags and environment variables: CapacityConfig's fields, then the composed sub-configs'."""
 
 
 def _file_int(value: Any, field_name: str) -> int:
@@ -349,13 +277,13 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     worker_client = load_worker_client(values, env)
     tracing = load_trace_export(values, env)
     workers: list[StaticWorker] = []
-    for url in values.pop("worker_url"):
+    for url in values["worker_url"]:
         try:
             canonical = validate_worker_url(url)
         except ValueError as exc:
             raise ConfigError("worker_url", redact_url(url), str(exc)) from None
         workers.append(StaticWorker(worker_id_for(canonical), canonical, Origin.FLAG))
-    config_file = values.pop("config_file")
+    config_file = values["config_file"]
     if config_file:
         workers.extend(read_config_file(config_file))
     return CapacityConfig(

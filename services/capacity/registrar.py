@@ -38,7 +38,17 @@ import grpc
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from services.capacity.config import validate_worker_id, validate_worker_url, worker_id_for
-from services.common.config import Setting, parse_host_port, parse_settings, require
+from services.common.config import (
+    LOG_LEVELS,
+    Setting,
+    check_bounds,
+    group,
+    parse_host_port,
+    parse_settings,
+    require,
+    setting,
+    settings_of,
+)
 from services.common.errors import ConfigError
 from services.common.logs import setup_logging
 from services.common.redact import redact_url
@@ -56,82 +66,59 @@ def _env(name: str) -> str:
     return f"{ENV_PREFIX}_{name.upper()}"
 
 
-SETTINGS: list[Setting] = [
-    Setting(
-        "capacity_addr", str, "127.0.0.1:50051", "capacity service gRPC address host:port", env=_env("capacity_addr")
-    ),
-    Setting(
-        "worker_url",
-        str,
-        "",
-        "base URL of the worker to register, http(s)://host:port (required)",
-        env=_env("worker_url"),
-    ),
-    Setting("worker_id", str, "", "worker id (default: host:port of --worker-url)", env=_env("worker_id")),
-    Setting(
-        "interval_seconds",
-        float,
-        10.0,
-        "seconds between re-registrations (covers a capacity restart)",
-        env=_env("interval_seconds"),
-    ),
-    Setting(
-        "timeout_seconds",
-        float,
-        2.0,
-        "deadline of each RegisterWorker / DeregisterWorker call and health check",
-        env=_env("timeout_seconds"),
-    ),
-    Setting(
-        "wait_for_health",
-        bool,
-        True,
-        "register only once the worker's /health has answered 200",
-        env=_env("wait_for_health"),
-    ),
-    Setting(
-        "log_level",
-        str,
-        "INFO",
-        "log level",
-        env=_env("log_level"),
-        choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"),
-    ),
-    Setting("tls_ca", str, "", "PEM CA bundle to verify the capacity service with (turns TLS on)", env=_env("tls_ca")),
-    Setting("tls_cert", str, "", "PEM client certificate (mutual TLS); needs --tls-key", env=_env("tls_cert")),
-    Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env("tls_key")),
-    Setting(
-        "control_token_file",
-        str,
+@dataclass(frozen=True)
+class ClientSecurityFlags:
+    """The flags `client_security` builds the registrar's SecurityConfig from."""
+
+    tls_ca: str = setting("", "PEM CA bundle to verify the capacity service with (turns TLS on)", env=_env("tls_ca"))
+    tls_cert: str = setting("", "PEM client certificate (mutual TLS); needs --tls-key", env=_env("tls_cert"))
+    tls_key: str = setting("", "PEM private key of --tls-cert", env=_env("tls_key"))
+    control_token_file: str = setting(
         "",
         "file with the control-plane bearer token sent on every call (or env BANDMASTER_CONTROL_TOKEN)",
         env=_env("control_token_file"),
-    ),
-    *worker_client_settings(ENV_PREFIX),
-]
+    )
 
 
 @dataclass(frozen=True)
 class RegistrarConfig:
-    capacity_addr: str
-    worker_url: str
-    worker_id: str
-    interval_seconds: float = 10.0
-    timeout_seconds: float = 2.0
-    wait_for_health: bool = True
-    log_level: str = "INFO"
-    security: SecurityConfig = SecurityConfig()
+    """Each `setting()` field is also a flag and a BANDMASTER_REGISTRAR_* variable (declared once, here)."""
+
+    capacity_addr: str = setting(
+        "127.0.0.1:50051", "capacity service gRPC address host:port", env=_env("capacity_addr")
+    )
+    worker_url: str = setting(
+        "", "base URL of the worker to register, http(s)://host:port (required)", env=_env("worker_url")
+    )
+    """Canonical (`load_config` validates it)."""
+    worker_id: str = setting("", "worker id (default: host:port of --worker-url)", env=_env("worker_id"))
+    interval_seconds: float = setting(
+        10.0, "seconds between re-registrations (covers a capacity restart)", env=_env("interval_seconds"), gt=0
+    )
+    timeout_seconds: float = setting(
+        2.0, "deadline of each RegisterWorker / DeregisterWorker call and health check", env=_env("timeout_seconds")
+    )
+    wait_for_health: bool = setting(
+        True, "register only once the worker's /health has answered 200", env=_env("wait_for_health")
+    )
+    log_level: str = setting("INFO", "log level", env=_env("log_level"), choices=LOG_LEVELS)
+    security: SecurityConfig = group(SecurityConfig(), flags=ClientSecurityFlags)
     worker_client: WorkerClientConfig = WorkerClientConfig()
 
     def __post_init__(self) -> None:
+        check_bounds(self)
         parse_host_port(self.capacity_addr, "capacity_addr")
-        require(self.interval_seconds > 0, "interval_seconds", self.interval_seconds, "interval_seconds > 0")
         require(
             0 < self.timeout_seconds <= self.interval_seconds,
             "timeout_seconds",
             self.timeout_seconds,
             "0 < timeout_seconds <= interval_seconds",
         )
+
+
+SETTINGS: list[Setting] = settings_of(RegistrarConfig, worker_client_settings(ENV_PREFIX))
+"""The flags and environment variables: RegistrarConfig's fields (with the TLS/token ones), then the workers'
+API key and TLS."""
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:

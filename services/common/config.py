@@ -1,17 +1,27 @@
 """Flag + environment mapping shared by every service.
 
-Each service declares its settings once as `Setting`s; `parse_settings` maps command-line flags
-and environment variables onto them (flag wins over environment, environment over default) and
-turns every malformed value into a `ConfigError` naming the setting. Relations between settings
-are checked by the service's frozen config dataclass in `__post_init__`.
+A service declares each setting once, as a field of its frozen config dataclass made by `setting()`
+(default, help, environment variable, flag, bounds, choices):
+
+    poll_interval_seconds: float = setting(5.0, "seconds between polls", env="X_POLL_INTERVAL_SECONDS", gt=0)
+
+`settings_of(Config)` derives the `Setting` list from those fields; `parse_settings` maps
+command-line flags and environment variables onto it (flag wins over environment, environment over
+default) and turns every malformed value into a `ConfigError` naming the setting. `check_bounds(config)`,
+called first in the config's `__post_init__`, enforces every declared bound and choice with a
+`ConfigError` naming the setting and the rule ("1 <= page_size <= 1024"); relations between settings
+stay as explicit code after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from services.common.errors import ConfigError
 
@@ -73,6 +83,183 @@ class Setting:
     @property
     def flag_name(self) -> str:
         return self.flag or "--" + self.name.replace("_", "-")
+
+
+_SPEC = "bandmaster.setting"
+"""The dataclass-field metadata key under which `setting()` stores its declaration."""
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The declared rule of a numeric setting: any of ge (>=), gt (>), le (<=), lt (<)."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+
+    def rule(self, name: str) -> str:
+        """The rule as text, e.g. "1 <= page_size <= 1024" or "poll_interval_seconds > 0"."""
+        low = f"{_num(self.ge)} <= " if self.ge is not None else f"{_num(self.gt)} < " if self.gt is not None else ""
+        high = f" <= {_num(self.le)}" if self.le is not None else f" < {_num(self.lt)}" if self.lt is not None else ""
+        if low and high:
+            return f"{low}{name}{high}"
+        if low:  # one-sided: the name first, as people write it
+            return f"{name} >= {_num(self.ge)}" if self.ge is not None else f"{name} > {_num(self.gt)}"
+        return f"{name}{high}"
+
+    def holds(self, value: float) -> bool:
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+
+def _num(bound: float | None) -> str:
+    return str(int(bound)) if isinstance(bound, float) and bound.is_integer() else str(bound)
+
+
+@dataclass(frozen=True)
+class _Spec:
+    help: str
+    env: str | None
+    flag: str | None
+    repeated: bool
+    choices: tuple[str, ...] | None
+    bounds: Bounds
+    note: str
+    type: type | None
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    env: str | None = None,
+    flag: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: Sequence[str] | None = None,
+    repeated: bool = False,
+    note: str = "",
+    type: type | None = None,
+    secret: bool = False,
+) -> Any:
+    """Declare a config field that is also a flag and an environment variable.
+
+    Returns a `dataclasses.field`; the flag's type comes from the field's annotation (`float | None`
+    is a float, `tuple[str, ...]` with `repeated=True` a repeatable str) unless `type` is given.
+    `ge`/`gt`/`le`/`lt` bound the value (None always passes); `note` is appended to the bound's
+    error message, e.g. "(0 = never)". The value is checked by `check_bounds`. A `secret` value
+    (an API key) is left out of the config's repr.
+    """
+    spec = _Spec(
+        help, env, flag, repeated, tuple(choices) if choices is not None else None, Bounds(ge, gt, le, lt), note, type
+    )
+    return dataclasses.field(default=default, repr=not secret, metadata={_SPEC: spec})
+
+
+_GROUP = "bandmaster.setting_group"
+
+
+def group(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, flags: Any = None) -> Any:
+    """A nested config whose flags are listed in its place among the outer config's.
+
+    Without `flags` the field's own dataclass declares them with `setting()` fields
+    (`kv: KvOverrides = group(KvOverrides())`) and checks its own bounds; with `flags` that dataclass
+    declares them and the service's `load_config` builds the field from their values (a core parameter
+    set that knows nothing of flags: `lease: LeaseParams = group(default_factory=LeaseParams, flags=LeaseFlags)`).
+    """
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_GROUP: flags})
+
+
+def setting_like(cls: type, name: str, *, default: Any, help_suffix: str = "") -> Any:
+    """The `setting()` field `name` of `cls` again, with another default and `help_suffix` added: the
+    same env, flag, bounds and choices (the router's overrides of the KvRouter flags)."""
+    spec = _spec(cls, name)
+    return dataclasses.field(default=default, metadata={_SPEC: dataclasses.replace(spec, help=spec.help + help_suffix)})
+
+
+def _spec(cls: type, name: str) -> _Spec:
+    return _specs(cls)[name]
+
+
+_SPECS: dict[type, dict[str, _Spec]] = {}
+
+
+def _specs(cls: type) -> dict[str, _Spec]:
+    """`cls`'s `setting()` fields by name, cached (a dataclass's fields never change once it is made)."""
+    if cls not in _SPECS:
+        _SPECS[cls] = {f.name: f.metadata[_SPEC] for f in dataclasses.fields(cls) if _SPEC in f.metadata}
+    return _SPECS[cls]
+
+
+def _flag_type(annotation: Any) -> type:
+    """`float | None` -> float, `tuple[str, ...]` -> str, `int` -> int."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        (annotation,) = [a for a in typing.get_args(annotation) if a is not type(None)]
+        origin = typing.get_origin(annotation)
+    if origin is tuple:
+        annotation = typing.get_args(annotation)[0]
+    if annotation not in _PARSERS:
+        raise TypeError(f"no flag parser for {annotation!r}")
+    return typing.cast(type, annotation)
+
+
+def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
+    """The `Setting`s declared by `cls`'s `setting()` fields (and its `group()`s'), in field order,
+    then those of the composed sub-configs (security, tracing, ...) that load themselves from the
+    parsed values."""
+    hints = typing.get_type_hints(cls)
+    out: list[Setting] = []
+    for f in dataclasses.fields(cls):
+        if _GROUP in f.metadata:
+            out.extend(settings_of(f.metadata[_GROUP] or hints[f.name]))
+        elif _SPEC in f.metadata:
+            spec = f.metadata[_SPEC]
+            out.append(
+                Setting(
+                    f.name,
+                    spec.type or _flag_type(hints[f.name]),
+                    f.default,
+                    spec.help,
+                    env=spec.env,
+                    flag=spec.flag,
+                    repeated=spec.repeated,
+                    choices=spec.choices,
+                )
+            )
+    for extra in composed:
+        out.extend(extra)
+    return out
+
+
+def check_values(cls: type, values: Mapping[str, Any]) -> None:
+    """Raise ConfigError(name, value, rule) for the first of `values` outside the bounds or choices
+    its `setting()` field of `cls` declares. None passes: it means "not given"."""
+    for name, value in values.items():
+        spec = _spec(cls, name)
+        for item in value if spec.repeated else (value,):
+            if item is None:
+                continue
+            if spec.choices is not None and item not in spec.choices:
+                raise ConfigError(name, item, f"{name} must be one of {', '.join(spec.choices)}")
+            if spec.bounds != Bounds() and not (
+                isinstance(item, (int, float)) and not math.isnan(item) and spec.bounds.holds(item)
+            ):
+                rule = spec.bounds.rule(name)
+                raise ConfigError(name, item, f"{rule} {spec.note}" if spec.note else rule)
+
+
+def check_bounds(config: Any) -> None:
+    """`check_values` for every `setting()` field of `config`, a dataclass instance: called first in
+    its `__post_init__`."""
+    check_values(type(config), {name: getattr(config, name) for name in _specs(type(config))})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -178,70 +365,52 @@ def parse_host_port(text: str, field_name: str) -> tuple[str, int]:
     return host.strip("[]"), port
 
 
-def serve_settings(prefix: str, grpc_default: str, metrics_default: int) -> list[Setting]:
-    """The listen/metrics/log settings every gRPC service has, with its own env prefix."""
-    return [
-        Setting(
-            "listen",
-            str,
-            grpc_default,
-            "gRPC listen address host:port (port 0 = any free port)",
-            env=f"{prefix}_LISTEN",
-        ),
-        Setting(
-            "metrics_port",
-            int,
-            metrics_default,
+LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+class Serve:
+    """The listen/metrics/log fields every gRPC service's config has, each declared here once with
+    the service's env prefix (`listen: str = Serve.listen("BANDMASTER_CAPACITY", "127.0.0.1:50051")`).
+    `listen` is checked by `parse_host_port` in the service's `__post_init__`."""
+
+    @staticmethod
+    def listen(prefix: str, default: str) -> Any:
+        return setting(default, "gRPC listen address host:port (port 0 = any free port)", env=f"{prefix}_LISTEN")
+
+    @staticmethod
+    def metrics_port(prefix: str, default: int) -> Any:
+        return setting(
+            default,
             "Prometheus /metrics HTTP port on the listen host (0 = any free port, -1 = off)",
             env=f"{prefix}_METRICS_PORT",
-        ),
-        Setting(
-            "log_level",
-            str,
-            "INFO",
-            "log level",
-            env=f"{prefix}_LOG_LEVEL",
-            choices=("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"),
-        ),
-        Setting(
-            "shutdown_grace_seconds",
-            float,
-            5.0,
-            "seconds in-flight RPCs get on shutdown",
-            env=f"{prefix}_SHUTDOWN_GRACE_SECONDS",
-        ),
-        Setting(
-            "ready_file",
-            str,
+            ge=-1,
+            le=65535,
+        )
+
+    @staticmethod
+    def log_level(prefix: str) -> Any:
+        return setting("INFO", "log level", env=f"{prefix}_LOG_LEVEL", choices=LOG_LEVELS)
+
+    @staticmethod
+    def shutdown_grace_seconds(prefix: str) -> Any:
+        return setting(5.0, "seconds in-flight RPCs get on shutdown", env=f"{prefix}_SHUTDOWN_GRACE_SECONDS", ge=0)
+
+    @staticmethod
+    def ready_file(prefix: str) -> Any:
+        return setting(
             "",
             "write the bound gRPC and metrics ports as JSON to this file once serving (used by `bandmaster up`)",
             env=f"{prefix}_READY_FILE",
-        ),
-        Setting(
-            "trace_sample_ratio",
-            float,
+        )
+
+    @staticmethod
+    def trace_sample_ratio(prefix: str) -> Any:
+        return setting(
             None,
             "share of new traces to sample, 0..1, parent-based: a request "
             "that arrives with a sampled traceparent is always traced (default: OTEL_TRACES_SAMPLER and "
             "OTEL_TRACES_SAMPLER_ARG, else every trace)",
             env=f"{prefix}_TRACE_SAMPLE_RATIO",
-        ),
-    ]
-
-
-def validate_serve(values: Mapping[str, Any]) -> None:
-    parse_host_port(values["listen"], "listen")
-    require(
-        -1 <= values["metrics_port"] <= 65535, "metrics_port", values["metrics_port"], "-1 <= metrics_port <= 65535"
-    )
-    require(
-        values["shutdown_grace_seconds"] >= 0,
-        "shutdown_grace_seconds",
-        values["shutdown_grace_seconds"],
-        "shutdown_grace_seconds >= 0",
-    )
-    validate_trace_sample_ratio(values.get("trace_sample_ratio"))
-
-
-def validate_trace_sample_ratio(ratio: float | None) -> None:
-    require(ratio is None or 0.0 <= ratio <= 1.0, "trace_sample_ratio", ratio, "0 <= trace_sample_ratio <= 1")
+            ge=0,
+            le=1,
+        )

@@ -4,104 +4,69 @@ The scheduler accepts every one with its real default, validates it and forwards
 `GetRouterConfig`. The router accepts some of them as overrides: their flags default to None, "not
 given", meaning take the scheduler's value (the help says so).
 
-    scheduler_settings()                   # Settings with the real defaults
-    router_settings("router_temperature")  # Settings defaulting to None, help noting the scheduler's value
+    KvRouterFlags                          # the declaration: setting() fields with real defaults and rules
+    scheduler_settings()                   # its Settings
+    override("router_temperature")         # a router field: the same flag defaulting to None
     validate(values)                       # ConfigError(name, value, "name >= 0") for a value off its rule
     refuse_unsupported(argv, env)          # ConfigError for a Dynamo KvRouter flag Bandmaster does not implement
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from services.common.config import Setting, require
+from services.common.config import Setting, check_values, setting, setting_like, settings_of
 from services.common.errors import ConfigError
-
-_OPS: dict[str, Callable[[Any, Any], bool]] = {">=": operator.ge, ">": operator.gt}
 
 
 @dataclass(frozen=True)
-class KvRouterFlag:
-    """One KvRouter setting. `rule` is "OP BOUND" (">= 0", "> 0")."""
+class KvRouterFlags:
+    """Every KvRouter setting with its real default and rule (the scheduler's `KvRouterConfig` checks them)."""
 
-    name: str
-    type: type
-    default: Any
-    help: str
-    env: str
-    rule: str = ""
-
-    def check(self, value: Any) -> None:
-        """Raise ConfigError naming the rule unless `value` keeps it."""
-        if self.rule:
-            op, bound = self.rule.split()
-            require(_OPS[op](value, self.type(bound)), self.name, value, f"{self.name} {self.rule}")
+    router_temperature: float = setting(
+        0.0, "softmax temperature of worker selection (0 = argmin)", env="DYN_ROUTER_TEMPERATURE", ge=0
+    )
+    kv_overlap_score_weight: float = setting(
+        1.0, "weight of the prefill (uncached tokens) term", env="DYN_KV_OVERLAP_SCORE_WEIGHT", ge=0
+    )
+    use_kv_events: bool = setting(
+        True, "index KV events from workers (else approximate by routing history + TTL)", env="DYN_USE_KV_EVENTS"
+    )
+    router_track_active_blocks: bool = setting(
+        True,
+        "count the active requests' prompt blocks in each worker's decode load (off: a worker's decode "
+        "term is only the new prompt's blocks, so load does not steer the pick)",
+        env="DYN_ROUTER_TRACK_ACTIVE_BLOCKS",
+    )
+    router_track_output_blocks: bool = setting(
+        False, "add output blocks with OSL decay to the load", env="DYN_ROUTER_TRACK_OUTPUT_BLOCKS"
+    )
+    router_track_prefill_tokens: bool = setting(
+        True,
+        "count the uncached prompt tokens of requests still in prefill in each worker's prefill load "
+        "(off: only the new prompt's own uncached tokens)",
+        env="DYN_ROUTER_TRACK_PREFILL_TOKENS",
+    )
+    router_ttl_secs: float = setting(
+        120.0, "TTL of approximate (no-events) index entries", env="DYN_ROUTER_TTL_SECS", gt=0
+    )
+    router_block_size: int = setting(
+        128, "KV block size (tokens) of the router's prefix index", env="DYN_ROUTER_BLOCK_SIZE", gt=0
+    )
 
 
 FROM_SCHEDULER = " (default: the scheduler's value)"
 
-KV_ROUTER_FLAGS = (
-    KvRouterFlag(
-        "router_temperature",
-        float,
-        0.0,
-        "softmax temperature of worker selection (0 = argmin)",
-        "DYN_ROUTER_TEMPERATURE",
-        ">= 0",
-    ),
-    KvRouterFlag(
-        "kv_overlap_score_weight",
-        float,
-        1.0,
-        "weight of the prefill (uncached tokens) term",
-        "DYN_KV_OVERLAP_SCORE_WEIGHT",
-        ">= 0",
-    ),
-    KvRouterFlag(
-        "use_kv_events",
-        bool,
-        True,
-        "index KV events from workers (else approximate by routing history + TTL)",
-        "DYN_USE_KV_EVENTS",
-    ),
-    KvRouterFlag(
-        "router_track_active_blocks",
-        bool,
-        True,
-        "count the active requests' prompt blocks in each worker's decode load (off: a worker's decode "
-        "term is only the new prompt's blocks, so load does not steer the pick)",
-        "DYN_ROUTER_TRACK_ACTIVE_BLOCKS",
-    ),
-    KvRouterFlag(
-        "router_track_output_blocks",
-        bool,
-        False,
-        "add output blocks with OSL decay to the load",
-        "DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
-    ),
-    KvRouterFlag(
-        "router_track_prefill_tokens",
-        bool,
-        True,
-        "count the uncached prompt tokens of requests still in prefill in each worker's prefill load "
-        "(off: only the new prompt's own uncached tokens)",
-        "DYN_ROUTER_TRACK_PREFILL_TOKENS",
-    ),
-    KvRouterFlag(
-        "router_ttl_secs", float, 120.0, "TTL of approximate (no-events) index entries", "DYN_ROUTER_TTL_SECS", "> 0"
-    ),
-    KvRouterFlag(
-        "router_block_size",
-        int,
-        128,
-        "KV block size (tokens) of the router's prefix index",
-        "DYN_ROUTER_BLOCK_SIZE",
-        "> 0",
-    ),
-)
+KV_ROUTER_FLAGS: tuple[Setting, ...] = tuple(settings_of(KvRouterFlags))
 BY_NAME = {flag.name: flag for flag in KV_ROUTER_FLAGS}
+
+
+def override(name: str) -> Any:
+    """The router's field for KvRouter flag `name`: same flag, env and rule, defaulting to None (not given:
+    the scheduler's value is used, as its help says)."""
+    return setting_like(KvRouterFlags, name, default=None, help_suffix=FROM_SCHEDULER)
+
 
 # Dynamo KvRouter settings Bandmaster does not implement: refused by name (flag or environment variable),
 # never accepted and ignored. Name -> why.
@@ -133,18 +98,9 @@ def refuse_unsupported(argv: Sequence[str], env: Mapping[str, str]) -> None:
 
 def scheduler_settings() -> list[Setting]:
     """Every KvRouter flag with its real default."""
-    return [Setting(f.name, f.type, f.default, f.help, env=f.env) for f in KV_ROUTER_FLAGS]
-
-
-def router_settings(*names: str) -> list[Setting]:
-    """The flags `names`, in that order, defaulting to None: not given, the scheduler's value is used."""
-    return [
-        Setting(f.name, f.type, None, f.help + FROM_SCHEDULER, env=f.env) for f in (BY_NAME[name] for name in names)
-    ]
+    return list(KV_ROUTER_FLAGS)
 
 
 def validate(values: Mapping[str, Any]) -> None:
-    """Check each KvRouter value in `values` against its rule; None (not given) passes."""
-    for name, value in values.items():
-        if value is not None:
-            BY_NAME[name].check(value)
+    """Check each KvRouter value in `values` against its declared rule; None (not given) passes."""
+    check_values(KvRouterFlags, values)

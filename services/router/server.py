@@ -180,7 +180,7 @@ async def start_router(
 
     scheduler = (
         None
-        if config.no_scheduler
+        if not config.use_scheduler
         else SchedulerClient(
             config.scheduler_addr,
             metrics,

@@ -162,7 +162,7 @@ async def start_scheduler(
 def _state_store(config: SchedulerConfig) -> StateStore | None:
     if config.state_store == "redis":
         return RedisStateStore(config.state_redis_url, config.state_redis_prefix, config.state_write_timeout_seconds)
-    if config.state_store == "sqlite":
+    if config.state_store == "sqlite" and config.state_path:  # sqlite implies a path
         return SqliteStateStore(config.state_path, shared=config.leader_election)
     return None
 

@@ -1,8 +1,9 @@
 """simworker configuration: SGLang's own server-argument names, flags > SIMWORKER_* env > defaults.
 
-`load_config(argv, env)` is the one place flags and environment variables are mapped; the
-frozen `SimWorkerConfig` checks every relation in `__post_init__` and raises `ConfigError`
-naming the violated rule. Sizes that SGLang gives in GB (`--hicache-size`) are converted to
+`load_config(argv, env)` is the one place flags and environment variables are mapped; each
+setting is declared once, as a `setting()` field of the frozen `SimWorkerConfig`, whose
+`__post_init__` checks the declared bounds and the relations and raises `ConfigError` naming
+the violated rule. Sizes that SGLang gives in GB (`--hicache-size`) are converted to
 tokens later, once the timing profile (which knows `kv_bytes_per_token`) is loaded.
 """
 
@@ -11,9 +12,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from services.common.config import Setting, parse_settings, require, validate_trace_sample_ratio
+from services.common.config import LOG_LEVELS, Setting, check_bounds, parse_settings, require, setting, settings_of
 from services.common.errors import ConfigError
 from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
 from services.simworker.core.build import DEFAULT_MODEL_PATH
@@ -22,116 +23,11 @@ from services.simworker.core.timing import host_tokens_from_gb
 PROG = "python -m services.simworker"
 ENV_PREFIX = "SIMWORKER_"
 WRITE_POLICIES = ("write_back", "write_through", "write_through_selective")
-LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 DEFAULT_TIMING_PROFILE = "glm45-fp8-h200"
 
 
-def _s(name: str, type_: type, default: Any, help_text: str, **kw: Any) -> Setting:
-    return Setting(name, type_, default, help_text, env=ENV_PREFIX + name.upper(), **kw)
-
-
-SETTINGS: tuple[Setting, ...] = (
-    _s("host", str, "127.0.0.1", "HTTP listen host"),
-    _s(
-        "port",
-        int,
-        30000,
-        "HTTP listen port (0 = any free port; the bound port is printed and written to --ready-file)",
-    ),
-    _s(
-        "model_path", str, DEFAULT_MODEL_PATH, "model path reported by /server_info and /model_info (nothing is loaded)"
-    ),
-    _s("served_model_name", str, "", "model name served on the OpenAI routes (default: --model-path)"),
-    _s("model_name", str, "", "alias of --served-model-name"),
-    _s(
-        "tokenizer_path",
-        str,
-        "",
-        "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json "
-        "(its chat template); prompts are then tokenized as SGLang does (default: the built-in stand-in tokenizer)",
-    ),
-    _s("tokenizer", str, "", "alias of --tokenizer-path (the router's name for it)"),
-    _s("max_total_tokens", int, 65_536, "GPU KV pool size in tokens (SGLang's max_total_num_tokens)"),
-    _s("page_size", int, 16, "tokens per KV page (radix cache and KV-event granularity)"),
-    _s("max_running_requests", int, 256, "cap on concurrently running requests"),
-    _s("chunked_prefill_size", int, 8_192, "prefill token budget per iteration"),
-    _s("context_length", int, 131_072, "model context length in tokens"),
-    _s("enable_hierarchical_cache", bool, False, "enable the HiCache host (CPU) tier"),
-    _s("hicache_ratio", float, 2.0, "host pool size / GPU pool size (used when --hicache-size is 0)"),
-    _s(
-        "hicache_size",
-        float,
-        0.0,
-        "host pool size in GB (1e9 bytes); > 0 overrides --hicache-ratio; converted to tokens with the "
-        "profile's kv_bytes_per_token",
-    ),
-    _s("hicache_write_policy", str, "write_through", "when GPU pages are copied to host", choices=WRITE_POLICIES),
-    _s("hicache_storage_backend", str, "", "L3 storage backend name (accepted and reported, not modeled)"),
-    _s("enable_priority_scheduling", bool, False, "honour the request `priority` field"),
-    _s(
-        "schedule_low_priority_values_first",
-        bool,
-        False,
-        "lower priority values are scheduled first (default: higher first)",
-    ),
-    _s(
-        "disable_priority_preemption",
-        bool,
-        False,
-        "with priority scheduling, never preempt a running request for a higher-priority queued one",
-    ),
-    _s(
-        "priority_scheduling_preemption_threshold",
-        int,
-        10,
-        "with priority scheduling, a queued request that finds --max-running-requests reached preempts "
-        "running requests whose priority it beats by more than this",
-    ),
-    _s("timing_profile", str, DEFAULT_TIMING_PROFILE, "timing profile name or path to a profile file"),
-    _s(
-        "timing_override",
-        str,
-        (),
-        "override one timing-profile field, key=value (repeatable; env comma-separated)",
-        repeated=True,
-    ),
-    _s("speedup", float, 1.0, "divide every simulated duration by this (> 0)"),
-    _s("seed", int, 0, "engine seed (output lengths and token ids)"),
-    _s(
-        "kv_events_endpoint",
-        str,
-        "",
-        "ZMQ endpoint of the KV-event publisher, e.g. tcp://*:5557 (bound if it contains * or 0.0.0.0, else connected)",
-    ),
-    _s(
-        "kv_events_config",
-        str,
-        "",
-        "SGLang's KV-events JSON: {publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic}",
-    ),
-    _s("enable_metrics", bool, False, "accepted for compatibility; /metrics is always served"),
-    _s("enable_cache_report", bool, False, "report prompt_tokens_details.cached_tokens in OpenAI usage"),
-    _s("stream_interval", int, 1, "tokens per streamed chunk"),
-    _s("ready_file", str, "", 'write {"port": .., "pid": ..} JSON here once serving (atomic rename)'),
-    _s("log_level", str, "INFO", "log level", choices=LOG_LEVELS),
-    _s(
-        "trace_sample_ratio",
-        float,
-        None,
-        "share of new traces to sample, 0..1, parent-based (default: "
-        "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
-        "OTEL_EXPORTER_OTLP_ENDPOINT is set",
-    ),
-    *trace_export_settings(ENV_PREFIX.rstrip("_")),
-    _s("health_generate_timeout_s", float, 20.0, "how long /health_generate waits for its one token"),
-    _s(
-        "api_key",
-        str,
-        "",
-        "as SGLang's --api-key: every endpoint but /health* and /metrics* (and OPTIONS) requires "
-        '`Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"} (default: none)',
-    ),
-)
+def _env(name: str) -> str:
+    return ENV_PREFIX + name.upper()
 
 
 @dataclass(frozen=True)
@@ -198,59 +94,159 @@ class KvEventsConfig:
 
 @dataclass(frozen=True)
 class SimWorkerConfig:
-    """Everything one simworker process needs. Field names are SGLang's server-argument names."""
+    """Everything one simworker process needs. Field names are SGLang's server-argument names.
 
-    host: str = "127.0.0.1"
-    port: int = 30000
-    model_path: str = DEFAULT_MODEL_PATH
-    served_model_name: str = DEFAULT_MODEL_PATH
-    tokenizer_path: str = ""
+    Each `setting()` field is also a flag and a SIMWORKER_* variable (declared once, here)."""
+
+    host: str = setting("127.0.0.1", "HTTP listen host", env=_env("host"))
+    port: int = setting(
+        30000,
+        "HTTP listen port (0 = any free port; the bound port is printed and written to --ready-file)",
+        env=_env("port"),
+        ge=0,
+        le=65535,
+    )
+    model_path: str = setting(
+        DEFAULT_MODEL_PATH,
+        "model path reported by /server_info and /model_info (nothing is loaded)",
+        env=_env("model_path"),
+    )
+    served_model_name: str = setting(
+        "", "model name served on the OpenAI routes (default: --model-path)", env=_env("served_model_name")
+    )
+    """Empty = model_path (resolved in __post_init__)."""
+    model_name: str = setting("", "alias of --served-model-name", env=_env("model_name"))
+    """As given; `load_config` folds it into served_model_name."""
+    tokenizer_path: str = setting(
+        "",
+        "the model's tokenizer: a directory with tokenizer.json and tokenizer_config.json "
+        "(its chat template); prompts are then tokenized as SGLang does (default: the built-in stand-in tokenizer)",
+        env=_env("tokenizer_path"),
+    )
     """Directory of the model's tokenizer files; empty = the built-in tokenizer. Loaded by `start_simworker`."""
-    max_total_tokens: int = 65_536
-    page_size: int = 16
-    max_running_requests: int = 256
-    chunked_prefill_size: int = 8_192
-    context_length: int = 131_072
-    enable_hierarchical_cache: bool = False
-    hicache_ratio: float = 2.0
-    hicache_size: float = 0.0
+    tokenizer: str = setting("", "alias of --tokenizer-path (the router's name for it)", env=_env("tokenizer"))
+    """As given; `load_config` folds it into tokenizer_path."""
+    max_total_tokens: int = setting(
+        65_536, "GPU KV pool size in tokens (SGLang's max_total_num_tokens)", env=_env("max_total_tokens")
+    )
+    page_size: int = setting(
+        16, "tokens per KV page (radix cache and KV-event granularity)", env=_env("page_size"), ge=1
+    )
+    max_running_requests: int = setting(
+        256, "cap on concurrently running requests", env=_env("max_running_requests"), ge=1
+    )
+    chunked_prefill_size: int = setting(8_192, "prefill token budget per iteration", env=_env("chunked_prefill_size"))
+    context_length: int = setting(131_072, "model context length in tokens", env=_env("context_length"), ge=2)
+    enable_hierarchical_cache: bool = setting(
+        False, "enable the HiCache host (CPU) tier", env=_env("enable_hierarchical_cache")
+    )
+    hicache_ratio: float = setting(
+        2.0, "host pool size / GPU pool size (used when --hicache-size is 0)", env=_env("hicache_ratio"), ge=0
+    )
+    hicache_size: float = setting(
+        0.0,
+        "host pool size in GB (1e9 bytes); > 0 overrides --hicache-ratio; converted to tokens with the "
+        "profile's kv_bytes_per_token",
+        env=_env("hicache_size"),
+        ge=0,
+        note="(GB)",
+    )
     """Host pool in GB (SGLang's unit); 0 = use hicache_ratio."""
-    hicache_write_policy: str = "write_through"
-    hicache_storage_backend: str | None = None
-    enable_priority_scheduling: bool = False
-    schedule_low_priority_values_first: bool = False
-    disable_priority_preemption: bool = False
-    priority_scheduling_preemption_threshold: int = 10
-    timing_profile: str = DEFAULT_TIMING_PROFILE
+    hicache_write_policy: str = setting(
+        "write_through", "when GPU pages are copied to host", env=_env("hicache_write_policy"), choices=WRITE_POLICIES
+    )
+    hicache_storage_backend: str = setting(
+        "", "L3 storage backend name (accepted and reported, not modeled)", env=_env("hicache_storage_backend")
+    )
+    """Empty = none (/server_info reports null)."""
+    enable_priority_scheduling: bool = setting(
+        False, "honour the request `priority` field", env=_env("enable_priority_scheduling")
+    )
+    schedule_low_priority_values_first: bool = setting(
+        False,
+        "lower priority values are scheduled first (default: higher first)",
+        env=_env("schedule_low_priority_values_first"),
+    )
+    disable_priority_preemption: bool = setting(
+        False,
+        "with priority scheduling, never preempt a running request for a higher-priority queued one",
+        env=_env("disable_priority_preemption"),
+    )
+    priority_scheduling_preemption_threshold: int = setting(
+        10,
+        "with priority scheduling, a queued request that finds --max-running-requests reached preempts "
+        "running requests whose priority it beats by more than this",
+        env=_env("priority_scheduling_preemption_threshold"),
+        ge=0,
+    )
+    timing_profile: str = setting(
+        DEFAULT_TIMING_PROFILE, "timing profile name or path to a profile file", env=_env("timing_profile")
+    )
+    timing_override: tuple[str, ...] = setting(
+        (),
+        "override one timing-profile field, key=value (repeatable; env comma-separated)",
+        env=_env("timing_override"),
+        repeated=True,
+    )
+    """As given; `load_config` parses them into timing_overrides."""
     timing_overrides: Mapping[str, float] = field(default_factory=dict)
-    speedup: float = 1.0
-    seed: int = 0
+    speedup: float = setting(1.0, "divide every simulated duration by this (> 0)", env=_env("speedup"), gt=0)
+    seed: int = setting(0, "engine seed (output lengths and token ids)", env=_env("seed"))
+    kv_events_endpoint: str = setting(
+        "",
+        "ZMQ endpoint of the KV-event publisher, e.g. tcp://*:5557 (bound if it contains * or 0.0.0.0, else connected)",
+        env=_env("kv_events_endpoint"),
+    )
+    """As given; `load_config` folds it into kv_events."""
+    kv_events_config: str = setting(
+        "",
+        "SGLang's KV-events JSON: {publisher, endpoint, replay_endpoint, buffer_steps, hwm, topic}",
+        env=_env("kv_events_config"),
+    )
+    """As given; `load_config` folds it into kv_events."""
     kv_events: KvEventsConfig | None = None
     """None = no KV-event publisher."""
-    enable_metrics: bool = False
-    enable_cache_report: bool = False
-    stream_interval: int = 1
-    ready_file: str = ""
-    trace_sample_ratio: float | None = None
+    enable_metrics: bool = setting(
+        False, "accepted for compatibility; /metrics is always served", env=_env("enable_metrics")
+    )
+    enable_cache_report: bool = setting(
+        False, "report prompt_tokens_details.cached_tokens in OpenAI usage", env=_env("enable_cache_report")
+    )
+    stream_interval: int = setting(1, "tokens per streamed chunk", env=_env("stream_interval"), ge=1)
+    ready_file: str = setting(
+        "", 'write {"port": .., "pid": ..} JSON here once serving (atomic rename)', env=_env("ready_file")
+    )
+    log_level: str = setting("INFO", "log level", env=_env("log_level"), choices=LOG_LEVELS)
+    trace_sample_ratio: float | None = setting(
+        None,
+        "share of new traces to sample, 0..1, parent-based (default: "
+        "OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG, else every trace); spans are exported by OTLP when "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set",
+        env=_env("trace_sample_ratio"),
+        ge=0,
+        le=1,
+    )
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     tracing: TraceExport = TraceExport()
     """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
-    log_level: str = "INFO"
-    health_generate_timeout_s: float = 20.0
-    api_key: str = field(default="", repr=False)
+    health_generate_timeout_s: float = setting(
+        20.0, "how long /health_generate waits for its one token", env=_env("health_generate_timeout_s"), gt=0
+    )
+    api_key: str = setting(
+        "",
+        "as SGLang's --api-key: every endpoint but /health* and /metrics* (and OPTIONS) requires "
+        '`Authorization: Bearer <key>`, else 401 {"error": "Unauthorized"} (default: none)',
+        env=_env("api_key"),
+        secret=True,
+    )
     """SGLang's `--api-key` ("" = none); never in a repr or a log line."""
 
     def __post_init__(self) -> None:
+        check_bounds(self)
+        if not self.served_model_name:
+            object.__setattr__(self, "served_model_name", self.model_path)
         require(bool(self.host), "host", self.host, "host must not be empty")
-        require(0 <= self.port <= 65535, "port", self.port, "0 <= port <= 65535")
         require(bool(self.model_path), "model_path", self.model_path, "model_path must not be empty")
-        require(
-            bool(self.served_model_name),
-            "served_model_name",
-            self.served_model_name,
-            "served_model_name must not be empty",
-        )
-        require(self.page_size >= 1, "page_size", self.page_size, "page_size >= 1")
         require(
             self.max_total_tokens >= self.page_size,
             "max_total_tokens",
@@ -258,29 +254,10 @@ class SimWorkerConfig:
             "max_total_tokens >= page_size",
         )
         require(
-            self.max_running_requests >= 1,
-            "max_running_requests",
-            self.max_running_requests,
-            "max_running_requests >= 1",
-        )
-        require(
             self.chunked_prefill_size >= self.page_size,
             "chunked_prefill_size",
             self.chunked_prefill_size,
             "chunked_prefill_size >= page_size",
-        )
-        require(self.context_length >= 2, "context_length", self.context_length, "context_length >= 2")
-        require(
-            math.isfinite(self.hicache_ratio) and self.hicache_ratio >= 0,
-            "hicache_ratio",
-            self.hicache_ratio,
-            "hicache_ratio >= 0",
-        )
-        require(
-            math.isfinite(self.hicache_size) and self.hicache_size >= 0,
-            "hicache_size",
-            self.hicache_size,
-            "hicache_size >= 0 (GB)",
         )
         if self.enable_hierarchical_cache and self.hicache_size == 0:
             # SGLang refuses a host pool that is not larger than the device pool.
@@ -291,39 +268,16 @@ class SimWorkerConfig:
                 "hicache_ratio > 1 when --enable-hierarchical-cache and --hicache-size is 0",
             )
         require(
-            self.hicache_write_policy in WRITE_POLICIES,
-            "hicache_write_policy",
-            self.hicache_write_policy,
-            f"hicache_write_policy in {WRITE_POLICIES}",
-        )
-        require(
-            self.hicache_storage_backend is None or self.enable_hierarchical_cache,
+            not self.hicache_storage_backend or self.enable_hierarchical_cache,
             "hicache_storage_backend",
             self.hicache_storage_backend,
             "--hicache-storage-backend requires --enable-hierarchical-cache",
-        )
-        require(math.isfinite(self.speedup) and self.speedup > 0, "speedup", self.speedup, "speedup > 0")
-        require(self.stream_interval >= 1, "stream_interval", self.stream_interval, "stream_interval >= 1")
-        require(self.log_level in LOG_LEVELS, "log_level", self.log_level, f"log_level in {LOG_LEVELS}")
-        validate_trace_sample_ratio(self.trace_sample_ratio)
-        require(
-            self.health_generate_timeout_s > 0,
-            "health_generate_timeout_s",
-            self.health_generate_timeout_s,
-            "health_generate_timeout_s > 0",
         )
         require(
             self.schedule_low_priority_values_first is False or self.enable_priority_scheduling,
             "schedule_low_priority_values_first",
             self.schedule_low_priority_values_first,
             "--schedule-low-priority-values-first requires --enable-priority-scheduling",
-        )
-
-        require(
-            self.priority_scheduling_preemption_threshold >= 0,
-            "priority_scheduling_preemption_threshold",
-            self.priority_scheduling_preemption_threshold,
-            "priority_scheduling_preemption_threshold >= 0",
         )
 
     def hicache_size_tokens(self, kv_bytes_per_token: int) -> int:
@@ -390,38 +344,18 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
     tokenizer_path, tokenizer_alias = v["tokenizer_path"], v["tokenizer"]
     if tokenizer_path and tokenizer_alias and tokenizer_path != tokenizer_alias:
         raise ConfigError("tokenizer", tokenizer_alias, "--tokenizer is an alias of --tokenizer-path; they disagree")
+    tracing = load_trace_export(v, env)  # pops the --trace-* values
     return SimWorkerConfig(
-        host=v["host"],
-        port=v["port"],
-        model_path=v["model_path"],
-        served_model_name=served,
-        tokenizer_path=tokenizer_path or tokenizer_alias,
-        max_total_tokens=v["max_total_tokens"],
-        page_size=v["page_size"],
-        max_running_requests=v["max_running_requests"],
-        chunked_prefill_size=v["chunked_prefill_size"],
-        context_length=v["context_length"],
-        enable_hierarchical_cache=v["enable_hierarchical_cache"],
-        hicache_ratio=v["hicache_ratio"],
-        hicache_size=v["hicache_size"],
-        hicache_write_policy=v["hicache_write_policy"],
-        hicache_storage_backend=v["hicache_storage_backend"] or None,
-        enable_priority_scheduling=v["enable_priority_scheduling"],
-        schedule_low_priority_values_first=v["schedule_low_priority_values_first"],
-        disable_priority_preemption=v["disable_priority_preemption"],
-        priority_scheduling_preemption_threshold=v["priority_scheduling_preemption_threshold"],
-        timing_profile=v["timing_profile"],
-        timing_overrides=parse_overrides(v["timing_override"]),
-        speedup=v["speedup"],
-        seed=v["seed"],
-        kv_events=_kv_events(v["kv_events_endpoint"], v["kv_events_config"]),
-        enable_metrics=v["enable_metrics"],
-        enable_cache_report=v["enable_cache_report"],
-        stream_interval=v["stream_interval"],
-        ready_file=v["ready_file"],
-        log_level=v["log_level"],
-        trace_sample_ratio=v["trace_sample_ratio"],
-        tracing=load_trace_export(v, env),
-        health_generate_timeout_s=v["health_generate_timeout_s"],
-        api_key=v["api_key"],
+        **{
+            **v,
+            "served_model_name": served,
+            "tokenizer_path": tokenizer_path or tokenizer_alias,
+            "timing_overrides": parse_overrides(v["timing_override"]),
+            "kv_events": _kv_events(v["kv_events_endpoint"], v["kv_events_config"]),
+            "tracing": tracing,
+        }
     )
+
+
+SETTINGS: list[Setting] = settings_of(SimWorkerConfig, trace_export_settings(ENV_PREFIX.rstrip("_")))
+"""The flags and SIMWORKER_* variables: SimWorkerConfig's fields, then the span-export ones."""

@@ -813,7 +813,7 @@ class SimWorkerApi:
             "hicache_ratio": c.hicache_ratio,
             "hicache_size": c.hicache_size,
             "hicache_write_policy": c.hicache_write_policy,
-            "hicache_storage_backend": c.hicache_storage_backend,
+            "hicache_storage_backend": c.hicache_storage_backend or None,
             "enable_priority_scheduling": c.enable_priority_scheduling,
             "schedule_low_priority_values_first": c.schedule_low_priority_values_first,
             "disable_priority_preemption": c.disable_priority_preemption,

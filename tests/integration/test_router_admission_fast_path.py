@@ -52,7 +52,12 @@ async def _cluster(tmp_path, st):
     cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
     router = await start_router(
         RouterConfig(
-            capacity_addr=cap.ready["grpc"], scheduler_addr=h.running.address, kv=KvOverrides(use_kv_events=False)
+            capacity_addr=cap.ready["grpc"],
+            scheduler_addr=h.running.address,
+            kv=KvOverrides(use_kv_events=False),
+            listen="127.0.0.1:0",
+            http_port=0,
+            metrics_port=-1,
         )
     )
     workers = await assert_eventually(lambda: router.fleet.workers)

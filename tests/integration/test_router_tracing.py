@@ -35,7 +35,14 @@ async def test_trace_continues_through_router_to_scheduler_in_memory(tmp_path):
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
         router = await start_router(
-            RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address, kv=KvOverrides(use_kv_events=False)),
+            RouterConfig(
+                capacity_addr=cap.ready["grpc"],
+                scheduler_addr=address,
+                kv=KvOverrides(use_kv_events=False),
+                listen="127.0.0.1:0",
+                http_port=0,
+                metrics_port=-1,
+            ),
             telemetry=telemetry,
         )
         await assert_eventually(lambda: router.fleet.workers)
@@ -88,7 +95,14 @@ async def test_grpc_generate_turn_is_one_trace_up_to_complete(tmp_path):
         w = st.add(await stack.simworker(tmp_path, "w"))
         cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
         router = await start_router(
-            RouterConfig(capacity_addr=cap.ready["grpc"], scheduler_addr=address, kv=KvOverrides(use_kv_events=False)),
+            RouterConfig(
+                capacity_addr=cap.ready["grpc"],
+                scheduler_addr=address,
+                kv=KvOverrides(use_kv_events=False),
+                listen="127.0.0.1:0",
+                http_port=0,
+                metrics_port=-1,
+            ),
             telemetry=telemetry,
         )
         await assert_eventually(lambda: router.fleet.workers)

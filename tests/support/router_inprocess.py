@@ -58,7 +58,7 @@ class InProcessRouter:
         if scheduler:
             settings["scheduler_addr"] = address
         else:
-            settings["no_scheduler"] = True
+            settings["use_scheduler"] = False
         settings.update(config)
         running = await start_router(
             RouterConfig(**settings), telemetry=setup_telemetry("router-test", set_global=False)

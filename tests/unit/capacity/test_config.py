@@ -115,8 +115,18 @@ def test_config_file(tmp_path):
         (["--worker-url", "http://a:1?x=1"], {}, "worker_url", "no query"),
         (["--worker-url", "http://a:1", "--worker-url", "http://a:1/"], {}, "workers", "worker ids must be unique"),
         (["--bogus"], {}, "argv", "unrecognized arguments"),
-        (["--max-server-info-bytes", "1000"], {}, "max_server_info_bytes", "max_server_info_bytes >= 1024"),
-        (["--max-server-info-bytes", str(2**31)], {}, "max_server_info_bytes", "max_server_info_bytes <= 1073741824"),
+        (
+            ["--max-server-info-bytes", "1000"],
+            {},
+            "max_server_info_bytes",
+            "1024 <= max_server_info_bytes <= 1073741824",
+        ),
+        (
+            ["--max-server-info-bytes", str(2**31)],
+            {},
+            "max_server_info_bytes",
+            "1024 <= max_server_info_bytes <= 1073741824",
+        ),
         (
             [],
             {"BANDMASTER_CAPACITY_CONFIRM_INCREASE_POLLS": "0"},

@@ -1,5 +1,5 @@
-"""The one KvRouter flag table: the scheduler's settings and KvRouterConfig, and the router's overrides, are built
-from it (same names, environment variables, help and rules; the router's defaults are None)."""
+"""The one KvRouter flag declaration (KvRouterFlags): the scheduler's settings and KvRouterConfig, and the router's
+overrides, are built from it (same names, environment variables, help and rules; the router's defaults are None)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from services.scheduler.core.defaults import KvRouterConfig
 def test_scheduler_config_is_the_table_with_its_real_defaults():
     fields = {f.name: f.default for f in dataclasses.fields(KvRouterConfig)}
     assert fields == {f.name: f.default for f in kv_router_flags.KV_ROUTER_FLAGS}
-    assert scheduler_config.KV_ROUTER_SETTINGS == kv_router_flags.scheduler_settings()
+    listed = [s for s in scheduler_config.SETTINGS if s.name in kv_router_flags.BY_NAME]
+    assert listed == kv_router_flags.scheduler_settings()
 
 
 def test_router_overrides_are_table_rows_defaulting_to_the_schedulers_value():

@@ -174,7 +174,7 @@ async def test_batch_traffic_gets_the_batch_priority_and_its_own_label(stream):
 @pytest.mark.parametrize("url", ["127.0.0.1:8090", "ftp://h:1", "http://h", "http://h:1/v1", "http://u:p@h:1"])
 def test_batch_url_is_validated(url):
     with pytest.raises(ConfigError, match="batch_url"):
-        RouterConfig(no_scheduler=True, batch_url=url)
+        RouterConfig(use_scheduler=False, batch_url=url)
 
 
 async def test_a_gzip_body_is_forwarded_decoded_and_a_405_keeps_its_allow_header(planner):

@@ -69,7 +69,7 @@ async def _serve(capacity: ScriptedCapacity) -> tuple[grpc.aio.Server, str]:
 async def _router(address: str, **start) -> RunningRouter:
     config = RouterConfig(
         capacity_addr=address,
-        no_scheduler=True,
+        use_scheduler=False,
         listen="127.0.0.1:0",
         http_port=0,
         metrics_port=-1,

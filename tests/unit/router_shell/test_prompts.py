@@ -96,7 +96,7 @@ async def test_tokenized_chat_hashes_to_token_pages(tok):
 
 async def test_a_tokenizer_that_cannot_be_loaded_stops_the_router_before_it_starts(tmp_path):
     with pytest.raises(ConfigError, match="tokenizer"):
-        await start_router(RouterConfig(no_scheduler=True, tokenizer=str(tmp_path / "missing")))
+        await start_router(RouterConfig(use_scheduler=False, tokenizer=str(tmp_path / "missing")))
     directory = build_tokenizer_dir(tmp_path / "bad", chat_template="{% if %}")
     with pytest.raises(ConfigError, match="syntax error"):
-        await start_router(RouterConfig(no_scheduler=True, tokenizer=str(directory)))
+        await start_router(RouterConfig(use_scheduler=False, tokenizer=str(directory)))

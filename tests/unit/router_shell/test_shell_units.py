@@ -53,9 +53,9 @@ def test_config_flags_env_and_rules():
         ["--no-scheduler", "--router-temperature", "0.5", "--http-port", "0"],
         {"BANDMASTER_ROUTER_CAPACITY_ADDR": "10.0.0.1:7", "DYN_USE_KV_EVENTS": "false"},
     )
-    assert c.no_scheduler and c.capacity_addr == "10.0.0.1:7" and c.http_port == 0
+    assert not c.use_scheduler and c.capacity_addr == "10.0.0.1:7" and c.http_port == 0
     assert c.kv == KvOverrides(router_temperature=0.5, use_kv_events=False)
-    assert not load_config([], {}).no_scheduler and load_config([], {}).kv == KvOverrides()
+    assert load_config([], {}).use_scheduler and load_config([], {}).kv == KvOverrides()
     for argv, rule in [
         (["--block-size", "1"], "block_size > 1"),
         (["--max-body-bytes", "10"], "max_body_bytes >= 1024"),
