@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.batch.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS, check_id
+from services.batch.core.expiry import DEFAULT_RETENTION_S, MIN_EXPIRES_AFTER_S
 from services.common.config import Setting, parse_host_port, parse_settings, require, serve_settings, validate_serve
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
@@ -47,6 +48,15 @@ SETTINGS: list[Setting] = [
     ),
     _s("max_batch_requests", int, DEFAULT_MAX_REQUESTS, "most requests in one batch input file (above: 413)"),
     _s("max_file_bytes", int, DEFAULT_MAX_FILE_BYTES, "largest batch input file in bytes (above: 413)"),
+    _s(
+        "file_retention_seconds",
+        int,
+        DEFAULT_RETENTION_S,
+        "seconds a stored file (input, output, error) is kept when its upload (expires_after) or its batch "
+        "(output_expires_after) sets no expiry; then the cleanup loop deletes it",
+    ),
+    _s("cleanup_interval_seconds", float, 60.0, "seconds between passes of the loop that deletes expired files"),
+    _s("cleanup_max_files_per_pass", int, 100, "most expired files one cleanup pass deletes (the rest: next pass)"),
     # The planner
     _s(
         "planner",
@@ -83,6 +93,10 @@ class BatchConfig:
     """The SQLite file of files, batches, request state and results."""
     max_batch_requests: int = DEFAULT_MAX_REQUESTS
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    file_retention_seconds: int = DEFAULT_RETENTION_S
+    """Default lifetime of a stored file (OpenAI's: 30 days)."""
+    cleanup_interval_seconds: float = 60.0
+    cleanup_max_files_per_pass: int = 100
     planner: str = ""
     """The planner's gRPC address (required)."""
     pool_id: str = "default"
@@ -128,6 +142,24 @@ class BatchConfig:
             "max_file_bytes",
             self.max_file_bytes,
             "1024 <= max_file_bytes <= 2 GiB",
+        )
+        require(
+            MIN_EXPIRES_AFTER_S <= self.file_retention_seconds <= 10 * 365 * 86400,
+            "file_retention_seconds",
+            self.file_retention_seconds,
+            f"{MIN_EXPIRES_AFTER_S} <= file_retention_seconds <= 10 years",
+        )
+        require(
+            math.isfinite(self.cleanup_interval_seconds) and self.cleanup_interval_seconds > 0,
+            "cleanup_interval_seconds",
+            self.cleanup_interval_seconds,
+            "cleanup_interval_seconds > 0",
+        )
+        require(
+            self.cleanup_max_files_per_pass >= 1,
+            "cleanup_max_files_per_pass",
+            self.cleanup_max_files_per_pass,
+            "cleanup_max_files_per_pass >= 1",
         )
         require(bool(self.planner), "planner", "", "--planner (the planner's gRPC host:port) is required")
         parse_host_port(self.planner, "planner")
