@@ -177,3 +177,12 @@ def test_a_registry_the_planner_kept_before_the_split_carries_on(tmp_path):
     finally:
         reg.close()
     Registry(path).close()  # opening it again changes nothing
+
+
+def test_dispatch_retries_follow_the_one_retry_policy(tmp_path):
+    """Retryable failures wait as services/common/retry.py says, doubling to a cap, within max_attempts."""
+    reg = Registry(str(tmp_path / "r.sqlite3"))
+    d = Dispatcher(reg, lambda: None, SystemClock(), base_url="http://127.0.0.1:9", max_attempts=3)
+    assert d.retry.may_try_again(2) and not d.retry.may_try_again(3)
+    assert [d.retry.delay_s(n, rand=lambda: 0.0) for n in (1, 2, 3, 10)] == [0.25, 0.5, 1.0, 8.0]
+    assert 0.2 <= d.retry.delay_s(1, rand=lambda: 1.0) < 0.25  # jittered down, never up
