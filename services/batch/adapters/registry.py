@@ -201,7 +201,8 @@ class Registry:
     def list_files(self, query: PageQuery) -> list[dict]:
         """Up to `query.limit + 1` files in `query.order` of creation (ties by insertion), after the file
         `query.after` when given (NotFound if there is no such file), of `query.purpose` when given."""
-        where, args = [], []  # type: ignore[var-annotated]
+        where: list[str] = []
+        args: list[object] = []
         if query.purpose is not None:
             where.append("purpose = ?")
             args.append(query.purpose)
@@ -523,11 +524,17 @@ class Registry:
         return True
 
     def requeue(self, batch_id: str, idx: int) -> None:
+        """A request to send again. If its batch was cancelled meanwhile (it was in flight, or waiting out a
+        retry's backoff, when the cancel closed the queue) it is closed as cancelled at once: nothing claims
+        the queued requests of a cancelling batch, which would otherwise never end."""
         with self._tx():
             self.db.execute(
                 "UPDATE requests SET state = 'queued' WHERE batch_id = ? AND idx = ? AND state = 'sending'",
                 (batch_id, idx),
             )
+            row = self.db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is not None and row[0] == "cancelling":
+                self._close_queued(batch_id, "batch_cancelled", "The batch was cancelled before this request was sent.")
 
     # --- observation ---
 
