@@ -12,6 +12,7 @@ from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.batch.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS, check_id
+from services.batch.core.expiry import DEFAULT_RETENTION_S, MIN_EXPIRES_AFTER_S
 from services.common.config import (
     Serve,
     Setting,
@@ -64,6 +65,27 @@ class BatchConfig:
         ge=1024,
         le=1 << 31,
         note="(2 GiB)",
+    )
+    file_retention_seconds: int = setting(
+        DEFAULT_RETENTION_S,
+        "seconds a stored file (input, output, error) is kept when its upload (expires_after) or its batch "
+        "(output_expires_after) sets no expiry; then the cleanup loop deletes it",
+        env=_env("file_retention_seconds"),
+        ge=MIN_EXPIRES_AFTER_S,
+        le=10 * 365 * 86400,
+        note="(10 years)",
+    )
+    cleanup_interval_seconds: float = setting(
+        60.0,
+        "seconds between passes of the loop that deletes expired files",
+        env=_env("cleanup_interval_seconds"),
+        gt=0,
+    )
+    cleanup_max_files_per_pass: int = setting(
+        100,
+        "most expired files one cleanup pass deletes (the rest: next pass)",
+        env=_env("cleanup_max_files_per_pass"),
+        ge=1,
     )
     # The planner
     planner: str = setting(

@@ -9,8 +9,11 @@ than the leased rate, and writes each result to its batch's output or error file
   `X-Bandmaster-Batch-Id` / `X-Bandmaster-Traffic: batch`; `priority` is added to the body only
   when configured (`--dispatch-priority`), as SGLang needs priority scheduling enabled for it.
 * Restart safety lives in the registry (claim -> sending -> one result). A transport error, a
-  timeout, 408, 429 or 5xx is retried up to `max_attempts` sends; then, like any 4xx, it becomes
-  an error line.
+  timeout, 408, 429 or 5xx is retried up to `max_attempts` sends, after the wait of the one retry
+  policy (services/common/retry.py: exponential from `retry_first_delay_s`, capped, jittered; the
+  request holds its in-flight slot meanwhile, so a failing upstream is not hammered); then, like any
+  4xx, it becomes an error line. The attempt count lives in the registry row (it survives a restart),
+  so the loop is the policy's `may_try_again`/`delay_s` over that count rather than `retrying`.
 * Feedback for the planner's tick (sent with ReportDispatch): queued, in flight, actual send rate
   over `window_s`, the applied cap.
 """
@@ -29,6 +32,7 @@ import aiohttp
 from services.batch.adapters.registry import Claimed, Registry
 from services.batch.core.lease import DispatchFeedback, DrainLease
 from services.common.clock import Clock
+from services.common.retry import RetryPolicy
 
 log = logging.getLogger("services.batch.dispatcher")
 RETRYABLE = {408, 429, 500, 502, 503, 504}
@@ -52,6 +56,8 @@ class Dispatcher:
         token: str = "",
         ssl_context=None,
         on_transition: Callable[[list], None] = lambda moved: None,
+        retry_first_delay_s: float = 0.25,
+        retry_max_delay_s: float = 8.0,
     ) -> None:
         self.registry = registry
         self.lease = lease
@@ -60,6 +66,13 @@ class Dispatcher:
         self.max_inflight = max_inflight
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
+        self.retry = RetryPolicy(
+            first_delay_s=retry_first_delay_s,
+            max_delay_s=max(retry_first_delay_s, retry_max_delay_s),
+            multiplier=2.0,
+            jitter=0.2,
+            max_attempts=max_attempts,
+        )
         self.priority = priority
         self.window_s = window_s
         self.metrics = metrics
@@ -214,8 +227,13 @@ class Dispatcher:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"
         retryable = status is None or status in RETRYABLE
-        if retryable and item.attempts < self.max_attempts:
-            log.debug("batch request %s/%s: %s; requeued", item.batch_id, item.custom_id, error or status)
+        if retryable and self.retry.may_try_again(item.attempts):
+            delay_s = self.retry.delay_s(item.attempts)
+            log.debug(
+                "batch request %s/%s: %s; requeued in %.2fs", item.batch_id, item.custom_id, error or status, delay_s
+            )
+            # Cancelled meanwhile (shutdown): the row stays `sending` and is recovered at the next start.
+            await asyncio.sleep(delay_s)
             self.registry.requeue(item.batch_id, item.idx)
             return
         if isinstance(payload, dict) and not request_id:

@@ -1,15 +1,20 @@
 """The batch service's OpenAI Batch API over HTTP (aiohttp), backed by the durable registry.
 
-    POST /v1/files                    multipart {file, purpose="batch"} -> file object
-    GET  /v1/files/{id}               file object
-    GET  /v1/files/{id}/content       input, output or error JSONL
-    POST /v1/batches                  {input_file_id, endpoint, completion_window, metadata?} -> batch
-    GET  /v1/batches?after=&limit=    {object: "list", data, first_id, last_id, has_more}, newest first
+    POST   /v1/files                  multipart {file, purpose="batch", expires_after[anchor|seconds]?} -> file
+    GET    /v1/files?purpose=&limit=&order=&after=
+                                      {object: "list", data, first_id, last_id, has_more}
+    GET    /v1/files/{id}             file object (with `expires_at`)
+    DELETE /v1/files/{id}             {id, object: "file", deleted: true}; 409 for the input of a running batch
+    GET    /v1/files/{id}/content     input, output or error JSONL
+    POST   /v1/batches                {input_file_id, endpoint, completion_window, metadata?,
+                                       output_expires_after?} -> batch
+    GET    /v1/batches?after=&limit=  {object: "list", data, first_id, last_id, has_more}, newest first
     GET  /v1/batches/{id}             batch
     POST /v1/batches/{id}/cancel      batch (idempotent)
     GET  /health
 
-Errors are OpenAI-style bodies {"error": {message, type, param, code}}; every domain error maps
+Errors are OpenAI-style bodies {"error": {message, type, param, code}} built by the one builder
+(services/common/openai_errors.py `error_body`); every domain error maps
 to its HTTP status in `_error_response` and nowhere else.
 """
 
@@ -23,22 +28,27 @@ from typing import Awaitable, Callable
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from services.batch.adapters.registry import Conflict, NotFound, Registry
+from services.batch.adapters.registry import Conflict, FileInUse, NotFound, Registry
 from services.batch.core.batch_api import (
     BatchInputError,
     check_endpoint,
     check_id,
-    error_body,
     parse_batch_input,
     parse_completion_window,
 )
+from services.batch.core.expiry import parse_expires_after
+from services.batch.core.listing import page, parse_page_query
 from services.common.clock import Clock
 from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from services.common.openai_errors import error_body
 from services.common.ports import binding
 from services.common.security import SecurityConfig, bearer_guard
 
 log = logging.getLogger("services.batch.http")
 MAX_LIST_LIMIT = 100
+"""`GET /v1/batches`: OpenAI's bound on `limit` (default 20)."""
+MAX_FILES_LIMIT = 10_000
+"""`GET /v1/files`: OpenAI's bound on `limit` (and its default)."""
 
 
 def _error_response(exc: Exception) -> web.Response:
@@ -50,6 +60,8 @@ def _error_response(exc: Exception) -> web.Response:
         return web.json_response(body, status=exc.status)
     if isinstance(exc, NotFound):
         return web.json_response(error_body(f"No such object: {exc.args[0]}", code="not_found"), status=404)
+    if isinstance(exc, FileInUse):
+        return web.json_response(error_body(str(exc), code="file_in_use", param="file_id"), status=409)
     if isinstance(exc, Conflict):
         return web.json_response(error_body(str(exc), code="conflict"), status=400)
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
@@ -103,6 +115,7 @@ class BatchApi:
         max_file_bytes: int,
         pool_id: str = "default",
         on_change: Callable[[], None] = lambda: None,
+        on_delete: Callable[[dict], None] = lambda deleted: None,
         security: SecurityConfig | None = None,
     ) -> None:
         self.registry = registry
@@ -111,6 +124,7 @@ class BatchApi:
         self.max_file_bytes = max_file_bytes
         self.pool_id = pool_id
         self.on_change = on_change
+        self.on_delete = on_delete
         self.security = security or SecurityConfig()
         control, data = self.security.control_tokens, self.security.data_tokens
 
@@ -124,7 +138,9 @@ class BatchApi:
         self.app = web.Application(client_max_size=max_file_bytes + 1024 * 1024, middlewares=middlewares)
         r = self.app.router
         r.add_post("/v1/files", self.create_file)
+        r.add_get("/v1/files", self.list_files)
         r.add_get("/v1/files/{id}", self.get_file)
+        r.add_delete("/v1/files/{id}", self.delete_file)
         r.add_get("/v1/files/{id}/content", self.file_content)
         r.add_post("/v1/batches", self.create_batch)
         r.add_get("/v1/batches", self.list_batches)
@@ -159,6 +175,7 @@ class BatchApi:
         purpose: str | None = None
         data: bytes | None = None
         filename = "batch.jsonl"
+        expires_after: dict[str, str] = {}
         try:
             reader = await request.multipart()
             while True:
@@ -169,6 +186,9 @@ class BatchApi:
                     raise BatchInputError("nested multipart parts are not supported")
                 if part.name == "purpose":
                     purpose = (await part.text()).strip()
+                elif part.name in ("expires_after[anchor]", "expires_after[seconds]"):
+                    # The official client sends the object as bracketed form fields.
+                    expires_after[part.name[len("expires_after[") : -1]] = (await part.text()).strip()
                 elif part.name == "file":
                     filename = part.filename or filename
                     chunks, size = [], 0
@@ -192,16 +212,37 @@ class BatchApi:
             raise BatchInputError(f"purpose {purpose!r} is not supported (only 'batch')", param="purpose")
         if data is None:
             raise BatchInputError("a 'file' field is required", param="file")
+        expires_after_s = parse_expires_after(expires_after or None)
         # Parsing a large file is CPU work: off the event loop. Nothing is stored unless it all parses.
         lines = await asyncio.to_thread(
             parse_batch_input, data, max_requests=self.max_requests, max_file_bytes=self.max_file_bytes
         )
-        obj = self.registry.add_input_file(filename, data, lines, self._now())
+        obj = self.registry.add_input_file(filename, data, lines, self._now(), expires_after_s)
         log.info("file %s: %d requests, %d bytes", obj["id"], len(lines), len(data))
         return web.json_response(obj)
 
+    async def list_files(self, request: web.Request) -> web.Response:
+        query = parse_page_query(
+            request.query,
+            default_limit=MAX_FILES_LIMIT,
+            max_limit=MAX_FILES_LIMIT,
+            orders=("desc", "asc"),
+            with_purpose=True,
+        )
+        try:
+            items = self.registry.list_files(query)
+        except NotFound:
+            raise BatchInputError(f"after: no file {query.after}", param="after") from None
+        return web.json_response(page(items, query.limit))
+
     async def get_file(self, request: web.Request) -> web.Response:
         return web.json_response(self.registry.get_file(_path_id(request)))
+
+    async def delete_file(self, request: web.Request) -> web.Response:
+        deleted = self.registry.delete_file(_path_id(request))
+        log.info("file %s deleted (%s, %d bytes)", deleted["id"], deleted["kind"], deleted["bytes"])
+        self.on_delete(deleted)
+        return web.json_response({"id": deleted["id"], "object": "file", "deleted": True})
 
     async def file_content(self, request: web.Request) -> web.Response:
         data = self.registry.file_content(_path_id(request))
@@ -233,6 +274,7 @@ class BatchApi:
             raise BatchInputError(
                 "metadata must map at most 16 string keys (<= 64 chars) to strings (<= 512 chars)", param="metadata"
             )
+        output_expires_s = parse_expires_after(body.get("output_expires_after"), "output_expires_after")
         try:
             urls = self.registry.input_urls(file_id)
         except NotFound:
@@ -241,7 +283,14 @@ class BatchApi:
             ) from None
         endpoint = check_endpoint(body.get("endpoint"), urls)
         batch = self.registry.create_batch(
-            file_id, endpoint, body["completion_window"].strip(), window_s, metadata, self._now(), self.pool_id
+            file_id,
+            endpoint,
+            body["completion_window"].strip(),
+            window_s,
+            metadata,
+            self._now(),
+            self.pool_id,
+            output_expires_s,
         )
         log.info(
             "batch %s: %d requests to %s within %s",
@@ -254,29 +303,14 @@ class BatchApi:
         return web.json_response(_public(batch))
 
     async def list_batches(self, request: web.Request) -> web.Response:
+        query = parse_page_query(request.query, default_limit=20, max_limit=MAX_LIST_LIMIT)
         try:
-            limit = int(request.query.get("limit", "20"))
-        except ValueError:
-            raise BatchInputError("limit must be an integer", param="limit") from None
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise BatchInputError(f"limit must be between 1 and {MAX_LIST_LIMIT}", param="limit")
-        after = request.query.get("after") or None
-        if after is not None:
-            _checked(after, "after")
-        try:
-            items, has_more = self.registry.list_batches(after, limit)
+            items = self.registry.list_batches(query.after, query.limit)
         except NotFound:
-            raise BatchInputError(f"after: no batch {after}", param="after") from None
-        data = [_public(b) for b in items]
-        return web.json_response(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": has_more,
-            }
-        )
+            raise BatchInputError(f"after: no batch {query.after}", param="after") from None
+        listing = page(items, query.limit)
+        listing["data"] = [_public(b) for b in listing["data"]]
+        return web.json_response(listing)
 
     async def get_batch(self, request: web.Request) -> web.Response:
         return web.json_response(_public(self.registry.get_batch(_path_id(request))))

@@ -27,5 +27,27 @@ class BatchMetrics:
         self.lease_valid = Gauge(
             "bandmaster_batch_lease_valid", "1 while a valid (unexpired) drain lease is held, else 0", registry=r
         )
+        self.files_deleted = Counter(
+            "bandmaster_batch_files_deleted",
+            "Stored files deleted, by kind (input, output, error) and reason (expired: the cleanup loop; "
+            "client: DELETE /v1/files/{id})",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.file_bytes_deleted = Counter(
+            "bandmaster_batch_file_bytes_deleted",
+            "Bytes of stored files deleted, by reason (expired, client)",
+            ["reason"],
+            registry=r,
+        )
         for call in ("watch_lease", "report", "submit"):
             self.planner_errors.labels(call)
+        for reason in ("expired", "client"):
+            self.file_bytes_deleted.labels(reason)
+            for kind in ("input", "output", "error"):
+                self.files_deleted.labels(kind, reason)
+
+    def record_deleted(self, deleted: dict, reason: str) -> None:
+        """A file deleted (`deleted` as Registry.delete_file returns it)."""
+        self.files_deleted.labels(deleted["kind"], reason).inc()
+        self.file_bytes_deleted.labels(reason).inc(deleted["bytes"])

@@ -3,7 +3,7 @@ the gRPC host (health and /metrics), started in this order:
 
     1. the registry (requests interrupted by the last stop go back to the queue)
     2. the planner link (lease watch, progress reports) and the dispatcher: nothing is sent before a
-       lease arrives from the planner
+       lease arrives from the planner; the cleanup loop (expired files, cleanup.py)
     3. the Batch API, then gRPC health
 
 and stopped in reverse. The batch service carries the tokens of batch work; the planner only decides
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from bandmaster.planner.v1 import planner_pb2_grpc as planner_grpc
 from services.batch.adapters.planner import PlannerLink
 from services.batch.adapters.registry import Registry
+from services.batch.cleanup import Cleanup
 from services.batch.config import BatchConfig
 from services.batch.dispatcher import Dispatcher
 from services.batch.http_api import BatchApi
@@ -40,6 +41,7 @@ class RunningBatch:
     dispatcher: Dispatcher
     planner: PlannerLink
     config: BatchConfig
+    cleanup: Cleanup
 
     @property
     def address(self) -> str:
@@ -68,7 +70,14 @@ async def start_batch(
         security=config.security,
     )
     metrics = BatchMetrics(host.registry)
-    registry = Registry(config.registry_path)
+    registry = Registry(config.registry_path, file_retention_s=config.file_retention_seconds)
+    cleanup = Cleanup(
+        registry,
+        clock,
+        interval_s=config.cleanup_interval_seconds,
+        max_files=config.cleanup_max_files_per_pass,
+        metrics=metrics,
+    )
     # A planner that restarts is found again within seconds (gRPC's default back-off grows to minutes).
     channel = config.security.channel(
         config.planner, options=[("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 2000)]
@@ -112,11 +121,13 @@ async def start_batch(
         max_file_bytes=config.max_file_bytes,
         pool_id=config.pool_id,
         on_change=changed,
+        on_delete=lambda deleted: metrics.record_deleted(deleted, "client"),
         security=config.security,
     )
 
     async def close_all() -> None:
         await api.stop()
+        await cleanup.stop()
         await dispatcher.stop()
         await link.stop()
         await channel.close()
@@ -126,13 +137,14 @@ async def start_batch(
     try:
         await dispatcher.start()
         link.start()
+        cleanup.start()
         http_host, http_port = parse_host_port(config.http_listen, "http_listen")
         await api.start(http_host, http_port)
         await host.start()
     except BaseException:
         await close_all()
         raise
-    running = RunningBatch(host, registry, api, dispatcher, link, config)
+    running = RunningBatch(host, registry, api, dispatcher, link, config, cleanup)
     log.info(
         "batch service: Batch API on %s, pool %s, lease and reports with the planner at %s, dispatch to %s",
         running.http_url,

@@ -1,5 +1,5 @@
 """`bandmaster plan`: the planner's last tick (GetPlan) with provenance and diagnostics, and
-`bandmaster batch submit|list|get|cancel`: the batch service's Batch API (official openai client).
+`bandmaster batch submit [--wait]|list|get|cancel`: the batch service's Batch API (official openai client).
 
 Both find the local cluster as services/cli/endpoints.py says (flags, `--state-dir`, the running
 `bandmaster up`'s discovery file, the default ports); a `--secure` cluster's `secure/` directory gives the
@@ -13,14 +13,16 @@ import json
 import os
 import ssl
 import sys
+import time
 from pathlib import Path
+from typing import Callable, TextIO
 
 import grpc
 
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from harness.table import render_table
-from services.cli import endpoints
+from services.cli import SIGINT_EXIT, endpoints
 from services.common.config import parse_host_port
 from services.common.ports import DEFAULT_PORTS
 from services.common.security import DATA_TOKEN_ENV
@@ -32,6 +34,7 @@ _PROVENANCE = {
     pb.PROVENANCE_FAIL_CLOSED: "FAIL_CLOSED",
 }
 _WINDOW_UNITS = "smhd"
+_ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 # -- bandmaster plan --------------------------------------------------------------------------------
@@ -67,6 +70,14 @@ def add_parser(commands) -> None:
     submit.add_argument("file", type=Path, help="JSONL, one {custom_id, method, url, body} per line")
     submit.add_argument("--window", default="24h", help="completion window: <integer><s|m|h|d> in [1m, 7d]")
     submit.add_argument("--endpoint", default="", help="default: the url of the file's first line")
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="after printing the batch id, poll until the batch ends with a progress bar (sparse lines off a "
+        "terminal), then print its final counts and output file id; exit 1 unless it completed. Ctrl-C stops "
+        "waiting and does NOT cancel the batch (`bandmaster batch cancel ID` does)",
+    )
+    submit.add_argument("--poll-seconds", type=float, default=2.0, help="with --wait: seconds between polls")
     listing = actions.add_parser("list", help="the newest batches")
     listing.add_argument("--limit", type=int, default=20)
     for name, text in (("get", "one batch (with --output: its output and error lines)"), ("cancel", "cancel a batch")):
@@ -234,6 +245,10 @@ def run_batch(args: argparse.Namespace) -> int:
 
     if args.action == "submit":
         _check_window(args.window)
+        if not args.poll_seconds > 0:
+            from services.common.errors import ConfigError
+
+            raise ConfigError("poll_seconds", args.poll_seconds, "--poll-seconds > 0")
     client = _client(args)
     try:
         if args.action == "submit":
@@ -247,8 +262,8 @@ def run_batch(args: argparse.Namespace) -> int:
             with args.file.open("rb") as fh:
                 uploaded = client.files.create(file=(args.file.name, fh), purpose="batch")
             batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window=args.window)
-            print(batch.id)
-            return 0
+            print(batch.id, flush=True)
+            return wait_for_batch(client, batch, poll_s=args.poll_seconds) if args.wait else 0
         if args.action == "list":
             rows = [_batch_row(b) for b in client.batches.list(limit=args.limit).data]
             print(render_table(["batch", "status", "done", "output", "errors"], rows, title=f"batches ({len(rows)})"))
@@ -273,3 +288,52 @@ def run_batch(args: argparse.Namespace) -> int:
     except openai.APIConnectionError as exc:
         print(f"bandmaster batch: {client.base_url}: {exc.message}", file=sys.stderr)
         return 1
+
+
+def _finished(batch) -> int:
+    counts = batch.request_counts
+    return counts.completed + counts.failed if counts else 0
+
+
+def wait_for_batch(
+    client,
+    batch,
+    *,
+    poll_s: float,
+    stream: TextIO | None = None,
+    out: TextIO | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """`bandmaster batch submit --wait`: poll `batch` until it ends, drawing a progress bar of its finished
+    requests on `stream` (stderr; off a terminal the bar writes a line only at each 10% and once a minute),
+    then print one summary line on `out` (stdout): status, counts, output and error file ids. Returns 0 for
+    a completed batch (failed requests are in its error file), 1 for failed, expired or cancelled.
+    Ctrl-C stops waiting and leaves the batch running (SIGINT_EXIT)."""
+    from harness.progress import ProgressBar
+
+    stream = stream or sys.stderr
+    out = out or sys.stdout
+    total = batch.request_counts.total if batch.request_counts else 0
+    bar = ProgressBar(total, label=batch.id, stream=stream)
+    try:
+        while batch.status not in _ENDED:
+            sleep(poll_s)
+            batch = client.batches.retrieve(batch.id)
+            bar.advance(max(0, _finished(batch) - bar.done), extra=batch.status)
+    except KeyboardInterrupt:
+        bar.close()
+        print(
+            f"bandmaster batch: stopped waiting; batch {batch.id} is still {batch.status} and keeps running "
+            f"(to cancel it: bandmaster batch cancel {batch.id})",
+            file=stream,
+        )
+        return SIGINT_EXIT
+    bar.close()
+    counts = batch.request_counts
+    done = f"{counts.completed}/{counts.total} completed, {counts.failed} failed" if counts else "no counts"
+    print(
+        f"{batch.id} {batch.status}: {done}; output file {batch.output_file_id or '-'}, "
+        f"error file {batch.error_file_id or '-'}",
+        file=out,
+    )
+    return 0 if batch.status == "completed" else 1

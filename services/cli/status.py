@@ -6,7 +6,8 @@ workers, their health and retention budgets (capacity `ListWorkers`), and loudly
 arguments make Bandmaster know less (its card's degradations, with the SGLang flag to add); per replica the
 working set against the budget as a bar with the resume / soft-demote / pause band edges marked, and its band (scheduler
 `ListPrograms`); programs by state (scheduler `GetStats` and the program table); the drain lease and the
-replica target (planner `GetPlan`). The band edges are those in force at the scheduler, read from its
+replica target (planner `GetPlan`); the batch service's gRPC health (`grpc.health.v1`, one cheap call).
+The band edges are those in force at the scheduler, read from its
 `bandmaster_scheduler_band_threshold_ratio` series; when its metrics port cannot be read the reference
 defaults are drawn and the view says so. A part whose service does not answer says why; the rest is shown.
 """
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from bandmaster.planner.v1 import planner_pb2, planner_pb2_grpc
@@ -94,6 +96,8 @@ class Snapshot:
     scheduler_error: str = ""
     plan: planner_pb2.Plan | None = None
     planner_error: str = ""
+    batch_health: str = ""
+    """The batch service's gRPC health status (SERVING, NOT_SERVING, ...) or why it could not be read."""
     bands: Bands = field(default_factory=Bands)
     taken_at: float = 0.0
     schedulers: list[tuple[str, str]] = field(default_factory=list)
@@ -314,6 +318,7 @@ def render(snapshot: Snapshot, where: str = "") -> str:
             _replicas_table(snapshot),
             _programs_summary(snapshot),
             _lease_summary(snapshot),
+            *([f"batch service: {snapshot.batch_health}"] if snapshot.batch_health else []),
         ]
     )
 
@@ -330,7 +335,7 @@ def add_parser(commands) -> None:
     parser.add_argument("--once", action="store_true", help="print one snapshot and exit (1 when nothing answered)")
     parser.add_argument("--interval-seconds", type=float, default=2.0, help="refresh period of the live view")
     parser.add_argument("--timeout-seconds", type=float, default=3.0, help="deadline of each call")
-    for service in ("capacity", "scheduler", "planner"):
+    for service in ("capacity", "scheduler", "planner", "batch"):
         parser.add_argument(
             f"--{service}-addr",
             default="",
@@ -396,9 +401,24 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
             )
         except grpc.RpcError as exc:
             snapshot.planner_error = _error(exc, addresses["planner"], args)
+    if addresses.get("batch"):
+        snapshot.batch_health = batch_health(args, addresses["batch"])
     if snapshot.programs is not None:
         snapshot.bands = read_bands(metrics_url, timeout)
     return snapshot
+
+
+def batch_health(args: argparse.Namespace, address: str) -> str:
+    """The batch service's health, one `grpc.health.v1` Check (its Batch API and dispatcher share its host)."""
+    channel, metadata = endpoints.channel(address, args)
+    with channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=args.timeout_seconds, metadata=metadata
+            )
+        except grpc.RpcError as exc:
+            return f"not answering at {_error(exc, address, args)}"
+    return f"{health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)} at {address}"
 
 
 def _leading_scheduler(args: argparse.Namespace, replicas: list[str], snapshot: Snapshot) -> str:
@@ -437,12 +457,13 @@ def _scheduler_addresses(args: argparse.Namespace) -> str:
 def run(
     args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep
 ) -> int:
-    endpoints.discover(args, args.capacity_addr, args.scheduler_addr, args.planner_addr)
+    endpoints.discover(args, args.capacity_addr, args.scheduler_addr, args.planner_addr, args.batch_addr)
     endpoints.fill_security(args)
     addresses = {
         "capacity": endpoints.grpc_address(args, args.capacity_addr, "capacity"),
         "scheduler": _scheduler_addresses(args),
         "planner": endpoints.grpc_address(args, args.planner_addr, "planner"),
+        "batch": endpoints.grpc_address(args, args.batch_addr, "batch"),
     }
     for name, address in addresses.items():
         for one in address.split(","):  # the scheduler: every replica's, comma-separated

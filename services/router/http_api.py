@@ -1,4 +1,4 @@
-"""The router's public HTTP API: OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+"""The router's public HTTP API: OpenAI `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/v1/models/{model}`,
 SGLang `/generate`, `/health`, and `/metrics` only with `--http-metrics` (the metrics port serves it);
 the Batch API (`/v1/files*`, `/v1/batches*`) is the batch service's, passed through (adapters/batch_api.py).
 
@@ -37,6 +37,7 @@ from services.router.errors import (
     BodyTooLarge,
     Internal,
     MethodNotAllowed,
+    ModelNotFound,
     NotFound,
     RequestTimeout,
     RouterError,
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _DONE = b"data: [DONE]\n\n"
+MODELS_PREFIX = "/v1/models/"
 _ROUTE_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "completions", Api.GENERATE: "generate"}
 
 
@@ -270,6 +272,7 @@ class HttpApi:
         self.max_body_bytes = limits.max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.has_scheduler = has_scheduler
+        self._created = int(time.time())
         self._headers = limits.server_header
         self._sse_headers = {**_SSE_HEADERS, **self._headers}
         self.routes: dict[str, dict[str, Any]] = {
@@ -287,6 +290,17 @@ class HttpApi:
         routes go to the batch service whatever the method (it answers 404/405 itself)."""
         if is_batch_path(request.path):
             return await self.batch_api(request)
+        if request.path.startswith(MODELS_PREFIX) and len(request.path) > len(MODELS_PREFIX):
+            # `/v1/models/{id}`: the id may hold '/' (`org/model`), so it is the whole rest of the path.
+            if request.method != "GET":
+                response = self._error(
+                    MethodNotAllowed(
+                        f"{request.method} is not allowed on /v1/models/{{model}}", code="method_not_allowed"
+                    )
+                )
+                response.headers["Allow"] = "GET"
+                return response
+            return await self.model(request)
         methods = self.routes.get(request.path)
         if methods is None:
             return self._error(NotFound(f"no route {quoted(request.path)}", code="not_found"))
@@ -335,13 +349,20 @@ class HttpApi:
     async def generate(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._turn(request, Api.GENERATE)
 
+    def _model(self, name: str) -> dict:
+        # `created`: when this router started (the fleet does not say when a worker's model was made).
+        return {"id": name, "object": "model", "created": self._created, "owned_by": "bandmaster"}
+
     async def models(self, request: web.BaseRequest) -> web.Response:
-        created = int(time.time())
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "bandmaster"}
-            for name in self.runner.fleet.model_names
-        ]
-        return self._json({"object": "list", "data": data})
+        """OpenAI's `GET /v1/models`: the models the healthy workers serve now."""
+        return self._json({"object": "list", "data": [self._model(name) for name in self.runner.fleet.model_names]})
+
+    async def model(self, request: web.BaseRequest) -> web.Response:
+        """OpenAI's `GET /v1/models/{model}`: one of them, or a 404 `model_not_found` in OpenAI's error body."""
+        name = request.path[len(MODELS_PREFIX) :]
+        if name not in self.runner.fleet.model_names:
+            return self._error(ModelNotFound(name))
+        return self._json(self._model(name))
 
     async def health(self, request: web.BaseRequest) -> web.Response:
         workers = len(self.runner.fleet.workers)

@@ -1,7 +1,8 @@
 """The batch service's link to the planner, over the planner's gRPC API (the planner decides, this follows).
 
 * Lease: `WatchLease` streams every lease the planner publishes for the pool; each is held as a
-  `DrainLease` on the monotonic clock. A broken stream is reopened after `retry_s`; meanwhile the held
+  `DrainLease` on the monotonic clock. A broken stream is reopened after `retry_s` (backing off to 5 s
+  under the one retry policy, services/common/retry.py, while the planner stays away); meanwhile the held
   lease runs out by itself, so the dispatcher stops at its expiry (fail closed: no planner, no sends).
 * Jobs: every open batch is a planner job with the batch id as job id (`SubmitBatchJob`, idempotent),
   its request count and its `expires_at` as deadline. Every `interval_s` each open batch's progress is
@@ -27,6 +28,7 @@ from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.batch.adapters.registry import Registry
 from services.batch.core.lease import DispatchFeedback, DrainLease
 from services.common.clock import Clock
+from services.common.retry import Backoff, RetryPolicy
 
 log = logging.getLogger("services.batch.planner")
 
@@ -88,11 +90,15 @@ class PlannerLink:
     # --- the lease ---
 
     async def _watch(self) -> None:
+        # The one retry policy: the first reopen after `retry_s`, then longer up to 5 s while the planner
+        # stays away (jittered so that many batch services do not reconnect in step); reset by a lease.
+        backoff = Backoff(RetryPolicy(first_delay_s=self.retry_s, max_delay_s=max(self.retry_s, 5.0), jitter=0.2))
         while True:
             try:
                 stream = self.stub.WatchLease(pb.WatchLeaseRequest(pool_id=self.pool_id))
                 async for msg in stream:
                     self._take(msg)
+                    backoff.reset()
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
@@ -100,7 +106,7 @@ class PlannerLink:
                 if self.connected:
                     log.warning("lease watch lost (%s); the held lease runs out by itself", exc.code().name)
                 self.connected = False
-            await asyncio.sleep(self.retry_s)
+            await asyncio.sleep(backoff.failed())
 
     def _take(self, msg: pb.Lease) -> None:
         lease = DrainLease.from_wire(

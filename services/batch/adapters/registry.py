@@ -26,11 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.batch.core.batch_api import TERMINAL_STATUSES, BatchLine
+from services.batch.core.expiry import DEFAULT_RETENTION_S, expires_at
+from services.batch.core.listing import PageQuery
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
   id TEXT PRIMARY KEY, purpose TEXT NOT NULL, filename TEXT NOT NULL, bytes INTEGER NOT NULL,
-  created_at INTEGER NOT NULL, kind TEXT NOT NULL, batch_id TEXT, content BLOB, lines INTEGER NOT NULL DEFAULT 0
+  created_at INTEGER NOT NULL, kind TEXT NOT NULL, batch_id TEXT, content BLOB, lines INTEGER NOT NULL DEFAULT 0,
+  expires_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS input_lines (
   file_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
@@ -43,7 +46,7 @@ CREATE TABLE IF NOT EXISTS batches (
   cancelling_at INTEGER, cancelled_at INTEGER, output_file_id TEXT, error_file_id TEXT, errors TEXT,
   metadata TEXT, total INTEGER NOT NULL, completed INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
   pool_id TEXT NOT NULL DEFAULT 'default', dispatched INTEGER NOT NULL DEFAULT 0,
-  planner_ended INTEGER NOT NULL DEFAULT 0
+  planner_ended INTEGER NOT NULL DEFAULT 0, output_expires_s INTEGER
 );
 CREATE TABLE IF NOT EXISTS requests (
   batch_id TEXT NOT NULL, idx INTEGER NOT NULL, custom_id TEXT NOT NULL, url TEXT NOT NULL, body TEXT NOT NULL,
@@ -88,6 +91,10 @@ class Conflict(ValueError):
     """A request that contradicts existing state (e.g. an id reused with a different payload)."""
 
 
+class FileInUse(Conflict):
+    """Deleting an input file a batch that has not ended still names (HTTP 409)."""
+
+
 @dataclass(frozen=True)
 class Claimed:
     batch_id: str
@@ -103,8 +110,10 @@ def _new_id(prefix: str) -> str:
 
 
 class Registry:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, file_retention_s: int = DEFAULT_RETENTION_S) -> None:
         self.path = path
+        self.file_retention_s = file_retention_s
+        """When a file expires unless its upload (or its batch, for outputs) said otherwise."""
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.row_factory = sqlite3.Row
         if path != ":memory:":
@@ -117,30 +126,49 @@ class Registry:
     def _upgrade(self) -> None:
         """A registry the planner kept before batch execution moved out of it (its `--registry-path`, handed
         to the batch service) lacks `planner_ended`; its batches carry on here. Its rows of jobs another
-        dispatcher ran (`external`) have no requests of their own: they are ended, never dispatched."""
+        dispatcher ran (`external`) have no requests of their own: they are ended, never dispatched.
+        A registry from before files expired lacks `files.expires_at` and `batches.output_expires_s`: its
+        files get the default retention from their creation (the cleanup loop deletes them when due)."""
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(batches)")}
-        if "planner_ended" in columns:
-            return
+        file_columns = {row[1] for row in self.db.execute("PRAGMA table_info(files)")}
         with self._tx():
-            self.db.execute("ALTER TABLE batches ADD COLUMN planner_ended INTEGER NOT NULL DEFAULT 0")
-            if "external" in columns:
-                self.db.execute(
-                    "UPDATE batches SET status = 'cancelled', planner_ended = 1 WHERE external = 1 AND status NOT IN "
-                    "('completed', 'failed', 'expired', 'cancelled')"
-                )
+            if "planner_ended" not in columns:
+                self.db.execute("ALTER TABLE batches ADD COLUMN planner_ended INTEGER NOT NULL DEFAULT 0")
+                if "external" in columns:
+                    self.db.execute(
+                        "UPDATE batches SET status = 'cancelled', planner_ended = 1 WHERE external = 1 AND status "
+                        "NOT IN ('completed', 'failed', 'expired', 'cancelled')"
+                    )
+            if "output_expires_s" not in columns:
+                self.db.execute("ALTER TABLE batches ADD COLUMN output_expires_s INTEGER")
+            if "expires_at" not in file_columns:
+                self.db.execute("ALTER TABLE files ADD COLUMN expires_at INTEGER")
+                self.db.execute("UPDATE files SET expires_at = created_at + ?", (self.file_retention_s,))
+            self.db.execute("CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at)")
+            self.db.execute("CREATE INDEX IF NOT EXISTS files_created ON files (created_at)")
 
     def close(self) -> None:
         self.db.close()
 
     # --- files ---
 
-    def add_input_file(self, filename: str, data: bytes, lines: list[BatchLine], now: int) -> dict:
+    def add_input_file(
+        self, filename: str, data: bytes, lines: list[BatchLine], now: int, expires_after_s: int | None = None
+    ) -> dict:
         file_id = _new_id("file")
         with self._tx():
             self.db.execute(
-                "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, content, lines) "
-                "VALUES (?, 'batch', ?, ?, ?, 'input', ?, ?)",
-                (file_id, filename, len(data), now, data, len(lines)),
+                "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, content, lines, expires_at) "
+                "VALUES (?, 'batch', ?, ?, ?, 'input', ?, ?, ?)",
+                (
+                    file_id,
+                    filename,
+                    len(data),
+                    now,
+                    data,
+                    len(lines),
+                    expires_at(now, expires_after_s, self.file_retention_s),
+                ),
             )
             self.db.executemany(
                 "INSERT INTO input_lines VALUES (?, ?, ?, ?, ?)",
@@ -148,22 +176,84 @@ class Registry:
             )
         return self.get_file(file_id)
 
+    _FILE_COLUMNS = "id, purpose, filename, bytes, created_at, kind, expires_at"
+
     def get_file(self, file_id: str) -> dict:
-        row = self.db.execute(
-            "SELECT id, purpose, filename, bytes, created_at, kind FROM files WHERE id = ?", (file_id,)
-        ).fetchone()
+        row = self.db.execute(f"SELECT {self._FILE_COLUMNS} FROM files WHERE id = ?", (file_id,)).fetchone()
         if row is None:
             raise NotFound(file_id)
+        return self._file(row)
+
+    @staticmethod
+    def _file(row: sqlite3.Row) -> dict:
         return {
             "id": row["id"],
             "object": "file",
             "bytes": row["bytes"],
             "created_at": row["created_at"],
+            "expires_at": row["expires_at"],
             "filename": row["filename"],
             "purpose": row["purpose"],
             "status": "processed",
             "status_details": None,
         }
+
+    def list_files(self, query: PageQuery) -> list[dict]:
+        """Up to `query.limit + 1` files in `query.order` of creation (ties by insertion), after the file
+        `query.after` when given (NotFound if there is no such file), of `query.purpose` when given."""
+        where: list[str] = []
+        args: list[object] = []
+        if query.purpose is not None:
+            where.append("purpose = ?")
+            args.append(query.purpose)
+        if query.after is not None:
+            row = self.db.execute("SELECT created_at, rowid FROM files WHERE id = ?", (query.after,)).fetchone()
+            if row is None:
+                raise NotFound(query.after)
+            where.append("(created_at, rowid) " + ("<" if query.order == "desc" else ">") + " (?, ?)")
+            args.extend([row[0], row[1]])
+        direction = "DESC" if query.order == "desc" else "ASC"
+        sql = (
+            f"SELECT {self._FILE_COLUMNS} FROM files"
+            + (" WHERE " + " AND ".join(where) if where else "")
+            + f" ORDER BY created_at {direction}, rowid {direction} LIMIT ?"
+        )
+        return [self._file(r) for r in self.db.execute(sql, (*args, query.limit + 1))]
+
+    def delete_file(self, file_id: str) -> dict:
+        """Delete a file and what it stores: an input file's lines, an output or error file's result lines.
+        FileInUse for an input file a batch that has not ended names (its requests are copied, but the batch
+        still reports it as its input, so it stays until the batch ends)."""
+        row = self.db.execute("SELECT kind, batch_id, bytes FROM files WHERE id = ?", (file_id,)).fetchone()
+        if row is None:
+            raise NotFound(file_id)
+        with self._tx():
+            if row["kind"] == "input":
+                busy = self.db.execute(
+                    "SELECT id FROM batches WHERE input_file_id = ? AND status NOT IN "
+                    "('completed', 'failed', 'expired', 'cancelled') LIMIT 1",
+                    (file_id,),
+                ).fetchone()
+                if busy is not None:
+                    raise FileInUse(f"file {file_id} is the input of batch {busy[0]}, which has not ended")
+                self.db.execute("DELETE FROM input_lines WHERE file_id = ?", (file_id,))
+            else:
+                self.db.execute(
+                    "DELETE FROM requests WHERE batch_id = ? AND result_kind = ?", (row["batch_id"], row["kind"])
+                )
+            self.db.execute("DELETE FROM files WHERE id = ?", (file_id,))
+        return {"id": file_id, "object": "file", "deleted": True, "kind": row["kind"], "bytes": row["bytes"]}
+
+    def expired_files(self, now: int, limit: int) -> list[str]:
+        """Up to `limit` files whose `expires_at` has passed, oldest expiry first, except input files of batches
+        that have not ended (they are deleted once the batch ends)."""
+        rows = self.db.execute(
+            "SELECT f.id FROM files f WHERE f.expires_at IS NOT NULL AND f.expires_at <= ? AND NOT EXISTS ("
+            "SELECT 1 FROM batches b WHERE b.input_file_id = f.id AND b.status NOT IN "
+            "('completed', 'failed', 'expired', 'cancelled')) ORDER BY f.expires_at LIMIT ?",
+            (now, limit),
+        )
+        return [r[0] for r in rows]
 
     def input_urls(self, file_id: str) -> set[str]:
         self.get_file(file_id)
@@ -194,6 +284,7 @@ class Registry:
         metadata: dict | None,
         now: int,
         pool_id: str = "default",
+        output_expires_s: int | None = None,
     ) -> dict:
         row = self.db.execute("SELECT kind, purpose FROM files WHERE id = ?", (input_file_id,)).fetchone()
         if row is None:
@@ -207,7 +298,7 @@ class Registry:
             ]
             self.db.execute(
                 "INSERT INTO batches (id, endpoint, input_file_id, completion_window, status, created_at, expires_at, "
-                "metadata, total, pool_id) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?, ?)",
+                "metadata, total, pool_id, output_expires_s) VALUES (?, ?, ?, ?, 'validating', ?, ?, ?, ?, ?, ?)",
                 (
                     batch_id,
                     endpoint,
@@ -218,6 +309,7 @@ class Registry:
                     json.dumps(metadata or {}),
                     total,
                     pool_id,
+                    output_expires_s,
                 ),
             )
             self.db.execute(
@@ -262,8 +354,8 @@ class Registry:
             "dispatched": row["dispatched"],
         }
 
-    def list_batches(self, after: str | None, limit: int) -> tuple[list[dict], bool]:
-        """Newest first; `after` is the id of the last batch of the previous page."""
+    def list_batches(self, after: str | None, limit: int) -> list[dict]:
+        """Up to `limit + 1` batches, newest first; `after` is the id of the last batch of the previous page."""
         if after:
             row = self.db.execute("SELECT seq FROM batches WHERE id = ?", (after,)).fetchone()
             if row is None:
@@ -276,7 +368,7 @@ class Registry:
             rows = self.db.execute(
                 f"SELECT {', '.join(BATCH_FIELDS)} FROM batches ORDER BY seq DESC LIMIT ?", (limit + 1,)
             ).fetchall()
-        return [self._batch(r) for r in rows[:limit]], len(rows) > limit
+        return [self._batch(r) for r in rows]
 
     def cancel(self, batch_id: str, now: int) -> dict:
         """Idempotent: a terminal or cancelling batch is returned unchanged."""
@@ -356,14 +448,25 @@ class Registry:
 
     def _finalize(self, batch_id: str, final: str, now: int) -> None:
         ids: dict[str, str | None] = {"output": None, "error": None}
+        output_expires_s = self.db.execute("SELECT output_expires_s FROM batches WHERE id = ?", (batch_id,)).fetchone()[
+            0
+        ]
         for kind in ("output", "error"):
             data = self._result_lines(batch_id, kind)
             if data:
                 file_id = _new_id("file")
                 self.db.execute(
-                    "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, batch_id) "
-                    "VALUES (?, 'batch_output', ?, ?, ?, ?, ?)",
-                    (file_id, f"{batch_id}_{kind}.jsonl", len(data), now, kind, batch_id),
+                    "INSERT INTO files (id, purpose, filename, bytes, created_at, kind, batch_id, expires_at) "
+                    "VALUES (?, 'batch_output', ?, ?, ?, ?, ?, ?)",
+                    (
+                        file_id,
+                        f"{batch_id}_{kind}.jsonl",
+                        len(data),
+                        now,
+                        kind,
+                        batch_id,
+                        expires_at(now, output_expires_s, self.file_retention_s),
+                    ),
                 )
                 ids[kind] = file_id
         stamp = {"completed": "completed_at", "expired": "expired_at", "cancelled": "cancelled_at"}[final]
@@ -421,11 +524,17 @@ class Registry:
         return True
 
     def requeue(self, batch_id: str, idx: int) -> None:
+        """A request to send again. If its batch was cancelled meanwhile (it was in flight, or waiting out a
+        retry's backoff, when the cancel closed the queue) it is closed as cancelled at once: nothing claims
+        the queued requests of a cancelling batch, which would otherwise never end."""
         with self._tx():
             self.db.execute(
                 "UPDATE requests SET state = 'queued' WHERE batch_id = ? AND idx = ? AND state = 'sending'",
                 (batch_id, idx),
             )
+            row = self.db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            if row is not None and row[0] == "cancelling":
+                self._close_queued(batch_id, "batch_cancelled", "The batch was cancelled before this request was sent.")
 
     # --- observation ---
 

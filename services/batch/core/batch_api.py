@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 
-# The planner's HTTP edge builds its error bodies with the one builder (imported from here).
-from services.common.openai_errors import error_body  # noqa: F401 - re-exported
-
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 BATCH_STATUSES = (
     "validating",

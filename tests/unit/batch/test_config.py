@@ -36,8 +36,19 @@ def test_flag_wins_over_env_and_env_over_default():
         ([*REQUIRED, "--report-interval-seconds", "0"], "report_interval_seconds > 0"),
         ([*REQUIRED, "--dispatch-max-attempts", "0"], "dispatch_max_attempts >= 1"),
         ([*REQUIRED, "--pool-id", "a b"], "pool_id must be"),
+        ([*REQUIRED, "--file-retention-seconds", "3599"], "3600 <= file_retention_seconds"),
+        ([*REQUIRED, "--cleanup-interval-seconds", "0"], "cleanup_interval_seconds > 0"),
+        ([*REQUIRED, "--cleanup-max-files-per-pass", "0"], "cleanup_max_files_per_pass >= 1"),
     ],
 )
 def test_invalid_config_names_the_violated_rule(argv, rule):
     with pytest.raises(ConfigError, match=rule.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         load_config(argv, {})
+
+
+def test_retention_and_cleanup_settings_reach_the_config_from_flags_and_env():
+    cfg = load_config(
+        [*REQUIRED, "--file-retention-seconds", "7200"], {"BANDMASTER_BATCH_CLEANUP_MAX_FILES_PER_PASS": "5"}
+    )
+    assert cfg.file_retention_seconds == 7200 and cfg.cleanup_max_files_per_pass == 5
+    assert load_config(REQUIRED, {}).file_retention_seconds == 30 * 86400  # OpenAI's default for batch files

@@ -177,3 +177,30 @@ def test_a_registry_the_planner_kept_before_the_split_carries_on(tmp_path):
     finally:
         reg.close()
     Registry(path).close()  # opening it again changes nothing
+
+
+def test_dispatch_retries_follow_the_one_retry_policy(tmp_path):
+    """Retryable failures wait as services/common/retry.py says, doubling to a cap, within max_attempts."""
+    reg = Registry(str(tmp_path / "r.sqlite3"))
+    d = Dispatcher(reg, lambda: None, SystemClock(), base_url="http://127.0.0.1:9", max_attempts=3)
+    assert d.retry.may_try_again(2) and not d.retry.may_try_again(3)
+    assert [d.retry.delay_s(n, rand=lambda: 0.0) for n in (1, 2, 3, 10)] == [0.25, 0.5, 1.0, 8.0]
+    assert 0.2 <= d.retry.delay_s(1, rand=lambda: 1.0) < 0.25  # jittered down, never up
+
+
+def test_a_request_requeued_after_its_batch_was_cancelled_is_closed_and_the_batch_ends(tmp_path):
+    """A retryable failure that comes back after a cancel (the request was in flight, or in its backoff)
+    must not leave a queued request that nothing claims: the batch would stay `cancelling` forever."""
+    reg = Registry(str(tmp_path / "r.sqlite3"))
+    b = new_batch(reg, n=2)
+    reg.advance(1001)
+    in_flight = reg.claim(1)[0]
+    reg.cancel(b["id"], 1002)
+    reg.advance(1002)
+    assert reg.get_batch(b["id"])["status"] == "cancelling"  # waits for the request in flight
+    reg.requeue(in_flight.batch_id, in_flight.idx)
+    assert reg.request_states(b["id"]) == {"cancelled": 2}
+    reg.advance(1003)
+    ended = reg.get_batch(b["id"])
+    assert ended["status"] == "cancelled" and ended["error_file_id"]
+    assert reg.file_content(ended["error_file_id"]).count(b"batch_cancelled") == 2

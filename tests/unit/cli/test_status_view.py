@@ -144,6 +144,7 @@ def test_the_live_view_refreshes_until_interrupted(monkeypatch):
         capacity_addr="",
         scheduler_addr="",
         planner_addr="",
+        batch_addr="",
         scheduler_metrics_url="",
         state_dir=None,
         tls_ca="",
@@ -189,3 +190,32 @@ def test_program_counts_nest_under_active_and_paused():
     text = render(snapshot)
     (row,) = [line for line in text.splitlines() if line.startswith("  reasoning (in a turn)")]
     assert row.split()[-1] == "1", text
+
+
+def test_the_batch_services_health_is_one_line_read_over_grpc_health():
+    import argparse
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from services.cli.status import batch_health
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    args = argparse.Namespace(tls_ca="", tls_cert="", tls_key="", control_token_file="", timeout_seconds=3.0)
+    try:
+        servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        assert batch_health(args, f"127.0.0.1:{port}") == f"SERVING at 127.0.0.1:{port}"
+        servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert batch_health(args, f"127.0.0.1:{port}").startswith("NOT_SERVING")
+    finally:
+        server.stop(0)
+    assert batch_health(args, f"127.0.0.1:{port}").startswith(f"not answering at 127.0.0.1:{port} (UNAVAILABLE")
+    snapshot = _full_snapshot()
+    snapshot.batch_health = "SERVING at 127.0.0.1:50063"
+    assert "batch service: SERVING at 127.0.0.1:50063" in render(snapshot)
+    assert "batch service" not in render(_full_snapshot())

@@ -78,11 +78,12 @@ def test_the_router_quotes_with_the_same_one_helper():
 
 
 def test_every_openai_error_body_comes_from_the_one_builder():
-    from services.batch.core import batch_api
+    from services.batch import http_api as batch_http
     from services.common import http_errors, openai_errors
     from services.router import errors
 
-    assert batch_api.error_body is openai_errors.error_body
+    # The batch service's HTTP edge (split out of the planner) uses the one builder, not a copy.
+    assert batch_http.error_body is openai_errors.error_body
     assert openai_errors.error_body("m") == {
         "error": {"message": "m", "type": "invalid_request_error", "param": None, "code": None}
     }

@@ -183,6 +183,25 @@ async def test_unknown_route_and_method_are_openai_errors(router):
             assert r.status == 405 and r.headers["Allow"] == "POST" and _openai_error(await r.read())
 
 
+async def test_models_list_and_retrieve_answer_as_openai_with_the_official_client(router):
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+    listed = await client.models.list()
+    assert [m.id for m in listed.data] == [MODEL]
+    model = await client.models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by) == (MODEL, "model", "bandmaster")
+    assert model.created == listed.data[0].created > 0
+    with pytest.raises(openai.NotFoundError) as err:
+        await client.models.retrieve("no-such-model")
+    assert err.value.body["code"] == "model_not_found" and err.value.body["param"] == "model"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(router.url + "/v1/models/org/no-such-model") as r:
+            assert r.status == 404 and _openai_error(await r.read())["code"] == "model_not_found"
+        async with s.delete(router.url + "/v1/models/" + MODEL) as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET" and _openai_error(await r.read())
+
+
 # -- what the public port reveals ----------------------------------------------------------------------
 
 
