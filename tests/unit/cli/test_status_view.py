@@ -214,7 +214,8 @@ def test_the_batch_services_health_is_one_line_read_over_grpc_health():
         assert batch_health(args, f"127.0.0.1:{port}").startswith("NOT_SERVING")
     finally:
         server.stop(0)
-    assert batch_health(args, f"127.0.0.1:{port}").startswith(f"not answering at 127.0.0.1:{port} (UNAVAILABLE")
+    down = batch_health(args, f"127.0.0.1:{port}")
+    assert down.startswith(f"not answering at 127.0.0.1:{port}: UNAVAILABLE") and "connection refused" in down
     snapshot = _full_snapshot()
     snapshot.batch_health = "SERVING at 127.0.0.1:50063"
     assert "batch service: SERVING at 127.0.0.1:50063" in render(snapshot)
