@@ -253,6 +253,12 @@ class Ledger:
             return raw
         return self.policy_weight(program, raw, self.caps[key].retention_tokens)
 
+    def weight_at(self, program: Program, raw: int, retention_tokens: int) -> int:
+        """`weight` given the raw weight and a replica's budget (all the policy's weight depends on)."""
+        if self.policy_weight is None:
+            return raw
+        return self.policy_weight(program, raw, retention_tokens)
+
     def recharge(self, program: Program, *, touched: bool = True) -> None:
         """Re-account `program` after a change (`touched`: a change worth persisting)."""
         sid = program.session_id

@@ -28,6 +28,7 @@ from services.scheduler.core.model import (
 )
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PauseContext, PausePolicy
+from services.scheduler.core.weights import raw_weight_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,16 +253,34 @@ class ControlLaw:
         min_req = min(q.token_total for q in selected) + buffer
         order = sorted(room, key=lambda k: room[k], reverse=True)
         used = dict(ledger.used)  # the raw working sets as the chosen resumes will leave them
+        caps = ledger.caps
+        limit = {key: caps[key].retention_tokens * p.pause_threshold for key in room}
+        # Per budget size (a policy's weight depends on the replica only through it): an upper bound
+        # of the raw slack, limit - used, over the replicas still taking resumes. It stays one as the
+        # resumes only add to `used` and take replicas out of `order`; it is tightened when the replica
+        # that held it takes a resume. A program whose charge is not below the bound of any size fits
+        # nowhere (resume_target would find nothing): skipped without a scan.
+        bound: dict[int, float] = {}
+        for key in order:
+            size, slack = caps[key].retention_tokens, limit[key] - used[key]
+            if slack > bound.get(size, -math.inf):
+                bound[size] = slack
         steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
-            target = self.resume_target(program, order, room, slots, used)
+            raw = raw_weight_tokens(program, p.acting_token_weight)
+            needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
+            if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
+                continue
+            target = self.resume_target(program, order, room, slots, used, limit, needs)
             if target is None:
                 continue
             req = program.token_total + buffer
             steps.append(Resume(program.session_id, target))
-            used[target] += ledger.weight(program, target) + buffer  # its charge once resumed there
+            size = caps[target].retention_tokens
+            held = limit[target] - used[target] >= bound[size]
+            used[target] += needs[size]  # its charge once resumed there
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
@@ -272,6 +291,10 @@ class ControlLaw:
                 while idx < len(order) and room[order[idx]] >= room[target]:
                     idx += 1
                 order.insert(idx, target)
+            if held:
+                bound[size] = max(
+                    (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
+                )
         return Plan(tuple(steps))
 
     def resume_target(
@@ -281,18 +304,20 @@ class ControlLaw:
         room: dict[ReplicaKey, int],
         slots: dict[ReplicaKey, int | None],
         used: dict[ReplicaKey, int],
+        limit: dict[ReplicaKey, float],
+        needs: dict[int, int],
     ) -> ReplicaKey | None:
-        ledger = self.ledger
+        """Its previous replica if it fits there, else the first of `order` (by headroom) it fits.
+        Fits: `req` within the resume-side room, its raw charge `needs[budget]` keeps the replica
+        below `limit` (the pause threshold), and a request slot is free if it takes one."""
+        caps = self.ledger.caps
         req = program.token_total + self.params.buffer_per_program_tokens
-        buffer = self.params.buffer_per_program_tokens
         takes_slot = program.status is Status.REASONING
 
         def fits(key: ReplicaKey) -> bool:
-            cap = ledger.caps[key]
             return (
                 req <= room[key]
-                and used[key] + ledger.weight(program, key) + buffer
-                < cap.retention_tokens * self.params.pause_threshold
+                and used[key] + needs[caps[key].retention_tokens] < limit[key]
                 and not (takes_slot and slots[key] == 0)
             )
 
