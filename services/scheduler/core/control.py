@@ -75,12 +75,14 @@ class Unmark:
 
 @dataclass(frozen=True, slots=True)
 class SoftDemote:
-    """Lower the program's priority until `until`; `announce`: it was not demoted already (an event)."""
+    """Lower the priority of the programs `session_ids` on `replica` until `until`; those in
+    `announce` (in that order) were not demoted already: an event each. One step per replica (a
+    replica in the band may hold thousands of programs)."""
 
-    session_id: str
     replica: ReplicaKey
     until: float
-    announce: bool
+    session_ids: tuple[str, ...]
+    announce: tuple[str, ...] = ()
 
 
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
@@ -182,13 +184,20 @@ class ControlLaw:
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
+        programs = ledger.programs
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            for sid in ledger.resident[key]:
-                program = ledger.programs[sid]
-                if not program.marked:
-                    steps.append(SoftDemote(sid, key, until, announce=program.soft_demoted_until <= now))
+            demoted = [q for sid in ledger.resident[key] if not (q := programs[sid]).marked]
+            if demoted:
+                steps.append(
+                    SoftDemote(
+                        key,
+                        until,
+                        tuple(q.session_id for q in demoted),
+                        tuple(q.session_id for q in demoted if q.soft_demoted_until <= now),
+                    )
+                )
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
