@@ -228,6 +228,7 @@ class ControlLaw:
             return Plan()
         paused = ledger.paused
         discount = p.resume_wait_discount_seconds
+        reasoning, is_tail = Status.REASONING, ledger.is_tail
 
         def resume_key(q: Program) -> tuple[int, float, int]:
             """Smallest effective size first, T / (1 + waited / H) (H = 0: T, the reference).
@@ -237,7 +238,11 @@ class ControlLaw:
             if discount > 0:
                 since = q.paused_since if q.paused_since is not None else now
                 size /= 1.0 + max(0.0, now - since) / discount
-            return (self.resume_group(q), size, paused[q.session_id])
+            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
+                group = -1 if is_tail(q) else 0 if q.turns > 1 else 1
+            else:
+                group = 2
+            return (group, size, paused[q.session_id])
 
         candidates = sorted((ledger.programs[sid] for sid in paused), key=resume_key)
         # Selection: a global knapsack over the summed headroom, in priority order.
@@ -274,14 +279,21 @@ class ControlLaw:
             size, slack = caps[key].retention_tokens, limit[key] - used[key]
             if slack > bound.get(size, -math.inf):
                 bound[size] = slack
+        single = next(iter(bound)) if len(bound) == 1 else None
         steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
             raw = raw_weight_tokens(program, p.acting_token_weight)
-            needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
-            if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
-                continue
+            if single is not None:  # one budget size (the usual fleet): no dict to build for a skip
+                need = ledger.weight_at(program, raw, single) + buffer
+                if need >= bound[single] + 1.0:
+                    continue
+                needs = {single: need}
+            else:
+                needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
+                if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
+                    continue
             target = self.resume_target(program, order, room, slots, used, limit, needs)
             if target is None:
                 continue
