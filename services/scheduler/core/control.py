@@ -13,7 +13,9 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -28,7 +30,6 @@ from services.scheduler.core.model import (
 )
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PauseContext, PausePolicy
-from services.scheduler.core.weights import raw_weight_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,21 +252,29 @@ class ControlLaw:
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
         selected: list[Program] = []
         cumulative = slots_needed = 0
-        for program in candidates:
-            req = program.token_total + buffer
-            takes_slot = program.status is Status.REASONING
-            if takes_slot and total_slots is not None and slots_needed >= total_slots:
-                continue
-            if cumulative + req <= budget:
-                selected.append(program)
-                cumulative += req
-                slots_needed += takes_slot
+        if total_slots is None:  # no request-slot limit: the size alone decides
+            for program in candidates:
+                req = program.token_total + buffer
+                if cumulative + req <= budget:
+                    selected.append(program)
+                    cumulative += req
+        else:
+            for program in candidates:
+                req = program.token_total + buffer
+                takes_slot = program.status is reasoning
+                if takes_slot and slots_needed >= total_slots:
+                    continue
+                if cumulative + req <= budget:
+                    selected.append(program)
+                    cumulative += req
+                    slots_needed += takes_slot
         if not selected:
             return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
         selected.sort(key=lambda q: q.token_total, reverse=True)
         min_req = min(q.token_total for q in selected) + buffer
         order = sorted(room, key=lambda k: room[k], reverse=True)
+        rank = [-room[k] for k in order]  # ascending, beside `order`: where a replica goes back (bisect)
         used = dict(ledger.used)  # the raw working sets as the chosen resumes will leave them
         caps = ledger.caps
         limit = {key: caps[key].retention_tokens * p.pause_threshold for key in room}
@@ -280,13 +289,15 @@ class ControlLaw:
             if slack > bound.get(size, -math.inf):
                 bound[size] = slack
         single = next(iter(bound)) if len(bound) == 1 else None
+        acting, w_a, policy_weight = Status.ACTING, p.acting_token_weight, ledger.policy_weight
         steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
-            raw = raw_weight_tokens(program, p.acting_token_weight)
+            # raw_weight_tokens, inline (this runs for every selected program)
+            raw = math.floor(program.token_total * w_a) if program.status is acting else program.token_total
             if single is not None:  # one budget size (the usual fleet): no dict to build for a skip
-                need = ledger.weight_at(program, raw, single) + buffer
+                need = (raw if policy_weight is None else policy_weight(program, raw, single)) + buffer
                 if need >= bound[single] + 1.0:
                     continue
                 needs = {single: need}
@@ -305,13 +316,13 @@ class ControlLaw:
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
-            order.remove(target)
+            idx = order.index(target)
+            del order[idx], rank[idx]
             if room[target] > buffer:
-                # Keep the list sorted by headroom (descending); it is short (one entry per replica).
-                idx = 0
-                while idx < len(order) and room[order[idx]] >= room[target]:
-                    idx += 1
+                # Back in headroom order (descending), after the replicas with as much headroom.
+                idx = bisect_right(rank, -room[target])
                 order.insert(idx, target)
+                rank.insert(idx, -room[target])
             if held:
                 bound[size] = max(
                     (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
@@ -461,6 +472,8 @@ class ControlLaw:
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
         weight: Callable[[Program, ReplicaKey], int] = ledger.weight
+        table = ledger.programs
+        by_seq = attrgetter("seq")
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -470,13 +483,11 @@ class ControlLaw:
                     # Pressure is gone: marks are not sticky.
                     steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
                 continue
+            resident = [table[sid] for sid in ledger.resident[key]]
+            tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = sorted(
-                (
-                    q
-                    for sid in ledger.resident[key]
-                    if (q := ledger.programs[sid]).pause_protected_until <= now and not ledger.is_tail(q)
-                ),
-                key=lambda q: q.seq,
+                (q for q in resident if q.pause_protected_until <= now and (tail is None or q.turns <= tail)),
+                key=by_seq,
             )
             before = ledger.used[key]
 
