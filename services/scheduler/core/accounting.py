@@ -400,11 +400,26 @@ class Ledger:
                         self.weight(program, program.replica) + self.params.buffer_per_program_tokens
                     )
                     inflight[program.replica] += program.status is Status.REASONING
+        pt_count = {k: 0 for k in self.caps}
         for key, amount in self.pt_charge.values():
             used[key] += amount
             inflight[key] += 1
+            pt_count[key] += 1
         assert used == self.used, (used, self.used)
         assert inflight == self.inflight, (inflight, self.inflight)
+        assert pt_count == self.pt_count, (pt_count, self.pt_count)
+        # Who is charged where: the residents, and the REASONING count read as inflight - pt_count.
+        for key in self.caps:
+            placed = {
+                sid
+                for sid, q in self.programs.items()
+                if q.lifecycle is Lifecycle.ACTIVE and q.replica == key and sid not in self.unsettled
+            }
+            assert set(self.resident[key]) == placed, (key, set(self.resident[key]) ^ placed)
+            reasoning = sum(1 for sid in placed if self.programs[sid].status is Status.REASONING)
+            assert reasoning == self.inflight[key] - self.pt_count[key], (key, reasoning)
+            acting = {sid for sid in placed if self.programs[sid].status is Status.ACTING}
+            assert set(self.acting_members[key]) <= acting, key
         assert set(self.paused) <= set(self.programs)
         if now is not None:
             p = self.params
