@@ -100,10 +100,10 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
                 core.admit(now, name, "", 0, rid)
                 in_flight[name] = rid
         started = time.perf_counter()
-        result = core.tick(now)
+        ticked = core.tick(now)
         durations_ms.append((time.perf_counter() - started) * 1e3)
         for key in totals:
-            totals[key] += getattr(result, key)
+            totals[key] += getattr(ticked, key)
     stats = core.stats(now)
     return {
         "programs": programs,

@@ -727,15 +727,14 @@ class SchedulerCore:
     def _apply(self, now: float, plan: Plan, acc: Acc) -> Plan:
         programs = self.ledger.programs
         for step in plan.steps:
-            kind = type(step)
-            if kind is Pause:
+            if isinstance(step, Pause):  # the kinds in the order of their frequency in a tick
                 self._pause(now, programs[step.session_id], step.reason, acc)
-            elif kind is Resume:
+            elif isinstance(step, Resume):
                 program = programs[step.session_id]
                 if step.protect_until is not None:
                     program.pause_protected_until = step.protect_until
                 self._resume_onto(now, program, step.replica, acc, forced=False)
-            elif kind is SoftDemote:
+            elif isinstance(step, SoftDemote):
                 until = step.until
                 for sid in step.announce:
                     acc.events.append(
@@ -745,13 +744,13 @@ class SchedulerCore:
                     program = programs[sid]
                     if program.soft_demoted_until < until:
                         program.soft_demoted_until = until
-            elif kind is ForceResume:
+            elif isinstance(step, ForceResume):
                 program = programs[step.session_id]
                 if program.lifecycle is Lifecycle.PAUSED:
                     self._forced_resume(now, program, step.waited_s, acc)
-            elif kind is Mark:
+            elif isinstance(step, Mark):
                 self._mark(now, programs[step.session_id], step.replica, acc)
-            elif kind is Unmark:
+            elif isinstance(step, Unmark):
                 programs[step.session_id].marked = False
             else:
                 acc.logs.append(step)
