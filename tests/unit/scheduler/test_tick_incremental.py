@@ -193,3 +193,28 @@ def test_incremental_sums_and_resume_plans_equal_recomputation(policy: str, mixe
                 assert stat.active_programs == sum(1 for q in resident if q.status is Status.REASONING)
         core.ledger.check_invariants(now)
     assert resume_plans > 20  # the sequence exercised the resume placement
+
+
+def test_the_cost_aware_weight_memo_follows_the_estimates():
+    """The hold fraction is remembered per (size, budget) only for the estimates it was computed with."""
+    from services.scheduler.core.policies.cost_aware import CostAwarePauseParams, CostAwarePausePolicy
+
+    policy = CostAwarePausePolicy(CostAwarePauseParams())
+    program = Program("p", "", 0.0, 0, status=Status.ACTING, token_total=40_000)
+
+    def fresh() -> int:
+        other = CostAwarePausePolicy(CostAwarePauseParams())
+        other.tool_seconds, other.prefill_tokens_per_s = policy.tool_seconds, policy.prefill_tokens_per_s
+        return other.weight_tokens(program, 40_000, 1_000_000)
+
+    assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    for seconds in (600.0, 0.5, 30.0):
+        for _ in range(50):
+            policy.observe_tool(seconds)
+        assert policy.refresh()
+        assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    weights = {policy.weight_tokens(program, 40_000, 1_000_000)}
+    policy.tool_seconds = 1e-6  # set directly (tools this short: every context is worth holding)
+    assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    weights.add(fresh())
+    assert len(weights) == 2  # the estimates moved the weight (the check above is not vacuous)
