@@ -4,7 +4,8 @@
 
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
-   a share of programs takes a turn between ticks.
+   a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
+   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers
    in this process each loop Admit -> Complete for their own program over a few gRPC channels.
@@ -99,10 +100,10 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
                 core.admit(now, name, "", 0, rid)
                 in_flight[name] = rid
         started = time.perf_counter()
-        result = core.tick(now)
+        ticked = core.tick(now)
         durations_ms.append((time.perf_counter() - started) * 1e3)
         for key in totals:
-            totals[key] += getattr(result, key)
+            totals[key] += getattr(ticked, key)
     stats = core.stats(now)
     return {
         "programs": programs,
@@ -116,6 +117,35 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
             "mean": sum(durations_ms) / len(durations_ms),
         },
         "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
+    }
+
+
+def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int) -> dict:
+    """The tick benchmark at each fleet size (the same mix, the budget scaled with the programs): its
+    p50 / p99 and their cost per program, and how the cost grows from the smallest size to the largest
+    relative to the programs (growth 1.0 = linear; above it, superlinear)."""
+    runs = []
+    for programs in sizes:
+        run = bench_tick(programs, replicas, ticks)
+        p50, p99 = run["tick_ms"]["p50"], run["tick_ms"]["p99"]
+        runs.append(
+            {
+                "programs": programs,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "p50_us_per_program": p50 * 1e3 / programs,
+                "p99_us_per_program": p99 * 1e3 / programs,
+                "activity": run["activity"],
+            }
+        )
+    first, last = runs[0], runs[-1]
+    scale = last["programs"] / first["programs"]
+    return {
+        "replicas": replicas,
+        "ticks": ticks,
+        "runs": runs,
+        "p50_growth": (last["p50_ms"] / first["p50_ms"]) / scale if first["p50_ms"] > 0 else None,
+        "p99_growth": (last["p99_ms"] / first["p99_ms"]) / scale if first["p99_ms"] > 0 else None,
     }
 
 
@@ -383,7 +413,7 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
 def _table(report: dict) -> str:
     from harness.table import render_table
 
-    t, r, s = report["tick"], report["rpc"], report["recovery"]
+    t, r, s, sc = report["tick"], report["rpc"], report["recovery"], report["tick_scaling"]
     rows = [
         [f"tick ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
@@ -392,6 +422,19 @@ def _table(report: dict) -> str:
             "paused / marked / resumed",
             f"{t['activity']['paused']} / {t['activity']['marked']} / {t['activity']['resumed']}",
         ],
+        *(
+            [
+                f"tick scaling ({run['programs']:,} programs)",
+                "p50 / p99 ms",
+                f"{run['p50_ms']:.1f} / {run['p99_ms']:.1f}",
+            ]
+            for run in (sc["runs"] if sc else ())
+        ),
+        *(
+            [["", "growth p50 / p99 (1 = linear)", f"{sc['p50_growth']:.2f} / {sc['p99_growth']:.2f}"]]
+            if sc and sc["p50_growth"] is not None and sc["p99_growth"] is not None
+            else []
+        ),
         [f"Admit+Complete ({r['callers']} callers, gRPC)", "round trips/s", r["round_trips_per_s"]],
         ["", "p50 ms", r["latency_ms"]["p50"]],
         ["", "p99 ms", r["latency_ms"]["p99"]],
@@ -409,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", type=int, default=10_000)
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--ticks", type=int, default=50)
+    parser.add_argument(
+        "--scaling-programs",
+        default="1000,10000,50000",
+        help="fleet sizes of the tick scaling run (comma-separated; '' skips it)",
+    )
+    parser.add_argument("--scaling-ticks", type=int, default=30, help="ticks timed at each scaling size")
+    parser.add_argument("--tick-only", action="store_true", help="only the tick and its scaling run (no rpc, recovery)")
     parser.add_argument("--callers", type=int, default=500)
     parser.add_argument("--duration-seconds", type=float, default=10.0)
     parser.add_argument("--channels", type=int, default=4)
@@ -416,13 +466,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.programs, args.replicas, args.ticks = 500, 8, 5
         args.callers, args.duration_seconds, args.channels = 20, 1.0, 2
+        args.scaling_programs, args.scaling_ticks = "200,1000", 5
+    sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
     tick = bench_tick(args.programs, args.replicas, args.ticks)
+    scaling = bench_tick_scaling(sizes, args.replicas, args.scaling_ticks) if sizes else None
+    if args.tick_only:
+        report = {"benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "tick_scaling": scaling}
+        print(json.dumps(report, indent=2))
+        return 0
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels))
     recovery = asyncio.run(bench_recovery(args.programs, args.replicas))
     report = {
         "benchmark": "scheduler",
         "smoke": args.smoke,
         "tick": tick,
+        "tick_scaling": scaling,
         "rpc": rpc,
         "recovery": recovery,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},

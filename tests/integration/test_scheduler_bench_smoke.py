@@ -25,6 +25,10 @@ def test_scheduler_bench_smoke(tmp_path):
     assert report["smoke"] is True
     assert report["tick"]["programs"] == 500 and report["tick"]["replicas"] == 8
     assert report["tick"]["tick_ms"]["p50"] > 0 and report["tick"]["activity"]["paused"] > 0
+    scaling = report["tick_scaling"]
+    assert [run["programs"] for run in scaling["runs"]] == [200, 1000]
+    assert all(run["p50_ms"] > 0 and run["p99_us_per_program"] > 0 for run in scaling["runs"])
+    assert scaling["p50_growth"] > 0 and "tick scaling" in proc.stdout
     assert report["rpc"]["round_trips"] > 0 and report["rpc"]["replicas"] == 8
     assert report["rpc"]["held"] == 0 and report["rpc"]["pauses_total"] == 0
     assert "round trips/s" in proc.stdout

@@ -253,6 +253,12 @@ class Ledger:
             return raw
         return self.policy_weight(program, raw, self.caps[key].retention_tokens)
 
+    def weight_at(self, program: Program, raw: int, retention_tokens: int) -> int:
+        """`weight` given the raw weight and a replica's budget (all the policy's weight depends on)."""
+        if self.policy_weight is None:
+            return raw
+        return self.policy_weight(program, raw, retention_tokens)
+
     def recharge(self, program: Program, *, touched: bool = True) -> None:
         """Re-account `program` after a change (`touched`: a change worth persisting)."""
         sid = program.session_id
@@ -394,11 +400,26 @@ class Ledger:
                         self.weight(program, program.replica) + self.params.buffer_per_program_tokens
                     )
                     inflight[program.replica] += program.status is Status.REASONING
+        pt_count = {k: 0 for k in self.caps}
         for key, amount in self.pt_charge.values():
             used[key] += amount
             inflight[key] += 1
+            pt_count[key] += 1
         assert used == self.used, (used, self.used)
         assert inflight == self.inflight, (inflight, self.inflight)
+        assert pt_count == self.pt_count, (pt_count, self.pt_count)
+        # Who is charged where: the residents, and the REASONING count read as inflight - pt_count.
+        for key in self.caps:
+            placed = {
+                sid
+                for sid, q in self.programs.items()
+                if q.lifecycle is Lifecycle.ACTIVE and q.replica == key and sid not in self.unsettled
+            }
+            assert set(self.resident[key]) == placed, (key, set(self.resident[key]) ^ placed)
+            reasoning = sum(1 for sid in placed if self.programs[sid].status is Status.REASONING)
+            assert reasoning == self.inflight[key] - self.pt_count[key], (key, reasoning)
+            acting = {sid for sid in placed if self.programs[sid].status is Status.ACTING}
+            assert set(self.acting_members[key]) <= acting, key
         assert set(self.paused) <= set(self.programs)
         if now is not None:
             p = self.params

@@ -13,7 +13,9 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -74,12 +76,14 @@ class Unmark:
 
 @dataclass(frozen=True, slots=True)
 class SoftDemote:
-    """Lower the program's priority until `until`; `announce`: it was not demoted already (an event)."""
+    """Lower the priority of the programs `session_ids` on `replica` until `until`; those in
+    `announce` (in that order) were not demoted already: an event each. One step per replica (a
+    replica in the band may hold thousands of programs)."""
 
-    session_id: str
     replica: ReplicaKey
     until: float
-    announce: bool
+    session_ids: tuple[str, ...]
+    announce: tuple[str, ...] = ()
 
 
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
@@ -181,13 +185,20 @@ class ControlLaw:
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
+        programs = ledger.programs
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            for sid in ledger.resident[key]:
-                program = ledger.programs[sid]
-                if not program.marked:
-                    steps.append(SoftDemote(sid, key, until, announce=program.soft_demoted_until <= now))
+            demoted = [q for sid in ledger.resident[key] if not (q := programs[sid]).marked]
+            if demoted:
+                steps.append(
+                    SoftDemote(
+                        key,
+                        until,
+                        tuple(q.session_id for q in demoted),
+                        tuple(q.session_id for q in demoted if q.soft_demoted_until <= now),
+                    )
+                )
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
@@ -218,6 +229,7 @@ class ControlLaw:
             return Plan()
         paused = ledger.paused
         discount = p.resume_wait_discount_seconds
+        reasoning, is_tail = Status.REASONING, ledger.is_tail
 
         def resume_key(q: Program) -> tuple[int, float, int]:
             """Smallest effective size first, T / (1 + waited / H) (H = 0: T, the reference).
@@ -227,7 +239,11 @@ class ControlLaw:
             if discount > 0:
                 since = q.paused_since if q.paused_since is not None else now
                 size /= 1.0 + max(0.0, now - since) / discount
-            return (self.resume_group(q), size, paused[q.session_id])
+            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
+                group = -1 if is_tail(q) else 0 if q.turns > 1 else 1
+            else:
+                group = 2
+            return (group, size, paused[q.session_id])
 
         candidates = sorted((ledger.programs[sid] for sid in paused), key=resume_key)
         # Selection: a global knapsack over the summed headroom, in priority order.
@@ -236,42 +252,81 @@ class ControlLaw:
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
         selected: list[Program] = []
         cumulative = slots_needed = 0
-        for program in candidates:
-            req = program.token_total + buffer
-            takes_slot = program.status is Status.REASONING
-            if takes_slot and total_slots is not None and slots_needed >= total_slots:
-                continue
-            if cumulative + req <= budget:
-                selected.append(program)
-                cumulative += req
-                slots_needed += takes_slot
+        if total_slots is None:  # no request-slot limit: the size alone decides
+            for program in candidates:
+                req = program.token_total + buffer
+                if cumulative + req <= budget:
+                    selected.append(program)
+                    cumulative += req
+        else:
+            for program in candidates:
+                req = program.token_total + buffer
+                takes_slot = program.status is reasoning
+                if takes_slot and slots_needed >= total_slots:
+                    continue
+                if cumulative + req <= budget:
+                    selected.append(program)
+                    cumulative += req
+                    slots_needed += takes_slot
         if not selected:
             return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
         selected.sort(key=lambda q: q.token_total, reverse=True)
         min_req = min(q.token_total for q in selected) + buffer
         order = sorted(room, key=lambda k: room[k], reverse=True)
+        rank = [-room[k] for k in order]  # ascending, beside `order`: where a replica goes back (bisect)
         used = dict(ledger.used)  # the raw working sets as the chosen resumes will leave them
+        caps = ledger.caps
+        limit = {key: caps[key].retention_tokens * p.pause_threshold for key in room}
+        # Per budget size (a policy's weight depends on the replica only through it): an upper bound
+        # of the raw slack, limit - used, over the replicas still taking resumes. It stays one as the
+        # resumes only add to `used` and take replicas out of `order`; it is tightened when the replica
+        # that held it takes a resume. A program whose charge is not below the bound of any size fits
+        # nowhere (resume_target would find nothing): skipped without a scan.
+        bound: dict[int, float] = {}
+        for key in order:
+            size, slack = caps[key].retention_tokens, limit[key] - used[key]
+            if slack > bound.get(size, -math.inf):
+                bound[size] = slack
+        single = next(iter(bound)) if len(bound) == 1 else None
+        acting, w_a, policy_weight = Status.ACTING, p.acting_token_weight, ledger.policy_weight
         steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
-            target = self.resume_target(program, order, room, slots, used)
+            # raw_weight_tokens, inline (this runs for every selected program)
+            raw = math.floor(program.token_total * w_a) if program.status is acting else program.token_total
+            if single is not None:  # one budget size (the usual fleet): no dict to build for a skip
+                need = (raw if policy_weight is None else policy_weight(program, raw, single)) + buffer
+                if need >= bound[single] + 1.0:
+                    continue
+                needs = {single: need}
+            else:
+                needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
+                if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
+                    continue
+            target = self.resume_target(program, order, room, slots, used, limit, needs)
             if target is None:
                 continue
             req = program.token_total + buffer
             steps.append(Resume(program.session_id, target))
-            used[target] += ledger.weight(program, target) + buffer  # its charge once resumed there
+            size = caps[target].retention_tokens
+            held = limit[target] - used[target] >= bound[size]
+            used[target] += needs[size]  # its charge once resumed there
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
-            order.remove(target)
+            idx = order.index(target)
+            del order[idx], rank[idx]
             if room[target] > buffer:
-                # Keep the list sorted by headroom (descending); it is short (one entry per replica).
-                idx = 0
-                while idx < len(order) and room[order[idx]] >= room[target]:
-                    idx += 1
+                # Back in headroom order (descending), after the replicas with as much headroom.
+                idx = bisect_right(rank, -room[target])
                 order.insert(idx, target)
+                rank.insert(idx, -room[target])
+            if held:
+                bound[size] = max(
+                    (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
+                )
         return Plan(tuple(steps))
 
     def resume_target(
@@ -281,18 +336,20 @@ class ControlLaw:
         room: dict[ReplicaKey, int],
         slots: dict[ReplicaKey, int | None],
         used: dict[ReplicaKey, int],
+        limit: dict[ReplicaKey, float],
+        needs: dict[int, int],
     ) -> ReplicaKey | None:
-        ledger = self.ledger
+        """Its previous replica if it fits there, else the first of `order` (by headroom) it fits.
+        Fits: `req` within the resume-side room, its raw charge `needs[budget]` keeps the replica
+        below `limit` (the pause threshold), and a request slot is free if it takes one."""
+        caps = self.ledger.caps
         req = program.token_total + self.params.buffer_per_program_tokens
-        buffer = self.params.buffer_per_program_tokens
         takes_slot = program.status is Status.REASONING
 
         def fits(key: ReplicaKey) -> bool:
-            cap = ledger.caps[key]
             return (
                 req <= room[key]
-                and used[key] + ledger.weight(program, key) + buffer
-                < cap.retention_tokens * self.params.pause_threshold
+                and used[key] + needs[caps[key].retention_tokens] < limit[key]
                 and not (takes_slot and slots[key] == 0)
             )
 
@@ -415,6 +472,8 @@ class ControlLaw:
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
         weight: Callable[[Program, ReplicaKey], int] = ledger.weight
+        table = ledger.programs
+        by_seq = attrgetter("seq")
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -424,13 +483,11 @@ class ControlLaw:
                     # Pressure is gone: marks are not sticky.
                     steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
                 continue
+            resident = [table[sid] for sid in ledger.resident[key]]
+            tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = sorted(
-                (
-                    q
-                    for sid in ledger.resident[key]
-                    if (q := ledger.programs[sid]).pause_protected_until <= now and not ledger.is_tail(q)
-                ),
-                key=lambda q: q.seq,
+                (q for q in resident if q.pause_protected_until <= now and (tail is None or q.turns <= tail)),
+                key=by_seq,
             )
             before = ledger.used[key]
 

@@ -670,7 +670,8 @@ class SchedulerCore:
         out = []
         for key, cap in self.ledger.caps.items():
             resident = self.ledger.resident[key]
-            reasoning = sum(1 for sid in resident if self.ledger.programs[sid].status is Status.REASONING)
+            # In flight there: its REASONING programs and its passthrough requests (see Ledger).
+            reasoning = self.ledger.inflight[key] - self.ledger.pt_count[key]
             out.append(
                 ReplicaStats(
                     key,
@@ -726,13 +727,23 @@ class SchedulerCore:
     def _apply(self, now: float, plan: Plan, acc: Acc) -> Plan:
         programs = self.ledger.programs
         for step in plan.steps:
-            if isinstance(step, Pause):
+            if isinstance(step, Pause):  # the kinds in the order of their frequency in a tick
                 self._pause(now, programs[step.session_id], step.reason, acc)
             elif isinstance(step, Resume):
                 program = programs[step.session_id]
                 if step.protect_until is not None:
                     program.pause_protected_until = step.protect_until
                 self._resume_onto(now, program, step.replica, acc, forced=False)
+            elif isinstance(step, SoftDemote):
+                until = step.until
+                for sid in step.announce:
+                    acc.events.append(
+                        ProgramEvent(EventKind.SOFT_DEMOTED, sid, step.replica, programs[sid].token_total, now)
+                    )
+                for sid in step.session_ids:
+                    program = programs[sid]
+                    if program.soft_demoted_until < until:
+                        program.soft_demoted_until = until
             elif isinstance(step, ForceResume):
                 program = programs[step.session_id]
                 if program.lifecycle is Lifecycle.PAUSED:
@@ -741,13 +752,6 @@ class SchedulerCore:
                 self._mark(now, programs[step.session_id], step.replica, acc)
             elif isinstance(step, Unmark):
                 programs[step.session_id].marked = False
-            elif isinstance(step, SoftDemote):
-                program = programs[step.session_id]
-                if step.announce:
-                    acc.events.append(
-                        ProgramEvent(EventKind.SOFT_DEMOTED, step.session_id, step.replica, program.token_total, now)
-                    )
-                program.soft_demoted_until = max(program.soft_demoted_until, step.until)
             else:
                 acc.logs.append(step)
         return plan

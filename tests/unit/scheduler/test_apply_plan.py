@@ -23,7 +23,7 @@ def test_each_step_takes_effect_in_order_with_its_events_and_totals():
                 Mark("r", KEY),
                 line,
                 Resume("a", KEY, protect_until=9.0),
-                SoftDemote("a", KEY, until=5.0, announce=True),
+                SoftDemote(KEY, 5.0, ("a",), announce=("a",)),
             )
         ),
     )

@@ -164,10 +164,10 @@ def test_soft_demote_emits_one_event_per_window() -> None:
     control = law({A: 10_000})
     put(control, "p", 8_000, A)
     first = control.plan_soft_demote(0.0)
-    assert [(s.session_id, s.announce) for s in first.steps if isinstance(s, SoftDemote)] == [("p", True)]
+    assert [(s.session_ids, s.announce) for s in first.steps if isinstance(s, SoftDemote)] == [(("p",), ("p",))]
     control.ledger.programs["p"].soft_demoted_until = first.steps[0].until  # as the core applies it
     second = control.plan_soft_demote(1.0)
-    assert [(s.session_id, s.announce) for s in second.steps if isinstance(s, SoftDemote)] == [("p", False)]
+    assert [(s.session_ids, s.announce) for s in second.steps if isinstance(s, SoftDemote)] == [(("p",), ())]
 
 
 def test_planning_changes_nothing_in_the_ledger() -> None:

@@ -79,6 +79,7 @@ MIN_PREFILL_SAMPLE_TOKENS = 256
 # Recent prefill-rate samples kept, and the quantile of them taken as the engine's unqueued rate.
 PREFILL_WINDOW = 256
 PREFILL_QUANTILE = 0.97
+_MEMO_ENTRIES = 1 << 16  # hold fractions remembered per (size, budget) before the memo starts over
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ class CostAwarePausePolicy:
         self._pending = False
         self.tool_seconds = params.tool_seconds
         self.prefill_tokens_per_s = params.prefill_tokens_per_s
+        self._memo: dict[tuple[int, int], float] = {}
+        self._memo_estimates = (self.tool_seconds, self.prefill_tokens_per_s)
 
     # -- observations (any time) and estimates (folded in once per tick) ---------------------------
 
@@ -197,7 +200,17 @@ class CostAwarePausePolicy:
         """The pause-side weight of a program whose threshold weight is `raw_tokens`."""
         if program.status is not Status.ACTING and not self.params.scale_reasoning:
             return raw_tokens
-        phi = self.hold_fraction(program.token_total, capacity_tokens)
+        # phi depends on the size, the budget and the estimates only: remembered per (size, budget)
+        # for the estimates it was computed with (a tick asks for each placed program's weight a few
+        # times, and every placed program's after a refresh).
+        estimates = (self.tool_seconds, self.prefill_tokens_per_s)
+        if estimates != self._memo_estimates or len(self._memo) >= _MEMO_ENTRIES:
+            self._memo.clear()
+            self._memo_estimates = estimates
+        key = (program.token_total, capacity_tokens)
+        phi = self._memo.get(key)
+        if phi is None:
+            phi = self._memo[key] = self.hold_fraction(program.token_total, capacity_tokens)
         return math.floor(raw_tokens * phi) if phi >= self.params.min_hold_fraction else 0
 
     def plan(self, ctx: PauseContext) -> PausePlan:

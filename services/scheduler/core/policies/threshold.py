@@ -17,9 +17,12 @@ length (the paper's Lemma 4.1): freeing a given number of tokens from short prog
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from services.scheduler.core.model import Status
 from services.scheduler.core.policies.base import PauseContext, PausePlan
+
+_SIZE_THEN_AGE = attrgetter("token_total", "seq")  # smallest first, then the oldest
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class ThresholdPausePolicy:
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         used = ctx.used_tokens
-        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING), key=lambda p: (p.token_total, p.seq))
+        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING), key=_SIZE_THEN_AGE)
         pause: list[str] = []
         for program in acting:
             if used <= ctx.target_tokens:
@@ -60,7 +63,7 @@ class ThresholdPausePolicy:
 
         mark: list[str] = []
         if over():
-            for program in sorted(reasoning, key=lambda p: (p.token_total, p.seq)):
+            for program in sorted(reasoning, key=_SIZE_THEN_AGE):
                 if program.marked:
                     continue
                 if not self.params.mark_all_reasoning and not over():

@@ -1,0 +1,220 @@
+"""The tick's incremental bookkeeping against recomputation from scratch.
+
+The tick reads maintained sums (per-replica used / in-flight / passthrough counts, residents, the
+decayed acting sums) instead of rescanning the table, and the resume placement skips programs by an
+upper bound of the replicas' raw slack instead of scanning every replica for each. Random event
+sequences at a small fleet size check both: the ledger's sums equal a recomputation
+(`Ledger.check_invariants`), and every resume plan equals the exhaustive scan's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from services.scheduler.core import (
+    CapacitySnapshot,
+    ControlParams,
+    ReplicaCapacity,
+    ReplicaKey,
+    SchedulerCore,
+    Status,
+    TurnOutcome,
+    Verdict,
+)
+from services.scheduler.core.control import ControlLaw, Plan, Resume
+from services.scheduler.core.model import Program
+from services.scheduler.core.policies import make_pause_policy
+
+
+def exhaustive_resume_plan(law: ControlLaw, now: float) -> Plan:
+    """plan_resume as specified (docs/scheduler.md), without its shortcuts: every selected program
+    tries its previous replica, then every replica in headroom order."""
+    ledger, p = law.ledger, law.params
+    if not ledger.paused:
+        return Plan()
+    buffer, c = p.buffer_per_program_tokens, p.resume_ceiling
+    room: dict[ReplicaKey, int] = {}
+    slots: dict[ReplicaKey, int | None] = {}
+    for key, cap in ledger.caps.items():
+        r = math.floor(cap.retention_tokens * c) - ledger.decayed_used_one(now, key)
+        if r > buffer:
+            room[key] = r
+            slots[key] = (
+                max(0, math.floor(cap.max_programs * c) - ledger.inflight[key]) if cap.max_programs > 0 else None
+            )
+    if not room:
+        return Plan()
+
+    def resume_key(q: Program) -> tuple[int, float, int]:
+        size = float(q.token_total)
+        if p.resume_wait_discount_seconds > 0:
+            since = q.paused_since if q.paused_since is not None else now
+            size /= 1.0 + max(0.0, now - since) / p.resume_wait_discount_seconds
+        return (law.resume_group(q), size, ledger.paused[q.session_id])
+
+    budget = sum(room.values())
+    total_slots = sum(s for s in slots.values() if s is not None) if None not in slots.values() else None
+    selected: list[Program] = []
+    cumulative = slots_needed = 0
+    for q in sorted((ledger.programs[sid] for sid in ledger.paused), key=resume_key):
+        req = q.token_total + buffer
+        takes_slot = q.status is Status.REASONING
+        if takes_slot and total_slots is not None and slots_needed >= total_slots:
+            continue
+        if cumulative + req <= budget:
+            selected.append(q)
+            cumulative += req
+            slots_needed += takes_slot
+    if not selected:
+        return Plan()
+    selected.sort(key=lambda q: q.token_total, reverse=True)
+    min_req = min(q.token_total for q in selected) + buffer
+    order = sorted(room, key=lambda k: room[k], reverse=True)
+    used = dict(ledger.used)
+    steps = []
+    for q in selected:
+        if not order or min_req > room[order[0]]:
+            break
+        req = q.token_total + buffer
+        takes_slot = q.status is Status.REASONING
+
+        def fits(key: ReplicaKey, q: Program = q, req: int = req, takes_slot: bool = takes_slot) -> bool:
+            return (
+                req <= room[key]
+                and used[key] + ledger.weight(q, key) + buffer < ledger.caps[key].retention_tokens * p.pause_threshold
+                and not (takes_slot and slots[key] == 0)
+            )
+
+        candidates = ([q.last_replica] if q.last_replica in order else []) + order
+        target = next((key for key in candidates if fits(key)), None)
+        if target is None:
+            continue
+        steps.append(Resume(q.session_id, target))
+        used[target] += ledger.weight(q, target) + buffer
+        room[target] -= req
+        if takes_slot and slots[target] is not None:
+            slots[target] -= 1
+        order.remove(target)
+        if room[target] > buffer:
+            idx = 0
+            while idx < len(order) and room[order[idx]] >= room[target]:
+                idx += 1
+            order.insert(idx, target)
+    return Plan(tuple(steps))
+
+
+def fleet(budgets: list[int], slots: int) -> CapacitySnapshot:
+    return CapacitySnapshot(
+        1, tuple(ReplicaCapacity(f"w{i // 4}", i % 4, budget, slots) for i, budget in enumerate(budgets))
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "mixed", "slots", "seed"),
+    [
+        ("threshold", False, 16, 1),
+        ("threshold", True, 0, 2),
+        ("cost_aware", True, 12, 3),
+        ("cost_aware", False, 0, 4),
+    ],
+)
+def test_incremental_sums_and_resume_plans_equal_recomputation(policy: str, mixed: bool, slots: int, seed: int):
+    rng = random.Random(seed)
+    params = ControlParams(
+        scheduler_interval_seconds=5.0,
+        acting_decay_tau_seconds=30.0,
+        resume_wait_discount_seconds=rng.choice([0.0, 30.0]),
+    )
+    core = SchedulerCore(params, make_pause_policy(policy), ticket_lease_seconds=20.0)
+    programs = 300
+    sizes = [min(60_000, int(rng.lognormvariate(8.5, 0.9))) for _ in range(programs)]
+    total = sum(s + params.buffer_per_program_tokens for s in sizes)
+    budgets = [total // 10 * ((1 + i % 3) if mixed else 2) // 2 for i in range(8)]
+    core.apply_capacity(0.0, fleet(budgets, slots))
+    keys = [ReplicaKey(f"w{i // 4}", i % 4) for i in range(8)]
+    now, counter = 0.0, 0
+    in_flight: dict[str, str] = {}
+    for sid, size in enumerate(sizes):  # the bench's start: most programs at a tool call, some in a turn
+        counter += 1
+        result = core.admit(now, f"p{sid}", "", size // 4, f"r{counter}")
+        if result.decision.verdict is Verdict.PLACED and rng.random() < 0.9:
+            core.complete(now, f"p{sid}", f"r{counter}", result.decision.replica, size, size // 20)
+        else:
+            in_flight[f"p{sid}"] = f"r{counter}"
+    resume_plans = 0
+    for _ in range(1_000):
+        now += rng.choice([0.0, 0.5, 2.0])
+        sid = rng.randrange(programs)
+        name = f"p{sid}"
+        op = rng.random()
+        if op < 0.45:
+            if name in in_flight:
+                outcome = rng.choice([TurnOutcome.OK, TurnOutcome.OK, TurnOutcome.CANCELLED])
+                core.complete(
+                    now, name, in_flight.pop(name), rng.choice(keys + [None]), sizes[sid], sizes[sid] // 20, 0, outcome
+                )
+            else:
+                counter += 1
+                rid = f"r{counter}"
+                result = core.admit(now, name, "", sizes[sid] // 4 if rng.random() < 0.5 else 0, rid)
+                in_flight[name] = rid
+                if result.decision.verdict is Verdict.PLACED:
+                    core.renew_leases(now, (), (rid,))
+        elif op < 0.5 and name in in_flight:
+            core.cancel_admission(now, in_flight.pop(name))
+        elif op < 0.53:
+            core.release(now, name)
+            in_flight.pop(name, None)
+        elif op < 0.56 and name in in_flight:
+            core.bind_request(in_flight[name], rng.choice(keys))
+        elif op < 0.58:
+            counter += 1
+            rid = f"pt{counter}"
+            core.admit(now, "", "", rng.randrange(10, 5_000), rid)
+            core.bind_request(rid, rng.choice(keys))
+        elif op < 0.6:
+            core.expire_leases(now)
+        elif op < 0.605:
+            # A replica leaves the snapshot (or comes back): its programs are unplaced.
+            gone = rng.randrange(8)
+            shown = [b if i != gone or rng.random() < 0.5 else 0 for i, b in enumerate(budgets)]
+            core.apply_capacity(now, fleet(shown, slots))
+        elif op > 0.9:
+            expected = exhaustive_resume_plan(core.control, now)
+            assert core.control.plan_resume(now) == expected
+            resume_plans += len(expected.steps)
+            result = core.tick(now)
+            stats = {s.replica: s for s in result.replicas}
+            for key, stat in stats.items():
+                resident = [core.ledger.programs[s] for s in core.ledger.resident[key]]
+                assert stat.active_programs == sum(1 for q in resident if q.status is Status.REASONING)
+        core.ledger.check_invariants(now)
+    assert resume_plans > 20  # the sequence exercised the resume placement
+
+
+def test_the_cost_aware_weight_memo_follows_the_estimates():
+    """The hold fraction is remembered per (size, budget) only for the estimates it was computed with."""
+    from services.scheduler.core.policies.cost_aware import CostAwarePauseParams, CostAwarePausePolicy
+
+    policy = CostAwarePausePolicy(CostAwarePauseParams())
+    program = Program("p", "", 0.0, 0, status=Status.ACTING, token_total=40_000)
+
+    def fresh() -> int:
+        other = CostAwarePausePolicy(CostAwarePauseParams())
+        other.tool_seconds, other.prefill_tokens_per_s = policy.tool_seconds, policy.prefill_tokens_per_s
+        return other.weight_tokens(program, 40_000, 1_000_000)
+
+    assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    for seconds in (600.0, 0.5, 30.0):
+        for _ in range(50):
+            policy.observe_tool(seconds)
+        assert policy.refresh()
+        assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    weights = {policy.weight_tokens(program, 40_000, 1_000_000)}
+    policy.tool_seconds = 1e-6  # set directly (tools this short: every context is worth holding)
+    assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
+    weights.add(fresh())
+    assert len(weights) == 2  # the estimates moved the weight (the check above is not vacuous)
