@@ -68,7 +68,7 @@ def _run(tmp_path: Path, *args: str, timeout_s: float) -> tuple[subprocess.Compl
 
 
 KNOWN_TURN_DEFECTS = (
-    "open: docs/benchmarks/chaos.md#defects-found. Defects 1-3, 5 and 6 are fixed; a turn whose router is "
+    "open: docs/benchmarks/chaos.md#defects-found. Defects 1-6 are fixed; a turn whose router is "
     "SIGKILLed after its client's first byte and before the router reports the delivery (~50 ms, plus the "
     "background Admit's round trip on the admission fast path) is rolled back at its lease (scheduler one turn "
     "short), and a run on a loaded machine can still show one; make this a plain test once that window is closed"
