@@ -23,8 +23,6 @@ COPY pyproject.toml README.md ./
 COPY bandmaster ./bandmaster
 COPY services ./services
 COPY clients ./clients
-COPY harness ./harness
-COPY bench ./bench
 RUN pip install --no-deps . && python -m compileall -q /opt/bandmaster
 
 # --- runtime: the virtualenv alone, run by an unprivileged user -----------------------------------

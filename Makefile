@@ -39,14 +39,14 @@ $(STAMP): pyproject.toml requirements.lock
 venv: $(STAMP)
 
 # requirements.lock: everything (the services and the dev/test tools), pinned with hashes; what make demo,
-# make test and .ci/run install. requirements-runtime.lock: the services' own dependencies at the same
-# versions, what the container image installs.
+# make test and .ci/run install. requirements-runtime.lock: the services' own dependencies (with the
+# `kubernetes` extra, the planner's Kubernetes connector) at the same versions, what the container image installs.
 PIP_COMPILE := $(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--no-emit-index-url --no-emit-find-links
 lock: venv
 	$(PY) -m pip install --quiet 'pip-tools==7.6.2'
-	$(PIP_COMPILE) --upgrade --extra dev -o requirements.lock pyproject.toml
-	$(PIP_COMPILE) -c requirements.lock -o requirements-runtime.lock pyproject.toml
+	$(PIP_COMPILE) --upgrade --extra dev --extra kubernetes -o requirements.lock pyproject.toml
+	$(PIP_COMPILE) -c requirements.lock --extra kubernetes -o requirements-runtime.lock pyproject.toml
 
 # System packages the tests need. Installed once; skipped when already present.
 system-deps:

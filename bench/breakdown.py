@@ -44,7 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
-from harness.stats import interpolated_percentile
+from clients.stats import interpolated_percentile
 
 if TYPE_CHECKING:
     from harness.simlib import SimResult

@@ -3,10 +3,10 @@ same point simulated (plain and with the live path model), with live ÷ simulate
 
     python -m bench.breakdown_live --arm kv --programs 24 --max-turns 16 --speedup 4 --out-dir DIR
 
-Starts the arm's stack as `bandmaster up` would (harness.cluster: 2 simworkers of --worker-kv-tokens
+Starts the arm's stack as `bandmaster up` would (services.launcher.cluster: 2 simworkers of --worker-kv-tokens
 at --speedup, capacity, router, and for `bandmaster` the scheduler with its default policy) on free
 ports, inside `bench.breakdown.LiveSpans`, plays the SWE programs of the tuning split closed loop at
-full token counts (harness/player.py), stops the stack, and simulates the same programs with the
+full token counts (clients/player.py), stops the stack, and simulates the same programs with the
 control law and router clocks of that speedup (`live_control_params`, `live_speedup`, text prompts).
 Writes DIR/<arm>/report.json (summaries, breakdowns, ratios) and DIR/<arm>/spans/; prints the tables.
 Keep points short on a shared machine: the live run takes its simulated makespan / --speedup.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.breakdown import LiveSpans, breakdown_from_sim, format_table
-from harness.player import Runner, build_workload
+from clients.player import Runner, build_workload
 from harness.simlib import SimScenario, Simulator, live_control_params
 from harness.simlib.live_path import LivePathCosts
 from services.common.errors import ConfigError
@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _live(args: argparse.Namespace, programs: list, out: Path) -> tuple[dict, dict]:
     from bench.peers import chat_ok
-    from harness.cluster import ClusterConfig, start_cluster
-    from harness.probes import wait_for_workers
+    from services.launcher.cluster import ClusterConfig, start_cluster
+    from services.launcher.probes import wait_for_workers
 
     spans = LiveSpans(out / "spans")
     with spans:

@@ -5,7 +5,7 @@
 Starts the whole stack on loopback with fixed ports (so that a restarted process binds the same ones):
 a Redis server (the scheduler's program table, `--state-redis-url`, and the planner's leases,
 `--lease-store redis`), simulated workers, the capacity service, the scheduler (two, active and
-standby, when `harness.cluster.ClusterConfig` has `scheduler_replicas`), two independent router
+standby, when `services.launcher.cluster.ClusterConfig` has `scheduler_replicas`), two independent router
 processes sharing the HTTP and gRPC ports (SO_REUSEPORT, `--reuse-port`: what `--router-processes`
 starts as its children, here each its own supervised process so that one can die while the other
 serves) and the planner. Then, for `--duration-s`, it keeps `--programs` SWE-agent programs in flight
@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
-from harness.workloads import Program
+from clients.workloads import Program
 from services.common.child_start import start_child
 from services.common.child_stop import stop_child
 from services.common.config import require
@@ -785,7 +785,7 @@ def redis_argv(port: int, work_dir: Path, persistence: str) -> list[str]:
 
 def scheduler_replicas_supported() -> bool:
     """Whether the cluster launcher can start an active/standby scheduler pair (the failover work)."""
-    from harness.cluster import ClusterConfig
+    from services.launcher.cluster import ClusterConfig
 
     return "scheduler_replicas" in ClusterConfig.__dataclass_fields__
 
@@ -811,10 +811,10 @@ class Stack:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def start(self) -> None:
-        from harness.cluster import ClusterConfig, ClusterPorts, router_spec, start_cluster
-        from harness.probes import wait_for_workers
-        from harness.supervisor import Supervisor
         from services.common import orphan_guard
+        from services.launcher.cluster import ClusterConfig, ClusterPorts, router_spec, start_cluster
+        from services.launcher.probes import wait_for_workers
+        from services.launcher.supervisor import Supervisor
 
         config = self.config
         redis_dir = self.state_dir / f"redis-{self.redis_port}"  # its own append-only file, per start
@@ -1187,7 +1187,7 @@ class SchedulerWatch:
 
 def program_stream(config: ChaosConfig, seed: int) -> Iterator[Program]:
     """Endless distinct SWE programs: batches of `programs` draws, each batch with its own seed."""
-    from harness.player import build_workload
+    from clients.player import build_workload
 
     batch = 0
     while True:
@@ -1238,7 +1238,7 @@ class Load:
     async def run(self, deadline_s: float) -> None:
         import aiohttp
 
-        from harness.player import SYSTEM_PROMPT_TOKENS, text_of_n_tokens
+        from clients.player import SYSTEM_PROMPT_TOKENS, text_of_n_tokens
 
         programs = program_stream(self.config, self.seed)
         self.system = text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0)
@@ -1274,7 +1274,7 @@ class Load:
                     _log(f"bench.chaos: a load slot failed: {type(result).__name__}: {result}")
 
     async def _play(self, program: Program, outcome: ProgramOutcome) -> None:
-        from harness.player import SESSION, SYSTEM_PROMPT_TOKENS
+        from clients.player import SESSION, SYSTEM_PROMPT_TOKENS
 
         rng = random.Random(f"{self.seed}:{program.program_id}")
         messages: list[dict] = [{"role": "system", "content": self.system}]
@@ -1412,7 +1412,7 @@ class Load:
         idle program), but it is recorded."""
         import aiohttp
 
-        from harness.player import FINAL, SESSION
+        from clients.player import FINAL, SESSION
 
         body = {"model": MODEL, "messages": []}
         first = time.monotonic()
@@ -1559,7 +1559,7 @@ class BatchClient:
 
 
 def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = False) -> dict:
-    from harness.supervisor import StartupError
+    from services.launcher.supervisor import StartupError
 
     state_dir = Path(tempfile.mkdtemp(prefix=f"bandmaster-chaos-{seed}-"))
     started = time.monotonic()
@@ -1617,7 +1617,7 @@ def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = F
                 await stack.close_session()
             return injector, load, batch, watch
 
-        from harness.probes import busy_share, cpu_times
+        from services.launcher.probes import busy_share, cpu_times
 
         cpu_before, load_before = cpu_times(), os.getloadavg()
         injector, load, batch, watch = asyncio.run(play())

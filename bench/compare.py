@@ -23,7 +23,7 @@ A scenario spec per workload fixes the workers, the KV per worker, the turns per
 scale and the parallel-program counts. "Memory that fits" = the workers' KV pool / the mean peak
 context of the workload's programs; every point records its oversubscription factor
 (parallel / fits). Sim mode runs every arm at every point through `harness.simlib.simulate`; live mode
-starts each arm's processes per point, plays the programs with the `harness/player.py` Runner at
+starts each arm's processes per point, plays the programs with the `clients/player.py` Runner at
 `--time-scale` = the workers' speedup, reads the workers' counters and stops the stack, `--live-repeats`
 times per arm and point (3; the arms interleaved round by round), and reports the median run. The sim
 sweep is the large one; the live sweep is a few points with fewer turns so that it finishes in about
@@ -34,7 +34,7 @@ Live mode also simulates every live point (the `live-sim` sweeps: the same progr
 control law and router clocks at the live speedup, `harness.simlib.live_control_params`), so that the
 report can check that the live ratio Bandmaster / kv reproduces the simulator's within 10%.
 SWE programs come from the tuning part of the shipped trace unless `--trace` / `--split` say
-otherwise (harness/workloads/draws.py).
+otherwise (clients/workloads/draws.py).
 """
 
 from __future__ import annotations
@@ -56,8 +56,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from bench.peers import chat_ok, launch_peer_proxy, launch_sglang_router, peer_stats
-from harness.player import Runner, build_workload, scrape_counters
-from harness.workloads import DEFAULT_SPLIT, SPLITS
+from clients.player import Runner, build_workload, scrape_counters
+from clients.workloads import DEFAULT_SPLIT, SPLITS
 from services.common.child_stop import stop_child
 from services.common.config import require
 from services.common.errors import ConfigError
@@ -136,7 +136,7 @@ class SweepSpec:
     trace: str | None = None
     """SWE programs from this JSONL trace (shared/traces/swe_agent_trace.jsonl's format); None = shipped."""
     split: str = DEFAULT_SPLIT
-    """The part of the trace the SWE programs come from (harness/workloads/draws.py)."""
+    """The part of the trace the SWE programs come from (clients/workloads/draws.py)."""
     cache_report: bool = True
     """Live only: the simworkers run with `--enable-cache-report` (as docs/getting-started.md runs
     SGLang). Off: their completions carry no cached-token counts, the degraded set-up the scheduler
@@ -567,8 +567,8 @@ class LiveStack:
 
 
 def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
-    from harness.cluster import ClusterConfig, start_cluster
-    from harness.probes import scheduler_counts, wait_for_workers
+    from services.launcher.cluster import ClusterConfig, start_cluster
+    from services.launcher.probes import scheduler_counts, wait_for_workers
 
     policy = policy_of(arm)
     config = ClusterConfig(
@@ -635,8 +635,8 @@ def _front_door_stack(
 ) -> LiveStack:
     """Simulated workers as `bandmaster up` starts them, behind a peer's front door process (`launch`
     takes the worker URLs and returns the process and its base URL); `stop` leaves nothing running."""
-    from harness.cluster import simworker_spec
-    from harness.supervisor import Supervisor
+    from services.launcher.cluster import simworker_spec
+    from services.launcher.supervisor import Supervisor
 
     supervisor = Supervisor(state_dir)
     door: subprocess.Popen | None = None
@@ -677,7 +677,7 @@ def live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
 
 
 def _live_run(spec: SweepSpec, arm: str, parallel: int, state_dir: Path) -> dict:
-    from harness.probes import worker_late_s
+    from services.launcher.probes import worker_late_s
 
     stack = start_live_stack(spec, arm, state_dir)
     try:

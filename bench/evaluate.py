@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from bench.report import Target, targets_text
-from harness.workloads import SPLITS, Program, scale, split_programs, trace_programs
+from clients.workloads import SPLITS, Program, scale, split_programs, trace_programs
 from services.common.config import require
 from services.common.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config

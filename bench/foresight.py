@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from bench.evaluate import FULL, QUICK, EvalSpec, Job, scenario_for
-from harness.workloads import split_programs, trace_programs
+from clients.workloads import split_programs, trace_programs
 from services.common.config import require
 from services.common.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config

@@ -3,7 +3,7 @@
     python -m bench.peer_proxy --policy thunderagent|continuum --worker-urls URL [URL ...] \\
         --port P [--host 127.0.0.1] [--speedup S]
 
-It serves the OpenAI chat completions API (streaming and not) that harness/player.py speaks: the program
+It serves the OpenAI chat completions API (streaming and not) that clients/player.py speaks: the program
 is the `X-Dynamo-Session-ID` header, `X-Dynamo-Session-Final: true` releases it (answered here, never
 forwarded). Each turn asks the policy core for a backend; a turn it holds waits here, bytes untouched,
 until the core wakes its program. The worker's SSE bytes are relayed as read; only the block holding

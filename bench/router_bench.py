@@ -53,13 +53,13 @@ from pathlib import Path
 import aiohttp
 
 from bench.peers import chat_ok, launch_sglang_router
-from harness.cluster import Cluster, ClusterConfig, router_spec, start_cluster
-from harness.stats import summary_ms
-from harness.supervisor import Supervisor
+from clients.stats import summary_ms
 from services.common.child_start import start_child
 from services.common.child_stop import stop_child
 from services.common.ready import wait_ready_file
 from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
+from services.launcher.cluster import Cluster, ClusterConfig, router_spec, start_cluster
+from services.launcher.supervisor import Supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "router-bench-model"

@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from harness.stats import percentile
+from clients.stats import percentile
 from services.common import orphan_guard
 from services.common.child_start import start_child
 from services.common.child_stop import stop_child, stop_child_async
@@ -411,7 +411,7 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
 
 
 def _table(report: dict) -> str:
-    from harness.table import render_table
+    from services.launcher.table import render_table
 
     t, r, s, sc = report["tick"], report["rpc"], report["recovery"], report["tick_scaling"]
     rows = [

@@ -2,7 +2,7 @@
 
 It composes the real pure cores — the simworker engine (`SimEngine`), the router's KV cost model
 (`KvRouterCore`) and the program scheduler (`SchedulerCore`) — in a discrete-event loop (see
-harness/simlib/simulator.py and docs/simulator.md), and prints the same summary as `harness/player.py`
+harness/simlib/simulator.py and docs/simulator.md), and prints the same summary as `clients/player.py`
 (`wall_s` and `simulated_minutes` are simulated time here), plus its own CPU cost.
 
     python -m bench.sim --arm bandmaster --workload swe --programs 256 --workers 8 \\
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from harness.player import add_program_arguments
+from clients.player import add_program_arguments
 from harness.simlib import SimResult, SimScenario, simulate
 from harness.simlib.live_path import LivePathCosts, costs_from_breakdown
 from harness.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS

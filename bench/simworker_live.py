@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 
-from harness.stats import summary_ms
+from clients.stats import summary_ms
 from services.common import orphan_guard
 from services.common.child_stop import stop_child_async
 

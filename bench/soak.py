@@ -3,10 +3,10 @@
     python -m bench.soak --programs 256 --duration-s 600 --out bench/results/soak.json [--quick]
                          [--workers 4] [--speedup S] [--max-turns 6] [--warmup-fraction 0.2]
 
-Starts the local cluster exactly as `bandmaster up` does (`harness.cluster.start_cluster`:
+Starts the local cluster exactly as `bandmaster up` does (`services.launcher.cluster.start_cluster`:
 simulated workers, capacity, scheduler, router), then keeps `--programs` SWE-agent programs in
 flight through the router's OpenAI API for `--duration-s` wall seconds: every program is played by
-the `harness/player.py` Runner with session headers and a final request, and a program that finishes is
+the `clients/player.py` Runner with session headers and a final request, and a program that finishes is
 replaced at once by a new one (fresh draws from the shipped trace, truncated to `--max-turns` so
 that programs do finish and new ones start). The slots' first programs start spread over
 `--ramp-s`. At the deadline no new program starts; the ones in flight get `--drain-s` to finish,
@@ -56,7 +56,7 @@ from typing import Callable, Iterator, Sequence
 import aiohttp
 
 from bench.peers import chat_ok
-from harness.player import (
+from clients.player import (
     FINAL,
     SESSION,
     SYSTEM_PROMPT_TOKENS,
@@ -66,7 +66,7 @@ from harness.player import (
     build_workload,
     text_of_n_tokens,
 )
-from harness.workloads import Program
+from clients.workloads import Program
 from services.common.config import require
 from services.common.errors import ConfigError
 
@@ -431,8 +431,8 @@ def _log(message: str) -> None:
 
 
 def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
-    from harness.cluster import ClusterConfig, start_cluster
-    from harness.probes import busy_share, cpu_times, starved, wait_for_workers, worker_late_s
+    from services.launcher.cluster import ClusterConfig, start_cluster
+    from services.launcher.probes import busy_share, cpu_times, starved, wait_for_workers, worker_late_s
 
     state_dir = Path(tempfile.mkdtemp(prefix="bandmaster-soak-"))
     cluster = start_cluster(

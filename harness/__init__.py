@@ -1,16 +1,10 @@
-"""What runs Bandmaster and plays agent programs through it, shared by the `bandmaster` CLI
-(services/cli) and the benchmarks (bench/), which import it and never each other:
+"""Development tools, run from a checkout and not installed (pyproject installs services, clients, bandmaster):
 
-* `cluster`, `supervisor`: the local cluster `bandmaster up` starts (simworkers, capacity,
-  scheduler, router, planner as child processes) and the supervisor that starts and stops them;
-* `workloads`, `player`: the agent programs (the shipped SWE-agent trace, synthetic ones) and the
-  closed-loop player (`Runner`) that plays them against an OpenAI-compatible endpoint;
-* `simlib`: the offline simulator of the same runs, built from the services' pure cores;
-* `probes`, `progress`, `table`, `stats`: looking at a running cluster, a progress bar, text
-  tables, percentiles.
+* `simlib`: the offline simulator of agent-program runs, built from the services' pure cores;
+* `peers`: the published schedulers the simulator and the benchmarks compare against.
 
-It imports the services (their cores, config and generated protobuf stubs) and nothing of
-services.cli or bench.
+The benchmarks (bench/) and `bandmaster demo`'s prediction (when run from a checkout) import it. The local cluster
+launcher is services/launcher; the player and its workloads are clients/player.py and clients/workloads.
 """
 
 # First, before any module here imports grpc: the services package turns gRPC's fork handlers off,

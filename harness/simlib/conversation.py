@@ -1,6 +1,6 @@
 """One program's chat as the live path sees it: the worker's prompt token ids and the router's prompt.
 
-The live runner (harness/player.py) sends a growing OpenAI message list: a shared system prompt, then per
+The live runner (clients/player.py) sends a growing OpenAI message list: a shared system prompt, then per
 turn a new user message and, after the answer, the assistant's text. On the worker that list goes
 through the simworker chat template (`services.simworker.chat.render_chat`) and tokenizer
 (`services.simworker.core.tokenizer.encode`); on the router it becomes `chat_routing_text` (one JSON

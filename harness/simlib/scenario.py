@@ -1,7 +1,7 @@
 """What one simulated run is: the arm, the workload, the workers, the control plane's settings.
 
 `SimScenario` is frozen and validated on construction (ConfigError naming the rule). The worker
-side is built exactly as `bandmaster up` builds it (harness/cluster.py `simworker_spec` -> the
+side is built exactly as `bandmaster up` builds it (services/launcher/cluster.py `simworker_spec` -> the
 simworker's flags -> services/simworker/core/build.py `build_engine`, which the server calls too), and
 the retention budget exactly as the capacity service derives it from the worker's /server_info
 (services/capacity/core/cards.py). Only the services' cores are imported.
@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from clients.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
+from clients.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from harness.peers import ContinuumCore, ContinuumParams, PeerPolicy, ThunderAgentCore, ThunderAgentParams
 from harness.peers.continuum import prefill_reload_s
-from harness.player import SYSTEM_PROMPT_TOKENS, build_workload, split_source
 from harness.simlib.live_path import LivePathCosts
-from harness.workloads import DEFAULT_DRAW, DEFAULT_SPLIT, DRAWS, SPLITS, Program
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.capacity.core.state import CardRejection
 from services.common.config import require
@@ -71,14 +71,14 @@ class SimScenario:
     """JSONL trace in shared/traces/swe_agent_trace.jsonl's format for the swe and synthetic
     workloads; None = the shipped SWE-agent programs."""
     split: str = DEFAULT_SPLIT
-    """Part of the trace the programs come from: tune, heldout or all (harness/workloads/draws.py)."""
+    """Part of the trace the programs come from: tune, heldout or all (clients/workloads/draws.py)."""
     draw: str = DEFAULT_DRAW
     """stratified (the trace's size mix) or random (uniform with replacement, seeded by `seed`)."""
     include_longest: bool = False
     """Make sure the draw holds the split's longest program."""
     programs: int = 8
     parallel: int = 0
-    """Programs in flight at once (0 = all), as harness/player.py --parallel."""
+    """Programs in flight at once (0 = all), as clients/player.py --parallel."""
     max_turns: int | None = None
     token_scale: float = 1.0
     tool_time_scale: float = 1.0
@@ -229,7 +229,7 @@ class SimScenario:
     # -- the programs ------------------------------------------------------------------------------
 
     def build_programs(self) -> list[Program]:
-        """The run's programs, exactly as the live runner builds them (harness/player.py build_workload)."""
+        """The run's programs, exactly as the live runner builds them (clients/player.py build_workload)."""
         return build_workload(
             self.workload,
             self.programs,

@@ -1,7 +1,7 @@
 """The discrete-event loop: programs, router, scheduler and engines in virtual time, no processes.
 
 One heap of timed events drives everything. Per turn it follows the live request path
-(harness/player.py -> services/router/turns.py -> simworker):
+(clients/player.py -> services/router/turns.py -> simworker):
 
     turn start (client sends)          t0
     Admit (scheduler core)             t0 + request_overhead_s (+ the live path's client, parsing and
@@ -35,11 +35,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from clients.player import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord
+from clients.workloads import Program
 from harness.peers import Wake
-from harness.player import SYSTEM_PROMPT_TOKENS, ProgramRecord, RunResult, TurnRecord
 from harness.simlib.conversation import Conversation
 from harness.simlib.scenario import SimScenario, worker_id
-from harness.workloads import Program
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.select import Candidate
 from services.router.core.types import Replica
@@ -161,7 +161,7 @@ class SimResult:
     (None = no such phase in this run) and `total` (the client's turn time)."""
 
     def summary(self) -> dict:
-        """harness/player.py's summary keys (wall_s and simulated_minutes are simulated time here),
+        """clients/player.py's summary keys (wall_s and simulated_minutes are simulated time here),
         the steady-state throughput, then the simulator's cost."""
         out = self.run.summary()
         out.update(self.steady)
@@ -294,7 +294,7 @@ class Simulator:
         for counters in per_worker.values():
             for name, value in counters.items():
                 totals[name] = totals.get(name, 0) + value
-        # The live runner's worker_* keys (harness/player.py COUNTERS), plus the simulator's extra ones.
+        # The live runner's worker_* keys (clients/player.py COUNTERS), plus the simulator's extra ones.
         self.result.worker_counters = totals
         parallel = s.parallel or s.programs
         steady = steady_state(self._turn_end_s, self._program_end_s, self._last_start_s, parallel, s.programs)
@@ -335,7 +335,7 @@ class Simulator:
         self._on_turn(run)
 
     def _on_turn(self, run: _ProgramRun) -> None:
-        """The client sends turn k: a new user message of the planned size (harness/player.py _play)."""
+        """The client sends turn k: a new user message of the planned size (clients/player.py _play)."""
         k = run.turn
         if k >= len(run.program.turns):
             self._end_program(run)  # the tool time after the last turn has passed

@@ -56,7 +56,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _add_bench(commands) -> None:
-    from harness import player
+    from clients import player
 
     parser = commands.add_parser("bench", help="play agent programs against an OpenAI-compatible endpoint")
     player.add_arguments(parser)

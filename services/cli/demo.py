@@ -8,8 +8,10 @@ import sys
 import time
 
 from bandmaster.capacity.v1 import capacity_pb2
-from harness.cluster import start_cluster
-from harness.probes import (
+from services.cli.up import add_cluster_arguments, cluster_config
+from services.common.logs import setup_logging
+from services.launcher.cluster import start_cluster
+from services.launcher.probes import (
     STARVED_CPU_BUSY,
     STARVED_LATE_FRACTION,
     busy_share,
@@ -19,10 +21,8 @@ from harness.probes import (
     wait_for_workers,
     worker_late_s,
 )
-from harness.supervisor import StartupError
-from harness.table import render_table
-from services.cli.up import add_cluster_arguments, cluster_config
-from services.common.logs import setup_logging
+from services.launcher.supervisor import StartupError
+from services.launcher.table import render_table
 
 ARMS = {"bandmaster": "Bandmaster", "kv": "KV routing only"}
 
@@ -80,7 +80,7 @@ def capacity_table(snapshot: capacity_pb2.WorkersSnapshot) -> str:
 
 
 def demo_programs(args: argparse.Namespace):
-    from harness.player import build_workload
+    from clients.player import build_workload
 
     return build_workload(
         args.workload,
@@ -93,8 +93,8 @@ def demo_programs(args: argparse.Namespace):
 
 
 async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
-    from harness.player import Runner, scrape_counters
-    from harness.progress import ProgressBar
+    from clients.player import Runner, scrape_counters
+    from clients.progress import ProgressBar
 
     programs = demo_programs(args)
     progress = ProgressBar(sum(len(p.turns) for p in programs), label=f"{arm} turns")
@@ -121,13 +121,26 @@ async def _run_workload(args: argparse.Namespace, cluster, arm: str) -> dict:
     return summary
 
 
+SIMULATOR_MISSING = (
+    "(No simulator prediction: the offline simulator is a development tool that a runtime install does not carry; "
+    "run the demo from a checkout of the repository (make demo) for it.)"
+)
+
+
 def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, float] | None:
     """The offline simulator's steps/min for the same runs (harness/simlib, modelling this live stack),
     or None when the cluster is not the simulated one it models."""
     if args.worker_urls or args.scheduler_args or args.router_args or args.worker_host_kv_tokens or args.tokenizer:
         return None
-    from harness.simlib import SimScenario, live_control_params, simulate
-    from harness.simlib.live_path import LivePathCosts
+    try:
+        from harness.simlib import SimScenario, live_control_params, simulate
+        from harness.simlib.live_path import LivePathCosts
+    except ModuleNotFoundError as exc:
+        if exc.name != "harness" and not (exc.name or "").startswith("harness."):
+            raise
+        # The simulator is a development tool (a checkout's harness/), not installed with the product.
+        print(SIMULATOR_MISSING, flush=True)
+        return None
 
     out = {}
     for arm in arms:

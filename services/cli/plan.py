@@ -21,11 +21,11 @@ import grpc
 
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
-from harness.table import render_table
 from services.cli import SIGINT_EXIT, endpoints
 from services.common.config import parse_host_port
 from services.common.ports import DEFAULT_PORTS
 from services.common.security import DATA_TOKEN_ENV
+from services.launcher.table import render_table
 
 _PROVENANCE = {
     pb.PROVENANCE_PROPOSE: "PROPOSE",
@@ -309,7 +309,7 @@ def wait_for_batch(
     then print one summary line on `out` (stdout): status, counts, output and error file ids. Returns 0 for
     a completed batch (failed requests are in its error file), 1 for failed, expired or cancelled.
     Ctrl-C stops waiting and leaves the batch running (SIGINT_EXIT)."""
-    from harness.progress import ProgressBar
+    from clients.progress import ProgressBar
 
     stream = stream or sys.stderr
     out = out or sys.stdout

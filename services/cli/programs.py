@@ -11,10 +11,10 @@ import grpc
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from harness.table import render_table
 from services.cli import endpoints
 from services.common.config import parse_host_port
 from services.common.leader_follow import leader_hint
+from services.launcher.table import render_table
 
 _STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}
 _LIFECYCLE = {pb.LIFECYCLE_ACTIVE: "active", pb.LIFECYCLE_PAUSED: "paused"}

@@ -28,10 +28,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from bandmaster.planner.v1 import planner_pb2, planner_pb2_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from harness.table import render_table
 from services.cli import endpoints
 from services.common.config import parse_host_port
 from services.common.ports import DEFAULT_PORTS
+from services.launcher.table import render_table
 
 BAR_CELLS = 50
 _BAND = {

@@ -8,7 +8,7 @@
 die with its parent (the supervisor, the benches, the tests do). The log is appended to (a restart under
 the same name keeps the earlier run's lines) unless `truncate`; `log_path=None` discards the output.
 Start guarded children from a thread that lives as long as they should (see orphan_guard).
-Stdlib only, no service state: `bandmaster up` (harness/supervisor.py), the benches and the tests share it.
+Stdlib only, no service state: `bandmaster up` (services/launcher/supervisor.py), the benches and the tests share it.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from opentelemetry.trace import TraceState
 from services.common.config import Setting, require
 
 TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
-"""Every process (and harness/player.py) honours it when no `--trace-file` is given."""
+"""Every process (and clients/player.py) honours it when no `--trace-file` is given."""
 TRACE_EXPORT_NAMES = ("trace_file", "trace_file_max_mb", "trace_console", "trace_background")
 DEFAULT_TRACE_FILE_MAX_MB = 256.0
 

@@ -342,6 +342,17 @@ def _connector(config: PlannerConfig, clock: Clock, capacity_stub) -> Connector:
             register=register,
             deregister=deregister,
         )
+    try:
+        import kubernetes  # noqa: F401  (the connector imports it when it first calls the API server)
+    except ModuleNotFoundError as exc:
+        if exc.name != "kubernetes":
+            raise
+        raise ConfigError(
+            "connector",
+            "kubernetes",
+            "--connector kubernetes needs the Kubernetes client, an optional dependency: "
+            "pip install 'bandmaster[kubernetes]' (the container image has it)",
+        ) from None
     return KubernetesConnector(
         clock,
         KubernetesTarget(

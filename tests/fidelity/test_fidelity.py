@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from bench.replay import Program, Turn, median, replay_closed_loop
-from harness.workloads.traces import DATA as PROGRAMS_DATA
+from clients.workloads.traces import DATA as PROGRAMS_DATA
 from services.simworker.core.api import EngineConfig
 from services.simworker.core.engine import SimEngine
 from services.simworker.profiles import load_profile

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
-from harness.cluster import ClusterConfig, start_cluster
-from harness.supervisor import http_ok
 from services.cli import status
+from services.launcher.cluster import ClusterConfig, start_cluster
+from services.launcher.supervisor import http_ok
 from tests.support.eventually import wait_until
 from tests.support.router_stack import metric
 

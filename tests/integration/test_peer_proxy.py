@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from bench.peers import chat_ok
-from harness.player import Runner
-from harness.workloads import Program, Turn
+from clients.player import Runner
+from clients.workloads import Program, Turn
 from tests.support.eventually import wait_until
 from tests.support.processes import Process, free_port, python_module, start
 

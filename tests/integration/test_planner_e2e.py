@@ -22,8 +22,8 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cpb_grpc
-from harness.cluster import ClusterConfig, start_cluster
-from harness.supervisor import Supervisor
+from services.launcher.cluster import ClusterConfig, start_cluster
+from services.launcher.supervisor import Supervisor
 from tests.support.eventually import wait_until
 from tests.support.processes import Process, python_module, run_module, start
 

@@ -1,7 +1,7 @@
 """The offline simulator agrees with the live stack on one shared small scenario (issue 6, item 3).
 
 The same programs run twice: live, through `start_cluster` (simworkers, capacity, scheduler, router
-as real processes) and the harness/player.py Runner; and simulated, through `bench.sim.simulate` with the
+as real processes) and the clients/player.py Runner; and simulated, through `bench.sim.simulate` with the
 same worker settings and the control law `bandmaster up --speedup S` runs. Steps per simulated
 minute must agree within 10% for the Bandmaster arm and the KV-aware arm.
 
@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from harness.player import Runner, build_workload, scrape_counters
+from clients.player import Runner, build_workload, scrape_counters
 from harness.simlib import SimScenario, live_control_params, simulate
 
 pytestmark = pytest.mark.integration
@@ -49,8 +49,8 @@ def scenario(
 
 def run_live(s: SimScenario, speedup: float, state_dir) -> dict:
     """The same scenario through real processes and the live runner."""
-    from harness.cluster import ClusterConfig, start_cluster
-    from harness.probes import scheduler_counts, wait_for_workers
+    from services.launcher.cluster import ClusterConfig, start_cluster
+    from services.launcher.probes import scheduler_counts, wait_for_workers
 
     config = ClusterConfig(
         workers=s.workers,

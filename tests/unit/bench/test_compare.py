@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench import compare
-from harness.player import TurnRecord
-from harness.workloads.model import Program, Turn
+from clients.player import TurnRecord
+from clients.workloads.model import Program, Turn
 from services.common.config import ConfigError
 
 

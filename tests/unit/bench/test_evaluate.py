@@ -9,7 +9,7 @@ import pytest
 
 from bench import evaluate
 from bench.evaluate import QUICK, Job
-from harness.workloads import split_programs, swe_agent_programs
+from clients.workloads import split_programs, swe_agent_programs
 from services.scheduler.config import load_config
 
 ALL = list(evaluate.GROUPS)
@@ -23,7 +23,7 @@ def test_about_six_programs_fit_so_2_3_4x_are_12_18_24_programs():
 
 
 def test_the_points_follow_the_traces_contexts():
-    from harness.workloads import Program, Turn
+    from clients.workloads import Program, Turn
 
     small = [Program(f"s{i}", (Turn(1_000, 10, 0.5), Turn(4_000, 90, 0.0))) for i in range(3)]
     spec = evaluate.FULL.with_fits(small)

@@ -1,4 +1,4 @@
-"""harness/workloads: trace files (`load_trace`), the held-out split and the draws."""
+"""clients/workloads: trace files (`load_trace`), the held-out split and the draws."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.player import build_workload
-from harness.workloads import (
+from clients.player import build_workload
+from clients.workloads import (
     draw_programs,
     is_held_out,
     load_trace,
@@ -18,7 +18,7 @@ from harness.workloads import (
     swe_agent_programs,
     trace_programs,
 )
-from harness.workloads.model import Program, Turn
+from clients.workloads.model import Program, Turn
 from services.common.errors import ConfigError
 
 SHARED_TRACE = Path("/work/shared/traces/swe_agent_trace.jsonl")

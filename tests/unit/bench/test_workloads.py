@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.workloads import scale, short_context_agents, summarize, swe_agent_programs, synthetic_like
+from clients.workloads import scale, short_context_agents, summarize, swe_agent_programs, synthetic_like
 from services.common.errors import ConfigError
 
 
@@ -72,7 +72,7 @@ def test_scale_rejects_bad_knobs(kwargs):
 
 
 def test_stratified_selection_keeps_the_size_mix_at_every_count():
-    from harness.workloads import stratified_programs
+    from clients.workloads import stratified_programs
 
     source = swe_agent_programs()
     reference = summarize(source)["peak_context_median"]

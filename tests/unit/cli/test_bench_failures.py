@@ -9,7 +9,7 @@ import threading
 import pytest
 from aiohttp import web
 
-from harness.player import TurnRecord, failure_lines
+from clients.player import TurnRecord, failure_lines
 from services import cli
 
 

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from harness.cluster import (
+from services.cli.up import add_cluster_arguments, cluster_config
+from services.common.errors import ConfigError
+from services.launcher.cluster import (
     ClusterConfig,
     batch_spec,
     local_worker_args,
@@ -14,8 +16,6 @@ from harness.cluster import (
     scheduler_spec,
     simworker_spec,
 )
-from services.cli.up import add_cluster_arguments, cluster_config
-from services.common.errors import ConfigError
 
 
 def _config(*argv: str) -> ClusterConfig:
@@ -165,7 +165,7 @@ def test_router_processes_reach_the_router_and_one_is_the_default():
 
 
 def test_trace_dir_gives_every_service_child_a_span_file(tmp_path):
-    from harness.supervisor import ChildSpec, Supervisor
+    from services.launcher.supervisor import ChildSpec, Supervisor
 
     assert _config().trace is False
     bare = _config("--trace-dir", "--state-dir", str(tmp_path))

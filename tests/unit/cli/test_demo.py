@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from harness import probes
 from services.cli import demo
+from services.launcher import probes
 
 
 def summary(steps_per_min: float, late: float | None = 0.01, **extra) -> dict:
@@ -102,3 +102,18 @@ def test_the_prediction_models_the_live_paths_own_costs(monkeypatch):
     # The live run pays the client, router, admission and relay costs `speedup` times over: so does the prediction.
     assert [s.live_path for s in seen] == [LivePathCosts(), LivePathCosts()]
     assert {s.live_speedup for s in seen} == {10.0}
+
+
+def test_without_the_simulator_the_demo_runs_with_no_prediction(monkeypatch, capsys):
+    """A runtime install carries no harness/: the prediction is skipped with a note, the demo still runs."""
+    import sys
+
+    # A None entry in sys.modules makes `import harness...` raise ModuleNotFoundError, as an install without it does.
+    for name in [m for m in sys.modules if m == "harness" or m.startswith("harness.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "harness", None)
+    parser = argparse.ArgumentParser()
+    demo.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["demo", "--programs", "2", "--max-turns", "2"])
+    assert demo.predict(args, ["bandmaster", "kv"]) is None
+    assert "development tool" in capsys.readouterr().out

@@ -1,10 +1,10 @@
-"""harness/progress.py: in place on a terminal; off one (CI logs), a line per 10% step and a heartbeat."""
+"""clients/progress.py: in place on a terminal; off one (CI logs), a line per 10% step and a heartbeat."""
 
 from __future__ import annotations
 
 import io
 
-from harness.progress import ProgressBar
+from clients.progress import ProgressBar
 
 
 class Clock:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cluster import ClusterConfig, ClusterPorts, planner_spec, router_spec, scheduler_spec
-from harness.supervisor import ChildSpec
 from services.cli import up
 from services.common.errors import ConfigError
+from services.launcher.cluster import ClusterConfig, ClusterPorts, planner_spec, router_spec, scheduler_spec
+from services.launcher.supervisor import ChildSpec
 
 
 def _config(*argv: str, **overrides) -> ClusterConfig:

@@ -5,7 +5,7 @@ import textwrap
 
 import pytest
 
-from harness.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
+from services.launcher.supervisor import ChildSpec, StartupError, Supervisor, grpc_serving
 from tests.support.processes import assert_child_dies_with_parent, pid_alive
 
 
@@ -32,7 +32,7 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
     script = textwrap.dedent(f"""
         import time
         from pathlib import Path
-        from harness.supervisor import ChildSpec, Supervisor
+        from services.launcher.supervisor import ChildSpec, Supervisor
         s = Supervisor(Path({str(tmp_path)!r}) / "state")
         (c,) = s.start_all([ChildSpec("fake", "tests.unit.cli.fake_service", [])], timeout_s=30)
         Path({str(pid_file)!r}).write_text(str(c.process.pid))

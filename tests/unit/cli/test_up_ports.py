@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
-from harness.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.batch.config import SETTINGS as BATCH
 from services.capacity.config import SETTINGS as CAPACITY
 from services.cli import endpoints
@@ -23,6 +22,7 @@ from services.cli.up import (
 )
 from services.common.errors import ConfigError
 from services.common.ports import DEFAULT_PORTS
+from services.launcher.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.planner.config import SETTINGS as PLANNER
 from services.router.config import SETTINGS as ROUTER
 from services.scheduler.config import SETTINGS as SCHEDULER

@@ -94,7 +94,7 @@ def test_an_already_signalled_child_is_not_sent_sigterm_again():
 
 
 def test_supervisor_stop_all_lets_every_child_finish_its_graceful_stop(tmp_path):
-    from harness.supervisor import ChildSpec, Supervisor
+    from services.launcher.supervisor import ChildSpec, Supervisor
 
     supervisor = Supervisor(tmp_path)
     child = supervisor.start(ChildSpec("graceful", "unused", []))

@@ -36,7 +36,7 @@ def test_the_router_and_the_scheduler_refuse_the_same_ids(value):
 
 
 def test_the_router_reads_the_headers_the_player_sends():
-    from harness.player import FINAL, SESSION
+    from clients.player import FINAL, SESSION
 
     assert (SESSION, FINAL) == (SESSION_HEADER, FINAL_HEADER) == (session.SESSION_HEADER, session.FINAL_HEADER)
     ident = session.from_headers({SESSION_HEADER: " p-1 ", FINAL_HEADER: "true"})

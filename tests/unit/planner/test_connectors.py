@@ -301,3 +301,23 @@ def test_local_connector_workers_die_with_a_killed_planner(tmp_path):
         asyncio.run(main())
     """)
     assert_child_dies_with_parent("planner", script, pid_file, tmp_path)
+
+
+def test_the_kubernetes_connector_without_its_extra_names_the_extra(monkeypatch):
+    """kubernetes is an optional dependency: a planner told to use it without it installed refuses to start
+    (a ConfigError, exit 2) and says which extra installs it."""
+    import sys
+
+    from services.common.clock import FakeClock
+    from services.common.errors import ConfigError
+    from services.planner.config import load_config
+    from services.planner.server import _connector
+
+    config = load_config(["--connector", "kubernetes", "--k8s-deployment", "workers"], {})
+    for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` raises ModuleNotFoundError
+    with pytest.raises(ConfigError, match=r"bandmaster\[kubernetes\]"):
+        _connector(config, FakeClock(), None)
+    monkeypatch.undo()
+    assert _connector(config, FakeClock(), None).name == "kubernetes"

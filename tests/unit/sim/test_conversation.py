@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from harness.player import SYSTEM_PROMPT_TOKENS
+from clients.player import SYSTEM_PROMPT_TOKENS
 from harness.simlib.conversation import Conversation
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams

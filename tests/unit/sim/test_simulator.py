@@ -6,7 +6,7 @@ import json
 import pytest
 
 from bench import sim
-from harness.player import RunResult
+from clients.player import RunResult
 from harness.simlib import SimScenario, Simulator, live_control_params, simulate
 from harness.simlib.scenario import replica_capacity, server_info, worker_id
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for

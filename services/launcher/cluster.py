@@ -10,10 +10,10 @@ from pathlib import Path
 
 import grpc
 
-from harness.supervisor import Child, ChildSpec, Supervisor
 from services.common.certs import LocalPki, ensure_local_pki
 from services.common.config import require
 from services.common.ports import DEFAULT_PORTS
+from services.launcher.supervisor import Child, ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)
 

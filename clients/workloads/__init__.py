@@ -8,7 +8,7 @@ programs a run plays: the fixed held-out split (`split_programs`) and stratified
 the runner and the simulator build the prompts from these figures.
 """
 
-from harness.workloads.draws import (
+from clients.workloads.draws import (
     DEFAULT_DRAW,
     DEFAULT_SPLIT,
     DRAWS,
@@ -19,9 +19,9 @@ from harness.workloads.draws import (
     split_programs,
     stratified_programs,
 )
-from harness.workloads.model import Program, Turn, scale, summarize
-from harness.workloads.synthetic import short_context_agents, synthetic_like
-from harness.workloads.traces import load_trace, swe_agent_programs, trace_programs
+from clients.workloads.model import Program, Turn, scale, summarize
+from clients.workloads.synthetic import short_context_agents, synthetic_like
+from clients.workloads.traces import load_trace, swe_agent_programs, trace_programs
 
 __all__ = [
     "DEFAULT_DRAW",

@@ -23,7 +23,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
-from harness.workloads.model import Program, Turn
+from clients.workloads.model import Program, Turn
 from services.common.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "swe_agent_programs.jsonl.gz"

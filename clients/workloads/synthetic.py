@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from typing import Sequence
 
-from harness.workloads.model import Program, Turn
-from harness.workloads.traces import swe_agent_programs
+from clients.workloads.model import Program, Turn
+from clients.workloads.traces import swe_agent_programs
 from services.common.config import require
 
 

@@ -1,4 +1,4 @@
-"""`bandmaster bench` / `python -m harness.player`: play agent programs against an OpenAI-compatible endpoint.
+"""`bandmaster bench` / `python -m clients.player`: play agent programs against an OpenAI-compatible endpoint.
 
 N programs run in parallel, closed loop: each turn re-sends the whole growing conversation (the
 previous prompt, the text the model returned, and a new observation), streams the answer, then the
@@ -25,9 +25,9 @@ from typing import Sequence
 import aiohttp
 from opentelemetry import propagate, trace
 
-from harness.progress import ProgressBar
-from harness.stats import interpolated_percentile
-from harness.workloads import (
+from clients.progress import ProgressBar
+from clients.stats import interpolated_percentile
+from clients.workloads import (
     DEFAULT_DRAW,
     DEFAULT_SPLIT,
     DRAWS,
@@ -426,7 +426,7 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
         "--split",
         default=DEFAULT_SPLIT,
         choices=SPLITS,
-        help="part of the trace: tune (default), heldout or all (harness/workloads/draws.py)",
+        help="part of the trace: tune (default), heldout or all (clients/workloads/draws.py)",
     )
     parser.add_argument(
         "--draw",

@@ -18,7 +18,7 @@ import hashlib
 import random
 from typing import Sequence
 
-from harness.workloads.model import Program
+from clients.workloads.model import Program
 from services.common.config import require
 
 SPLITS = ("tune", "heldout", "all")

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from harness.stats import interpolated_percentile
+from clients.stats import interpolated_percentile
 from services.common.config import require
 
 
