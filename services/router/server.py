@@ -233,7 +233,10 @@ async def start_router(
         context_check=config.context_length_check,
         fast_path=config.admission_fast_path and scheduler is not None,
     )
-    if scheduler is not None and config.admission_fast_path:
+    if scheduler is not None:
+        # The event stream keeps the fast path's cache in step (consulted only with --admission-fast-path)
+        # and tells this router of programs that ended through another router.
+        scheduler.on_program_ended = runner.program_ended
         scheduler.start_watching(AdmissionCache())
     batch_proxy = (
         BatchApiProxy(

@@ -350,6 +350,15 @@ class TurnRunner:
             return PromptMode.TEXT_FALLBACK
         return PromptMode.TOKENS
 
+    def program_ended(self, session_id: str) -> None:
+        """The scheduler ended the program (released or expired), perhaps through another router: it no longer
+        counts against its client here, and its prompt chain is dropped."""
+        if self.limits is not None:
+            self.limits.forget(session_id)
+        core = self.fleet.core
+        if core is not None:
+            core.chains.forget(session_id)
+
     async def release(self, session_id: str, client: str = "") -> bool:
         if self.limits is not None:
             self.limits.release(client, session_id)

@@ -100,3 +100,48 @@ def test_invalid_config_exits_2_naming_the_rule():
     assert proc.returncode == 2 and "kv_overlap_score_weight >= 0" in proc.stderr
     proc = run_module("services.router", "--http-port", "70000")
     assert proc.returncode == 2 and "0 <= http_port <= 65535" in proc.stderr
+
+
+async def test_a_program_ended_through_another_router_stops_counting_against_its_client(tmp_path):
+    """Router A counts the programs it saw against their client (cap 3 here); their final requests go to router
+    B. The scheduler's release events reach A, so A's slots free up: a fourth program is served, not refused
+    429 until the 900 s idle expiry (the chaos soak hit the cap this way: every program's turns on both
+    routers, its final on one)."""
+    st = stack.Stack(tmp_path)
+    try:
+        w = st.add(await stack.simworker(tmp_path, "w"))
+        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+        sched = st.add(await stack.scheduler(tmp_path, cap.ready["grpc"]))
+        a = st.add(
+            await stack.router(
+                tmp_path, cap.ready["grpc"], "--client-max-programs", "3", scheduler_addr=sched.ready["grpc"], name="a"
+            )
+        )
+        b = st.add(await stack.router(tmp_path, cap.ready["grpc"], scheduler_addr=sched.ready["grpc"], name="b"))
+        url_a, url_b = stack.router_url(a), stack.router_url(b)
+        await stack.healthy_workers(url_a, 1)
+        await stack.healthy_workers(url_b, 1)
+
+        def client(url: str, sid: str, final: bool = False) -> AsyncOpenAI:
+            return AsyncOpenAI(
+                base_url=url + "/v1", api_key="none", max_retries=0, default_headers=session_headers(sid, final=final)
+            )
+
+        messages = [{"role": "user", "content": "start"}]
+        for i in range(3):
+            await client(url_a, f"p{i}").chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+            await client(url_b, f"p{i}", final=True).chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=2
+            )
+
+        async def fourth_served() -> bool:
+            try:
+                await client(url_a, "p3").chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+            except Exception as exc:  # 429 while A still counts the ended programs
+                assert "429" in str(exc) or "too many open programs" in str(exc), exc
+                return False
+            return True
+
+        await assert_eventually(fourth_served, timeout_s=10, interval_s=0.2)
+    finally:
+        await st.close()

@@ -75,6 +75,7 @@ PASS_PAUSE = RetryPolicy(first_delay_s=RETRY_PAUSE_S, multiplier=1.0)
 WATCH_RETRY = RetryPolicy(first_delay_s=1.0, multiplier=1.0)
 """Reopening the event stream after it failed (a leader change or an outage reopens it after PASS_PAUSE)."""
 MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
+ENDED_EVENTS = frozenset({"released", "expired"})  # a program's end at the scheduler (its event kinds)
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 DELIVERED_FLUSH_S = 0.05  # a delivered turn is confirmed at the scheduler within about this
 
@@ -164,6 +165,9 @@ class SchedulerClient:
         # The admission fast path's cache, live while `watch_events` holds the leader's event stream.
         self.cache: AdmissionCache | None = None
         self._watcher: asyncio.Task | None = None
+        # Told of each program the scheduler released or expired (the event stream), whichever router saw its
+        # last request: this router's per-client program counts and prompt chains forget it.
+        self.on_program_ended: Callable[[str], None] | None = None
         self._restart_watch = asyncio.Event()
 
     async def close(self) -> None:
@@ -257,7 +261,10 @@ class SchedulerClient:
                     event, reading = reading.result(), None
                     if event is grpc.aio.EOF:
                         break
-                    cache.event(pb.EventKind.Name(event.kind)[prefix:].lower(), event.session_id)
+                    kind = pb.EventKind.Name(event.kind)[prefix:].lower()
+                    cache.event(kind, event.session_id)
+                    if kind in ENDED_EVENTS and self.on_program_ended is not None:
+                        self.on_program_ended(event.session_id)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
                 if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.info("scheduler %s has no event stream: admission fast path off", self.address)

@@ -100,6 +100,16 @@ class ClientLimits:
         if entry is not None:
             entry.programs.pop(session_id, None)
 
+    def forget(self, session_id: str) -> int:
+        """The program ended (the scheduler released or expired it, whichever router saw its last request):
+        it stops counting against every client that holds it here. Returns the clients it was dropped from.
+        O(clients); called once per ended program."""
+        dropped = 0
+        for entry in self._clients.values():
+            if entry.programs.pop(session_id, None) is not None:
+                dropped += 1
+        return dropped
+
     def sweep(self, now: float) -> int:
         """Forget idle programs, and clients with none left and a full bucket. Returns programs dropped."""
         dropped = 0

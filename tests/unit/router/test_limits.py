@@ -62,3 +62,13 @@ def test_sweep_forgets_idle_programs_and_idle_clients():
 def test_invalid_params_name_the_rule(kwargs, rule):
     with pytest.raises(ConfigError, match=rule):
         ClientLimitParams(**kwargs)
+
+
+def test_a_program_ended_elsewhere_is_forgotten_for_every_client_that_holds_it():
+    limits = ClientLimits(ClientLimitParams(max_programs=2, new_programs_per_s=0))
+    assert limits.admit("alice", "p1", 0.0).allowed and limits.admit("bob", "p1", 0.0).allowed
+    assert limits.admit("alice", "p2", 0.0).allowed
+    assert not limits.admit("alice", "p3", 1.0).allowed  # at the cap
+    assert limits.forget("p1") == 2 and limits.forget("p1") == 0
+    assert limits.programs("alice") == 1 and limits.programs("bob") == 0
+    assert limits.admit("alice", "p3", 2.0).allowed
