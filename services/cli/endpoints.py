@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Mapping
 
@@ -178,14 +179,31 @@ def _pem(path: str) -> bytes | None:
         return None
 
 
+DIAGNOSIS_TTL_S = 30.0
+_diagnoses: dict[tuple[str, bytes | None, bytes | None, bytes | None], tuple[float, str | None]] = {}
+
+
+def _diagnosis(address: str, ca: bytes | None, cert: bytes | None, key: bytes | None) -> str | None:
+    """`tls_diagnosis.diagnose` of `address`, kept DIAGNOSIS_TTL_S: the live `bandmaster status` view
+    redraws every couple of seconds and must not spend up to 2 s re-probing a peer each time."""
+    entry = (address, ca, cert, key)
+    now = time.monotonic()
+    kept = _diagnoses.get(entry)
+    if kept is not None and now - kept[0] < DIAGNOSIS_TTL_S:
+        return kept[1]
+    why = diagnose(address, tls=bool(ca or cert), ca_pem=ca, cert_pem=cert, key_pem=key)
+    _diagnoses[entry] = (now, why)
+    return why
+
+
 def rpc_error(exc: grpc.RpcError, address: str, args: argparse.Namespace) -> str:
     """One line for a failed call: the status and its details; for UNAVAILABLE, what a TLS probe of
-    `address` (`tls_diagnosis.diagnose`, at most 2 s, run only here, after the failure) says is wrong."""
+    `address` (`tls_diagnosis.diagnose`, at most 2 s, run only here, after the failure, and its answer
+    kept 30 s) says is wrong."""
     code = exc.code()
     details = " ".join((exc.details() or "").split())
     if code is grpc.StatusCode.UNAVAILABLE:
-        ca, cert, key = _pem(args.tls_ca), _pem(args.tls_cert), _pem(args.tls_key)
-        why = diagnose(address, tls=bool(ca or cert), ca_pem=ca, cert_pem=cert, key_pem=key)
+        why = _diagnosis(address, _pem(args.tls_ca), _pem(args.tls_cert), _pem(args.tls_key))
         if why:
             return f"{code.name}: {why} (grpc: {details})"
     return f"{code.name}: {details}"

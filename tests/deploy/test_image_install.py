@@ -12,13 +12,12 @@ import fnmatch
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.deploy.compose_harness import ROOT
+from tests.deploy.installs import pip_install_target, run_installed
 from tests.support.processes import python_module, start
 
 pytestmark = pytest.mark.integration
@@ -86,40 +85,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("image")
     context = build_context(work / "src")
     target = work / "site"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-compile",
-            "--target",
-            str(target),
-            str(context),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=work,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    pip_install_target(context, target, "--no-build-isolation", cwd=work)
     return target
-
-
-def run_installed(target: Path, *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Python with the install first on the path, from a directory outside the repository."""
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(target),
-        "HOME": str(target.parent),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    return subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=timeout_s, cwd=target.parent, env=env
-    )
 
 
 def test_the_install_holds_every_service_and_its_data(installed):

@@ -10,7 +10,6 @@ install would otherwise find them in a checkout).
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.compose_harness import ROOT
+from tests.deploy.installs import pip_install_target, run_installed
 
 pytestmark = pytest.mark.integration
 
@@ -55,26 +55,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel: Path) -> Path:
-    target = wheel.parent.parent / "site"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-compile",
-            "--target",
-            str(target),
-            wheel,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return target
+    return pip_install_target(wheel, wheel.parent.parent / "site")
 
 
 def test_the_wheel_carries_the_product_and_no_development_tool(wheel):
@@ -122,20 +103,7 @@ assert not outside, outside
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_documented_command_runs_from_the_install_without_the_workshop(installed, command):
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(installed),
-        "HOME": str(installed.parent),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
     code = f"INSTALL = {str(installed)!r}\n" + PROBE
-    done = subprocess.run(
-        [sys.executable, "-c", code, command, "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=installed.parent,
-        env=env,
-    )
+    done = run_installed(installed, "-c", code, command, "--help")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage: bandmaster" in done.stdout

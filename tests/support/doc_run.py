@@ -68,14 +68,10 @@ class PageRun:
         return start(name, argv, self.workdir, env=self.env, cwd=self.workdir, new_session=True)
 
     def _finish(self, block: DocBlock, what: str, process: Process, timeout_s: float, expect: str | None) -> None:
-        try:
-            status = process.wait_exit(timeout_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait_exit(10)
-            raise AssertionError(
-                f"{self.where(block)}: `{what}` still running after {timeout_s:g} s\n{process.log_tail()}"
-            ) from None
+        status = _exit_or_kill(process, timeout_s)
+        assert status is not None, (
+            f"{self.where(block)}: `{what}` still running after {timeout_s:g} s\n{process.log_tail()}"
+        )
         output = process.log_text()
         assert status == 0, f"{self.where(block)}: `{what}` exited {status}\n{_tail(output)}"
         if expect is not None:
@@ -119,14 +115,10 @@ class PageRun:
     def _interrupt(self, name: str, process: Process) -> None:
         """Ctrl-C: SIGINT to its process group; it must end within STOP_GRACE_S, as 0 or 130."""
         _signal_group(process, signal.SIGINT)
-        try:
-            status = process.wait_exit(STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait_exit(10)
-            raise AssertionError(
-                f"{self.page.name}: {name} did not stop within {STOP_GRACE_S:g} s of Ctrl-C\n{process.log_tail()}"
-            ) from None
+        status = _exit_or_kill(process, STOP_GRACE_S)
+        assert status is not None, (
+            f"{self.page.name}: {name} did not stop within {STOP_GRACE_S:g} s of Ctrl-C\n{process.log_tail()}"
+        )
         assert status in INTERRUPTED, f"{self.page.name}: {name} exited {status} on Ctrl-C\n{process.log_tail()}"
 
     def stop(self, name: str) -> None:
@@ -141,6 +133,16 @@ class PageRun:
             except AssertionError as error:
                 errors.append(str(error))
         assert not errors, "\n".join(errors)
+
+
+def _exit_or_kill(process: Process, timeout_s: float) -> int | None:
+    """Its exit status within `timeout_s`; else its process group is killed (bounded) and None returned."""
+    try:
+        return process.wait_exit(timeout_s)
+    except subprocess.TimeoutExpired:
+        _signal_group(process, signal.SIGKILL)
+        process.wait_exit(10)
+        return None
 
 
 def _signal_group(process: Process, sig: int) -> None:

@@ -9,14 +9,7 @@ import openai
 import pytest
 
 from tests.support.eventually import assert_eventually
-from tests.unit.batch.fakes import FakeUpstream, batch_jsonl, start_stack
-
-
-@pytest.fixture
-async def upstream():
-    up = await FakeUpstream().start()
-    yield up
-    await up.stop()
+from tests.unit.batch.fakes import batch_jsonl, start_stack
 
 
 @pytest.fixture

@@ -4,14 +4,12 @@ dispatcher's rate: never above the lease, nothing on an expired lease."""
 import asyncio
 import time
 
-import pytest
-
 from services.batch.adapters.registry import Registry
 from services.batch.core.batch_api import parse_batch_input
 from services.batch.core.lease import DrainLease
 from services.batch.dispatcher import Dispatcher
 from services.common.clock import SystemClock
-from tests.unit.batch.fakes import FakeUpstream, batch_jsonl
+from tests.unit.batch.fakes import batch_jsonl
 
 
 def new_batch(reg: Registry, n=3, now=1000, window_s=3600):
@@ -82,13 +80,6 @@ class LeaseBox:
     def set(self, rate, ttl_s):
         now = time.monotonic()
         self.lease = DrainLease("default", rate, now + ttl_s, "d")
-
-
-@pytest.fixture
-async def upstream():
-    up = await FakeUpstream().start()
-    yield up
-    await up.stop()
 
 
 async def test_dispatch_never_exceeds_the_leased_rate(upstream):

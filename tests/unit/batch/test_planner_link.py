@@ -5,7 +5,6 @@ import io
 
 import grpc
 import openai
-import pytest
 
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
@@ -13,15 +12,8 @@ from services.batch.core.lease import DrainLease
 from services.batch.server import start_batch
 from services.planner.server import start_planner
 from tests.support.eventually import assert_eventually
-from tests.unit.batch.fakes import FakeUpstream, batch_config, batch_jsonl, start_stack
+from tests.unit.batch.fakes import batch_config, batch_jsonl, start_stack
 from tests.unit.planner.fakes import planner_config
-
-
-@pytest.fixture
-async def upstream():
-    up = await FakeUpstream().start()
-    yield up
-    await up.stop()
 
 
 def client_for(running) -> openai.AsyncOpenAI:

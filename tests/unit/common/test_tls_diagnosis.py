@@ -128,3 +128,31 @@ def test_a_silent_server_is_bounded_by_the_timeout() -> None:
 )
 def test_split_address(address: str, expected: tuple[str, int]) -> None:
     assert split_address(address) == expected
+
+
+def test_the_cli_keeps_a_diagnosis_so_a_live_view_does_not_probe_every_redraw(monkeypatch) -> None:
+    import argparse
+
+    from services.cli import endpoints
+
+    class Unavailable(grpc.RpcError):
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self) -> str:
+            return "failed to connect"
+
+    probes: list[str] = []
+
+    def probe(address: str, **_: object) -> str:
+        probes.append(address)
+        return f"nothing listens on {address}"
+
+    monkeypatch.setattr(endpoints, "diagnose", probe)
+    monkeypatch.setattr(endpoints, "_diagnoses", {})
+    args = argparse.Namespace(tls_ca="", tls_cert="", tls_key="")
+    for _ in range(3):
+        line = endpoints.rpc_error(Unavailable(), "127.0.0.1:1", args)
+    assert line == "UNAVAILABLE: nothing listens on 127.0.0.1:1 (grpc: failed to connect)"
+    endpoints.rpc_error(Unavailable(), "127.0.0.1:2", args)
+    assert probes == ["127.0.0.1:1", "127.0.0.1:2"]
