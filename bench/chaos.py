@@ -118,6 +118,12 @@ class ChaosConfig:
     first_fault_s: float = 15.0
     faults: int = 0
     """Faults to inject; 0 = as many as fit in the duration, every (kind, action) pair first."""
+    trace: bool = False
+    """Every service writes the spans of turns to `<state dir>/traces/<name>.jsonl` (`bandmaster trace`
+    reads them): per-turn evidence for a violation, kept with the logs."""
+    only: tuple[str, ...] = ()
+    """Inject only these `kind/action` pairs (`scheduler/freeze`; `redis` = every action of it); () = all.
+    For replaying one fault kind against the full stack."""
     turn_timeout_s: float = 60.0
     retry_budget_s: float = 120.0
     recovery_timeout_s: float = 60.0
@@ -143,6 +149,14 @@ class ChaosConfig:
             lo, hi = getattr(self, name)
             require(0 <= lo <= hi, name, (lo, hi), f"0 <= {name}[0] <= {name}[1]")
         require(self.faults >= 0, "faults", self.faults, "faults >= 0")
+        for pair in self.only:
+            kind, _, action = pair.partition("/")
+            require(
+                kind in KINDS and action in ("", *ACTIONS),
+                "only",
+                pair,
+                f"kind[/action] with kind one of {', '.join(KINDS)} and action one of {', '.join(ACTIONS)}",
+            )
         require(
             self.redis_persistence in ("always", "everysec", "none"),
             "redis_persistence",
@@ -217,15 +231,19 @@ def fault_schedule(
     down_s: tuple[float, float],
     count: int = 0,
     must: Sequence[tuple[str, str]] = (),
+    only: Sequence[str] = (),
 ) -> list[Fault]:
     """The faults of one run, a function of the seed alone. Every (kind, action) pair of the kinds in
     `instances` comes once, in a seeded order (`must` pairs first when `count` limits the run), then
     random pairs, one fault after another: each planned `gap_s` after the previous one's hold ends.
     `count` 0 = as many as start before `duration_s`; else exactly `count` (planned times may then pass
-    `duration_s`, and the shell injects them late)."""
+    `duration_s`, and the shell injects them late). `only` (`kind/action` or `kind`) keeps those pairs."""
     rng = random.Random(f"chaos:{seed}")
     kinds = [k for k in KINDS if instances.get(k, 0) > 0]
     pairs = [(k, a) for k in kinds for a in ACTIONS]
+    if only:
+        pairs = [(k, a) for k, a in pairs if f"{k}/{a}" in only or k in only]
+        require(bool(pairs), "only", list(only), f"none of these faults applies to this stack ({', '.join(kinds)})")
     rng.shuffle(pairs)
     chosen = [p for p in must if p in pairs]
     order = chosen + [p for p in pairs if p not in chosen]
@@ -865,6 +883,7 @@ class Stack:
             planner=True,
             planner_args=("--lease-store", "redis", "--redis-url", self.redis_url),
             ports=ports,
+            trace=config.trace,
             **extra,
         )
         supervisor = Supervisor(self.state_dir)
@@ -1585,6 +1604,7 @@ def run_seed(config: ChaosConfig, seed: int, *, quick: bool, keep_logs: bool = F
             down_s=config.down_s,
             count=config.faults,
             must=QUICK_MUST if quick else (),
+            only=config.only,
         )
         _log(
             f"bench.chaos: seed {seed}: {config.programs} programs for {config.duration_s:g}s, "
@@ -1710,11 +1730,15 @@ FLAGS = (
     ("retry_budget_s", float),
     ("drain_s", float),
     ("redis_persistence", str),
+    ("trace", bool),
 )
+"""Flags that set a ChaosConfig field of the same name; `--only` (repeatable) sets `only`."""
 
 
 def config_from_args(args: argparse.Namespace) -> ChaosConfig:
-    overrides = {name: getattr(args, name) for name, _ in FLAGS if getattr(args, name) is not None}
+    overrides: dict = {name: getattr(args, name) for name, _ in FLAGS if getattr(args, name) is not None}
+    if args.only:
+        overrides["only"] = tuple(args.only)
     return replace(QUICK if args.quick else FULL, **overrides)
 
 
@@ -1725,7 +1749,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short, a few faults, for the test suite")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run too")
     for name, kind in FLAGS:
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+        if kind is bool:
+            parser.add_argument("--" + name.replace("_", "-"), action="store_const", const=True, default=None)
+        else:
+            parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KIND[/ACTION]",
+        help="inject only these faults (repeatable), e.g. --only scheduler/freeze: one fault kind in isolation",
+    )
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)

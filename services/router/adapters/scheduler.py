@@ -153,6 +153,9 @@ class SchedulerClient:
         self._breaker = CircuitBreaker(breaker)
         self._tracer = tracer or trace.get_tracer(__name__)
         self._outage_since: float | None = None
+        # When a call last reached the scheduler (monotonic): a call that began before it and failed says
+        # nothing of the scheduler now (it went to a replica that froze or lost the lead since).
+        self._ok_at = float("-inf")
         # Set while an outage lasts: a dispatched Admit with no other replica to try stops waiting then.
         self._outage_began = asyncio.Event()
         # Ticket leases: the request ids of admitted turns still running, renewed together.
@@ -340,7 +343,8 @@ class SchedulerClient:
         return self._outage_since is not None
 
     def _ok(self) -> None:
-        self._breaker.on_success(time.monotonic())
+        self._ok_at = time.monotonic()
+        self._breaker.on_success(self._ok_at)
         # A Complete that succeeds while the breaker is open ends nothing: the next probe Admit does.
         if self._outage_since is not None and self._breaker.state is CircuitState.CLOSED:
             log.info(
@@ -353,10 +357,16 @@ class SchedulerClient:
             self._metrics.scheduler_reachable.set(1)
             self._restart_watch.set()  # the fast path's stream starts afresh
 
-    def _down(self, method: str, why: str) -> None:
-        self._cache_lost()
+    def _down(self, method: str, why: str, *, began: float | None = None) -> None:
+        """The scheduler is taken for down: turns fail open until the breaker's probe gets an answer. Not
+        for a call that `began` before another call reached the scheduler (a stale failure: sent to a
+        leader that froze, while the router has since followed the new one and been answered there)."""
         self._metrics.scheduler_errors.labels(method).inc()
         now = time.monotonic()
+        if began is not None and self._ok_at > began:
+            log.debug("scheduler %s failed (%s), but a later call was answered: not an outage", method, why)
+            return
+        self._cache_lost()
         self._breaker.on_failure(now)
         if self._outage_since is None:
             self._outage_since = now
@@ -364,8 +374,8 @@ class SchedulerClient:
             self._metrics.scheduler_reachable.set(0)
             log.warning("scheduler %s unreachable (%s); failing open to KV-aware routing", self.address, why)
 
-    def _unreachable(self, method: str, exc: grpc.aio.AioRpcError) -> None:
-        self._down(method, f"{exc.code().name}: {exc.details()}")
+    def _unreachable(self, method: str, exc: grpc.aio.AioRpcError, *, began: float | None = None) -> None:
+        self._down(method, f"{exc.code().name}: {exc.details()}", began=began)
 
     def _on_time_clock(self, loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
         """Wall time on `loop` minus this process's measured event-loop lag (wall time alone without a
@@ -447,17 +457,21 @@ class SchedulerClient:
             request.dispatched_worker_id, request.dispatched_dp_rank = dispatched
         loop = asyncio.get_running_loop()
         started = loop.time()
+        began = time.monotonic()
         address = self.address
         tried: set[str] = set()
         # A dispatched Admit (the admission fast path) has no client waiting on it: the turn runs already.
         # It is given its own bound (the failover bound, at least the decision deadline) and tries again
         # within it after a transient failure (unreachable, no answer, a refusal of its own request id
         # while a cancelled earlier try is rolled back), with one replica known as with several: the
-        # scheduler must still learn the turn. Only a failure that lasts fails it open (counted).
+        # scheduler must still learn the turn. Only a failure that lasts fails it open (counted). With one
+        # replica a try may wait the rest of the bound; with several, one decision deadline (the scheduler
+        # never holds a dispatched Admit): a try sent to a leader that froze must not spend the whole bound
+        # there while the router follows its successor.
         dispatched_until = started + max(self._failover_cfg_s, self._decision_s) if dispatched is not None else None
         while True:
             window_s = None
-            if dispatched_until is not None:
+            if dispatched_until is not None and self._failover_s == 0:
                 window_s = max(self._decision_s, dispatched_until - loop.time())
             kind, value, exc = await self._admit_once(address, request, request_id, window_s=window_s)
             if kind == "ok":
@@ -470,7 +484,10 @@ class SchedulerClient:
                 if kind != "error" or duplicate:
                     if loop.time() < dispatched_until:
                         if kind != "error":
-                            address = self._next(address, exc)
+                            following = self._next(address, exc)
+                            # The leader this router follows now (another call found it meanwhile), else
+                            # the next replica.
+                            address = self.address if self.address != address else following
                         await asyncio.sleep(PASS_PAUSE.delay_s(1, remaining_s=dispatched_until - loop.time()))
                         continue
                     if duplicate:
@@ -502,13 +519,13 @@ class SchedulerClient:
                 continue
             if kind == "hold_overrun":
                 log.warning("scheduler held turn %s past its own bound; failing open", request_id)
-                self._down("Admit", "a held turn was not answered within the scheduler's bound")
+                self._down("Admit", "a held turn was not answered within the scheduler's bound", began=began)
                 self._fail_open(FailOpen.HOLD_OVERRUN)
             elif kind == "no_answer":
-                self._down("Admit", f"no answer to Admit within {self._decision_s:g}s")
+                self._down("Admit", f"no answer to Admit within {self._decision_s:g}s", began=began)
                 self._fail_open(FailOpen.NO_ANSWER)
             else:
-                self._unreachable("Admit", exc)
+                self._unreachable("Admit", exc, began=began)
                 self._fail_open(FailOpen.UNREACHABLE)
             return None
         self._ok()
@@ -608,6 +625,7 @@ class SchedulerClient:
         loop = asyncio.get_running_loop()
         on_time = self._on_time_clock(loop)
         first_at = loop.time()
+        began = time.monotonic()
         address = self.address
         attempts = 0
         while True:
@@ -638,7 +656,7 @@ class SchedulerClient:
                     self._metrics.scheduler_errors.labels(method).inc()
                     log.debug("scheduler %s: no leader answered (%s)", method, exc.code().name)
                 elif exc.code() in _UNREACHABLE or exc.code() in FOLLOW:
-                    self._unreachable(method, exc)
+                    self._unreachable(method, exc, began=began)
                 else:
                     self._metrics.scheduler_errors.labels(method).inc()
                     log.error("scheduler %s failed with %s: %s", method, exc.code().name, exc.details())

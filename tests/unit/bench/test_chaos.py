@@ -267,3 +267,27 @@ def test_the_error_summary_groups_failed_attempts_by_what_they_said_and_when():
         "by_kind": {"http_error 503 HTTP 503: no healthy worker": 2, "error_event 200": 1},
         "by_10s_from": {"10": 2, "30": 1},
     }
+
+
+def test_only_keeps_the_named_faults():
+    faults = _schedule(1, only=("scheduler/freeze", "redis"))
+    assert faults and {(f.kind, f.action) for f in faults} <= {("scheduler", "freeze")} | {
+        ("redis", a) for a in ACTIONS
+    }
+    assert {f.kind for f in faults} == {"scheduler", "redis"}
+
+
+def test_only_refuses_a_fault_that_is_not_one():
+    with pytest.raises(ConfigError, match="only"):
+        chaos.ChaosConfig(only=("scheduler/nap",))
+    with pytest.raises(ConfigError, match="none of these faults"):
+        chaos.fault_schedule(
+            1,
+            600.0,
+            {"simworker": 1},
+            first_s=10.0,
+            gap_s=(10.0, 25.0),
+            freeze_s=(1.0, 8.0),
+            down_s=(0.5, 4.0),
+            only=("scheduler/freeze",),
+        )
