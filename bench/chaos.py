@@ -394,8 +394,16 @@ def check_turns(
     store_decides: bool = False,
 ) -> tuple[list[dict], dict]:
     """Scheduler turns against the client's started turns, per program that was looked up. Returns the
-    violations and the counts (programs compared, turns excused as fail-open)."""
+    violations and the counts (programs compared, turns excused as fail-open, attempts cut by a router fault).
+
+    An attempt whose stream a router's kill or restart cut after its headers (the client retries the turn)
+    may be counted or not: the scheduler counts a turn once its router reports that the client received
+    something, and a router killed between its first bytes to the client and that report (batched, within
+    DELIVERED_FLUSH_S of services/router/adapters/scheduler.py) takes the fact with it. Closing that window
+    would cost every turn a scheduler round trip before its first byte; so either count is right for such an
+    attempt, and no other."""
     windows = scheduler_windows(faults, outages, store_decides=store_decides)
+    routers = router_windows(faults)
     started: dict[str, list[RequestRecord]] = defaultdict(list)
     failed: dict[str, list[RequestRecord]] = defaultdict(list)
     for r in requests:
@@ -404,13 +412,15 @@ def check_turns(
         if r.turn >= 0 and r.outcome != "ok":
             failed[r.program_id].append(r)
     out = []
-    compared = excused_total = 0
+    compared = excused_total = cut_total = 0
     for p in programs:
         if p.scheduler_known is None:
             continue
         mine = started.get(p.program_id, [])
         client = len(mine)
-        excusable = sum(1 for r in mine if _overlaps(r.start_s, r.end_s, windows))
+        cut = [r for r in mine if r.outcome == "transport_after_headers" and _overlaps(r.start_s, r.end_s, routers)]
+        cut_total += len(cut)
+        excusable = sum(1 for r in mine if r in cut or _overlaps(r.start_s, r.end_s, windows))
         scheduler = (p.scheduler_turns or 0) if p.scheduler_known else 0
         compared += 1
         if scheduler > client:
@@ -420,7 +430,11 @@ def check_turns(
             out.append(_turn_violation(kind, p, client, scheduler, excusable, failed[p.program_id], mine))
         else:
             excused_total += client - scheduler
-    return out, {"programs_compared": compared, "turns_excused_fail_open": excused_total}
+    return out, {
+        "programs_compared": compared,
+        "turns_excused_fail_open": excused_total,
+        "attempts_cut_by_router_faults": cut_total,
+    }
 
 
 def _turn_violation(
@@ -1695,7 +1709,8 @@ def text_summary(report: dict) -> str:
         lines.append(
             f"seed {run['seed']}: {len(run['faults'])} faults; programs {p['started']} (finished {p['finished']}, "
             f"compared with the scheduler {p['programs_compared']}, fail-open turns excused "
-            f"{p['turns_excused_fail_open']}); turns ok {r['turns_ok']} of {r['turn_attempts']} attempts "
+            f"{p['turns_excused_fail_open']}, attempts cut by router faults "
+            f"{p.get('attempts_cut_by_router_faults', 0)}); turns ok {r['turns_ok']} of {r['turn_attempts']} attempts "
             f"({r['outcomes']}); batch {run['batch'].get('status')} "
             f"({run['batch'].get('output_lines')} output, {run['batch'].get('error_lines')} error lines)"
         )

@@ -107,7 +107,11 @@ def _program(pid="p", known=True, turns=2) -> ProgramOutcome:
 def test_scheduler_turns_equal_to_the_started_turns_pass():
     requests = [_req(turn=0), _req(turn=1, start=3, end=4), _req(turn=-1, outcome="ok")]
     violations, counts = chaos.check_turns([_program(turns=2)], requests, [])
-    assert violations == [] and counts == {"programs_compared": 1, "turns_excused_fail_open": 0}
+    assert violations == [] and counts == {
+        "programs_compared": 1,
+        "turns_excused_fail_open": 0,
+        "attempts_cut_by_router_faults": 0,
+    }
 
 
 def test_a_refused_attempt_is_not_a_started_turn_and_an_error_event_is():
@@ -140,6 +144,25 @@ def test_a_missing_turn_is_excused_only_in_a_scheduler_fault_window():
     # One excusable turn excuses one missing, not two.
     (violation,) = chaos.check_turns([_program(turns=0)], requests, inside)[0]
     assert violation["kind"] == "missing_turns" and violation["excusable_fail_open"] == 1
+
+
+def test_an_attempt_a_router_fault_cut_after_its_headers_may_be_counted_or_not():
+    """The router died between the client's first bytes and its delivery report: either count is right for
+    that attempt (the client retried the turn), and only for it."""
+    requests = [
+        _req(turn=0, start=1, end=2),
+        _req(turn=1, start=10, end=10.5, outcome="transport_after_headers"),
+        _req(turn=1, attempt=1, start=11, end=12),
+    ]
+    kill = [_fault("router", "kill", 10.2, 11.0)]
+    for counted in (2, 3):
+        violations, counts = chaos.check_turns([_program(turns=counted)], requests, kill)
+        assert violations == [] and counts["attempts_cut_by_router_faults"] == 1
+    assert chaos.check_turns([_program(turns=1)], requests, kill)[0][0]["kind"] == "missing_turns"
+    assert chaos.check_turns([_program(turns=4)], requests, kill)[0][0]["kind"] == "phantom_turns"
+    # Cut outside a router's kill or restart: the turn must be counted.
+    for other in ([_fault("router", "freeze", 10.2, 11.0)], [_fault("router", "kill", 30.0, 31.0)]):
+        assert chaos.check_turns([_program(turns=2)], requests, other)[0][0]["kind"] == "missing_turns"
 
 
 def test_an_observed_scheduler_outage_excuses_like_a_scheduler_fault():
