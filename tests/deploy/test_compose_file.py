@@ -24,6 +24,7 @@ import yaml
 from services.common.config import Setting
 from services.common.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
 from tests.deploy import compose_harness as ch
+from tests.deploy.image_refs import image_is_pinned, package_version
 
 ROOT = ch.ROOT
 SCHEMA = ROOT / "deploy" / "compose" / "schema" / "compose-spec.json"
@@ -392,3 +393,12 @@ def test_grafana_provisioning_matches_the_mounts():
     targets = {t for n, s, t in bind_mounts() if n == "grafana"}
     assert {p["options"]["path"] for p in providers} <= targets
     assert "/etc/grafana/provisioning" in targets
+
+
+@pytest.mark.parametrize("env", [{}, REAL_WORKERS], ids=["simulated-workers", "real-workers"])
+def test_every_image_is_pinned_and_ours_carries_the_package_version(env):
+    doc = compose(env)
+    for name, service in doc["services"].items():
+        assert image_is_pinned(service["image"]), f"{name}: {service['image']}"
+    for name, service in bandmaster_services(doc).items():
+        assert service["image"] == f"bandmaster:{package_version()}", name
