@@ -19,9 +19,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -96,11 +98,18 @@ def remember_config_maps(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return objects
 
 
+def tool(name: str) -> str | None:
+    """A command on the PATH, else in the venv running the tests (where `make test` installs helm and kubectl)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
+
+
 def render(directory: Path) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize <directory>` prints (its multi-document YAML, parsed)."""
-    kubectl = shutil.which("kubectl")
+    kubectl = tool("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed: the manifests are rendered by `kubectl kustomize`")
+        pytest.skip(
+            "kubectl is not installed (`make test` installs it): the manifests are rendered by `kubectl kustomize`"
+        )
     try:
         done = subprocess.run(
             [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S
