@@ -211,12 +211,18 @@ def test_the_chart_version_is_the_package_version():
 @pytest.mark.parametrize(
     "setting, message",
     [
-        ("image.tag=latest", "pin a version"),
-        ("workers.engine=vllm", "simworker or sglang"),
-        ("model.timingProfile=", "model.timingProfile"),
+        ("image.tag=latest", "/image/tag"),
+        ("workers.sglang.image=lmsysorg/sglang:latest", "/workers/sglang/image"),
+        ("workers.sglang.image=lmsysorg/sglang", "/workers/sglang/image"),
+        ("redis.image=redis", "/redis/image"),
+        ("workers.engine=vllm", "must be one of 'simworker', 'sglang'"),
+        ("model.timingProfile=", "/model/timingProfile"),
+        ("modelCache.size=lots", "/modelCache/size"),
+        ("routr.replicas=2", "'routr' not allowed"),
     ],
 )
 def test_the_chart_refuses_values_that_break_the_rules(setting, message):
+    """values.schema.json: helm lint, template and install check the values before rendering."""
     done = template("--set", setting, check=False)
     assert done.returncode != 0 and message in done.stderr, done.stderr
 
