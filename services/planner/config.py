@@ -290,6 +290,12 @@ class PlannerConfig:
         "worker timing profile: a simworker profile name or a file path",
         env=_env("timing_profile"),
     )
+    worker_model: str = setting(
+        "",
+        "the model the workers serve (e.g. meta-llama/Llama-3.1-8B-Instruct); when set, the timing "
+        "profile must name the same model or the planner refuses to start ('' = unchecked)",
+        env=_env("worker_model"),
+    )
     throughput_isl: int = setting(
         2048,
         "typical prompt tokens for the throughput model",

@@ -71,6 +71,7 @@ class RunningPlanner:
 
 def build_settings(config: PlannerConfig) -> TickSettings:
     profile = load_engine_profile(config.timing_profile)
+    profile.check_model(config.worker_model)
     engine = engine_rps(profile, config.throughput_isl, config.throughput_osl, config.itl_ms)
     safe = config.safe_rps_per_replica
     if safe <= 0:

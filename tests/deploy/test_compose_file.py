@@ -22,8 +22,12 @@ import pytest
 import yaml
 
 from services.common.config import Setting
+from services.common.errors import ConfigError
 from services.common.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
+from services.planner.adapters.profile import load_engine_profile
+from services.planner.server import build_settings
 from tests.deploy import compose_harness as ch
+from tests.deploy.image_refs import image_is_pinned, package_version
 
 ROOT = ch.ROOT
 SCHEMA = ROOT / "deploy" / "compose" / "schema" / "compose-spec.json"
@@ -392,3 +396,26 @@ def test_grafana_provisioning_matches_the_mounts():
     targets = {t for n, s, t in bind_mounts() if n == "grafana"}
     assert {p["options"]["path"] for p in providers} <= targets
     assert "/etc/grafana/provisioning" in targets
+
+
+@pytest.mark.parametrize("env", [{}, REAL_WORKERS], ids=["simulated-workers", "real-workers"])
+def test_every_image_is_pinned_and_ours_carries_the_package_version(env):
+    doc = compose(env)
+    for name, service in doc["services"].items():
+        assert image_is_pinned(service["image"]), f"{name}: {service['image']}"
+    for name, service in bandmaster_services(doc).items():
+        assert service["image"] == f"bandmaster:{package_version()}", name
+
+
+def test_the_planner_plans_with_the_workers_timing_profile_for_their_model():
+    """One variable each: the simulated workers run the profile the planner plans with, the profile is
+    the worker model's, and the planner's own start-up check passes; a mismatched model is refused."""
+    doc = compose()
+    planner = load_service_config(doc["services"]["planner"])
+    for name in ("simworker-1", "simworker-2"):
+        assert load_service_config(doc["services"][name]).timing_profile == planner.timing_profile, name
+    assert load_engine_profile(planner.timing_profile).model == planner.worker_model
+    assert build_settings(planner).batch.safe_rps_per_ready_replica > 0
+    real = compose({**REAL_WORKERS, "BANDMASTER_WORKER_MODEL": "Qwen/Qwen3-8B"})
+    with pytest.raises(ConfigError, match="is for zai-org/GLM-4.5-FP8"):
+        build_settings(load_service_config(real["services"]["planner"]))

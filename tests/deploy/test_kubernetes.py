@@ -19,9 +19,11 @@
 from __future__ import annotations
 
 import copy
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -36,14 +38,19 @@ from services.capacity import config as capacity_config
 from services.capacity import registrar
 from services.common.clock import FakeClock
 from services.common.config import parse_host_port
+from services.common.errors import ConfigError
 from services.common.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
 from services.planner import config as planner_config
 from services.planner.adapters.connectors import FENCE_ANNOTATION, KubernetesConnector, KubernetesTarget
+from services.planner.adapters.profile import load_engine_profile
+from services.planner.server import build_settings
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
 from services.simworker import config as simworker_config
+from tests.deploy.image_refs import image_is_pinned, package_version
 
-ROOT = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+REPO = Path(__file__).resolve().parents[2]
+ROOT = REPO / "deploy" / "kubernetes"
 TARGETS = ["base", "overlays/simulated", "overlays/sglang"]
 # The oldest Kubernetes minor the manifests support (grpc probes are GA since 1.27; policy/v1 PDBs,
 # autoscaling-free scale subresource) and the newest schema set the package ships.
@@ -79,13 +86,30 @@ POD_IP = "10.1.2.3"
 
 KUBECTL_TIMEOUT_S = 120  # renders in well under a second; the bound only keeps a wedged kubectl from hanging CI
 _rendered: dict[str, list[dict[str, Any]]] = {}
+# Every rendered ConfigMap by (namespace, name), for the kubelet's configMapKeyRef. Names carry a hash of
+# the content (Kustomize's generator, the chart's helper), so one name never stands for two contents.
+_config_maps: dict[tuple[str, str], dict[str, str]] = {}
+
+
+def remember_config_maps(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for cm in of_kind(objects, "ConfigMap"):
+        key = (cm["metadata"].get("namespace", ""), cm["metadata"]["name"])
+        assert _config_maps.setdefault(key, cm.get("data", {})) == cm.get("data", {}), f"ConfigMap {key}: two contents"
+    return objects
+
+
+def tool(name: str) -> str | None:
+    """A command on the PATH, else in the venv running the tests (where `make test` installs helm and kubectl)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), str(Path(sys.executable).parent)]))
 
 
 def render(directory: Path) -> list[dict[str, Any]]:
     """The objects `kubectl kustomize <directory>` prints (its multi-document YAML, parsed)."""
-    kubectl = shutil.which("kubectl")
+    kubectl = tool("kubectl")
     if kubectl is None:
-        pytest.skip("kubectl is not installed: the manifests are rendered by `kubectl kustomize`")
+        pytest.skip(
+            "kubectl is not installed (`make test` installs it): the manifests are rendered by `kubectl kustomize`"
+        )
     try:
         done = subprocess.run(
             [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=KUBECTL_TIMEOUT_S
@@ -94,13 +118,18 @@ def render(directory: Path) -> list[dict[str, Any]]:
         pytest.fail(f"kubectl kustomize {directory} did not finish in {KUBECTL_TIMEOUT_S} s")
     if done.returncode != 0:
         pytest.fail(f"kubectl kustomize {directory} exited {done.returncode}: {done.stderr.strip()}")
-    return [obj for obj in yaml.safe_load_all(done.stdout) if obj]
+    return remember_config_maps([obj for obj in yaml.safe_load_all(done.stdout) if obj])
 
 
 def rendered(target: str) -> list[dict[str, Any]]:
     if target not in _rendered:
         _rendered[target] = render(ROOT / target)
     return _rendered[target]
+
+
+@pytest.fixture(params=TARGETS)
+def target_objects(request) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, rendered(request.param)
 
 
 def key_of(obj: dict[str, Any]) -> tuple[str, str, str, str]:
@@ -185,6 +214,12 @@ def resolve_env(deployment: dict[str, Any], container: dict[str, Any], *, secret
         if "fieldRef" in source:
             assert source["fieldRef"]["fieldPath"] in fields, source
             env[item["name"]] = fields[source["fieldRef"]["fieldPath"]]
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            data = _config_maps.get((namespace, ref["name"]))
+            assert data is not None, f"{item['name']}: no ConfigMap {ref['name']} in {namespace}"
+            assert ref["key"] in data, f"{item['name']}: ConfigMap {ref['name']} has no key {ref['key']}"
+            env[item["name"]] = data[ref["key"]]
         elif "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             assert ref.get("optional") is True, f"{item['name']}: secrets are optional, so `apply -k` works alone"
@@ -466,6 +501,106 @@ def test_bandmaster_images_are_tagged(target):
     for _, container in bandmaster_containers(rendered(target)):
         assert re.fullmatch(r"bandmaster:[A-Za-z0-9_][A-Za-z0-9_.-]*", container["image"]), container["image"]
         assert not container["image"].endswith(":latest")
+
+
+def test_every_image_is_pinned(target_objects):
+    """No `:latest`, no untagged image: every container names a tag (or a digest); Bandmaster's own tag
+    is the package version, SGLang's a release."""
+    target, objects = target_objects
+    for deployment in of_kind(objects, "Deployment"):
+        for container in containers(deployment):
+            image = container["image"]
+            where = f"{target} {deployment['metadata']['name']}/{container['name']}: {image}"
+            assert image_is_pinned(image), where
+            if image.split(":")[0] == IMAGE:
+                assert image == f"{IMAGE}:{package_version()}", where
+
+
+@pytest.mark.parametrize(
+    "image, pinned",
+    [
+        ("bandmaster:0.1.0", True),
+        ("lmsysorg/sglang:v0.5.11-cu129", True),
+        ("registry:5000/a/b:1.2", True),
+        ("redis@sha256:" + "a" * 64, True),
+        ("bandmaster", False),
+        ("lmsysorg/sglang:latest", False),
+        ("registry:5000/a/b", False),
+        ("sglang:", False),
+    ],
+)
+def test_the_pin_check_itself(image, pinned):
+    assert image_is_pinned(image) is pinned
+
+
+def test_sglang_runs_a_pinned_release():
+    worker = named(rendered("overlays/sglang"), "Deployment", "worker")
+    (sglang,) = [c for c in containers(worker) if c["name"] == "worker"]
+    assert re.fullmatch(r"lmsysorg/sglang:v\d+\.\d+\.\d+(\.post\d+)?-cu\d+", sglang["image"]), sglang["image"]
+
+
+def test_the_sglang_model_cache_is_a_persistent_shared_volume():
+    """The weights (HF_HOME) live on a PersistentVolumeClaim every worker pod mounts, not on an emptyDir
+    that each new replica, reschedule or restart fills again from the hub."""
+    objects = rendered("overlays/sglang")
+    worker = named(objects, "Deployment", "worker")
+    (sglang,) = [c for c in containers(worker) if c["name"] == "worker"]
+    env = resolve_env(worker, sglang, secrets=False)
+    hf_home = Path(env["HF_HOME"])
+    mounts = [
+        m for m in sglang["volumeMounts"] if hf_home == Path(m["mountPath"]) or Path(m["mountPath"]) in hf_home.parents
+    ]
+    assert len(mounts) == 1, f"HF_HOME {hf_home} is on {mounts}"
+    (volume,) = [v for v in pod_spec(worker)["volumes"] if v["name"] == mounts[0]["name"]]
+    assert "emptyDir" not in volume and "persistentVolumeClaim" in volume, volume
+    claim = named(objects, "PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"])
+    assert claim["metadata"]["namespace"] == worker["metadata"]["namespace"]
+    # The planner runs several worker pods on any node: one claim they all mount.
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"  # the size docs/deploy/kubernetes.md names
+    assert "storageClassName" not in claim["spec"], "left to the cluster's default or an operator's patch"
+    assert pod_spec(worker)["securityContext"]["fsGroup"] == pod_spec(worker)["securityContext"]["runAsUser"]
+
+
+def planner_and_worker_models(objects) -> tuple[Any, str, str]:
+    """The planner's config, the model the workers load (or simulate) and their timing profile (sim only)."""
+    planner = named(objects, "Deployment", "planner")
+    _, config = load(planner, containers(planner)[0])
+    worker = named(objects, "Deployment", config.k8s_deployment)
+    (engine,) = [c for c in containers(worker) if c["name"] == "worker"]
+    env = resolve_env(worker, engine, secrets=False)
+    if engine["image"].split(":")[0] == IMAGE:
+        _, sim = load(worker, engine)
+        return config, load_engine_profile(sim.timing_profile).model, sim.timing_profile
+    args = [_expand(a, env) for a in engine["args"]]
+    (model,) = [a.split("=", 1)[1] for a in args if a.startswith("--model-path=")]
+    return config, model, ""
+
+
+def test_the_planner_plans_for_the_model_the_workers_serve(target_objects):
+    """One source (the worker-model ConfigMap): the planner's timing profile is the served model's, and
+    the planner's own start-up check (the one that refuses a mismatch) passes on the rendered config."""
+    _, objects = target_objects
+    config, served, sim_profile = planner_and_worker_models(objects)
+    assert config.worker_model == served, "the planner is told the model the workers serve"
+    assert load_engine_profile(config.timing_profile).model == served
+    if sim_profile:
+        assert config.timing_profile == sim_profile, "the simworkers run the timing the planner plans with"
+    assert build_settings(config).batch.safe_rps_per_ready_replica > 0
+
+
+def test_a_planner_given_another_models_profile_refuses_to_start():
+    objects = rendered("overlays/sglang")
+    planner = copy.deepcopy(named(objects, "Deployment", "planner"))
+    container = containers(planner)[0]
+    container["env"] = [
+        {"name": e["name"], "value": "Qwen/Qwen3-8B"} if e["name"] == "BANDMASTER_PLANNER_WORKER_MODEL" else e
+        for e in container["env"]
+    ]
+    _, config = load(planner, container)
+    with pytest.raises(ConfigError, match="is for meta-llama/Llama-3.1-8B-Instruct") as info:
+        build_settings(config)
+    assert info.value.field == "worker_model"
 
 
 @pytest.mark.parametrize("target", TARGETS)

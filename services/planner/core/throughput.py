@@ -50,6 +50,7 @@ class EngineProfile:
     prefill_attn_ms_per_token2: float
     kv_capacity_tokens: int
     max_running_requests: int = 256
+    model: str = ""  # the model whose timing this is ("" = the profile does not say)
 
     def decode_ms(self, x: float) -> float:
         def poly(v: float) -> float:
@@ -81,9 +82,23 @@ class EngineProfile:
                 **{f: float(raw[f]) for f in _PROFILE_FIELDS[1:-1]},
                 kv_capacity_tokens=int(kv_capacity_tokens or raw["kv_capacity_tokens"]),
                 max_running_requests=max_running_requests,
+                model=str(raw.get("model", "")),
             )
         except (TypeError, ValueError) as exc:
             raise ConfigError("timing_profile", label, f"bad field value: {exc}") from None
+
+    def check_model(self, worker_model: str) -> None:
+        """Refuse a profile measured for another model than the workers serve: its engine rps (the safe
+        rate per replica, throughput scaling) would describe someone else's engine. `worker_model` ""
+        checks nothing. Raises ConfigError("worker_model", worker_model, why)."""
+        if not worker_model or self.model == worker_model:
+            return
+        said = f"is for {self.model}" if self.model else 'names no model (add a "model" field to it)'
+        raise ConfigError(
+            "worker_model",
+            worker_model,
+            f"the timing profile {self.name} {said}: give the profile of the served model (--timing-profile)",
+        )
 
     def prefill_ms(self, isl: int) -> float:
         return (

@@ -71,6 +71,9 @@ class TimingProfile:
     step_token_budget: int
     """Tokens per step the measured server ran with (its chunked-prefill budget)."""
     source: str = ""
+    model: str = ""
+    """The model (a Hugging Face id such as meta-llama/Llama-3.1-8B-Instruct) whose timing this is; the
+    planner refuses the profile when it was told to plan for another model (--worker-model)."""
 
     def __post_init__(self) -> None:
         if self.decode_x not in _DECODE_X:

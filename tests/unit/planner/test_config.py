@@ -1,6 +1,7 @@
 """Flags and environment map onto PlannerConfig in one function; every rule refuses to start by name."""
 
 import ast
+import json
 import pathlib
 
 import pytest
@@ -9,6 +10,7 @@ from services.common.errors import ConfigError
 from services.planner.adapters.profile import load_engine_profile
 from services.planner.config import SETTINGS, load_config
 from services.planner.core.throughput import EngineProfile
+from services.planner.server import build_settings
 
 
 def test_defaults_are_valid_and_every_flag_has_an_env_var():
@@ -114,6 +116,47 @@ def test_the_core_builds_the_engine_profile_from_fields_handed_in():
         with pytest.raises(ConfigError, match=reason) as info:
             EngineProfile.from_fields(broken, "x.json")
         assert (info.value.field, info.value.value) == ("timing_profile", "x.json")
+
+
+@pytest.mark.parametrize(
+    "profile, worker_model",
+    [
+        ("glm45-fp8-h200", "zai-org/GLM-4.5-FP8"),
+        ("mocker-h100", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("mocker-h100", ""),  # unset: nothing checked
+    ],
+)
+def test_a_profile_for_the_served_model_is_accepted(profile, worker_model):
+    cfg = load_config(["--timing-profile", profile, "--worker-model", worker_model], {})
+    assert build_settings(cfg).batch.safe_rps_per_ready_replica > 0
+
+
+@pytest.mark.parametrize(
+    "profile, worker_model, reason",
+    [
+        ("glm45-fp8-h200", "Qwen/Qwen3-8B", "is for zai-org/GLM-4.5-FP8"),
+        ("mocker-h100", "zai-org/GLM-4.5-FP8", "is for meta-llama/Llama-3.1-8B-Instruct"),
+        ("unnamed", "Qwen/Qwen3-8B", "names no model"),
+    ],
+)
+def test_the_planner_refuses_a_profile_for_another_model(tmp_path, profile, worker_model, reason):
+    if profile == "unnamed":  # a user's file without a "model" field cannot be checked, so it is refused
+        fields = json.loads(load_engine_profile_text("mocker-h100"))
+        del fields["model"]
+        profile = str(tmp_path / "unnamed.json")
+        pathlib.Path(profile).write_text(json.dumps(fields))
+    cfg = load_config(
+        [], {"BANDMASTER_PLANNER_TIMING_PROFILE": profile, "BANDMASTER_PLANNER_WORKER_MODEL": worker_model}
+    )
+    with pytest.raises(ConfigError, match=reason) as info:
+        build_settings(cfg)
+    assert (info.value.field, info.value.value) == ("worker_model", worker_model)
+
+
+def load_engine_profile_text(name: str) -> str:
+    return (
+        pathlib.Path(__file__).resolve().parents[3] / "services/simworker/core/profiles" / f"{name}.json"
+    ).read_text()
 
 
 CORE = pathlib.Path(__file__).resolve().parents[3] / "services" / "planner" / "core"
