@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from services.cli import demo, plan, programs, status, trace, up
+    from services.cli import demo, endpoints, plan, programs, status, trace, up
     from services.cli.help import CliParser
 
     parser = CliParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
@@ -53,6 +53,12 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"bandmaster: {exc}", file=sys.stderr)
         return 2
+    except endpoints.ClusterNotFound as exc:
+        print(f"bandmaster {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except endpoints.ServiceAbsent as exc:
+        print(f"bandmaster {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _add_bench(commands) -> None:
