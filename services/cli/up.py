@@ -51,6 +51,23 @@ PORT_FLAGS = {
 }
 """The `bandmaster up` flag of each ClusterPorts field (and of the router's HTTP port)."""
 _DEFAULT_OF = {"first_worker": "simworker", "http": "router_http"}
+PORT_BASE_OFFSETS = {
+    "http": 0,
+    "capacity": 1,
+    "scheduler": 2,
+    "router": 3,
+    "planner": 4,
+    "batch": 5,
+    "batch_http": 6,
+    "capacity_metrics": 7,
+    "scheduler_metrics": 8,
+    "router_metrics": 9,
+    "planner_metrics": 10,
+    "batch_metrics": 11,
+    "first_worker": 50,
+}
+"""`--port-base P`: each port is P + its offset. Scheduler replica i adds 10 i to the scheduler's two
+(P+12 and P+18, ... P+42 and P+48 for the fifth), so the simulated workers start at P+50."""
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: int = 2) -> None:
@@ -201,6 +218,16 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed: the documented ports below; auto: any free port for every one not given by "
         "its flag (several clusters at once, tests)",
     )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="every port not given by its flag in a block from PORT: router HTTP PORT, capacity +1, "
+        "scheduler +2, router gRPC +3, planner +4, batch service +5, its Batch API +6, /metrics +7..+11 "
+        "(capacity, scheduler, router, planner, batch service), scheduler replica i +10 i, simulated "
+        "workers from +50",
+    )
     for which, flag in PORT_FLAGS.items():
         if which == "http":
             continue  # declared with the other cluster arguments
@@ -216,17 +243,36 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _fallback_port(args: argparse.Namespace, which: str) -> int:
+    """The port of `which` when its flag is not given: from --port-base, 0 with --ports auto, else the
+    documented default."""
+    base = getattr(args, "port_base", None)
+    if base is not None:
+        if args.ports == "auto":
+            raise ConfigError("port_base", base, "give --port-base or --ports auto, not both")
+        if not 1 <= base <= 65535 - PORT_BASE_OFFSETS["first_worker"]:
+            raise ConfigError("port_base", base, f"1 <= port_base <= {65535 - PORT_BASE_OFFSETS['first_worker']}")
+        return base + PORT_BASE_OFFSETS[which]
+    if args.ports == "auto":
+        return 0
+    return DEFAULT_PORTS[_DEFAULT_OF.get(which, which)]
+
+
 def cluster_ports(args: argparse.Namespace) -> ClusterPorts:
-    """The ports of `bandmaster up`: each flag given wins; the others are the documented defaults, or 0
-    (any free port) with `--ports auto`."""
+    """The ports of `bandmaster up`: each flag given wins; the others come from `--port-base`, are 0 (any
+    free port) with `--ports auto`, else the documented defaults."""
     values = {}
     for which in PORT_FLAGS:
         if which == "http":
             continue
         given = getattr(args, f"port_{which}")
-        fallback = DEFAULT_PORTS[_DEFAULT_OF.get(which, which)] if args.ports == "fixed" else 0
-        values[which] = fallback if given is None else given
+        values[which] = _fallback_port(args, which) if given is None else given
     return ClusterPorts(**values)
+
+
+def http_port(args: argparse.Namespace) -> int:
+    """The router's HTTP port: --http-port, else as the others (`_fallback_port`)."""
+    return _fallback_port(args, "http") if args.http_port is None else args.http_port
 
 
 def busy_ports(config: ClusterConfig) -> list[tuple[int, str]]:
@@ -514,22 +560,20 @@ def cluster_line(name: str, registry: Path, published: list[Path], running: list
     """How the client commands reach this cluster."""
     if len(published) < 2:
         return f"cluster {name}: not registered; reach it with --state-dir {published[0].parent}"
-    if len(running) > 1:
-        others = ", ".join(r["name"] for r in running if r["name"] != name)
-        return (
-            f"cluster {name} (registered in {registry}; also running: {others}): "
-            f"bandmaster status --cluster {name}   (programs / plan / batch / trace take --cluster too)"
-        )
-    return f"cluster {name} (registered in {registry}): bandmaster status / programs / plan / batch find it"
+    others = ", ".join(r["name"] for r in running if r["name"] != name)
+    return (
+        f"cluster {name} (registered in {registry}{f'; also running: {others}' if others else ''}): "
+        f"bandmaster status --cluster {name}   (programs, plan, batch and trace take --cluster too; without it "
+        "they find the only cluster running)"
+    )
 
 
-def removable_state(args: argparse.Namespace, cluster: Cluster) -> bool:
-    """The state dir goes at a clean stop when `up` made it (no --state-dir), --keep-state is not given,
-    and no traces were written into it (`--trace-dir` without DIR)."""
+def removable_state(args: argparse.Namespace, state_dir: Path, trace_dir: Path | None) -> bool:
+    """`state_dir` goes at a clean stop when `up` made it (no --state-dir), --keep-state is not given, and no
+    traces were written into it (`--trace-dir` without DIR)."""
     if args.state_dir is not None or args.keep_state:
         return False
-    trace_dir = cluster.supervisor.trace_dir
-    return trace_dir is None or not trace_dir.is_relative_to(cluster.supervisor.state_dir.absolute())
+    return trace_dir is None or not trace_dir.is_relative_to(state_dir.absolute())
 
 
 SCHEDULER_RESTART_S = 2.0
@@ -578,8 +622,7 @@ def restart_scheduler_replicas(cluster: Cluster, config: ClusterConfig, restarts
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    if args.ports == "auto" and args.http_port is None:
-        args.http_port = 0
+    args.http_port = http_port(args)
     config = cluster_config(
         args,
         scheduler_state=True,
@@ -664,15 +707,18 @@ def run(args: argparse.Namespace) -> int:
         if cluster.batch is not None:
             print(
                 f"Batch API: {cluster.http_url}/v1/batches (through the router; the batch service's own: "
-                f"{cluster.batch.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
-                f"{cluster.supervisor.state_dir}"
+                f"{cluster.batch.ready.get('http', '')}/v1)   plan: bandmaster plan --cluster {name}"
             )
         if cluster.pki is not None:
             print(connect_help(cluster))
         print(cluster_line(name, registry, published, endpoints.running_clusters(registry)))
         if cluster.supervisor.trace_dir is not None:
             print(f"traces: {cluster.supervisor.trace_dir}   (bandmaster trace --dir {cluster.supervisor.trace_dir})")
-        removed = " (removed at a clean stop; --keep-state keeps it)" if removable_state(args, cluster) else ""
+        removed = (
+            " (removed at a clean stop; --keep-state keeps it)"
+            if removable_state(args, cluster.supervisor.state_dir, cluster.supervisor.trace_dir)
+            else ""
+        )
         print(f"logs: {cluster.supervisor.state_dir}{removed}   (Ctrl-C to stop)", flush=True)
         last_healthy = health.healthy if health is not None else 0
         next_check = time.monotonic() + 2.0
@@ -704,7 +750,7 @@ def run(args: argparse.Namespace) -> int:
             endpoints.unregister(path, os.getpid())
         cluster.stop()
         state_dir = cluster.supervisor.state_dir
-        if clean and removable_state(args, cluster):
+        if clean and removable_state(args, cluster.supervisor.state_dir, cluster.supervisor.trace_dir):
             shutil.rmtree(state_dir, ignore_errors=True)
             print("Bandmaster stopped.", flush=True)
         elif args.state_dir is None:

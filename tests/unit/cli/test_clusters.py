@@ -213,11 +213,6 @@ def test_status_shows_an_absent_service_as_absent():
     assert "scheduler not answering" not in text
 
 
-class _Cluster:
-    def __init__(self, state_dir: Path, trace_dir: Path | None) -> None:
-        self.supervisor = argparse.Namespace(state_dir=state_dir, trace_dir=trace_dir)
-
-
 @pytest.mark.parametrize(
     ("state_dir", "keep", "traces", "removed"),
     [
@@ -231,4 +226,4 @@ class _Cluster:
 def test_which_state_dir_up_removes_at_a_clean_stop(tmp_path, state_dir, keep, traces, removed):
     trace_dir = tmp_path / "traces" if traces == "inside" else (Path(traces) if traces else None)
     args = argparse.Namespace(state_dir=state_dir, keep_state=keep)
-    assert removable_state(args, _Cluster(tmp_path, trace_dir)) is removed
+    assert removable_state(args, tmp_path, trace_dir) is removed

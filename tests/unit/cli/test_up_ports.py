@@ -15,6 +15,7 @@ from services.cli.up import (
     cluster_config,
     cluster_ports,
     fleet_health,
+    http_port,
     no_healthy_worker_banner,
 )
 from services.common.errors import ConfigError
@@ -147,3 +148,29 @@ def test_the_batch_service_ports_clash_with_no_scheduler_replica():
     config = ClusterConfig(planner=True, scheduler_replicas=5, ports=ClusterPorts.fixed())  # validates: no clash
     planned = dict(config.planned_ports())
     assert planned["batch"] == DEFAULT_PORTS["batch"] and planned["batch_http"] == DEFAULT_PORTS["batch_http"]
+
+
+def test_port_base_puts_every_port_in_one_block_and_a_flag_still_moves_one():
+    args = _args("--port-base", "41000", "--router-metrics-port", "39000")
+    ports = cluster_ports(args)
+    assert (ports.capacity, ports.scheduler, ports.router, ports.planner) == (41001, 41002, 41003, 41004)
+    assert (ports.batch, ports.batch_http, ports.capacity_metrics, ports.scheduler_metrics) == (
+        41005,
+        41006,
+        41007,
+        41008,
+    )
+    assert (ports.router_metrics, ports.planner_metrics, ports.batch_metrics) == (39000, 41010, 41011)
+    assert ports.first_worker == 41050 and http_port(args) == 41000
+    assert http_port(_args("--port-base", "41000", "--http-port", "8001")) == 8001
+    # Five scheduler replicas (+10 i each) and three workers fit the block without a clash.
+    config = ClusterConfig(workers=3, planner=True, scheduler_replicas=5, ports=ports, http_port=41000)
+    planned = sorted(port for _, port in config.planned_ports() if port != 39000)
+    assert planned[0] == 41000 and planned[-1] == 41052 and len(planned) == len(set(planned))
+
+
+def test_port_base_is_refused_with_ports_auto_or_out_of_range():
+    with pytest.raises(ConfigError, match="give --port-base or --ports auto, not both"):
+        cluster_ports(_args("--port-base", "41000", "--ports", "auto"))
+    with pytest.raises(ConfigError, match="port_base <= 65485"):
+        cluster_ports(_args("--port-base", "65500"))
