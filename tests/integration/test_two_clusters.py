@@ -77,6 +77,10 @@ def test_two_clusters_side_by_side_each_command_reaches_its_own(tmp_path):
                 assert records[name][key] in out, out
             assert records[name]["http_url"] in out and worker[name] in out and "/metrics" in out, out
 
+        listed = _cli(env, "clusters")
+        assert listed.returncode == 0, listed.stderr
+        assert [line.split()[0] for line in listed.stdout.splitlines()[3:]] == ["alpha", "beta"], listed.stdout
+
         # Named, each command reaches its own cluster.
         for name, other in (("alpha", "beta"), ("beta", "alpha")):
             status = _cli(env, "status", "--once", "--cluster", name)

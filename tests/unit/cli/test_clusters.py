@@ -227,3 +227,43 @@ def test_which_state_dir_up_removes_at_a_clean_stop(tmp_path, state_dir, keep, t
     trace_dir = tmp_path / "traces" if traces == "inside" else (Path(traces) if traces else None)
     args = argparse.Namespace(state_dir=state_dir, keep_state=keep)
     assert removable_state(args, tmp_path, trace_dir) is removed
+
+
+def test_bandmaster_clusters_lists_the_running_ones(tmp_path, monkeypatch, capsys):
+    _entry(tmp_path, "exp", http_url="http://127.0.0.1:41000", capacity="c:1", scheduler="s:1", router="r:1")
+    _entry(tmp_path, "lab", capacity="c:2", scheduler="s:2", **{"scheduler-1": "s:3"}, planner="p:2", secure=True)
+    _entry(tmp_path, "gone", pid=GONE_PID)
+    monkeypatch.setenv("BANDMASTER_CLUSTERS_DIR", str(tmp_path))
+    assert main(["clusters"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"clusters (2 running, registry {tmp_path})"
+    assert lines[1].split() == ["name", "pid", "router", "HTTP", "services", "secure", "state", "dir"]
+    assert lines[3].split() == [
+        "exp",
+        str(os.getpid()),
+        "http://127.0.0.1:41000",
+        "capacity",
+        "scheduler",
+        "router",
+        "/state/exp",
+    ]
+    assert lines[4].split() == [
+        "lab",
+        str(os.getpid()),
+        "-",
+        "capacity",
+        "scheduler",
+        "x2",
+        "planner",
+        "yes",
+        "/state/lab",
+    ]
+    assert len(lines) == 5  # the stale entry is not listed
+    assert main(["clusters", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["exp", "lab"]
+
+
+def test_bandmaster_clusters_says_when_none_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BANDMASTER_CLUSTERS_DIR", str(tmp_path))
+    assert main(["clusters"]) == 0
+    assert capsys.readouterr().out == (f"no cluster is running (registry {tmp_path}); start one with `bandmaster up`\n")
