@@ -520,7 +520,8 @@ def wait_for_fleet(cluster: Cluster, timeout_s: float, should_stop) -> tuple[Fle
 
 
 def discovery_record(cluster: Cluster) -> dict:
-    """What the discovery file says: this process, the state dir, and every address."""
+    """The discovery record (registry entry and <state dir>/cluster.json): this process, the state dir, every
+    address (a service the cluster does not run has none)."""
     record = {
         "pid": os.getpid(),
         "state_dir": str(cluster.supervisor.state_dir),

@@ -1,5 +1,5 @@
 """`bandmaster up` as a user starts it: real child processes, readiness, endpoints, clean stop, no orphans;
-its discovery file found by `bandmaster status` and `programs`; a taken port and a fleet without a healthy
+its registry entry found by `bandmaster status` and `programs`; a taken port and a fleet without a healthy
 worker said plainly. Every cluster here runs on `--ports auto` so that tests never collide."""
 
 import json
