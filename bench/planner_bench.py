@@ -340,8 +340,6 @@ def live(seconds: float, agents: int, workers: int, speedup: float, safe_rps: fl
             "auto",
             "--state-dir",
             str(tmp),
-            "--cluster-file",
-            str(tmp / "cluster.json"),
             "--log-level",
             "WARNING",
             f"--planner-arg=--safe-rps-per-replica={safe_rps}",

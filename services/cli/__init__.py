@@ -1,4 +1,4 @@
-"""The `bandmaster` command: `up`, `status`, `programs`, `plan`, `batch`, `demo`, `bench`, `trace`."""
+"""The `bandmaster` command: `up`, `clusters`, `status`, `programs`, `plan`, `batch`, `demo`, `bench`, `trace`."""
 
 from __future__ import annotations
 
@@ -35,12 +35,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from services.cli import demo, plan, programs, status, trace, up
+    from services.cli import clusters, demo, endpoints, plan, programs, status, trace, up
     from services.cli.help import CliParser
 
     parser = CliParser(prog="bandmaster", description="Program-aware scheduling for agentic LLM inference")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=CliParser)
     up.add_parser(commands)
+    clusters.add_parser(commands)
     demo.add_parser(commands)
     programs.add_parser(commands)
     plan.add_parser(commands)
@@ -53,6 +54,12 @@ def _main(argv: Sequence[str] | None) -> int:
     except ConfigError as exc:
         print(f"bandmaster: {exc}", file=sys.stderr)
         return 2
+    except endpoints.ClusterNotFound as exc:
+        print(f"bandmaster {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except endpoints.ServiceAbsent as exc:
+        print(f"bandmaster {args.command}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _add_bench(commands) -> None:

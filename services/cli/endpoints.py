@@ -1,9 +1,19 @@
-"""How the client commands (`programs`, `plan`, `status`, `batch`) find a cluster and talk to it.
+"""How the client commands (`programs`, `plan`, `status`, `batch`, `trace`) find a cluster and talk to it.
 
-An address comes from, in order: its own flag; the `--state-dir` of a `bandmaster up` (its children's
-ready files); the discovery file a running `bandmaster up` writes (`cluster_file()`: its addresses and
-state dir, removed when it stops); the documented default port on loopback. A `--secure` cluster's state
-dir also gives the CA, the client certificate and the tokens, unless flags name them.
+Every running `bandmaster up` registers itself under a name in the per-user cluster registry
+(`clusters_dir()`: one `<name>.json` each, removed when it stops; an entry whose process is gone is
+ignored) and writes the same record into its state dir (`<state dir>/cluster.json`). A command takes its
+cluster from, in order:
+
+1. `--state-dir DIR` or `--cluster NAME`: that cluster, and nothing else;
+2. else, when no address flag is given, the one running cluster of the registry; with several running it
+   refuses, listing them, rather than guess;
+3. else (no cluster of yours runs) the documented default ports on loopback.
+
+An address flag wins for its own service. A service the chosen cluster does not run (`--no-planner`,
+`--no-scheduler`) is reported absent: it never falls back to a default port, which may be another
+cluster's. A `--secure` cluster's state dir also gives the CA, the client certificate and the tokens,
+unless flags name them.
 """
 
 from __future__ import annotations
@@ -11,29 +21,56 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 import grpc
 
 from services.common.certs import LocalPki
+from services.common.errors import ConfigError
 from services.common.ports import DEFAULT_PORTS
 from services.common.ready import read_ready_file
 from services.common.security import client_security
 from services.common.tls_diagnosis import diagnose
 
-CLUSTER_FILE_ENV = "BANDMASTER_CLUSTER_FILE"
+CLUSTERS_DIR_ENV = "BANDMASTER_CLUSTERS_DIR"
+RECORD_FILE = "cluster.json"
+"""The discovery record a running `bandmaster up` keeps in its state dir."""
+DEFAULT_NAME = "default"
+"""The name of a cluster started without --name; when a live cluster has it: default-2, default-3, ..."""
+MAX_DEFAULT_NAMES = 99
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
-def cluster_file(env: Mapping[str, str] = os.environ) -> Path:
-    """Where `bandmaster up` says where it is: $BANDMASTER_CLUSTER_FILE, else
-    $XDG_RUNTIME_DIR/bandmaster/cluster.json, else ~/.bandmaster/cluster.json."""
-    if env.get(CLUSTER_FILE_ENV):
-        return Path(env[CLUSTER_FILE_ENV])
+class ClusterNotFound(Exception):
+    """The named cluster does not run, or several run and none is named: the command stops (exit 2)."""
+
+
+class ServiceAbsent(Exception):
+    """The chosen cluster does not run this service: the command says so (exit 1) instead of trying a
+    default port."""
+
+
+def clusters_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The per-user registry of running clusters: $BANDMASTER_CLUSTERS_DIR, else
+    $XDG_RUNTIME_DIR/bandmaster/clusters, else ~/.bandmaster/clusters."""
+    if env.get(CLUSTERS_DIR_ENV):
+        return Path(env[CLUSTERS_DIR_ENV])
     if env.get("XDG_RUNTIME_DIR"):
-        return Path(env["XDG_RUNTIME_DIR"]) / "bandmaster" / "cluster.json"
-    return Path(env.get("HOME") or Path.home()) / ".bandmaster" / "cluster.json"
+        return Path(env["XDG_RUNTIME_DIR"]) / "bandmaster" / "clusters"
+    return Path(env.get("HOME") or Path.home()) / ".bandmaster" / "clusters"
+
+
+def check_name(name: str) -> str:
+    """A cluster name is a file name in the registry: letters, digits, '.', '_', '-', at most 63."""
+    if not _NAME.fullmatch(name):
+        raise ConfigError(
+            "name", name, "a cluster name is 1-63 letters, digits, '.', '_' or '-', not starting with '.', '_' or '-'"
+        )
+    return name
 
 
 def _alive(pid: int) -> bool:
@@ -46,8 +83,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def read_cluster_file(path: Path) -> dict:
-    """The running cluster's record, or {} when there is none (or its `bandmaster up` is gone)."""
+def read_record(path: Path) -> dict:
+    """The record of a running cluster, or {} when there is none (or its `bandmaster up` is gone)."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -57,21 +94,60 @@ def read_cluster_file(path: Path) -> dict:
     return record
 
 
-def write_cluster_file(path: Path, record: dict) -> bool:
-    """Publish `record` (it carries this process's pid) unless another live `bandmaster up` owns the file;
-    True when written."""
-    other = read_cluster_file(path)
-    if other and other.get("pid") != record.get("pid"):
-        return False
+def running_clusters(directory: Path) -> list[dict]:
+    """The live records of the registry, by name (a stale entry, whose process is gone, is skipped)."""
+    try:
+        paths = sorted(directory.glob("*.json"))
+    except OSError:
+        return []
+    found = []
+    for path in paths:
+        record = read_record(path)
+        if record:
+            found.append({**record, "name": record.get("name") or path.stem})
+    return found
+
+
+def _write(path: Path, record: dict) -> Path:
+    """`record` in a temporary file next to `path` (renamed or linked into place by the caller)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
-    return True
+    return tmp
 
 
-def remove_cluster_file(path: Path, pid: int) -> None:
-    """Remove the file if it is still `pid`'s."""
+def _claim(path: Path, record: dict) -> bool:
+    """Make `record` the entry `path` unless a live process other than record["pid"] holds it. Created by
+    link, so two clusters starting at once cannot both take a free name."""
+    tmp = _write(path, record)
+    try:
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            pass
+        holder = read_record(path)
+        if holder and holder.get("pid") != record["pid"]:
+            return False
+        os.replace(tmp, path)  # a stale entry (its process is gone), or this process's own
+        return read_record(path).get("pid") == record["pid"]
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def register(directory: Path, record: dict, name: str = "") -> str:
+    """Enter `record` (it carries this process's pid) in the registry under `name`, or without a name under
+    the first of default, default-2, ... that no live cluster holds. Returns the name taken, "" when `name`
+    is a live cluster's (or every default name is)."""
+    candidates = [name] if name else [DEFAULT_NAME, *(f"{DEFAULT_NAME}-{i}" for i in range(2, MAX_DEFAULT_NAMES + 1))]
+    for candidate in candidates:
+        if _claim(directory / f"{candidate}.json", {**record, "name": candidate}):
+            return candidate
+    return ""
+
+
+def unregister(path: Path, pid: int) -> None:
+    """Remove a registry entry (or a state dir's record) if it is still `pid`'s."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -80,14 +156,101 @@ def remove_cluster_file(path: Path, pid: int) -> None:
         path.unlink(missing_ok=True)
 
 
+def write_state_record(state_dir: Path, record: dict) -> Path:
+    """The record in the cluster's own state dir (what `--state-dir` reads)."""
+    path = state_dir / RECORD_FILE
+    os.replace(_write(path, record), path)
+    return path
+
+
+def describe(record: Mapping) -> str:
+    """One line of a listing: name, state dir, pid, HTTP URL."""
+    return (
+        f"{record.get('name', '?')}  (state dir {record.get('state_dir', '?')}, pid {record.get('pid', '?')}"
+        + (f", {record['http_url']}" if record.get("http_url") else "")
+        + ")"
+    )
+
+
+def choose(running: list[dict], name: str = "") -> dict | None:
+    """The cluster a command talks to: the one named `name`, else the only one running; None when none runs.
+    Raises ClusterNotFound for a name no running cluster has, and when several run and none is named."""
+    if name:
+        for record in running:
+            if record.get("name") == name:
+                return record
+        listing = "".join(f"\n  {describe(r)}" for r in running) or " none"
+        raise ClusterNotFound(f"no running cluster is named {name!r}; running:{listing}")
+    if len(running) > 1:
+        listing = "".join(f"\n  {describe(r)}" for r in running)
+        raise ClusterNotFound(
+            f"{len(running)} clusters are running; name one with --cluster NAME (or --state-dir DIR):{listing}"
+        )
+    return running[0] if running else None
+
+
+@dataclass(frozen=True)
+class Found:
+    """The cluster a command talks to: its state dir and, while its `bandmaster up` runs, its record."""
+
+    state_dir: Path
+    record: Mapping = field(default_factory=dict)
+    """The live discovery record ({} for a state dir whose `bandmaster up` is gone: its ready files then)."""
+
+    @property
+    def where(self) -> str:
+        name = self.record.get("name")
+        return f"cluster {name!r} (state dir {self.state_dir})" if name else f"state dir {self.state_dir}"
+
+    def grpc(self, service: str) -> str:
+        """`service`'s gRPC address ("" when this cluster does not run it)."""
+        if self.record:
+            return str(self.record.get(service) or "")
+        return ready(self.state_dir, service).get("grpc") or ""
+
+    def schedulers(self) -> list[str]:
+        """Every scheduler replica's address (active/standby: scheduler, scheduler-1, ...)."""
+        names = ["scheduler", *(f"scheduler-{i}" for i in range(1, 10))]
+        return [a for a in (self.grpc(n) for n in names) if a]
+
+    def batch_http(self) -> str:
+        """The batch service's own HTTP base ("" when this cluster has none)."""
+        if self.record:
+            return str(self.record.get("batch_http") or "")
+        return ready(self.state_dir, "batch").get("http") or ""
+
+    def absent(self, service: str) -> ServiceAbsent:
+        if self.record:
+            label = "batch service" if service == "batch" else service
+            return ServiceAbsent(f"{self.where} runs no {label}" + _WHY_ABSENT.get(service, ""))
+        return ServiceAbsent(
+            f"{self.where} holds no {service}.ready.json: its cluster runs no {service}, or is not running"
+        )
+
+
+_WHY_ABSENT = {
+    "planner": " (started with --no-planner)",
+    "batch": " (started with --no-planner)",
+    "scheduler": " (started with --no-scheduler)",
+}
+
+
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="the running cluster of that name (`bandmaster up --name`); default: the only one running "
+        f"(registered in ${CLUSTERS_DIR_ENV}, else $XDG_RUNTIME_DIR/bandmaster/clusters, else "
+        "~/.bandmaster/clusters); with several running, name one",
+    )
+    which.add_argument(
         "--state-dir",
         type=Path,
         default=None,
         help="the --state-dir of `bandmaster up`: addresses (and a --secure cluster's CA, client "
-        "certificate and tokens) are read from it (default: the running `bandmaster up` found "
-        f"through its discovery file, ${CLUSTER_FILE_ENV} or ~/.bandmaster/cluster.json)",
+        "certificate and tokens) are read from it",
     )
     parser.add_argument("--tls-ca", default="", help="PEM CA bundle that signed the server's certificate (TLS)")
     parser.add_argument("--tls-cert", default="", help="PEM client certificate (a server with --tls-ca asks for one)")
@@ -109,14 +272,35 @@ def ready(state_dir: Path | None, name: str) -> dict:
     return read_ready_file(state_dir / f"{name}.ready.json") or {}
 
 
-def discover(args: argparse.Namespace, *addresses: str, env: Mapping[str, str] = os.environ) -> None:
-    """Without --state-dir and without any of the address flags `addresses`, take the running cluster's
-    state dir from the discovery file (when there is one). An address given by flag is taken as it is:
-    a discovered secure cluster's certificates must not be sent to some other server."""
-    if getattr(args, "state_dir", None) is None and not any(addresses):
-        record = read_cluster_file(cluster_file(env))
-        if record.get("state_dir"):
-            args.state_dir = Path(record["state_dir"])
+def locate(state_dir: Path | None, name: str, any_address: bool, env: Mapping[str, str] = os.environ) -> Found | None:
+    """The cluster of `--state-dir` or `--cluster` (the rules in the module docstring); None: none is named
+    and none runs, or only address flags are given."""
+    if state_dir is not None:
+        return Found(state_dir, read_record(state_dir / RECORD_FILE))
+    if not name and any_address:
+        return None  # an address given by flag: a discovered secure cluster's certificates must not go there
+    record = choose(running_clusters(clusters_dir(env)), name)
+    if record is None:
+        return None
+    return Found(Path(record["state_dir"]), record)
+
+
+def discover(args: argparse.Namespace, *addresses: str, env: Mapping[str, str] = os.environ) -> Found | None:
+    """Find the command's cluster (`locate`), keep it in `args.found` and its state dir in `args.state_dir`
+    (where `fill_security` looks for a secure cluster's certificates)."""
+    found = locate(getattr(args, "state_dir", None), getattr(args, "cluster", "") or "", any(addresses), env)
+    args.found = found
+    if found is not None:
+        args.state_dir = found.state_dir
+    return found
+
+
+def where(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> str:
+    """Which cluster the command talked to, for its messages."""
+    found = getattr(args, "found", None)
+    if found is not None:
+        return found.where
+    return f"default ports (no cluster of yours runs: none in {clusters_dir(env)})"
 
 
 def secure_dir(args: argparse.Namespace) -> Path | None:
@@ -144,13 +328,21 @@ def fill_security(args: argparse.Namespace) -> None:
             setattr(args, name, str(path))
 
 
-def grpc_address(args: argparse.Namespace, flag_value: str, service: str) -> str:
-    """`service`'s gRPC address: the flag, else its ready file in the state dir, else the default port."""
-    return (
-        flag_value
-        or ready(getattr(args, "state_dir", None), service).get("grpc")
-        or f"127.0.0.1:{DEFAULT_PORTS[service]}"
-    )
+def grpc_address(args: argparse.Namespace, flag_value: str, service: str, *, required: bool = True) -> str:
+    """`service`'s gRPC address: the flag, else the found cluster's, else (no cluster found) the default
+    port. Raises ServiceAbsent when the found cluster does not run it, or returns "" with required=False."""
+    if flag_value:
+        return flag_value
+    found: Found | None = getattr(args, "found", None)
+    state_dir = getattr(args, "state_dir", None)
+    if found is None and state_dir is not None:
+        found = Found(state_dir, read_record(state_dir / RECORD_FILE))
+    if found is None:
+        return f"127.0.0.1:{DEFAULT_PORTS[service]}"
+    address = found.grpc(service)
+    if not address and required:
+        raise found.absent(service)
+    return address
 
 
 def channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:

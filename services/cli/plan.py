@@ -1,9 +1,9 @@
 """`bandmaster plan`: the planner's last tick (GetPlan) with provenance and diagnostics, and
 `bandmaster batch submit [--wait]|list|get|cancel`: the batch service's Batch API (official openai client).
 
-Both find the local cluster as services/cli/endpoints.py says (flags, `--state-dir`, the running
-`bandmaster up`'s discovery file, the default ports); a `--secure` cluster's `secure/` directory gives the
-CA, the client certificate and the tokens.
+Both find the local cluster as services/cli/endpoints.py says (flags, `--cluster` or `--state-dir`, the one
+running `bandmaster up` of the cluster registry, the default ports); a `--secure` cluster's `secure/`
+directory gives the CA, the client certificate and the tokens.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--planner-addr",
         default="",
-        help="planner gRPC address host:port (default: from --state-dir or the running `bandmaster up`, "
+        help="planner gRPC address host:port (default: from --cluster, --state-dir or the one running `bandmaster up`, "
         "else 127.0.0.1:50061)",
     )
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the GetPlan call")
@@ -62,7 +62,7 @@ def add_parser(commands) -> None:
         "--base-url",
         default="",
         help="the Batch API base URL: the batch service's, or a router's (which forwards there) (default: the "
-        "batch service of --state-dir or the running `bandmaster up`, else http://127.0.0.1:8090/v1)",
+        "batch service of --cluster, --state-dir or the one running `bandmaster up`, else http://127.0.0.1:8090/v1)",
     )
     endpoints.add_connection_arguments(batch)
     actions = batch.add_subparsers(dest="action", required=True)
@@ -206,13 +206,17 @@ def render(plan: pb.Plan) -> str:
 def _client(args: argparse.Namespace):
     import openai
 
-    endpoints.discover(args, args.base_url)
+    found = endpoints.discover(args, args.base_url)
     endpoints.fill_security(args)
     base_url = args.base_url
-    if not base_url:
-        # The batch service's own address (its ready file names it, scheme included).
-        http = endpoints.ready(args.state_dir, "batch").get("http", "")
-        base_url = f"{http}/v1" if http else f"http://127.0.0.1:{DEFAULT_PORTS['batch_http']}/v1"
+    if not base_url and found is None:
+        base_url = f"http://127.0.0.1:{DEFAULT_PORTS['batch_http']}/v1"
+    elif not base_url and found is not None:
+        # The batch service's own address (its record and ready file name it, scheme included).
+        http = found.batch_http()
+        if not http:
+            raise found.absent("batch")
+        base_url = f"{http}/v1"
     token = os.environ.get(DATA_TOKEN_ENV, "")
     if args.data_token_file:
         lines = Path(args.data_token_file).read_text().split()

@@ -1,5 +1,6 @@
 """`bandmaster programs`: the scheduler's program table and replica bands (the cluster is found as
-services/cli/endpoints.py says: `--scheduler-addr`, `--state-dir`, the running `bandmaster up`, port 50052)."""
+services/cli/endpoints.py says: `--scheduler-addr`, `--cluster` or `--state-dir`, the one running
+`bandmaster up`, port 50052)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def add_parser(commands) -> None:
     parser.add_argument(
         "--scheduler-addr",
         default="",
-        help="scheduler gRPC address host:port (default: from --state-dir or the running "
+        help="scheduler gRPC address host:port (default: from --cluster, --state-dir or the one running "
         "`bandmaster up`, else 127.0.0.1:50052)",
     )
     parser.add_argument("--timeout-seconds", type=float, default=5.0, help="deadline of the ListPrograms call")

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -102,6 +102,8 @@ class Snapshot:
     taken_at: float = 0.0
     schedulers: list[tuple[str, str]] = field(default_factory=list)
     """(address, "leader" / "standby" (epoch N) / the error) of each scheduler replica, when there are several."""
+    absent: dict[str, str] = field(default_factory=dict)
+    """Service -> why it is not shown: the cluster does not run it (`--no-scheduler`, `--no-planner`)."""
 
     @property
     def reachable(self) -> bool:
@@ -190,6 +192,8 @@ def _workers_table(snapshot: Snapshot) -> str:
 
 
 def _replicas_table(snapshot: Snapshot) -> str:
+    if "scheduler" in snapshot.absent:
+        return f"utilisation: {snapshot.absent['scheduler']}"
     if snapshot.programs is None:
         return f"utilisation: scheduler not answering ({snapshot.scheduler_error})"
     bands = snapshot.bands
@@ -244,6 +248,8 @@ def program_counts(programs) -> list[list]:
 
 
 def _programs_summary(snapshot: Snapshot) -> str:
+    if "scheduler" in snapshot.absent:
+        return f"programs: {snapshot.absent['scheduler']}"
     if snapshot.programs is None or snapshot.stats is None:
         return f"programs: scheduler not answering ({snapshot.scheduler_error})"
     s = snapshot.stats
@@ -262,6 +268,8 @@ def _programs_summary(snapshot: Snapshot) -> str:
 
 
 def _lease_summary(snapshot: Snapshot) -> str:
+    if "planner" in snapshot.absent:
+        return f"leases: {snapshot.absent['planner']}"
     if snapshot.plan is None:
         return f"leases: planner not answering ({snapshot.planner_error})"
     plan = snapshot.plan
@@ -339,7 +347,7 @@ def add_parser(commands) -> None:
         parser.add_argument(
             f"--{service}-addr",
             default="",
-            help=f"{service} gRPC address host:port (default: from --state-dir or the running "
+            help=f"{service} gRPC address host:port (default: from --cluster, --state-dir or the one running "
             f"`bandmaster up`, else 127.0.0.1:{DEFAULT_PORTS[service]})"
             + ("; active/standby replicas: every address, comma-separated" if service == "scheduler" else ""),
         )
@@ -347,7 +355,7 @@ def add_parser(commands) -> None:
         "--scheduler-metrics-url",
         default="",
         help="the scheduler's /metrics URL, for the band edges in force (default: from --state-dir "
-        "or the running `bandmaster up`, else http://127.0.0.1:"
+        "or the one running `bandmaster up`, else http://127.0.0.1:"
         f"{DEFAULT_PORTS['scheduler_metrics']}/metrics)",
     )
     endpoints.add_connection_arguments(parser)
@@ -359,6 +367,8 @@ def _error(exc: grpc.RpcError, address: str, args: argparse.Namespace) -> str:
 
 
 def read_bands(url: str, timeout_s: float) -> Bands:
+    if not url:
+        return Bands(source="reference defaults: the scheduler's /metrics port is not known")
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
             text = response.read().decode("utf-8", "replace")
@@ -367,7 +377,10 @@ def read_bands(url: str, timeout_s: float) -> Bands:
     return parse_bands(text, "in force at the scheduler") or Bands(source="reference defaults: no band series")
 
 
-def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_url: str) -> Snapshot:
+def take_snapshot(
+    args: argparse.Namespace, addresses: dict[str, str], metrics_url: str, absent: Mapping[str, str] = {}
+) -> Snapshot:
+    """One read of each service; a service in `absent` (the cluster does not run it) is not asked."""
     snapshot = Snapshot(taken_at=time.time())
     timeout = args.timeout_seconds
     channel, metadata = endpoints.channel(addresses["capacity"], args)
@@ -378,10 +391,24 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
             )
         except grpc.RpcError as exc:
             snapshot.workers_error = _error(exc, addresses["capacity"], args)
+    snapshot.absent = {name: f"none in this cluster{why}" for name, why in absent.items()}
     scheduler = addresses["scheduler"]
     replicas = [a for a in scheduler.split(",") if a]
     if len(replicas) > 1:
         scheduler = _leading_scheduler(args, replicas, snapshot)
+    if scheduler:
+        _read_scheduler(args, scheduler, snapshot)
+    if addresses["planner"]:
+        _read_plan(args, addresses["planner"], snapshot)
+    if addresses.get("batch"):
+        snapshot.batch_health = batch_health(args, addresses["batch"])
+    if snapshot.programs is not None:
+        snapshot.bands = read_bands(metrics_url, timeout)
+    return snapshot
+
+
+def _read_scheduler(args: argparse.Namespace, scheduler: str, snapshot: Snapshot) -> None:
+    timeout = args.timeout_seconds
     channel, metadata = endpoints.channel(scheduler, args)
     with channel:
         stub = scheduler_pb2_grpc.SchedulerStub(channel)
@@ -393,19 +420,17 @@ def take_snapshot(args: argparse.Namespace, addresses: dict[str, str], metrics_u
         except grpc.RpcError as exc:
             snapshot.programs = snapshot.stats = None
             snapshot.scheduler_error = _error(exc, scheduler, args)
-    channel, metadata = endpoints.channel(addresses["planner"], args)
+
+
+def _read_plan(args: argparse.Namespace, planner: str, snapshot: Snapshot) -> None:
+    channel, metadata = endpoints.channel(planner, args)
     with channel:
         try:
             snapshot.plan = planner_pb2_grpc.PlannerStub(channel).GetPlan(
-                planner_pb2.GetPlanRequest(), timeout=timeout, metadata=metadata
+                planner_pb2.GetPlanRequest(), timeout=args.timeout_seconds, metadata=metadata
             )
         except grpc.RpcError as exc:
-            snapshot.planner_error = _error(exc, addresses["planner"], args)
-    if addresses.get("batch"):
-        snapshot.batch_health = batch_health(args, addresses["batch"])
-    if snapshot.programs is not None:
-        snapshot.bands = read_bands(metrics_url, timeout)
-    return snapshot
+            snapshot.planner_error = _error(exc, planner, args)
 
 
 def batch_health(args: argparse.Namespace, address: str) -> str:
@@ -445,44 +470,53 @@ def _leading_scheduler(args: argparse.Namespace, replicas: list[str], snapshot: 
 
 
 def _scheduler_addresses(args: argparse.Namespace) -> str:
-    """The flag's address(es), else every scheduler replica's ready file in the state dir, else the default."""
+    """The flag's address(es), else every scheduler replica of the found cluster ("" when it runs none),
+    else the default."""
     if args.scheduler_addr:
         return args.scheduler_addr
-    found = [endpoints.ready(args.state_dir, "scheduler").get("grpc", "")]
-    found += [endpoints.ready(args.state_dir, f"scheduler-{i}").get("grpc", "") for i in range(1, 5)]
-    found = [a for a in found if a]
-    return ",".join(found) if found else endpoints.grpc_address(args, "", "scheduler")
+    found: endpoints.Found | None = getattr(args, "found", None)
+    if found is not None:
+        return ",".join(found.schedulers())
+    return endpoints.grpc_address(args, "", "scheduler")
+
+
+_WHY_ABSENT = {"scheduler": " (started with --no-scheduler)", "planner": " (started with --no-planner)"}
 
 
 def run(
     args: argparse.Namespace, *, out: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep
 ) -> int:
-    endpoints.discover(args, args.capacity_addr, args.scheduler_addr, args.planner_addr, args.batch_addr)
+    found = endpoints.discover(args, args.capacity_addr, args.scheduler_addr, args.planner_addr, args.batch_addr)
     endpoints.fill_security(args)
     addresses = {
         "capacity": endpoints.grpc_address(args, args.capacity_addr, "capacity"),
         "scheduler": _scheduler_addresses(args),
-        "planner": endpoints.grpc_address(args, args.planner_addr, "planner"),
-        "batch": endpoints.grpc_address(args, args.batch_addr, "batch"),
+        "planner": endpoints.grpc_address(args, args.planner_addr, "planner", required=False),
+        "batch": endpoints.grpc_address(args, args.batch_addr, "batch", required=False),
     }
+    # A service the found cluster does not run is shown absent, never looked for on a default port.
+    absent = {name: _WHY_ABSENT[name] for name in ("scheduler", "planner") if not addresses[name]}
     for name, address in addresses.items():
-        for one in address.split(","):  # the scheduler: every replica's, comma-separated
+        for one in filter(None, address.split(",")):  # the scheduler: every replica's, comma-separated
             parse_host_port(one, f"{name}_addr")  # ConfigError -> exit 2 in services.cli.main
     metrics_url = args.scheduler_metrics_url
     if not metrics_url:
-        port = endpoints.ready(args.state_dir, "scheduler").get("metrics_port") or DEFAULT_PORTS["scheduler_metrics"]
-        metrics_url = f"http://127.0.0.1:{port}/metrics"
-    where = f"state dir {args.state_dir}" if args.state_dir else f"scheduler {addresses['scheduler']}"
+        port = endpoints.ready(args.state_dir, "scheduler").get("metrics_port")
+        if not port and found is None:
+            port = DEFAULT_PORTS["scheduler_metrics"]
+        metrics_url = f"http://127.0.0.1:{port}/metrics" if port else ""
+    given = (args.capacity_addr, args.scheduler_addr, args.planner_addr, args.batch_addr)
+    where = f"scheduler {addresses['scheduler']}" if found is None and any(given) else endpoints.where(args)
     live = not args.once and sys.stdout.isatty()
     while True:
-        snapshot = take_snapshot(args, addresses, metrics_url)
+        snapshot = take_snapshot(args, addresses, metrics_url, absent)
         text = render(snapshot, where)
         if args.once:
             out(text)
             if not snapshot.reachable:
                 print(
-                    "bandmaster status: no Bandmaster cluster answered (start one with `bandmaster up`, or name "
-                    "it with --state-dir or the --*-addr flags)",
+                    f"bandmaster status: no Bandmaster cluster answered at {where} (start one with `bandmaster "
+                    "up`, or name it with --cluster, --state-dir or the --*-addr flags)",
                     file=sys.stderr,
                 )
             return 0 if snapshot.reachable else 1

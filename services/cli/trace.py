@@ -177,14 +177,19 @@ def add_parser(commands) -> None:
     which.add_argument("--last", action="store_true", help="the turn that started last (the default)")
     parser.add_argument("--turn", type=int, help="with --session-id: 1 = the session's first turn, -1 its last")
     parser.add_argument("--attributes", action="store_true", help="also print each span's attributes and events")
-    parser.add_argument("--cluster-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--cluster",
+        default="",
+        metavar="NAME",
+        help="without --file/--dir: the trace dir of this running cluster (default: the only one running)",
+    )
     parser.set_defaults(run=run)
 
 
-def _cluster_trace_dir(cluster_file: str | None) -> str | None:
+def _cluster_trace_dir(name: str) -> str | None:
     from services.cli import endpoints
 
-    record = endpoints.read_cluster_file(Path(cluster_file) if cluster_file else endpoints.cluster_file())
+    record = endpoints.choose(endpoints.running_clusters(endpoints.clusters_dir()), name)
     return (record or {}).get("trace_dir") or None
 
 
@@ -194,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     directories = list(args.dir)
     if not args.file and not directories:
-        found = _cluster_trace_dir(args.cluster_file)
+        found = _cluster_trace_dir(args.cluster)
         if found is None:
             print(
                 "bandmaster trace: give --file or --dir (no running cluster was started with --trace-dir)",

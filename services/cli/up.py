@@ -2,14 +2,18 @@
 
 It listens on the documented fixed ports (each with a flag; `--ports auto` takes any free ones), checks
 them before starting anything, says loudly when no worker is healthy (and fails then with
-`--require-healthy`, the default with `--worker-url`), and publishes where it is in a discovery file
-(services/cli/endpoints.py) that `bandmaster programs / plan / status / batch` read, removed on exit.
+`--require-healthy`, the default with `--worker-url`), prints every endpoint, and registers itself under a
+name (`--name`, else default, default-2, ...) in the per-user cluster registry and in its state dir
+(services/cli/endpoints.py), where `bandmaster programs / plan / status / batch / trace` find it; both
+records are removed on exit. A state dir it made itself (no `--state-dir`) is removed on a clean stop
+unless `--keep-state` is given or traces were written into it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import time
@@ -47,6 +51,23 @@ PORT_FLAGS = {
 }
 """The `bandmaster up` flag of each ClusterPorts field (and of the router's HTTP port)."""
 _DEFAULT_OF = {"first_worker": "simworker", "http": "router_http"}
+PORT_BASE_OFFSETS = {
+    "http": 0,
+    "capacity": 1,
+    "scheduler": 2,
+    "router": 3,
+    "planner": 4,
+    "batch": 5,
+    "batch_http": 6,
+    "capacity_metrics": 7,
+    "scheduler_metrics": 8,
+    "router_metrics": 9,
+    "planner_metrics": 10,
+    "batch_metrics": 11,
+    "first_worker": 50,
+}
+"""`--port-base P`: each port is P + its offset. Scheduler replica i adds 10 i to the scheduler's two
+(P+12 and P+18, ... P+42 and P+48 for the fifth), so the simulated workers start at P+50."""
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: int = 2) -> None:
@@ -197,6 +218,16 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         help="fixed: the documented ports below; auto: any free port for every one not given by "
         "its flag (several clusters at once, tests)",
     )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="every port not given by its flag in a block from PORT: router HTTP PORT, capacity +1, "
+        "scheduler +2, router gRPC +3, planner +4, batch service +5, its Batch API +6, /metrics +7..+11 "
+        "(capacity, scheduler, router, planner, batch service), scheduler replica i +10 i, simulated "
+        "workers from +50",
+    )
     for which, flag in PORT_FLAGS.items():
         if which == "http":
             continue  # declared with the other cluster arguments
@@ -212,17 +243,36 @@ def add_port_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _fallback_port(args: argparse.Namespace, which: str) -> int:
+    """The port of `which` when its flag is not given: from --port-base, 0 with --ports auto, else the
+    documented default."""
+    base = getattr(args, "port_base", None)
+    if base is not None:
+        if args.ports == "auto":
+            raise ConfigError("port_base", base, "give --port-base or --ports auto, not both")
+        if not 1 <= base <= 65535 - PORT_BASE_OFFSETS["first_worker"]:
+            raise ConfigError("port_base", base, f"1 <= port_base <= {65535 - PORT_BASE_OFFSETS['first_worker']}")
+        return base + PORT_BASE_OFFSETS[which]
+    if args.ports == "auto":
+        return 0
+    return DEFAULT_PORTS[_DEFAULT_OF.get(which, which)]
+
+
 def cluster_ports(args: argparse.Namespace) -> ClusterPorts:
-    """The ports of `bandmaster up`: each flag given wins; the others are the documented defaults, or 0
-    (any free port) with `--ports auto`."""
+    """The ports of `bandmaster up`: each flag given wins; the others come from `--port-base`, are 0 (any
+    free port) with `--ports auto`, else the documented defaults."""
     values = {}
     for which in PORT_FLAGS:
         if which == "http":
             continue
         given = getattr(args, f"port_{which}")
-        fallback = DEFAULT_PORTS[_DEFAULT_OF.get(which, which)] if args.ports == "fixed" else 0
-        values[which] = fallback if given is None else given
+        values[which] = _fallback_port(args, which) if given is None else given
     return ClusterPorts(**values)
+
+
+def http_port(args: argparse.Namespace) -> int:
+    """The router's HTTP port: --http-port, else as the others (`_fallback_port`)."""
+    return _fallback_port(args, "http") if args.http_port is None else args.http_port
 
 
 def busy_ports(config: ClusterConfig) -> list[tuple[int, str]]:
@@ -265,12 +315,19 @@ def add_parser(commands) -> None:
         help="how long to wait for every worker to become healthy before reporting",
     )
     parser.add_argument(
-        "--cluster-file",
-        type=Path,
-        default=None,
-        help="the discovery file written while the cluster runs, which `bandmaster programs`, "
-        f"`plan`, `status` and `batch` read (default: ${endpoints.CLUSTER_FILE_ENV}, else "
-        "$XDG_RUNTIME_DIR/bandmaster/cluster.json, else ~/.bandmaster/cluster.json)",
+        "--name",
+        default="",
+        help="the cluster's name, which `bandmaster status / programs / plan / batch --cluster NAME` take "
+        f"(default: {endpoints.DEFAULT_NAME}, or {endpoints.DEFAULT_NAME}-2, -3, ... when a running cluster "
+        f"has it); it is registered in ${endpoints.CLUSTERS_DIR_ENV}, else $XDG_RUNTIME_DIR/bandmaster/clusters, "
+        "else ~/.bandmaster/clusters, while the cluster runs",
+    )
+    parser.add_argument(
+        "--keep-state",
+        action="store_true",
+        help="keep the temporary state dir (logs, ready files, the scheduler's table) after a clean stop; "
+        "without --state-dir it is otherwise removed then (a state dir you name is always kept, and so is "
+        "one after a failure, for its logs)",
     )
     parser.add_argument(
         "--secure",
@@ -463,7 +520,8 @@ def wait_for_fleet(cluster: Cluster, timeout_s: float, should_stop) -> tuple[Fle
 
 
 def discovery_record(cluster: Cluster) -> dict:
-    """What the discovery file says: this process, the state dir, and every address."""
+    """The discovery record (registry entry and <state dir>/cluster.json): this process, the state dir, every
+    address (a service the cluster does not run has none)."""
     record = {
         "pid": os.getpid(),
         "state_dir": str(cluster.supervisor.state_dir),
@@ -479,6 +537,44 @@ def discovery_record(cluster: Cluster) -> dict:
     if cluster.batch is not None:
         record["batch_http"] = cluster.batch.ready.get("http", "")
     return record
+
+
+def publish(cluster: Cluster, registry: Path, name: str, published: list[Path]) -> str:
+    """Register the cluster (under `name`, else the first free default name) and write its record into its
+    state dir; the paths written are appended to `published` (removed at stop). Returns the name, "" when
+    `name` was taken by a cluster started meanwhile. A registry that cannot be written is said, not fatal:
+    `--state-dir` still reaches the cluster."""
+    record = discovery_record(cluster)
+    try:
+        taken = endpoints.register(registry, record, name)
+        if not taken:
+            return ""
+        published.append(registry / f"{taken}.json")
+    except OSError as exc:
+        taken = name or endpoints.DEFAULT_NAME
+        print(f"bandmaster up: cannot write the cluster registry {registry} ({exc.strerror})", file=sys.stderr)
+    published.append(endpoints.write_state_record(cluster.supervisor.state_dir, {**record, "name": taken}))
+    return taken
+
+
+def cluster_line(name: str, registry: Path, published: list[Path], running: list[dict]) -> str:
+    """How the client commands reach this cluster."""
+    if len(published) < 2:
+        return f"cluster {name}: not registered; reach it with --state-dir {published[0].parent}"
+    others = ", ".join(r["name"] for r in running if r["name"] != name)
+    return (
+        f"cluster {name} (registered in {registry}{f'; also running: {others}' if others else ''}): "
+        f"bandmaster status --cluster {name}   (programs, plan, batch and trace take --cluster too; without it "
+        "they find the only cluster running)"
+    )
+
+
+def removable_state(args: argparse.Namespace, state_dir: Path, trace_dir: Path | None) -> bool:
+    """`state_dir` goes at a clean stop when `up` made it (no --state-dir), --keep-state is not given, and no
+    traces were written into it (`--trace-dir` without DIR)."""
+    if args.state_dir is not None or args.keep_state:
+        return False
+    return trace_dir is None or not trace_dir.is_relative_to(state_dir.absolute())
 
 
 SCHEDULER_RESTART_S = 2.0
@@ -527,8 +623,7 @@ def restart_scheduler_replicas(cluster: Cluster, config: ClusterConfig, restarts
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    if args.ports == "auto" and args.http_port is None:
-        args.http_port = 0
+    args.http_port = http_port(args)
     config = cluster_config(
         args,
         scheduler_state=True,
@@ -539,17 +634,29 @@ def run(args: argparse.Namespace) -> int:
         ports=cluster_ports(args),
     )
     require_healthy = bool(config.worker_urls) if args.require_healthy is None else args.require_healthy
+    registry = endpoints.clusters_dir()
+    running = endpoints.running_clusters(registry)
+    if args.name:
+        endpoints.check_name(args.name)
+        holder = next((r for r in running if r["name"] == args.name), None)
+        if holder is not None:
+            print(
+                f"bandmaster up: a cluster named {args.name!r} is already running: {endpoints.describe(holder)}; "
+                "stop it, or choose another --name",
+                file=sys.stderr,
+            )
+            return 1
     taken = busy_ports(config)
     if taken:
         # The first taken port in full; the others (another cluster holds them all, typically) in one line.
         print(f"bandmaster up: {taken[0][1]}", file=sys.stderr)
         if len(taken) > 1:
             print(f"bandmaster up: also taken: {', '.join(str(port) for port, _ in taken[1:])}", file=sys.stderr)
-        other = endpoints.read_cluster_file(args.cluster_file or endpoints.cluster_file())
-        if other:
+        if running:
             print(
-                f"bandmaster up: another Bandmaster cluster is running (pid {other['pid']}, state dir "
-                f"{other.get('state_dir')}): stop it, or start this one with --ports auto",
+                "bandmaster up: running Bandmaster clusters: "
+                + "; ".join(endpoints.describe(r) for r in running)
+                + ". Stop one, or start this one with --ports auto (and --name)",
                 file=sys.stderr,
             )
         return 1
@@ -566,11 +673,12 @@ def run(args: argparse.Namespace) -> int:
     except StartupError as exc:
         print(f"bandmaster up: {exc}", file=sys.stderr)
         return 1
-    cluster_file = args.cluster_file or endpoints.cluster_file()
-    published = False
+    published: list[Path] = []
+    clean = False
     try:
         health, waited = wait_for_fleet(cluster, args.healthy_timeout_seconds, lambda: stop_requested)
         if stop_requested:
+            clean = True
             return 0
         if health is None or health.healthy == 0:
             banner = no_healthy_worker_banner(health or FleetHealth(0, 0, ()), waited)
@@ -590,35 +698,29 @@ def run(args: argparse.Namespace) -> int:
         last_degraded = health.degraded if health is not None else ""
         if last_degraded:
             print(last_degraded, file=sys.stderr, flush=True)
-        print(render_table(["process", "endpoint"], cluster.endpoints(), title="Bandmaster is up:"))
+        name = publish(cluster, registry, args.name, published)
+        if not name:
+            print(f"bandmaster up: the cluster name {args.name!r} was taken meanwhile; stopping", file=sys.stderr)
+            return 1
+        print(render_table(["process", "endpoint"], cluster.endpoints(), title=f"Bandmaster is up (cluster {name}):"))
         if health is None or health.healthy == 0:
             print("Bandmaster is up WITHOUT A HEALTHY WORKER (see the warning above).")
         if cluster.batch is not None:
             print(
                 f"Batch API: {cluster.http_url}/v1/batches (through the router; the batch service's own: "
-                f"{cluster.batch.ready.get('http', '')}/v1)   plan: bandmaster plan --state-dir "
-                f"{cluster.supervisor.state_dir}"
+                f"{cluster.batch.ready.get('http', '')}/v1)   plan: bandmaster plan --cluster {name}"
             )
         if cluster.pki is not None:
             print(connect_help(cluster))
-        try:
-            published = endpoints.write_cluster_file(cluster_file, discovery_record(cluster))
-        except OSError as exc:
-            published = False
-            print(
-                f"cluster file: cannot write {cluster_file} ({exc.strerror}); point the commands at this cluster "
-                f"with --state-dir {cluster.supervisor.state_dir}"
-            )
-        if published:
-            print(f"cluster file: {cluster_file}   (bandmaster status / programs / plan find this cluster)")
-        elif cluster_file.exists():
-            print(
-                f"cluster file: {cluster_file} belongs to another running cluster; point the commands at this "
-                f"one with --state-dir {cluster.supervisor.state_dir}"
-            )
+        print(cluster_line(name, registry, published, endpoints.running_clusters(registry)))
         if cluster.supervisor.trace_dir is not None:
             print(f"traces: {cluster.supervisor.trace_dir}   (bandmaster trace --dir {cluster.supervisor.trace_dir})")
-        print(f"logs: {cluster.supervisor.state_dir}   (Ctrl-C to stop)", flush=True)
+        removed = (
+            " (removed at a clean stop; --keep-state keeps it)"
+            if removable_state(args, cluster.supervisor.state_dir, cluster.supervisor.trace_dir)
+            else ""
+        )
+        print(f"logs: {cluster.supervisor.state_dir}{removed}   (Ctrl-C to stop)", flush=True)
         last_healthy = health.healthy if health is not None else 0
         next_check = time.monotonic() + 2.0
         restarts: dict[str, float] = {}
@@ -642,9 +744,17 @@ def run(args: argparse.Namespace) -> int:
                     print(now.degraded or "bandmaster up: no worker is degraded any more", file=sys.stderr, flush=True)
                     last_degraded = now.degraded
             time.sleep(0.2)
+        clean = True
         return 0
     finally:
-        if published:
-            endpoints.remove_cluster_file(cluster_file, os.getpid())
+        for path in published:
+            endpoints.unregister(path, os.getpid())
         cluster.stop()
-        print("Bandmaster stopped.", flush=True)
+        state_dir = cluster.supervisor.state_dir
+        if clean and removable_state(args, cluster.supervisor.state_dir, cluster.supervisor.trace_dir):
+            shutil.rmtree(state_dir, ignore_errors=True)
+            print("Bandmaster stopped.", flush=True)
+        elif args.state_dir is None:
+            print(f"Bandmaster stopped. Its state dir is kept: {state_dir}", flush=True)
+        else:
+            print("Bandmaster stopped.", flush=True)

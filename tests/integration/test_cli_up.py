@@ -1,5 +1,5 @@
 """`bandmaster up` as a user starts it: real child processes, readiness, endpoints, clean stop, no orphans;
-its discovery file found by `bandmaster status` and `programs`; a taken port and a fleet without a healthy
+its registry entry found by `bandmaster status` and `programs`; a taken port and a fleet without a healthy
 worker said plainly. Every cluster here runs on `--ports auto` so that tests never collide."""
 
 import json
@@ -17,13 +17,18 @@ from tests.support.processes import base_env, pid_alive, python_module, run_modu
 UP_LINE = "Ctrl-C to stop"
 
 
-def _cli(*argv: str, cluster_file: Path) -> subprocess.CompletedProcess:
-    return run_module("services.cli", *argv, env=base_env(BANDMASTER_CLUSTER_FILE=str(cluster_file)))
+def _env(registry: Path) -> dict[str, str]:
+    """An environment whose cluster registry is `registry` (this test's clusters only)."""
+    return base_env(BANDMASTER_CLUSTERS_DIR=str(registry))
+
+
+def _cli(*argv: str, registry: Path) -> subprocess.CompletedProcess:
+    return run_module("services.cli", *argv, env=_env(registry))
 
 
 def test_up_serves_and_stops_without_orphans(tmp_path):
     state = tmp_path / "state"
-    cluster_file = tmp_path / "run" / "cluster.json"
+    registry = tmp_path / "clusters"
     with start(
         "bandmaster-up",
         python_module(
@@ -39,10 +44,9 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
             "auto",
             "--state-dir",
             str(state),
-            "--cluster-file",
-            str(cluster_file),
         ),
         tmp_path,
+        env=_env(registry),
     ) as proc:
         output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "Bandmaster is up" in output, output
@@ -69,14 +73,17 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
 
             wait_until(two_healthy, timeout_s=30, interval_s=0.1)
 
-        # The discovery file names this cluster: the client commands find it without flags.
-        record = json.loads(cluster_file.read_text())
+        # The cluster is registered under its default name, its record in its state dir too: the client
+        # commands find it without flags.
+        assert "Bandmaster is up (cluster default)" in output, output
+        record = json.loads((registry / "default.json").read_text())
         assert record["capacity"] == ready["capacity.ready.json"]["grpc"] and record["state_dir"] == str(state)
-        status = _cli("status", "--once", cluster_file=cluster_file)
+        assert json.loads((state / "cluster.json").read_text()) == record
+        status = _cli("status", "--once", registry=registry)
         assert status.returncode == 0, status.stderr
         assert "workers (2 of 2 healthy" in status.stdout and "utilisation" in status.stdout, status.stdout
         assert "drain leases (1)" in status.stdout, status.stdout
-        programs = _cli("programs", cluster_file=cluster_file)
+        programs = _cli("programs", registry=registry)
         assert programs.returncode == 0 and "replicas (2)" in programs.stdout, programs.stderr
 
         proc.send_signal(signal.SIGTERM)
@@ -84,7 +91,9 @@ def test_up_serves_and_stops_without_orphans(tmp_path):
         rest = proc.log_text()
         assert proc.returncode == 0, rest
         assert "Bandmaster stopped." in rest
-        assert not cluster_file.exists(), "the discovery file outlived its cluster"
+        assert not (registry / "default.json").exists(), "the registry entry outlived its cluster"
+        assert not (state / "cluster.json").exists(), "the state dir's record outlived its cluster"
+        assert (state / "capacity.log").exists(), "a --state-dir the user named is kept"
         wait_until(
             lambda: not any(pid_alive(pid) for pid in child_pids),
             timeout_s=10,
@@ -137,8 +146,6 @@ def test_up_on_a_taken_port_says_which_and_the_flag_that_moves_it(tmp_path, take
         str(taken_port),
         "--state-dir",
         str(tmp_path / "state"),
-        "--cluster-file",
-        str(tmp_path / "cluster.json"),
     )
     assert result.returncode == 1
     assert result.stderr.strip() == (
@@ -168,8 +175,6 @@ def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one
         "5",
         "--state-dir",
         str(tmp_path / "state"),
-        "--cluster-file",
-        str(tmp_path / "cluster.json"),
         timeout_s=90,
     )
     assert result.returncode == 1, result.stdout + result.stderr
@@ -177,12 +182,12 @@ def test_up_with_worker_urls_requires_a_healthy_worker_and_names_the_failing_one
     assert "NO HEALTHY WORKER" in result.stderr and "--require-healthy" in result.stderr, result.stderr
     worker_line = next(line for line in result.stderr.splitlines() if url in line)
     assert "pending" in worker_line or "unhealthy" in worker_line, worker_line
-    assert not (tmp_path / "cluster.json").exists()
+    assert not (tmp_path / "state" / "cluster.json").exists()
 
 
 def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
     url = _unreachable_url()
-    cluster_file = tmp_path / "cluster.json"
+    registry = tmp_path / "clusters"
     with start(
         "bandmaster-up",
         python_module(
@@ -198,15 +203,14 @@ def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
             "2",
             "--state-dir",
             str(tmp_path / "state"),
-            "--cluster-file",
-            str(cluster_file),
         ),
         tmp_path,
+        env=_env(registry),
     ) as proc:
         output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "NO HEALTHY WORKER" in output and url in output, output
         assert "Bandmaster is up WITHOUT A HEALTHY WORKER" in output, output
-        status = _cli("status", "--once", cluster_file=cluster_file)
+        status = _cli("status", "--once", registry=registry)
         assert status.returncode == 0 and "NO HEALTHY WORKER" in status.stdout, status.stdout + status.stderr
         proc.send_signal(signal.SIGTERM)
         proc.wait_exit(60)
@@ -214,7 +218,7 @@ def test_up_without_a_healthy_worker_warns_loudly_and_keeps_running(tmp_path):
 
 
 def test_up_and_status_name_a_worker_without_cache_reports_and_the_flag_to_add(tmp_path):
-    cluster_file = tmp_path / "run" / "cluster.json"
+    registry = tmp_path / "clusters"
     with start(
         "bandmaster-up",
         python_module(
@@ -230,16 +234,15 @@ def test_up_and_status_name_a_worker_without_cache_reports_and_the_flag_to_add(t
             "auto",
             "--state-dir",
             str(tmp_path / "state"),
-            "--cluster-file",
-            str(cluster_file),
         ),
         tmp_path,
+        env=_env(registry),
     ) as proc:
         output = proc.wait_for_log(UP_LINE, timeout_s=90)
         assert "DEGRADED: 1 of 1 workers" in output, output
         assert "cache reports off; restart it with --enable-cache-report" in output, output
         assert "priority scheduling off" not in output, output  # the simulated workers run with it
-        status = _cli("status", "--once", cluster_file=cluster_file)
+        status = _cli("status", "--once", registry=registry)
         assert status.returncode == 0, status.stderr
         assert "DEGRADED: 1 of 1 workers" in status.stdout and "--enable-cache-report" in status.stdout
         proc.send_signal(signal.SIGINT)

@@ -81,8 +81,6 @@ def _up(state: Path, *extra: str) -> tuple[Process, str]:
             "auto",
             "--state-dir",
             str(state),
-            "--cluster-file",
-            str(state / "cluster.json"),
             *extra,
         ),
         state.parent,

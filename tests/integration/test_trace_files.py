@@ -17,7 +17,7 @@ def _names(path) -> list[str]:
 
 
 def test_bandmaster_trace_prints_one_turn_from_the_span_files_of_up(tmp_path):
-    state, traces, cluster_file = tmp_path / "state", tmp_path / "traces", tmp_path / "cluster.json"
+    state, traces, registry = tmp_path / "state", tmp_path / "traces", tmp_path / "clusters"
     argv = python_module(
         "services.cli",
         "up",
@@ -32,15 +32,14 @@ def test_bandmaster_trace_prints_one_turn_from_the_span_files_of_up(tmp_path):
         "--no-planner",
         "--state-dir",
         str(state),
-        "--cluster-file",
-        str(cluster_file),
         "--trace-dir",
         str(traces),
     )
-    with start("bandmaster-up", argv, tmp_path) as proc:
+    env = base_env(BANDMASTER_CLUSTERS_DIR=str(registry))
+    with start("bandmaster-up", argv, tmp_path, env=env) as proc:
         output = proc.wait_for_log("Ctrl-C to stop", timeout_s=90)
         assert f"traces: {traces}" in output, output
-        record = json.loads(cluster_file.read_text())
+        record = json.loads((state / "cluster.json").read_text())
         assert record["trace_dir"] == str(traces)
         body = json.dumps(
             {"model": "bandmaster-sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -63,8 +62,7 @@ def test_bandmaster_trace_prints_one_turn_from_the_span_files_of_up(tmp_path):
             interval_s=0.2,
             message="the turn's spans were not written",
         )
-        env = base_env(BANDMASTER_CLUSTER_FILE=str(cluster_file))
-        # No --dir: the running cluster's trace dir, from its discovery file.
+        # No --dir: the running cluster's trace dir, from its discovery record.
         shown = run_module("services.cli", "trace", "--session-id", "prog-7", "--turn", "1", env=env)
         assert shown.returncode == 0, shown.stderr
         lines = shown.stdout.splitlines()

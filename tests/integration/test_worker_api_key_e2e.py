@@ -67,8 +67,6 @@ def _up_args(tmp_path: Path, worker_url: str, *extra: str) -> list[str]:
         "5",
         "--state-dir",
         str(tmp_path / "state"),
-        "--cluster-file",
-        str(tmp_path / "cluster.json"),
         *extra,
     ]
 
@@ -90,7 +88,7 @@ def test_the_key_passes_through_capacity_and_the_router_end_to_end(tmp_path):
         ) as up:
             output = up.wait_for_log(UP_LINE, timeout_s=60)
             assert "NO HEALTHY WORKER" not in output, output
-            http_url = json.loads((tmp_path / "cluster.json").read_text())["http_url"]
+            http_url = json.loads((tmp_path / "state" / "cluster.json").read_text())["http_url"]
             status, body = _post(http_url + "/v1/chat/completions", chat)
             assert status == 200, body
             assert body["choices"][0]["message"]["role"] == "assistant"

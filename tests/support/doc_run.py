@@ -5,7 +5,7 @@
 The scratch directory holds a `.venv` link to the venv running the tests, so `.venv/bin/bandmaster` in a page
 is that venv's console script, and the venv's bin is first on PATH (a bare `bandmaster` or `python` too). The
 repository is on PYTHONPATH (its code, not an installed copy) and `bandmaster up` writes its discovery file
-and its state directory into the scratch directory (BANDMASTER_CLUSTER_FILE, TMPDIR), so the commands change
+and its state directory into the scratch directory (BANDMASTER_CLUSTERS_DIR, TMPDIR), so the commands change
 nothing outside it. Each bash command runs on its own (`bash -o pipefail -c COMMAND`) and must exit 0 and
 match its `# expect:` pattern; a python block runs as a script. Background blocks (`bandmaster up`) run in
 their own process group until a later block stops them or the page ends: SIGINT, as Ctrl-C in the terminal,
@@ -39,7 +39,7 @@ def page_env(workdir: Path) -> dict[str, str]:
     return base_env(
         PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
         VIRTUAL_ENV=str(venv_dir()),
-        BANDMASTER_CLUSTER_FILE=str(workdir / "cluster.json"),
+        BANDMASTER_CLUSTERS_DIR=str(workdir / "clusters"),
         TMPDIR=str(workdir),  # `up`'s default state directory, and any other temporary file, land here
         PYTHONUNBUFFERED="1",
     )

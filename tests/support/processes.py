@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,10 +35,24 @@ STOP_GRACE_S = 15.0
 _started: list[Process] = []
 
 
+_registry: list[str] = []
+
+
+def session_clusters_dir() -> str:
+    """The cluster registry of this test session (`bandmaster up` registers there, the client commands look
+    there), so that tests neither see nor join the clusters of the user running them. Removed at exit."""
+    if not _registry:
+        _registry.append(tempfile.mkdtemp(prefix="bandmaster-test-clusters-"))
+        atexit.register(shutil.rmtree, _registry[0], True)
+    return _registry[0]
+
+
 def base_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any service configuration, the repository on PYTHONPATH."""
+    """The test process's environment without any service configuration, the repository on PYTHONPATH, and
+    the session's own cluster registry (`session_clusters_dir`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BANDMASTER_", "SIMWORKER_", "DYN_", "OTEL_"))}
     env["PYTHONPATH"] = str(ROOT)
+    env["BANDMASTER_CLUSTERS_DIR"] = session_clusters_dir()
     env.update(extra)
     return env
 

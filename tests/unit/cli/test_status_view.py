@@ -153,7 +153,7 @@ def test_the_live_view_refreshes_until_interrupted(monkeypatch):
         control_token_file="",
         data_token_file="",
     )
-    monkeypatch.setenv("BANDMASTER_CLUSTER_FILE", "/nonexistent/cluster.json")
+    monkeypatch.setenv("BANDMASTER_CLUSTERS_DIR", "/nonexistent/clusters")
     try:
         status.run(args, out=shown.append, sleep=sleep)
     except KeyboardInterrupt:

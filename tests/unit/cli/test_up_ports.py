@@ -1,16 +1,13 @@
-"""`bandmaster up`'s ports, its healthy-worker verdict and its discovery file (the pure parts)."""
+"""`bandmaster up`'s ports and its healthy-worker verdict (the pure parts; its discovery: test_clusters.py)."""
 
 import argparse
-import os
 import socket
-from pathlib import Path
 
 import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cpb
 from services.batch.config import SETTINGS as BATCH
 from services.capacity.config import SETTINGS as CAPACITY
-from services.cli import endpoints
 from services.cli.up import (
     add_cluster_arguments,
     add_port_arguments,
@@ -18,6 +15,7 @@ from services.cli.up import (
     cluster_config,
     cluster_ports,
     fleet_health,
+    http_port,
     no_healthy_worker_banner,
 )
 from services.common.errors import ConfigError
@@ -144,51 +142,35 @@ def test_fleet_health_names_each_unhealthy_worker_and_why():
     assert "the capacity service knows no worker" in no_healthy_worker_banner(fleet_health(cpb.WorkersSnapshot()), 1)
 
 
-def test_the_discovery_file_belongs_to_one_live_cluster(tmp_path):
-    path = tmp_path / "run" / "cluster.json"
-    assert endpoints.write_cluster_file(path, {"pid": os.getpid(), "state_dir": "/s"})
-    assert endpoints.read_cluster_file(path)["state_dir"] == "/s"
-    # Another live process owns it: a second cluster does not overwrite it, nor removes it.
-    assert not endpoints.write_cluster_file(path, {"pid": os.getppid(), "state_dir": "/other"})
-    endpoints.remove_cluster_file(path, os.getppid())
-    assert path.exists()
-    endpoints.remove_cluster_file(path, os.getpid())
-    assert not path.exists()
-    # A record whose process is gone is no cluster.
-    path.write_text('{"pid": 999999999, "state_dir": "/gone"}')
-    assert endpoints.read_cluster_file(path) == {}
-
-
-def test_the_discovery_file_location_follows_the_environment(tmp_path):
-    assert endpoints.cluster_file({"BANDMASTER_CLUSTER_FILE": "/x/c.json", "HOME": "/h"}) == Path("/x/c.json")
-    assert endpoints.cluster_file({"XDG_RUNTIME_DIR": "/run/u", "HOME": "/h"}) == Path("/run/u/bandmaster/cluster.json")
-    assert endpoints.cluster_file({"HOME": "/h"}) == Path("/h/.bandmaster/cluster.json")
-
-
-def test_addresses_come_from_the_flag_then_the_state_dir_then_the_default(tmp_path):
-    (tmp_path / "scheduler.ready.json").write_text('{"grpc": "127.0.0.1:41000"}')
-    args = argparse.Namespace(state_dir=tmp_path)
-    assert endpoints.grpc_address(args, "10.0.0.1:1", "scheduler") == "10.0.0.1:1"
-    assert endpoints.grpc_address(args, "", "scheduler") == "127.0.0.1:41000"
-    assert endpoints.grpc_address(args, "", "planner") == "127.0.0.1:50061"
-    assert endpoints.grpc_address(argparse.Namespace(state_dir=None), "", "capacity") == "127.0.0.1:50051"
-
-
-def test_a_running_cluster_is_found_unless_an_address_is_given(tmp_path):
-    path = tmp_path / "cluster.json"
-    endpoints.write_cluster_file(path, {"pid": os.getpid(), "state_dir": str(tmp_path)})
-    env = {"BANDMASTER_CLUSTER_FILE": str(path)}
-    found = argparse.Namespace(state_dir=None)
-    endpoints.discover(found, "", env=env)
-    assert found.state_dir == tmp_path
-    named = argparse.Namespace(state_dir=None)
-    endpoints.discover(named, "10.0.0.1:50052", env=env)  # its certificates must not go to another server
-    assert named.state_dir is None
-
-
 def test_the_batch_service_ports_clash_with_no_scheduler_replica():
     """Scheduler replica i listens on the scheduler ports + 10 i (50062 for the second): the batch service's
     fixed ports are none of them, so `--scheduler-replicas 5` with the planner on still starts."""
     config = ClusterConfig(planner=True, scheduler_replicas=5, ports=ClusterPorts.fixed())  # validates: no clash
     planned = dict(config.planned_ports())
     assert planned["batch"] == DEFAULT_PORTS["batch"] and planned["batch_http"] == DEFAULT_PORTS["batch_http"]
+
+
+def test_port_base_puts_every_port_in_one_block_and_a_flag_still_moves_one():
+    args = _args("--port-base", "41000", "--router-metrics-port", "39000")
+    ports = cluster_ports(args)
+    assert (ports.capacity, ports.scheduler, ports.router, ports.planner) == (41001, 41002, 41003, 41004)
+    assert (ports.batch, ports.batch_http, ports.capacity_metrics, ports.scheduler_metrics) == (
+        41005,
+        41006,
+        41007,
+        41008,
+    )
+    assert (ports.router_metrics, ports.planner_metrics, ports.batch_metrics) == (39000, 41010, 41011)
+    assert ports.first_worker == 41050 and http_port(args) == 41000
+    assert http_port(_args("--port-base", "41000", "--http-port", "8001")) == 8001
+    # Five scheduler replicas (+10 i each) and three workers fit the block without a clash.
+    config = ClusterConfig(workers=3, planner=True, scheduler_replicas=5, ports=ports, http_port=41000)
+    planned = sorted(port for _, port in config.planned_ports() if port != 39000)
+    assert planned[0] == 41000 and planned[-1] == 41052 and len(planned) == len(set(planned))
+
+
+def test_port_base_is_refused_with_ports_auto_or_out_of_range():
+    with pytest.raises(ConfigError, match="give --port-base or --ports auto, not both"):
+        cluster_ports(_args("--port-base", "41000", "--ports", "auto"))
+    with pytest.raises(ConfigError, match="port_base <= 65485"):
+        cluster_ports(_args("--port-base", "65500"))
