@@ -8,7 +8,9 @@ cluster from, in order:
 1. `--state-dir DIR` or `--cluster NAME`: that cluster, and nothing else;
 2. else, when no address flag is given, the one running cluster of the registry; with several running it
    refuses, listing them, rather than guess;
-3. else (no cluster of yours runs) the documented default ports on loopback.
+3. else (no cluster of yours runs) the documented default ports on loopback, but only a port that is
+   free or held by one of your own processes: a listener of another user there is someone else's
+   cluster, and the command refuses to talk to it (`default_address`).
 
 An address flag wins for its own service. A service the chosen cluster does not run (`--no-planner`,
 `--no-scheduler`) is reported absent: it never falls back to a default port, which may be another
@@ -31,7 +33,7 @@ import grpc
 
 from services.common.certs import LocalPki
 from services.common.errors import ConfigError
-from services.common.ports import DEFAULT_PORTS
+from services.common.ports import DEFAULT_PORTS, listener_uid
 from services.common.ready import read_ready_file
 from services.common.security import client_security
 from services.common.tls_diagnosis import diagnose
@@ -338,11 +340,26 @@ def grpc_address(args: argparse.Namespace, flag_value: str, service: str, *, req
     if found is None and state_dir is not None:
         found = Found(state_dir, read_record(state_dir / RECORD_FILE))
     if found is None:
-        return f"127.0.0.1:{DEFAULT_PORTS[service]}"
+        return default_address(service)
     address = found.grpc(service)
     if not address and required:
         raise found.absent(service)
     return address
+
+
+def default_address(service: str, *, uid: int | None = None, tables: tuple[str, ...] | None = None) -> str:
+    """`127.0.0.1:<documented default port>` of `service`, when no cluster of yours was found. Raises
+    ServiceAbsent when another user's process listens there: on a shared machine that is someone else's
+    cluster, and its answers (or your requests and tokens) must not be mixed with yours."""
+    port = DEFAULT_PORTS[service]
+    owner = listener_uid(port) if tables is None else listener_uid(port, tables)
+    mine = os.getuid() if uid is None else uid
+    if owner is not None and owner != mine:
+        raise ServiceAbsent(
+            f"no cluster of yours runs, and the default {service} port {port} is held by another user "
+            f"(uid {owner}): not yours. Start one with `bandmaster up`, or name the address with a flag"
+        )
+    return f"127.0.0.1:{port}"
 
 
 def channel(address: str, args: argparse.Namespace) -> tuple[grpc.Channel, tuple[tuple[str, str], ...]]:

@@ -23,7 +23,6 @@ from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.cli import SIGINT_EXIT, endpoints
 from services.common.config import parse_host_port
-from services.common.ports import DEFAULT_PORTS
 from services.common.security import DATA_TOKEN_ENV
 from services.launcher.table import render_table
 
@@ -210,7 +209,7 @@ def _client(args: argparse.Namespace):
     endpoints.fill_security(args)
     base_url = args.base_url
     if not base_url and found is None:
-        base_url = f"http://127.0.0.1:{DEFAULT_PORTS['batch_http']}/v1"
+        base_url = f"http://{endpoints.default_address('batch_http')}/v1"
     elif not base_url and found is not None:
         # The batch service's own address (its record and ready file name it, scheme included).
         http = found.batch_http()

@@ -503,7 +503,7 @@ def run(
     if not metrics_url:
         port = endpoints.ready(args.state_dir, "scheduler").get("metrics_port")
         if not port and found is None:
-            port = DEFAULT_PORTS["scheduler_metrics"]
+            port = endpoints.default_address("scheduler_metrics").rpartition(":")[2]
         metrics_url = f"http://127.0.0.1:{port}/metrics" if port else ""
     given = (args.capacity_addr, args.scheduler_addr, args.planner_addr, args.batch_addr)
     where = f"scheduler {addresses['scheduler']}" if found is None and any(given) else endpoints.where(args)

@@ -78,3 +78,25 @@ def binding(host: str, port: int, what: str, flag: str) -> Iterator[None]:
         if exc.errno == errno.EADDRINUSE and not isinstance(exc, PortInUse):
             raise PortInUse(host, port, what, flag) from None
         raise
+
+
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+_LISTEN = "0A"
+
+
+def listener_uid(port: int, tables: tuple[str, ...] = PROC_NET_TCP) -> int | None:
+    """The uid of the process that listens on TCP `port` (any local address), from the kernel's socket
+    tables; None when nothing listens there or the tables cannot be read (not Linux)."""
+    for table in tables:
+        try:
+            with open(table, encoding="ascii") as rows:
+                next(rows, None)  # the header
+                for row in rows:
+                    fields = row.split()
+                    if len(fields) < 8 or fields[3] != _LISTEN:
+                        continue
+                    if int(fields[1].rpartition(":")[2], 16) == port:
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
