@@ -27,7 +27,8 @@ one entry of the report's `violations`):
   of its turns were admitted outside every scheduler fault window (see below).
 * scheduler turns == client turns, per program. The client's count is its requests that the router
   answered `200` (the router started the turn: it was admitted, or failed open); the scheduler's is
-  `Program.turns` read with GetProgram after the program's last turn, before its final request. More
+  `Program.turns` read with GetProgram after the program's last turn (settled: see DISPATCHED_SETTLE_S),
+  before its final request. More
   in the scheduler than in the client is a phantom turn, always a violation. Fewer is a missing turn,
   excused only for requests that overlapped a scheduler fault window, from the fault's injection
   less the state store's flush interval (the most a SIGKILL may lose) to the scheduler answering again
@@ -86,6 +87,12 @@ STATE_FLUSH_S = 0.1
 TICKET_LEASE_S = 10.0
 """The scheduler's --ticket-lease-seconds in this run: a turn admitted for a router that died before it
 confirmed the turn is rolled back when its lease lapses, so a program's count settles this long after."""
+DISPATCHED_SETTLE_S = 5.0 + 2.0
+"""How long after a program's last turn the scheduler may still be learning of it: on the admission fast
+path a turn runs on its cached admission and its Admit goes in the background, after the program's previous
+Complete, within the routers' failover bound (5 s) plus a decision deadline (2 s). The client can finish
+the turn before that Admit lands, so a lookup that reads fewer turns than the client started waits for it
+up to this bound (a phantom, more turns, is never waited on)."""
 ROUTER_FAIL_OPEN_S = 2.0 + 1.0 + 1.0
 """After a scheduler fault, how long a router may still route a turn fail open: its Admit decision deadline
 (2 s), then its breaker's retry interval (1 s) before it asks again, and a second of slack."""
@@ -1415,7 +1422,8 @@ class Load:
 
     async def _look_up(self, outcome: ProgramOutcome) -> None:
         """The scheduler's turn count once it can have settled: no scheduler or router fault in progress,
-        and the lease of a turn a router may have dropped has lapsed."""
+        the lease of a turn a router may have dropped has lapsed, and (while it reads fewer turns than the
+        client started) for up to DISPATCHED_SETTLE_S, the bound of a fast-path turn's background Admit."""
         started = time.monotonic()
         mine = [r for r in self.requests if r.program_id == outcome.program_id]
         while True:
@@ -1430,10 +1438,15 @@ class Load:
             if wait > 0:
                 await asyncio.sleep(wait)
         deadline = time.monotonic() + self.config.lookup_timeout_s
+        client_turns = sum(1 for r in mine if r.turn >= 0 and r.started)
+        settle_until = time.monotonic() + DISPATCHED_SETTLE_S
         while time.monotonic() < deadline:
             answer = await self.stack.get_program(outcome.program_id)
             if answer is not None:
                 known, program = answer
+                if known and int(program.turns) < client_turns and time.monotonic() < settle_until:
+                    await asyncio.sleep(0.2)  # a fast-path turn's Admit may still be on its way
+                    continue
                 outcome.scheduler_known = known
                 outcome.scheduler_turns = int(program.turns) if known else None
                 outcome.lookup_s = round(time.monotonic() - started, 2)
