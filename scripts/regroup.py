@@ -29,6 +29,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SELF = pathlib.Path(__file__).resolve().relative_to(ROOT).as_posix()
@@ -96,6 +97,7 @@ GROUPS: dict[str, dict[str, tuple[str, list[str]]]] = {
 }
 
 SKIP_PREFIXES = ("bandmaster/",)  # generated protobuf code
+LINE_LENGTH = 120  # pyproject's [tool.ruff] line-length
 PYTHON_PACKAGES_WITH_MOVES = tuple(package.replace("/", ".") for package in GROUPS)
 
 
@@ -144,7 +146,7 @@ def make_packages(dry: bool) -> list[str]:
             todo.append(f"create {init.relative_to(ROOT)}")
             if not dry:
                 init.parent.mkdir(parents=True, exist_ok=True)
-                init.write_text(f'"""{doc}"""\n')
+                init.write_text("\n".join(textwrap.wrap(f'"""{doc}"""', LINE_LENGTH)) + "\n")
                 git("add", str(init.relative_to(ROOT)))
     return todo
 
@@ -210,6 +212,37 @@ def name_rewriter(moves: dict[str, str]):
     return rewrite
 
 
+def wrap_long_prose(text: str, new_names: tuple[str, ...]) -> str:
+    """Break a comment line or a docstring line that a rewrite pushed past LINE_LENGTH at its last space that
+    fits (a longer name made it longer); code lines are left to the formatter."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    prose: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            prose.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+    out = []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        body = line.rstrip("\n")
+        stripped = body.lstrip()
+        comment = stripped.startswith("#")
+        if len(body) <= LINE_LENGTH or not (comment or number in prose) or not any(n in body for n in new_names):
+            out.append(line)
+            continue
+        indent = body[: len(body) - len(stripped)]
+        prefix = indent + ("# " if comment else "")
+        while len(body) > LINE_LENGTH:
+            cut = body.rfind(" ", len(prefix) + 1, LINE_LENGTH + 1)
+            if cut < 0:
+                break
+            out.append(body[:cut] + "\n")
+            body = prefix + body[cut + 1 :]
+        out.append(body + line[len(line.rstrip("\n")) :])
+    return "".join(out)
+
+
 def tracked_text_files() -> list[str]:
     out = []
     for name in git("ls-files", "-z").split("\0"):
@@ -221,6 +254,7 @@ def tracked_text_files() -> list[str]:
 
 def rewrite_references(moves: dict[str, str], dry: bool) -> list[str]:
     rewrite = name_rewriter(moves)
+    new_names = tuple(moves.values()) + tuple(dotted(n) for n in moves.values())
     changed = []
     for name in tracked_text_files():
         path = ROOT / name
@@ -230,6 +264,8 @@ def rewrite_references(moves: dict[str, str], dry: bool) -> list[str]:
             continue
         new = split_from_imports(text, moves) if name.endswith(".py") else text
         new = rewrite(new)
+        if name.endswith(".py") and new != text:
+            new = wrap_long_prose(new, new_names)
         if new != text:
             changed.append(name)
             if not dry:

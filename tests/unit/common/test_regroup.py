@@ -5,7 +5,7 @@ The examples are built from the script's own plan, never spelled out: the codemo
 
 import pytest
 
-from scripts.regroup import check_plan, dotted, name_rewriter, plan, split_from_imports
+from scripts.regroup import check_plan, dotted, name_rewriter, plan, split_from_imports, wrap_long_prose
 
 MOVES = plan()
 REWRITE = name_rewriter(MOVES)
@@ -44,3 +44,14 @@ def test_a_from_import_of_moved_modules_is_split_by_their_new_packages():
     ]
     assert out.startswith("import os\n\n\ndef f():\n") and out.endswith("    return c\n")
     assert split_from_imports(out, MOVES) == out
+
+
+def test_a_comment_or_docstring_line_pushed_too_long_is_wrapped_and_code_is_not():
+    new = dotted(next(iter(MOVES.values())))
+    words = " ".join(["word"] * 30)
+    text = f'def f():\n    """{new} {words}"""\n    # {new} {words}\n    x = "{new} {words}"\n'
+    out = wrap_long_prose(text, (new,)).splitlines()
+    assert all(len(line) <= 120 for line in out[:-1]) and out[-1] == f'    x = "{new} {words}"'
+    assert out[2].startswith("    ") and not out[2].startswith("    #")
+    assert any(line.startswith("    # word") for line in out)
+    assert " ".join(" ".join(out).split()).count("word") == 90
