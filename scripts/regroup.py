@@ -206,8 +206,19 @@ def name_rewriter(moves: dict[str, str]):
     alternatives = "|".join(re.escape(old) for old in sorted(table, key=len, reverse=True))
     pattern = re.compile(rf"(?<![\w./])({alternatives})(?![\w])")
 
+    # `from services.common import orphan_guard` where no parser sees it (in a string, a doc): one name only.
+    moved_from = {
+        f"from {o.rsplit('.', 1)[0]} import {o.rsplit('.', 1)[1]}": n for o, n in table.items() if "/" not in o
+    }
+    packages = "|".join(re.escape(p) for p in PYTHON_PACKAGES_WITH_MOVES)
+    from_pattern = re.compile(rf"\bfrom ({packages}) import (\w+)(?![\w,])")
+
+    def from_sub(m: re.Match[str]) -> str:
+        new = moved_from.get(m.group(0))
+        return f"from {new.rsplit('.', 1)[0]} import {m.group(2)}" if new else m.group(0)
+
     def rewrite(text: str) -> str:
-        return pattern.sub(lambda m: table[m.group(1)], text)
+        return from_pattern.sub(from_sub, pattern.sub(lambda m: table[m.group(1)], text))
 
     return rewrite
 

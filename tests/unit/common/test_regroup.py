@@ -55,3 +55,14 @@ def test_a_comment_or_docstring_line_pushed_too_long_is_wrapped_and_code_is_not(
     assert out[2].startswith("    ") and not out[2].startswith("    #")
     assert any(line.startswith("    # word") for line in out)
     assert " ".join(" ".join(out).split()).count("word") == 90
+
+
+def test_a_one_name_from_import_in_a_string_is_rewritten_once():
+    old, new = next((o, n) for o, n in MOVES.items() if "/common/" in o)
+    package, name = dotted(old).rsplit(".", 1)
+    text = f'code = "import sys; from {package} import {name}; print(1)"'
+    once = REWRITE(text)
+    assert once == f'code = "import sys; from {dotted(new).rsplit(".", 1)[0]} import {name}; print(1)"'
+    assert REWRITE(once) == once
+    kept = f"from {package} import {name}_other"
+    assert REWRITE(kept) == kept
