@@ -203,13 +203,13 @@ def name_rewriter(moves: dict[str, str]):
     """One regex for every old dotted name and path; a match must not be part of a longer name."""
     table = {dotted(o): dotted(n) for o, n in moves.items()}
     table.update(moves)
+    table.update({dotted(o).replace(".", "\\."): dotted(n).replace(".", "\\.") for o, n in moves.items()})  # in a regex
     alternatives = "|".join(re.escape(old) for old in sorted(table, key=len, reverse=True))
     pattern = re.compile(rf"(?<![\w./])({alternatives})(?![\w])")
 
     # `from services.common import orphan_guard` where no parser sees it (in a string, a doc): one name only.
-    moved_from = {
-        f"from {o.rsplit('.', 1)[0]} import {o.rsplit('.', 1)[1]}": n for o, n in table.items() if "/" not in o
-    }
+    modules = {dotted(o): dotted(n) for o, n in moves.items()}
+    moved_from = {f"from {o.rsplit('.', 1)[0]} import {o.rsplit('.', 1)[1]}": n for o, n in modules.items()}
     packages = "|".join(re.escape(p) for p in PYTHON_PACKAGES_WITH_MOVES)
     from_pattern = re.compile(rf"\bfrom ({packages}) import (\w+)(?![\w,])")
 

@@ -18,9 +18,9 @@ def test_the_plan_has_no_new_name_that_starts_with_an_old_one():
 
 @pytest.mark.parametrize("old, new", sorted(MOVES.items()))
 def test_each_old_name_and_path_becomes_its_new_one_once(old, new):
-    template = "see {p}:12, patch `{d}.Thing`, run python -m {d}; import {d}"
-    once = REWRITE(template.format(p=old, d=dotted(old)))
-    assert once == template.format(p=new, d=dotted(new))
+    template = "see {p}:12, patch `{d}.Thing`, run python -m {d}; import {d}; match r'-m {e}$'"
+    once = REWRITE(template.format(p=old, d=dotted(old), e=dotted(old).replace(".", "\\.")))
+    assert once == template.format(p=new, d=dotted(new), e=dotted(new).replace(".", "\\."))
     assert REWRITE(once) == once
 
 
