@@ -7,7 +7,7 @@ bounds and the relations, raising one `ConfigError` that names the violated rule
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -17,16 +17,16 @@ from services.common.config import (
     Serve,
     Setting,
     check_bounds,
+    load_service_config,
     parse_host_port,
-    parse_settings,
     require,
     setting,
     settings_of,
 )
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
-from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.security import SecurityConfig, security_group
+from services.common.trace_export import TraceExport, trace_export_group
 
 ENV_PREFIX = "BANDMASTER_BATCH"
 PROG = "python -m services.batch"
@@ -129,10 +129,10 @@ class BatchConfig:
     shutdown_grace_seconds: float = Serve.shutdown_grace_seconds(ENV_PREFIX)
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
-    security: SecurityConfig = SecurityConfig()
+    security: SecurityConfig = security_group(ENV_PREFIX)
     """TLS, tokens of the gRPC server, the Batch API and the channel to the planner (services/common/security.py)."""
+    tracing: TraceExport = trace_export_group(ENV_PREFIX)
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -155,21 +155,16 @@ class BatchConfig:
         )
 
 
-SETTINGS: list[Setting] = settings_of(BatchConfig, security_settings(ENV_PREFIX), trace_export_settings(ENV_PREFIX))
-"""The flags and environment variables: BatchConfig's fields, then the composed sub-configs'."""
+SETTINGS: list[Setting] = settings_of(BatchConfig)
+"""The flags and environment variables: BatchConfig's fields and groups (security, span export)."""
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> BatchConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
-    values = parse_settings(
-        SETTINGS,
+    return load_service_config(
+        BatchConfig,
         argv,
         env,
         prog=PROG,
         description="Bandmaster batch service: the OpenAI Batch API and its dispatcher, paced by the planner's lease",
     )
-    values["security"] = load_security(values, env)
-    values["tracing"] = load_trace_export(values, env)
-    known = {f.name for f in fields(BatchConfig)}
-    assert set(values) <= known, set(values) - known
-    return BatchConfig(**values)

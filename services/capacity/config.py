@@ -23,6 +23,7 @@ from services.common.config import (
     Serve,
     Setting,
     check_bounds,
+    load_groups,
     parse_host_port,
     parse_settings,
     require,
@@ -31,9 +32,9 @@ from services.common.config import (
 )
 from services.common.errors import ConfigError
 from services.common.redact import redact_url
-from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
-from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
+from services.common.security import SecurityConfig, security_group
+from services.common.trace_export import TraceExport, trace_export_group
+from services.common.worker_client import WorkerClientConfig, worker_client_group
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"
@@ -176,11 +177,11 @@ class CapacityConfig:
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
-    security: SecurityConfig = SecurityConfig()
+    security: SecurityConfig = security_group(ENV_PREFIX)
     """TLS, tokens, reflection (services/common/security.py)."""
-    worker_client: WorkerClientConfig = WorkerClientConfig()
+    tracing: TraceExport = trace_export_group(ENV_PREFIX)
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    worker_client: WorkerClientConfig = worker_client_group(ENV_PREFIX)
     """The workers' API key and TLS to https workers, used by every poll (services/common/worker_client.py)."""
 
     def __post_init__(self) -> None:
@@ -211,13 +212,9 @@ class CapacityConfig:
             urls[w.url] = w.worker_id
 
 
-SETTINGS: list[Setting] = settings_of(
-    CapacityConfig,
-    security_settings(ENV_PREFIX),
-    trace_export_settings(ENV_PREFIX),
-    worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
-)
-"""The flags and environment variables: CapacityConfig's fields, then the composed sub-configs'."""
+SETTINGS: list[Setting] = settings_of(CapacityConfig)
+"""The flags and environment variables: CapacityConfig's fields and groups (security, span export, the worker
+client)."""
 
 
 def _file_int(value: Any, field_name: str) -> int:
@@ -273,9 +270,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     values = parse_settings(
         SETTINGS, argv, env, prog=PROG, description="Bandmaster capacity service: worker registry and retention budgets"
     )
-    security = load_security(values, env)
-    worker_client = load_worker_client(values, env)
-    tracing = load_trace_export(values, env)
+    load_groups(CapacityConfig, values, env)  # security, span export, worker client
     workers: list[StaticWorker] = []
     for url in values["worker_url"]:
         try:
@@ -286,6 +281,4 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> CapacityConfig:
     config_file = values["config_file"]
     if config_file:
         workers.extend(read_config_file(config_file))
-    return CapacityConfig(
-        workers=tuple(workers), security=security, worker_client=worker_client, tracing=tracing, **values
-    )
+    return CapacityConfig(workers=tuple(workers), **values)

@@ -30,7 +30,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import aiohttp
 import grpc
@@ -43,8 +43,10 @@ from services.common.config import (
     Setting,
     check_bounds,
     group,
+    load_groups,
     parse_host_port,
     parse_settings,
+    pop_group,
     require,
     setting,
     settings_of,
@@ -53,7 +55,7 @@ from services.common.errors import ConfigError
 from services.common.logs import setup_logging
 from services.common.redact import redact_url
 from services.common.security import SecurityConfig, client_security
-from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
+from services.common.worker_client import WorkerClientConfig, worker_client_group
 
 log = logging.getLogger("services.capacity.registrar")
 
@@ -80,6 +82,10 @@ class ClientSecurityFlags:
     )
 
 
+def _load_client_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityConfig:
+    return client_security(**pop_group(values, ClientSecurityFlags), env=env)
+
+
 @dataclass(frozen=True)
 class RegistrarConfig:
     """Each `setting()` field is also a flag and a BANDMASTER_REGISTRAR_* variable (declared once, here)."""
@@ -102,8 +108,8 @@ class RegistrarConfig:
         True, "register only once the worker's /health has answered 200", env=_env("wait_for_health")
     )
     log_level: str = setting("INFO", "log level", env=_env("log_level"), choices=LOG_LEVELS)
-    security: SecurityConfig = group(SecurityConfig(), flags=ClientSecurityFlags)
-    worker_client: WorkerClientConfig = WorkerClientConfig()
+    security: SecurityConfig = group(SecurityConfig(), flags=ClientSecurityFlags, load=_load_client_security)
+    worker_client: WorkerClientConfig = worker_client_group(ENV_PREFIX)
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -116,9 +122,9 @@ class RegistrarConfig:
         )
 
 
-SETTINGS: list[Setting] = settings_of(RegistrarConfig, worker_client_settings(ENV_PREFIX))
-"""The flags and environment variables: RegistrarConfig's fields (with the TLS/token ones), then the workers'
-API key and TLS."""
+SETTINGS: list[Setting] = settings_of(RegistrarConfig)
+"""The flags and environment variables: RegistrarConfig's fields and groups (TLS and token to the capacity
+service, then the workers' API key and TLS)."""
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:
@@ -132,16 +138,9 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RegistrarConfig:
         worker_id = validate_worker_id(values["worker_id"] or worker_id_for(url))
     except ValueError as exc:
         raise ConfigError("worker_url", redact_url(values["worker_url"]), str(exc)) from None
-    security = client_security(
-        tls_ca=values.pop("tls_ca"),
-        tls_cert=values.pop("tls_cert"),
-        tls_key=values.pop("tls_key"),
-        control_token_file=values.pop("control_token_file"),
-        env=env,
-    )
-    worker_client = load_worker_client(values, env)
+    load_groups(RegistrarConfig, values, env)  # TLS and token to the capacity service, the workers' key and TLS
     values.update(worker_url=url, worker_id=worker_id)
-    return RegistrarConfig(security=security, worker_client=worker_client, **values)
+    return RegistrarConfig(**values)
 
 
 class Registrar:

@@ -8,7 +8,7 @@ URL may carry a password: it is never echoed (redacted in errors).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -16,15 +16,15 @@ from services.common.config import (
     Serve,
     Setting,
     check_bounds,
+    load_service_config,
     parse_host_port,
-    parse_settings,
     require,
     setting,
     settings_of,
 )
 from services.common.redact import redact_url
-from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.security import SecurityConfig, security_group
+from services.common.trace_export import TraceExport, trace_export_group
 
 ENV_PREFIX = "BANDMASTER_PLANNER"
 PROG = "python -m services.planner"
@@ -377,10 +377,10 @@ class PlannerConfig:
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
-    security: SecurityConfig = SecurityConfig()
+    security: SecurityConfig = security_group(ENV_PREFIX)
     """TLS, tokens, reflection of the gRPC server and channels (services/common/security.py)."""
+    tracing: TraceExport = trace_export_group(ENV_PREFIX)
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
 
     @property
     def control_key(self) -> str:
@@ -476,21 +476,16 @@ class PlannerConfig:
         )
 
 
-SETTINGS: list[Setting] = settings_of(PlannerConfig, security_settings(ENV_PREFIX), trace_export_settings(ENV_PREFIX))
-"""The flags and environment variables: PlannerConfig's fields, then the composed sub-configs'."""
+SETTINGS: list[Setting] = settings_of(PlannerConfig)
+"""The flags and environment variables: PlannerConfig's fields and groups (security, span export)."""
 
 
 def load_config(argv: Sequence[str], env: Mapping[str, str]) -> PlannerConfig:
     """Flags and environment -> validated config. Raises ConfigError naming the violated rule."""
-    values = parse_settings(
-        SETTINGS,
+    return load_service_config(
+        PlannerConfig,
         argv,
         env,
         prog=PROG,
         description="Bandmaster planner: batch job demand, drain leases, replica targets (control only: no tokens)",
     )
-    values["security"] = load_security(values, env)
-    values["tracing"] = load_trace_export(values, env)
-    known = {f.name for f in fields(PlannerConfig)}
-    assert set(values) <= known, set(values) - known
-    return PlannerConfig(**values)

@@ -17,15 +17,16 @@ from services.common.config import (
     Setting,
     check_bounds,
     group,
+    load_groups,
     parse_host_port,
     parse_settings,
     require,
     setting,
     settings_of,
 )
-from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
-from services.common.worker_client import WorkerClientConfig, load_worker_client, worker_client_settings
+from services.common.security import SecurityConfig, security_group
+from services.common.trace_export import TraceExport, trace_export_group
+from services.common.worker_client import WorkerClientConfig, worker_client_group
 from services.router.core.breaker import BreakerParams
 from services.router.core.deadline import DeadlineParams
 from services.router.core.limits import ClientLimitParams
@@ -347,11 +348,11 @@ class RouterConfig:
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
-    security: SecurityConfig = SecurityConfig()
+    security: SecurityConfig = security_group(ENV_PREFIX)
     """TLS (gRPC, and HTTPS on the HTTP port), tokens, reflection (services/common/security.py)."""
-    worker_client: WorkerClientConfig = WorkerClientConfig()
+    tracing: TraceExport = trace_export_group(ENV_PREFIX)
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    worker_client: WorkerClientConfig = worker_client_group(ENV_PREFIX)
     """The workers' API key and TLS to https workers (services/common/worker_client.py)."""
 
     def __post_init__(self) -> None:
@@ -425,14 +426,9 @@ def validate_base_url(url: str, field: str) -> None:
     )
 
 
-SETTINGS: list[Setting] = settings_of(
-    RouterConfig,
-    security_settings(ENV_PREFIX),
-    trace_export_settings(ENV_PREFIX),
-    worker_client_settings(ENV_PREFIX),  # the workers' API key and TLS (services/common/worker_client.py)
-)
-"""The flags and environment variables: RouterConfig's fields (with the KvRouter overrides), then the
-composed sub-configs'."""
+SETTINGS: list[Setting] = settings_of(RouterConfig)
+"""The flags and environment variables: RouterConfig's fields and groups (the KvRouter overrides, security,
+span export, the worker client)."""
 
 _KV_NAMES = tuple(f.name for f in fields(KvOverrides))
 
@@ -446,7 +442,5 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> RouterConfig:
     """The one mapping from flags and environment to a validated `RouterConfig`."""
     kv_router_flags.refuse_unsupported(argv, env)
     values = parse_settings(SETTINGS, argv, env, prog=PROG, description="Bandmaster router (data plane)")
-    security = load_security(values, env)
-    worker_client = load_worker_client(values, env)
-    tracing = load_trace_export(values, env)
-    return config_from_values({**values, "security": security, "worker_client": worker_client, "tracing": tracing})
+    load_groups(RouterConfig, values, env)  # security, span export, worker client
+    return config_from_values(values)

@@ -14,9 +14,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from services.common.config import LOG_LEVELS, Setting, check_bounds, parse_settings, require, setting, settings_of
+from services.common.config import (
+    LOG_LEVELS,
+    Setting,
+    check_bounds,
+    load_groups,
+    parse_settings,
+    require,
+    setting,
+    settings_of,
+)
 from services.common.errors import ConfigError
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.trace_export import TraceExport, trace_export_group
 from services.simworker.core.build import DEFAULT_MODEL_PATH
 from services.simworker.core.timing import host_tokens_from_gb
 
@@ -227,8 +236,6 @@ class SimWorkerConfig:
         le=1,
     )
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
     health_generate_timeout_s: float = setting(
         20.0, "how long /health_generate waits for its one token", env=_env("health_generate_timeout_s"), gt=0
     )
@@ -240,6 +247,8 @@ class SimWorkerConfig:
         secret=True,
     )
     """SGLang's `--api-key` ("" = none); never in a repr or a log line."""
+    tracing: TraceExport = trace_export_group(ENV_PREFIX.rstrip("_"))
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -344,7 +353,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
     tokenizer_path, tokenizer_alias = v["tokenizer_path"], v["tokenizer"]
     if tokenizer_path and tokenizer_alias and tokenizer_path != tokenizer_alias:
         raise ConfigError("tokenizer", tokenizer_alias, "--tokenizer is an alias of --tokenizer-path; they disagree")
-    tracing = load_trace_export(v, env)  # pops the --trace-* values
+    load_groups(SimWorkerConfig, v, env)  # the --trace-* values -> tracing
     return SimWorkerConfig(
         **{
             **v,
@@ -352,10 +361,9 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SimWorkerConfig:
             "tokenizer_path": tokenizer_path or tokenizer_alias,
             "timing_overrides": parse_overrides(v["timing_override"]),
             "kv_events": _kv_events(v["kv_events_endpoint"], v["kv_events_config"]),
-            "tracing": tracing,
         }
     )
 
 
-SETTINGS: list[Setting] = settings_of(SimWorkerConfig, trace_export_settings(ENV_PREFIX.rstrip("_")))
-"""The flags and SIMWORKER_* variables: SimWorkerConfig's fields, then the span-export ones."""
+SETTINGS: list[Setting] = settings_of(SimWorkerConfig)
+"""The flags and SIMWORKER_* variables: SimWorkerConfig's fields, the span-export group last."""

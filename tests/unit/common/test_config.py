@@ -1,6 +1,20 @@
+from dataclasses import dataclass
+
 import pytest
 
-from services.common.config import TRUE_OR_FALSE, Setting, parse_bool, parse_host_port, parse_settings, require
+from services.common.config import (
+    TRUE_OR_FALSE,
+    Setting,
+    group,
+    load_service_config,
+    parse_bool,
+    parse_host_port,
+    parse_settings,
+    pop_group,
+    require,
+    setting,
+    settings_of,
+)
 from services.common.errors import ConfigError
 
 SETTINGS = [
@@ -89,3 +103,53 @@ def test_parse_bool_refuses_other_words_naming_the_vocabulary():
     for strict_refused in ("1", "yes", "on"):
         with pytest.raises(ValueError, match=r"\['false', 'true'\]"):
             parse_bool(strict_refused, TRUE_OR_FALSE)
+
+
+# -- groups shared by services: declared once with a {prefix}, composed by group(..., prefix=, load=) --
+
+
+@dataclass(frozen=True)
+class _SharedFlags:
+    shared_limit: float = setting(1.0, "a shared bound", env="{prefix}_SHARED_LIMIT", gt=0)
+    shared_name: str = setting("", "a shared name", env="{prefix}_SHARED_NAME")
+
+
+def _load_shared(values, env):
+    raw = pop_group(values, _SharedFlags)
+    return (raw["shared_limit"], raw["shared_name"] or env.get("SHARED_FALLBACK", ""))
+
+
+@dataclass(frozen=True)
+class _Service:
+    own: int = setting(2, "the service's own", env="SVC_OWN", ge=0)
+    shared: tuple = group((1.0, ""), flags=_SharedFlags, prefix="SVC", load=_load_shared)
+
+
+def test_a_group_lists_its_flags_in_its_place_with_the_service_prefix():
+    settings = settings_of(_Service)
+    assert [(s.name, s.env) for s in settings] == [
+        ("own", "SVC_OWN"),
+        ("shared_limit", "SVC_SHARED_LIMIT"),
+        ("shared_name", "SVC_SHARED_NAME"),
+    ]
+    assert [s.env for s in settings_of(_SharedFlags, prefix="OTHER")] == ["OTHER_SHARED_LIMIT", "OTHER_SHARED_NAME"]
+
+
+def test_a_prefixed_env_without_a_prefix_is_a_programming_error():
+    with pytest.raises(TypeError, match="needs a prefix"):
+        settings_of(_SharedFlags)
+
+
+def test_load_service_config_parses_loads_the_groups_and_constructs():
+    def load(argv=(), env=None):
+        return load_service_config(_Service, list(argv), env or {}, prog="x", description="x")
+
+    assert load() == _Service()
+    assert load(["--own", "5", "--shared-limit", "2.5"], {"SVC_SHARED_NAME": "n"}) == _Service(5, (2.5, "n"))
+    assert load([], {"SHARED_FALLBACK": "f"}).shared == (1.0, "f")  # the loader sees the environment
+
+
+def test_a_group_bound_is_one_config_error_naming_the_rule():
+    with pytest.raises(ConfigError) as err:
+        load_service_config(_Service, ["--shared-limit", "0"], {}, prog="x", description="x")
+    assert (err.value.field, err.value.value, err.value.reason) == ("shared_limit", 0.0, "shared_limit > 0")

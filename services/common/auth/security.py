@@ -1,6 +1,7 @@
 """Transport security and bearer tokens, the same on every service.
 
-One settings group (`security_settings(prefix)`), the same flags on every gRPC service:
+One settings group (`SecurityFlags`, composed into a service's config by `security_group(ENV_PREFIX)`),
+the same flags on every gRPC service:
 
     --tls-cert, --tls-key   this process's certificate chain and private key (PEM). The gRPC server
                             presents them (and the router's HTTP port, which then serves HTTPS); every
@@ -52,7 +53,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import grpc
 from aiohttp import web
 
-from services.common.config import Setting, parse_host_port
+from services.common.config import Setting, group, parse_host_port, pop_group, setting, settings_of
 from services.common.errors import ConfigError
 from services.common.openai_errors import error_body
 
@@ -62,17 +63,6 @@ CONTROL_TOKEN_ENV = "BANDMASTER_CONTROL_TOKEN"
 DATA_TOKEN_ENV = "BANDMASTER_DATA_TOKEN"
 METRICS_TOKEN_ENV = "BANDMASTER_METRICS_TOKEN"
 MIN_TOKEN_LENGTH = 16
-SECURITY_NAMES = (
-    "tls_cert",
-    "tls_key",
-    "tls_ca",
-    "control_token_file",
-    "data_token_file",
-    "grpc_reflection",
-    "insecure",
-    "metrics_token_file",
-    "metrics_loopback",
-)
 
 # The role table (docs/security.md). Full gRPC method names: /package.Service/Method.
 PUBLIC_METHODS = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
@@ -167,77 +157,68 @@ def authorize(role: Role, presented: bytes | None, control: Tokens | None, data:
     return Verdict.UNAUTHENTICATED
 
 
-def _env(prefix: str, name: str) -> str:
-    return f"{prefix}_{name.upper()}"
+@dataclass(frozen=True)
+class SecurityFlags:
+    """The security group's flags, the same on every gRPC service (environment `<prefix>_TLS_CERT`, ...);
+    `load_security` reads what they name."""
+
+    tls_cert: str = setting(
+        "",
+        "PEM certificate chain this process presents: the gRPC server's (and the "
+        "router's HTTPS port's) and, on outbound gRPC channels, the client certificate; needs --tls-key",
+        env="{prefix}_TLS_CERT",
+    )
+    tls_key: str = setting("", "PEM private key of --tls-cert", env="{prefix}_TLS_KEY")
+    tls_ca: str = setting(
+        "",
+        "PEM CA bundle: the gRPC server then requires client certificates signed by it "
+        "(mutual TLS), and outbound channels verify servers against it (default: system roots)",
+        env="{prefix}_TLS_CA",
+    )
+    control_token_file: str = setting(
+        "",
+        "file with the control-plane bearer token(s), one per line: "
+        f"required on control RPCs and sent on outbound calls (or env {CONTROL_TOKEN_ENV})",
+        env="{prefix}_CONTROL_TOKEN_FILE",
+    )
+    data_token_file: str = setting(
+        "",
+        "file with the data-plane bearer token(s), one per line: required on "
+        f"the router's HTTP API and Generate/Release (or env {DATA_TOKEN_ENV})",
+        env="{prefix}_DATA_TOKEN_FILE",
+    )
+    grpc_reflection: bool = setting(
+        False,
+        "serve gRPC server reflection (a control RPC when a control token is set)",
+        env="{prefix}_GRPC_REFLECTION",
+    )
+    insecure: bool = setting(
+        False,
+        "allow the gRPC and /metrics ports on a non-loopback address without authentication (no mutual "
+        "TLS or control token; no metrics token): anyone who reaches them may call them (docs/security.md)",
+        env="{prefix}_INSECURE",
+    )
+    metrics_token_file: str = setting(
+        "",
+        "file with the bearer token(s) /metrics requires, one per line; the control token is accepted too "
+        f"(or env {METRICS_TOKEN_ENV})",
+        env="{prefix}_METRICS_TOKEN_FILE",
+    )
+    metrics_loopback: bool = setting(
+        False, "serve /metrics on 127.0.0.1 only, whatever the listen host", env="{prefix}_METRICS_LOOPBACK"
+    )
+
+
+def security_group(prefix: str) -> Any:
+    """A gRPC service's `security` field: `SecurityFlags` listed in its place (environment `<prefix>_*`),
+    built by `load_security`."""
+    return group(SecurityConfig(), flags=SecurityFlags, prefix=prefix, load=load_security)
 
 
 def security_settings(prefix: str) -> list[Setting]:
-    """The security group every gRPC service adds to its SETTINGS (same flags everywhere)."""
-    return [
-        Setting(
-            "tls_cert",
-            str,
-            "",
-            "PEM certificate chain this process presents: the gRPC server's (and the "
-            "router's HTTPS port's) and, on outbound gRPC channels, the client certificate; needs --tls-key",
-            env=_env(prefix, "tls_cert"),
-        ),
-        Setting("tls_key", str, "", "PEM private key of --tls-cert", env=_env(prefix, "tls_key")),
-        Setting(
-            "tls_ca",
-            str,
-            "",
-            "PEM CA bundle: the gRPC server then requires client certificates signed by it "
-            "(mutual TLS), and outbound channels verify servers against it (default: system roots)",
-            env=_env(prefix, "tls_ca"),
-        ),
-        Setting(
-            "control_token_file",
-            str,
-            "",
-            "file with the control-plane bearer token(s), one per line: "
-            f"required on control RPCs and sent on outbound calls (or env {CONTROL_TOKEN_ENV})",
-            env=_env(prefix, "control_token_file"),
-        ),
-        Setting(
-            "data_token_file",
-            str,
-            "",
-            "file with the data-plane bearer token(s), one per line: required on "
-            f"the router's HTTP API and Generate/Release (or env {DATA_TOKEN_ENV})",
-            env=_env(prefix, "data_token_file"),
-        ),
-        Setting(
-            "grpc_reflection",
-            bool,
-            False,
-            "serve gRPC server reflection (a control RPC when a control token is set)",
-            env=_env(prefix, "grpc_reflection"),
-        ),
-        Setting(
-            "insecure",
-            bool,
-            False,
-            "allow the gRPC and /metrics ports on a non-loopback address without authentication (no mutual "
-            "TLS or control token; no metrics token): anyone who reaches them may call them (docs/security.md)",
-            env=_env(prefix, "insecure"),
-        ),
-        Setting(
-            "metrics_token_file",
-            str,
-            "",
-            "file with the bearer token(s) /metrics requires, one per line; the control token is accepted too "
-            f"(or env {METRICS_TOKEN_ENV})",
-            env=_env(prefix, "metrics_token_file"),
-        ),
-        Setting(
-            "metrics_loopback",
-            bool,
-            False,
-            "serve /metrics on 127.0.0.1 only, whatever the listen host",
-            env=_env(prefix, "metrics_loopback"),
-        ),
-    ]
+    """`SecurityFlags` as a list, for a config that pops the group in its own `load_config` (the
+    scheduler's, until it composes `security_group`)."""
+    return settings_of(SecurityFlags, prefix=prefix)
 
 
 # -- the bind rule -------------------------------------------------------------------------------
@@ -768,7 +749,7 @@ def load_secret_file(field_name: str, path: str, notes: list[str] | None = None)
 def load_security(values: dict[str, Any], env: Mapping[str, str]) -> SecurityConfig:
     """Pop the security group out of `values` (from `parse_settings`), read and check every file it
     names, and return the config. Raises ConfigError naming the setting and the rule."""
-    raw = {name: values.pop(name) for name in SECURITY_NAMES}
+    raw = pop_group(values, SecurityFlags)
     if bool(raw["tls_cert"]) != bool(raw["tls_key"]):
         missing = "tls_key" if raw["tls_cert"] else "tls_cert"
         raise ConfigError(missing, "", "--tls-cert and --tls-key go together")

@@ -5,6 +5,12 @@ A service declares each setting once, as a field of its frozen config dataclass 
 
     poll_interval_seconds: float = setting(5.0, "seconds between polls", env="X_POLL_INTERVAL_SECONDS", gt=0)
 
+A group of settings that several services share (security, span export, the worker client) is a small
+dataclass of `setting()` fields whose environment names start with `{prefix}`, composed into each
+service's config by a `group(..., prefix=ENV_PREFIX, load=...)` field; `load_groups` builds those fields
+from the parsed values, and `load_service_config` is the whole `load_config` of a service that needs
+nothing more (parse, load the groups, construct).
+
 `settings_of(Config)` derives the `Setting` list from those fields; `parse_settings` maps
 command-line flags and environment variables onto it (flag wins over environment, environment over
 default) and turns every malformed value into a `ConfigError` naming the setting. `check_bounds(config)`,
@@ -165,16 +171,37 @@ def setting(
 
 _GROUP = "bandmaster.setting_group"
 
+Loader = Callable[[dict[str, Any], Mapping[str, str]], Any]
+"""Builds a group field from the parsed values, popping its flags' names (`load_security(values, env)`)."""
 
-def group(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, flags: Any = None) -> Any:
+
+@dataclass(frozen=True)
+class _Group:
+    flags: type | None
+    prefix: str | None
+    load: Loader | None
+
+
+def group(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    flags: Any = None,
+    prefix: str | None = None,
+    load: Loader | None = None,
+) -> Any:
     """A nested config whose flags are listed in its place among the outer config's.
 
     Without `flags` the field's own dataclass declares them with `setting()` fields
     (`kv: KvOverrides = group(KvOverrides())`) and checks its own bounds; with `flags` that dataclass
-    declares them and the service's `load_config` builds the field from their values (a core parameter
-    set that knows nothing of flags: `lease: LeaseParams = group(default_factory=LeaseParams, flags=LeaseFlags)`).
+    declares them and the field is built from their values (a core parameter set that knows nothing of
+    flags: `lease: LeaseParams = group(default_factory=LeaseParams, flags=LeaseFlags)`): by `load`
+    when given (`load_groups`), else by the service's `load_config`. `prefix` fills the `{prefix}` of
+    the flags' environment names (a group shared by services: `<prefix>_TLS_CERT`).
     """
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={_GROUP: flags})
+    return dataclasses.field(
+        default=default, default_factory=default_factory, metadata={_GROUP: _Group(flags, prefix, load)}
+    )
 
 
 def setting_like(cls: type, name: str, *, default: Any, help_suffix: str = "") -> Any:
@@ -211,15 +238,16 @@ def _flag_type(annotation: Any) -> type:
     return typing.cast(type, annotation)
 
 
-def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
+def settings_of(cls: type, *composed: Iterable[Setting], prefix: str | None = None) -> list[Setting]:
     """The `Setting`s declared by `cls`'s `setting()` fields (and its `group()`s'), in field order,
-    then those of the composed sub-configs (security, tracing, ...) that load themselves from the
-    parsed values."""
+    then those of `composed` (lists of settings the service's `load_config` pops itself). `prefix` fills
+    the `{prefix}` of environment names (a group's own prefix wins)."""
     hints = typing.get_type_hints(cls)
     out: list[Setting] = []
     for f in dataclasses.fields(cls):
         if _GROUP in f.metadata:
-            out.extend(settings_of(f.metadata[_GROUP] or hints[f.name]))
+            g: _Group = f.metadata[_GROUP]
+            out.extend(settings_of(g.flags or hints[f.name], prefix=g.prefix or prefix))
         elif _SPEC in f.metadata:
             spec = f.metadata[_SPEC]
             out.append(
@@ -228,7 +256,7 @@ def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
                     spec.type or _flag_type(hints[f.name]),
                     f.default,
                     spec.help,
-                    env=spec.env,
+                    env=_env_name(cls, f.name, spec.env, prefix),
                     flag=spec.flag,
                     repeated=spec.repeated,
                     choices=spec.choices,
@@ -237,6 +265,43 @@ def settings_of(cls: type, *composed: Iterable[Setting]) -> list[Setting]:
     for extra in composed:
         out.extend(extra)
     return out
+
+
+def _env_name(cls: type, name: str, env: str | None, prefix: str | None) -> str | None:
+    if env is None or "{prefix}" not in env:
+        return env
+    if prefix is None:
+        raise TypeError(f"{cls.__name__}.{name}: env {env!r} needs a prefix (group(..., prefix=ENV_PREFIX))")
+    return env.format(prefix=prefix)
+
+
+def pop_group(values: dict[str, Any], flags: type) -> dict[str, Any]:
+    """Pop the values of `flags`' `setting()` fields out of `values` (from `parse_settings`), checked
+    against their declared bounds and choices (ConfigError naming the rule)."""
+    raw = {name: values.pop(name) for name in _specs(flags)}
+    check_values(flags, raw)
+    return raw
+
+
+def load_groups(cls: type, values: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Build every `group(..., load=...)` field of `cls` from `values` (in field order), popping the
+    groups' flags; returns `values` with those fields set. Raises ConfigError naming the rule."""
+    for f in dataclasses.fields(cls):
+        g = f.metadata.get(_GROUP)
+        if g is not None and g.load is not None:
+            values[f.name] = g.load(values, env)
+    return values
+
+
+C = typing.TypeVar("C")
+
+
+def load_service_config(cls: type[C], argv: Sequence[str], env: Mapping[str, str], *, prog: str, description: str) -> C:
+    """The whole `load_config` of a service whose config is its settings and its composed groups
+    (security, span export, ...): flags and environment -> `cls`, validated. Raises ConfigError naming
+    the violated rule."""
+    values = parse_settings(settings_of(cls), argv, env, prog=prog, description=description)
+    return cls(**load_groups(cls, values, env))
 
 
 def check_values(cls: type, values: Mapping[str, Any]) -> None:

@@ -22,11 +22,10 @@ from typing import Any, Mapping
 
 from opentelemetry.trace import TraceState
 
-from services.common.config import Setting, require
+from services.common.config import Setting, group, pop_group, require, setting, settings_of
 
 TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
 """Every process (and clients/player.py) honours it when no `--trace-file` is given."""
-TRACE_EXPORT_NAMES = ("trace_file", "trace_file_max_mb", "trace_console", "trace_background")
 DEFAULT_TRACE_FILE_MAX_MB = 256.0
 
 TURN_STATE_KEY = "bandmaster"
@@ -58,45 +57,46 @@ class TraceExport:
         return bool(self.file) or self.console
 
 
+@dataclass(frozen=True)
+class TraceExportFlags:
+    """The `--trace-*` flags, the same on every service (environment `<prefix>_TRACE_FILE`, ...)."""
+
+    trace_file: str = setting(
+        "",
+        "append the spans this process records to this file, one JSON object a line ({service} and {pid} "
+        f"are filled in; `bandmaster trace` reads it) (default: env {TRACE_FILE_ENV}, else none)",
+        env="{prefix}_TRACE_FILE",
+    )
+    trace_file_max_mb: float = setting(
+        DEFAULT_TRACE_FILE_MAX_MB,
+        "size cap of --trace-file in MB: past it later spans are dropped and one warning is logged",
+        env="{prefix}_TRACE_FILE_MAX_MB",
+        gt=0,
+    )
+    trace_console: bool = setting(False, "print one line per span to stderr", env="{prefix}_TRACE_CONSOLE")
+    trace_background: bool = setting(
+        False,
+        "with --trace-file or --trace-console, also export background spans (control ticks, recomputes, "
+        "lease renewals, probes' RPCs); by default only the spans of turns",
+        env="{prefix}_TRACE_BACKGROUND",
+    )
+
+
+def trace_export_group(prefix: str) -> Any:
+    """A service's `tracing` field: `TraceExportFlags` listed in its place (environment `<prefix>_TRACE_*`),
+    built by `load_trace_export`."""
+    return group(TraceExport(), flags=TraceExportFlags, prefix=prefix, load=load_trace_export)
+
+
 def trace_export_settings(prefix: str) -> list[Setting]:
-    """The `--trace-*` group every service adds to its SETTINGS (same flags everywhere)."""
-    return [
-        Setting(
-            "trace_file",
-            str,
-            "",
-            "append the spans this process records to this file, one JSON object a line ({service} and {pid} "
-            f"are filled in; `bandmaster trace` reads it) (default: env {TRACE_FILE_ENV}, else none)",
-            env=f"{prefix}_TRACE_FILE",
-        ),
-        Setting(
-            "trace_file_max_mb",
-            float,
-            DEFAULT_TRACE_FILE_MAX_MB,
-            "size cap of --trace-file in MB: past it later spans are dropped and one warning is logged",
-            env=f"{prefix}_TRACE_FILE_MAX_MB",
-        ),
-        Setting(
-            "trace_console",
-            bool,
-            False,
-            "print one line per span to stderr",
-            env=f"{prefix}_TRACE_CONSOLE",
-        ),
-        Setting(
-            "trace_background",
-            bool,
-            False,
-            "with --trace-file or --trace-console, also export background spans (control ticks, recomputes, "
-            "lease renewals, probes' RPCs); by default only the spans of turns",
-            env=f"{prefix}_TRACE_BACKGROUND",
-        ),
-    ]
+    """`TraceExportFlags` as a list, for a config that pops the group in its own `load_config` (the
+    scheduler's, until it composes `trace_export_group`)."""
+    return settings_of(TraceExportFlags, prefix=prefix)
 
 
 def load_trace_export(values: dict[str, Any], env: Mapping[str, str]) -> TraceExport:
     """Pop the `--trace-*` group out of `values`; ConfigError naming the rule."""
-    raw = {name: values.pop(name) for name in TRACE_EXPORT_NAMES}
+    raw = pop_group(values, TraceExportFlags)
     return TraceExport(
         file=raw["trace_file"] or env.get(TRACE_FILE_ENV, ""),
         file_max_bytes=int(raw["trace_file_max_mb"] * 1_000_000),

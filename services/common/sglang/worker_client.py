@@ -1,7 +1,7 @@
 """How Bandmaster's processes reach SGLang workers: the worker API key and TLS to https workers.
 
-One settings group (`worker_client_settings(prefix)`), the same on the router, the capacity service and
-the registrar:
+One settings group (`WorkerClientFlags`, composed into a config by `worker_client_group(ENV_PREFIX)`), the
+same on the router, the capacity service and the registrar:
 
     --worker-api-key-file   file with the API key SGLang was started with (`--api-key`): sent as
                             `Authorization: Bearer <key>` on every request to a worker (or env
@@ -21,41 +21,40 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from services.common.config import Setting
+from services.common.config import group, pop_group, setting
 from services.common.errors import ConfigError
 from services.common.security import Tokens, load_secret_file
 
 WORKER_API_KEY_ENV = "BANDMASTER_WORKER_API_KEY"
-WORKER_CLIENT_NAMES = ("worker_api_key_file", "worker_ca_file", "worker_cert_file", "worker_key_file")
 
 
-def worker_client_settings(prefix: str) -> list[Setting]:
-    """The worker-client group a service that calls workers adds to its SETTINGS."""
-    return [
-        Setting(
-            "worker_api_key_file",
-            str,
-            "",
-            "file with the workers' API key (SGLang's --api-key), sent as Authorization: Bearer on every "
-            f"request to a worker (or env {WORKER_API_KEY_ENV} with the key itself)",
-            env=f"{prefix}_WORKER_API_KEY_FILE",
-        ),
-        Setting(
-            "worker_ca_file",
-            str,
-            "",
-            "PEM CA bundle that https:// workers are verified against (default: the system roots)",
-            env=f"{prefix}_WORKER_CA_FILE",
-        ),
-        Setting(
-            "worker_cert_file",
-            str,
-            "",
-            "PEM client certificate presented to https:// workers; needs --worker-key-file",
-            env=f"{prefix}_WORKER_CERT_FILE",
-        ),
-        Setting("worker_key_file", str, "", "PEM private key of --worker-cert-file", env=f"{prefix}_WORKER_KEY_FILE"),
-    ]
+@dataclass(frozen=True)
+class WorkerClientFlags:
+    """The worker-client flags of a service that calls workers (environment `<prefix>_WORKER_API_KEY_FILE`, ...)."""
+
+    worker_api_key_file: str = setting(
+        "",
+        "file with the workers' API key (SGLang's --api-key), sent as Authorization: Bearer on every "
+        f"request to a worker (or env {WORKER_API_KEY_ENV} with the key itself)",
+        env="{prefix}_WORKER_API_KEY_FILE",
+    )
+    worker_ca_file: str = setting(
+        "",
+        "PEM CA bundle that https:// workers are verified against (default: the system roots)",
+        env="{prefix}_WORKER_CA_FILE",
+    )
+    worker_cert_file: str = setting(
+        "",
+        "PEM client certificate presented to https:// workers; needs --worker-key-file",
+        env="{prefix}_WORKER_CERT_FILE",
+    )
+    worker_key_file: str = setting("", "PEM private key of --worker-cert-file", env="{prefix}_WORKER_KEY_FILE")
+
+
+def worker_client_group(prefix: str) -> Any:
+    """A service's `worker_client` field: `WorkerClientFlags` listed in its place (environment
+    `<prefix>_WORKER_*`), built by `load_worker_client`."""
+    return group(WorkerClientConfig(), flags=WorkerClientFlags, prefix=prefix, load=load_worker_client)
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def check_api_key(field_name: str, shown: str, text: str) -> Tokens:
 
 def load_worker_client(values: dict[str, Any], env: Mapping[str, str]) -> WorkerClientConfig:
     """Pop the worker-client group out of `values`, read and check its files; ConfigError naming the rule."""
-    raw = {name: values.pop(name) for name in WORKER_CLIENT_NAMES}
+    raw = pop_group(values, WorkerClientFlags)
     from_env = env.get(WORKER_API_KEY_ENV, "").strip()
     if raw["worker_api_key_file"] and from_env:
         raise ConfigError(

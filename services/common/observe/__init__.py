@@ -1,0 +1,1 @@
+"""What a process tells about itself: OpenTelemetry set-up and span export, logging, loop lag, process metrics."""

@@ -1,0 +1,1 @@
+"""Settings: flags and environment mapped onto config dataclasses, the one ConfigError, the shared KvRouter flags."""

@@ -1,0 +1,1 @@
+"""The HTTP edges: OpenAI-style error bodies, bounded JSON bodies, the session headers."""

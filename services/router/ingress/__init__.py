@@ -1,0 +1,1 @@
+"""Requests in: the public HTTP port and API (OpenAI, SGLang), the gRPC Router service, field rules."""

@@ -1,0 +1,1 @@
+"""What the router tells about itself: its metrics, its lean tracer, credentials redacted from logs."""
