@@ -44,7 +44,7 @@ USER 10001:10001
 # manifests set it.
 EXPOSE 50051 50052 50053 50061 50063 8000 8090 9101 9102 9103 9105 9106 30000
 # Probes the endpoints named in BANDMASTER_HEALTHCHECK (e.g. "grpc://127.0.0.1:50051"); the compose
-# file sets each service's own probe. services/common/healthcheck.py.
+# file sets each service's own probe. services/common/serve/healthcheck.py.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "services.common.healthcheck"]
+    CMD ["python", "-m", "services.common.serve.healthcheck"]
 CMD ["python", "-m", "services.router"]

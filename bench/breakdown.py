@@ -1,7 +1,7 @@
 """`python -m bench.breakdown SPANS.jsonl [...] --out report.json`: where a turn's wall time goes.
 
 Live: every process of a stack started with `BANDMASTER_TRACE_FILE=DIR/{service}-{pid}.jsonl` writes its
-spans there (services/common/telemetry.py); the benchmark's own process does too after `client_tracing()`
+spans there (services/common/observe/telemetry.py); the benchmark's own process does too after `client_tracing()`
 (the player's `client.turn` span). This joins them per turn (trace id) into the phases below and reports
 each phase's mean, p50 and p90 in wall seconds and in simulated seconds (wall x the workers' speedup,
 the seconds of the modelled hardware), plus the remainder no phase accounts for. Simulated:
@@ -72,7 +72,7 @@ NS = 1e-9
 
 
 def read_spans(paths: Iterable[str | Path]) -> list[dict]:
-    """Span records (services/common/telemetry.py `span_record`) from JSON-lines files, or every
+    """Span records (services/common/observe/telemetry.py `span_record`) from JSON-lines files, or every
     `*.jsonl` file of a directory."""
     spans: list[dict] = []
     for path in paths:
@@ -224,7 +224,7 @@ def client_tracing(path: str | Path | None = None, service_name: str = "bandmast
     stack's traces join."""
     import os
 
-    from services.common.telemetry import TRACE_FILE_ENV, setup_telemetry
+    from services.common.observe.telemetry import TRACE_FILE_ENV, setup_telemetry
 
     template = str(path) if path is not None else os.environ.get(TRACE_FILE_ENV)
     if not template:
@@ -257,7 +257,7 @@ class LiveSpans:
     def __enter__(self) -> "LiveSpans":
         import os
 
-        from services.common.telemetry import TRACE_FILE_ENV
+        from services.common.observe.telemetry import TRACE_FILE_ENV
 
         global _client_file, _client_telemetry
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,7 @@ class LiveSpans:
     def __exit__(self, *exc_info) -> None:
         import os
 
-        from services.common.telemetry import TRACE_FILE_ENV
+        from services.common.observe.telemetry import TRACE_FILE_ENV
 
         if self._saved is None:
             os.environ.pop(TRACE_FILE_ENV, None)

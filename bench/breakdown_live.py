@@ -28,7 +28,7 @@ from bench.breakdown import LiveSpans, breakdown_from_sim, format_table
 from clients.player import Runner, build_workload
 from harness.simlib import SimScenario, Simulator, live_control_params
 from harness.simlib.live_path import LivePathCosts
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY
 
 MODEL = "bandmaster-sim"

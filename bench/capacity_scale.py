@@ -33,9 +33,9 @@ from clients.stats import percentile
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
 from services.capacity.core.state import Health, Origin, PollFailureReason, WorkerState
-from services.common import orphan_guard
-from services.common.child_stop import stop_child_async
-from services.common.ready import wait_ready_file_async
+from services.common.process import orphan_guard
+from services.common.process.child_stop import stop_child_async
+from services.common.process.ready import wait_ready_file_async
 from tests.support.sglang_stub import SglangStub, sglang_info
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -74,10 +74,10 @@ from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
 from clients.workloads import Program
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child
-from services.common.config import require
-from services.common.errors import ConfigError
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child
+from services.common.settings.config import require
+from services.common.settings.errors import ConfigError
 
 MODEL = "bandmaster-sim"
 KINDS = ("simworker", "capacity", "scheduler", "router", "planner", "redis")
@@ -850,7 +850,7 @@ class Stack:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
     def start(self) -> None:
-        from services.common import orphan_guard
+        from services.common.process import orphan_guard
         from services.launcher.cluster import ClusterConfig, ClusterPorts, router_spec, start_cluster
         from services.launcher.probes import wait_for_workers
         from services.launcher.supervisor import Supervisor

@@ -58,9 +58,9 @@ from typing import Callable, Iterable, Sequence
 from bench.peers import chat_ok, launch_peer_proxy, launch_sglang_router, peer_stats
 from clients.player import Runner, build_workload, scrape_counters
 from clients.workloads import DEFAULT_SPLIT, SPLITS
-from services.common.child_stop import stop_child
-from services.common.config import require
-from services.common.errors import ConfigError
+from services.common.process.child_stop import stop_child
+from services.common.settings.config import require
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.policies import PAUSE_POLICIES
 
 MODES = ("sim", "live")

@@ -42,8 +42,8 @@ from typing import Callable, Sequence
 
 from bench.report import Target, targets_text
 from clients.workloads import SPLITS, Program, scale, split_programs, trace_programs
-from services.common.config import require
-from services.common.errors import ConfigError
+from services.common.settings.config import require
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config
 
 ARMS = ("bandmaster", "kv", "oracle")

@@ -36,8 +36,8 @@ from typing import Iterator, Sequence
 
 from bench.evaluate import FULL, QUICK, EvalSpec, Job, scenario_for
 from clients.workloads import split_programs, trace_programs
-from services.common.config import require
-from services.common.errors import ConfigError
+from services.common.settings.config import require
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config
 
 TAIL_SHARE = 0.25  # the share of live programs, by turns left, that foresight protects

@@ -34,8 +34,8 @@ from aiohttp import web
 
 from harness.peers import PEERS, ContinuumParams, PeerPolicy, ThunderAgentParams, Wake
 from harness.simlib.scenario import make_peer
-from services.common.errors import ConfigError
-from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
+from services.common.settings.errors import ConfigError
+from services.common.web.session_ids import FINAL_HEADER, SESSION_HEADER
 from services.simworker.profiles import load_profile
 
 log = logging.getLogger("bench.peer_proxy")

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from services.common import orphan_guard
-from services.common.child_start import start_child
+from services.common.process import orphan_guard
+from services.common.process.child_start import start_child
 
 
 def free_port() -> int:

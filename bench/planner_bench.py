@@ -32,10 +32,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child
-from services.common.ready import read_ready_file, wait_ready_file
-from services.common.session_ids import SESSION_HEADER
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child
+from services.common.process.ready import read_ready_file, wait_ready_file
+from services.common.web.session_ids import SESSION_HEADER
 from services.planner.core.batch_policy import BatchPolicyConfig
 from services.planner.core.scaling import LoadScalingConfig, ProgramScalingConfig, ThroughputScalingConfig
 from services.planner.core.throughput import EngineRate

@@ -54,10 +54,10 @@ import aiohttp
 
 from bench.peers import chat_ok, launch_sglang_router
 from clients.stats import summary_ms
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child
-from services.common.ready import wait_ready_file
-from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child
+from services.common.process.ready import wait_ready_file
+from services.common.web.session_ids import FINAL_HEADER, SESSION_HEADER
 from services.launcher.cluster import Cluster, ClusterConfig, router_spec, start_cluster
 from services.launcher.supervisor import Supervisor
 

@@ -39,11 +39,11 @@ from prometheus_client import CollectorRegistry
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from clients.stats import percentile
-from services.common import orphan_guard
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child, stop_child_async
 from services.common.clock import SystemClock
-from services.common.ready import wait_ready_file_async
+from services.common.process import orphan_guard
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child, stop_child_async
+from services.common.process.ready import wait_ready_file_async
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
     SqliteStateStore,

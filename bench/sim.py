@@ -32,7 +32,7 @@ from clients.player import add_program_arguments
 from harness.simlib import SimResult, SimScenario, simulate
 from harness.simlib.live_path import LivePathCosts, costs_from_breakdown
 from harness.simlib.scenario import ARMS, ROUTER_PROMPT_MODES, WORKLOADS
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import load_config
 
 __all__ = ["SimResult", "SimScenario", "simulate", "scenario_from_args", "main"]

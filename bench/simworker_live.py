@@ -27,8 +27,8 @@ from pathlib import Path
 import aiohttp
 
 from clients.stats import summary_ms
-from services.common import orphan_guard
-from services.common.child_stop import stop_child_async
+from services.common.process import orphan_guard
+from services.common.process.child_stop import stop_child_async
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "bench-model"

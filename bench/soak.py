@@ -67,8 +67,8 @@ from clients.player import (
     text_of_n_tokens,
 )
 from clients.workloads import Program
-from services.common.config import require
-from services.common.errors import ConfigError
+from services.common.settings.config import require
+from services.common.settings.errors import ConfigError
 
 MODEL = "bandmaster-sim"
 LOST_TARGET = 0

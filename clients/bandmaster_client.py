@@ -13,7 +13,7 @@ A secure router (docs/security.md) wants the CA that signed its certificate, a c
     BandmasterClient(address, ca_pem=ca, cert_pem=client_cert, key_pem=client_key, token=data_token)
 
 A call that fails UNAVAILABLE raises `Unreachable` (an `AioRpcError`, still UNAVAILABLE) whose details say
-why when a TLS probe of the address finds it (`services.common.tls_diagnosis`): no client certificate, a
+why when a TLS probe of the address finds it (`services.common.outbound.tls_diagnosis`): no client certificate, a
 certificate the server refused, a server certificate the CA does not trust, TLS against plaintext or the
 reverse. The probe runs only after the failure (at most 2 s). With opaque `credentials=` instead of the PEMs
 it cannot know what was dialed, and the error is grpc's own.
@@ -29,7 +29,7 @@ import grpc
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
-from services.common.tls_diagnosis import FlagNames, diagnose
+from services.common.outbound.tls_diagnosis import FlagNames, diagnose
 
 SESSION_HEADER = "X-Dynamo-Session-ID"
 PARENT_HEADER = "X-Dynamo-Parent-Session-ID"

@@ -40,8 +40,8 @@ from clients.workloads import (
     synthetic_like,
     trace_programs,
 )
-from services.common.config import require
-from services.common.session_ids import FINAL_HEADER, SESSION_HEADER
+from services.common.settings.config import require
+from services.common.web.session_ids import FINAL_HEADER, SESSION_HEADER
 
 SESSION = SESSION_HEADER
 FINAL = FINAL_HEADER

@@ -39,7 +39,7 @@ SERVICES = ("capacity", "scheduler", "router", "planner", "batch", "simworker")
 IDENTITY_LABELS = frozenset({"worker_id", "dp_rank", "model_name", "service", "version", "python_version"})
 
 # Sample names prometheus_client writes for a family of each type (text format 0.0.4). No `_created`:
-# every service turns it off (services/common/process_metrics.py).
+# every service turns it off (services/common/observe/process_metrics.py).
 _SUFFIXES = {
     "counter": ("_total",),
     "gauge": ("",),
@@ -80,7 +80,7 @@ class MetricDoc:
 
 async def _host_registry(name: str, registry: CollectorRegistry) -> None:
     # ServiceHost needs a running loop for its grpc.aio server; it is never started.
-    from services.common.grpc_server import ServiceHost
+    from services.common.serve.grpc_server import ServiceHost
 
     ServiceHost(name, registry=registry)
 
@@ -110,7 +110,7 @@ def _scheduler() -> CollectorRegistry:
 
 
 def _router() -> CollectorRegistry:
-    from services.router.metrics import RouterMetrics
+    from services.router.observe.metrics import RouterMetrics
 
     return _with_host("router", RouterMetrics().registry)
 

@@ -19,7 +19,7 @@ import random
 from typing import Sequence
 
 from clients.workloads.model import Program
-from services.common.config import require
+from services.common.settings.config import require
 
 SPLITS = ("tune", "heldout", "all")
 DEFAULT_SPLIT = "tune"

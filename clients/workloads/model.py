@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 from clients.stats import interpolated_percentile
-from services.common.config import require
+from services.common.settings.config import require
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from clients.workloads.model import Program, Turn
 from clients.workloads.traces import swe_agent_programs
-from services.common.config import require
+from services.common.settings.config import require
 
 
 def synthetic_like(n_programs: int, *, seed: int = 0, source: Sequence[Program] | None = None) -> list[Program]:

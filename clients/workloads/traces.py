@@ -24,7 +24,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from clients.workloads.model import Program, Turn
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 DATA = Path(__file__).resolve().parent / "data" / "swe_agent_programs.jsonl.gz"
 

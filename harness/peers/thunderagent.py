@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from harness.peers.api import Wake
-from services.common.config import require
+from services.common.settings.config import require
 
 
 @dataclass(frozen=True)

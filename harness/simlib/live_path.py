@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from services.common.config import require
+from services.common.settings.config import require
 
 
 @dataclass(frozen=True)

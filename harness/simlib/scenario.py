@@ -20,7 +20,7 @@ from harness.peers.continuum import prefill_reload_s
 from harness.simlib.live_path import LivePathCosts
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
 from services.capacity.core.state import CardRejection
-from services.common.config import require
+from services.common.settings.config import require
 from services.router.core.params import KvRouterParams
 from services.scheduler.core.defaults import (
     SERVICE_DEFAULT_PAUSE_POLICY,

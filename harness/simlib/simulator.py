@@ -1,7 +1,7 @@
 """The discrete-event loop: programs, router, scheduler and engines in virtual time, no processes.
 
 One heap of timed events drives everything. Per turn it follows the live request path
-(clients/player.py -> services/router/turns.py -> simworker):
+(clients/player.py -> services/router/turn/turns.py -> simworker):
 
     turn start (client sends)          t0
     Admit (scheduler core)             t0 + request_overhead_s (+ the live path's client, parsing and

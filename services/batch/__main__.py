@@ -9,7 +9,7 @@ import sys
 
 from services.batch.config import load_config
 from services.batch.server import start_batch
-from services.common.entrypoint import service_main
+from services.common.serve.entrypoint import service_main
 
 
 def main(argv: list[str] | None = None) -> int:

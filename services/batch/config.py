@@ -13,7 +13,10 @@ from urllib.parse import urlsplit
 
 from services.batch.core.batch_api import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUESTS, check_id
 from services.batch.core.expiry import DEFAULT_RETENTION_S, MIN_EXPIRES_AFTER_S
-from services.common.config import (
+from services.common.auth.redact import redact_url
+from services.common.auth.security import SecurityConfig, security_group
+from services.common.observe.trace_export import TraceExport, trace_export_group
+from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
@@ -23,10 +26,7 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
-from services.common.redact import redact_url
-from services.common.security import SecurityConfig, security_group
-from services.common.trace_export import TraceExport, trace_export_group
+from services.common.settings.errors import ConfigError
 
 ENV_PREFIX = "BANDMASTER_BATCH"
 PROG = "python -m services.batch"
@@ -130,9 +130,10 @@ class BatchConfig:
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     security: SecurityConfig = security_group(ENV_PREFIX)
-    """TLS, tokens of the gRPC server, the Batch API and the channel to the planner (services/common/security.py)."""
+    """TLS, tokens of the gRPC server, the Batch API and the channel to the planner
+    (services/common/auth/security.py)."""
     tracing: TraceExport = trace_export_group(ENV_PREFIX)
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)

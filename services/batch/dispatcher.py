@@ -10,7 +10,7 @@ than the leased rate, and writes each result to its batch's output or error file
   when configured (`--dispatch-priority`), as SGLang needs priority scheduling enabled for it.
 * Restart safety lives in the registry (claim -> sending -> one result). A transport error, a
   timeout, 408, 429 or 5xx is retried up to `max_attempts` sends, after the wait of the one retry
-  policy (services/common/retry.py: exponential from `retry_first_delay_s`, capped, jittered; the
+  policy (services/common/outbound/retry.py: exponential from `retry_first_delay_s`, capped, jittered; the
   request holds its in-flight slot meanwhile, so a failing upstream is not hammered); then, like any
   4xx, it becomes an error line. The attempt count lives in the registry row (it survives a restart),
   so the loop is the policy's `may_try_again`/`delay_s` over that count rather than `retrying`.
@@ -32,7 +32,7 @@ import aiohttp
 from services.batch.adapters.registry import Claimed, Registry
 from services.batch.core.lease import DispatchFeedback, DrainLease
 from services.common.clock import Clock
-from services.common.retry import RetryPolicy
+from services.common.outbound.retry import RetryPolicy
 
 log = logging.getLogger("services.batch.dispatcher")
 RETRYABLE = {408, 429, 500, 502, 503, 504}

@@ -14,7 +14,7 @@
     GET  /health
 
 Errors are OpenAI-style bodies {"error": {message, type, param, code}} built by the one builder
-(services/common/openai_errors.py `error_body`); every domain error maps
+(services/common/web/openai_errors.py `error_body`); every domain error maps
 to its HTTP status in `_error_response` and nowhere else.
 """
 
@@ -38,11 +38,11 @@ from services.batch.core.batch_api import (
 )
 from services.batch.core.expiry import parse_expires_after
 from services.batch.core.listing import page, parse_page_query
+from services.common.auth.security import SecurityConfig, bearer_guard
 from services.common.clock import Clock
-from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
-from services.common.openai_errors import error_body
-from services.common.ports import binding
-from services.common.security import SecurityConfig, bearer_guard
+from services.common.serve.ports import binding
+from services.common.web.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from services.common.web.openai_errors import error_body
 
 log = logging.getLogger("services.batch.http")
 MAX_LIST_LIMIT = 100

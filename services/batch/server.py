@@ -25,10 +25,10 @@ from services.batch.dispatcher import Dispatcher
 from services.batch.http_api import BatchApi
 from services.batch.metrics import BatchMetrics
 from services.common.clock import Clock, SystemClock
-from services.common.config import parse_host_port
-from services.common.grpc_server import ServiceHost
-from services.common.ready import write_ready_file
-from services.common.telemetry import Telemetry
+from services.common.observe.telemetry import Telemetry
+from services.common.process.ready import write_ready_file
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.config import parse_host_port
 
 log = logging.getLogger("services.batch")
 

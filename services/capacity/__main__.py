@@ -9,7 +9,7 @@ import sys
 
 from services.capacity.config import load_config
 from services.capacity.server import start_capacity
-from services.common.entrypoint import service_main
+from services.common.serve.entrypoint import service_main
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,10 @@ from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from services.capacity.core.state import Expectation, Origin
-from services.common.config import (
+from services.common.auth.redact import redact_url
+from services.common.auth.security import SecurityConfig, security_group
+from services.common.observe.trace_export import TraceExport, trace_export_group
+from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
@@ -30,11 +33,8 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
-from services.common.redact import redact_url
-from services.common.security import SecurityConfig, security_group
-from services.common.trace_export import TraceExport, trace_export_group
-from services.common.worker_client import WorkerClientConfig, worker_client_group
+from services.common.settings.errors import ConfigError
+from services.common.sglang.worker_client import WorkerClientConfig, worker_client_group
 
 ENV_PREFIX = "BANDMASTER_CAPACITY"
 PROG = "python -m services.capacity"
@@ -178,11 +178,11 @@ class CapacityConfig:
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = security_group(ENV_PREFIX)
-    """TLS, tokens, reflection (services/common/security.py)."""
+    """TLS, tokens, reflection (services/common/auth/security.py)."""
     tracing: TraceExport = trace_export_group(ENV_PREFIX)
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
     worker_client: WorkerClientConfig = worker_client_group(ENV_PREFIX)
-    """The workers' API key and TLS to https workers, used by every poll (services/common/worker_client.py)."""
+    """The workers' API key and TLS to https workers, used by every poll (services/common/sglang/worker_client.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -8,7 +8,7 @@ the planner scales: the registrar runs beside the worker (a sidecar container in
 * waits until the worker's own `/health` answers 200 (a loading SGLang server can take minutes, and
   a worker registered before it listens would be polled into UNHEALTHY and, past
   `--remove-unhealthy-after-seconds`, removed), unless `--no-wait-for-health`; an https worker is
-  verified and the workers' API key is sent (services/common/worker_client.py);
+  verified and the workers' API key is sent (services/common/sglang/worker_client.py);
 * then calls `RegisterWorker`, retrying until the capacity service answers;
 * calls it again every `--interval-seconds`. Registration is idempotent for the same id and URL, and
   the capacity service keeps its registry in memory, so a restarted capacity service learns the
@@ -38,7 +38,10 @@ import grpc
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from services.capacity.config import validate_worker_id, validate_worker_url, worker_id_for
-from services.common.config import (
+from services.common.auth.redact import redact_url
+from services.common.auth.security import SecurityConfig, client_security
+from services.common.observe.logs import setup_logging
+from services.common.settings.config import (
     LOG_LEVELS,
     Setting,
     check_bounds,
@@ -51,11 +54,8 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
-from services.common.logs import setup_logging
-from services.common.redact import redact_url
-from services.common.security import SecurityConfig, client_security
-from services.common.worker_client import WorkerClientConfig, worker_client_group
+from services.common.settings.errors import ConfigError
+from services.common.sglang.worker_client import WorkerClientConfig, worker_client_group
 
 log = logging.getLogger("services.capacity.registrar")
 

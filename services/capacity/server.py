@@ -16,8 +16,8 @@ from services.capacity.loop import CapacityRuntime
 from services.capacity.metrics import CapacityMetrics
 from services.capacity.servicer import SERVICE_NAME, CapacityServicer
 from services.common.clock import Clock, SystemClock
-from services.common.grpc_server import ServiceHost
-from services.common.telemetry import Telemetry
+from services.common.observe.telemetry import Telemetry
+from services.common.serve.grpc_server import ServiceHost
 
 log = logging.getLogger("services.capacity")
 

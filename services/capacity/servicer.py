@@ -18,8 +18,8 @@ from services.capacity.core.cards import recompute
 from services.capacity.core.errors import AlreadyExists, InvalidArgument
 from services.capacity.core.state import Origin
 from services.capacity.loop import CapacityRuntime
-from services.common.grpc_errors import ErrorTable
-from services.common.redact import redact_url
+from services.common.auth.redact import redact_url
+from services.common.serve.grpc_errors import ErrorTable
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Capacity"].full_name
 

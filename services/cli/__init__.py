@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Sequence
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 SIGPIPE_EXIT = 128 + 13
 """What a shell reports for a process a closed pipe ended (`bandmaster programs | head`)."""

@@ -9,7 +9,7 @@ import time
 
 from bandmaster.capacity.v1 import capacity_pb2
 from services.cli.up import add_cluster_arguments, cluster_config
-from services.common.logs import setup_logging
+from services.common.observe.logs import setup_logging
 from services.launcher.cluster import start_cluster
 from services.launcher.probes import (
     STARVED_CPU_BUSY,

@@ -31,12 +31,12 @@ from typing import Mapping
 
 import grpc
 
-from services.common.certs import LocalPki
-from services.common.errors import ConfigError
-from services.common.ports import DEFAULT_PORTS, listener_uid
-from services.common.ready import read_ready_file
-from services.common.security import client_security
-from services.common.tls_diagnosis import diagnose
+from services.common.auth.certs import LocalPki
+from services.common.auth.security import client_security
+from services.common.outbound.tls_diagnosis import diagnose
+from services.common.process.ready import read_ready_file
+from services.common.serve.ports import DEFAULT_PORTS, listener_uid
+from services.common.settings.errors import ConfigError
 
 CLUSTERS_DIR_ENV = "BANDMASTER_CLUSTERS_DIR"
 RECORD_FILE = "cluster.json"

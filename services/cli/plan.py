@@ -22,8 +22,8 @@ import grpc
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.cli import SIGINT_EXIT, endpoints
-from services.common.config import parse_host_port
-from services.common.security import DATA_TOKEN_ENV
+from services.common.auth.security import DATA_TOKEN_ENV
+from services.common.settings.config import parse_host_port
 from services.launcher.table import render_table
 
 _PROVENANCE = {
@@ -227,7 +227,7 @@ def _client(args: argparse.Namespace):
 
 
 def _check_window(window: str) -> None:
-    from services.common.errors import ConfigError
+    from services.common.settings.errors import ConfigError
 
     if len(window) < 2 or window[-1] not in _WINDOW_UNITS or not window[:-1].isdigit():
         raise ConfigError("window", window, "window is <integer><s|m|h|d>, e.g. 24h")
@@ -249,7 +249,7 @@ def run_batch(args: argparse.Namespace) -> int:
     if args.action == "submit":
         _check_window(args.window)
         if not args.poll_seconds > 0:
-            from services.common.errors import ConfigError
+            from services.common.settings.errors import ConfigError
 
             raise ConfigError("poll_seconds", args.poll_seconds, "--poll-seconds > 0")
     client = _client(args)

@@ -13,8 +13,8 @@ import grpc
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.cli import endpoints
-from services.common.config import parse_host_port
-from services.common.leader_follow import leader_hint
+from services.common.outbound.leader_follow import leader_hint
+from services.common.settings.config import parse_host_port
 from services.launcher.table import render_table
 
 _STATUS = {pb.PROGRAM_STATUS_REASONING: "reasoning", pb.PROGRAM_STATUS_ACTING: "acting"}

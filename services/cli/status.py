@@ -29,8 +29,8 @@ from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from bandmaster.planner.v1 import planner_pb2, planner_pb2_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.cli import endpoints
-from services.common.config import parse_host_port
-from services.common.ports import DEFAULT_PORTS
+from services.common.serve.ports import DEFAULT_PORTS
+from services.common.settings.config import parse_host_port
 from services.launcher.table import render_table
 
 BAR_CELLS = 50

@@ -1,7 +1,7 @@
 """`bandmaster trace`: the tree of one turn, from the span files services write with `--trace-file`.
 
 No collector needed: `bandmaster up --trace-dir DIR` gives every process a file under DIR, and this command
-merges the files of all of them (one JSON object a line, services/common/telemetry.py `span_record`) into
+merges the files of all of them (one JSON object a line, services/common/observe/telemetry.py `span_record`) into
 one indented tree with each span's offset from the turn's start and its duration.
 
 Which turn: `--request-id ID` (the router's request id, `router.request_id` on `router.request`, or the

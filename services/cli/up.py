@@ -25,11 +25,11 @@ import grpc
 from bandmaster.capacity.v1 import capacity_pb2, capacity_pb2_grpc
 from services.cli import endpoints
 from services.cli.status import degraded_banner
-from services.common.errors import ConfigError
-from services.common.logs import setup_logging
-from services.common.ports import DEFAULT_PORTS, port_free
-from services.common.security import load_secret_file
-from services.common.worker_client import WORKER_API_KEY_ENV, check_api_key
+from services.common.auth.security import load_secret_file
+from services.common.observe.logs import setup_logging
+from services.common.serve.ports import DEFAULT_PORTS, port_free
+from services.common.settings.errors import ConfigError
+from services.common.sglang.worker_client import WORKER_API_KEY_ENV, check_api_key
 from services.launcher.cluster import PORT_LABELS, Cluster, ClusterConfig, ClusterPorts, start_cluster
 from services.launcher.supervisor import ChildSpec, StartupError
 from services.launcher.table import render_table

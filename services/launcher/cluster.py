@@ -10,9 +10,9 @@ from pathlib import Path
 
 import grpc
 
-from services.common.certs import LocalPki, ensure_local_pki
-from services.common.config import require
-from services.common.ports import DEFAULT_PORTS
+from services.common.auth.certs import LocalPki, ensure_local_pki
+from services.common.serve.ports import DEFAULT_PORTS
+from services.common.settings.config import require
 from services.launcher.supervisor import Child, ChildSpec, Supervisor
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Each child is started with `--ready-file`: once it serves it writes its bound ports there as JSON.
 Readiness is then confirmed the way a user would check it: `grpc.health.v1` SERVING for gRPC
 services (over mutual TLS with `grpc_credentials` when the cluster is secure), `GET /health` 200 for
-HTTP ones. Children run under `services.common.orphan_guard`, which asks for PR_SET_PDEATHSIG in the child,
+HTTP ones. Children run under `services.common.process.orphan_guard`, which asks for PR_SET_PDEATHSIG in the child,
 so that even a SIGKILL of the supervisor does not leave them running.
 """
 
@@ -25,10 +25,10 @@ from typing import Callable, Sequence
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common import orphan_guard
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child
-from services.common.ready import read_ready_file
+from services.common.process import orphan_guard
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child
+from services.common.process.ready import read_ready_file
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from services.common.entrypoint import service_main
+from services.common.serve.entrypoint import service_main
 from services.planner.config import load_config
 from services.planner.server import start_planner
 

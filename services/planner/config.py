@@ -12,7 +12,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 from urllib.parse import urlsplit
 
-from services.common.config import (
+from services.common.auth.redact import redact_url
+from services.common.auth.security import SecurityConfig, security_group
+from services.common.observe.trace_export import TraceExport, trace_export_group
+from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
@@ -22,9 +25,6 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.redact import redact_url
-from services.common.security import SecurityConfig, security_group
-from services.common.trace_export import TraceExport, trace_export_group
 
 ENV_PREFIX = "BANDMASTER_PLANNER"
 PROG = "python -m services.planner"
@@ -378,9 +378,9 @@ class PlannerConfig:
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = security_group(ENV_PREFIX)
-    """TLS, tokens, reflection of the gRPC server and channels (services/common/security.py)."""
+    """TLS, tokens, reflection of the gRPC server and channels (services/common/auth/security.py)."""
     tracing: TraceExport = trace_export_group(ENV_PREFIX)
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
 
     @property
     def control_key(self) -> str:

@@ -22,12 +22,12 @@ import grpc
 from opentelemetry import trace
 
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
+from services.common.auth.redact import redact_url
 from services.common.clock import Clock, SystemClock
-from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost
-from services.common.ready import write_ready_file
-from services.common.redact import redact_url
-from services.common.telemetry import Telemetry
+from services.common.observe.telemetry import Telemetry
+from services.common.process.ready import write_ready_file
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.errors import ConfigError
 from services.planner.adapters.connectors import (
     Connector,
     KubernetesConnector,
@@ -184,7 +184,7 @@ async def start_planner(
     scheduler_stub = None
     if config.scheduler:
         from bandmaster.scheduler.v1 import scheduler_pb2_grpc as sched_grpc
-        from services.common.leader_follow import FollowingStub, parse_addresses
+        from services.common.outbound.leader_follow import FollowingStub, parse_addresses
 
         def scheduler_channel(address: str) -> grpc.aio.Channel:
             channels.append(channel := config.security.channel(address))

@@ -14,7 +14,7 @@ import grpc
 from bandmaster.planner.v1 import planner_pb2 as pb
 from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.common.clock import Clock
-from services.common.grpc_errors import ErrorTable
+from services.common.serve.grpc_errors import ErrorTable
 from services.planner.adapters.jobs import Conflict, JobStore, NotFound
 from services.planner.adapters.proto import job_to_proto, lease_to_proto, plan_to_proto
 from services.planner.core.jobs import check_id

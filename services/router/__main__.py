@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from services.common.entrypoint import service_main
-from services.common.errors import ConfigError
+from services.common.serve.entrypoint import service_main
+from services.common.settings.errors import ConfigError
 from services.router.config import load_config
 
 

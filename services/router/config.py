@@ -11,8 +11,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 from urllib.parse import urlsplit
 
-from services.common import kv_router_flags
-from services.common.config import (
+from services.common.auth.security import SecurityConfig, security_group
+from services.common.observe.trace_export import TraceExport, trace_export_group
+from services.common.settings import kv_router_flags
+from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
@@ -24,9 +26,7 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.security import SecurityConfig, security_group
-from services.common.trace_export import TraceExport, trace_export_group
-from services.common.worker_client import WorkerClientConfig, worker_client_group
+from services.common.sglang.worker_client import WorkerClientConfig, worker_client_group
 from services.router.core.breaker import BreakerParams
 from services.router.core.deadline import DeadlineParams
 from services.router.core.limits import ClientLimitParams
@@ -44,7 +44,7 @@ def _env(name: str) -> str:
 class KvOverrides:
     """KvRouter settings given on the command line; None = not given (the scheduler's value is used)."""
 
-    # KvRouter flags (reference/kvrouter_sglang.md §A.9), declared in services/common/kv_router_flags.py.
+    # KvRouter flags (reference/kvrouter_sglang.md §A.9), declared in services/common/settings/kv_router_flags.py.
     router_temperature: float | None = kv_router_flags.override("router_temperature")
     kv_overlap_score_weight: float | None = kv_router_flags.override("kv_overlap_score_weight")
     use_kv_events: bool | None = kv_router_flags.override("use_kv_events")
@@ -349,11 +349,11 @@ class RouterConfig:
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     security: SecurityConfig = security_group(ENV_PREFIX)
-    """TLS (gRPC, and HTTPS on the HTTP port), tokens, reflection (services/common/security.py)."""
+    """TLS (gRPC, and HTTPS on the HTTP port), tokens, reflection (services/common/auth/security.py)."""
     tracing: TraceExport = trace_export_group(ENV_PREFIX)
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
     worker_client: WorkerClientConfig = worker_client_group(ENV_PREFIX)
-    """The workers' API key and TLS to https workers (services/common/worker_client.py)."""
+    """The workers' API key and TLS to https workers (services/common/sglang/worker_client.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)

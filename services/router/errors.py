@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import grpc
 
-# The one body builder and quoting helper live in services/common/openai_errors.py (every HTTP edge uses them).
-from services.common.openai_errors import ECHO_MAX_CHARS, error_body, quoted  # noqa: F401 - re-exported
+# The one body builder and quoting helper live in services/common/web/openai_errors.py (every HTTP edge uses them).
+from services.common.web.openai_errors import ECHO_MAX_CHARS, error_body, quoted  # noqa: F401 - re-exported
 
 
 class RouterError(Exception):

@@ -45,13 +45,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from services.common import orphan_guard
-from services.common.config import parse_host_port
-from services.common.http_errors import json_errors
-from services.common.logs import setup_logging
-from services.common.ports import PortInUse, binding, require_free
-from services.common.ready import write_ready_file
-from services.common.security import metrics_guard
+from services.common.auth.security import metrics_guard
+from services.common.observe.logs import setup_logging
+from services.common.process import orphan_guard
+from services.common.process.ready import write_ready_file
+from services.common.serve.ports import PortInUse, binding, require_free
+from services.common.settings.config import parse_host_port
+from services.common.web.http_errors import json_errors
 from services.router.config import RouterConfig
 
 log = logging.getLogger(__name__)

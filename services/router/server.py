@@ -19,33 +19,33 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
-from services.common.capacity_watch import CapacityWatch
+from services.common.auth.security import bearer_guard
 from services.common.clock import SystemClock
-from services.common.grpc_server import ServiceHost
-from services.common.ports import require_free
-from services.common.ready import write_ready_file
-from services.common.security import bearer_guard
-from services.common.telemetry import Telemetry, setup_telemetry
-from services.common.tokenizer import load_tokenizer
+from services.common.observe.telemetry import Telemetry, setup_telemetry
+from services.common.outbound.capacity_watch import CapacityWatch
+from services.common.process.ready import write_ready_file
+from services.common.serve.grpc_server import ServiceHost
+from services.common.serve.ports import require_free
+from services.common.sglang.tokenizer import load_tokenizer
 from services.router.adapters.batch_api import BatchApiProxy
 from services.router.adapters.capacity import WorkerSet
 from services.router.adapters.kv_events import KvEventFeeds
 from services.router.adapters.scheduler import SchedulerClient
 from services.router.adapters.upstream import Upstream
-from services.router.circuits import WorkerCircuits
 from services.router.config import RouterConfig
 from services.router.core.admission_cache import AdmissionCache
 from services.router.core.limits import ClientLimits
-from services.router.fleet import Fleet, resolve_params
-from services.router.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
-from services.router.health import FleetHealth
-from services.router.http_api import HttpApi
-from services.router.http_server import HttpLimits, start_http, token_identity
-from services.router.lean_tracer import LeanTracer
-from services.router.metrics import RouterMetrics
-from services.router.prompts import PromptTokenizer
-from services.router.redaction import install_log_redaction
-from services.router.turns import TurnRunner
+from services.router.ingress.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
+from services.router.ingress.http_api import HttpApi
+from services.router.ingress.http_server import HttpLimits, start_http, token_identity
+from services.router.observe.lean_tracer import LeanTracer
+from services.router.observe.metrics import RouterMetrics
+from services.router.observe.redaction import install_log_redaction
+from services.router.turn.prompts import PromptTokenizer
+from services.router.turn.turns import TurnRunner
+from services.router.workers.circuits import WorkerCircuits
+from services.router.workers.fleet import Fleet, resolve_params
+from services.router.workers.health import FleetHealth
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ async def start_router(
     telemetry = telemetry or setup_telemetry(
         "bandmaster-router", sample_ratio=config.trace_sample_ratio, export=config.tracing
     )
-    # Without an exporter the router's spans only carry context: LeanTracer (services/router/lean_tracer.py).
+    # Without an exporter the router's spans only carry context: LeanTracer (services/router/observe/lean_tracer.py).
     tracer = telemetry.tracer("bandmaster.router") if telemetry.exporting else LeanTracer(telemetry.provider)
     metrics = RouterMetrics()
     clock = SystemClock()

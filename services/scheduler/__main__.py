@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from services.common.entrypoint import service_main
+from services.common.serve.entrypoint import service_main
 from services.scheduler.config import load_config
 from services.scheduler.server import start_scheduler
 

@@ -18,8 +18,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from services.common import kv_router_flags
-from services.common.config import (
+from services.common.auth.redact import redact_url
+from services.common.auth.security import SecurityConfig, load_security, security_settings
+from services.common.observe.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.settings import kv_router_flags
+from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
@@ -30,10 +33,7 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
-from services.common.redact import redact_url
-from services.common.security import SecurityConfig, load_security, security_settings
-from services.common.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.defaults import (
     CONTROL_DEFAULTS,
     PROGRAM_AWARE_GROWTH_MARGIN,
@@ -355,9 +355,9 @@ class SchedulerConfig:
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
     tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
     security: SecurityConfig = SecurityConfig()
-    """TLS, tokens, reflection (services/common/security.py)."""
+    """TLS, tokens, reflection (services/common/auth/security.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)

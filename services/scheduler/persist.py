@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from services.common.clock import Clock
-from services.common.retry import Backoff, RetryPolicy
+from services.common.outbound.retry import Backoff, RetryPolicy
 from services.scheduler.adapters.state_store import (
     StateStore,
     StoreBusy,

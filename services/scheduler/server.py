@@ -18,12 +18,12 @@ from opentelemetry import trace
 
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_pb_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common.capacity_watch import CapacityWatch
+from services.common.auth.redact import redact_url
 from services.common.clock import Clock, SystemClock
-from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost
-from services.common.redact import redact_url
-from services.common.telemetry import Telemetry
+from services.common.observe.telemetry import Telemetry
+from services.common.outbound.capacity_watch import CapacityWatch
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.errors import ConfigError
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.adapters.state_store import (
     RedisStateStore,

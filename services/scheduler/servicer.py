@@ -21,9 +21,9 @@ from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common.grpc_errors import ErrorTable
-from services.common.leader_follow import LEADER_METADATA_KEY
-from services.common.telemetry import grpc_parent
+from services.common.observe.telemetry import grpc_parent
+from services.common.outbound.leader_follow import LEADER_METADATA_KEY
+from services.common.serve.grpc_errors import ErrorTable
 from services.scheduler.adapters.proto import (
     InvalidArgument,
     WallTime,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from services.common.entrypoint import service_main
+from services.common.serve.entrypoint import service_main
 from services.simworker.config import load_config
 from services.simworker.server import RunningSimWorker, start_simworker
 

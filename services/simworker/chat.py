@@ -1,7 +1,7 @@
 """The simworker's built-in chat template: OpenAI messages -> one prompt string.
 
 Used with the built-in tokenizer; with `--tokenizer-path` the model's own chat template renders the
-request instead (services/common/tokenizer.py).
+request instead (services/common/sglang/tokenizer.py).
 
 The template is deliberately simple and stable, so that a multi-turn conversation that
 re-sends its history renders to a prompt whose prefix is the previous turn's prompt plus
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.common.tokenizer import ChatTemplateError  # one error type for both templates (HTTP 400)
+from services.common.sglang.tokenizer import ChatTemplateError  # one error type for both templates (HTTP 400)
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 

@@ -14,7 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from services.common.config import (
+from services.common.observe.trace_export import TraceExport, trace_export_group
+from services.common.settings.config import (
     LOG_LEVELS,
     Setting,
     check_bounds,
@@ -24,8 +25,7 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
-from services.common.trace_export import TraceExport, trace_export_group
+from services.common.settings.errors import ConfigError
 from services.simworker.core.build import DEFAULT_MODEL_PATH
 from services.simworker.core.timing import host_tokens_from_gb
 
@@ -248,7 +248,7 @@ class SimWorkerConfig:
     )
     """SGLang's `--api-key` ("" = none); never in a repr or a log line."""
     tracing: TraceExport = trace_export_group(ENV_PREFIX.rstrip("_"))
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/trace_export.py)."""
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)

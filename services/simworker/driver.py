@@ -32,7 +32,7 @@ import logging
 import time
 from typing import Callable, Sequence
 
-from services.common.kv_events import KvEvent
+from services.common.sglang.kv_events import KvEvent
 from services.simworker.core.api import Engine, EngineRequest, RequestOutput
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from aiohttp import web
 from opentelemetry import trace
 from orjson import dumps
 
-from services.common.http_errors import json_errors
-from services.common.security import bearer_of
-from services.common.telemetry import http_server_middleware
+from services.common.auth.security import bearer_of
+from services.common.observe.telemetry import http_server_middleware
+from services.common.web.http_errors import json_errors
 from services.simworker.chat import ChatTemplateError
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core.api import EngineRequest, RequestOutput

@@ -4,7 +4,7 @@ Each engine step's events become one batch, sent as three frames:
 
     [topic, seq (8-byte big-endian, from 0), msgpack([ts, [event, ...], attn_dp_rank])]
 
-with events as tagged arrays (`services.common.kv_events`, which the router decodes with):
+with events as tagged arrays (`services.common.sglang.kv_events`, which the router decodes with):
 
     ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     ["BlockRemoved", block_hashes, medium]
@@ -27,7 +27,7 @@ from typing import Iterable
 import zmq
 import zmq.asyncio
 
-from services.common.kv_events import KvEvent, encode_batch
+from services.common.sglang.kv_events import KvEvent, encode_batch
 from services.simworker.config import KvEventsConfig
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.common.process_metrics import register_process_metrics
+from services.common.observe.process_metrics import register_process_metrics
 from services.simworker.core.api import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.simworker.core.timing import DEFAULT_PROFILE, TimingProfile, profile_from_fields
 
 _PACKAGED = ("services.simworker.core", "profiles")

@@ -16,10 +16,10 @@ from typing import Sequence
 from aiohttp import web
 from opentelemetry import trace
 
-from services.common.ports import binding
-from services.common.ready import write_ready_file
-from services.common.telemetry import Telemetry
-from services.common.tokenizer import ModelTokenizer, load_tokenizer
+from services.common.observe.telemetry import Telemetry
+from services.common.process.ready import write_ready_file
+from services.common.serve.ports import binding
+from services.common.sglang.tokenizer import ModelTokenizer, load_tokenizer
 from services.simworker.chat import render_chat
 from services.simworker.config import SimWorkerConfig
 from services.simworker.core import build

@@ -17,7 +17,7 @@ running what it says, service for service, the way Compose would:
   (collector, Jaeger, Prometheus, Grafana) is validated by schema only, and a variable that points a
   started service at one of them is left out (recorded in `Plan.dropped_env`);
 * a service starts once every `depends_on` with `condition: service_healthy` is healthy, and is healthy
-  when its compose healthcheck passes: `python -m services.common.healthcheck ...` runs in-process (the
+  when its compose healthcheck passes: `python -m services.common.serve.healthcheck ...` runs in-process (the
   same code, without a Python start-up per probe on a loaded machine), anything else as a subprocess.
 
 Every wait is bounded and fails with the service, its last probe result and the tail of its log.
@@ -42,12 +42,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import yaml
 
-from services.common import healthcheck
+from services.common.serve import healthcheck
 from tests.support.processes import Process, start
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-HEALTHCHECK_MODULE = ["python", "-m", "services.common.healthcheck"]
+HEALTHCHECK_MODULE = ["python", "-m", "services.common.serve.healthcheck"]
 
 # ---------------------------------------------------------------------------------------------------
 # Loading: interpolation and casts, as Compose does before it validates and runs a file.

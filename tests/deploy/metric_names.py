@@ -26,7 +26,7 @@ def dashboard_metric_names(path: Path) -> dict[str, set[str]]:
     return promql.dashboard_metric_names(json.loads(path.read_text()))
 
 
-# No `_created`: no service exports it (services/common/process_metrics.py), so a dashboard that used it
+# No `_created`: no service exports it (services/common/observe/process_metrics.py), so a dashboard that used it
 # would draw nothing, and this check says so.
 _TYPE_SUFFIXES = {
     "counter": ("_total",),

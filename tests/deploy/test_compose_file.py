@@ -21,9 +21,9 @@ import jsonschema
 import pytest
 import yaml
 
-from services.common.config import Setting
-from services.common.errors import ConfigError
-from services.common.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
+from services.common.auth.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
+from services.common.settings.config import Setting
+from services.common.settings.errors import ConfigError
 from services.planner.adapters.profile import load_engine_profile
 from services.planner.server import build_settings
 from tests.deploy import compose_harness as ch
@@ -41,7 +41,7 @@ REAL_WORKERS = {
     "BANDMASTER_WORKER_URLS": "http://gpu-a:30000,http://gpu-b:30000",
     "BANDMASTER_WORKER_COUNT": "2",
 }
-# Variables a service reads besides its own settings: the token variables of services/common/security.py,
+# Variables a service reads besides its own settings: the token variables of services/common/auth/security.py,
 # and the OpenTelemetry SDK's standard ones.
 SHARED_ENV = {CONTROL_TOKEN_ENV, DATA_TOKEN_ENV}
 
@@ -225,7 +225,7 @@ def test_healthchecks_probe_the_service_own_ports():
         assert argv and argv[:3] == ch.HEALTHCHECK_MODULE, f"{name}: healthcheck {argv}"
         ports = listen_ports(name, service)
         for target in argv[3:]:
-            from services.common.healthcheck import parse_target
+            from services.common.serve.healthcheck import parse_target
 
             kind, where = parse_target(target)
             port = int(re.search(r":(\d+)", where.split("//")[-1]).group(1))
@@ -310,7 +310,7 @@ def test_dockerfile_is_multi_stage_pinned_and_unprivileged():
     assert "COPY --from=build" in text
     user = re.findall(r"^USER (\S+)$", text, re.M)
     assert user and user[-1].split(":")[0] not in ("0", "root"), "the runtime stage must not run as root"
-    assert re.search(r"^HEALTHCHECK .*\n?.*services\.common\.healthcheck", text, re.M)
+    assert re.search(r"^HEALTHCHECK .*\n?.*services\.common\.serve\.healthcheck", text, re.M)
 
 
 def test_every_bandmaster_service_builds_this_dockerfile():

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.common import healthcheck
+from services.common.serve import healthcheck
 from tests.deploy import compose_harness as ch
 from tests.deploy.metric_names import exported_metric_names, missing_metrics, promql_metric_names
 

@@ -146,7 +146,7 @@ def test_bandmaster_up_runs_from_the_image_alone(image, tmp_path):
         url = re.search(r"http://127\.0\.0\.1:\d+", text.split("Bandmaster is up", 1)[1])
         assert url is not None, text[-2000:]
         probe = subprocess.run(
-            [str(image / "bin" / "python"), "-m", "services.common.healthcheck", url.group(0) + "/health"],
+            [str(image / "bin" / "python"), "-m", "services.common.serve.healthcheck", url.group(0) + "/health"],
             cwd=tmp_path,
             env=_env(image, tmp_path),
             capture_output=True,

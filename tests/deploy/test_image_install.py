@@ -77,7 +77,7 @@ def test_dockerignore_matching():
     assert ignored("bench/results/r.json", patterns)
     assert ignored("planner.sqlite3", patterns)
     assert not ignored("bench/run.py", patterns)
-    assert not ignored("services/common/healthcheck.py", patterns)
+    assert not ignored("services/common/serve/healthcheck.py", patterns)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_the_install_holds_every_service_and_its_data(installed):
             "import importlib, services, bandmaster",
             f"assert services.__file__.startswith({str(installed)!r}), services.__file__",
             *[f"importlib.import_module('services.{s}.__main__')" for s in SERVICES],
-            "import services.common.healthcheck",
+            "import services.common.serve.healthcheck",
             "from services.simworker.profiles import builtin_profiles",
             "assert 'glm45-fp8-h200' in builtin_profiles(), builtin_profiles()",
         ]
@@ -117,5 +117,5 @@ def test_a_service_from_the_install_serves_and_passes_its_healthcheck(installed,
         ready_file=ready,
     ).wait_ready(timeout_s=60) as worker:
         port = worker.ready["port"]
-        probe = run_installed(installed, "-m", "services.common.healthcheck", f"http://127.0.0.1:{port}/health")
+        probe = run_installed(installed, "-m", "services.common.serve.healthcheck", f"http://127.0.0.1:{port}/health")
         assert probe.returncode == 0, probe.stdout + probe.stderr

@@ -36,10 +36,10 @@ from aiohttp import web
 from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.capacity import registrar
+from services.common.auth.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
 from services.common.clock import FakeClock
-from services.common.config import parse_host_port
-from services.common.errors import ConfigError
-from services.common.security import CONTROL_TOKEN_ENV, DATA_TOKEN_ENV
+from services.common.settings.config import parse_host_port
+from services.common.settings.errors import ConfigError
 from services.planner import config as planner_config
 from services.planner.adapters.connectors import FENCE_ANNOTATION, KubernetesConnector, KubernetesTarget
 from services.planner.adapters.profile import load_engine_profile

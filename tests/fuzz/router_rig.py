@@ -18,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from services.batch.server import RunningBatch, start_batch
-from services.common.security import SecurityConfig, Tokens
+from services.common.auth.security import SecurityConfig, Tokens
 from services.planner.server import RunningPlanner, start_planner
 from tests.fuzz.common import LoopRig
 from tests.support.router_doubles import MODEL

@@ -222,7 +222,7 @@ def rig():
 @given(SCRIPTS)
 @settings(NORMAL, max_examples=250)
 # Found by this test: an error quoting a long URL or id overran the client's metadata limit (RESOURCE_EXHAUSTED
-# instead of INVALID_ARGUMENT); details are cut now (services/common/grpc_server.py).
+# instead of INVALID_ARGUMENT); details are cut now (services/common/serve/grpc_server.py).
 @example([("RegisterWorker", pb.RegisterWorkerRequest(url="http://127.0.0.1:" + "\u00e9" * 3_000))])
 # Found by this test: a 10,000-character path prefix was accepted; every poll's request line overran the
 # worker's limit (and the URL went into every snapshot). URLs are at most 2048 characters now.

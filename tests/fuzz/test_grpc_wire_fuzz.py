@@ -283,7 +283,7 @@ def test_any_request_bytes_end_in_a_client_error_at_worst(rig, call):
 async def test_a_closed_stream_closes_the_servicer_stream_in_its_own_task():
     """Found by this module ("Failed to detach context" logged at ERROR after a Generate stream was cancelled):
     a servicer's stream left open when the call ended was finalized later, in another task."""
-    from services.common.grpc_server import RequestGuard
+    from services.common.serve.grpc_server import RequestGuard
 
     cleaned_up_in: list[asyncio.Task | None] = []
 

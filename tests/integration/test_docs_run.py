@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from scripts.doc_markers import doc_blocks, unmarked_shell_blocks
-from services.common.ports import DEFAULT_PORTS, port_free
+from services.common.serve.ports import DEFAULT_PORTS, port_free
 from tests.support.doc_run import run_page, venv_dir
 
 ROOT = Path(__file__).resolve().parents[2]

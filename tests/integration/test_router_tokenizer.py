@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from services.common.tokenizer import load_tokenizer
+from services.common.sglang.tokenizer import load_tokenizer
 from tests.support import router_stack as stack
 from tests.support.eventually import assert_eventually
 from tests.support.processes import run_module

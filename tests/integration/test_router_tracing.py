@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from clients import session_headers
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from services.router.config import KvOverrides, RouterConfig
 from services.router.server import start_router
 from tests.support import router_stack as stack

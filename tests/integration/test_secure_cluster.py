@@ -16,7 +16,7 @@ from bandmaster.router.v1 import router_pb2, router_pb2_grpc
 from bandmaster.scheduler.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.cli import main as cli_main
 from services.cli.up import connect_help
-from services.common.security import client_security
+from services.common.auth.security import client_security
 from services.launcher.cluster import ClusterConfig, start_cluster
 from tests.support.eventually import wait_until
 

@@ -167,7 +167,7 @@ def test_log_problems_counts_warnings_and_errors_and_keeps_a_few_examples():
         "2026-12-01 08:04:46,348 INFO services.router.server serving",
         "2026-12-01 08:04:47,001 WARNING services.router.control scheduler unreachable; failing open",
         "2026-12-01 08:04:48,001 WARNING services.router.control scheduler unreachable; failing open",
-        "2026-12-01 08:04:49,001 ERROR services.router.turns upstream reset",
+        "2026-12-01 08:04:49,001 ERROR services.router.turn.turns upstream reset",
         "Traceback (most recent call last):",
     ]
     assert soak.log_problems(lines) == {
@@ -175,7 +175,7 @@ def test_log_problems_counts_warnings_and_errors_and_keeps_a_few_examples():
         "error": 1,
         "examples": [
             "WARNING services.router.control scheduler unreachable; failing open",
-            "ERROR services.router.turns upstream reset",
+            "ERROR services.router.turn.turns upstream reset",
         ],
     }
     assert soak.log_problems(lines[:1]) == {}

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from services.cli.up import PORT_BASE_OFFSETS
-from services.common.ports import port_free
+from services.common.serve.ports import port_free
 from tests.support.processes import Process, base_env, python_module, run_module, start
 
 UP_LINE = "Ctrl-C to stop"

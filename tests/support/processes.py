@@ -9,7 +9,7 @@ stdout and stderr go to `<tmp>/<name>.log` (appended: a restart under the same n
 lines, `log_text()` shows this run's). Every wait is bounded and fails with the process's log tail, and a
 process that fails to become ready is killed. `stop` is SIGTERM (and SIGCONT, for a process a test froze),
 then SIGKILL after `grace_s`. One-shot commands that must exit (`--help`, exit code 2) use `run_module`.
-Processes run under `services.common.orphan_guard`, so a test session killed outright takes them along.
+Processes run under `services.common.process.orphan_guard`, so a test session killed outright takes them along.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from services.common import orphan_guard
-from services.common.child_start import start_child
-from services.common.ready import read_ready_file
+from services.common.process import orphan_guard
+from services.common.process.child_start import start_child
+from services.common.process.ready import read_ready_file
 from tests.support.eventually import assert_eventually, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

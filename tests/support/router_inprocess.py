@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from services.router.config import RouterConfig
 from services.router.core.types import Replica, WorkerView
 from services.router.server import RunningRouter, start_router

@@ -2,7 +2,7 @@
 
 * Lease: `WatchLease` streams every lease the planner publishes for the pool; each is held as a
   `DrainLease` on the monotonic clock. A broken stream is reopened after `retry_s` (backing off to 5 s
-  under the one retry policy, services/common/retry.py, while the planner stays away); meanwhile the held
+  under the one retry policy, services/common/outbound/retry.py, while the planner stays away); meanwhile the held
   lease runs out by itself, so the dispatcher stops at its expiry (fail closed: no planner, no sends).
 * Jobs: every open batch is a planner job with the batch id as job id (`SubmitBatchJob`, idempotent),
   its request count and its `expires_at` as deadline. Every `interval_s` each open batch's progress is
@@ -28,7 +28,7 @@ from bandmaster.planner.v1 import planner_pb2_grpc as pb_grpc
 from services.batch.adapters.registry import Registry
 from services.batch.core.lease import DispatchFeedback, DrainLease
 from services.common.clock import Clock
-from services.common.retry import Backoff, RetryPolicy
+from services.common.outbound.retry import Backoff, RetryPolicy
 
 log = logging.getLogger("services.batch.planner")
 

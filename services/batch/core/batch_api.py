@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from services.common.web.json_body import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 BATCH_STATUSES = (

@@ -26,8 +26,8 @@ from services.capacity.config import DEFAULT_MAX_SERVER_INFO_BYTES
 from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk, PollResult
 from services.capacity.core.state import CardRejection, CardRejectReason, PollFailureReason
-from services.common.redact import redact_url
-from services.common.worker_client import WorkerClientConfig
+from services.common.auth.redact import redact_url
+from services.common.sglang.worker_client import WorkerClientConfig
 
 log = logging.getLogger(__name__)
 

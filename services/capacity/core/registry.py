@@ -51,7 +51,7 @@ from services.capacity.core.state import (
     PollFailureReason,
     WorkerState,
 )
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 @dataclass(frozen=True)

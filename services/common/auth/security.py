@@ -53,9 +53,9 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import grpc
 from aiohttp import web
 
-from services.common.config import Setting, group, parse_host_port, pop_group, setting, settings_of
-from services.common.errors import ConfigError
-from services.common.openai_errors import error_body
+from services.common.settings.config import Setting, group, parse_host_port, pop_group, setting, settings_of
+from services.common.settings.errors import ConfigError
+from services.common.web.openai_errors import error_body
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """OpenTelemetry set-up: OTLP export when OTEL_EXPORTER_OTLP_ENDPOINT is set, JSON lines to a file with
 `--trace-file` (or BANDMASTER_TRACE_FILE), one line per span on stderr with `--trace-console` (any of
 them), nothing otherwise. The file and the console keep only the spans of turns unless
-`--trace-background` is given (services/common/trace_export.py says how a span is known to be a turn's).
+`--trace-background` is given (services/common/observe/trace_export.py says how a span is known to be a turn's).
 
 Tests pass an in-memory exporter. The file exporter (`JsonLinesSpanExporter`) is for measuring without a
 collector: bench/breakdown.py joins the spans of every process of a live run per turn. Spans are one per
@@ -46,8 +46,8 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import Attributes
 
-from services.common.errors import ConfigError
-from services.common.trace_export import TRACE_FILE_ENV, TraceExport, keeps, mark_turn
+from services.common.observe.trace_export import TRACE_FILE_ENV, TraceExport, keeps, mark_turn
+from services.common.settings.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

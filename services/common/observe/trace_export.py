@@ -1,6 +1,6 @@
 """Where a service's spans go without a collector, and which of them: the `--trace-*` flags of every service.
 
-`--trace-file PATH` writes finished spans as JSON lines (services/common/telemetry.py `JsonLinesSpanExporter`),
+`--trace-file PATH` writes finished spans as JSON lines (services/common/observe/telemetry.py `JsonLinesSpanExporter`),
 `--trace-console` prints one short line per span to stderr. Both are for a user with no OTLP collector;
 `bandmaster trace` (services/cli/trace.py) reads the files back as the tree of one turn.
 
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from opentelemetry.trace import TraceState
 
-from services.common.config import Setting, group, pop_group, require, setting, settings_of
+from services.common.settings.config import Setting, group, pop_group, require, setting, settings_of
 
 TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
 """Every process (and clients/player.py) honours it when no `--trace-file` is given."""

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
-from services.common.retry import Backoff, RetryPolicy
+from services.common.outbound.retry import Backoff, RetryPolicy
 
 
 def _ignore(*_: Any) -> None:

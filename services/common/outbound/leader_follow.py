@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import grpc
 
-from services.common.config import parse_host_port
+from services.common.settings.config import parse_host_port
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Awaitable, Callable, TypeVar
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 
     process = start_child(orphan_guard.command(python, module, args), log_path, env=env, cwd=cwd)
     ...
-    stop_child(process, grace_s=10)          # services/common/child_stop.py, every wait bounded
+    stop_child(process, grace_s=10)          # services/common/process/child_stop.py, every wait bounded
 
 `argv` is run as given: wrap it with `orphan_guard.command` / `exec_command` first for a child that must
 die with its parent (the supervisor, the benches, the tests do). The log is appended to (a restart under

@@ -1,7 +1,7 @@
 """Run a Python module as `__main__`, or exec a program, in a process that dies with its parent.
 
-    python -m services.common.orphan_guard PARENT_PID MODULE [ARG ...]
-    python -m services.common.orphan_guard PARENT_PID --exec PROGRAM [ARG ...]
+    python -m services.common.process.orphan_guard PARENT_PID MODULE [ARG ...]
+    python -m services.common.process.orphan_guard PARENT_PID --exec PROGRAM [ARG ...]
 
 The child asks the kernel itself for PR_SET_PDEATHSIG (SIGTERM when its parent dies), then checks
 that its parent is still PARENT_PID (the parent may have died before the call, and the child would
@@ -30,7 +30,7 @@ from typing import Sequence
 
 PR_SET_PDEATHSIG = 1
 EXIT_PARENT_GONE = 3
-USAGE = "usage: python -m services.common.orphan_guard PARENT_PID (MODULE | --exec PROGRAM) [ARG ...]"
+USAGE = "usage: python -m services.common.process.orphan_guard PARENT_PID (MODULE | --exec PROGRAM) [ARG ...]"
 
 
 def command(python: str, module: str, args: Sequence[str] = ()) -> list[str]:

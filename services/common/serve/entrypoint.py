@@ -13,11 +13,11 @@ import os
 import sys
 from typing import Any, Awaitable, Callable, Mapping, Sequence
 
-from services.common.errors import ConfigError
-from services.common.grpc_server import Stoppable, run, serve_until_signal
-from services.common.logs import setup_logging
-from services.common.ports import PortInUse
-from services.common.telemetry import setup_telemetry
+from services.common.observe.logs import setup_logging
+from services.common.observe.telemetry import setup_telemetry
+from services.common.serve.grpc_server import Stoppable, run, serve_until_signal
+from services.common.serve.ports import PortInUse
+from services.common.settings.errors import ConfigError
 
 
 def service_main(

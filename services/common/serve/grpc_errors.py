@@ -5,7 +5,7 @@ subclass before its base) and wraps each handler body in `async with TABLE.guard
 table names ends the call with its code and a message (`str(exc)` unless the service says otherwise); any
 other exception propagates and gRPC reports it as UNKNOWN, as before.
 
-The details are cut to `services.common.grpc_server.MAX_DETAILS_BYTES` by the host's `RequestGuard`,
+The details are cut to `services.common.serve.grpc_server.MAX_DETAILS_BYTES` by the host's `RequestGuard`,
 which wraps every handler's context; this module does not cut them a second time.
 """
 

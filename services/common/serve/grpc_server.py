@@ -23,14 +23,14 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.common.config import parse_host_port
-from services.common.http_errors import json_errors
-from services.common.loop_lag import LoopLag
-from services.common.ports import PortInUse, binding, port_free, require_free
-from services.common.process_metrics import register_process_metrics
-from services.common.ready import write_ready_file
-from services.common.security import SecurityConfig, Verdict, check_service_binds, log_posture, metrics_guard
-from services.common.telemetry import Telemetry, grpc_server_tracing
+from services.common.auth.security import SecurityConfig, Verdict, check_service_binds, log_posture, metrics_guard
+from services.common.observe.loop_lag import LoopLag
+from services.common.observe.process_metrics import register_process_metrics
+from services.common.observe.telemetry import Telemetry, grpc_server_tracing
+from services.common.process.ready import write_ready_file
+from services.common.serve.ports import PortInUse, binding, port_free, require_free
+from services.common.settings.config import parse_host_port
+from services.common.web.http_errors import json_errors
 
 log = logging.getLogger(__name__)
 

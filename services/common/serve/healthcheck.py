@@ -1,4 +1,4 @@
-"""A container health probe: `python -m services.common.healthcheck TARGET...`, exit 0 when all are healthy.
+"""A container health probe: `python -m services.common.serve.healthcheck TARGET...`, exit 0 when all are healthy.
 
 One image runs every Bandmaster service, and the slim base image has no curl or grpc_health_probe,
 so the image's HEALTHCHECK and each compose service's `healthcheck` call this module with the
@@ -98,7 +98,8 @@ class _Parser(argparse.ArgumentParser):
 def run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, list[ProbeResult]]:
     """Probe every target: (0, results) when all are healthy, else (1, results); a usage error is (1, [])."""
     parser = _Parser(
-        prog="python -m services.common.healthcheck", description="Probe Bandmaster endpoints (container HEALTHCHECK)"
+        prog="python -m services.common.serve.healthcheck",
+        description="Probe Bandmaster endpoints (container HEALTHCHECK)",
     )
     parser.add_argument(
         "targets", nargs="*", help=f"grpc://HOST:PORT or http://HOST:PORT/PATH (default: ${ENV_TARGETS})"

@@ -29,7 +29,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 FLAG_BOOLEANS: Mapping[str, bool] = {
     **dict.fromkeys(("1", "true", "yes", "on"), True),

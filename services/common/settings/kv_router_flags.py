@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from services.common.config import Setting, check_values, setting, setting_like, settings_of
-from services.common.errors import ConfigError
+from services.common.settings.config import Setting, check_values, setting, setting_like, settings_of
+from services.common.settings.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ same on the router, the capacity service and the registrar:
 
 An https worker URL is always verified (the system roots without `--worker-ca-file`); there is no switch to
 turn verification off. The key is read once at start, never logged and never in a repr or an error message;
-a file that others may write is refused, like the bearer-token files (services/common/security.py).
+a file that others may write is refused, like the bearer-token files (services/common/auth/security.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from services.common.config import group, pop_group, setting
-from services.common.errors import ConfigError
-from services.common.security import Tokens, load_secret_file
+from services.common.auth.security import Tokens, load_secret_file
+from services.common.settings.config import group, pop_group, setting
+from services.common.settings.errors import ConfigError
 
 WORKER_API_KEY_ENV = "BANDMASTER_WORKER_API_KEY"
 

@@ -1,5 +1,5 @@
 """OpenAI-style JSON bodies for aiohttp's own errors (unknown path 404, wrong method 405, ...), which
-aiohttp otherwise answers as plain text. The body is built by services/common/openai_errors.py."""
+aiohttp otherwise answers as plain text. The body is built by services/common/web/openai_errors.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Awaitable, Callable
 
 from aiohttp import web
 
-from services.common.openai_errors import error_body, quoted
+from services.common.web.openai_errors import error_body, quoted
 
 _CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 

@@ -2,7 +2,7 @@
 
 A program's turns carry `X-Dynamo-Session-ID` (the program), optionally `X-Dynamo-Parent-Session-ID`
 (the program that spawned it) and, on its last request, `X-Dynamo-Session-Final: true`. The router
-reads them (services/router/session.py); the player, the benches and the peer proxy send them.
+reads them (services/router/turn/session.py); the player, the benches and the peer proxy send them.
 
 An id (a session id, a parent id, a client's request id, a worker id) is at most `MAX_ID_BYTES` bytes of
 printable ASCII (`' '`..`'~'`): the router refuses anything else at its edge (400), the scheduler at its

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable, Protocol, Sequence
 
-from services.common import orphan_guard
-from services.common.child_stop import stop_child_async
 from services.common.clock import Clock
-from services.common.ready import read_ready_file
-from services.common.retry import RetryPolicy, retrying
+from services.common.outbound.retry import RetryPolicy, retrying
+from services.common.process import orphan_guard
+from services.common.process.child_stop import stop_child_async
+from services.common.process.ready import read_ready_file
 from services.planner.core.types import Inventory
 
 log = logging.getLogger("services.planner.connector")

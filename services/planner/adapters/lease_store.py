@@ -41,7 +41,7 @@ import math
 import secrets
 from typing import Protocol
 
-from services.common.retry import RetryPolicy, retrying
+from services.common.outbound.retry import RetryPolicy, retrying
 from services.planner.core.types import Lease, LeaseDecision
 
 log = logging.getLogger("services.planner.lease")

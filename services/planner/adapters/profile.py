@@ -11,7 +11,7 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.planner.core.throughput import EngineProfile
 
 

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 _PROFILE_FIELDS = (
     "decode_x",

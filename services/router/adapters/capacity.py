@@ -1,4 +1,4 @@
-"""The router's side of the capacity watch (the client is services/common/capacity_watch.py): each
+"""The router's side of the capacity watch (the client is services/common/outbound/capacity_watch.py): each
 snapshot's routable workers replace the fleet's (recompute from a fresh snapshot, not deltas). Only
 HEALTHY workers with replicas are routable; a worker that leaves this set (unhealthy, gone) has its
 not-yet-started turns moved (turns.py). The card's `context_length` is kept: prompts that cannot fit are
@@ -13,7 +13,7 @@ from typing import Callable
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from services.router.core.types import Replica, WorkerView
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,11 @@ import aiohttp
 import zmq
 import zmq.asyncio
 
-from services.common.kv_events import KvEvent, decode_event_batch
-from services.common.retry import Backoff, RetryPolicy
+from services.common.outbound.retry import Backoff, RetryPolicy
+from services.common.sglang.kv_events import KvEvent, decode_event_batch
 from services.router.core.events import EventOutcome
 from services.router.core.types import Replica, WorkerView
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ one WARN per outage, an INFO when the scheduler answers again):
 * `AdmitStream` must send its first message (the decision, or `held`) within the decision deadline
   (`admit_decision_timeout_seconds`, ~2 s). No first message = the scheduler is frozen or cut off:
   `no_answer`. UNAVAILABLE and friends: `unreachable`. The deadline counts only the time this
-  process's event loop ran on time (wall time minus its measured lag, services/common/loop_lag.py):
+  process's event loop ran on time (wall time minus its measured lag, services/common/observe/loop_lag.py):
   a router too busy to read the answer does not blame the scheduler for it
   (`bandmaster_router_admit_deadline_extended_total` counts the turns whose window lag lengthened).
 * A held call waits for the decision as long as the scheduler said it may hold it
@@ -35,7 +35,7 @@ first byte leaves a turn the client retries; its lease lapses and the scheduler 
 their CLIENT span and `traceparent` from the gRPC instrumentation on the channel when spans are exported
 (when not, the instrumentation's spans would cost CPU on every turn for nothing: the calls carry the
 caller's `traceparent` by hand instead); AdmitStream is a stream
-the instrumentation does not fit (services/common/telemetry.py), so `admit` opens its own CLIENT span
+the instrumentation does not fit (services/common/observe/telemetry.py), so `admit` opens its own CLIENT span
 (`router.admit`) and injects its context by hand.
 """
 
@@ -52,15 +52,15 @@ from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common.leader_follow import FOLLOW, leader_hint
-from services.common.loop_lag import LoopLag
-from services.common.retry import RetryPolicy
-from services.common.telemetry import inject_metadata
+from services.common.observe.loop_lag import LoopLag
+from services.common.observe.telemetry import inject_metadata
+from services.common.outbound.leader_follow import FOLLOW, leader_hint
+from services.common.outbound.retry import RetryPolicy
 from services.router.core.admission_cache import AdmissionCache
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.core.outcome import Outcome
 from services.router.core.params import SchedulerKvSettings
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

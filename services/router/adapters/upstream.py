@@ -26,7 +26,7 @@ import aiohttp
 from orjson import dumps, loads
 
 from services.router.errors import WorkerFailed, WorkerRejected, WorkerTimeout
-from services.router.redaction import redact
+from services.router.observe.redaction import redact
 
 
 class Upstream:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from services.common.config import require
+from services.common.settings.config import require
 
 
 class CircuitState(enum.Enum):

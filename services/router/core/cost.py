@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """KV events as the router consumes them: the events and the decoder of SGLang's ZMQ payload are the one
-shared set in `services.common.kv_events` (the simworker encodes the same ones); what applying one to the
+shared set in `services.common.sglang.kv_events` (the simworker encodes the same ones); what applying one to the
 index did is the router's own.
 """
 

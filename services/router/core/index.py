@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Generic, Iterable, Sequence, TypeVar
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from services.router.core.events import EventOutcome
 from services.router.core.hashing import digest_to_block_id, held_prefix, page_digests
 from services.router.core.types import Replica

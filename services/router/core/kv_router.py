@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from services.common.kv_events import KvEvent
+from services.common.sglang.kv_events import KvEvent
 from services.router.core.cost import make_cost_policy
 from services.router.core.events import EventOutcome
 from services.router.core.hashing import text_chunk_hashes, token_block_hashes

@@ -21,7 +21,7 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from services.common.config import require
+from services.common.settings.config import require
 
 
 class LimitReason(enum.Enum):

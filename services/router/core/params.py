@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.common.config import require
+from services.common.settings.config import require
 
 COST_POLICY_NAMES = ("classic", "lmetric")  # kept in step with cost.COST_POLICIES (tested)
 

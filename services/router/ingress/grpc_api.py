@@ -16,15 +16,16 @@ from orjson import loads
 
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
-from services.common.telemetry import grpc_parent
-from services.router import session, validation
+from services.common.observe.telemetry import grpc_parent
 from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
 from services.router.errors import BadRequest, RouterError, WorkerFailed, WorkerTimeout
-from services.router.metrics import RouterMetrics
-from services.router.relay import LineKind
-from services.router.turn_types import Api, TurnSpec, request_attributes
-from services.router.turns import TurnRunner
+from services.router.ingress import validation
+from services.router.observe.metrics import RouterMetrics
+from services.router.turn import session
+from services.router.turn.relay import LineKind
+from services.router.turn.turn_types import Api, TurnSpec, request_attributes
+from services.router.turn.turns import TurnRunner
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Router"].full_name
 

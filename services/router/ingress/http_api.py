@@ -27,7 +27,6 @@ from orjson import dumps, loads
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from services.router import session, validation
 from services.router.adapters.batch_api import BatchApiProxy, is_batch_path
 from services.router.core.outcome import Outcome
 from services.router.core.prompt_text import chat_routing_text
@@ -45,10 +44,12 @@ from services.router.errors import (
     WorkerTimeout,
     quoted,
 )
-from services.router.http_server import HttpLimits, check_content_encoding, error_response
-from services.router.metrics import RouterMetrics
-from services.router.turn_types import Api, TurnSpec, request_attributes
-from services.router.turns import TurnRunner
+from services.router.ingress import validation
+from services.router.ingress.http_server import HttpLimits, check_content_encoding, error_response
+from services.router.observe.metrics import RouterMetrics
+from services.router.turn import session
+from services.router.turn.turn_types import Api, TurnSpec, request_attributes
+from services.router.turn.turns import TurnRunner
 
 log = logging.getLogger(__name__)
 

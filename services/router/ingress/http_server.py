@@ -44,11 +44,11 @@ from aiohttp.http_exceptions import (
 )
 from orjson import dumps
 
-from services.common.ports import PortInUse, binding
-from services.common.security import Role, Tokens, Verdict, authorize, bearer_of
+from services.common.auth.security import Role, Tokens, Verdict, authorize, bearer_of
+from services.common.serve.ports import PortInUse, binding
 from services.router.core.limits import ConnectionLimitParams, ConnectionRefusal, ConnectionShares
 from services.router.errors import BadRequest, Internal, Overloaded, RouterError, UnsupportedMediaType, quoted
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from orjson import dumps
 
-from services.common.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
+from services.common.web.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
 from services.router.errors import BadRequest, quoted
 
 MAX_TOKEN_ID = 2**31 - 1  # SGLang token ids are int32; the prefix hash packs them as u32

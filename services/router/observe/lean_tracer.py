@@ -10,7 +10,7 @@ The sampled flag follows the provider's sampler: `ParentBased` (the default, and
 `--trace-sample-ratio`) keeps a valid parent's flag and asks its root sampler only for a new trace, as the
 SDK does; any other sampler is asked for every span. A turn entry span (`router.request`) marks the trace
 state as a turn's, as `TurnMarkingSampler` does, so that the scheduler and the workers can tell its spans
-from background ones (services/common/trace_export.py).
+from background ones (services/common/observe/trace_export.py).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from services.common.telemetry import TurnMarkingSampler
-from services.common.trace_export import mark_turn
+from services.common.observe.telemetry import TurnMarkingSampler
+from services.common.observe.trace_export import mark_turn
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)

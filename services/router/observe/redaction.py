@@ -1,6 +1,6 @@
 """Credentials never leave the router in an error or a log line.
 
-`redact` masks URL userinfo (services.common.redact), the value of credential headers quoted in text
+`redact` masks URL userinfo (services.common.auth.redact), the value of credential headers quoted in text
 (`Authorization: ...`, `Proxy-Authorization`, `X-Api-Key`, `Api-Key`, `Cookie`), bearer/basic tokens
 and OpenAI-style `sk-...` keys. `install_log_redaction()` puts `RedactingFilter` on the root logger's
 handlers, so every record the process writes (ours, aiohttp's, grpc's; message and traceback) passes
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 
-from services.common.redact import REDACTED, redact_url
+from services.common.auth.redact import REDACTED, redact_url
 
 _HEADER = re.compile(
     r"(?i)\b(authorization|proxy-authorization|x-api-key|api-key|cookie)(\s*[:=]\s*)"

@@ -17,13 +17,13 @@ from opentelemetry import trace
 from orjson import loads
 
 from services.router.adapters.scheduler import Admission
-from services.router.circuits import WorkerCircuits
 from services.router.core.outcome import Outcome
 from services.router.core.types import Replica, WorkerView
 from services.router.errors import WorkerFailed, WorkerTimeout
-from services.router.fleet import Fleet
-from services.router.relay import LineKind, SseRelay, ensure_cached_details, split_lines, stream_error
-from services.router.turn_types import Api, TurnSpec, Usage
+from services.router.turn.relay import LineKind, SseRelay, ensure_cached_details, split_lines, stream_error
+from services.router.turn.turn_types import Api, TurnSpec, Usage
+from services.router.workers.circuits import WorkerCircuits
+from services.router.workers.fleet import Fleet
 
 
 @dataclass

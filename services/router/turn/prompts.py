@@ -1,7 +1,7 @@
 """Exact prompts: the model's tokenizer turns a text request into the token ids the worker will see.
 
 With `--tokenizer`, a chat request is rendered with the model's chat template and encoded exactly as
-SGLang does (services/common/tokenizer.py), a `/v1/completions` or `/generate` text prompt is encoded
+SGLang does (services/common/sglang/tokenizer.py), a `/v1/completions` or `/generate` text prompt is encoded
 with the model's special tokens, and the router hashes token pages (hashing.py) that equal the block
 hashes of the workers' KV events. Without it, text prompts keep the approximate text-chunk mode.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import enum
 
-from services.common.tokenizer import ModelTokenizer
+from services.common.sglang.tokenizer import ModelTokenizer
 
 # Below this many characters (~2K tokens, ~3 ms) a prompt is encoded on the event loop.
 INLINE_MAX_CHARS = 8192

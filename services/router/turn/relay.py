@@ -15,8 +15,8 @@ from typing import Callable
 
 from orjson import dumps, loads
 
-from services.router.redaction import redact
-from services.router.turn_types import Api
+from services.router.observe.redaction import redact
+from services.router.turn.turn_types import Api
 
 
 class LineKind(enum.Enum):

@@ -16,8 +16,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Mapping
 
-from services.common.config import TRUE_OR_FALSE, parse_bool
-from services.common.session_ids import (  # noqa: F401 - the header names are re-exported
+from services.common.settings.config import TRUE_OR_FALSE, parse_bool
+from services.common.web.session_ids import (  # noqa: F401 - the header names are re-exported
     FINAL_HEADER,
     MAX_ID_BYTES,
     PARENT_HEADER,

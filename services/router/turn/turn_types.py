@@ -10,7 +10,7 @@ import enum
 import uuid
 from dataclasses import dataclass, field
 
-from services.router.session import SessionIdentity
+from services.router.turn.session import SessionIdentity
 
 
 class Api(enum.Enum):

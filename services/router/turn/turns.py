@@ -41,10 +41,9 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from orjson import loads
 
-from services.common.tokenizer import ChatTemplateError
+from services.common.sglang.tokenizer import ChatTemplateError
 from services.router.adapters.scheduler import Admission, FailOpen, SchedulerClient
 from services.router.adapters.upstream import Upstream
-from services.router.circuits import WorkerCircuits
 from services.router.core.admission_cache import CachedAdmission
 from services.router.core.context_fit import chat_content_chars, context_limit, overflow
 from services.router.core.deadline import DeadlineParams, PrefillRates
@@ -65,13 +64,14 @@ from services.router.errors import (
     WorkerTimeout,
     WorkerUnresponsive,
 )
-from services.router.fleet import Fleet
-from services.router.health import WorkerProbes
-from services.router.metrics import RouterMetrics
-from services.router.open_turn import Bookkeeping, OpenTurn
-from services.router.prompts import PromptMode, PromptTokenizer
-from services.router.relay import stream_error
-from services.router.turn_types import Api, TurnSpec
+from services.router.observe.metrics import RouterMetrics
+from services.router.turn.open_turn import Bookkeeping, OpenTurn
+from services.router.turn.prompts import PromptMode, PromptTokenizer
+from services.router.turn.relay import stream_error
+from services.router.turn.turn_types import Api, TurnSpec
+from services.router.workers.circuits import WorkerCircuits
+from services.router.workers.fleet import Fleet
+from services.router.workers.health import WorkerProbes
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState, Transition
 from services.router.core.types import WorkerView
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 

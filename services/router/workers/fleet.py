@@ -13,7 +13,7 @@ import logging
 import random
 from typing import Callable
 
-from services.common.kv_events import KvEvent
+from services.common.sglang.kv_events import KvEvent
 from services.router.config import KvOverrides
 from services.router.core.events import EventOutcome
 from services.router.core.kv_router import KvRouterCore

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.common.clock import Clock
-from services.common.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
+from services.common.web.session_ids import MAX_ID_BYTES, id_too_long, printable_ascii
 from services.scheduler.core import (
     Band,
     CapacitySnapshot,

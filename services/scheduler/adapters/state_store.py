@@ -38,7 +38,7 @@ from typing import Protocol
 
 import orjson
 
-from services.common.redact import redact_url
+from services.common.auth.redact import redact_url
 from services.scheduler.adapters.file_lease import FileLease, LeaseFileError
 from services.scheduler.core import Lifecycle, ReplicaKey, Status
 from services.scheduler.core.leadership import LeaseRead, LeaseRecord

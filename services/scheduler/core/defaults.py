@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from services.common import kv_router_flags
-from services.common.config import require
+from services.common.settings import kv_router_flags
+from services.common.settings.config import require
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PAUSE_POLICIES, CostAwarePauseParams
 
@@ -103,7 +103,7 @@ _KV = kv_router_flags.BY_NAME
 @dataclass(frozen=True)
 class KvRouterConfig:
     """KvRouter settings accepted by the scheduler and forwarded to the router unchanged (defaults and rules:
-    services/common/kv_router_flags.py)."""
+    services/common/settings/kv_router_flags.py)."""
 
     router_temperature: float = _KV["router_temperature"].default
     kv_overlap_score_weight: float = _KV["kv_overlap_score_weight"].default

@@ -28,7 +28,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from services.common.config import require
+from services.common.settings.config import require
 
 
 class Role(enum.Enum):

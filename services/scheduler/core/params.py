@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 # The reference hard-codes a 100-token allowance per program (decode room, bookkeeping slack).
 BUFFER_PER_PROGRAM_TOKENS = 100

@@ -14,7 +14,7 @@ finished-abort outputs of requests aborted while nothing else ran): deliver them
 Everything here is plain data: no asyncio, no sockets, no clock reads. The engine is deterministic
 for a given seed and sequence of calls.
 
-A step's KV events are the one shared set in `services.common.kv_events` (the router decodes the same
+A step's KV events are the one shared set in `services.common.sglang.kv_events` (the router decodes the same
 dataclasses from the wire); this module names them for the engine's users.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, Sequence
 
-from services.common.errors import ConfigError
-from services.common.kv_events import KvEvent
+from services.common.settings.errors import ConfigError
+from services.common.sglang.kv_events import KvEvent
 
 WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 

@@ -38,7 +38,7 @@ from array import array
 from collections import deque
 from typing import Iterable, Sequence
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 GPU = "GPU"
 HOST = "CPU_PINNED"

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 DEFAULT_PROFILE = "glm45-fp8-h200"
 _DECODE_X = ("context_k", "kv_utilisation")

@@ -235,7 +235,7 @@ async def test_batches_survive_a_batch_service_restart(tmp_path, upstream):
 
 
 async def test_batch_api_needs_the_data_token_and_the_dispatcher_sends_it(tmp_path, upstream):
-    from services.common.security import SecurityConfig, Tokens
+    from services.common.auth.security import SecurityConfig, Tokens
 
     token = "d" * 32
     running = await start_stack(tmp_path, upstream.url, security=SecurityConfig(data_tokens=Tokens([token])))

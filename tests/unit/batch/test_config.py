@@ -3,7 +3,7 @@
 import pytest
 
 from services.batch.config import SETTINGS, load_config
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 REQUIRED = ["--planner", "127.0.0.1:50061", "--dispatch-url", "http://127.0.0.1:8000"]
 

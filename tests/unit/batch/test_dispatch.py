@@ -171,7 +171,7 @@ def test_a_registry_the_planner_kept_before_the_split_carries_on(tmp_path):
 
 
 def test_dispatch_retries_follow_the_one_retry_policy(tmp_path):
-    """Retryable failures wait as services/common/retry.py says, doubling to a cap, within max_attempts."""
+    """Retryable failures wait as services/common/outbound/retry.py says, doubling to a cap, within max_attempts."""
     reg = Registry(str(tmp_path / "r.sqlite3"))
     d = Dispatcher(reg, lambda: None, SystemClock(), base_url="http://127.0.0.1:9", max_attempts=3)
     assert d.retry.may_try_again(2) and not d.retry.may_try_again(3)

@@ -213,7 +213,7 @@ def test_the_calibrated_defaults_cost_something_on_every_phase():
 
 
 def test_a_negative_cost_is_a_config_error():
-    from services.common.errors import ConfigError
+    from services.common.settings.errors import ConfigError
 
     with pytest.raises(ConfigError, match="base_s >= 0"):
         PhaseCost(base_s=-0.001)
@@ -221,7 +221,7 @@ def test_a_negative_cost_is_a_config_error():
 
 def test_the_model_calibrates_from_a_live_breakdown_report():
     from harness.simlib.live_path import costs_from_breakdown
-    from services.common.errors import ConfigError
+    from services.common.settings.errors import ConfigError
 
     report = breakdown_from_spans([DATA])
     means = {name: entry["wall_s"]["mean"] for name, entry in report["phases"].items()}
@@ -243,7 +243,7 @@ def test_live_spans_sets_the_trace_file_for_processes_started_inside_and_restore
     import os
 
     from bench.breakdown import LiveSpans
-    from services.common.telemetry import TRACE_FILE_ENV
+    from services.common.observe.telemetry import TRACE_FILE_ENV
 
     monkeypatch.setenv(TRACE_FILE_ENV, "/elsewhere/{pid}.jsonl")
     spans = LiveSpans(tmp_path / "run1", client=False)

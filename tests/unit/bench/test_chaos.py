@@ -6,7 +6,7 @@ import pytest
 
 from bench import chaos
 from bench.chaos import ACTIONS, FULL, QUICK, Fault, FaultRecord, ProgramOutcome, RequestRecord
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 INSTANCES = {"simworker": 3, "capacity": 1, "scheduler": 1, "router": 2, "planner": 1, "redis": 1}
 

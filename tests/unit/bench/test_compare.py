@@ -7,7 +7,7 @@ import pytest
 from bench import compare
 from clients.player import TurnRecord
 from clients.workloads.model import Program, Turn
-from services.common.config import ConfigError
+from services.common.settings.config import ConfigError
 
 
 class _LinearProfile:

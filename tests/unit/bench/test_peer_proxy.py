@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from bench.peer_proxy import _usage_of, build_parser, check_args
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 USAGE = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":120,"completion_tokens":7,"total_tokens":127}}\n\n'
 CHUNK = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'

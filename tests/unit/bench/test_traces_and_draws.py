@@ -19,7 +19,7 @@ from clients.workloads import (
     trace_programs,
 )
 from clients.workloads.model import Program, Turn
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 SHARED_TRACE = Path("/work/shared/traces/swe_agent_trace.jsonl")
 

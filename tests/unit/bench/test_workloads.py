@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clients.workloads import scale, short_context_agents, summarize, swe_agent_programs, synthetic_like
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 def test_trace_matches_published_summary():

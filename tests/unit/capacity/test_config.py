@@ -4,7 +4,7 @@ import pytest
 
 from services.capacity.config import CapacityConfig, load_config, validate_worker_url
 from services.capacity.core.state import Expectation, Origin
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 def test_defaults():

@@ -11,7 +11,7 @@ from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
 from services.capacity.config import CapacityConfig
 from services.capacity.registrar import Registrar, load_config
 from services.capacity.server import start_capacity
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from tests.support.eventually import assert_eventually
 
 

@@ -16,7 +16,7 @@ from services.capacity.core.registry import (
 )
 from services.capacity.core.state import Expectation, Health, Load, Origin, PollFailureReason
 from services.common.clock import FakeClock
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 def card(**overrides):

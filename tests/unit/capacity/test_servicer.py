@@ -15,7 +15,7 @@ from services.capacity.core.cards import derive_card
 from services.capacity.core.registry import PollOk
 from services.capacity.core.state import Origin
 from services.capacity.server import start_capacity
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from tests.support.capacity_workers import Answer, RawWorker
 from tests.support.eventually import assert_eventually
 from tests.support.sglang_stub import SglangStub, sglang_info

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from services.common.grpc_server import ServiceHost, run, serve_until_signal
+from services.common.serve.grpc_server import ServiceHost, run, serve_until_signal
 
 
 async def main() -> int:

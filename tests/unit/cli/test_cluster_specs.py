@@ -6,7 +6,7 @@ import json
 import pytest
 
 from services.cli.up import add_cluster_arguments, cluster_config
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.launcher.cluster import (
     ClusterConfig,
     batch_spec,

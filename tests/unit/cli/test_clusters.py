@@ -11,7 +11,7 @@ import pytest
 from services.cli import endpoints, main
 from services.cli.status import Snapshot, render
 from services.cli.up import removable_state
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 GONE_PID = 999_999_999
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from services.cli import endpoints
-from services.common.ports import DEFAULT_PORTS, listener_uid
+from services.common.serve.ports import DEFAULT_PORTS, listener_uid
 
 HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
 

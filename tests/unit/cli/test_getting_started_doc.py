@@ -10,7 +10,7 @@ import pytest
 
 from services import cli
 from services.cli.up import PORT_FLAGS
-from services.common.ports import DEFAULT_PORTS
+from services.common.serve.ports import DEFAULT_PORTS
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "getting-started.md"
 TEXT = DOC.read_text()

@@ -9,7 +9,7 @@ from services import cli
 from services.batch.config import SETTINGS as BATCH
 from services.capacity.config import SETTINGS as CAPACITY
 from services.capacity.registrar import SETTINGS as REGISTRAR
-from services.common.config import build_parser
+from services.common.settings.config import build_parser
 from services.planner.config import SETTINGS as PLANNER
 from services.router.config import SETTINGS as ROUTER
 from services.scheduler.config import SETTINGS as SCHEDULER

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.cli import up
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.launcher.cluster import ClusterConfig, ClusterPorts, planner_spec, router_spec, scheduler_spec
 from services.launcher.supervisor import ChildSpec
 

@@ -4,8 +4,8 @@ the supervisor's health probes get the client certificate."""
 import argparse
 
 from services.cli.up import add_parser, cluster_config
-from services.common.config import parse_settings
-from services.common.security import load_security, security_settings
+from services.common.auth.security import load_security, security_settings
+from services.common.settings.config import parse_settings
 from services.launcher.cluster import ClusterConfig, _secured, batch_spec, capacity_spec, router_spec, secure_cluster
 from services.launcher.supervisor import Supervisor
 

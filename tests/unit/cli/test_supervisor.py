@@ -44,7 +44,7 @@ def test_children_die_when_the_supervisor_is_killed(tmp_path):
 def test_children_start_without_a_preexec_fn(tmp_path, monkeypatch):
     """A `preexec_fn` makes `subprocess` fork the threaded supervisor and run Python between fork
     and exec, where a lock another thread holds (gRPC's, the loader's) can deadlock the child. The
-    death signal is the child's own business (services.common.orphan_guard)."""
+    death signal is the child's own business (services.common.process.orphan_guard)."""
     import subprocess
 
     seen = []
@@ -60,7 +60,7 @@ def test_children_start_without_a_preexec_fn(tmp_path, monkeypatch):
     supervisor.stop_all(grace_s=5)
     (cmd, preexec_fn), *_ = seen
     assert preexec_fn is None
-    assert cmd[1:5] == ["-m", "services.common.orphan_guard", str(os.getpid()), "tests.unit.cli.fake_service"]
+    assert cmd[1:5] == ["-m", "services.common.process.orphan_guard", str(os.getpid()), "tests.unit.cli.fake_service"]
 
 
 def test_a_reused_state_dir_reports_only_this_runs_log_lines(tmp_path):

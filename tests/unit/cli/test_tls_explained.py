@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
 from services.cli import main
-from services.common.certs import ensure_local_pki
+from services.common.auth.certs import ensure_local_pki
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from services.cli.up import (
     http_port,
     no_healthy_worker_banner,
 )
-from services.common.errors import ConfigError
-from services.common.ports import DEFAULT_PORTS
+from services.common.serve.ports import DEFAULT_PORTS
+from services.common.settings.errors import ConfigError
 from services.launcher.cluster import ClusterConfig, ClusterPorts, capacity_spec, router_spec, simworker_spec
 from services.planner.config import SETTINGS as PLANNER
 from services.router.config import SETTINGS as ROUTER

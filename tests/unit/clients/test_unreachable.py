@@ -9,7 +9,7 @@ import pytest
 from bandmaster.router.v1 import router_pb2 as pb
 from bandmaster.router.v1 import router_pb2_grpc as pb_grpc
 from clients import BandmasterClient, Unreachable
-from services.common.certs import issue, make_ca
+from services.common.auth.certs import issue, make_ca
 
 CA, CA_KEY = make_ca()
 SERVER_CERT, SERVER_KEY = issue(CA, CA_KEY, "router")

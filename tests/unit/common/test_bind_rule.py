@@ -12,9 +12,9 @@ import pytest
 
 from services.batch.config import load_config as batch_config
 from services.capacity.config import load_config as capacity_config
-from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost
-from services.common.security import Port, SecurityConfig, Tokens, check_bind, is_loopback
+from services.common.auth.security import Port, SecurityConfig, Tokens, check_bind, is_loopback
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.errors import ConfigError
 from services.planner.config import load_config as planner_config
 from services.router.config import load_config as router_config
 from services.scheduler.config import load_config as scheduler_config

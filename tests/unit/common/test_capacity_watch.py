@@ -1,4 +1,4 @@
-"""The one capacity watch client (services/common/capacity_watch.py): stop() always ends the watch.
+"""The one capacity watch client (services/common/outbound/capacity_watch.py): stop() always ends the watch.
 
 Found in the suite: a router fixture's teardown blocked for good in `watch.stop()` about one run in
 five. The stream's read failed (the capacity address refuses connections) in the same loop iteration
@@ -15,7 +15,7 @@ import logging
 import grpc
 import pytest
 
-from services.common.capacity_watch import CapacityWatch
+from services.common.outbound.capacity_watch import CapacityWatch
 
 pytestmark = pytest.mark.timeout(30)
 

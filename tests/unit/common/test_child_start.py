@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from services.common.child_start import start_child
-from services.common.child_stop import stop_child
+from services.common.process.child_start import start_child
+from services.common.process.child_stop import stop_child
 
 PRINT = (
     "import os, sys; print(os.getcwd(), os.environ.get('MARK'), sys.stdin.read() == ''); print('err', file=sys.stderr)"

@@ -1,4 +1,5 @@
-"""services/common/child_stop.py: stopping a child never waits without a bound, frozen or deaf children included."""
+"""services/common/process/child_stop.py: stopping a child never waits without a bound, frozen or deaf children
+included."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
-from services.common.child_stop import stop_child, stop_child_async
-from services.common.errors import ConfigError
+from services.common.process.child_stop import stop_child, stop_child_async
+from services.common.settings.errors import ConfigError
 
 DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
 SLEEPER = "import time; print('ready', flush=True); time.sleep(60)"

@@ -2,7 +2,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from services.common.clock import FakeClock
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 
 
 def test_fake_clock_moves_only_forward():

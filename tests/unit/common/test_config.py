@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.common.config import (
+from services.common.settings.config import (
     TRUE_OR_FALSE,
     Setting,
     group,
@@ -15,7 +15,7 @@ from services.common.config import (
     setting,
     settings_of,
 )
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 SETTINGS = [
     Setting("threshold", float, 0.95, "a fraction", env="X_THRESHOLD"),

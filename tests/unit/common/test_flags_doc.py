@@ -8,7 +8,7 @@ import pytest
 
 from scripts import flags_table
 from scripts.doc_markers import splice
-from services.common.config import build_parser
+from services.common.settings.config import build_parser
 
 
 def test_docs_flags_md_is_current():

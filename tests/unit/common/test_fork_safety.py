@@ -2,7 +2,7 @@
 
 The setting only counts if it is in the environment before gRPC is first imported: gRPC reads it
 once. The benchmarks and the harness fork after they have used gRPC (worker pools; child processes
-were started with a `preexec_fn`, a real fork, until services.common.orphan_guard), and with the handlers
+were started with a `preexec_fn`, a real fork, until services.common.process.orphan_guard), and with the handlers
 on a fork can deadlock in gRPC's pre-fork handler: `bench.compare` once hung for good in `fork()`
 while starting a router, its one other thread gRPC's timer. So every entry point must have set it
 before anything imports grpc.

@@ -1,4 +1,4 @@
-"""The one domain-error → gRPC status mapping (services/common/grpc_errors.py)."""
+"""The one domain-error → gRPC status mapping (services/common/serve/grpc_errors.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from services.common.grpc_errors import ErrorTable
+from services.common.serve.grpc_errors import ErrorTable
 
 
 class Missing(LookupError):

@@ -9,8 +9,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import Counter
 
-from services.common.grpc_server import ServiceHost
-from services.common.security import SecurityConfig
+from services.common.auth.security import SecurityConfig
+from services.common.serve.grpc_server import ServiceHost
 
 
 async def _list_services(channel) -> list[str]:

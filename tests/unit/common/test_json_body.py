@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.common.json_body import MAX_JSON_DEPTH, JsonTooDeep, json_depth, loads_bounded
+from services.common.web.json_body import MAX_JSON_DEPTH, JsonTooDeep, json_depth, loads_bounded
 
 
 def nested(depth: int, opening: str = "[", closing: str = "]") -> str:

@@ -5,8 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.common import kv_events
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_event_batch, encode_batch
+from services.common.sglang import kv_events
+from services.common.sglang.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    decode_event_batch,
+    encode_batch,
+)
 from services.router.core import events as router_events
 from services.simworker.core import api as engine_api
 
@@ -34,5 +40,5 @@ def test_what_is_encoded_decodes_to_the_same_events(ts, events, dp_rank):
 
 def test_the_events_are_defined_once():
     for name in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
-        assert getattr(kv_events, name).__module__ == "services.common.kv_events"
+        assert getattr(kv_events, name).__module__ == "services.common.sglang.kv_events"
         assert not hasattr(router_events, name) and not hasattr(engine_api, name)

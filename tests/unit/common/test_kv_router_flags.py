@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from services.common import kv_router_flags
-from services.common.errors import ConfigError
+from services.common.settings import kv_router_flags
+from services.common.settings.errors import ConfigError
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
 from services.scheduler.core.defaults import KvRouterConfig
@@ -82,7 +82,7 @@ def test_every_flag_reaches_the_routers_selection_params(name):
     core is built with (fleet.resolve_params), and changes exactly its own field there."""
     from services.router.adapters.scheduler import kv_settings_from_proto
     from services.router.config import KvOverrides
-    from services.router.fleet import resolve_params
+    from services.router.workers.fleet import resolve_params
     from services.scheduler.adapters.proto import router_config_to_proto
 
     def router_params(argv):

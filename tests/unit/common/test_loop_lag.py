@@ -8,7 +8,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from services.common.loop_lag import LoopLag
+from services.common.observe.loop_lag import LoopLag
 
 
 class Clock:

@@ -70,7 +70,7 @@ def test_names_follow_the_conventions(catalog):
         if len(doc.services) == 1:
             assert doc.name.startswith(_PREFIXES[doc.services[0]]), (doc.services, doc.name)
         elif doc.name == "bandmaster_build_info" or doc.name.startswith("process_"):
-            # Every process's own series (services/common/process_metrics.py), the simulated worker's too.
+            # Every process's own series (services/common/observe/process_metrics.py), the simulated worker's too.
             assert set(doc.services) == set(_PREFIXES), doc
         else:
             assert doc.name.startswith("bandmaster_") and set(doc.services) <= {

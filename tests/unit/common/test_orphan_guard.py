@@ -1,18 +1,18 @@
-"""services.common.orphan_guard: a child that dies with its parent, started without a preexec_fn."""
+"""services.common.process.orphan_guard: a child that dies with its parent, started without a preexec_fn."""
 
 import os
 import signal
 import subprocess
 import sys
 
-from services.common import orphan_guard
+from services.common.process import orphan_guard
 
 
 def test_the_guard_refuses_to_run_once_its_parent_is_gone():
     """Started on behalf of a parent that is not (or no longer) its parent, the guard exits before
     running the module: the death signal would never come."""
     result = subprocess.run(
-        [sys.executable, "-m", "services.common.orphan_guard", "1", "tests.unit.cli.fake_service"],
+        [sys.executable, "-m", "services.common.process.orphan_guard", "1", "tests.unit.cli.fake_service"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -28,7 +28,7 @@ def test_the_guard_runs_the_module_as_main_with_its_arguments(tmp_path):
         [
             sys.executable,
             "-c",
-            "import subprocess, sys; from services.common import orphan_guard; "
+            "import subprocess, sys; from services.common.process import orphan_guard; "
             "sys.exit(subprocess.run(orphan_guard.command(sys.executable, 'probe', ['a', '--b'])).returncode)",
         ],
         capture_output=True,
@@ -52,7 +52,7 @@ def test_the_guard_execs_a_program_with_its_arguments(tmp_path):
         "print(sig.value, sys.argv[1:])\n"
     )
     launcher = (
-        "import subprocess, sys; from services.common import orphan_guard; "
+        "import subprocess, sys; from services.common.process import orphan_guard; "
         f"sys.exit(subprocess.run(orphan_guard.exec_command(sys.executable, sys.executable, "
         f"[{str(probe)!r}, 'a', '--b'])).returncode)"
     )

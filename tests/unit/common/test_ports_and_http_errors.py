@@ -4,8 +4,8 @@ which grpc's default SO_REUSEPORT would silently share with); the metrics port a
 import aiohttp
 import pytest
 
-from services.common.grpc_server import ServiceHost
-from services.common.ports import PortInUse, port_free
+from services.common.serve.grpc_server import ServiceHost
+from services.common.serve.ports import PortInUse, port_free
 
 
 async def test_a_second_service_on_the_same_grpc_port_is_refused_not_shared():
@@ -51,7 +51,7 @@ async def test_the_metrics_port_answers_openai_style_json_errors():
 
 
 async def test_the_metrics_port_404_quotes_at_most_64_characters_of_the_path():
-    from services.common.openai_errors import ECHO_MAX_CHARS
+    from services.common.web.openai_errors import ECHO_MAX_CHARS
 
     host = ServiceHost("test", listen="127.0.0.1:0", metrics_port=0, shutdown_grace_seconds=0.1)
     await host.start()
@@ -70,7 +70,7 @@ async def test_the_metrics_port_404_quotes_at_most_64_characters_of_the_path():
 
 
 def test_the_router_quotes_with_the_same_one_helper():
-    from services.common import http_errors, openai_errors
+    from services.common.web import http_errors, openai_errors
     from services.router import errors
 
     assert errors.quoted is openai_errors.quoted and errors.ECHO_MAX_CHARS == openai_errors.ECHO_MAX_CHARS
@@ -79,7 +79,7 @@ def test_the_router_quotes_with_the_same_one_helper():
 
 def test_every_openai_error_body_comes_from_the_one_builder():
     from services.batch import http_api as batch_http
-    from services.common import http_errors, openai_errors
+    from services.common.web import http_errors, openai_errors
     from services.router import errors
 
     # The batch service's HTTP edge (split out of the planner) uses the one builder, not a copy.

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.process_metrics import bandmaster_version, register_process_metrics
+from services.common.observe.process_metrics import bandmaster_version, register_process_metrics
 
 
 def _samples(registry: CollectorRegistry) -> dict[str, list]:
@@ -45,7 +45,7 @@ def test_process_series_build_info_and_no_created():
 
 @pytest.mark.asyncio
 async def test_a_service_host_and_a_simworker_register_them():
-    from services.common.grpc_server import ServiceHost
+    from services.common.serve.grpc_server import ServiceHost
     from services.simworker.core.api import EngineStats
     from services.simworker.metrics import SimWorkerMetrics
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.common.ready import read_ready_file, wait_ready_file, write_ready_file
+from services.common.process.ready import read_ready_file, wait_ready_file, write_ready_file
 
 
 def test_writes_json_atomically_and_replaces(tmp_path):

@@ -1,6 +1,6 @@
 import pytest
 
-from services.common.redact import redact_url
+from services.common.auth.redact import redact_url
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.retry import Backoff, RetryPolicy, retrying
+from services.common.outbound.retry import Backoff, RetryPolicy, retrying
+from services.common.settings.errors import ConfigError
 
 
 @pytest.mark.parametrize(

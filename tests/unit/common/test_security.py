@@ -1,7 +1,7 @@
 """Security settings, the role table, the token interceptor and the HTTP bearer guard.
 
 The interceptor and TLS are exercised against a real `ServiceHost` on 127.0.0.1:0 with certificates
-from the local CA (`services.common.certs`), the HTTP guard against a real aiohttp server.
+from the local CA (`services.common.auth.certs`), the HTTP guard against a real aiohttp server.
 """
 
 import os
@@ -14,11 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import RawTestServer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.common.certs import ensure_local_pki, issue, make_ca
-from services.common.config import parse_settings
-from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost
-from services.common.security import (
+from services.common.auth.certs import ensure_local_pki, issue, make_ca
+from services.common.auth.security import (
     OncePer,
     Role,
     Tokens,
@@ -33,6 +30,9 @@ from services.common.security import (
     required_role,
     security_settings,
 )
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.config import parse_settings
+from services.common.settings.errors import ConfigError
 
 CONTROL = "c" * 20
 DATA = "d" * 20
@@ -326,7 +326,7 @@ async def test_tokens_without_tls(tmp_path):
 
 async def test_a_refused_call_says_what_was_wrong_and_is_logged_once_per_peer(tmp_path, caplog):
     host = await _serve(load(["--control-token-file", token_file(tmp_path, "c", CONTROL)]))
-    caplog.set_level("WARNING", logger="services.common.security")
+    caplog.set_level("WARNING", logger="services.common.auth.security")
     try:
         async with grpc.aio.insecure_channel(host.address) as channel:
             details = {}
@@ -404,7 +404,7 @@ async def test_http_bearer_guard(caplog):
         on_refusal=lambda interface, verdict: refusals.append((interface, verdict)),
         log_once=OncePer(60.0, lambda: 0.0),
     )
-    caplog.set_level("WARNING", logger="services.common.security")
+    caplog.set_level("WARNING", logger="services.common.auth.security")
     async with RawTestServer(guarded) as server, aiohttp.ClientSession() as session:
         url = str(server.make_url("/v1/models"))
         for headers, status, message in [

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from services.capacity.config import load_config as capacity_config
-from services.common.certs import ensure_local_pki
-from services.common.errors import ConfigError
+from services.common.auth.certs import ensure_local_pki
+from services.common.settings.errors import ConfigError
 from services.planner.config import load_config as planner_config
 from services.router.config import load_config as router_config
 from services.scheduler.config import load_config as scheduler_config

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.session_ids import FINAL_HEADER, MAX_ID_BYTES, SESSION_HEADER, id_too_long, printable_ascii
-from services.router import session
+from services.common.web.session_ids import FINAL_HEADER, MAX_ID_BYTES, SESSION_HEADER, id_too_long, printable_ascii
 from services.router.errors import BadRequest
+from services.router.turn import session
 from services.scheduler.adapters.proto import InvalidArgument, validate_session_id
 
 

@@ -15,8 +15,8 @@ import pytest
 from services.batch import config as batch_config
 from services.capacity import config as capacity_config
 from services.capacity import registrar
-from services.common.config import check_bounds, parse_settings, setting, settings_of
-from services.common.errors import ConfigError
+from services.common.settings.config import check_bounds, parse_settings, setting, settings_of
+from services.common.settings.errors import ConfigError
 from services.planner import config as planner_config
 from services.router import config as router_config
 from services.scheduler import config as scheduler_config
@@ -63,7 +63,7 @@ def test_every_field_is_a_setting_or_a_composed_config(service: str) -> None:
 
 def test_the_schedulers_flag_groups_name_their_core_parameters() -> None:
     """Each flags dataclass declares exactly the fields of the core parameter set it builds."""
-    from services.common.kv_router_flags import KvRouterFlags
+    from services.common.settings.kv_router_flags import KvRouterFlags
     from services.scheduler.core.defaults import KvRouterConfig
     from services.scheduler.core.params import ControlParams
     from services.scheduler.core.policies import CostAwarePauseParams

@@ -11,8 +11,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2_grpc
 
-from services.common.certs import issue, make_ca
-from services.common.tls_diagnosis import FlagNames, diagnose, split_address
+from services.common.auth.certs import issue, make_ca
+from services.common.outbound.tls_diagnosis import FlagNames, diagnose, split_address
 
 CA, CA_KEY = make_ca()
 SERVER_CERT, SERVER_KEY = issue(CA, CA_KEY, "server")

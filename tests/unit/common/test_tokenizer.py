@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.tokenizer import CONTENT_PARTS, CONTENT_STRING, ChatTemplateError, load_tokenizer
+from services.common.settings.errors import ConfigError
+from services.common.sglang.tokenizer import CONTENT_PARTS, CONTENT_STRING, ChatTemplateError, load_tokenizer
 from tests.support.tokenizer_files import BOS, build_tokenizer_dir, tokenizer_dir  # noqa: F401
 
 

@@ -8,10 +8,8 @@ from opentelemetry import propagate
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import TraceState
 
-from services.common.config import parse_settings
-from services.common.errors import ConfigError
-from services.common.telemetry import TurnSpanFilter, setup_telemetry
-from services.common.trace_export import (
+from services.common.observe.telemetry import TurnSpanFilter, setup_telemetry
+from services.common.observe.trace_export import (
     TURN_ENTRY_SPANS,
     TraceExport,
     in_turn,
@@ -20,6 +18,8 @@ from services.common.trace_export import (
     mark_turn,
     trace_export_settings,
 )
+from services.common.settings.config import parse_settings
+from services.common.settings.errors import ConfigError
 
 
 @pytest.mark.parametrize("name", sorted(TURN_ENTRY_SPANS))

@@ -11,15 +11,15 @@ import urllib.request
 import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-from services.common.errors import ConfigError
-from services.common.telemetry import (
+from services.common.observe.telemetry import (
     TRACE_FILE_ENV,
     ConsoleSpanLines,
     JsonLinesSpanExporter,
     setup_telemetry,
     trace_file_path,
 )
-from services.common.trace_export import TraceExport
+from services.common.observe.trace_export import TraceExport
+from services.common.settings.errors import ConfigError
 from tests.support.processes import base_env, python_module, start
 
 
@@ -147,7 +147,7 @@ def test_the_file_stops_at_its_cap_with_one_warning(tmp_path, caplog):
     telemetry = setup_telemetry("bandmaster-test", env={}, set_global=False)
     telemetry.provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = telemetry.tracer("t")
-    with caplog.at_level(logging.WARNING, logger="services.common.telemetry"):
+    with caplog.at_level(logging.WARNING, logger="services.common.observe.telemetry"):
         for _ in range(3):
             with tracer.start_as_current_span("router.request"):
                 pass

@@ -10,9 +10,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from services.capacity.config import load_config as capacity_config
-from services.common.errors import ConfigError
-from services.common.grpc_server import ServiceHost
-from services.common.telemetry import setup_telemetry, trace_sampler
+from services.common.observe.telemetry import setup_telemetry, trace_sampler
+from services.common.serve.grpc_server import ServiceHost
+from services.common.settings.errors import ConfigError
 from services.simworker.config import load_config as simworker_config
 from services.simworker.server import start_simworker
 

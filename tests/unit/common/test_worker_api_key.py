@@ -17,9 +17,9 @@ from services.capacity.config import load_config as capacity_config
 from services.capacity.core.cards import CardCache
 from services.capacity.core.registry import PollFailed, PollOk
 from services.capacity.registrar import load_config as registrar_config
-from services.common.certs import ensure_local_pki
-from services.common.errors import ConfigError
-from services.common.worker_client import WORKER_API_KEY_ENV, WorkerClientConfig
+from services.common.auth.certs import ensure_local_pki
+from services.common.settings.errors import ConfigError
+from services.common.sglang.worker_client import WORKER_API_KEY_ENV, WorkerClientConfig
 from services.router.adapters.upstream import Upstream
 from services.router.config import load_config as router_config
 from services.router.errors import WorkerRejected

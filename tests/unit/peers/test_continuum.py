@@ -7,7 +7,7 @@ import pytest
 
 from harness.peers import ContinuumCore, ContinuumParams, Wake
 from harness.peers.continuum import prefill_reload_s
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 
 def linear_reload(tokens: int) -> float:

@@ -7,7 +7,7 @@ import pytest
 
 from harness.peers import ThunderAgentCore, ThunderAgentParams, Wake
 from harness.peers.thunderagent import TaProgram
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 B = 100  # the buffer per program
 

@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.planner.adapters.profile import load_engine_profile
 from services.planner.config import SETTINGS, load_config
 from services.planner.core.throughput import EngineProfile

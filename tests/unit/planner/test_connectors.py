@@ -309,7 +309,7 @@ def test_the_kubernetes_connector_without_its_extra_names_the_extra(monkeypatch)
     import sys
 
     from services.common.clock import FakeClock
-    from services.common.errors import ConfigError
+    from services.common.settings.errors import ConfigError
     from services.planner.config import load_config
     from services.planner.server import _connector
 

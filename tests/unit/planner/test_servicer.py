@@ -128,7 +128,7 @@ async def test_one_span_per_tick_and_metrics(tmp_path):
     import aiohttp
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from services.common.telemetry import setup_telemetry
+    from services.common.observe.telemetry import setup_telemetry
 
     exporter = InMemorySpanExporter()
     telemetry = setup_telemetry("bandmaster-planner", exporter=exporter, set_global=False)

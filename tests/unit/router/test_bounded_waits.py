@@ -144,7 +144,7 @@ def test_the_flags_map_to_the_deadline_params_and_the_context_switch():
     "flag", ["--failover-floor-seconds", "--failover-prefill-tokens-per-second", "--failover-probe-timeout-seconds"]
 )
 def test_a_non_positive_failover_setting_refuses_to_start_naming_the_rule(flag):
-    from services.common.errors import ConfigError
+    from services.common.settings.errors import ConfigError
     from services.router.config import load_config
 
     name = flag[2:].replace("-", "_")

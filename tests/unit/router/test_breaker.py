@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState, TransitionReason
 
 CLOSED, OPEN, HALF = CircuitState.CLOSED, CircuitState.OPEN, CircuitState.HALF_OPEN

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.router.core.limits import ConnectionLimitParams, ConnectionRefusal, ConnectionShares
 
 

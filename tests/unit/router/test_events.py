@@ -1,7 +1,7 @@
 import msgpack
 import pytest
 
-from services.common.kv_events import (
+from services.common.sglang.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from services.router.core.events import EventOutcome
 from services.router.core.hashing import token_block_hashes
 from services.router.core.index import KvEventIndex, RoutingHistoryIndex

@@ -1,6 +1,6 @@
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.router.core.cost import COST_POLICIES
 from services.router.core.params import COST_POLICY_NAMES, KvRouterParams, RouterOverride
 

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.kv_events import BlockStored
+from services.common.settings.errors import ConfigError
+from services.common.sglang.kv_events import BlockStored
 from services.router.core.cost import ClassicCost, CostInputs, LMetricCost, make_cost_policy
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams, RouterOverride

@@ -15,7 +15,7 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.router.adapters.scheduler import SchedulerClient
 from services.router.core.breaker import BreakerParams
-from services.router.metrics import RouterMetrics
+from services.router.observe.metrics import RouterMetrics
 
 pytestmark = pytest.mark.timeout(30)
 DECISION_S = 0.5

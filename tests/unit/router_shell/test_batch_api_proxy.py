@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.router.config import RouterConfig
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter

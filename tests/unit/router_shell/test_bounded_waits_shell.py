@@ -15,7 +15,7 @@ from aiohttp import web
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as spb
 from services.router.core.types import Replica, WorkerView
-from services.router.health import WorkerProbes
+from services.router.workers.health import WorkerProbes
 from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL, FaultyWorker
 from tests.support.router_inprocess import InProcessRouter

@@ -12,7 +12,7 @@ import pytest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as cap_grpc
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from services.router.config import KvOverrides, RouterConfig
 from services.router.server import RunningRouter, start_router
 from tests.support.eventually import assert_eventually

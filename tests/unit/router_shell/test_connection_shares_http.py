@@ -9,7 +9,7 @@ import json
 
 import aiohttp
 
-from services.common.security import SecurityConfig, Tokens
+from services.common.auth.security import SecurityConfig, Tokens
 from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
@@ -133,8 +133,8 @@ async def test_under_data_tokens_connections_count_against_their_token():
 
 
 def test_token_identity_names_only_valid_data_tokens_as_the_program_limits_do():
-    from services.router.http_server import token_identity
-    from services.router.session import client_identity
+    from services.router.ingress.http_server import token_identity
+    from services.router.turn.session import client_identity
 
     assert token_identity(Tokens(["ctl"]), None) is None  # an open data plane: addresses count
     identify = token_identity(Tokens(["ctl"]), Tokens(["tok-a"]))

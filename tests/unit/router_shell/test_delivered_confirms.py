@@ -18,9 +18,9 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.router.adapters.scheduler import SchedulerClient
 from services.router.core.breaker import BreakerParams
 from services.router.core.outcome import Outcome
-from services.router.grpc_api import RouterServicer
-from services.router.metrics import RouterMetrics
-from services.router.relay import LineKind
+from services.router.ingress.grpc_api import RouterServicer
+from services.router.observe.metrics import RouterMetrics
+from services.router.turn.relay import LineKind
 from tests.support.eventually import assert_eventually
 from tests.unit.scheduler_shell.support import start_harness
 

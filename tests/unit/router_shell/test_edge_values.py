@@ -13,9 +13,10 @@ import pytest
 from aiohttp.http_exceptions import ContentEncodingError
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from services.router import session, validation
 from services.router.errors import ECHO_MAX_CHARS, BadRequest, ModelNotFound, UnsupportedMediaType, quoted
-from services.router.http_server import check_content_encoding, malformed
+from services.router.ingress import validation
+from services.router.ingress.http_server import check_content_encoding, malformed
+from services.router.turn import session
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter, raw_exchange
 from tests.support.router_stack import free_port

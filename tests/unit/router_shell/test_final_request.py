@@ -6,8 +6,8 @@ import json
 
 import aiohttp
 
-from services.router.http_api import has_content
-from services.router.turn_types import Api
+from services.router.ingress.http_api import has_content
+from services.router.turn.turn_types import Api
 from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter

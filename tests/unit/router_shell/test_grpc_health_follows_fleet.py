@@ -5,7 +5,7 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.router.grpc_api import SERVICE_NAME
+from services.router.ingress.grpc_api import SERVICE_NAME
 from tests.support.eventually import assert_eventually
 from tests.support.router_inprocess import InProcessRouter
 

@@ -16,9 +16,9 @@ from opentelemetry import trace
 
 from bandmaster.router.v1 import router_pb2 as rpb
 from services.router.core.outcome import Outcome
-from services.router.grpc_api import RouterServicer
-from services.router.metrics import RouterMetrics
-from services.router.relay import LineKind
+from services.router.ingress.grpc_api import RouterServicer
+from services.router.observe.metrics import RouterMetrics
+from services.router.turn.relay import LineKind
 
 
 class _Turn:

@@ -9,7 +9,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 
-from services.router.lean_tracer import LeanTracer
+from services.router.observe.lean_tracer import LeanTracer
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 

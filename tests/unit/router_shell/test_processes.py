@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.common.errors import ConfigError
-from services.common.ports import PortInUse
+from services.common.serve.ports import PortInUse
+from services.common.settings.errors import ConfigError
 from services.router.config import load_config
 from services.router.processes import PROCESS_LABEL, child_args, hold_port, merge_expositions
 

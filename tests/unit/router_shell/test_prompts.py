@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.tokenizer import load_tokenizer
-from services.router import session
+from services.common.settings.errors import ConfigError
+from services.common.sglang.tokenizer import load_tokenizer
 from services.router.config import RouterConfig, load_config
 from services.router.core.hashing import token_block_hashes
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
-from services.router.http_api import build_spec
-from services.router.metrics import RouterMetrics
-from services.router.prompts import INLINE_MAX_CHARS, PromptMode, PromptTokenizer
+from services.router.ingress.http_api import build_spec
+from services.router.observe.metrics import RouterMetrics
 from services.router.server import start_router
-from services.router.turn_types import Api
-from services.router.turns import TurnRunner
+from services.router.turn import session
+from services.router.turn.prompts import INLINE_MAX_CHARS, PromptMode, PromptTokenizer
+from services.router.turn.turn_types import Api
+from services.router.turn.turns import TurnRunner
 from tests.support.tokenizer_files import build_tokenizer_dir, tokenizer_dir  # noqa: F401
 
 CHAT = {

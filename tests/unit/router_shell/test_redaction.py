@@ -8,7 +8,7 @@ import logging
 import aiohttp
 import pytest
 
-from services.router.redaction import RedactingFilter, install_log_redaction, redact
+from services.router.observe.redaction import RedactingFilter, install_log_redaction, redact
 from tests.support.router_doubles import MODEL
 from tests.support.router_inprocess import InProcessRouter
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.router import session
+from services.common.settings.errors import ConfigError
 from services.router.adapters.kv_events import publisher_endpoint_from_info, subscribe_endpoint
 from services.router.config import KvOverrides, load_config
 from services.router.core.params import SchedulerKvSettings
 from services.router.errors import BadRequest, ModelNotFound, NoHealthyWorker
-from services.router.fleet import resolve_params
-from services.router.http_api import build_spec, empty_completion
-from services.router.turn_types import Api
+from services.router.ingress.http_api import build_spec, empty_completion
+from services.router.turn import session
+from services.router.turn.turn_types import Api
+from services.router.workers.fleet import resolve_params
 
 
 @pytest.mark.parametrize(

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from orjson import dumps, loads
 
 from services.router.errors import WorkerFailed
-from services.router.open_turn import Bookkeeping as _Bookkeeping
-from services.router.open_turn import OpenTurn
-from services.router.relay import LineKind, SseRelay, ensure_cached_details, split_lines
-from services.router.relay import stream_error as _stream_error
-from services.router.session import SessionIdentity
-from services.router.turn_types import Api, TurnSpec
+from services.router.turn.open_turn import Bookkeeping as _Bookkeeping
+from services.router.turn.open_turn import OpenTurn
+from services.router.turn.relay import LineKind, SseRelay, ensure_cached_details, split_lines
+from services.router.turn.relay import stream_error as _stream_error
+from services.router.turn.session import SessionIdentity
+from services.router.turn.turn_types import Api, TurnSpec
 
 HEAD = b'data: {"id":"c","object":"chat.completion.chunk","choices":'
 CONTENT = HEAD + b'[{"index":0,"delta":{"content":"tok"},"finish_reason":null}],"usage":null}\n'

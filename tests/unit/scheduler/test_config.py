@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import SchedulerConfig, load_config
 from services.scheduler.core import ControlParams
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import load_config
 from services.scheduler.core import ReplicaKey, SchedulerCore, Status, Verdict
 from services.scheduler.core.model import CapacitySnapshot, Program, ReplicaCapacity

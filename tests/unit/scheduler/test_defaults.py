@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.config import CONTROL_SETTINGS, load_config
 from services.scheduler.core.defaults import (
     CONTROL_DEFAULTS,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.leadership import Leadership, LeaseParams, LeaseRecord, Role, StepDown
 
 P = LeaseParams(ttl_s=2.0, renew_s=0.4, poll_s=0.25, margin_s=0.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core import PAUSE_POLICIES, ReplicaKey, make_pause_policy, to_sglang_priority
 from services.scheduler.core.model import Program, Status
 from services.scheduler.core.policies import PauseContext, ThresholdPauseParams

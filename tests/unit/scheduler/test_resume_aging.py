@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict
 from tests.unit.scheduler.helpers import make_core, place_acting, rid
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core import ControlParams, Lifecycle, ReplicaKey, Verdict
 from services.scheduler.core.control import Pause, Plan
 from tests.unit.scheduler.helpers import make_core, place_acting, place_reasoning, rid

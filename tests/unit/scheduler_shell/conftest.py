@@ -1,7 +1,7 @@
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from tests.unit.scheduler_shell.support import start_harness
 
 

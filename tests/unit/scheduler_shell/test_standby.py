@@ -13,8 +13,8 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common.errors import ConfigError
-from services.common.leader_follow import LEADER_METADATA_KEY, leader_hint
+from services.common.outbound.leader_follow import LEADER_METADATA_KEY, leader_hint
+from services.common.settings.errors import ConfigError
 from services.scheduler.adapters.file_lease import FileLease
 from services.scheduler.adapters.state_store import SqliteStateStore
 from services.scheduler.core.leadership import LeaseParams
@@ -141,11 +141,11 @@ async def test_leader_election_with_the_in_memory_table_refuses_to_start():
 
 async def test_the_planners_following_stub_and_the_routers_client_find_the_leader(pair):
     """Both clients given [standby, leader]: the standby's redirect sends the calls to the leader."""
-    from services.common.leader_follow import FollowingStub
+    from services.common.outbound.leader_follow import FollowingStub
     from services.router.adapters.scheduler import SchedulerClient
     from services.router.core.breaker import BreakerParams
     from services.router.core.outcome import Outcome
-    from services.router.metrics import RouterMetrics
+    from services.router.observe.metrics import RouterMetrics
 
     a, _, b, _ = pair
     channels: list[grpc.aio.Channel] = []
@@ -182,7 +182,7 @@ async def test_a_router_given_one_address_learns_the_leader_from_the_standbys_re
     """As behind a Kubernetes Service: the one address reaches a standby, whose redirect names the leader."""
     from services.router.adapters.scheduler import SchedulerClient
     from services.router.core.breaker import BreakerParams
-    from services.router.metrics import RouterMetrics
+    from services.router.observe.metrics import RouterMetrics
 
     a, _, b, _ = pair
     client = SchedulerClient(

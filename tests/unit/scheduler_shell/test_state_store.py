@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from services.common.clock import FakeClock
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
     SqliteStateStore,

@@ -9,9 +9,9 @@ from harness.simlib.conversation import Conversation
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams
 from services.router.core.prompt_text import chat_routing_text
-from services.router.session import SessionIdentity
-from services.router.turn_types import Api, TurnSpec
-from services.router.turns import TurnRunner
+from services.router.turn.session import SessionIdentity
+from services.router.turn.turn_types import Api, TurnSpec
+from services.router.turn.turns import TurnRunner
 from services.simworker.chat import render_chat
 from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
 

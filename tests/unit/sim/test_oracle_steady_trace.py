@@ -10,7 +10,7 @@ import pytest
 from bench import sim
 from harness.simlib import SimScenario, Simulator, simulate
 from harness.simlib.simulator import steady_state
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 
 # Enough pressure that the kv arm evicts and recomputes.
 PRESSURE = dict(workload="swe", programs=8, max_turns=8, token_scale=0.5, workers=2, worker_kv_tokens=16_384)

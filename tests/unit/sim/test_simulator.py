@@ -10,7 +10,7 @@ from clients.player import RunResult
 from harness.simlib import SimScenario, Simulator, live_control_params, simulate
 from harness.simlib.scenario import replica_capacity, server_info, worker_id
 from services.capacity.core.cards import RetentionSettings, derive_card, replicas_for
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, service_control_params
 from services.simworker.core.build import host_total_tokens
 

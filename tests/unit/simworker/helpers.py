@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from services.simworker.core.api import EngineConfig, EngineRequest, RequestOutput
 from services.simworker.core.engine import SimEngine
 from services.simworker.profiles import load_profile

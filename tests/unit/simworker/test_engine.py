@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.simworker.core.api import EngineConfig, EngineRequest
 from services.simworker.core.radix import page_hashes
 from services.simworker.core.tokenizer import EOS_TOKEN_ID

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.simworker.core.api import EngineConfig, EngineRequest
 
 from .helpers import Run, assert_no_leak, make_engine, prompt

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.simworker.core import tokenizer
 from services.simworker.core.radix import page_hashes
 from services.simworker.core.timing import host_tokens_from_gb, profile_from_fields

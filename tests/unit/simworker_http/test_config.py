@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.ready import write_ready_file
+from services.common.process.ready import write_ready_file
+from services.common.settings.errors import ConfigError
 from services.simworker.config import KvEventsConfig, load_config
 
 

@@ -8,7 +8,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from services.common.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_event
+from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_event
 from services.simworker.config import KvEventsConfig
 from services.simworker.kv_events import KvEventPublisher, should_bind
 from tests.support.eventually import assert_eventually

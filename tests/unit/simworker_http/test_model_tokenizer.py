@@ -7,8 +7,8 @@ import aiohttp
 import openai
 import pytest
 
-from services.common.errors import ConfigError
-from services.common.tokenizer import load_tokenizer
+from services.common.settings.errors import ConfigError
+from services.common.sglang.tokenizer import load_tokenizer
 from services.simworker.config import load_config
 from services.simworker.server import start_simworker
 from tests.support.tokenizer_files import tokenizer_dir  # noqa: F401

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.policies.base import PauseContext, PausePlan, PausePolicy, WorkingSetHooks
 from services.scheduler.core.policies.cost_aware import (
     CostAwarePauseParams,

@@ -68,7 +68,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from services.common.errors import ConfigError
+from services.common.settings.errors import ConfigError
 from services.scheduler.core.calibration import DecayedRatio
 from services.scheduler.core.model import Program, Status
 from services.scheduler.core.policies.base import PauseContext, PausePlan
