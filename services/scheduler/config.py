@@ -19,14 +19,15 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from services.common.auth.redact import redact_url
-from services.common.auth.security import SecurityConfig, load_security, security_settings
-from services.common.observe.trace_export import TraceExport, load_trace_export, trace_export_settings
+from services.common.auth.security import SecurityConfig, security_group
+from services.common.observe.trace_export import TraceExport, trace_export_group
 from services.common.settings import kv_router_flags
 from services.common.settings.config import (
     Serve,
     Setting,
     check_bounds,
     group,
+    load_groups,
     parse_host_port,
     parse_settings,
     require,
@@ -354,10 +355,10 @@ class SchedulerConfig:
     ready_file: str = Serve.ready_file(ENV_PREFIX)
     trace_sample_ratio: float | None = Serve.trace_sample_ratio(ENV_PREFIX)
     """Root sampling ratio of traces (parent-based); None = OTEL_TRACES_SAMPLER(_ARG), default all."""
-    tracing: TraceExport = TraceExport()
-    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
-    security: SecurityConfig = SecurityConfig()
+    security: SecurityConfig = security_group(ENV_PREFIX)
     """TLS, tokens, reflection (services/common/auth/security.py)."""
+    tracing: TraceExport = trace_export_group(ENV_PREFIX)
+    """Span file and console lines, turn spans only or all (`--trace-*`, services/common/observe/trace_export.py)."""
 
     def __post_init__(self) -> None:
         check_bounds(self)
@@ -400,7 +401,7 @@ class SchedulerConfig:
         return self.cost_aware if self.pause_policy == "cost_aware" else None
 
 
-SETTINGS: list[Setting] = settings_of(SchedulerConfig, security_settings(ENV_PREFIX), trace_export_settings(ENV_PREFIX))
+SETTINGS: list[Setting] = settings_of(SchedulerConfig)
 """The flags and environment variables: SchedulerConfig's fields and groups, then the composed sub-configs'."""
 CONTROL_SETTINGS = settings_of(ControlFlags)
 COST_AWARE_SETTINGS = settings_of(CostAwareFlags)
@@ -431,8 +432,7 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         prog="bandmaster-scheduler",
         description="Bandmaster scheduler: program table, control bands, admission",
     )
-    security = load_security(values, env)
-    tracing = load_trace_export(values, env)
+    load_groups(SchedulerConfig, values, env)  # security, span export
     groups = {name: {n: values.pop(n) for n in names} for name, names in _GROUPS.items()}
     control_values = groups["control"]
     for name, default in policy_control_defaults(values["pause_policy"], control_values["pause_threshold"]).items():
@@ -450,8 +450,6 @@ def load_config(argv: Sequence[str], env: Mapping[str, str]) -> SchedulerConfig:
         cost_aware=cost_aware,
         lease=LeaseParams(**{_LEASE[n]: v for n, v in groups["lease"].items()}),
         kv_router=KvRouterConfig(**groups["kv_router"]),
-        tracing=tracing,
-        security=security,
         **values,
     )
 

@@ -53,7 +53,7 @@ from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 import grpc
 from aiohttp import web
 
-from services.common.settings.config import Setting, group, parse_host_port, pop_group, setting, settings_of
+from services.common.settings.config import group, parse_host_port, pop_group, setting
 from services.common.settings.errors import ConfigError
 from services.common.web.openai_errors import error_body
 
@@ -213,12 +213,6 @@ def security_group(prefix: str) -> Any:
     """A gRPC service's `security` field: `SecurityFlags` listed in its place (environment `<prefix>_*`),
     built by `load_security`."""
     return group(SecurityConfig(), flags=SecurityFlags, prefix=prefix, load=load_security)
-
-
-def security_settings(prefix: str) -> list[Setting]:
-    """`SecurityFlags` as a list, for a config that pops the group in its own `load_config` (the
-    scheduler's, until it composes `security_group`)."""
-    return settings_of(SecurityFlags, prefix=prefix)
 
 
 # -- the bind rule -------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from opentelemetry.trace import TraceState
 
-from services.common.settings.config import Setting, group, pop_group, require, setting, settings_of
+from services.common.settings.config import group, pop_group, require, setting
 
 TRACE_FILE_ENV = "BANDMASTER_TRACE_FILE"
 """Every process (and clients/player.py) honours it when no `--trace-file` is given."""
@@ -86,12 +86,6 @@ def trace_export_group(prefix: str) -> Any:
     """A service's `tracing` field: `TraceExportFlags` listed in its place (environment `<prefix>_TRACE_*`),
     built by `load_trace_export`."""
     return group(TraceExport(), flags=TraceExportFlags, prefix=prefix, load=load_trace_export)
-
-
-def trace_export_settings(prefix: str) -> list[Setting]:
-    """`TraceExportFlags` as a list, for a config that pops the group in its own `load_config` (the
-    scheduler's, until it composes `trace_export_group`)."""
-    return settings_of(TraceExportFlags, prefix=prefix)
 
 
 def load_trace_export(values: dict[str, Any], env: Mapping[str, str]) -> TraceExport:

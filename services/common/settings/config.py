@@ -27,7 +27,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from services.common.settings.errors import ConfigError
 
@@ -238,10 +238,9 @@ def _flag_type(annotation: Any) -> type:
     return typing.cast(type, annotation)
 
 
-def settings_of(cls: type, *composed: Iterable[Setting], prefix: str | None = None) -> list[Setting]:
-    """The `Setting`s declared by `cls`'s `setting()` fields (and its `group()`s'), in field order,
-    then those of `composed` (lists of settings the service's `load_config` pops itself). `prefix` fills
-    the `{prefix}` of environment names (a group's own prefix wins)."""
+def settings_of(cls: type, *, prefix: str | None = None) -> list[Setting]:
+    """The `Setting`s declared by `cls`'s `setting()` fields (and its `group()`s'), in field order.
+    `prefix` fills the `{prefix}` of environment names (a group's own prefix wins)."""
     hints = typing.get_type_hints(cls)
     out: list[Setting] = []
     for f in dataclasses.fields(cls):
@@ -262,8 +261,6 @@ def settings_of(cls: type, *composed: Iterable[Setting], prefix: str | None = No
                     choices=spec.choices,
                 )
             )
-    for extra in composed:
-        out.extend(extra)
     return out
 
 

@@ -4,8 +4,8 @@ the supervisor's health probes get the client certificate."""
 import argparse
 
 from services.cli.up import add_parser, cluster_config
-from services.common.auth.security import load_security, security_settings
-from services.common.settings.config import parse_settings
+from services.common.auth.security import SecurityFlags, load_security
+from services.common.settings.config import parse_settings, settings_of
 from services.launcher.cluster import ClusterConfig, _secured, batch_spec, capacity_spec, router_spec, secure_cluster
 from services.launcher.supervisor import Supervisor
 
@@ -30,7 +30,7 @@ def test_each_child_gets_flags_its_own_settings_accept(tmp_path):
         args = list(spec.args)
         assert args[args.index("--tls-cert") + 1] == str(pki.cert(spec.name))
         security_args = args[: args.index("--data-token-file") + 2]
-        values = parse_settings(security_settings("X"), security_args, {}, prog="x")
+        values = parse_settings(settings_of(SecurityFlags, prefix="X"), security_args, {}, prog="x")
         security = load_security(values, {})
         assert security.mutual_tls and security.control_tokens and security.data_tokens
     assert _secured(capacity_spec(config, []), None).args == capacity_spec(config, []).args

@@ -18,6 +18,7 @@ from services.common.auth.certs import ensure_local_pki, issue, make_ca
 from services.common.auth.security import (
     OncePer,
     Role,
+    SecurityFlags,
     Tokens,
     Verdict,
     authorize,
@@ -28,10 +29,9 @@ from services.common.auth.security import (
     peer_host,
     refusal_reason,
     required_role,
-    security_settings,
 )
 from services.common.serve.grpc_server import ServiceHost
-from services.common.settings.config import parse_settings
+from services.common.settings.config import parse_settings, settings_of
 from services.common.settings.errors import ConfigError
 
 CONTROL = "c" * 20
@@ -40,7 +40,7 @@ OTHER = "x" * 20
 
 
 def load(argv=(), env=None):
-    values = parse_settings(security_settings("X"), list(argv), env or {}, prog="x")
+    values = parse_settings(settings_of(SecurityFlags, prefix="X"), list(argv), env or {}, prog="x")
     return load_security(values, env or {})
 
 

@@ -12,13 +12,13 @@ from services.common.observe.telemetry import TurnSpanFilter, setup_telemetry
 from services.common.observe.trace_export import (
     TURN_ENTRY_SPANS,
     TraceExport,
+    TraceExportFlags,
     in_turn,
     keeps,
     load_trace_export,
     mark_turn,
-    trace_export_settings,
 )
-from services.common.settings.config import parse_settings
+from services.common.settings.config import parse_settings, settings_of
 from services.common.settings.errors import ConfigError
 
 
@@ -93,7 +93,7 @@ def test_a_sampled_out_turn_is_marked_but_not_recorded():
 
 
 def test_flags_and_environment_map_onto_trace_export():
-    settings = trace_export_settings("BANDMASTER_X")
+    settings = settings_of(TraceExportFlags, prefix="BANDMASTER_X")
 
     def load(argv, env):
         values = parse_settings(settings, argv, env, prog="x", description="x")
