@@ -735,11 +735,15 @@ class LaunchedCommand:
     cwd: str
 
 
-def read_command(pid: int, fallback_argv: Sequence[str] | None = None) -> LaunchedCommand:
-    """The command line, environment and cwd of a live process, from /proc (`fallback_argv` for a program
-    that rewrites its own title, as redis-server does)."""
+def read_command(pid: int, fixed: LaunchedCommand | None = None) -> LaunchedCommand:
+    """The command line, environment and cwd of a live process, from /proc; `fixed` for a program that
+    rewrites its own title, as redis-server does: its title overwrites the memory /proc shows as its
+    argv and its environment (a relaunch from what /proc showed lost PYTHONPATH, and so the orphan
+    guard of this tree)."""
+    if fixed is not None:
+        return fixed
     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    argv = [a.decode() for a in raw.split(b"\0") if a] if not fallback_argv else list(fallback_argv)
+    argv = [a.decode() for a in raw.split(b"\0") if a]
     env = {}
     for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
         if b"=" in item:
@@ -765,7 +769,8 @@ class Target:
     log_path: Path
     probe: Callable[[], Awaitable[bool]]
     ready_file: Path | None = None
-    fixed_argv: list[str] | None = None
+    fixed: LaunchedCommand | None = None
+    """How to start it again, for a process /proc cannot tell (redis-server rewrites its title)."""
 
 
 async def _http_ok(session, url: str) -> bool:
@@ -860,7 +865,8 @@ class Stack:
         redis_dir.mkdir(parents=True, exist_ok=True)
         argv = redis_argv(self.redis_port, redis_dir, config.redis_persistence)
         self.redis_argv = orphan_guard.command(sys.executable, "--exec", argv)
-        self.redis = launch(LaunchedCommand(self.redis_argv, dict(os.environ), str(self.state_dir)), self._redis_log)
+        self.redis_command = LaunchedCommand(self.redis_argv, dict(os.environ), str(self.state_dir))
+        self.redis = launch(self.redis_command, self._redis_log)
         deadline = time.monotonic() + 10
         while not asyncio.run(_redis_pong(self.redis_port)):
             if time.monotonic() > deadline or self.redis.poll() is not None:
@@ -990,7 +996,7 @@ class Stack:
             redis_put,
             self._redis_log,
             lambda: _redis_pong(self.redis_port),
-            fixed_argv=self.redis_argv,
+            fixed=self.redis_command,
         )
 
     def instances(self) -> dict[str, int]:
@@ -1116,7 +1122,7 @@ class Injector:
         name = await self.stack.active_scheduler() if fault.kind == "scheduler" else fault.target
         target = self.stack.targets[name]
         process = target.get()
-        command = read_command(process.pid, target.fixed_argv)
+        command = read_command(process.pid, target.fixed)
         record = FaultRecord(fault, self.now())
         self.records.append(record)
         self.busy = record
