@@ -1020,6 +1020,10 @@ class Stack:
         return names[0]
 
     async def _role(self, address: str) -> str:
+        return (await self._leadership(address))[0]
+
+    async def _leadership(self, address: str) -> tuple[str, int]:
+        """(role, epoch) of a replica; ("", 0) when it does not answer."""
         import grpc
 
         from bandmaster.scheduler.v1 import scheduler_pb2 as pb
@@ -1027,19 +1031,27 @@ class Stack:
 
         request = getattr(pb, "GetLeadershipRequest", None)
         if request is None:
-            return "single"
+            return "single", 0
         try:
             async with grpc.aio.insecure_channel(address) as channel:
                 answer = await pb_grpc.SchedulerStub(channel).GetLeadership(request(), timeout=1.0)
-                return answer.role
+                return answer.role, int(answer.epoch)
         except (grpc.RpcError, asyncio.TimeoutError, AttributeError):
-            return ""
+            return "", 0
 
     async def scheduler_up(self) -> bool:
         """Some scheduler decides: the leader serves (or the only one serves)."""
+        return (await self.scheduler_term()) is not None
+
+    async def scheduler_term(self) -> int | None:
+        """The leadership epoch of the scheduler that decides (0 with one replica); None when none does."""
         if len(self.scheduler_addresses) == 1:
-            return await _grpc_serving(self.scheduler_addresses[0])
-        return await self.serving_leader(exclude=None) is not None
+            return 0 if await _grpc_serving(self.scheduler_addresses[0]) else None
+        for address in self.scheduler_addresses:
+            role, epoch = await self._leadership(address)
+            if role == "leader" and await _grpc_serving(address):
+                return epoch
+        return None
 
     def replicated(self, kind: str) -> bool:
         """Whether another process of the kind takes over the faulted one's role (active/standby)."""
@@ -1200,13 +1212,18 @@ class Injector:
 
 
 class SchedulerWatch:
-    """Every 0.1 s: does a scheduler lead and serve? Records each interval where none did (an outage)."""
+    """Every 0.1 s: does a scheduler lead and serve, and in which term? Records each interval where none
+    did (an outage), and each change of leader between two samples that both found one (a failover too
+    quick for a sample to fall in it, as a leader whose loop stalled past its lease on a loaded machine
+    and was replaced at once: its turns in flight fail open all the same): from the last sample of the
+    old term to the first of the new."""
 
     def __init__(self, stack: Stack, start: float) -> None:
         self.stack = stack
         self.start = start
         self.outages: list[tuple[float, float]] = []
         self._down_since: float | None = None
+        self._term: tuple[int, float] | None = None  # (epoch, when last seen)
 
     @property
     def down(self) -> bool:
@@ -1216,12 +1233,17 @@ class SchedulerWatch:
         try:
             while True:
                 now = time.monotonic() - self.start
-                up = await self.stack.scheduler_up()
+                term = await self.stack.scheduler_term()
+                up = term is not None
                 if not up and self._down_since is None:
                     self._down_since = now
                 elif up and self._down_since is not None:
                     self.outages.append((self._down_since, time.monotonic() - self.start))
                     self._down_since = None
+                elif up and self._term is not None and term != self._term[0]:
+                    self.outages.append((self._term[1], time.monotonic() - self.start))
+                if up:
+                    self._term = (term, time.monotonic() - self.start)
                 await asyncio.sleep(0.1)
         finally:
             if self._down_since is not None:

@@ -314,3 +314,27 @@ def test_only_refuses_a_fault_that_is_not_one():
             down_s=(0.5, 4.0),
             only=("scheduler/freeze",),
         )
+
+
+async def test_the_watcher_takes_a_change_of_leader_between_samples_for_an_outage():
+    """A failover quicker than the sampling (no sample finds no leader) is an outage all the same."""
+    import asyncio
+    import time
+
+    class Stack:
+        terms = iter([3, 3, 4, 4, None, None, 5, 5])
+
+        async def scheduler_term(self):
+            try:
+                return next(self.terms)
+            except StopIteration:
+                await asyncio.sleep(3600)
+
+    watch = chaos.SchedulerWatch(Stack(), time.monotonic())
+    task = asyncio.create_task(watch.run())
+    await asyncio.sleep(1.2)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(watch.outages) == 2  # the 3 -> 4 change, then the interval with no leader
+    (a_start, a_end), (b_start, b_end) = watch.outages
+    assert 0.05 <= a_end - a_start <= 0.6 and a_end <= b_start and b_end - b_start >= 0.15
