@@ -192,16 +192,35 @@ def _machine_busy_s() -> float:
     return (sum(values[:8]) - idle) / CLK_TCK
 
 
+NATIVE_LOOP = "gRPC C core + cython glue + event loop (native, under the loop)"
 ATTRIBUTION = (
-    # (part, path fragments): a sample counts for the first part, walking its stack from the innermost frame
-    # outwards, whose fragment one of the frames' files contains.
+    # (part, file fragments), as py-spy names a frame's file (relative to its sys.path entry: OpenTelemetry's
+    # `opentelemetry/sdk/trace/__init__.py` is `trace/__init__.py`, its gRPC instrumentation `grpc/_aio_server.py`).
+    # A sample counts for the part of its innermost frame that matches one (frames of no part, such as
+    # contextlib or asyncio.timeout called from the servicer, count for their caller's part).
     ("decision (scheduler core)", ("services/scheduler/core/",)),
-    ("tracing (OpenTelemetry spans)", ("opentelemetry/",)),
+    (
+        "tracing (OpenTelemetry spans, context, interceptor)",
+        (
+            "trace/",
+            "_decorator.py",
+            "attributes/",
+            "context/",
+            "propagate/",
+            "composite.py",
+            "textmap.py",
+            "baggage/",
+            "grpc/_aio_server.py",
+            "grpc/_server.py",
+            "services/common/telemetry.py",
+            "services/common/trace_export.py",
+        ),
+    ),
     ("metrics (prometheus_client)", ("prometheus_client/",)),
     ("durable write-through (persist, store)", ("services/scheduler/persist.py", "state_store", "sqlite3", "redis/")),
-    ("servicer shell (validation, conversion, runtime)", ("services/scheduler/", "services/common/")),
-    ("gRPC + protobuf framing (grpc.aio, cygrpc)", ("grpc/", "grpc_", "protobuf", "cygrpc", "_cython")),
-    ("event loop (uvloop / asyncio)", ("uvloop", "asyncio/")),
+    ("servicer shell (validation, conversion, runtime, guards)", ("services/scheduler/", "services/common/")),
+    ("gRPC poller thread (native)", ("threading.py",)),
+    (NATIVE_LOOP, ("uvloop/", "asyncio/runners.py")),
 )
 
 
@@ -215,9 +234,8 @@ def attribute_stacks(collapsed: str) -> dict:
         if not stack or not n.isdigit():
             continue
         total += int(n)
-        frames = stack.split(";")
-        part = "other (interpreter, start-up, GC)"
-        for frame in reversed(frames):
+        part = "other (GC, interpreter)"
+        for frame in reversed(stack.split(";")):
             hit = next((name for name, frags in ATTRIBUTION if any(f in frame for f in frags)), None)
             if hit is not None:
                 part = hit
@@ -864,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         args.callers, args.duration_seconds, args.channels = 20, 1.0, 2
         args.scaling_programs, args.scaling_ticks = "200,1000", 5
         args.memory_programs = min(args.memory_programs, 300)
-        args.soak_s = min(args.soak_s, 2.0)
+        args.soak_s = 1.0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     trees = [("this", ROOT)]
     for spec in args.compare_tree:
