@@ -286,10 +286,22 @@ async def _start_capacity(stub_url: str, tmp: Path) -> tuple[asyncio.subprocess.
 
 
 async def _start_scheduler(
-    tree: Path, cap_addr: str, tmp: Path, tag: str, store: str, redis_url: str
+    tree: Path | None, cap_addr: str, tmp: Path, tag: str, store: str, redis_url: str
 ) -> tuple[asyncio.subprocess.Process, str]:
-    """`python -m services.scheduler` from `tree` (this checkout, or another one to compare against)."""
+    """`python -m services.scheduler` from `tree` (this checkout, or another one to compare against); tree
+    None: the gRPC floor (bench.grpc_floor, empty answers)."""
     ready = tmp / f"sched-{tag}.json"
+    if tree is None:
+        proc = await asyncio.create_subprocess_exec(
+            *orphan_guard.command(sys.executable, "bench.grpc_floor", ["--ready-file", str(ready)]),
+            cwd=ROOT,
+            env=_env(),
+        )
+        floor = await wait_ready_file_async(ready, 60)
+        if floor is None:
+            await _terminate(proc)
+            raise TimeoutError(f"{ready} did not appear")
+        return proc, floor["grpc"]
     args = [
         "--capacity-addr",
         cap_addr,
@@ -359,11 +371,13 @@ async def run_callers(
 ) -> dict:
     """Start `caller_procs` processes of bench.scheduler_callers sharing `callers`, run them, and measure the
     scheduler's CPU over the measured window (and the callers' own CPU, and the whole machine's)."""
+    result_dir = Path(tempfile.mkdtemp(prefix="sched-callers-"))
     share = [callers // caller_procs + (1 if k < callers % caller_procs else 0) for k in range(caller_procs)]
     procs = []
     first = 0
     for count in share:
         argv = ["--addr", addr, "--first", str(first), "--count", str(count), "--total-callers", str(callers)]
+        argv += ["--result-file", str(result_dir / f"callers-{len(procs)}.json")]
         argv += ["--channels", str(max(1, channels // caller_procs))]
         if sessions:
             argv += ["--sessions", str(sessions)]
@@ -381,6 +395,7 @@ async def run_callers(
                 env=_env(),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
         )
         first += count
@@ -438,7 +453,13 @@ async def run_callers(
             if p.returncode is None:
                 p.kill()
                 await p.wait()
-    results = [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
+    try:
+        for p, (_, err) in zip(procs, outputs):
+            if p.returncode != 0:
+                raise RuntimeError(f"a caller process failed ({p.returncode}): {err.decode()[-2000:]}")
+        results = [json.loads((result_dir / f"callers-{k}.json").read_text()) for k in range(len(procs))]
+    finally:
+        shutil.rmtree(result_dir, ignore_errors=True)
     latencies = [x for r in results for x in r["latencies_ms"]]
     elapsed = ended - wall_before if once else duration_s
     trips = len(latencies)
@@ -475,7 +496,7 @@ async def bench_rpc(
     channels: int,
     *,
     caller_procs: int = 2,
-    trees: tuple[tuple[str, Path], ...] = (("this", ROOT),),
+    trees: tuple[tuple[str, Path | None], ...] = (("this", ROOT),),
     rounds: int = 1,
     store: str = "sqlite",
     memory_programs: int = 10_000,
@@ -530,6 +551,9 @@ async def bench_rpc(
                             stream=stream,
                         )
                         stats = await _stats(addr)
+                        if tree is None:
+                            report["runs"].append(run)
+                            continue
                         run["rpc"]["pauses_total"] = stats.pauses_total
                         run["rpc"]["programs"] = stats.programs_active
                         run["rpc"]["replicas"] = len(stats.replicas)
@@ -567,10 +591,11 @@ async def _memory(
     programs: int,
     soak_s: float,
 ) -> dict:
-    """The scheduler's resident memory with `programs` programs in its table (each took one turn), per
-    10,000 programs over its idle figure; with `soak_s`, Admit+Complete cycling over those programs for that
-    long while RSS is sampled (flat = no growth per turn)."""
+    """The scheduler's resident memory with `programs` programs in its table (each took one turn), and per
+    10,000 programs (the growth over the load, per program it added); with `soak_s`, Admit+Complete cycling
+    over those programs for that long while RSS is sampled (flat = no growth per turn)."""
     before = proc_sample(pid)
+    programs_before = (await _stats(addr)).programs_active
     load = await run_callers(
         addr,
         pid,
@@ -591,7 +616,12 @@ async def _memory(
         "loaded_rss_kb": loaded["rss_kb"],
         "loaded_hwm_kb": loaded["hwm_kb"],
         "load_errors": load["errors"],
-        "rss_kb_per_10k_programs": round((loaded["rss_kb"] - idle["rss_kb"]) * 10_000 / max(1, stats.programs_active)),
+        "programs_before_load": programs_before,
+        # The growth over the load alone: the rpc run before it grew the process too (gRPC buffers, allocator
+        # arenas for 500 concurrent calls), which is not per program.
+        "rss_kb_per_10k_programs": round(
+            (loaded["rss_kb"] - before["rss_kb"]) * 10_000 / max(1, stats.programs_active - programs_before)
+        ),
         "soak": None,
     }
     if soak_s > 0:
@@ -859,6 +889,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="callers admit with AdmitStream (the router's call) instead of the unary Admit",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the rpc part against bench.grpc_floor (the same service answering empty messages): "
+        "the CPU per round trip gRPC and protobuf alone cost, beside the scheduler's",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="rpc runs per tree, interleaved")
     parser.add_argument(
         "--attribute",
@@ -884,7 +920,9 @@ def main(argv: list[str] | None = None) -> int:
         args.memory_programs = min(args.memory_programs, 300)
         args.soak_s = 1.0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    trees = [("this", ROOT)]
+    trees: list[tuple[str, Path | None]] = [("this", ROOT)]
+    if args.floor:
+        trees.append(("floor", None))
     for spec in args.compare_tree:
         name, _, path = spec.partition("=")
         if not path:

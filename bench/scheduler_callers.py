@@ -100,6 +100,7 @@ async def run(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scheduler_callers", description=__doc__.splitlines()[0])
     parser.add_argument("--addr", required=True)
+    parser.add_argument("--result-file", required=True, help="where the JSON result is written")
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--total-callers", type=int, default=0, help="callers over all processes (for --sessions)")
@@ -114,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         result = uvloop.run(run(args))
     except ImportError:
         result = asyncio.run(run(args))
-    print(json.dumps(result), flush=True)
+    # To a file: a large result written to the stdout pipe can be cut short (the event loop may leave the
+    # pipe non-blocking).
+    with open(args.result_file, "w") as f:
+        json.dump(result, f)
     return 0
 
 
