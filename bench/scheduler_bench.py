@@ -440,12 +440,14 @@ async def run_callers(
             # Sampled at stop_at: the callers stop starting round trips then (the ones under way finish).
             await asyncio.sleep(max(0.0, stop_at - time.time()))
             callers_after = [proc_sample(p.pid)["cpu_s"] if p.returncode is None else 0.0 for p in procs]
+            busy_after = _machine_busy_s()
         outputs = await waiting
         if once:
             callers_after = callers_before
+            busy_after = _machine_busy_s()
         ended = time.monotonic()
+        # After the round trips under way at stop_at ended: every counted round trip's CPU is in.
         after = proc_sample(sched_pid)
-        busy_after = _machine_busy_s()
         if spy is not None:
             await spy.wait()
     finally:
