@@ -665,6 +665,61 @@ async def _memory(
     return report
 
 
+def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
+    """The router's per-program state with `programs` programs, in this process (tracemalloc): its admission
+    cache (one entry each), its client limits (programs over 50 clients) and its session chains (each
+    program's last prompt, `prompt_chars` characters, hashed in the router's default text chunks). The
+    cache and the chains are bounded by the router's settings (`CacheParams.max_entries`,
+    `session_chain_bytes`): past them it evicts, so this is the figure below the bounds, and the bound above.
+
+    Not the router process's RSS: a router needs a whole stack to hold programs; its per-program state is
+    these three structures (services/router/core), built here as the router builds them."""
+    import tracemalloc
+
+    from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
+    from services.router.core.limits import ClientLimitParams, ClientLimits
+    from services.router.core.params import KvRouterParams
+    from services.router.core.session_chains import SessionChains
+
+    defaults = KvRouterParams()
+    rng = random.Random(11)
+    prefix = rng.randbytes(prompt_chars // 4).hex()  # a shared system prompt, half of each prompt
+    sids = [f"program-{i}" for i in range(programs)]
+    parts: dict[str, int] = {}
+    tracemalloc.start()
+    try:
+        mark, _ = tracemalloc.get_traced_memory()
+        cache = AdmissionCache(CacheParams(max_entries=max(programs, CacheParams().max_entries)))
+        cache.connected()
+        for i, sid in enumerate(sids):
+            cache.put(0.0, sid, cache.begin(), CachedAdmission(f"w{i % 8}", i % 8, True, 0), was_paused=False)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["admission_cache"], mark = now - mark, now
+        limits = ClientLimits(ClientLimitParams(max_programs=0, new_programs_per_s=0.0))
+        for i, sid in enumerate(sids):
+            limits.admit(f"client-{i % 50}", sid, 0.0)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["client_limits"], mark = now - mark, now
+        chains = SessionChains(defaults.session_chain_bytes)
+        for sid in sids:
+            chains.text_ids(sid, prefix + rng.randbytes(prompt_chars // 4).hex(), defaults.text_chunk_chars)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["session_chains"] = now - mark
+    finally:
+        tracemalloc.stop()
+    kept = {"admission_cache": len(cache), "client_limits": programs, "session_chains": len(chains)}
+    # Per program kept, times 10,000: what 10,000 programs take below the bounds.
+    per_10k = {k: round(v * 10_000 / max(1, kept[k])) for k, v in parts.items()}
+    return {
+        "programs": programs,
+        "prompt_chars": prompt_chars,
+        "bytes_per_10k_programs": per_10k,
+        "programs_kept": kept,
+        "session_chain_bytes_bound": defaults.session_chain_bytes,
+        "admission_cache_entries_bound": CacheParams().max_entries,
+    }
+
+
 # ---------------------------------------------------------------------- 3. recovery
 
 
@@ -830,6 +885,18 @@ def _table(report: dict) -> str:
             else []
         ),
         *(
+            [
+                [
+                    f"router per-program state ({rs['prompt_chars']:,}-char prompts)",
+                    f"MiB per 10,000 programs: {part}",
+                    f"{size / 2**20:.1f}",
+                ]
+                for part, size in rs["bytes_per_10k_programs"].items()
+            ]
+            if (rs := report.get("router_state"))
+            else []
+        ),
+        *(
             [["", f"soak {m['soak']['seconds']:g}s: RSS growth MiB", f"{m['soak']['rss_growth_kb'] / 1024:.1f}"]]
             if (m := r.get("memory")) and m["soak"]
             else []
@@ -944,10 +1011,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.rpc_only:
         rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
-        print(json.dumps(rpc, indent=2))
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"benchmark": "scheduler", "smoke": args.smoke, "rpc": rpc}, indent=2) + "\n")
+        router_state = bench_router_state(args.memory_programs) if args.memory_programs else None
+        report = {"benchmark": "scheduler", "smoke": args.smoke, "rpc": rpc, "router_state": router_state}
+        print(json.dumps(report, indent=2))
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
     tick = bench_tick(args.programs, args.replicas, args.ticks)
@@ -959,6 +1026,7 @@ def main(argv: list[str] | None = None) -> int:
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
     recovery = asyncio.run(bench_recovery(args.programs, args.replicas))
     report = {
+        "router_state": bench_router_state(args.memory_programs) if args.memory_programs else None,
         "benchmark": "scheduler",
         "smoke": args.smoke,
         "tick": tick,

@@ -40,6 +40,9 @@ def test_scheduler_bench_smoke(tmp_path):
     assert memory["loaded_rss_kb"] >= memory["idle_rss_kb"] > 0 and "rss_kb_per_10k_programs" in memory
     assert memory["soak"]["round_trips"] > 0 and len(memory["soak"]["samples"]) >= 2
     assert "RSS MiB per 10,000 programs" in proc.stdout
+    router_state = report["router_state"]
+    assert router_state["programs"] == 300 and router_state["programs_kept"]["admission_cache"] == 300
+    assert all(size > 0 for size in router_state["bytes_per_10k_programs"].values())
     recovery = report["recovery"]
     assert recovery["programs"] == 500 and recovery["sqlite"]["programs"] == 500
     assert 0 < recovery["sqlite"]["recovery_s"] and recovery["sqlite"]["paused"] > 0
