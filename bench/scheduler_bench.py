@@ -373,7 +373,7 @@ async def run_callers(
     scheduler's CPU over the measured window (and the callers' own CPU, and the whole machine's)."""
     result_dir = Path(tempfile.mkdtemp(prefix="sched-callers-"))
     share = [callers // caller_procs + (1 if k < callers % caller_procs else 0) for k in range(caller_procs)]
-    procs = []
+    procs: list[asyncio.subprocess.Process] = []
     first = 0
     for count in share:
         argv = ["--addr", addr, "--first", str(first), "--count", str(count), "--total-callers", str(callers)]
