@@ -652,7 +652,19 @@ async def _memory(
             sampler.cancel()
         samples.append({"t_s": round(time.monotonic() - t0, 1), **proc_sample(pid)})
         rss = [s["rss_kb"] for s in samples]
+        # The trend after the first tenth (the first calls on every program warm buffers and arenas up): a
+        # least-squares slope, and the medians of the two halves, against RSS's own noise (the band).
+        settled = [s for s in samples if s["t_s"] >= soak_s / 10] or samples
+        ts, ys = [s["t_s"] for s in settled], [s["rss_kb"] for s in settled]
+        mean_t, mean_y = sum(ts) / len(ts), sum(ys) / len(ys)
+        var_t = sum((t - mean_t) ** 2 for t in ts)
+        slope = sum((t - mean_t) * (y - mean_y) for t, y in zip(ts, ys)) / var_t if var_t > 0 else 0.0
+        half = len(ys) // 2
         report["soak"] = {
+            "rss_kb_slope_per_min": round(slope * 60, 1),
+            "rss_kb_median_first_half": percentile(ys[:half], 50) if half else ys[0],
+            "rss_kb_median_second_half": percentile(ys[half:], 50),
+            "rss_kb_band_settled": [min(ys), max(ys)],
             "seconds": soak_s,
             "round_trips": soak["round_trips"],
             "round_trips_per_s": soak["round_trips_per_s"],
