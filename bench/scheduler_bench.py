@@ -1,17 +1,22 @@
 """Scheduler benchmark: control tick cost at scale, and Admit+Complete round trips over real gRPC.
 
-    python -m bench.scheduler_bench --out bench/results/scheduler.json [--smoke]
+    python -m bench.scheduler_bench --out bench/results/scheduler.json [--smoke] [--rpc-only] [--attribute]
 
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
    a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
    (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
-   so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers
-   in this process each loop Admit -> Complete for their own program over a few gRPC channels.
-   One round trip = Admit + Complete; we report round trips per second and the p50/p99 latency.
-   The scheduler keeps its table in a SQLite file (the service default), so this includes the
-   batched write-through.
+   so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
+   in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
+   AdmitStream, `--admit-stream`) -> Complete for their own program. One round trip = Admit + Complete;
+   we report round trips per second, the p50/p99 latency, and from /proc the scheduler's CPU per round
+   trip and the cores of the scheduler, the callers and the machine. The scheduler keeps its table in a
+   SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
+   checkouts' schedulers with the same load, interleaved; `--floor` the gRPC floor (bench/grpc_floor.py);
+   `--attribute` splits the scheduler's CPU by part of the path (py-spy). Then the memory figures:
+   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`), and the
+   router's per-program state (in this process). docs/scheduler.md, "Admission cost", has the figures.
 3. recovery: a table of 10,000 programs (the tick benchmark's, after a few ticks: some paused, some
    turns in flight) stored in SQLite (and in Redis when `redis-server` is installed); the time a
    restarting scheduler takes to load it and rebuild its core (the figure it logs and exports as
