@@ -1,17 +1,22 @@
 """Scheduler benchmark: control tick cost at scale, and Admit+Complete round trips over real gRPC.
 
-    python -m bench.scheduler_bench --out bench/results/scheduler.json [--smoke]
+    python -m bench.scheduler_bench --out bench/results/scheduler.json [--smoke] [--rpc-only] [--attribute]
 
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
    a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
    (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
-   so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers
-   in this process each loop Admit -> Complete for their own program over a few gRPC channels.
-   One round trip = Admit + Complete; we report round trips per second and the p50/p99 latency.
-   The scheduler keeps its table in a SQLite file (the service default), so this includes the
-   batched write-through.
+   so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
+   in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
+   AdmitStream, `--admit-stream`) -> Complete for their own program. One round trip = Admit + Complete;
+   we report round trips per second, the p50/p99 latency, and from /proc the scheduler's CPU per round
+   trip and the cores of the scheduler, the callers and the machine. The scheduler keeps its table in a
+   SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
+   checkouts' schedulers with the same load, interleaved; `--floor` the gRPC floor (bench/grpc_floor.py);
+   `--attribute` splits the scheduler's CPU by part of the path (py-spy). Then the memory figures:
+   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`), and the
+   router's per-program state (in this process). docs/scheduler.md, "Admission cost", has the figures.
 3. recovery: a table of 10,000 programs (the tick benchmark's, after a few ticks: some paused, some
    turns in flight) stored in SQLite (and in Redis when `redis-server` is installed); the time a
    restarting scheduler takes to load it and rebuild its core (the figure it logs and exports as
@@ -167,7 +172,349 @@ async def _terminate(proc: asyncio.subprocess.Process) -> None:
     await stop_child_async(proc, 15.0, name="scheduler")
 
 
-async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def proc_sample(pid: int) -> dict:
+    """CPU seconds (user + system) and resident memory (VmRSS, VmHWM, in KiB) of a process, from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu_s = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15 of stat)
+    mem = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                mem[key] = int(value.split()[0])
+    return {"cpu_s": cpu_s, "rss_kb": mem.get("VmRSS", 0), "hwm_kb": mem.get("VmHWM", 0)}
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds all cores spent not idle since boot (from /proc/stat), to show the machine's load."""
+    with open("/proc/stat") as f:
+        values = [int(v) for v in f.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / CLK_TCK
+
+
+NATIVE_LOOP = "gRPC C core + cython glue + event loop (native, under the loop)"
+ATTRIBUTION = (
+    # (part, file fragments), as py-spy names a frame's file (relative to its sys.path entry: OpenTelemetry's
+    # `opentelemetry/sdk/trace/__init__.py` is `trace/__init__.py`, its gRPC instrumentation `grpc/_aio_server.py`).
+    # A sample counts for the part of its innermost frame that matches one (frames of no part, such as
+    # contextlib or asyncio.timeout called from the servicer, count for their caller's part).
+    ("decision (scheduler core)", ("services/scheduler/core/",)),
+    (
+        "tracing (OpenTelemetry spans, context, interceptor)",
+        (
+            "trace/",
+            "_decorator.py",
+            "attributes/",
+            "context/",
+            "propagate/",
+            "composite.py",
+            "textmap.py",
+            "baggage/",
+            "grpc/_aio_server.py",
+            "grpc/_server.py",
+            "services/common/telemetry.py",
+            "services/common/trace_export.py",
+        ),
+    ),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("durable write-through (persist, store)", ("services/scheduler/persist.py", "state_store", "sqlite3", "redis/")),
+    ("servicer shell (validation, conversion, runtime, guards)", ("services/scheduler/", "services/common/")),
+    ("gRPC poller thread (native)", ("threading.py",)),
+    (NATIVE_LOOP, ("uvloop/", "asyncio/runners.py")),
+)
+
+
+def attribute_stacks(collapsed: str) -> dict:
+    """Split py-spy `--format raw` samples (`frame;frame;... count` per line, outermost frame first) into the
+    parts of ATTRIBUTION: the share of the scheduler's on-CPU samples each part took."""
+    counts: dict[str, int] = {}
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        total += int(n)
+        part = "other (GC, interpreter)"
+        for frame in reversed(stack.split(";")):
+            hit = next((name for name, frags in ATTRIBUTION if any(f in frame for f in frags)), None)
+            if hit is not None:
+                part = hit
+                break
+        counts[part] = counts.get(part, 0) + int(n)
+    return {
+        "samples": total,
+        "share": {k: round(v / total, 4) for k, v in sorted(counts.items(), key=lambda kv: -kv[1])} if total else {},
+    }
+
+
+def _py_spy(path: str | None) -> str | None:
+    for candidate in (path, shutil.which("py-spy"), "/tmp/spyenv/bin/py-spy"):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+async def _start_capacity(stub_url: str, tmp: Path) -> tuple[asyncio.subprocess.Process, str]:
+    ready = tmp / "cap.json"
+    proc = await asyncio.create_subprocess_exec(
+        *orphan_guard.command(
+            sys.executable,
+            "services.capacity",
+            [
+                "--worker-url",
+                stub_url,
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-port",
+                "-1",
+                "--ready-file",
+                str(ready),
+                "--poll-interval-seconds",
+                "1",
+                "--poll-timeout-seconds",
+                "1",
+            ],
+        ),
+        cwd=ROOT,
+        env=_env(),
+    )
+    cap = await wait_ready_file_async(ready, 30)
+    if cap is None:
+        await _terminate(proc)
+        raise TimeoutError(f"{ready} did not appear")
+    return proc, cap["grpc"]
+
+
+async def _start_scheduler(
+    tree: Path | None, cap_addr: str, tmp: Path, tag: str, store: str, redis_url: str
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`python -m services.scheduler` from `tree` (this checkout, or another one to compare against); tree
+    None: the gRPC floor (bench.grpc_floor, empty answers)."""
+    ready = tmp / f"sched-{tag}.json"
+    if tree is None:
+        proc = await asyncio.create_subprocess_exec(
+            *orphan_guard.command(sys.executable, "bench.grpc_floor", ["--ready-file", str(ready)]),
+            cwd=ROOT,
+            env=_env(),
+        )
+        floor = await wait_ready_file_async(ready, 60)
+        if floor is None:
+            await _terminate(proc)
+            raise TimeoutError(f"{ready} did not appear")
+        return proc, floor["grpc"]
+    args = [
+        "--capacity-addr",
+        cap_addr,
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-port",
+        "-1",
+        "--ready-file",
+        str(ready),
+        "--scheduler-interval-seconds",
+        "1",
+    ]
+    if store == "sqlite":
+        args += ["--state-path", str(tmp / f"scheduler-{tag}.sqlite")]
+    elif store == "redis":
+        args += ["--state-redis-url", redis_url, "--state-redis-prefix", f"bench:{tag}:", "--leader-election"]
+    else:
+        args += ["--state-path", "none"]
+    env = _env()
+    env["PYTHONPATH"] = str(tree)
+    proc = await asyncio.create_subprocess_exec(
+        *orphan_guard.command(sys.executable, "services.scheduler", args), cwd=tree, env=env
+    )
+    sched = await wait_ready_file_async(ready, 60)
+    if sched is None:
+        await _terminate(proc)
+        raise TimeoutError(f"{ready} did not appear")
+    return proc, sched["grpc"]
+
+
+async def _wait_capacity(addr: str) -> None:
+    async with grpc.aio.insecure_channel(addr) as chan:
+        client = pb_grpc.SchedulerStub(chan)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                stats = await client.GetStats(pb.GetStatsRequest(), timeout=5)
+                if stats.replicas:
+                    return
+            except grpc.aio.AioRpcError as exc:  # a standby during its first election
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                    raise
+            if time.monotonic() > deadline:
+                raise TimeoutError("scheduler never received a capacity snapshot (or never led)")
+            await asyncio.sleep(0.05)
+
+
+async def _stats(addr: str) -> pb.Stats:
+    async with grpc.aio.insecure_channel(addr) as chan:
+        return await pb_grpc.SchedulerStub(chan).GetStats(pb.GetStatsRequest(), timeout=5)
+
+
+async def run_callers(
+    addr: str,
+    sched_pid: int,
+    *,
+    callers: int,
+    caller_procs: int,
+    channels: int,
+    warmup_s: float,
+    duration_s: float,
+    sessions: int = 0,
+    once: bool = False,
+    stream: bool = False,
+    profile_out: Path | None = None,
+    py_spy: str | None = None,
+) -> dict:
+    """Start `caller_procs` processes of bench.scheduler_callers sharing `callers`, run them, and measure the
+    scheduler's CPU over the measured window (and the callers' own CPU, and the whole machine's)."""
+    result_dir = Path(tempfile.mkdtemp(prefix="sched-callers-"))
+    share = [callers // caller_procs + (1 if k < callers % caller_procs else 0) for k in range(caller_procs)]
+    procs: list[asyncio.subprocess.Process] = []
+    first = 0
+    for count in share:
+        argv = ["--addr", addr, "--first", str(first), "--count", str(count), "--total-callers", str(callers)]
+        argv += ["--result-file", str(result_dir / f"callers-{len(procs)}.json")]
+        argv += ["--channels", str(max(1, channels // caller_procs))]
+        if sessions:
+            argv += ["--sessions", str(sessions)]
+        if once:
+            argv.append("--once")
+        if stream:
+            argv.append("--stream")
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bench.scheduler_callers",
+                *argv,
+                cwd=ROOT,
+                env=_env(),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        )
+        first += count
+    try:
+        for p in procs:
+            assert p.stdout is not None
+            line = await asyncio.wait_for(p.stdout.readline(), 60)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"a caller process did not start: {line!r}")
+        now = time.time()
+        warmup_until = now + warmup_s
+        stop_at = warmup_until + (duration_s if not once else 3600.0)
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write(f"GO {warmup_until} {stop_at}\n".encode())
+            await p.stdin.drain()
+        await asyncio.sleep(max(0.0, warmup_until - time.time()))
+        spy = None
+        if profile_out is not None and py_spy is not None:
+            spy = await asyncio.create_subprocess_exec(
+                py_spy,
+                "record",
+                "--pid",
+                str(sched_pid),
+                "--rate",
+                "200",
+                "--duration",
+                str(max(1, int(duration_s))),
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--output",
+                str(profile_out),
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+        before = proc_sample(sched_pid)
+        callers_before = [proc_sample(p.pid)["cpu_s"] for p in procs]
+        busy_before, wall_before = _machine_busy_s(), time.monotonic()
+        waiting = asyncio.gather(*(p.communicate() for p in procs))
+        if not once:
+            # Sampled at stop_at: the callers stop starting round trips then (the ones under way finish).
+            await asyncio.sleep(max(0.0, stop_at - time.time()))
+            callers_after = [proc_sample(p.pid)["cpu_s"] if p.returncode is None else 0.0 for p in procs]
+            busy_after = _machine_busy_s()
+        outputs = await waiting
+        if once:
+            callers_after = callers_before
+            busy_after = _machine_busy_s()
+        ended = time.monotonic()
+        # After the round trips under way at stop_at ended: every counted round trip's CPU is in.
+        after = proc_sample(sched_pid)
+        if spy is not None:
+            await spy.wait()
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+    try:
+        for p, (_, err) in zip(procs, outputs):
+            if p.returncode != 0:
+                raise RuntimeError(f"a caller process failed ({p.returncode}): {err.decode()[-2000:]}")
+        results = [json.loads((result_dir / f"callers-{k}.json").read_text()) for k in range(len(procs))]
+    finally:
+        shutil.rmtree(result_dir, ignore_errors=True)
+    latencies = [x for r in results for x in r["latencies_ms"]]
+    elapsed = ended - wall_before if once else duration_s
+    trips = len(latencies)
+    sched_cpu = after["cpu_s"] - before["cpu_s"]
+    return {
+        "callers": callers,
+        "caller_processes": caller_procs,
+        "channels": channels,
+        "duration_s": round(elapsed, 3),
+        "round_trips": trips,
+        "round_trips_per_s": trips / elapsed if elapsed > 0 else 0.0,
+        "latency_ms": {
+            "p50": percentile(latencies, 50) if latencies else None,
+            "p99": percentile(latencies, 99) if latencies else None,
+            "max": max(latencies) if latencies else None,
+        },
+        "errors": sum(r["errors"] for r in results),
+        "held": sum(r["held"] for r in results),
+        "scheduler_cpu": {
+            "cores": round(sched_cpu / elapsed, 3) if elapsed > 0 else None,
+            "us_per_round_trip": round(sched_cpu / trips * 1e6, 1) if trips else None,
+        },
+        "callers_cpu_cores": round(sum(a - b for a, b in zip(callers_after, callers_before)) / elapsed, 3)
+        if elapsed > 0
+        else None,
+        "machine_busy_cores": round((busy_after - busy_before) / elapsed, 2) if elapsed > 0 else None,
+        "scheduler_rss_kb": after["rss_kb"],
+    }
+
+
+async def bench_rpc(
+    callers: int,
+    duration_s: float,
+    channels: int,
+    *,
+    caller_procs: int = 2,
+    trees: tuple[tuple[str, Path | None], ...] = (("this", ROOT),),
+    rounds: int = 1,
+    store: str = "sqlite",
+    memory_programs: int = 10_000,
+    soak_s: float = 0.0,
+    attribute: bool = False,
+    py_spy_path: str | None = None,
+    profile_dir: Path | None = None,
+    stream: bool = False,
+) -> dict:
+    """Admit+Complete from `callers` callers (in `caller_procs` processes of their own) against each tree's
+    scheduler in turn, `rounds` times interleaved; the first tree's first round is the headline figure."""
     stub = SglangStub(
         sglang_info(
             max_total_num_tokens=50_000_000,
@@ -178,138 +525,216 @@ async def bench_rpc(callers: int, duration_s: float, channels: int) -> dict:
         )
     )
     await stub.start()
-    procs: list[asyncio.subprocess.Process] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    py_spy = _py_spy(py_spy_path) if attribute else None
+    report: dict = {"store": store, "admit_rpc": "AdmitStream" if stream else "Admit", "runs": []}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        cap_proc = None
+        redis = None
         try:
-            cap_ready, sched_ready = Path(tmp) / "cap.json", Path(tmp) / "sched.json"
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *orphan_guard.command(
-                        sys.executable,
-                        "services.capacity",
-                        [
-                            "--worker-url",
-                            stub.url,
-                            "--listen",
-                            "127.0.0.1:0",
-                            "--metrics-port",
-                            "-1",
-                            "--ready-file",
-                            str(cap_ready),
-                            "--poll-interval-seconds",
-                            "1",
-                            "--poll-timeout-seconds",
-                            "1",
-                        ],
-                    ),
-                    cwd=ROOT,
-                    env=_env(),
-                )
-            )
-            cap = await wait_ready_file_async(cap_ready, 30)
-            if cap is None:
-                raise TimeoutError(f"{cap_ready} did not appear")
-            procs.append(
-                await asyncio.create_subprocess_exec(
-                    *orphan_guard.command(
-                        sys.executable,
-                        "services.scheduler",
-                        [
-                            "--capacity-addr",
-                            cap["grpc"],
-                            "--listen",
-                            "127.0.0.1:0",
-                            "--metrics-port",
-                            "-1",
-                            "--ready-file",
-                            str(sched_ready),
-                            "--scheduler-interval-seconds",
-                            "1",
-                            "--state-path",
-                            str(Path(tmp) / "scheduler.sqlite"),
-                        ],
-                    ),
-                    cwd=ROOT,
-                    env=_env(),
-                )
-            )
-            sched = await wait_ready_file_async(sched_ready, 30)
-            if sched is None:
-                raise TimeoutError(f"{sched_ready} did not appear")
-            chans = [
-                grpc.aio.insecure_channel(sched["grpc"], options=[("grpc.use_local_subchannel_pool", 1)])
-                for _ in range(channels)
-            ]
-            clients = [pb_grpc.SchedulerStub(c) for c in chans]
-            deadline = time.monotonic() + 30
-            while True:
-                stats = await clients[0].GetStats(pb.GetStatsRequest(), timeout=5)
-                if stats.replicas:
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError("scheduler never received a capacity snapshot")
-                await asyncio.sleep(0.05)
-            latencies_ms: list[float] = []
-            held = 0
-            stop_at = 0.0
-
-            async def caller(i: int) -> None:
-                nonlocal held
-                client = clients[i % len(clients)]
-                sid = f"bench-{i}"
-                turn = 0
-                while time.monotonic() < stop_at:
-                    turn += 1
-                    rid = f"{sid}-{turn}"
-                    started = time.perf_counter()
-                    resp = await client.Admit(
-                        pb.AdmitRequest(session_id=sid, request_id=rid, estimated_prompt_tokens=2_000), timeout=30
-                    )
-                    await client.Complete(
-                        pb.CompleteRequest(
-                            session_id=sid,
-                            request_id=rid,
-                            worker_id=resp.worker_id,
-                            dp_rank=resp.dp_rank,
-                            prompt_tokens=2_000,
-                            completion_tokens=200,
-                        ),
-                        timeout=30,
-                    )
-                    latencies_ms.append((time.perf_counter() - started) * 1e3)
-                    held += resp.was_paused
-
-            # Warm-up (channel set-up, first program creation), then the measured window.
-            stop_at = time.monotonic() + min(1.0, duration_s / 4)
-            await asyncio.gather(*(caller(i) for i in range(callers)))
-            latencies_ms.clear()
-            started = time.monotonic()
-            stop_at = started + duration_s
-            await asyncio.gather(*(caller(i) for i in range(callers)))
-            elapsed = time.monotonic() - started
-            stats = await clients[0].GetStats(pb.GetStatsRequest(), timeout=5)
-            for c in chans:
-                await c.close()
-            return {
-                "callers": callers,
-                "channels": channels,
-                "duration_s": round(elapsed, 3),
-                "round_trips": len(latencies_ms),
-                "round_trips_per_s": len(latencies_ms) / elapsed,
-                "latency_ms": {
-                    "p50": percentile(latencies_ms, 50),
-                    "p99": percentile(latencies_ms, 99),
-                    "max": max(latencies_ms),
-                },
-                "held": held,
-                "pauses_total": stats.pauses_total,
-                "programs": stats.programs_active,
-                "replicas": len(stats.replicas),
-            }
+            redis_url = ""
+            if store == "redis":
+                redis, redis_url = await _start_redis(tmp)
+            cap_proc, cap_addr = await _start_capacity(stub.url, tmp)
+            for round_no in range(rounds):
+                for name, tree in trees:
+                    tag = f"{name}-{round_no}"
+                    proc, addr = await _start_scheduler(tree, cap_addr, tmp, tag, store, redis_url)
+                    try:
+                        await _wait_capacity(addr)
+                        run: dict = {"tree": name, "round": round_no}
+                        idle = proc_sample(proc.pid)
+                        profile = (profile_dir or tmp) / f"scheduler-{tag}.spy" if py_spy else None
+                        run["rpc"] = await run_callers(
+                            addr,
+                            proc.pid,
+                            callers=callers,
+                            caller_procs=caller_procs,
+                            channels=channels,
+                            warmup_s=min(1.0, duration_s / 4),
+                            duration_s=duration_s,
+                            profile_out=profile,
+                            py_spy=py_spy,
+                            stream=stream,
+                        )
+                        stats = await _stats(addr)
+                        if tree is None:
+                            report["runs"].append(run)
+                            continue
+                        run["rpc"]["pauses_total"] = stats.pauses_total
+                        run["rpc"]["programs"] = stats.programs_active
+                        run["rpc"]["replicas"] = len(stats.replicas)
+                        if profile is not None and profile.exists():
+                            run["attribution"] = attribute_stacks(profile.read_text())
+                        if round_no == 0 and memory_programs:
+                            run["memory"] = await _memory(
+                                addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s
+                            )
+                        report["runs"].append(run)
+                    finally:
+                        await _terminate(proc)
         finally:
-            for proc in reversed(procs):
-                await _terminate(proc)
+            if cap_proc is not None:
+                await _terminate(cap_proc)
+            if redis is not None:
+                stop_child(redis, 10.0, name="redis-server")
             await stub.stop()
+    head = report["runs"][0]
+    report.update(head["rpc"])  # the headline figures at the top level, as before
+    if "memory" in head:
+        report["memory"] = head["memory"]
+    if "attribution" in head:
+        report["attribution"] = head["attribution"]
+    return report
+
+
+async def _memory(
+    addr: str,
+    pid: int,
+    idle: dict,
+    callers: int,
+    caller_procs: int,
+    channels: int,
+    programs: int,
+    soak_s: float,
+) -> dict:
+    """The scheduler's resident memory with `programs` programs in its table (each took one turn), and per
+    10,000 programs (the growth over the load, per program it added); with `soak_s`, Admit+Complete cycling
+    over those programs for that long while RSS is sampled (flat = no growth per turn)."""
+    before = proc_sample(pid)
+    programs_before = (await _stats(addr)).programs_active
+    load = await run_callers(
+        addr,
+        pid,
+        callers=callers,
+        caller_procs=caller_procs,
+        channels=channels,
+        warmup_s=0.0,
+        duration_s=0.0,
+        sessions=programs,
+        once=True,
+    )
+    loaded = proc_sample(pid)
+    stats = await _stats(addr)
+    report: dict = {
+        "idle_rss_kb": idle["rss_kb"],
+        "before_load_rss_kb": before["rss_kb"],
+        "programs": stats.programs_active,
+        "loaded_rss_kb": loaded["rss_kb"],
+        "loaded_hwm_kb": loaded["hwm_kb"],
+        "load_errors": load["errors"],
+        "programs_before_load": programs_before,
+        # The growth over the load alone: the rpc run before it grew the process too (gRPC buffers, allocator
+        # arenas for 500 concurrent calls), which is not per program.
+        "rss_kb_per_10k_programs": round(
+            (loaded["rss_kb"] - before["rss_kb"]) * 10_000 / max(1, stats.programs_active - programs_before)
+        ),
+        "soak": None,
+    }
+    if soak_s > 0:
+        samples: list[dict] = []
+        interval = max(1.0, soak_s / 20)
+        t0 = time.monotonic()
+
+        async def sample() -> None:
+            while True:
+                samples.append({"t_s": round(time.monotonic() - t0, 1), **proc_sample(pid)})
+                await asyncio.sleep(interval)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            soak = await run_callers(
+                addr,
+                pid,
+                callers=callers,
+                caller_procs=caller_procs,
+                channels=channels,
+                warmup_s=0.0,
+                duration_s=soak_s,
+                sessions=programs,
+            )
+        finally:
+            sampler.cancel()
+        samples.append({"t_s": round(time.monotonic() - t0, 1), **proc_sample(pid)})
+        rss = [s["rss_kb"] for s in samples]
+        # The trend after the first tenth (the first calls on every program warm buffers and arenas up): a
+        # least-squares slope, and the medians of the two halves, against RSS's own noise (the band).
+        settled = [s for s in samples if s["t_s"] >= soak_s / 10] or samples
+        ts, ys = [s["t_s"] for s in settled], [s["rss_kb"] for s in settled]
+        mean_t, mean_y = sum(ts) / len(ts), sum(ys) / len(ys)
+        var_t = sum((t - mean_t) ** 2 for t in ts)
+        slope = sum((t - mean_t) * (y - mean_y) for t, y in zip(ts, ys)) / var_t if var_t > 0 else 0.0
+        half = len(ys) // 2
+        report["soak"] = {
+            "rss_kb_slope_per_min": round(slope * 60, 1),
+            "rss_kb_median_first_half": percentile(ys[:half], 50) if half else ys[0],
+            "rss_kb_median_second_half": percentile(ys[half:], 50),
+            "rss_kb_band_settled": [min(ys), max(ys)],
+            "seconds": soak_s,
+            "round_trips": soak["round_trips"],
+            "round_trips_per_s": soak["round_trips_per_s"],
+            "rss_kb_first": rss[0],
+            "rss_kb_last": rss[-1],
+            "rss_kb_max": max(rss),
+            "rss_growth_kb": rss[-1] - rss[0],
+            "samples": [{"t_s": s["t_s"], "rss_kb": s["rss_kb"]} for s in samples],
+        }
+    return report
+
+
+def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
+    """The router's per-program state with `programs` programs, in this process (tracemalloc): its admission
+    cache (one entry each), its client limits (programs over 50 clients) and its session chains (each
+    program's last prompt, `prompt_chars` characters, hashed in the router's default text chunks). The
+    cache and the chains are bounded by the router's settings (`CacheParams.max_entries`,
+    `session_chain_bytes`): past them it evicts, so this is the figure below the bounds, and the bound above.
+
+    Not the router process's RSS: a router needs a whole stack to hold programs; its per-program state is
+    these three structures (services/router/core), built here as the router builds them."""
+    import tracemalloc
+
+    from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
+    from services.router.core.limits import ClientLimitParams, ClientLimits
+    from services.router.core.params import KvRouterParams
+    from services.router.core.session_chains import SessionChains
+
+    defaults = KvRouterParams()
+    rng = random.Random(11)
+    prefix = rng.randbytes(prompt_chars // 4).hex()  # a shared system prompt, half of each prompt
+    sids = [f"program-{i}" for i in range(programs)]
+    parts: dict[str, int] = {}
+    tracemalloc.start()
+    try:
+        mark, _ = tracemalloc.get_traced_memory()
+        cache = AdmissionCache(CacheParams(max_entries=max(programs, CacheParams().max_entries)))
+        cache.connected()
+        for i, sid in enumerate(sids):
+            cache.put(0.0, sid, cache.begin(), CachedAdmission(f"w{i % 8}", i % 8, True, 0), was_paused=False)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["admission_cache"], mark = now - mark, now
+        limits = ClientLimits(ClientLimitParams(max_programs=0, new_programs_per_s=0.0))
+        for i, sid in enumerate(sids):
+            limits.admit(f"client-{i % 50}", sid, 0.0)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["client_limits"], mark = now - mark, now
+        chains = SessionChains(defaults.session_chain_bytes)
+        for sid in sids:
+            chains.text_ids(sid, prefix + rng.randbytes(prompt_chars // 4).hex(), defaults.text_chunk_chars)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["session_chains"] = now - mark
+    finally:
+        tracemalloc.stop()
+    kept = {"admission_cache": len(cache), "client_limits": programs, "session_chains": len(chains)}
+    # Per program kept, times 10,000: what 10,000 programs take below the bounds.
+    per_10k = {k: round(v * 10_000 / max(1, kept[k])) for k, v in parts.items()}
+    return {
+        "programs": programs,
+        "prompt_chars": prompt_chars,
+        "bytes_per_10k_programs": per_10k,
+        "programs_kept": kept,
+        "session_chain_bytes_bound": defaults.session_chain_bytes,
+        "admission_cache_entries_bound": CacheParams().max_entries,
+    }
 
 
 # ---------------------------------------------------------------------- 3. recovery
@@ -367,6 +792,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+async def _start_redis(tmp: Path):
+    """A throwaway redis-server on a free loopback port (no persistence): the child and its URL."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (make system-deps installs it)")
+    port = _free_port()
+    server = start_child(
+        orphan_guard.exec_command(
+            sys.executable,
+            binary,
+            ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+        ),
+        None,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return server, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            if time.monotonic() > deadline:
+                stop_child(server, 10.0, name="redis-server")
+                raise
+            await asyncio.sleep(0.05)
+
+
 async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict:
     batch = _stored_table(programs, replicas)
     report: dict = {
@@ -381,26 +832,8 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
         if binary is None:
             report["redis"] = None  # not installed (make system-deps installs it)
             return report
-        port = _free_port()
-        server = start_child(
-            orphan_guard.exec_command(
-                sys.executable,
-                binary,
-                ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp],
-            ),
-            None,
-        )
+        server, url = await _start_redis(Path(tmp))
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.05)
-            url = f"redis://127.0.0.1:{port}/0"
             report["redis"] = await _time_recovery(lambda: RedisStateStore(url, "bench:", 10.0), batch, repeats)
         finally:
             stop_child(server, 10.0, name="redis-server")
@@ -439,6 +872,60 @@ def _table(report: dict) -> str:
         ["", "p50 ms", r["latency_ms"]["p50"]],
         ["", "p99 ms", r["latency_ms"]["p99"]],
         ["", "held / pauses", f"{r['held']} / {r['pauses_total']}"],
+        ["", "scheduler CPU µs / round trip", r["scheduler_cpu"]["us_per_round_trip"]],
+        [
+            "",
+            "scheduler / callers / machine cores",
+            f"{r['scheduler_cpu']['cores']} / {r['callers_cpu_cores']} / {r['machine_busy_cores']}",
+        ],
+        *(
+            [
+                [
+                    f"Admit+Complete, tree {run['tree']} round {run['round']}",
+                    "round trips/s, p99 ms, µs CPU",
+                    f"{run['rpc']['round_trips_per_s']:.0f}, {run['rpc']['latency_ms']['p99']:.0f}, "
+                    f"{run['rpc']['scheduler_cpu']['us_per_round_trip']}",
+                ]
+                for run in r["runs"][1:]
+            ]
+        ),
+        *(
+            [
+                [
+                    f"scheduler memory ({m['programs']:,} programs)",
+                    "RSS MiB idle / loaded",
+                    f"{m['idle_rss_kb'] / 1024:.0f} / {m['loaded_rss_kb'] / 1024:.0f}",
+                ],
+                ["", "RSS MiB per 10,000 programs", f"{m['rss_kb_per_10k_programs'] / 1024:.1f}"],
+            ]
+            if (m := r.get("memory"))
+            else []
+        ),
+        *(
+            [
+                [
+                    f"router per-program state ({rs['prompt_chars']:,}-char prompts)",
+                    f"MiB per 10,000 programs: {part}",
+                    f"{size / 2**20:.1f}",
+                ]
+                for part, size in rs["bytes_per_10k_programs"].items()
+            ]
+            if (rs := report.get("router_state"))
+            else []
+        ),
+        *(
+            [["", f"soak {m['soak']['seconds']:g}s: RSS growth MiB", f"{m['soak']['rss_growth_kb'] / 1024:.1f}"]]
+            if (m := r.get("memory")) and m["soak"]
+            else []
+        ),
+        *(
+            [
+                ["attribution (scheduler CPU share)", part, f"{share:.0%}"]
+                for part, share in r["attribution"]["share"].items()
+            ]
+            if r.get("attribution")
+            else []
+        ),
         [f"recovery ({s['programs']:,} programs)", "SQLite s", s["sqlite"]["recovery_s"]],
         ["", "Redis s", s["redis"]["recovery_s"] if s["redis"] else "not installed"],
     ]
@@ -461,12 +948,91 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tick-only", action="store_true", help="only the tick and its scaling run (no rpc, recovery)")
     parser.add_argument("--callers", type=int, default=500)
     parser.add_argument("--duration-seconds", type=float, default=10.0)
-    parser.add_argument("--channels", type=int, default=4)
+    parser.add_argument("--channels", type=int, default=4, help="gRPC channels over all caller processes")
+    parser.add_argument(
+        "--caller-processes",
+        type=int,
+        default=2,
+        help="processes the callers run in (bench.scheduler_callers), so their CPU is not the scheduler's",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "memory", "redis"),
+        default="sqlite",
+        help="the scheduler's durable state: SQLite file (the default), none, or Redis with leader election "
+        "(a throwaway redis-server; Admit/Complete then answer only once their change is written)",
+    )
+    parser.add_argument(
+        "--compare-tree",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also run the rpc part against the scheduler of another checkout (e.g. main's HEAD from "
+        "`git worktree add`), interleaved with this one's, with the same load generator",
+    )
+    parser.add_argument(
+        "--admit-stream",
+        action="store_true",
+        help="callers admit with AdmitStream (the router's call) instead of the unary Admit",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also run the rpc part against bench.grpc_floor (the same service answering empty messages): "
+        "the CPU per round trip gRPC and protobuf alone cost, beside the scheduler's",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rpc runs per tree, interleaved")
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="sample the scheduler with py-spy during the rpc window and split its CPU by part of the path",
+    )
+    parser.add_argument("--py-spy", default=None, help="py-spy binary (default: on PATH, else /tmp/spyenv/bin)")
+    parser.add_argument(
+        "--memory-programs",
+        type=int,
+        default=10_000,
+        help="programs loaded (one turn each) to report the scheduler's RSS per 10,000 programs (0 skips)",
+    )
+    parser.add_argument(
+        "--soak-s", type=float, default=0.0, help="then Admit+Complete over those programs this long, sampling RSS"
+    )
+    parser.add_argument("--rpc-only", action="store_true", help="only the rpc part (and its memory figures)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.programs, args.replicas, args.ticks = 500, 8, 5
         args.callers, args.duration_seconds, args.channels = 20, 1.0, 2
         args.scaling_programs, args.scaling_ticks = "200,1000", 5
+        args.memory_programs = min(args.memory_programs, 300)
+        args.soak_s = 1.0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    trees: list[tuple[str, Path | None]] = [("this", ROOT)]
+    if args.floor:
+        trees.append(("floor", None))
+    for spec in args.compare_tree:
+        name, _, path = spec.partition("=")
+        if not path:
+            parser.error(f"--compare-tree wants NAME=PATH, got {spec!r}")
+        trees.append((name, Path(path).resolve()))
+    rpc_kwargs = dict(
+        caller_procs=args.caller_processes,
+        trees=tuple(trees),
+        rounds=args.rounds,
+        store=args.store,
+        memory_programs=args.memory_programs,
+        soak_s=args.soak_s,
+        attribute=args.attribute,
+        py_spy_path=args.py_spy,
+        profile_dir=Path(args.out).parent,
+        stream=args.admit_stream,
+    )
+    if args.rpc_only:
+        rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
+        router_state = bench_router_state(args.memory_programs) if args.memory_programs else None
+        report = {"benchmark": "scheduler", "smoke": args.smoke, "rpc": rpc, "router_state": router_state}
+        print(json.dumps(report, indent=2))
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
     tick = bench_tick(args.programs, args.replicas, args.ticks)
     scaling = bench_tick_scaling(sizes, args.replicas, args.scaling_ticks) if sizes else None
@@ -474,9 +1040,10 @@ def main(argv: list[str] | None = None) -> int:
         report = {"benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "tick_scaling": scaling}
         print(json.dumps(report, indent=2))
         return 0
-    rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels))
+    rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
     recovery = asyncio.run(bench_recovery(args.programs, args.replicas))
     report = {
+        "router_state": bench_router_state(args.memory_programs) if args.memory_programs else None,
         "benchmark": "scheduler",
         "smoke": args.smoke,
         "tick": tick,

@@ -218,7 +218,13 @@ async def _recover_state(
 
 
 def _host(config: SchedulerConfig, telemetry: Telemetry | None):
-    """The service host, tracer and metrics every scheduler process has, single or one of several replicas."""
+    """The service host, tracer and metrics every scheduler process has, single or one of several replicas.
+
+    A process that exports no spans (no OTLP endpoint, no trace file or console) records none: spans nobody
+    reads were a third of the CPU of an Admit+Complete, on the critical path of every turn
+    (docs/scheduler.md, "Admission cost"), and no call of the scheduler's makes an outbound call on a turn's
+    behalf that they could be the parent of. With tracing exported, every call has its spans as before."""
+    tracing = telemetry is None or telemetry.exporting
     host = ServiceHost(
         "scheduler",
         listen=config.listen,
@@ -226,8 +232,14 @@ def _host(config: SchedulerConfig, telemetry: Telemetry | None):
         telemetry=telemetry,
         shutdown_grace_seconds=config.shutdown_grace_seconds,
         security=config.security,
+        trace_calls=tracing,
     )
-    tracer = telemetry.tracer("services.scheduler") if telemetry else trace.get_tracer("services.scheduler")
+    if not tracing:
+        tracer: trace.Tracer = trace.NoOpTracer()
+    elif telemetry is not None:
+        tracer = telemetry.tracer("services.scheduler")
+    else:
+        tracer = trace.get_tracer("services.scheduler")
     return host, tracer, SchedulerMetrics(host.registry)
 
 

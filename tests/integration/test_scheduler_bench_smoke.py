@@ -32,6 +32,17 @@ def test_scheduler_bench_smoke(tmp_path):
     assert report["rpc"]["round_trips"] > 0 and report["rpc"]["replicas"] == 8
     assert report["rpc"]["held"] == 0 and report["rpc"]["pauses_total"] == 0
     assert "round trips/s" in proc.stdout
+    rpc = report["rpc"]
+    assert rpc["caller_processes"] == 2 and rpc["errors"] == 0
+    assert rpc["scheduler_cpu"]["us_per_round_trip"] > 0 and rpc["scheduler_rss_kb"] > 0
+    memory = rpc["memory"]
+    assert memory["programs"] >= 300 and memory["load_errors"] == 0
+    assert memory["loaded_rss_kb"] >= memory["idle_rss_kb"] > 0 and "rss_kb_per_10k_programs" in memory
+    assert memory["soak"]["round_trips"] > 0 and len(memory["soak"]["samples"]) >= 2
+    assert "RSS MiB per 10,000 programs" in proc.stdout
+    router_state = report["router_state"]
+    assert router_state["programs"] == 300 and router_state["programs_kept"]["admission_cache"] == 300
+    assert all(size > 0 for size in router_state["bytes_per_10k_programs"].values())
     recovery = report["recovery"]
     assert recovery["programs"] == 500 and recovery["sqlite"]["programs"] == 500
     assert 0 < recovery["sqlite"]["recovery_s"] and recovery["sqlite"]["paused"] > 0

@@ -162,9 +162,12 @@ class ServiceHost:
         interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
         security: SecurityConfig | None = None,
         reuse_port: bool = False,
+        trace_calls: bool = True,
     ) -> None:
         """`reuse_port`: bind the gRPC port with SO_REUSEPORT and skip the taken-port check, for one of
-        several processes that share the port (the router's `--processes`: its parent checked the port)."""
+        several processes that share the port (the router's `--processes`: its parent checked the port).
+        `trace_calls=False`: no SERVER span per unary call (a process whose spans nobody exports and whose
+        calls make no outbound call a span could be the parent of: the scheduler, see `_host` there)."""
         self.name = name
         self.reuse_port = reuse_port
         self.host, self._port = parse_host_port(listen, "listen")
@@ -188,8 +191,9 @@ class ServiceHost:
         # every handler (the refusal too), so a message that does not parse is INVALID_ARGUMENT.
         # Tracing (unary calls; the global provider without `telemetry`) wraps the guard, so a refused
         # malformed request is a span with its status too.
-        tracing = telemetry.grpc_server_interceptor() if telemetry is not None else grpc_server_tracing()
-        chain = [tracing, RequestGuard(), *interceptors]
+        chain: list[grpc.aio.ServerInterceptor] = [RequestGuard(), *interceptors]
+        if trace_calls:
+            chain.insert(0, telemetry.grpc_server_interceptor() if telemetry is not None else grpc_server_tracing())
         if token_check is not None:
             chain.insert(0, token_check)
         # No SO_REUSEPORT (grpc's default) unless asked: a second process on the same port must fail, not
