@@ -7,7 +7,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from services.common.telemetry import setup_telemetry
+from services.common.observe.telemetry import setup_telemetry
 from tests.unit.scheduler_shell.support import start_harness
 
 W = ("w1", 0)
