@@ -294,6 +294,14 @@ class RequestRecord:
     transport_after_headers | silent_cut | empty | timeout"""
     tokens: int = 0
     error: str = ""
+    admission: str = ""
+    """The router's X-Bandmaster-Admission: admitted | cached | fail-open | off ("" when not answered)."""
+
+    @property
+    def scheduler_end_s(self) -> float:
+        """Until when the scheduler may still be learning of the turn: its end, or for a turn the router
+        started on a cached admission (its Admit sent in the background), DISPATCHED_SETTLE_S after."""
+        return self.end_s + (DISPATCHED_SETTLE_S if self.admission == "cached" else 0.0)
 
     @property
     def started(self) -> bool:
@@ -408,7 +416,10 @@ def check_turns(
     something, and a router killed between its first bytes to the client and that report (batched, within
     DELIVERED_FLUSH_S of services/router/adapters/scheduler.py) takes the fact with it. Closing that window
     would cost every turn a scheduler round trip before its first byte; so either count is right for such an
-    attempt, and no other."""
+    attempt, and no other.
+
+    A turn the router started on a cached admission (X-Bandmaster-Admission: cached) is excused by a window
+    that overlaps it or the DISPATCHED_SETTLE_S after it: its Admit goes to the scheduler in the background."""
     windows = scheduler_windows(faults, outages, store_decides=store_decides)
     routers = router_windows(faults)
     started: dict[str, list[RequestRecord]] = defaultdict(list)
@@ -427,7 +438,7 @@ def check_turns(
         client = len(mine)
         cut = [r for r in mine if r.outcome == "transport_after_headers" and _overlaps(r.start_s, r.end_s, routers)]
         cut_total += len(cut)
-        excusable = sum(1 for r in mine if r in cut or _overlaps(r.start_s, r.end_s, windows))
+        excusable = sum(1 for r in mine if r in cut or _overlaps(r.start_s, r.scheduler_end_s, windows))
         scheduler = (p.scheduler_turns or 0) if p.scheduler_known else 0
         compared += 1
         if scheduler > client:
@@ -1404,6 +1415,7 @@ class Load:
         try:
             async with self.session.post(f"{self.stack.http_url}/v1/chat/completions", json=body, headers=headers) as r:
                 record.status = r.status
+                record.admission = r.headers.get("X-Bandmaster-Admission", "")
                 headers_seen = True
                 if r.status != 200:
                     text = await r.text()

@@ -347,3 +347,29 @@ async def test_a_final_turn_releases_the_program_after_the_fast_path_admit_befor
         assert _failed_open(router) == 0
     finally:
         await _stop(router, st, h)
+
+
+async def _admission_header(url: str, sid: str, stream: bool) -> str:
+    body = {"model": MODEL, "stream": stream, "max_tokens": 4, "messages": [{"role": "user", "content": "hi " * 20}]}
+    async with aiohttp.ClientSession() as s:
+        async with s.post(url + "/v1/chat/completions", json=body, headers=session_headers(sid)) as r:
+            assert r.status == 200
+            await r.read()
+            return r.headers.get("X-Bandmaster-Admission", "")
+
+
+async def test_the_client_is_told_how_its_turn_was_admitted(tmp_path):
+    """X-Bandmaster-Admission: `admitted` on the normal path, `cached` on the fast path (its Admit still to
+    reach the scheduler), `fail-open` when the scheduler does not answer."""
+    st = stack.Stack(tmp_path)
+    h = router = None
+    try:
+        h, router = await _fast_cluster(tmp_path, st)
+        url = router.base_url
+        assert await _admission_header(url, "prog", stream=True) == "cached"
+        await _all_counted(h, 2)
+        assert await _admission_header(url, "other", stream=False) == "admitted"
+        await h.running.stop()  # the scheduler is gone: the next turns fail open
+        assert await _admission_header(url, "third", stream=True) == "fail-open"
+    finally:
+        await _stop(router, st, h)

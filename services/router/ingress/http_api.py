@@ -54,6 +54,9 @@ from services.router.turn.turns import TurnRunner
 log = logging.getLogger(__name__)
 
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+ADMISSION_HEADER = "X-Bandmaster-Admission"
+"""On every answer a worker gave: how the scheduler admitted the turn (`admitted`, `cached` for the admission
+fast path, whose Admit reaches the scheduler in the background, `fail-open`, or `off` without a scheduler)."""
 _DONE = b"data: [DONE]\n\n"
 MODELS_PREFIX = "/v1/models/"
 _ROUTE_NAMES = {Api.CHAT: "chat", Api.COMPLETIONS: "completions", Api.GENERATE: "generate"}
@@ -465,12 +468,13 @@ class HttpApi:
             await turn.close(outcome)
         self.metrics.request(route, path, "ok", traffic).inc()
         turn.delivered()  # the whole answer is in hand and goes out as this handler returns
-        return web.Response(body=dumps(answer), content_type="application/json", headers=self._headers)
+        headers = {**self._headers, ADMISSION_HEADER: turn.book.admission_mode}
+        return web.Response(body=dumps(answer), content_type="application/json", headers=headers)
 
     async def _stream(
         self, request: web.BaseRequest, turn, route: str, path: str, client_usage: bool, traffic: str
     ) -> web.StreamResponse:
-        response = _SseResponse(headers=self._sse_headers)
+        response = _SseResponse(headers={**self._sse_headers, ADMISSION_HEADER: turn.book.admission_mode})
         outcome = Outcome.CANCELLED
         try:
             await response.prepare(request)

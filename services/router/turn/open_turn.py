@@ -37,6 +37,10 @@ class Bookkeeping:
     # The admission fast path: the turn started on a cached admission, its Admit (`dispatched`) sent in the
     # background; Bind, the delivery report and Complete follow that task's answer.
     fast: bool = False
+    # How the turn was admitted, for the client's X-Bandmaster-Admission header: "admitted" (the scheduler
+    # answered before the turn started), "cached" (the fast path: its Admit goes in the background),
+    # "fail-open" (the scheduler did not answer: the turn runs uncounted), "off" (no scheduler).
+    admission_mode: str = "off"
     admit_task: asyncio.Task | None = None
     delivered: bool = False
     ttft_s: float = 0.0  # dispatch to the first data line of the answer that was used (0 = unknown)

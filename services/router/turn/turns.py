@@ -456,6 +456,10 @@ class TurnRunner:
         elif admission is not None:
             spec.body["priority"] = admission.priority
         book = Bookkeeping(trace_context=otel_context.get_current(), fast=fast is not None)
+        if fast is not None:
+            book.admission_mode = "cached"
+        elif self.scheduler is not None:
+            book.admission_mode = "admitted" if admission is not None else "fail-open"
         self.metrics.flight(spec.traffic).inc()
         outcome = Outcome.FAILED
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from bench import chaos
@@ -163,6 +165,21 @@ def test_an_attempt_a_router_fault_cut_after_its_headers_may_be_counted_or_not()
     # Cut outside a router's kill or restart: the turn must be counted.
     for other in ([_fault("router", "freeze", 10.2, 11.0)], [_fault("router", "kill", 30.0, 31.0)]):
         assert chaos.check_turns([_program(turns=2)], requests, other)[0][0]["kind"] == "missing_turns"
+
+
+def test_a_turn_started_on_a_cached_admission_is_excused_by_a_fault_while_its_admit_is_on_its_way():
+    """The fast path: the router starts the turn on its cached admission and sends the Admit in the
+    background, so a scheduler fault shortly after the client's end can still leave the turn uncounted."""
+    cached = replace(_req(turn=1, start=10, end=10.5), admission="cached")
+    admitted = replace(cached, admission="admitted")
+    requests = [_req(turn=0, start=1, end=2)]
+    fault = [_fault("scheduler", "freeze", 14.0, 16.0)]  # 3.5 s after the turn's end
+    violations, counts = chaos.check_turns([_program(turns=1)], [*requests, cached], fault)
+    assert violations == [] and counts["turns_excused_fail_open"] == 1
+    assert chaos.check_turns([_program(turns=1)], [*requests, admitted], fault)[0][0]["kind"] == "missing_turns"
+    # Past the background Admit's bound, a fault no longer excuses it.
+    late = [_fault("scheduler", "freeze", 10.5 + chaos.DISPATCHED_SETTLE_S + 1.0, 30.0)]
+    assert chaos.check_turns([_program(turns=1)], [*requests, cached], late)[0][0]["kind"] == "missing_turns"
 
 
 def test_an_observed_scheduler_outage_excuses_like_a_scheduler_fault():
