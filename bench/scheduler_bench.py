@@ -259,35 +259,42 @@ def _py_spy(path: str | None) -> str | None:
     return None
 
 
-async def _start_capacity(stub_url: str, tmp: Path) -> tuple[asyncio.subprocess.Process, str]:
-    ready = tmp / "cap.json"
+async def _start_guarded(
+    module: str, args: list[str], ready: Path, *, cwd: Path = ROOT, env: dict | None = None, timeout_s: float = 60
+) -> tuple[asyncio.subprocess.Process, str]:
+    """`python -m module args` under the orphan guard; its gRPC address from `ready` (terminated, and
+    TimeoutError, when the ready file does not appear within `timeout_s`)."""
     proc = await asyncio.create_subprocess_exec(
-        *orphan_guard.command(
-            sys.executable,
-            "services.capacity",
-            [
-                "--worker-url",
-                stub_url,
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-port",
-                "-1",
-                "--ready-file",
-                str(ready),
-                "--poll-interval-seconds",
-                "1",
-                "--poll-timeout-seconds",
-                "1",
-            ],
-        ),
-        cwd=ROOT,
-        env=_env(),
+        *orphan_guard.command(sys.executable, module, args), cwd=cwd, env=_env() if env is None else env
     )
-    cap = await wait_ready_file_async(ready, 30)
-    if cap is None:
+    answer = await wait_ready_file_async(ready, timeout_s)
+    if answer is None:
         await _terminate(proc)
         raise TimeoutError(f"{ready} did not appear")
-    return proc, cap["grpc"]
+    return proc, answer["grpc"]
+
+
+async def _start_capacity(stub_url: str, tmp: Path) -> tuple[asyncio.subprocess.Process, str]:
+    ready = tmp / "cap.json"
+    return await _start_guarded(
+        "services.capacity",
+        [
+            "--worker-url",
+            stub_url,
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-port",
+            "-1",
+            "--ready-file",
+            str(ready),
+            "--poll-interval-seconds",
+            "1",
+            "--poll-timeout-seconds",
+            "1",
+        ],
+        ready,
+        timeout_s=30,
+    )
 
 
 async def _start_scheduler(
@@ -297,16 +304,7 @@ async def _start_scheduler(
     None: the gRPC floor (bench.grpc_floor, empty answers)."""
     ready = tmp / f"sched-{tag}.json"
     if tree is None:
-        proc = await asyncio.create_subprocess_exec(
-            *orphan_guard.command(sys.executable, "bench.grpc_floor", ["--ready-file", str(ready)]),
-            cwd=ROOT,
-            env=_env(),
-        )
-        floor = await wait_ready_file_async(ready, 60)
-        if floor is None:
-            await _terminate(proc)
-            raise TimeoutError(f"{ready} did not appear")
-        return proc, floor["grpc"]
+        return await _start_guarded("bench.grpc_floor", ["--ready-file", str(ready)], ready)
     args = [
         "--capacity-addr",
         cap_addr,
@@ -327,14 +325,7 @@ async def _start_scheduler(
         args += ["--state-path", "none"]
     env = _env()
     env["PYTHONPATH"] = str(tree)
-    proc = await asyncio.create_subprocess_exec(
-        *orphan_guard.command(sys.executable, "services.scheduler", args), cwd=tree, env=env
-    )
-    sched = await wait_ready_file_async(ready, 60)
-    if sched is None:
-        await _terminate(proc)
-        raise TimeoutError(f"{ready} did not appear")
-    return proc, sched["grpc"]
+    return await _start_guarded("services.scheduler", args, ready, cwd=tree, env=env)
 
 
 async def _wait_capacity(addr: str) -> None:
