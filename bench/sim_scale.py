@@ -33,7 +33,7 @@ import os
 import platform
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
@@ -170,7 +170,7 @@ def fleet_points(rows: Sequence[dict]) -> list[dict]:
     points = []
     base_gain = None
     for workers in sorted(by_workers):
-        arms = by_workers[workers]
+        arms = {arm: by_workers[workers][arm] for arm in sorted(by_workers[workers], key=ARMS.index)}
         figure = {arm: _throughput(row) for arm, row in arms.items()}
         bm, kv, oracle = figure.get("bandmaster"), figure.get("kv"), figure.get("oracle")
         gain = _ratio(bm, kv)
@@ -210,13 +210,25 @@ def fleet_verdicts(points: Sequence[dict]) -> dict:
     }
 
 
-def run_fleet(spec: FleetSpec, arms: Sequence[str], jobs: int) -> dict:
+def run_fleet(spec: FleetSpec, arms: Sequence[str], jobs: int, on_progress=None) -> dict:
+    """Every (size, arm) run, smallest sizes first; `on_progress(report)` after each finished run
+    (the report of the runs so far), so that a long run that is stopped leaves its finished points."""
     fits = spec.fits()
     scenarios = {w: spec.point(w, fits) for w in spec.workers}
-    # Largest points first, so that the pool's last jobs are short.
-    work = [(arm, scenarios[w]) for w in sorted(spec.workers, reverse=True) for arm in arms]
+    work = [(arm, scenarios[w]) for w in sorted(spec.workers) for arm in arms]
+    rows: list[dict] = []
+    report: dict = {}
     with ProcessPoolExecutor(max_workers=min(jobs, len(work))) as pool:
-        rows = list(pool.map(run_fleet_arm, [a for a, _ in work], [sc for _, sc in work]))
+        futures = [pool.submit(run_fleet_arm, arm, scenario) for arm, scenario in work]
+        for future in as_completed(futures):
+            rows.append(future.result())
+            report = fleet_report(spec, fits, scenarios, rows, complete=len(rows) == len(work))
+            if on_progress is not None:
+                on_progress(report)
+    return report
+
+
+def fleet_report(spec: FleetSpec, fits: float, scenarios: dict, rows: Sequence[dict], complete: bool) -> dict:
     points = fleet_points(rows)
     for point in points:
         point["programs"] = scenarios[point["workers"]]["programs"]
@@ -225,8 +237,9 @@ def run_fleet(spec: FleetSpec, arms: Sequence[str], jobs: int) -> dict:
         "benchmark": "sim_fleet",
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
         "spec": {**asdict(spec), "fits_per_worker": round(fits, 3)},
+        "complete": complete,
         "points": points,
-        "targets": fleet_verdicts(points),
+        "targets": fleet_verdicts(points) if complete else {},
     }
 
 
@@ -330,11 +343,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ValueError:
                 print("bench.sim_scale: --fleet-workers must be positive integers", file=sys.stderr)
                 return 2
-        report = run_fleet(spec, arms, args.jobs)
+        out = args.out
+
+        def write(report: dict) -> None:
+            if out:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(report, indent=1))
+
+        report = run_fleet(spec, arms, args.jobs, write)
         print_fleet(report)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(report, indent=1))
         return 0 if all(row["completed"] for p in report["points"] for row in p["arms"].values()) else 1
     scale = SMOKE_SCALE if args.smoke else SCALE
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(arms))) as pool:
