@@ -178,6 +178,9 @@ class RadixCache:
             # found by bisection.
             path = known[1]
             lo, hi = 0, min(len(path), max_pages)
+            deepest = path[hi - 1]
+            if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
+                lo = hi  # all of it (the common case: one check)
             while lo < hi:
                 mid = (lo + hi + 1) // 2
                 deepest = path[mid - 1]

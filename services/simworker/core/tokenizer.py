@@ -65,15 +65,8 @@ def encode(text: str) -> list[int]:
     return [get(p) or _hash_id(p) for p in pieces]
 
 
-# Text of each id below WORD_ID_BASE + NUM_WORDS: special tokens (below WORD_ID_BASE) are empty.
-_TEXT_OF_ID: tuple[str, ...] = ("",) * WORD_ID_BASE + WORDS
-
-
 def decode(ids) -> str:
     """Text of `ids`: exact for generated words and EOS; other ids render as stand-in words."""
-    if ids and min(ids) >= 0 and max(ids) < WORD_ID_BASE + NUM_WORDS:
-        # Generated words and special tokens only (what the engine samples): a table lookup per id.
-        return "".join(map(_TEXT_OF_ID.__getitem__, ids))
     out = []
     for token_id in ids:
         i = token_id - WORD_ID_BASE
@@ -154,7 +147,7 @@ def text_of_n_tokens(n: int, seed: int = 0) -> str:
     """Text that encodes to exactly `n` tokens, drawn from the word list (deterministic per seed)."""
     if n < 0:
         raise ValueError("n must be >= 0")
-    return "".join(map(_TEXT_OF_ID.__getitem__, ids_of_n_tokens(n, seed)))
+    return "".join([WORDS[i - WORD_ID_BASE] for i in ids_of_n_tokens(n, seed)])
 
 
 def ids_of_n_tokens(n: int, seed: int = 0) -> list[int]:
