@@ -58,7 +58,7 @@ def test_drawn_words_are_the_ones_random_choices_draws(n, seed):
     "ids",
     [[], [2], [256, 2, 300, 0, 1], [tokenizer.WORD_ID_BASE + tokenizer.NUM_WORDS - 1], [256, 20_000, 2], [-1, 256]],
 )
-def test_decode_table_lookup_matches_the_per_id_rule(ids):
+def test_decode_follows_the_per_id_rule(ids):
     def by_rule(ids):
         out = []
         for token_id in ids:
