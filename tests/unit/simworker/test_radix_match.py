@@ -69,3 +69,17 @@ def test_a_shorter_limit_and_a_host_tier(max_pages):
     resumed = cache.match(data, max_pages, known)
     assert _same(resumed, cache.match(data, max_pages))
     assert len(resumed[0]) + len(resumed[1]) == max_pages
+
+
+class _Node:
+    def __init__(self, ref):
+        self.ref = ref
+
+
+@pytest.mark.parametrize("refs", [[], [0], [1], [0, 0, 1, 0], [1, 1, 0, 0, 0], [2, 0, 1, 0, 0, 0, 3]])
+@pytest.mark.parametrize("limit", [-2, -1, 0, 1, 2, 3, 10])
+def test_counting_unreferenced_pages_stops_early_with_the_same_answer(refs, limit):
+    from services.simworker.core.engine import _more_unreferenced
+
+    nodes = [_Node(ref) for ref in refs]
+    assert _more_unreferenced(nodes, limit) == (sum(1 for n in nodes if n.ref == 0) > limit)
