@@ -66,9 +66,9 @@ class FleetSpec:
     """The fleet scenario's shape: one steady-arrivals point per worker count, at one oversubscription."""
 
     workers: tuple[int, ...] = (2, 8, 16, 32)
-    programs_at_largest: int = 1_000
-    """Programs played at the largest worker count; smaller fleets play proportionally fewer, so
-    every point has the same programs per slot."""
+    programs_per_worker: float = 1_000 / 32
+    """Programs played per worker (1,000 at 32 workers), so that every point, whichever sizes are
+    run, has the same programs per slot."""
     worker_kv_tokens: int = 131_072
     factor: float = 3.0
     """Oversubscription: slots (programs in flight) = factor x the programs whose peak contexts fit."""
@@ -80,7 +80,7 @@ class FleetSpec:
 
     def __post_init__(self) -> None:
         require(len(self.workers) >= 1 and min(self.workers) >= 1, "workers", self.workers, "workers >= 1")
-        require(self.programs_at_largest >= 1, "programs_at_largest", self.programs_at_largest, ">= 1")
+        require(self.programs_per_worker > 0, "programs_per_worker", self.programs_per_worker, "> 0")
         require(self.factor > 0, "factor", self.factor, "factor > 0")
 
     def fits(self) -> float:
@@ -94,7 +94,7 @@ class FleetSpec:
 
     def point(self, workers: int, fits: float) -> dict:
         """The SimScenario fields of the point with `workers` workers."""
-        programs = max(1, round(self.programs_at_largest * workers / max(self.workers)))
+        programs = max(1, round(self.programs_per_worker * workers))
         parallel = max(1, round(self.factor * fits * workers))
         return dict(
             workload="swe",
@@ -116,7 +116,7 @@ FLEET = FleetSpec()
 # Tiny programs on tiny workers, 4 programs per slot: the fleet mode in seconds (the test suite's version).
 SMOKE_FLEET = FleetSpec(
     workers=(2, 4),
-    programs_at_largest=32,
+    programs_per_worker=8,
     worker_kv_tokens=1_024,
     fits_per_worker=1.0,
     factor=2.0,
