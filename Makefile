@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-planner bench-soak bench-chaos clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -19,6 +19,8 @@ help:
 	@echo "make bench-live      - the live instrument: SWE programs at real token counts at 3x and 4x, every arm, workers'"
 	@echo "                       lateness checked, live / sim per arm; then without cache reports and held out (bench/results/live/)"
 	@echo "make bench-sim       - the offline simulator's cost: 256 programs on 8 workers, per arm (bench/results/sim_scale.json)"
+	@echo "make bench-sim-fleet - steady arrivals on 2/8/16/32 workers (1,000 programs at 32): Bandmaster / kv / oracle per"
+	@echo "                       size at one oversubscription, CPU per arm (bench/results/sim_fleet.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 	@echo "make bench-planner   - planner tick with 1,000 jobs on 64 workers, lease publication to Redis (bench/results/planner.json)"
@@ -130,6 +132,9 @@ bench-live: venv
 
 bench-sim: venv
 	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
+
+bench-sim-fleet: venv
+	$(PY) -m bench.sim_scale --fleet --out bench/results/sim_fleet.json
 
 bench-planner: venv system-deps
 	$(PY) -m bench.planner_bench --out bench/results/planner.json

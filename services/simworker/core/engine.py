@@ -98,6 +98,7 @@ class _Req:
         "new_ids",
         "reason",
         "match",
+        "match_data",
     )
 
     def __init__(self, request: EngineRequest, order: tuple, seed: int) -> None:
@@ -126,6 +127,23 @@ class _Req:
         self.new_ids: list[int] = []
         self.reason: dict | None = None
         self.match: tuple | None = None  # last prefix match while waiting (see RadixCache.match)
+        self.match_data = b""  # the token bytes of that match (`seq` does not change while waiting)
+
+
+def _more_unreferenced(nodes: list[PageNode], limit: int) -> bool:
+    """Whether more than `limit` of `nodes` are unreferenced (`ref == 0`): the same as
+    `sum(1 for n in nodes if n.ref == 0) > limit`, but it stops as soon as that is certain. A
+    prefix's unreferenced pages are mostly its deepest (the shallow ones are shared), so from
+    the end: a head that does not fit, re-checked every step, stops after `limit + 1` of them."""
+    if limit < 0:
+        return True
+    count = 0
+    for node in reversed(nodes):
+        if node.ref == 0:
+            count += 1
+            if count > limit:
+                return True
+    return False
 
 
 class SimEngine:
@@ -520,8 +538,12 @@ class SimEngine:
             if slots_full and (not can_preempt or r is tried):
                 break
             seq_len = len(r.seq)
-            gpu, host = cache.match(r.seq.tobytes(), (seq_len - 1) // page, r.match)
+            # A head that does not fit is matched again every step: keep its bytes (a prompt's
+            # whole sequence, ~100 KB at 25K tokens) rather than copying them each time.
+            data = r.match_data if r.match is not None and len(r.match_data) == 4 * seq_len else r.seq.tobytes()
+            gpu, host = cache.match(data, (seq_len - 1) // page, r.match)
             r.match = (cache.generation, gpu, host)
+            r.match_data = data
             uncached_pages = -(-seq_len // page) - len(gpu)
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
@@ -531,8 +553,7 @@ class SimEngine:
                 and need <= cache.available_pages
                 # Its matched pages that are evictable now stop being evictable once it holds them.
                 and not (
-                    need > cache.available_pages - len(gpu)
-                    and need > cache.available_pages - sum(1 for n in gpu if n.ref == 0)
+                    need > cache.available_pages - len(gpu) and _more_unreferenced(gpu, cache.available_pages - need)
                 )
             )
             if not fits:
@@ -551,7 +572,7 @@ class SimEngine:
                     self._preemptions_total += 1
                 continue  # re-match: the victims' pages are evictable now
             self._waiting.pop(0)
-            r.match = None
+            r.match, r.match_data = None, b""
             cache.lock(gpu)
             cache.lock(host)
             if host:

@@ -162,22 +162,36 @@ class RadixCache:
     ) -> tuple[list[PageNode], list[PageNode]]:
         """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes).
 
-        `known` = (generation, gpu, host) from an earlier match of the same data: when its GPU
-        part is intact and it had no host part, matching resumes after it instead of from the
-        root (a request blocked at the head of the queue is matched again every step)."""
+        `known` = (generation, gpu, host) from an earlier match of the same data: when it had
+        no host part, matching resumes after the part of its GPU pages still cached instead of
+        from the root (a request blocked at the head of the queue is matched again every step,
+        and loses its deepest cached pages to eviction meanwhile)."""
         width = 4 * self.page_size
         node = self.root
         gpu: list[PageNode] = []
         host: list[PageNode] = []
         first = 0
         if known is not None and known[0] == self.generation and not known[2] and known[1]:
-            deepest = known[1][-1]
-            # Dropped subtrees lose their children dicts, so an attached deepest GPU node
-            # implies its whole path is still cached on the GPU.
+            # Dropped subtrees lose their children dicts, so an attached GPU node implies its
+            # whole path is still cached on the GPU: what is left of the earlier match is a
+            # prefix of it (eviction takes its deepest pages first while the request waits),
+            # found by bisection.
+            path = known[1]
+            lo, hi = 0, min(len(path), max_pages)
+            deepest = path[hi - 1]
             if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
-                gpu = list(known[1][:max_pages])
+                lo = hi  # all of it (the common case: one check)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                deepest = path[mid - 1]
+                if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo:
+                gpu = path[:lo]
                 node = gpu[-1]
-                first = len(gpu)
+                first = lo
         # GPU pages first: a GPU node's parent is always on the GPU, so the walk can only pass
         # from GPU to host-only pages, never back.
         append = gpu.append

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import struct
 
 import pytest
@@ -41,6 +42,34 @@ def test_text_of_n_tokens_is_exact_and_decodes_back(n, seed):
     assert ids == tokenizer.ids_of_n_tokens(n, seed)
     assert tokenizer.decode(ids) == text
     assert tokenizer.text_of_n_tokens(n, seed) == text
+
+
+@pytest.mark.parametrize("n, seed", [(0, 0), (1, 1), (17, 2), (5000, 3)])
+def test_drawn_words_are_the_ones_random_choices_draws(n, seed):
+    # ids_of_n_tokens draws in one pass what rng.choices(range(NUM_WORDS), k=n) draws (pinned:
+    # every simulated prompt, and so every recorded result, depends on these draws).
+    rng = random.Random(seed)
+    expected = [tokenizer.WORD_ID_BASE + i for i in rng.choices(range(tokenizer.NUM_WORDS), k=n)]
+    assert tokenizer.ids_of_n_tokens(n, seed) == expected
+    assert tokenizer.text_of_n_tokens(n, seed) == "".join(tokenizer.WORDS[i - tokenizer.WORD_ID_BASE] for i in expected)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[], [2], [256, 2, 300, 0, 1], [tokenizer.WORD_ID_BASE + tokenizer.NUM_WORDS - 1], [256, 20_000, 2], [-1, 256]],
+)
+def test_decode_follows_the_per_id_rule(ids):
+    def by_rule(ids):
+        out = []
+        for token_id in ids:
+            i = token_id - tokenizer.WORD_ID_BASE
+            if 0 <= i < tokenizer.NUM_WORDS:
+                out.append(tokenizer.WORDS[i])
+            elif token_id >= tokenizer.WORD_ID_BASE:
+                out.append(tokenizer.WORDS[tokenizer.NUM_WORDS - 1 - token_id % (tokenizer.NUM_WORDS - 90)])
+        return "".join(out)
+
+    assert tokenizer.decode(ids) == by_rule(ids)
 
 
 def test_generated_words_round_trip_and_eos_is_skipped():
