@@ -42,7 +42,7 @@ from clients.workloads import scale as scale_programs
 from clients.workloads import split_programs, trace_programs
 from harness.simlib import SimScenario, simulate
 from harness.simlib.scenario import ARMS
-from services.common.config import require
+from services.common.settings.config import require
 
 SCALE = dict(workload="swe", programs=256, workers=8, worker_kv_tokens=600_000, seed=0)
 EQUIVALENCE = dict(workload="swe", programs=24, workers=2, worker_kv_tokens=200_000, max_turns=12, seed=1)
