@@ -67,14 +67,6 @@ def _run(tmp_path: Path, *args: str, timeout_s: float) -> tuple[subprocess.Compl
     return done, json.loads(out.read_text()) if out.exists() else {}
 
 
-KNOWN_TURN_DEFECTS = (
-    "open: docs/benchmarks/chaos.md#defects-found. Defects 1-6 are fixed; a turn whose router is "
-    "SIGKILLed after its client's first byte and before the router reports the delivery (~50 ms, plus the "
-    "background Admit's round trip on the admission fast path) is rolled back at its lease (scheduler one turn "
-    "short), and a run on a loaded machine can still show one; make this a plain test once that window is closed"
-)
-
-
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("chaos")
@@ -87,8 +79,8 @@ def quick_run(tmp_path_factory):
 def test_chaos_quick_runs_every_fault_and_holds_the_streams_batch_and_bounds(quick_run):
     done, report = quick_run
     (run,) = report["runs"]
-    # The scheduler's table under failover (turns, and the programs it no longer knows: `lost`) has known
-    # defects, asserted by the xfail test below; the streams, the batch and every bound must hold.
+    # The scheduler's table under failover (turns, and the programs it no longer knows: `lost`) is asserted by
+    # the test below; here the streams, the batch and every bound must hold.
     others = [v for v in run["violations"] if v["invariant"] != "turns" and v["kind"] != "program_unknown"]
     assert others == [], json.dumps(others, indent=1)
     assert report["benchmark"] == "chaos" and report["quick"] is True and report["seeds"] == [0]
@@ -120,8 +112,9 @@ def test_chaos_quick_runs_every_fault_and_holds_the_streams_batch_and_bounds(qui
 
 
 @needs_redis
-@pytest.mark.xfail(strict=False, reason=KNOWN_TURN_DEFECTS)
 def test_chaos_quick_holds_every_invariant(quick_run):
+    """Every invariant over the quick run's faults (a scheduler kill and a router kill among them): the
+    regression test of docs/benchmarks/chaos.md's defects and findings, the full seeds' in `slow`."""
     done, report = quick_run
     (run,) = report["runs"]
     assert done.returncode == 0 and report["violations_total"] == 0, json.dumps(run["violations"], indent=1)
