@@ -195,6 +195,7 @@ def encode_ticket(r: TicketRecord, wall_offset_s: float) -> bytes:
             "was_paused": r.was_paused,
             "tokens": r.tokens,
             "replica": _replica(r.replica),
+            "confirmed": r.confirmed,
         }
     )
 
@@ -209,6 +210,8 @@ def decode_ticket(data: bytes, wall_offset_s: float) -> TicketRecord:
         bool(d["was_paused"]),
         int(d["tokens"]),
         _replica_from(d["replica"]),
+        # (A ticket stored before this field existed was restored as counted: so it stays.)
+        bool(d.get("confirmed", True)),
     )
 
 

@@ -77,6 +77,9 @@ class Turn:
     # Restored from the store by a new leader and not yet named by an Admit: the old leader may have
     # stored it and died before its answer left, and the router then retries the same request id here.
     restored: bool = False
+    # Restored from the store: `before` is only a copy of the program as restored, so a rollback ends the
+    # turn as a cancelled Complete would and takes back its count.
+    before_lost: bool = False
 
 
 @dataclass(slots=True)

@@ -59,7 +59,9 @@ def export_ticket(ledger: Ledger, request_id: str) -> TicketRecord | None:
     """The ticket's record; None when it no longer exists (completed, expired, rolled back)."""
     turn = ledger.turns.get(request_id)
     if turn is not None:
-        return TicketRecord(request_id, turn.session_id, turn.epoch, turn.started_at, turn.was_paused)
+        return TicketRecord(
+            request_id, turn.session_id, turn.epoch, turn.started_at, turn.was_paused, confirmed=turn.confirmed
+        )
     pt = ledger.passthrough.get(request_id)
     if pt is not None:
         return TicketRecord(request_id, "", 0, pt.started_at, tokens=pt.tokens, replica=pt.replica)
@@ -163,8 +165,9 @@ def restore(core: SchedulerCore, now: float, state: CoreState) -> Effects:
             ledger.paused.get(ticket.session_id),
             was_paused=ticket.was_paused,
             lease_until=core.lease_until(now),
-            confirmed=True,  # stored as running: its `before` is lost, it can only end
+            confirmed=ticket.confirmed,
             restored=True,
+            before_lost=True,
         )
         running[ticket.session_id] = max(running.get(ticket.session_id, 0), ticket.epoch)
     ended = 0

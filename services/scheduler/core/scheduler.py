@@ -235,6 +235,9 @@ class SchedulerCore:
         if pt is not None:
             self.ledger.recharge_passthrough(request_id, None)
             return acc.effects()
+        restored = self.ledger.turns.get(request_id)
+        if restored is not None and restored.before_lost:
+            return self._cancel_restored(now, restored)
         turn = self.ledger.turns.pop(request_id, None)
         if turn is None:
             return acc.effects()
@@ -301,6 +304,21 @@ class SchedulerCore:
             )
         )
         return acc.effects()
+
+    def _cancel_restored(self, now: float, turn: Turn) -> Effects:
+        """Roll back a turn a new leader restored from the store: the state it found is not known, so it
+        ends as a cancelled Complete would (the program at a tool boundary) and its count is taken back."""
+        self.admissions_cancelled_total += 1
+        program = self.ledger.programs.get(turn.session_id)
+        if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
+            effects = self.complete(now, "", turn.request_id, None, 0, 0, 0, TurnOutcome.CANCELLED)
+        else:
+            del self.ledger.turns[turn.request_id]
+            effects = Effects()
+        if program is turn.program:
+            program.turns = max(0, program.turns - 1)
+            self.ledger.recharge(program)
+        return effects
 
     def bind_request(self, request_id: str, replica: ReplicaKey) -> bool:
         """Record the replica the router chose for an unpinned turn (passthrough, cold start, or a
@@ -442,8 +460,10 @@ class SchedulerCore:
             else:
                 if until is not None:
                     ticket.lease_until = until
-                if confirm and turn is not None:
+                if confirm and turn is not None and not turn.confirmed:
                     turn.confirmed = True
+                    if self.ledger.tracking:
+                        self.ledger.dirty_tickets.add(rid)  # a new leader must count it too
         return tuple(unknown)
 
     def expire_leases(self, now: float) -> Effects:

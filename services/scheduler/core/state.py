@@ -67,6 +67,8 @@ class TicketRecord:
     was_paused: bool = False
     tokens: int = 0  # passthrough: its charge
     replica: ReplicaKey | None = None  # passthrough: where it was bound
+    # Its router reported that the client received something: the turn counts whatever happens next.
+    confirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -123,6 +123,54 @@ def test_restored_tickets_get_a_fresh_lease_and_lapse_without_a_router():
     assert other.program("p").status is Status.ACTING
 
 
+def test_a_restored_ticket_never_delivered_is_rolled_back_when_it_lapses():
+    """A turn whose router died before its client's first byte, and whose scheduler then failed over: the
+    new leader must not count it (the client retries the turn) once its lease lapses unconfirmed (chaos
+    seed 0, --quick: one phantom turn)."""
+    core = new_core()
+    done_turn(core, "p", 1_000, 0.0)
+    core.admit(1.0, "p", "", 1_100, "r2")  # dispatched to its worker; its router dies before delivery
+    other = restored(core, 1_000.0)
+    assert other.program("p").turns == 2  # still running as far as the table knows
+    other.expire_leases(1_031.0)
+    p = other.program("p")
+    assert p.turns == 1 and p.status is Status.ACTING
+    other.ledger.check_invariants(1_031.0)
+
+
+def test_a_restored_ticket_that_was_delivered_still_counts_when_it_lapses():
+    core = new_core()
+    done_turn(core, "p", 1_000, 0.0)
+    core.admit(1.0, "p", "", 1_100, "r2")
+    core.renew_leases(1.1, [], delivered=["r2"])
+    other = restored(core, 1_000.0)
+    other.expire_leases(1_031.0)
+    p = other.program("p")
+    assert p.turns == 2 and p.status is Status.ACTING
+
+
+def test_a_delivery_reported_to_the_new_leader_confirms_a_restored_ticket():
+    core = new_core()
+    done_turn(core, "p", 1_000, 0.0)
+    core.admit(1.0, "p", "", 1_100, "r2")
+    other = restored(core, 1_000.0)
+    other.renew_leases(1_000.5, [], delivered=["r2"])
+    other.expire_leases(1_031.0)
+    assert other.program("p").turns == 2
+
+
+def test_a_confirmation_is_a_change_to_write_through():
+    core = new_core()
+    core.admit(0.0, "p", "", 1_000, "r1")
+    core.ledger.track_changes()
+    core.ledger.take_changes()
+    core.renew_leases(0.5, ["r1"])
+    assert not core.ledger.take_changes().tickets  # a renewal alone changes nothing stored
+    core.renew_leases(0.6, [], delivered=["r1"])
+    assert core.ledger.take_changes().tickets == {"r1"}
+    assert durable.export_ticket(core.ledger, "r1").confirmed
+
+
 def test_placements_wait_for_their_replica_in_the_snapshot():
     core = new_core()
     done_turn(core, "p", 2_000, 0.0)

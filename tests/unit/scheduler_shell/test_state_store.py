@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import orjson
 import pytest
 import redis
 
@@ -77,6 +78,17 @@ def test_records_round_trip_through_wall_time():
     assert decode_ticket(encode_ticket(ticket, 0.0), 0.0) == ticket
     meta = CoreMeta(9, 4, (3, 5), {"pauses_total": 2})
     assert decode_meta(encode_meta(meta)) == meta
+
+
+def test_a_tickets_confirmation_is_stored_and_an_older_record_reads_as_confirmed():
+    """A new leader must know which running turns their clients saw (those count) and which not (those are
+    rolled back when they lapse). A record written before the field existed was always counted."""
+    for confirmed in (False, True):
+        ticket = TicketRecord("r", "p", 3, 2.0, confirmed=confirmed)
+        assert decode_ticket(encode_ticket(ticket, 0.0), 0.0) == ticket
+    older = orjson.loads(encode_ticket(TicketRecord("r", "p", 3, 2.0), 0.0))
+    del older["confirmed"]
+    assert decode_ticket(orjson.dumps(older), 0.0).confirmed
 
 
 def test_unreadable_records_are_skipped_and_counted():
