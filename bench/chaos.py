@@ -375,6 +375,19 @@ def router_windows(faults: Sequence[FaultRecord]) -> list[tuple[float, float]]:
     return [f.window() for f in faults if f.fault.kind == "router" and f.fault.action in ("kill", "restart")]
 
 
+def dropped_ticket_lapse(dropped_s: float, takeovers: Sequence[tuple[float, float]]) -> float:
+    """When the ticket of a turn its router dropped at `dropped_s` has lapsed at the latest (and its count been
+    rolled back, if its client never saw it): one lease after the drop, or after the end of a takeover that
+    began before that (a new leader restores every running ticket with a fresh lease), and so on."""
+    until = dropped_s + TICKET_LEASE_S + 2.0
+    while True:
+        later = [end + TICKET_LEASE_S + 2.0 for start, end in takeovers if end >= dropped_s and start <= until]
+        extended = max([until, *later])
+        if extended <= until:
+            return until
+        until = extended
+
+
 def check_streams(requests: Sequence[RequestRecord], faults: Sequence[FaultRecord]) -> list[dict]:
     """Every stream ended with [DONE] or an error, or was refused cleanly; a connection lost mid-request
     is allowed only in a router fault window."""
@@ -1344,7 +1357,8 @@ class Load:
             for task in pending:
                 task.cancel()
             # The endings' look-ups are bounded (settling + lookup_timeout_s), their finals by turn_timeout_s.
-            bound = TICKET_LEASE_S + 2.0 + self.config.lookup_timeout_s + 2 * self.config.turn_timeout_s
+            # (A takeover during a dropped ticket's lease gives it one more: see dropped_ticket_lapse.)
+            bound = 2 * (TICKET_LEASE_S + 2.0) + self.config.lookup_timeout_s + 2 * self.config.turn_timeout_s
             _, late = await asyncio.wait(self.endings, timeout=bound) if self.endings else (set(), set())
             for task in late:
                 task.cancel()
@@ -1460,6 +1474,12 @@ class Load:
         record.tokens = len(pieces)
         return record, "".join(pieces)
 
+    def _takeovers(self) -> list[tuple[float, float]]:
+        """Every interval where a scheduler may have taken over the table (a scheduler or Redis fault, an
+        outage or a change of leader the watcher saw)."""
+        faults = [f.window() for f in self.injector.records if f.fault.kind in ("scheduler", "redis")]
+        return faults + list(self.watch.outages)
+
     async def _look_up(self, outcome: ProgramOutcome) -> None:
         """The scheduler's turn count once it can have settled: no scheduler or router fault in progress,
         the lease of a turn a router may have dropped has lapsed, and (while it reads fewer turns than the
@@ -1474,9 +1494,11 @@ class Load:
         windows = router_windows(self.injector.records)
         touched = [r.end_s for r in mine if _overlaps(r.start_s, r.end_s, windows)]
         if touched:
-            wait = max(touched) + TICKET_LEASE_S + 2.0 - self.now()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            while True:
+                wait = dropped_ticket_lapse(max(touched), self._takeovers()) - self.now()
+                if wait <= 0 and not self.watch.down:
+                    break
+                await asyncio.sleep(max(wait, 0.1))
         deadline = time.monotonic() + self.config.lookup_timeout_s
         client_turns = sum(1 for r in mine if r.turn >= 0 and r.started)
         settle_until = time.monotonic() + DISPATCHED_SETTLE_S

@@ -355,3 +355,15 @@ async def test_the_watcher_takes_a_change_of_leader_between_samples_for_an_outag
     assert len(watch.outages) == 2  # the 3 -> 4 change, then the interval with no leader
     (a_start, a_end), (b_start, b_end) = watch.outages
     assert 0.05 <= a_end - a_start <= 0.6 and a_end <= b_start and b_end - b_start >= 0.15
+
+
+def test_a_dropped_tickets_lapse_waits_one_lease_more_for_each_takeover_within_it():
+    """A new leader restores every running ticket with a fresh lease: the look-up of a program whose turn a
+    router dropped must wait for that lease too (seed 0 --quick: the count read before the rollback)."""
+    lease = chaos.TICKET_LEASE_S + 2.0
+    assert chaos.dropped_ticket_lapse(9.0, []) == 9.0 + lease
+    assert chaos.dropped_ticket_lapse(9.0, [(2.0, 4.0)]) == 9.0 + lease  # over before the drop
+    assert chaos.dropped_ticket_lapse(9.0, [(15.0, 17.0)]) == 17.0 + lease
+    chained = [(15.0, 17.0), (17.0 + lease - 1.0, 17.0 + lease + 1.0)]
+    assert chaos.dropped_ticket_lapse(9.0, chained) == 17.0 + 2 * lease + 1.0
+    assert chaos.dropped_ticket_lapse(9.0, [(9.0 + lease + 1.0, 30.0)]) == 9.0 + lease  # after it lapsed
