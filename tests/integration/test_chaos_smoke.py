@@ -112,10 +112,6 @@ def test_chaos_quick_runs_every_fault_and_holds_the_streams_batch_and_bounds(qui
 
 
 @needs_redis
-@pytest.mark.xfail(
-    strict=False,
-    reason="open: a phantom turn in the quick run of a fresh CI clone (2026-12-04), not reproduced in the full seeds",
-)
 def test_chaos_quick_holds_every_invariant(quick_run):
     """Every invariant over the quick run's faults (a scheduler kill and a router kill among them): the
     regression test of docs/benchmarks/chaos.md's defects and findings, the full seeds' in `slow`."""
