@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import time
 
@@ -262,6 +263,7 @@ def run_arm(args: argparse.Namespace, arm: str, summaries: dict[str, dict]) -> i
     except StartupError as exc:
         print(f"bandmaster demo: {exc}", file=sys.stderr)
         return 1
+    finished = False
     try:
         print(render_table(["process", "endpoint"], cluster.endpoints()))
         assert cluster.capacity is not None  # start_cluster always starts the capacity service
@@ -275,7 +277,14 @@ def run_arm(args: argparse.Namespace, arm: str, summaries: dict[str, dict]) -> i
             return 1
         print(f"[{ARMS[arm]}] running the programs through {cluster.http_url}/v1 ...", flush=True)
         summaries[arm] = asyncio.run(_run_workload(args, cluster, arm))
+        finished = True
         return 0
     finally:
         cluster.stop()
-        print(f"[{ARMS[arm]}] cluster stopped.", flush=True)
+        state_dir = cluster.supervisor.state_dir
+        if finished and args.state_dir is None:
+            # The demo made it: it goes with the cluster (after a failure it stays, for its logs).
+            shutil.rmtree(state_dir, ignore_errors=True)
+            print(f"[{ARMS[arm]}] cluster stopped.", flush=True)
+        else:
+            print(f"[{ARMS[arm]}] cluster stopped. Its logs are in {state_dir}", flush=True)
