@@ -75,23 +75,40 @@ def check_name(name: str) -> str:
     return name
 
 
-def _alive(pid: int) -> bool:
+def process_start(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22): with the pid, it names
+    one process, where a pid alone may have been reused since. None where there is no /proc, or no `pid`."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])  # the fields after the command name, from 3
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: object = None, proc: Path = Path("/proc")) -> bool:
+    """Is `pid` running, and (when `started` is known) is it still the process that started then?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        pass
+    if isinstance(started, int):
+        now = process_start(pid, proc)
+        return now is None or now == started
     return True
 
 
 def read_record(path: Path) -> dict:
-    """The record of a running cluster, or {} when there is none (or its `bandmaster up` is gone)."""
+    """The record of a running cluster, or {} when there is none (or its `bandmaster up` is gone: its pid is
+    not running, or is another process's since, by its start time)."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    if not isinstance(record, dict) or not isinstance(record.get("pid"), int) or not _alive(record["pid"]):
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return {}
+    if not _alive(record["pid"], record.get("pid_start")):
         return {}
     return record
 

@@ -524,6 +524,7 @@ def discovery_record(cluster: Cluster) -> dict:
     address (a service the cluster does not run has none)."""
     record = {
         "pid": os.getpid(),
+        "pid_start": endpoints.process_start(os.getpid()),
         "state_dir": str(cluster.supervisor.state_dir),
         "secure": cluster.pki is not None,
         "http_url": cluster.http_url,

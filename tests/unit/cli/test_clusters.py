@@ -77,6 +77,27 @@ def test_running_clusters_skips_stale_and_broken_entries(tmp_path):
     assert endpoints.running_clusters(tmp_path / "missing") == []
 
 
+def test_an_entry_whose_pid_now_names_another_process_is_stale(tmp_path):
+    """A killed `bandmaster up` whose pid was given to an unrelated process since: the entry's start time
+    tells them apart (a pid alone looked alive)."""
+    started = endpoints.process_start(os.getpid())
+    assert isinstance(started, int)
+    _entry(tmp_path, "mine", pid=os.getpid(), pid_start=started)
+    _entry(tmp_path, "reused", pid=os.getpid(), pid_start=started - 1)
+    _entry(tmp_path, "older", pid=os.getpid())  # written before the start time was recorded: the pid decides
+    assert [r["name"] for r in endpoints.running_clusters(tmp_path)] == ["mine", "older"]
+    assert endpoints.register(tmp_path, {"pid": os.getppid(), "state_dir": "/s"}, "reused") == "reused"
+
+
+def test_the_start_time_reads_proc_and_is_none_without_it(tmp_path):
+    proc = tmp_path / "proc"
+    (proc / "42").mkdir(parents=True)
+    fields = ["S", *[str(n) for n in range(4, 22)], "777", "0"]  # fields 3.. ; field 22 is 777
+    (proc / "42" / "stat").write_text("42 (a (b) c) " + " ".join(fields))
+    assert endpoints.process_start(42, proc) == 777
+    assert endpoints.process_start(43, proc) is None
+
+
 def test_choose_takes_the_named_cluster_or_the_only_one():
     a = {"name": "a", "state_dir": "/sa", "pid": 1}
     b = {"name": "b", "state_dir": "/sb", "pid": 2, "http_url": "http://127.0.0.1:8001"}
