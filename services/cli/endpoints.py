@@ -418,6 +418,8 @@ def _diagnosis(address: str, ca: bytes | None, cert: bytes | None, key: bytes | 
     if kept is not None and now - kept[0] < DIAGNOSIS_TTL_S:
         return kept[1]
     why = diagnose(address, tls=bool(ca or cert), ca_pem=ca, cert_pem=cert, key_pem=key)
+    for old in [k for k, (at, _) in _diagnoses.items() if now - at >= DIAGNOSIS_TTL_S]:
+        del _diagnoses[old]  # (a long-lived `status` view meets few peers, but never keeps the expired)
     _diagnoses[entry] = (now, why)
     return why
 

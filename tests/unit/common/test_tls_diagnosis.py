@@ -156,3 +156,15 @@ def test_the_cli_keeps_a_diagnosis_so_a_live_view_does_not_probe_every_redraw(mo
     assert line == "UNAVAILABLE: nothing listens on 127.0.0.1:1 (grpc: failed to connect)"
     endpoints.rpc_error(Unavailable(), "127.0.0.1:2", args)
     assert probes == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+def test_expired_diagnoses_are_not_kept(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(endpoints.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(endpoints, "diagnose", lambda address, **_: f"nothing listens on {address}")
+    monkeypatch.setattr(endpoints, "_diagnoses", {})
+    for port in range(50):
+        endpoints._diagnosis(f"127.0.0.1:{port}", None, None, None)
+    clock[0] += endpoints.DIAGNOSIS_TTL_S
+    endpoints._diagnosis("127.0.0.1:99", None, None, None)
+    assert [entry[0] for entry in endpoints._diagnoses] == ["127.0.0.1:99"]
