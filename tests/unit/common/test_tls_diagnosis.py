@@ -159,6 +159,8 @@ def test_the_cli_keeps_a_diagnosis_so_a_live_view_does_not_probe_every_redraw(mo
 
 
 def test_expired_diagnoses_are_not_kept(monkeypatch):
+    from services.cli import endpoints
+
     clock = [100.0]
     monkeypatch.setattr(endpoints.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(endpoints, "diagnose", lambda address, **_: f"nothing listens on {address}")
