@@ -155,6 +155,13 @@ class PeerSync:
         age = self.peers.age_s(now)
         self.metrics.replica_sync_peers.set(self.peers.peers)
         self.metrics.replica_sync_age.set(-1 if age is None else age)
+        per_worker: dict[str, int] = {}
+        for replica, load in self.peers.items():
+            per_worker[replica.worker_id] = per_worker.get(replica.worker_id, 0) + load.active_requests
+        gauge = self.metrics.replica_sync_peer_requests
+        gauge.clear()  # a worker no peer reports on leaves the exposition (bounded by the fleet)
+        for worker_id, requests in per_worker.items():
+            gauge.labels(worker_id).set(requests)
 
     async def _report_loop(self) -> None:
         backoff = Backoff(RetryPolicy(self.interval_s, max(self.max_backoff_s, self.interval_s), jitter=0.5))

@@ -64,6 +64,9 @@ class PeerLoads:
     def get(self, replica: Replica) -> ReplicaLoad | None:
         return self._sums.get(replica)
 
+    def items(self) -> list[tuple[Replica, ReplicaLoad]]:
+        return sorted(self._sums.items())
+
     def age_s(self, now: float) -> float | None:
         """Seconds since the last table; None before the first (or after it was dropped)."""
         return None if self._received_at is None else now - self._received_at

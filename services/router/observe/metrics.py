@@ -106,6 +106,13 @@ class RouterMetrics:
             "Age of the peer-load table in use (--router-replica-sync; -1 when none is held)",
             registry=r,
         )
+        self.replica_sync_peer_requests = Gauge(
+            "bandmaster_router_replica_sync_peer_requests",
+            "In-flight requests the other routers report on each worker (--router-replica-sync), added to this "
+            "router's own count when it picks",
+            ["worker_id"],
+            registry=r,
+        )
         self.replica_sync_reports = Counter(
             "bandmaster_router_replica_sync_reports",
             "Load reports sent to the capacity service by outcome (sent, failed)",
