@@ -54,3 +54,21 @@ async def test_turns_through_one_router_count_in_the_other_routers_load(tmp_path
 
 async def _equals(url: str, name: str, value: float) -> bool:
     return await stack.metric(url, name) == value
+
+
+async def test_the_processes_of_one_router_each_sync_under_their_own_id(tmp_path):
+    st = stack.Stack(tmp_path)
+    try:
+        w = st.add(await stack.simworker(tmp_path, "w"))
+        cap = st.add(await stack.capacity(tmp_path, [w.ready["url"]]))
+        router = st.add(
+            await stack.router(tmp_path, cap.ready["grpc"], "--processes", "2", "--router-replica-sync", timeout_s=60)
+        )
+        url = stack.router_url(router)
+        # The parent's /metrics carries both children: each counts the other as its one peer.
+        await assert_eventually(lambda: _equals(url, "bandmaster_router_replica_sync_peers", 2), timeout_s=20)
+        for child in ("0", "1"):
+            assert await stack.metric(url, "bandmaster_router_replica_sync_peers", f'router_process="{child}"') == 1
+        assert "router replica sync: id" in router.log_text()
+    finally:
+        await st.close()
