@@ -262,9 +262,10 @@ async def start_router(
 
     fleet.on_workers.append(on_workers)
     capacity_channel = config.security.channel(config.capacity_addr)
+    capacity_stub = cap_pb_grpc.CapacityStub(capacity_channel)
     worker_set = WorkerSet(metrics, fleet.update)
     watch = CapacityWatch(
-        cap_pb_grpc.CapacityStub(capacity_channel),
+        capacity_stub,
         worker_set.take,
         address=config.capacity_addr,
         logger=logging.getLogger("services.router.adapters.capacity"),
@@ -275,7 +276,7 @@ async def start_router(
         name="router-capacity-watch",
     )
 
-    capacity_stub = cap_pb_grpc.CapacityStub(capacity_channel)
+    # --router-replica-sync: report this router's load and follow its peers' on the same channel.
     peer_sync = (
         None
         if peers is None
