@@ -9,6 +9,9 @@
    gRPC (all served by one sglang_stub under distinct path prefixes), 20 real gRPC watchers each
    on its own channel; each change is a Heartbeat with a new load; we time from sending it to the
    moment the last of the 20 watchers has received the new version.
+3. router-load fan-out (router replica sync): on the same service, 16 routers' load reports (each on
+   `workers // 10` replicas) and 16 `WatchRouterLoads` watchers; each change is one router's
+   `ReportRouterLoad`; we time from sending it to the moment the last watcher has the new table.
 """
 
 from __future__ import annotations
@@ -140,7 +143,72 @@ class Watcher:
         return time.perf_counter()
 
 
-async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
+class RouterLoadWatcher(Watcher):
+    async def run(self) -> None:
+        stream = pb_grpc.CapacityStub(self.channel).WatchRouterLoads(pb.WatchRouterLoadsRequest())
+        async for table in stream:
+            self.version = table.version
+            self.size = table.ByteSize()
+            self.changed.set()
+
+
+def router_report(router: int, sequence: int, replicas: int) -> pb.RouterLoadReport:
+    return pb.RouterLoadReport(
+        router_id=f"router-{router:02d}",
+        sequence=sequence,
+        ttl_ms=60_000,
+        loads=[
+            pb.ReplicaActiveLoad(
+                worker_id=f"w{i:05d}", active_requests=sequence % 7, prefill_tokens=100 * i, decode_blocks=i
+            )
+            for i in range(replicas)
+        ],
+    )
+
+
+async def bench_router_load_fanout(
+    client: pb_grpc.CapacityStub, address: str, routers: int, watchers: int, replicas: int, changes: int
+) -> dict:
+    ws = [RouterLoadWatcher(address) for _ in range(watchers)]
+    try:
+        for w in ws:
+            w.task = asyncio.create_task(w.run())
+        sequences = [0] * routers
+        for r in range(routers):
+            sequences[r] += 1
+            await client.ReportRouterLoad(router_report(r, sequences[r], replicas))
+        await asyncio.wait_for(asyncio.gather(*(w.wait_for(routers) for w in ws)), 60)
+        version = max(w.version for w in ws)
+        latencies_ms = []
+        for i in range(changes):
+            r = i % routers
+            sequences[r] += 1
+            target = version + 1
+            start = time.perf_counter()
+            await client.ReportRouterLoad(router_report(r, sequences[r], replicas))
+            done = await asyncio.wait_for(asyncio.gather(*(w.wait_for(target) for w in ws)), 60)
+            latencies_ms.append((max(done) - start) * 1e3)
+            version = target
+        return {
+            "routers": routers,
+            "watchers": watchers,
+            "replicas_per_report": replicas,
+            "changes": changes,
+            "report_to_all_watchers_ms": {
+                "p50": percentile(latencies_ms, 50),
+                "p99": percentile(latencies_ms, 99),
+                "mean": statistics.fmean(latencies_ms),
+            },
+            "table_bytes": ws[0].size,
+        }
+    finally:
+        for w in ws:
+            if w.task is not None:
+                w.task.cancel()
+            await w.channel.close()
+
+
+async def bench_fanout(workers: int, watchers: int, changes: int, router_watchers: int = 16) -> tuple[dict, dict]:
     stub = SglangStub(sglang_info(max_total_num_tokens=200_000, page_size=16))
     await stub.start()
     tmp = tempfile.mkdtemp(prefix="capbench")
@@ -212,6 +280,10 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
                 done = await asyncio.wait_for(asyncio.gather(*(w.wait_for(target) for w in ws)), 60)
                 latencies_ms.append((max(done) - start) * 1e3)
                 version = target
+            # The worker watchers stay open: the router-load fan-out runs beside them.
+            router_loads = await bench_router_load_fanout(
+                client, address, 16, router_watchers, max(workers // 10, 1), changes
+            )
             return {
                 "workers": workers,
                 "watchers": watchers,
@@ -224,7 +296,7 @@ async def bench_fanout(workers: int, watchers: int, changes: int) -> dict:
                     "mean": statistics.fmean(latencies_ms),
                 },
                 "snapshot_bytes": ws[0].size,
-            }
+            }, router_loads
     finally:
         for w in ws:
             if w.task is not None:
@@ -248,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "recompute": bench_recompute(workers, 20 if args.smoke else 200),
-        "fanout": asyncio.run(bench_fanout(workers, watchers, 5 if args.smoke else 50)),
     }
+    report["fanout"], report["router_load_fanout"] = asyncio.run(
+        bench_fanout(workers, watchers, 5 if args.smoke else 50, 3 if args.smoke else 16)
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
@@ -264,7 +338,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{'change -> all ' + str(f['watchers']) + ' watchers ms (' + str(f['workers']) + ' workers)':44} "
         f"{f['change_to_all_watchers_ms']['p50']:10.2f} {f['change_to_all_watchers_ms']['p99']:10.2f}"
     )
-    print(f"snapshot size: {f['snapshot_bytes']} bytes; report written to {out}")
+    rl = report["router_load_fanout"]
+    print(
+        f"{'router report -> all ' + str(rl['watchers']) + ' watchers ms (' + str(rl['routers']) + ' routers)':44} "
+        f"{rl['report_to_all_watchers_ms']['p50']:10.2f} {rl['report_to_all_watchers_ms']['p99']:10.2f}"
+    )
+    print(f"snapshot size: {f['snapshot_bytes']} bytes; router-load table {rl['table_bytes']} bytes")
+    print(f"report written to {out}")
     return 0
 
 

@@ -48,6 +48,14 @@ class CapacityMetrics:
         self.version = Gauge(
             "bandmaster_capacity_snapshot_version", "Version of the latest snapshot", registry=registry
         )
+        self.router_load_reporters = Gauge(
+            "bandmaster_capacity_router_load_reporters",
+            "Routers whose load report is live (router replica sync; 0 when no router has the flag)",
+            registry=registry,
+        )
+        self.router_load_watchers = Gauge(
+            "bandmaster_capacity_router_load_watchers", "Open WatchRouterLoads streams", registry=registry
+        )
         # Every label value exists from the start: a scrape sees 0, not an absent series, so rate() and
         # alerts on these counters work before the first failure.
         for health in Health:

@@ -14,6 +14,7 @@ from services.capacity.core.cards import CardCache, RetentionSettings
 from services.capacity.core.registry import Registry, RegistrySettings
 from services.capacity.loop import CapacityRuntime
 from services.capacity.metrics import CapacityMetrics
+from services.capacity.router_loads import RouterLoadHub
 from services.capacity.servicer import SERVICE_NAME, CapacityServicer
 from services.common.clock import Clock, SystemClock
 from services.common.observe.telemetry import Telemetry
@@ -27,6 +28,7 @@ class RunningCapacity:
     host: ServiceHost
     runtime: CapacityRuntime
     config: CapacityConfig
+    router_loads: RouterLoadHub
 
     @property
     def address(self) -> str:
@@ -60,6 +62,7 @@ async def start_capacity(
         retention,
     )
     cache = CardCache()
+    metrics = CapacityMetrics(host.registry)
     runtime = CapacityRuntime(
         registry=registry,
         retention=retention,
@@ -70,7 +73,7 @@ async def start_capacity(
             worker_client=config.worker_client,
         ),
         clock=clock,
-        metrics=CapacityMetrics(host.registry),
+        metrics=metrics,
         tracer=tracer,
         poll_interval_s=config.poll_interval_seconds,
         heartbeat_interval_s=config.watch_heartbeat_seconds,
@@ -78,17 +81,21 @@ async def start_capacity(
     )
     for worker in config.workers:
         runtime.add_worker(worker.worker_id, worker.url, worker.origin, worker.expectation)
-    pb_grpc.add_CapacityServicer_to_server(CapacityServicer(runtime), host.server)
+    router_loads = RouterLoadHub(clock, metrics)
+    pb_grpc.add_CapacityServicer_to_server(CapacityServicer(runtime, router_loads), host.server)
     host.add_service(SERVICE_NAME)
     host.on_stop(runtime.stop)
+    host.on_stop(router_loads.stop)
     await runtime.start()
+    router_loads.start()
     try:
         await host.start()
     except BaseException:
         await runtime.stop()
+        await router_loads.stop()
         raise
     if config.cap_host_at_gpu:
         log.info("host credit capped at the GPU pool per replica (--cap-host-at-gpu)")
     log.info("capacity: %d static workers, polling every %gs", len(config.workers), config.poll_interval_seconds)
     host.write_ready_file(config.ready_file)
-    return RunningCapacity(host, runtime, config)
+    return RunningCapacity(host, runtime, config, router_loads)

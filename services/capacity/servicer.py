@@ -18,6 +18,7 @@ from services.capacity.core.cards import recompute
 from services.capacity.core.errors import AlreadyExists, InvalidArgument
 from services.capacity.core.state import Origin
 from services.capacity.loop import CapacityRuntime
+from services.capacity.router_loads import RouterLoadHub
 from services.common.auth.redact import redact_url
 from services.common.serve.grpc_errors import ErrorTable
 
@@ -36,8 +37,9 @@ DOMAIN_ERRORS = ErrorTable(
 
 
 class CapacityServicer(pb_grpc.CapacityServicer):
-    def __init__(self, runtime: CapacityRuntime) -> None:
+    def __init__(self, runtime: CapacityRuntime, router_loads: RouterLoadHub) -> None:
         self.runtime = runtime
+        self.router_loads = router_loads
 
     async def RegisterWorker(
         self, request: pb.RegisterWorkerRequest, context: grpc.aio.ServicerContext
@@ -99,3 +101,31 @@ class CapacityServicer(pb_grpc.CapacityServicer):
                     yield snapshot
         finally:
             runtime.unsubscribe(mailbox)
+
+    async def ReportRouterLoad(
+        self, request: pb.RouterLoadReport, context: grpc.aio.ServicerContext
+    ) -> pb.ReportRouterLoadResponse:
+        async with DOMAIN_ERRORS.guard(context):
+            return pb.ReportRouterLoadResponse(accepted=self.router_loads.report(request))
+
+    async def WatchRouterLoads(
+        self, request: pb.WatchRouterLoadsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RouterLoadsSnapshot]:
+        hub = self.router_loads
+        mailbox = hub.subscribe()
+        try:
+            yield hub.current()
+            while not mailbox.closed:
+                try:
+                    await asyncio.wait_for(mailbox.event.wait(), timeout=self.runtime.heartbeat_interval_s)
+                except TimeoutError:
+                    if not mailbox.closed:
+                        yield hub.current()  # liveness: the watcher's idle timeout sees the stream alive
+                    continue
+                mailbox.event.clear()
+                snapshot = mailbox.latest
+                if mailbox.closed or snapshot is None:
+                    break
+                yield snapshot
+        finally:
+            hub.unsubscribe(mailbox)

@@ -277,6 +277,20 @@ class RouterConfig:
         env=_env("capacity_retry_max_seconds"),
         gt=0,
     )
+    router_replica_sync: bool = setting(
+        False,
+        "share this router's active load with the other routers of the fleet through the capacity service "
+        'and add theirs to its own (Dynamo\'s KvRouter flag; docs/router.md "Router replica sync")',
+        env="DYN_ROUTER_REPLICA_SYNC",
+    )
+    replica_sync_interval_ms: int = setting(
+        100,
+        "with --router-replica-sync: shortest interval between load reports (one is sent when the load "
+        "changed); a report lives 10 intervals, so a killed router's load leaves its peers' view within that",
+        env=_env("replica_sync_interval_ms"),
+        ge=10,
+        le=5000,
+    )
     batch_url: str = setting(
         "",
         "the batch service's Batch API base URL (http(s)://host:port): /v1/files* and /v1/batches* are forwarded "

@@ -30,11 +30,13 @@ from services.common.sglang.tokenizer import load_tokenizer
 from services.router.adapters.batch_api import BatchApiProxy
 from services.router.adapters.capacity import WorkerSet
 from services.router.adapters.kv_events import KvEventFeeds
+from services.router.adapters.peer_sync import TTL_INTERVALS, PeerSync, new_router_id
 from services.router.adapters.scheduler import SchedulerClient
 from services.router.adapters.upstream import Upstream
 from services.router.config import RouterConfig
 from services.router.core.admission_cache import AdmissionCache
 from services.router.core.limits import ClientLimits
+from services.router.core.peer_loads import PeerLoads
 from services.router.ingress.grpc_api import SERVICE_NAME, RouterServicer, add_to_server
 from services.router.ingress.http_api import HttpApi
 from services.router.ingress.http_server import HttpLimits, start_http, token_identity
@@ -205,7 +207,9 @@ async def start_router(
         if scheduler_config is None:
             log.warning("scheduler %s: no router config (unreachable); using flags and defaults", config.scheduler_addr)
 
-    fleet = Fleet(lambda page_size: resolve_params(config.kv, scheduler_config, page_size), config.seed)
+    interval_s = config.replica_sync_interval_ms / 1000.0
+    peers = PeerLoads(new_router_id(), interval_s * TTL_INTERVALS) if config.router_replica_sync else None
+    fleet = Fleet(lambda page_size: resolve_params(config.kv, scheduler_config, page_size), config.seed, peers)
     _log_prompt_mode(config, prompts, resolve_params(config.kv, scheduler_config, None).use_kv_events)
     upstream = Upstream(
         connect_timeout_s=config.upstream_connect_timeout_seconds,
@@ -258,9 +262,10 @@ async def start_router(
 
     fleet.on_workers.append(on_workers)
     capacity_channel = config.security.channel(config.capacity_addr)
+    capacity_stub = cap_pb_grpc.CapacityStub(capacity_channel)
     worker_set = WorkerSet(metrics, fleet.update)
     watch = CapacityWatch(
-        cap_pb_grpc.CapacityStub(capacity_channel),
+        capacity_stub,
         worker_set.take,
         address=config.capacity_addr,
         logger=logging.getLogger("services.router.adapters.capacity"),
@@ -269,6 +274,23 @@ async def start_router(
         max_backoff_s=config.capacity_retry_max_seconds,
         idle_timeout_s=capacity_idle_timeout_s,
         name="router-capacity-watch",
+    )
+
+    # --router-replica-sync: report this router's load and follow its peers' on the same channel.
+    peer_sync = (
+        None
+        if peers is None
+        else PeerSync(
+            capacity_stub,
+            peers,
+            lambda: fleet.core.load.own_loads() if fleet.core is not None else {},
+            clock,
+            metrics,
+            interval_s=interval_s,
+            address=config.capacity_addr,
+            idle_timeout_s=capacity_idle_timeout_s,
+            max_backoff_s=config.capacity_retry_max_seconds,
+        )
     )
 
     add_to_server(RouterServicer(runner, metrics, tracer), host.server)
@@ -317,6 +339,8 @@ async def start_router(
         identify=token_identity(config.security.control_tokens, config.security.data_tokens),
     )
     watch.start()
+    if peer_sync is not None:
+        peer_sync.start()
     sweeper = asyncio.create_task(_sweep_loop(fleet, limits, config.sweep_interval_seconds, clock), name="router-sweep")
 
     async def stop_components() -> None:
@@ -325,6 +349,8 @@ async def start_router(
         await http_runner.cleanup()
         sweeper.cancel()
         await watch.stop()
+        if peer_sync is not None:
+            await peer_sync.stop()
         await capacity_channel.close()
         await feeds.stop()
         await runner.drain()

@@ -27,3 +27,6 @@ def test_capacity_scale_smoke(tmp_path):
     assert report["fanout"]["watchers"] == 3 and report["fanout"]["snapshot_bytes"] > 0
     assert report["fanout"]["change_to_all_watchers_ms"]["p50"] > 0
     assert "change -> all 3 watchers" in proc.stdout
+    loads = report["router_load_fanout"]
+    assert loads["routers"] == 16 and loads["watchers"] == 3 and loads["table_bytes"] > 0
+    assert loads["report_to_all_watchers_ms"]["p50"] > 0

@@ -199,3 +199,47 @@ class WatchWorkersRequest(_message.Message):
     KNOWN_VERSION_FIELD_NUMBER: _ClassVar[int]
     known_version: int
     def __init__(self, known_version: _Optional[int] = ...) -> None: ...
+
+class ReplicaActiveLoad(_message.Message):
+    __slots__ = ("worker_id", "dp_rank", "active_requests", "prefill_tokens", "decode_blocks")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    dp_rank: int
+    active_requests: int
+    prefill_tokens: int
+    decode_blocks: int
+    def __init__(self, worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., active_requests: _Optional[int] = ..., prefill_tokens: _Optional[int] = ..., decode_blocks: _Optional[int] = ...) -> None: ...
+
+class RouterLoadReport(_message.Message):
+    __slots__ = ("router_id", "sequence", "ttl_ms", "loads")
+    ROUTER_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    router_id: str
+    sequence: int
+    ttl_ms: int
+    loads: _containers.RepeatedCompositeFieldContainer[ReplicaActiveLoad]
+    def __init__(self, router_id: _Optional[str] = ..., sequence: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., loads: _Optional[_Iterable[_Union[ReplicaActiveLoad, _Mapping]]] = ...) -> None: ...
+
+class ReportRouterLoadResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...
+
+class WatchRouterLoadsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RouterLoadsSnapshot(_message.Message):
+    __slots__ = ("version", "routers")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ROUTERS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    routers: _containers.RepeatedCompositeFieldContainer[RouterLoadReport]
+    def __init__(self, version: _Optional[int] = ..., routers: _Optional[_Iterable[_Union[RouterLoadReport, _Mapping]]] = ...) -> None: ...

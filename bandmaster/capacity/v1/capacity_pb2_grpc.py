@@ -59,6 +59,16 @@ class CapacityStub:
                 request_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchWorkersRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WorkersSnapshot.FromString,
                 _registered_method=True)
+        self.ReportRouterLoad = channel.unary_unary(
+                '/bandmaster.capacity.v1.Capacity/ReportRouterLoad',
+                request_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadReport.SerializeToString,
+                response_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.ReportRouterLoadResponse.FromString,
+                _registered_method=True)
+        self.WatchRouterLoads = channel.unary_stream(
+                '/bandmaster.capacity.v1.Capacity/WatchRouterLoads',
+                request_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchRouterLoadsRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadsSnapshot.FromString,
+                _registered_method=True)
 
 
 class CapacityServicer:
@@ -94,6 +104,19 @@ class CapacityServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportRouterLoad(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchRouterLoads(self, request, context):
+        """The current table at once, then on every change; resent every watch heartbeat interval when idle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapacityServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -121,6 +144,16 @@ def add_CapacityServicer_to_server(servicer, server):
                     servicer.WatchWorkers,
                     request_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchWorkersRequest.FromString,
                     response_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WorkersSnapshot.SerializeToString,
+            ),
+            'ReportRouterLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportRouterLoad,
+                    request_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadReport.FromString,
+                    response_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.ReportRouterLoadResponse.SerializeToString,
+            ),
+            'WatchRouterLoads': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRouterLoads,
+                    request_deserializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchRouterLoadsRequest.FromString,
+                    response_serializer=bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadsSnapshot.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -258,6 +291,60 @@ class Capacity:
             '/bandmaster.capacity.v1.Capacity/WatchWorkers',
             bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchWorkersRequest.SerializeToString,
             bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WorkersSnapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportRouterLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bandmaster.capacity.v1.Capacity/ReportRouterLoad',
+            bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadReport.SerializeToString,
+            bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.ReportRouterLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRouterLoads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/bandmaster.capacity.v1.Capacity/WatchRouterLoads',
+            bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.WatchRouterLoadsRequest.SerializeToString,
+            bandmaster_dot_capacity_dot_v1_dot_capacity__pb2.RouterLoadsSnapshot.FromString,
             options,
             channel_credentials,
             insecure,

@@ -71,7 +71,6 @@ def override(name: str) -> Any:
 # Dynamo KvRouter settings Bandmaster does not implement: refused by name (flag or environment variable),
 # never accepted and ignored. Name -> why.
 UNSUPPORTED = {
-    "router_replica_sync": "one router's load is not shared with other router replicas (docs/router.md)",
     "router_assume_kv_reuse": "active blocks are always deduplicated by their hashes",
     "router_snapshot_threshold": "the router's prefix index is in memory only, never snapshotted",
     "router_reset_states": "the router's state is in memory only, so every start is already a reset",

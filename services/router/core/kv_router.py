@@ -26,6 +26,7 @@ from services.router.core.hashing import text_chunk_hashes, token_block_hashes
 from services.router.core.index import KvEventIndex, RoutingHistoryIndex
 from services.router.core.load import ActiveLoad
 from services.router.core.params import KvRouterParams, RouterOverride
+from services.router.core.peer_loads import PeerLoads
 from services.router.core.select import (
     Candidate,
     NoWorkerAvailable,
@@ -48,7 +49,7 @@ class SweepResult:
 
 
 class KvRouterCore:
-    def __init__(self, params: KvRouterParams, rng: RandomSource) -> None:
+    def __init__(self, params: KvRouterParams, rng: RandomSource, peers: PeerLoads | None = None) -> None:
         self.params = params
         self._rng = rng
         self._policy = make_cost_policy(params.cost_policy)
@@ -72,6 +73,7 @@ class KvRouterCore:
             request_expiry_s=params.request_expiry_s,
             track_active_blocks=params.router_track_active_blocks,
             track_prefill_tokens=params.router_track_prefill_tokens,
+            peers=peers,
         )
 
     # -- prompts ---------------------------------------------------------------------------

@@ -8,6 +8,10 @@ Per replica:
   generated tokens. When a request gave an expected output length, every block only it
   references counts `max(0, 1 - generated / expected)` instead of 1 (it is about to leave).
 
+With router replica sync, `peers` (peer_loads.py) holds the other routers' loads: `potential` and
+`load` add them (their prefill tokens and decode blocks as counts: peers' blocks are not deduplicated
+against ours); `own_loads` is what this router reports, its own count only.
+
 Requests are added when routed, marked at their first token and freed at the end; every
 operation is keyed by request id and freeing is idempotent. Requests older than
 `request_expiry_s` are force-freed by `expire` (a safety net against a lost `free`).
@@ -16,7 +20,7 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from services.router.core.hashing import held_prefix
 from services.router.core.types import Replica
@@ -27,6 +31,12 @@ class ReplicaLoad:
     active_requests: int
     active_prefill_tokens: int
     active_decode_blocks: int
+
+
+class PeerView(Protocol):
+    """Other routers' summed load per replica (peer_loads.PeerLoads)."""
+
+    def get(self, replica: Replica) -> ReplicaLoad | None: ...
 
 
 class _Request:
@@ -93,6 +103,7 @@ class ActiveLoad:
         request_expiry_s: float,
         track_active_blocks: bool = True,
         track_prefill_tokens: bool = True,
+        peers: PeerView | None = None,
     ) -> None:
         self.block_size = block_size
         self.track_output_blocks = track_output_blocks
@@ -100,6 +111,7 @@ class ActiveLoad:
         self.track_active_blocks = track_active_blocks
         self.track_prefill_tokens = track_prefill_tokens
         self.request_expiry_s = request_expiry_s
+        self.peers = peers  # other routers' loads (router replica sync); None: this router's count only
         self._requests: dict[str, _Request] = {}
         self._replicas: dict[Replica, _ReplicaState] = {}
 
@@ -117,18 +129,42 @@ class ActiveLoad:
         new_tokens = max(isl_tokens - cached_tokens, 0)
         state = self._replicas.get(replica)
         if state is None:
-            return new_tokens, len(prompt_blocks)
-        prefill = self._prefill_tokens(state) + new_tokens
-        if not self.track_active_blocks:
-            return prefill, len(prompt_blocks)
-        shared = held_prefix(prompt_blocks, state.blocks)
-        return prefill, self._decode_blocks(state) + len(prompt_blocks) - shared
+            prefill, decode = new_tokens, len(prompt_blocks)
+        else:
+            prefill = self._prefill_tokens(state) + new_tokens
+            if self.track_active_blocks:
+                shared = held_prefix(prompt_blocks, state.blocks)
+                decode = self._decode_blocks(state) + len(prompt_blocks) - shared
+            else:
+                decode = len(prompt_blocks)
+        if self.peers is not None:
+            peer = self.peers.get(replica)
+            if peer is not None:
+                prefill += peer.active_prefill_tokens if self.track_prefill_tokens else 0
+                decode += peer.active_decode_blocks if self.track_active_blocks else 0
+        return prefill, decode
 
     def load(self, replica: Replica) -> ReplicaLoad:
+        """This router's load on `replica` plus its peers' (router replica sync)."""
+        own = self.own_load(replica)
+        peer = self.peers.get(replica) if self.peers is not None else None
+        if peer is None:
+            return own
+        return ReplicaLoad(
+            own.active_requests + peer.active_requests,
+            own.active_prefill_tokens + (peer.active_prefill_tokens if self.track_prefill_tokens else 0),
+            own.active_decode_blocks + (peer.active_decode_blocks if self.track_active_blocks else 0),
+        )
+
+    def own_load(self, replica: Replica) -> ReplicaLoad:
         state = self._replicas.get(replica)
         if state is None:
             return ReplicaLoad(0, 0, 0)
         return ReplicaLoad(len(state.request_ids), self._prefill_tokens(state), self._decode_blocks(state))
+
+    def own_loads(self) -> dict[Replica, ReplicaLoad]:
+        """This router's own load on every replica it has active requests on (what it reports)."""
+        return {replica: self.own_load(replica) for replica in self._replicas}
 
     def replica_of(self, request_id: str) -> Replica | None:
         request = self._requests.get(request_id)

@@ -95,6 +95,30 @@ class RouterMetrics:
         self.capacity_connected = Gauge(
             "bandmaster_router_capacity_connected", "1 while the capacity watch stream is open", registry=r
         )
+        self.replica_sync_peers = Gauge(
+            "bandmaster_router_replica_sync_peers",
+            "Other routers whose active load this router adds to its own (--router-replica-sync; 0 when off "
+            "or when the peer view went stale)",
+            registry=r,
+        )
+        self.replica_sync_age = Gauge(
+            "bandmaster_router_replica_sync_age_seconds",
+            "Age of the peer-load table in use (--router-replica-sync; -1 when none is held)",
+            registry=r,
+        )
+        self.replica_sync_peer_requests = Gauge(
+            "bandmaster_router_replica_sync_peer_requests",
+            "In-flight requests the other routers report on each worker (--router-replica-sync), added to this "
+            "router's own count when it picks",
+            ["worker_id"],
+            registry=r,
+        )
+        self.replica_sync_reports = Counter(
+            "bandmaster_router_replica_sync_reports",
+            "Load reports sent to the capacity service by outcome (sent, failed)",
+            ["outcome"],
+            registry=r,
+        )
         self.circuit_transitions = Counter(
             "bandmaster_router_worker_circuit_transitions",
             "Worker circuit-breaker transitions by new state (open = out of rotation, half_open = probing, "

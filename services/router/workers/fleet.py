@@ -18,6 +18,7 @@ from services.router.config import KvOverrides
 from services.router.core.events import EventOutcome
 from services.router.core.kv_router import KvRouterCore
 from services.router.core.params import KvRouterParams, SchedulerKvSettings
+from services.router.core.peer_loads import PeerLoads
 from services.router.core.types import Replica, WorkerView
 from services.router.errors import ModelNotFound, NoHealthyWorker
 
@@ -72,8 +73,11 @@ def resolve_params(
 class Fleet:
     """The routable workers and the selection core over them."""
 
-    def __init__(self, params_for: Callable[[int | None], KvRouterParams], seed: int) -> None:
+    def __init__(
+        self, params_for: Callable[[int | None], KvRouterParams], seed: int, peers: PeerLoads | None = None
+    ) -> None:
         self._params_for = params_for
+        self.peers = peers  # other routers' loads (--router-replica-sync), handed to the core
         self._rng = random.Random(None if seed < 0 else seed)
         self.core: KvRouterCore | None = None
         self.workers: dict[str, WorkerView] = {}
@@ -82,7 +86,7 @@ class Fleet:
     def update(self, workers: dict[str, WorkerView]) -> None:
         if self.core is None and workers:
             page = next(iter(sorted(workers.items())))[1].page_size or None
-            self.core = KvRouterCore(self._params_for(page), self._rng)
+            self.core = KvRouterCore(self._params_for(page), self._rng, peers=self.peers)
             p = self.core.params
             log.info(
                 "selection: block_size=%d temperature=%g overlap_weight=%g kv_events=%s output_blocks=%s "
