@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-replica-sync bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -22,6 +22,8 @@ help:
 	@echo "make bench-sim-fleet - steady arrivals on 2/8/16/32 workers (1,000 programs at 32): Bandmaster / kv / oracle per"
 	@echo "                       size at one oversubscription, CPU per arm (bench/results/sim_fleet.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
+	@echo "make bench-replica-sync - two routers, in-flight spread over two workers with --router-replica-sync off/on"
+	@echo "                       (bench/results/replica_sync.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
 	@echo "make bench-planner   - planner tick with 1,000 jobs on 64 workers, lease publication to Redis (bench/results/planner.json)"
 	@echo "make bench-soak      - 256 agent programs for 10 minutes through the full stack: lost programs (must be 0) and"
@@ -111,6 +113,9 @@ bench-scheduler: venv
 
 bench-router: venv
 	$(PY) -m bench.router_bench --out bench/results/router_bench.json
+
+bench-replica-sync: venv
+	$(PY) -m bench.replica_sync --out bench/results/replica_sync.json
 
 # The live part runs the SWE programs at their real token counts at 3x and 4x (about 3.5 minutes a run on
 # 2 cores, 3 interleaved runs per arm and point): kv, sglang-router, the two peers and Bandmaster's default
