@@ -148,7 +148,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, *, workers_default: i
         default=1,
         metavar="N",
         help="router processes sharing its HTTP and gRPC ports, one core each (default: 1); each keeps its "
-        "own worker view and KV index (docs/router.md)",
+        "own worker view and KV index, and they share their in-flight load (--router-replica-sync; docs/router.md)",
     )
     parser.add_argument(
         "--router-arg",

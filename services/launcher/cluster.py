@@ -454,7 +454,8 @@ def router_spec(
     if batch_url:
         args += ["--batch-url", batch_url]
     if config.router_processes > 1:
-        args += ["--processes", str(config.router_processes)]
+        # One router to its clients: each process adds the others' in-flight load to its own.
+        args += ["--processes", str(config.router_processes), "--router-replica-sync"]
     if config.tokenizer:
         args += ["--tokenizer", config.tokenizer]
     if scheduler_addr:

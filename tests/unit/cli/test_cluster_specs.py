@@ -159,6 +159,8 @@ def test_router_processes_reach_the_router_and_one_is_the_default():
     assert "--processes" not in router_spec(_config(), "127.0.0.1:1", "127.0.0.1:2").args
     args = router_spec(_config("--router-processes", "2"), "127.0.0.1:1", "127.0.0.1:2").args
     assert args[args.index("--processes") + 1] == "2"
+    assert "--router-replica-sync" in args  # the processes act as one router: they share their load
+    assert "--router-replica-sync" not in router_spec(_config(), "127.0.0.1:1", "127.0.0.1:2").args
     with pytest.raises(ConfigError) as err:
         _config("--router-processes", "0")
     assert err.value.field == "router_processes"
