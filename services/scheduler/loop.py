@@ -390,7 +390,10 @@ class SchedulerRuntime:
 
     def _publish(self, effects: Effects) -> None:
         for record in effects.logs:
-            core_log.log(record.level, "%s", record.message)
+            if record.args:  # formatted by logging, only if the level is enabled
+                core_log.log(record.level, record.template, *record.args)
+            else:
+                core_log.log(record.level, "%s", record.template)
         if effects.events and self._subscribers:
             for queue in self._subscribers:
                 dropped = queue.put(effects.events)

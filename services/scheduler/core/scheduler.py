@@ -617,14 +617,13 @@ class SchedulerCore:
         ttl = self.params.program_idle_ttl_seconds
         if ttl <= 0:
             return 0
-        due = [
-            p
-            for p in self.ledger.programs.values()
-            if p.status is Status.ACTING
-            and p.acting_since is not None
-            and now - p.acting_since >= ttl
-            and not self.ledger.waiting.get(p.session_id)
-        ]
+        # From the idle index (the ACTING programs past the TTL, in table order), not a walk of the table.
+        due = []
+        for p in self.ledger.idle_due(now, ttl):
+            if self.ledger.waiting.get(p.session_id):
+                self.ledger.reindex_idle(p)  # kept while an admission waits on it: due again next tick
+            else:
+                due.append(p)
         for program in due:
             idle_s = now - (program.acting_since or now)
             self._end(now, program, EventKind.EXPIRED, "idle_ttl", acc)
@@ -803,7 +802,7 @@ class SchedulerCore:
         self.pauses_total += 1
         self.ledger.recharge(program)
         acc.events.append(ProgramEvent(EventKind.PAUSED, program.session_id, replica, program.token_total, now, reason))
-        acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)" % (program.session_id, program.token_total)))
+        acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)", (program.session_id, program.token_total)))
         if reason == "admission_full":
             acc.logs.append(
                 LogRecord(
@@ -828,8 +827,8 @@ class SchedulerCore:
         acc.logs.append(
             LogRecord(
                 DEBUG,
-                "Resumed program %s -> worker=%s (tokens=%d)"
-                % (sid, target.worker_id if target else "any", program.token_total),
+                "Resumed program %s -> worker=%s (tokens=%d)",
+                (sid, target.worker_id if target else "any", program.token_total),
             )
         )
         for rid in list(self.ledger.waiting.pop(sid, {})):
