@@ -290,25 +290,31 @@ class Ledger:
             self.inflight[old_key] -= in_flight
             self.decay_base[old_key] -= base
             del self.resident[old_key][sid]
-            member = self.acting_members[old_key].pop(sid, None)
+            members = self.acting_members[old_key]
+            member = members.pop(sid, None)
             if member is not None:
                 self.acting_sum[old_key] -= member[2]
-                if not self.acting_members[old_key]:
+                if not members:
                     self.acting_sum[old_key] = 0.0  # drop accumulated rounding
         key = program.replica
         if key is None or key not in self.caps or program.lifecycle is not Lifecycle.ACTIVE or current is not program:
             return
-        buffer = self.params.buffer_per_program_tokens
-        amount = self.weight(program, key) + buffer
+        params, tokens = self.params, program.token_total
+        buffer = params.buffer_per_program_tokens
         in_flight = program.status is Status.REASONING
-        base = buffer + (program.token_total if in_flight else 0)
+        # self.weight, inline (this runs for every transition): raw_weight_tokens, then the policy's.
+        raw = tokens if in_flight else math.floor(tokens * params.acting_token_weight)
+        if self.policy_weight is not None:
+            raw = self.policy_weight(program, raw, self.caps[key].retention_tokens)
+        amount = raw + buffer
+        base = buffer + (tokens if in_flight else 0)
         self.charge[sid] = (key, amount, in_flight, base)
         self.used[key] += amount
         self.inflight[key] += in_flight
         self.decay_base[key] += base
         self.resident[key][sid] = None
-        if not in_flight and program.token_total > 0:
-            self._add_acting(key, sid, program.token_total, program.acting_since)
+        if not in_flight and tokens > 0:
+            self._add_acting(key, sid, tokens, since)
 
     def _index_idle(self, program: Program, since: float) -> None:
         self.idle_since[program.session_id] = since
