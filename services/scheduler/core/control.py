@@ -501,12 +501,13 @@ class ControlLaw:
                     # Pressure is gone: marks are not sticky.
                     steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
                 continue
-            resident = [table[sid] for sid in ledger.resident[key]]
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
-            programs = sorted(
-                (q for q in resident if q.pause_protected_until <= now and (tail is None or q.turns <= tail)),
-                key=by_seq,
-            )
+            programs = [
+                q
+                for q in map(table.__getitem__, ledger.resident[key])
+                if q.pause_protected_until <= now and (tail is None or q.turns <= tail)
+            ]
+            programs.sort(key=by_seq)
             before = ledger.used[key]
 
             def weight_on(q: Program, key: ReplicaKey = key) -> int:
