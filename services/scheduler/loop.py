@@ -39,6 +39,7 @@ from services.scheduler.core import (
     TickResult,
     TurnOutcome,
     Verdict,
+    transition_logs,
 )
 from services.scheduler.metrics import SchedulerMetrics
 
@@ -390,10 +391,10 @@ class SchedulerRuntime:
 
     def _publish(self, effects: Effects) -> None:
         for record in effects.logs:
-            if record.args:  # formatted by logging, only if the level is enabled
-                core_log.log(record.level, record.template, *record.args)
-            else:
-                core_log.log(record.level, "%s", record.template)
+            core_log.log(record.level, "%s", record.message)
+        if core_log.isEnabledFor(logging.DEBUG):
+            for record in transition_logs(effects.events):
+                core_log.log(record.level, "%s", record.message)
         if effects.events and self._subscribers:
             for queue in self._subscribers:
                 dropped = queue.put(effects.events)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import logging
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 
 class ReplicaKey(NamedTuple):
@@ -143,17 +143,27 @@ class ProgramEvent(NamedTuple):
 
 
 class LogRecord(NamedTuple):
-    """A log line the shell emits (`logger.log(level, template, *args)`): `template % args` when
-    `args` is not empty, else `template` verbatim. The per-transition DEBUG lines of a tick pass
-    their values as `args`, so that nothing is formatted unless DEBUG is logged."""
+    """A log line the shell emits verbatim (`logger.log(level, message)`). The per-transition DEBUG
+    lines are not records: `transition_logs` renders them from the events."""
 
     level: int
-    template: str
-    args: tuple[object, ...] = ()
+    message: str
 
-    @property
-    def message(self) -> str:
-        return self.template % self.args if self.args else self.template
+
+def transition_logs(events: Iterable[ProgramEvent]) -> Iterator[LogRecord]:
+    """The reference's DEBUG line for each pause and resume among `events` ("Paused program ...",
+    "Resumed program ... -> worker=..."), for a shell that logs DEBUG. They are rendered from the
+    events rather than recorded beside them: a tick at fleet size pauses and resumes thousands of
+    programs, and a second record of the same fields for each doubled what the tick allocates (and
+    what the garbage collector then walks) for lines that are not logged at the default level."""
+    for e in events:
+        if e.kind is EventKind.PAUSED:
+            yield LogRecord(logging.DEBUG, "Paused program %s (tokens=%d)" % (e.session_id, e.tokens))
+        elif e.kind is EventKind.RESUMED or e.kind is EventKind.FORCED_RESUME:
+            worker = e.replica.worker_id if e.replica else "any"
+            yield LogRecord(
+                logging.DEBUG, "Resumed program %s -> worker=%s (tokens=%d)" % (e.session_id, worker, e.tokens)
+            )
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,6 @@ from services.scheduler.core.errors import (
     RequestMismatch,
 )
 from services.scheduler.core.model import (
-    DEBUG,
     INFO,
     WARNING,
     Acc,
@@ -800,8 +799,8 @@ class SchedulerCore:
         self.pauses_total += 1
         ledger.recharge(program)
         tokens = program.token_total
+        # The event is the whole record: its DEBUG line is rendered from it (model.transition_logs).
         acc.events.append(ProgramEvent(EventKind.PAUSED, sid, replica, tokens, now, reason))
-        acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)", (sid, tokens)))
         if reason == "admission_full":
             acc.logs.append(
                 LogRecord(
@@ -823,14 +822,7 @@ class SchedulerCore:
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
         tokens = program.token_total
-        acc.events.append(ProgramEvent(kind, sid, target, tokens, now))
-        acc.logs.append(
-            LogRecord(
-                DEBUG,
-                "Resumed program %s -> worker=%s (tokens=%d)",
-                (sid, target.worker_id if target else "any", tokens),
-            )
-        )
+        acc.events.append(ProgramEvent(kind, sid, target, tokens, now))  # and its DEBUG line: transition_logs
         waiting = ledger.waiting.pop(sid, None)
         for rid in waiting or ():
             turn = ledger.turns[rid]
