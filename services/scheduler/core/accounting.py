@@ -8,7 +8,8 @@ Invariants (`Ledger.check_invariants` recomputes them from scratch):
   r (its estimate + B); `inflight[r]` counts the REASONING programs and passthrough requests there;
 - the decayed working set `decayed_used_one(now, r)` is within one token per resident of the exact
   sum of decayed weights;
-- every waiting admission belongs to a PAUSED program and its ticket is marked waiting;
+- every waiting admission belongs to a PAUSED program, its ticket is marked waiting, and it has an
+  entry in the held-admission index (`wait_heap`);
 - the table iterates in creation order (`seq` ascending);
 - every ACTING program with an `acting_since` has an entry in the idle index (`idle_since`, `idle_heap`).
 
@@ -144,6 +145,8 @@ class Ledger:
         # min-heap of (acting_since, seq, session id) entries, some stale (the program moved on).
         self.idle_since: dict[str, float] = {}
         self.idle_heap: list[tuple[float, int, str]] = []
+        # Held admissions by start (see oldest_wait): (started_at, request id), some stale.
+        self.wait_heap: list[tuple[float, str]] = []
 
     # ------------------------------------------------------------------ the table
 
@@ -180,6 +183,28 @@ class Ledger:
         """Put `sid` at the back of the global paused queue."""
         self.paused[sid] = self.next_pause_seq
         self.next_pause_seq += 1
+
+    def add_waiter(self, sid: str, request_id: str, started_at: float) -> None:
+        """Hold `request_id` (a turn of the paused program `sid`) until a resume resolves it."""
+        self.waiting.setdefault(sid, {})[request_id] = None
+        heap = self.wait_heap
+        heapq.heappush(heap, (started_at, request_id))
+        if len(heap) > 64 and len(heap) > 4 * len(self.turns):
+            # Mostly entries of admissions resolved since: rebuild from the held ones.
+            heap[:] = [(self.turns[rid].started_at, rid) for rids in self.waiting.values() for rid in rids]
+            heapq.heapify(heap)
+
+    def oldest_wait(self) -> float | None:
+        """The earliest start among the held admissions (None: none is held). O(1) amortised: the
+        entries of admissions resolved since are dropped as they reach the top."""
+        heap = self.wait_heap
+        while heap:
+            started, rid = heap[0]
+            turn = self.turns.get(rid)
+            if turn is not None and turn.started_at == started and rid in self.waiting.get(turn.session_id, ()):
+                return started
+            heapq.heappop(heap)
+        return None
 
     def drop_waiter(self, sid: str, request_id: str) -> None:
         waiting = self.waiting.get(sid)
@@ -485,6 +510,8 @@ class Ledger:
         for sid, rids in self.waiting.items():
             assert sid in self.programs and self.programs[sid].lifecycle is Lifecycle.PAUSED
             assert all(self.turns[r].waiting for r in rids)
+        held = set(self.wait_heap)
+        assert all((self.turns[r].started_at, r) in held for rids in self.waiting.values() for r in rids)
         seqs = [q.seq for q in self.programs.values()]
         assert seqs == sorted(seqs), "the table iterates in creation order"
         idle = {

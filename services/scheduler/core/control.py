@@ -465,6 +465,9 @@ class ControlLaw:
         """Every program with a held admission that waited resume_timeout_seconds or more."""
         ledger = self.ledger
         timeout = self.params.resume_timeout_seconds
+        oldest = ledger.oldest_wait()
+        if oldest is None or now - oldest < timeout:
+            return Plan()  # not even the oldest held admission is due: no scan of them all
         steps: list[Step] = []
         for sid, request_ids in ledger.waiting.items():
             for rid in request_ids:

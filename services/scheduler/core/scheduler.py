@@ -216,7 +216,7 @@ class SchedulerCore:
         if program.lifecycle is Lifecycle.PAUSED:
             turn.waiting = True
             turn.was_paused = True
-            self.ledger.waiting.setdefault(sid, {})[request_id] = None
+            self.ledger.add_waiter(sid, request_id, turn.started_at)
             decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch, was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)

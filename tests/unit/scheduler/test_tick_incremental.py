@@ -24,7 +24,7 @@ from services.scheduler.core import (
     TurnOutcome,
     Verdict,
 )
-from services.scheduler.core.control import ControlLaw, Plan, Resume
+from services.scheduler.core.control import ControlLaw, ForceResume, Plan, Resume
 from services.scheduler.core.model import Program
 from services.scheduler.core.policies import make_pause_policy
 
@@ -234,14 +234,31 @@ def full_scan_idle_due(core: SchedulerCore, now: float) -> list[str]:
     ]
 
 
+def full_scan_forced(core: SchedulerCore, now: float) -> Plan:
+    """Forced resume as specified: each program with a held admission that waited the timeout."""
+    steps = []
+    for sid, request_ids in core.ledger.waiting.items():
+        waits = [now - core.ledger.turns[rid].started_at for rid in request_ids]
+        due = [w for w in waits if w >= core.params.resume_timeout_seconds]
+        if due:
+            steps.append(ForceResume(sid, due[0]))
+    return Plan(tuple(steps))
+
+
 @pytest.mark.parametrize("seed", [5, 6, 7])
-def test_idle_expiry_from_the_index_equals_a_scan_of_the_table(seed: int):
+def test_idle_expiry_and_forced_resume_from_their_indexes_equal_a_scan(seed: int):
+    """Idle expiry pops a deadline heap and forced resume reads the oldest held admission from one:
+    on random sequences both decide exactly what a scan of the table and of the held admissions does."""
     rng = random.Random(seed)
-    params = ControlParams(scheduler_interval_seconds=5.0, program_idle_ttl_seconds=rng.choice([20.0, 45.0]))
+    params = ControlParams(
+        scheduler_interval_seconds=5.0,
+        program_idle_ttl_seconds=rng.choice([20.0, 45.0]),
+        resume_timeout_seconds=rng.choice([6.0, 15.0]),
+    )
     core = SchedulerCore(params, ticket_lease_seconds=30.0)
     keys = [ReplicaKey("w0", i) for i in range(4)]
     core.apply_capacity(0.0, fleet([40_000] * 4, 8))
-    now, counter, expired = 0.0, 0, 0
+    now, counter, expired, forced = 0.0, 0, 0, 0
     in_flight: dict[str, str] = {}
     for _ in range(3_000):
         now += rng.choice([0.0, 0.0, 1.0, 3.0])
@@ -265,6 +282,9 @@ def test_idle_expiry_from_the_index_equals_a_scan_of_the_table(seed: int):
             core.expire_leases(now)
             in_flight = {s: r for s, r in in_flight.items() if r in core.ledger.turns}
         elif op > 0.9:
+            forced_plan = full_scan_forced(core, now)
+            assert core.control.plan_forced(now) == forced_plan
+            forced += len(forced_plan.steps)
             expected = full_scan_idle_due(core, now)
             result = core.tick(now)
             assert [e.session_id for e in result.events if e.kind.name == "EXPIRED"] == expected
@@ -273,4 +293,4 @@ def test_idle_expiry_from_the_index_equals_a_scan_of_the_table(seed: int):
             for sid in expected:
                 in_flight.pop(sid, None)
         core.ledger.check_invariants(now)
-    assert expired > 20  # the sequence exercised expiry
+    assert expired > 20 and forced > 5  # the sequence exercised both
