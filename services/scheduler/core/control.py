@@ -189,16 +189,16 @@ class ControlLaw:
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            demoted = [q for sid in ledger.resident[key] if not (q := programs[sid]).marked]
+            demoted: list[str] = []
+            announce: list[str] = []  # not demoted already: an event each
+            for sid in ledger.resident[key]:  # one pass over the residents (thousands at fleet size)
+                q = programs[sid]
+                if not q.marked:
+                    demoted.append(sid)
+                    if q.soft_demoted_until <= now:
+                        announce.append(sid)
             if demoted:
-                steps.append(
-                    SoftDemote(
-                        key,
-                        until,
-                        tuple(q.session_id for q in demoted),
-                        tuple(q.session_id for q in demoted if q.soft_demoted_until <= now),
-                    )
-                )
+                steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
