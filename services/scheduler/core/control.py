@@ -12,6 +12,7 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 
 from __future__ import annotations
 
+import functools
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -492,9 +493,15 @@ class ControlLaw:
         p = self.params
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
-        weight: Callable[[Program, ReplicaKey], int] = ledger.weight
+        weight_at = ledger.weight
         table = ledger.programs
         by_seq = attrgetter("seq")
+        acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
+
+        def raw_weight(q: Program) -> int:
+            """raw_weight_tokens, inline: the policy asks it for every program it pauses or marks."""
+            return floor(q.token_total * w_a) if q.status is acting else q.token_total
+
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -513,9 +520,10 @@ class ControlLaw:
             programs.sort(key=by_seq)
             before = ledger.used[key]
 
-            def weight_on(q: Program, key: ReplicaKey = key) -> int:
-                return weight(q, key)
-
+            # Without a policy weight a program weighs its raw weight wherever it is.
+            weight_on: Callable[[Program], int] = (
+                raw_weight if ledger.policy_weight is None else functools.partial(weight_at, key=key)
+            )
             chosen = self.policy.plan(
                 PauseContext(
                     replica=key,
