@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import platform
@@ -122,6 +123,73 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
             "mean": sum(durations_ms) / len(durations_ms),
         },
         "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
+    }
+
+
+def bench_tick_phases(programs: int, replicas: int, ticks: int) -> dict:
+    """The tick benchmark's mix with the tick split by part: each planner (`ControlLaw.plan_*`), the
+    application of each plan (the transitions: state change, re-accounting, events, log records),
+    idle expiry, the replica stats, and the time the garbage collector ran inside ticks (counted in
+    the part it interrupted too). Milliseconds per tick, means over the run."""
+    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
+    spent: dict[str, float] = {}
+    planned: dict[int, str] = {}  # id(plan) -> its planner, so that its application is told apart
+
+    def timed(name: str, fn, record_plan: bool = False):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - started
+            if record_plan:
+                planned[id(result)] = name
+            return result
+
+        return run
+
+    for name in ("plan_soft_demote", "plan_resume", "plan_aging", "plan_forced", "plan_pauses"):
+        setattr(core.control, name, timed(name, getattr(core.control, name), record_plan=True))
+    apply = core._apply
+
+    def apply_timed(now, plan, acc):
+        return timed("apply " + planned.pop(id(plan), "other").removeprefix("plan_"), apply)(now, plan, acc)
+
+    core._apply = apply_timed  # type: ignore[method-assign]
+    core._expire_idle = timed("expire_idle", core._expire_idle)  # type: ignore[method-assign]
+    core.replica_stats = timed("replica_stats", core.replica_stats)  # type: ignore[method-assign]
+    tick = core.tick
+    in_tick = [False]
+    gc_started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if not in_tick[0]:
+            return
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            key = f"gc (generation {info['generation']})"
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - gc_started[0]
+
+    def tick_timed(now, snapshot=None):
+        in_tick[0] = True
+        try:
+            return timed("tick", tick)(now, snapshot)
+        finally:
+            in_tick[0] = False
+
+    core.tick = tick_timed  # type: ignore[method-assign]
+    gc.callbacks.append(on_gc)
+    try:
+        run = bench_tick(programs, replicas, ticks, core=core)
+    finally:
+        gc.callbacks.remove(on_gc)
+    return {
+        "programs": programs,
+        "ticks": ticks,
+        "tick_ms": run["tick_ms"],
+        "ms_per_tick": {k: v * 1e3 / ticks for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
+        "activity": run["activity"],
     }
 
 
@@ -937,6 +1005,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scaling-ticks", type=int, default=30, help="ticks timed at each scaling size")
     parser.add_argument("--tick-only", action="store_true", help="only the tick and its scaling run (no rpc, recovery)")
+    parser.add_argument(
+        "--tick-phases",
+        action="store_true",
+        help="also split the tick by part at each scaling size (planners, each plan's transitions, idle "
+        "expiry, garbage collection): `tick_phases` in the report",
+    )
     parser.add_argument("--callers", type=int, default=500)
     parser.add_argument("--duration-seconds", type=float, default=10.0)
     parser.add_argument("--channels", type=int, default=4, help="gRPC channels over all caller processes")
@@ -1027,8 +1101,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
     tick = bench_tick(args.programs, args.replicas, args.ticks)
     scaling = bench_tick_scaling(sizes, args.replicas, args.scaling_ticks) if sizes else None
+    phases = [bench_tick_phases(n, args.replicas, args.scaling_ticks) for n in sizes] if args.tick_phases else None
     if args.tick_only:
         report = {"benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "tick_scaling": scaling}
+        if phases is not None:
+            report["tick_phases"] = phases
         print(json.dumps(report, indent=2))
         return 0
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
@@ -1039,6 +1116,7 @@ def main(argv: list[str] | None = None) -> int:
         "smoke": args.smoke,
         "tick": tick,
         "tick_scaling": scaling,
+        "tick_phases": phases,
         "rpc": rpc,
         "recovery": recovery,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},

@@ -39,6 +39,7 @@ from services.scheduler.core import (
     TickResult,
     TurnOutcome,
     Verdict,
+    transition_logs,
 )
 from services.scheduler.metrics import SchedulerMetrics
 
@@ -391,6 +392,9 @@ class SchedulerRuntime:
     def _publish(self, effects: Effects) -> None:
         for record in effects.logs:
             core_log.log(record.level, "%s", record.message)
+        if core_log.isEnabledFor(logging.DEBUG):
+            for record in transition_logs(effects.events):
+                core_log.log(record.level, "%s", record.message)
         if effects.events and self._subscribers:
             for queue in self._subscribers:
                 dropped = queue.put(effects.events)

@@ -9,7 +9,8 @@ Public API (the gRPC shell is written against this):
 - Durable state: `durable.export_*` / `durable.restore` over the records of `state`.
 - Inputs: `CapacitySnapshot` / `ReplicaCapacity`, `ReplicaKey`, `TurnOutcome`.
 - Outputs: `AdmitResult` (`Decision` + `Effects`), `Effects`, `TickResult`, `ProgramEvent`,
-  `LogRecord`, `ProgramView`, `ReplicaStats`, `Stats`.
+  `LogRecord`, `ProgramView`, `ReplicaStats`, `Stats`; `transition_logs` renders the DEBUG line of each pause
+  and resume event.
 - `ControlParams` (validated), `to_sglang_priority`, pause policies in `policies`.
 
 Inside, `SchedulerCore` (scheduler.py) composes the accounting (`accounting.Ledger`: program table,
@@ -39,6 +40,7 @@ from services.scheduler.core.model import (
     TickResult,
     TurnOutcome,
     Verdict,
+    transition_logs,
 )
 from services.scheduler.core.params import BUFFER_PER_PROGRAM_TOKENS, ControlParams, to_sglang_priority
 from services.scheduler.core.policies import PAUSE_POLICIES, make_pause_policy
@@ -74,4 +76,5 @@ __all__ = [
     "make_pause_policy",
     "normalise_session_id",
     "to_sglang_priority",
+    "transition_logs",
 ]

@@ -8,19 +8,27 @@ Invariants (`Ledger.check_invariants` recomputes them from scratch):
   r (its estimate + B); `inflight[r]` counts the REASONING programs and passthrough requests there;
 - the decayed working set `decayed_used_one(now, r)` is within one token per resident of the exact
   sum of decayed weights;
-- every waiting admission belongs to a PAUSED program and its ticket is marked waiting.
+- every waiting admission belongs to a PAUSED program, its ticket is marked waiting, and it has an
+  entry in the held-admission index (`wait_heap`);
+- the table iterates in creation order (`seq` ascending);
+- every ACTING program with an `acting_since` has an entry in the idle index (`idle_since`, `idle_heap`).
 
 Accounting is kept incrementally through one function, `recharge`: after any change to a program,
 its old charge is removed from its replica and its current charge (w(p) + B when it is ACTIVE and
 placed on a replica of the snapshot, else nothing) is added. The decayed (resume-side) working set
-is time-dependent and is computed on demand in O(1) per replica.
+is time-dependent and is computed on demand in O(1) per replica. `recharge` also keeps the idle
+index: a heap of (acting_since, seq, session id) over the ACTING programs, so that idle expiry pops
+the programs whose tool call has lasted the TTL instead of walking the table every tick (entries
+left behind by a change are recognised as stale when they surface, and dropped).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable
 
 from services.scheduler.core.model import (
@@ -41,6 +49,8 @@ from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_to
 
 # Exponent range kept in the running decayed sums (2^512 is far from float overflow).
 REBASE_EXPONENT = 512.0
+
+_by_seq = attrgetter("seq")
 
 PolicyWeight = Callable[[Program, int, int], int]
 """A pause policy's weight: (program, raw weight, replica retention tokens) -> tokens."""
@@ -134,6 +144,12 @@ class Ledger:
         # has shown since the restart: charged there when it appears (see settle).
         self.unsettled: set[str] = set()
         self.unsettled_pt: set[str] = set()
+        # Idle index (see idle_due): the acting_since each ACTING program was indexed with, and a
+        # min-heap of (acting_since, seq, session id) entries, some stale (the program moved on).
+        self.idle_since: dict[str, float] = {}
+        self.idle_heap: list[tuple[float, int, str]] = []
+        # Held admissions by start (see oldest_wait): (started_at, request id), some stale.
+        self.wait_heap: list[tuple[float, str]] = []
 
     # ------------------------------------------------------------------ the table
 
@@ -170,6 +186,28 @@ class Ledger:
         """Put `sid` at the back of the global paused queue."""
         self.paused[sid] = self.next_pause_seq
         self.next_pause_seq += 1
+
+    def add_waiter(self, sid: str, request_id: str, started_at: float) -> None:
+        """Hold `request_id` (a turn of the paused program `sid`) until a resume resolves it."""
+        self.waiting.setdefault(sid, {})[request_id] = None
+        heap = self.wait_heap
+        heapq.heappush(heap, (started_at, request_id))
+        if len(heap) > 64 and len(heap) > 4 * len(self.turns):
+            # Mostly entries of admissions resolved since: rebuild from the held ones.
+            heap[:] = [(self.turns[rid].started_at, rid) for rids in self.waiting.values() for rid in rids]
+            heapq.heapify(heap)
+
+    def oldest_wait(self) -> float | None:
+        """The earliest start among the held admissions (None: none is held). O(1) amortised: the
+        entries of admissions resolved since are dropped as they reach the top."""
+        heap = self.wait_heap
+        while heap:
+            started, rid = heap[0]
+            turn = self.turns.get(rid)
+            if turn is not None and turn.started_at == started and rid in self.waiting.get(turn.session_id, ()):
+                return started
+            heapq.heappop(heap)
+        return None
 
     def drop_waiter(self, sid: str, request_id: str) -> None:
         waiting = self.waiting.get(sid)
@@ -267,6 +305,12 @@ class Ledger:
         sid = program.session_id
         if touched and self.tracking:
             self.dirty_programs.add(sid)
+        since, current = program.acting_since, self.programs.get(sid)
+        if since is not None and program.status is Status.ACTING and current is program:
+            if self.idle_since.get(sid) != since:
+                self._index_idle(program, since)
+        elif sid in self.idle_since and (current is program or current is None):
+            del self.idle_since[sid]  # not idle any more (or removed): its heap entry is now stale
         old = self.charge.pop(sid, None)
         if old is not None:
             old_key, amount, in_flight, base = old
@@ -274,30 +318,61 @@ class Ledger:
             self.inflight[old_key] -= in_flight
             self.decay_base[old_key] -= base
             del self.resident[old_key][sid]
-            member = self.acting_members[old_key].pop(sid, None)
+            members = self.acting_members[old_key]
+            member = members.pop(sid, None)
             if member is not None:
                 self.acting_sum[old_key] -= member[2]
-                if not self.acting_members[old_key]:
+                if not members:
                     self.acting_sum[old_key] = 0.0  # drop accumulated rounding
         key = program.replica
-        if (
-            key is None
-            or key not in self.caps
-            or program.lifecycle is not Lifecycle.ACTIVE
-            or self.programs.get(sid) is not program
-        ):
+        if key is None or key not in self.caps or program.lifecycle is not Lifecycle.ACTIVE or current is not program:
             return
-        buffer = self.params.buffer_per_program_tokens
-        amount = self.weight(program, key) + buffer
+        params, tokens = self.params, program.token_total
+        buffer = params.buffer_per_program_tokens
         in_flight = program.status is Status.REASONING
-        base = buffer + (program.token_total if in_flight else 0)
+        # self.weight, inline (this runs for every transition): raw_weight_tokens, then the policy's.
+        raw = tokens if in_flight else math.floor(tokens * params.acting_token_weight)
+        if self.policy_weight is not None:
+            raw = self.policy_weight(program, raw, self.caps[key].retention_tokens)
+        amount = raw + buffer
+        base = buffer + (tokens if in_flight else 0)
         self.charge[sid] = (key, amount, in_flight, base)
         self.used[key] += amount
         self.inflight[key] += in_flight
         self.decay_base[key] += base
         self.resident[key][sid] = None
-        if not in_flight and program.token_total > 0:
-            self._add_acting(key, sid, program.token_total, program.acting_since)
+        if not in_flight and tokens > 0:
+            self._add_acting(key, sid, tokens, since)
+
+    def _index_idle(self, program: Program, since: float) -> None:
+        self.idle_since[program.session_id] = since
+        heap = self.idle_heap
+        heapq.heappush(heap, (since, program.seq, program.session_id))
+        if len(heap) > 64 and len(heap) > 4 * len(self.idle_since):
+            # Mostly stale entries (every Complete leaves one behind): rebuild from the live ones.
+            programs = self.programs
+            heap[:] = [(t, programs[sid].seq, sid) for sid, t in self.idle_since.items()]
+            heapq.heapify(heap)
+
+    def idle_due(self, now: float, ttl: float) -> list[Program]:
+        """The ACTING programs whose tool call has lasted `ttl` or more at `now` (now - acting_since
+        >= ttl), in table (creation) order, taken out of the idle index: the caller ends them, or
+        puts back those it keeps (`reindex_idle`). O(due + stale entries, log of the index)."""
+        heap, idle_since, programs = self.idle_heap, self.idle_since, self.programs
+        due: dict[str, Program] = {}
+        while heap and now - heap[0][0] >= ttl:
+            since, seq, sid = heapq.heappop(heap)
+            program = programs.get(sid)
+            if idle_since.get(sid) == since and program is not None and program.seq == seq:
+                due[sid] = program
+        for sid in due:
+            del idle_since[sid]
+        return sorted(due.values(), key=_by_seq)
+
+    def reindex_idle(self, program: Program) -> None:
+        """Put back a program `idle_due` returned and the caller did not end."""
+        if program.acting_since is not None and program.status is Status.ACTING:
+            self._index_idle(program, program.acting_since)
 
     def _add_acting(self, key: ReplicaKey, sid: str, tokens: int, acting_since: float | None) -> None:
         tau = self.params.acting_decay_tau_seconds
@@ -438,3 +513,15 @@ class Ledger:
         for sid, rids in self.waiting.items():
             assert sid in self.programs and self.programs[sid].lifecycle is Lifecycle.PAUSED
             assert all(self.turns[r].waiting for r in rids)
+        held = set(self.wait_heap)
+        assert all((self.turns[r].started_at, r) in held for rids in self.waiting.values() for r in rids)
+        seqs = [q.seq for q in self.programs.values()]
+        assert seqs == sorted(seqs), "the table iterates in creation order"
+        idle = {
+            sid: q.acting_since
+            for sid, q in self.programs.items()
+            if q.status is Status.ACTING and q.acting_since is not None
+        }
+        assert self.idle_since == idle, set(self.idle_since.items()) ^ set(idle.items())
+        entries = set(self.idle_heap)
+        assert all((t, self.programs[sid].seq, sid) in entries for sid, t in idle.items())

@@ -12,8 +12,9 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 
 from __future__ import annotations
 
+import functools
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Callable, Union
@@ -189,16 +190,16 @@ class ControlLaw:
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            demoted = [q for sid in ledger.resident[key] if not (q := programs[sid]).marked]
+            demoted: list[str] = []
+            announce: list[str] = []  # not demoted already: an event each
+            for sid in ledger.resident[key]:  # one pass over the residents (thousands at fleet size)
+                q = programs[sid]
+                if not q.marked:
+                    demoted.append(sid)
+                    if q.soft_demoted_until <= now:
+                        announce.append(sid)
             if demoted:
-                steps.append(
-                    SoftDemote(
-                        key,
-                        until,
-                        tuple(q.session_id for q in demoted),
-                        tuple(q.session_id for q in demoted if q.soft_demoted_until <= now),
-                    )
-                )
+                steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
@@ -227,25 +228,7 @@ class ControlLaw:
                 )
         if not room:
             return Plan()
-        paused = ledger.paused
-        discount = p.resume_wait_discount_seconds
-        reasoning, is_tail = Status.REASONING, ledger.is_tail
-
-        def resume_key(q: Program) -> tuple[int, float, int]:
-            """Smallest effective size first, T / (1 + waited / H) (H = 0: T, the reference).
-            Packing (the most programs decoding together) against waiting (the longer a program
-            waits, the likelier it sets the end of the batch)."""
-            size = float(q.token_total)
-            if discount > 0:
-                since = q.paused_since if q.paused_since is not None else now
-                size /= 1.0 + max(0.0, now - since) / discount
-            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
-                group = -1 if is_tail(q) else 0 if q.turns > 1 else 1
-            else:
-                group = 2
-            return (group, size, paused[q.session_id])
-
-        candidates = sorted((ledger.programs[sid] for sid in paused), key=resume_key)
+        candidates, reasoning = self._resume_order(now), Status.REASONING
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
@@ -316,7 +299,9 @@ class ControlLaw:
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
-            idx = order.index(target)
+            idx = bisect_left(rank, -room[target] - req)  # where it stands (its room before this resume)
+            while order[idx] != target:
+                idx += 1
             del order[idx], rank[idx]
             if room[target] > buffer:
                 # Back in headroom order (descending), after the replicas with as much headroom.
@@ -324,10 +309,43 @@ class ControlLaw:
                 order.insert(idx, target)
                 rank.insert(idx, -room[target])
             if held:
-                bound[size] = max(
-                    (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
-                )
+                if single is not None:
+                    bound[size] = max((limit[k] - used[k] for k in order), default=-math.inf)
+                else:
+                    bound[size] = max(
+                        (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
+                    )
         return Plan(tuple(steps))
+
+    def _resume_order(self, now: float) -> list[Program]:
+        """The paused queue in resume order: smallest effective size first, T / (1 + waited / H)
+        (H = 0: T, the reference), within `resume_group`, oldest pause first on ties. Packing (the
+        most programs decoding together) against waiting (the longer a program waits, the likelier it
+        sets the end of the batch).
+
+        Sorted afresh each tick: the key moves with `now` when H > 0 and with the tail quantile, and
+        this mix changes a third of the queue per tick, so a kept order would cost as much to
+        maintain. The keys are built as tuples in one pass and sorted by the tuples' own comparison
+        (no key function called per program); the queue position breaks ties exactly as the stable
+        sort by key did."""
+        ledger = self.ledger
+        programs, reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
+        discount = self.params.resume_wait_discount_seconds
+        keyed: list[tuple[int, float, int, int, Program]] = []
+        append = keyed.append
+        for position, (sid, pause_seq) in enumerate(ledger.paused.items()):
+            q = programs[sid]
+            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
+                group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
+            else:
+                group = 2
+            size = float(q.token_total)
+            if discount > 0:
+                since = q.paused_since if q.paused_since is not None else now
+                size /= 1.0 + max(0.0, now - since) / discount
+            append((group, size, pause_seq, position, q))
+        keyed.sort()
+        return [entry[4] for entry in keyed]
 
     def resume_target(
         self,
@@ -346,20 +364,21 @@ class ControlLaw:
         req = program.token_total + self.params.buffer_per_program_tokens
         takes_slot = program.status is Status.REASONING
 
-        def fits(key: ReplicaKey) -> bool:
-            return (
-                req <= room[key]
-                and used[key] + needs[caps[key].retention_tokens] < limit[key]
-                and not (takes_slot and slots[key] == 0)
-            )
-
         last = program.last_replica
-        if last is not None and last in room and last in order and fits(last):
+        # `last in order` without a scan: a replica leaves `order` exactly when its room drops to B.
+        if (
+            last is not None
+            and last in room
+            and req <= room[last]
+            and room[last] > self.params.buffer_per_program_tokens
+            and used[last] + needs[caps[last].retention_tokens] < limit[last]
+            and not (takes_slot and slots[last] == 0)
+        ):
             return last  # its KV may still be in the HiCache host tier there
         for key in order:
             if room[key] < req:
                 break  # sorted by headroom: nothing further fits
-            if fits(key):
+            if used[key] + needs[caps[key].retention_tokens] < limit[key] and not (takes_slot and slots[key] == 0):
                 return key
         return None
 
@@ -447,6 +466,9 @@ class ControlLaw:
         """Every program with a held admission that waited resume_timeout_seconds or more."""
         ledger = self.ledger
         timeout = self.params.resume_timeout_seconds
+        oldest = ledger.oldest_wait()
+        if oldest is None or now - oldest < timeout:
+            return Plan()  # not even the oldest held admission is due: no scan of them all
         steps: list[Step] = []
         for sid, request_ids in ledger.waiting.items():
             for rid in request_ids:
@@ -471,9 +493,15 @@ class ControlLaw:
         p = self.params
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
-        weight: Callable[[Program, ReplicaKey], int] = ledger.weight
+        weight_at = ledger.weight
         table = ledger.programs
         by_seq = attrgetter("seq")
+        acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
+
+        def raw_weight(q: Program) -> int:
+            """raw_weight_tokens, inline: the policy asks it for every program it pauses or marks."""
+            return floor(q.token_total * w_a) if q.status is acting else q.token_total
+
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -483,17 +511,19 @@ class ControlLaw:
                     # Pressure is gone: marks are not sticky.
                     steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
                 continue
-            resident = [table[sid] for sid in ledger.resident[key]]
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
-            programs = sorted(
-                (q for q in resident if q.pause_protected_until <= now and (tail is None or q.turns <= tail)),
-                key=by_seq,
-            )
+            programs = [
+                q
+                for q in map(table.__getitem__, ledger.resident[key])
+                if q.pause_protected_until <= now and (tail is None or q.turns <= tail)
+            ]
+            programs.sort(key=by_seq)
             before = ledger.used[key]
 
-            def weight_on(q: Program, key: ReplicaKey = key) -> int:
-                return weight(q, key)
-
+            # Without a policy weight a program weighs its raw weight wherever it is.
+            weight_on: Callable[[Program], int] = (
+                raw_weight if ledger.policy_weight is None else functools.partial(weight_at, key=key)
+            )
             chosen = self.policy.plan(
                 PauseContext(
                     replica=key,

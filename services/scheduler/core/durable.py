@@ -106,7 +106,8 @@ def restore(core: SchedulerCore, now: float, state: CoreState) -> Effects:
     acc = Acc()
     meta = state.meta
     next_seq, next_pause_seq = meta.next_seq, meta.next_pause_seq
-    for rec in state.programs:
+    # In creation order, as the table iterates (Ledger.check_invariants): the store keeps no order.
+    for rec in sorted(state.programs, key=lambda rec: rec.seq):
         program = Program(
             session_id=rec.session_id,
             parent_session_id=rec.parent_session_id,

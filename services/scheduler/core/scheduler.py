@@ -43,7 +43,6 @@ from services.scheduler.core.errors import (
     RequestMismatch,
 )
 from services.scheduler.core.model import (
-    DEBUG,
     INFO,
     WARNING,
     Acc,
@@ -217,7 +216,7 @@ class SchedulerCore:
         if program.lifecycle is Lifecycle.PAUSED:
             turn.waiting = True
             turn.was_paused = True
-            self.ledger.waiting.setdefault(sid, {})[request_id] = None
+            self.ledger.add_waiter(sid, request_id, turn.started_at)
             decision = Decision(request_id, sid, Verdict.WAIT, None, 0, 0.0, program.admission_epoch, was_paused=True)
             return AdmitResult(decision, acc.effects())
         decision = self._decision(now, turn, program)
@@ -637,14 +636,13 @@ class SchedulerCore:
         ttl = self.params.program_idle_ttl_seconds
         if ttl <= 0:
             return 0
-        due = [
-            p
-            for p in self.ledger.programs.values()
-            if p.status is Status.ACTING
-            and p.acting_since is not None
-            and now - p.acting_since >= ttl
-            and not self.ledger.waiting.get(p.session_id)
-        ]
+        # From the idle index (the ACTING programs past the TTL, in table order), not a walk of the table.
+        due = []
+        for p in self.ledger.idle_due(now, ttl):
+            if self.ledger.waiting.get(p.session_id):
+                self.ledger.reindex_idle(p)  # kept while an admission waits on it: due again next tick
+            else:
+                due.append(p)
         for program in due:
             idle_s = now - (program.acting_since or now)
             self._end(now, program, EventKind.EXPIRED, "idle_ttl", acc)
@@ -755,13 +753,11 @@ class SchedulerCore:
                     program.pause_protected_until = step.protect_until
                 self._resume_onto(now, program, step.replica, acc, forced=False)
             elif isinstance(step, SoftDemote):
-                until = step.until
+                # One step per replica in the band, with every resident in it: locals, not lookups.
+                until, replica, kind, emit = step.until, step.replica, EventKind.SOFT_DEMOTED, acc.events.append
                 for sid in step.announce:
-                    acc.events.append(
-                        ProgramEvent(EventKind.SOFT_DEMOTED, sid, step.replica, programs[sid].token_total, now)
-                    )
-                for sid in step.session_ids:
-                    program = programs[sid]
+                    emit(ProgramEvent(kind, sid, replica, programs[sid].token_total, now))
+                for program in map(programs.__getitem__, step.session_ids):
                     if program.soft_demoted_until < until:
                         program.soft_demoted_until = until
             elif isinstance(step, ForceResume):
@@ -815,15 +811,16 @@ class SchedulerCore:
         acc.events.append(ProgramEvent(kind, sid, replica, program.token_total, now, reason))
 
     def _pause(self, now: float, program: Program, reason: str, acc: Acc) -> None:
-        replica = program.replica
+        sid, replica, ledger = program.session_id, program.replica, self.ledger
         program.lifecycle = Lifecycle.PAUSED
         program.replica = None  # a paused program is never placed
         program.paused_since = now
-        self.ledger.enqueue_paused(program.session_id)
+        ledger.enqueue_paused(sid)
         self.pauses_total += 1
-        self.ledger.recharge(program)
-        acc.events.append(ProgramEvent(EventKind.PAUSED, program.session_id, replica, program.token_total, now, reason))
-        acc.logs.append(LogRecord(DEBUG, "Paused program %s (tokens=%d)" % (program.session_id, program.token_total)))
+        ledger.recharge(program)
+        tokens = program.token_total
+        # The event is the whole record: its DEBUG line is rendered from it (model.transition_logs).
+        acc.events.append(ProgramEvent(EventKind.PAUSED, sid, replica, tokens, now, reason))
         if reason == "admission_full":
             acc.logs.append(
                 LogRecord(
@@ -834,26 +831,21 @@ class SchedulerCore:
             )
 
     def _resume_onto(self, now: float, program: Program, target: ReplicaKey | None, acc: Acc, *, forced: bool) -> None:
-        sid = program.session_id
+        sid, ledger = program.session_id, self.ledger
         program.lifecycle = Lifecycle.ACTIVE
         program.paused_since = None
-        self.ledger.paused.pop(sid, None)
+        ledger.paused.pop(sid, None)
         program.replica = None
         if target is not None:
-            self.ledger.place(program, target)
-        self.ledger.recharge(program)
+            ledger.place(program, target)
+        ledger.recharge(program)
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
-        acc.events.append(ProgramEvent(kind, sid, target, program.token_total, now))
-        acc.logs.append(
-            LogRecord(
-                DEBUG,
-                "Resumed program %s -> worker=%s (tokens=%d)"
-                % (sid, target.worker_id if target else "any", program.token_total),
-            )
-        )
-        for rid in list(self.ledger.waiting.pop(sid, {})):
-            turn = self.ledger.turns[rid]
+        tokens = program.token_total
+        acc.events.append(ProgramEvent(kind, sid, target, tokens, now))  # and its DEBUG line: transition_logs
+        waiting = ledger.waiting.pop(sid, None)
+        for rid in waiting or ():
+            turn = ledger.turns[rid]
             turn.waiting = False
             turn.after = dataclasses.replace(program)  # a rollback from here undoes the resume too
             decision = self._decision(now, turn, program, forced=forced)

@@ -12,6 +12,7 @@ from services.scheduler.core import (
     Status,
     TurnOutcome,
     Verdict,
+    transition_logs,
 )
 from services.scheduler.core.control import Pause, Plan
 from tests.unit.scheduler.helpers import make_core, place_acting, place_reasoning, rid, snapshot, turn
@@ -116,7 +117,8 @@ def test_paused_program_waits_until_resume_with_boost():
         1,
     )
     assert "scheduler.tick resumed=1 still_paused=0" in [r.message for r in result.logs]
-    assert "Resumed program p -> worker=1 (tokens=100)" in [r.message for r in result.logs]
+    # The reference's DEBUG line, rendered from the RESUMED event (the shell logs it at DEBUG).
+    assert "Resumed program p -> worker=1 (tokens=100)" in [r.message for r in transition_logs(result.events)]
 
 
 def test_forced_resume_after_timeout():
@@ -454,3 +456,19 @@ def test_band_edges_at_threshold_pause():
     core = make_core({("1", 0): 1000})
     place_acting(core, "p", 850, ("1", 0))  # used exactly 950 = 0.95
     assert core.replica_stats(0.0)[0].band is Band.PAUSE
+
+
+def test_the_debug_line_of_each_pause_and_resume_is_rendered_from_its_event():
+    from services.scheduler.core import ProgramEvent
+
+    events = [
+        ProgramEvent(EventKind.PAUSED, "a", ReplicaKey("w1", 0), 800, 1.0, "pressure"),
+        ProgramEvent(EventKind.MARKED, "b", ReplicaKey("w1", 0), 900, 1.0, "pressure"),
+        ProgramEvent(EventKind.RESUMED, "a", ReplicaKey("w2", 1), 800, 2.0),
+        ProgramEvent(EventKind.FORCED_RESUME, "c", None, 50, 3.0),
+    ]
+    assert [(r.level, r.message) for r in transition_logs(events)] == [
+        (10, "Paused program a (tokens=800)"),
+        (10, "Resumed program a -> worker=w2 (tokens=800)"),
+        (10, "Resumed program c -> worker=any (tokens=50)"),
+    ]

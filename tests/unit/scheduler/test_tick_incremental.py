@@ -24,7 +24,7 @@ from services.scheduler.core import (
     TurnOutcome,
     Verdict,
 )
-from services.scheduler.core.control import ControlLaw, Plan, Resume
+from services.scheduler.core.control import ControlLaw, ForceResume, Plan, Resume
 from services.scheduler.core.model import Program
 from services.scheduler.core.policies import make_pause_policy
 
@@ -218,3 +218,79 @@ def test_the_cost_aware_weight_memo_follows_the_estimates():
     assert policy.weight_tokens(program, 40_000, 1_000_000) == fresh()
     weights.add(fresh())
     assert len(weights) == 2  # the estimates moved the weight (the check above is not vacuous)
+
+
+def full_scan_idle_due(core: SchedulerCore, now: float) -> list[str]:
+    """Idle expiry as specified: every ACTING program idle for the TTL, no admission waiting on it,
+    in table order (what the tick did before the idle index)."""
+    ttl = core.params.program_idle_ttl_seconds
+    return [
+        q.session_id
+        for q in core.ledger.programs.values()
+        if q.status is Status.ACTING
+        and q.acting_since is not None
+        and now - q.acting_since >= ttl
+        and not core.ledger.waiting.get(q.session_id)
+    ]
+
+
+def full_scan_forced(core: SchedulerCore, now: float) -> Plan:
+    """Forced resume as specified: each program with a held admission that waited the timeout."""
+    steps = []
+    for sid, request_ids in core.ledger.waiting.items():
+        waits = [now - core.ledger.turns[rid].started_at for rid in request_ids]
+        due = [w for w in waits if w >= core.params.resume_timeout_seconds]
+        if due:
+            steps.append(ForceResume(sid, due[0]))
+    return Plan(tuple(steps))
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_idle_expiry_and_forced_resume_from_their_indexes_equal_a_scan(seed: int):
+    """Idle expiry pops a deadline heap and forced resume reads the oldest held admission from one:
+    on random sequences both decide exactly what a scan of the table and of the held admissions does."""
+    rng = random.Random(seed)
+    params = ControlParams(
+        scheduler_interval_seconds=5.0,
+        program_idle_ttl_seconds=rng.choice([20.0, 45.0]),
+        resume_timeout_seconds=rng.choice([6.0, 15.0]),
+    )
+    core = SchedulerCore(params, ticket_lease_seconds=30.0)
+    keys = [ReplicaKey("w0", i) for i in range(4)]
+    core.apply_capacity(0.0, fleet([40_000] * 4, 8))
+    now, counter, expired, forced = 0.0, 0, 0, 0
+    in_flight: dict[str, str] = {}
+    for _ in range(3_000):
+        now += rng.choice([0.0, 0.0, 1.0, 3.0])
+        name = f"p{rng.randrange(120)}"
+        op = rng.random()
+        if op < 0.5:
+            if name in in_flight:
+                core.complete(now, name, in_flight.pop(name), rng.choice(keys + [None]), rng.randrange(100, 9_000), 50)
+            else:
+                counter += 1
+                result = core.admit(now, name, "", rng.randrange(0, 4_000), f"r{counter}")
+                in_flight[name] = f"r{counter}"
+                if result.decision.verdict is Verdict.PLACED:
+                    core.renew_leases(now, (), (f"r{counter}",))
+        elif op < 0.58 and name in in_flight:
+            core.cancel_admission(now, in_flight.pop(name))
+        elif op < 0.62:
+            core.release(now, name)
+            in_flight.pop(name, None)
+        elif op < 0.66:
+            core.expire_leases(now)
+            in_flight = {s: r for s, r in in_flight.items() if r in core.ledger.turns}
+        elif op > 0.9:
+            forced_plan = full_scan_forced(core, now)
+            assert core.control.plan_forced(now) == forced_plan
+            forced += len(forced_plan.steps)
+            expected = full_scan_idle_due(core, now)
+            result = core.tick(now)
+            assert [e.session_id for e in result.events if e.kind.name == "EXPIRED"] == expected
+            assert result.expired == len(expected)
+            expired += len(expected)
+            for sid in expected:
+                in_flight.pop(sid, None)
+        core.ledger.check_invariants(now)
+    assert expired > 20 and forced > 5  # the sequence exercised both

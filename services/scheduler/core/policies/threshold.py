@@ -40,7 +40,9 @@ class ThresholdPausePolicy:
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         used = ctx.used_tokens
-        acting = sorted((p for p in ctx.programs if p.status is Status.ACTING), key=_SIZE_THEN_AGE)
+        acting_status = Status.ACTING
+        acting = [p for p in ctx.programs if p.status is acting_status]
+        acting.sort(key=_SIZE_THEN_AGE)
         pause: list[str] = []
         for program in acting:
             if used <= ctx.target_tokens:
@@ -50,7 +52,7 @@ class ThresholdPausePolicy:
             pause.append(program.session_id)
             used -= ctx.weight_tokens(program) + ctx.buffer_tokens
 
-        reasoning = [p for p in ctx.programs if p.status is Status.REASONING]
+        reasoning = [p for p in ctx.programs if p.status is not acting_status]
         # Programs already marked will leave at their next boundary: count them as freed.
         count = ctx.reasoning_count
         for program in reasoning:
