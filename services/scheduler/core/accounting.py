@@ -227,7 +227,15 @@ class Ledger:
             if replica.retention_tokens > 0 and replica.key not in caps:
                 caps[replica.key] = replica
         removed = [key for key in self.caps if key not in caps]
+        resized = [
+            key for key, old in self.caps.items() if key in caps and caps[key].retention_tokens != old.retention_tokens
+        ]
         self.caps = caps
+        if self.policy_weight is not None:
+            # The policy's weight depends on the budget: its residents are charged anew (nothing to persist).
+            for key in resized:
+                for sid in list(self.resident.get(key, {})):
+                    self.recharge(self.programs[sid], touched=False)
         self.capacity_version = snapshot.version
         out = []
         for key in removed:

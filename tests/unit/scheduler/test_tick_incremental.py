@@ -182,6 +182,12 @@ def test_incremental_sums_and_resume_plans_equal_recomputation(policy: str, mixe
             gone = rng.randrange(8)
             shown = [b if i != gone or rng.random() < 0.5 else 0 for i, b in enumerate(budgets)]
             core.apply_capacity(now, fleet(shown, slots))
+        elif op < 0.61:
+            # A replica's budget changes (a worker restarted with another pool, a host tier added): the
+            # policy's weight of its residents depends on it.
+            changed = rng.randrange(8)
+            budgets = [int(b * rng.choice([0.5, 1.5])) if i == changed else b for i, b in enumerate(budgets)]
+            core.apply_capacity(now, fleet(budgets, slots))
         elif op > 0.9:
             expected = exhaustive_resume_plan(core.control, now)
             assert core.control.plan_resume(now) == expected
