@@ -521,7 +521,14 @@ class SimEngine:
         drops from this step's decode."""
         cache = self.cache
         page = self.page_size
-        reserved = sum(self._reserve_pages(r) for r in self._running)
+        # Σ _reserve_pages over the running batch, inlined (every step with a queue pays it).
+        ratio = self._new_token_ratio
+        reserved = 0
+        for q in self._running:
+            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
+            reserved += (
+                -(-len(q.seq) // page) - (-(-q.kv_len // page)) + math.ceil(max(0, remaining_new) * ratio / page)
+            )
         load_tokens = 0
         cfg = self.config
         max_running = cfg.max_running_requests
