@@ -5,14 +5,19 @@ Model (what it keeps and why):
 * The GPU pool has `total_pages` pages of `page_size` tokens. A page is either a node of the
   prefix tree (a *full* page, shareable, like SGLang with page_size > 1) or the private,
   partially filled tail page of one request (never shared). `private_pages` counts the tails.
-* The tree has one node per full page, keyed by the page's token bytes (4-byte little-endian
-  ids) under its parent. A node lives on the GPU, on the host tier, or both. Invariants: a GPU
-  node's parent is on the GPU; a host-only node's parent is on the GPU or the host; a node with
-  neither copy is removed (with its subtree).
-* `ref` counts the requests holding a node. Unreferenced GPU nodes are *evictable*; eviction is
-  LRU over GPU leaves (nodes with no GPU child), so a prefix is evicted from its end, as in
+* The model is a tree of full pages, each keyed by its token bytes (4-byte little-endian ids)
+  under its parent. A page lives on the GPU, on the host tier, or both. Invariants: a GPU
+  page's parent is on the GPU; a host-only page's parent is on the GPU or the host; a page
+  with neither copy is removed (with its subtree).
+* Stored run-length, as SGLang's radix tree: a node holds a run of consecutive pages whose
+  state is the same (references, last access, copies, hits) and is split where a match or an
+  insert ends inside it. Every operation behaves as on one node per page, in the same order;
+  only the walks take a step per run. With a host tier every node is one page.
+* `ref` counts the requests holding a page. Unreferenced GPU pages are *evictable*; eviction
+  is LRU over GPU leaves (pages with no GPU child), so a prefix is evicted from its end, as in
   SGLang's radix cache. A lazy heap keyed by (last access, tick) finds the victim; stale
-  entries are skipped when popped.
+  entries are skipped when popped. Pages of equal last access go in the order they became
+  leaves: a run loses its pages together unless another leaf has its stamp, and then in turn.
 * Host tier (HiCache): `write_back` copies a page to the host when it leaves the GPU;
   `write_through` copies every page when it is computed (the host mirrors the GPU, and host
   capacity counts both); `write_through_selective` copies a page once it has been hit twice
