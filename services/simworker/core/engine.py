@@ -60,7 +60,7 @@ from array import array
 from collections import deque
 
 from services.simworker.core.api import EngineConfig, EngineRequest, EngineStats, RequestOutput, StepResult
-from services.simworker.core.radix import PageNode, RadixCache
+from services.simworker.core.radix import PageNode, RadixCache, path_pages
 from services.simworker.core.timing import TimingProfile
 from services.simworker.core.tokenizer import EOS_TOKEN_ID, NUM_WORDS, WORD_ID_BASE
 
@@ -85,7 +85,7 @@ class _Req:
         "seq",
         "prompt_len",
         "kv_len",
-        "nodes",
+        "last",
         "state",
         "generated",
         "target",
@@ -97,7 +97,6 @@ class _Req:
         "admitted_at",
         "new_ids",
         "reason",
-        "match",
         "match_data",
     )
 
@@ -110,7 +109,7 @@ class _Req:
             raise RuntimeError("the page hash assumes a little-endian host")
         self.prompt_len = len(request.input_ids)
         self.kv_len = 0
-        self.nodes: list[PageNode] = []
+        self.last: PageNode | None = None  # the deepest node of the path it holds in the cache
         self.state = _WAITING
         self.generated = 0
         self.rng = random.Random(f"{seed}:{request.rid}")
@@ -126,21 +125,20 @@ class _Req:
         self.admitted_at: float | None = None  # when it left the waiting queue the first time (virtual s)
         self.new_ids: list[int] = []
         self.reason: dict | None = None
-        self.match: tuple | None = None  # last prefix match while waiting (see RadixCache.match)
-        self.match_data = b""  # the token bytes of that match (`seq` does not change while waiting)
+        self.match_data = b""  # the token bytes of its last prefix match while waiting (`seq` does not change then)
 
 
 def _more_unreferenced(nodes: list[PageNode], limit: int) -> bool:
-    """Whether more than `limit` of `nodes` are unreferenced (`ref == 0`): the same as
-    `sum(1 for n in nodes if n.ref == 0) > limit`, but it stops as soon as that is certain. A
-    prefix's unreferenced pages are mostly its deepest (the shallow ones are shared), so from
-    the end: a head that does not fit, re-checked every step, stops after `limit + 1` of them."""
+    """Whether more than `limit` of the pages of `nodes` are unreferenced (`ref == 0`): the same
+    as `sum(n.n for n in nodes if n.ref == 0) > limit`, but it stops as soon as that is certain.
+    A prefix's unreferenced pages are mostly its deepest (the shallow ones are shared), so from
+    the end: a head that does not fit, re-checked every step, stops early."""
     if limit < 0:
         return True
     count = 0
     for node in reversed(nodes):
         if node.ref == 0:
-            count += 1
+            count += node.n
             if count > limit:
                 return True
     return False
@@ -523,7 +521,14 @@ class SimEngine:
         drops from this step's decode."""
         cache = self.cache
         page = self.page_size
-        reserved = sum(self._reserve_pages(r) for r in self._running)
+        # Σ _reserve_pages over the running batch, inlined (every step with a queue pays it).
+        ratio = self._new_token_ratio
+        reserved = 0
+        for q in self._running:
+            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
+            reserved += (
+                -(-len(q.seq) // page) - (-(-q.kv_len // page)) + math.ceil(max(0, remaining_new) * ratio / page)
+            )
         load_tokens = 0
         cfg = self.config
         max_running = cfg.max_running_requests
@@ -540,11 +545,11 @@ class SimEngine:
             seq_len = len(r.seq)
             # A head that does not fit is matched again every step: keep its bytes (a prompt's
             # whole sequence, ~100 KB at 25K tokens) rather than copying them each time.
-            data = r.match_data if r.match is not None and len(r.match_data) == 4 * seq_len else r.seq.tobytes()
-            gpu, host = cache.match(data, (seq_len - 1) // page, r.match)
-            r.match = (cache.generation, gpu, host)
+            data = r.match_data if len(r.match_data) == 4 * seq_len else r.seq.tobytes()
+            gpu, host = cache.match(data, (seq_len - 1) // page)
             r.match_data = data
-            uncached_pages = -(-seq_len // page) - len(gpu)
+            gpu_pages = gpu[-1].end if gpu else 0  # the path starts at the root
+            uncached_pages = -(-seq_len // page) - gpu_pages
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
             need = uncached_pages + (out_pages + reserved if self._running else 0)
@@ -553,7 +558,7 @@ class SimEngine:
                 and need <= cache.available_pages
                 # Its matched pages that are evictable now stop being evictable once it holds them.
                 and not (
-                    need > cache.available_pages - len(gpu) and _more_unreferenced(gpu, cache.available_pages - need)
+                    need > cache.available_pages - gpu_pages and _more_unreferenced(gpu, cache.available_pages - need)
                 )
             )
             if not fits:
@@ -572,23 +577,24 @@ class SimEngine:
                     self._preemptions_total += 1
                 continue  # re-match: the victims' pages are evictable now
             self._waiting.pop(0)
-            r.match, r.match_data = None, b""
+            r.match_data = b""
             cache.lock(gpu)
             cache.lock(host)
+            host_pages = path_pages(host)
             if host:
-                cache.ensure_free(len(host))
+                cache.ensure_free(host_pages)
                 for node in host:
                     cache.load_back(node)
-                load_tokens += len(host) * page
+                load_tokens += host_pages * page
                 self._loadbacks_total += 1
-                self._loadback_tokens_total += len(host) * page
-            r.nodes = gpu + host
-            r.kv_len = len(r.nodes) * page
+                self._loadback_tokens_total += host_pages * page
+            r.last = host[-1] if host else gpu[-1] if gpu else None
+            r.kv_len = (gpu_pages + host_pages) * page
             if not r.admitted_once:
                 r.admitted_once = True
                 r.admitted_at = now
                 r.cached_tokens = r.kv_len
-                r.host_cached_tokens = len(host) * page
+                r.host_cached_tokens = host_pages * page
                 self._record_hit(r.prompt_len, r.cached_tokens)
                 self._prompt_total += r.prompt_len
                 self._cached_total += r.cached_tokens
@@ -653,9 +659,8 @@ class SimEngine:
         if first >= last:
             return
         page = self.page_size
-        nodes = r.nodes
-        parent = nodes[-1] if nodes else self.cache.root
-        recomputed = self.cache.insert_run(parent, r.seq[first * page : last * page].tobytes(), nodes)
+        parent = r.last if r.last is not None else self.cache.root
+        r.last, recomputed = self.cache.insert_run(parent, r.seq[first * page : last * page].tobytes())
         if count_recompute:
             self._recomputed_total += recomputed * page
 
@@ -675,8 +680,9 @@ class SimEngine:
         cache = self.cache
         if r.kv_len % self.page_size:
             cache.private_pages -= 1
-        cache.release(r.nodes, now)
-        r.nodes = []
+        if r.last is not None:
+            cache.release(r.last, now)
+        r.last = None
         r.kv_len = 0
 
     def _retract_for_decode(

@@ -5,14 +5,19 @@ Model (what it keeps and why):
 * The GPU pool has `total_pages` pages of `page_size` tokens. A page is either a node of the
   prefix tree (a *full* page, shareable, like SGLang with page_size > 1) or the private,
   partially filled tail page of one request (never shared). `private_pages` counts the tails.
-* The tree has one node per full page, keyed by the page's token bytes (4-byte little-endian
-  ids) under its parent. A node lives on the GPU, on the host tier, or both. Invariants: a GPU
-  node's parent is on the GPU; a host-only node's parent is on the GPU or the host; a node with
-  neither copy is removed (with its subtree).
-* `ref` counts the requests holding a node. Unreferenced GPU nodes are *evictable*; eviction is
-  LRU over GPU leaves (nodes with no GPU child), so a prefix is evicted from its end, as in
+* The model is a tree of full pages, each keyed by its token bytes (4-byte little-endian ids)
+  under its parent. A page lives on the GPU, on the host tier, or both. Invariants: a GPU
+  page's parent is on the GPU; a host-only page's parent is on the GPU or the host; a page
+  with neither copy is removed (with its subtree).
+* Stored run-length, as SGLang's radix tree: a node holds a run of consecutive pages whose
+  state is the same (references, last access, copies, hits) and is split where a match or an
+  insert ends inside it. Every operation behaves as on one node per page, in the same order;
+  only the walks take a step per run. With a host tier every node is one page.
+* `ref` counts the requests holding a page. Unreferenced GPU pages are *evictable*; eviction
+  is LRU over GPU leaves (pages with no GPU child), so a prefix is evicted from its end, as in
   SGLang's radix cache. A lazy heap keyed by (last access, tick) finds the victim; stale
-  entries are skipped when popped.
+  entries are skipped when popped. Pages of equal last access go in the order they became
+  leaves: a run loses its pages together unless another leaf has its stamp, and then in turn.
 * Host tier (HiCache): `write_back` copies a page to the host when it leaves the GPU;
   `write_through` copies every page when it is computed (the host mirrors the GPU, and host
   capacity counts both); `write_through_selective` copies a page once it has been hit twice
@@ -79,12 +84,18 @@ def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
 
 
 class PageNode:
+    """A run of consecutive full pages (`n` >= 1) whose per-page state is uniform: the same
+    references, last access, copies and hits. Each page keeps its own chain digest; the node's
+    `key` starts with its pages' token bytes (it may run longer after eviction took pages from
+    its end: only the first `n` pages count)."""
+
     __slots__ = (
         "parent",
         "key",
+        "n",
+        "end",
         "children",
-        "digest",
-        "hash",
+        "digests",
         "ref",
         "last_access",
         "on_gpu",
@@ -94,24 +105,47 @@ class PageNode:
         "hits",
     )
 
-    def __init__(self, parent: PageNode | None, key: bytes, digest: bytes) -> None:
+    def __init__(self, parent: PageNode | None, key: bytes, digests: list[bytes], end: int) -> None:
         # None only for the root, whose parent is never read (the root is never stored, written or evicted);
         # typed as a node so the hot paths need no None checks.
         self.parent: PageNode = parent  # type: ignore[assignment]
         self.key = key
-        self.children: dict[bytes, PageNode] = {}
-        self.digest = digest
-        self.hash = _INT64_BE(digest)[0] if digest else 0
+        self.n = len(digests)
+        self.end = end  # pages from the root through this node's last page: names its last page
+        self.children: dict[bytes, PageNode] = {}  # keyed by the child's first page
+        self.digests = digests
         self.ref = 0
         self.last_access = 0.0
         self.on_gpu = False
         self.on_host = False
-        self.gpu_children = 0
+        self.gpu_children = 0  # children on the GPU (of the last page: the others' child is the next page)
         self.host_children = 0
         self.hits = 0
 
+    @property
+    def digest(self) -> bytes:
+        """The last page's chain digest (empty for the root)."""
+        return self.digests[-1] if self.digests else b""
+
+    @property
+    def hash(self) -> int:
+        """The last page's published hash (0 for the root)."""
+        return _INT64_BE(self.digests[-1])[0] if self.digests else 0
+
+
+def path_pages(nodes: Sequence[PageNode]) -> int:
+    """Pages in a sequence of nodes."""
+    return sum(node.n for node in nodes)
+
 
 class RadixCache:
+    """The prefix tree with run-length nodes (as SGLang's radix tree): a node holds a run of
+    pages and is split where a match or an insert diverges inside it, so that every page of a
+    node always has the same state. The observable behaviour is that of one node per page:
+    the same matches, the same LRU order of eviction page by page (ties by the order pages
+    became evictable leaves), the same events; only the walks take a step per run instead of
+    per page. With a host tier every node is one page (pages move between tiers one by one)."""
+
     def __init__(
         self,
         page_size: int,
@@ -125,23 +159,26 @@ class RadixCache:
         self.total_pages = total_pages
         self.host_pages = host_pages
         self.write_policy = write_policy
-        self.root = PageNode(None, b"", b"")
+        self.root = PageNode(None, b"", [], 0)
         self.root.on_gpu = True
         self.root.ref = 1  # never evicted
-        self.gpu_pages = 0  # tree nodes on the GPU
+        self.gpu_pages = 0  # tree pages on the GPU
         self.private_pages = 0  # request tail pages
-        self.evictable_pages = 0  # GPU nodes with ref == 0
+        self.evictable_pages = 0  # GPU pages with ref == 0
         self.host_used = 0
         self.events: list[KvEvent] = []
         self.emit_events = emit_events  # False: nobody subscribes, skip building events
-        self._gpu_heap: list[tuple[float, int, PageNode]] = []
-        self._host_heap: list[tuple[float, int, PageNode]] = []
+        # Heap entries (last access, tick, node, node.end when pushed): an entry names the node's
+        # last page then; it is stale once that page is gone or the node is no evictable leaf.
+        self._gpu_heap: list[tuple[float, int, PageNode, int]] = []
+        self._host_heap: list[tuple[float, int, PageNode, int]] = []
         self._tick = 0
         # Bounded memory of page hashes ever computed here, to tell recompute from first compute.
         self._computed: set[int] = set()
         self._computed_order: deque[int] = deque()  # oldest first, to forget beyond the bound
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
         self.evicted_pages_total = 0
+        self._width = 4 * page_size
         self._ids_of = struct.Struct(f"<{page_size}I").unpack  # page bytes -> token ids
         self.generation = 0  # bumped by flush: earlier matches are void
 
@@ -157,54 +194,70 @@ class RadixCache:
 
     # -- lookup and locking ------------------------------------------------------------------
 
-    def match(
-        self, data: bytes, max_pages: int, known: tuple[int, list[PageNode], list[PageNode]] | None = None
-    ) -> tuple[list[PageNode], list[PageNode]]:
-        """Longest cached prefix of `data` (token bytes): (GPU nodes, then host-only nodes).
+    def _common_pages(self, node: PageNode, data: bytes, pos: int, limit: int) -> int:
+        """Pages of `node` that `data[pos:limit]` continues with, given that its first page does."""
+        width = self._width
+        klen = node.n * width
+        if pos + klen <= limit:
+            key = node.key
+            if data.startswith(key if len(key) == klen else memoryview(key)[:klen], pos):
+                return node.n
+        key = node.key
+        upto = min(klen, limit - pos)
+        m = width
+        while m < upto and data[pos + m : pos + m + width] == key[m : m + width]:
+            m += width
+        return m // width
 
-        `known` = (generation, gpu, host) from an earlier match of the same data: when it had
-        no host part, matching resumes after the part of its GPU pages still cached instead of
-        from the root (a request blocked at the head of the queue is matched again every step,
-        and loses its deepest cached pages to eviction meanwhile)."""
-        width = 4 * self.page_size
+    def _split(self, node: PageNode, pages: int) -> PageNode:
+        """Split `node` after its first `pages` pages; returns the new node holding them (the
+        parent of `node`, which keeps the rest and its identity: heap entries name its last page)."""
+        width = self._width
+        cut = pages * width
+        key = node.key
+        head = PageNode(node.parent, key[:cut], node.digests[:pages], node.end - node.n + pages)
+        head.ref = node.ref
+        head.last_access = node.last_access
+        head.on_gpu = node.on_gpu
+        head.on_host = node.on_host
+        head.hits = node.hits
+        head.gpu_children = 1 if node.on_gpu else 0
+        head.host_children = 1 if node.on_host else 0
+        node.parent.children[key[:width]] = head
+        node.key = key[cut : node.n * width]
+        del node.digests[:pages]
+        node.n -= pages
+        node.parent = head
+        head.children[node.key[:width]] = node
+        return head
+
+    def match(self, data: bytes, max_pages: int) -> tuple[list[PageNode], list[PageNode]]:
+        """Longest cached prefix of `data` (token bytes), at most `max_pages` pages: (GPU nodes,
+        then host-only nodes), the last node split where the prefix ends."""
+        width = self._width
         node = self.root
         gpu: list[PageNode] = []
         host: list[PageNode] = []
-        first = 0
-        if known is not None and known[0] == self.generation and not known[2] and known[1]:
-            # Dropped subtrees lose their children dicts, so an attached GPU node implies its
-            # whole path is still cached on the GPU: what is left of the earlier match is a
-            # prefix of it (eviction takes its deepest pages first while the request waits),
-            # found by bisection.
-            path = known[1]
-            lo, hi = 0, min(len(path), max_pages)
-            deepest = path[hi - 1]
-            if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
-                lo = hi  # all of it (the common case: one check)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                deepest = path[mid - 1]
-                if deepest.on_gpu and deepest.parent.children.get(deepest.key) is deepest:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            if lo:
-                gpu = path[:lo]
-                node = gpu[-1]
-                first = lo
         # GPU pages first: a GPU node's parent is always on the GPU, so the walk can only pass
         # from GPU to host-only pages, never back.
         append = gpu.append
         on_gpu = True
-        for start in range(first * width, max_pages * width, width):
-            child = node.children.get(data[start : start + width])
+        limit = max_pages * width
+        pos = 0
+        children = node.children
+        while pos < limit:
+            child = children.get(data[pos : pos + width])
             if child is None:
                 break
+            pages = self._common_pages(child, data, pos, limit)
+            if pages < child.n:
+                child = self._split(child, pages)
             if on_gpu and not child.on_gpu:
                 on_gpu = False
                 append = host.append
             append(child)
-            node = child
+            pos += pages * width
+            children = child.children
         return gpu, host
 
     def lock(self, nodes: Sequence[PageNode], hit: bool = True) -> None:
@@ -212,7 +265,7 @@ class RadixCache:
         policy_selective = hit and self.write_policy == "write_through_selective" and self.host_pages > 0
         for node in nodes:
             if node.ref == 0 and node.on_gpu:
-                self.evictable_pages -= 1
+                self.evictable_pages -= node.n
             node.ref += 1
             if not hit:
                 continue
@@ -220,61 +273,95 @@ class RadixCache:
             if policy_selective and node.hits >= _SELECTIVE_THRESHOLD and node.on_gpu and not node.on_host:
                 self._write_host(node)
 
-    def release(self, nodes: Sequence[PageNode], now: float) -> None:
-        for node in reversed(nodes):
+    def release(self, last: PageNode, now: float) -> None:
+        """Drop a request's reference on the path from the root to `last` (deepest first)."""
+        root = self.root
+        node = last
+        while node is not root:
             node.ref -= 1
             node.last_access = now
             if node.ref == 0:
                 if node.on_gpu:
-                    self.evictable_pages += 1
+                    self.evictable_pages += node.n
                     if node.gpu_children == 0:
                         self._push_gpu(node)
                 elif node.host_children == 0:
                     self._push_host(node)
+            node = node.parent
 
     def _push_gpu(self, node: PageNode) -> None:
         self._tick += 1
-        heapq.heappush(self._gpu_heap, (node.last_access, self._tick, node))
+        heapq.heappush(self._gpu_heap, (node.last_access, self._tick, node, node.end))
 
     def _push_host(self, node: PageNode) -> None:
         self._tick += 1
-        heapq.heappush(self._host_heap, (node.last_access, self._tick, node))
+        heapq.heappush(self._host_heap, (node.last_access, self._tick, node, node.end))
 
     # -- computing and loading pages ---------------------------------------------------------
 
-    def insert_run(self, parent: PageNode, data: bytes, nodes: list[PageNode]) -> int:
+    def insert_run(self, parent: PageNode, data: bytes) -> tuple[PageNode, int]:
         """Record consecutive pages just computed on the GPU (`data` = their token bytes) under
-        `parent`, each held by the request that computed it, appending their nodes to `nodes`;
-        the caller must have a free page for each (or be turning its private tail into one).
-        Returns how many were recomputed (computed here before). A page already on the GPU
-        (computed twice concurrently: SGLang frees the duplicate at insert) is shared. Pages go
-        straight to held, never through the evictable state; one loop, so that long prefills
-        cost a few microseconds per page."""
-        width = 4 * self.page_size
+        `parent`, held by the request that computed them (which holds `parent`'s path); the
+        caller must have a free page for each (or be turning its private tail into one).
+        Returns the deepest node and how many pages were recomputed (computed here before). A
+        page already on the GPU (computed twice concurrently: SGLang frees the duplicate at
+        insert) is shared. Pages go straight to held, never through the evictable state; the
+        new pages form one node (one per page with a host tier)."""
+        width = self._width
+        recomputed = 0
+        pos = 0
+        size = len(data)
+        while pos < size:
+            child = parent.children.get(data[pos : pos + width])
+            if child is None:
+                break
+            pages = self._common_pages(child, data, pos, size)
+            if pages < child.n:
+                child = self._split(child, pages)
+            if child.on_gpu:
+                if child.ref == 0:
+                    self.evictable_pages -= child.n
+                child.ref += 1
+                recomputed += child.n
+            else:  # a host-only page (one page: host tier), computed again on the GPU
+                recomputed += self._computed_now(parent, child)
+                if self.host_pages > 0 and self.write_policy == "write_through" and not child.on_host:
+                    self._write_host(child)
+            parent = child
+            pos += pages * width
+        if pos == size:
+            return parent, recomputed
+        if self.host_pages > 0:
+            host_copy = self.write_policy == "write_through"
+            for start in range(pos, size, width):
+                parent, again = self._new_node(parent, data, start, start + width)
+                recomputed += again
+                if host_copy and not parent.on_host:
+                    self._write_host(parent)
+            return parent, recomputed
+        parent, again = self._new_node(parent, data, pos, size)
+        return parent, recomputed + again
+
+    def _new_node(self, parent: PageNode, data: bytes, start: int, stop: int) -> tuple[PageNode, int]:
+        """A held GPU node under `parent` for the pages `data[start:stop]`, hashed and counted
+        one by one in order; returns it and how many of its pages were computed here before."""
+        width = self._width
         computed = self._computed
         order = self._computed_order
         computed_max = self._computed_max
-        host_copy = self.host_pages > 0 and self.write_policy == "write_through"
-        events = self.emit_events
         sha256 = hashlib.sha256
-        append = nodes.append
+        unpack = _INT64_BE
+        events = self.events if self.emit_events else None
+        digests: list[bytes] = []
+        append = digests.append
+        digest = parent.digest
+        parent_hash = parent.hash if parent is not self.root else None
         recomputed = 0
-        added = 0
-        for start in range(0, len(data), width):
-            key = data[start : start + width]
-            node = parent.children.get(key)
-            if node is not None and node.on_gpu:
-                if node.ref == 0:
-                    self.evictable_pages -= 1
-                node.ref += 1
-                recomputed += 1
-                append(node)
-                parent = node
-                continue
-            if node is None:
-                node = PageNode(parent, key, sha256(parent.digest + key).digest())
-                parent.children[key] = node
-            page_hash = node.hash
+        for offset in range(start, stop, width):
+            key = data[offset : offset + width]
+            digest = sha256(digest + key).digest()
+            append(digest)
+            page_hash = unpack(digest)[0]
             if page_hash in computed:
                 recomputed += 1
             else:
@@ -282,25 +369,42 @@ class RadixCache:
                 order.append(page_hash)
                 if len(order) > computed_max:
                     computed.discard(order.popleft())
-            node.ref += 1
-            node.on_gpu = True
-            added += 1
-            parent.gpu_children += 1
-            if events:
-                self.events.append(
-                    BlockStored(
-                        (page_hash,),
-                        parent.hash if parent is not self.root else None,
-                        self._ids_of(key),
-                        self.page_size,
-                        GPU,
-                    )
+            if events is not None:
+                events.append(BlockStored((page_hash,), parent_hash, self._ids_of(key), self.page_size, GPU))
+                parent_hash = page_hash
+        node = PageNode(parent, data[start:stop], digests, parent.end + len(digests))
+        node.ref = 1
+        node.on_gpu = True
+        parent.children[data[start : start + width]] = node
+        parent.gpu_children += 1
+        self.gpu_pages += node.n
+        return node, recomputed
+
+    def _computed_now(self, parent: PageNode, node: PageNode) -> int:
+        """A host-only page computed again on the GPU: held, on the GPU; 1 if computed before."""
+        page_hash = node.hash
+        recomputed = 0
+        if page_hash in self._computed:
+            recomputed = 1
+        else:
+            self._computed.add(page_hash)
+            self._computed_order.append(page_hash)
+            if len(self._computed_order) > self._computed_max:
+                self._computed.discard(self._computed_order.popleft())
+        node.ref += 1
+        node.on_gpu = True
+        self.gpu_pages += 1
+        parent.gpu_children += 1
+        if self.emit_events:
+            self.events.append(
+                BlockStored(
+                    (page_hash,),
+                    parent.hash if parent is not self.root else None,
+                    self._ids_of(node.key[: self._width]),
+                    self.page_size,
+                    GPU,
                 )
-            if host_copy and not node.on_host:
-                self._write_host(node)
-            append(node)
-            parent = node
-        self.gpu_pages += added
+            )
         return recomputed
 
     def load_back(self, node: PageNode) -> None:
@@ -309,38 +413,31 @@ class RadixCache:
 
     def _to_gpu(self, node: PageNode) -> None:
         node.on_gpu = True
-        self.gpu_pages += 1
+        self.gpu_pages += node.n
         node.parent.gpu_children += 1
         if node.ref == 0:
-            self.evictable_pages += 1
+            self.evictable_pages += node.n
             self._push_gpu(node)
         if self.emit_events:
-            self.events.append(
-                BlockStored(
-                    (node.hash,),
-                    node.parent.hash if node.parent is not self.root else None,
-                    self._ids_of(node.key),
-                    self.page_size,
-                    GPU,
-                )
-            )
+            self._stored_events(node, GPU)
+
+    def _stored_events(self, node: PageNode, medium: str) -> None:
+        parent_hash = node.parent.hash if node.parent is not self.root else None
+        width = self._width
+        for i, digest in enumerate(node.digests):
+            page_hash = _INT64_BE(digest)[0]
+            page = node.key[i * width : (i + 1) * width]
+            self.events.append(BlockStored((page_hash,), parent_hash, self._ids_of(page), self.page_size, medium))
+            parent_hash = page_hash
 
     def _write_host(self, node: PageNode) -> bool:
         if self.host_used >= self.host_pages and not self._evict_host(1):
             return False  # no room: SGLang skips the backup
         node.on_host = True
-        self.host_used += 1
+        self.host_used += node.n
         node.parent.host_children += 1
         if self.emit_events:
-            self.events.append(
-                BlockStored(
-                    (node.hash,),
-                    node.parent.hash if node.parent is not self.root else None,
-                    self._ids_of(node.key),
-                    self.page_size,
-                    HOST,
-                )
-            )
+            self._stored_events(node, HOST)
         return True
 
     # -- eviction ----------------------------------------------------------------------------
@@ -358,27 +455,43 @@ class RadixCache:
     def evict_gpu(self, pages: int) -> int:
         if self.host_pages > 0 or self.emit_events:
             return self._evict_gpu_general(pages)
-        # No host tier and no event subscriber: `_evict_one_gpu` reduced to what it does then,
-        # in one loop (evicting is most of what a thrashing engine does).
+        # No host tier and no event subscriber: page-by-page LRU eviction, a run at a time. The
+        # popped page's parent (the page before it in the node) becomes an evictable leaf with
+        # the same last access and would be pushed and popped next unless another entry has
+        # that stamp too: then the node's pages go together, else one page at a time (pushed
+        # again behind the entries with its stamp, as a page of its own would be).
         done = 0
         heap = self._gpu_heap
         heappop, heappush = heapq.heappop, heapq.heappush
         root = self.root
         tick = self._tick
+        width = self._width
         while done < pages and heap:
-            stamp, _, node = heappop(heap)
-            if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+            stamp, _, node, end = heappop(heap)
+            if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
                 continue  # stale entry
+            n = node.n
+            if heap and heap[0][0] <= stamp:
+                take = 1
+            else:
+                take = min(n, pages - done)
+            done += take
+            if take < n:
+                node.n = n - take
+                node.end = end - take
+                del node.digests[-take:]
+                tick += 1
+                heappush(heap, (stamp, tick, node, end - take))
+                continue
             parent = node.parent
             node.on_gpu = False
             parent.gpu_children -= 1
-            del parent.children[node.key]  # no host copy: the node is gone (its subtree
+            del parent.children[node.key[:width]]  # no host copy: the node is gone (its subtree
             if node.children:  # can only be host-only, i.e. empty here)
                 self._drop_children(node)
             if parent is not root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
                 tick += 1
-                heappush(heap, (parent.last_access, tick, parent))
-            done += 1
+                heappush(heap, (parent.last_access, tick, parent, parent.end))
         self._tick = tick
         self.gpu_pages -= done
         self.evictable_pages -= done
@@ -389,19 +502,28 @@ class RadixCache:
         done = 0
         heap = self._gpu_heap
         while done < pages and heap:
-            stamp, _, node = heapq.heappop(heap)
-            if not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+            stamp, _, node, end = heapq.heappop(heap)
+            if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
                 continue  # stale entry
             self._evict_one_gpu(node)
             done += 1
         return done
 
     def _evict_one_gpu(self, node: PageNode) -> None:
-        parent = node.parent
-        node.on_gpu = False
+        """Evict the node's last page."""
         self.gpu_pages -= 1
         self.evictable_pages -= 1
         self.evicted_pages_total += 1
+        if node.n > 1:  # no host tier (its nodes are single pages): the page before becomes the leaf
+            digest = node.digests.pop()
+            node.n -= 1
+            node.end -= 1
+            if self.emit_events:
+                self.events.append(BlockRemoved((_INT64_BE(digest)[0],), GPU))
+            self._push_gpu(node)
+            return
+        parent = node.parent
+        node.on_gpu = False
         parent.gpu_children -= 1
         if self.emit_events:
             self.events.append(BlockRemoved((node.hash,), GPU))
@@ -419,8 +541,15 @@ class RadixCache:
         done = 0
         heap = self._host_heap
         while done < pages and heap:
-            stamp, _, node = heapq.heappop(heap)
-            if not node.on_host or node.on_gpu or node.ref or node.host_children or node.last_access != stamp:
+            stamp, _, node, end = heapq.heappop(heap)
+            if (
+                node.end != end
+                or not node.on_host
+                or node.on_gpu
+                or node.ref
+                or node.host_children
+                or node.last_access != stamp
+            ):
                 continue
             parent = node.parent
             node.on_host = False
@@ -442,7 +571,7 @@ class RadixCache:
 
     def _drop(self, node: PageNode) -> None:
         """Remove a node that has no copy left, with its (host-only) subtree."""
-        del node.parent.children[node.key]
+        del node.parent.children[node.key[: self._width]]
         if node.children:
             self._drop_children(node)
 
@@ -453,9 +582,10 @@ class RadixCache:
             child = stack.pop()
             if child.on_host:
                 child.on_host = False
-                self.host_used -= 1
+                self.host_used -= child.n
                 if self.emit_events:
-                    self.events.append(BlockRemoved((child.hash,), HOST))
+                    for digest in reversed(child.digests):
+                        self.events.append(BlockRemoved((_INT64_BE(digest)[0],), HOST))
             stack.extend(child.children.values())
             child.children = {}
         node.host_children = 0
@@ -485,9 +615,10 @@ class RadixCache:
         stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
+            hashes = [_INT64_BE(digest)[0] for digest in node.digests]
             if node.on_gpu:
-                gpu.add(node.hash)
+                gpu.update(hashes)
             if node.on_host:
-                host.add(node.hash)
+                host.update(hashes)
             stack.extend(node.children.values())
         return gpu, host

@@ -65,8 +65,17 @@ def encode(text: str) -> list[int]:
     return [get(p) or _hash_id(p) for p in pieces]
 
 
+# Text of each id below the hashed range: "" for special ids (skipped), the word for word ids.
+_TEXT_OF: tuple[str, ...] = ("",) * WORD_ID_BASE + WORDS
+
+
 def decode(ids) -> str:
     """Text of `ids`: exact for generated words and EOS; other ids render as stand-in words."""
+    ids = ids if isinstance(ids, (list, tuple)) else list(ids)
+    if not ids:
+        return ""
+    if min(ids) >= 0 and max(ids) < len(_TEXT_OF):  # what an engine generates: one table lookup each
+        return "".join(map(_TEXT_OF.__getitem__, ids))
     out = []
     for token_id in ids:
         i = token_id - WORD_ID_BASE

@@ -1,10 +1,11 @@
-"""RadixCache.match resuming from an earlier match: always the same nodes as a match from the root."""
+"""The run-length prefix tree behaves as one node per page: matches, splits, LRU eviction order."""
 
+import random
 import struct
 
 import pytest
 
-from services.simworker.core.radix import RadixCache
+from services.simworker.core.radix import RadixCache, path_pages
 
 PAGE = 2
 
@@ -13,73 +14,189 @@ def _data(tokens):
     return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
-def _cache(host_pages=0):
-    return RadixCache(PAGE, total_pages=16, host_pages=host_pages, emit_events=False)
+def _cache(host_pages=0, total_pages=16, emit_events=False):
+    return RadixCache(PAGE, total_pages=total_pages, host_pages=host_pages, emit_events=emit_events)
 
 
 def _insert(cache, tokens, now=0.0):
     """Compute `tokens` as one request would, then release them (evictable, stamped `now`)."""
-    nodes = []
-    cache.insert_run(cache.root, _data(tokens), nodes)
-    cache.release(nodes, now)
-    return nodes
+    last, _ = cache.insert_run(cache.root, _data(tokens))
+    cache.release(last, now)
+    return last
 
 
-def _same(a, b):
-    return [id(n) for n in a[0]] == [id(n) for n in b[0]] and [id(n) for n in a[1]] == [id(n) for n in b[1]]
+def _cached(cache, tokens):
+    gpu, host = cache.match(_data(tokens), len(tokens) // PAGE)
+    return path_pages(gpu), path_pages(host)
 
 
 TOKENS = list(range(1, 13))  # 6 pages
 
 
+def test_computed_pages_form_one_node():
+    cache = _cache()
+    last = _insert(cache, TOKENS)
+    assert last.n == 6 and last.parent is cache.root and cache.gpu_pages == cache.evictable_pages == 6
+
+
 @pytest.mark.parametrize("evicted", [0, 1, 2, 5, 6])
-def test_resuming_after_eviction_of_the_deepest_pages_matches_from_the_root(evicted):
+def test_eviction_takes_the_deepest_pages_first(evicted):
     cache = _cache()
     _insert(cache, TOKENS)
-    data = _data(TOKENS)
-    gpu, host = cache.match(data, 6)
-    assert len(gpu) == 6 and not host
-    known = (cache.generation, gpu, host)
-    assert cache.evict_gpu(evicted) == evicted  # least recently used leaves first: the deepest pages
-    resumed = cache.match(data, 6, known)
-    assert _same(resumed, cache.match(data, 6))
-    assert len(resumed[0]) == 6 - evicted
+    assert cache.evict_gpu(evicted) == evicted
+    assert _cached(cache, TOKENS) == (6 - evicted, 0)
+    assert cache.gpu_pages == cache.evictable_pages == 6 - evicted
+    assert len(cache.cached_hashes()[0]) == 6 - evicted
 
 
-def test_pages_computed_again_after_eviction_are_the_new_nodes():
+@pytest.mark.parametrize("max_pages", [1, 3, 5])
+def test_a_match_ending_inside_a_run_splits_it(max_pages):
+    cache = _cache()
+    whole = _insert(cache, TOKENS)
+    gpu, host = cache.match(_data(TOKENS), max_pages)
+    assert [node.n for node in gpu] == [max_pages] and not host
+    assert whole.n == 6 - max_pages and whole.parent is gpu[0]
+    # Holding the matched prefix keeps it; the rest stays evictable, deepest first.
+    cache.lock(gpu)
+    assert cache.evictable_pages == 6 - max_pages
+    assert cache.evict_gpu(6) == 6 - max_pages
+    cache.release(gpu[-1], 1.0)
+    assert _cached(cache, TOKENS) == (max_pages, 0)
+
+
+def test_divergent_prompts_share_the_common_pages():
     cache = _cache()
     _insert(cache, TOKENS)
-    data = _data(TOKENS)
-    known = (cache.generation, *cache.match(data, 6))
-    old_deepest = known[1][-1]
+    other = TOKENS[:6] + [99, 98, 97, 96]  # 3 common pages, then 2 of its own
+    gpu, _ = cache.match(_data(other), 5)
+    assert path_pages(gpu) == 3
+    cache.lock(gpu)
+    last, recomputed = cache.insert_run(gpu[-1], _data(other[6:]))
+    assert recomputed == 0 and last.n == 2 and cache.gpu_pages == 8
+    cache.release(last, 1.0)
+    assert _cached(cache, TOKENS) == (6, 0) and _cached(cache, other) == (5, 0)
+    assert cache.evictable_pages == cache.gpu_pages == 8
+
+
+def test_least_recently_used_run_goes_first_and_whole():
+    cache = _cache()
+    a, b = TOKENS, [t + 100 for t in TOKENS]
+    _insert(cache, a, now=1.0)
+    _insert(cache, b, now=2.0)
+    assert cache.evict_gpu(7) == 7
+    assert _cached(cache, a) == (0, 0) and _cached(cache, b) == (5, 0)
+
+
+def test_equal_last_access_evicts_page_by_page_in_turn():
+    """Per page, the page before an evicted one becomes a leaf behind the other leaves of the
+    same last access: two chains released at one instant lose pages alternately."""
+    cache = _cache()
+    a, b = TOKENS, [t + 100 for t in TOKENS]
+    _insert(cache, a, now=1.0)
+    _insert(cache, b, now=1.0)
+    for evicted in range(1, 12):
+        cache.evict_gpu(1)
+        assert _cached(cache, a) == (6 - (evicted + 1) // 2, 0)
+        assert _cached(cache, b) == (6 - evicted // 2, 0)
+
+
+def test_pages_computed_again_after_eviction_count_as_recomputed():
+    cache = _cache()
+    _insert(cache, TOKENS)
     cache.evict_gpu(3)
-    _insert(cache, TOKENS, now=1.0)  # the evicted pages again, as new nodes under the kept prefix
-    resumed = cache.match(data, 6, known)
-    assert _same(resumed, cache.match(data, 6)) and len(resumed[0]) == 6
-    assert resumed[0][-1] is not old_deepest
+    gpu, _ = cache.match(_data(TOKENS), 6)
+    cache.lock(gpu)
+    last, recomputed = cache.insert_run(gpu[-1], _data(TOKENS[6:]))
+    assert recomputed == 3 and path_pages(gpu) == 3 and last.end == 6
+    cache.release(last, 1.0)
 
 
-@pytest.mark.parametrize("max_pages", [1, 3, 6])
-def test_a_shorter_limit_and_a_host_tier(max_pages):
+def test_a_host_tier_keeps_one_node_per_page():
     cache = _cache(host_pages=16)
-    _insert(cache, TOKENS)
-    data = _data(TOKENS)
-    known = (cache.generation, *cache.match(data, 6))
+    last = _insert(cache, TOKENS)
+    assert last.n == 1 and last.end == 6
     cache.evict_gpu(4)  # to the host tier: the pages stay in the tree, host only
-    resumed = cache.match(data, max_pages, known)
-    assert _same(resumed, cache.match(data, max_pages))
-    assert len(resumed[0]) + len(resumed[1]) == max_pages
+    assert _cached(cache, TOKENS) == (2, 4)
+
+
+def test_events_name_every_page():
+    cache = _cache(emit_events=True)
+    _insert(cache, TOKENS)
+    stored = cache.drain_events()
+    assert [e.block_hashes[0] for e in stored] == [_hash for _hash in _page_hashes(TOKENS)]
+    assert [e.parent_block_hash for e in stored] == [None, *_page_hashes(TOKENS)[:-1]]
+    cache.evict_gpu(2)
+    removed = cache.drain_events()
+    assert [e.block_hashes[0] for e in removed] == _page_hashes(TOKENS)[:-3:-1]
+
+
+def _page_hashes(tokens):
+    from services.simworker.core.radix import page_hashes
+
+    return page_hashes(tokens, PAGE)
+
+
+def test_random_operations_keep_the_counts_consistent():
+    """Random prompts over a small alphabet (many shared prefixes and splits), held, extended,
+    released and evicted: the page counts always agree with the tree."""
+    rng = random.Random(7)
+    cache = _cache(total_pages=40)
+    held = []
+    for step in range(400):
+        if held and (rng.random() < 0.4 or len(held) > 4):
+            cache.release(held.pop(rng.randrange(len(held))), float(step // 3))
+        else:
+            tokens = [rng.randrange(3) for _ in range(PAGE * rng.randrange(1, 10))]
+            pages = len(tokens) // PAGE
+            gpu, _ = cache.match(_data(tokens), pages)
+            matched = path_pages(gpu)
+            cache.lock(gpu)  # before evicting: the matched pages stay
+            parent = gpu[-1] if gpu else cache.root
+            if not cache.ensure_free(pages - matched):
+                if gpu:
+                    cache.release(parent, float(step // 3))
+                continue
+            last, _ = cache.insert_run(parent, _data(tokens[matched * PAGE :]))
+            assert last.end == pages
+            held.append(last)
+        _check(cache)
+    while held:
+        cache.release(held.pop(), 1e9)
+    _check(cache)
+    assert cache.evictable_pages == cache.gpu_pages
+    pages = cache.gpu_pages
+    assert cache.evict_gpu(pages) == pages and not cache.root.children
+
+
+def _check(cache):
+    gpu_pages = evictable = 0
+    stack = [(cache.root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        for key, child in node.children.items():
+            assert key == child.key[: 4 * PAGE] and child.parent is node
+            assert child.end == depth + child.n and len(child.digests) == child.n >= 1
+            assert child.on_gpu
+            gpu_pages += child.n
+            evictable += child.n if child.ref == 0 else 0
+            assert child.ref <= node.ref or node is cache.root
+            stack.append((child, child.end))
+        assert node.gpu_children == len(node.children)
+    assert gpu_pages == cache.gpu_pages == len(cache.cached_hashes()[0])
+    assert evictable == cache.evictable_pages
 
 
 class _Node:
-    def __init__(self, ref):
+    def __init__(self, ref, n=1):
         self.ref = ref
+        self.n = n
 
 
 @pytest.mark.parametrize("refs", [[], [0], [1], [0, 0, 1, 0], [1, 1, 0, 0, 0], [2, 0, 1, 0, 0, 0, 3]])
+@pytest.mark.parametrize("pages", [1, 3])
 @pytest.mark.parametrize("limit", [-2, -1, 0, 1, 2, 3, 10])
-def test_counting_unreferenced_pages_stops_early_with_the_same_answer(refs, limit):
+def test_counting_unreferenced_pages_stops_early_with_the_same_answer(refs, pages, limit):
     from services.simworker.core.engine import _more_unreferenced
 
-    nodes = [_Node(ref) for ref in refs]
-    assert _more_unreferenced(nodes, limit) == (sum(1 for n in nodes if n.ref == 0) > limit)
+    nodes = [_Node(ref, pages) for ref in refs]
+    assert _more_unreferenced(nodes, limit) == (sum(n.n for n in nodes if n.ref == 0) > limit)
