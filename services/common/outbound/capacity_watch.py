@@ -1,13 +1,15 @@
-"""The one client of the capacity service's `WatchWorkers` stream (the scheduler's and the routers').
+"""The one follower of the capacity service's server streams: `StreamWatch` follows one endless stream, and
+`CapacityWatch` is it on `WatchWorkers` (the scheduler's and the routers' worker view); the routers' replica
+sync follows `WatchRouterLoads` with it too.
 
-Each real snapshot goes to the service's `on_snapshot` (recompute from a fresh snapshot, not deltas);
-a heartbeat that repeats the version already taken is skipped. The stream is given up and reopened,
-with exponential backoff and jitter, when it fails, ends, stays silent past `idle_timeout_s` (the
-capacity service heartbeats every 10 s by default: that is the deadline of this otherwise endless
-call), or when `on_snapshot` raises; the reopened stream starts with the latest snapshot, so nothing
-is lost. Meanwhile the last snapshot taken stays in force: the caller keeps running through a
-control-plane outage. WARN once per outage, INFO on recovery, on the caller's logger. A task that
-ends any other way is logged at ERROR by its done-callback: the view is frozen from then on.
+Each message goes to the caller's `on_message` (for `CapacityWatch`: each real snapshot, recomputed from
+fresh, not deltas; a heartbeat that repeats the version already taken is skipped). The stream is given up
+and reopened, with exponential backoff and jitter, when it fails, ends, stays silent past `idle_timeout_s`
+(the capacity service heartbeats every 10 s by default: that is the deadline of this otherwise endless
+call), or when `on_message` raises; the reopened stream starts with the latest state, so nothing is lost.
+Meanwhile what was last taken stays in force: the caller keeps running through a control-plane outage.
+WARN once per outage, INFO on recovery, on the caller's logger. A task that ends any other way is logged
+at ERROR by its done-callback: the view is frozen from then on.
 """
 
 from __future__ import annotations
@@ -26,23 +28,30 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-class CapacityWatch:
+class StreamWatch:
+    """Follow the server stream `open_call()` opens, for good (see the module docstring). `what` names it in
+    the log ("capacity stream"); `kept` says what stays in force meanwhile."""
+
     def __init__(
         self,
-        stub: Any,
-        on_snapshot: Callable[[cap_pb.WorkersSnapshot], None],
+        open_call: Callable[[], Any],
+        on_message: Callable[[Any], None],
         *,
         address: str,
         logger: logging.Logger,
+        what: str,
+        kept: Callable[[], str] = lambda: "the last state",
         on_connected: Callable[[bool], None] = _ignore,
         on_failure: Callable[[], None] = _ignore,
         initial_backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         idle_timeout_s: float = 60.0,
-        name: str = "capacity-watch",
+        name: str = "stream-watch",
     ) -> None:
-        self.stub = stub
-        self.on_snapshot = on_snapshot
+        self.open_call = open_call
+        self.on_message = on_message
+        self.what = what
+        self.kept = kept
         self.address = address
         self.log = logger
         self.on_connected = on_connected
@@ -51,7 +60,6 @@ class CapacityWatch:
         self.max_backoff_s = max_backoff_s
         self.idle_timeout_s = idle_timeout_s
         self.name = name
-        self.version = 0
         self.connected = False
         self.failures = 0
         self._stopping = False
@@ -75,7 +83,9 @@ class CapacityWatch:
         while not task.done():
             left = deadline - loop.time()
             if left <= 0:
-                self.log.error("capacity watch of %s did not stop within %.1f s; left behind", self.address, timeout_s)
+                self.log.error(
+                    "%s watch of %s did not stop within %.1f s; left behind", self.what, self.address, timeout_s
+                )
                 return
             task.cancel()
             await asyncio.wait({task}, timeout=min(1.0, left))
@@ -85,10 +95,11 @@ class CapacityWatch:
             return
         self._set_connected(False)
         self.log.error(
-            "capacity watch of %s stopped (%r); the last snapshot (version %d) stays in force until a restart",
+            "%s watch of %s stopped (%r); %s stays in force until a restart",
+            self.what,
             self.address,
             task.exception(),
-            self.version,
+            self.kept(),
         )
 
     async def run(self) -> None:
@@ -99,9 +110,7 @@ class CapacityWatch:
             try:
                 async for _ in self._follow_once():
                     if in_outage:
-                        self.log.info(
-                            "capacity stream to %s recovered (snapshot version %d)", self.address, self.version
-                        )
+                        self.log.info("%s to %s recovered (%s)", self.what, self.address, self.kept())
                         in_outage = False
                     backoff.reset()
                 reason = "stream ended"
@@ -110,9 +119,9 @@ class CapacityWatch:
             except grpc.aio.AioRpcError as exc:
                 reason = f"{exc.code().name}: {exc.details()}"
             except TimeoutError:
-                reason = f"no snapshot or heartbeat for {self.idle_timeout_s:g}s"
-            except Exception as exc:  # a snapshot the caller could not take must not end the watch
-                self.log.exception("capacity snapshot from %s not applied", self.address)
+                reason = f"no message or heartbeat for {self.idle_timeout_s:g}s"
+            except Exception as exc:  # a message the caller could not take must not end the watch
+                self.log.exception("%s from %s: a message not applied", self.what, self.address)
                 reason = f"{type(exc).__name__}: {exc}"
             finally:
                 self._set_connected(False)
@@ -122,20 +131,20 @@ class CapacityWatch:
             self.on_failure()
             if not in_outage:
                 self.log.warning(
-                    "capacity stream to %s lost (%s); keeping the last snapshot (version %d) and "
-                    "reconnecting with backoff",
+                    "%s to %s lost (%s); keeping %s and reconnecting with backoff",
+                    self.what,
                     self.address,
                     reason,
-                    self.version,
+                    self.kept(),
                 )
                 in_outage = True
             else:
-                self.log.debug("capacity stream still down: %s", reason)
+                self.log.debug("%s still down: %s", self.what, reason)
             await asyncio.sleep(backoff.failed())
 
     async def _follow_once(self):
-        """Yield once per message received; hand each real (non-heartbeat) change to `on_snapshot`."""
-        call = self.stub.WatchWorkers(cap_pb.WatchWorkersRequest(known_version=0))
+        """Yield once per message received, each handed to `on_message` first."""
+        call = self.open_call()
         try:
             iterator = call.__aiter__()
             while True:
@@ -147,9 +156,7 @@ class CapacityWatch:
                 except StopAsyncIteration:
                     return
                 self._set_connected(True)
-                if not (snapshot.heartbeat and snapshot.version == self.version):
-                    self.on_snapshot(snapshot)
-                    self.version = snapshot.version
+                self.on_message(snapshot)
                 yield snapshot
         finally:
             call.cancel()
@@ -157,3 +164,32 @@ class CapacityWatch:
     def _set_connected(self, connected: bool) -> None:
         self.connected = connected
         self.on_connected(connected)
+
+
+class CapacityWatch(StreamWatch):
+    """`WatchWorkers`: each real snapshot to `on_snapshot`; a heartbeat repeating the version taken is skipped."""
+
+    def __init__(
+        self,
+        stub: Any,
+        on_snapshot: Callable[[cap_pb.WorkersSnapshot], None],
+        *,
+        name: str = "capacity-watch",
+        **options: Any,
+    ) -> None:
+        super().__init__(
+            lambda: stub.WatchWorkers(cap_pb.WatchWorkersRequest(known_version=0)),
+            self._take,
+            what="capacity stream",
+            kept=lambda: f"the last snapshot (version {self.version})",
+            name=name,
+            **options,
+        )
+        self.stub = stub
+        self.on_snapshot = on_snapshot
+        self.version = 0
+
+    def _take(self, snapshot: cap_pb.WorkersSnapshot) -> None:
+        if not (snapshot.heartbeat and snapshot.version == self.version):
+            self.on_snapshot(snapshot)
+            self.version = snapshot.version

@@ -7,8 +7,9 @@ Two tasks, off the request path (a turn never waits on them):
   the router routes on its own count), and sends `ReportRouterLoad` when this router's per-replica
   load changed since the last report, or `keepalive_s` passed (the capacity service drops a router
   whose report outlived its TTL, `ttl_s`); every call has a deadline, failures back off;
-* the watcher: follows `WatchRouterLoads`, replacing the peer view with every table received; reopens
-  the stream with backoff when it fails, ends or stays silent past `idle_timeout_s`.
+* the watcher (the capacity service's one stream follower, `StreamWatch`): follows `WatchRouterLoads`,
+  replacing the peer view with every table received; reopens the stream with backoff when it fails, ends
+  or stays silent past `idle_timeout_s`.
 
 WARN once per outage, INFO on recovery.
 """
@@ -26,6 +27,7 @@ import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from services.common.clock import Clock
+from services.common.outbound.capacity_watch import StreamWatch
 from services.common.outbound.retry import Backoff, RetryPolicy
 from services.router.core.load import ReplicaLoad
 from services.router.core.peer_loads import PeerLoads, PeerReport
@@ -106,6 +108,7 @@ class PeerSync:
         self._last_sent: dict[Replica, ReplicaLoad] | None = None
         self._last_sent_at = 0.0
         self._tasks: list[asyncio.Task] = []
+        self._watch: StreamWatch | None = None
 
     def start(self) -> None:
         log.info(
@@ -115,16 +118,29 @@ class PeerSync:
             self.peers.ttl_s,
             self.address,
         )
-        self._tasks = [
-            asyncio.create_task(self._report_loop(), name="router-peer-report"),
-            asyncio.create_task(self._watch_loop(), name="router-peer-watch"),
-        ]
+        self._tasks = [asyncio.create_task(self._report_loop(), name="router-peer-report")]
+        self._watch = StreamWatch(
+            lambda: self.stub.WatchRouterLoads(pb.WatchRouterLoadsRequest()),
+            self.take,
+            address=self.address,
+            logger=log,
+            what="router replica sync: the peer-load stream",
+            kept=lambda: "the peers' last loads until their TTL",
+            initial_backoff_s=0.1,
+            max_backoff_s=self.max_backoff_s,
+            idle_timeout_s=self.idle_timeout_s,
+            name="router-peer-watch",
+        )
+        self._watch.start()
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._watch is not None:
+            await self._watch.stop()
+            self._watch = None
 
     # -- reporting --------------------------------------------------------------------------
 
@@ -184,32 +200,3 @@ class PeerSync:
 
     def take(self, snapshot: pb.RouterLoadsSnapshot) -> None:
         self.peers.replace(reports_from_proto(snapshot), self.clock.monotonic())
-
-    async def _watch_loop(self) -> None:
-        backoff = Backoff(RetryPolicy(min(0.1, self.max_backoff_s), self.max_backoff_s, jitter=0.5))
-        in_outage = False
-        while True:
-            call = self.stub.WatchRouterLoads(pb.WatchRouterLoadsRequest())
-            try:
-                iterator = call.__aiter__()
-                while True:
-                    async with asyncio.timeout(self.idle_timeout_s):
-                        snapshot = await iterator.__anext__()
-                    self.take(snapshot)
-                    if in_outage:
-                        log.info("router replica sync: peer-load stream from %s recovered", self.address)
-                        in_outage = False
-                    backoff.reset()
-            except asyncio.CancelledError:
-                raise
-            except (StopAsyncIteration, grpc.aio.AioRpcError, TimeoutError) as exc:
-                if not in_outage:
-                    log.warning(
-                        "router replica sync: peer-load stream from %s lost (%s); reconnecting with backoff",
-                        self.address,
-                        type(exc).__name__,
-                    )
-                    in_outage = True
-            finally:
-                call.cancel()
-            await asyncio.sleep(backoff.failed())
