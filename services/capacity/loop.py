@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Generic, TypeVar
 
 from opentelemetry import trace
 
@@ -27,20 +28,21 @@ from services.common.clock import Clock
 log = logging.getLogger("services.capacity")
 
 PUBLISH_COALESCE_S = 0.01
+M = TypeVar("M")
 MAX_RECOMPUTE_LINKS = 8  # links to the requests behind one recompute (a heartbeat storm is coalesced)
 
 
-class Mailbox:
-    """One watcher's slot: only the newest snapshot is kept."""
+class Mailbox(Generic[M]):
+    """One watcher's slot: only the newest message is kept (a workers snapshot, a router-load table)."""
 
     __slots__ = ("latest", "event", "closed")
 
     def __init__(self) -> None:
-        self.latest: pb.WorkersSnapshot | None = None
+        self.latest: M | None = None
         self.event = asyncio.Event()
         self.closed = False
 
-    def put(self, snapshot: pb.WorkersSnapshot) -> None:
+    def put(self, snapshot: M) -> None:
         self.latest = snapshot
         self.event.set()
 
@@ -72,7 +74,7 @@ class CapacityRuntime:
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self._transitions = TransitionLog(log, transition_log_interval_s)
-        self._mailboxes: set[Mailbox] = set()
+        self._mailboxes: set[Mailbox[pb.WorkersSnapshot]] = set()
         self._dirty = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -180,15 +182,15 @@ class CapacityRuntime:
             self._heartbeat_built_at = now
         return self._heartbeat
 
-    def subscribe(self) -> Mailbox:
-        mailbox = Mailbox()
+    def subscribe(self) -> Mailbox[pb.WorkersSnapshot]:
+        mailbox: Mailbox[pb.WorkersSnapshot] = Mailbox()
         if self.stopping:
             mailbox.close()
         self._mailboxes.add(mailbox)
         self.metrics.watchers.set(len(self._mailboxes))
         return mailbox
 
-    def unsubscribe(self, mailbox: Mailbox) -> None:
+    def unsubscribe(self, mailbox: Mailbox[pb.WorkersSnapshot]) -> None:
         self._mailboxes.discard(mailbox)
         self.metrics.watchers.set(len(self._mailboxes))
 

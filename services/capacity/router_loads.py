@@ -13,6 +13,7 @@ import logging
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from services.capacity.core.errors import InvalidArgument
 from services.capacity.core.router_loads import RouterLoadTable
+from services.capacity.loop import Mailbox
 from services.capacity.metrics import CapacityMetrics
 from services.common.clock import Clock
 
@@ -23,29 +24,12 @@ MAX_TTL_MS = 60_000
 MAX_ROUTER_ID_CHARS = 256
 
 
-class RouterLoadMailbox:
-    __slots__ = ("latest", "event", "closed")
-
-    def __init__(self) -> None:
-        self.latest: pb.RouterLoadsSnapshot | None = None
-        self.event = asyncio.Event()
-        self.closed = False
-
-    def put(self, snapshot: pb.RouterLoadsSnapshot) -> None:
-        self.latest = snapshot
-        self.event.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.event.set()
-
-
 class RouterLoadHub:
     def __init__(self, clock: Clock, metrics: CapacityMetrics) -> None:
         self.clock = clock
         self.metrics = metrics
         self.table: RouterLoadTable[pb.RouterLoadReport] = RouterLoadTable()
-        self._mailboxes: set[RouterLoadMailbox] = set()
+        self._mailboxes: set[Mailbox[pb.RouterLoadsSnapshot]] = set()
         self._current = pb.RouterLoadsSnapshot(version=0)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -91,15 +75,15 @@ class RouterLoadHub:
     def current(self) -> pb.RouterLoadsSnapshot:
         return self._current
 
-    def subscribe(self) -> RouterLoadMailbox:
-        mailbox = RouterLoadMailbox()
+    def subscribe(self) -> Mailbox[pb.RouterLoadsSnapshot]:
+        mailbox: Mailbox[pb.RouterLoadsSnapshot] = Mailbox()
         if self._stopped:
             mailbox.close()
         self._mailboxes.add(mailbox)
         self.metrics.router_load_watchers.set(len(self._mailboxes))
         return mailbox
 
-    def unsubscribe(self, mailbox: RouterLoadMailbox) -> None:
+    def unsubscribe(self, mailbox: Mailbox[pb.RouterLoadsSnapshot]) -> None:
         self._mailboxes.discard(mailbox)
         self.metrics.router_load_watchers.set(len(self._mailboxes))
 
