@@ -308,16 +308,21 @@ class SchedulerCore:
         """Roll back a turn a new leader restored from the store: the state it found is not known, so it
         ends as a cancelled Complete would (the program at a tool boundary) and its count is taken back."""
         self.admissions_cancelled_total += 1
+        effects = self._end_as_cancelled(now, turn)
         program = self.ledger.programs.get(turn.session_id)
-        if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
-            effects = self.complete(now, "", turn.request_id, None, 0, 0, 0, TurnOutcome.CANCELLED)
-        else:
-            del self.ledger.turns[turn.request_id]
-            effects = Effects()
         if program is turn.program:
             program.turns = max(0, program.turns - 1)
             self.ledger.recharge(program)
         return effects
+
+    def _end_as_cancelled(self, now: float, turn: Turn) -> Effects:
+        """End a placed turn as Complete(CANCELLED, no counts) would, if the program is still in it (same
+        program, same admission, REASONING); else only drop its ticket."""
+        program = self.ledger.programs.get(turn.session_id)
+        if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
+            return self.complete(now, "", turn.request_id, None, 0, 0, 0, TurnOutcome.CANCELLED)
+        del self.ledger.turns[turn.request_id]
+        return Effects()
 
     def bind_request(self, request_id: str, replica: ReplicaKey) -> bool:
         """Record the replica the router chose for an unpinned turn (passthrough, cold start, or a
@@ -499,7 +504,6 @@ class SchedulerCore:
             if turn.lease_until > now:
                 continue
             self.tickets_expired_total += 1
-            program = self.ledger.programs.get(turn.session_id)
             if not turn.confirmed:
                 # No sign that its client received anything (no delivery reported, no Complete): a call
                 # cancelled as it was answered, or a router that died before its client's first byte
@@ -515,12 +519,9 @@ class SchedulerCore:
                     )
                 )
                 continue
-            if program is turn.program and program.admission_epoch == turn.epoch and program.status is Status.REASONING:
-                effects = self.complete(now, "", rid, None, 0, 0, 0, TurnOutcome.CANCELLED)
-                acc.events.extend(effects.events)
-                acc.logs.extend(effects.logs)
-            else:
-                del self.ledger.turns[rid]
+            effects = self._end_as_cancelled(now, turn)
+            acc.events.extend(effects.events)
+            acc.logs.extend(effects.logs)
             acc.logs.append(
                 LogRecord(
                     INFO,
