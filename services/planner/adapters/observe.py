@@ -208,9 +208,11 @@ class Collector:
         self.capacity = capacity
         self.assume_no_online_traffic = assume_no_online_traffic
 
-    async def _bounded(self, name: str, coro: Awaitable, errors: list[str]):
+    async def _bounded(self, name: str, read: Callable[[], Awaitable], errors: list[str]):
+        """`read()` within the timeout, or None with the error noted. The read is started here, inside
+        this task: a collection cancelled before its tasks run leaves no coroutine unawaited."""
         try:
-            return await asyncio.wait_for(coro, self.timeout_s)
+            return await asyncio.wait_for(read(), self.timeout_s)
         except asyncio.CancelledError:
             raise
         except WarmingUp as exc:
@@ -222,10 +224,10 @@ class Collector:
     async def collect(self) -> Observation:
         errors: list[str] = []
         tasks = {
-            "inventory": self._bounded("inventory", self.inventory(), errors),
-            "router": self._bounded("router", self.router.collect(), errors) if self.router else None,
-            "scheduler": self._bounded("scheduler", self.scheduler.collect(), errors) if self.scheduler else None,
-            "capacity": self._bounded("capacity", self.capacity.collect(), errors) if self.capacity else None,
+            "inventory": self._bounded("inventory", self.inventory, errors),
+            "router": self._bounded("router", self.router.collect, errors) if self.router else None,
+            "scheduler": self._bounded("scheduler", self.scheduler.collect, errors) if self.scheduler else None,
+            "capacity": self._bounded("capacity", self.capacity.collect, errors) if self.capacity else None,
         }
         started = {k: v for k, v in tasks.items() if v is not None}
         results = dict(zip(started, await asyncio.gather(*started.values())))

@@ -1,6 +1,10 @@
 """Observation sources: router scrapes (warm-up, rates, resets, batch traffic left out), the capacity
 and scheduler sources, and the collector's unknown-is-never-zero rules."""
 
+import asyncio
+import gc
+import warnings
+
 import pytest
 from aiohttp import web
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -195,3 +199,27 @@ async def test_scheduler_signal_and_fallback_traffic():
     fake.admissions = 150
     _, traffic = await src.collect()
     assert traffic.offered_rps == pytest.approx(5.0) and traffic.active_requests == 3
+
+
+async def test_a_collection_cancelled_before_its_reads_start_leaves_no_coroutine_unawaited():
+    """A planner stopping mid-collection used to leave the inventory read created and never awaited
+    (a RuntimeWarning in CI): each read is now created inside its own bounded task."""
+    clock = FakeClock()
+    started: list[str] = []
+
+    async def inv():
+        started.append("inventory")
+        return Inventory(clock.monotonic(), 1, 1)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        task = asyncio.ensure_future(Collector(clock, jobs=lambda now: (), inventory=inv, timeout_s=1).collect())
+        await asyncio.sleep(0)  # collect() has started its reads' tasks, which have not run yet
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(3):  # let the cancelled reads' tasks finish being cancelled
+            await asyncio.sleep(0)
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert started == []
