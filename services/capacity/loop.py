@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Generic, TypeVar
+from typing import AsyncIterator, Generic, TypeVar
 
 from opentelemetry import trace
 
@@ -49,6 +49,22 @@ class Mailbox(Generic[M]):
     def close(self) -> None:
         self.closed = True
         self.event.set()
+
+    async def follow(self, heartbeat_s: float) -> AsyncIterator[M | None]:
+        """The newest message each time one arrives, or None after `heartbeat_s` with none (the
+        watcher sends a liveness message then), until the mailbox is closed."""
+        while not self.closed:
+            try:
+                await asyncio.wait_for(self.event.wait(), timeout=heartbeat_s)
+            except TimeoutError:
+                if not self.closed:
+                    yield None
+                continue
+            self.event.clear()
+            message = self.latest
+            if self.closed or message is None:
+                return
+            yield message
 
 
 class CapacityRuntime:

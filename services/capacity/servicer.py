@@ -5,7 +5,6 @@ Domain errors map to status codes in `DOMAIN_ERRORS` and nowhere else.
 
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator
 
 import grpc
@@ -85,18 +84,10 @@ class CapacityServicer(pb_grpc.CapacityServicer):
             if current.version != request.known_version:
                 yield current
                 last_sent = current.version
-            while not mailbox.closed:
-                try:
-                    await asyncio.wait_for(mailbox.event.wait(), timeout=runtime.heartbeat_interval_s)
-                except TimeoutError:
-                    if not mailbox.closed:
-                        yield runtime.heartbeat_snapshot()
-                    continue
-                mailbox.event.clear()
-                snapshot = mailbox.latest
-                if mailbox.closed or snapshot is None:
-                    break
-                if snapshot.version != last_sent:
+            async for snapshot in mailbox.follow(runtime.heartbeat_interval_s):
+                if snapshot is None:
+                    yield runtime.heartbeat_snapshot()
+                elif snapshot.version != last_sent:
                     last_sent = snapshot.version
                     yield snapshot
         finally:
@@ -115,17 +106,9 @@ class CapacityServicer(pb_grpc.CapacityServicer):
         mailbox = hub.subscribe()
         try:
             yield hub.current()
-            while not mailbox.closed:
-                try:
-                    await asyncio.wait_for(mailbox.event.wait(), timeout=self.runtime.heartbeat_interval_s)
-                except TimeoutError:
-                    if not mailbox.closed:
-                        yield hub.current()  # liveness: the watcher's idle timeout sees the stream alive
-                    continue
-                mailbox.event.clear()
-                snapshot = mailbox.latest
-                if mailbox.closed or snapshot is None:
-                    break
-                yield snapshot
+            async for snapshot in mailbox.follow(self.runtime.heartbeat_interval_s):
+                # None: nothing new for a heartbeat interval; the table again tells the watcher's idle
+                # timeout the stream is alive.
+                yield hub.current() if snapshot is None else snapshot
         finally:
             hub.unsubscribe(mailbox)
