@@ -107,6 +107,7 @@ class PeerSync:
         self.sequence = 0
         self._last_sent: dict[Replica, ReplicaLoad] | None = None
         self._last_sent_at = 0.0
+        self._gauged_generation = -1
         self._tasks: list[asyncio.Task] = []
         self._watch: StreamWatch | None = None
 
@@ -171,6 +172,9 @@ class PeerSync:
         age = self.peers.age_s(now)
         self.metrics.replica_sync_peers.set(self.peers.peers)
         self.metrics.replica_sync_age.set(-1 if age is None else age)
+        if self.peers.generation == self._gauged_generation:
+            return  # the per-worker gauge already shows this view
+        self._gauged_generation = self.peers.generation
         per_worker: dict[str, int] = {}
         for replica, load in self.peers.items():
             per_worker[replica.worker_id] = per_worker.get(replica.worker_id, 0) + load.active_requests

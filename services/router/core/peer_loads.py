@@ -43,6 +43,9 @@ class PeerLoads:
         self._received_at: float | None = None
         self.peers = 0
         """Routers other than this one in the last table (0 once it went stale)."""
+        self.generation = 0
+        """Counts the changes of the view (a table taken, the view dropped): what was derived from it is
+        current while this is unchanged."""
 
     def replace(self, reports: Iterable[PeerReport], now: float) -> None:
         """A fresh table from the capacity service: replaces the whole view (no deltas)."""
@@ -60,6 +63,7 @@ class PeerLoads:
         self._sums = {replica: ReplicaLoad(*acc) for replica, acc in sums.items()}
         self.peers = peers
         self._received_at = now
+        self.generation += 1
 
     def get(self, replica: Replica) -> ReplicaLoad | None:
         return self._sums.get(replica)
@@ -78,4 +82,5 @@ class PeerLoads:
         self._sums = {}
         self.peers = 0
         self._received_at = None
+        self.generation += 1
         return True

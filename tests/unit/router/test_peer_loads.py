@@ -36,6 +36,18 @@ def test_a_new_table_replaces_the_view():
     assert peers.get(A) is None and peers.get(B) == ReplicaLoad(1, 0, 1) and peers.peers == 1
 
 
+def test_the_generation_moves_with_each_change_of_the_view_only():
+    peers = PeerLoads("me", ttl_s=1.0)
+    start = peers.generation
+    peers.replace([PeerReport("r2", {A: ReplicaLoad(1, 10, 3)})], now=0.0)
+    taken = peers.generation
+    assert taken != start
+    assert not peers.expire(0.5) and peers.generation == taken  # nothing changed
+    assert peers.expire(1.0) and peers.generation != taken
+    dropped = peers.generation
+    assert not peers.expire(2.0) and peers.generation == dropped
+
+
 @pytest.mark.parametrize("age_s, dropped", [(0.0, False), (0.99, False), (1.0, True), (5.0, True)])
 def test_the_view_is_dropped_once_no_table_arrived_for_the_ttl(age_s, dropped):
     peers = PeerLoads("me", ttl_s=1.0)
