@@ -18,6 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable, Coroutine
 
 import grpc
 from opentelemetry import propagate, trace
+from prometheus_client import Gauge
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -87,6 +88,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         *,
         delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
         held_heartbeat_s: float | None = None,
+        mux_streams: Gauge | None = None,
     ) -> None:
         """`replica`: who decides (a bare runtime = a single scheduler). `held_heartbeat_s`: re-send `held`
         this often on a held AdmitStream (default: with leader election, 1 s; otherwise never)."""
@@ -99,6 +101,8 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.kv_router = kv_router
         self.tracer = tracer
         self.delivery_timeout_s = delivery_timeout_s
+        self.mux_streams = mux_streams
+        """AdmitMux streams open (a gauge), when the server exports metrics."""
 
     def _runtime(self, context: grpc.aio.ServicerContext) -> SchedulerRuntime:
         """The deciding runtime, or NotLeader with the leader's address in the trailing metadata."""
@@ -140,7 +144,13 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         call instead of two per turn. A standby refuses the stream as it refuses any call."""
         async with DOMAIN_ERRORS.guard(context):
             self._runtime(context)
-        await MuxStream(self, context).serve(request_iterator)
+        if self.mux_streams is not None:
+            self.mux_streams.inc()
+        try:
+            await MuxStream(self, context).serve(request_iterator)
+        finally:
+            if self.mux_streams is not None:
+                self.mux_streams.dec()
 
     def _current(self) -> SchedulerRuntime:
         """The deciding runtime, or NotLeader (an AdmitMux operation answers it in its MuxError)."""
