@@ -472,6 +472,7 @@ class MuxStream:
         self.servicer = servicer
         self.context = context
         self.pending: dict[int, asyncio.Task] = {}
+        self.admits: set[int] = set()  # the pending ids that are admits (what a cancel may withdraw)
         self.cancelled: set[int] = set()  # ids the caller withdrew while pending
         self.outbox: dict[int, pb.MuxResult] = {}  # a later update of an id replaces an unsent one
         self.in_write: frozenset[int] = frozenset()
@@ -490,7 +491,8 @@ class MuxStream:
             while self.pending:
                 await asyncio.wait(tuple(self.pending.values()))
             if self.outbox:
-                await self._flushed()
+                async with asyncio.timeout(self.servicer.delivery_timeout_s):
+                    await self._flushed()
         finally:
             reader.cancel()
             tasks = tuple(self.pending.values())
@@ -514,6 +516,7 @@ class MuxStream:
                 if len(self.pending) >= MAX_MUX_PENDING:
                     self._send(op.id, _mux_error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {MAX_MUX_PENDING} pending"))
                 elif kind == "admit":
+                    self.admits.add(op.id)
                     self._spawn(op.id, self._admit(op.id, op.admit))
                 elif kind == "complete":
                     self._spawn(op.id, self._complete(op.id, op.complete))
@@ -528,12 +531,13 @@ class MuxStream:
     def _forget(self, op_id: int, task: asyncio.Task) -> None:
         if self.pending.get(op_id) is task:
             del self.pending[op_id]
+            self.admits.discard(op_id)
             self.cancelled.discard(op_id)
 
     def _cancel(self, op_id: int) -> None:
         task = self.pending.get(op_id)
-        if task is None or op_id in self.in_write:
-            return  # answered already, or its decision is being written: it stands
+        if task is None or op_id not in self.admits or op_id in self.in_write:
+            return  # answered already, a complete, or its decision is being written: it stands
         self.outbox.pop(op_id, None)  # an unsent decision is withdrawn with its admission
         self.cancelled.add(op_id)
         task.cancel()
