@@ -9,7 +9,8 @@
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
-   AdmitStream, `--admit-stream`) -> Complete for their own program. One round trip = Admit + Complete;
+   AdmitStream, `--admit-stream`) -> Complete for their own program (`--mux`: also, in every round, both
+   as operations on one AdmitMux stream per caller process). One round trip = Admit + Complete;
    we report round trips per second, the p50/p99 latency, and from /proc the scheduler's CPU per round
    trip and the cores of the scheduler, the callers and the machine. The scheduler keeps its table in a
    SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
