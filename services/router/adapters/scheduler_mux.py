@@ -57,6 +57,17 @@ def _result_error(error: pb.MuxError) -> grpc.aio.AioRpcError:
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 
+def _stream_error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """What the operations pending on a stream that ended with `exc` fail with. The scheduler answers each
+    operation in its own result; the stream's own status is its refusal (a standby's FAILED_PRECONDITION,
+    which names the leader) or the transport's failure, which gRPC reports on a broken bidirectional
+    stream as INTERNAL or UNKNOWN as often as UNAVAILABLE: each pending operation then fails UNAVAILABLE,
+    as its AdmitStream call on that connection would have."""
+    if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE):
+        return exc
+    return rpc_error(grpc.StatusCode.UNAVAILABLE, f"the AdmitMux stream broke: {exc.code().name}: {exc.details()}")
+
+
 class MuxAdmitCall:
     """One admission on the stream, read as an AdmitStream call. If the replica turns out to have no
     AdmitMux, the admission is made by `fallback()` (an AdmitStream call) instead, transparently."""
@@ -206,7 +217,7 @@ class SchedulerMux:
                     self._dispatch(result)
             error = rpc_error(grpc.StatusCode.UNAVAILABLE, "the AdmitMux stream ended")
         except grpc.aio.AioRpcError as exc:
-            error = exc
+            error = _stream_error(exc)
             if exc.code() is grpc.StatusCode.UNIMPLEMENTED:
                 log.info("scheduler %s has no AdmitMux: Admit and Complete go by calls of their own", self.address)
                 self.unsupported = True
