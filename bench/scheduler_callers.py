@@ -81,7 +81,7 @@ class MuxCaller:
         return (await self._op(pb.MuxOp(admit=pb.MuxAdmit(request=request, timeout_seconds=30)))).admit.decision
 
     async def complete(self, request: pb.CompleteRequest) -> None:
-        await self._op(pb.MuxOp(complete=request))
+        await self._op(pb.MuxOp(complete=pb.MuxComplete(request=request)))
 
     async def close(self) -> None:
         await self.call.done_writing()

@@ -599,8 +599,7 @@ class MuxStream:
                     self.outbox.pop(op_id, None)
                 raise
 
-        carrier = {"traceparent": admit.traceparent, "tracestate": admit.tracestate}
-        parent = propagate.extract({k: v for k, v in carrier.items() if v})
+        parent = _trace_parent(admit.traceparent, admit.tracestate)
         try:
             with servicer.tracer.start_as_current_span(
                 "scheduler.admit", context=parent, kind=trace.SpanKind.SERVER
@@ -615,10 +614,15 @@ class MuxStream:
         except Exception as exc:
             self._send(op_id, _domain_error(exc))
 
-    async def _complete(self, op_id: int, request: pb.CompleteRequest) -> None:
+    async def _complete(self, op_id: int, complete: pb.MuxComplete) -> None:
         servicer = self.servicer
+        parent = _trace_parent(complete.traceparent, complete.tracestate)
         try:
-            await servicer._complete(servicer._current(), request, trace.get_current_span())
+            # The unary Complete's SERVER span is the instrumentation's; an operation on the stream has its own.
+            with servicer.tracer.start_as_current_span(
+                "scheduler.complete", context=parent, kind=trace.SpanKind.SERVER
+            ) as span:
+                await servicer._complete(servicer._current(), complete.request, span)
         except Exception as exc:
             self._send(op_id, _domain_error(exc))
         else:
@@ -631,6 +635,16 @@ MAX_MUX_PENDING = 100_000
 
 class StreamEnded(Exception):
     """The AdmitMux stream broke before a decision's write returned: the admission is rolled back."""
+
+
+def _trace_parent(traceparent: str, tracestate: str):
+    """The caller's trace context an AdmitMux operation carries (None: none given, a new trace)."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return propagate.extract(carrier)
 
 
 def _mux_error(code: grpc.StatusCode, message: str, leader_address: str = "") -> pb.MuxResult:

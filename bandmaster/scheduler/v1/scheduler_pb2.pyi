@@ -393,6 +393,16 @@ class MuxAdmit(_message.Message):
     tracestate: str
     def __init__(self, request: _Optional[_Union[AdmitRequest, _Mapping]] = ..., timeout_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
 
+class MuxComplete(_message.Message):
+    __slots__ = ("request", "traceparent", "tracestate")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    request: CompleteRequest
+    traceparent: str
+    tracestate: str
+    def __init__(self, request: _Optional[_Union[CompleteRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
 class MuxCancel(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -406,8 +416,8 @@ class MuxOp(_message.Message):
     id: int
     admit: MuxAdmit
     cancel: MuxCancel
-    complete: CompleteRequest
-    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[MuxAdmit, _Mapping]] = ..., cancel: _Optional[_Union[MuxCancel, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ...) -> None: ...
+    complete: MuxComplete
+    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[MuxAdmit, _Mapping]] = ..., cancel: _Optional[_Union[MuxCancel, _Mapping]] = ..., complete: _Optional[_Union[MuxComplete, _Mapping]] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)

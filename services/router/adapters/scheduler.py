@@ -578,9 +578,8 @@ class SchedulerClient:
         if mux is None:
             call = admit_stream()
         else:
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            call = mux.admit(request, self._hold_cap_s, carrier, admit_stream)
+            trace.get_current_span().set_attribute("rpc.method", "AdmitMux")
+            call = mux.admit(request, self._hold_cap_s, _trace_carrier(), admit_stream)
         # The windows are kept on this loop's on-time clock (wall time minus its measured lag): a window
         # that passed only because our own loop ran late is not the scheduler's silence. The hold cap
         # (wall time) bounds every wait.
@@ -700,7 +699,13 @@ class SchedulerClient:
         mux = self._mux(address) if method == "Complete" else None
         if mux is not None:
             try:
-                return await mux.complete(request, self._timeout_s)
+                if self._inject_context:  # spans are not exported: the caller's context, no span of its own
+                    return await mux.complete(request, self._timeout_s, _trace_carrier())
+                # The CLIENT span the instrumentation gives a unary Complete.
+                with self._tracer.start_as_current_span(
+                    "router.complete", kind=trace.SpanKind.CLIENT, attributes=_MUX_RPC
+                ):
+                    return await mux.complete(request, self._timeout_s, _trace_carrier())
             except MuxUnsupported:
                 pass  # an older scheduler: the call of its own
         metadata = inject_metadata() if self._inject_context else None
@@ -750,6 +755,16 @@ class SchedulerClient:
         """The scheduler's KvRouter settings, None when it does not answer."""
         rc = await self._short("GetRouterConfig", pb.GetRouterConfigRequest())
         return None if rc is None else kv_settings_from_proto(rc)
+
+
+_MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler", "rpc.method": "AdmitMux"}
+
+
+def _trace_carrier() -> dict[str, str]:
+    """The current W3C trace context, for an operation on the AdmitMux stream."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
 
 
 def kv_settings_from_proto(rc: pb.RouterConfig) -> SchedulerKvSettings:

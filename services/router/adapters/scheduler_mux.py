@@ -140,7 +140,9 @@ class SchedulerMux:
         self._queue(pb.MuxOp(id=call.id, admit=admit))
         return call
 
-    async def complete(self, request: pb.CompleteRequest, timeout_s: float) -> pb.CompleteResponse:
+    async def complete(
+        self, request: pb.CompleteRequest, timeout_s: float, trace_carrier: dict[str, str]
+    ) -> pb.CompleteResponse:
         """Complete on the stream; raises as the unary call would (MuxUnsupported: make that call)."""
         refusal = self._open()
         if refusal is not None:
@@ -148,7 +150,12 @@ class SchedulerMux:
         op_id = self._take_id()
         answer: asyncio.Future[pb.CompleteResponse] = asyncio.get_running_loop().create_future()
         self._completes[op_id] = answer
-        self._queue(pb.MuxOp(id=op_id, complete=request))
+        complete = pb.MuxComplete(
+            request=request,
+            traceparent=trace_carrier.get("traceparent", ""),
+            tracestate=trace_carrier.get("tracestate", ""),
+        )
+        self._queue(pb.MuxOp(id=op_id, complete=complete))
         try:
             async with asyncio.timeout(timeout_s):
                 return await answer
@@ -300,4 +307,4 @@ class SchedulerMux:
                 dp_rank=result.admit.decision.dp_rank,
                 outcome=pb.TURN_OUTCOME_NOT_STARTED,
             )
-            self._queue(pb.MuxOp(id=self._take_id(), complete=done))
+            self._queue(pb.MuxOp(id=self._take_id(), complete=pb.MuxComplete(request=done)))

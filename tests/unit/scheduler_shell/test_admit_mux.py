@@ -63,7 +63,7 @@ def admit(op_id: int, sid: str, rid: str, tokens: int = 100, timeout_s: float = 
 
 def complete(op_id: int, sid: str, rid: str, prompt: int, worker: str = "w1", **fields) -> pb.MuxOp:
     request = pb.CompleteRequest(session_id=sid, request_id=rid, worker_id=worker, prompt_tokens=prompt, **fields)
-    return pb.MuxOp(id=op_id, complete=request)
+    return pb.MuxOp(id=op_id, complete=pb.MuxComplete(request=request))
 
 
 def cancel(op_id: int) -> pb.MuxOp:
