@@ -33,6 +33,9 @@ from services.common.outbound.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
+MAX_WITHDRAWN = 10_000
+"""Withdrawn admits whose last result is awaited (to end a decision that crossed the cancel); past it the
+oldest is forgotten, and its decision, if one comes, is rolled back at its lease instead (never confirmed)."""
 REOPEN = RetryPolicy(first_delay_s=0.05, multiplier=2.0, max_delay_s=1.0)
 """Between reopenings of a stream that ended before answering anything."""
 
@@ -170,6 +173,8 @@ class SchedulerMux:
         if self._admits.pop(call.id, None) is None or self._call is None:
             return  # answered already, or the stream broke (the scheduler rolled it back)
         self._withdrawn[call.id] = call.request
+        if len(self._withdrawn) > MAX_WITHDRAWN:  # a replica that stopped answering: bounded memory
+            del self._withdrawn[next(iter(self._withdrawn))]
         self._queue(pb.MuxOp(id=call.id, cancel=pb.MuxCancel()))
 
     async def close(self) -> None:
