@@ -571,6 +571,9 @@ class MuxStream:
                 raise
             finally:
                 self.in_write = frozenset()
+            for op_id, result in batch.items():
+                if result.WhichOneof("result") != "admit" or result.admit.HasField("decision"):
+                    self.admits.discard(op_id)  # its last result is out: a cancel no longer withdraws it
             flushed.set_result(None)
 
     async def _admit(self, op_id: int, admit: pb.MuxAdmit) -> None:
