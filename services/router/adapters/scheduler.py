@@ -1,5 +1,9 @@
 """The router's client of the scheduler: Admit, Bind, Complete, Release, GetRouterConfig.
 
+Admit and Complete go as operations on one AdmitMux stream per replica (scheduler_mux.py; `mux=False`, or
+a scheduler answering UNIMPLEMENTED: an AdmitStream and a Complete call of their own). An operation reads
+as the call it replaces, so everything below holds for both ("the call" of an admission is either).
+
 A turn's outcome comes in as the domain `Outcome` (core/outcome.py); `complete` sends it as the
 protobuf `TurnOutcome`.
 
