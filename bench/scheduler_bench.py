@@ -9,7 +9,8 @@
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
-   AdmitStream, `--admit-stream`) -> Complete for their own program. One round trip = Admit + Complete;
+   AdmitStream, `--admit-stream`) -> Complete for their own program (`--mux`: also, in every round, both
+   as operations on one AdmitMux stream per caller process). One round trip = Admit + Complete;
    we report round trips per second, the p50/p99 latency, and from /proc the scheduler's CPU per round
    trip and the cores of the scheduler, the callers and the machine. The scheduler keeps its table in a
    SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
@@ -28,12 +29,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import itertools
 import json
 import os
 import platform
 import random
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import time
@@ -429,7 +432,7 @@ async def run_callers(
     duration_s: float,
     sessions: int = 0,
     once: bool = False,
-    stream: bool = False,
+    path: str = "Admit",
     profile_out: Path | None = None,
     py_spy: str | None = None,
 ) -> dict:
@@ -447,8 +450,10 @@ async def run_callers(
             argv += ["--sessions", str(sessions)]
         if once:
             argv.append("--once")
-        if stream:
+        if path == "AdmitStream":
             argv.append("--stream")
+        elif path == "AdmitMux":
+            argv.append("--mux")
         procs.append(
             await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -531,6 +536,7 @@ async def run_callers(
     trips = len(latencies)
     sched_cpu = after["cpu_s"] - before["cpu_s"]
     return {
+        "path": path,
         "callers": callers,
         "caller_processes": caller_procs,
         "channels": channels,
@@ -571,9 +577,13 @@ async def bench_rpc(
     py_spy_path: str | None = None,
     profile_dir: Path | None = None,
     stream: bool = False,
+    mux: bool = False,
 ) -> dict:
     """Admit+Complete from `callers` callers (in `caller_procs` processes of their own) against each tree's
-    scheduler in turn, `rounds` times interleaved; the first tree's first round is the headline figure."""
+    scheduler in turn, `rounds` times interleaved; the first tree's first round is the headline figure.
+    `mux`: each tree also runs with AdmitMux (one stream per caller process) right after AdmitStream, on a
+    fresh scheduler, in every round; `summary` has the medians over the rounds per tree and path."""
+    paths = ("AdmitStream", "AdmitMux") if mux else ("AdmitStream" if stream else "Admit",)
     stub = SglangStub(
         sglang_info(
             max_total_num_tokens=50_000_000,
@@ -585,7 +595,7 @@ async def bench_rpc(
     )
     await stub.start()
     py_spy = _py_spy(py_spy_path) if attribute else None
-    report: dict = {"store": store, "admit_rpc": "AdmitStream" if stream else "Admit", "runs": []}
+    report: dict = {"store": store, "admit_rpc": paths[0], "runs": []}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         cap_proc = None
@@ -595,49 +605,51 @@ async def bench_rpc(
             if store == "redis":
                 redis, redis_url = await _start_redis(tmp)
             cap_proc, cap_addr = await _start_capacity(stub.url, tmp)
-            for round_no in range(rounds):
-                for name, tree in trees:
-                    tag = f"{name}-{round_no}"
-                    proc, addr = await _start_scheduler(tree, cap_addr, tmp, tag, store, redis_url)
-                    try:
-                        await _wait_capacity(addr)
-                        run: dict = {"tree": name, "round": round_no}
-                        idle = proc_sample(proc.pid)
-                        profile = (profile_dir or tmp) / f"scheduler-{tag}.spy" if py_spy else None
-                        run["rpc"] = await run_callers(
-                            addr,
-                            proc.pid,
-                            callers=callers,
-                            caller_procs=caller_procs,
-                            channels=channels,
-                            warmup_s=min(1.0, duration_s / 4),
-                            duration_s=duration_s,
-                            profile_out=profile,
-                            py_spy=py_spy,
-                            stream=stream,
-                        )
-                        stats = await _stats(addr)
-                        if tree is None:
-                            report["runs"].append(run)
-                            continue
-                        run["rpc"]["pauses_total"] = stats.pauses_total
-                        run["rpc"]["programs"] = stats.programs_active
-                        run["rpc"]["replicas"] = len(stats.replicas)
-                        if profile is not None and profile.exists():
-                            run["attribution"] = attribute_stacks(profile.read_text())
-                        if round_no == 0 and memory_programs:
-                            run["memory"] = await _memory(
-                                addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s
-                            )
+            for round_no, (name, tree), path in itertools.product(range(rounds), trees, paths):
+                if tree is None and path == "AdmitMux":
+                    continue  # the floor (bench.grpc_floor) answers the unary and AdmitStream calls only
+                tag = f"{name}-{round_no}-{path}"
+                proc, addr = await _start_scheduler(tree, cap_addr, tmp, tag, store, redis_url)
+                try:
+                    await _wait_capacity(addr)
+                    run: dict = {"tree": name, "round": round_no, "path": path}
+                    idle = proc_sample(proc.pid)
+                    profile = (profile_dir or tmp) / f"scheduler-{tag}.spy" if py_spy else None
+                    run["rpc"] = await run_callers(
+                        addr,
+                        proc.pid,
+                        callers=callers,
+                        caller_procs=caller_procs,
+                        channels=channels,
+                        warmup_s=min(1.0, duration_s / 4),
+                        duration_s=duration_s,
+                        profile_out=profile,
+                        py_spy=py_spy,
+                        path=path,
+                    )
+                    stats = await _stats(addr)
+                    if tree is None:
                         report["runs"].append(run)
-                    finally:
-                        await _terminate(proc)
+                        continue
+                    run["rpc"]["pauses_total"] = stats.pauses_total
+                    run["rpc"]["programs"] = stats.programs_active
+                    run["rpc"]["replicas"] = len(stats.replicas)
+                    if profile is not None and profile.exists():
+                        run["attribution"] = attribute_stacks(profile.read_text())
+                    if round_no == 0 and path == paths[0] and memory_programs:
+                        run["memory"] = await _memory(
+                            addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s
+                        )
+                    report["runs"].append(run)
+                finally:
+                    await _terminate(proc)
         finally:
             if cap_proc is not None:
                 await _terminate(cap_proc)
             if redis is not None:
                 stop_child(redis, 10.0, name="redis-server")
             await stub.stop()
+    report["summary"] = rpc_summary(report["runs"])
     head = report["runs"][0]
     report.update(head["rpc"])  # the headline figures at the top level, as before
     if "memory" in head:
@@ -645,6 +657,35 @@ async def bench_rpc(
     if "attribution" in head:
         report["attribution"] = head["attribution"]
     return report
+
+
+def rpc_summary(runs: list[dict]) -> list[dict]:
+    """Per tree and admission path, the medians over the rounds of round trips/s, p50, p99 and the
+    scheduler's CPU per round trip (the interleaved rounds share the machine's drift)."""
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["tree"], run.get("path", "Admit")), []).append(run["rpc"])
+    out = []
+    for (tree, path), rpcs in groups.items():
+
+        def med(values: list) -> float | None:
+            present = [v for v in values if v is not None]
+            return round(statistics.median(present), 1) if present else None
+
+        out.append(
+            {
+                "tree": tree,
+                "path": path,
+                "rounds": len(rpcs),
+                "round_trips_per_s": med([r["round_trips_per_s"] for r in rpcs]),
+                "p50_ms": med([r["latency_ms"]["p50"] for r in rpcs]),
+                "p99_ms": med([r["latency_ms"]["p99"] for r in rpcs]),
+                "scheduler_us_per_round_trip": med([r["scheduler_cpu"]["us_per_round_trip"] for r in rpcs]),
+                "scheduler_cores": med([r["scheduler_cpu"]["cores"] for r in rpcs]),
+                "errors": sum(r["errors"] for r in rpcs),
+            }
+        )
+    return out
 
 
 async def _memory(
@@ -940,7 +981,7 @@ def _table(report: dict) -> str:
         *(
             [
                 [
-                    f"Admit+Complete, tree {run['tree']} round {run['round']}",
+                    f"Admit+Complete, tree {run['tree']} round {run['round']} {run.get('path', '')}",
                     "round trips/s, p99 ms, µs CPU",
                     f"{run['rpc']['round_trips_per_s']:.0f}, {run['rpc']['latency_ms']['p99']:.0f}, "
                     f"{run['rpc']['scheduler_cpu']['us_per_round_trip']}",
@@ -1041,6 +1082,12 @@ def main(argv: list[str] | None = None) -> int:
         help="callers admit with AdmitStream (the router's call) instead of the unary Admit",
     )
     parser.add_argument(
+        "--mux",
+        action="store_true",
+        help="run each tree with AdmitStream and then with AdmitMux (one multiplexed stream per caller "
+        "process), interleaved in every round; `rpc.summary` has the medians per path",
+    )
+    parser.add_argument(
         "--floor",
         action="store_true",
         help="also run the rpc part against bench.grpc_floor (the same service answering empty messages): "
@@ -1090,6 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
         py_spy_path=args.py_spy,
         profile_dir=Path(args.out).parent,
         stream=args.admit_stream,
+        mux=args.mux,
     )
     if args.rpc_only:
         rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
@@ -1097,6 +1145,13 @@ def main(argv: list[str] | None = None) -> int:
         report = {"benchmark": "scheduler", "smoke": args.smoke, "rpc": rpc, "router_state": router_state}
         print(json.dumps(report, indent=2))
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        for row in rpc["summary"]:
+            print(
+                f"{row['tree']:>8} {row['path']:<12} x{row['rounds']}: {row['round_trips_per_s']} round trips/s, "
+                f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, "
+                f"scheduler {row['scheduler_us_per_round_trip']} us/round trip ({row['scheduler_cores']} cores), "
+                f"{row['errors']} errors"
+            )
         return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
     tick = bench_tick(args.programs, args.replicas, args.ticks)

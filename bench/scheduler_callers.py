@@ -11,6 +11,9 @@ from stdin: it loops until `stop_at`, recording the latencies of the round trips
 Caller `i` (of `first .. first+count-1`) uses session `bench-<i>` for every turn, or, with `--sessions N`,
 walks the sessions `i, i + callers, ...` modulo N (N programs in the table); `--once` walks its share of
 the N sessions once and ends (the benchmark's memory phase: load N programs).
+
+`--mux`: the process opens one AdmitMux stream (the router's multiplexed path) and every caller's Admit and
+Complete go through it as operations; what the callers have ready in one event-loop turn goes in one message.
 """
 
 from __future__ import annotations
@@ -27,6 +30,66 @@ from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 
 
+class MuxCaller:
+    """One AdmitMux stream shared by the process's callers: `admit`/`complete` queue an operation and wait
+    for its last result; a writer sends what was queued in one event-loop turn as one MuxRequest."""
+
+    def __init__(self, client: pb_grpc.SchedulerStub) -> None:
+        self.call = client.AdmitMux()
+        self.queued: list[pb.MuxOp] = []
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.next_id = 0
+        self.wake = asyncio.Event()
+        self.tasks = [asyncio.ensure_future(self._write()), asyncio.ensure_future(self._read())]
+
+    async def _write(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            ops, self.queued = self.queued, []
+            await self.call.write(pb.MuxRequest(ops=ops))
+
+    async def _read(self) -> None:
+        try:
+            async for response in self.call:
+                for result in response.results:
+                    kind = result.WhichOneof("result")
+                    if kind == "admit" and not result.admit.HasField("decision"):
+                        continue  # held: the decision follows
+                    waiter = self.waiting.pop(result.id, None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(result)
+        finally:
+            for waiter in self.waiting.values():
+                if not waiter.done():
+                    waiter.set_exception(ConnectionError("the AdmitMux stream ended"))
+
+    async def _op(self, op: pb.MuxOp) -> pb.MuxResult:
+        self.next_id += 1
+        op.id = self.next_id
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiting[op.id] = waiter
+        self.queued.append(op)
+        self.wake.set()
+        async with asyncio.timeout(30):
+            result = await waiter
+        if result.WhichOneof("result") == "error":
+            raise ConnectionError(f"{result.error.code}: {result.error.message}")
+        return result
+
+    async def admit(self, request: pb.AdmitRequest) -> pb.AdmitResponse:
+        return (await self._op(pb.MuxOp(admit=pb.MuxAdmit(request=request, timeout_seconds=30)))).admit.decision
+
+    async def complete(self, request: pb.CompleteRequest) -> None:
+        await self._op(pb.MuxOp(complete=pb.MuxComplete(request=request)))
+
+    async def close(self) -> None:
+        await self.call.done_writing()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
 async def run(args: argparse.Namespace) -> dict:
     chans = [
         grpc.aio.insecure_channel(args.addr, options=[("grpc.use_local_subchannel_pool", 1)])
@@ -35,6 +98,7 @@ async def run(args: argparse.Namespace) -> dict:
     clients = [pb_grpc.SchedulerStub(c) for c in chans]
     for c in chans:
         await asyncio.wait_for(c.channel_ready(), 30)
+    mux = MuxCaller(clients[0]) if args.mux else None
     print("ready", flush=True)
     line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     _, warmup_until_s, stop_at_s = line.split()
@@ -60,7 +124,9 @@ async def run(args: argparse.Namespace) -> dict:
             measured = time.time() >= warmup_until
             try:
                 request = pb.AdmitRequest(session_id=sid, request_id=rid, estimated_prompt_tokens=2_000)
-                if args.stream:
+                if mux is not None:
+                    resp = await mux.admit(request)
+                elif args.stream:
                     # The router's path: AdmitStream, read up to the decision (a held program sends `held`
                     # first), then the call ends.
                     call = client.AdmitStream(request, timeout=30)
@@ -73,18 +139,19 @@ async def run(args: argparse.Namespace) -> dict:
                         continue
                 else:
                     resp = await client.Admit(request, timeout=30)
-                await client.Complete(
-                    pb.CompleteRequest(
-                        session_id=sid,
-                        request_id=rid,
-                        worker_id=resp.worker_id,
-                        dp_rank=resp.dp_rank,
-                        prompt_tokens=2_000,
-                        completion_tokens=200,
-                    ),
-                    timeout=30,
+                done = pb.CompleteRequest(
+                    session_id=sid,
+                    request_id=rid,
+                    worker_id=resp.worker_id,
+                    dp_rank=resp.dp_rank,
+                    prompt_tokens=2_000,
+                    completion_tokens=200,
                 )
-            except grpc.aio.AioRpcError:
+                if mux is not None:
+                    await mux.complete(done)
+                else:
+                    await client.Complete(done, timeout=30)
+            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError):
                 errors += 1
                 continue
             if measured:
@@ -92,6 +159,8 @@ async def run(args: argparse.Namespace) -> dict:
                 held += resp.was_paused
 
     await asyncio.gather(*(caller(i) for i in range(args.first, args.first + args.count)))
+    if mux is not None:
+        await mux.close()
     for c in chans:
         await c.close()
     return {"latencies_ms": [round(x, 3) for x in latencies_ms], "held": held, "errors": errors}
@@ -107,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=2)
     parser.add_argument("--sessions", type=int, default=0, help="walk N sessions instead of one per caller")
     parser.add_argument("--stream", action="store_true", help="AdmitStream (the router's call) instead of Admit")
+    parser.add_argument("--mux", action="store_true", help="one AdmitMux stream for all the process's callers")
     parser.add_argument("--once", action="store_true", help="walk this process's share of --sessions once")
     args = parser.parse_args(argv)
     try:

@@ -110,6 +110,13 @@ class RouterConfig:
         env=_env("scheduler"),
         flag="--scheduler",
     )
+    scheduler_mux: bool = setting(
+        True,
+        "admit and complete turns on one AdmitMux stream per scheduler replica (a scheduler without it gets "
+        "the calls of their own); --no-scheduler-mux = an AdmitStream and a Complete call per turn",
+        env=_env("scheduler_mux"),
+        flag="--scheduler-mux",
+    )
     max_body_bytes: int = setting(
         8 * 1024 * 1024,
         "largest accepted request body (larger -> 413)",

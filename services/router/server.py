@@ -199,6 +199,7 @@ async def start_router(
             failover_s=config.scheduler_failover_seconds,
             loop_lag=host.loop_lag,
             inject_context=not telemetry.exporting,
+            mux=config.scheduler_mux,
         )
     )
     scheduler_config = None

@@ -46,6 +46,11 @@ class SchedulerMetrics:
             "RPCs a standby (or a deposed leader) refused with FAILED_PRECONDITION",
             registry=registry,
         )
+        self.admit_mux_streams = Gauge(
+            f"{PREFIX}_admit_mux_streams",
+            "AdmitMux streams open (one per router process that admits on the multiplexed stream)",
+            registry=registry,
+        )
         self.tick_seconds = Histogram(
             f"{PREFIX}_tick_seconds",
             "Duration of one control tick (core + publishing)",

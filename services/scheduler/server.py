@@ -119,7 +119,9 @@ async def start_scheduler(
         name="scheduler-capacity-watch",
     )
     replica = SingleReplica(runtime, lambda: config.advertise_addr or host.address)
-    pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(replica, config.kv_router, tracer), host.server)
+    pb_grpc.add_SchedulerServicer_to_server(
+        SchedulerServicer(replica, config.kv_router, tracer, mux_streams=metrics.admit_mux_streams), host.server
+    )
     host.add_service(SERVICE_NAME)
 
     async def stop_components() -> None:
@@ -337,7 +339,9 @@ async def _start_replica(
         idle_timeout_s=capacity_idle_timeout_s,
         name="scheduler-capacity-watch",
     )
-    pb_grpc.add_SchedulerServicer_to_server(SchedulerServicer(election, config.kv_router, tracer), host.server)
+    pb_grpc.add_SchedulerServicer_to_server(
+        SchedulerServicer(election, config.kv_router, tracer, mux_streams=metrics.admit_mux_streams), host.server
+    )
     host.add_service(SERVICE_NAME)
 
     async def stop_components() -> None:

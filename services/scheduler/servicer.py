@@ -14,10 +14,11 @@ answers it UNAVAILABLE (rolled back), so its router retries on the new leader.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Coroutine
 
 import grpc
-from opentelemetry import trace
+from opentelemetry import propagate, trace
+from prometheus_client import Gauge
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -87,6 +88,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         *,
         delivery_timeout_s: float = DELIVERY_TIMEOUT_S,
         held_heartbeat_s: float | None = None,
+        mux_streams: Gauge | None = None,
     ) -> None:
         """`replica`: who decides (a bare runtime = a single scheduler). `held_heartbeat_s`: re-send `held`
         this often on a held AdmitStream (default: with leader election, 1 s; otherwise never)."""
@@ -99,14 +101,15 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self.kv_router = kv_router
         self.tracer = tracer
         self.delivery_timeout_s = delivery_timeout_s
+        self.mux_streams = mux_streams
+        """AdmitMux streams open (a gauge), when the server exports metrics."""
 
     def _runtime(self, context: grpc.aio.ServicerContext) -> SchedulerRuntime:
         """The deciding runtime, or NotLeader with the leader's address in the trailing metadata."""
         try:
-            return self.replica.current()
+            return self._current()
         except NotLeader as exc:
             context.set_trailing_metadata(((LEADER_METADATA_KEY, exc.leader_address),))
-            self.replica.refused()
             raise
 
     async def Admit(self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext) -> pb.AdmitResponse:
@@ -136,6 +139,27 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
         await self._admit(request, context, on_held, deliver)
 
+    async def AdmitMux(self, request_iterator: AsyncIterator[pb.MuxRequest], context: grpc.aio.ServicerContext) -> None:
+        """Admit (as AdmitStream), cancel and Complete multiplexed on one stream per router (issue 24): one
+        call instead of two per turn. A standby refuses the stream as it refuses any call."""
+        async with DOMAIN_ERRORS.guard(context):
+            self._runtime(context)
+        if self.mux_streams is not None:
+            self.mux_streams.inc()
+        try:
+            await MuxStream(self, context).serve(request_iterator)
+        finally:
+            if self.mux_streams is not None:
+                self.mux_streams.dec()
+
+    def _current(self) -> SchedulerRuntime:
+        """The deciding runtime, or NotLeader (an AdmitMux operation answers it in its MuxError)."""
+        try:
+            return self.replica.current()
+        except NotLeader:
+            self.replica.refused()
+            raise
+
     async def _admit(
         self,
         request: pb.AdmitRequest,
@@ -143,81 +167,91 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None,
         deliver: Callable[[pb.AdmitResponse], Awaitable[None]],
     ) -> pb.AdmitResponse:
-        """Decide, then deliver: the admission is a transaction that commits only once `deliver` (an
-        await on the call) returned. A call cancelled, timed out or broken before that is rolled back
-        to the exact table it found, whether it was held, waiting at the gate or already placed."""
         # Unary Admit: a child of the instrumentation's SERVER span. AdmitStream is not instrumented (a
         # streaming handler, see GrpcServerTracing): this span is its SERVER span, from the metadata.
         trace_parent, kind = grpc_parent(context)
         with self.tracer.start_as_current_span("scheduler.admit", context=trace_parent, kind=kind) as span:
             async with DOMAIN_ERRORS.guard(context):
                 runtime = self._runtime(context)
-                session_id = validate_session_id(request.session_id)
-                parent = validate_session_id(request.parent_session_id, "parent_session_id")
-                request_id = validate_request_id(request.request_id)
-                validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
-                span.set_attribute("scheduler.passthrough", not session_id)
-                dispatched = request.dispatched and bool(session_id)
-                dispatched_replica = (
-                    replica_from_fields(request.dispatched_worker_id, request.dispatched_dp_rank)
-                    if dispatched
-                    else None
-                )
-                if dispatched:
-                    span.set_attribute("scheduler.dispatched", True)
-                if runtime.gated(session_id) and not dispatched:
-                    span.add_event("scheduler.gated")
-                    if on_held is not None:
-                        await on_held(runtime)
-                    try:
-                        # Awaited in this task (not through wait_for's inner task, which on Python 3.11
-                        # swallows a cancellation that lands as the gate opens): a cancelled call stops
-                        # here, and one that passes admits before anything else can run.
-                        async with asyncio.timeout(context.time_remaining()):
-                            await self._heartbeat(runtime.pass_gate(session_id), runtime, on_held)
-                    except TimeoutError:
-                        raise HoldDeadlineExceeded(
-                            "deadline exceeded while another turn of the program was held"
-                        ) from None
-                if runtime.stopping:  # the term ended while this call waited at the gate
-                    raise ShuttingDown(runtime.stop_reason)
-                result = runtime.admit(
-                    session_id,
-                    parent,
-                    request.estimated_prompt_tokens,
-                    request_id,
-                    dispatched=dispatched,
-                    dispatched_replica=dispatched_replica,
-                )
-                decision = result.decision
-                held = decision.verdict is Verdict.WAIT
-                span.set_attribute("scheduler.held", held)
-                if held:
-                    span.add_event("scheduler.held")
-                    decision = await self._hold(runtime, request_id, context, on_held)
-                    span.add_event("scheduler.resumed", {"scheduler.forced_resume": decision.forced_resume})
-                span.set_attribute("scheduler.pinned", decision.pinned)
-                span.set_attribute("scheduler.was_paused", decision.was_paused)
-                span.set_attribute("scheduler.forced_resume", decision.forced_resume)
-                span.set_attribute("scheduler.priority", decision.priority)
-                response = decision_to_proto(decision, runtime.core.ticket_lease_seconds)
-                delivered = False
-                try:
-                    # Leader election: the admission is in the store before its answer leaves (a failover
-                    # after the answer cannot lose it); a term that ended meanwhile rolls it back here.
-                    await self.replica.commit(runtime)
-                    async with asyncio.timeout(self.delivery_timeout_s):
-                        await deliver(response)
-                    delivered = True
-                except TimeoutError:
-                    raise AnswerNotTaken(
-                        f"the answer was not taken within {self.delivery_timeout_s:g}s; admission rolled back"
-                    ) from None
-                finally:
-                    if not delivered:
-                        span.add_event("scheduler.rolled_back")
-                        runtime.cancel(request_id)
-                return response
+                return await self._decide(runtime, request, span, context.time_remaining, on_held, deliver)
+        raise AssertionError("unreachable: the guard aborts the call")  # pragma: no cover
+
+    async def _decide(
+        self,
+        runtime: SchedulerRuntime,
+        request: pb.AdmitRequest,
+        span: trace.Span,
+        time_remaining: Callable[[], float | None],
+        on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None,
+        deliver: Callable[[pb.AdmitResponse], Awaitable[None]],
+    ) -> pb.AdmitResponse:
+        """Decide, then deliver: the admission is a transaction that commits only once `deliver` (an
+        await on the call) returned. A call cancelled, timed out or broken before that is rolled back
+        to the exact table it found, whether it was held, waiting at the gate or already placed. The one
+        admission path of Admit, AdmitStream and each AdmitMux admit; raises the domain errors.
+        `time_remaining`: seconds left of the caller's deadline (None = none)."""
+        session_id = validate_session_id(request.session_id)
+        parent = validate_session_id(request.parent_session_id, "parent_session_id")
+        request_id = validate_request_id(request.request_id)
+        validate_tokens(estimated_prompt_tokens=request.estimated_prompt_tokens)
+        span.set_attribute("scheduler.passthrough", not session_id)
+        dispatched = request.dispatched and bool(session_id)
+        dispatched_replica = (
+            replica_from_fields(request.dispatched_worker_id, request.dispatched_dp_rank) if dispatched else None
+        )
+        if dispatched:
+            span.set_attribute("scheduler.dispatched", True)
+        if runtime.gated(session_id) and not dispatched:
+            span.add_event("scheduler.gated")
+            if on_held is not None:
+                await on_held(runtime)
+            try:
+                # Awaited in this task (not through wait_for's inner task, which on Python 3.11
+                # swallows a cancellation that lands as the gate opens): a cancelled call stops
+                # here, and one that passes admits before anything else can run.
+                async with asyncio.timeout(time_remaining()):
+                    await self._heartbeat(runtime.pass_gate(session_id), runtime, on_held)
+            except TimeoutError:
+                raise HoldDeadlineExceeded("deadline exceeded while another turn of the program was held") from None
+        if runtime.stopping:  # the term ended while this call waited at the gate
+            raise ShuttingDown(runtime.stop_reason)
+        result = runtime.admit(
+            session_id,
+            parent,
+            request.estimated_prompt_tokens,
+            request_id,
+            dispatched=dispatched,
+            dispatched_replica=dispatched_replica,
+        )
+        decision = result.decision
+        held = decision.verdict is Verdict.WAIT
+        span.set_attribute("scheduler.held", held)
+        if held:
+            span.add_event("scheduler.held")
+            decision = await self._hold(runtime, request_id, time_remaining(), on_held)
+            span.add_event("scheduler.resumed", {"scheduler.forced_resume": decision.forced_resume})
+        span.set_attribute("scheduler.pinned", decision.pinned)
+        span.set_attribute("scheduler.was_paused", decision.was_paused)
+        span.set_attribute("scheduler.forced_resume", decision.forced_resume)
+        span.set_attribute("scheduler.priority", decision.priority)
+        response = decision_to_proto(decision, runtime.core.ticket_lease_seconds)
+        delivered = False
+        try:
+            # Leader election: the admission is in the store before its answer leaves (a failover
+            # after the answer cannot lose it); a term that ended meanwhile rolls it back here.
+            await self.replica.commit(runtime)
+            async with asyncio.timeout(self.delivery_timeout_s):
+                await deliver(response)
+            delivered = True
+        except TimeoutError:
+            raise AnswerNotTaken(
+                f"the answer was not taken within {self.delivery_timeout_s:g}s; admission rolled back"
+            ) from None
+        finally:
+            if not delivered:
+                span.add_event("scheduler.rolled_back")
+                runtime.cancel(request_id)
+        return response
 
     async def _heartbeat(
         self,
@@ -244,7 +278,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         self,
         runtime: SchedulerRuntime,
         request_id: str,
-        context: grpc.aio.ServicerContext,
+        timeout: float | None,
         on_held: Callable[[SchedulerRuntime], Awaitable[None]] | None = None,
     ):
         """Wait for the resolution; roll back on cancellation or the caller's deadline.
@@ -252,7 +286,6 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         The wait runs in this task under `asyncio.timeout`: `asyncio.wait_for` (Python 3.11) returns the
         inner result when the call is cancelled just as it resolves, and a cancelled call then went on
         holding an admission nobody waited for until its deadline."""
-        timeout = context.time_remaining()
         resolved = False
         # Taken before writing "held": the program may be resumed while that write is under way.
         resolution = runtime.wait(request_id)
@@ -309,32 +342,35 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         async with DOMAIN_ERRORS.guard(context):
             runtime = self._runtime(context)
-            session_id = validate_session_id(request.session_id)
-            request_id = validate_request_id(request.request_id)
-            validate_tokens(
-                prompt_tokens=request.prompt_tokens,
-                completion_tokens=request.completion_tokens,
-                cached_tokens=request.cached_tokens,
-            )
-            replica = replica_from_fields(request.worker_id, request.dp_rank)
-            outcome = outcome_from_proto(request.outcome)
-            ttft_s = validate_ttft(request.ttft_seconds)
-            runtime.complete(
-                session_id,
-                request_id,
-                replica,
-                request.prompt_tokens,
-                request.completion_tokens,
-                request.cached_tokens,
-                outcome,
-                ttft_s=ttft_s or None,
-            )
-            await self.replica.commit(runtime)
-            span = trace.get_current_span()  # the instrumentation's SERVER span
-            span.set_attribute("scheduler.outcome", outcome.value)
-            span.set_attribute("scheduler.prompt_tokens", request.prompt_tokens)
-            span.set_attribute("scheduler.cached_tokens", request.cached_tokens)
+            await self._complete(runtime, request, trace.get_current_span())  # the instrumentation's SERVER span
             return pb.CompleteResponse()
+
+    async def _complete(self, runtime: SchedulerRuntime, request: pb.CompleteRequest, span: trace.Span) -> None:
+        """The one Complete path (the unary call and each AdmitMux complete); raises the domain errors."""
+        session_id = validate_session_id(request.session_id)
+        request_id = validate_request_id(request.request_id)
+        validate_tokens(
+            prompt_tokens=request.prompt_tokens,
+            completion_tokens=request.completion_tokens,
+            cached_tokens=request.cached_tokens,
+        )
+        replica = replica_from_fields(request.worker_id, request.dp_rank)
+        outcome = outcome_from_proto(request.outcome)
+        ttft_s = validate_ttft(request.ttft_seconds)
+        runtime.complete(
+            session_id,
+            request_id,
+            replica,
+            request.prompt_tokens,
+            request.completion_tokens,
+            request.cached_tokens,
+            outcome,
+            ttft_s=ttft_s or None,
+        )
+        await self.replica.commit(runtime)
+        span.set_attribute("scheduler.outcome", outcome.value)
+        span.set_attribute("scheduler.prompt_tokens", request.prompt_tokens)
+        span.set_attribute("scheduler.cached_tokens", request.cached_tokens)
 
     async def Release(self, request: pb.ReleaseRequest, context: grpc.aio.ServicerContext) -> pb.ReleaseResponse:
         async with DOMAIN_ERRORS.guard(context):
@@ -419,3 +455,209 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
             leader_for_seconds=view.leader_for_s,
             terms_total=view.terms,
         )
+
+
+class MuxStream:
+    """One AdmitMux stream: each admit runs `SchedulerServicer._decide` in a task of its own (it may be
+    held), each complete `_complete`; their results go out coalesced, one MuxResponse per event-loop turn
+    that had any (no timer).
+
+    Delivery is AdmitStream's: an admission commits once the write that carries its decision returned. A
+    cancel withdraws an admission whose decision is not yet in a write under way (rolled back, answered
+    CANCELLED); otherwise its decision stands and the caller ends the turn with Complete(NOT_STARTED).
+    Whatever ends the stream (the caller gone, a broken write, shutdown) rolls back every admission still
+    pending on it, as a cancelled AdmitStream is."""
+
+    def __init__(self, servicer: SchedulerServicer, context: grpc.aio.ServicerContext) -> None:
+        self.servicer = servicer
+        self.context = context
+        self.pending: dict[int, asyncio.Task] = {}
+        self.admits: set[int] = set()  # the pending ids that are admits (what a cancel may withdraw)
+        self.cancelled: set[int] = set()  # ids the caller withdrew while pending
+        self.outbox: dict[int, pb.MuxResult] = {}  # a later update of an id replaces an unsent one
+        self.in_write: frozenset[int] = frozenset()
+        self.flushed: asyncio.Future[None] | None = None  # resolves when the outbox's write returned
+        self.wake = asyncio.Event()
+
+    async def serve(self, request_iterator: AsyncIterator[pb.MuxRequest]) -> None:
+        reader = asyncio.ensure_future(self._read(request_iterator))
+        writer = asyncio.ensure_future(self._write())
+        try:
+            await asyncio.wait((reader, writer), return_when=asyncio.FIRST_COMPLETED)
+            if writer.done():
+                writer.result()  # a broken write ends the stream
+            reader.result()  # raises what ended the read (a protocol error)
+            # The caller half-closed: answer what is pending, then end the call.
+            while self.pending:
+                await asyncio.wait(tuple(self.pending.values()))
+            if self.outbox:
+                async with asyncio.timeout(self.servicer.delivery_timeout_s):
+                    await self._flushed()
+        finally:
+            reader.cancel()
+            tasks = tuple(self.pending.values())
+            for task in tasks:
+                task.cancel()  # each rolls its admission back in its own finally
+            await asyncio.gather(*tasks, return_exceptions=True)
+            writer.cancel()
+            await asyncio.gather(reader, writer, return_exceptions=True)
+
+    async def _read(self, request_iterator: AsyncIterator[pb.MuxRequest]) -> None:
+        async for request in request_iterator:
+            for op in request.ops:
+                kind = op.WhichOneof("op")
+                if kind == "cancel":
+                    self._cancel(op.id)
+                    continue
+                if op.id in self.pending:
+                    await self.context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT, f"operation id {op.id} is already pending on this stream"
+                    )
+                if len(self.pending) >= MAX_MUX_PENDING:
+                    self._send(op.id, _mux_error(grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {MAX_MUX_PENDING} pending"))
+                elif kind == "admit":
+                    self.admits.add(op.id)
+                    self._spawn(op.id, self._admit(op.id, op.admit))
+                elif kind == "complete":
+                    self._spawn(op.id, self._complete(op.id, op.complete))
+                else:
+                    self._send(op.id, _mux_error(grpc.StatusCode.INVALID_ARGUMENT, "operation: none given"))
+
+    def _spawn(self, op_id: int, work: Coroutine[None, None, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.pending[op_id] = task
+        task.add_done_callback(lambda _: self._forget(op_id, task))
+
+    def _forget(self, op_id: int, task: asyncio.Task) -> None:
+        if self.pending.get(op_id) is task:
+            del self.pending[op_id]
+            self.admits.discard(op_id)
+            self.cancelled.discard(op_id)
+
+    def _cancel(self, op_id: int) -> None:
+        task = self.pending.get(op_id)
+        if task is None or op_id not in self.admits or op_id in self.in_write:
+            return  # answered already, a complete, or its decision is being written: it stands
+        self.outbox.pop(op_id, None)  # an unsent decision is withdrawn with its admission
+        self.cancelled.add(op_id)
+        task.cancel()
+
+    def _send(self, op_id: int, result: pb.MuxResult) -> asyncio.Future[None]:
+        result.id = op_id
+        self.outbox[op_id] = result
+        self.wake.set()
+        return self._flushed()
+
+    def _flushed(self) -> asyncio.Future[None]:
+        if self.flushed is None:
+            self.flushed = asyncio.get_running_loop().create_future()
+            # Retrieved here so that a write nobody waits for any more logs nothing.
+            self.flushed.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return self.flushed
+
+    async def _write(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            if not self.outbox:
+                continue
+            batch, flushed = self.outbox, self._flushed()
+            self.outbox, self.flushed = {}, None
+            self.in_write = frozenset(batch)
+            try:
+                await self.context.write(pb.MuxResponse(results=batch.values()))
+            except BaseException as exc:
+                flushed.set_exception(StreamEnded(f"the AdmitMux stream ended: {exc!r}"))
+                raise
+            finally:
+                self.in_write = frozenset()
+            for op_id, result in batch.items():
+                if result.WhichOneof("result") != "admit" or result.admit.HasField("decision"):
+                    self.admits.discard(op_id)  # its last result is out: a cancel no longer withdraws it
+            flushed.set_result(None)
+
+    async def _admit(self, op_id: int, admit: pb.MuxAdmit) -> None:
+        servicer = self.servicer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + admit.timeout_seconds if admit.timeout_seconds > 0 else None
+
+        def time_remaining() -> float | None:
+            return None if deadline is None else max(0.0, deadline - loop.time())
+
+        async def on_held(runtime: SchedulerRuntime) -> None:
+            held = pb.AdmitHeld(
+                max_hold_seconds=runtime.core.params.resume_timeout_seconds,
+                heartbeat_seconds=servicer.held_heartbeat_s,
+            )
+            await asyncio.shield(self._send(op_id, pb.MuxResult(admit=pb.AdmitUpdate(held=held))))
+
+        async def deliver(response: pb.AdmitResponse) -> None:
+            flushed = self._send(op_id, pb.MuxResult(admit=pb.AdmitUpdate(decision=response)))
+            try:
+                await asyncio.shield(flushed)
+            except asyncio.CancelledError:
+                # Withdrawn (a cancel, the delivery bound, the stream's end) before its write began: the
+                # decision never leaves. One already in a write may: the error that follows withdraws it.
+                if op_id not in self.in_write:
+                    self.outbox.pop(op_id, None)
+                raise
+
+        parent = _trace_parent(admit.traceparent, admit.tracestate)
+        try:
+            with servicer.tracer.start_as_current_span(
+                "scheduler.admit", context=parent, kind=trace.SpanKind.SERVER
+            ) as span:
+                await servicer._decide(servicer._current(), admit.request, span, time_remaining, on_held, deliver)
+        except asyncio.CancelledError:
+            if op_id in self.cancelled:
+                self._send(op_id, _mux_error(grpc.StatusCode.CANCELLED, "admission cancelled; rolled back"))
+            raise
+        except StreamEnded:
+            return  # rolled back; the stream's end is the writer's to report
+        except Exception as exc:
+            self._send(op_id, _domain_error(exc))
+
+    async def _complete(self, op_id: int, complete: pb.MuxComplete) -> None:
+        servicer = self.servicer
+        parent = _trace_parent(complete.traceparent, complete.tracestate)
+        try:
+            # The unary Complete's SERVER span is the instrumentation's; an operation on the stream has its own.
+            with servicer.tracer.start_as_current_span(
+                "scheduler.complete", context=parent, kind=trace.SpanKind.SERVER
+            ) as span:
+                await servicer._complete(servicer._current(), complete.request, span)
+        except Exception as exc:
+            self._send(op_id, _domain_error(exc))
+        else:
+            self._send(op_id, pb.MuxResult(complete=pb.CompleteResponse()))
+
+
+MAX_MUX_PENDING = 100_000
+"""Operations pending on one AdmitMux stream (held admissions included); more are refused RESOURCE_EXHAUSTED."""
+
+
+class StreamEnded(Exception):
+    """The AdmitMux stream broke before a decision's write returned: the admission is rolled back."""
+
+
+def _trace_parent(traceparent: str, tracestate: str):
+    """The caller's trace context an AdmitMux operation carries (None: none given, a new trace)."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    return propagate.extract(carrier)
+
+
+def _mux_error(code: grpc.StatusCode, message: str, leader_address: str = "") -> pb.MuxResult:
+    return pb.MuxResult(error=pb.MuxError(code=code.value[0], message=message, leader_address=leader_address))
+
+
+def _domain_error(exc: Exception) -> pb.MuxResult:
+    """An operation's error as the status its unary call would have ended with (DOMAIN_ERRORS; UNKNOWN for
+    any other exception, as gRPC reports one that escapes a handler)."""
+    if not DOMAIN_ERRORS.handles(exc):
+        return _mux_error(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+    leader = exc.leader_address if isinstance(exc, NotLeader) else ""
+    return _mux_error(DOMAIN_ERRORS.status(exc), DOMAIN_ERRORS.message(exc), leader)

@@ -8,7 +8,7 @@ until the first program is released; that turn's spans must still make one trace
       router.admit (CLIENT)      -> scheduler.admit (SERVER, scheduler; events held, resumed)
       router.pick
       router.upstream (CLIENT)   -> POST /v1/completions (SERVER, simworker; queue/prefill/decode events)
-      .../Complete (CLIENT, instrumentation) -> .../Complete (SERVER, scheduler)
+      router.complete (CLIENT)   -> scheduler.complete (SERVER, scheduler)   both on the AdmitMux stream
 """
 
 from __future__ import annotations
@@ -172,14 +172,14 @@ def assert_turn_tree(tree: Tree) -> Span:
     worker = tree.one("POST /v1/completions", "bandmaster-simworker")
     assert worker.kind == SERVER and tree.parent(worker) == upstream
     assert_engine_phases(worker)
-    for side, kind in (("bandmaster-router", CLIENT), ("bandmaster-scheduler", SERVER)):
-        complete = tree.one(SCHEDULER + "Complete", side)
-        assert complete.kind == kind
-    assert tree.parent(tree.one(SCHEDULER + "Complete", "bandmaster-router")) == request
-    assert tree.parent(tree.one(SCHEDULER + "Complete", "bandmaster-scheduler")) == tree.one(
-        SCHEDULER + "Complete", "bandmaster-router"
-    )
-    assert tree.one(SCHEDULER + "Complete", "bandmaster-scheduler").attributes["scheduler.outcome"] == "ok"
+    # The router completes the turn on its AdmitMux stream: a CLIENT span per operation, continued by the
+    # scheduler's SERVER span (no per-call instrumentation spans).
+    complete_client = tree.one("router.complete", "bandmaster-router")
+    assert complete_client.kind == CLIENT and tree.parent(complete_client) == request
+    complete = tree.one("scheduler.complete", "bandmaster-scheduler")
+    assert complete.kind == SERVER and tree.parent(complete) == complete_client
+    assert complete.attributes["scheduler.outcome"] == "ok"
+    assert not [s for s in tree.spans if s.name == SCHEDULER + "Complete"]
     return admit
 
 
@@ -300,7 +300,8 @@ async def test_one_trace_per_turn_across_a_held_and_resumed_admission(tmp_path):
             "router.upstream",
             "scheduler.admit",
             "POST /v1/completions",
-            SCHEDULER + "Complete",
+            "router.complete",
+            "scheduler.complete",
         }
 
         # A request whose caller did not sample it: no service records it (parent-based sampling).

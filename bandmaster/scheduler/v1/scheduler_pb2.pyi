@@ -381,6 +381,78 @@ class RouterConfig(_message.Message):
     router_block_size: int
     def __init__(self, router_temperature: _Optional[float] = ..., kv_overlap_score_weight: _Optional[float] = ..., use_kv_events: _Optional[bool] = ..., router_track_active_blocks: _Optional[bool] = ..., router_track_output_blocks: _Optional[bool] = ..., router_track_prefill_tokens: _Optional[bool] = ..., router_ttl_secs: _Optional[float] = ..., router_block_size: _Optional[int] = ...) -> None: ...
 
+class MuxAdmit(_message.Message):
+    __slots__ = ("request", "timeout_seconds", "traceparent", "tracestate")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    request: AdmitRequest
+    timeout_seconds: float
+    traceparent: str
+    tracestate: str
+    def __init__(self, request: _Optional[_Union[AdmitRequest, _Mapping]] = ..., timeout_seconds: _Optional[float] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
+class MuxComplete(_message.Message):
+    __slots__ = ("request", "traceparent", "tracestate")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    request: CompleteRequest
+    traceparent: str
+    tracestate: str
+    def __init__(self, request: _Optional[_Union[CompleteRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
+class MuxCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MuxOp(_message.Message):
+    __slots__ = ("id", "admit", "cancel", "complete")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    admit: MuxAdmit
+    cancel: MuxCancel
+    complete: MuxComplete
+    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[MuxAdmit, _Mapping]] = ..., cancel: _Optional[_Union[MuxCancel, _Mapping]] = ..., complete: _Optional[_Union[MuxComplete, _Mapping]] = ...) -> None: ...
+
+class MuxRequest(_message.Message):
+    __slots__ = ("ops",)
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[MuxOp]
+    def __init__(self, ops: _Optional[_Iterable[_Union[MuxOp, _Mapping]]] = ...) -> None: ...
+
+class MuxError(_message.Message):
+    __slots__ = ("code", "message", "leader_address")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    leader_address: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
+
+class MuxResult(_message.Message):
+    __slots__ = ("id", "admit", "complete", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    admit: AdmitUpdate
+    complete: CompleteResponse
+    error: MuxError
+    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[AdmitUpdate, _Mapping]] = ..., complete: _Optional[_Union[CompleteResponse, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+
+class MuxResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[MuxResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[MuxResult, _Mapping]]] = ...) -> None: ...
+
 class GetLeadershipRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -44,6 +44,11 @@ class SchedulerStub:
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.FromString,
                 _registered_method=True)
+        self.AdmitMux = channel.stream_stream(
+                '/bandmaster.scheduler.v1.Scheduler/AdmitMux',
+                request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxRequest.SerializeToString,
+                response_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxResponse.FromString,
+                _registered_method=True)
         self.Bind = channel.unary_unary(
                 '/bandmaster.scheduler.v1.Scheduler/Bind',
                 request_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.BindRequest.SerializeToString,
@@ -110,6 +115,15 @@ class SchedulerServicer:
         caller can then tell "alive, says wait" (held) from "not answering" (nothing within its short
         decision deadline), and bound a held wait by `max_hold_seconds`. Same validation, holding,
         cancellation and rollback as Admit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AdmitMux(self, request_iterator, context):
+        """Admit (as AdmitStream), cancel and Complete multiplexed on one stream per router: the same
+        validation, holding, deadlines, rollback and leadership answers, per operation. When the stream
+        ends, every admission still pending on it is rolled back. Protocol: docs/protocols/scheduler.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -187,6 +201,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.AdmitStream,
                     request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.FromString,
                     response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.SerializeToString,
+            ),
+            'AdmitMux': grpc.stream_stream_rpc_method_handler(
+                    servicer.AdmitMux,
+                    request_deserializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxRequest.FromString,
+                    response_serializer=bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxResponse.SerializeToString,
             ),
             'Bind': grpc.unary_unary_rpc_method_handler(
                     servicer.Bind,
@@ -293,6 +312,33 @@ class Scheduler:
             '/bandmaster.scheduler.v1.Scheduler/AdmitStream',
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitRequest.SerializeToString,
             bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.AdmitUpdate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdmitMux(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/bandmaster.scheduler.v1.Scheduler/AdmitMux',
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxRequest.SerializeToString,
+            bandmaster_dot_scheduler_dot_v1_dot_scheduler__pb2.MuxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,9 @@
 """The router's client of the scheduler: Admit, Bind, Complete, Release, GetRouterConfig.
 
+Admit and Complete go as operations on one AdmitMux stream per replica (scheduler_mux.py; `mux=False`, or
+a scheduler answering UNIMPLEMENTED: an AdmitStream and a Complete call of their own). An operation reads
+as the call it replaces, so everything below holds for both ("the call" of an admission is either).
+
 A turn's outcome comes in as the domain `Outcome` (core/outcome.py); `complete` sends it as the
 protobuf `TurnOutcome`.
 
@@ -48,7 +52,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import grpc
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -56,6 +60,7 @@ from services.common.observe.loop_lag import LoopLag
 from services.common.observe.telemetry import inject_metadata
 from services.common.outbound.leader_follow import FOLLOW, leader_hint
 from services.common.outbound.retry import RetryPolicy
+from services.router.adapters.scheduler_mux import MuxUnsupported, SchedulerMux
 from services.router.core.admission_cache import AdmissionCache
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.core.outcome import Outcome
@@ -125,18 +130,23 @@ class SchedulerClient:
         tracer: trace.Tracer | None = None,
         loop_lag: LoopLag | None = None,
         inject_context: bool = False,
+        mux: bool = True,
     ) -> None:
         """`address`: one scheduler, or every replica of an active/standby pair, comma-separated.
         `channel_factory(address)` opens a channel (`channel`: the first address's, given). `failover_s`:
         with several addresses, how long Admit/Complete/Release look for a leader before failing open.
         `inject_context`: the channel has no tracing interceptor (spans are not exported), so the unary
-        calls carry the caller's trace context in their metadata by hand, without a CLIENT span."""
+        calls carry the caller's trace context in their metadata by hand, without a CLIENT span. `mux`: admit
+        and complete on one AdmitMux stream per replica (scheduler_mux.py), the calls of their own with a
+        scheduler that has none; False = always the calls of their own."""
         self.addresses = [a.strip() for a in address.split(",") if a.strip()] or [address]
         self.address = self.addresses[0]
         """The replica believed to lead (the only one without failover)."""
         self._factory = channel_factory or grpc.aio.insecure_channel
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, pb_grpc.SchedulerStub] = {}
+        self._mux_on = mux
+        self._muxes: dict[str, SchedulerMux] = {}
         if channel is not None:
             self._channels[self.address] = channel
         self._configured = len(self.addresses)
@@ -178,6 +188,8 @@ class SchedulerClient:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        for mux in self._muxes.values():
+            await mux.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -191,6 +203,15 @@ class SchedulerClient:
                 channel = self._channels[address] = self._factory(address)
             stub = self._stubs[address] = pb_grpc.SchedulerStub(channel)
         return stub
+
+    def _mux(self, address: str) -> SchedulerMux | None:
+        """The AdmitMux stream to `address`; None when off, or when that replica has none (an older one)."""
+        if not self._mux_on:
+            return None
+        mux = self._muxes.get(address)
+        if mux is None:
+            mux = self._muxes[address] = SchedulerMux(self._stub(address), address)
+        return None if mux.unsupported else mux
 
     @property
     def _failover_s(self) -> float:
@@ -206,6 +227,9 @@ class SchedulerClient:
         while len(self.addresses) > self._configured + MAX_LEARNT:
             dropped = self.addresses.pop(self._configured)
             self._stubs.pop(dropped, None)
+            mux = self._muxes.pop(dropped, None)
+            if mux is not None:
+                asyncio.get_running_loop().create_task(mux.close())
             channel = self._channels.pop(dropped, None)
             if channel is not None:
                 asyncio.get_running_loop().create_task(channel.close())
@@ -549,7 +573,17 @@ class SchedulerClient:
         admission back)."""
         loop = asyncio.get_running_loop()
         cap_at = loop.time() + self._hold_cap_s
-        call = self._stub(address).AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
+        stub = self._stub(address)
+
+        def admit_stream():
+            return stub.AdmitStream(request, timeout=self._hold_cap_s, metadata=inject_metadata())
+
+        mux = self._mux(address)
+        if mux is None:
+            call = admit_stream()
+        else:
+            trace.get_current_span().set_attribute("rpc.method", "AdmitMux")
+            call = mux.admit(request, self._hold_cap_s, _trace_carrier(), admit_stream)
         # The windows are kept on this loop's on-time clock (wall time minus its measured lag): a window
         # that passed only because our own loop ran late is not the scheduler's silence. The hold cap
         # (wall time) bounds every wait.
@@ -632,8 +666,7 @@ class SchedulerClient:
             attempts += 1
             started = on_time()
             try:
-                metadata = inject_metadata() if self._inject_context else None
-                answer = await getattr(self._stub(address), method)(request, timeout=self._timeout_s, metadata=metadata)
+                answer = await self._unary(address, method, request)
             except grpc.aio.AioRpcError as exc:
                 lagged = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and on_time() - started < self._timeout_s
                 nxt = self._next(address, exc) if exc.code() in _MOVE_ON and not lagged else address
@@ -664,6 +697,23 @@ class SchedulerClient:
             self._follow(address)
             self._ok()
             return answer
+
+    async def _unary(self, address: str, method: str, request):
+        """One call of `method` to `address`: Complete on the AdmitMux stream when there is one."""
+        mux = self._mux(address) if method == "Complete" else None
+        if mux is not None:
+            try:
+                if self._inject_context:  # spans are not exported: the caller's context, no span of its own
+                    return await mux.complete(request, self._timeout_s, _trace_carrier())
+                # The CLIENT span the instrumentation gives a unary Complete.
+                with self._tracer.start_as_current_span(
+                    "router.complete", kind=trace.SpanKind.CLIENT, attributes=_MUX_RPC
+                ):
+                    return await mux.complete(request, self._timeout_s, _trace_carrier())
+            except MuxUnsupported:
+                pass  # an older scheduler: the call of its own
+        metadata = inject_metadata() if self._inject_context else None
+        return await getattr(self._stub(address), method)(request, timeout=self._timeout_s, metadata=metadata)
 
     async def bind(self, request_id: str, worker_id: str, dp_rank: int) -> None:
         await self._short("Bind", pb.BindRequest(request_id=request_id, worker_id=worker_id, dp_rank=dp_rank))
@@ -709,6 +759,16 @@ class SchedulerClient:
         """The scheduler's KvRouter settings, None when it does not answer."""
         rc = await self._short("GetRouterConfig", pb.GetRouterConfigRequest())
         return None if rc is None else kv_settings_from_proto(rc)
+
+
+_MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler", "rpc.method": "AdmitMux"}
+
+
+def _trace_carrier() -> dict[str, str]:
+    """The current W3C trace context, for an operation on the AdmitMux stream."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
 
 
 def kv_settings_from_proto(rc: pb.RouterConfig) -> SchedulerKvSettings:

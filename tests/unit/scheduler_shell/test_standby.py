@@ -90,6 +90,12 @@ async def test_the_standby_refuses_every_decision_naming_the_leader(pair):
                 pass
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert dict(err.value.trailing_metadata())[LEADER_METADATA_KEY] == a.address
+    mux = stub_b.AdmitMux(iter([pb.MuxRequest(ops=[pb.MuxOp(id=1, admit=pb.MuxAdmit(request=DECISIONS[0][1]))])]))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        async for _ in mux:
+            pass
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(err.value.trailing_metadata())[LEADER_METADATA_KEY] == a.address
     # Configuration and leadership are answered by every replica.
     await stub_b.GetRouterConfig(pb.GetRouterConfigRequest(), timeout=2)
 
@@ -264,3 +270,29 @@ async def test_a_write_lock_held_by_a_frozen_replica_does_not_stop_the_leader_de
             await reader.close()
 
     await assert_eventually(stored, timeout_s=10, interval_s=0.2)
+
+
+async def test_a_leader_that_loses_its_lease_answers_each_mux_operation_as_the_unary_calls(pair, tmp_path):
+    """On one AdmitMux stream: the held admit ends UNAVAILABLE (rolled back) when the term ends, and a later
+    admit on the same stream is refused FAILED_PRECONDITION, as AdmitStream calls would be."""
+    a, stub_a, b, stub_b = pair
+    await stub_a.Admit(pb.AdmitRequest(session_id="p1", request_id="r1", estimated_prompt_tokens=1), timeout=5)
+    await stub_a.Complete(pb.CompleteRequest(session_id="p1", request_id="r1", prompt_tokens=990), timeout=5)
+    mux = stub_a.AdmitMux()
+    request = pb.AdmitRequest(session_id="p2", request_id="r2", estimated_prompt_tokens=500)
+    await mux.write(pb.MuxRequest(ops=[pb.MuxOp(id=1, admit=pb.MuxAdmit(request=request))]))
+    first = await asyncio.wait_for(mux.read(), timeout=5)
+    assert first.results[0].admit.HasField("held") and first.results[0].admit.held.heartbeat_seconds > 0
+    intruder = FileLease(f"{tmp_path / 's.sqlite'}.lease", wall=lambda: time.time() + 60)
+    assert intruder.acquire("intruder", "elsewhere:1", 60, 0).held
+    while True:
+        result = (await asyncio.wait_for(mux.read(), timeout=5)).results[0]
+        if result.WhichOneof("result") == "error":
+            break
+        assert result.admit.HasField("held")  # heartbeats until the term ends
+    assert result.error.code == grpc.StatusCode.UNAVAILABLE.value[0] and "no longer the leader" in result.error.message
+    request = pb.AdmitRequest(session_id="p3", request_id="r3", estimated_prompt_tokens=1)
+    await mux.write(pb.MuxRequest(ops=[pb.MuxOp(id=2, admit=pb.MuxAdmit(request=request))]))
+    refused = (await asyncio.wait_for(mux.read(), timeout=5)).results[0]
+    assert refused.id == 2 and refused.error.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    mux.cancel()

@@ -1,0 +1,194 @@
+"""The router's AdmitMux stream (services/router/adapters/scheduler_mux.py) against a scripted stream: the
+scheduler's results and the stream's end are played by the test, so the races are exact: a decision that
+crosses a cancel, a standby's refusal, a stream that breaks before answering anything, coalescing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from services.common.outbound.leader_follow import leader_hint
+from services.router.adapters.scheduler_mux import MuxUnsupported, SchedulerMux, rpc_error
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class ScriptedCall:
+    """One AdmitMux call: records what the router writes; `answer`/`end` play the scheduler."""
+
+    def __init__(self) -> None:
+        self.written: list[pb.MuxRequest] = []
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+
+    async def write(self, request: pb.MuxRequest) -> None:
+        self.written.append(request)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> pb.MuxResponse:
+        item = await self.incoming.get()
+        if item is None:
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        self.incoming.put_nowait(asyncio.CancelledError())
+        return True
+
+    def answer(self, *results: pb.MuxResult) -> None:
+        self.incoming.put_nowait(pb.MuxResponse(results=results))
+
+    def end(self, error: BaseException | None = None) -> None:
+        self.incoming.put_nowait(error)
+
+    def ops(self) -> list[pb.MuxOp]:
+        return [op for request in self.written for op in request.ops]
+
+
+class ScriptedStub:
+    def __init__(self) -> None:
+        self.calls: list[ScriptedCall] = []
+
+    def AdmitMux(self) -> ScriptedCall:
+        self.calls.append(ScriptedCall())
+        return self.calls[-1]
+
+
+def _request(rid: str) -> pb.AdmitRequest:
+    return pb.AdmitRequest(session_id=f"s-{rid}", request_id=rid, estimated_prompt_tokens=10)
+
+
+def _decision(op_id: int, worker: str = "w1") -> pb.MuxResult:
+    return pb.MuxResult(id=op_id, admit=pb.AdmitUpdate(decision=pb.AdmitResponse(worker_id=worker, pinned=True)))
+
+
+def _no_fallback():
+    raise AssertionError("the per-call path was not expected")
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def mux():
+    stub = ScriptedStub()
+    m = SchedulerMux(stub, "sched:1")  # type: ignore[arg-type]
+    m.stub = stub  # type: ignore[attr-defined]
+    yield m
+    await m.close()
+
+
+async def test_what_is_queued_in_one_loop_turn_goes_in_one_message(mux):
+    calls = [
+        mux.admit(_request(f"r{i}"), 30.0, {"traceparent": f"00-{i:032x}-{i:016x}-01"}, _no_fallback) for i in range(5)
+    ]
+    await _settle()
+    (stream,) = mux.stub.calls
+    assert len(stream.written) == 1 and [op.admit.request.request_id for op in stream.ops()] == [
+        f"r{i}" for i in range(5)
+    ]
+    assert all(op.admit.timeout_seconds == 30.0 and op.admit.traceparent for op in stream.ops())
+    stream.answer(*(_decision(call.id) for call in calls))
+    for call in calls:
+        assert (await call.read()).decision.worker_id == "w1"
+    assert mux.pending == 0
+
+
+async def test_a_decision_that_crosses_a_cancel_is_ended_not_started(mux):
+    call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    call.cancel()  # the turn's client left
+    await _settle()
+    stream = mux.stub.calls[0]
+    assert stream.ops()[-1].WhichOneof("op") == "cancel" and stream.ops()[-1].id == call.id
+    stream.answer(_decision(call.id, worker="w2"))  # the scheduler had decided already
+    await _settle()
+    done = stream.ops()[-1]
+    assert done.WhichOneof("op") == "complete"
+    assert done.complete.request.request_id == "r1" and done.complete.request.worker_id == "w2"
+    assert done.complete.request.outcome == pb.TURN_OUTCOME_NOT_STARTED
+
+
+async def test_a_standbys_refusal_of_an_admit_names_the_leader_as_the_call_would(mux):
+    call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    refusal = pb.MuxError(code=grpc.StatusCode.FAILED_PRECONDITION.value[0], message="standby", leader_address="l:2")
+    mux.stub.calls[0].answer(pb.MuxResult(id=call.id, error=refusal))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call.read()
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and leader_hint(err.value) == "l:2"
+
+
+async def test_a_broken_stream_fails_its_pending_operations_unavailable_then_reopens_after_a_backoff(mux):
+    call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    complete = asyncio.ensure_future(mux.complete(pb.CompleteRequest(request_id="r0"), 5.0, {}))
+    await _settle()
+    mux.stub.calls[0].end(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+    for waiting in (call.read(), complete):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await waiting
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # a lost connection, whatever gRPC called it
+    # It broke before answering anything: the next operation fails at once with that status ...
+    with pytest.raises(grpc.aio.AioRpcError):
+        await mux.admit(_request("r2"), 30.0, {}, _no_fallback).read()
+    assert len(mux.stub.calls) == 1
+    await asyncio.sleep(0.06)  # ... until the first backoff (50 ms) has passed
+    again = mux.admit(_request("r3"), 30.0, {}, _no_fallback)
+    await _settle()
+    assert len(mux.stub.calls) == 2
+    mux.stub.calls[1].answer(_decision(again.id))
+    assert (await again.read()).HasField("decision")
+
+
+async def test_a_stream_that_answered_reopens_at_once_after_a_break(mux):
+    first = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    mux.stub.calls[0].answer(_decision(first.id))
+    await first.read()
+    mux.stub.calls[0].end(rpc_error(grpc.StatusCode.UNAVAILABLE, "gone"))
+    await _settle()
+    call = mux.admit(_request("r2"), 30.0, {}, _no_fallback)
+    await _settle()
+    assert len(mux.stub.calls) == 2 and mux.stub.calls[1].ops()[0].admit.request.request_id == "r2"
+    mux.stub.calls[1].answer(_decision(call.id))
+    assert (await call.read()).HasField("decision")
+
+
+async def test_an_older_scheduler_is_remembered_and_its_pending_admits_use_the_calls(mux):
+    fallback_calls = []
+
+    class FallbackCall:
+        async def read(self):
+            return pb.AdmitUpdate(decision=pb.AdmitResponse(worker_id="w9"))
+
+        def cancel(self):
+            pass
+
+    def fallback():
+        fallback_calls.append(1)
+        return FallbackCall()
+
+    call = mux.admit(_request("r1"), 30.0, {}, fallback)
+    await _settle()
+    mux.stub.calls[0].end(rpc_error(grpc.StatusCode.UNIMPLEMENTED, "unknown method AdmitMux"))
+    assert (await call.read()).decision.worker_id == "w9" and fallback_calls == [1]
+    assert mux.unsupported
+    with pytest.raises(MuxUnsupported):
+        await mux.complete(pb.CompleteRequest(request_id="r1"), 5.0, {})
+
+
+async def test_a_complete_not_answered_in_time_is_deadline_exceeded(mux):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await mux.complete(pb.CompleteRequest(request_id="r1"), 0.05, {})
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert mux.pending == 0
