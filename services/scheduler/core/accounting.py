@@ -19,7 +19,9 @@ placed on a replica of the snapshot, else nothing) is added. The decayed (resume
 is time-dependent and is computed on demand in O(1) per replica. `recharge` also keeps the idle
 index: a heap of (acting_since, seq, session id) over the ACTING programs, so that idle expiry pops
 the programs whose tool call has lasted the TTL instead of walking the table every tick (entries
-left behind by a change are recognised as stale when they surface, and dropped).
+left behind by a change are recognised as stale when they surface, and dropped). When a policy's
+estimates move (once per tick at most), `reweigh` updates what depends on the policy weight only
+(each charge's amount and `used`), which is what re-charging every placed program would change.
 """
 
 from __future__ import annotations
@@ -351,6 +353,36 @@ class Ledger:
         self.resident[key][sid] = None
         if not in_flight and tokens > 0:
             self._add_acting(key, sid, tokens, since)
+
+    def reweigh(self) -> None:
+        """Re-account every placed program's pause-side weight after the policy's estimates moved
+        (the policy's `refresh`). The same charges `recharge` of each placed program would leave, for
+        a fraction of its cost: only the amount (w(p) + B) and `used` depend on the weight; what a
+        program is charged where, the in-flight counts, the decayed working set (raw tokens) and the
+        idle index do not. The weight is computed as in `recharge`, once per (status, size, budget):
+        the policy's weight depends on a program only through its status and token_total
+        (policies/base.py, WorkingSetHooks)."""
+        policy_weight = self.policy_weight
+        if policy_weight is None or not self.charge:
+            return
+        programs, used, charge = self.programs, self.used, self.charge
+        buffer, w_a = self.params.buffer_per_program_tokens, self.params.acting_token_weight
+        budgets = {key: cap.retention_tokens for key, cap in self.caps.items()}
+        amounts: dict[tuple[bool, int, int], int] = {}
+        changed: list[tuple[str, tuple[ReplicaKey, int, bool, int], int]] = []
+        for sid, entry in charge.items():
+            key, amount, in_flight, _ = entry
+            program = programs[sid]
+            tokens, budget = program.token_total, budgets[key]
+            new = amounts.get((in_flight, tokens, budget))
+            if new is None:
+                raw = tokens if in_flight else math.floor(tokens * w_a)
+                new = amounts[(in_flight, tokens, budget)] = policy_weight(program, raw, budget) + buffer
+            if new != amount:
+                changed.append((sid, entry, new))
+        for sid, (key, amount, in_flight, base), new in changed:
+            charge[sid] = (key, new, in_flight, base)
+            used[key] += new - amount
 
     def _index_idle(self, program: Program, since: float) -> None:
         self.idle_since[program.session_id] = since

@@ -199,6 +199,8 @@ class ControlLaw:
                     if q.soft_demoted_until <= now:
                         announce.append(sid)
             if demoted:
+                # Events in creation order: the residents' order is the order of their last re-account.
+                announce.sort(key=lambda sid: programs[sid].seq)
                 steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
         return Plan(tuple(steps))
 
@@ -509,7 +511,9 @@ class ControlLaw:
             if self.band(key) is not Band.PAUSE:
                 if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
                     # Pressure is gone: marks are not sticky.
-                    steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
+                    # In creation order (the residents' order is the order of their last re-account).
+                    marked = [q for q in map(table.__getitem__, ledger.resident[key]) if q.marked]
+                    steps.extend(Unmark(q.session_id) for q in sorted(marked, key=by_seq))
                 continue
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = [
