@@ -2,13 +2,15 @@
 
 After a refresh of the cost-aware policy's estimates the tick used to re-charge every placed
 program (`Ledger.recharge`); it now re-weighs them (`Ledger.reweigh`: only each charge's amount and
-`used`, one policy weight per (status, size, budget)). Random event sequences run through two cores
-side by side, one re-charging as before and one re-weighing, and every answer, every tick and every
-ledger field must agree.
+`used`, one policy weight per (status, size, budget)), and only when the refresh says a weight may
+have changed (under the binary rule: a budget's threshold moved). Random event sequences run through
+two cores side by side, one re-charging everything on every tick and one as the product runs, and
+every answer, every tick and every ledger field must agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -24,7 +26,7 @@ from services.scheduler.core import (
 )
 from services.scheduler.core.accounting import Ledger
 from services.scheduler.core.defaults import service_control_params
-from services.scheduler.core.model import Program
+from services.scheduler.core.model import Program, Stats
 from services.scheduler.core.policies import CostAwarePauseParams, make_pause_policy
 
 
@@ -66,18 +68,29 @@ def assert_same_ledger(a: Ledger, b: Ledger, now: float) -> None:
     assert a.dirty_programs == b.dirty_programs and a.unsettled == b.unsettled
 
 
+def assert_same_stats(a: Stats, b: Stats) -> None:
+    assert dataclasses.replace(a, replicas=()) == dataclasses.replace(b, replicas=())
+    assert len(a.replicas) == len(b.replicas)
+    for ra, rb in zip(a.replicas, b.replicas):
+        assert abs(ra.used_decayed_tokens - rb.used_decayed_tokens) <= 1  # the decayed sums' rounding
+        assert dataclasses.replace(ra, used_decayed_tokens=0) == dataclasses.replace(rb, used_decayed_tokens=0)
+
+
 @pytest.mark.parametrize(
-    ("params", "mixed", "slots", "tail", "seed"),
+    ("params", "mixed", "slots", "tail", "step_s", "seed"),
     [
-        (CostAwarePauseParams(), True, 12, 0.75, 11),
-        (CostAwarePauseParams(), False, 8, 0.0, 12),
+        (CostAwarePauseParams(), True, 12, 0.75, 1.0, 11),
+        # Tools of a few seconds, estimates that follow the last few of them: the binary rule's
+        # thresholds swing through the programs' sizes.
+        (CostAwarePauseParams(half_life_observations=4.0, prior_observations=1.0), False, 8, 0.0, 0.01, 12),
+        (CostAwarePauseParams(), True, 12, 0.0, 0.02, 15),
         # Smooth weights (phi below 1 counts partly) and REASONING programs at their raw weight.
-        (CostAwarePauseParams(min_hold_fraction=0.0, scale_reasoning=False), True, 12, 0.0, 13),
-        (CostAwarePauseParams(min_hold_fraction=0.3, stall_share=0.0), True, 16, 0.75, 14),
+        (CostAwarePauseParams(min_hold_fraction=0.0, scale_reasoning=False), True, 12, 0.0, 1.0, 13),
+        (CostAwarePauseParams(min_hold_fraction=0.3, stall_share=0.0), True, 16, 0.75, 0.1, 14),
     ],
 )
 def test_reweigh_decides_exactly_what_a_full_recharge_does(
-    params: CostAwarePauseParams, mixed: bool, slots: int, tail: float, seed: int
+    params: CostAwarePauseParams, mixed: bool, slots: int, tail: float, step_s: float, seed: int
 ):
     rng = random.Random(seed)
     # The service's control law (tail protection off in some: most programs of a short random
@@ -86,8 +99,23 @@ def test_reweigh_decides_exactly_what_a_full_recharge_does(
     cores = [SchedulerCore(control, make_pause_policy("cost_aware", params), ticket_lease_seconds=20.0) for _ in "ab"]
     recharged, reweighed = cores
     recharged.ledger.reweigh = lambda: full_recharge(recharged.ledger)  # type: ignore[method-assign]
+    refresh = recharged._refresh_policy
+    assert refresh is not None
+    # The oracle re-charges every placed program on every tick, whatever the policy's refresh says
+    # (the other core re-weighs only when it says the weights may have changed).
+    recharged._refresh_policy = lambda: refresh() or True
     for core in cores:
         core.ledger.track_changes()
+    reweighs = [0, 0]  # re-weighs run, and those that changed a charge
+    reweigh = reweighed.ledger.reweigh
+
+    def counted() -> None:
+        amounts = dict(reweighed.ledger.used)
+        reweigh()
+        reweighs[0] += 1
+        reweighs[1] += amounts != reweighed.ledger.used
+
+    reweighed.ledger.reweigh = counted  # type: ignore[method-assign]
 
     def both(call, *args, **kwargs):  # the same call on both cores: the same answer
         out_a = getattr(recharged, call)(*args, **kwargs)
@@ -105,7 +133,7 @@ def test_reweigh_decides_exactly_what_a_full_recharge_does(
     in_flight: dict[str, str] = {}
     for _ in range(1_500):
         # Tool calls from instant to minutes: the estimated mean tool time, and so the weights, move.
-        now += rng.choice([0.0, 0.5, 1.0, 2.0, 2.0, 20.0])
+        now += step_s * rng.choice([0.0, 0.5, 1.0, 2.0, 2.0, 20.0])
         sid = rng.randrange(programs)
         name = f"p{sid}"
         op = rng.random()
@@ -153,8 +181,9 @@ def test_reweigh_decides_exactly_what_a_full_recharge_does(
             in_flight = {s: r for s, r in in_flight.items() if r in reweighed.ledger.turns}
         assert_same_ledger(recharged.ledger, reweighed.ledger, now)
         reweighed.ledger.check_invariants(now)
-        both("stats", now)
-    assert ticks > 100 and moved > 50  # the estimates moved on most ticks: reweigh ran
+        assert_same_stats(recharged.stats(now), reweighed.stats(now))
+    assert ticks > 100 and moved > 50  # the estimates moved on most ticks
+    assert reweighs[1] > 0  # and some moved weights: the re-weigh changed charges
     assert reweighed.pauses_total > 10 and reweighed.resumes_total > 10  # the sequence exercised the law
 
 
