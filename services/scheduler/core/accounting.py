@@ -524,6 +524,8 @@ class Ledger:
             inflight[key] += 1
             pt_count[key] += 1
         assert used == self.used, (used, self.used)
+        for sid, (key, amount, _, _) in self.charge.items():  # each charge is its program's current weight
+            assert amount == self.weight(self.programs[sid], key) + self.params.buffer_per_program_tokens, sid
         assert inflight == self.inflight, (inflight, self.inflight)
         assert pt_count == self.pt_count, (pt_count, self.pt_count)
         # Who is charged where: the residents, and the REASONING count read as inflight - pt_count.

@@ -12,7 +12,6 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 
 from __future__ import annotations
 
-import functools
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -504,6 +503,18 @@ class ControlLaw:
             """raw_weight_tokens, inline: the policy asks it for every program it pauses or marks."""
             return floor(q.token_total * w_a) if q.status is acting else q.token_total
 
+        charge = ledger.charge
+
+        def charged_on(key: ReplicaKey) -> Callable[[Program], int]:
+            def weight(q: Program) -> int:
+                """w(p) of a resident of `key` as charged: the charge is kept equal to the policy's weight
+                (recharge on every change of the program or of the budget, reweigh when the policy's
+                estimates move it), so reading it costs a lookup instead of the policy's formula."""
+                entry = charge.get(q.session_id)
+                return entry[1] - buffer if entry is not None and entry[0] == key else weight_at(q, key)
+
+            return weight
+
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -525,9 +536,7 @@ class ControlLaw:
             before = ledger.used[key]
 
             # Without a policy weight a program weighs its raw weight wherever it is.
-            weight_on: Callable[[Program], int] = (
-                raw_weight if ledger.policy_weight is None else functools.partial(weight_at, key=key)
-            )
+            weight_on = raw_weight if ledger.policy_weight is None else charged_on(key)
             chosen = self.policy.plan(
                 PauseContext(
                     replica=key,

@@ -3,14 +3,16 @@
 After a refresh of the cost-aware policy's estimates the tick used to re-charge every placed
 program (`Ledger.recharge`); it now re-weighs them (`Ledger.reweigh`: only each charge's amount and
 `used`, one policy weight per (status, size, budget)), and only when the refresh says a weight may
-have changed (under the binary rule: a budget's threshold moved). Random event sequences run through
-two cores side by side, one re-charging everything on every tick and one as the product runs, and
-every answer, every tick and every ledger field must agree.
+have changed (under the binary rule: a budget's threshold moved); and the pause plan reads a
+resident's weight from its charge instead of asking the policy. Random event sequences run through
+two cores side by side, one re-charging everything on every tick and weighing by the formula, one
+as the product runs, and every answer, every tick and every ledger field must agree.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 
@@ -104,6 +106,12 @@ def test_reweigh_decides_exactly_what_a_full_recharge_does(
     # The oracle re-charges every placed program on every tick, whatever the policy's refresh says
     # (the other core re-weighs only when it says the weights may have changed).
     recharged._refresh_policy = lambda: refresh() or True
+    # And its pause policy weighs each program by the formula, not by reading the program's charge.
+    plan = recharged.policy.plan
+    formula = recharged.ledger.weight
+    recharged.policy.plan = lambda ctx: plan(  # type: ignore[method-assign]
+        dataclasses.replace(ctx, weight_tokens=functools.partial(formula, key=ctx.replica))
+    )
     for core in cores:
         core.ledger.track_changes()
     reweighs = [0, 0]  # re-weighs run, and those that changed a charge
