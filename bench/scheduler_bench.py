@@ -8,6 +8,8 @@
    (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear. Under
    each `--pause-policy` (default both): `cost_aware`, the core the scheduler service runs by default
    (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
+   In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
+   applies them) before any table is built.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
@@ -70,6 +72,7 @@ from services.scheduler.core import (
     make_pause_policy,
 )
 from services.scheduler.core.defaults import service_control_params
+from services.scheduler.heap import settle_heap
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
 from tests.support.sglang_stub import SglangStub, sglang_info
@@ -1164,6 +1167,9 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
         return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
+    # The collector's settings the scheduler's main applies once it has started (services/scheduler/heap.py),
+    # applied here at the same point: before any table is built (a scheduler started on an empty store).
+    settle_heap()
     policies = TICK_POLICIES if args.pause_policy == "both" else (args.pause_policy,)
     tick_runs = [
         {
