@@ -6,7 +6,7 @@ thresholds (700, 10, 10) a young collection runs every 700 net container allocat
 objects are still alive at several of them and are promoted; that churn makes full collections, which
 walk the whole heap (hundreds of thousands of objects at 50,000 programs), run every few ticks. The
 tick benchmark measured 31 ms of collection per tick at 50,000 programs (23 ms of it full
-collections) with the defaults, and 1-3 ms with these settings (docs/scheduler.md, "Tick cost").
+collections) with the defaults, and 1-3 ms with these settings (docs/scheduler.md, "Cost").
 
 `settle_heap`:
 
