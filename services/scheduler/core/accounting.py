@@ -359,25 +359,20 @@ class Ledger:
         (the policy's `refresh`). The same charges `recharge` of each placed program would leave, for
         a fraction of its cost: only the amount (w(p) + B) and `used` depend on the weight; what a
         program is charged where, the in-flight counts, the decayed working set (raw tokens) and the
-        idle index do not. The weight is computed as in `recharge`, once per (status, size, budget):
-        the policy's weight depends on a program only through its status and token_total
-        (policies/base.py, WorkingSetHooks)."""
+        idle index do not. The weight is computed as in `recharge` (the policy remembers what it
+        computes per size and budget)."""
         policy_weight = self.policy_weight
         if policy_weight is None or not self.charge:
             return
         programs, used, charge = self.programs, self.used, self.charge
-        buffer, w_a = self.params.buffer_per_program_tokens, self.params.acting_token_weight
+        buffer, w_a, floor = self.params.buffer_per_program_tokens, self.params.acting_token_weight, math.floor
         budgets = {key: cap.retention_tokens for key, cap in self.caps.items()}
-        amounts: dict[tuple[bool, int, int], int] = {}
         changed: list[tuple[str, tuple[ReplicaKey, int, bool, int], int]] = []
         for sid, entry in charge.items():
             key, amount, in_flight, _ = entry
             program = programs[sid]
-            tokens, budget = program.token_total, budgets[key]
-            new = amounts.get((in_flight, tokens, budget))
-            if new is None:
-                raw = tokens if in_flight else math.floor(tokens * w_a)
-                new = amounts[(in_flight, tokens, budget)] = policy_weight(program, raw, budget) + buffer
+            tokens = program.token_total
+            new = policy_weight(program, tokens if in_flight else floor(tokens * w_a), budgets[key]) + buffer
             if new != amount:
                 changed.append((sid, entry, new))
         for sid, (key, amount, in_flight, base), new in changed:
