@@ -5,7 +5,11 @@
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
    a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
-   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear.
+   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear. Under
+   each `--pause-policy` (default both): `cost_aware`, the core the scheduler service runs by default
+   (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
+   In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
+   applies them) before any table is built.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
@@ -61,7 +65,17 @@ from services.scheduler.adapters.state_store import (
     encode_program,
     encode_ticket,
 )
-from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapacity, SchedulerCore, Verdict, durable
+from services.scheduler.core import (
+    CapacitySnapshot,
+    ControlParams,
+    ReplicaCapacity,
+    SchedulerCore,
+    Verdict,
+    durable,
+    make_pause_policy,
+)
+from services.scheduler.core.defaults import service_control_params
+from services.scheduler.heap import settle_heap
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
 from tests.support.sglang_stub import SglangStub, sglang_info
@@ -71,10 +85,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ---------------------------------------------------------------------- 1. tick
 
+TICK_POLICIES = ("cost_aware", "threshold")
+"""The pause policies the tick is measured under: the service's default first."""
+TICK_INTERVAL_S = 5.0
 
-def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: SchedulerCore | None = None) -> dict:
+
+def tick_core(pause_policy: str, *, ticket_lease_seconds: float = 0.0) -> SchedulerCore:
+    """The core the tick benchmark times under `pause_policy`.
+
+    cost_aware: built as the scheduler service builds it with no flags (its control defaults,
+    program-aware bands and acting decay tau 1 s included, and the policy's default params), at the
+    benchmark's 5 s interval. threshold: the pure core's reference policy and bands with tau 30 s,
+    the parameters of the figures measured before the benchmark ran the service's policy (kept for
+    comparison)."""
+    if pause_policy == "cost_aware":
+        return SchedulerCore(
+            service_control_params("cost_aware", scheduler_interval_seconds=TICK_INTERVAL_S),
+            make_pause_policy("cost_aware"),
+            ticket_lease_seconds=ticket_lease_seconds,
+        )
+    if pause_policy == "threshold":
+        return SchedulerCore(
+            ControlParams(scheduler_interval_seconds=TICK_INTERVAL_S, acting_decay_tau_seconds=30.0),
+            make_pause_policy("threshold"),
+            ticket_lease_seconds=ticket_lease_seconds,
+        )
+    raise ValueError(f"pause_policy must be one of {', '.join(TICK_POLICIES)}, got {pause_policy!r}")
+
+
+def bench_tick(
+    programs: int,
+    replicas: int,
+    ticks: int,
+    seed: int = 7,
+    core: SchedulerCore | None = None,
+    pause_policy: str = "cost_aware",
+) -> dict:
     rng = random.Random(seed)
-    core = core or SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
+    core = core or tick_core(pause_policy)
     sizes = [min(120_000, int(rng.lognormvariate(9.0, 0.9))) for _ in range(programs)]
     # Budget = the total footprint: placement keeps replicas under the pause threshold, turns then grow
     # programs past it, so every tick has pauses, marks and resumes to do.
@@ -115,6 +163,8 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
             totals[key] += getattr(ticked, key)
     stats = core.stats(now)
     return {
+        "pause_policy": core.policy.name,
+        "acting_decay_tau_seconds": core.params.acting_decay_tau_seconds,
         "programs": programs,
         "replicas": replicas,
         "ticks": ticks,
@@ -129,12 +179,12 @@ def bench_tick(programs: int, replicas: int, ticks: int, seed: int = 7, core: Sc
     }
 
 
-def bench_tick_phases(programs: int, replicas: int, ticks: int) -> dict:
+def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
     """The tick benchmark's mix with the tick split by part: each planner (`ControlLaw.plan_*`), the
     application of each plan (the transitions: state change, re-accounting, events, log records),
     idle expiry, the replica stats, and the time the garbage collector ran inside ticks (counted in
     the part it interrupted too). Milliseconds per tick, means over the run."""
-    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0))
+    core = tick_core(pause_policy)
     spent: dict[str, float] = {}
     planned: dict[int, str] = {}  # id(plan) -> its planner, so that its application is told apart
 
@@ -188,6 +238,7 @@ def bench_tick_phases(programs: int, replicas: int, ticks: int) -> dict:
     finally:
         gc.callbacks.remove(on_gc)
     return {
+        "pause_policy": pause_policy,
         "programs": programs,
         "ticks": ticks,
         "tick_ms": run["tick_ms"],
@@ -196,13 +247,13 @@ def bench_tick_phases(programs: int, replicas: int, ticks: int) -> dict:
     }
 
 
-def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int) -> dict:
+def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
     """The tick benchmark at each fleet size (the same mix, the budget scaled with the programs): its
     p50 / p99 and their cost per program, and how the cost grows from the smallest size to the largest
     relative to the programs (growth 1.0 = linear; above it, superlinear)."""
     runs = []
     for programs in sizes:
-        run = bench_tick(programs, replicas, ticks)
+        run = bench_tick(programs, replicas, ticks, pause_policy=pause_policy)
         p50, p99 = run["tick_ms"]["p50"], run["tick_ms"]["p99"]
         runs.append(
             {
@@ -217,6 +268,7 @@ def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int) -> dict:
     first, last = runs[0], runs[-1]
     scale = last["programs"] / first["programs"]
     return {
+        "pause_policy": pause_policy,
         "replicas": replicas,
         "ticks": ticks,
         "runs": runs,
@@ -842,9 +894,7 @@ def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
 
 def _stored_table(programs: int, replicas: int) -> WriteBatch:
     """The tick benchmark's table after a few ticks, as the full batch a scheduler would write."""
-    core = SchedulerCore(
-        ControlParams(scheduler_interval_seconds=5.0, acting_decay_tau_seconds=30.0), ticket_lease_seconds=30.0
-    )
+    core = tick_core("threshold", ticket_lease_seconds=30.0)
     bench_tick(programs, replicas, ticks=3, core=core)
     clock = SystemClock()
     offset = clock.wall() - clock.monotonic()
@@ -943,12 +993,9 @@ async def bench_recovery(programs: int, replicas: int, repeats: int = 3) -> dict
 # ---------------------------------------------------------------------- report
 
 
-def _table(report: dict) -> str:
-    from services.launcher.table import render_table
-
-    t, r, s, sc = report["tick"], report["rpc"], report["recovery"], report["tick_scaling"]
-    rows = [
-        [f"tick ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
+def _tick_rows(policy: str, t: dict, sc: dict | None) -> list[list]:
+    return [
+        [f"tick, {policy} ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
         [
             "",
@@ -957,7 +1004,7 @@ def _table(report: dict) -> str:
         ],
         *(
             [
-                f"tick scaling ({run['programs']:,} programs)",
+                f"tick scaling, {policy} ({run['programs']:,} programs)",
                 "p50 / p99 ms",
                 f"{run['p50_ms']:.1f} / {run['p99_ms']:.1f}",
             ]
@@ -968,6 +1015,19 @@ def _table(report: dict) -> str:
             if sc and sc["p50_growth"] is not None and sc["p99_growth"] is not None
             else []
         ),
+    ]
+
+
+def _table(report: dict) -> str:
+    from services.launcher.table import render_table
+
+    r, s = report["rpc"], report["recovery"]
+    rows = [
+        row
+        for tick_run in report["tick_runs"]
+        for row in _tick_rows(tick_run["pause_policy"], tick_run["tick"], tick_run["tick_scaling"])
+    ]
+    rows += [
         [f"Admit+Complete ({r['callers']} callers, gRPC)", "round trips/s", r["round_trips_per_s"]],
         ["", "p50 ms", r["latency_ms"]["p50"]],
         ["", "p99 ms", r["latency_ms"]["p99"]],
@@ -1046,6 +1106,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scaling-ticks", type=int, default=30, help="ticks timed at each scaling size")
     parser.add_argument("--tick-only", action="store_true", help="only the tick and its scaling run (no rpc, recovery)")
+    parser.add_argument(
+        "--pause-policy",
+        choices=(*TICK_POLICIES, "both"),
+        default="both",
+        help="the core the tick parts time: cost_aware (the scheduler service's, built as it builds it), "
+        "threshold (the reference policy and bands the earlier figures used) or both (cost_aware first: "
+        "`tick`, `tick_scaling` and `tick_phases` are its runs, `tick_runs` has every policy's)",
+    )
     parser.add_argument(
         "--tick-phases",
         action="store_true",
@@ -1154,13 +1222,29 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
-    tick = bench_tick(args.programs, args.replicas, args.ticks)
-    scaling = bench_tick_scaling(sizes, args.replicas, args.scaling_ticks) if sizes else None
-    phases = [bench_tick_phases(n, args.replicas, args.scaling_ticks) for n in sizes] if args.tick_phases else None
+    # The collector's settings the scheduler's main applies once it has started (services/scheduler/heap.py),
+    # applied here at the same point: before any table is built (a scheduler started on an empty store).
+    settle_heap()
+    policies = TICK_POLICIES if args.pause_policy == "both" else (args.pause_policy,)
+    tick_runs = [
+        {
+            "pause_policy": policy,
+            "tick": bench_tick(args.programs, args.replicas, args.ticks, pause_policy=policy),
+            "tick_scaling": bench_tick_scaling(sizes, args.replicas, args.scaling_ticks, policy) if sizes else None,
+            "tick_phases": (
+                [bench_tick_phases(n, args.replicas, args.scaling_ticks, policy) for n in sizes]
+                if args.tick_phases
+                else None
+            ),
+        }
+        for policy in policies
+    ]
+    tick, scaling, phases = (tick_runs[0][k] for k in ("tick", "tick_scaling", "tick_phases"))
     if args.tick_only:
         report = {"benchmark": "scheduler", "smoke": args.smoke, "tick": tick, "tick_scaling": scaling}
         if phases is not None:
             report["tick_phases"] = phases
+        report["tick_runs"] = tick_runs
         print(json.dumps(report, indent=2))
         return 0
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
@@ -1172,6 +1256,7 @@ def main(argv: list[str] | None = None) -> int:
         "tick": tick,
         "tick_scaling": scaling,
         "tick_phases": phases,
+        "tick_runs": tick_runs,
         "rpc": rpc,
         "recovery": recovery,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},

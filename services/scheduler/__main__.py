@@ -8,14 +8,24 @@ configuration prints the ConfigError, which names the violated rule, to stderr a
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from services.common.serve.entrypoint import service_main
-from services.scheduler.config import load_config
-from services.scheduler.server import start_scheduler
+from services.scheduler.config import SchedulerConfig, load_config
+from services.scheduler.heap import settle_heap
+from services.scheduler.server import RunningScheduler, start_scheduler
+
+
+async def start_and_settle(config: SchedulerConfig, **kwargs: Any) -> RunningScheduler:
+    """Start the service (the table is restored before it returns), then settle the process's heap:
+    a process concern, so here and not in `start_scheduler`, which tests run many times in one process."""
+    running = await start_scheduler(config, **kwargs)
+    settle_heap()
+    return running
 
 
 def main(argv: list[str] | None = None) -> int:
-    return service_main("scheduler", load_config, start_scheduler, lambda running: running.host, argv)
+    return service_main("scheduler", load_config, start_and_settle, lambda running: running.host, argv)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,19 @@ def test_scheduler_bench_smoke(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert report["smoke"] is True
-    assert report["tick"]["programs"] == 500 and report["tick"]["replicas"] == 8
-    assert report["tick"]["tick_ms"]["p50"] > 0 and report["tick"]["activity"]["paused"] > 0
-    scaling = report["tick_scaling"]
-    assert [run["programs"] for run in scaling["runs"]] == [200, 1000]
-    assert all(run["p50_ms"] > 0 and run["p99_us_per_program"] > 0 for run in scaling["runs"])
-    assert scaling["p50_growth"] > 0 and "tick scaling" in proc.stdout
+    # The tick under the service's policy first (the headline figures), then the reference's.
+    assert [run["pause_policy"] for run in report["tick_runs"]] == ["cost_aware", "threshold"]
+    assert report["tick"] == report["tick_runs"][0]["tick"] and report["tick"]["pause_policy"] == "cost_aware"
+    assert report["tick"]["acting_decay_tau_seconds"] == 1.0  # the service's default
+    for run in report["tick_runs"]:
+        tick = run["tick"]
+        assert tick["pause_policy"] == run["pause_policy"] == run["tick_scaling"]["pause_policy"]
+        assert tick["programs"] == 500 and tick["replicas"] == 8
+        assert tick["tick_ms"]["p50"] > 0 and tick["activity"]["paused"] > 0
+        scaling = run["tick_scaling"]
+        assert [r["programs"] for r in scaling["runs"]] == [200, 1000]
+        assert all(r["p50_ms"] > 0 and r["p99_us_per_program"] > 0 for r in scaling["runs"])
+        assert scaling["p50_growth"] > 0 and f"tick scaling, {run['pause_policy']}" in proc.stdout
     assert report["rpc"]["round_trips"] > 0 and report["rpc"]["replicas"] == 8
     assert report["rpc"]["held"] == 0 and report["rpc"]["pauses_total"] == 0
     assert "round trips/s" in proc.stdout

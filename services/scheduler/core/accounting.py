@@ -19,7 +19,9 @@ placed on a replica of the snapshot, else nothing) is added. The decayed (resume
 is time-dependent and is computed on demand in O(1) per replica. `recharge` also keeps the idle
 index: a heap of (acting_since, seq, session id) over the ACTING programs, so that idle expiry pops
 the programs whose tool call has lasted the TTL instead of walking the table every tick (entries
-left behind by a change are recognised as stale when they surface, and dropped).
+left behind by a change are recognised as stale when they surface, and dropped). When a policy's
+estimates move (once per tick at most), `reweigh` updates what depends on the policy weight only
+(each charge's amount and `used`), which is what re-charging every placed program would change.
 """
 
 from __future__ import annotations
@@ -352,6 +354,31 @@ class Ledger:
         if not in_flight and tokens > 0:
             self._add_acting(key, sid, tokens, since)
 
+    def reweigh(self) -> None:
+        """Re-account every placed program's pause-side weight after the policy's estimates moved
+        (the policy's `refresh`). The same charges `recharge` of each placed program would leave, for
+        a fraction of its cost: only the amount (w(p) + B) and `used` depend on the weight; what a
+        program is charged where, the in-flight counts, the decayed working set (raw tokens) and the
+        idle index do not. The weight is computed as in `recharge` (the policy remembers what it
+        computes per size and budget)."""
+        policy_weight = self.policy_weight
+        if policy_weight is None or not self.charge:
+            return
+        programs, used, charge = self.programs, self.used, self.charge
+        buffer, w_a, floor = self.params.buffer_per_program_tokens, self.params.acting_token_weight, math.floor
+        budgets = {key: cap.retention_tokens for key, cap in self.caps.items()}
+        changed: list[tuple[str, tuple[ReplicaKey, int, bool, int], int]] = []
+        for sid, entry in charge.items():
+            key, amount, in_flight, _ = entry
+            program = programs[sid]
+            tokens = program.token_total
+            new = policy_weight(program, tokens if in_flight else floor(tokens * w_a), budgets[key]) + buffer
+            if new != amount:
+                changed.append((sid, entry, new))
+        for sid, (key, amount, in_flight, base), new in changed:
+            charge[sid] = (key, new, in_flight, base)
+            used[key] += new - amount
+
     def _index_idle(self, program: Program, since: float) -> None:
         self.idle_since[program.session_id] = since
         heap = self.idle_heap
@@ -492,6 +519,8 @@ class Ledger:
             inflight[key] += 1
             pt_count[key] += 1
         assert used == self.used, (used, self.used)
+        for sid, (key, amount, _, _) in self.charge.items():  # each charge is its program's current weight
+            assert amount == self.weight(self.programs[sid], key) + self.params.buffer_per_program_tokens, sid
         assert inflight == self.inflight, (inflight, self.inflight)
         assert pt_count == self.pt_count, (pt_count, self.pt_count)
         # Who is charged where: the residents, and the REASONING count read as inflight - pt_count.

@@ -12,7 +12,6 @@ PAUSE at util >= theta_p (or count above it), SOFT_DEMOTE at max(util, count) >=
 
 from __future__ import annotations
 
-import functools
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -199,6 +198,8 @@ class ControlLaw:
                     if q.soft_demoted_until <= now:
                         announce.append(sid)
             if demoted:
+                # Events in creation order: the residents' order is the order of their last re-account.
+                announce.sort(key=lambda sid: programs[sid].seq)
                 steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
         return Plan(tuple(steps))
 
@@ -502,6 +503,18 @@ class ControlLaw:
             """raw_weight_tokens, inline: the policy asks it for every program it pauses or marks."""
             return floor(q.token_total * w_a) if q.status is acting else q.token_total
 
+        charge = ledger.charge
+
+        def charged_on(key: ReplicaKey) -> Callable[[Program], int]:
+            def weight(q: Program) -> int:
+                """w(p) of a resident of `key` as charged: the charge is kept equal to the policy's weight
+                (recharge on every change of the program or of the budget, reweigh when the policy's
+                estimates move it), so reading it costs a lookup instead of the policy's formula."""
+                entry = charge.get(q.session_id)
+                return entry[1] - buffer if entry is not None and entry[0] == key else weight_at(q, key)
+
+            return weight
+
         steps: list[Step] = []
         for key, cap in ledger.caps.items():
             token_target = cap.retention_tokens * target_frac
@@ -509,7 +522,9 @@ class ControlLaw:
             if self.band(key) is not Band.PAUSE:
                 if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
                     # Pressure is gone: marks are not sticky.
-                    steps.extend(Unmark(sid) for sid in ledger.resident[key] if ledger.programs[sid].marked)
+                    # In creation order (the residents' order is the order of their last re-account).
+                    marked = [q for q in map(table.__getitem__, ledger.resident[key]) if q.marked]
+                    steps.extend(Unmark(q.session_id) for q in sorted(marked, key=by_seq))
                 continue
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = [
@@ -521,9 +536,7 @@ class ControlLaw:
             before = ledger.used[key]
 
             # Without a policy weight a program weighs its raw weight wherever it is.
-            weight_on: Callable[[Program], int] = (
-                raw_weight if ledger.policy_weight is None else functools.partial(weight_at, key=key)
-            )
+            weight_on = raw_weight if ledger.policy_weight is None else charged_on(key)
             chosen = self.policy.plan(
                 PauseContext(
                     replica=key,

@@ -569,10 +569,8 @@ class SchedulerCore:
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
         if self._refresh_policy is not None and self._refresh_policy():
-            # The policy's estimates moved: re-charge the placed programs (their weight depends on them).
-            for program in list(self.ledger.programs.values()):
-                if program.session_id in self.ledger.charge:
-                    self.ledger.recharge(program, touched=False)
+            # The policy's estimates moved: re-weigh the placed programs (their weight depends on them).
+            self.ledger.reweigh()
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = 0
         control = self.control

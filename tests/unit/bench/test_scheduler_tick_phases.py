@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from bench.scheduler_bench import bench_tick, bench_tick_phases
+import pytest
+
+from bench.scheduler_bench import bench_tick, bench_tick_phases, tick_core
+from services.scheduler.core.defaults import SERVICE_DEFAULT_PAUSE_POLICY, service_control_params
+from services.scheduler.core.policies import CostAwarePauseParams
 
 
-def test_the_parts_of_the_tick_are_timed_and_the_mix_is_the_benchmarks():
-    run = bench_tick_phases(300, 8, 4)
+@pytest.mark.parametrize("policy", ["cost_aware", "threshold"])
+def test_the_parts_of_the_tick_are_timed_and_the_mix_is_the_benchmarks(policy: str):
+    run = bench_tick_phases(300, 8, 4, policy)
+    assert run["pause_policy"] == policy
     parts = run["ms_per_tick"]
     for name in ("tick", "plan_resume", "plan_pauses", "plan_soft_demote", "apply resume", "apply pauses"):
         assert name in parts, name
@@ -14,4 +20,16 @@ def test_the_parts_of_the_tick_are_timed_and_the_mix_is_the_benchmarks():
     timed = sum(v for k, v in parts.items() if k != "tick" and not k.startswith("gc"))
     assert 0 < timed <= parts["tick"] * 1.01
     # The instrumentation changes nothing the tick decides: the same mix, the same transitions.
-    assert run["activity"] == bench_tick(300, 8, 4)["activity"]
+    assert run["activity"] == bench_tick(300, 8, 4, pause_policy=policy)["activity"]
+
+
+def test_the_cost_aware_tick_core_is_the_services():
+    """The benchmark times the core the service builds with no flags, at its own 5 s interval."""
+    core = tick_core("cost_aware")
+    assert core.policy.name == SERVICE_DEFAULT_PAUSE_POLICY
+    assert core.params == service_control_params(SERVICE_DEFAULT_PAUSE_POLICY, scheduler_interval_seconds=5.0)
+    assert core.policy.params == CostAwarePauseParams()  # type: ignore[attr-defined]
+    reference = tick_core("threshold")
+    assert reference.policy.name == "threshold" and reference.params.acting_decay_tau_seconds == 30.0
+    with pytest.raises(ValueError):
+        tick_core("nope")

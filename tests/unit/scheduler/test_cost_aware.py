@@ -151,7 +151,8 @@ def test_estimates_start_at_the_priors_and_move_only_on_refresh():
     p.observe_prefill(20_000, 0.5)  # 40k tok/s
     p.observe_prefill(100, 10.0)  # too small to say anything: ignored
     assert (p.tool_seconds, p.prefill_tokens_per_s) == (2.0, 10_000)
-    assert p.refresh() and not p.refresh()
+    p.refresh()  # (True only if a weight may have changed: nothing has been weighed)
+    assert not p.refresh()  # nothing observed since
     assert p.tool_seconds == pytest.approx((2 * 2.0 + 10.0) / 4)
     # The 90th percentile of {prior, prior, 40k} (quadratic knee 1e12: the rate is ~u / ttft).
     assert p.prefill_tokens_per_s == pytest.approx(40_000)
@@ -340,3 +341,63 @@ def test_a_replica_that_leaves_the_snapshot_is_not_said_to_report_again():
     gone = core.apply_capacity(0.0, CapacitySnapshot(2, (ReplicaCapacity("w1", 0, 65_536),)))
     assert not [r for r in gone.logs if "cache_report" in r.message]
     assert core.cache_reported(None)  # every replica left reports
+
+
+def reference_weight(policy_: object, program: Program, raw: int, capacity: int) -> int:
+    """w(p) as the formula reads: phi for this size and budget, then the hold rule."""
+    phi = policy_.hold_fraction(program.token_total, capacity)  # type: ignore[attr-defined]
+    phi_min = policy_.params.min_hold_fraction  # type: ignore[attr-defined]
+    return math.floor(raw * phi) if phi >= phi_min else 0
+
+
+@pytest.mark.parametrize("sigma", [1.0, 0.3, 0.0])
+@pytest.mark.parametrize("quadratic", [77_000.0, 5_000.0, 1e9])
+def test_the_binary_rule_threshold_weighs_every_size_as_the_formula(sigma: float, quadratic: float):
+    """Under the binary rule the policy compares a size with the smallest size held on that budget
+    (found by bisection) instead of computing phi: the same weight for every size, at the threshold,
+    next to it and far from it, as the estimates move."""
+    p = make_pause_policy("cost_aware", CostAwarePauseParams(stall_share=sigma, prefill_quadratic_tokens=quadratic))
+    thresholds = set()
+    estimates = ((2.0, 18_000.0), (10.0, 18_000.0), (3.0, 20_000.0), (60.0, 10_000.0), (9.3, 4_100.0), (1e-4, 9e4))
+    for tool_s, rho in estimates:
+        p.tool_seconds, p.prefill_tokens_per_s = tool_s, rho  # type: ignore[attr-defined]
+        for capacity in (40_000, 131_072, 1_000_003):
+            threshold = p._smallest_held(capacity)  # type: ignore[attr-defined]
+            thresholds.add(threshold)
+            sizes = set(range(0, 200_000, 997)) | set(range(max(0, threshold - 300), threshold + 300))
+            for tokens in sorted(sizes):
+                for status, raw in ((A, tokens), (A, tokens // 2), (R, tokens)):
+                    q = prog(0, tokens, status)
+                    assert p.weight_tokens(q, raw, capacity) == reference_weight(p, q, raw, capacity), (
+                        tokens,
+                        capacity,
+                        tool_s,
+                    )
+    assert len(thresholds) >= 4  # sizes held from many different thresholds (some: all, some: none)
+
+
+def test_the_threshold_search_from_any_start_finds_the_same_size():
+    p = make_pause_policy("cost_aware")
+    for tool_s, rho, capacity in ((10.0, 18_000.0, 131_072), (60.0, 10_000.0, 40_000), (2.0, 18_000.0, 131_072)):
+        p.tool_seconds, p.prefill_tokens_per_s = tool_s, rho  # type: ignore[attr-defined]
+        exact = p._smallest_held(capacity)  # type: ignore[attr-defined]
+        for near in (1, 2, exact - 1000, exact - 1, exact, exact + 1, exact + 5_000, 10**9):
+            assert p._smallest_held(capacity, near) == exact, (near, exact)  # type: ignore[attr-defined]
+
+
+def test_a_refresh_that_moves_no_threshold_reports_no_weight_change():
+    """Under the binary rule the weights change only with a budget's threshold: a refresh whose
+    estimates move no threshold weighed so far says so, and one that moves one says so too."""
+    p = make_pause_policy("cost_aware")
+    q = prog(0, 100_000)
+    p.weight_tokens(q, 100_000, 131_072)  # weighs on this budget: its threshold now counts
+    before = p._hold_threshold(131_072)  # type: ignore[attr-defined]
+    p.observe_tool(2.0)  # the prior's own mean: the estimate barely moves
+    assert p.refresh() is False and p._hold_threshold(131_072) == before  # type: ignore[attr-defined]
+    for _ in range(40):
+        p.observe_tool(40.0)  # long tools: recompute is cheaper for more sizes
+    assert p.refresh() is True and p._hold_threshold(131_072) > before  # type: ignore[attr-defined]
+    smooth = make_pause_policy("cost_aware", CostAwarePauseParams(min_hold_fraction=0.5))
+    smooth.weight_tokens(q, 100_000, 131_072)  # type: ignore[attr-defined]
+    smooth.observe_tool(2.0)  # type: ignore[attr-defined]
+    assert smooth.refresh() is True  # type: ignore[attr-defined]  # smooth weights move with any estimate

@@ -48,9 +48,10 @@ class WorkingSetHooks(Protocol):
     working set (and so in the pause band, admission and the resume guard). The core looks these
     methods up once; a policy without them (threshold) gets the raw weight floor(T * w_a).
 
-    The weight may depend only on the program, the replica's budget and estimates that change in
-    `refresh`, which the core calls at the start of every tick (and then re-charges the placed
-    programs), so the incremental accounting stays exact between ticks."""
+    The weight may depend only on the program's status and token_total, the replica's budget and
+    estimates that change in `refresh`, which the core calls at the start of every tick (and then,
+    if it returns True, re-weighs the placed programs: `Ledger.reweigh`), so the incremental
+    accounting stays exact between ticks."""
 
     def weight_tokens(self, program: Program, raw_tokens: int, capacity_tokens: int) -> int:
         """Pause-side weight of a program whose threshold weight is `raw_tokens` (T if REASONING,

@@ -30,6 +30,12 @@ Pause plan: the threshold plan (ACTING shortest-first down to target, then just 
 marks) over the programs that count; an ACTING program with w(p) = 0 is already let go and is
 never paused (pausing it would free only the buffer and leave its next turn waiting).
 
+Cost. E/H = max(T, sigma * C) * (1 + T / K) / (rho * m) grows with T, so under the binary rule
+the programs held on a budget are those from one size up: the policy finds that size per budget
+(by bisection with the formula itself) once per change of the estimates, and a weight is then one
+comparison. A refresh that moves no budget's threshold changes no weight and says so, and the core
+re-weighs nothing.
+
 Estimates (learnt online, folded in by `refresh` once per tick so that weights stay constant
 between ticks and the core's incremental accounting stays exact):
 
@@ -80,6 +86,12 @@ MIN_PREFILL_SAMPLE_TOKENS = 256
 PREFILL_WINDOW = 256
 PREFILL_QUANTILE = 0.97
 _MEMO_ENTRIES = 1 << 16  # hold fractions remembered per (size, budget) before the memo starts over
+# The binary rule's threshold search (see `_smallest_held`) relies on E/H growing by a relative
+# 1/(K + T) or more per token, far above float rounding for any K up to this; beyond, each size is
+# asked.
+_THRESHOLD_MAX_QUADRATIC_TOKENS = 1e12
+_NEVER_HELD = 1 << 62
+_BUDGETS_KEPT = 1024  # budgets whose threshold a refresh compares before it reports "may have changed"
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,13 @@ class CostAwarePausePolicy:
         self.prefill_tokens_per_s = params.prefill_tokens_per_s
         self._memo: dict[tuple[int, int], float] = {}
         self._memo_estimates = (self.tool_seconds, self.prefill_tokens_per_s)
+        # The binary rule (phi_min = 1): the smallest size held per budget, for _memo_estimates.
+        self._binary = params.min_hold_fraction >= 1.0 and params.prefill_quadratic_tokens <= (
+            _THRESHOLD_MAX_QUADRATIC_TOKENS
+        )
+        self._held_from: dict[int, int] = {}
+        # Every budget weighed under the binary rule (the charges on it depend on its threshold).
+        self._budgets: dict[int, int] = {}  # -> its last threshold (where the next search starts)
 
     # -- observations (any time) and estimates (folded in once per tick) ---------------------------
 
@@ -170,17 +189,29 @@ class CostAwarePausePolicy:
             self._pending = True
 
     def refresh(self) -> bool:
-        """Fold the observations into the estimates; True if the weights may have changed."""
+        """Fold the observations into the estimates; True if the weights may have changed. Under the
+        binary rule a weight changes only with the threshold of its budget: False when the estimates
+        moved every threshold weighed so far by less than a token (the core then re-weighs nothing)."""
         if not self._pending:
             return False
         self._pending = False
+        before = self._hold_thresholds() if self._binary and len(self._budgets) <= _BUDGETS_KEPT else None
+        self._fold()
+        if before is None:
+            self._budgets.clear()  # the core re-weighs every charge, which records its budget again
+            return True
+        return self._hold_thresholds() != before
+
+    def _hold_thresholds(self) -> dict[int, int]:
+        return {budget: self._hold_threshold(budget) for budget in self._budgets}
+
+    def _fold(self) -> None:
         p = self.params
         n0 = p.prior_observations
         self.tool_seconds = self._tool.value
         if self._prefill_rates:
             samples = sorted([p.prefill_tokens_per_s] * round(n0) + list(self._prefill_rates))
             self.prefill_tokens_per_s = samples[min(len(samples) - 1, math.floor(PREFILL_QUANTILE * len(samples)))]
-        return True
 
     # -- the formula ------------------------------------------------------------------------------
 
@@ -206,12 +237,74 @@ class CostAwarePausePolicy:
         estimates = (self.tool_seconds, self.prefill_tokens_per_s)
         if estimates != self._memo_estimates or len(self._memo) >= _MEMO_ENTRIES:
             self._memo.clear()
+            self._held_from.clear()
             self._memo_estimates = estimates
+        if self._binary:
+            # Under the binary rule the weight is raw (phi = 1) or 0, and phi >= 1 holds exactly for the
+            # sizes from a threshold up: one comparison instead of a phi per size.
+            held_from = self._held_from.get(capacity_tokens)
+            if held_from is None:
+                held_from = self._hold_threshold(capacity_tokens)
+            return raw_tokens if program.token_total >= held_from else 0
         key = (program.token_total, capacity_tokens)
         phi = self._memo.get(key)
         if phi is None:
             phi = self._memo[key] = self.hold_fraction(program.token_total, capacity_tokens)
         return math.floor(raw_tokens * phi) if phi >= self.params.min_hold_fraction else 0
+
+    def _hold_threshold(self, capacity_tokens: int) -> int:
+        """The binary rule's smallest size held on a budget, for the current estimates (remembered)."""
+        estimates = (self.tool_seconds, self.prefill_tokens_per_s)
+        if estimates != self._memo_estimates:
+            self._memo.clear()
+            self._held_from.clear()
+            self._memo_estimates = estimates
+        held_from = self._held_from.get(capacity_tokens)
+        if held_from is None:
+            # From the budget's last threshold: the estimates move it a little per refresh.
+            near = self._budgets.get(capacity_tokens) or 1
+            held_from = self._held_from[capacity_tokens] = self._smallest_held(capacity_tokens, near)
+            self._budgets[capacity_tokens] = held_from
+        return held_from
+
+    def _smallest_held(self, capacity_tokens: int, near: int = 1) -> int:
+        """The smallest size T >= 1 with hold_fraction(T, C) >= phi_min (binary rule; _NEVER_HELD if
+        none below it). E/H = max(T, sigma * C) * (1 + T/K) / (rho * m) grows with T by a relative
+        1/(K + T) or more per token, and the float evaluation of `hold_fraction` errs by a few units in
+        the last place (1e-15 relative): so `hold_fraction(T) >= phi_min` is false below one size and
+        true from it on, and bisection with `hold_fraction` itself finds exactly that size. (Size 0
+        weighs 0 either way.)"""
+        phi_min = self.params.min_hold_fraction
+
+        def held(tokens: int) -> bool:
+            return self.hold_fraction(tokens, capacity_tokens) >= phi_min
+
+        # Gallop from `near` to a bracket: held(low) false (0: a sentinel), held(high) true.
+        near = min(max(1, near), _NEVER_HELD - 1)
+        step = 1
+        if held(near):
+            low, high = 0, near
+            while high - step >= 1:
+                if not held(high - step):
+                    low = high - step
+                    break
+                high, step = high - step, step * 2
+        else:
+            low = near
+            while True:
+                if low + step >= _NEVER_HELD:
+                    return _NEVER_HELD
+                if held(low + step):
+                    high = low + step
+                    break
+                low, step = low + step, step * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if held(middle):
+                high = middle
+            else:
+                low = middle
+        return high
 
     def plan(self, ctx: PauseContext) -> PausePlan:
         counted = [q for q in ctx.programs if q.status is not Status.ACTING or ctx.weight_tokens(q) > 0]

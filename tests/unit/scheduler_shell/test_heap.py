@@ -1,0 +1,69 @@
+"""The scheduler process's collector settings (services/scheduler/heap.py) and where main applies them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import services.scheduler.__main__ as scheduler_main
+from services.scheduler.heap import YOUNG_THRESHOLD
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# Run in a child process: the collector's settings are the process's, and this one runs the suite.
+PROBE = """
+import gc
+import json
+from services.scheduler.heap import settle_heap
+
+freed = []
+
+class Kept:
+    def __del__(self):
+        freed.append(type(self).__name__)
+
+class Cycle:
+    def __init__(self):
+        self.me = self
+
+table = {"restored": Kept()}  # built at start-up, like a restored table
+defaults = gc.get_threshold()
+settle_heap()
+frozen = gc.get_freeze_count()
+del table["restored"]  # released after the freeze: freed by reference counting all the same
+after_freeze = list(freed)
+cycle = Cycle()
+del cycle  # a cycle made while serving is collected as before
+found = gc.collect()
+print(json.dumps({"defaults": defaults, "now": gc.get_threshold(), "frozen": frozen, "freed": after_freeze,
+                  "cycle_collected": found >= 1}))
+"""
+
+
+def test_settle_heap_freezes_start_up_raises_the_young_threshold_and_frees_as_before():
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    probe = json.loads(out)
+    assert probe["defaults"] == [700, 10, 10]  # CPython's
+    assert probe["now"] == [YOUNG_THRESHOLD, 10, 10]  # only the young generation's threshold moves
+    assert probe["frozen"] > 1_000  # start-up's objects (the modules and the table) are frozen
+    assert probe["freed"] == ["Kept"]  # and still freed when their last reference goes
+    assert probe["cycle_collected"]
+
+
+def test_main_settles_the_heap_once_the_service_has_started(monkeypatch):
+    calls: list[str] = []
+
+    async def start(config: Any, **kwargs: Any) -> str:
+        calls.append("start")  # start_scheduler restores the table before it returns
+        return "running"
+
+    monkeypatch.setattr(scheduler_main, "start_scheduler", start)
+    monkeypatch.setattr(scheduler_main, "settle_heap", lambda: calls.append("settle"))
+    assert asyncio.run(scheduler_main.start_and_settle(object(), telemetry=None)) == "running"  # type: ignore[arg-type]
+    assert calls == ["start", "settle"]
