@@ -40,7 +40,7 @@ import heapq
 import struct
 import sys
 from array import array
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Iterable, Sequence
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -177,14 +177,6 @@ class RadixCache:
         self._computed: set[int] = set()
         self._computed_order: deque[int] = deque()  # oldest first, to forget beyond the bound
         self._computed_max = max(65_536, computed_memory_pages or 2 * (total_pages + host_pages))
-        # The digests of evicted runs, so that computing those pages again needs no SHA-256 (a
-        # cache: the digests are a pure function of the parent digest and the page bytes). Keyed
-        # by the digest of the page before the run: (token bytes, byte offset of the run's first
-        # page in them, the run's digests), oldest first, at most `_memo_max` pages in all.
-        self._digest_memo: OrderedDict[bytes, tuple[bytes, int, list[bytes]]] = OrderedDict()
-        self._memo_pages = 0
-        self._memo_max = 4 * (total_pages + host_pages)
-        self.digest_memo_hits = 0  # pages whose digest came from the memo (for tests)
         self.evicted_pages_total = 0
         self._width = 4 * page_size
         self._ids_of = struct.Struct(f"<{page_size}I").unpack  # page bytes -> token ids
@@ -365,32 +357,9 @@ class RadixCache:
         digest = parent.digest
         parent_hash = parent.hash if parent is not self.root else None
         recomputed = 0
-        memo = self._digest_memo
-        # The evicted run this node's pages continue, if any: its bytes, the byte offset of its
-        # next page in them, and its digests from the next page on.
-        known_key, known_pos, k = b"", 0, 0
-        known: Sequence[bytes] = ()
-        hits = 0
         for offset in range(start, stop, width):
             key = data[offset : offset + width]
-            if k < len(known) and known_key.startswith(key, known_pos):
-                digest = known[k]
-                k += 1
-                known_pos += width
-                hits += 1
-            else:
-                entry = memo.get(digest)
-                if entry is not None and entry[0].startswith(key, entry[1]):
-                    del memo[digest]
-                    self._memo_pages -= len(entry[2])
-                    known_key, known_pos, known = entry
-                    digest = known[0]
-                    k = 1
-                    known_pos += width
-                    hits += 1
-                else:
-                    digest = sha256(digest + key).digest()
-                    known, k = (), 0
+            digest = sha256(digest + key).digest()
             append(digest)
             page_hash = unpack(digest)[0]
             if page_hash in computed:
@@ -403,7 +372,6 @@ class RadixCache:
             if events is not None:
                 events.append(BlockStored((page_hash,), parent_hash, self._ids_of(key), self.page_size, GPU))
                 parent_hash = page_hash
-        self.digest_memo_hits += hits
         node = PageNode(parent, data[start:stop], digests, parent.end + len(digests))
         node.ref = 1
         node.on_gpu = True
@@ -509,16 +477,13 @@ class RadixCache:
                 take = min(n, pages - done)
             done += take
             if take < n:
-                digests = node.digests
-                self._remember(digests[n - take - 1], node.key, (n - take) * width, digests[n - take :])
                 node.n = n - take
                 node.end = end - take
-                del digests[-take:]
+                del node.digests[-take:]
                 tick += 1
                 heappush(heap, (stamp, tick, node, end - take))
                 continue
             parent = node.parent
-            self._remember(parent.digests[-1] if parent.digests else b"", node.key, 0, node.digests)
             node.on_gpu = False
             parent.gpu_children -= 1
             del parent.children[node.key[:width]]  # no host copy: the node is gone (its subtree
@@ -532,18 +497,6 @@ class RadixCache:
         self.evictable_pages -= done
         self.evicted_pages_total += done
         return done
-
-    def _remember(self, parent_digest: bytes, key: bytes, pos: int, digests: list[bytes]) -> None:
-        """Keep the digests of an evicted run (its pages are `key[pos:]`, after the page whose
-        digest is `parent_digest`) for when it is computed again; forget the oldest beyond the bound."""
-        memo = self._digest_memo
-        old = memo.pop(parent_digest, None)
-        if old is not None:
-            self._memo_pages -= len(old[2])
-        memo[parent_digest] = (key, pos, digests)
-        self._memo_pages += len(digests)
-        while self._memo_pages > self._memo_max:
-            self._memo_pages -= len(memo.popitem(last=False)[1][2])
 
     def _evict_gpu_general(self, pages: int) -> int:
         done = 0
