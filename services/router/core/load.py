@@ -266,7 +266,11 @@ class ActiveLoad:
                 extra[block_id] = holders
             else:
                 del extra[block_id]
-        state.blocks -= request.block_set.difference(shared) if shared else request.block_set
+        # Its blocks leave, then the ones other requests still hold (few: the system prompt)
+        # come back: no difference set of the whole prompt is built.
+        state.blocks -= request.block_set
+        if shared:
+            state.blocks.update(shared)
         if not state.request_ids:
             del self._replicas[request.replica]
         return True

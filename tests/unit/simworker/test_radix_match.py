@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from services.simworker.core.radix import RadixCache, path_pages
+from services.simworker.core.radix import RadixCache, page_hashes, path_pages
 
 PAGE = 2
 
@@ -200,3 +200,27 @@ def test_counting_unreferenced_pages_stops_early_with_the_same_answer(refs, page
 
     nodes = [_Node(ref, pages) for ref in refs]
     assert _more_unreferenced(nodes, limit) == (sum(n.n for n in nodes if n.ref == 0) > limit)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pages_computed_again_after_eviction_have_their_chain_hashes(seed):
+    """Every page's hash is the SHA-256 chain of its tokens (page_hashes), however the pages
+    were evicted, split and computed again."""
+    rng = random.Random(seed)
+    cache = _cache(total_pages=10)
+    prompts = [[rng.randrange(1, 6) for _ in range(PAGE * rng.randrange(1, 9))] for _ in range(5)]
+    for step in range(60):
+        tokens = prompts[rng.randrange(len(prompts))]
+        gpu, _ = cache.match(_data(tokens), len(tokens) // PAGE)
+        cached = path_pages(gpu)
+        cache.lock(gpu)
+        cache.ensure_free(len(tokens) // PAGE - cached)
+        parent = gpu[-1] if gpu else cache.root
+        last, _ = cache.insert_run(parent, _data(tokens[cached * PAGE :]))
+        cache.release(last, float(step))
+        path, node = [], last
+        while node is not cache.root:
+            path[:0] = node.digests
+            node = node.parent
+        assert [struct.unpack(">q", d[:8])[0] for d in path] == page_hashes(tokens, PAGE)
+        cache.evict_gpu(rng.randrange(0, 6))
