@@ -203,7 +203,10 @@ async def test_a_router_whose_loop_is_saturated_waits_for_the_answer_instead_of_
     turn slow but none a stall as long as a quarter of the window, took more wall time than the decision
     window to carry an answer that needed a few loop turns, and the turn failed open. The window now counts
     only the time the router's loop ran on time."""
-    r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=1.0)
+    # The recording scheduler has no AdmitMux: with the stream on, this turn would first learn that
+    # (UNIMPLEMENTED, a round trip of its own that the saturated loop makes slow) and then fall back. The
+    # window under test is the per-call path's, so the stream is off here.
+    r = await InProcessRouter.start(["ok"], admit_decision_timeout_seconds=1.0, scheduler_mux=False)
     r.sched.answer_after_hops["busy"] = 4
     try:
         await asyncio.sleep(0.3)  # the loop-lag sampler is running
