@@ -276,6 +276,8 @@ def rig():
 @example((next(m for m in METHODS if m.path.endswith("Planner/WatchLease")), b"\n\x01\xff"))
 # Found by this test: grpc's health servicer does not implement the generated List: UNKNOWN, ERROR traceback.
 @example((next(m for m in METHODS if m.path.endswith("Health/List")), b""))
+# Found by this test: a corrupt message on the AdmitMux stream (the request guard served unary requests only).
+@example((next(m for m in METHODS if m.path.endswith("Scheduler/AdmitMux")), b"\n\x05ab"))
 def test_any_request_bytes_end_in_a_client_error_at_worst(rig, call):
     check_call(rig, *call)
 

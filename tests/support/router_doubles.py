@@ -94,6 +94,13 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
         self.released.add(request.session_id)
         return pb.ReleaseResponse(released=known)
 
+    async def AdmitMux(self, request_iterator, context):
+        # An older scheduler: no AdmitMux, so the router sends Admit (AdmitStream) and Complete as calls of
+        # their own, which this double records. (The generated base would raise, which gRPC logs as an error
+        # and answers UNKNOWN; a scheduler built without the method answers UNIMPLEMENTED, as here.)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux in this double")
+        yield pb.MuxResponse()  # never reached: makes this a streaming handler
+
     async def WatchEvents(self, request, context):
         # No event stream here: the router's admission fast path stays off (every turn asks Admit first).
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no event stream in this double")

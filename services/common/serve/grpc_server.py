@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import signal
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Protocol
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Protocol
 
 import grpc
 from aiohttp import web
@@ -71,16 +71,18 @@ class _ClippedContext:
 
 
 class RequestGuard(grpc.aio.ServerInterceptor):
-    """What every unary-request handler gets from the host:
+    """What every unary-request handler, and every two-way stream served by a coroutine (AdmitMux), gets
+    from the host:
 
     * a request message that does not parse (corrupt wire format, a string field that is not UTF-8, as any
       client but this project's can send) ends INVALID_ARGUMENT instead of UNKNOWN with an ERROR traceback:
-      the guarded deserializer returns a marker that the handler turns into the abort;
+      the guarded deserializer returns a marker that the handler turns into the abort (on a stream: the
+      stream's reader, at that message);
     * the details of an abort are cut to MAX_DETAILS_BYTES."""
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         deserialize = handler.request_deserializer
 
@@ -94,6 +96,24 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             log.debug("refused a malformed %s request: %s", handler_call_details.method, request.reason)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {request.reason}")
 
+        if handler.request_streaming:
+            if not handler.response_streaming or inspect.isasyncgenfunction(handler.stream_stream):
+                return handler  # none served (a client-stream call, a generator-style bidi handler)
+            inner_stream = handler.stream_stream
+
+            async def checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async for request in requests:
+                    if isinstance(request, _Malformed):
+                        await refuse(request, context)  # ends the call INVALID_ARGUMENT (raises)
+                    yield request
+
+            async def bidi(request_iterator, context):
+                context = _ClippedContext(context)
+                return await inner_stream(checked(request_iterator, context), context)
+
+            return grpc.stream_stream_rpc_method_handler(
+                bidi, request_deserializer=guarded, response_serializer=handler.response_serializer
+            )
         if handler.response_streaming:
             inner = handler.unary_stream
             if inspect.isasyncgenfunction(inner):

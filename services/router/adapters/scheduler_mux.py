@@ -7,10 +7,10 @@ AdmitUpdates (`held`, then the decision) or raises the `AioRpcError` that AdmitS
 with (a standby's FAILED_PRECONDITION carries the leader in its trailing metadata, as there), and whose
 `cancel()` withdraws the admission; `complete` answers or raises as the unary Complete does.
 
-A broken stream fails the operations pending on it, each with the stream's status, and nothing else; the
-next operation reopens it. A stream that ended before it answered anything is reopened only after a
-backoff (50 ms doubling to 1 s); meanwhile operations fail at once with its last status, as calls to that
-replica would. A replica without AdmitMux (an older scheduler: UNIMPLEMENTED) is remembered, and its
+A broken stream that had answered fails the operations pending on it, each with the stream's status, and
+nothing else; the next operation reopens it. A stream that ended before it answered anything tells nothing
+(`MuxNotNow`): its pending operations, and every operation until it is reopened after a backoff (50 ms
+doubling to 1 s), take the per-call path, whose answer or failure decides. A replica without AdmitMux (an older scheduler: UNIMPLEMENTED) is remembered, and its
 operations go by the per-call path (`fallback`).
 
 Writes are coalesced: what the router's turns queue in one event-loop turn goes in one message, and what
@@ -42,6 +42,13 @@ REOPEN = RetryPolicy(first_delay_s=0.05, multiplier=2.0, max_delay_s=1.0)
 
 class MuxUnsupported(Exception):
     """The replica has no AdmitMux (an older scheduler): use the per-call path."""
+
+
+class MuxNotNow(MuxUnsupported):
+    """The stream could not carry this operation: it ended before answering anything (an older scheduler
+    that closed it while the router wrote, which gRPC may report as INTERNAL instead of UNIMPLEMENTED; a
+    replica that is down; a standby's refusal), or it waits to be reopened. The operation takes the
+    per-call path, whose answer or failure the client's failover and fail-open rules read as before."""
 
 
 def rpc_error(code: grpc.StatusCode, details: str, leader_address: str | None = None) -> grpc.aio.AioRpcError:
@@ -119,7 +126,6 @@ class SchedulerMux:
         self._answered = False  # the current stream delivered a result
         self._failures = 0  # streams in a row that ended before answering anything
         self._retry_at = 0.0
-        self._last_error: grpc.aio.AioRpcError | None = None
 
     @property
     def pending(self) -> int:
@@ -201,8 +207,8 @@ class SchedulerMux:
         if self._call is not None:
             return None
         loop = asyncio.get_running_loop()
-        if loop.time() < self._retry_at and self._last_error is not None:
-            return self._last_error
+        if loop.time() < self._retry_at:
+            return MuxNotNow(self.address)
         self._call = self._stub.AdmitMux()
         self._answered = False
         self._tasks = [loop.create_task(self._write(self._call)), loop.create_task(self._read(self._call))]
@@ -242,6 +248,10 @@ class SchedulerMux:
             error = rpc_error(grpc.StatusCode.UNAVAILABLE, "the AdmitMux stream broke (a write failed)")
         finally:
             self._ended()
+        if not self._answered and not isinstance(error, MuxUnsupported):
+            # Nothing was answered on it: the scheduler rolls back what it had begun of the pending
+            # operations when the stream ends, so each is made again by the per-call path.
+            error = MuxNotNow(self.address)
         log.debug("AdmitMux stream to %s ended: %r", self.address, error)
         self._fail_pending(error)
 
@@ -260,8 +270,6 @@ class SchedulerMux:
                 task.cancel()
 
     def _fail_pending(self, error: BaseException) -> None:
-        if isinstance(error, grpc.aio.AioRpcError):
-            self._last_error = error
         admits, self._admits = self._admits, {}
         for admit in admits.values():
             admit.updates.put_nowait(error)

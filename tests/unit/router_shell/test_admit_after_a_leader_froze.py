@@ -35,6 +35,11 @@ class Replica(pb_grpc.SchedulerServicer):
         self.admitted.append(request.request_id)
         yield pb.AdmitUpdate(decision=pb.AdmitResponse(worker_id=request.dispatched_worker_id or "w1"))
 
+    async def AdmitMux(self, request_iterator, context):
+        # Built before AdmitMux: UNIMPLEMENTED, as a scheduler without the method answers.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux")
+        yield pb.MuxResponse()  # never reached: makes this a streaming handler
+
 
 async def _serve(replica: Replica) -> tuple[grpc.aio.Server, str]:
     server = grpc.aio.server()

@@ -204,6 +204,11 @@ class OlderScheduler(pb_grpc.SchedulerServicer):
         self.completed.append(request.request_id)
         return pb.CompleteResponse()
 
+    async def AdmitMux(self, request_iterator, context):
+        # Built before AdmitMux: UNIMPLEMENTED, as a scheduler without the method answers.
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux")
+        yield pb.MuxResponse()  # never reached: makes this a streaming handler
+
 
 async def test_an_older_scheduler_without_admitmux_gets_the_calls_of_their_own():
     older = OlderScheduler()

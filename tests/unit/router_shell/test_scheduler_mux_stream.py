@@ -129,25 +129,58 @@ async def test_a_standbys_refusal_of_an_admit_names_the_leader_as_the_call_would
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and leader_hint(err.value) == "l:2"
 
 
-async def test_a_broken_stream_fails_its_pending_operations_unavailable_then_reopens_after_a_backoff(mux):
-    call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+class FallbackCall:
+    """The per-call path's AdmitStream call, as the client would have made it."""
+
+    def __init__(self, made: list[str], request_id: str) -> None:
+        made.append(request_id)
+
+    async def read(self):
+        return pb.AdmitUpdate(decision=pb.AdmitResponse(worker_id="w9"))
+
+    def cancel(self):
+        pass
+
+
+async def test_a_stream_that_breaks_before_answering_hands_its_operations_to_the_calls_then_reopens_after_a_backoff(
+    mux,
+):
+    """Regression: a stream an older scheduler closed while the router wrote ended INTERNAL, not UNIMPLEMENTED;
+    its pending turns failed UNAVAILABLE and the router failed open for its retry interval. A stream that
+    answered nothing now tells nothing: its operations are made by the per-call path, which decides."""
+    made: list[str] = []
+    call = mux.admit(_request("r1"), 30.0, {}, lambda: FallbackCall(made, "r1"))
     complete = asyncio.ensure_future(mux.complete(pb.CompleteRequest(request_id="r0"), 5.0, {}))
+    await _settle()
+    mux.stub.calls[0].end(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))
+    assert (await call.read()).decision.worker_id == "w9" and made == ["r1"]
+    with pytest.raises(MuxUnsupported):
+        await complete  # the client makes the unary Complete
+    assert not mux.unsupported  # not remembered: the stream is tried again
+    # Until the first backoff (50 ms) has passed, operations go by the calls without a new stream ...
+    assert (await mux.admit(_request("r2"), 30.0, {}, lambda: FallbackCall(made, "r2")).read()).HasField("decision")
+    assert made == ["r1", "r2"] and len(mux.stub.calls) == 1
+    await asyncio.sleep(0.06)  # ... then the stream is reopened
+    again = mux.admit(_request("r3"), 30.0, {}, _no_fallback)
+    await _settle()
+    assert len(mux.stub.calls) == 2
+    mux.stub.calls[1].answer(_decision(again.id))
+    assert (await again.read()).HasField("decision")
+
+
+async def test_a_stream_that_answered_then_broke_fails_its_pending_operations_unavailable(mux):
+    first = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    mux.stub.calls[0].answer(_decision(first.id))
+    await first.read()
+    call = mux.admit(_request("r2"), 30.0, {}, _no_fallback)
+    complete = asyncio.ensure_future(mux.complete(pb.CompleteRequest(request_id="r1"), 5.0, {}))
     await _settle()
     mux.stub.calls[0].end(rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core"))
     for waiting in (call.read(), complete):
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await waiting
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # a lost connection, whatever gRPC called it
-    # It broke before answering anything: the next operation fails at once with that status ...
-    with pytest.raises(grpc.aio.AioRpcError):
-        await mux.admit(_request("r2"), 30.0, {}, _no_fallback).read()
-    assert len(mux.stub.calls) == 1
-    await asyncio.sleep(0.06)  # ... until the first backoff (50 ms) has passed
-    again = mux.admit(_request("r3"), 30.0, {}, _no_fallback)
-    await _settle()
-    assert len(mux.stub.calls) == 2
-    mux.stub.calls[1].answer(_decision(again.id))
-    assert (await again.read()).HasField("decision")
 
 
 async def test_a_stream_that_answered_reopens_at_once_after_a_break(mux):
