@@ -10,7 +10,8 @@ with (a standby's FAILED_PRECONDITION carries the leader in its trailing metadat
 A broken stream that had answered fails the operations pending on it, each with the stream's status, and
 nothing else; the next operation reopens it. A stream that ended before it answered anything tells nothing
 (`MuxNotNow`): its pending operations, and every operation until it is reopened after a backoff (50 ms
-doubling to 1 s), take the per-call path, whose answer or failure decides. A replica without AdmitMux (an older scheduler: UNIMPLEMENTED) is remembered, and its
+doubling to 1 s), take the per-call path, whose answer or failure decides. A replica without AdmitMux
+(an older scheduler: UNIMPLEMENTED) is remembered, and its
 operations go by the per-call path (`fallback`).
 
 Writes are coalesced: what the router's turns queue in one event-loop turn goes in one message, and what
