@@ -1,12 +1,14 @@
-"""The pause plan weighs only the programs it reaches, and decides what the plan over all of them does.
+"""The pause plans weigh only the programs they reach, and decide what the plans over all of them do.
 
 The threshold plan sorts a replica's ACTING programs on their size alone (the programs come in
 creation order and the sort is stable, so ties stay oldest first), and the cost-aware policy no
 longer weighs every resident up front to drop the ACTING ones of weight 0: its pause loop passes
 over them where it reaches them. Random event sequences run through two cores side by side, one
 whose policy plans as the formula reads (the programs that count filtered first, then sorted on
-(size, creation order), from a shuffled copy), one as the product runs; every answer, every tick's
-events and logs, and every ledger field must agree.
+(size, creation order), from a shuffled copy) and whose aging plan weighs every movable program by
+the formula, one as the product runs (the aging plan sums the movable programs' charges and sorts
+only the chosen replica's); every answer, every tick's events and logs, and every ledger field must
+agree.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Callable
 import pytest
 
 from services.scheduler.core import ReplicaKey, SchedulerCore, TurnOutcome, Verdict
+from services.scheduler.core.control import ControlLaw, Pause, Plan, Resume, Step
 from services.scheduler.core.defaults import service_control_params
-from services.scheduler.core.model import Program, Status
+from services.scheduler.core.model import Lifecycle, LogRecord, Program, Status
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import CostAwarePauseParams, make_pause_policy
 from services.scheduler.core.policies.base import PauseContext, PausePlan
@@ -54,6 +57,54 @@ def formula_plan(ctx: PauseContext, counts: Callable[[Program], bool], rng: rand
     return PausePlan(pause=tuple(pause), mark=tuple(mark))
 
 
+def formula_aging(control: ControlLaw, now: float) -> Plan:
+    """`ControlLaw.plan_aging` as its docstring reads, weighing every movable program by the formula:
+    the aged held admissions oldest first, each onto the replica whose unmarked ACTING programs
+    outside the tail free the most, pausing those shortest first until it fits."""
+    ledger, p = control.ledger, control.params
+    buffer = p.buffer_per_program_tokens
+    aged = []
+    for sid, request_ids in ledger.waiting.items():
+        program = ledger.programs[sid]
+        started = min(ledger.turns[rid].started_at for rid in request_ids)
+        if program.lifecycle is Lifecycle.PAUSED and now - started >= p.resume_aging_seconds:
+            aged.append((started, program.seq, program))
+    aged.sort(key=lambda item: item[:2])
+    targets: set[ReplicaKey] = set()
+    steps: list[Step] = []
+    for _, _, program in aged:
+        rooms = []
+        for key, cap in ledger.caps.items():
+            if key in targets:
+                continue
+            movable = [
+                q
+                for sid in ledger.resident[key]
+                if (q := ledger.programs[sid]).status is Status.ACTING and not q.marked and not ledger.is_tail(q)
+            ]
+            free = sum(ledger.weight(q, key) + buffer for q in movable)
+            rooms.append((cap.retention_tokens * p.pause_threshold - (ledger.used[key] - free), key, movable))
+        if not rooms:
+            break
+        room, target, movable = max(rooms, key=lambda r: r[0])  # the first of the largest
+        need = ledger.weight(program, target) + buffer
+        if need >= room:
+            target = max(
+                (k for k in ledger.caps if k not in targets),
+                key=lambda k: ledger.caps[k].retention_tokens - ledger.used[k],
+            )
+            movable = []
+        used = ledger.used[target]
+        for victim in sorted(movable, key=lambda q: (q.token_total, q.seq)):
+            if used + need < ledger.caps[target].retention_tokens * p.pause_threshold:
+                break
+            steps.append(Pause(victim.session_id, "aging"))
+            used -= ledger.weight(victim, target) + buffer
+        targets.add(target)
+        steps.append(Resume(program.session_id, target, protect_until=now + p.resume_aging_seconds / 2))
+    return Plan(tuple(steps))
+
+
 @pytest.mark.parametrize(
     ("policy", "params", "tail", "step_s", "seed"),
     [
@@ -71,7 +122,7 @@ def test_pause_plan_decides_what_the_formula_does(
 ):
     rng = random.Random(seed)
     control: ControlParams = service_control_params(
-        policy, scheduler_interval_seconds=5.0, tail_protection_quantile=tail
+        policy, scheduler_interval_seconds=5.0, tail_protection_quantile=tail, resume_aging_seconds=30.0
     )
     cores = [SchedulerCore(control, make_pause_policy(policy, params)) for _ in "ab"]
     formula, product = cores
@@ -90,6 +141,17 @@ def test_pause_plan_decides_what_the_formula_does(
         return counted
 
     formula.policy.plan = lambda ctx: formula_plan(ctx, counts(ctx), shuffle)  # type: ignore[method-assign]
+    plan_aging = formula.control.plan_aging
+    aging = [0]  # aging resumes planned
+
+    def aging_as_the_formula(now: float) -> Plan:
+        plan, planned = formula_aging(formula.control, now), plan_aging(now)
+        # The product's plan also carries one log record per resume: compare its transitions.
+        assert tuple(s for s in planned.steps if not isinstance(s, LogRecord)) == plan.steps
+        aging[0] += sum(isinstance(s, Resume) for s in plan.steps)
+        return planned
+
+    formula.control.plan_aging = aging_as_the_formula  # type: ignore[method-assign]
 
     def both(call, *args, **kwargs):
         out_a = getattr(formula, call)(*args, **kwargs)
@@ -155,5 +217,6 @@ def test_pause_plan_decides_what_the_formula_does(
         assert_same_ledger(formula.ledger, product.ledger, now)
         assert_same_stats(formula.stats(now), product.stats(now))
     assert product.pauses_total > 10 and product.marks_total > 0  # the sequence exercised the plan
+    assert aging[0] > 0  # and aging resumes
     if policy == "cost_aware" and seed == 24:
         assert weightless[0] > 0  # and ACTING programs of weight 0 were passed over
