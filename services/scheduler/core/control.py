@@ -413,29 +413,32 @@ class ControlLaw:
         aged.sort(key=lambda item: (item[0], item[1].seq))
         used_targets: set[ReplicaKey] = set()
         steps: list[Step] = []
+        programs, charge, acting, tail = ledger.programs, ledger.charge, Status.ACTING, ledger.tail_turns
+
+        def movable_on(key: ReplicaKey) -> list[Program]:
+            """Its unmarked ACTING programs outside the tail (ledger.is_tail, inline)."""
+            return [
+                q
+                for sid in ledger.resident[key]
+                if (q := programs[sid]).status is acting and not q.marked and (tail is None or q.turns <= tail)
+            ]
+
         # Each replica is a target once, so only a target's working set moves within this step.
         for started, program in aged:
-            best: tuple[float, ReplicaKey, list[Program]] | None = None
+            best: tuple[float, ReplicaKey] | None = None
             for key, cap in ledger.caps.items():
                 if key in used_targets:
                     continue
-                movable = sorted(
-                    (
-                        q
-                        for sid in ledger.resident[key]
-                        if (q := ledger.programs[sid]).status is Status.ACTING
-                        and not q.marked
-                        and not ledger.is_tail(q)
-                    ),
-                    key=lambda q: (q.token_total, q.seq),
-                )
-                reclaimable = sum(ledger.weight(q, key) + buffer for q in movable)
+                # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
+                # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
+                reclaimable = sum(charge[q.session_id][1] for q in movable_on(key))
                 room = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
                 if best is None or room > best[0]:
-                    best = (room, key, movable)
+                    best = (room, key)
             if best is None:
                 break
-            room, target, movable = best
+            room, target = best
+            movable = sorted(movable_on(target), key=lambda q: (q.token_total, q.seq))  # shortest, then oldest
             need = ledger.weight(program, target) + buffer
             if need >= room:
                 # It cannot fit even an emptied replica: pausing others would not help it, so it

@@ -69,7 +69,6 @@ the static defaults (m0, rho0) keep the estimates sensible before any observatio
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -307,10 +306,10 @@ class CostAwarePausePolicy:
         return high
 
     def plan(self, ctx: PauseContext) -> PausePlan:
-        counted = [q for q in ctx.programs if q.status is not Status.ACTING or ctx.weight_tokens(q) > 0]
-        if len(counted) == len(ctx.programs):
-            return self._threshold.plan(ctx)
-        return self._threshold.plan(dataclasses.replace(ctx, programs=counted))
+        # The threshold plan over the programs that count (an ACTING program of weight 0 is already
+        # let go), which passes over the weightless ones where it reaches them instead of weighing
+        # every resident up front.
+        return self._threshold.plan_counting(ctx, skip_weightless=True)
 
 
 def make_cost_aware_policy(params: CostAwarePauseParams | None = None) -> CostAwarePausePolicy:

@@ -22,7 +22,9 @@ from operator import attrgetter
 from services.scheduler.core.model import Status
 from services.scheduler.core.policies.base import PauseContext, PausePlan
 
-_SIZE_THEN_AGE = attrgetter("token_total", "seq")  # smallest first, then the oldest
+# Smallest first, then the oldest: `PauseContext.programs` come in creation order and the sort is
+# stable, so sorting on the size alone keeps ties oldest first (an int key, no tuple per program).
+_SIZE = attrgetter("token_total")
 
 
 @dataclass(frozen=True)
@@ -39,18 +41,30 @@ class ThresholdPausePolicy:
         self.params = params
 
     def plan(self, ctx: PauseContext) -> PausePlan:
+        return self.plan_counting(ctx, skip_weightless=False)
+
+    def plan_counting(self, ctx: PauseContext, *, skip_weightless: bool) -> PausePlan:
+        """The plan; with `skip_weightless`, over the programs that count only: an ACTING program
+        of weight 0 is passed over as if it were not on the replica. It is skipped where the pause
+        loop reaches it, so that only the programs the loop gets to are weighed (the loop stops at
+        the target, after a few of the hundreds of residents); skipping it frees nothing, so the
+        plan is the one over the programs that count."""
         used = ctx.used_tokens
         acting_status = Status.ACTING
         acting = [p for p in ctx.programs if p.status is acting_status]
-        acting.sort(key=_SIZE_THEN_AGE)
+        acting.sort(key=_SIZE)
         pause: list[str] = []
+        weight, buffer = ctx.weight_tokens, ctx.buffer_tokens
         for program in acting:
             if used <= ctx.target_tokens:
                 break
             if program.marked:
                 continue
+            tokens = weight(program)
+            if skip_weightless and tokens <= 0:
+                continue
             pause.append(program.session_id)
-            used -= ctx.weight_tokens(program) + ctx.buffer_tokens
+            used -= tokens + buffer
 
         reasoning = [p for p in ctx.programs if p.status is not acting_status]
         # Programs already marked will leave at their next boundary: count them as freed.
@@ -65,7 +79,7 @@ class ThresholdPausePolicy:
 
         mark: list[str] = []
         if over():
-            for program in sorted(reasoning, key=_SIZE_THEN_AGE):
+            for program in sorted(reasoning, key=_SIZE):
                 if program.marked:
                     continue
                 if not self.params.mark_all_reasoning and not over():
