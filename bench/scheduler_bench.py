@@ -688,9 +688,9 @@ async def bench_rpc(
                     run["rpc"]["replicas"] = len(stats.replicas)
                     if profile is not None and profile.exists():
                         run["attribution"] = attribute_stacks(profile.read_text())
-                    if round_no == 0 and path == paths[0] and memory_programs:
+                    if round_no == 0 and path == paths[-1] and memory_programs:
                         run["memory"] = await _memory(
-                            addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s
+                            addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s, path
                         )
                     report["runs"].append(run)
                 finally:
@@ -704,8 +704,8 @@ async def bench_rpc(
     report["summary"] = rpc_summary(report["runs"])
     head = report["runs"][0]
     report.update(head["rpc"])  # the headline figures at the top level, as before
-    if "memory" in head:
-        report["memory"] = head["memory"]
+    if memory := next((r["memory"] for r in report["runs"] if "memory" in r), None):
+        report["memory"] = memory
     if "attribution" in head:
         report["attribution"] = head["attribution"]
     return report
@@ -749,10 +749,12 @@ async def _memory(
     channels: int,
     programs: int,
     soak_s: float,
+    path: str = "Admit",
 ) -> dict:
     """The scheduler's resident memory with `programs` programs in its table (each took one turn), and per
     10,000 programs (the growth over the load, per program it added); with `soak_s`, Admit+Complete cycling
-    over those programs for that long while RSS is sampled (flat = no growth per turn)."""
+    over those programs for that long while RSS is sampled (flat = no growth per turn). Both over `path`
+    (the last admission path the run measures: AdmitMux with `--mux`)."""
     before = proc_sample(pid)
     programs_before = (await _stats(addr)).programs_active
     load = await run_callers(
@@ -765,10 +767,12 @@ async def _memory(
         duration_s=0.0,
         sessions=programs,
         once=True,
+        path=path,
     )
     loaded = proc_sample(pid)
     stats = await _stats(addr)
     report: dict = {
+        "path": path,
         "idle_rss_kb": idle["rss_kb"],
         "before_load_rss_kb": before["rss_kb"],
         "programs": stats.programs_active,
@@ -804,6 +808,7 @@ async def _memory(
                 warmup_s=0.0,
                 duration_s=soak_s,
                 sessions=programs,
+                path=path,
             )
         finally:
             sampler.cancel()

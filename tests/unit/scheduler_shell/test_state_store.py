@@ -229,6 +229,7 @@ async def test_persister_batches_deltas_and_rewrites_everything_after_an_outage(
         assert await persister.flush()
     messages = [r.getMessage() for r in caplog.records]
     assert sum("cannot write to flaky:" in m for m in messages) == 1
+    assert any("cannot write to flaky" in m and "(TimeoutError)" in m for m in messages)  # the hang, named
     assert sum("writable again" in m for m in messages) == 1
     assert store.writes[-1].full and set(store.programs) == {"p", "q"} and set(store.tickets) == {"r2"}
     assert persister.metrics.state_write_failures._value.get() == 4
