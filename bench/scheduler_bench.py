@@ -20,7 +20,8 @@
    SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
    checkouts' schedulers with the same load, interleaved; `--floor` the gRPC floor (bench/grpc_floor.py);
    `--attribute` splits the scheduler's CPU by part of the path (py-spy). Then the memory figures:
-   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`), and the
+   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`; both over
+   AdmitMux with `--mux`, else the round's admission path), and the
    router's per-program state (in this process). docs/scheduler.md, "Admission cost", has the figures.
 3. recovery: a table of 10,000 programs (the tick benchmark's, after a few ticks: some paused, some
    turns in flight) stored in SQLite (and in Redis when `redis-server` is installed); the time a
