@@ -20,7 +20,8 @@
    SQLite file (`--store`: or none, or Redis with leader election). `--compare-tree` runs other
    checkouts' schedulers with the same load, interleaved; `--floor` the gRPC floor (bench/grpc_floor.py);
    `--attribute` splits the scheduler's CPU by part of the path (py-spy). Then the memory figures:
-   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`), and the
+   the scheduler's RSS per 10,000 programs (`--memory-programs`), over a soak (`--soak-s`; both over
+   AdmitMux with `--mux`, else the round's admission path), and the
    router's per-program state (in this process). docs/scheduler.md, "Admission cost", has the figures.
 3. recovery: a table of 10,000 programs (the tick benchmark's, after a few ticks: some paused, some
    turns in flight) stored in SQLite (and in Redis when `redis-server` is installed); the time a
@@ -688,9 +689,9 @@ async def bench_rpc(
                     run["rpc"]["replicas"] = len(stats.replicas)
                     if profile is not None and profile.exists():
                         run["attribution"] = attribute_stacks(profile.read_text())
-                    if round_no == 0 and path == paths[0] and memory_programs:
+                    if round_no == 0 and path == paths[-1] and memory_programs:
                         run["memory"] = await _memory(
-                            addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s
+                            addr, proc.pid, idle, callers, caller_procs, channels, memory_programs, soak_s, path
                         )
                     report["runs"].append(run)
                 finally:
@@ -704,8 +705,8 @@ async def bench_rpc(
     report["summary"] = rpc_summary(report["runs"])
     head = report["runs"][0]
     report.update(head["rpc"])  # the headline figures at the top level, as before
-    if "memory" in head:
-        report["memory"] = head["memory"]
+    if memory := next((r["memory"] for r in report["runs"] if "memory" in r), None):
+        report["memory"] = memory
     if "attribution" in head:
         report["attribution"] = head["attribution"]
     return report
@@ -749,10 +750,12 @@ async def _memory(
     channels: int,
     programs: int,
     soak_s: float,
+    path: str = "Admit",
 ) -> dict:
     """The scheduler's resident memory with `programs` programs in its table (each took one turn), and per
     10,000 programs (the growth over the load, per program it added); with `soak_s`, Admit+Complete cycling
-    over those programs for that long while RSS is sampled (flat = no growth per turn)."""
+    over those programs for that long while RSS is sampled (flat = no growth per turn). Both over `path`
+    (the last admission path the run measures: AdmitMux with `--mux`)."""
     before = proc_sample(pid)
     programs_before = (await _stats(addr)).programs_active
     load = await run_callers(
@@ -765,10 +768,12 @@ async def _memory(
         duration_s=0.0,
         sessions=programs,
         once=True,
+        path=path,
     )
     loaded = proc_sample(pid)
     stats = await _stats(addr)
     report: dict = {
+        "path": path,
         "idle_rss_kb": idle["rss_kb"],
         "before_load_rss_kb": before["rss_kb"],
         "programs": stats.programs_active,
@@ -804,6 +809,7 @@ async def _memory(
                 warmup_s=0.0,
                 duration_s=soak_s,
                 sessions=programs,
+                path=path,
             )
         finally:
             sampler.cancel()

@@ -346,7 +346,7 @@ class StatePersister:
             log.warning(
                 "scheduler state: cannot write to %s (%s); serving on, the table is rewritten when it answers again",
                 self.store.description,
-                exc or type(exc).__name__,
+                str(exc) or type(exc).__name__,  # a timeout's message is empty: name it
             )
 
     def _full_batch(self) -> WriteBatch:
