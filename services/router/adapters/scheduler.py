@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import grpc
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
@@ -765,10 +765,9 @@ _MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Schedu
 
 
 def _trace_carrier() -> dict[str, str]:
-    """The current W3C trace context, for an operation on the AdmitMux stream."""
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return carrier
+    """The current W3C trace context, for an operation on the AdmitMux stream (the fields the calls send as
+    metadata)."""
+    return dict(inject_metadata())
 
 
 def kv_settings_from_proto(rc: pb.RouterConfig) -> SchedulerKvSettings:

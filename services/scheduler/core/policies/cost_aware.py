@@ -233,11 +233,7 @@ class CostAwarePausePolicy:
         # phi depends on the size, the budget and the estimates only: remembered per (size, budget)
         # for the estimates it was computed with (a tick asks for each placed program's weight a few
         # times, and every placed program's after a refresh).
-        estimates = (self.tool_seconds, self.prefill_tokens_per_s)
-        if estimates != self._memo_estimates or len(self._memo) >= _MEMO_ENTRIES:
-            self._memo.clear()
-            self._held_from.clear()
-            self._memo_estimates = estimates
+        self._sync_memo(bounded=True)
         if self._binary:
             # Under the binary rule the weight is raw (phi = 1) or 0, and phi >= 1 holds exactly for the
             # sizes from a threshold up: one comparison instead of a phi per size.
@@ -251,13 +247,17 @@ class CostAwarePausePolicy:
             phi = self._memo[key] = self.hold_fraction(program.token_total, capacity_tokens)
         return math.floor(raw_tokens * phi) if phi >= self.params.min_hold_fraction else 0
 
-    def _hold_threshold(self, capacity_tokens: int) -> int:
-        """The binary rule's smallest size held on a budget, for the current estimates (remembered)."""
+    def _sync_memo(self, bounded: bool = False) -> None:
+        """Forget what was remembered for other estimates (`bounded`: or once the memo is full)."""
         estimates = (self.tool_seconds, self.prefill_tokens_per_s)
-        if estimates != self._memo_estimates:
+        if estimates != self._memo_estimates or (bounded and len(self._memo) >= _MEMO_ENTRIES):
             self._memo.clear()
             self._held_from.clear()
             self._memo_estimates = estimates
+
+    def _hold_threshold(self, capacity_tokens: int) -> int:
+        """The binary rule's smallest size held on a budget, for the current estimates (remembered)."""
+        self._sync_memo()
         held_from = self._held_from.get(capacity_tokens)
         if held_from is None:
             # From the budget's last threshold: the estimates move it a little per refresh.
