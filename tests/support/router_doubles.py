@@ -26,8 +26,18 @@ class Call:
     metadata: dict
 
 
+class WithoutAdmitMux(pb_grpc.SchedulerServicer):
+    """A scheduler double from before AdmitMux: the router sends Admit (AdmitStream) and Complete as calls of
+    their own. (The generated base would raise, which gRPC logs as an error and answers UNKNOWN; a scheduler
+    built without the method answers UNIMPLEMENTED, as here.)"""
+
+    async def AdmitMux(self, request_iterator, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux in this double")
+        yield pb.MuxResponse()  # never reached: makes this a streaming handler
+
+
 @dataclass
-class RecordingScheduler(pb_grpc.SchedulerServicer):
+class RecordingScheduler(WithoutAdmitMux):
     """Admits everything at once, except sessions in `hold` (held until removed from it; AdmitStream says
     `held` with `max_hold_seconds` first) and sessions in `silent` (never answered: a frozen scheduler).
     Admit and AdmitStream are both recorded as "Admit"."""
@@ -93,13 +103,6 @@ class RecordingScheduler(pb_grpc.SchedulerServicer):
         known = request.session_id in {a.session_id for a in self.of("Admit")} - self.released
         self.released.add(request.session_id)
         return pb.ReleaseResponse(released=known)
-
-    async def AdmitMux(self, request_iterator, context):
-        # An older scheduler: no AdmitMux, so the router sends Admit (AdmitStream) and Complete as calls of
-        # their own, which this double records. (The generated base would raise, which gRPC logs as an error
-        # and answers UNKNOWN; a scheduler built without the method answers UNIMPLEMENTED, as here.)
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux in this double")
-        yield pb.MuxResponse()  # never reached: makes this a streaming handler
 
     async def WatchEvents(self, request, context):
         # No event stream here: the router's admission fast path stays off (every turn asks Admit first).

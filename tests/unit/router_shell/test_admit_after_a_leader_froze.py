@@ -16,12 +16,13 @@ from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.router.adapters.scheduler import SchedulerClient
 from services.router.core.breaker import BreakerParams
 from services.router.observe.metrics import RouterMetrics
+from tests.support.router_doubles import WithoutAdmitMux
 
 pytestmark = pytest.mark.timeout(30)
 DECISION_S = 0.5
 
 
-class Replica(pb_grpc.SchedulerServicer):
+class Replica(WithoutAdmitMux):
     """A scheduler replica that answers every Admit at once, or (`frozen`) never: a SIGSTOPped leader's
     socket accepts the call and nothing comes back."""
 
@@ -34,11 +35,6 @@ class Replica(pb_grpc.SchedulerServicer):
             await asyncio.sleep(60)
         self.admitted.append(request.request_id)
         yield pb.AdmitUpdate(decision=pb.AdmitResponse(worker_id=request.dispatched_worker_id or "w1"))
-
-    async def AdmitMux(self, request_iterator, context):
-        # Built before AdmitMux: UNIMPLEMENTED, as a scheduler without the method answers.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux")
-        yield pb.MuxResponse()  # never reached: makes this a streaming handler
 
 
 async def _serve(replica: Replica) -> tuple[grpc.aio.Server, str]:

@@ -19,6 +19,7 @@ from services.router.core.breaker import BreakerParams
 from services.router.core.outcome import Outcome
 from services.router.observe.metrics import RouterMetrics
 from tests.support.eventually import assert_eventually
+from tests.support.router_doubles import WithoutAdmitMux
 from tests.unit.scheduler_shell.support import start_harness
 
 pytestmark = pytest.mark.timeout(30)
@@ -191,7 +192,7 @@ async def test_a_broken_stream_fails_only_its_pending_turns_and_the_next_turn_re
         await client.close()
 
 
-class OlderScheduler(pb_grpc.SchedulerServicer):
+class OlderScheduler(WithoutAdmitMux):
     """A scheduler from before AdmitMux: AdmitStream and Complete only."""
 
     def __init__(self) -> None:
@@ -203,11 +204,6 @@ class OlderScheduler(pb_grpc.SchedulerServicer):
     async def Complete(self, request, context):
         self.completed.append(request.request_id)
         return pb.CompleteResponse()
-
-    async def AdmitMux(self, request_iterator, context):
-        # Built before AdmitMux: UNIMPLEMENTED, as a scheduler without the method answers.
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no AdmitMux")
-        yield pb.MuxResponse()  # never reached: makes this a streaming handler
 
 
 async def test_an_older_scheduler_without_admitmux_gets_the_calls_of_their_own():
