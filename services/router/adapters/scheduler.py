@@ -210,7 +210,9 @@ class SchedulerClient:
             return None
         mux = self._muxes.get(address)
         if mux is None:
-            mux = self._muxes[address] = SchedulerMux(self._stub(address), address)
+            mux = self._muxes[address] = SchedulerMux(
+                self._stub(address), address, write_stall_s=max(self._timeout_s, self._decision_s)
+            )
         return None if mux.unsupported else mux
 
     @property

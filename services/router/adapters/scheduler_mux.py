@@ -15,7 +15,9 @@ doubling to 1 s), take the per-call path, whose answer or failure decides. A rep
 operations go by the per-call path (`fallback`).
 
 Writes are coalesced: what the router's turns queue in one event-loop turn goes in one message, and what
-they queue while a write is under way in the next. A decision that arrives for an admission already
+they queue while a write is under way in the next. A write that does not complete within `write_stall_s`
+(the scheduler stopped reading) ends the stream, and past `MAX_QUEUED` waiting operations each takes the
+per-call path: a frozen scheduler holds neither the writer nor the router's memory. A decision that arrives for an admission already
 withdrawn (its cancel crossed the decision) is ended with Complete(NOT_STARTED), the exact rollback.
 """
 
@@ -39,6 +41,10 @@ MAX_WITHDRAWN = 10_000
 oldest is forgotten, and its decision, if one comes, is rolled back at its lease instead (never confirmed)."""
 REOPEN = RetryPolicy(first_delay_s=0.05, multiplier=2.0, max_delay_s=1.0)
 """Between reopenings of a stream that ended before answering anything."""
+MAX_QUEUED = 10_000
+"""Operations waiting for the stream's writer; past it (a write that does not complete: a scheduler that
+stopped reading) an operation takes the per-call path, which has deadlines of its own, instead of growing
+the queue."""
 
 
 class MuxUnsupported(Exception):
@@ -112,9 +118,12 @@ class MuxAdmitCall:
 class SchedulerMux:
     """The AdmitMux stream to one replica, opened on the first operation and after each break."""
 
-    def __init__(self, stub: pb_grpc.SchedulerStub, address: str) -> None:
+    def __init__(self, stub: pb_grpc.SchedulerStub, address: str, write_stall_s: float) -> None:
         self._stub = stub
         self.address = address
+        # A write that has not completed in this long (the scheduler stopped reading: frozen, or its
+        # connection is) carries nothing that can still be answered in time: the stream is ended.
+        self._write_stall_s = write_stall_s
         self.unsupported = False
         self._call: Any = None
         self._tasks: list[asyncio.Task] = []
@@ -206,7 +215,7 @@ class SchedulerMux:
         if self.unsupported:
             return MuxUnsupported(self.address)
         if self._call is not None:
-            return None
+            return MuxNotNow(self.address) if len(self._queued) >= MAX_QUEUED else None
         loop = asyncio.get_running_loop()
         if loop.time() < self._retry_at:
             return MuxNotNow(self.address)
@@ -222,7 +231,15 @@ class SchedulerMux:
                 self._wake.clear()
                 ops, self._queued = self._queued, []
                 if ops:
-                    await call.write(pb.MuxRequest(ops=ops))
+                    async with asyncio.timeout(self._write_stall_s):
+                        await call.write(pb.MuxRequest(ops=ops))
+        except TimeoutError:
+            log.warning(
+                "AdmitMux write to %s stalled for %.1f s (the scheduler does not read): the stream is ended",
+                self.address,
+                self._write_stall_s,
+            )
+            call.cancel()
         except Exception as exc:  # the call ended under the write, or it cannot be written: end it
             log.debug("AdmitMux write to %s failed: %r", self.address, exc)
             call.cancel()

@@ -11,9 +11,12 @@ import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.common.outbound.leader_follow import leader_hint
-from services.router.adapters.scheduler_mux import MuxUnsupported, SchedulerMux, rpc_error
+from services.router.adapters import scheduler_mux
+from services.router.adapters.scheduler_mux import MuxNotNow, MuxUnsupported, SchedulerMux, rpc_error
 
 pytestmark = pytest.mark.timeout(10)
+
+WRITE_STALL_S = 0.2
 
 
 class ScriptedCall:
@@ -23,8 +26,11 @@ class ScriptedCall:
         self.written: list[pb.MuxRequest] = []
         self.incoming: asyncio.Queue = asyncio.Queue()
         self.cancelled = False
+        self.reading = asyncio.Event()  # cleared: the scheduler stopped reading, writes do not complete
+        self.reading.set()
 
     async def write(self, request: pb.MuxRequest) -> None:
+        await self.reading.wait()
         self.written.append(request)
 
     def __aiter__(self):
@@ -82,7 +88,7 @@ async def _settle() -> None:
 @pytest.fixture
 async def mux():
     stub = ScriptedStub()
-    m = SchedulerMux(stub, "sched:1")  # type: ignore[arg-type]
+    m = SchedulerMux(stub, "sched:1", write_stall_s=WRITE_STALL_S)  # type: ignore[arg-type]
     m.stub = stub  # type: ignore[attr-defined]
     yield m
     await m.close()
@@ -225,3 +231,42 @@ async def test_a_complete_not_answered_in_time_is_deadline_exceeded(mux):
         await mux.complete(pb.CompleteRequest(request_id="r1"), 0.05, {})
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert mux.pending == 0
+
+
+async def test_a_write_the_scheduler_does_not_read_ends_the_stream_within_the_stall_bound(mux):
+    """Regression: a scheduler that stopped reading (frozen, its connection alive) held the writer in
+    `call.write` for as long as it stayed so; every later operation queued behind it without bound."""
+    first = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    stream = mux.stub.calls[0]
+    stream.answer(_decision(first.id))
+    await first.read()
+    stream.reading.clear()
+    stuck = mux.admit(_request("r2"), 30.0, {}, _no_fallback)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await asyncio.wait_for(stuck.read(), 5 * WRITE_STALL_S)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE and stream.cancelled
+    # The next operation opens a new stream.
+    again = mux.admit(_request("r3"), 30.0, {}, _no_fallback)
+    await _settle()
+    assert len(mux.stub.calls) == 2
+    mux.stub.calls[1].answer(_decision(again.id))
+    assert (await again.read()).HasField("decision")
+
+
+async def test_operations_past_the_queue_bound_take_the_per_call_path(mux, monkeypatch):
+    monkeypatch.setattr(scheduler_mux, "MAX_QUEUED", 3)
+    first = mux.admit(_request("r0"), 30.0, {}, _no_fallback)
+    await _settle()
+    mux.stub.calls[0].answer(_decision(first.id))
+    await first.read()
+    mux.stub.calls[0].reading.clear()
+    mux.admit(_request("r1"), 30.0, {}, _no_fallback)  # taken by the writer, whose write does not complete
+    await _settle()
+    queued = [mux.admit(_request(f"q{i}"), 30.0, {}, _no_fallback) for i in range(3)]
+    assert len(queued) == 3 and mux.pending == 4
+    made: list[str] = []
+    over = mux.admit(_request("r9"), 30.0, {}, lambda: FallbackCall(made, "r9"))
+    assert (await over.read()).decision.worker_id == "w9" and made == ["r9"]
+    with pytest.raises(MuxNotNow):
+        await mux.complete(pb.CompleteRequest(request_id="r0"), 5.0, {})
