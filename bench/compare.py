@@ -65,6 +65,7 @@ from services.scheduler.core.policies import PAUSE_POLICIES
 
 MODES = ("sim", "live")
 LIVE_SIM = "live-sim"
+SMOKE_TWIN_DRAWS = 2
 """The mode of a sweep that simulates a live sweep's points (the live-ratio check)."""
 WORKLOADS = ("swe", "short")
 ORACLE = "oracle"
@@ -144,6 +145,11 @@ class SweepSpec:
     late_limit: float = LATE_FRACTION_LIMIT
     """Live only: a run whose worst worker fell behind its clock by more than this share of the run's
     wall time is refused (`late_refusal`)."""
+    twin_draws: int = 5
+    """Live: the live-sim twin of each arm and point is the median (by steps/min) of this many simulated
+    runs, each with another draw of the live path's per-turn costs and the router's tie-breaks on the same
+    programs (`SimScenario.variant` 1..N): one simulated run is one draw of a few control decisions that
+    small timing differences move, as one live run is."""
     breakdown: bool = False
     """Live: every run writes its services' spans to files and its row carries the per-turn wall-time
     breakdown (bench/breakdown.py); its live-sim twin the simulator's breakdown of the same point.
@@ -169,6 +175,7 @@ class SweepSpec:
         require(self.speedup > 0, "speedup", self.speedup, "speedup > 0")
         require(self.split in SPLITS, "split", self.split, f"split in {{{', '.join(SPLITS)}}}")
         require(0 < self.late_limit < 1, "late_limit", self.late_limit, "0 < late_limit < 1")
+        require(1 <= self.twin_draws <= 50, "twin_draws", self.twin_draws, "1 <= twin_draws <= 50")
 
     def programs(self, parallel: int) -> list:
         """The point's programs, exactly as the live runner and the simulator build them."""
@@ -467,7 +474,7 @@ def _engine_queue(timeline: dict) -> dict:
     }
 
 
-def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) -> dict:
+def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False, variant: int = 0) -> dict:
     """One arm at one point in the simulator: the summary, the scheduler counters, where the
     uncached tokens and engine time went, and (Bandmaster arms) the utilisation timeline.
 
@@ -493,6 +500,7 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False) 
         max_turns=spec.max_turns,
         token_scale=spec.token_scale,
         seed=spec.seed,
+        variant=variant,
         trace=spec.trace,
         split=spec.split,
         workers=spec.workers,
@@ -754,11 +762,29 @@ def _job(args: tuple) -> tuple:
     spec, arm, parallel, as_live = args
     started = time.monotonic()
     try:
-        row = sim_run(spec, arm, parallel, as_live=as_live)
+        row = twin_run(spec, arm, parallel) if as_live else sim_run(spec, arm, parallel)
     except Exception as exc:  # noqa: BLE001 - one failing arm is recorded, the sweep goes on
         row = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     row["elapsed_s"] = round(time.monotonic() - started, 2)
     return spec.workload, parallel, arm, row
+
+
+def twin_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
+    """The live-sim twin of one arm at one point: of `spec.twin_draws` simulated runs of the live run
+    (variants 1..N), the one with the median steps/min (the lower middle of an even count), with every
+    draw's steps/min and KV hit rate beside it."""
+    rows = [sim_run(spec, arm, parallel, as_live=True, variant=v) for v in range(1, spec.twin_draws + 1)]
+    done = [r for r in rows if "summary" in r and not r.get("error")]
+    if not done:
+        return rows[0]
+    ordered = sorted(done, key=lambda r: r["summary"]["steps_per_min"])
+    row = ordered[(len(ordered) - 1) // 2]
+    row["draws"] = [
+        {"variant": v, "steps_per_min": r["summary"]["steps_per_min"], "kv_hit_rate": r["summary"]["kv_hit_rate"]}
+        for v, r in enumerate(rows, start=1)
+        if r in done
+    ]
+    return row
 
 
 def new_sweep(mode: str, spec: SweepSpec, arms: Sequence[str]) -> dict:
@@ -942,6 +968,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="live: comma list of parallel-program counts in place of the sweep's (e.g. 18 for the 4x point only)",
     )
     parser.add_argument(
+        "--twin-draws",
+        type=int,
+        default=None,
+        help="live: each arm's simulated twin at a point is the median of this many simulated runs, each with other "
+        f"draws of the live path's per-turn costs (default {SweepSpec.twin_draws}, {SMOKE_TWIN_DRAWS} with --smoke)",
+    )
+    parser.add_argument(
         "--late-limit",
         type=float,
         default=None,
@@ -974,6 +1007,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.live_repeats if args.live_repeats is not None else 1 if args.smoke else LIVE_REPEATS
     if repeats < 1:
         _log(f"bench.compare: --live-repeats must be >= 1, got {repeats}")
+        return 2
+    if args.twin_draws is not None and not 1 <= args.twin_draws <= 50:
+        _log(f"bench.compare: --twin-draws must be from 1 to 50, got {args.twin_draws}")
         return 2
     if args.late_limit is not None and not 0 < args.late_limit < 1:
         _log(f"bench.compare: --late-limit must be in (0, 1), got {args.late_limit}")
@@ -1026,6 +1062,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             live_only: dict = {"cache_report": not args.no_cache_report, "breakdown": args.breakdown}
             if args.late_limit is not None:
                 live_only["late_limit"] = args.late_limit
+            live_only["twin_draws"] = (
+                args.twin_draws
+                if args.twin_draws is not None
+                else SMOKE_TWIN_DRAWS
+                if args.smoke
+                else SweepSpec.twin_draws
+            )
             if live_points is not None:
                 live_only["parallel"] = live_points
             specs = {w: replace(spec, **live_only) for w, spec in specs.items()}

@@ -84,6 +84,14 @@ class SimScenario:
     tool_time_scale: float = 1.0
     seed: int = 0
     """Workload seed (synthetic workloads, new-message texts) and the router's random source."""
+    variant: int = 0
+    """Another draw of the run's own randomness on the same workload (the programs, their order, sizes
+    and tool times stay `seed`'s): the router's random source, the new-message texts and, with
+    `live_path`, each turn's path costs, which vary around their means from turn to turn as live
+    ones do (harness/simlib/simulator.py `_path_s`). 0 is the run `seed` alone has always given, with
+    the path's mean costs. A run hangs on a few control decisions that small differences in timing move:
+    comparing a live run with the median over variants compares it with what the simulator expects of
+    such runs, not with one draw of them."""
 
     workers: int = 2
     worker_kv_tokens: int = 65_536
@@ -137,6 +145,7 @@ class SimScenario:
         require(self.programs >= 1, "programs", self.programs, "programs >= 1")
         require(self.parallel >= 0, "parallel", self.parallel, "parallel >= 0")
         require(self.max_turns is None or self.max_turns >= 1, "max_turns", self.max_turns, "max_turns >= 1")
+        require(self.variant >= 0, "variant", self.variant, "variant >= 0")
         require(
             math.isfinite(self.token_scale) and self.token_scale > 0, "token_scale", self.token_scale, "token_scale > 0"
         )
@@ -225,6 +234,10 @@ class SimScenario:
         self.engine_config(0)
         self.router_params()
         self.make_pause_policy()
+
+    def draw_seed(self, name: str) -> str:
+        """The seed of one of the run's random sources (`variant` 0: the source `seed` has always seeded)."""
+        return f"{name}{self.seed}" if self.variant == 0 else f"{name}{self.seed}/{self.variant}"
 
     # -- the programs ------------------------------------------------------------------------------
 

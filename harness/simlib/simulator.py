@@ -120,6 +120,10 @@ class _TurnRun:
     engine_admitted_s: float | None = None
     before_admission_s: float = 0.0
     dispatch_s: float = 0.0
+    # Simulated seconds per wall second of the live path's costs before the admission and at the
+    # dispatch (the live speedup, times this turn's draws with a `variant`).
+    before_scale: float = 0.0
+    dispatch_scale: float = 0.0
     frontend_s: float = 0.0
     estimated_tokens: int = 0
 
@@ -210,7 +214,11 @@ class Simulator:
         self._candidates = [Candidate(w.replica) for w in self.workers]
         self.router: KvRouterCore | None = None
         if scenario.arm in ("kv", "bandmaster", "oracle"):
-            self.router = KvRouterCore(scenario.router_params(), random.Random(f"router:{scenario.seed}"))
+            self.router = KvRouterCore(scenario.router_params(), random.Random(scenario.draw_seed("router:")))
+        # Turn-to-turn variation of the live path's costs: only another `variant` draws it.
+        self._path_rng = (
+            random.Random(scenario.draw_seed("path:")) if scenario.variant and scenario.live_path is not None else None
+        )
         self.scheduler: SchedulerCore | None = None
         if scenario.arm == "bandmaster":
             self.scheduler = SchedulerCore(scenario.control, scenario.make_pause_policy())
@@ -328,7 +336,7 @@ class Simulator:
             program,
             record,
             Conversation(self._system_text, self.s.worker_page_size),
-            random.Random(f"{self.s.seed}:{program.program_id}"),
+            random.Random(f"{self.s.draw_seed('')}:{program.program_id}"),
             self.now,
         )
         self._live_programs += 1
@@ -348,13 +356,22 @@ class Simulator:
         delay = self.s.request_overhead_s
         if self.s.live_path is not None:
             turn.estimated_tokens = run.conversation.estimated_prompt_tokens()
+            turn.before_scale = self._path_scale()
             wall_s = self.s.live_path.before_admission_wall_s(turn.estimated_tokens, self.scheduler is not None)
-            delay += wall_s * self.s.live_speedup
+            delay += wall_s * turn.before_scale
         turn.before_admission_s = delay
         if delay > 0:
             self._at(self.now + delay, _ADMIT, turn)
         else:
             self._on_admit(turn)
+
+    def _path_scale(self) -> float:
+        """Simulated seconds per wall second of one live-path cost: the live speedup, and with a
+        `variant` other than 0, times a draw from an exponential of mean 1 (the live path's costs vary
+        from turn to turn with a p90 about twice their mean, as an exponential's is 2.3x)."""
+        if self._path_rng is None:
+            return self.s.live_speedup
+        return self.s.live_speedup * self._path_rng.expovariate(1.0)
 
     def _end_program(self, run: _ProgramRun) -> None:
         record = run.record
@@ -427,7 +444,8 @@ class Simulator:
         turn.dispatched_s = self.now
         turn.frontend_s = worker.profile.frontend_s(len(turn.prompt_ids)) if self.s.frontend_latency else 0.0
         if self.s.live_path is not None:
-            turn.dispatch_s = self.s.live_path.dispatch_wall_s(len(turn.prompt_ids)) * self.s.live_speedup
+            turn.dispatch_scale = self._path_scale()
+            turn.dispatch_s = self.s.live_path.dispatch_wall_s(len(turn.prompt_ids)) * turn.dispatch_scale
         self._at(self.now + turn.frontend_s + turn.dispatch_s, _ARRIVE, turn)
 
     def _on_arrive(self, turn: _TurnRun) -> None:
@@ -586,7 +604,7 @@ class Simulator:
         relay_s = 0.0
         if ok and self.s.live_path is not None:
             wall_s = self.s.live_path.relay_wall_s(output.prompt_tokens, output.completion_tokens)
-            relay_s = wall_s * self.s.live_speedup
+            relay_s = wall_s * self._path_scale()
         end_s = self.now + relay_s
         self.result.turns.append(
             TurnRecord(
@@ -620,20 +638,21 @@ class Simulator:
         """The turn's phases in simulated seconds (bench/breakdown.py's names). Before the admission
         call the model has one figure (client_send, router parsing and the admission round trip
         together, or request_overhead_s); the pick is instantaneous."""
-        live, speedup = self.s.live_path, self.s.live_speedup
+        live = self.s.live_path
         admitted = turn.engine_admitted_s if turn.engine_admitted_s is not None else turn.arrive_s
         first = turn.first_token_s if turn.first_token_s is not None else self.now
         phases: dict = {"client_send": turn.before_admission_s}
         if live is not None:
             n, prompt = turn.estimated_tokens, len(turn.prompt_ids)
+            before, dispatch = turn.before_scale, turn.dispatch_scale
             phases = {
-                "client_send": self.s.request_overhead_s + live.client_send.wall_s(n) * speedup,
-                "router_parse": live.router_parse.wall_s(n) * speedup,
+                "client_send": self.s.request_overhead_s + live.client_send.wall_s(n) * before,
+                "router_parse": live.router_parse.wall_s(n) * before,
                 "admission_round_trip": (
-                    live.admission_round_trip.wall_s(n) * speedup if self.scheduler is not None else None
+                    live.admission_round_trip.wall_s(n) * before if self.scheduler is not None else None
                 ),
-                "router_to_worker": live.router_to_worker.wall_s(prompt) * speedup,
-                "worker_parse": live.worker_parse.wall_s(prompt) * speedup,
+                "router_to_worker": live.router_to_worker.wall_s(prompt) * dispatch,
+                "worker_parse": live.worker_parse.wall_s(prompt) * dispatch,
                 "relay": relay_s,
             }
         self._turn_phases.append(

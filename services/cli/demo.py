@@ -53,20 +53,20 @@ def add_parser(commands) -> None:
         help="skip the offline simulator's prediction of the same runs",
     )
     parser.add_argument(
-        "--predict-seeds",
-        type=_seed_count,
-        default=PREDICT_SEEDS,
-        help="simulate each arm under this many router seeds and predict their median: one seed's run is one draw "
-        "of which programs the scheduler pauses when, as one live run is",
+        "--predict-draws",
+        type=_draw_count,
+        default=PREDICT_DRAWS,
+        help="simulate each arm this many times, each with other draws of the router's tie-breaks, and predict "
+        "the median: one run is one draw of which programs the scheduler pauses when, as one live run is",
     )
     parser.set_defaults(run=run, worker_speedup=10.0, worker_kv_tokens=65_536, http_port=0, log_level="WARNING")
 
 
-PREDICT_SEEDS = 5
-"""Seeds per arm the prediction simulates (about 1.3 CPU seconds each at the demo's size)."""
+PREDICT_DRAWS = 5
+"""Simulated runs per arm the prediction takes the median of (about 1.3 CPU seconds each at the demo's size)."""
 
 
-def _seed_count(text: str) -> int:
+def _draw_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -78,7 +78,7 @@ def _seed_count(text: str) -> int:
 
 @dataclass(frozen=True)
 class Prediction:
-    """One arm's simulated steps/min, one per seed."""
+    """One arm's simulated steps/min, one per draw."""
 
     steps_per_min: tuple[float, ...]
 
@@ -164,16 +164,17 @@ SIMULATOR_MISSING = (
 
 def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, Prediction] | None:
     """The offline simulator's steps/min for the same runs (harness/simlib, modelling this live stack),
-    under `--predict-seeds` router seeds per arm, or None when the cluster is not the simulated one it
-    models.
+    under `--predict-draws` draws of its randomness per arm (`SimScenario.variant`: the router's
+    tie-breaks, the new-message texts and each turn's live-path costs, which vary about their means; the
+    workload stays that of seed 0, as the live run's), or None when the cluster is not the simulated one
+    it models.
 
-    Why several seeds: a run's throughput hangs on a few control decisions (at the demo's size about 40
+    Why several draws: a run's throughput hangs on a few control decisions (at the demo's size about 40
     pauses, each holding a program for about two simulated minutes), and which programs they hit moves
-    with the smallest difference in timing: the router's tie-breaks (which a live router draws from an
-    OS-seeded source), a millisecond of path cost. One seed's simulation is one draw of those, as one
-    live run is; the workload (the programs, their token counts and tool times) is the same under every
-    seed. At the demo's defaults seed 0 alone gave Bandmaster 40.6 steps/min where seeds 0-6 gave
-    40.6-43.9, median 42.9 (kv 34.6-35.9); the live runs measured 44.0-44.9."""
+    with small differences in timing, such as a turn's path costing a few milliseconds more or less than
+    its mean. One simulation is one draw of those, as one live run is. At the demo's defaults the path's
+    mean costs alone give Bandmaster 40.6 steps/min, where draws 1-6 give 41.6-44.4 (median of draws
+    1-5: 42.8; kv 34.8-35.8, median 35.2); live runs of the Bandmaster arm measured 44.0-44.9."""
     if args.worker_urls or args.scheduler_args or args.router_args or args.worker_host_kv_tokens or args.tokenizer:
         return None
     try:
@@ -186,16 +187,17 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, Prediction] 
         print(SIMULATOR_MISSING, flush=True)
         return None
 
-    print(f"Predicting both runs with the offline simulator ({args.predict_seeds} seeds per arm) ...", flush=True)
+    print(f"Predicting both runs with the offline simulator ({args.predict_draws} draws per arm) ...", flush=True)
 
-    def steps_per_min(arm: str, seed: int) -> float:
+    def steps_per_min(arm: str, variant: int) -> float:
         scenario = SimScenario(
             arm=arm,
             workload=args.workload,
             programs=args.programs,
             max_turns=args.max_turns,
             token_scale=args.token_scale,
-            seed=seed,
+            seed=0,
+            variant=variant,
             workers=args.workers,
             worker_kv_tokens=args.worker_kv_tokens,
             worker_page_size=args.worker_page_size,
@@ -208,7 +210,7 @@ def predict(args: argparse.Namespace, arms: list[str]) -> dict[str, Prediction] 
         )
         return simulate(scenario).summary()["steps_per_min"]
 
-    return {arm: Prediction(tuple(steps_per_min(arm, seed) for seed in range(args.predict_seeds))) for arm in arms}
+    return {arm: Prediction(tuple(steps_per_min(arm, v) for v in range(1, args.predict_draws + 1))) for arm in arms}
 
 
 ROWS = [
@@ -243,7 +245,7 @@ def results_table(summaries: dict[str, dict]) -> str:
     return render_table(headers, rows, title="Results (times in simulated seconds of the modelled hardware)")
 
 
-def verdict(summaries: dict[str, dict], predicted: dict[str, float] | None) -> list[str]:
+def verdict(summaries: dict[str, dict], predicted: dict[str, Prediction] | None) -> list[str]:
     """The lines under the table: the ratio, the simulator's prediction, and a warning when the
     machine could not keep the simulated workers on their clock."""
     lines = []
@@ -253,12 +255,12 @@ def verdict(summaries: dict[str, dict], predicted: dict[str, float] | None) -> l
         if predicted and "bandmaster" in predicted and "kv" in predicted and predicted["kv"].median > 0:
             bandmaster, kv = predicted["bandmaster"], predicted["kv"]
             sim = bandmaster.median / kv.median
-            seeds = len(bandmaster.steps_per_min)
+            draws = len(bandmaster.steps_per_min)
             spread = (
-                f"medians of {seeds} seeds; Bandmaster {min(bandmaster.steps_per_min):.1f}-"
+                f"medians of {draws} draws; Bandmaster {min(bandmaster.steps_per_min):.1f}-"
                 f"{max(bandmaster.steps_per_min):.1f}, KV {min(kv.steps_per_min):.1f}-{max(kv.steps_per_min):.1f}"
-                if seeds > 1
-                else "one seed"
+                if draws > 1
+                else "one draw"
             )
             lines.append(
                 f"The offline simulator predicts {sim:.2f}x for the same runs "

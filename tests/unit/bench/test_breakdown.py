@@ -205,6 +205,41 @@ def test_the_live_path_model_puts_its_costs_in_the_turns_timeline():
     assert live.run.wall_s > plain.run.wall_s
 
 
+def test_another_variant_draws_each_turns_path_costs_about_their_means_on_the_same_workload():
+    from harness.simlib import Simulator
+
+    costs = LivePathCosts(
+        router_parse=PhaseCost(),
+        admission_round_trip=PhaseCost(),
+        router_to_worker=PhaseCost(),
+        worker_parse=PhaseCost(),
+        relay=PhaseCost(),
+        client_send=PhaseCost(base_s=0.010),
+    )
+    means = simulate(_scenario(programs=1, live_path=costs))
+    drawn = [simulate(_scenario(programs=1, live_path=costs, variant=v)) for v in (1, 2)]
+    sent = [[p["client_send"] for p in r.turn_phases] for r in (means, *drawn)]
+    assert sent[0] == pytest.approx([0.040, 0.040])  # variant 0: each turn pays the mean
+    assert sent[1] != sent[2] and all(s > 0 for s in sent[1] + sent[2])  # others: a draw per turn
+    # The same programs, turn for turn: only the timing moved.
+    for r in drawn:
+        assert [(t.prompt_tokens, t.completion_tokens) for t in r.run.turns] == [
+            (t.prompt_tokens, t.completion_tokens) for t in means.run.turns
+        ]
+    # The draws keep the mean: exponential of mean 1 times the wall cost times the speedup.
+    sim = Simulator(_scenario(programs=1, live_path=costs, variant=3))
+    assert sum(sim._path_scale() for _ in range(20_000)) / 20_000 == pytest.approx(4.0, rel=0.03)
+    # Without the live path model there is nothing to draw: the variant's run is variant 0's.
+    assert simulate(_scenario(variant=2)).run.wall_s == simulate(_scenario()).run.wall_s
+
+
+def test_a_negative_variant_is_a_config_error():
+    from services.common.settings.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="variant >= 0"):
+        _scenario(variant=-1)
+
+
 def test_the_calibrated_defaults_cost_something_on_every_phase():
     costs = LivePathCosts()
     assert costs.before_admission_wall_s(10_000, scheduled=True) > costs.before_admission_wall_s(10_000, False) > 0

@@ -140,6 +140,36 @@ def test_a_live_point_simulated_as_live_runs_the_live_control_law():
     assert row["summary"]["turns_ok"] == 6 and "breakdown" not in row and "timeline" not in row
 
 
+def test_the_live_twin_is_the_median_of_its_draws(monkeypatch):
+    spec = compare.SweepSpec(
+        "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), twin_draws=4
+    )
+    steps = {1: 40.0, 2: 44.0, 3: 41.0, 4: 43.0}
+    seen = []
+
+    def fake_sim_run(spec, arm, parallel, *, as_live=False, variant=0):
+        seen.append((arm, parallel, as_live, variant))
+        return {"summary": {"steps_per_min": steps[variant], "kv_hit_rate": 0.5}}
+
+    monkeypatch.setattr(compare, "sim_run", fake_sim_run)
+    row = compare.twin_run(spec, "kv", 3)
+    # Variants 1..4 of the live run, and the lower middle of the four stands for the arm.
+    assert seen == [("kv", 3, True, v) for v in (1, 2, 3, 4)]
+    assert row["summary"]["steps_per_min"] == 41.0
+    assert [d["steps_per_min"] for d in row["draws"]] == [40.0, 44.0, 41.0, 43.0]
+    # The pool's job takes the twin's path for a live-sim sweep.
+    assert compare._job((spec, "kv", 3, True))[3]["summary"]["steps_per_min"] == 41.0
+
+
+def test_bad_twin_draws_are_refused(tmp_path, capsys):
+    assert compare.main(["--mode", "live", "--smoke", "--twin-draws", "0", "--out-dir", str(tmp_path)]) == 2
+    assert "--twin-draws must be from 1 to 50" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="twin_draws"):
+        compare.SweepSpec(
+            "short", workers=2, worker_kv_tokens=4_096, max_turns=2, token_scale=0.2, parallel=(3,), twin_draws=0
+        )
+
+
 def test_a_bad_trace_exits_2(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("nope\n")

@@ -46,12 +46,12 @@ def test_verdict_states_ratio_and_prediction():
     assert lines[0] == "Bandmaster ran 1.20x the steps per minute of KV-aware routing alone."
     # The ratio of the arms' medians, with each arm's range over the seeds.
     assert "predicts 1.10x" in lines[1]
-    assert "44.0 vs 40.0 steps/min, medians of 3 seeds; Bandmaster 40.0-46.0, KV 39.0-41.0" in lines[1]
+    assert "44.0 vs 40.0 steps/min, medians of 3 draws; Bandmaster 40.0-46.0, KV 39.0-41.0" in lines[1]
     assert not any("WARNING" in line for line in lines)
     one = demo.verdict(
         {"bandmaster": summary(60.0), "kv": summary(50.0)}, {a: demo.Prediction((2.0,)) for a in ("bandmaster", "kv")}
     )
-    assert "1.00x" in one[1] and "one seed" in one[1]
+    assert "1.00x" in one[1] and "one draw" in one[1]
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_the_prediction_models_the_live_paths_own_costs(monkeypatch):
     monkeypatch.setattr(simlib, "simulate", fake_simulate)
     parser = argparse.ArgumentParser()
     demo.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["demo", "--programs", "2", "--max-turns", "2", "--predict-seeds", "3"])
+    args = parser.parse_args(["demo", "--programs", "2", "--max-turns", "2", "--predict-draws", "3"])
     assert demo.predict(args, ["bandmaster", "kv"]) == {
         "bandmaster": demo.Prediction((1.0, 1.0, 1.0)),
         "kv": demo.Prediction((1.0, 1.0, 1.0)),
@@ -112,21 +112,21 @@ def test_the_prediction_models_the_live_paths_own_costs(monkeypatch):
     # The live run pays the client, router, admission and relay costs `speedup` times over: so does the prediction.
     assert all(s.live_path == LivePathCosts() for s in seen)
     assert {s.live_speedup for s in seen} == {10.0}
-    # Each arm under seeds 0..2: the same programs, other draws of the router's tie-breaks.
-    assert [(s.arm, s.seed) for s in seen] == [(a, k) for a in ("bandmaster", "kv") for k in range(3)]
+    # Each arm under variants 1..3 of seed 0: the same programs, other draws of the path's timing.
+    assert [(s.arm, s.seed, s.variant) for s in seen] == [(a, 0, k) for a in ("bandmaster", "kv") for k in (1, 2, 3)]
     assert len({(s.programs, s.max_turns, s.workload, s.token_scale) for s in seen}) == 1
 
 
-def test_prediction_median_and_the_seed_count_is_checked(capsys):
+def test_prediction_median_and_the_draw_count_is_checked(capsys):
     assert demo.Prediction((3.0, 1.0, 2.0)).median == 2.0
     assert demo.Prediction((1.0, 4.0)).median == 2.5
     parser = argparse.ArgumentParser()
     demo.add_parser(parser.add_subparsers())
-    assert parser.parse_args(["demo"]).predict_seeds == demo.PREDICT_SEEDS
+    assert parser.parse_args(["demo"]).predict_draws == demo.PREDICT_DRAWS
     for bad in ("0", "-1", "x", "51"):
         with pytest.raises(SystemExit):
-            parser.parse_args(["demo", "--predict-seeds", bad])
-        assert "--predict-seeds: must be an integer from 1 to 50" in capsys.readouterr().err
+            parser.parse_args(["demo", "--predict-draws", bad])
+        assert "--predict-draws: must be an integer from 1 to 50" in capsys.readouterr().err
 
 
 def test_without_the_simulator_the_demo_runs_with_no_prediction(monkeypatch, capsys):
