@@ -23,7 +23,7 @@ from prometheus_client import Gauge
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.observe.telemetry import grpc_parent
-from services.common.outbound.leader_follow import LEADER_METADATA_KEY
+from services.common.outbound.leader_follow import LEADER_METADATA_KEY, MUX_OPS_METADATA_KEY
 from services.common.serve.grpc_errors import ErrorTable
 from services.scheduler.adapters.proto import (
     InvalidArgument,
@@ -330,14 +330,17 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
 
     async def Bind(self, request: pb.BindRequest, context: grpc.aio.ServicerContext) -> pb.BindResponse:
         async with DOMAIN_ERRORS.guard(context):
-            runtime = self._runtime(context)
-            request_id = validate_request_id(request.request_id)
-            replica = replica_from_fields(request.worker_id, request.dp_rank)
-            if replica is None:
-                raise InvalidArgument("worker_id is required")
-            bound = runtime.bind(request_id, replica)
-            trace.get_current_span().set_attribute("scheduler.bound", bound)
-            return pb.BindResponse(bound=bound)
+            return self._bind(self._runtime(context), request, trace.get_current_span())
+
+    def _bind(self, runtime: SchedulerRuntime, request: pb.BindRequest, span: trace.Span) -> pb.BindResponse:
+        """The one Bind path (the unary call and each AdmitMux bind); raises the domain errors."""
+        request_id = validate_request_id(request.request_id)
+        replica = replica_from_fields(request.worker_id, request.dp_rank)
+        if replica is None:
+            raise InvalidArgument("worker_id is required")
+        bound = runtime.bind(request_id, replica)
+        span.set_attribute("scheduler.bound", bound)
+        return pb.BindResponse(bound=bound)
 
     async def Complete(self, request: pb.CompleteRequest, context: grpc.aio.ServicerContext) -> pb.CompleteResponse:
         async with DOMAIN_ERRORS.guard(context):
@@ -480,6 +483,9 @@ class MuxStream:
         self.wake = asyncio.Event()
 
     async def serve(self, request_iterator: AsyncIterator[pb.MuxRequest]) -> None:
+        # What this scheduler takes on the stream, before anything else: a router sends an operation an
+        # older scheduler would not know (bind) only to one that names it here.
+        await self.context.send_initial_metadata(((MUX_OPS_METADATA_KEY, MUX_OPS),))
         reader = asyncio.ensure_future(self._read(request_iterator))
         writer = asyncio.ensure_future(self._write())
         try:
@@ -520,6 +526,8 @@ class MuxStream:
                     self._spawn(op.id, self._admit(op.id, op.admit))
                 elif kind == "complete":
                     self._spawn(op.id, self._complete(op.id, op.complete))
+                elif kind == "bind":
+                    self._bind(op.id, op.bind)
                 else:
                     self._send(op.id, _mux_error(grpc.StatusCode.INVALID_ARGUMENT, "operation: none given"))
 
@@ -631,7 +639,22 @@ class MuxStream:
         else:
             self._send(op_id, pb.MuxResult(complete=pb.CompleteResponse()))
 
+    def _bind(self, op_id: int, bind: pb.MuxBind) -> None:
+        """A bind answers at once (no write awaited, nothing held): no task of its own."""
+        servicer = self.servicer
+        parent = _trace_parent(bind.traceparent, bind.tracestate)
+        try:
+            with servicer.tracer.start_as_current_span(
+                "scheduler.bind", context=parent, kind=trace.SpanKind.SERVER
+            ) as span:
+                result = pb.MuxResult(bind=servicer._bind(servicer._current(), bind.request, span))
+        except Exception as exc:
+            result = _domain_error(exc)
+        self._send(op_id, result)
 
+
+MUX_OPS = "admit,cancel,complete,bind"
+"""The operations an AdmitMux stream takes, as its initial metadata names them (MUX_OPS_METADATA_KEY)."""
 MAX_MUX_PENDING = 100_000
 """Operations pending on one AdmitMux stream (held admissions included); more are refused RESOURCE_EXHAUSTED."""
 

@@ -407,17 +407,29 @@ class MuxCancel(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class MuxBind(_message.Message):
+    __slots__ = ("request", "traceparent", "tracestate")
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    TRACESTATE_FIELD_NUMBER: _ClassVar[int]
+    request: BindRequest
+    traceparent: str
+    tracestate: str
+    def __init__(self, request: _Optional[_Union[BindRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., tracestate: _Optional[str] = ...) -> None: ...
+
 class MuxOp(_message.Message):
-    __slots__ = ("id", "admit", "cancel", "complete")
+    __slots__ = ("id", "admit", "cancel", "complete", "bind")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
     id: int
     admit: MuxAdmit
     cancel: MuxCancel
     complete: MuxComplete
-    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[MuxAdmit, _Mapping]] = ..., cancel: _Optional[_Union[MuxCancel, _Mapping]] = ..., complete: _Optional[_Union[MuxComplete, _Mapping]] = ...) -> None: ...
+    bind: MuxBind
+    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[MuxAdmit, _Mapping]] = ..., cancel: _Optional[_Union[MuxCancel, _Mapping]] = ..., complete: _Optional[_Union[MuxComplete, _Mapping]] = ..., bind: _Optional[_Union[MuxBind, _Mapping]] = ...) -> None: ...
 
 class MuxRequest(_message.Message):
     __slots__ = ("ops",)
@@ -436,16 +448,18 @@ class MuxError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class MuxResult(_message.Message):
-    __slots__ = ("id", "admit", "complete", "error")
+    __slots__ = ("id", "admit", "complete", "error", "bind")
     ID_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
     COMPLETE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BIND_FIELD_NUMBER: _ClassVar[int]
     id: int
     admit: AdmitUpdate
     complete: CompleteResponse
     error: MuxError
-    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[AdmitUpdate, _Mapping]] = ..., complete: _Optional[_Union[CompleteResponse, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ...) -> None: ...
+    bind: BindResponse
+    def __init__(self, id: _Optional[int] = ..., admit: _Optional[_Union[AdmitUpdate, _Mapping]] = ..., complete: _Optional[_Union[CompleteResponse, _Mapping]] = ..., error: _Optional[_Union[MuxError, _Mapping]] = ..., bind: _Optional[_Union[BindResponse, _Mapping]] = ...) -> None: ...
 
 class MuxResponse(_message.Message):
     __slots__ = ("results",)

@@ -121,9 +121,11 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AdmitMux(self, request_iterator, context):
-        """Admit (as AdmitStream), cancel and Complete multiplexed on one stream per router: the same
+        """Admit (as AdmitStream), cancel, Complete and Bind multiplexed on one stream per router: the same
         validation, holding, deadlines, rollback and leadership answers, per operation. When the stream
-        ends, every admission still pending on it is rolled back. Protocol: docs/protocols/scheduler.md.
+        ends, every admission still pending on it is rolled back. The stream's initial metadata names the
+        operations the scheduler takes (`bandmaster-mux-ops`, comma-separated: "admit,cancel,complete,bind").
+        Protocol: docs/protocols/scheduler.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

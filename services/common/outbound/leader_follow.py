@@ -22,6 +22,9 @@ log = logging.getLogger(__name__)
 LEADER_METADATA_KEY = "bandmaster-scheduler-leader"
 """Trailing metadata of a "not the leader" FAILED_PRECONDITION: the leader's host:port ("" = unknown)."""
 
+MUX_OPS_METADATA_KEY = "bandmaster-mux-ops"
+"""Initial metadata of a scheduler's AdmitMux stream: the operations it takes, comma-separated."""
+
 FOLLOW = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION}
 """Codes after which a call is retried on another replica."""
 

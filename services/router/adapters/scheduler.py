@@ -701,17 +701,18 @@ class SchedulerClient:
             return answer
 
     async def _unary(self, address: str, method: str, request):
-        """One call of `method` to `address`: Complete on the AdmitMux stream when there is one."""
-        mux = self._mux(address) if method == "Complete" else None
+        """One call of `method` to `address`: Complete and Bind on the AdmitMux stream when there is one."""
+        mux = self._mux(address) if method in _ON_THE_STREAM else None
         if mux is not None:
+            op = mux.complete if method == "Complete" else mux.bind
             try:
                 if self._inject_context:  # spans are not exported: the caller's context, no span of its own
-                    return await mux.complete(request, self._timeout_s, _trace_carrier())
-                # The CLIENT span the instrumentation gives a unary Complete.
+                    return await op(request, self._timeout_s, _trace_carrier())
+                # The CLIENT span the instrumentation gives the unary call.
                 with self._tracer.start_as_current_span(
-                    "router.complete", kind=trace.SpanKind.CLIENT, attributes=_MUX_RPC
+                    _ON_THE_STREAM[method], kind=trace.SpanKind.CLIENT, attributes=_MUX_RPC
                 ):
-                    return await mux.complete(request, self._timeout_s, _trace_carrier())
+                    return await op(request, self._timeout_s, _trace_carrier())
             except MuxUnsupported:
                 pass  # an older scheduler: the call of its own
         metadata = inject_metadata() if self._inject_context else None
@@ -764,6 +765,8 @@ class SchedulerClient:
 
 
 _MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler", "rpc.method": "AdmitMux"}
+_ON_THE_STREAM = {"Complete": "router.complete", "Bind": "router.bind"}
+"""The unary methods carried on the AdmitMux stream, with the CLIENT span each gets there."""
 
 
 def _trace_carrier() -> dict[str, str]:

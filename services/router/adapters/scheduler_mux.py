@@ -1,5 +1,6 @@
-"""The router's AdmitMux stream to one scheduler replica (issue 24): its turns' admissions and completions
-as operations on one long-lived stream instead of an AdmitStream and a Complete call per turn.
+"""The router's AdmitMux stream to one scheduler replica (issue 24): its turns' admissions, binds and
+completions as operations on one long-lived stream instead of an AdmitStream, a Bind and a Complete call
+per turn.
 
 Each operation reads as the call it replaces, so that the scheduler client (scheduler.py) keeps its
 windows, failover and fail-open rules unchanged: `admit` returns a call whose `read()` gives the
@@ -17,8 +18,13 @@ operations go by the per-call path (`fallback`).
 Writes are coalesced: what the router's turns queue in one event-loop turn goes in one message, and what
 they queue while a write is under way in the next. A write that does not complete within `write_stall_s`
 (the scheduler stopped reading) ends the stream, and past `MAX_QUEUED` waiting operations each takes the
-per-call path: a frozen scheduler holds neither the writer nor the router's memory. A decision that arrives for an admission already
-withdrawn (its cancel crossed the decision) is ended with Complete(NOT_STARTED), the exact rollback.
+per-call path: a frozen scheduler holds neither the writer nor the router's memory. A decision that arrives
+for an admission already withdrawn (its cancel crossed the decision) is ended with Complete(NOT_STARTED),
+the exact rollback.
+
+Binds go on the stream too, once its scheduler has named "bind" among the operations it takes (the
+stream's initial metadata, `bandmaster-mux-ops`); before that, and to a scheduler from before MuxBind,
+`bind` raises MuxUnsupported and the client makes the unary Bind.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import grpc
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
-from services.common.outbound.leader_follow import LEADER_METADATA_KEY
+from services.common.outbound.leader_follow import LEADER_METADATA_KEY, MUX_OPS_METADATA_KEY
 from services.common.outbound.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -41,6 +47,8 @@ MAX_WITHDRAWN = 10_000
 oldest is forgotten, and its decision, if one comes, is rolled back at its lease instead (never confirmed)."""
 REOPEN = RetryPolicy(first_delay_s=0.05, multiplier=2.0, max_delay_s=1.0)
 """Between reopenings of a stream that ended before answering anything."""
+BASE_OPS = frozenset({"admit", "cancel", "complete"})
+"""What every AdmitMux stream takes, also a scheduler's from before it named its operations."""
 MAX_QUEUED = 10_000
 """Operations waiting for the stream's writer; past it (a write that does not complete: a scheduler that
 stopped reading) an operation takes the per-call path, which has deadlines of its own, instead of growing
@@ -56,6 +64,15 @@ class MuxNotNow(MuxUnsupported):
     that closed it while the router wrote, which gRPC may report as INTERNAL instead of UNIMPLEMENTED; a
     replica that is down; a standby's refusal), or it waits to be reopened. The operation takes the
     per-call path, whose answer or failure the client's failover and fail-open rules read as before."""
+
+
+def _mux_ops(metadata: Any) -> frozenset[str]:
+    """The operations a stream's initial metadata names (BASE_OPS when it names none)."""
+    for key, value in metadata or ():
+        if key == MUX_OPS_METADATA_KEY:
+            named = value.decode() if isinstance(value, bytes) else str(value)
+            return frozenset(op.strip() for op in named.split(",") if op.strip())
+    return BASE_OPS
 
 
 def rpc_error(code: grpc.StatusCode, details: str, leader_address: str | None = None) -> grpc.aio.AioRpcError:
@@ -131,7 +148,11 @@ class SchedulerMux:
         self._wake = asyncio.Event()
         self._next_id = 0
         self._admits: dict[int, MuxAdmitCall] = {}
-        self._completes: dict[int, asyncio.Future[pb.CompleteResponse]] = {}
+        # Completes and binds waiting for their answer: the kind of result each expects, and its future.
+        self._unaries: dict[int, tuple[str, asyncio.Future[Any]]] = {}
+        # The operations the current stream's scheduler takes (its initial metadata); until it has sent
+        # them, and on a scheduler from before the list, admit, cancel and complete.
+        self._ops: frozenset[str] = BASE_OPS
         self._withdrawn: dict[int, pb.AdmitRequest] = {}  # cancelled; their decision may still come
         self._answered = False  # the current stream delivered a result
         self._failures = 0  # streams in a row that ended before answering anything
@@ -139,7 +160,7 @@ class SchedulerMux:
 
     @property
     def pending(self) -> int:
-        return len(self._admits) + len(self._completes)
+        return len(self._admits) + len(self._unaries)
 
     def admit(
         self, request: pb.AdmitRequest, timeout_s: float, trace_carrier: dict[str, str], fallback: Callable[[], Any]
@@ -163,25 +184,41 @@ class SchedulerMux:
         self, request: pb.CompleteRequest, timeout_s: float, trace_carrier: dict[str, str]
     ) -> pb.CompleteResponse:
         """Complete on the stream; raises as the unary call would (MuxUnsupported: make that call)."""
-        refusal = self._open()
-        if refusal is not None:
-            raise refusal
-        op_id = self._take_id()
-        answer: asyncio.Future[pb.CompleteResponse] = asyncio.get_running_loop().create_future()
-        self._completes[op_id] = answer
-        complete = pb.MuxComplete(
+        op = pb.MuxComplete(
             request=request,
             traceparent=trace_carrier.get("traceparent", ""),
             tracestate=trace_carrier.get("tracestate", ""),
         )
-        self._queue(pb.MuxOp(id=op_id, complete=complete))
+        return await self._unary("complete", lambda op_id: pb.MuxOp(id=op_id, complete=op), timeout_s)
+
+    async def bind(self, request: pb.BindRequest, timeout_s: float, trace_carrier: dict[str, str]) -> pb.BindResponse:
+        """Bind on the stream; raises as the unary call would (MuxUnsupported: make that call, as for a
+        scheduler whose stream has not named "bind" among its operations)."""
+        if "bind" not in self._ops:
+            raise MuxUnsupported(self.address)
+        op = pb.MuxBind(
+            request=request,
+            traceparent=trace_carrier.get("traceparent", ""),
+            tracestate=trace_carrier.get("tracestate", ""),
+        )
+        return await self._unary("bind", lambda op_id: pb.MuxOp(id=op_id, bind=op), timeout_s)
+
+    async def _unary(self, kind: str, make_op: Callable[[int], pb.MuxOp], timeout_s: float) -> Any:
+        refusal = self._open()
+        if refusal is not None:
+            raise refusal
+        op_id = self._take_id()
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._unaries[op_id] = (kind, answer)
+        self._queue(make_op(op_id))
         try:
             async with asyncio.timeout(timeout_s):
                 return await answer
         except TimeoutError:
-            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Complete on the AdmitMux stream timed out") from None
+            message = f"{kind.capitalize()} on the AdmitMux stream timed out"
+            raise rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, message) from None
         finally:
-            self._completes.pop(op_id, None)
+            self._unaries.pop(op_id, None)
 
     def withdraw(self, call: MuxAdmitCall) -> None:
         """The caller gave up on `call`: the scheduler rolls its admission back (or, if its decision was
@@ -247,6 +284,7 @@ class SchedulerMux:
     async def _read(self, call: Any) -> None:
         error: BaseException
         try:
+            self._ops = _mux_ops(await call.initial_metadata())
             async for response in call:
                 self._answered = True
                 for result in response.results:
@@ -275,6 +313,7 @@ class SchedulerMux:
 
     def _ended(self) -> None:
         self._call = None
+        self._ops = BASE_OPS  # the next stream's scheduler names its own
         self._queued.clear()
         self._withdrawn.clear()  # the scheduler rolled back whatever was pending on the stream
         if self._answered:
@@ -291,8 +330,8 @@ class SchedulerMux:
         admits, self._admits = self._admits, {}
         for admit in admits.values():
             admit.updates.put_nowait(error)
-        completes, self._completes = self._completes, {}
-        for answer in completes.values():
+        unaries, self._unaries = self._unaries, {}
+        for _, answer in unaries.values():
             if not answer.done():
                 answer.set_exception(error)
                 answer.add_done_callback(lambda f: f.exception())  # a timed-out caller may be gone
@@ -313,16 +352,17 @@ class SchedulerMux:
                     else rpc_error(grpc.StatusCode.INTERNAL, f"AdmitMux answered an admit with {kind}")
                 )
             return
-        answer = self._completes.get(result.id)
-        if answer is not None:
+        unary = self._unaries.get(result.id)
+        if unary is not None:
+            expected, answer = unary
             if not answer.done():
-                if kind == "complete":
-                    answer.set_result(result.complete)
+                if kind == expected:
+                    answer.set_result(getattr(result, expected))
                 else:
                     answer.set_exception(
                         _result_error(result.error)
                         if kind == "error"
-                        else rpc_error(grpc.StatusCode.INTERNAL, f"AdmitMux answered a complete with {kind}")
+                        else rpc_error(grpc.StatusCode.INTERNAL, f"AdmitMux answered a {expected} with {kind}")
                     )
             return
         withdrawn = self._withdrawn.get(result.id)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from services.common.outbound.leader_follow import leader_hint
+from services.common.outbound.leader_follow import MUX_OPS_METADATA_KEY, leader_hint
 from services.router.adapters import scheduler_mux
 from services.router.adapters.scheduler_mux import MuxNotNow, MuxUnsupported, SchedulerMux, rpc_error
 
@@ -28,6 +28,11 @@ class ScriptedCall:
         self.cancelled = False
         self.reading = asyncio.Event()  # cleared: the scheduler stopped reading, writes do not complete
         self.reading.set()
+        # What the scheduler names as its operations (a scheduler from before MuxBind sends nothing).
+        self.metadata: tuple = ((MUX_OPS_METADATA_KEY, "admit,cancel,complete,bind"),)
+
+    async def initial_metadata(self) -> tuple:
+        return self.metadata
 
     async def write(self, request: pb.MuxRequest) -> None:
         await self.reading.wait()
@@ -270,3 +275,43 @@ async def test_operations_past_the_queue_bound_take_the_per_call_path(mux, monke
     assert (await over.read()).decision.worker_id == "w9" and made == ["r9"]
     with pytest.raises(MuxNotNow):
         await mux.complete(pb.CompleteRequest(request_id="r0"), 5.0, {})
+
+
+async def test_a_bind_goes_on_the_stream_once_its_scheduler_names_bind(mux):
+    first = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    stream = mux.stub.calls[0]
+    stream.answer(_decision(first.id, worker=""))
+    await first.read()
+    bound = asyncio.ensure_future(mux.bind(pb.BindRequest(request_id="r1", worker_id="w2"), 5.0, {"traceparent": "tp"}))
+    await _settle()
+    op = stream.ops()[-1]
+    assert op.WhichOneof("op") == "bind" and op.bind.request.worker_id == "w2" and op.bind.traceparent == "tp"
+    stream.answer(pb.MuxResult(id=op.id, bind=pb.BindResponse(bound=True)))
+    assert (await bound).bound and mux.pending == 0
+    # An error answers as the unary Bind would have ended.
+    failing = asyncio.ensure_future(mux.bind(pb.BindRequest(request_id="r9", worker_id="w2"), 5.0, {}))
+    await _settle()
+    stream.answer(pb.MuxResult(id=stream.ops()[-1].id, error=pb.MuxError(code=grpc.StatusCode.NOT_FOUND.value[0])))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await failing
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_scheduler_that_does_not_name_bind_gets_the_unary_bind(mux):
+    """A scheduler from before MuxBind answers an op it does not know INVALID_ARGUMENT: never send it one."""
+    mux.stub.AdmitMux = lambda: _old_call(mux.stub)
+    first = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    mux.stub.calls[0].answer(_decision(first.id))
+    await first.read()
+    with pytest.raises(MuxUnsupported):
+        await mux.bind(pb.BindRequest(request_id="r1", worker_id="w2"), 5.0, {})
+    assert all(op.WhichOneof("op") != "bind" for op in mux.stub.calls[0].ops())
+
+
+def _old_call(stub: ScriptedStub) -> ScriptedCall:
+    call = ScriptedCall()
+    call.metadata = ()
+    stub.calls.append(call)
+    return call

@@ -13,6 +13,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from services.common.outbound.leader_follow import MUX_OPS_METADATA_KEY
 from tests.support.eventually import assert_eventually
 
 pytestmark = pytest.mark.timeout(30)
@@ -233,3 +234,29 @@ async def test_each_admit_continues_its_own_callers_trace(h, mux):
     assert span.kind == SpanKind.SERVER
     assert span.context.trace_id == caller.get_span_context().trace_id
     assert span.parent.span_id == caller.get_span_context().span_id
+
+
+def bind(op_id: int, rid: str, worker: str, dp_rank: int = 0) -> pb.MuxOp:
+    return pb.MuxOp(
+        id=op_id, bind=pb.MuxBind(request=pb.BindRequest(request_id=rid, worker_id=worker, dp_rank=dp_rank))
+    )
+
+
+async def test_the_stream_names_its_operations_and_binds_as_the_unary_bind_does(h, mux):
+    """A router sends binds on the stream only to a scheduler that names them (an older one would answer
+    an op it does not know INVALID_ARGUMENT); each bind answers as the unary Bind would."""
+    metadata = dict(await mux.call.initial_metadata())
+    assert set(metadata[MUX_OPS_METADATA_KEY].split(",")) == {"admit", "cancel", "complete", "bind"}
+    await mux.send(admit(1, "p", "t1", 50), admit(2, "q", "u1", 50), admit(3, "q", "u2", 50))
+    assert not (await mux.last(1)).admit.decision.pinned  # cold start: the router picks
+    await h.set_capacity({("7", 2): 10_000})
+    await mux.send(bind(4, "t1", "7", 2), bind(5, "u1", "7", 2), bind(6, "u2", "7", 2), bind(7, "t1", ""))
+    assert (await mux.last(4)).bind.bound
+    assert not (await mux.last(5)).bind.bound  # a superseded turn's bind is ignored, as in the unary call
+    assert (await mux.last(6)).bind.bound
+    assert (await mux.last(7)).error.code == INVALID  # no worker
+    await mux.send(complete(8, "p", "t1", 50, worker="7", dp_rank=2))
+    assert (await mux.last(8)).HasField("complete")
+    await mux.send(admit(9, "p", "t2", 60))
+    decision = (await mux.last(9)).admit.decision
+    assert decision.pinned and (decision.worker_id, decision.dp_rank) == ("7", 2)
