@@ -625,14 +625,16 @@ class MuxStream:
         except Exception as exc:
             self._send(op_id, _domain_error(exc))
 
+    def _span(self, name: str, op: pb.MuxComplete | pb.MuxBind):
+        """An operation's SERVER span, continuing its caller's trace (the unary calls' SERVER spans are the
+        instrumentation's; an operation on the stream has its own)."""
+        parent = _trace_parent(op.traceparent, op.tracestate)
+        return self.servicer.tracer.start_as_current_span(name, context=parent, kind=trace.SpanKind.SERVER)
+
     async def _complete(self, op_id: int, complete: pb.MuxComplete) -> None:
         servicer = self.servicer
-        parent = _trace_parent(complete.traceparent, complete.tracestate)
         try:
-            # The unary Complete's SERVER span is the instrumentation's; an operation on the stream has its own.
-            with servicer.tracer.start_as_current_span(
-                "scheduler.complete", context=parent, kind=trace.SpanKind.SERVER
-            ) as span:
+            with self._span("scheduler.complete", complete) as span:
                 await servicer._complete(servicer._current(), complete.request, span)
         except Exception as exc:
             self._send(op_id, _domain_error(exc))
@@ -642,11 +644,8 @@ class MuxStream:
     def _bind(self, op_id: int, bind: pb.MuxBind) -> None:
         """A bind answers at once (no write awaited, nothing held): no task of its own."""
         servicer = self.servicer
-        parent = _trace_parent(bind.traceparent, bind.tracestate)
         try:
-            with servicer.tracer.start_as_current_span(
-                "scheduler.bind", context=parent, kind=trace.SpanKind.SERVER
-            ) as span:
+            with self._span("scheduler.bind", bind) as span:
                 result = pb.MuxResult(bind=servicer._bind(servicer._current(), bind.request, span))
         except Exception as exc:
             result = _domain_error(exc)
