@@ -86,6 +86,9 @@ class SoftDemote:
     announce: tuple[str, ...] = ()
 
 
+_SEQ = attrgetter("seq")
+_SESSION_ID = attrgetter("session_id")
+
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
 """One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
 
@@ -189,18 +192,16 @@ class ControlLaw:
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            demoted: list[str] = []
-            announce: list[str] = []  # not demoted already: an event each
-            for sid in ledger.resident[key]:  # one pass over the residents (thousands at fleet size)
-                q = programs[sid]
-                if not q.marked:
-                    demoted.append(sid)
-                    if q.soft_demoted_until <= now:
-                        announce.append(sid)
+            # The residents (thousands at fleet size) in comprehensions, the ids and the creation order
+            # read by C-level getters: no Python call per program.
+            demoted = [q for q in map(programs.__getitem__, ledger.resident[key]) if not q.marked]
             if demoted:
+                announce = [q for q in demoted if q.soft_demoted_until <= now]  # not demoted already: an event each
                 # Events in creation order: the residents' order is the order of their last re-account.
-                announce.sort(key=lambda sid: programs[sid].seq)
-                steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
+                announce.sort(key=_SEQ)
+                steps.append(
+                    SoftDemote(key, until, tuple(map(_SESSION_ID, demoted)), tuple(map(_SESSION_ID, announce)))
+                )
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
@@ -423,16 +424,21 @@ class ControlLaw:
                 if (q := programs[sid]).status is acting and not q.marked and (tail is None or q.turns <= tail)
             ]
 
-        # Each replica is a target once, so only a target's working set moves within this step.
+        # Each replica is a target once, so only a target's working set moves within this step: a
+        # replica's room is the same for every aged program, and its residents are walked once, when
+        # the first aged program asks (not once per aged program).
+        rooms: dict[ReplicaKey, float] = {}
         for started, program in aged:
             best: tuple[float, ReplicaKey] | None = None
             for key, cap in ledger.caps.items():
                 if key in used_targets:
                     continue
-                # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
-                # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
-                reclaimable = sum(charge[q.session_id][1] for q in movable_on(key))
-                room = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
+                room = rooms.get(key)
+                if room is None:
+                    # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
+                    # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
+                    reclaimable = sum(charge[q.session_id][1] for q in movable_on(key))
+                    room = rooms[key] = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
                 if best is None or room > best[0]:
                     best = (room, key)
             if best is None:
