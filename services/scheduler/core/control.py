@@ -230,29 +230,11 @@ class ControlLaw:
                 )
         if not room:
             return Plan()
-        candidates, reasoning = self._resume_order(now), Status.REASONING
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
-        selected: list[Program] = []
-        cumulative = slots_needed = 0
-        if total_slots is None:  # no request-slot limit: the size alone decides
-            for program in candidates:
-                req = program.token_total + buffer
-                if cumulative + req <= budget:
-                    selected.append(program)
-                    cumulative += req
-        else:
-            for program in candidates:
-                req = program.token_total + buffer
-                takes_slot = program.status is reasoning
-                if takes_slot and slots_needed >= total_slots:
-                    continue
-                if cumulative + req <= budget:
-                    selected.append(program)
-                    cumulative += req
-                    slots_needed += takes_slot
+        selected = self._select(now, budget, total_slots)
         if not selected:
             return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
@@ -319,35 +301,93 @@ class ControlLaw:
                     )
         return Plan(tuple(steps))
 
-    def _resume_order(self, now: float) -> list[Program]:
-        """The paused queue in resume order: smallest effective size first, T / (1 + waited / H)
-        (H = 0: T, the reference), within `resume_group`, oldest pause first on ties. Packing (the
-        most programs decoding together) against waiting (the longer a program waits, the likelier it
-        sets the end of the batch).
+    def _select(self, now: float, budget: int, total_slots: int | None) -> list[Program]:
+        """The knapsack: in resume order, each program whose req = T + B fits in what `budget` has left
+        is selected, and with request slots (`total_slots` not None) a REASONING one only while a slot
+        is left.
+
+        It reads only as much of the order as can still select something. Within a group the keys
+        ascend, and a program's req is at least its key + B (the key is T, or T over a wait discount
+        of 1 or more), so once what is left is below a program's key + B, nothing further in its group
+        fits. Once the slots are taken, no REASONING program (groups -1 to 1, all before the ACTING
+        group 2) can be selected, and when none is free at all they are not even keyed: at fleet size
+        most of the paused queue is new programs waiting for a slot."""
+        keyed = self._resume_keys(now, reasoning=total_slots != 0)
+        keyed.sort()
+        buffer = self.params.buffer_per_program_tokens
+        selected: list[Program] = []
+        select = selected.append
+        cumulative = slots_needed = 0
+        start, end = 0, len(keyed)
+        while start < end:
+            group = keyed[start][0]
+            stop = bisect_left(keyed, (group + 1,), start)  # this group's end (no Program compared)
+            if group < 2 and total_slots is not None:  # REASONING: each takes a slot
+                if slots_needed >= total_slots:  # none left: every REASONING program from here is passed over
+                    start = bisect_left(keyed, (2,), start)
+                    continue
+                for _, key, _, _, program in keyed[start:stop]:
+                    if budget - cumulative < key + buffer:
+                        break
+                    req = program.token_total + buffer
+                    if cumulative + req <= budget:
+                        select(program)
+                        cumulative += req
+                        slots_needed += 1
+                        if slots_needed >= total_slots:
+                            break
+            else:
+                for _, key, _, _, program in keyed[start:stop]:
+                    if budget - cumulative < key + buffer:
+                        break
+                    req = program.token_total + buffer
+                    if cumulative + req <= budget:
+                        select(program)
+                        cumulative += req
+            start = stop
+        return selected
+
+    def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:
+        """The paused queue's resume keys, unsorted (`reasoning`: the REASONING programs' too, else only
+        the ACTING ones'): smallest effective size first, T / (1 + waited / H) (H = 0: T, the
+        reference), within `resume_group`, oldest pause first on ties. Packing (the most programs
+        decoding together) against waiting (the longer a program waits, the likelier it sets the end
+        of the batch).
 
         Sorted afresh each tick: the key moves with `now` when H > 0 and with the tail quantile, and
         this mix changes a third of the queue per tick, so a kept order would cost as much to
-        maintain. The keys are built as tuples in one pass and sorted by the tuples' own comparison
+        maintain. The keys are tuples built in one pass and sorted by the tuples' own comparison
         (no key function called per program); the queue position breaks ties exactly as the stable
         sort by key did."""
         ledger = self.ledger
-        programs, reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
+        programs, status_reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
         discount = self.params.resume_wait_discount_seconds
         keyed: list[tuple[int, float, int, int, Program]] = []
         append = keyed.append
         for position, (sid, pause_seq) in enumerate(ledger.paused.items()):
             q = programs[sid]
-            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
+            if q.status is status_reasoning:  # resume_group, inline (it runs for every paused program)
+                if not reasoning:
+                    continue
                 group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
             else:
                 group = 2
-            size = float(q.token_total)
             if discount > 0:
-                since = q.paused_since if q.paused_since is not None else now
-                size /= 1.0 + max(0.0, now - since) / discount
-            append((group, size, pause_seq, position, q))
-        keyed.sort()
-        return [entry[4] for entry in keyed]
+                since = q.paused_since
+                # size / (1 + max(0, waited) / H), the same float operations without a call
+                waited = 0.0 if since is None else now - since
+                append(
+                    (
+                        group,
+                        q.token_total / (1.0 + (waited if waited > 0.0 else 0.0) / discount),
+                        pause_seq,
+                        position,
+                        q,
+                    )
+                )
+            else:
+                append((group, float(q.token_total), pause_seq, position, q))
+        return keyed
 
     def resume_target(
         self,
