@@ -117,7 +117,9 @@ class Ledger:
         # Incremental raw accounting, per replica of the snapshot.
         self.used: dict[ReplicaKey, int] = {}
         self.inflight: dict[ReplicaKey, int] = {}  # REASONING programs + passthrough requests
-        self.resident: dict[ReplicaKey, dict[str, None]] = {}
+        # The programs charged on each replica, by id, in the order of their last re-account: the table's
+        # own objects (a walk of a replica's residents reads them without a lookup in the table).
+        self.resident: dict[ReplicaKey, dict[str, Program]] = {}
         self.charge: dict[str, tuple[ReplicaKey, int, bool, int]] = {}
         # Resume-side (decayed) accounting in O(1) per replica: the ACTING part is
         # 2^(-(now - anchor)/tau) * sum(T_i * 2^((acting_since_i - anchor)/tau)).
@@ -350,7 +352,7 @@ class Ledger:
         self.used[key] += amount
         self.inflight[key] += in_flight
         self.decay_base[key] += base
-        self.resident[key][sid] = None
+        self.resident[key][sid] = program
         if not in_flight and tokens > 0:
             self._add_acting(key, sid, tokens, since)
 
@@ -531,6 +533,7 @@ class Ledger:
                 if q.lifecycle is Lifecycle.ACTIVE and q.replica == key and sid not in self.unsettled
             }
             assert set(self.resident[key]) == placed, (key, set(self.resident[key]) ^ placed)
+            assert all(q is self.programs[sid] for sid, q in self.resident[key].items()), key
             reasoning = sum(1 for sid in placed if self.programs[sid].status is Status.REASONING)
             assert reasoning == self.inflight[key] - self.pt_count[key], (key, reasoning)
             acting = {sid for sid in placed if self.programs[sid].status is Status.ACTING}

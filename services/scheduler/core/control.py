@@ -188,13 +188,12 @@ class ControlLaw:
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
-        programs = ledger.programs
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            # The residents (thousands at fleet size) in comprehensions, the ids and the creation order
-            # read by C-level getters: no Python call per program.
-            demoted = [q for q in map(programs.__getitem__, ledger.resident[key]) if not q.marked]
+            # The residents (thousands at fleet size) in comprehensions, their ids and creation order read
+            # by C-level getters: no Python call per program.
+            demoted = [q for q in ledger.resident[key].values() if not q.marked]
             if demoted:
                 announce = [q for q in demoted if q.soft_demoted_until <= now]  # not demoted already: an event each
                 # Events in creation order: the residents' order is the order of their last re-account.
@@ -454,14 +453,14 @@ class ControlLaw:
         aged.sort(key=lambda item: (item[0], item[1].seq))
         used_targets: set[ReplicaKey] = set()
         steps: list[Step] = []
-        programs, charge, acting, tail = ledger.programs, ledger.charge, Status.ACTING, ledger.tail_turns
+        charge, acting, tail = ledger.charge, Status.ACTING, ledger.tail_turns
 
         def movable_on(key: ReplicaKey) -> list[Program]:
             """Its unmarked ACTING programs outside the tail (ledger.is_tail, inline)."""
             return [
                 q
-                for sid in ledger.resident[key]
-                if (q := programs[sid]).status is acting and not q.marked and (tail is None or q.turns <= tail)
+                for q in ledger.resident[key].values()
+                if q.status is acting and not q.marked and (tail is None or q.turns <= tail)
             ]
 
         # Each replica is a target once, so only a target's working set moves within this step: a
@@ -544,7 +543,6 @@ class ControlLaw:
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
         weight_at = ledger.weight
-        table = ledger.programs
         by_seq = attrgetter("seq")
         acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
 
@@ -572,13 +570,13 @@ class ControlLaw:
                 if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
                     # Pressure is gone: marks are not sticky.
                     # In creation order (the residents' order is the order of their last re-account).
-                    marked = [q for q in map(table.__getitem__, ledger.resident[key]) if q.marked]
+                    marked = [q for q in ledger.resident[key].values() if q.marked]
                     steps.extend(Unmark(q.session_id) for q in sorted(marked, key=by_seq))
                 continue
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = [
                 q
-                for q in map(table.__getitem__, ledger.resident[key])
+                for q in ledger.resident[key].values()
                 if q.pause_protected_until <= now and (tail is None or q.turns <= tail)
             ]
             programs.sort(key=by_seq)
