@@ -106,9 +106,15 @@ class Passthrough:
 class Ledger:
     """Program table, tickets and per-replica working sets, kept consistent by `recharge`."""
 
-    def __init__(self, params: ControlParams, policy_weight: PolicyWeight | None = None) -> None:
+    def __init__(
+        self,
+        params: ControlParams,
+        policy_weight: PolicyWeight | None = None,
+        policy_weigher: Callable[[int], Callable[[Program, int], int]] | None = None,
+    ) -> None:
         self.params = params
         self.policy_weight = policy_weight
+        self.policy_weigher = policy_weigher  # the policy's weight with the budget fixed (`weigher`)
         self.programs: dict[str, Program] = {}
         self.paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
         self.children: dict[str, dict[str, None]] = {}
@@ -311,6 +317,16 @@ class Ledger:
         if self.policy_weight is None:
             return raw
         return self.policy_weight(program, raw, retention_tokens)
+
+    def weigher(self, retention_tokens: int) -> Callable[[Program, int], int] | None:
+        """`weight_at` on one budget as a function of (program, raw weight), valid until the policy's
+        next refresh (its `weigher` if it has one); None without a policy weight (the raw weight)."""
+        policy_weight = self.policy_weight
+        if policy_weight is None:
+            return None
+        if self.policy_weigher is not None:
+            return self.policy_weigher(retention_tokens)
+        return lambda program, raw: policy_weight(program, raw, retention_tokens)
 
     def recharge(self, program: Program, *, touched: bool = True) -> None:
         """Re-account `program` after a change (`touched`: a change worth persisting)."""

@@ -255,15 +255,17 @@ class ControlLaw:
             if slack > bound.get(size, -math.inf):
                 bound[size] = slack
         single = next(iter(bound)) if len(bound) == 1 else None
-        acting, w_a, policy_weight = Status.ACTING, p.acting_token_weight, ledger.policy_weight
+        # One budget size (the usual fleet): the policy's weight on it, asked for once.
+        weigh = ledger.weigher(single) if single is not None else None
+        acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
         steps: list[Step] = []
         for program in selected:
             if not order or min_req > room[order[0]]:
                 break
             # raw_weight_tokens, inline (this runs for every selected program)
-            raw = math.floor(program.token_total * w_a) if program.status is acting else program.token_total
-            if single is not None:  # one budget size (the usual fleet): no dict to build for a skip
-                need = (raw if policy_weight is None else policy_weight(program, raw, single)) + buffer
+            raw = floor(program.token_total * w_a) if program.status is acting else program.token_total
+            if single is not None:  # no dict to build for a skip
+                need = (raw if weigh is None else weigh(program, raw)) + buffer
                 if need >= bound[single] + 1.0:
                     continue
                 needs = {single: need}

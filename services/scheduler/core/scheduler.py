@@ -110,7 +110,9 @@ class SchedulerCore:
         # Replicas of the last capacity snapshot whose workers report no cached tokens: their turns'
         # (prompt, ttft) say nothing about the prefill rate (see `complete`).
         self._no_cache_report: frozenset[ReplicaKey] = frozenset()
-        self.ledger = Ledger(self.params, getattr(self.policy, "weight_tokens", None))
+        self.ledger = Ledger(
+            self.params, getattr(self.policy, "weight_tokens", None), getattr(self.policy, "weigher", None)
+        )
         self.control = ControlLaw(self.params, self.policy, self.ledger)
         # The router's prompt estimates in the workers' tokens (used when the params ask for it).
         self.calibration = EstimateCalibration()
