@@ -478,7 +478,7 @@ class ControlLaw:
                 if room is None:
                     # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
                     # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
-                    reclaimable = sum(charge[q.session_id][1] for q in movable_on(key))
+                    reclaimable = sum([charge[q.session_id][1] for q in movable_on(key)])
                     room = rooms[key] = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
                 if best is None or room > best[0]:
                     best = (room, key)
