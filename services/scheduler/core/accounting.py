@@ -110,7 +110,7 @@ class Ledger:
         self,
         params: ControlParams,
         policy_weight: PolicyWeight | None = None,
-        policy_weigher: Callable[[int], Callable[[Program, int], int]] | None = None,
+        policy_weigher: Callable[[int], Callable[[Program, int], int] | None] | None = None,
     ) -> None:
         self.params = params
         self.policy_weight = policy_weight
@@ -320,7 +320,8 @@ class Ledger:
 
     def weigher(self, retention_tokens: int) -> Callable[[Program, int], int] | None:
         """`weight_at` on one budget as a function of (program, raw weight), valid until the policy's
-        next refresh (its `weigher` if it has one); None without a policy weight (the raw weight)."""
+        next refresh (its `weigher` if it has one); None when the weight on that budget is the raw
+        weight (no policy weight, or the policy's weigher says so)."""
         policy_weight = self.policy_weight
         if policy_weight is None:
             return None

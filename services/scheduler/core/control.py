@@ -258,15 +258,27 @@ class ControlLaw:
         # One budget size (the usual fleet): the policy's weight on it, asked for once.
         weigh = ledger.weigher(single) if single is not None else None
         acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
+        # A charge of T + B for every program (one budget size, the raw weight, ACTING tokens at full
+        # weight): the needs do not increase along `selected` (largest first), so when one is above
+        # the bound, those that follow up to the first below it are too, and are skipped in one step.
+        # A skip changes nothing the loop reads, so the programs it passes over would each be skipped.
+        by_need = (
+            [-q.token_total - buffer for q in selected] if single is not None and weigh is None and w_a == 1.0 else None
+        )
+        skip_until = 0
         steps: list[Step] = []
-        for program in selected:
+        for i, program in enumerate(selected):
+            if i < skip_until:
+                continue
             if not order or min_req > room[order[0]]:
                 break
             # raw_weight_tokens, inline (this runs for every selected program)
             raw = floor(program.token_total * w_a) if program.status is acting else program.token_total
             if single is not None:  # no dict to build for a skip
                 need = (raw if weigh is None else weigh(program, raw)) + buffer
-                if need >= bound[single] + 1.0:
+                if need >= (least_skipped := bound[single] + 1.0):
+                    if by_need is not None:  # on to the first whose need is below the bound
+                        skip_until = bisect_right(by_need, -least_skipped, i + 1)
                     continue
                 needs = {single: need}
             else:

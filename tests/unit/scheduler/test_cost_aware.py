@@ -415,18 +415,19 @@ def test_a_refresh_that_moves_no_threshold_reports_no_weight_change():
     ],
 )
 def test_the_weigher_on_a_budget_weighs_as_weight_tokens(params: CostAwarePauseParams):
-    """`weigher(C)` is `weight_tokens(·, ·, C)` for the estimates of when it was asked for, on every
-    size, status and budget (the resume plan weighs each candidate with it)."""
+    """`weigher(C)` is `weight_tokens(·, ·, C)` for the estimates of when it was asked for (None: the
+    raw weight), on every size, status and budget (the resume plan weighs each candidate with it)."""
     rng = random.Random(5)
     policy = make_cost_aware_policy(params)
     for round_ in range(4):
-        for budget in (5_000, 200_000, 1_900_000, rng.randrange(1_000, 3_000_000)):
+        for budget in (5_000, 200_000, 1_900_000, 50_000_000, rng.randrange(1_000, 3_000_000)):
             weigh = policy.weigher(budget)
             for _ in range(300):
                 status = rng.choice([Status.ACTING, Status.REASONING])
                 program = Program("p", "", 0.0, 0, status=status, token_total=rng.randrange(0, 150_000))
                 raw = rng.randrange(0, program.token_total + 1)
-                assert weigh(program, raw) == policy.weight_tokens(program, raw, budget)
+                # None: the raw weight, for every program on that budget
+                assert (raw if weigh is None else weigh(program, raw)) == policy.weight_tokens(program, raw, budget)
         for _ in range(20):  # the estimates move between rounds: a new weigher follows them
             policy.observe_tool(rng.uniform(0.1, 60.0 * (round_ + 1)))
         policy.refresh()

@@ -54,8 +54,9 @@ class WorkingSetHooks(Protocol):
     accounting stays exact between ticks.
 
     A policy may also offer `weigher(capacity_tokens)`: `weight_tokens` with the budget fixed, valid
-    until the next `refresh`, which a plan weighing many programs on one budget asks for once
-    (`Ledger.weigher`; without it the core calls `weight_tokens`)."""
+    until the next `refresh`, or None when it is the raw weight on that budget; a plan weighing many
+    programs on one budget asks for it once (`Ledger.weigher`; without it the core calls
+    `weight_tokens`)."""
 
     def weight_tokens(self, program: Program, raw_tokens: int, capacity_tokens: int) -> int:
         """Pause-side weight of a program whose threshold weight is `raw_tokens` (T if REASONING,
