@@ -5,7 +5,10 @@
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
    a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
-   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear. Under
+   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear; beside the
+   wall time, each tick's thread CPU time (`tick_cpu_ms`: on a shared machine the less noisy figure),
+   its pauses / resumes / marks (`pauses_resumes_marks_per_tick`) and a digest of every tick's events,
+   log lines and resolutions (`decisions_sha256`: two trees decide alike iff they match). Under
    each `--pause-policy` (default both): `cost_aware`, the core the scheduler service runs by default
    (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
    In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
