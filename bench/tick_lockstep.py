@@ -25,8 +25,8 @@ from pathlib import Path
 
 def worker(programs: int, replicas: int, ticks: int, pause_policy: str) -> None:
     """Run in the tree under test: the mix, each tick waiting for the driver's go."""
-    from bench.scheduler_bench import bench_tick, tick_core
-    from services.scheduler.heap import settle_heap
+    # The tree's own benchmark, with the collector's settings it applies (the scheduler's `settle_heap`).
+    from bench.scheduler_bench import bench_tick, settle_heap, tick_core
 
     settle_heap()
     core = tick_core(pause_policy)
