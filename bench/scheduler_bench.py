@@ -5,7 +5,10 @@
 1. tick: the pure core with 10,000 programs on 64 replicas (mixed sizes, mostly ACTING, some turns
    in flight, enough pressure that pauses, marks and resumes happen), timing `core.tick(now)` while
    a share of programs takes a turn between ticks. Then the same at 1,000 / 10,000 / 50,000 programs
-   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear. Under
+   (`--scaling-programs`): p50 / p99 per size, per program, and their growth against linear; beside the
+   wall time, each tick's thread CPU time (`tick_cpu_ms`: on a shared machine the less noisy figure),
+   its pauses / resumes / marks (`pauses_resumes_marks_per_tick`) and a digest of every tick's events,
+   log lines and resolutions (`decisions_sha256`: two trees decide alike iff they match). Under
    each `--pause-policy` (default both): `cost_aware`, the core the scheduler service runs by default
    (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
    In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import itertools
 import json
 import os
@@ -143,6 +147,9 @@ def bench_tick(
         else:
             in_flight[f"p{i}"] = rid
     durations_ms: list[float] = []
+    cpu_ms: list[float] = []  # the tick's thread CPU time: on a shared machine, less noisy than wall time
+    per_tick: list[list[int]] = []  # pauses / resumes / marks of each tick
+    decisions = hashlib.sha256()  # every tick's events, log lines and resolutions, in order
     totals = {"paused": 0, "marked": 0, "resumed": 0, "expired": 0}
     for _ in range(ticks):
         now += 5.0
@@ -157,9 +164,12 @@ def bench_tick(
                 rid = f"r{counter}"
                 core.admit(now, name, "", 0, rid)
                 in_flight[name] = rid
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time_ns()
         ticked = core.tick(now)
+        cpu_ms.append((time.thread_time_ns() - cpu_started) / 1e6)
         durations_ms.append((time.perf_counter() - started) * 1e3)
+        per_tick.append([ticked.paused, ticked.resumed, ticked.marked])
+        decisions.update(repr((ticked.events, ticked.logs, ticked.resolutions)).encode())
         for key in totals:
             totals[key] += getattr(ticked, key)
     stats = core.stats(now)
@@ -176,6 +186,14 @@ def bench_tick(
             "max": max(durations_ms),
             "mean": sum(durations_ms) / len(durations_ms),
         },
+        "tick_cpu_ms": {
+            "p50": percentile(cpu_ms, 50),
+            "p99": percentile(cpu_ms, 99),
+            "max": max(cpu_ms),
+            "mean": sum(cpu_ms) / len(cpu_ms),
+        },
+        "pauses_resumes_marks_per_tick": per_tick,
+        "decisions_sha256": decisions.hexdigest(),
         "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
     }
 
@@ -261,6 +279,9 @@ def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int, pause_policy
                 "programs": programs,
                 "p50_ms": p50,
                 "p99_ms": p99,
+                "cpu_p50_ms": run["tick_cpu_ms"]["p50"],
+                "cpu_p99_ms": run["tick_cpu_ms"]["p99"],
+                "decisions_sha256": run["decisions_sha256"],
                 "p50_us_per_program": p50 * 1e3 / programs,
                 "p99_us_per_program": p99 * 1e3 / programs,
                 "activity": run["activity"],
@@ -1003,6 +1024,7 @@ def _tick_rows(policy: str, t: dict, sc: dict | None) -> list[list]:
     return [
         [f"tick, {policy} ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
+        ["", "CPU p50 / p99 ms", f"{t['tick_cpu_ms']['p50']:.1f} / {t['tick_cpu_ms']['p99']:.1f}"],
         [
             "",
             "paused / marked / resumed",

@@ -106,9 +106,15 @@ class Passthrough:
 class Ledger:
     """Program table, tickets and per-replica working sets, kept consistent by `recharge`."""
 
-    def __init__(self, params: ControlParams, policy_weight: PolicyWeight | None = None) -> None:
+    def __init__(
+        self,
+        params: ControlParams,
+        policy_weight: PolicyWeight | None = None,
+        policy_weigher: Callable[[int], Callable[[Program, int], int] | None] | None = None,
+    ) -> None:
         self.params = params
         self.policy_weight = policy_weight
+        self.policy_weigher = policy_weigher  # the policy's weight with the budget fixed (`weigher`)
         self.programs: dict[str, Program] = {}
         self.paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
         self.children: dict[str, dict[str, None]] = {}
@@ -117,7 +123,9 @@ class Ledger:
         # Incremental raw accounting, per replica of the snapshot.
         self.used: dict[ReplicaKey, int] = {}
         self.inflight: dict[ReplicaKey, int] = {}  # REASONING programs + passthrough requests
-        self.resident: dict[ReplicaKey, dict[str, None]] = {}
+        # The programs charged on each replica, by id, in the order of their last re-account: the table's
+        # own objects (a walk of a replica's residents reads them without a lookup in the table).
+        self.resident: dict[ReplicaKey, dict[str, Program]] = {}
         self.charge: dict[str, tuple[ReplicaKey, int, bool, int]] = {}
         # Resume-side (decayed) accounting in O(1) per replica: the ACTING part is
         # 2^(-(now - anchor)/tau) * sum(T_i * 2^((acting_since_i - anchor)/tau)).
@@ -310,6 +318,17 @@ class Ledger:
             return raw
         return self.policy_weight(program, raw, retention_tokens)
 
+    def weigher(self, retention_tokens: int) -> Callable[[Program, int], int] | None:
+        """`weight_at` on one budget as a function of (program, raw weight), valid until the policy's
+        next refresh (its `weigher` if it has one); None when the weight on that budget is the raw
+        weight (no policy weight, or the policy's weigher says so)."""
+        policy_weight = self.policy_weight
+        if policy_weight is None:
+            return None
+        if self.policy_weigher is not None:
+            return self.policy_weigher(retention_tokens)
+        return lambda program, raw: policy_weight(program, raw, retention_tokens)
+
     def recharge(self, program: Program, *, touched: bool = True) -> None:
         """Re-account `program` after a change (`touched`: a change worth persisting)."""
         sid = program.session_id
@@ -350,7 +369,7 @@ class Ledger:
         self.used[key] += amount
         self.inflight[key] += in_flight
         self.decay_base[key] += base
-        self.resident[key][sid] = None
+        self.resident[key][sid] = program
         if not in_flight and tokens > 0:
             self._add_acting(key, sid, tokens, since)
 
@@ -531,6 +550,7 @@ class Ledger:
                 if q.lifecycle is Lifecycle.ACTIVE and q.replica == key and sid not in self.unsettled
             }
             assert set(self.resident[key]) == placed, (key, set(self.resident[key]) ^ placed)
+            assert all(q is self.programs[sid] for sid, q in self.resident[key].items()), key
             reasoning = sum(1 for sid in placed if self.programs[sid].status is Status.REASONING)
             assert reasoning == self.inflight[key] - self.pt_count[key], (key, reasoning)
             acting = {sid for sid in placed if self.programs[sid].status is Status.ACTING}

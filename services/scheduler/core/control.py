@@ -86,6 +86,9 @@ class SoftDemote:
     announce: tuple[str, ...] = ()
 
 
+_SEQ = attrgetter("seq")
+_SESSION_ID = attrgetter("session_id")
+
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
 """One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
 
@@ -185,22 +188,19 @@ class ControlLaw:
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
-        programs = ledger.programs
         for key in ledger.caps:
             if self.band(key) is not Band.SOFT_DEMOTE:
                 continue
-            demoted: list[str] = []
-            announce: list[str] = []  # not demoted already: an event each
-            for sid in ledger.resident[key]:  # one pass over the residents (thousands at fleet size)
-                q = programs[sid]
-                if not q.marked:
-                    demoted.append(sid)
-                    if q.soft_demoted_until <= now:
-                        announce.append(sid)
+            # The residents (thousands at fleet size) in comprehensions, their ids and creation order read
+            # by C-level getters: no Python call per program.
+            demoted = [q for q in ledger.resident[key].values() if not q.marked]
             if demoted:
+                announce = [q for q in demoted if q.soft_demoted_until <= now]  # not demoted already: an event each
                 # Events in creation order: the residents' order is the order of their last re-account.
-                announce.sort(key=lambda sid: programs[sid].seq)
-                steps.append(SoftDemote(key, until, tuple(demoted), tuple(announce)))
+                announce.sort(key=_SEQ)
+                steps.append(
+                    SoftDemote(key, until, tuple(map(_SESSION_ID, demoted)), tuple(map(_SESSION_ID, announce)))
+                )
         return Plan(tuple(steps))
 
     def plan_resume(self, now: float) -> Plan:
@@ -229,29 +229,11 @@ class ControlLaw:
                 )
         if not room:
             return Plan()
-        candidates, reasoning = self._resume_order(now), Status.REASONING
         # Selection: a global knapsack over the summed headroom, in priority order.
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
-        selected: list[Program] = []
-        cumulative = slots_needed = 0
-        if total_slots is None:  # no request-slot limit: the size alone decides
-            for program in candidates:
-                req = program.token_total + buffer
-                if cumulative + req <= budget:
-                    selected.append(program)
-                    cumulative += req
-        else:
-            for program in candidates:
-                req = program.token_total + buffer
-                takes_slot = program.status is reasoning
-                if takes_slot and slots_needed >= total_slots:
-                    continue
-                if cumulative + req <= budget:
-                    selected.append(program)
-                    cumulative += req
-                    slots_needed += takes_slot
+        selected = self._select(now, budget, total_slots)
         if not selected:
             return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
@@ -273,16 +255,30 @@ class ControlLaw:
             if slack > bound.get(size, -math.inf):
                 bound[size] = slack
         single = next(iter(bound)) if len(bound) == 1 else None
-        acting, w_a, policy_weight = Status.ACTING, p.acting_token_weight, ledger.policy_weight
+        # One budget size (the usual fleet): the policy's weight on it, asked for once.
+        weigh = ledger.weigher(single) if single is not None else None
+        acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
+        # A charge of T + B for every program (one budget size, the raw weight, ACTING tokens at full
+        # weight): the needs do not increase along `selected` (largest first), so when one is above
+        # the bound, those that follow up to the first below it are too, and are skipped in one step.
+        # A skip changes nothing the loop reads, so the programs it passes over would each be skipped.
+        by_need = (
+            [-q.token_total - buffer for q in selected] if single is not None and weigh is None and w_a == 1.0 else None
+        )
+        skip_until = 0
         steps: list[Step] = []
-        for program in selected:
+        for i, program in enumerate(selected):
+            if i < skip_until:
+                continue
             if not order or min_req > room[order[0]]:
                 break
             # raw_weight_tokens, inline (this runs for every selected program)
-            raw = math.floor(program.token_total * w_a) if program.status is acting else program.token_total
-            if single is not None:  # one budget size (the usual fleet): no dict to build for a skip
-                need = (raw if policy_weight is None else policy_weight(program, raw, single)) + buffer
-                if need >= bound[single] + 1.0:
+            raw = floor(program.token_total * w_a) if program.status is acting else program.token_total
+            if single is not None:  # no dict to build for a skip
+                need = (raw if weigh is None else weigh(program, raw)) + buffer
+                if need >= (least_skipped := bound[single] + 1.0):
+                    if by_need is not None:  # on to the first whose need is below the bound
+                        skip_until = bisect_right(by_need, -least_skipped, i + 1)
                     continue
                 needs = {single: need}
             else:
@@ -318,35 +314,93 @@ class ControlLaw:
                     )
         return Plan(tuple(steps))
 
-    def _resume_order(self, now: float) -> list[Program]:
-        """The paused queue in resume order: smallest effective size first, T / (1 + waited / H)
-        (H = 0: T, the reference), within `resume_group`, oldest pause first on ties. Packing (the
-        most programs decoding together) against waiting (the longer a program waits, the likelier it
-        sets the end of the batch).
+    def _select(self, now: float, budget: int, total_slots: int | None) -> list[Program]:
+        """The knapsack: in resume order, each program whose req = T + B fits in what `budget` has left
+        is selected, and with request slots (`total_slots` not None) a REASONING one only while a slot
+        is left.
+
+        It reads only as much of the order as can still select something. Within a group the keys
+        ascend, and a program's req is at least its key + B (the key is T, or T over a wait discount
+        of 1 or more), so once what is left is below a program's key + B, nothing further in its group
+        fits. Once the slots are taken, no REASONING program (groups -1 to 1, all before the ACTING
+        group 2) can be selected, and when none is free at all they are not even keyed: at fleet size
+        most of the paused queue is new programs waiting for a slot."""
+        keyed = self._resume_keys(now, reasoning=total_slots != 0)
+        keyed.sort()
+        buffer = self.params.buffer_per_program_tokens
+        selected: list[Program] = []
+        select = selected.append
+        cumulative = slots_needed = 0
+        start, end = 0, len(keyed)
+        while start < end:
+            group = keyed[start][0]
+            stop = bisect_left(keyed, (group + 1,), start)  # this group's end (no Program compared)
+            if group < 2 and total_slots is not None:  # REASONING: each takes a slot
+                if slots_needed >= total_slots:  # none left: every REASONING program from here is passed over
+                    start = bisect_left(keyed, (2,), start)
+                    continue
+                for _, key, _, _, program in keyed[start:stop]:
+                    if budget - cumulative < key + buffer:
+                        break
+                    req = program.token_total + buffer
+                    if cumulative + req <= budget:
+                        select(program)
+                        cumulative += req
+                        slots_needed += 1
+                        if slots_needed >= total_slots:
+                            break
+            else:
+                for _, key, _, _, program in keyed[start:stop]:
+                    if budget - cumulative < key + buffer:
+                        break
+                    req = program.token_total + buffer
+                    if cumulative + req <= budget:
+                        select(program)
+                        cumulative += req
+            start = stop
+        return selected
+
+    def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:
+        """The paused queue's resume keys, unsorted (`reasoning`: the REASONING programs' too, else only
+        the ACTING ones'): smallest effective size first, T / (1 + waited / H) (H = 0: T, the
+        reference), within `resume_group`, oldest pause first on ties. Packing (the most programs
+        decoding together) against waiting (the longer a program waits, the likelier it sets the end
+        of the batch).
 
         Sorted afresh each tick: the key moves with `now` when H > 0 and with the tail quantile, and
         this mix changes a third of the queue per tick, so a kept order would cost as much to
-        maintain. The keys are built as tuples in one pass and sorted by the tuples' own comparison
+        maintain. The keys are tuples built in one pass and sorted by the tuples' own comparison
         (no key function called per program); the queue position breaks ties exactly as the stable
         sort by key did."""
         ledger = self.ledger
-        programs, reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
+        programs, status_reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
         discount = self.params.resume_wait_discount_seconds
         keyed: list[tuple[int, float, int, int, Program]] = []
         append = keyed.append
         for position, (sid, pause_seq) in enumerate(ledger.paused.items()):
             q = programs[sid]
-            if q.status is reasoning:  # resume_group, inline (it runs for every paused program)
+            if q.status is status_reasoning:  # resume_group, inline (it runs for every paused program)
+                if not reasoning:
+                    continue
                 group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
             else:
                 group = 2
-            size = float(q.token_total)
             if discount > 0:
-                since = q.paused_since if q.paused_since is not None else now
-                size /= 1.0 + max(0.0, now - since) / discount
-            append((group, size, pause_seq, position, q))
-        keyed.sort()
-        return [entry[4] for entry in keyed]
+                since = q.paused_since
+                # size / (1 + max(0, waited) / H), the same float operations without a call
+                waited = 0.0 if since is None else now - since
+                append(
+                    (
+                        group,
+                        q.token_total / (1.0 + (waited if waited > 0.0 else 0.0) / discount),
+                        pause_seq,
+                        position,
+                        q,
+                    )
+                )
+            else:
+                append((group, float(q.token_total), pause_seq, position, q))
+        return keyed
 
     def resume_target(
         self,
@@ -413,26 +467,31 @@ class ControlLaw:
         aged.sort(key=lambda item: (item[0], item[1].seq))
         used_targets: set[ReplicaKey] = set()
         steps: list[Step] = []
-        programs, charge, acting, tail = ledger.programs, ledger.charge, Status.ACTING, ledger.tail_turns
+        charge, acting, tail = ledger.charge, Status.ACTING, ledger.tail_turns
 
         def movable_on(key: ReplicaKey) -> list[Program]:
             """Its unmarked ACTING programs outside the tail (ledger.is_tail, inline)."""
             return [
                 q
-                for sid in ledger.resident[key]
-                if (q := programs[sid]).status is acting and not q.marked and (tail is None or q.turns <= tail)
+                for q in ledger.resident[key].values()
+                if q.status is acting and not q.marked and (tail is None or q.turns <= tail)
             ]
 
-        # Each replica is a target once, so only a target's working set moves within this step.
+        # Each replica is a target once, so only a target's working set moves within this step: a
+        # replica's room is the same for every aged program, and its residents are walked once, when
+        # the first aged program asks (not once per aged program).
+        rooms: dict[ReplicaKey, float] = {}
         for started, program in aged:
             best: tuple[float, ReplicaKey] | None = None
             for key, cap in ledger.caps.items():
                 if key in used_targets:
                     continue
-                # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
-                # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
-                reclaimable = sum(charge[q.session_id][1] for q in movable_on(key))
-                room = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
+                room = rooms.get(key)
+                if room is None:
+                    # A resident's charge is its weight plus the buffer (kept so by recharge and reweigh):
+                    # summing the charges weighs nobody, and only the chosen replica's programs are sorted.
+                    reclaimable = sum([charge[q.session_id][1] for q in movable_on(key)])
+                    room = rooms[key] = cap.retention_tokens * threshold - (ledger.used[key] - reclaimable)
                 if best is None or room > best[0]:
                     best = (room, key)
             if best is None:
@@ -498,7 +557,6 @@ class ControlLaw:
         buffer = p.buffer_per_program_tokens
         target_frac = min(p.pause_target, p.pause_threshold)
         weight_at = ledger.weight
-        table = ledger.programs
         by_seq = attrgetter("seq")
         acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
 
@@ -526,13 +584,13 @@ class ControlLaw:
                 if ledger.used[key] <= token_target and (count_target is None or ledger.inflight[key] <= count_target):
                     # Pressure is gone: marks are not sticky.
                     # In creation order (the residents' order is the order of their last re-account).
-                    marked = [q for q in map(table.__getitem__, ledger.resident[key]) if q.marked]
+                    marked = [q for q in ledger.resident[key].values() if q.marked]
                     steps.extend(Unmark(q.session_id) for q in sorted(marked, key=by_seq))
                 continue
             tail = ledger.tail_turns  # ledger.is_tail, inline: this runs for every resident of the replica
             programs = [
                 q
-                for q in map(table.__getitem__, ledger.resident[key])
+                for q in ledger.resident[key].values()
                 if q.pause_protected_until <= now and (tail is None or q.turns <= tail)
             ]
             programs.sort(key=by_seq)

@@ -16,8 +16,10 @@ publish them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import operator
 from typing import Iterable
 
 from services.scheduler.core.accounting import (
@@ -73,6 +75,10 @@ from services.scheduler.core.policies import PausePolicy, make_pause_policy
 
 __all__ = ["SchedulerCore"]
 
+_new_event = functools.partial(tuple.__new__, ProgramEvent)
+"""`ProgramEvent` from its six fields as one tuple, with no Python-level call (for `map`)."""
+_TOKEN_TOTAL = operator.attrgetter("token_total")
+
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 # What an admission sets on its program besides the count (and what taking it back restores).
 _TURN_FIELDS = ("status", "acting_since", "token_total", "tokens_estimated", "last_activity", "admission_epoch")
@@ -104,7 +110,9 @@ class SchedulerCore:
         # Replicas of the last capacity snapshot whose workers report no cached tokens: their turns'
         # (prompt, ttft) say nothing about the prefill rate (see `complete`).
         self._no_cache_report: frozenset[ReplicaKey] = frozenset()
-        self.ledger = Ledger(self.params, getattr(self.policy, "weight_tokens", None))
+        self.ledger = Ledger(
+            self.params, getattr(self.policy, "weight_tokens", None), getattr(self.policy, "weigher", None)
+        )
         self.control = ControlLaw(self.params, self.policy, self.ledger)
         # The router's prompt estimates in the workers' tokens (used when the params ask for it).
         self.calibration = EstimateCalibration()
@@ -753,9 +761,22 @@ class SchedulerCore:
                 self._resume_onto(now, program, step.replica, acc, forced=False)
             elif isinstance(step, SoftDemote):
                 # One step per replica in the band, with every resident in it: locals, not lookups.
-                until, replica, kind, emit = step.until, step.replica, EventKind.SOFT_DEMOTED, acc.events.append
-                for sid in step.announce:
-                    emit(ProgramEvent(kind, sid, replica, programs[sid].token_total, now))
+                # The events are built by C-level calls over the ids (thousands in a tick at fleet size),
+                # each the `ProgramEvent(SOFT_DEMOTED, sid, replica, tokens, now)` of one program.
+                until, replica = step.until, step.replica
+                acc.events.extend(
+                    map(
+                        _new_event,
+                        zip(
+                            itertools.repeat(EventKind.SOFT_DEMOTED),
+                            step.announce,
+                            itertools.repeat(replica),
+                            map(_TOKEN_TOTAL, map(programs.__getitem__, step.announce)),
+                            itertools.repeat(now),
+                            itertools.repeat(""),
+                        ),
+                    )
+                )
                 for program in map(programs.__getitem__, step.session_ids):
                     if program.soft_demoted_until < until:
                         program.soft_demoted_until = until

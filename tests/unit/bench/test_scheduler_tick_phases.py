@@ -33,3 +33,21 @@ def test_the_cost_aware_tick_core_is_the_services():
     assert reference.policy.name == "threshold" and reference.params.acting_decay_tau_seconds == 30.0
     with pytest.raises(ValueError):
         tick_core("nope")
+
+
+def test_the_tick_report_has_cpu_time_per_tick_and_a_digest_of_its_decisions():
+    """Beside the wall time: each tick's thread CPU time, its pauses / resumes / marks, and a digest
+    of every tick's events, logs and resolutions, equal for two runs of the same mix (and different
+    for another mix)."""
+    run = bench_tick(300, 8, 4, pause_policy="cost_aware")
+    assert run["tick_cpu_ms"]["p50"] > 0 and run["tick_cpu_ms"]["max"] >= run["tick_cpu_ms"]["p99"]
+    per_tick = run["pauses_resumes_marks_per_tick"]
+    assert len(per_tick) == 4
+    assert [sum(t[i] for t in per_tick) for i in range(3)] == [
+        run["activity"]["paused"],
+        run["activity"]["resumed"],
+        run["activity"]["marked"],
+    ]
+    assert len(run["decisions_sha256"]) == 64
+    assert bench_tick(300, 8, 4, pause_policy="cost_aware")["decisions_sha256"] == run["decisions_sha256"]
+    assert bench_tick(300, 8, 4, seed=8, pause_policy="cost_aware")["decisions_sha256"] != run["decisions_sha256"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +20,7 @@ from services.scheduler.core.policies import (
     WorkingSetHooks,
     make_pause_policy,
 )
+from services.scheduler.core.policies.cost_aware import make_cost_aware_policy
 from tests.unit.scheduler.helpers import snapshot
 from tests.unit.scheduler.test_properties import check_all, op, params_strategy, run
 
@@ -401,3 +403,31 @@ def test_a_refresh_that_moves_no_threshold_reports_no_weight_change():
     smooth.weight_tokens(q, 100_000, 131_072)  # type: ignore[attr-defined]
     smooth.observe_tool(2.0)  # type: ignore[attr-defined]
     assert smooth.refresh() is True  # type: ignore[attr-defined]  # smooth weights move with any estimate
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        CostAwarePauseParams(),  # the binary rule
+        CostAwarePauseParams(scale_reasoning=False),
+        CostAwarePauseParams(min_hold_fraction=0.5),  # smooth weights
+        CostAwarePauseParams(min_hold_fraction=0.5, scale_reasoning=False, tool_seconds=30.0),
+    ],
+)
+def test_the_weigher_on_a_budget_weighs_as_weight_tokens(params: CostAwarePauseParams):
+    """`weigher(C)` is `weight_tokens(·, ·, C)` for the estimates of when it was asked for (None: the
+    raw weight), on every size, status and budget (the resume plan weighs each candidate with it)."""
+    rng = random.Random(5)
+    policy = make_cost_aware_policy(params)
+    for round_ in range(4):
+        for budget in (5_000, 200_000, 1_900_000, 50_000_000, rng.randrange(1_000, 3_000_000)):
+            weigh = policy.weigher(budget)
+            for _ in range(300):
+                status = rng.choice([Status.ACTING, Status.REASONING])
+                program = Program("p", "", 0.0, 0, status=status, token_total=rng.randrange(0, 150_000))
+                raw = rng.randrange(0, program.token_total + 1)
+                # None: the raw weight, for every program on that budget
+                assert (raw if weigh is None else weigh(program, raw)) == policy.weight_tokens(program, raw, budget)
+        for _ in range(20):  # the estimates move between rounds: a new weigher follows them
+            policy.observe_tool(rng.uniform(0.1, 60.0 * (round_ + 1)))
+        policy.refresh()

@@ -119,6 +119,10 @@ def fleet(budgets: list[int], slots: int) -> CapacitySnapshot:
         ("threshold", True, 0, 2),
         ("cost_aware", True, 12, 3),
         ("cost_aware", False, 0, 4),
+        # One budget size at the raw weight: the placement skips a run of programs too large for any
+        # replica in one step (no slot limit, and a slot limit).
+        ("threshold", False, 0, 5),
+        ("cost_aware", False, 16, 6),
     ],
 )
 def test_incremental_sums_and_resume_plans_equal_recomputation(policy: str, mixed: bool, slots: int, seed: int):

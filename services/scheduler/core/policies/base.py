@@ -51,7 +51,12 @@ class WorkingSetHooks(Protocol):
     The weight may depend only on the program's status and token_total, the replica's budget and
     estimates that change in `refresh`, which the core calls at the start of every tick (and then,
     if it returns True, re-weighs the placed programs: `Ledger.reweigh`), so the incremental
-    accounting stays exact between ticks."""
+    accounting stays exact between ticks.
+
+    A policy may also offer `weigher(capacity_tokens)`: `weight_tokens` with the budget fixed, valid
+    until the next `refresh`, or None when it is the raw weight on that budget; a plan weighing many
+    programs on one budget asks for it once (`Ledger.weigher`; without it the core calls
+    `weight_tokens`)."""
 
     def weight_tokens(self, program: Program, raw_tokens: int, capacity_tokens: int) -> int:
         """Pause-side weight of a program whose threshold weight is `raw_tokens` (T if REASONING,

@@ -72,6 +72,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 from services.common.settings.errors import ConfigError
 from services.scheduler.core.calibration import DecayedRatio
@@ -246,6 +247,27 @@ class CostAwarePausePolicy:
         if phi is None:
             phi = self._memo[key] = self.hold_fraction(program.token_total, capacity_tokens)
         return math.floor(raw_tokens * phi) if phi >= self.params.min_hold_fraction else 0
+
+    def weigher(self, capacity_tokens: int) -> Callable[[Program, int], int] | None:
+        """`weight_tokens` on one budget, for the estimates as they are now (they move only in
+        `refresh`): a plan that weighs hundreds of programs on one budget asks for it once. Under the
+        binary rule it is the one comparison with the budget's threshold size, with none of the
+        per-call checks, and None when that threshold is 1: every context counts, at its raw weight
+        (a size 0 weighs 0 either way)."""
+        self._sync_memo(bounded=True)
+        if not self._binary:
+            return lambda program, raw_tokens: self.weight_tokens(program, raw_tokens, capacity_tokens)
+        held_from = self._held_from.get(capacity_tokens)
+        if held_from is None:
+            held_from = self._hold_threshold(capacity_tokens)
+        if held_from <= 1:
+            return None
+        if self.params.scale_reasoning:
+            return lambda program, raw_tokens: raw_tokens if program.token_total >= held_from else 0
+        acting = Status.ACTING
+        return lambda program, raw_tokens: (
+            raw_tokens if program.status is not acting or program.token_total >= held_from else 0
+        )
 
     def _sync_memo(self, bounded: bool = False) -> None:
         """Forget what was remembered for other estimates (`bounded`: or once the memo is full)."""
