@@ -23,7 +23,7 @@ are pruned (deepest first within one insertion, so prefixes outlive their extens
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Generic, Iterable, Sequence, TypeVar
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -256,16 +256,27 @@ class KvEventIndex(_BlockIndex[_Held]):
         self._by_external.pop(replica, None)
 
 
+class _Record:
+    """One recording: its chain and its number, which the next recording of a chain extending
+    this one takes over (the record is renumbered instead of renaming every block it owns)."""
+
+    __slots__ = ("number", "chain")
+
+    def __init__(self, number: int, chain: Sequence[int]) -> None:
+        self.number = number
+        self.chain = chain  # every block this record owns is in its chain
+
+
 class _History:
     """One replica's routing history: block id -> the record that last named it."""
 
     __slots__ = ("record_of", "records")
 
     def __init__(self) -> None:
-        self.record_of: dict[int, int] = {}
-        # (record number, expiry, block ids) oldest first; a record's blocks that a later record
-        # named again belong to that later one.
-        self.records: deque[tuple[int, float, Sequence[int]]] = deque()
+        self.record_of: dict[int, _Record] = {}
+        # (record number, expiry, record) oldest first. An entry whose record has been renumbered
+        # since is stale: the later entry owns its blocks.
+        self.records: deque[tuple[int, float, _Record]] = deque()
 
 
 class RoutingHistoryIndex:
@@ -275,9 +286,13 @@ class RoutingHistoryIndex:
     Every recording names a whole chain (the prompt's ids from its first block), and a chained
     id names its whole prefix, so what a replica holds is closed under prefixes: expiry and
     pruning drop a record's blocks deepest first, and an ancestor is always named by every
-    record that names a descendant. A replica's leading match is therefore found by bisection
-    (O(log n) lookups), and recording is a bulk dict update: both stay cheap for prompts of
-    tens of thousands of tokens. Same public surface as `KvEventIndex`."""
+    record that names a descendant. Along a chain the owning records therefore grow older with
+    depth, and a record owns a contiguous run of its chain ending at the chain's deepest held
+    block. So a replica's leading match is a bisection (O(log n) lookups), forgetting a record
+    is two bisections plus its own blocks, and recording a chain that extends an earlier
+    recording (an agent's next turn) renumbers that record and names only the new blocks and
+    the shallow ones newer records had taken (a shared system prompt): O(new blocks), not
+    O(prompt), for prompts of tens of thousands of tokens. Same public surface as `KvEventIndex`."""
 
     def __init__(self, *, ttl_s: float, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
         if max_blocks_per_worker < 1 or not 0 < prune_target_ratio <= 1:
@@ -328,10 +343,30 @@ class RoutingHistoryIndex:
         if history is None:
             history = self._replicas[replica] = _History()
         self._records += 1
-        # One pass over the pairs (a dict built first and merged is twice the hashing).
-        history.record_of.update(zip(block_hashes, repeat(self._records)))
-        history.records.append((self._records, now + self.ttl_s, block_hashes))
-        if len(history.record_of) > self._max_blocks:
+        number = self._records
+        held = history.record_of
+        size = len(block_hashes)
+        depth = held_prefix(block_hashes, held)
+        record = held[block_hashes[depth - 1]] if depth else None
+        if record is not None:
+            chain = record.chain
+            if len(chain) > size or block_hashes[len(chain) - 1] != chain[-1]:
+                record = None  # its blocks are not all in this chain: it keeps them
+        if record is None:
+            record = _Record(number, block_hashes)
+            # One pass over the pairs (a dict built first and merged is twice the hashing).
+            held.update(zip(block_hashes, repeat(record)))
+        else:
+            # `record` owns block_hashes[shallow:depth]; newer records own the blocks before.
+            shallow = _first_owned(block_hashes, held, record, depth)
+            record.number = number
+            record.chain = block_hashes
+            if shallow:
+                held.update(zip(islice(block_hashes, shallow), repeat(record)))
+            if depth < size:
+                held.update(zip(islice(block_hashes, depth, None), repeat(record)))
+        history.records.append((number, now + self.ttl_s, record))
+        if len(held) > self._max_blocks:
             self._prune(replica, history)
 
     def expire(self, now: float) -> int:
@@ -344,8 +379,8 @@ class RoutingHistoryIndex:
             history = self._replicas[replica]
             records = history.records
             while records and records[0][1] <= now:
-                number, _, block_hashes = records.popleft()
-                dropped += self._forget(history, number, block_hashes, len(block_hashes))
+                number, _, record = records.popleft()
+                dropped += self._forget(history, number, record, None)
             if not records:
                 del self._replicas[replica]
         self.expired_blocks_total += dropped
@@ -357,30 +392,45 @@ class RoutingHistoryIndex:
         return len(history.record_of) if history else 0
 
     @staticmethod
-    def _forget(history: _History, number: int, block_hashes: Sequence[int], limit: int) -> int:
-        """Drop up to `limit` of a record's blocks that no later record named, deepest first."""
+    def _forget(history: _History, number: int, record: _Record, limit: int | None) -> int:
+        """Drop up to `limit` (None: all) of the blocks the oldest live record owns, deepest
+        first. Nothing if the entry is stale (the record was renumbered since)."""
+        if record.number != number:
+            return 0
         held = history.record_of
-        deepest = held.get(block_hashes[-1])
-        if deepest is not None and deepest != number:
-            return 0  # a later record named the whole chain again: nothing left to drop
-        dropped = 0
-        for block_id in reversed(block_hashes):
-            if dropped >= limit:
-                break
-            if held.get(block_id) == number:
-                del held[block_id]
-                dropped += 1
-        return dropped
+        chain = record.chain
+        depth = held_prefix(chain, held)
+        if not depth or held[chain[depth - 1]] is not record:
+            return 0  # later records named all it had
+        shallow = _first_owned(chain, held, record, depth)
+        if limit is not None:
+            shallow = max(shallow, depth - limit)
+        for block_id in islice(chain, shallow, depth):
+            del held[block_id]
+        return depth - shallow
 
     def _prune(self, replica: Replica, history: _History) -> None:
         """Past the bound: drop least recently recorded blocks (oldest record first, deepest
         first within it) down to the prune target."""
         records = history.records
         while records and len(history.record_of) > self._prune_to:
-            number, _, block_hashes = records[0]
+            number, _, record = records[0]
             excess = len(history.record_of) - self._prune_to
-            self.pruned_blocks_total += self._forget(history, number, block_hashes, excess)
+            self.pruned_blocks_total += self._forget(history, number, record, excess)
             if len(history.record_of) > self._prune_to:
                 records.popleft()  # every block it still owned is gone
         if not history.record_of:
             del self._replicas[replica]
+
+
+def _first_owned(chain: Sequence[int], held: dict[int, _Record], record: _Record, depth: int) -> int:
+    """Where `record`'s run starts in `chain`, given that it owns `chain[depth - 1]`: the blocks
+    before it are owned by newer records (owners grow older with depth), so a bisection."""
+    low, high = 0, depth - 1  # chain[high] is owned by `record`; chain[:low] is not
+    while low < high:
+        mid = (low + high) // 2
+        if held[chain[mid]] is record:
+            high = mid
+        else:
+            low = mid + 1
+    return low
