@@ -23,6 +23,7 @@ import re
 from collections import OrderedDict
 from itertools import repeat
 from math import floor
+from typing import Sequence
 
 PAD_TOKEN_ID = 0
 BOS_TOKEN_ID = 1
@@ -69,13 +70,21 @@ def encode(text: str) -> list[int]:
 _TEXT_OF: tuple[str, ...] = ("",) * WORD_ID_BASE + WORDS
 
 
+def table_text(ids: Sequence[int]) -> str:
+    """`decode(ids)` for ids known to be below the hashed range (words, EOS, specials): no checks.
+    (A list built by a comprehension then joined: `join(map(...))` builds that list anyway,
+    through slower calls.)"""
+    text_of = _TEXT_OF
+    return "".join([text_of[token_id] for token_id in ids])
+
+
 def decode(ids) -> str:
     """Text of `ids`: exact for generated words and EOS; other ids render as stand-in words."""
     ids = ids if isinstance(ids, (list, tuple)) else list(ids)
     if not ids:
         return ""
     if min(ids) >= 0 and max(ids) < len(_TEXT_OF):  # what an engine generates: one table lookup each
-        return "".join(map(_TEXT_OF.__getitem__, ids))
+        return table_text(ids)
     out = []
     for token_id in ids:
         i = token_id - WORD_ID_BASE
