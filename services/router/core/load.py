@@ -20,7 +20,8 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from itertools import islice
+from typing import Iterable, Protocol, Sequence
 
 from services.router.core.hashing import held_prefix
 from services.router.core.types import Replica
@@ -42,7 +43,8 @@ class PeerView(Protocol):
 class _Request:
     __slots__ = (
         "replica",
-        "block_set",
+        "blocks",
+        "chain",
         "isl_tokens",
         "prefill_tokens",
         "expected_output_tokens",
@@ -59,15 +61,23 @@ class _Request:
         prefill_tokens: int,
         expected_output_tokens: int | None,
         added_at: float,
+        chain: bool,
     ) -> None:
         self.replica = replica
-        self.block_set = frozenset(block_hashes)  # distinct prompt blocks
+        self.chain = chain
+        # A chain as given (its ids are distinct); other block lists as their distinct blocks.
+        self.blocks: Sequence[int] | frozenset[int] = block_hashes if chain else frozenset(block_hashes)
         self.isl_tokens = isl_tokens
         self.prefill_tokens = prefill_tokens  # 0 once the first token arrived
         self.expected_output_tokens = expected_output_tokens
         self.output_tokens = 0
         self.output_blocks = 0
         self.added_at = added_at
+
+    @property
+    def block_set(self) -> frozenset[int]:
+        blocks = self.blocks
+        return blocks if isinstance(blocks, frozenset) else frozenset(blocks)
 
     def decay_fraction(self) -> float:
         """Weight of this request's exclusive blocks; 1 unless it announced its output length."""
@@ -81,13 +91,17 @@ class _ReplicaState:
 
     A block held by k >= 1 active requests is in `blocks`; when k >= 2, `extra[block] = k - 1`.
     Agent prompts share little between concurrent requests (the system prompt), so adding and
-    freeing a request are bulk set operations plus a loop over its shared blocks only."""
+    freeing a request are bulk set operations plus a loop over its shared blocks only. While
+    every active request is a chain (`general == 0`), both `blocks` and `extra` are closed under
+    prefixes, so the blocks a chain shares are a prefix of it, found by bisection: adding or
+    freeing one is then a single bulk operation over its other blocks."""
 
-    __slots__ = ("blocks", "extra", "prefill_tokens", "request_ids", "output_blocks", "decayed")
+    __slots__ = ("blocks", "extra", "general", "prefill_tokens", "request_ids", "output_blocks", "decayed")
 
     def __init__(self) -> None:
         self.blocks: set[int] = set()
         self.extra: dict[int, int] = {}
+        self.general = 0  # active requests whose blocks were not given as a chain
         self.prefill_tokens = 0
         self.request_ids: set[str] = set()
         self.output_blocks = 0
@@ -183,7 +197,7 @@ class ActiveLoad:
         for request_id in state.decayed:  # only requests with an expected length and output
             request = self._requests[request_id]
             # Its exclusive blocks: the ones no other active request holds.
-            exclusive = len(request.block_set) - len(request.block_set.intersection(state.extra))
+            exclusive = len(request.blocks) - _shared_blocks(request, state)
             blocks -= (1.0 - request.decay_fraction()) * (exclusive + request.output_blocks)
         return round(blocks)
 
@@ -198,24 +212,38 @@ class ActiveLoad:
         cached_tokens: int,
         now: float,
         expected_output_tokens: int | None = None,
+        *,
+        chain: bool = False,
     ) -> bool:
-        """Count a routed request on `replica`. False (and nothing changes) for a known id."""
+        """Count a routed request on `replica`. False (and nothing changes) for a known id.
+
+        `chain`: `block_hashes` is a prompt's chain of block ids (hashing.py: each names its
+        whole prefix, so they are distinct and any union of chains is closed under prefixes);
+        the accounting is the same, only cheaper. Otherwise any list of block ids."""
         if request_id in self._requests:
             return False
         new_tokens = max(isl_tokens - cached_tokens, 0)
-        request = _Request(replica, block_hashes, isl_tokens, new_tokens, expected_output_tokens, now)
+        request = _Request(replica, block_hashes, isl_tokens, new_tokens, expected_output_tokens, now, chain)
         self._requests[request_id] = request
         state = self._replicas.get(replica)
         if state is None:
             state = self._replicas[replica] = _ReplicaState()
         state.request_ids.add(request_id)
         state.prefill_tokens += new_tokens
-        shared = state.blocks.intersection(request.block_set)
-        if shared:
-            extra = state.extra
-            for block_id in shared:
+        extra = state.extra
+        if chain and not state.general:
+            # Every active request is a chain: the blocks this one shares are a prefix of it.
+            shared = held_prefix(block_hashes, state.blocks)
+            for block_id in islice(block_hashes, shared):
                 extra[block_id] = extra.get(block_id, 0) + 1
-        state.blocks |= request.block_set
+            state.blocks.update(islice(block_hashes, shared, None))
+            return True
+        if not chain:
+            state.general += 1
+        block_set = request.block_set
+        for block_id in state.blocks.intersection(block_set):
+            extra[block_id] = extra.get(block_id, 0) + 1
+        state.blocks |= block_set
         return True
 
     def mark_prefill_completed(self, request_id: str) -> bool:
@@ -259,18 +287,23 @@ class ActiveLoad:
         state.request_ids.discard(request_id)
         state.decayed.discard(request_id)
         extra = state.extra
-        shared = request.block_set.intersection(extra) if extra else ()
-        for block_id in shared:
-            holders = extra[block_id] - 1
-            if holders:
-                extra[block_id] = holders
-            else:
-                del extra[block_id]
-        # Its blocks leave, then the ones other requests still hold (few: the system prompt)
-        # come back: no difference set of the whole prompt is built.
-        state.blocks -= request.block_set
-        if shared:
-            state.blocks.update(shared)
+        if request.chain and not state.general:
+            # Every active request is a chain: the blocks others hold too are a prefix of it.
+            blocks = request.blocks
+            shared_count = held_prefix(blocks, extra) if extra else 0
+            _release_extra(extra, islice(blocks, shared_count))
+            state.blocks.difference_update(islice(blocks, shared_count, None))
+        else:
+            if not request.chain:
+                state.general -= 1
+            block_set = request.block_set
+            shared = block_set.intersection(extra) if extra else ()
+            _release_extra(extra, shared)
+            # Its blocks leave, then the ones other requests still hold (few: the system prompt)
+            # come back: no difference set of the whole prompt is built.
+            state.blocks -= block_set
+            if shared:
+                state.blocks.update(shared)
         if not state.request_ids:
             del self._replicas[request.replica]
         return True
@@ -290,3 +323,20 @@ class ActiveLoad:
         for request_id in stale:
             self.free(request_id)
         return stale
+
+
+def _release_extra(extra: dict[int, int], shared: Iterable[int]) -> None:
+    """One holder fewer for each of these shared blocks."""
+    for block_id in shared:
+        holders = extra[block_id] - 1
+        if holders:
+            extra[block_id] = holders
+        else:
+            del extra[block_id]
+
+
+def _shared_blocks(request: _Request, state: _ReplicaState) -> int:
+    """How many of an active request's blocks another active request holds too."""
+    if request.chain and not state.general:
+        return held_prefix(request.blocks, state.extra)  # a prefix of it (see _ReplicaState)
+    return len(request.block_set.intersection(state.extra))
