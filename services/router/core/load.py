@@ -19,11 +19,11 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from services.router.core.hashing import held_prefix
+from services.router.core.hashing import chains_prefix, held_prefix
 from services.router.core.types import Replica
 
 
@@ -134,18 +134,18 @@ class _ReplicaState:
         """How many leading blocks of `chain` some active request holds."""
         if self.general:
             return held_prefix(chain, self.blocks)
-        return _neighbours_prefix(self.chains, tuple(chain), exclude_self=False)
+        return chains_prefix(self.chains, tuple(chain), exclude_self=False)
 
     def add_chain(self, chain: tuple[int, ...]) -> None:
         chains = self.chains
-        self.chain_blocks += len(chain) - _neighbours_prefix(chains, chain, exclude_self=False)
+        self.chain_blocks += len(chain) - chains_prefix(chains, chain, exclude_self=False)
         chains.insert(bisect_left(chains, chain), chain)
         if self.general:
             self.add_set(frozenset(chain))
 
     def free_chain(self, chain: tuple[int, ...]) -> None:
         chains = self.chains
-        self.chain_blocks -= len(chain) - _neighbours_prefix(chains, chain, exclude_self=True)
+        self.chain_blocks -= len(chain) - chains_prefix(chains, chain, exclude_self=True)
         del chains[bisect_left(chains, chain)]  # an equal chain: any copy will do
         if self.general:
             self.free_set(frozenset(chain))
@@ -176,34 +176,7 @@ class _ReplicaState:
         if self.general:
             return len(request.block_set.intersection(self.extra))
         assert request.chain is not None  # no set: every active request is a chain
-        return _neighbours_prefix(self.chains, request.chain, exclude_self=True)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Leading blocks two chains share: a bisection (equal ids at a depth mean equal prefixes)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        mid = (low + high + 1) // 2
-        if a[mid - 1] == b[mid - 1]:
-            low = mid
-        else:
-            high = mid - 1
-    return low
-
-
-def _neighbours_prefix(chains: list[tuple[int, ...]], chain: tuple[int, ...], exclude_self: bool) -> int:
-    """The longest prefix `chain` shares with any of the sorted `chains` (less one copy of
-    itself with `exclude_self`): in sorted order the longest is with a neighbour."""
-    low = bisect_left(chains, chain)
-    high = low
-    if exclude_self:
-        high = bisect_right(chains, chain, low)
-        if high - low >= 2:
-            return len(chain)  # another request holds the same chain
-    best = _common_prefix(chain, chains[low - 1]) if low > 0 else 0
-    if high < len(chains):
-        best = max(best, _common_prefix(chain, chains[high]))
-    return best
+        return chains_prefix(self.chains, request.chain, exclude_self=True)
 
 
 class ActiveLoad:
