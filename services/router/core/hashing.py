@@ -93,8 +93,14 @@ def held_prefix(block_hashes: Sequence[int], held: Container[int]) -> int:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Leading blocks two chains share: a bisection (equal ids at a depth mean equal prefixes)."""
-    low, high = 0, min(len(a), len(b))
+    """Leading blocks two chains share: a bisection (equal ids at a depth mean equal prefixes).
+    The two ends are tried first: one chain often extends the other, or they share nothing."""
+    high = min(len(a), len(b))
+    if not high or a[0] != b[0]:
+        return 0
+    if a[high - 1] == b[high - 1]:
+        return high
+    low, high = 1, high - 1  # a[:low] == b[:low]; they differ at high
     while low < high:
         mid = (low + high + 1) // 2
         if a[mid - 1] == b[mid - 1]:
