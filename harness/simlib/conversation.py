@@ -26,7 +26,7 @@ from typing import Sequence
 from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
-from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode
+from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode, table_text
 
 # The generation prompt the template appends after the last message (add_generation_prompt).
 _GENERATION_PROMPT = "<|assistant|>\n"
@@ -87,7 +87,7 @@ class Conversation:
         if not word_ids or min(word_ids) < WORD_ID_BASE or max(word_ids) >= WORD_ID_BASE + NUM_WORDS:
             self.append(role, decode(word_ids))
             return
-        content = decode(word_ids)
+        content = table_text(word_ids)  # checked above: word ids only
         first = encode("\n" + WORDS[word_ids[0] - WORD_ID_BASE])
         self.append(role, content, tail_ids=[*first, *word_ids[1:]])
 

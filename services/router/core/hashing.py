@@ -28,6 +28,7 @@ import hashlib
 import struct
 import sys
 from array import array
+from bisect import bisect_left, bisect_right
 from typing import Container, Sequence
 
 # Root of every text chain: keeps text ids and token ids in disjoint hash domains.
@@ -89,6 +90,41 @@ def held_prefix(block_hashes: Sequence[int], held: Container[int]) -> int:
         else:
             high = mid - 1
     return low
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Leading blocks two chains share: a bisection (equal ids at a depth mean equal prefixes).
+    The two ends are tried first: one chain often extends the other, or they share nothing."""
+    high = min(len(a), len(b))
+    if not high or a[0] != b[0]:
+        return 0
+    if a[high - 1] == b[high - 1]:
+        return high
+    low, high = 1, high - 1  # a[:low] == b[:low]; they differ at high
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def chains_prefix(chains: list[tuple[int, ...]], chain: tuple[int, ...], exclude_self: bool) -> int:
+    """The longest prefix `chain` shares with any of the sorted `chains` (less one copy of
+    itself with `exclude_self`): in sorted order the longest is with a neighbour. So the union
+    of a set of chains, closed under prefixes, needs no per-block entry: a chain adds to it its
+    length less this, and `chains_prefix(chains, query, False)` is `held_prefix` of the union."""
+    low = bisect_left(chains, chain)
+    high = low
+    if exclude_self:
+        high = bisect_right(chains, chain, low)
+        if high - low >= 2:
+            return len(chain)  # another request holds the same chain
+    best = common_prefix(chain, chains[low - 1]) if low > 0 else 0
+    if high < len(chains):
+        best = max(best, common_prefix(chain, chains[high]))
+    return best
 
 
 def text_chunk_digests(

@@ -12,8 +12,8 @@ Two feeds fill it:
   the index re-hashes the event's token ids itself, so it works with any engine hash rule.
 - `RoutingHistoryIndex`: no events; the router records each of its own routing decisions and
   forgets it `ttl_s` later (re-routing the same prefix refreshes it). Its records are whole
-  chains, so what a replica holds is closed under prefixes and a match is a bisection
-  (`hashing.held_prefix`) rather than a walk.
+  chains, so what a replica holds is the union of its live records' chains: kept as those
+  chains in sorted order (`hashing.chains_prefix`), with no entry per block.
 
 Memory is bounded per replica: past `max_blocks_per_worker` the least recently stored blocks
 are pruned (deepest first within one insertion, so prefixes outlive their extensions) down to
@@ -22,13 +22,13 @@ are pruned (deepest first within one insertion, so prefixes outlive their extens
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import OrderedDict, deque
-from itertools import repeat
 from typing import Generic, Iterable, Sequence, TypeVar
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from services.router.core.events import EventOutcome
-from services.router.core.hashing import digest_to_block_id, held_prefix, page_digests
+from services.router.core.hashing import chains_prefix, digest_to_block_id, page_digests
 from services.router.core.types import Replica
 
 _Entry = TypeVar("_Entry")
@@ -257,15 +257,31 @@ class KvEventIndex(_BlockIndex[_Held]):
 
 
 class _History:
-    """One replica's routing history: block id -> the record that last named it."""
+    """One replica's routing history: its live records, as chains.
 
-    __slots__ = ("record_of", "records")
+    What the replica holds is the union of its live records' chains, closed under prefixes, so
+    it is kept as those chains in sorted order and the union's size (`hashing.chains_prefix`
+    gives a chain's overlap with the others), with no entry per block."""
+
+    __slots__ = ("chains", "records", "blocks")
 
     def __init__(self) -> None:
-        self.record_of: dict[int, int] = {}
-        # (record number, expiry, block ids) oldest first; a record's blocks that a later record
-        # named again belong to that later one.
-        self.records: deque[tuple[int, float, Sequence[int]]] = deque()
+        self.chains: list[tuple[int, ...]] = []  # every live record's chain, sorted
+        # [expiry, chain] oldest first (pruning shortens the oldest's chain in place).
+        self.records: deque[list] = deque()
+        self.blocks = 0  # distinct blocks of `chains`
+
+    def add(self, chain: tuple[int, ...]) -> None:
+        self.blocks += len(chain) - chains_prefix(self.chains, chain, exclude_self=False)
+        insort(self.chains, chain)
+
+    def owned(self, chain: tuple[int, ...]) -> int:
+        """Blocks of a live record's chain that no other live record names."""
+        return len(chain) - chains_prefix(self.chains, chain, exclude_self=True)
+
+    def remove(self, chain: tuple[int, ...], owned: int) -> None:
+        del self.chains[bisect_left(self.chains, chain)]  # an equal chain: any copy will do
+        self.blocks -= owned
 
 
 class RoutingHistoryIndex:
@@ -273,11 +289,13 @@ class RoutingHistoryIndex:
     last recording. Time is passed in; nothing reads a clock.
 
     Every recording names a whole chain (the prompt's ids from its first block), and a chained
-    id names its whole prefix, so what a replica holds is closed under prefixes: expiry and
-    pruning drop a record's blocks deepest first, and an ancestor is always named by every
-    record that names a descendant. A replica's leading match is therefore found by bisection
-    (O(log n) lookups), and recording is a bulk dict update: both stay cheap for prompts of
-    tens of thousands of tokens. Same public surface as `KvEventIndex`."""
+    id names its whole prefix. A block is held while the last record naming it is live, i.e.
+    while any live record names it (records expire in order), so what a replica holds is the
+    union of its live records' chains: kept as those chains, sorted (`_History`). Recording,
+    expiring and matching are each a bisection and two prefix comparisons, O(log n) lookups
+    for prompts of tens of thousands of tokens, whatever they share. Expiry and pruning drop a
+    record's blocks that no later record names, deepest first. Same public surface as
+    `KvEventIndex`."""
 
     def __init__(self, *, ttl_s: float, max_blocks_per_worker: int, prune_target_ratio: float) -> None:
         if max_blocks_per_worker < 1 or not 0 < prune_target_ratio <= 1:
@@ -288,7 +306,6 @@ class RoutingHistoryIndex:
         self._max_blocks = max_blocks_per_worker
         self._prune_to = int(max_blocks_per_worker * prune_target_ratio)
         self._replicas: dict[Replica, _History] = {}
-        self._records = 0
         self.expired_blocks_total = 0
         self.pruned_blocks_total = 0
 
@@ -300,23 +317,25 @@ class RoutingHistoryIndex:
         scores: dict[Replica, int] = {}
         if not block_hashes:
             return scores
-        first = block_hashes[0]
+        chain = tuple(block_hashes)
         for replica, history in self._replicas.items():
-            if first in history.record_of:
-                scores[replica] = held_prefix(block_hashes, history.record_of)
+            held = chains_prefix(history.chains, chain, exclude_self=False)
+            if held:
+                scores[replica] = held
         return scores
 
     def tree_size(self, replica: Replica) -> int:
         """Blocks the index holds for `replica` (the temperature-0 tie-break)."""
         history = self._replicas.get(replica)
-        return len(history.record_of) if history else 0
+        return history.blocks if history else 0
 
     def replicas(self) -> list[Replica]:
         return list(self._replicas)
 
     def holds(self, replica: Replica, block_id: int) -> bool:
+        """For tests and debugging: O(blocks recorded) (a block's depth is not known)."""
         history = self._replicas.get(replica)
-        return history is not None and block_id in history.record_of
+        return history is not None and any(block_id in chain for chain in history.chains)
 
     # -- mutation --------------------------------------------------------------------------
 
@@ -327,11 +346,10 @@ class RoutingHistoryIndex:
         history = self._replicas.get(replica)
         if history is None:
             history = self._replicas[replica] = _History()
-        self._records += 1
-        # One pass over the pairs (a dict built first and merged is twice the hashing).
-        history.record_of.update(zip(block_hashes, repeat(self._records)))
-        history.records.append((self._records, now + self.ttl_s, block_hashes))
-        if len(history.record_of) > self._max_blocks:
+        chain = tuple(block_hashes)
+        history.add(chain)
+        history.records.append([now + self.ttl_s, chain])
+        if history.blocks > self._max_blocks:
             self._prune(replica, history)
 
     def expire(self, now: float) -> int:
@@ -343,9 +361,11 @@ class RoutingHistoryIndex:
         for replica in list(self._replicas):
             history = self._replicas[replica]
             records = history.records
-            while records and records[0][1] <= now:
-                number, _, block_hashes = records.popleft()
-                dropped += self._forget(history, number, block_hashes, len(block_hashes))
+            while records and records[0][0] <= now:
+                chain = records.popleft()[1]
+                owned = history.owned(chain)
+                history.remove(chain, owned)
+                dropped += owned
             if not records:
                 del self._replicas[replica]
         self.expired_blocks_total += dropped
@@ -354,33 +374,23 @@ class RoutingHistoryIndex:
     def remove_worker(self, replica: Replica) -> int:
         """Forget everything about `replica`. Returns the number of blocks dropped."""
         history = self._replicas.pop(replica, None)
-        return len(history.record_of) if history else 0
-
-    @staticmethod
-    def _forget(history: _History, number: int, block_hashes: Sequence[int], limit: int) -> int:
-        """Drop up to `limit` of a record's blocks that no later record named, deepest first."""
-        held = history.record_of
-        deepest = held.get(block_hashes[-1])
-        if deepest is not None and deepest != number:
-            return 0  # a later record named the whole chain again: nothing left to drop
-        dropped = 0
-        for block_id in reversed(block_hashes):
-            if dropped >= limit:
-                break
-            if held.get(block_id) == number:
-                del held[block_id]
-                dropped += 1
-        return dropped
+        return history.blocks if history else 0
 
     def _prune(self, replica: Replica, history: _History) -> None:
         """Past the bound: drop least recently recorded blocks (oldest record first, deepest
-        first within it) down to the prune target."""
+        first within it) down to the prune target. A record that loses all it owned stays
+        (owning nothing) unless the bound needs the next one."""
         records = history.records
-        while records and len(history.record_of) > self._prune_to:
-            number, _, block_hashes = records[0]
-            excess = len(history.record_of) - self._prune_to
-            self.pruned_blocks_total += self._forget(history, number, block_hashes, excess)
-            if len(history.record_of) > self._prune_to:
+        while records and history.blocks > self._prune_to:
+            entry = records[0]
+            chain = entry[1]
+            dropped = min(history.owned(chain), history.blocks - self._prune_to)
+            history.remove(chain, dropped)
+            self.pruned_blocks_total += dropped
+            if history.blocks > self._prune_to:
                 records.popleft()  # every block it still owned is gone
-        if not history.record_of:
+            else:
+                entry[1] = chain[: len(chain) - dropped]  # what it still names
+                insort(history.chains, entry[1])
+        if not history.blocks:
             del self._replicas[replica]

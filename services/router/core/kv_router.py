@@ -141,6 +141,7 @@ class KvRouterCore:
             chosen.cached_tokens,
             now,
             expected_output_tokens,
+            chain=True,  # a prompt's block ids are a chain (hashing.py)
         )
         if added and isinstance(self.index, RoutingHistoryIndex):
             self.index.record(chosen.replica, decision.prompt.block_hashes, now)

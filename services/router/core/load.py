@@ -19,10 +19,11 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from services.router.core.hashing import held_prefix
+from services.router.core.hashing import chains_prefix, held_prefix
 from services.router.core.types import Replica
 
 
@@ -42,7 +43,8 @@ class PeerView(Protocol):
 class _Request:
     __slots__ = (
         "replica",
-        "block_set",
+        "chain",
+        "distinct",
         "isl_tokens",
         "prefill_tokens",
         "expected_output_tokens",
@@ -59,15 +61,26 @@ class _Request:
         prefill_tokens: int,
         expected_output_tokens: int | None,
         added_at: float,
+        chain: bool,
     ) -> None:
         self.replica = replica
-        self.block_set = frozenset(block_hashes)  # distinct prompt blocks
+        # A chain as a tuple (its ids are distinct), or other block lists as their distinct blocks.
+        self.chain: tuple[int, ...] | None = tuple(block_hashes) if chain else None
+        self.distinct: frozenset[int] | None = None if chain else frozenset(block_hashes)
         self.isl_tokens = isl_tokens
         self.prefill_tokens = prefill_tokens  # 0 once the first token arrived
         self.expected_output_tokens = expected_output_tokens
         self.output_tokens = 0
         self.output_blocks = 0
         self.added_at = added_at
+
+    @property
+    def block_set(self) -> frozenset[int]:
+        return self.distinct if self.distinct is not None else frozenset(self.chain or ())
+
+    @property
+    def block_count(self) -> int:
+        return len(self.distinct) if self.distinct is not None else len(self.chain or ())
 
     def decay_fraction(self) -> float:
         """Weight of this request's exclusive blocks; 1 unless it announced its output length."""
@@ -77,21 +90,93 @@ class _Request:
 
 
 class _ReplicaState:
-    """Distinct active prompt blocks as a set, plus the extra holders of shared blocks.
+    """The distinct active prompt blocks of one replica.
 
-    A block held by k >= 1 active requests is in `blocks`; when k >= 2, `extra[block] = k - 1`.
-    Agent prompts share little between concurrent requests (the system prompt), so adding and
-    freeing a request are bulk set operations plus a loop over its shared blocks only."""
+    While every active request is a chain (`general == 0`; hashing.py: each id names its whole
+    prefix), their blocks form a tree of prefixes and nothing per block is kept: `chains` holds
+    the active chains in sorted order, and a chain shares with the others exactly its longest
+    common prefix with its two sorted neighbours (the longest with any of them), so adding or
+    freeing one is a bisection and two prefix comparisons, O(log) lookups however long the
+    prompt; `chain_blocks` is their union's size.
 
-    __slots__ = ("blocks", "extra", "prefill_tokens", "request_ids", "output_blocks", "decayed")
+    Once a request gives arbitrary blocks (`general > 0`), the union is kept as a set, plus the
+    extra holders of shared blocks: a block held by k >= 1 active requests is in `blocks`, and
+    when k >= 2, `extra[block] = k - 1` (built from the chains when the first such request
+    comes, dropped when the last leaves)."""
+
+    __slots__ = (
+        "chains",
+        "chain_blocks",
+        "blocks",
+        "extra",
+        "general",
+        "prefill_tokens",
+        "request_ids",
+        "output_blocks",
+        "decayed",
+    )
 
     def __init__(self) -> None:
-        self.blocks: set[int] = set()
-        self.extra: dict[int, int] = {}
+        self.chains: list[tuple[int, ...]] = []  # sorted; every active chain request's blocks
+        self.chain_blocks = 0  # distinct blocks of `chains`
+        self.blocks: set[int] = set()  # with general > 0 only
+        self.extra: dict[int, int] = {}  # with general > 0 only
+        self.general = 0  # active requests whose blocks were not given as a chain
         self.prefill_tokens = 0
         self.request_ids: set[str] = set()
         self.output_blocks = 0
         self.decayed: set[str] = set()  # requests whose blocks weigh < 1
+
+    def distinct_blocks(self) -> int:
+        return len(self.blocks) if self.general else self.chain_blocks
+
+    def held_prefix(self, chain: Sequence[int]) -> int:
+        """How many leading blocks of `chain` some active request holds."""
+        if self.general:
+            return held_prefix(chain, self.blocks)
+        return chains_prefix(self.chains, tuple(chain), exclude_self=False)
+
+    def add_chain(self, chain: tuple[int, ...]) -> None:
+        chains = self.chains
+        self.chain_blocks += len(chain) - chains_prefix(chains, chain, exclude_self=False)
+        chains.insert(bisect_left(chains, chain), chain)
+        if self.general:
+            self.add_set(frozenset(chain))
+
+    def free_chain(self, chain: tuple[int, ...]) -> None:
+        chains = self.chains
+        self.chain_blocks -= len(chain) - chains_prefix(chains, chain, exclude_self=True)
+        del chains[bisect_left(chains, chain)]  # an equal chain: any copy will do
+        if self.general:
+            self.free_set(frozenset(chain))
+
+    def add_set(self, block_set: frozenset[int]) -> None:
+        extra = self.extra
+        for block_id in self.blocks.intersection(block_set):
+            extra[block_id] = extra.get(block_id, 0) + 1
+        self.blocks |= block_set
+
+    def free_set(self, block_set: frozenset[int]) -> None:
+        extra = self.extra
+        shared = block_set.intersection(extra) if extra else ()
+        for block_id in shared:
+            holders = extra[block_id] - 1
+            if holders:
+                extra[block_id] = holders
+            else:
+                del extra[block_id]
+        # Its blocks leave, then the ones other requests still hold (few: the system prompt)
+        # come back: no difference set of the whole prompt is built.
+        self.blocks -= block_set
+        if shared:
+            self.blocks.update(shared)
+
+    def shared_blocks(self, request: _Request) -> int:
+        """How many of an active request's blocks another active request holds too."""
+        if self.general:
+            return len(request.block_set.intersection(self.extra))
+        assert request.chain is not None  # no set: every active request is a chain
+        return chains_prefix(self.chains, request.chain, exclude_self=True)
 
 
 class ActiveLoad:
@@ -133,7 +218,7 @@ class ActiveLoad:
         else:
             prefill = self._prefill_tokens(state) + new_tokens
             if self.track_active_blocks:
-                shared = held_prefix(prompt_blocks, state.blocks)
+                shared = state.held_prefix(prompt_blocks)
                 decode = self._decode_blocks(state) + len(prompt_blocks) - shared
             else:
                 decode = len(prompt_blocks)
@@ -179,11 +264,11 @@ class ActiveLoad:
     def _decode_blocks(self, state: _ReplicaState) -> int:
         if not self.track_active_blocks:
             return 0
-        blocks = float(len(state.blocks) + state.output_blocks)
+        blocks = float(state.distinct_blocks() + state.output_blocks)
         for request_id in state.decayed:  # only requests with an expected length and output
             request = self._requests[request_id]
             # Its exclusive blocks: the ones no other active request holds.
-            exclusive = len(request.block_set) - len(request.block_set.intersection(state.extra))
+            exclusive = request.block_count - state.shared_blocks(request)
             blocks -= (1.0 - request.decay_fraction()) * (exclusive + request.output_blocks)
         return round(blocks)
 
@@ -198,24 +283,32 @@ class ActiveLoad:
         cached_tokens: int,
         now: float,
         expected_output_tokens: int | None = None,
+        *,
+        chain: bool = False,
     ) -> bool:
-        """Count a routed request on `replica`. False (and nothing changes) for a known id."""
+        """Count a routed request on `replica`. False (and nothing changes) for a known id.
+
+        `chain`: `block_hashes` is a prompt's chain of block ids (hashing.py: each names its
+        whole prefix, so they are distinct and any union of chains is closed under prefixes);
+        the accounting is the same, only cheaper. Otherwise any list of block ids."""
         if request_id in self._requests:
             return False
         new_tokens = max(isl_tokens - cached_tokens, 0)
-        request = _Request(replica, block_hashes, isl_tokens, new_tokens, expected_output_tokens, now)
+        request = _Request(replica, block_hashes, isl_tokens, new_tokens, expected_output_tokens, now, chain)
         self._requests[request_id] = request
         state = self._replicas.get(replica)
         if state is None:
             state = self._replicas[replica] = _ReplicaState()
         state.request_ids.add(request_id)
         state.prefill_tokens += new_tokens
-        shared = state.blocks.intersection(request.block_set)
-        if shared:
-            extra = state.extra
-            for block_id in shared:
-                extra[block_id] = extra.get(block_id, 0) + 1
-        state.blocks |= request.block_set
+        if request.chain is not None:
+            state.add_chain(request.chain)
+            return True
+        if not state.general:  # the first request with arbitrary blocks: the chains as a set
+            for held in state.chains:
+                state.add_set(frozenset(held))
+        state.general += 1
+        state.add_set(request.block_set)
         return True
 
     def mark_prefill_completed(self, request_id: str) -> bool:
@@ -258,19 +351,13 @@ class ActiveLoad:
         state.output_blocks -= request.output_blocks
         state.request_ids.discard(request_id)
         state.decayed.discard(request_id)
-        extra = state.extra
-        shared = request.block_set.intersection(extra) if extra else ()
-        for block_id in shared:
-            holders = extra[block_id] - 1
-            if holders:
-                extra[block_id] = holders
-            else:
-                del extra[block_id]
-        # Its blocks leave, then the ones other requests still hold (few: the system prompt)
-        # come back: no difference set of the whole prompt is built.
-        state.blocks -= request.block_set
-        if shared:
-            state.blocks.update(shared)
+        if request.chain is not None:
+            state.free_chain(request.chain)
+        else:
+            state.free_set(request.block_set)
+            state.general -= 1
+            if not state.general:  # only chains are left: no set needed
+                state.blocks, state.extra = set(), {}
         if not state.request_ids:
             del self._replicas[request.replica]
         return True

@@ -41,6 +41,7 @@ import struct
 import sys
 from array import array
 from collections import deque
+from itertools import islice
 from typing import Iterable, Sequence
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -69,6 +70,18 @@ _INT64_BE = struct.Struct(">q").unpack_from
 def digest_to_int64(digest: bytes) -> int:
     """First 8 bytes of the digest, big-endian, as a signed int64."""
     return _INT64_BE(digest)[0]
+
+
+_DIGEST_INT64S = 256 // 64
+
+
+def _published_hashes(digests: Sequence[bytes]) -> array:
+    """`digest_to_int64` of each digest, in one pass over their bytes (native int64s, byte-swapped
+    on little-endian machines to read big-endian, then every fourth: each digest's first 8 bytes)."""
+    words = array("q", b"".join(digests))
+    if sys.byteorder == "little":
+        words.byteswap()
+    return words[::_DIGEST_INT64S]
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
@@ -346,31 +359,23 @@ class RadixCache:
         """A held GPU node under `parent` for the pages `data[start:stop]`, hashed and counted
         one by one in order; returns it and how many of its pages were computed here before."""
         width = self._width
-        computed = self._computed
-        order = self._computed_order
-        computed_max = self._computed_max
         sha256 = hashlib.sha256
-        unpack = _INT64_BE
-        events = self.events if self.emit_events else None
         digests: list[bytes] = []
         append = digests.append
         digest = parent.digest
-        parent_hash = parent.hash if parent is not self.root else None
-        recomputed = 0
         for offset in range(start, stop, width):
-            key = data[offset : offset + width]
-            digest = sha256(digest + key).digest()
+            digest = sha256(digest + data[offset : offset + width]).digest()
             append(digest)
-            page_hash = unpack(digest)[0]
-            if page_hash in computed:
-                recomputed += 1
-            else:
-                computed.add(page_hash)
-                order.append(page_hash)
-                if len(order) > computed_max:
-                    computed.discard(order.popleft())
-            if events is not None:
-                events.append(BlockStored((page_hash,), parent_hash, self._ids_of(key), self.page_size, GPU))
+        hashes = _published_hashes(digests)
+        recomputed = self._count_computed(hashes)
+        if self.emit_events:
+            parent_hash = parent.hash if parent is not self.root else None
+            for page_hash, offset in zip(hashes, range(start, stop, width)):
+                self.events.append(
+                    BlockStored(
+                        (page_hash,), parent_hash, self._ids_of(data[offset : offset + width]), self.page_size, GPU
+                    )
+                )
                 parent_hash = page_hash
         node = PageNode(parent, data[start:stop], digests, parent.end + len(digests))
         node.ref = 1
@@ -380,17 +385,45 @@ class RadixCache:
         self.gpu_pages += node.n
         return node, recomputed
 
+    def _count_computed(self, hashes: Sequence[int]) -> int:
+        """Remember pages computed now (in order) in the bounded memory; how many it already had.
+
+        Page by page: a hash already remembered counts, a new one is remembered and, past the
+        bound, the oldest is forgotten. In bulk (set operations) when that gives the same answer:
+        no page repeats within `hashes` and none of the hashes forgotten meanwhile is one of
+        them (it would have been forgotten before being looked up)."""
+        computed = self._computed
+        order = self._computed_order
+        new = [page_hash for page_hash in hashes if page_hash not in computed]
+        excess = len(order) + len(new) - self._computed_max  # how many to forget
+        if excess <= len(order) and (
+            excess <= 0 or len(new) == len(hashes) or set(hashes).isdisjoint(islice(order, excess))
+        ):
+            before = len(computed)
+            computed.update(new)
+            if len(computed) - before == len(new):
+                order.extend(new)
+                if excess > 0:
+                    popleft = order.popleft
+                    computed.difference_update([popleft() for _ in range(excess)])
+                return len(hashes) - len(new)
+            computed.difference_update(new)  # a page repeats: the page-by-page rule below
+        recomputed = 0
+        computed_max = self._computed_max
+        for page_hash in hashes:
+            if page_hash in computed:
+                recomputed += 1
+            else:
+                computed.add(page_hash)
+                order.append(page_hash)
+                if len(order) > computed_max:
+                    computed.discard(order.popleft())
+        return recomputed
+
     def _computed_now(self, parent: PageNode, node: PageNode) -> int:
         """A host-only page computed again on the GPU: held, on the GPU; 1 if computed before."""
         page_hash = node.hash
-        recomputed = 0
-        if page_hash in self._computed:
-            recomputed = 1
-        else:
-            self._computed.add(page_hash)
-            self._computed_order.append(page_hash)
-            if len(self._computed_order) > self._computed_max:
-                self._computed.discard(self._computed_order.popleft())
+        recomputed = self._count_computed((page_hash,))
         node.ref += 1
         node.on_gpu = True
         self.gpu_pages += 1

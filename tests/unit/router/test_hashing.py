@@ -1,9 +1,10 @@
 import hashlib
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.router.core import hashing
 from services.router.core.hashing import digest_to_block_id, page_digests, text_chunk_hashes, token_block_hashes
 
 
@@ -92,3 +93,36 @@ def test_same_ids_as_the_simworker(tokens, page_size):
     from services.simworker.core.radix import page_hashes
 
     assert token_block_hashes(tokens, page_size) == page_hashes(tokens, page_size)
+
+
+def _letters_chain(letters):
+    return hashing.token_block_hashes([ord(c) for c in letters for _ in range(2)], 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from("XYZ"), max_size=6), max_size=8), st.lists(st.sampled_from("XYZ"), max_size=6))
+def test_sorted_chains_give_the_longest_common_prefix_and_the_union(chains, probe):
+    """chains_prefix against a walk over every chain; the union's size built from it against the set."""
+    from bisect import insort
+
+    def walk(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    ids = [tuple(_letters_chain(c)) for c in chains]
+    query = tuple(_letters_chain(probe))
+    for a in ids:
+        assert hashing.common_prefix(a, query) == walk(a, query)
+    ordered, union = [], 0
+    for chain in ids:
+        union += len(chain) - hashing.chains_prefix(ordered, chain, exclude_self=False)
+        insort(ordered, chain)
+    assert union == len({block for chain in ids for block in chain})
+    assert hashing.chains_prefix(ordered, query, exclude_self=False) == max((walk(a, query) for a in ids), default=0)
+    for i, chain in enumerate(ids):
+        others = ids[:i] + ids[i + 1 :]
+        assert hashing.chains_prefix(ordered, chain, exclude_self=True) == max(
+            (walk(a, chain) for a in others), default=0
+        )

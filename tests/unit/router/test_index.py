@@ -289,6 +289,7 @@ class _HistoryModel:
         self.ttl, self.max_blocks, self.prune_to = ttl, max_blocks, int(max_blocks * ratio)
         self.blocks: dict = {}
         self.OrderedDict = OrderedDict
+        self.expired = self.pruned = 0
 
     def record(self, replica, hashes, now):
         blocks = self.blocks.setdefault(replica, self.OrderedDict())
@@ -298,10 +299,13 @@ class _HistoryModel:
         if len(blocks) > self.max_blocks:
             while len(blocks) > self.prune_to:
                 blocks.popitem(last=False)
+                self.pruned += 1
 
     def find_matches(self, hashes, now):
         for replica in list(self.blocks):
-            self.blocks[replica] = self.OrderedDict((h, e) for h, e in self.blocks[replica].items() if e > now)
+            live = self.OrderedDict((h, e) for h, e in self.blocks[replica].items() if e > now)
+            self.expired += len(self.blocks[replica]) - len(live)
+            self.blocks[replica] = live
             if not self.blocks[replica]:
                 del self.blocks[replica]
         out = {}
@@ -334,3 +338,38 @@ def test_history_index_equals_its_plain_definition(steps, max_blocks, ratio):
         else:
             index.record(worker, hashes, now)
             model.record(worker, hashes, now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(WORKERS), st.integers(0, 3), st.integers(-1, 3), st.floats(0, 6), st.booleans()),
+        max_size=40,
+    ),
+    st.integers(1, 30),
+    st.sampled_from([0.5, 0.75, 1.0]),
+)
+def test_history_index_of_growing_conversations_equals_its_plain_definition(steps, max_blocks, ratio):
+    """Agent-like chains: conversations that share a first block and grow every turn (or
+    shrink by one: a retried, shorter prompt), so that a record is usually extended by a later
+    one (renumbered) and shares its shallow blocks with the other conversations' records."""
+    index = RoutingHistoryIndex(ttl_s=10.0, max_blocks_per_worker=max_blocks, prune_target_ratio=ratio)
+    model = _HistoryModel(10.0, max_blocks, ratio)
+    conversations = [["S", letter] for letter in "ABCD"]
+    now = 0.0
+    for worker, which, grow, dt, probe in steps:
+        now += dt
+        blocks = conversations[which]
+        if grow < 0 and len(blocks) > 1:
+            blocks.pop()
+        blocks.extend(LETTERS[(len(blocks) * 7 + which + i) % len(LETTERS)] for i in range(max(grow, 0)))
+        hashes = query(*blocks)
+        if probe:
+            assert index.find_matches(hashes, now) == model.find_matches(hashes, now)
+            for w in WORKERS:
+                assert index.tree_size(w) == len(model.blocks.get(w, ()))
+            assert (index.expired_blocks_total, index.pruned_blocks_total) == (model.expired, model.pruned)
+        else:
+            index.record(worker, hashes, now)
+            model.record(worker, hashes, now)
+    assert (index.pruned_blocks_total,) == (model.pruned,)

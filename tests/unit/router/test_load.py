@@ -1,5 +1,5 @@
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from services.router.core.load import ActiveLoad, ReplicaLoad
@@ -209,3 +209,64 @@ def test_potential_counts_exactly_the_prompt_blocks_not_yet_active(operations, p
     active = state.blocks if state else set()
     _, decode = load.potential(A, prompt, 0, 0)
     assert decode == load.load(A).active_decode_blocks + len(set(prompt) - active)
+
+
+def _chain(letters):
+    from services.router.core.hashing import token_block_hashes
+
+    return token_block_hashes([ord(c) for c in letters for _ in range(B)], B)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["chain", "list", "first", "out", "free"]),
+            st.integers(0, 3),
+            st.lists(st.sampled_from("XYZ"), max_size=5),
+            st.integers(0, 20),
+        ),
+        max_size=30,
+    ),
+    st.lists(st.sampled_from("XYZPQ"), max_size=6),
+)
+@example([("chain", 1, ["X", "Y"], 4), ("chain", 3, ["X", "Z"], 4), ("free", 1, [], 0)], [])  # shared, freed
+@example([("list", 1, ["X", "Y"], 4), ("chain", 3, ["X", "Y"], 4), ("free", 1, [], 0)], [])  # a list is active
+@example([("chain", 3, ["X", "Y"], 4), ("list", 1, ["X", "Y"], 4), ("free", 3, [], 0)], ["X"])
+@example([("chain", 1, ["X", "Y"], 4), ("chain", 3, ["X", "Y"], 4), ("out", 3, [], 2), ("free", 1, [], 0)], [])
+@example([("list", 1, ["X"], 4), ("chain", 3, ["X", "Y"], 4), ("chain", 1, ["Y"], 4), ("free", 1, [], 0)], ["X"])
+def test_chains_are_counted_as_the_same_blocks_given_as_lists(operations, probe):
+    """`chain=True` (sorted chains, shares found by prefix comparisons) against the plain set
+    operations on the same blocks, mixed with requests given as arbitrary lists (which bring the
+    set form back while they are active): the same loads (with decaying exclusive blocks),
+    potentials, distinct blocks and shared holders."""
+    fast = ActiveLoad(block_size=B, track_output_blocks=True, request_expiry_s=300.0)
+    plain = ActiveLoad(block_size=B, track_output_blocks=True, request_expiry_s=300.0)
+    for kind, n, letters, tokens in operations:
+        rid, replica = f"r{n}", (A if n % 2 else W)
+        if kind in ("chain", "list"):
+            # a list: the chain's ids without its first, repeated: not closed under prefixes
+            blocks = _chain(letters) if kind == "chain" else _chain(letters)[1:] * 2
+            for load, chain in ((fast, kind == "chain"), (plain, False)):
+                load.add_request(
+                    rid, replica, blocks, tokens, tokens // 2, 0.0, expected_output_tokens=tokens or None, chain=chain
+                )
+        else:
+            for load in (fast, plain):
+                if kind == "first":
+                    load.mark_prefill_completed(rid)
+                elif kind == "out":
+                    load.observe_output(rid, tokens)
+                else:
+                    load.free(rid)
+        for r in (A, W):
+            assert fast.load(r) == plain.load(r)
+            for prompt in (_chain(probe), _chain(letters)):
+                assert fast.potential(r, prompt, 4, 0) == plain.potential(r, prompt, 4, 0)
+            states = fast._replicas.get(r), plain._replicas.get(r)
+            if states[0] is None or states[1] is None:
+                assert states[0] is states[1]
+            else:
+                assert states[0].distinct_blocks() == len(states[1].blocks)
+                if states[0].general:  # the set form, built from the chains when a list came
+                    assert (states[0].blocks, states[0].extra) == (states[1].blocks, states[1].extra)

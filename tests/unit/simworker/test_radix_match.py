@@ -4,6 +4,8 @@ import random
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.simworker.core.radix import RadixCache, page_hashes, path_pages
 
@@ -224,3 +226,36 @@ def test_pages_computed_again_after_eviction_have_their_chain_hashes(seed):
             node = node.parent
         assert [struct.unpack(">q", d[:8])[0] for d in path] == page_hashes(tokens, PAGE)
         cache.evict_gpu(rng.randrange(0, 6))
+
+
+def _count_page_by_page(computed, order, computed_max, hashes):
+    """The memory of computed pages, the plain way: one page at a time, the oldest forgotten
+    past the bound."""
+    recomputed = 0
+    for page_hash in hashes:
+        if page_hash in computed:
+            recomputed += 1
+        else:
+            computed.add(page_hash)
+            order.append(page_hash)
+            if len(order) > computed_max:
+                computed.discard(order.popleft())
+    return recomputed
+
+
+@given(
+    st.integers(1, 12),
+    st.lists(st.lists(st.integers(0, 20), max_size=14), max_size=25),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_bulk_memory_of_computed_pages_equals_the_page_by_page_one(computed_max, batches):
+    """Small bounds and ids from a small range: repeats within a batch, hits on the pages about
+    to be forgotten, batches longer than the bound."""
+    from collections import deque
+
+    cache = _cache()
+    cache._computed_max = computed_max
+    computed, order = set(), deque()
+    for hashes in batches:
+        assert cache._count_computed(hashes) == _count_page_by_page(computed, order, computed_max, hashes)
+        assert cache._computed == computed and list(cache._computed_order) == list(order)

@@ -70,6 +70,8 @@ def test_decode_follows_the_per_id_rule(ids):
         return "".join(out)
 
     assert tokenizer.decode(ids) == by_rule(ids)
+    if all(0 <= token_id < tokenizer.WORD_ID_BASE + tokenizer.NUM_WORDS for token_id in ids):
+        assert tokenizer.table_text(ids) == by_rule(ids)  # the unchecked path, for ids in its table
 
 
 def test_generated_words_round_trip_and_eos_is_skipped():
