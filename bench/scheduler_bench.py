@@ -52,6 +52,7 @@ from prometheus_client import CollectorRegistry
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from bench.rss import rss_trend
 from clients.stats import percentile
 from services.common.clock import SystemClock
 from services.common.process import orphan_guard
@@ -815,19 +816,13 @@ async def _memory(
             sampler.cancel()
         samples.append({"t_s": round(time.monotonic() - t0, 1), **proc_sample(pid)})
         rss = [s["rss_kb"] for s in samples]
-        # The trend after the first tenth (the first calls on every program warm buffers and arenas up): a
-        # least-squares slope, and the medians of the two halves, against RSS's own noise (the band).
-        settled = [s for s in samples if s["t_s"] >= soak_s / 10] or samples
-        ts, ys = [s["t_s"] for s in settled], [s["rss_kb"] for s in settled]
-        mean_t, mean_y = sum(ts) / len(ts), sum(ys) / len(ys)
-        var_t = sum((t - mean_t) ** 2 for t in ts)
-        slope = sum((t - mean_t) * (y - mean_y) for t, y in zip(ts, ys)) / var_t if var_t > 0 else 0.0
-        half = len(ys) // 2
+        # The trend after the first tenth (the first calls on every program warm buffers and arenas up).
+        trend = rss_trend([(s["t_s"], s["rss_kb"]) for s in samples], soak_s / 10)
         report["soak"] = {
-            "rss_kb_slope_per_min": round(slope * 60, 1),
-            "rss_kb_median_first_half": percentile(ys[:half], 50) if half else ys[0],
-            "rss_kb_median_second_half": percentile(ys[half:], 50),
-            "rss_kb_band_settled": [min(ys), max(ys)],
+            "rss_kb_slope_per_min": trend["rss_kb_slope_per_min"],
+            "rss_kb_median_first_half": trend["rss_kb_median_first_half"],
+            "rss_kb_median_second_half": trend["rss_kb_median_second_half"],
+            "rss_kb_band_settled": trend["rss_kb_band_settled"],
             "seconds": soak_s,
             "round_trips": soak["round_trips"],
             "round_trips_per_s": soak["round_trips_per_s"],
