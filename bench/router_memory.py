@@ -105,6 +105,10 @@ class RouterMemoryConfig:
     turn_chars: int = 400
     max_tokens: int = 4
     turn_timeout_s: float = 60.0
+    program_idle_s: float = 7200.0
+    """The scheduler's `--program-idle-ttl-seconds` and the router's `--client-program-idle-seconds`: longer
+    than the run, so that the open programs stay open. (`start_cluster` divides the scheduler's TTL by the
+    workers' speedup, 900 s modelled: 0.9 s at 1000x, and an expired program is dropped by the routers too.)"""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -137,6 +141,7 @@ class RouterMemoryConfig:
         require(self.turn_chars >= 1, "turn_chars", self.turn_chars, "turn_chars >= 1")
         require(self.max_tokens >= 1, "max_tokens", self.max_tokens, "max_tokens >= 1")
         require(self.turn_timeout_s > 0, "turn_timeout_s", self.turn_timeout_s, "turn_timeout_s > 0")
+        require(self.program_idle_s > 0, "program_idle_s", self.program_idle_s, "program_idle_s > 0")
 
 
 FULL = RouterMemoryConfig()
@@ -270,12 +275,21 @@ def flat(trend: dict) -> bool | None:
 
 def targets(load: dict, steady: dict, *, judge_memory: bool) -> list[dict]:
     lost = load["turns_failed"] + steady["turns_failed"] + steady["finals_failed"]
+    held = (load["scheduler_programs_active"], steady["scheduler_programs_active"])
     rows = [
         {
             "name": "turns and finals failed (load + steady)",
             "value": lost,
             "needs": "== 0",
             "status": "PASS" if lost == 0 else "MISS",
+            "judged": True,
+        },
+        {
+            # The figures are about open programs: a program the scheduler expired is dropped by the router.
+            "name": "programs open at the scheduler after the load, after the steady run",
+            "value": list(held),
+            "needs": f"== {load['programs']} both",
+            "status": "PASS" if held == (load["programs"], load["programs"]) else "MISS",
             "judged": True,
         },
         {
@@ -545,7 +559,9 @@ def _cpu_delta(before: dict, after: dict) -> dict[str, float | None]:
     }
 
 
-async def _measure(base_url: str, pids: dict[str, int], config: RouterMemoryConfig, phases: dict) -> None:
+async def _measure(
+    base_url: str, scheduler_addr: str, pids: dict[str, int], config: RouterMemoryConfig, phases: dict
+) -> None:
     """The four phases; fills `phases` as it goes (the caller reads the scheduler and the logs after)."""
     rng = random.Random(config.seed)
     sampler = Sampler(pids, config.sample_s)
@@ -576,9 +592,11 @@ async def _measure(base_url: str, pids: dict[str, int], config: RouterMemoryConf
             sampler.phase = "loaded"
             loaded = await sampler.settled()
             tally = driver.tally.as_dict()
+            held = await asyncio.to_thread(scheduler_stats, scheduler_addr)
             phases["load"] = {
                 **tally,
                 "programs": config.programs,
+                "scheduler_programs_active": held["programs_active"],
                 "wall_s": round(wall_s, 1),
                 "turns_per_s": round(tally["turns_ok"] / wall_s, 1) if wall_s else None,
                 "cpu_s": cpu_load,
@@ -606,6 +624,7 @@ async def _measure(base_url: str, pids: dict[str, int], config: RouterMemoryConf
             progress.cancel()
             cpu_steady = _cpu_delta(cpu_before, _cpu(pids))
             sampler.sample()
+            held = await asyncio.to_thread(scheduler_stats, scheduler_addr)
             steady_rows = [r for r in sampler.timeline if r["phase"] == "steady"]
             tally = driver.tally.as_dict()
             settle_s = config.steady_s * config.settle_fraction
@@ -623,6 +642,7 @@ async def _measure(base_url: str, pids: dict[str, int], config: RouterMemoryConf
                 "turns_per_s": round(tally["turns_ok"] / counts["wall_s"], 2) if counts["wall_s"] else None,
                 "new_programs": population.opened,
                 "open_programs": len(population),
+                "scheduler_programs_active": held["programs_active"],
                 "cpu_s": cpu_steady,
                 "trend": trend,
                 "loadavg": loadavg(),
@@ -673,6 +693,8 @@ def run(config: RouterMemoryConfig, *, quick: bool = False) -> dict:
             state_dir=state_dir,
             log_level="WARNING",
             extra_worker_args=("--log-level", "WARNING"),
+            scheduler_args=("--program-idle-ttl-seconds", f"{config.program_idle_s:g}"),
+            router_args=("--client-program-idle-seconds", f"{config.program_idle_s:g}"),
         )
     )
     phases: dict = {}
@@ -686,7 +708,7 @@ def run(config: RouterMemoryConfig, *, quick: bool = False) -> dict:
             f"at {config.steady_turns_per_s:g} turns/s; {config.workers} simulated workers at {config.speedup:g}x"
         )
         cpu_start = _cpu(pids)
-        asyncio.run(_measure(cluster.http_url, pids, config, phases))
+        asyncio.run(_measure(cluster.http_url, cluster.scheduler.endpoint, pids, config, phases))
         cpu_total = _cpu_delta(cpu_start, _cpu(pids))
         exited = [c.spec.name for c in cluster.supervisor.failed()]
         scheduler = scheduler_stats(cluster.scheduler.endpoint)
@@ -807,6 +829,7 @@ FLAGS = (
     ("turn_chars", int),
     ("max_tokens", int),
     ("turn_timeout_s", float),
+    ("program_idle_s", float),
     ("seed", int),
 )
 """RouterMemoryConfig fields with a flag (`--steady-s` for `steady_s`); an unset flag keeps FULL's or QUICK's."""

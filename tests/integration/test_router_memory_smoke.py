@@ -90,8 +90,11 @@ def test_router_memory_quick_answers_every_turn_and_reports_every_field(tmp_path
     assert all({"router", "scheduler", "capacity"} <= set(row["rss_kb"]) for row in report["timeline"])
     assert report["machine"]["loadavg_start"] is not None and report["idle"]["loadavg"] is not None
 
-    lost, per_10k, router_flat, scheduler_flat = report["targets"]
+    lost, held, per_10k, router_flat, scheduler_flat = report["targets"]
     assert lost["status"] == "PASS" and lost["judged"] is True
+    # The open programs stayed open (at the scheduler, hence in the router) through the load and the steady run.
+    assert held["status"] == "PASS" and held["value"] == [config["programs"]] * 2
+    assert load["scheduler_programs_active"] == steady["scheduler_programs_active"] == config["programs"]
     assert per_10k["status"] == "REPORTED" and per_10k["value_mib"] is not None
     assert router_flat["judged"] is False and scheduler_flat["judged"] is False
     assert "MiB per 10,000 programs" in done.stdout

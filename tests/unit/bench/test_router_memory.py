@@ -90,19 +90,27 @@ def test_a_trend_is_judged_from_the_settle_point():
     assert rss_trend(climbing[:2], 0.0)["rss_kb_slope_per_min"] is None
 
 
-def _steady(router_slope_kb: float | None, scheduler_slope_kb: float | None, failed: int = 0) -> dict:
+def _steady(
+    router_slope_kb: float | None, scheduler_slope_kb: float | None, failed: int = 0, held: int = 10_000
+) -> dict:
     def trend(slope):
         return {"rss_kb_slope_per_min": slope}
 
     return {
         "turns_failed": failed,
         "finals_failed": 0,
+        "scheduler_programs_active": held,
         "trend": {"router": trend(router_slope_kb), "scheduler": trend(scheduler_slope_kb)},
     }
 
 
 def test_flat_means_a_settled_slope_below_the_bound():
-    load = {"turns_failed": 0, "router_kb_per_10k_programs": 65_000}
+    load = {
+        "turns_failed": 0,
+        "router_kb_per_10k_programs": 65_000,
+        "programs": 10_000,
+        "scheduler_programs_active": 10_000,
+    }
     rows = {t["name"]: t for t in rm.targets(load, _steady(-80.0, 200.0), judge_memory=True)}
     assert rows["router RSS flat over the steady run"]["status"] == "PASS"
     assert rows["scheduler RSS flat over the steady run"]["status"] == "PASS"
@@ -112,11 +120,25 @@ def test_flat_means_a_settled_slope_below_the_bound():
     assert leaking["scheduler RSS flat over the steady run"]["status"] == "MISS"  # no slope: cannot pass
     assert leaking["turns and finals failed (load + steady)"]["value"] == 2
     assert leaking["turns and finals failed (load + steady)"]["status"] == "MISS"
+    held = "programs open at the scheduler after the load, after the steady run"
+    assert rows[held]["status"] == "PASS" and rows[held]["value"] == [10_000, 10_000]
+
+
+def test_programs_the_scheduler_expired_fail_the_run():
+    """Regression: `start_cluster` divides the scheduler's program idle TTL by the workers' speedup (0.9 s at
+    1000x), so the first run's open programs expired at once and the routers dropped their state with them:
+    the figures were not about open programs. The run now sets the TTL past its end and checks."""
+    load = {"turns_failed": 0, "router_kb_per_10k_programs": 1, "programs": 10_000, "scheduler_programs_active": 10}
+    rows = {t["name"]: t for t in rm.targets(load, _steady(0.0, 0.0, held=300), judge_memory=False)}
+    held = rows["programs open at the scheduler after the load, after the steady run"]
+    assert held["status"] == "MISS" and held["judged"] is True and held["value"] == [10, 300]
+    assert not rm.passed({"services_exited": [], "targets": list(rows.values())})
 
 
 def test_a_quick_run_judges_lost_turns_only():
-    load = {"turns_failed": 0, "router_kb_per_10k_programs": 1}
-    report = {"services_exited": [], "targets": rm.targets(load, _steady(9_999.0, 9_999.0), judge_memory=False)}
+    load = {"turns_failed": 0, "router_kb_per_10k_programs": 1, "programs": 10, "scheduler_programs_active": 10}
+    steady = _steady(9_999.0, 9_999.0, held=10)
+    report = {"services_exited": [], "targets": rm.targets(load, steady, judge_memory=False)}
     assert rm.passed(report)
     assert not rm.passed({**report, "services_exited": ["router"]})
 
