@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-replica-sync bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
+.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-router-memory bench-replica-sync bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -22,6 +22,8 @@ help:
 	@echo "make bench-sim-fleet - steady arrivals on 2/8/16/32 workers (1,000 programs at 32): Bandmaster / kv / oracle per"
 	@echo "                       size at one oversubscription, CPU per arm (bench/results/sim_fleet.json)"
 	@echo "make bench-router    - added TTFT and streamed tokens/s: our router vs direct vs sglang-router (bench/results/router_bench.json)"
+	@echo "make bench-router-memory - a router process's RSS per 10,000 programs, then 10 minutes of new and"
+	@echo "                       returning programs: router and scheduler RSS slope and band (bench/results/router_memory.json)"
 	@echo "make bench-replica-sync - two routers, in-flight spread over two workers with --router-replica-sync off/on"
 	@echo "                       (bench/results/replica_sync.json)"
 	@echo "make bench-simworker - live simworker streaming capacity and engine-core speed (bench/results/simworker_*.json)"
@@ -113,6 +115,9 @@ bench-scheduler: venv
 
 bench-router: venv
 	$(PY) -m bench.router_bench --out bench/results/router_bench.json
+
+bench-router-memory: venv
+	$(PY) -m bench.router_memory --out bench/results/router_memory.json
 
 bench-replica-sync: venv
 	$(PY) -m bench.replica_sync --out bench/results/replica_sync.json

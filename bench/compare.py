@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from bench.peers import chat_ok, launch_peer_proxy, launch_sglang_router, peer_stats
+from bench.peers import launch_peer_proxy, launch_sglang_router, peer_stats, wait_routable
 from clients.player import Runner, build_workload, scrape_counters
 from clients.workloads import DEFAULT_SPLIT, SPLITS
 from services.common.process.child_stop import stop_child
@@ -552,17 +552,6 @@ def sim_run(spec: SweepSpec, arm: str, parallel: int, *, as_live: bool = False, 
 # ----------------------------------------------------------------------------------- live mode
 
 
-def _wait_routable(base_url: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """A front door is ready once it answers a chat request (routers learn workers in the background)."""
-    deadline = time.monotonic() + timeout_s
-    while not chat_ok(base_url, MODEL):
-        if not alive():
-            raise RuntimeError(f"the router behind {base_url} exited during start-up")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{base_url} never routed a request within {timeout_s:.0f}s")
-        time.sleep(0.2)
-
-
 @dataclass
 class LiveStack:
     """One arm's processes: workers and a front door; `stop` leaves nothing running."""
@@ -598,7 +587,7 @@ def start_live_stack(spec: SweepSpec, arm: str, state_dir: Path) -> LiveStack:
         cluster = start_cluster(config)
         try:
             wait_for_workers(cluster.capacity.endpoint, spec.workers)
-            _wait_routable(cluster.http_url, lambda: not cluster.supervisor.failed())
+            wait_routable(cluster.http_url, MODEL, lambda: not cluster.supervisor.failed())
         except BaseException:
             cluster.stop()
             raise
@@ -651,7 +640,7 @@ def _front_door_stack(
     try:
         urls = [c.endpoint for c in supervisor.start_all([simworker_spec(config, i) for i in range(workers)])]
         door, url = launch(urls)
-        _wait_routable(url, lambda: door.poll() is None)
+        wait_routable(url, MODEL, lambda: door.poll() is None)
     except BaseException:
         _stop_process(door)
         supervisor.stop_all()

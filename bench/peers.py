@@ -7,10 +7,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from services.common.process import orphan_guard
 from services.common.process.child_start import start_child
@@ -105,3 +106,14 @@ def chat_ok(base_url: str, model: str) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def wait_routable(base_url: str, model: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """A front door is ready once it answers a chat request (routers learn workers in the background)."""
+    deadline = time.monotonic() + timeout_s
+    while not chat_ok(base_url, model):
+        if not alive():
+            raise RuntimeError(f"the router behind {base_url} exited during start-up")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{base_url} never routed a request within {timeout_s:.0f}s")
+        time.sleep(0.2)

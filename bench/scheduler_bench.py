@@ -56,6 +56,7 @@ from prometheus_client import CollectorRegistry
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from bench.rss import rss_trend
 from clients.stats import percentile
 from services.common.clock import SystemClock
 from services.common.process import orphan_guard
@@ -836,19 +837,13 @@ async def _memory(
             sampler.cancel()
         samples.append({"t_s": round(time.monotonic() - t0, 1), **proc_sample(pid)})
         rss = [s["rss_kb"] for s in samples]
-        # The trend after the first tenth (the first calls on every program warm buffers and arenas up): a
-        # least-squares slope, and the medians of the two halves, against RSS's own noise (the band).
-        settled = [s for s in samples if s["t_s"] >= soak_s / 10] or samples
-        ts, ys = [s["t_s"] for s in settled], [s["rss_kb"] for s in settled]
-        mean_t, mean_y = sum(ts) / len(ts), sum(ys) / len(ys)
-        var_t = sum((t - mean_t) ** 2 for t in ts)
-        slope = sum((t - mean_t) * (y - mean_y) for t, y in zip(ts, ys)) / var_t if var_t > 0 else 0.0
-        half = len(ys) // 2
+        # The trend after the first tenth (the first calls on every program warm buffers and arenas up).
+        trend = rss_trend([(s["t_s"], s["rss_kb"]) for s in samples], soak_s / 10)
         report["soak"] = {
-            "rss_kb_slope_per_min": round(slope * 60, 1),
-            "rss_kb_median_first_half": percentile(ys[:half], 50) if half else ys[0],
-            "rss_kb_median_second_half": percentile(ys[half:], 50),
-            "rss_kb_band_settled": [min(ys), max(ys)],
+            "rss_kb_slope_per_min": trend["rss_kb_slope_per_min"],
+            "rss_kb_median_first_half": trend["rss_kb_median_first_half"],
+            "rss_kb_median_second_half": trend["rss_kb_median_second_half"],
+            "rss_kb_band_settled": trend["rss_kb_band_settled"],
             "seconds": soak_s,
             "round_trips": soak["round_trips"],
             "round_trips_per_s": soak["round_trips_per_s"],
@@ -863,19 +858,24 @@ async def _memory(
 
 def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
     """The router's per-program state with `programs` programs, in this process (tracemalloc): its admission
-    cache (one entry each), its client limits (programs over 50 clients) and its session chains (each
-    program's last prompt, `prompt_chars` characters, hashed in the router's default text chunks). The
-    cache and the chains are bounded by the router's settings (`CacheParams.max_entries`,
-    `session_chain_bytes`): past them it evicts, so this is the figure below the bounds, and the bound above.
+    cache (one entry each), its client limits (programs over 50 clients), its session chains (each
+    program's last prompt, `prompt_chars` characters, hashed in the router's default text chunks) and its
+    prefix index (approximate mode: one routing record per turn, each prompt's chain, over 8 replicas,
+    kept `router_ttl_s`). The cache, the chains and the index are bounded by the router's settings
+    (`CacheParams.max_entries`, `session_chain_bytes`, `max_blocks_per_worker` and the TTL): past them it
+    evicts, so this is the figure below the bounds, and the bound above.
 
     Not the router process's RSS: a router needs a whole stack to hold programs; its per-program state is
     these three structures (services/router/core), built here as the router builds them."""
     import tracemalloc
 
     from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
+    from services.router.core.hashing import text_chunk_hashes
+    from services.router.core.index import RoutingHistoryIndex
     from services.router.core.limits import ClientLimitParams, ClientLimits
     from services.router.core.params import KvRouterParams
     from services.router.core.session_chains import SessionChains
+    from services.router.core.types import Replica
 
     defaults = KvRouterParams()
     rng = random.Random(11)
@@ -897,13 +897,31 @@ def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
         now, _ = tracemalloc.get_traced_memory()
         parts["client_limits"], mark = now - mark, now
         chains = SessionChains(defaults.session_chain_bytes)
+        prompts_from = rng.getstate()
         for sid in sids:
             chains.text_ids(sid, prefix + rng.randbytes(prompt_chars // 4).hex(), defaults.text_chunk_chars)
         now, _ = tracemalloc.get_traced_memory()
-        parts["session_chains"] = now - mark
+        parts["session_chains"], mark = now - mark, now
+        index = RoutingHistoryIndex(
+            ttl_s=defaults.router_ttl_s,
+            max_blocks_per_worker=defaults.max_blocks_per_worker,
+            prune_target_ratio=defaults.prune_target_ratio,
+        )
+        replicas = [Replica(f"w{i}", 0) for i in range(8)]
+        rng.setstate(prompts_from)  # the same prompts again: the router records each turn's chain of ids
+        for i in range(programs):
+            prompt = prefix + rng.randbytes(prompt_chars // 4).hex()
+            index.record(replicas[i % 8], tuple(text_chunk_hashes(prompt, defaults.text_chunk_chars)), 0.0)
+        now, _ = tracemalloc.get_traced_memory()
+        parts["routing_history_index"] = now - mark
     finally:
         tracemalloc.stop()
-    kept = {"admission_cache": len(cache), "client_limits": programs, "session_chains": len(chains)}
+    kept = {
+        "admission_cache": len(cache),
+        "client_limits": programs,
+        "session_chains": len(chains),
+        "routing_history_index": programs,
+    }
     # Per program kept, times 10,000: what 10,000 programs take below the bounds.
     per_10k = {k: round(v * 10_000 / max(1, kept[k])) for k, v in parts.items()}
     return {

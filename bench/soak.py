@@ -55,7 +55,8 @@ from typing import Callable, Iterator, Sequence
 
 import aiohttp
 
-from bench.peers import chat_ok
+from bench.peers import wait_routable
+from bench.rss import rss_kb, slope_kb_per_min
 from clients.player import (
     FINAL,
     SESSION,
@@ -181,15 +182,6 @@ def growth_pct(before: int | None, after: int | None) -> float | None:
     return round((after - before) / before * 100.0, 2)
 
 
-def slope_kb_per_min(samples: Sequence[tuple[float, int]], start_s: float, end_s: float) -> float | None:
-    """Least-squares slope of the samples in [start_s, end_s], kB per minute; None with fewer than 3."""
-    inside = [(t, v) for t, v in samples if start_s <= t <= end_s]
-    if len(inside) < 3 or len({t for t, _ in inside}) < 2:
-        return None
-    slope = statistics.linear_regression([t for t, _ in inside], [v for _, v in inside]).slope
-    return round(slope * 60.0, 1)
-
-
 def memory_figures(
     timeline: Sequence[dict], services: Sequence[str], warmup_s: float, end_s: float, window_s: float
 ) -> dict[str, dict]:
@@ -255,18 +247,6 @@ def targets(lost: int, memory: dict[str, dict], *, judge_memory: bool) -> list[d
 
 
 # --------------------------------------------------------------------------------- /proc reads
-
-
-def rss_kb(pid: int) -> int | None:
-    """VmRSS of a live process in kB; None once it has exited."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -418,14 +398,6 @@ class MemorySampler:
             await asyncio.sleep(self.interval_s)
 
 
-def _wait_routable(url: str, alive: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not chat_ok(url, MODEL):
-        if not alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"the router at {url} did not route a request within {timeout_s:.0f}s")
-        time.sleep(0.2)
-
-
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -449,7 +421,7 @@ def run_soak(config: SoakConfig, *, quick: bool = False) -> dict:
     )
     try:
         wait_for_workers(cluster.capacity.endpoint, config.workers)
-        _wait_routable(cluster.http_url, lambda: not cluster.supervisor.failed())
+        wait_routable(cluster.http_url, MODEL, lambda: not cluster.supervisor.failed())
         pids = {child.spec.name: child.process.pid for child in cluster.supervisor.children}
         _log(
             f"bench.soak: {config.programs} programs for {config.duration_s:g}s on {config.workers} simulated "

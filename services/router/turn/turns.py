@@ -177,7 +177,7 @@ class TurnRunner:
         # A final turn's Release goes after the program's earlier turns reached the scheduler (a fast-path
         # Admit still on its way, a Complete): else the program ends there without them.
         sid = spec.identity.session_id
-        earlier = [t for t in (self._dispatching.get(sid), self._completing.get(sid)) if t is not None] if final else []
+        earlier = self._earlier_turns(sid) if final else []
         if admission is None or self.scheduler is None or (book.fast and book.admit_task is None):
             # (A fast-path turn that failed before its pick never sent its Admit: the scheduler never knew it.)
             if final and self.scheduler is not None:
@@ -228,12 +228,16 @@ class TurnRunner:
                 lambda done: self._completing.pop(sid) if self._completing.get(sid) is done else None
             )
 
+    def _earlier_turns(self, session_id: str) -> list[asyncio.Task]:
+        """The program's turns still on their way to the scheduler: a fast-path Admit, a Complete."""
+        return [t for t in (self._dispatching.get(session_id), self._completing.get(session_id)) if t is not None]
+
     @staticmethod
-    async def _release_after(scheduler: SchedulerClient, session_id: str, earlier: list[asyncio.Task]) -> None:
+    async def _release_after(scheduler: SchedulerClient, session_id: str, earlier: list[asyncio.Task]) -> bool:
         pending = [t for t in earlier if not t.done()]
         if pending:
             await asyncio.wait(pending, timeout=max(scheduler.failover_bound_s, 1.0))
-        await scheduler.release(session_id)
+        return await scheduler.release(session_id)
 
     def delivered(self, spec: TurnSpec, admission: Admission | None, book: Bookkeeping) -> None:
         """The turn's client has received something: the scheduler confirms its admission (a turn that lapses
@@ -360,11 +364,15 @@ class TurnRunner:
             core.chains.forget(session_id)
 
     async def release(self, session_id: str, client: str = "") -> bool:
+        """A final request without content (HTTP) or `Router.Release`: the program's client slot now, and at
+        the scheduler after its earlier turns, as a final turn's (a client sends it the moment its last turn's
+        answer ended, when that turn's fast-path Admit may not have left yet: released first, the program
+        would be re-created there by that Admit and kept until its idle TTL)."""
         if self.limits is not None:
             self.limits.release(client, session_id)
         if self.scheduler is None:
             return False
-        return await self.scheduler.release(session_id)
+        return await self._release_after(self.scheduler, session_id, self._earlier_turns(session_id))
 
     def _check_client_limits(self, spec: TurnSpec) -> None:
         """A new program over its client's cap or rate: TooManyRequests (429) before anything else."""
