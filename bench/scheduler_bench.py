@@ -1291,7 +1291,15 @@ def main(argv: list[str] | None = None) -> int:
         if phases is not None:
             report["tick_phases"] = phases
         report["tick_runs"] = tick_runs
+        report["machine"] = {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        }
+        report["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print(json.dumps(report, indent=2))
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # the JSON report, as every mode writes
+        print(f"wrote {args.out}")
         return 0
     rpc = asyncio.run(bench_rpc(args.callers, args.duration_seconds, args.channels, **rpc_kwargs))
     recovery = asyncio.run(bench_recovery(args.programs, args.replicas))

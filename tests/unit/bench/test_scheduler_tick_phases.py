@@ -51,3 +51,18 @@ def test_the_tick_report_has_cpu_time_per_tick_and_a_digest_of_its_decisions():
     assert len(run["decisions_sha256"]) == 64
     assert bench_tick(300, 8, 4, pause_policy="cost_aware")["decisions_sha256"] == run["decisions_sha256"]
     assert bench_tick(300, 8, 4, seed=8, pause_policy="cost_aware")["decisions_sha256"] != run["decisions_sha256"]
+
+
+def test_the_tick_only_run_writes_its_json_report(tmp_path, capsys):
+    """Regression: `--tick-only` printed its report and ignored `--out`."""
+    import json
+
+    from bench.scheduler_bench import main
+
+    out = tmp_path / "tick.json"
+    argv = ["--tick-only", "--smoke", "--pause-policy", "cost_aware", "--scaling-programs", "200", "--out", str(out)]
+    assert main(argv) == 0
+    report = json.loads(out.read_text())
+    assert report["tick"] and report["tick_scaling"]
+    assert report["tick_runs"][0]["pause_policy"] == "cost_aware" and report["machine"]["cpus"]
+    assert f"wrote {out}" in capsys.readouterr().out
