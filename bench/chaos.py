@@ -73,6 +73,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Awaitable, Callable, Iterator, Sequence
 
+from bench.config_flags import add_config_flags, config_from_args
 from clients.workloads import Program
 from services.common.process.child_start import start_child
 from services.common.process.child_stop import stop_child
@@ -1825,24 +1826,13 @@ FLAGS = (
 """Flags that set a ChaosConfig field of the same name; `--only` (repeatable) sets `only`."""
 
 
-def config_from_args(args: argparse.Namespace) -> ChaosConfig:
-    overrides: dict = {name: getattr(args, name) for name, _ in FLAGS if getattr(args, name) is not None}
-    if args.only:
-        overrides["only"] = tuple(args.only)
-    return replace(QUICK if args.quick else FULL, **overrides)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/chaos.json"))
     parser.add_argument("--seeds", default="0", help="comma-separated seeds, one run each (default 0)")
     parser.add_argument("--quick", action="store_true", help="short, a few faults, for the test suite")
     parser.add_argument("--keep-logs", action="store_true", help="keep the services' logs of a passing run too")
-    for name, kind in FLAGS:
-        if kind is bool:
-            parser.add_argument("--" + name.replace("_", "-"), action="store_const", const=True, default=None)
-        else:
-            parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
+    add_config_flags(parser, FLAGS, FULL, QUICK)
     parser.add_argument(
         "--only",
         action="append",
@@ -1852,7 +1842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
+        config = config_from_args(args, FLAGS, FULL, QUICK, **({"only": tuple(args.only)} if args.only else {}))
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         require(bool(seeds), "seeds", args.seeds, "at least one seed")
     except (ConfigError, ValueError) as exc:

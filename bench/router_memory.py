@@ -52,12 +52,13 @@ import sys
 import tempfile
 import time
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import aiohttp
 
+from bench.config_flags import add_config_flags, config_from_args
 from bench.peers import wait_routable
 from bench.rss import rss_kb, rss_trend
 from bench.soak import cpu_seconds, log_problems, router_index_ttl, scheduler_stats
@@ -835,11 +836,6 @@ FLAGS = (
 """RouterMemoryConfig fields with a flag (`--steady-s` for `steady_s`); an unset flag keeps FULL's or QUICK's."""
 
 
-def config_from_args(args: argparse.Namespace) -> RouterMemoryConfig:
-    overrides = {name: getattr(args, name) for name, _ in FLAGS if getattr(args, name) is not None}
-    return replace(QUICK if args.quick else FULL, **overrides)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.router_memory", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/router_memory.json"))
@@ -848,16 +844,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"small and short, for the test suite ({QUICK.programs} programs, {QUICK.steady_s:g}s steady)",
     )
-    for name, kind in FLAGS:
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            help=f"default {getattr(FULL, name):g} (--quick: {getattr(QUICK, name):g})",
-        )
+    add_config_flags(parser, FLAGS, FULL, QUICK)
     args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
+        config = config_from_args(args, FLAGS, FULL, QUICK)
     except ConfigError as exc:
         _log(f"bench.router_memory: {exc}")
         return 2

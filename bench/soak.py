@@ -55,6 +55,7 @@ from typing import Callable, Iterator, Sequence
 
 import aiohttp
 
+from bench.config_flags import add_config_flags, config_from_args
 from bench.peers import wait_routable
 from bench.rss import rss_kb, slope_kb_per_min
 from clients.player import (
@@ -701,11 +702,6 @@ FLAGS = (
 """SoakConfig fields with a flag (`--duration-s` for `duration_s`); an unset flag keeps FULL's or QUICK's value."""
 
 
-def config_from_args(args: argparse.Namespace) -> SoakConfig:
-    overrides = {name: getattr(args, name) for name, _ in FLAGS if getattr(args, name) is not None}
-    return replace(QUICK if args.quick else FULL, **overrides)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/soak.json"))
@@ -714,16 +710,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help=f"small and short, for the test suite ({QUICK.programs} programs, {QUICK.duration_s:g}s)",
     )
-    for name, kind in FLAGS:
-        parser.add_argument(
-            "--" + name.replace("_", "-"),
-            type=kind,
-            default=None,
-            help=f"default {getattr(FULL, name):g} (--quick: {getattr(QUICK, name):g})",
-        )
+    add_config_flags(parser, FLAGS, FULL, QUICK)
     args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
+        config = config_from_args(args, FLAGS, FULL, QUICK)
     except ConfigError as exc:
         _log(f"bench.soak: {exc}")
         return 2

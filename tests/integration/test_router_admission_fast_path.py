@@ -307,10 +307,18 @@ async def test_a_client_gone_right_after_a_fast_path_turn_started_is_still_count
         await _stop(router, st, h)
 
 
-async def test_a_final_turn_releases_the_program_after_the_fast_path_admit_before_it(tmp_path, monkeypatch):
-    """A fast-path turn whose Admit is slow to leave, then at once the final turn (the normal path): its
-    Admit, Complete and the program's Release reach the scheduler after the earlier Admit, so that the
-    program ends there with every turn (not re-created by a late Admit after its Release)."""
+FINAL_TURN = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "the end"}]}
+FINAL_WITHOUT_CONTENT = {"model": MODEL, "messages": []}
+
+
+@pytest.mark.parametrize("final", [FINAL_TURN, FINAL_WITHOUT_CONTENT], ids=["final-turn", "final-without-content"])
+async def test_a_final_request_releases_the_program_after_the_fast_path_admit_before_it(tmp_path, monkeypatch, final):
+    """A fast-path turn whose Admit is slow to leave, then at once the final request: a final turn (the normal
+    path: its Admit, Complete and the program's Release), or a final request without content (`messages: []`:
+    it only releases the program). The Release reaches the scheduler after the earlier Admit, so that the
+    program ends there with every turn, not re-created by a late Admit after its Release. The request without
+    content was found by bench/router_memory.py: its Release went at once, before the turn's background
+    Admit, which re-created the program, kept until the idle TTL (5 of 320 programs of a quick run)."""
     from services.router.adapters.scheduler import SchedulerClient
 
     st = stack.Stack(tmp_path)
@@ -335,60 +343,14 @@ async def test_a_final_turn_releases_the_program_after_the_fast_path_admit_befor
         monkeypatch.setattr(SchedulerClient, "release", release)
         turn, _ = await _first_token(router.base_url, "prog")  # turn 2: fast path
         assert await turn == 200 and _fast_turns(router) == 1
-        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "the end"}]}
         async with aiohttp.ClientSession() as s:
             headers = session_headers("prog", final=True)
-            async with s.post(router.base_url + "/v1/chat/completions", json=body, headers=headers) as r:
-                assert r.status == 200  # turn 3, final
+            async with s.post(router.base_url + "/v1/chat/completions", json=final, headers=headers) as r:
+                assert r.status == 200
         await assert_eventually(lambda: "release" in order, timeout_s=15)
         await asyncio.sleep(0.5)
         assert order.index("release") > order.index("admit-dispatched"), order
-        assert h.core.program("prog") is None  # released with its 3 turns, not re-created by a late Admit
-        assert _failed_open(router) == 0
-    finally:
-        await _stop(router, st, h)
-
-
-async def test_a_final_request_without_content_releases_the_program_after_the_fast_path_admit_before_it(
-    tmp_path, monkeypatch
-):
-    """The same with a final request that carries no content (`messages: []`: it only releases the program),
-    sent the moment the fast-path turn's answer ended. Found by bench/router_memory.py: its Release went to the
-    scheduler at once, before the turn's background Admit, and that late Admit re-created the program there,
-    which then stayed until the idle TTL (5 of 320 programs of a quick run)."""
-    from services.router.adapters.scheduler import SchedulerClient
-
-    st = stack.Stack(tmp_path)
-    h = router = None
-    try:
-        h, router = await _fast_cluster(tmp_path, st)
-        order: list[str] = []
-        original_admit, original_release = SchedulerClient._admit_once, SchedulerClient.release
-
-        async def admit_once(self, address, request, request_id, **kw):
-            if request.dispatched:
-                await asyncio.sleep(1.0)  # slow to leave (a loaded router)
-            answer = await original_admit(self, address, request, request_id, **kw)
-            order.append("admit-dispatched" if request.dispatched else "admit")
-            return answer
-
-        async def release(self, session_id):
-            order.append("release")
-            return await original_release(self, session_id)
-
-        monkeypatch.setattr(SchedulerClient, "_admit_once", admit_once)
-        monkeypatch.setattr(SchedulerClient, "release", release)
-        turn, _ = await _first_token(router.base_url, "prog")  # turn 2: fast path
-        assert await turn == 200 and _fast_turns(router) == 1
-        body = {"model": MODEL, "messages": []}
-        async with aiohttp.ClientSession() as s:
-            headers = session_headers("prog", final=True)
-            async with s.post(router.base_url + "/v1/chat/completions", json=body, headers=headers) as r:
-                assert r.status == 200  # the final request: no worker, an empty completion
-        await assert_eventually(lambda: "release" in order, timeout_s=15)
-        await asyncio.sleep(0.5)
-        assert order.index("release") > order.index("admit-dispatched"), order
-        assert h.core.program("prog") is None  # released with its 2 turns, not re-created by the late Admit
+        assert h.core.program("prog") is None  # released with its turns, not re-created by a late Admit
         assert _failed_open(router) == 0
     finally:
         await _stop(router, st, h)
