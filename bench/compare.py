@@ -762,16 +762,15 @@ def twin_run(spec: SweepSpec, arm: str, parallel: int) -> dict:
     """The live-sim twin of one arm at one point: of `spec.twin_draws` simulated runs of the live run
     (variants 1..N), the one with the median steps/min (the lower middle of an even count), with every
     draw's steps/min and KV hit rate beside it."""
-    rows = [sim_run(spec, arm, parallel, as_live=True, variant=v) for v in range(1, spec.twin_draws + 1)]
-    done = [r for r in rows if "summary" in r and not r.get("error")]
+    rows = {v: sim_run(spec, arm, parallel, as_live=True, variant=v) for v in range(1, spec.twin_draws + 1)}
+    done = {v: r for v, r in rows.items() if "summary" in r and not r.get("error")}
     if not done:
-        return rows[0]
-    ordered = sorted(done, key=lambda r: r["summary"]["steps_per_min"])
+        return rows[1]
+    ordered = sorted(done.values(), key=lambda r: r["summary"]["steps_per_min"])
     row = ordered[(len(ordered) - 1) // 2]
     row["draws"] = [
         {"variant": v, "steps_per_min": r["summary"]["steps_per_min"], "kv_hit_rate": r["summary"]["kv_hit_rate"]}
-        for v, r in enumerate(rows, start=1)
-        if r in done
+        for v, r in done.items()
     ]
     return row
 

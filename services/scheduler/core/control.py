@@ -332,31 +332,25 @@ class ControlLaw:
         select = selected.append
         cumulative = slots_needed = 0
         start, end = 0, len(keyed)
+        slot_limit = -1 if total_slots is None else total_slots  # -1: no request-slot limit
         while start < end:
             group = keyed[start][0]
             stop = bisect_left(keyed, (group + 1,), start)  # this group's end (no Program compared)
-            if group < 2 and total_slots is not None:  # REASONING: each takes a slot
-                if slots_needed >= total_slots:  # none left: every REASONING program from here is passed over
-                    start = bisect_left(keyed, (2,), start)
-                    continue
-                for _, key, _, _, program in keyed[start:stop]:
-                    if budget - cumulative < key + buffer:
-                        break
-                    req = program.token_total + buffer
-                    if cumulative + req <= budget:
-                        select(program)
-                        cumulative += req
+            takes_slot = group < 2 and slot_limit >= 0  # REASONING: each takes a slot
+            if takes_slot and slots_needed >= slot_limit:
+                start = bisect_left(keyed, (2,), start)  # none left: the REASONING programs from here are passed over
+                continue
+            for _, key, _, _, program in keyed[start:stop]:
+                if budget - cumulative < key + buffer:
+                    break
+                req = program.token_total + buffer
+                if cumulative + req <= budget:
+                    select(program)
+                    cumulative += req
+                    if takes_slot:
                         slots_needed += 1
-                        if slots_needed >= total_slots:
+                        if slots_needed >= slot_limit:
                             break
-            else:
-                for _, key, _, _, program in keyed[start:stop]:
-                    if budget - cumulative < key + buffer:
-                        break
-                    req = program.token_total + buffer
-                    if cumulative + req <= budget:
-                        select(program)
-                        cumulative += req
             start = stop
         return selected
 

@@ -8,8 +8,11 @@ from services.scheduler.core import (
     ReplicaCapacity,
     ReplicaKey,
     SchedulerCore,
+    Status,
     Verdict,
 )
+from services.scheduler.core.control import ControlLaw
+from services.scheduler.core.model import Program
 
 
 def snapshot(caps: dict[tuple[str, int], int], version: int = 1, max_programs: dict | None = None) -> CapacitySnapshot:
@@ -71,3 +74,33 @@ def place_reasoning(core: SchedulerCore, sid: str, tokens: int, replica: tuple[s
     program.replica = ReplicaKey(*replica)
     ledger.recharge(program)
     return request_id
+
+
+def full_order_knapsack(law: ControlLaw, now: float, budget: int, total_slots: int | None) -> list[Program]:
+    """The selection as specified: sort the whole paused queue by (resume group, effective size, pause
+    order), then take each program whose req fits what is left (and, with slots, a REASONING one
+    while a slot is left)."""
+    ledger, p = law.ledger, law.params
+    buffer = p.buffer_per_program_tokens
+
+    def resume_key(sid: str) -> tuple[int, float, int]:
+        q = ledger.programs[sid]
+        size = float(q.token_total)
+        if p.resume_wait_discount_seconds > 0:
+            since = q.paused_since if q.paused_since is not None else now
+            size /= 1.0 + max(0.0, now - since) / p.resume_wait_discount_seconds
+        return (law.resume_group(q), size, ledger.paused[sid])
+
+    selected: list[Program] = []
+    cumulative = slots_needed = 0
+    for sid in sorted(ledger.paused, key=resume_key):
+        q = ledger.programs[sid]
+        req = q.token_total + buffer
+        takes_slot = q.status is Status.REASONING
+        if takes_slot and total_slots is not None and slots_needed >= total_slots:
+            continue
+        if cumulative + req <= budget:
+            selected.append(q)
+            cumulative += req
+            slots_needed += takes_slot
+    return selected

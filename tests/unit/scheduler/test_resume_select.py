@@ -13,38 +13,9 @@ import pytest
 from services.scheduler.core import ControlParams, Status
 from services.scheduler.core.accounting import Ledger
 from services.scheduler.core.control import ControlLaw
-from services.scheduler.core.model import Lifecycle, Program
+from services.scheduler.core.model import Lifecycle
 from services.scheduler.core.policies import make_pause_policy
-
-
-def full_order_knapsack(law: ControlLaw, now: float, budget: int, total_slots: int | None) -> list[Program]:
-    """The selection as specified: sort the whole paused queue by (resume group, effective size, pause
-    order), then take each program whose req fits what is left (and, with slots, a REASONING one
-    while a slot is left)."""
-    ledger, p = law.ledger, law.params
-    buffer = p.buffer_per_program_tokens
-
-    def resume_key(sid: str) -> tuple[int, float, int]:
-        q = ledger.programs[sid]
-        size = float(q.token_total)
-        if p.resume_wait_discount_seconds > 0:
-            since = q.paused_since if q.paused_since is not None else now
-            size /= 1.0 + max(0.0, now - since) / p.resume_wait_discount_seconds
-        return (law.resume_group(q), size, ledger.paused[sid])
-
-    selected: list[Program] = []
-    cumulative = slots_needed = 0
-    for sid in sorted(ledger.paused, key=resume_key):
-        q = ledger.programs[sid]
-        req = q.token_total + buffer
-        takes_slot = q.status is Status.REASONING
-        if takes_slot and total_slots is not None and slots_needed >= total_slots:
-            continue
-        if cumulative + req <= budget:
-            selected.append(q)
-            cumulative += req
-            slots_needed += takes_slot
-    return selected
+from tests.unit.scheduler.helpers import full_order_knapsack
 
 
 def paused_queue(rng: random.Random, discount: float, tail: int | None) -> tuple[ControlLaw, float]:

@@ -27,6 +27,7 @@ from services.scheduler.core import (
 from services.scheduler.core.control import ControlLaw, ForceResume, Plan, Resume
 from services.scheduler.core.model import Program
 from services.scheduler.core.policies import make_pause_policy
+from tests.unit.scheduler.helpers import full_order_knapsack
 
 
 def exhaustive_resume_plan(law: ControlLaw, now: float) -> Plan:
@@ -48,26 +49,9 @@ def exhaustive_resume_plan(law: ControlLaw, now: float) -> Plan:
     if not room:
         return Plan()
 
-    def resume_key(q: Program) -> tuple[int, float, int]:
-        size = float(q.token_total)
-        if p.resume_wait_discount_seconds > 0:
-            since = q.paused_since if q.paused_since is not None else now
-            size /= 1.0 + max(0.0, now - since) / p.resume_wait_discount_seconds
-        return (law.resume_group(q), size, ledger.paused[q.session_id])
-
     budget = sum(room.values())
     total_slots = sum(s for s in slots.values() if s is not None) if None not in slots.values() else None
-    selected: list[Program] = []
-    cumulative = slots_needed = 0
-    for q in sorted((ledger.programs[sid] for sid in ledger.paused), key=resume_key):
-        req = q.token_total + buffer
-        takes_slot = q.status is Status.REASONING
-        if takes_slot and total_slots is not None and slots_needed >= total_slots:
-            continue
-        if cumulative + req <= budget:
-            selected.append(q)
-            cumulative += req
-            slots_needed += takes_slot
+    selected = full_order_knapsack(law, now, budget, total_slots)
     if not selected:
         return Plan()
     selected.sort(key=lambda q: q.token_total, reverse=True)
