@@ -44,7 +44,12 @@ async def test_a_sigtermed_leader_with_held_admits_and_a_watcher_exits_within_th
         leader, client = procs[index], clients[index]
         standby = clients[1 - index]
         await client.wait_replicas(1)
-        await client.turn("p1", "r1", 990)  # fills the replica: new programs are held at admission
+        # p1's turn in flight fills the replica: new programs are held at admission. (A completed turn
+        # would leave p1 ACTING above the pause threshold, and a tick before the Admits below would
+        # pause it and make room for them.)
+        await client.stub.Admit(
+            pb.AdmitRequest(session_id="p1", request_id="r1", estimated_prompt_tokens=800), timeout=5
+        )
         held = [
             client.stub.AdmitStream(
                 pb.AdmitRequest(session_id=f"q{i}", request_id=f"q{i}-1", estimated_prompt_tokens=500)

@@ -18,6 +18,7 @@ from tests.support.eventually import assert_eventually
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 LEASE_S = 3.0  # renewed every second: a loaded machine may delay a renewal by two
 TICK_S = 0.1
+POLL_S = 0.2
 MODEL = "bandmaster-sim"
 
 
@@ -123,8 +124,13 @@ async def test_a_live_router_renews_a_turn_longer_than_the_lease(tmp_path):
         turn = asyncio.ensure_future(_stream_turn(stack.router_url(router), "prog-long", 900, first))
         await _first_chunk(turn, first)
         while not turn.done():
-            assert await _status(client, "prog-long") == pb.PROGRAM_STATUS_REASONING
-            await asyncio.sleep(0.2)
+            if await _status(client, "prog-long") != pb.PROGRAM_STATUS_REASONING:
+                # Only at the turn's end: the router Completes once it has relayed the last chunk, a moment
+                # before the client reads the end of the stream (CI polled in between). A lapsed lease would
+                # end REASONING with the turn still streaming.
+                await asyncio.wait_for(asyncio.shield(turn), timeout=3)
+                break
+            await asyncio.sleep(POLL_S)
         assert await turn > 100
         assert time.monotonic() - started > 2 * LEASE_S, "the turn must outlive several leases"
 
