@@ -20,7 +20,7 @@ async def start_and_settle(config: SchedulerConfig, **kwargs: Any) -> RunningSch
     """Start the service (the table is restored before it returns), then settle the process's heap:
     a process concern, so here and not in `start_scheduler`, which tests run many times in one process."""
     running = await start_scheduler(config, **kwargs)
-    settle_heap()
+    settle_heap(len(running.runtime.core.ledger.programs) if running.runtime is not None else 0)
     return running
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import heapq
 import logging
 import time
@@ -41,6 +42,7 @@ from services.scheduler.core import (
     Verdict,
     transition_logs,
 )
+from services.scheduler import heap
 from services.scheduler.metrics import SchedulerMetrics
 
 if TYPE_CHECKING:
@@ -339,11 +341,25 @@ class SchedulerRuntime:
         self.metrics.tick_seconds.observe(time.perf_counter() - started)
         return result
 
+    def _settle_heap(self) -> None:
+        """Before a tick: freeze what the table grew by, if it grew enough (heap.settle_if_grown; a
+        no-op unless the process's main settled its heap), so the tick meets no collection of it."""
+        started = time.perf_counter()
+        programs = len(self.core.ledger.programs)
+        if heap.settle_if_grown(programs):
+            log.info(
+                "scheduler.heap settled programs=%d frozen=%d in %.1f ms",
+                programs,
+                gc.get_freeze_count(),
+                (time.perf_counter() - started) * 1e3,
+            )
+
     async def _tick_loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_at = loop.time() + self.interval_s
         while not self._stopping:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self._settle_heap()
             self.tick_once()
             # Fixed rate; after a stall, skip missed ticks instead of bunching them.
             next_at = max(next_at + self.interval_s, loop.time())

@@ -76,9 +76,10 @@ class Unmark:
 
 @dataclass(frozen=True, slots=True)
 class SoftDemote:
-    """Lower the priority of the programs `session_ids` on `replica` until `until`; those in
-    `announce` (in that order) were not demoted already: an event each. One step per replica (a
-    replica in the band may hold thousands of programs)."""
+    """Lower the priority of the programs `session_ids` on `replica` until `until` (a program demoted
+    until later keeps its window); those in `announce` (in that order) were not demoted already: an
+    event each. One step per replica (a replica in the band may hold thousands of programs); the
+    control law lists only the programs whose window moves."""
 
     replica: ReplicaKey
     until: float
@@ -193,7 +194,8 @@ class ControlLaw:
                 continue
             # The residents (thousands at fleet size) in comprehensions, their ids and creation order read
             # by C-level getters: no Python call per program.
-            demoted = [q for q in ledger.resident[key].values() if not q.marked]
+            # Only those whose window moves: one demoted until `until` or later already keeps its window.
+            demoted = [q for q in ledger.resident[key].values() if not q.marked and q.soft_demoted_until < until]
             if demoted:
                 announce = [q for q in demoted if q.soft_demoted_until <= now]  # not demoted already: an event each
                 # Events in creation order: the residents' order is the order of their last re-account.
