@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import services.scheduler.__main__ as scheduler_main
@@ -56,14 +57,49 @@ def test_settle_heap_freezes_start_up_raises_the_young_threshold_and_frees_as_be
     assert probe["cycle_collected"]
 
 
-def test_main_settles_the_heap_once_the_service_has_started(monkeypatch):
-    calls: list[str] = []
+GROWTH_PROBE = """
+import gc
+import json
+from services.scheduler.heap import settle_heap, settle_if_grown
 
-    async def start(config: Any, **kwargs: Any) -> str:
+unsettled = settle_if_grown(100_000)  # a process that never settled its heap (the test suite's): nothing
+settle_heap(2_000)
+table = [[i] for i in range(5_000)]  # admitted while serving: young (tracked) objects
+frozen = gc.get_freeze_count()
+small = settle_if_grown(2_400)  # below 1.25x the last settle
+settled = settle_if_grown(3_000)
+frozen_after = gc.get_freeze_count()
+again = settle_if_grown(3_700)  # below the floor (the last settle + 1,000)
+print(json.dumps({"unsettled": unsettled, "small": small, "settled": settled, "again": again,
+                  "grew": frozen_after - frozen, "young": gc.get_count()[0]}))
+"""
+
+
+def test_settle_if_grown_freezes_what_the_table_grew_by_only_at_a_new_high():
+    out = subprocess.run(
+        [sys.executable, "-c", GROWTH_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    probe = json.loads(out)
+    assert probe["unsettled"] is False
+    assert (probe["small"], probe["settled"], probe["again"]) == (False, True, False)
+    assert probe["grew"] >= 5_000  # the growth is frozen: no later collection walks it
+    assert probe["young"] < 1_000  # and a tick after the settle starts with an empty young generation
+
+
+def test_main_settles_the_heap_once_the_service_has_started_with_the_restored_table_size(monkeypatch):
+    calls: list[str] = []
+    restored = {"p1": object(), "p2": object(), "p3": object()}
+    running = SimpleNamespace(runtime=SimpleNamespace(core=SimpleNamespace(ledger=SimpleNamespace(programs=restored))))
+
+    async def start(config: Any, **kwargs: Any) -> Any:
         calls.append("start")  # start_scheduler restores the table before it returns
-        return "running"
+        return running
 
     monkeypatch.setattr(scheduler_main, "start_scheduler", start)
-    monkeypatch.setattr(scheduler_main, "settle_heap", lambda: calls.append("settle"))
-    assert asyncio.run(scheduler_main.start_and_settle(object(), telemetry=None)) == "running"  # type: ignore[arg-type]
-    assert calls == ["start", "settle"]
+    monkeypatch.setattr(scheduler_main, "settle_heap", lambda programs: calls.append(f"settle {programs}"))
+    assert asyncio.run(scheduler_main.start_and_settle(object(), telemetry=None)) is running  # type: ignore[arg-type]
+    assert calls == ["start", "settle 3"]
+    running.runtime = None  # a standby (leader election) has no table yet
+    calls.clear()
+    asyncio.run(scheduler_main.start_and_settle(object(), telemetry=None))  # type: ignore[arg-type]
+    assert calls == ["start", "settle 0"]

@@ -11,6 +11,7 @@ from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.core import EventKind, ProgramEvent, ReplicaCapacity
+from services.scheduler import heap
 from services.scheduler.loop import EventQueue
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.server import start_scheduler
@@ -120,6 +121,26 @@ async def test_tick_loop_survives_a_failing_tick(caplog):
         with caplog.at_level(logging.ERROR, logger="services.scheduler"):
             await assert_eventually(lambda: running.runtime.ticks >= 2, timeout_s=5)
         assert any("scheduler tick failed" in r.getMessage() for r in caplog.records)
+    finally:
+        await running.stop()
+
+
+async def test_tick_loop_settles_the_heap_before_each_tick_with_the_table_size(monkeypatch):
+    capacity = FakeCapacity()
+    running = await start_scheduler(config(scheduler_interval_seconds=0.02), capacity_stub=capacity)
+    order: list[object] = []
+    monkeypatch.setattr(heap, "settle_if_grown", lambda programs: order.append(programs) or False)
+    real_tick = running.core.tick
+
+    def tick(now, snapshot=None):
+        order.append("tick")
+        return real_tick(now, snapshot)
+
+    running.core.tick = tick
+    try:
+        await assert_eventually(lambda: order.count("tick") >= 2, timeout_s=5)
+        first = order.index("tick")
+        assert first > 0 and order[first - 1] == len(running.core.ledger.programs)
     finally:
         await running.stop()
 
