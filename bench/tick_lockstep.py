@@ -8,12 +8,15 @@ Each tree runs the tick benchmark's mix (`bench.scheduler_bench.bench_tick`, fro
 tree goes first, and reads each tick's wall and thread CPU time and its pauses / resumes / marks.
 On a shared machine two runs minutes apart meet different loads and a 10% change is lost in them;
 paired ticks are not. The report has each tree's p50 / p99 and the median over ticks of the CPU
-ratio of each tree to the first, and fails if the trees' ticks do not pause, resume and mark alike.
+ratio of each tree to the first, and fails if the trees' ticks do not decide alike: the same pauses,
+resumes and marks, and the same events, log lines and resolutions (a digest of each tick's, the
+benchmark's `decisions_sha256` per tick; the report's is over every tick).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -38,7 +41,10 @@ def worker(programs: int, replicas: int, ticks: int, pause_policy: str) -> None:
         wall, cpu = time.perf_counter_ns(), time.thread_time_ns()
         result = tick(now, snapshot)
         cpu, wall = time.thread_time_ns() - cpu, time.perf_counter_ns() - wall
-        print(json.dumps([wall / 1e6, cpu / 1e6, result.paused, result.resumed, result.marked]), flush=True)
+        # The tick's decisions whole (events, log lines, resolutions), as the benchmark's decisions_sha256.
+        digest = hashlib.sha256(repr((result.events, result.logs, result.resolutions)).encode()).hexdigest()
+        row = [wall / 1e6, cpu / 1e6, result.paused, result.resumed, result.marked, digest]
+        print(json.dumps(row), flush=True)
         return result
 
     core.tick = one_tick  # type: ignore[method-assign]
@@ -83,16 +89,23 @@ def drive(trees: list[tuple[str, Path]], programs: int, replicas: int, ticks: in
     first = names[0]
     decisions = {name: [row[2:] for row in rows[name]] for name in names}
     if any(decisions[name] != decisions[first] for name in names):
-        raise SystemExit("the trees' ticks pause, resume or mark differently")
+        raise SystemExit("the trees' ticks decide differently (pauses, resumes, marks or their events and logs)")
     report: dict = {"programs": programs, "replicas": replicas, "ticks": ticks, "pause_policy": pause_policy}
     for name in names:
         wall, cpu = [row[0] for row in rows[name]], [row[1] for row in rows[name]]
         report[name] = {
             "wall_ms": {"p50": _percentile(wall, 50), "p99": _percentile(wall, 99)},
-            "cpu_ms": {"p50": _percentile(cpu, 50), "p99": _percentile(cpu, 99), "first_tick": cpu[0]},
+            "cpu_ms": {
+                "p50": _percentile(cpu, 50),
+                "p99": _percentile(cpu, 99),
+                "first_tick": cpu[0],
+                "max_after_first": max(cpu[1:], default=None),
+            },
             "cpu_ratio_to_" + first: statistics.median(b[1] / a[1] for a, b in zip(rows[first], rows[name])),
         }
-    report["pauses_resumes_marks_per_tick"] = decisions[first]
+    report["pauses_resumes_marks_per_tick"] = [row[:3] for row in decisions[first]]
+    every_tick = hashlib.sha256("".join(row[3] for row in decisions[first]).encode()).hexdigest()
+    report["decisions_sha256"] = every_tick  # the same in every tree, or the run fails above
     return report
 
 
@@ -116,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         trees.append((name, Path(path).resolve()))
     if len(trees) < 2:
         parser.error("give two --tree or more")
+    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     report = drive(trees, args.programs, args.replicas, args.ticks, args.pause_policy)
+    report["loadavg_before"] = load_before
     report["loadavg"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     print(json.dumps({k: v for k, v in report.items() if k != "pauses_resumes_marks_per_tick"}, indent=2))
     return 0
