@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import attrgetter, sub
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -89,6 +89,7 @@ class SoftDemote:
 
 _SEQ = attrgetter("seq")
 _SESSION_ID = attrgetter("session_id")
+_TOKEN_TOTAL = attrgetter("token_total")
 
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
 """One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
@@ -239,8 +240,8 @@ class ControlLaw:
         if not selected:
             return Plan()
         # Placement: largest first onto the replica with most headroom (its previous one if it fits).
-        selected.sort(key=lambda q: q.token_total, reverse=True)
-        min_req = min(q.token_total for q in selected) + buffer
+        selected.sort(key=_TOKEN_TOTAL, reverse=True)
+        min_req = selected[-1].token_total + buffer  # the smallest: the order is by size, descending
         order = sorted(room, key=lambda k: room[k], reverse=True)
         rank = [-room[k] for k in order]  # ascending, beside `order`: where a replica goes back (bisect)
         used = dict(ledger.used)  # the raw working sets as the chosen resumes will leave them
@@ -308,8 +309,10 @@ class ControlLaw:
                 order.insert(idx, target)
                 rank.insert(idx, -room[target])
             if held:
-                if single is not None:
-                    bound[size] = max((limit[k] - used[k] for k in order), default=-math.inf)
+                if single is not None:  # max(limit[k] - used[k] for k in order), by C-level calls
+                    bound[size] = max(
+                        map(sub, map(limit.__getitem__, order), map(used.__getitem__, order)), default=-math.inf
+                    )
                 else:
                     bound[size] = max(
                         (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
