@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from operator import attrgetter, sub
+from operator import attrgetter
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -76,10 +76,9 @@ class Unmark:
 
 @dataclass(frozen=True, slots=True)
 class SoftDemote:
-    """Lower the priority of the programs `session_ids` on `replica` until `until` (a program demoted
-    until later keeps its window); those in `announce` (in that order) were not demoted already: an
-    event each. One step per replica (a replica in the band may hold thousands of programs); the
-    control law lists only the programs whose window moves."""
+    """Lower the priority of the programs `session_ids` on `replica` until `until`; those in
+    `announce` (in that order) were not demoted already: an event each. One step per replica (a
+    replica in the band may hold thousands of programs)."""
 
     replica: ReplicaKey
     until: float
@@ -195,8 +194,7 @@ class ControlLaw:
                 continue
             # The residents (thousands at fleet size) in comprehensions, their ids and creation order read
             # by C-level getters: no Python call per program.
-            # Only those whose window moves: one demoted until `until` or later already keeps its window.
-            demoted = [q for q in ledger.resident[key].values() if not q.marked and q.soft_demoted_until < until]
+            demoted = [q for q in ledger.resident[key].values() if not q.marked]
             if demoted:
                 announce = [q for q in demoted if q.soft_demoted_until <= now]  # not demoted already: an event each
                 # Events in creation order: the residents' order is the order of their last re-account.
@@ -309,10 +307,8 @@ class ControlLaw:
                 order.insert(idx, target)
                 rank.insert(idx, -room[target])
             if held:
-                if single is not None:  # max(limit[k] - used[k] for k in order), by C-level calls
-                    bound[size] = max(
-                        map(sub, map(limit.__getitem__, order), map(used.__getitem__, order)), default=-math.inf
-                    )
+                if single is not None:
+                    bound[size] = max((limit[k] - used[k] for k in order), default=-math.inf)
                 else:
                     bound[size] = max(
                         (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf

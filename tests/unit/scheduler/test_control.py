@@ -170,20 +170,6 @@ def test_soft_demote_emits_one_event_per_window() -> None:
     assert [(s.session_ids, s.announce) for s in second.steps if isinstance(s, SoftDemote)] == [(("p",), ())]
 
 
-def test_soft_demote_lists_only_the_programs_whose_window_moves() -> None:
-    control = law({A: 10_000})
-    put(control, "p", 4_000, A)
-    put(control, "q", 4_000, A)
-    first = control.plan_soft_demote(0.0)
-    assert [(s.session_ids, s.announce) for s in first.steps] == [(("p", "q"), ("p", "q"))]
-    window = first.steps[0].until
-    control.ledger.programs["p"].soft_demoted_until = window  # as the core applies it
-    control.ledger.programs["q"].soft_demoted_until = window + 1.0  # demoted until later (a clock step back)
-    assert control.plan_soft_demote(0.0).steps == ()  # nobody's window moves: no step, no walk to apply
-    later = control.plan_soft_demote(1.0).steps  # p's window moves on, q's does not
-    assert [(s.session_ids, s.announce) for s in later] == [(("p",), ())]
-
-
 def test_planning_changes_nothing_in_the_ledger() -> None:
     control = law({A: 10_000, B: 10_000}, resume_aging_seconds=1.0)
     for sid, tokens in (("p1", 3_000), ("p2", 3_000), ("p3", 3_500)):
