@@ -74,7 +74,8 @@ def drive(trees: list[tuple[str, Path]], programs: int, replicas: int, ticks: in
         )
     for proc in procs.values():
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    rows: dict[str, list[list[float]]] = {name: [] for name in procs}
+    # Per tick: wall ms, CPU ms, pauses, resumes, marks, the digest of its decisions.
+    rows: dict[str, list[list]] = {name: [] for name in procs}
     names = list(procs)
     for i in range(ticks):
         for name in names if i % 2 == 0 else names[::-1]:

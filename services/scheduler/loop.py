@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable
 from opentelemetry import trace
 
 from services.common.clock import Clock
+from services.scheduler import heap
 from services.scheduler.core import (
     AdmitResult,
     CapacitySnapshot,
@@ -42,7 +43,6 @@ from services.scheduler.core import (
     Verdict,
     transition_logs,
 )
-from services.scheduler import heap
 from services.scheduler.metrics import SchedulerMetrics
 
 if TYPE_CHECKING:
