@@ -12,7 +12,8 @@
    each `--pause-policy` (default both): `cost_aware`, the core the scheduler service runs by default
    (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
    In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
-   applies them) before any table is built.
+   applies them) before any table is built, and before each tick, untimed, `settle_if_grown` as the
+   service's tick loop calls it (its CPU per settle is reported apart: `heap_settles_cpu_ms`).
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
