@@ -20,13 +20,17 @@ once and only the last message and the generation prompt are encoded per turn (t
 from __future__ import annotations
 
 import functools
+import sys
 from array import array
 from typing import Sequence
 
-from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
+from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, text_chunk_digests
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
+from services.simworker.core.radix import PageChain, extend_chain, token_bytes
 from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode, table_text
+
+_LITTLE = sys.byteorder == "little"
 
 # The generation prompt the template appends after the last message (add_generation_prompt).
 _GENERATION_PROMPT = "<|assistant|>\n"
@@ -49,9 +53,9 @@ class Conversation:
         "_routing_parts",
         "_routing_chars",
         "_page_size",
-        "_page_ids",
-        "_page_digest",
-        "_page_ids_tokens",
+        "_chain",
+        "_chain_bytes",
+        "_chain_ids",
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
@@ -68,11 +72,12 @@ class Conversation:
         self._tail_ids: list[int] | None = None
         self._routing_parts: list[str] = []
         self._routing_chars = 0
-        # Token-mode router prompt: chained page ids of the complete pages seen so far.
+        # The page chain of the last prompt given to `page_chain` (the engine's page digests, which
+        # the token-mode router prompt publishes too), its complete pages' bytes and that prompt.
         self._page_size = page_size
-        self._page_ids: list[int] = []
-        self._page_digest = b""
-        self._page_ids_tokens = 0
+        self._chain = PageChain([], [])
+        self._chain_bytes = b""
+        self._chain_ids: Sequence[int] | None = None
         # Text-mode router prompt: chained chunk ids of the routing text hashed so far (it only grows).
         self._chunk_chars = 0
         self._chunk_ids: list[int] = []
@@ -145,18 +150,49 @@ class Conversation:
         tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
         return Prompt(tuple(self._chunk_ids), isl, tokens_per_chunk)
 
+    def page_chain(self, ids: Sequence[int]) -> PageChain:
+        """The `PageChain` of `ids` (this turn's `prompt_ids()`, which must not change after the
+        call) at the worker's page size: the digests and published hashes the engine would compute
+        for its complete pages. A prompt repeats the previous one but for its last pages (the
+        generation prompt's trailing newline is replaced by the next turn's text), so the pages it
+        shares with the previous call's prompt keep their digests and only the pages after them are
+        hashed: each page of the history about once per program, not once per turn or per prefill."""
+        if ids is self._chain_ids:
+            return self._chain
+        width = 4 * self._page_size
+        full = len(ids) // self._page_size * self._page_size
+        if isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
+            data = ids[:full].tobytes()
+        else:
+            data = token_bytes(ids[:full])
+        known = _common_pages(self._chain_bytes, data, width)
+        self._chain = extend_chain(self._chain, data, width, known)
+        self._chain_bytes = data
+        self._chain_ids = ids
+        return self._chain
+
     def token_prompt(self, ids: Sequence[int]) -> Prompt:
         """A token-mode prompt of `ids` (this turn's `prompt_ids()`): the chained page ids of
-        `KvRouterCore.prompt_from_tokens` (tested). Pages inside the encoded history never change,
-        so their digests are kept; only pages past it (last message, generation prompt) are hashed
-        per turn. The generation prompt's trailing newline token is replaced by the next turn's
-        text, so a page holding it must not be kept."""
-        page = self._page_size
-        stable = len(self._done_ids) // page * page
-        if stable > self._page_ids_tokens:
-            digests = page_digests(self._done_ids[self._page_ids_tokens : stable], page, self._page_digest)
-            self._page_ids.extend(digest_to_block_id(d) for d in digests)
-            self._page_digest = digests[-1]
-            self._page_ids_tokens = stable
-        tail = page_digests(ids[self._page_ids_tokens : len(ids) // page * page], page, self._page_digest)
-        return Prompt(tuple(self._page_ids) + tuple(digest_to_block_id(d) for d in tail), len(ids), float(page))
+        `KvRouterCore.prompt_from_tokens` (tested), which are the published hashes of
+        `page_chain(ids)`."""
+        return Prompt(tuple(self.page_chain(ids).hashes), len(ids), float(self._page_size))
+
+
+def _common_pages(known: bytes, data: bytes, width: int) -> int:
+    """How many leading `width`-byte pages `data` shares with `known` (both whole pages). Usually
+    all of `known` or all but its last page; else found by bisection (a shared prefix of pages
+    implies every shorter one)."""
+    view = memoryview(known)
+    pages = min(len(known), len(data)) // width
+    if data.startswith(view[: pages * width]):
+        return pages
+    if pages > 1 and data.startswith(view[: (pages - 1) * width]):
+        return pages - 1
+    lo, hi = 0, pages - 1  # lo pages are shared, hi are not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if data.startswith(view[: mid * width]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
