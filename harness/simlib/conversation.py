@@ -68,8 +68,9 @@ class Conversation:
         # The rendered last message after its role marker: "\n{content}\n".
         self._tail_text = ""
         # encode("\n" + content) of the last message when it ends with a non-space character
-        # (then the rest of the template after it can be encoded on its own); else None.
-        self._tail_ids: list[int] | None = None
+        # (then the rest of the template after it can be encoded on its own), as an array('I')
+        # (copied into each prompt without converting each id); else None.
+        self._tail_ids: array | None = None
         self._routing_parts: list[str] = []
         self._routing_chars = 0
         # The page chain of the last prompt given to `page_chain` (the engine's page digests, which
@@ -93,10 +94,11 @@ class Conversation:
             self.append(role, decode(word_ids))
             return
         content = table_text(word_ids)  # checked above: word ids only
-        first = encode("\n" + WORDS[word_ids[0] - WORD_ID_BASE])
-        self.append(role, content, tail_ids=[*first, *word_ids[1:]])
+        tail_ids = array("I", encode("\n" + WORDS[word_ids[0] - WORD_ID_BASE]))
+        tail_ids.fromlist(word_ids[1:])
+        self.append(role, content, tail_ids=tail_ids)
 
-    def append(self, role: str, content: str, tail_ids: list[int] | None = None) -> None:
+    def append(self, role: str, content: str, tail_ids: array | None = None) -> None:
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
@@ -107,7 +109,7 @@ class Conversation:
             self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
         self._tail_text = f"\n{content}\n"
         if tail_ids is None and content and not content[-1].isspace():
-            tail_ids = encode(f"\n{content}")
+            tail_ids = array("I", encode(f"\n{content}"))
         self._tail_ids = tail_ids
         part = chat_routing_text([message])
         self._routing_parts.append(part)
@@ -136,18 +138,21 @@ class Conversation:
         """The live router's approximate-mode prompt: text chunks of chat_routing_text(messages).
 
         Same as `KvRouterCore.prompt_from_text(text, len(text) // 4)` (tested). The routing text
-        is one line per message and only grows, so each chunk is hashed once."""
-        text = "".join(self._routing_parts)
-        if len(self._routing_parts) > 1:
-            self._routing_parts = [text]  # keep the join O(new text) next turn
+        is one line per message and only grows, so each chunk is hashed once, and only the text
+        after the last complete chunk is kept (the whole text is never joined)."""
         if chunk_chars != self._chunk_chars:
             self._chunk_chars, self._chunk_ids, self._chunk_digest = chunk_chars, [], TEXT_ROOT_DIGEST
-        digests = text_chunk_digests(text, chunk_chars, len(self._chunk_ids) * chunk_chars, self._chunk_digest)
+            pending = chat_routing_text(self.messages)  # = all the parts
+        else:
+            pending = "".join(self._routing_parts)  # the text after the last complete chunk
+        digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
             self._chunk_ids.extend(map(digest_to_block_id, digests))
             self._chunk_digest = digests[-1]
+            pending = pending[len(digests) * chunk_chars :]
+        self._routing_parts = [pending] if pending else []
         isl = self.estimated_prompt_tokens()
-        tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
+        tokens_per_chunk = isl * chunk_chars / self._routing_chars if self._routing_chars else 0.0
         return Prompt(tuple(self._chunk_ids), isl, tokens_per_chunk)
 
     def page_chain(self, ids: Sequence[int]) -> PageChain:

@@ -45,7 +45,8 @@ class EngineRequest:
     # The `PageChain` of input_ids (its complete pages at the engine's page size), when the caller
     # has it already: the engine takes a computed prompt page's digest from it instead of hashing
     # the page. The simulator passes the one its conversation extends turn by turn; the HTTP
-    # server passes none. It must be the chain of input_ids (the engine checks its length only).
+    # server passes none. It must be the chain of input_ids (the engine checks its length at
+    # submit, and reads no further: its holder may extend it in place afterwards).
     prompt_pages: PageChain | None = None
 
 

@@ -664,7 +664,7 @@ class SimEngine:
         page = self.page_size
         parent = r.last if r.last is not None else self.cache.root
         r.last, recomputed = self.cache.insert_run(
-            parent, r.seq[first * page : last * page].tobytes(), r.req.prompt_pages
+            parent, r.seq[first * page : last * page].tobytes(), r.req.prompt_pages, r.prompt_len // page
         )
         if count_recompute:
             self._recomputed_total += recomputed * page

@@ -41,7 +41,7 @@ import struct
 import sys
 from array import array
 from collections import deque
-from itertools import islice
+from itertools import islice, repeat, starmap
 from typing import Iterable, NamedTuple, Sequence
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
@@ -97,9 +97,14 @@ class PageChain(NamedTuple):
 
 def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) -> PageChain:
     """The chain of the complete `width`-byte pages of `data` whose first `known_pages` pages are
-    those of `chain` (the rest is hashed, continuing from the last of them)."""
-    digests = chain.digests[:known_pages]
-    hashes = chain.hashes[:known_pages]
+    those of `chain` (the rest is hashed, continuing from the last of them). When they are all of
+    `chain`, its lists grow in place (pages are only ever added after what a holder of the chain
+    has seen; a caller that gave the chain away bounds it, as the engine does); else new lists
+    are made."""
+    if known_pages == len(chain.digests):
+        digests, hashes = chain
+    else:
+        digests, hashes = chain.digests[:known_pages], chain.hashes[:known_pages]
     parent = digests[-1] if digests else b""
     sha256 = hashlib.sha256
     new: list[bytes] = []
@@ -110,7 +115,7 @@ def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) ->
     if new:
         digests += new
         hashes += _published_hashes(new).tolist()
-    return PageChain(digests, hashes)
+    return chain if digests is chain.digests else PageChain(digests, hashes)
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
@@ -341,12 +346,14 @@ class RadixCache:
 
     # -- computing and loading pages ---------------------------------------------------------
 
-    def insert_run(self, parent: PageNode, data: bytes, chain: PageChain | None = None) -> tuple[PageNode, int]:
+    def insert_run(
+        self, parent: PageNode, data: bytes, chain: PageChain | None = None, chain_pages: int = 0
+    ) -> tuple[PageNode, int]:
         """Record consecutive pages just computed on the GPU (`data` = their token bytes) under
         `parent`, held by the request that computed them (which holds `parent`'s path); the
         caller must have a free page for each (or be turning its private tail into one).
         `chain`, if given, is the `PageChain` of the request's sequence from the root (or of a
-        prefix of it): the digests of the pages it covers are taken from it, not hashed.
+        prefix of it): the digests of its first `chain_pages` pages are taken from it, not hashed.
         Returns the deepest node and how many pages were recomputed (computed here before). A
         page already on the GPU (computed twice concurrently: SGLang frees the duplicate at
         insert) is shared. Pages go straight to held, never through the evictable state; the
@@ -378,19 +385,20 @@ class RadixCache:
         if self.host_pages > 0:
             host_copy = self.write_policy == "write_through"
             for start in range(pos, size, width):
-                parent, again = self._new_node(parent, data, start, start + width, chain)
+                parent, again = self._new_node(parent, data, start, start + width, chain, chain_pages)
                 recomputed += again
                 if host_copy and not parent.on_host:
                     self._write_host(parent)
             return parent, recomputed
-        parent, again = self._new_node(parent, data, pos, size, chain)
+        parent, again = self._new_node(parent, data, pos, size, chain, chain_pages)
         return parent, recomputed + again
 
     def _new_node(
-        self, parent: PageNode, data: bytes, start: int, stop: int, chain: PageChain | None = None
+        self, parent: PageNode, data: bytes, start: int, stop: int, chain: PageChain | None = None, chain_pages: int = 0
     ) -> tuple[PageNode, int]:
         """A held GPU node under `parent` for the pages `data[start:stop]`, hashed (or taken from
-        `chain`, which names pages by their depth from the root) and counted one by one in order;
+        the first `chain_pages` of `chain`, which names pages by their depth from the root) and
+        counted one by one in order;
         returns it and how many of its pages were computed here before."""
         width = self._width
         first = parent.end  # the depth of the node's first page
@@ -399,7 +407,7 @@ class RadixCache:
         hashes: Sequence[int] = ()
         known = 0
         if chain is not None:
-            known = max(0, min(count, len(chain.digests) - first))
+            known = max(0, min(first + count, chain_pages, len(chain.digests)) - first)
             # The chain must continue the parent's path (it does when it is the request's own).
             if known and first and chain.digests[first - 1] != parent.digest:
                 known = 0
@@ -447,7 +455,10 @@ class RadixCache:
         them (it would have been forgotten before being looked up)."""
         computed = self._computed
         order = self._computed_order
-        new = [page_hash for page_hash in hashes if page_hash not in computed]
+        # The pages not computed before, in order: one lookup per page in C (`intersection`),
+        # then the few known ones (recomputed pages) filtered out of a small set.
+        known = computed.intersection(hashes)
+        new = [page_hash for page_hash in hashes if page_hash not in known] if known else hashes
         excess = len(order) + len(new) - self._computed_max  # how many to forget
         if excess <= len(order) and (
             excess <= 0 or len(new) == len(hashes) or set(hashes).isdisjoint(islice(order, excess))
@@ -457,8 +468,7 @@ class RadixCache:
             if len(computed) - before == len(new):
                 order.extend(new)
                 if excess > 0:
-                    popleft = order.popleft
-                    computed.difference_update([popleft() for _ in range(excess)])
+                    computed.difference_update(starmap(order.popleft, repeat((), excess)))
                 return len(hashes) - len(new)
             computed.difference_update(new)  # a page repeats: the page-by-page rule below
         recomputed = 0

@@ -101,3 +101,14 @@ def test_page_chain_of_unrelated_prompts_starts_over():
     assert first.hashes == page_hashes([1, 2, 3, 4, 5], 2)
     assert conversation.page_chain([1, 2, 9, 9, 5, 6]).hashes == page_hashes([1, 2, 9, 9, 5, 6], 2)
     assert conversation.page_chain([7]).hashes == []
+
+
+def test_text_prompt_follows_a_change_of_chunk_size():
+    """Only the text after the last complete chunk is kept between calls; a new chunk size
+    starts over from the messages."""
+    conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
+    for k in _grow(conversation, 6, random.Random(7), words=True):
+        chunk = (64, 64, 17, 17, 64, 5)[k]
+        core = KvRouterCore(KvRouterParams(use_kv_events=False, text_chunk_chars=chunk), random.Random(0))
+        text = chat_routing_text(conversation.messages)
+        assert conversation.text_prompt(chunk) == core.prompt_from_text(text, len(text) // 4)
