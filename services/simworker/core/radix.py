@@ -414,7 +414,11 @@ class RadixCache:
             if known:
                 digests = chain.digests[first : first + known]
                 hashes = chain.hashes[first : first + known]
-        if known < count:
+        if count == 1 and not known:  # one page (a decode step's, or with a host tier): no bulk machinery
+            digest = hashlib.sha256(parent.digest + data[start:stop]).digest()
+            digests = [digest]
+            hashes = (_INT64_BE(digest)[0],)
+        elif known < count:
             sha256 = hashlib.sha256
             new: list[bytes] = []
             append = new.append
@@ -455,6 +459,15 @@ class RadixCache:
         them (it would have been forgotten before being looked up)."""
         computed = self._computed
         order = self._computed_order
+        if len(hashes) == 1:  # one page (every decode page): the page-by-page rule, directly
+            page_hash = hashes[0]
+            if page_hash in computed:
+                return 1
+            computed.add(page_hash)
+            order.append(page_hash)
+            if len(order) > self._computed_max:
+                computed.discard(order.popleft())
+            return 0
         # The pages not computed before, in order: one lookup per page in C (`intersection`),
         # then the few known ones (recomputed pages) filtered out of a small set.
         known = computed.intersection(hashes)
