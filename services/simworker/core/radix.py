@@ -30,7 +30,8 @@ Page hash (SGLang's newer rule, `sglang/srt/mem_cache/utils.py`): a SHA-256 chai
 ``digest_i = sha256(digest_{i-1} || token ids as 4-byte little-endian u32)`` with no prefix for
 the first page, published as the first 8 bytes of the digest read big-endian as a signed
 int64 (= SGLang's first 16 hex characters as int64). `page_hashes` computes the same values
-from token ids for the router.
+from token ids for the router. A request may bring its prompt's `PageChain` (the simulator's
+conversations extend one per program): its pages' digests are then taken from it, not hashed.
 """
 
 from __future__ import annotations
