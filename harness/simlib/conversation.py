@@ -20,13 +20,17 @@ once and only the last message and the generation prompt are encoded per turn (t
 from __future__ import annotations
 
 import functools
+import sys
 from array import array
 from typing import Sequence
 
-from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, page_digests, text_chunk_digests
+from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, text_chunk_digests
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
+from services.simworker.core.radix import PageChain, extend_chain, token_bytes
 from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode, table_text
+
+_LITTLE = sys.byteorder == "little"
 
 # The generation prompt the template appends after the last message (add_generation_prompt).
 _GENERATION_PROMPT = "<|assistant|>\n"
@@ -36,6 +40,12 @@ _GENERATION_PROMPT = "<|assistant|>\n"
 def _template_ids(text: str) -> tuple[int, ...]:
     """Ids of a fixed piece of the chat template (a role marker or the generation prompt)."""
     return tuple(encode(text))
+
+
+@functools.lru_cache(maxsize=None)
+def _newline_word_ids(word_id: int) -> tuple[int, ...]:
+    """Ids of a message's first word after the template's newline (at most one per word)."""
+    return tuple(encode("\n" + WORDS[word_id - WORD_ID_BASE]))
 
 
 class Conversation:
@@ -49,9 +59,9 @@ class Conversation:
         "_routing_parts",
         "_routing_chars",
         "_page_size",
-        "_page_ids",
-        "_page_digest",
-        "_page_ids_tokens",
+        "_chain",
+        "_chain_bytes",
+        "_chain_ids",
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
@@ -64,15 +74,17 @@ class Conversation:
         # The rendered last message after its role marker: "\n{content}\n".
         self._tail_text = ""
         # encode("\n" + content) of the last message when it ends with a non-space character
-        # (then the rest of the template after it can be encoded on its own); else None.
-        self._tail_ids: list[int] | None = None
+        # (then the rest of the template after it can be encoded on its own), as an array('I')
+        # (copied into each prompt without converting each id); else None.
+        self._tail_ids: array | None = None
         self._routing_parts: list[str] = []
         self._routing_chars = 0
-        # Token-mode router prompt: chained page ids of the complete pages seen so far.
+        # The page chain of the last prompt given to `page_chain` (the engine's page digests, which
+        # the token-mode router prompt publishes too), its complete pages' bytes and that prompt.
         self._page_size = page_size
-        self._page_ids: list[int] = []
-        self._page_digest = b""
-        self._page_ids_tokens = 0
+        self._chain = PageChain([], [])
+        self._chain_bytes = b""
+        self._chain_ids: Sequence[int] | None = None
         # Text-mode router prompt: chained chunk ids of the routing text hashed so far (it only grows).
         self._chunk_chars = 0
         self._chunk_ids: list[int] = []
@@ -88,10 +100,11 @@ class Conversation:
             self.append(role, decode(word_ids))
             return
         content = table_text(word_ids)  # checked above: word ids only
-        first = encode("\n" + WORDS[word_ids[0] - WORD_ID_BASE])
-        self.append(role, content, tail_ids=[*first, *word_ids[1:]])
+        tail_ids = array("I", _newline_word_ids(word_ids[0]))
+        tail_ids.fromlist(word_ids[1:])
+        self.append(role, content, tail_ids=tail_ids)
 
-    def append(self, role: str, content: str, tail_ids: list[int] | None = None) -> None:
+    def append(self, role: str, content: str, tail_ids: array | None = None) -> None:
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
@@ -102,7 +115,7 @@ class Conversation:
             self._done_ids.extend(encode(f"{self._tail_text}<|{role}|>"))
         self._tail_text = f"\n{content}\n"
         if tail_ids is None and content and not content[-1].isspace():
-            tail_ids = encode(f"\n{content}")
+            tail_ids = array("I", encode(f"\n{content}"))
         self._tail_ids = tail_ids
         part = chat_routing_text([message])
         self._routing_parts.append(part)
@@ -131,32 +144,68 @@ class Conversation:
         """The live router's approximate-mode prompt: text chunks of chat_routing_text(messages).
 
         Same as `KvRouterCore.prompt_from_text(text, len(text) // 4)` (tested). The routing text
-        is one line per message and only grows, so each chunk is hashed once."""
-        text = "".join(self._routing_parts)
-        if len(self._routing_parts) > 1:
-            self._routing_parts = [text]  # keep the join O(new text) next turn
+        is one line per message and only grows, so each chunk is hashed once, and only the text
+        after the last complete chunk is kept (the whole text is never joined)."""
         if chunk_chars != self._chunk_chars:
             self._chunk_chars, self._chunk_ids, self._chunk_digest = chunk_chars, [], TEXT_ROOT_DIGEST
-        digests = text_chunk_digests(text, chunk_chars, len(self._chunk_ids) * chunk_chars, self._chunk_digest)
+            pending = chat_routing_text(self.messages)  # = all the parts
+        else:
+            pending = "".join(self._routing_parts)  # the text after the last complete chunk
+        digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
             self._chunk_ids.extend(map(digest_to_block_id, digests))
             self._chunk_digest = digests[-1]
+            pending = pending[len(digests) * chunk_chars :]
+        self._routing_parts = [pending] if pending else []
         isl = self.estimated_prompt_tokens()
-        tokens_per_chunk = isl * chunk_chars / len(text) if text else 0.0
+        tokens_per_chunk = isl * chunk_chars / self._routing_chars if self._routing_chars else 0.0
         return Prompt(tuple(self._chunk_ids), isl, tokens_per_chunk)
+
+    def page_chain(self, ids: Sequence[int]) -> PageChain:
+        """The `PageChain` of `ids` (this turn's `prompt_ids()`, which must not change after the
+        call) at the worker's page size: the digests and published hashes the engine would compute
+        for its complete pages. A prompt repeats the previous one but for its last pages (the
+        generation prompt's trailing newline is replaced by the next turn's text), so the pages it
+        shares with the previous call's prompt keep their digests and only the pages after them are
+        hashed: each page of the history about once per program, not once per turn or per prefill."""
+        if ids is self._chain_ids:
+            return self._chain
+        width = 4 * self._page_size
+        full = len(ids) // self._page_size * self._page_size
+        if isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
+            # One copy (slicing the array and then `tobytes` makes two, which for a long prompt
+            # costs 20x more: two ~100 KB blocks allocated and freed at the top of the heap).
+            data = bytes(memoryview(ids)[:full])
+        else:
+            data = token_bytes(ids[:full])
+        known = _common_pages(self._chain_bytes, data, width)
+        self._chain = extend_chain(self._chain, data, width, known)
+        self._chain_bytes = data
+        self._chain_ids = ids
+        return self._chain
 
     def token_prompt(self, ids: Sequence[int]) -> Prompt:
         """A token-mode prompt of `ids` (this turn's `prompt_ids()`): the chained page ids of
-        `KvRouterCore.prompt_from_tokens` (tested). Pages inside the encoded history never change,
-        so their digests are kept; only pages past it (last message, generation prompt) are hashed
-        per turn. The generation prompt's trailing newline token is replaced by the next turn's
-        text, so a page holding it must not be kept."""
-        page = self._page_size
-        stable = len(self._done_ids) // page * page
-        if stable > self._page_ids_tokens:
-            digests = page_digests(self._done_ids[self._page_ids_tokens : stable], page, self._page_digest)
-            self._page_ids.extend(digest_to_block_id(d) for d in digests)
-            self._page_digest = digests[-1]
-            self._page_ids_tokens = stable
-        tail = page_digests(ids[self._page_ids_tokens : len(ids) // page * page], page, self._page_digest)
-        return Prompt(tuple(self._page_ids) + tuple(digest_to_block_id(d) for d in tail), len(ids), float(page))
+        `KvRouterCore.prompt_from_tokens` (tested), which are the published hashes of
+        `page_chain(ids)`."""
+        return Prompt(tuple(self.page_chain(ids).hashes), len(ids), float(self._page_size))
+
+
+def _common_pages(known: bytes, data: bytes, width: int) -> int:
+    """How many leading `width`-byte pages `data` shares with `known` (both whole pages). Usually
+    all of `known` or all but its last page; else found by bisection (a shared prefix of pages
+    implies every shorter one)."""
+    view = memoryview(known)
+    pages = min(len(known), len(data)) // width
+    if data.startswith(view[: pages * width]):
+        return pages
+    if pages > 1 and data.startswith(view[: (pages - 1) * width]):
+        return pages - 1
+    lo, hi = 0, pages - 1  # lo pages are shared, hi are not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if data.startswith(view[: mid * width]):
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -454,7 +454,14 @@ class Simulator:
         priority = turn.decision.priority if turn.decision is not None else None
         try:
             worker.engine.submit(
-                EngineRequest(turn.request_id, turn.prompt_ids, turn.output_tokens, priority=priority, ignore_eos=True),
+                EngineRequest(
+                    turn.request_id,
+                    turn.prompt_ids,
+                    turn.output_tokens,
+                    priority=priority,
+                    ignore_eos=True,
+                    prompt_pages=turn.run.conversation.page_chain(turn.prompt_ids),
+                ),
                 self.now,
             )
         except ValueError as exc:

@@ -25,6 +25,7 @@ from typing import Literal, NamedTuple, Protocol, Sequence
 
 from services.common.settings.errors import ConfigError
 from services.common.sglang.kv_events import KvEvent
+from services.simworker.core.radix import PageChain
 
 WritePolicy = Literal["write_back", "write_through", "write_through_selective"]
 
@@ -41,6 +42,12 @@ class EngineRequest:
     # Output length the engine generates before a natural stop, when not ignore_eos.
     # None = the engine draws one deterministically from the seed and rid.
     target_output_tokens: int | None = None
+    # The `PageChain` of input_ids (its complete pages at the engine's page size), when the caller
+    # has it already: the engine takes a computed prompt page's digest from it instead of hashing
+    # the page. The simulator passes the one its conversation extends turn by turn; the HTTP
+    # server passes none. It must be the chain of input_ids (the engine checks its length at
+    # submit, and reads no further: its holder may extend it in place afterwards).
+    prompt_pages: PageChain | None = None
 
 
 class RequestOutput(NamedTuple):

@@ -205,6 +205,9 @@ class SimEngine:
             raise ValueError(f"prompt of {n} tokens does not fit the KV pool ({cfg.max_total_tokens} tokens)")
         if request.max_new_tokens < 0:
             raise ValueError("max_new_tokens must be >= 0")
+        chain = request.prompt_pages
+        if chain is not None and not (len(chain.digests) == len(chain.hashes) == n // self.page_size):
+            raise ValueError(f"prompt_pages must chain the prompt's {n // self.page_size} complete pages")
         try:
             r = _Req(request, self._order_key(request), cfg.seed)
         except OverflowError as exc:
@@ -660,7 +663,9 @@ class SimEngine:
             return
         page = self.page_size
         parent = r.last if r.last is not None else self.cache.root
-        r.last, recomputed = self.cache.insert_run(parent, r.seq[first * page : last * page].tobytes())
+        r.last, recomputed = self.cache.insert_run(
+            parent, r.seq[first * page : last * page].tobytes(), r.req.prompt_pages, r.prompt_len // page
+        )
         if count_recompute:
             self._recomputed_total += recomputed * page
 

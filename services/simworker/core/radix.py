@@ -30,7 +30,8 @@ Page hash (SGLang's newer rule, `sglang/srt/mem_cache/utils.py`): a SHA-256 chai
 ``digest_i = sha256(digest_{i-1} || token ids as 4-byte little-endian u32)`` with no prefix for
 the first page, published as the first 8 bytes of the digest read big-endian as a signed
 int64 (= SGLang's first 16 hex characters as int64). `page_hashes` computes the same values
-from token ids for the router.
+from token ids for the router. A request may bring its prompt's `PageChain` (the simulator's
+conversations extend one per program): its pages' digests are then taken from it, not hashed.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import struct
 import sys
 from array import array
 from collections import deque
-from itertools import islice
-from typing import Iterable, Sequence
+from itertools import islice, repeat, starmap
+from typing import Iterable, NamedTuple, Sequence
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
@@ -82,6 +83,40 @@ def _published_hashes(digests: Sequence[bytes]) -> array:
     if sys.byteorder == "little":
         words.byteswap()
     return words[::_DIGEST_INT64S]
+
+
+class PageChain(NamedTuple):
+    """The chain of a token sequence's complete pages, page by page from the first: each page's
+    digest (`chain_digest` of its parent's and its bytes) and its published hash
+    (`digest_to_int64`). A caller that already has it (the simulator extends one per program,
+    turn by turn) gives it with a request, and the cache takes a computed page's digest from it
+    instead of hashing the page again."""
+
+    digests: list[bytes]
+    hashes: list[int]
+
+
+def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) -> PageChain:
+    """The chain of the complete `width`-byte pages of `data` whose first `known_pages` pages are
+    those of `chain` (the rest is hashed, continuing from the last of them). When they are all of
+    `chain`, its lists grow in place (pages are only ever added after what a holder of the chain
+    has seen; a caller that gave the chain away bounds it, as the engine does); else new lists
+    are made."""
+    if known_pages == len(chain.digests):
+        digests, hashes = chain
+    else:
+        digests, hashes = chain.digests[:known_pages], chain.hashes[:known_pages]
+    parent = digests[-1] if digests else b""
+    sha256 = hashlib.sha256
+    new: list[bytes] = []
+    append = new.append
+    for start in range(known_pages * width, len(data) - width + 1, width):
+        parent = sha256(parent + data[start : start + width]).digest()
+        append(parent)
+    if new:
+        digests += new
+        hashes += _published_hashes(new).tolist()
+    return chain if digests is chain.digests else PageChain(digests, hashes)
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
@@ -312,10 +347,14 @@ class RadixCache:
 
     # -- computing and loading pages ---------------------------------------------------------
 
-    def insert_run(self, parent: PageNode, data: bytes) -> tuple[PageNode, int]:
+    def insert_run(
+        self, parent: PageNode, data: bytes, chain: PageChain | None = None, chain_pages: int = 0
+    ) -> tuple[PageNode, int]:
         """Record consecutive pages just computed on the GPU (`data` = their token bytes) under
         `parent`, held by the request that computed them (which holds `parent`'s path); the
         caller must have a free page for each (or be turning its private tail into one).
+        `chain`, if given, is the `PageChain` of the request's sequence from the root (or of a
+        prefix of it): the digests of its first `chain_pages` pages are taken from it, not hashed.
         Returns the deepest node and how many pages were recomputed (computed here before). A
         page already on the GPU (computed twice concurrently: SGLang frees the duplicate at
         insert) is shared. Pages go straight to held, never through the evictable state; the
@@ -347,26 +386,53 @@ class RadixCache:
         if self.host_pages > 0:
             host_copy = self.write_policy == "write_through"
             for start in range(pos, size, width):
-                parent, again = self._new_node(parent, data, start, start + width)
+                parent, again = self._new_node(parent, data, start, start + width, chain, chain_pages)
                 recomputed += again
                 if host_copy and not parent.on_host:
                     self._write_host(parent)
             return parent, recomputed
-        parent, again = self._new_node(parent, data, pos, size)
+        parent, again = self._new_node(parent, data, pos, size, chain, chain_pages)
         return parent, recomputed + again
 
-    def _new_node(self, parent: PageNode, data: bytes, start: int, stop: int) -> tuple[PageNode, int]:
-        """A held GPU node under `parent` for the pages `data[start:stop]`, hashed and counted
-        one by one in order; returns it and how many of its pages were computed here before."""
+    def _new_node(
+        self, parent: PageNode, data: bytes, start: int, stop: int, chain: PageChain | None = None, chain_pages: int = 0
+    ) -> tuple[PageNode, int]:
+        """A held GPU node under `parent` for the pages `data[start:stop]`, hashed (or taken from
+        the first `chain_pages` of `chain`, which names pages by their depth from the root) and
+        counted one by one in order;
+        returns it and how many of its pages were computed here before."""
         width = self._width
-        sha256 = hashlib.sha256
+        first = parent.end  # the depth of the node's first page
+        count = (stop - start) // width
         digests: list[bytes] = []
-        append = digests.append
-        digest = parent.digest
-        for offset in range(start, stop, width):
-            digest = sha256(digest + data[offset : offset + width]).digest()
-            append(digest)
-        hashes = _published_hashes(digests)
+        hashes: Sequence[int] = ()
+        known = 0
+        if chain is not None:
+            known = max(0, min(first + count, chain_pages, len(chain.digests)) - first)
+            # The chain must continue the parent's path (it does when it is the request's own).
+            if known and first and chain.digests[first - 1] != parent.digest:
+                known = 0
+            if known:
+                digests = chain.digests[first : first + known]
+                hashes = chain.hashes[first : first + known]
+        if count == 1 and not known:  # one page (a decode step's, or with a host tier): no bulk machinery
+            digest = hashlib.sha256(parent.digest + data[start:stop]).digest()
+            digests = [digest]
+            hashes = (_INT64_BE(digest)[0],)
+        elif known < count:
+            sha256 = hashlib.sha256
+            new: list[bytes] = []
+            append = new.append
+            digest = digests[-1] if digests else parent.digest
+            for offset in range(start + known * width, stop, width):
+                digest = sha256(digest + data[offset : offset + width]).digest()
+                append(digest)
+            if known:
+                digests += new
+                hashes = [*hashes, *_published_hashes(new)]
+            else:
+                digests = new
+                hashes = _published_hashes(new)
         recomputed = self._count_computed(hashes)
         if self.emit_events:
             parent_hash = parent.hash if parent is not self.root else None
@@ -394,7 +460,19 @@ class RadixCache:
         them (it would have been forgotten before being looked up)."""
         computed = self._computed
         order = self._computed_order
-        new = [page_hash for page_hash in hashes if page_hash not in computed]
+        if len(hashes) == 1:  # one page (every decode page): the page-by-page rule, directly
+            page_hash = hashes[0]
+            if page_hash in computed:
+                return 1
+            computed.add(page_hash)
+            order.append(page_hash)
+            if len(order) > self._computed_max:
+                computed.discard(order.popleft())
+            return 0
+        # The pages not computed before, in order: one lookup per page in C (`intersection`),
+        # then the few known ones (recomputed pages) filtered out of a small set.
+        known = computed.intersection(hashes)
+        new = [page_hash for page_hash in hashes if page_hash not in known] if known else hashes
         excess = len(order) + len(new) - self._computed_max  # how many to forget
         if excess <= len(order) and (
             excess <= 0 or len(new) == len(hashes) or set(hashes).isdisjoint(islice(order, excess))
@@ -404,8 +482,7 @@ class RadixCache:
             if len(computed) - before == len(new):
                 order.extend(new)
                 if excess > 0:
-                    popleft = order.popleft
-                    computed.difference_update([popleft() for _ in range(excess)])
+                    computed.difference_update(starmap(order.popleft, repeat((), excess)))
                 return len(hashes) - len(new)
             computed.difference_update(new)  # a page repeats: the page-by-page rule below
         recomputed = 0

@@ -13,6 +13,7 @@ from services.router.turn.session import SessionIdentity
 from services.router.turn.turn_types import Api, TurnSpec
 from services.router.turn.turns import TurnRunner
 from services.simworker.chat import render_chat
+from services.simworker.core.radix import digest_to_int64, page_hashes
 from services.simworker.core.tokenizer import decode, encode, ids_of_n_tokens, text_of_n_tokens
 
 
@@ -74,3 +75,40 @@ def test_token_prompt_equals_prompt_from_tokens(page):
     for _ in _grow(conversation, 6, random.Random(3)):
         ids = conversation.prompt_ids()
         assert conversation.token_prompt(ids) == core.prompt_from_tokens(ids)
+
+
+@pytest.mark.parametrize("page", [2, 16])
+def test_page_chain_is_the_engines_chain_and_keeps_the_history_digests(page):
+    conversation = Conversation(text_of_n_tokens(37, 0), page_size=page)
+    previous = None
+    for _ in _grow(conversation, 6, random.Random(4)):
+        ids = conversation.prompt_ids()
+        chain = conversation.page_chain(ids)
+        assert chain.hashes == page_hashes(list(ids), page)
+        assert [digest_to_int64(d) for d in chain.digests] == chain.hashes
+        assert conversation.page_chain(ids) is chain  # the same prompt again: nothing to do
+        if previous is not None:
+            # The history's pages keep their digests (the same objects: not hashed again); at most
+            # the previous prompt's last page (the generation prompt's newline) differs.
+            kept = sum(a is b for a, b in zip(previous.digests, chain.digests))
+            assert kept >= len(previous.digests) - 1
+        previous = chain
+
+
+def test_page_chain_of_unrelated_prompts_starts_over():
+    conversation = Conversation(text_of_n_tokens(37, 0), page_size=2)
+    first = conversation.page_chain([1, 2, 3, 4, 5])
+    assert first.hashes == page_hashes([1, 2, 3, 4, 5], 2)
+    assert conversation.page_chain([1, 2, 9, 9, 5, 6]).hashes == page_hashes([1, 2, 9, 9, 5, 6], 2)
+    assert conversation.page_chain([7]).hashes == []
+
+
+def test_text_prompt_follows_a_change_of_chunk_size():
+    """Only the text after the last complete chunk is kept between calls; a new chunk size
+    starts over from the messages."""
+    conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
+    for k in _grow(conversation, 6, random.Random(7), words=True):
+        chunk = (64, 64, 17, 17, 64, 5)[k]
+        core = KvRouterCore(KvRouterParams(use_kv_events=False, text_chunk_chars=chunk), random.Random(0))
+        text = chat_routing_text(conversation.messages)
+        assert conversation.text_prompt(chunk) == core.prompt_from_text(text, len(text) // 4)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from services.common.settings.errors import ConfigError
 from services.simworker.core.api import EngineConfig, EngineRequest
-from services.simworker.core.radix import page_hashes
+from services.simworker.core.radix import PageChain, extend_chain, page_hashes, token_bytes
 from services.simworker.core.tokenizer import EOS_TOKEN_ID
 
 from .helpers import Run, assert_no_leak, make_engine, prompt
@@ -407,3 +407,23 @@ def test_no_page_leaks_and_events_match_cache(mix, hicache, priority, pool_pages
         if final.finish_reason["type"] != "abort":
             assert len(run.tokens(f"r{i}")) == final.completion_tokens <= out
     assert_no_leak(run.engine)
+
+
+def test_a_prompt_chain_gives_the_same_run_and_must_cover_the_prompt():
+    """`prompt_pages` (the simulator's chain of the prompt's pages) changes nothing but who hashes."""
+
+    def run(with_chain: bool) -> tuple:
+        engine = make_engine(page_size=4, max_total_tokens=96, emit_kv_events=True)
+        r = Run(engine)
+        for k, n in enumerate((30, 41, 30, 52)):  # the third repeats the first: a cached prefix
+            ids = prompt(n, 1000 if k != 1 else 5000)
+            chain = extend_chain(PageChain([], []), token_bytes(ids[: n // 4 * 4]), 16, 0) if with_chain else None
+            r.submit(EngineRequest(f"r{k}", ids, 9, ignore_eos=True, prompt_pages=chain))
+            r.drain()
+        return r.outputs, r.replay.gpu, engine.stats()
+
+    assert run(True) == run(False)
+    engine = make_engine(page_size=4)
+    short = extend_chain(PageChain([], []), token_bytes(prompt(8)), 16, 0)
+    with pytest.raises(ValueError, match="prompt_pages"):
+        engine.submit(EngineRequest("x", prompt(12), 1, prompt_pages=short), 0.0)

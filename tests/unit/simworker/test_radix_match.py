@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.simworker.core.radix import RadixCache, page_hashes, path_pages
+from services.simworker.core.radix import (
+    PageChain,
+    RadixCache,
+    digest_to_int64,
+    extend_chain,
+    page_hashes,
+    path_pages,
+)
 
 PAGE = 2
 
@@ -259,3 +266,52 @@ def test_the_bulk_memory_of_computed_pages_equals_the_page_by_page_one(computed_
     for hashes in batches:
         assert cache._count_computed(hashes) == _count_page_by_page(computed, order, computed_max, hashes)
         assert cache._computed == computed and list(cache._computed_order) == list(order)
+
+
+@pytest.mark.parametrize("host_pages", [0, 16])
+@pytest.mark.parametrize("chain_pages", [0, 2, 4, 6])
+def test_a_given_chain_names_the_pages_as_hashing_them_does(host_pages, chain_pages):
+    """The pages within the first `chain_pages` of a request's `PageChain` take its digests (the
+    same objects, not hashed again); the others are hashed; the tree, the events and the
+    recompute counts are the same."""
+    full = extend_chain(PageChain([], []), _data(TOKENS), 4 * PAGE, 0)
+    results = []
+    for supplied in (None, full):
+        cache = _cache(host_pages=host_pages, emit_events=True)
+        last, _ = cache.insert_run(cache.root, _data(TOKENS[:4]), supplied, chain_pages)  # pages 0-1
+        cache.release(last, 0.0)
+        cache.evict_gpu(1 if host_pages else 2)
+        gpu, _ = cache.match(_data(TOKENS), 6)  # with a host tier, page 1 is host only: computed again
+        cache.lock(gpu)
+        parent = gpu[-1] if gpu else cache.root
+        last, recomputed = cache.insert_run(parent, _data(TOKENS)[4 * PAGE * parent.end :], supplied, chain_pages)
+        digests = []
+        node = last
+        while node is not cache.root:
+            digests[:0] = node.digests
+            node = node.parent
+        results.append((recomputed, cache.drain_events(), cache.cached_hashes(), digests))
+        if supplied is not None:
+            assert all((a is b) == (i < chain_pages) for i, (a, b) in enumerate(zip(digests, full.digests)))
+    assert results[0] == results[1]
+    assert results[0][3] == full.digests
+
+
+def test_a_chain_that_does_not_continue_the_path_is_not_used():
+    cache = _cache()
+    other = extend_chain(PageChain([], []), _data([99, 98, *TOKENS[2:]]), 4 * PAGE, 0)
+    first, _ = cache.insert_run(cache.root, _data(TOKENS[:2]))
+    last, _ = cache.insert_run(first, _data(TOKENS[2:]), other, 6)  # its page 0 is not `first`
+    assert [digest_to_int64(d) for d in first.digests + last.digests] == page_hashes(TOKENS, PAGE)
+
+
+def test_extending_a_chain_grows_it_in_place_only_past_what_it_held():
+    data = _data(TOKENS)
+    chain = extend_chain(PageChain([], []), data[: 8 * PAGE], 4 * PAGE, 0)  # pages 0-1
+    digests = list(chain.digests)
+    grown = extend_chain(chain, data, 4 * PAGE, 2)
+    assert grown is chain and [digest_to_int64(d) for d in grown.digests] == page_hashes(TOKENS, PAGE)
+    other = _data([*TOKENS[:6], 99, 99])
+    forked = extend_chain(grown, other, 4 * PAGE, 3)
+    assert forked is not grown and forked.hashes == page_hashes([*TOKENS[:6], 99, 99], PAGE)
+    assert grown.digests[:2] == digests and len(grown.digests) == 6  # the holder's pages are untouched
