@@ -51,6 +51,14 @@ from services.scheduler.core.weights import decayed_weight_tokens, raw_weight_to
 
 # Exponent range kept in the running decayed sums (2^512 is far from float overflow).
 REBASE_EXPONENT = 512.0
+IDLE_HEAP_SLACK = 2
+"""The idle index's heap is rebuilt from its live entries once it holds more than this many entries per
+live one (and more than 64): every Complete leaves a stale entry behind, and each keeps its released
+program's session id alive. At 4 the heap ran a sawtooth of 3 stale entries per open program (30,000
+entries, about 3 MiB, with 10,000 programs open), whose rise lasted longer than the 10-minute churn of
+`make bench-router-memory` and read as a leak of 0.5 MiB/min (docs/benchmarks/router.md). At 2 the stale
+entries are at most as many as the live ones, and a rebuild (O(live)) still comes after as many pushes as
+there are live entries: O(1) a push, amortized."""
 
 _by_seq = attrgetter("seq")
 
@@ -402,8 +410,8 @@ class Ledger:
         self.idle_since[program.session_id] = since
         heap = self.idle_heap
         heapq.heappush(heap, (since, program.seq, program.session_id))
-        if len(heap) > 64 and len(heap) > 4 * len(self.idle_since):
-            # Mostly stale entries (every Complete leaves one behind): rebuild from the live ones.
+        if len(heap) > 64 and len(heap) > IDLE_HEAP_SLACK * len(self.idle_since):
+            # As many stale entries as live ones (every Complete leaves one behind): rebuild from the live.
             programs = self.programs
             heap[:] = [(t, programs[sid].seq, sid) for sid, t in self.idle_since.items()]
             heapq.heapify(heap)

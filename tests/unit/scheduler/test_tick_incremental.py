@@ -288,3 +288,43 @@ def test_idle_expiry_and_forced_resume_from_their_indexes_equal_a_scan(seed: int
                 in_flight.pop(sid, None)
         core.ledger.check_invariants(now)
     assert expired > 20 and forced > 5  # the sequence exercised both
+
+
+def test_the_idle_index_keeps_at_most_as_many_stale_entries_as_live_ones_under_churn():
+    """Issue 24: every Complete leaves a stale idle-index entry behind (the program's previous
+    acting_since), and each keeps its session id alive. Under `make bench-router-memory`'s churn (the
+    open programs take turns; the oldest is released and a new one opened in their place) the heap
+    must stay within twice its live entries: at four times, it rose for longer than the benchmark's
+    10-minute run (3 MiB with 10,000 programs open) and read as a leak."""
+    core = SchedulerCore(ControlParams(scheduler_interval_seconds=5.0, program_idle_ttl_seconds=7200.0))
+    core.apply_capacity(0.0, fleet([10**9] * 2, 0))
+    rng = random.Random(24)
+    open_programs: list[str] = []
+    now, counter, peak, rebuilds = 0.0, 0, 0, 0
+
+    def turn(sid: str) -> None:
+        nonlocal now, counter, peak, rebuilds
+        now += 0.025
+        counter += 1
+        assert core.admit(now, sid, "", 600, f"r{counter}").decision.verdict is Verdict.PLACED
+        before = len(core.ledger.idle_heap)
+        core.complete(now, sid, f"r{counter}", ReplicaKey("w0", counter % 2), 900, 4)
+        rebuilds += len(core.ledger.idle_heap) < before
+        peak = max(peak, len(core.ledger.idle_heap))
+
+    for i in range(400):
+        open_programs.append(f"p{i}")
+        for _ in range(3):
+            turn(open_programs[-1])
+    for i in range(400, 4_400):
+        if rng.random() < 0.5:
+            core.release(now, open_programs.pop(0))
+            open_programs.append(f"p{i}")
+            for _ in range(3):
+                turn(open_programs[-1])
+        else:
+            turn(rng.choice(open_programs))
+    core.ledger.check_invariants(now)
+    assert len(core.ledger.idle_since) == len(open_programs) == 400
+    assert rebuilds >= 5  # the sequence ran the index through several rebuilds
+    assert peak <= 2 * 400
