@@ -65,6 +65,19 @@ def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
     return hashlib.sha256(parent_digest + page).digest()
 
 
+def chain_digests(parent_digest: bytes, data: bytes, start: int, stop: int, width: int) -> list[bytes]:
+    """The chained digests of the `width`-byte pages of `data[start:stop]`, continuing `parent_digest`
+    (`chain_digest` page by page, in one loop)."""
+    sha256 = hashlib.sha256
+    out: list[bytes] = []
+    append = out.append
+    digest = parent_digest
+    for offset in range(start, stop - width + 1, width):
+        digest = sha256(digest + data[offset : offset + width]).digest()
+        append(digest)
+    return out
+
+
 _INT64_BE = struct.Struct(">q").unpack_from
 
 
@@ -106,13 +119,7 @@ def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) ->
         digests, hashes = chain
     else:
         digests, hashes = chain.digests[:known_pages], chain.hashes[:known_pages]
-    parent = digests[-1] if digests else b""
-    sha256 = hashlib.sha256
-    new: list[bytes] = []
-    append = new.append
-    for start in range(known_pages * width, len(data) - width + 1, width):
-        parent = sha256(parent + data[start : start + width]).digest()
-        append(parent)
+    new = chain_digests(digests[-1] if digests else b"", data, known_pages * width, len(data), width)
     if new:
         digests += new
         hashes += _published_hashes(new).tolist()
@@ -123,12 +130,7 @@ def page_hashes(token_ids: Sequence[int], page_size: int) -> list[int]:
     """Published hashes of the full pages of `token_ids` (the partial tail is not hashed)."""
     data = token_bytes(token_ids)
     width = 4 * page_size
-    out: list[int] = []
-    digest = b""
-    for start in range(0, (len(token_ids) // page_size) * width, width):
-        digest = chain_digest(digest, data[start : start + width])
-        out.append(digest_to_int64(digest))
-    return out
+    return [digest_to_int64(d) for d in chain_digests(b"", data, 0, (len(token_ids) // page_size) * width, width)]
 
 
 class PageNode:
@@ -420,13 +422,7 @@ class RadixCache:
             digests = [digest]
             hashes = (_INT64_BE(digest)[0],)
         elif known < count:
-            sha256 = hashlib.sha256
-            new: list[bytes] = []
-            append = new.append
-            digest = digests[-1] if digests else parent.digest
-            for offset in range(start + known * width, stop, width):
-                digest = sha256(digest + data[offset : offset + width]).digest()
-                append(digest)
+            new = chain_digests(digests[-1] if digests else parent.digest, data, start + known * width, stop, width)
             if known:
                 digests += new
                 hashes = [*hashes, *_published_hashes(new)]
