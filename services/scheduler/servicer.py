@@ -460,6 +460,10 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
         )
 
 
+def _is_decision(result: pb.MuxResult) -> bool:
+    return result.WhichOneof("result") == "admit" and result.admit.HasField("decision")
+
+
 class MuxStream:
     """One AdmitMux stream: each admit runs `SchedulerServicer._decide` in a task of its own (it may be
     held), each complete `_complete`; their results go out coalesced, one MuxResponse per event-loop turn
@@ -478,7 +482,7 @@ class MuxStream:
         self.admits: set[int] = set()  # the pending ids that are admits (what a cancel may withdraw)
         self.cancelled: set[int] = set()  # ids the caller withdrew while pending
         self.outbox: dict[int, pb.MuxResult] = {}  # a later update of an id replaces an unsent one
-        self.in_write: frozenset[int] = frozenset()
+        self.in_write: frozenset[int] = frozenset()  # admits whose decision is in the write under way
         self.flushed: asyncio.Future[None] | None = None  # resolves when the outbox's write returned
         self.wake = asyncio.Event()
 
@@ -571,7 +575,9 @@ class MuxStream:
                 continue
             batch, flushed = self.outbox, self._flushed()
             self.outbox, self.flushed = {}, None
-            self.in_write = frozenset(batch)
+            # Only a decision in the write stands against a cancel: one read while a `held` is being written
+            # still withdraws its admission (else it stayed held, nobody waiting, until its deadline).
+            self.in_write = frozenset(op_id for op_id, result in batch.items() if _is_decision(result))
             try:
                 await self.context.write(pb.MuxResponse(results=batch.values()))
             except BaseException as exc:
@@ -580,7 +586,7 @@ class MuxStream:
             finally:
                 self.in_write = frozenset()
             for op_id, result in batch.items():
-                if result.WhichOneof("result") != "admit" or result.admit.HasField("decision"):
+                if result.WhichOneof("result") != "admit" or _is_decision(result):
                     self.admits.discard(op_id)  # its last result is out: a cancel no longer withdraws it
             flushed.set_result(None)
 

@@ -138,6 +138,53 @@ async def test_a_cancelled_held_admission_is_rolled_back_and_answered_cancelled(
     assert len(mux.results[1]) == 2  # held, then the error
 
 
+async def test_a_cancel_that_crosses_the_held_write_still_withdraws_the_admission(h, monkeypatch):
+    """Found by CI (tests/faults/test_scheduler_http_disconnect.py): a cancel read while the write carrying
+    the admission's `held` was under way was taken for one crossing its decision and ignored, so the
+    admission stayed held, with nobody waiting, until its deadline. Only a decision in a write stands."""
+    from services.scheduler import servicer as servicer_module
+
+    held_write_began, release = asyncio.Event(), asyncio.Event()
+
+    class SlowHeldWrite:
+        """The servicer's context, whose write of op 1's `held` does not return until released."""
+
+        def __init__(self, context) -> None:
+            self._context = context
+
+        def __getattr__(self, name):
+            return getattr(self._context, name)
+
+        async def write(self, response: pb.MuxResponse) -> None:
+            if any(r.id == 1 and r.admit.HasField("held") for r in response.results):
+                held_write_began.set()
+                await release.wait()
+            await self._context.write(response)
+
+    init = servicer_module.MuxStream.__init__
+    monkeypatch.setattr(
+        servicer_module.MuxStream, "__init__", lambda self, servicer, context: init(self, servicer, SlowHeldWrite(context))
+    )
+    mux = Mux(h.client)
+    try:
+        await h.set_capacity({W: 1_000})
+        await fill(h, mux, 900)
+        before = h.table()
+        await mux.send(admit(1, "new", "n1"))
+        await asyncio.wait_for(held_write_began.wait(), 5)
+        await mux.send(cancel(1))  # read while the `held` is being written
+        await asyncio.sleep(0.2)
+        release.set()
+        result = await mux.last(1)
+        assert result.error.code == CANCELLED
+        await h.held(0)
+        assert h.table() == before
+    finally:
+        release.set()
+        mux.call.cancel()
+        await asyncio.gather(mux.reader, return_exceptions=True)
+
+
 async def test_a_cancel_after_the_decision_leaves_the_admission_standing(h, mux):
     await h.set_capacity({W: 10_000})
     await mux.send(admit(1, "p1", "r1"))
