@@ -162,9 +162,10 @@ async def test_a_cancel_that_crosses_the_held_write_still_withdraws_the_admissio
             await self._context.write(response)
 
     init = servicer_module.MuxStream.__init__
-    monkeypatch.setattr(
-        servicer_module.MuxStream, "__init__", lambda self, servicer, context: init(self, servicer, SlowHeldWrite(context))
-    )
+    def slow_init(self, servicer, context) -> None:
+        init(self, servicer, SlowHeldWrite(context))
+
+    monkeypatch.setattr(servicer_module.MuxStream, "__init__", slow_init)
     mux = Mux(h.client)
     try:
         await h.set_capacity({W: 1_000})
