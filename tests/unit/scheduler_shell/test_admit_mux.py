@@ -162,6 +162,7 @@ async def test_a_cancel_that_crosses_the_held_write_still_withdraws_the_admissio
             await self._context.write(response)
 
     init = servicer_module.MuxStream.__init__
+
     def slow_init(self, servicer, context) -> None:
         init(self, servicer, SlowHeldWrite(context))
 
