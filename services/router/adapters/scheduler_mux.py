@@ -20,7 +20,8 @@ they queue while a write is under way in the next. A write that does not complet
 (the scheduler stopped reading) ends the stream, and past `MAX_QUEUED` waiting operations each takes the
 per-call path: a frozen scheduler holds neither the writer nor the router's memory. A decision that arrives
 for an admission already withdrawn (its cancel crossed the decision) is ended with Complete(NOT_STARTED),
-the exact rollback.
+the exact rollback; a `held` for one is answered with the cancel once more (an older scheduler ignored a
+cancel that crossed the write of a `held`).
 
 Binds go on the stream too, once its scheduler has named "bind" among the operations it takes (the
 stream's initial metadata, `bandmaster-mux-ops`); before that, and to a scheduler from before MuxBind,
@@ -154,6 +155,7 @@ class SchedulerMux:
         # them, and on a scheduler from before the list, admit, cancel and complete.
         self._ops: frozenset[str] = BASE_OPS
         self._withdrawn: dict[int, pb.AdmitRequest] = {}  # cancelled; their decision may still come
+        self._cancel_resent: set[int] = set()  # withdrawn ids whose cancel went again (a `held` crossed it)
         self._answered = False  # the current stream delivered a result
         self._failures = 0  # streams in a row that ended before answering anything
         self._retry_at = 0.0
@@ -227,7 +229,9 @@ class SchedulerMux:
             return  # answered already, or the stream broke (the scheduler rolled it back)
         self._withdrawn[call.id] = call.request
         if len(self._withdrawn) > MAX_WITHDRAWN:  # a replica that stopped answering: bounded memory
-            del self._withdrawn[next(iter(self._withdrawn))]
+            oldest = next(iter(self._withdrawn))
+            del self._withdrawn[oldest]
+            self._cancel_resent.discard(oldest)
         self._queue(pb.MuxOp(id=call.id, cancel=pb.MuxCancel()))
 
     async def close(self) -> None:
@@ -316,6 +320,7 @@ class SchedulerMux:
         self._ops = BASE_OPS  # the next stream's scheduler names its own
         self._queued.clear()
         self._withdrawn.clear()  # the scheduler rolled back whatever was pending on the stream
+        self._cancel_resent.clear()
         if self._answered:
             self._failures = 0
             self._retry_at = 0.0
@@ -366,9 +371,18 @@ class SchedulerMux:
                     )
             return
         withdrawn = self._withdrawn.get(result.id)
-        if withdrawn is None or (kind == "admit" and not result.admit.HasField("decision")):
-            return  # a result nobody waits for (a timed-out Complete), or a `held` of a withdrawn admit
+        if withdrawn is None:
+            return  # a result nobody waits for (a timed-out Complete)
+        if kind == "admit" and not result.admit.HasField("decision"):
+            # A `held` of a withdrawn admit. A scheduler from before 3ced290 ignored a cancel that crossed the
+            # write of that `held`, and kept the admission held with nobody waiting: the cancel goes again,
+            # once (to a scheduler that took the first, it names nothing pending and is ignored).
+            if result.id not in self._cancel_resent:
+                self._cancel_resent.add(result.id)
+                self._queue(pb.MuxOp(id=result.id, cancel=pb.MuxCancel()))
+            return
         del self._withdrawn[result.id]
+        self._cancel_resent.discard(result.id)
         if kind == "admit":
             # The decision crossed our cancel: the admission stands there. End it as never started.
             done = pb.CompleteRequest(

@@ -130,6 +130,28 @@ async def test_a_decision_that_crosses_a_cancel_is_ended_not_started(mux):
     assert done.complete.request.outcome == pb.TURN_OUTCOME_NOT_STARTED
 
 
+async def test_a_held_that_crosses_a_cancel_is_cancelled_again(mux):
+    """A scheduler from before 3ced290 ignored a cancel read while the admission's `held` was being written
+    (the admission then stayed held, nobody waiting, until its deadline): a `held` for an admission the
+    router withdrew is answered with the cancel again, once."""
+    call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
+    await _settle()
+    call.cancel()
+    await _settle()
+    stream = mux.stub.calls[0]
+    held = pb.MuxResult(id=call.id, admit=pb.AdmitUpdate(held=pb.AdmitHeld(max_hold_seconds=60)))
+    stream.answer(held)
+    await _settle()
+    cancels = [op for op in stream.ops() if op.WhichOneof("op") == "cancel"]
+    assert [op.id for op in cancels] == [call.id, call.id]
+    stream.answer(held)  # a heartbeat: the cancel is not sent a third time
+    await _settle()
+    assert sum(op.WhichOneof("op") == "cancel" for op in stream.ops()) == 2
+    stream.answer(pb.MuxResult(id=call.id, error=pb.MuxError(code=grpc.StatusCode.CANCELLED.value[0])))
+    await _settle()
+    assert mux.pending == 0 and not mux._withdrawn
+
+
 async def test_a_standbys_refusal_of_an_admit_names_the_leader_as_the_call_would(mux):
     call = mux.admit(_request("r1"), 30.0, {}, _no_fallback)
     await _settle()
