@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import grpc
 
 from bandmaster.capacity.v1 import capacity_pb2 as pb
 from bandmaster.capacity.v1 import capacity_pb2_grpc as pb_grpc
+from bench.machine import machine
 from clients.stats import percentile
 from services.capacity.adapters.proto import snapshot_to_proto
 from services.capacity.core.cards import RetentionSettings, derive_card, recompute
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "capacity_scale",
         "smoke": args.smoke,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "recompute": bench_recompute(workers, 20 if args.smoke else 200),
     }
     report["fanout"], report["router_load_fanout"] = asyncio.run(

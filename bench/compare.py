@@ -43,8 +43,6 @@ import argparse
 import asyncio
 import json
 import math
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -55,6 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
+from bench.machine import machine
 from bench.peers import launch_peer_proxy, launch_sglang_router, peer_stats, wait_routable
 from clients.player import Runner, build_workload, scrape_counters
 from clients.workloads import DEFAULT_SPLIT, SPLITS
@@ -1023,7 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "git_commit": _git_commit(),
             "argv": list(sys.argv[1:] if argv is None else argv),
             "smoke": args.smoke,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+            "machine": machine(),
             "pause_policies": policies,
             "live_repeats": repeats,
         },

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -40,6 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from bench.machine import machine
 from bench.report import Target, targets_text
 from clients.workloads import SPLITS, Program, scale, split_programs, trace_programs
 from services.common.settings.config import require
@@ -652,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fits_programs": spec.fits_programs,
             "pause_policy": scheduler.pause_policy,
             "scheduler_flags": rest,
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "machine": machine(),
             "runs": len(jobs),
         },
         "points": [],

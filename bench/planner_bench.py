@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -32,6 +31,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from bench.machine import machine
 from services.common.process.child_start import start_child
 from services.common.process.child_stop import stop_child
 from services.common.process.ready import read_ready_file, wait_ready_file
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     jobs, workers = (50, 8) if args.smoke else (1000, 64)
     report = {
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "core_tick": core_tick(jobs, workers, 20 if args.smoke else 200),
         "process": process(jobs, workers, 1.0 if args.smoke else 10.0),
     }

@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.machine import machine
 from services.common.process import orphan_guard
 from services.common.process.child_stop import stop_child_async
 from services.common.process.ready import wait_ready_file_async
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "replica_sync",
         "smoke": args.smoke,
         "duration_s": duration_s,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "arms": arms,
     }
     out = Path(args.out)

@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -52,6 +51,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.machine import machine
 from bench.peers import chat_ok, launch_sglang_router
 from clients.stats import summary_ms
 from services.common.process.child_start import start_child
@@ -708,12 +708,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "router_bench",
         "smoke": args.smoke,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "note": "client, proxies and workers share these CPUs; compare ratios within one run",
-        },
+        "machine": machine(note="client, proxies and workers share these CPUs; compare ratios within one run"),
         "config": {
             "workers": args.workers,
             "speedup": args.speedup,

@@ -43,8 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import shutil
 import statistics
@@ -59,6 +57,7 @@ from typing import Iterable, Sequence
 import aiohttp
 
 from bench.config_flags import add_config_flags, config_from_args
+from bench.machine import loadavg, machine
 from bench.peers import wait_routable
 from bench.rss import rss_kb, rss_trend
 from bench.soak import cpu_seconds, log_problems, router_index_ttl, scheduler_stats
@@ -321,14 +320,6 @@ def targets(load: dict, steady: dict, *, judge_memory: bool) -> list[dict]:
 
 def passed(report: dict) -> bool:
     return not report["services_exited"] and all(t["status"] == "PASS" for t in report["targets"] if t["judged"])
-
-
-def loadavg() -> list[float] | None:
-    try:
-        with open("/proc/loadavg", encoding="ascii") as fh:
-            return [float(x) for x in fh.read().split()[:3]]
-    except (OSError, ValueError):
-        return None
 
 
 # ------------------------------------------------------------------------------------ the load
@@ -758,13 +749,7 @@ def build_report(
         "cpu_s": cpu_total,
         "services_exited": exited,
         "service_log_problems": problems,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "loadavg_start": loadavg_start,
-            "loadavg_end": loadavg(),
-        },
+        "machine": machine(loadavg_start=loadavg_start, loadavg_end=loadavg()),
         "targets": targets(phases["load"], phases["steady"], judge_memory=not quick),
         "timeline": phases["timeline"],
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

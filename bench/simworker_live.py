@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import re
 import sys
 import tempfile
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.machine import machine
 from clients.stats import summary_ms
 from services.common.process import orphan_guard
 from services.common.process.child_stop import stop_child_async
@@ -202,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "simworker_live",
         "smoke": args.smoke,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "result": result,
     }
     out = Path(args.out)

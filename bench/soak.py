@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -56,6 +55,7 @@ from typing import Callable, Iterator, Sequence
 import aiohttp
 
 from bench.config_flags import add_config_flags, config_from_args
+from bench.machine import machine as machine_block
 from bench.peers import wait_routable
 from bench.rss import rss_kb, slope_kb_per_min
 from clients.player import (
@@ -619,12 +619,7 @@ def build_report(
             "window_s": config.window_s,
             "services": memory,
         },
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            **machine,
-        },
+        "machine": machine_block(**machine),
         "targets": checks,
         "timeline": sampler.timeline,
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

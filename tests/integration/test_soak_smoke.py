@@ -64,6 +64,7 @@ MACHINE_KEYS = {
     "cpus",
     "python",
     "platform",
+    "loadavg",
     "cpu_busy",
     "late_fraction",
     "starved",
