@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, islice
+from operator import attrgetter, eq, or_
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -234,11 +235,14 @@ class ControlLaw:
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
-        selected = self._select(now, budget, total_slots)
+        # Placement: largest first onto the replica with most headroom (its previous one if it fits),
+        # equal sizes in resume order (the sort by size is stable).
+        selected = self._select_unbounded(now, budget, total_slots)
+        if selected is None:
+            selected = self._select(now, budget, total_slots)
+            selected.sort(key=_TOKEN_TOTAL, reverse=True)
         if not selected:
             return Plan()
-        # Placement: largest first onto the replica with most headroom (its previous one if it fits).
-        selected.sort(key=_TOKEN_TOTAL, reverse=True)
         min_req = selected[-1].token_total + buffer  # the smallest: the order is by size, descending
         order = sorted(room, key=lambda k: room[k], reverse=True)
         rank = [-room[k] for k in order]  # ascending, beside `order`: where a replica goes back (bisect)
@@ -355,6 +359,55 @@ class ControlLaw:
             start = stop
         return selected
 
+    def _select_unbounded(self, now: float, budget: int, total_slots: int | None) -> list[Program] | None:
+        """`_select` sorted by size, descending, equal sizes in resume order, when the budget selects
+        everything the slots let through (None when it may not): every ACTING program and the first
+        `total_slots` REASONING ones in resume order (all of them without a slot limit, none when no
+        slot is free). When the reqs of those together fit the budget, each fits what the ones
+        before it left, so the knapsack takes exactly them. Then only the REASONING programs (when
+        their slots run out) and the programs of equal sizes are keyed: at fleet size the summed
+        headroom usually holds the whole paused queue, which is then neither keyed nor sorted by
+        resume key whole."""
+        ledger, p = self.ledger, self.params
+        programs, reasoning_status = ledger.programs, Status.REASONING
+        paused, tail, discount = ledger.paused, ledger.tail_turns, p.resume_wait_discount_seconds
+
+        def resume_key(q: Program) -> tuple[int, float, int]:
+            """As `_resume_keys` keys it (the same float operations), but for the queue position: the
+            sorts below are stable over the queue order."""
+            if q.status is reasoning_status:
+                group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
+            else:
+                group = 2
+            if discount > 0:
+                since = q.paused_since
+                waited = 0.0 if since is None else now - since
+                size = q.token_total / (1.0 + (waited if waited > 0.0 else 0.0) / discount)
+                return (group, size, paused[q.session_id])
+            return (group, float(q.token_total), paused[q.session_id])
+
+        queue = [programs[sid] for sid in paused]  # in queue order: the resume order's last tie-break
+        if total_slots is not None:
+            reasoning = [q for q in queue if q.status is reasoning_status]
+            if len(reasoning) > total_slots:
+                reasoning.sort(key=resume_key)
+                kept = set(map(id, reasoning[:total_slots]))  # the first total_slots in resume order
+                queue = [q for q in queue if q.status is not reasoning_status or id(q) in kept]
+        if sum(map(_TOKEN_TOTAL, queue)) + len(queue) * p.buffer_per_program_tokens > budget:
+            return None
+        queue.sort(key=_TOKEN_TOTAL, reverse=True)  # stable: equal sizes stay in queue order
+        # The programs whose size another one shares (C-level: no Python step per program), sorted
+        # among themselves by (size descending, resume key): their runs are where they were.
+        sizes = list(map(_TOKEN_TOTAL, queue))
+        same_as_next = list(map(eq, sizes, islice(sizes, 1, None)))
+        tied = list(compress(range(len(queue)), map(or_, [False, *same_as_next], [*same_as_next, False])))
+        if tied:
+            runs = [queue[i] for i in tied]
+            runs.sort(key=lambda q: (-q.token_total, resume_key(q)))
+            for i, q in zip(tied, runs):
+                queue[i] = q
+        return queue
+
     def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:
         """The paused queue's resume keys, unsorted (`reasoning`: the REASONING programs' too, else only
         the ACTING ones'): smallest effective size first, T / (1 + waited / H) (H = 0: T, the
@@ -449,6 +502,9 @@ class ControlLaw:
         """
         ledger = self.ledger
         age = self.params.resume_aging_seconds
+        oldest = ledger.oldest_wait()
+        if oldest is None or now - oldest < age:
+            return Plan()  # not even the oldest held admission has aged: no scan of them all
         buffer = self.params.buffer_per_program_tokens
         threshold = self.params.pause_threshold
         aged: list[tuple[float, Program]] = []

@@ -49,6 +49,7 @@ from services.scheduler.core.model import (
     WARNING,
     Acc,
     AdmitResult,
+    Band,
     CapacitySnapshot,
     Decision,
     Effects,
@@ -78,6 +79,8 @@ __all__ = ["SchedulerCore"]
 _new_event = functools.partial(tuple.__new__, ProgramEvent)
 """`ProgramEvent` from its six fields as one tuple, with no Python-level call (for `map`)."""
 _TOKEN_TOTAL = operator.attrgetter("token_total")
+_SESSION_ID = operator.attrgetter("session_id")
+_SEQ = operator.attrgetter("seq")
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 # What an admission sets on its program besides the count (and what taking it back restores).
@@ -583,7 +586,7 @@ class SchedulerCore:
         resumed = paused = marked = 0
         control = self.control
         if self.ledger.caps:
-            self._apply(now, control.plan_soft_demote(now), acc)
+            self._soft_demote(now, acc)
             resumed = self._apply(now, control.plan_resume(now), acc).count(Resume)
         if self.ledger.caps and self.params.resume_aging_seconds > 0:
             resumed += self._apply(now, control.plan_aging(now), acc).count(Resume)
@@ -793,6 +796,44 @@ class SchedulerCore:
             else:
                 acc.logs.append(step)
         return plan
+
+    def _soft_demote(self, now: float, acc: Acc) -> None:
+        """`control.plan_soft_demote(now)` and its application in one pass over each band replica's
+        residents: the same windows set, the same events in the same order, without the plan's id
+        tuples and the lookups back from them (a replica in the band holds hundreds of programs, and
+        at fleet size most replicas are in it). Per replica as the plan's steps are applied one after
+        the other: a demotion changes no band and no other replica's residents."""
+        ledger, band, soft = self.ledger, self.control.band, Band.SOFT_DEMOTE
+        until = now + self.params.soft_demote_window_seconds
+        events = acc.events
+        for key in ledger.caps:
+            if band(key) is not soft:
+                continue
+            announce: list[Program] = []  # not demoted already: an event each
+            for program in ledger.resident[key].values():
+                if program.marked:
+                    continue
+                demoted_until = program.soft_demoted_until
+                if demoted_until <= now:
+                    announce.append(program)
+                if demoted_until < until:
+                    program.soft_demoted_until = until
+            if announce:
+                # Events in creation order: the residents' order is the order of their last re-account.
+                announce.sort(key=_SEQ)
+                events.extend(
+                    map(
+                        _new_event,
+                        zip(
+                            itertools.repeat(EventKind.SOFT_DEMOTED),
+                            map(_SESSION_ID, announce),
+                            itertools.repeat(key),
+                            map(_TOKEN_TOTAL, announce),
+                            itertools.repeat(now),
+                            itertools.repeat(""),
+                        ),
+                    )
+                )
 
     # ------------------------------------------------------------------ transitions
 
