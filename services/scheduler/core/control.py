@@ -91,6 +91,12 @@ _SEQ = attrgetter("seq")
 _SESSION_ID = attrgetter("session_id")
 _TOKEN_TOTAL = attrgetter("token_total")
 
+
+def _MINUS_SIZE_THEN_KEY(entry: tuple[int, float, int, int, Program]) -> tuple[int, int, float, int, int]:
+    """A resume-key entry's place among programs sorted by size, descending, then by resume key."""
+    return (-entry[4].token_total, entry[0], entry[1], entry[2], entry[3])
+
+
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
 """One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
 
@@ -372,26 +378,59 @@ class ControlLaw:
         programs, reasoning_status = ledger.programs, Status.REASONING
         paused, tail, discount = ledger.paused, ledger.tail_turns, p.resume_wait_discount_seconds
 
-        def resume_key(q: Program) -> tuple[int, float, int]:
-            """As `_resume_keys` keys it (the same float operations), but for the queue position: the
-            sorts below are stable over the queue order."""
-            if q.status is reasoning_status:
-                group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
-            else:
-                group = 2
+        def resume_keys(run: list[Program]) -> list[tuple[int, float, int, int, Program]]:
+            """`_resume_keys`' tuples (the same group and float operations) of the programs of `run`, in
+            the order of `run` (which is the queue order wherever it matters), built in one pass."""
             if discount > 0:
-                since = q.paused_since
-                waited = 0.0 if since is None else now - since
-                size = q.token_total / (1.0 + (waited if waited > 0.0 else 0.0) / discount)
-                return (group, size, paused[q.session_id])
-            return (group, float(q.token_total), paused[q.session_id])
+                return [
+                    (
+                        2
+                        if q.status is not reasoning_status
+                        else -1
+                        if tail is not None and q.turns > tail
+                        else 0
+                        if q.turns > 1
+                        else 1,
+                        q.token_total
+                        / (
+                            1.0
+                            + (
+                                (w if (w := now - since) > 0.0 else 0.0)
+                                if (since := q.paused_since) is not None
+                                else 0.0
+                            )
+                            / discount
+                        ),
+                        paused[q.session_id],
+                        position,
+                        q,
+                    )
+                    for position, q in enumerate(run)
+                ]
+            return [
+                (
+                    2
+                    if q.status is not reasoning_status
+                    else -1
+                    if tail is not None and q.turns > tail
+                    else 0
+                    if q.turns > 1
+                    else 1,
+                    float(q.token_total),
+                    paused[q.session_id],
+                    position,
+                    q,
+                )
+                for position, q in enumerate(run)
+            ]
 
         queue = [programs[sid] for sid in paused]  # in queue order: the resume order's last tie-break
         if total_slots is not None:
             reasoning = [q for q in queue if q.status is reasoning_status]
             if len(reasoning) > total_slots:
-                reasoning.sort(key=resume_key)
-                kept = set(map(id, reasoning[:total_slots]))  # the first total_slots in resume order
+                keyed = resume_keys(reasoning)
+                keyed.sort()
+                kept = {id(entry[4]) for entry in keyed[:total_slots]}  # the first total_slots in resume order
                 queue = [q for q in queue if q.status is not reasoning_status or id(q) in kept]
         if sum(map(_TOKEN_TOTAL, queue)) + len(queue) * p.buffer_per_program_tokens > budget:
             return None
@@ -402,10 +441,10 @@ class ControlLaw:
         same_as_next = list(map(eq, sizes, islice(sizes, 1, None)))
         tied = list(compress(range(len(queue)), map(or_, [False, *same_as_next], [*same_as_next, False])))
         if tied:
-            runs = [queue[i] for i in tied]
-            runs.sort(key=lambda q: (-q.token_total, resume_key(q)))
-            for i, q in zip(tied, runs):
-                queue[i] = q
+            keyed = resume_keys([queue[i] for i in tied])
+            keyed.sort(key=_MINUS_SIZE_THEN_KEY)
+            for i, entry in zip(tied, keyed):
+                queue[i] = entry[4]
         return queue
 
     def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:

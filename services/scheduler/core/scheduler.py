@@ -579,9 +579,12 @@ class SchedulerCore:
         acc = Acc()
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
-        if self._refresh_policy is not None and self._refresh_policy():
-            # The policy's estimates moved: re-weigh the placed programs (their weight depends on them).
-            self.ledger.reweigh()
+        if self._refresh_policy is not None:
+            moved = self._refresh_policy()
+            self.ledger.forget_weighers()  # valid until a refresh, whatever it says
+            if moved:
+                # The policy's estimates moved: re-weigh the placed programs (their weight depends on them).
+                self.ledger.reweigh()
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = 0
         control = self.control
