@@ -850,7 +850,7 @@ class SchedulerCore:
     def _mark(self, now: float, program: Program, key: ReplicaKey, acc: Acc) -> None:
         program.marked = True
         self.marks_total += 1
-        acc.events.append(ProgramEvent(EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure"))
+        acc.events.append(_new_event((EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure")))
 
     def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: Acc) -> None:
         """Release or expire: held admissions proceed unpinned with priority 0."""
@@ -886,7 +886,7 @@ class SchedulerCore:
         ledger.recharge(program)
         tokens = program.token_total
         # The event is the whole record: its DEBUG line is rendered from it (model.transition_logs).
-        acc.events.append(ProgramEvent(EventKind.PAUSED, sid, replica, tokens, now, reason))
+        acc.events.append(_new_event((EventKind.PAUSED, sid, replica, tokens, now, reason)))
         if reason == "admission_full":
             acc.logs.append(
                 LogRecord(
@@ -908,7 +908,7 @@ class SchedulerCore:
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
         tokens = program.token_total
-        acc.events.append(ProgramEvent(kind, sid, target, tokens, now))  # and its DEBUG line: transition_logs
+        acc.events.append(_new_event((kind, sid, target, tokens, now, "")))  # and its DEBUG line: transition_logs
         waiting = ledger.waiting.pop(sid, None)
         for rid in waiting or ():
             turn = ledger.turns[rid]
