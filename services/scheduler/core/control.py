@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from heapq import nsmallest
 from itertools import compress, count, islice, repeat
 from operator import add, attrgetter, eq, lt, or_
 from typing import Callable, Union
@@ -489,12 +490,15 @@ class ControlLaw:
             ]
 
         queue = [programs[sid] for sid in paused]  # in queue order: the resume order's last tie-break
-        if total_slots is not None:
+        if total_slots == 0:
+            # No slot is free: the REASONING programs are passed over, unkeyed (at fleet size most of
+            # the paused queue is new programs waiting for one).
+            queue = [q for q in queue if q.status is not reasoning_status]
+        elif total_slots is not None:
             reasoning = [q for q in queue if q.status is reasoning_status]
             if len(reasoning) > total_slots:
-                keyed = resume_keys(reasoning)
-                keyed.sort()
-                kept = {id(entry[4]) for entry in keyed[:total_slots]}  # the first total_slots in resume order
+                # The first total_slots in resume order (the entries are unique: the position is in them).
+                kept = {id(entry[4]) for entry in nsmallest(total_slots, resume_keys(reasoning))}
                 queue = [q for q in queue if q.status is not reasoning_status or id(q) in kept]
         if sum(map(_TOKEN_TOTAL, queue)) + len(queue) * p.buffer_per_program_tokens > budget:
             return None
