@@ -108,7 +108,7 @@ def _reorder(
         rank.insert(idx, -room[target])
 
 
-def _MINUS_SIZE_THEN_KEY(entry: tuple[int, float, int, int, Program]) -> tuple[int, int, float, int, int]:
+def _size_then_resume_key(entry: tuple[int, float, int, int, Program]) -> tuple[int, int, float, int, int]:
     """A resume-key entry's place among programs sorted by size, descending, then by resume key."""
     return (-entry[4].token_total, entry[0], entry[1], entry[2], entry[3])
 
@@ -510,7 +510,7 @@ class ControlLaw:
         tied = list(compress(range(len(queue)), map(or_, [False, *same_as_next], [*same_as_next, False])))
         if tied:
             keyed = resume_keys([queue[i] for i in tied])
-            keyed.sort(key=_MINUS_SIZE_THEN_KEY)
+            keyed.sort(key=_size_then_resume_key)
             for i, entry in zip(tied, keyed):
                 queue[i] = entry[4]
         return queue
