@@ -208,7 +208,11 @@ class ControlLaw:
     # ------------------------------------------------------------------ the tick's steps
 
     def plan_soft_demote(self, now: float) -> Plan:
-        """Every unmarked program on a replica in the SOFT_DEMOTE band is demoted for the window."""
+        """Every unmarked program on a replica in the SOFT_DEMOTE band is demoted for the window.
+
+        The rule as a plan. The tick carries it out in one pass, planning and applying together
+        (`SchedulerCore._soft_demote`), which tests/unit/scheduler/test_tick_one_pass.py holds equal to
+        this plan applied."""
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
