@@ -123,6 +123,9 @@ class Ledger:
         self.params = params
         self.policy_weight = policy_weight
         self.policy_weigher = policy_weigher  # the policy's weight with the budget fixed (`weigher`)
+        # `weigher` per budget, for `recharge` (every transition weighs its program): valid until the
+        # policy's next refresh, so forgotten at each (`forget_weighers`).
+        self.weighers: dict[int, Callable[[Program, int], int] | None] = {}
         self.programs: dict[str, Program] = {}
         self.paused: dict[str, int] = {}  # session id -> pause sequence (resume tie-break: oldest first)
         self.children: dict[str, dict[str, None]] = {}
@@ -337,6 +340,10 @@ class Ledger:
             return self.policy_weigher(retention_tokens)
         return lambda program, raw: policy_weight(program, raw, retention_tokens)
 
+    def forget_weighers(self) -> None:
+        """The policy refreshed its estimates: the weighers `recharge` kept may weigh differently now."""
+        self.weighers.clear()
+
     def recharge(self, program: Program, *, touched: bool = True) -> None:
         """Re-account `program` after a change (`touched`: a change worth persisting)."""
         sid = program.session_id
@@ -370,7 +377,14 @@ class Ledger:
         # self.weight, inline (this runs for every transition): raw_weight_tokens, then the policy's.
         raw = tokens if in_flight else math.floor(tokens * params.acting_token_weight)
         if self.policy_weight is not None:
-            raw = self.policy_weight(program, raw, self.caps[key].retention_tokens)
+            budget = self.caps[key].retention_tokens
+            weighers = self.weighers
+            if budget in weighers:
+                weigh = weighers[budget]
+            else:
+                weigh = weighers[budget] = self.weigher(budget)
+            if weigh is not None:  # None: the policy's weight on this budget is the raw weight
+                raw = weigh(program, raw)
         amount = raw + buffer
         base = buffer + (tokens if in_flight else 0)
         self.charge[sid] = (key, amount, in_flight, base)

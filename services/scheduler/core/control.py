@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from operator import attrgetter
+from heapq import nsmallest
+from itertools import compress, count, islice, repeat
+from operator import add, attrgetter, eq, lt, or_
 from typing import Callable, Union
 
 from services.scheduler.core.accounting import Ledger
@@ -89,6 +91,27 @@ class SoftDemote:
 _SEQ = attrgetter("seq")
 _SESSION_ID = attrgetter("session_id")
 _TOKEN_TOTAL = attrgetter("token_total")
+
+
+def _reorder(
+    order: list[ReplicaKey], rank: list[int], room: dict[ReplicaKey, int], target: ReplicaKey, req: int, buffer: int
+) -> None:
+    """`target` took a resume of `req`: out of the headroom order (`order`, with `rank` beside it,
+    ascending), and back in after the replicas with as much headroom if it still takes resumes."""
+    idx = bisect_left(rank, -room[target] - req)  # where it stands (its room before this resume)
+    while order[idx] != target:
+        idx += 1
+    del order[idx], rank[idx]
+    if room[target] > buffer:
+        idx = bisect_right(rank, -room[target])
+        order.insert(idx, target)
+        rank.insert(idx, -room[target])
+
+
+def _size_then_resume_key(entry: tuple[int, float, int, int, Program]) -> tuple[int, int, float, int, int]:
+    """A resume-key entry's place among programs sorted by size, descending, then by resume key."""
+    return (-entry[4].token_total, entry[0], entry[1], entry[2], entry[3])
+
 
 Step = Union[Pause, Resume, ForceResume, Mark, Unmark, SoftDemote, LogRecord]
 """One step of a plan; a `LogRecord` is a line logged at that point of the plan."""
@@ -185,7 +208,11 @@ class ControlLaw:
     # ------------------------------------------------------------------ the tick's steps
 
     def plan_soft_demote(self, now: float) -> Plan:
-        """Every unmarked program on a replica in the SOFT_DEMOTE band is demoted for the window."""
+        """Every unmarked program on a replica in the SOFT_DEMOTE band is demoted for the window.
+
+        The rule as a plan. The tick carries it out in one pass, planning and applying together
+        (`SchedulerCore._soft_demote`), which tests/unit/scheduler/test_tick_one_pass.py holds equal to
+        this plan applied."""
         ledger = self.ledger
         until = now + self.params.soft_demote_window_seconds
         steps: list[Step] = []
@@ -234,11 +261,14 @@ class ControlLaw:
         budget = sum(room.values())
         limited = all(s is not None for s in slots.values())
         total_slots = sum(s for s in slots.values() if s is not None) if limited else None
-        selected = self._select(now, budget, total_slots)
+        # Placement: largest first onto the replica with most headroom (its previous one if it fits),
+        # equal sizes in resume order (the sort by size is stable).
+        selected = self._select_unbounded(now, budget, total_slots)
+        if selected is None:
+            selected = self._select(now, budget, total_slots)
+            selected.sort(key=_TOKEN_TOTAL, reverse=True)
         if not selected:
             return Plan()
-        # Placement: largest first onto the replica with most headroom (its previous one if it fits).
-        selected.sort(key=_TOKEN_TOTAL, reverse=True)
         min_req = selected[-1].token_total + buffer  # the smallest: the order is by size, descending
         order = sorted(room, key=lambda k: room[k], reverse=True)
         rank = [-room[k] for k in order]  # ascending, beside `order`: where a replica goes back (bisect)
@@ -256,36 +286,19 @@ class ControlLaw:
             if slack > bound.get(size, -math.inf):
                 bound[size] = slack
         single = next(iter(bound)) if len(bound) == 1 else None
-        # One budget size (the usual fleet): the policy's weight on it, asked for once.
-        weigh = ledger.weigher(single) if single is not None else None
         acting, w_a, floor = Status.ACTING, p.acting_token_weight, math.floor
-        # A charge of T + B for every program (one budget size, the raw weight, ACTING tokens at full
-        # weight): the needs do not increase along `selected` (largest first), so when one is above
-        # the bound, those that follow up to the first below it are too, and are skipped in one step.
-        # A skip changes nothing the loop reads, so the programs it passes over would each be skipped.
-        by_need = (
-            [-q.token_total - buffer for q in selected] if single is not None and weigh is None and w_a == 1.0 else None
-        )
-        skip_until = 0
         steps: list[Step] = []
-        for i, program in enumerate(selected):
-            if i < skip_until:
-                continue
+        if single is not None:
+            self._place_on_one_size(selected, single, min_req, order, rank, room, slots, used, limit, bound, steps)
+            return Plan(tuple(steps))
+        for program in selected:
             if not order or min_req > room[order[0]]:
                 break
             # raw_weight_tokens, inline (this runs for every selected program)
             raw = floor(program.token_total * w_a) if program.status is acting else program.token_total
-            if single is not None:  # no dict to build for a skip
-                need = (raw if weigh is None else weigh(program, raw)) + buffer
-                if need >= (least_skipped := bound[single] + 1.0):
-                    if by_need is not None:  # on to the first whose need is below the bound
-                        skip_until = bisect_right(by_need, -least_skipped, i + 1)
-                    continue
-                needs = {single: need}
-            else:
-                needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
-                if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
-                    continue
+            needs = {size: ledger.weight_at(program, raw, size) + buffer for size in bound}
+            if all(needs[size] >= slack + 1.0 for size, slack in bound.items()):
+                continue
             target = self.resume_target(program, order, room, slots, used, limit, needs)
             if target is None:
                 continue
@@ -297,23 +310,89 @@ class ControlLaw:
             room[target] -= req
             if program.status is Status.REASONING and (slot := slots[target]) is not None:
                 slots[target] = slot - 1
-            idx = bisect_left(rank, -room[target] - req)  # where it stands (its room before this resume)
-            while order[idx] != target:
-                idx += 1
-            del order[idx], rank[idx]
-            if room[target] > buffer:
-                # Back in headroom order (descending), after the replicas with as much headroom.
-                idx = bisect_right(rank, -room[target])
-                order.insert(idx, target)
-                rank.insert(idx, -room[target])
+            _reorder(order, rank, room, target, req, buffer)
             if held:
-                if single is not None:
-                    bound[size] = max((limit[k] - used[k] for k in order), default=-math.inf)
-                else:
-                    bound[size] = max(
-                        (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
-                    )
+                bound[size] = max(
+                    (limit[k] - used[k] for k in order if caps[k].retention_tokens == size), default=-math.inf
+                )
         return Plan(tuple(steps))
+
+    def _place_on_one_size(
+        self,
+        selected: list[Program],
+        size: int,
+        min_req: int,
+        order: list[ReplicaKey],
+        rank: list[int],
+        room: dict[ReplicaKey, int],
+        slots: dict[ReplicaKey, int | None],
+        used: dict[ReplicaKey, int],
+        limit: dict[ReplicaKey, float],
+        bound: dict[int, float],
+        steps: list[Step],
+    ) -> None:
+        """plan_resume's placement loop when every replica taking resumes has one budget `size` (the
+        usual fleet), appending its resumes to `steps`: the same choices as `resume_target` over the
+        same bookkeeping. A program's charge there does not depend on where it goes, so all are
+        weighed before the loop (the policy's weight on that size, asked for once), and the programs
+        whose charge is not below the bound (they fit nowhere) are passed over in C: by bisection when
+        the charges descend along `selected` (T + B each: the raw weight, ACTING tokens at full
+        weight), else by a scan. The bound only falls as resumes are placed, so every program passed
+        over would have been skipped one by one."""
+        p = self.params
+        buffer, w_a, floor = p.buffer_per_program_tokens, p.acting_token_weight, math.floor
+        acting, reasoning = Status.ACTING, Status.REASONING
+        weigh = self.ledger.weigher(size)
+        raws = [floor(q.token_total * w_a) if q.status is acting else q.token_total for q in selected]
+        charges = (
+            [raw + buffer for raw in raws]
+            if weigh is None
+            else list(map(add, map(weigh, selected, raws), repeat(buffer)))
+        )
+        descending = [-charge for charge in charges] if weigh is None and w_a == 1.0 else None
+        i, end = 0, len(selected)
+        while order and min_req <= room[order[0]]:
+            least = bound[size] + 1.0  # a charge not below it fits nowhere
+            if descending is not None:
+                i = bisect_right(descending, -least, i)  # the first whose charge is below it
+            else:
+                i = next(compress(count(i), map(lt, islice(charges, i, None), repeat(least))), end)
+            if i >= end:
+                break
+            program, charge = selected[i], charges[i]
+            i += 1
+            # resume_target, inline: its previous replica if it fits there, else the first of `order`.
+            req = program.token_total + buffer
+            takes_slot = program.status is reasoning
+            last = program.last_replica
+            target: ReplicaKey | None = None
+            if (
+                last is not None
+                and last in room
+                and req <= room[last]
+                and room[last] > buffer
+                and used[last] + charge < limit[last]
+                and not (takes_slot and slots[last] == 0)
+            ):
+                target = last  # its KV may still be in the HiCache host tier there
+            else:
+                for key in order:
+                    if room[key] < req:
+                        break  # sorted by headroom: nothing further fits
+                    if used[key] + charge < limit[key] and not (takes_slot and slots[key] == 0):
+                        target = key
+                        break
+            if target is None:
+                continue
+            steps.append(Resume(program.session_id, target))
+            held = limit[target] - used[target] >= bound[size]
+            used[target] += charge  # its charge once resumed there
+            room[target] -= req
+            if takes_slot and (slot := slots[target]) is not None:
+                slots[target] = slot - 1
+            _reorder(order, rank, room, target, req, buffer)
+            if held:
+                bound[size] = max((limit[k] - used[k] for k in order), default=-math.inf)
 
     def _select(self, now: float, budget: int, total_slots: int | None) -> list[Program]:
         """The knapsack: in resume order, each program whose req = T + B fits in what `budget` has left
@@ -354,6 +433,91 @@ class ControlLaw:
                             break
             start = stop
         return selected
+
+    def _select_unbounded(self, now: float, budget: int, total_slots: int | None) -> list[Program] | None:
+        """`_select` sorted by size, descending, equal sizes in resume order, when the budget selects
+        everything the slots let through (None when it may not): every ACTING program and the first
+        `total_slots` REASONING ones in resume order (all of them without a slot limit, none when no
+        slot is free). When the reqs of those together fit the budget, each fits what the ones
+        before it left, so the knapsack takes exactly them. Then only the REASONING programs (when
+        their slots run out) and the programs of equal sizes are keyed: at fleet size the summed
+        headroom usually holds the whole paused queue, which is then neither keyed nor sorted by
+        resume key whole."""
+        ledger, p = self.ledger, self.params
+        programs, reasoning_status = ledger.programs, Status.REASONING
+        paused, tail, discount = ledger.paused, ledger.tail_turns, p.resume_wait_discount_seconds
+
+        def resume_keys(run: list[Program]) -> list[tuple[int, float, int, int, Program]]:
+            """`_resume_keys`' tuples (the same group and float operations) of the programs of `run`, in
+            the order of `run` (which is the queue order wherever it matters), built in one pass."""
+            if discount > 0:
+                return [
+                    (
+                        2
+                        if q.status is not reasoning_status
+                        else -1
+                        if tail is not None and q.turns > tail
+                        else 0
+                        if q.turns > 1
+                        else 1,
+                        q.token_total
+                        / (
+                            1.0
+                            + (
+                                (w if (w := now - since) > 0.0 else 0.0)
+                                if (since := q.paused_since) is not None
+                                else 0.0
+                            )
+                            / discount
+                        ),
+                        paused[q.session_id],
+                        position,
+                        q,
+                    )
+                    for position, q in enumerate(run)
+                ]
+            return [
+                (
+                    2
+                    if q.status is not reasoning_status
+                    else -1
+                    if tail is not None and q.turns > tail
+                    else 0
+                    if q.turns > 1
+                    else 1,
+                    float(q.token_total),
+                    paused[q.session_id],
+                    position,
+                    q,
+                )
+                for position, q in enumerate(run)
+            ]
+
+        queue = [programs[sid] for sid in paused]  # in queue order: the resume order's last tie-break
+        if total_slots == 0:
+            # No slot is free: the REASONING programs are passed over, unkeyed (at fleet size most of
+            # the paused queue is new programs waiting for one).
+            queue = [q for q in queue if q.status is not reasoning_status]
+        elif total_slots is not None:
+            reasoning = [q for q in queue if q.status is reasoning_status]
+            if len(reasoning) > total_slots:
+                # The first total_slots in resume order (the entries are unique: the position is in them).
+                kept = {id(entry[4]) for entry in nsmallest(total_slots, resume_keys(reasoning))}
+                queue = [q for q in queue if q.status is not reasoning_status or id(q) in kept]
+        if sum(map(_TOKEN_TOTAL, queue)) + len(queue) * p.buffer_per_program_tokens > budget:
+            return None
+        queue.sort(key=_TOKEN_TOTAL, reverse=True)  # stable: equal sizes stay in queue order
+        # The programs whose size another one shares (C-level: no Python step per program), sorted
+        # among themselves by (size descending, resume key): their runs are where they were.
+        sizes = list(map(_TOKEN_TOTAL, queue))
+        same_as_next = list(map(eq, sizes, islice(sizes, 1, None)))
+        tied = list(compress(range(len(queue)), map(or_, [False, *same_as_next], [*same_as_next, False])))
+        if tied:
+            keyed = resume_keys([queue[i] for i in tied])
+            keyed.sort(key=_size_then_resume_key)
+            for i, entry in zip(tied, keyed):
+                queue[i] = entry[4]
+        return queue
 
     def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:
         """The paused queue's resume keys, unsorted (`reasoning`: the REASONING programs' too, else only
@@ -449,6 +613,9 @@ class ControlLaw:
         """
         ledger = self.ledger
         age = self.params.resume_aging_seconds
+        oldest = ledger.oldest_wait()
+        if oldest is None or now - oldest < age:
+            return Plan()  # not even the oldest held admission has aged: no scan of them all
         buffer = self.params.buffer_per_program_tokens
         threshold = self.params.pause_threshold
         aged: list[tuple[float, Program]] = []

@@ -49,6 +49,7 @@ from services.scheduler.core.model import (
     WARNING,
     Acc,
     AdmitResult,
+    Band,
     CapacitySnapshot,
     Decision,
     Effects,
@@ -78,6 +79,8 @@ __all__ = ["SchedulerCore"]
 _new_event = functools.partial(tuple.__new__, ProgramEvent)
 """`ProgramEvent` from its six fields as one tuple, with no Python-level call (for `map`)."""
 _TOKEN_TOTAL = operator.attrgetter("token_total")
+_SESSION_ID = operator.attrgetter("session_id")
+_SEQ = operator.attrgetter("seq")
 
 _PROGRAM_FIELDS = tuple(f.name for f in dataclasses.fields(Program))
 # What an admission sets on its program besides the count (and what taking it back restores).
@@ -576,14 +579,17 @@ class SchedulerCore:
         acc = Acc()
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
-        if self._refresh_policy is not None and self._refresh_policy():
-            # The policy's estimates moved: re-weigh the placed programs (their weight depends on them).
-            self.ledger.reweigh()
+        if self._refresh_policy is not None:
+            moved = self._refresh_policy()
+            self.ledger.forget_weighers()  # valid until a refresh, whatever it says
+            if moved:
+                # The policy's estimates moved: re-weigh the placed programs (their weight depends on them).
+                self.ledger.reweigh()
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = 0
         control = self.control
         if self.ledger.caps:
-            self._apply(now, control.plan_soft_demote(now), acc)
+            self._soft_demote(now, acc)
             resumed = self._apply(now, control.plan_resume(now), acc).count(Resume)
         if self.ledger.caps and self.params.resume_aging_seconds > 0:
             resumed += self._apply(now, control.plan_aging(now), acc).count(Resume)
@@ -794,6 +800,44 @@ class SchedulerCore:
                 acc.logs.append(step)
         return plan
 
+    def _soft_demote(self, now: float, acc: Acc) -> None:
+        """`control.plan_soft_demote(now)` and its application in one pass over each band replica's
+        residents: the same windows set, the same events in the same order, without the plan's id
+        tuples and the lookups back from them (a replica in the band holds hundreds of programs, and
+        at fleet size most replicas are in it). Per replica as the plan's steps are applied one after
+        the other: a demotion changes no band and no other replica's residents."""
+        ledger, band, soft = self.ledger, self.control.band, Band.SOFT_DEMOTE
+        until = now + self.params.soft_demote_window_seconds
+        events = acc.events
+        for key in ledger.caps:
+            if band(key) is not soft:
+                continue
+            announce: list[Program] = []  # not demoted already: an event each
+            for program in ledger.resident[key].values():
+                if program.marked:
+                    continue
+                demoted_until = program.soft_demoted_until
+                if demoted_until <= now:
+                    announce.append(program)
+                if demoted_until < until:
+                    program.soft_demoted_until = until
+            if announce:
+                # Events in creation order: the residents' order is the order of their last re-account.
+                announce.sort(key=_SEQ)
+                events.extend(
+                    map(
+                        _new_event,
+                        zip(
+                            itertools.repeat(EventKind.SOFT_DEMOTED),
+                            map(_SESSION_ID, announce),
+                            itertools.repeat(key),
+                            map(_TOKEN_TOTAL, announce),
+                            itertools.repeat(now),
+                            itertools.repeat(""),
+                        ),
+                    )
+                )
+
     # ------------------------------------------------------------------ transitions
 
     def _forced_resume(self, now: float, program: Program, waited_s: float, acc: Acc) -> None:
@@ -806,7 +850,7 @@ class SchedulerCore:
     def _mark(self, now: float, program: Program, key: ReplicaKey, acc: Acc) -> None:
         program.marked = True
         self.marks_total += 1
-        acc.events.append(ProgramEvent(EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure"))
+        acc.events.append(_new_event((EventKind.MARKED, program.session_id, key, program.token_total, now, "pressure")))
 
     def _end(self, now: float, program: Program, kind: EventKind, reason: str, acc: Acc) -> None:
         """Release or expire: held admissions proceed unpinned with priority 0."""
@@ -842,7 +886,7 @@ class SchedulerCore:
         ledger.recharge(program)
         tokens = program.token_total
         # The event is the whole record: its DEBUG line is rendered from it (model.transition_logs).
-        acc.events.append(ProgramEvent(EventKind.PAUSED, sid, replica, tokens, now, reason))
+        acc.events.append(_new_event((EventKind.PAUSED, sid, replica, tokens, now, reason)))
         if reason == "admission_full":
             acc.logs.append(
                 LogRecord(
@@ -864,7 +908,7 @@ class SchedulerCore:
         self.resumes_total += 1
         kind = EventKind.FORCED_RESUME if forced else EventKind.RESUMED
         tokens = program.token_total
-        acc.events.append(ProgramEvent(kind, sid, target, tokens, now))  # and its DEBUG line: transition_logs
+        acc.events.append(_new_event((kind, sid, target, tokens, now, "")))  # and its DEBUG line: transition_logs
         waiting = ledger.waiting.pop(sid, None)
         for rid in waiting or ():
             turn = ledger.turns[rid]

@@ -14,7 +14,7 @@ def test_the_parts_of_the_tick_are_timed_and_the_mix_is_the_benchmarks(policy: s
     run = bench_tick_phases(300, 8, 4, policy)
     assert run["pause_policy"] == policy
     parts = run["ms_per_tick"]
-    for name in ("tick", "plan_resume", "plan_pauses", "plan_soft_demote", "apply resume", "apply pauses"):
+    for name in ("tick", "plan_resume", "plan_pauses", "soft_demote", "apply resume", "apply pauses"):
         assert name in parts, name
     assert "apply other" not in parts  # every plan applied is one of the tick's planners'
     timed = sum(v for k, v in parts.items() if k != "tick" and not k.startswith("gc"))
