@@ -405,7 +405,11 @@ class ControlLaw:
         fits. Once the slots are taken, no REASONING program (groups -1 to 1, all before the ACTING
         group 2) can be selected, and when none is free at all they are not even keyed: at fleet size
         most of the paused queue is new programs waiting for a slot."""
-        keyed = self._resume_keys(now, reasoning=total_slots != 0)
+        ledger = self.ledger
+        run = [ledger.programs[sid] for sid in ledger.paused]  # in queue order
+        if total_slots == 0:  # no slot is free: the REASONING programs are not even keyed
+            run = [q for q in run if q.status is not Status.REASONING]
+        keyed = self._resume_keys(now, run)
         keyed.sort()
         buffer = self.params.buffer_per_program_tokens
         selected: list[Program] = []
@@ -444,55 +448,7 @@ class ControlLaw:
         headroom usually holds the whole paused queue, which is then neither keyed nor sorted by
         resume key whole."""
         ledger, p = self.ledger, self.params
-        programs, reasoning_status = ledger.programs, Status.REASONING
-        paused, tail, discount = ledger.paused, ledger.tail_turns, p.resume_wait_discount_seconds
-
-        def resume_keys(run: list[Program]) -> list[tuple[int, float, int, int, Program]]:
-            """`_resume_keys`' tuples (the same group and float operations) of the programs of `run`, in
-            the order of `run` (which is the queue order wherever it matters), built in one pass."""
-            if discount > 0:
-                return [
-                    (
-                        2
-                        if q.status is not reasoning_status
-                        else -1
-                        if tail is not None and q.turns > tail
-                        else 0
-                        if q.turns > 1
-                        else 1,
-                        q.token_total
-                        / (
-                            1.0
-                            + (
-                                (w if (w := now - since) > 0.0 else 0.0)
-                                if (since := q.paused_since) is not None
-                                else 0.0
-                            )
-                            / discount
-                        ),
-                        paused[q.session_id],
-                        position,
-                        q,
-                    )
-                    for position, q in enumerate(run)
-                ]
-            return [
-                (
-                    2
-                    if q.status is not reasoning_status
-                    else -1
-                    if tail is not None and q.turns > tail
-                    else 0
-                    if q.turns > 1
-                    else 1,
-                    float(q.token_total),
-                    paused[q.session_id],
-                    position,
-                    q,
-                )
-                for position, q in enumerate(run)
-            ]
-
+        programs, paused, reasoning_status = ledger.programs, ledger.paused, Status.REASONING
         queue = [programs[sid] for sid in paused]  # in queue order: the resume order's last tie-break
         if total_slots == 0:
             # No slot is free: the REASONING programs are passed over, unkeyed (at fleet size most of
@@ -502,7 +458,7 @@ class ControlLaw:
             reasoning = [q for q in queue if q.status is reasoning_status]
             if len(reasoning) > total_slots:
                 # The first total_slots in resume order (the entries are unique: the position is in them).
-                kept = {id(entry[4]) for entry in nsmallest(total_slots, resume_keys(reasoning))}
+                kept = {id(entry[4]) for entry in nsmallest(total_slots, self._resume_keys(now, reasoning))}
                 queue = [q for q in queue if q.status is not reasoning_status or id(q) in kept]
         if sum(map(_TOKEN_TOTAL, queue)) + len(queue) * p.buffer_per_program_tokens > budget:
             return None
@@ -513,53 +469,54 @@ class ControlLaw:
         same_as_next = list(map(eq, sizes, islice(sizes, 1, None)))
         tied = list(compress(range(len(queue)), map(or_, [False, *same_as_next], [*same_as_next, False])))
         if tied:
-            keyed = resume_keys([queue[i] for i in tied])
+            keyed = self._resume_keys(now, [queue[i] for i in tied])
             keyed.sort(key=_size_then_resume_key)
             for i, entry in zip(tied, keyed):
                 queue[i] = entry[4]
         return queue
 
-    def _resume_keys(self, now: float, *, reasoning: bool) -> list[tuple[int, float, int, int, Program]]:
-        """The paused queue's resume keys, unsorted (`reasoning`: the REASONING programs' too, else only
-        the ACTING ones'): smallest effective size first, T / (1 + waited / H) (H = 0: T, the
-        reference), within `resume_group`, oldest pause first on ties. Packing (the most programs
-        decoding together) against waiting (the longer a program waits, the likelier it sets the end
-        of the batch).
+    def _resume_keys(self, now: float, run: list[Program]) -> list[tuple[int, float, int, int, Program]]:
+        """The resume keys of the paused programs of `run`, unsorted, as tuples that sort in resume
+        order by their own comparison (no key function called per program): `resume_group`, then the
+        smallest effective size T / (1 + waited / H) (H = 0: T, the reference), then the oldest pause,
+        then the place in `run` (pause sequences are unique: it only keeps the Program out of the
+        comparison). Packing (the most programs decoding together) against waiting (the longer a
+        program waits, the likelier it sets the end of the batch).
 
-        Sorted afresh each tick: the key moves with `now` when H > 0 and with the tail quantile, and
-        this mix changes a third of the queue per tick, so a kept order would cost as much to
-        maintain. The keys are tuples built in one pass and sorted by the tuples' own comparison
-        (no key function called per program); the queue position breaks ties exactly as the stable
-        sort by key did."""
+        Keyed afresh each tick: the key moves with `now` when H > 0 and with the tail quantile, and the
+        benchmark's mix changes a third of the queue per tick, so a kept order would cost as much to
+        maintain. Built in one comprehension (the group is `resume_group`, inline)."""
         ledger = self.ledger
-        programs, status_reasoning, tail = ledger.programs, Status.REASONING, ledger.tail_turns
-        discount = self.params.resume_wait_discount_seconds
-        keyed: list[tuple[int, float, int, int, Program]] = []
-        append = keyed.append
-        for position, (sid, pause_seq) in enumerate(ledger.paused.items()):
-            q = programs[sid]
-            if q.status is status_reasoning:  # resume_group, inline (it runs for every paused program)
-                if not reasoning:
-                    continue
-                group = -1 if tail is not None and q.turns > tail else 0 if q.turns > 1 else 1
-            else:
-                group = 2
-            if discount > 0:
-                since = q.paused_since
+        paused, tail, discount, reasoning = (
+            ledger.paused,
+            ledger.tail_turns,
+            self.params.resume_wait_discount_seconds,
+            Status.REASONING,
+        )
+        return [
+            (
+                2
+                if q.status is not reasoning
+                else -1
+                if tail is not None and q.turns > tail
+                else 0
+                if q.turns > 1
+                else 1,
                 # size / (1 + max(0, waited) / H), the same float operations without a call
-                waited = 0.0 if since is None else now - since
-                append(
-                    (
-                        group,
-                        q.token_total / (1.0 + (waited if waited > 0.0 else 0.0) / discount),
-                        pause_seq,
-                        position,
-                        q,
-                    )
+                q.token_total
+                / (
+                    1.0
+                    + ((w if (w := now - since) > 0.0 else 0.0) if (since := q.paused_since) is not None else 0.0)
+                    / discount
                 )
-            else:
-                append((group, float(q.token_total), pause_seq, position, q))
-        return keyed
+                if discount > 0
+                else float(q.token_total),
+                paused[q.session_id],
+                position,
+                q,
+            )
+            for position, q in enumerate(run)
+        ]
 
     def resume_target(
         self,
