@@ -285,7 +285,8 @@ class SimScenario:
     def engine_config(self, index: int) -> EngineConfig:
         """The engine config of worker `index`, as the simworker maps the flags that cluster.py
         `simworker_spec` gives it: seed = index, HiCache write_back with ratio = host / GPU printed to
-        6 decimals (no --hicache-size), no KV-event publisher, priority scheduling on."""
+        6 decimals (no --hicache-size), no KV-event publisher, priority scheduling on; outputs at the
+        first token and the end only (the simulator reads nothing in between)."""
         hierarchical = self.worker_host_kv_tokens > 0
         ratio = float(f"{self.worker_host_kv_tokens / self.worker_kv_tokens:.6f}") if hierarchical else 2.0
         return EngineConfig(
@@ -299,6 +300,7 @@ class SimScenario:
             hicache_write_policy="write_back" if hierarchical else "write_through",
             seed=index,
             emit_kv_events=False,
+            stream_outputs=False,
             enable_priority_scheduling=True,
         )
 

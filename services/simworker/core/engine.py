@@ -95,7 +95,7 @@ class _Req:
         "retractions",
         "admitted_once",
         "admitted_at",
-        "new_ids",
+        "reported",
         "reason",
         "match_data",
     )
@@ -123,7 +123,7 @@ class _Req:
         self.retractions = 0
         self.admitted_once = False
         self.admitted_at: float | None = None  # when it left the waiting queue the first time (virtual s)
-        self.new_ids: list[int] = []
+        self.reported = 0  # generated tokens already given out in an output (the rest are the tail of `seq`)
         self.reason: dict | None = None
         self.match_data = b""  # the token bytes of its last prefix match while waiting (`seq` does not change then)
 
@@ -228,7 +228,7 @@ class SimEngine:
             self._free(r, now)
         del self._by_rid[rid]
         self._aborted_total += 1
-        self._pending.append(self._output(r, (), True, {"type": "abort", "message": "Abort requested"}))
+        self._pending.append(self._output(r, self._take_new_ids(r), True, {"type": "abort", "message": "Abort requested"}))
         self._plan = None
         return True
 
@@ -292,16 +292,17 @@ class SimEngine:
 
         # 3. sample one token for every request that was decoding at the start of the step, and
         #    the first token of every request whose prefill completed in it.
+        first_tokens = 0
         for r in decoders:
             self._sample(r)
         for r in finished_prefill:
             if r.req.max_new_tokens == 0:
                 r.state = _DECODE
-                r.new_ids = []
                 self._finish(r, {"type": "length", "length": 0})
                 continue
             r.state = _DECODE
             self._sample(r)
+            first_tokens += 1
 
         if decoders:
             self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
@@ -310,20 +311,17 @@ class SimEngine:
         if duration_s == 0.0:
             duration_s = self._unstick(now, outputs)
 
-        # Emit outputs of every request that progressed; drop finished ones from the batch.
-        generated = 0
+        # Emit outputs of every request that progressed (streaming; else of those that finished or
+        # have their first token), in batch order; drop finished ones from the batch.
+        generated = len(decoders) + first_tokens  # one token each
+        stream = self.config.stream_outputs
         still_running: list[_Req] = []
         for r in self._running:
-            if r.new_ids:
-                generated += len(r.new_ids)
-                finished = r.state == -1
-                outputs.append(self._output(r, tuple(r.new_ids), finished, r.reason))
-                r.new_ids = []
-                if finished:
-                    continue
-            elif r.state == -1:
-                outputs.append(self._output(r, (), True, r.reason))
+            if r.state == -1:
+                outputs.append(self._output(r, self._take_new_ids(r), True, r.reason))
                 continue
+            if r.generated > r.reported and (stream or not r.reported):
+                outputs.append(self._output(r, self._take_new_ids(r), False, r.reason))
             still_running.append(r)
         self._running = still_running
         self._gen_total += generated
@@ -430,9 +428,10 @@ class SimEngine:
             self._free(r, now)
             del self._by_rid[r.rid]
         outputs = []
+        stream = self.config.stream_outputs
         for r in batch:
-            outputs.append(self._output(r, tuple(r.new_ids), r.state == -1, r.reason))
-            r.new_ids = []
+            if stream or r.state == -1:
+                outputs.append(self._output(r, self._take_new_ids(r), r.state == -1, r.reason))
         if finishing:
             self._running = [r for r in batch if r.state != -1]
         self._gen_total += steps * len(batch)
@@ -453,7 +452,6 @@ class SimEngine:
         ids = [WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in range(steps - 1)]
         r.generated += steps - 1
         r.seq.extend(ids)
-        r.new_ids.extend(ids)
         r.state = _DECODE
         self._sample_last(r)
 
@@ -463,13 +461,11 @@ class SimEngine:
         r.generated += 1
         if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
             r.seq.append(EOS_TOKEN_ID)
-            r.new_ids.append(EOS_TOKEN_ID)
             r.state = -1
             r.reason = {"type": "stop", "matched": EOS_TOKEN_ID}
             return
         token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
         r.seq.append(token)
-        r.new_ids.append(token)
         if r.generated >= max_new:
             r.state = -1
             r.reason = {"type": "length", "length": max_new}
@@ -712,7 +708,10 @@ class SimEngine:
                 self._aborted_total += 1
                 outputs.append(
                     self._output(
-                        victim, (), True, {"type": "abort", "message": "KV cache pool exhausted by a single request"}
+                        victim,
+                        self._take_new_ids(victim),
+                        True,
+                        {"type": "abort", "message": "KV cache pool exhausted by a single request"},
                     )
                 )
                 need = 0
@@ -750,7 +749,9 @@ class SimEngine:
             del self._by_rid[r.rid]
             self._aborted_total += 1
             outputs.append(
-                self._output(r, (), True, {"type": "abort", "message": "KV cache pool cannot hold the request"})
+                self._output(
+                    r, self._take_new_ids(r), True, {"type": "abort", "message": "KV cache pool cannot hold the request"}
+                )
             )
         return self.profile.decode_ms(0, self.total_pages * self.page_size) / 1000.0
 
@@ -773,6 +774,12 @@ class SimEngine:
         return seconds
 
     # -- outputs and windows -------------------------------------------------------------------
+
+    def _take_new_ids(self, r: _Req) -> tuple[int, ...]:
+        """The tokens `r` generated since its last output (the tail of its sequence), now given out."""
+        start = r.prompt_len + r.reported
+        r.reported = r.generated
+        return tuple(r.seq[start:]) if len(r.seq) > start else ()
 
     def _output(self, r: _Req, new_ids: tuple, finished: bool, reason: dict | None) -> RequestOutput:
         return RequestOutput(
