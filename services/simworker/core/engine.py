@@ -58,6 +58,7 @@ import random
 import sys
 from array import array
 from collections import deque
+from itertools import repeat
 
 from services.simworker.core.api import EngineConfig, EngineRequest, EngineStats, RequestOutput, StepResult
 from services.simworker.core.radix import PageNode, RadixCache, path_pages
@@ -265,7 +266,7 @@ class SimEngine:
             r.kv_len += 1
             if r.kv_len % page == 0:
                 cache.private_pages -= 1
-                self._add_pages(r, r.kv_len // page - 1, r.kv_len // page, count_recompute=False)
+                self._add_decode_page(r, r.kv_len // page - 1)
             context_tokens += r.kv_len
 
         # 2. prefill: continue in-progress chunks, then admit.
@@ -293,8 +294,11 @@ class SimEngine:
         # 3. sample one token for every request that was decoding at the start of the step, and
         #    the first token of every request whose prefill completed in it.
         first_tokens = 0
+        sample_last = self._sample_last
         for r in decoders:
-            self._sample(r)
+            sample_last(r)  # `_sample(r)`
+            if r.state == -1:
+                self._finish(r, r.reason)
         for r in finished_prefill:
             if r.req.max_new_tokens == 0:
                 r.state = _DECODE
@@ -350,7 +354,15 @@ class SimEngine:
         for r in running:
             if r.state != _DECODE:
                 return ()
-            steps = min(steps, self._steps_to_finish(r))
+            # Decode steps until r finishes (its last token is sampled in that step).
+            req = r.req
+            max_new = req.max_new_tokens
+            if not req.ignore_eos and r.generated < r.target <= max_new:
+                left = r.target - r.generated
+            else:
+                left = max(1, max_new - r.generated)
+            if left < steps:
+                steps = left
             context += r.kv_len
         if steps < 2:
             return ()
@@ -409,18 +421,33 @@ class SimEngine:
             alloc_by_residue[(-r.kv_len) % page] += 1
             full_by_residue[(-r.kv_len - 1) % page].append(r)
         now = start
+        ratio, decay = self._new_token_ratio, self._ratio_decay
+        # `_record_throughput` of each step, inlined (the same operations in the same order).
+        window = self._gen_window
+        window_tokens, window_span_s = self._gen_window_tokens, self._gen_window_span_s
+        tokens = len(batch)
         for j in range(steps):
             need = alloc_by_residue[j % page]
-            cache.ensure_free(need)
-            cache.private_pages += need
+            if need:
+                cache.ensure_free(need)
+                cache.private_pages += need
             for r in full_by_residue[j % page]:
                 cache.private_pages -= 1
-                index = (r.kv_len + j + 1) // page - 1
-                self._add_pages(r, index, index + 1, count_recompute=False)
-            self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
-            self._record_throughput(now, durations[j], len(batch))
+                self._add_decode_page(r, (r.kv_len + j + 1) // page - 1)
+            ratio = max(MIN_NEW_TOKEN_RATIO, ratio - decay)
+            duration_s = durations[j]
+            window.append((now + duration_s, duration_s, tokens))
+            window_tokens += tokens
+            window_span_s += duration_s
+            horizon = now + duration_s - THROUGHPUT_WINDOW_S
+            while window and window[0][0] < horizon:
+                _, old_duration, old_tokens = window.popleft()
+                window_tokens -= old_tokens
+                window_span_s -= old_duration
             if j < steps - 1:
                 now = ends[j]
+        self._new_token_ratio = ratio
+        self._gen_window_tokens, self._gen_window_span_s = window_tokens, window_span_s
         for r in batch:
             r.kv_len += steps
         self._now = now  # the last step's start: finished requests free then
@@ -439,20 +466,23 @@ class SimEngine:
             self._plan = (ends[steps - 1], ends[steps:], durations[steps:], batch)
         return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
 
-    def _steps_to_finish(self, r: _Req) -> int:
-        """Decode steps until `r` finishes (its last token is sampled in that step)."""
-        max_new = r.req.max_new_tokens
-        if not r.req.ignore_eos and r.generated < r.target <= max_new:
-            return r.target - r.generated
-        return max(1, max_new - r.generated)
-
     def _sample_run(self, r: _Req, steps: int) -> None:
-        """`steps` calls of `_sample` at once (the plan guarantees no finish before the last)."""
+        """`steps` calls of `_sample_last` at once (the plan guarantees no finish before the last)."""
         rnd = r.rng.random
-        ids = [WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in range(steps - 1)]
-        r.generated += steps - 1
-        r.seq.extend(ids)
+        req = r.req
+        max_new = req.max_new_tokens
+        generated = r.generated + steps
         r.state = _DECODE
+        if req.ignore_eos or generated != r.target or r.target > max_new:
+            # No EOS at the last step: `steps` words, the last one as `_sample_last` draws it.
+            r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps)])
+            r.generated = generated
+            if generated >= max_new:
+                r.state = -1
+                r.reason = {"type": "length", "length": max_new}
+            return
+        r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps - 1)])
+        r.generated = generated - 1
         self._sample_last(r)
 
     def _sample_last(self, r: _Req) -> None:
@@ -664,6 +694,14 @@ class SimEngine:
         )
         if count_recompute:
             self._recomputed_total += recomputed * page
+
+    def _add_decode_page(self, r: _Req, index: int) -> None:
+        """Page `index` of `r` was filled by decoding: into the tree, held by `r` (`_add_pages` of
+        one page past its prompt's chain, by the cache's one-page path)."""
+        page = self.page_size
+        r.last = self.cache.insert_page(
+            r.last if r.last is not None else self.cache.root, r.seq[index * page : (index + 1) * page].tobytes()
+        )
 
     def _sample(self, r: _Req) -> None:
         self._sample_last(r)
