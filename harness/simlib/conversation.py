@@ -28,7 +28,7 @@ from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, t
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
 from services.simworker.core.radix import PageChain, extend_chain, token_bytes
-from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode, table_text
+from services.simworker.core.tokenizer import WORD_ID_BASE, WORDS, decode, encode, words_text
 
 _LITTLE = sys.byteorder == "little"
 
@@ -96,12 +96,19 @@ class Conversation:
         samples and `ids_of_n_tokens` draws), without re-tokenizing the text: each word is one
         piece that starts with a space, so the message encodes to its own ids except the first,
         which the template's newline joins."""
-        if not word_ids or min(word_ids) < WORD_ID_BASE or max(word_ids) >= WORD_ID_BASE + NUM_WORDS:
+        content = None
+        if word_ids:
+            try:
+                ids = array("I", word_ids)
+            except OverflowError:  # a negative id: not a word
+                pass
+            else:
+                content = words_text(word_ids)
+        if content is None:  # no words, or some id is not a word's
             self.append(role, decode(word_ids))
             return
-        content = table_text(word_ids)  # checked above: word ids only
         tail_ids = array("I", _newline_word_ids(word_ids[0]))
-        tail_ids.fromlist(word_ids[1:])
+        tail_ids += ids[1:]
         self.append(role, content, tail_ids=tail_ids)
 
     def append(self, role: str, content: str, tail_ids: array | None = None) -> None:

@@ -229,7 +229,9 @@ class SimEngine:
             self._free(r, now)
         del self._by_rid[rid]
         self._aborted_total += 1
-        self._pending.append(self._output(r, self._take_new_ids(r), True, {"type": "abort", "message": "Abort requested"}))
+        self._pending.append(
+            self._output(r, self._take_new_ids(r), True, {"type": "abort", "message": "Abort requested"})
+        )
         self._plan = None
         return True
 
@@ -788,7 +790,10 @@ class SimEngine:
             self._aborted_total += 1
             outputs.append(
                 self._output(
-                    r, self._take_new_ids(r), True, {"type": "abort", "message": "KV cache pool cannot hold the request"}
+                    r,
+                    self._take_new_ids(r),
+                    True,
+                    {"type": "abort", "message": "KV cache pool cannot hold the request"},
                 )
             )
         return self.profile.decode_ms(0, self.total_pages * self.page_size) / 1000.0
