@@ -22,13 +22,13 @@ are pruned (deepest first within one insertion, so prefixes outlive their extens
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import insort
 from collections import OrderedDict, deque
 from typing import Generic, Iterable, Sequence, TypeVar
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from services.router.core.events import EventOutcome
-from services.router.core.hashing import chains_prefix, digest_to_block_id, page_digests
+from services.router.core.hashing import chains_position, chains_prefix, digest_to_block_id, page_digests
 from services.router.core.types import Replica
 
 _Entry = TypeVar("_Entry")
@@ -272,16 +272,16 @@ class _History:
         self.blocks = 0  # distinct blocks of `chains`
 
     def add(self, chain: tuple[int, ...]) -> None:
-        self.blocks += len(chain) - chains_prefix(self.chains, chain, exclude_self=False)
-        insort(self.chains, chain)
+        at, shared = chains_position(self.chains, chain, exclude_self=False)
+        self.blocks += len(chain) - shared
+        self.chains.insert(at, chain)
 
-    def owned(self, chain: tuple[int, ...]) -> int:
-        """Blocks of a live record's chain that no other live record names."""
-        return len(chain) - chains_prefix(self.chains, chain, exclude_self=True)
-
-    def remove(self, chain: tuple[int, ...], owned: int) -> None:
-        del self.chains[bisect_left(self.chains, chain)]  # an equal chain: any copy will do
-        self.blocks -= owned
+    def pop(self, chain: tuple[int, ...]) -> int:
+        """Delete a live record's chain (an equal chain: any copy will do) and return how many of
+        its blocks no other live record names; `blocks` is the caller's to lower."""
+        at, shared = chains_position(self.chains, chain, exclude_self=True)
+        del self.chains[at]
+        return len(chain) - shared
 
 
 class RoutingHistoryIndex:
@@ -363,8 +363,8 @@ class RoutingHistoryIndex:
             records = history.records
             while records and records[0][0] <= now:
                 chain = records.popleft()[1]
-                owned = history.owned(chain)
-                history.remove(chain, owned)
+                owned = history.pop(chain)
+                history.blocks -= owned
                 dropped += owned
             if not records:
                 del self._replicas[replica]
@@ -384,8 +384,8 @@ class RoutingHistoryIndex:
         while records and history.blocks > self._prune_to:
             entry = records[0]
             chain = entry[1]
-            dropped = min(history.owned(chain), history.blocks - self._prune_to)
-            history.remove(chain, dropped)
+            dropped = min(history.pop(chain), history.blocks - self._prune_to)
+            history.blocks -= dropped
             self.pruned_blocks_total += dropped
             if history.blocks > self._prune_to:
                 records.popleft()  # every block it still owned is gone
