@@ -552,14 +552,12 @@ class SimEngine:
         drops from this step's decode."""
         cache = self.cache
         page = self.page_size
-        # Σ _reserve_pages over the running batch, inlined (every step with a queue pays it).
-        ratio = self._new_token_ratio
-        reserved = 0
-        for q in self._running:
-            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
-            reserved += (
-                -(-len(q.seq) // page) - (-(-q.kv_len // page)) + math.ceil(max(0, remaining_new) * ratio / page)
-            )
+        # Σ _reserve_pages over the running batch (-1: not summed yet). It is summed only when a
+        # decision needs it: a head that does not fit even without it, or a full running set
+        # without preemption, ends the pass first (most steps of a busy engine with a queue).
+        # Each term is what it would have been at the start: nothing in the batch changes in
+        # between but what the pass itself admits or preempts, which it adds or takes off.
+        reserved = -1
         load_tokens = 0
         cfg = self.config
         max_running = cfg.max_running_requests
@@ -583,7 +581,11 @@ class SimEngine:
             uncached_pages = -(-seq_len // page) - gpu_pages
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
-            need = uncached_pages + (out_pages + reserved if self._running else 0)
+            need = uncached_pages + (out_pages if self._running else 0)
+            if self._running and (slots_full or need <= cache.available_pages):
+                if reserved < 0:
+                    reserved = self._reserved_pages()
+                need += reserved
             fits = (
                 not slots_full
                 and need <= cache.available_pages
@@ -636,8 +638,20 @@ class SimEngine:
             budget -= done
             if r.kv_len == seq_len:
                 finished_prefill.append(r)
-            reserved += self._reserve_pages(r)
+            if reserved >= 0:
+                reserved += self._reserve_pages(r)
         return load_tokens, budget, preempted
+
+    def _reserved_pages(self) -> int:
+        """Σ `_reserve_pages` over the running batch, inlined."""
+        page = self.page_size
+        ratio = self._new_token_ratio
+        ceil = math.ceil
+        reserved = 0
+        for q in self._running:
+            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
+            reserved += -(-len(q.seq) // page) - (-(-q.kv_len // page)) + ceil(max(0, remaining_new) * ratio / page)
+        return reserved
 
     def _preemption_victims(self, r: _Req, demand_pages: int) -> list[_Req]:
         """The decoding requests SGLang's `preempt_to_schedule` would release for `r` when the
