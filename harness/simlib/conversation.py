@@ -36,6 +36,15 @@ _LITTLE = sys.byteorder == "little"
 _GENERATION_PROMPT = "<|assistant|>\n"
 
 
+# The chunk ids of the system message, which starts every program's conversation, as one int object
+# per value for all conversations: the router keeps chains sorted and compares them element by
+# element, and equal elements that are the same object compare at C speed (an identity test),
+# where equal values in distinct objects take a full int comparison each. Bounded (a run has one
+# system prompt); the ids themselves are unchanged.
+_SHARED_START_IDS: dict[int, int] = {}
+_SHARED_START_MAX = 4_096
+
+
 @functools.lru_cache(maxsize=64)
 def _template_ids(text: str) -> tuple[int, ...]:
     """Ids of a fixed piece of the chat template (a role marker or the generation prompt)."""
@@ -65,6 +74,7 @@ class Conversation:
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
+        "_system_chars",
     )
 
     def __init__(self, system_text: str, page_size: int) -> None:
@@ -90,6 +100,7 @@ class Conversation:
         self._chunk_ids: list[int] = []
         self._chunk_digest = TEXT_ROOT_DIGEST
         self.append("system", system_text)
+        self._system_chars = self._routing_chars  # the routing text's part that every program shares
 
     def append_words(self, role: str, word_ids: list[int]) -> None:
         """`append(role, decode(word_ids))` for ids of generated words only (what the simworker
@@ -160,7 +171,13 @@ class Conversation:
             pending = "".join(self._routing_parts)  # the text after the last complete chunk
         digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
-            self._chunk_ids.extend(map(digest_to_block_id, digests))
+            ids = list(map(digest_to_block_id, digests))
+            if not self._chunk_ids:  # its first chunks are the system message's: share their objects
+                shared = _SHARED_START_IDS
+                for i in range(min(len(ids), self._system_chars // chunk_chars)):
+                    block_id = ids[i]
+                    ids[i] = shared.setdefault(block_id, block_id) if len(shared) < _SHARED_START_MAX else block_id
+            self._chunk_ids.extend(ids)
             self._chunk_digest = digests[-1]
             pending = pending[len(digests) * chunk_chars :]
         self._routing_parts = [pending] if pending else []
