@@ -300,6 +300,7 @@ class SimEngine:
         for r in decoders:
             sample_last(r)  # `_sample(r)`
             if r.state == -1:
+                assert r.reason is not None  # set with the finished state
                 self._finish(r, r.reason)
         for r in finished_prefill:
             if r.req.max_new_tokens == 0:
