@@ -285,8 +285,7 @@ class SimScenario:
     def engine_config(self, index: int) -> EngineConfig:
         """The engine config of worker `index`, as the simworker maps the flags that cluster.py
         `simworker_spec` gives it: seed = index, HiCache write_back with ratio = host / GPU printed to
-        6 decimals (no --hicache-size), no KV-event publisher, priority scheduling on; outputs at the
-        first token and the end only (the simulator reads nothing in between)."""
+        6 decimals (no --hicache-size), no KV-event publisher, priority scheduling on."""
         hierarchical = self.worker_host_kv_tokens > 0
         ratio = float(f"{self.worker_host_kv_tokens / self.worker_kv_tokens:.6f}") if hierarchical else 2.0
         return EngineConfig(
@@ -300,15 +299,17 @@ class SimScenario:
             hicache_write_policy="write_back" if hierarchical else "write_through",
             seed=index,
             emit_kv_events=False,
-            stream_outputs=False,
             enable_priority_scheduling=True,
         )
 
     def build_worker(self, index: int) -> tuple[Engine, TimingProfile, ReplicaCapacity]:
-        """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it."""
+        """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it.
+        The engine gives out a request's outputs at its first token and its end only (the simulator
+        reads nothing in between; the live simworker streams every step's tokens): the same run."""
         config = self.engine_config(index)
         profile = load_profile(self.worker_timing_profile)
-        return build_engine(config, profile), profile, replica_capacity(worker_id(index), config, profile)
+        engine = build_engine(replace(config, stream_outputs=False), profile)
+        return engine, profile, replica_capacity(worker_id(index), config, profile)
 
     # -- the control plane -----------------------------------------------------------------------
 
