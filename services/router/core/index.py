@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import OrderedDict, deque
-from typing import Generic, Iterable, Sequence, TypeVar
+from typing import Collection, Generic, Iterable, Sequence, TypeVar
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from services.router.core.events import EventOutcome
@@ -160,8 +160,11 @@ class KvEventIndex(_BlockIndex[_Held]):
         self._by_external: dict[Replica, dict[int, int]] = {}
         self._medium_bits: dict[str, int] = {}
 
-    def find_matches(self, block_hashes: Sequence[int], now: float = 0.0) -> dict[Replica, int]:
-        """`{replica: leading blocks held}` for replicas holding at least the first block."""
+    def find_matches(
+        self, block_hashes: Sequence[int], now: float = 0.0, replicas: Collection[Replica] | None = None
+    ) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` for replicas holding at least the first block (all of
+        them: `replicas`, the ones the caller will read, saves nothing here)."""
         return self._match(block_hashes)
 
     def apply(self, replica: Replica, event: KvEvent) -> EventOutcome:
@@ -311,14 +314,22 @@ class RoutingHistoryIndex:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def find_matches(self, block_hashes: Sequence[int], now: float) -> dict[Replica, int]:
-        """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`."""
+    def find_matches(
+        self, block_hashes: Sequence[int], now: float, replicas: Collection[Replica] | None = None
+    ) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`; only
+        for `replicas` if given (a pinned pick reads one replica's: the others' bisections are
+        skipped)."""
         self.expire(now)
         scores: dict[Replica, int] = {}
         if not block_hashes:
             return scores
         chain = tuple(block_hashes)
-        for replica, history in self._replicas.items():
+        histories = self._replicas
+        for replica in histories if replicas is None else replicas:
+            history = histories.get(replica)
+            if history is None:
+                continue
             held = chains_prefix(history.chains, chain, exclude_self=False)
             if held:
                 scores[replica] = held
