@@ -28,12 +28,21 @@ from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, t
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
 from services.simworker.core.radix import PageChain, extend_chain, token_bytes
-from services.simworker.core.tokenizer import NUM_WORDS, WORD_ID_BASE, WORDS, decode, encode, table_text
+from services.simworker.core.tokenizer import WORD_ID_BASE, WORDS, decode, encode, words_text
 
 _LITTLE = sys.byteorder == "little"
 
 # The generation prompt the template appends after the last message (add_generation_prompt).
 _GENERATION_PROMPT = "<|assistant|>\n"
+
+
+# The chunk ids of the system message, which starts every program's conversation, as one int object
+# per value for all conversations: the router keeps chains sorted and compares them element by
+# element, and equal elements that are the same object compare at C speed (an identity test),
+# where equal values in distinct objects take a full int comparison each. Bounded (a run has one
+# system prompt); the ids themselves are unchanged.
+_SHARED_START_IDS: dict[int, int] = {}
+_SHARED_START_MAX = 4_096
 
 
 @functools.lru_cache(maxsize=64)
@@ -65,6 +74,7 @@ class Conversation:
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
+        "_system_chars",
     )
 
     def __init__(self, system_text: str, page_size: int) -> None:
@@ -90,18 +100,26 @@ class Conversation:
         self._chunk_ids: list[int] = []
         self._chunk_digest = TEXT_ROOT_DIGEST
         self.append("system", system_text)
+        self._system_chars = self._routing_chars  # the routing text's part that every program shares
 
     def append_words(self, role: str, word_ids: list[int]) -> None:
         """`append(role, decode(word_ids))` for ids of generated words only (what the simworker
         samples and `ids_of_n_tokens` draws), without re-tokenizing the text: each word is one
         piece that starts with a space, so the message encodes to its own ids except the first,
         which the template's newline joins."""
-        if not word_ids or min(word_ids) < WORD_ID_BASE or max(word_ids) >= WORD_ID_BASE + NUM_WORDS:
+        content = None
+        if word_ids:
+            try:
+                ids = array("I", word_ids)
+            except OverflowError:  # a negative id: not a word
+                pass
+            else:
+                content = words_text(word_ids)
+        if content is None:  # no words, or some id is not a word's
             self.append(role, decode(word_ids))
             return
-        content = table_text(word_ids)  # checked above: word ids only
         tail_ids = array("I", _newline_word_ids(word_ids[0]))
-        tail_ids.fromlist(word_ids[1:])
+        tail_ids += ids[1:]
         self.append(role, content, tail_ids=tail_ids)
 
     def append(self, role: str, content: str, tail_ids: array | None = None) -> None:
@@ -153,7 +171,13 @@ class Conversation:
             pending = "".join(self._routing_parts)  # the text after the last complete chunk
         digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
-            self._chunk_ids.extend(map(digest_to_block_id, digests))
+            ids = list(map(digest_to_block_id, digests))
+            if not self._chunk_ids:  # its first chunks are the system message's: share their objects
+                shared = _SHARED_START_IDS
+                for i in range(min(len(ids), self._system_chars // chunk_chars)):
+                    block_id = ids[i]
+                    ids[i] = shared.setdefault(block_id, block_id) if len(shared) < _SHARED_START_MAX else block_id
+            self._chunk_ids.extend(ids)
             self._chunk_digest = digests[-1]
             pending = pending[len(digests) * chunk_chars :]
         self._routing_parts = [pending] if pending else []

@@ -303,10 +303,13 @@ class SimScenario:
         )
 
     def build_worker(self, index: int) -> tuple[Engine, TimingProfile, ReplicaCapacity]:
-        """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it."""
+        """The engine of worker `index`, its timing profile and its capacity as the scheduler sees it.
+        The engine gives out a request's outputs at its first token and its end only (the simulator
+        reads nothing in between; the live simworker streams every step's tokens): the same run."""
         config = self.engine_config(index)
         profile = load_profile(self.worker_timing_profile)
-        return build_engine(config, profile), profile, replica_capacity(worker_id(index), config, profile)
+        engine = build_engine(replace(config, stream_outputs=False), profile)
+        return engine, profile, replica_capacity(worker_id(index), config, profile)
 
     # -- the control plane -----------------------------------------------------------------------
 

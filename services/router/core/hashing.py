@@ -28,7 +28,7 @@ import hashlib
 import struct
 import sys
 from array import array
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from typing import Container, Sequence
 
 # Root of every text chain: keeps text ids and token ids in disjoint hash domains.
@@ -115,16 +115,29 @@ def chains_prefix(chains: list[tuple[int, ...]], chain: tuple[int, ...], exclude
     itself with `exclude_self`): in sorted order the longest is with a neighbour. So the union
     of a set of chains, closed under prefixes, needs no per-block entry: a chain adds to it its
     length less this, and `chains_prefix(chains, query, False)` is `held_prefix` of the union."""
+    return chains_position(chains, chain, exclude_self)[1]
+
+
+def chains_position(chains: list[tuple[int, ...]], chain: tuple[int, ...], exclude_self: bool) -> tuple[int, int]:
+    """(`bisect_left(chains, chain)`, `chains_prefix(chains, chain, exclude_self)`): where `chain`
+    goes among the sorted `chains`, or where a copy of it is, and its longest shared prefix, from one
+    bisection. A caller that inserts or deletes the chain next needs no second one (equal chains
+    are equal values: which copy goes, or which side of its equals a new one goes, is the same list).
+    Long chains compare in time proportional to their common prefix, so each bisection counts."""
     low = bisect_left(chains, chain)
     high = low
     if exclude_self:
-        high = bisect_right(chains, chain, low)
-        if high - low >= 2:
-            return len(chain)  # another request holds the same chain
+        # bisect_right(chains, chain, low) when fewer than two copies follow `low`: an equality test
+        # of tuples of different lengths ends at once, where each step of a bisection walks a prefix.
+        n = len(chains)
+        if low < n and chains[low] == chain:
+            high = low + 1
+            if high < n and chains[high] == chain:
+                return low, len(chain)  # another request holds the same chain
     best = common_prefix(chain, chains[low - 1]) if low > 0 else 0
     if high < len(chains):
         best = max(best, common_prefix(chain, chains[high]))
-    return best
+    return low, best
 
 
 def text_chunk_digests(

@@ -22,13 +22,13 @@ are pruned (deepest first within one insertion, so prefixes outlive their extens
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import insort
 from collections import OrderedDict, deque
-from typing import Generic, Iterable, Sequence, TypeVar
+from typing import Collection, Generic, Iterable, Sequence, TypeVar
 
 from services.common.sglang.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 from services.router.core.events import EventOutcome
-from services.router.core.hashing import chains_prefix, digest_to_block_id, page_digests
+from services.router.core.hashing import chains_position, chains_prefix, digest_to_block_id, page_digests
 from services.router.core.types import Replica
 
 _Entry = TypeVar("_Entry")
@@ -160,8 +160,11 @@ class KvEventIndex(_BlockIndex[_Held]):
         self._by_external: dict[Replica, dict[int, int]] = {}
         self._medium_bits: dict[str, int] = {}
 
-    def find_matches(self, block_hashes: Sequence[int], now: float = 0.0) -> dict[Replica, int]:
-        """`{replica: leading blocks held}` for replicas holding at least the first block."""
+    def find_matches(
+        self, block_hashes: Sequence[int], now: float = 0.0, replicas: Collection[Replica] | None = None
+    ) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` for replicas holding at least the first block (all of
+        them: `replicas`, the ones the caller will read, saves nothing here)."""
         return self._match(block_hashes)
 
     def apply(self, replica: Replica, event: KvEvent) -> EventOutcome:
@@ -272,16 +275,16 @@ class _History:
         self.blocks = 0  # distinct blocks of `chains`
 
     def add(self, chain: tuple[int, ...]) -> None:
-        self.blocks += len(chain) - chains_prefix(self.chains, chain, exclude_self=False)
-        insort(self.chains, chain)
+        at, shared = chains_position(self.chains, chain, exclude_self=False)
+        self.blocks += len(chain) - shared
+        self.chains.insert(at, chain)
 
-    def owned(self, chain: tuple[int, ...]) -> int:
-        """Blocks of a live record's chain that no other live record names."""
-        return len(chain) - chains_prefix(self.chains, chain, exclude_self=True)
-
-    def remove(self, chain: tuple[int, ...], owned: int) -> None:
-        del self.chains[bisect_left(self.chains, chain)]  # an equal chain: any copy will do
-        self.blocks -= owned
+    def pop(self, chain: tuple[int, ...]) -> int:
+        """Delete a live record's chain (an equal chain: any copy will do) and return how many of
+        its blocks no other live record names; `blocks` is the caller's to lower."""
+        at, shared = chains_position(self.chains, chain, exclude_self=True)
+        del self.chains[at]
+        return len(chain) - shared
 
 
 class RoutingHistoryIndex:
@@ -311,14 +314,22 @@ class RoutingHistoryIndex:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def find_matches(self, block_hashes: Sequence[int], now: float) -> dict[Replica, int]:
-        """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`."""
+    def find_matches(
+        self, block_hashes: Sequence[int], now: float, replicas: Collection[Replica] | None = None
+    ) -> dict[Replica, int]:
+        """`{replica: leading blocks held}` after expiring what is older than the TTL at `now`; only
+        for `replicas` if given (a pinned pick reads one replica's: the others' bisections are
+        skipped)."""
         self.expire(now)
         scores: dict[Replica, int] = {}
         if not block_hashes:
             return scores
         chain = tuple(block_hashes)
-        for replica, history in self._replicas.items():
+        histories = self._replicas
+        for replica in histories if replicas is None else replicas:
+            history = histories.get(replica)
+            if history is None:
+                continue
             held = chains_prefix(history.chains, chain, exclude_self=False)
             if held:
                 scores[replica] = held
@@ -363,8 +374,8 @@ class RoutingHistoryIndex:
             records = history.records
             while records and records[0][0] <= now:
                 chain = records.popleft()[1]
-                owned = history.owned(chain)
-                history.remove(chain, owned)
+                owned = history.pop(chain)
+                history.blocks -= owned
                 dropped += owned
             if not records:
                 del self._replicas[replica]
@@ -384,8 +395,8 @@ class RoutingHistoryIndex:
         while records and history.blocks > self._prune_to:
             entry = records[0]
             chain = entry[1]
-            dropped = min(history.owned(chain), history.blocks - self._prune_to)
-            history.remove(chain, dropped)
+            dropped = min(history.pop(chain), history.blocks - self._prune_to)
+            history.blocks -= dropped
             self.pruned_blocks_total += dropped
             if history.blocks > self._prune_to:
                 records.popleft()  # every block it still owned is gone

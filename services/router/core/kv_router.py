@@ -119,7 +119,12 @@ class KvRouterCore:
             weight = weight if override.kv_overlap_score_weight is None else override.kv_overlap_score_weight
             temperature = temperature if override.router_temperature is None else override.router_temperature
         # Weight 0: overlap cannot change any cost; skip the lookup (and its hashing cost upstream).
-        overlaps = self.index.find_matches(prompt.block_hashes, now) if weight > 0 or pin is PinOutcome.HONOURED else {}
+        # Only the candidates' overlaps are read (a pinned pick: one replica's).
+        overlaps = (
+            self.index.find_matches(prompt.block_hashes, now, replicas)
+            if weight > 0 or pin is PinOutcome.HONOURED
+            else {}
+        )
         tree_sizes = {r: self.index.tree_size(r) for r in replicas}
         scores = score_candidates(
             replicas, prompt, overlaps, tree_sizes, self.load, self._policy, weight, self.params.block_size

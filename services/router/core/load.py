@@ -19,11 +19,10 @@ operation is keyed by request id and freeing is idempotent. Requests older than
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from services.router.core.hashing import chains_prefix, held_prefix
+from services.router.core.hashing import chains_position, chains_prefix, held_prefix
 from services.router.core.types import Replica
 
 
@@ -137,16 +136,16 @@ class _ReplicaState:
         return chains_prefix(self.chains, tuple(chain), exclude_self=False)
 
     def add_chain(self, chain: tuple[int, ...]) -> None:
-        chains = self.chains
-        self.chain_blocks += len(chain) - chains_prefix(chains, chain, exclude_self=False)
-        chains.insert(bisect_left(chains, chain), chain)
+        at, shared = chains_position(self.chains, chain, exclude_self=False)
+        self.chain_blocks += len(chain) - shared
+        self.chains.insert(at, chain)
         if self.general:
             self.add_set(frozenset(chain))
 
     def free_chain(self, chain: tuple[int, ...]) -> None:
-        chains = self.chains
-        self.chain_blocks -= len(chain) - chains_prefix(chains, chain, exclude_self=True)
-        del chains[bisect_left(chains, chain)]  # an equal chain: any copy will do
+        at, shared = chains_position(self.chains, chain, exclude_self=True)
+        self.chain_blocks -= len(chain) - shared
+        del self.chains[at]  # an equal chain: any copy will do
         if self.general:
             self.free_set(frozenset(chain))
 

@@ -147,6 +147,12 @@ class EngineConfig:
     emit_kv_events: bool = True
     """False when nothing subscribes to KV events (no --kv-events-config, the offline
     simulator): the engine then skips building them. Scheduling is identical either way."""
+    stream_outputs: bool = True
+    """True (the server, which streams every token): a request that progressed in a step gets an
+    output of that step's tokens. False (the offline simulator, which needs only when the first
+    token came and the whole answer): a running request gets an output for its first token, then
+    none until it ends, when one output carries every token since. Scheduling, counters and the
+    tokens themselves are identical either way; only fewer outputs are made."""
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

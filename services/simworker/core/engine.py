@@ -58,6 +58,7 @@ import random
 import sys
 from array import array
 from collections import deque
+from itertools import repeat
 
 from services.simworker.core.api import EngineConfig, EngineRequest, EngineStats, RequestOutput, StepResult
 from services.simworker.core.radix import PageNode, RadixCache, path_pages
@@ -95,7 +96,7 @@ class _Req:
         "retractions",
         "admitted_once",
         "admitted_at",
-        "new_ids",
+        "reported",
         "reason",
         "match_data",
     )
@@ -123,7 +124,7 @@ class _Req:
         self.retractions = 0
         self.admitted_once = False
         self.admitted_at: float | None = None  # when it left the waiting queue the first time (virtual s)
-        self.new_ids: list[int] = []
+        self.reported = 0  # generated tokens already given out in an output (the rest are the tail of `seq`)
         self.reason: dict | None = None
         self.match_data = b""  # the token bytes of its last prefix match while waiting (`seq` does not change then)
 
@@ -228,7 +229,9 @@ class SimEngine:
             self._free(r, now)
         del self._by_rid[rid]
         self._aborted_total += 1
-        self._pending.append(self._output(r, (), True, {"type": "abort", "message": "Abort requested"}))
+        self._pending.append(
+            self._output(r, self._take_new_ids(r), True, {"type": "abort", "message": "Abort requested"})
+        )
         self._plan = None
         return True
 
@@ -265,7 +268,7 @@ class SimEngine:
             r.kv_len += 1
             if r.kv_len % page == 0:
                 cache.private_pages -= 1
-                self._add_pages(r, r.kv_len // page - 1, r.kv_len // page, count_recompute=False)
+                self._add_decode_page(r, r.kv_len // page - 1)
             context_tokens += r.kv_len
 
         # 2. prefill: continue in-progress chunks, then admit.
@@ -292,16 +295,21 @@ class SimEngine:
 
         # 3. sample one token for every request that was decoding at the start of the step, and
         #    the first token of every request whose prefill completed in it.
+        first_tokens = 0
+        sample_last = self._sample_last
         for r in decoders:
-            self._sample(r)
+            sample_last(r)  # `_sample(r)`
+            if r.state == -1:
+                assert r.reason is not None  # set with the finished state
+                self._finish(r, r.reason)
         for r in finished_prefill:
             if r.req.max_new_tokens == 0:
                 r.state = _DECODE
-                r.new_ids = []
                 self._finish(r, {"type": "length", "length": 0})
                 continue
             r.state = _DECODE
             self._sample(r)
+            first_tokens += 1
 
         if decoders:
             self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
@@ -310,20 +318,17 @@ class SimEngine:
         if duration_s == 0.0:
             duration_s = self._unstick(now, outputs)
 
-        # Emit outputs of every request that progressed; drop finished ones from the batch.
-        generated = 0
+        # Emit outputs of every request that progressed (streaming; else of those that finished or
+        # have their first token), in batch order; drop finished ones from the batch.
+        generated = len(decoders) + first_tokens  # one token each
+        stream = self.config.stream_outputs
         still_running: list[_Req] = []
         for r in self._running:
-            if r.new_ids:
-                generated += len(r.new_ids)
-                finished = r.state == -1
-                outputs.append(self._output(r, tuple(r.new_ids), finished, r.reason))
-                r.new_ids = []
-                if finished:
-                    continue
-            elif r.state == -1:
-                outputs.append(self._output(r, (), True, r.reason))
+            if r.state == -1:
+                outputs.append(self._output(r, self._take_new_ids(r), True, r.reason))
                 continue
+            if r.generated > r.reported and (stream or not r.reported):
+                outputs.append(self._output(r, self._take_new_ids(r), False, r.reason))
             still_running.append(r)
         self._running = still_running
         self._gen_total += generated
@@ -352,7 +357,15 @@ class SimEngine:
         for r in running:
             if r.state != _DECODE:
                 return ()
-            steps = min(steps, self._steps_to_finish(r))
+            # Decode steps until r finishes (its last token is sampled in that step).
+            req = r.req
+            max_new = req.max_new_tokens
+            if not req.ignore_eos and r.generated < r.target <= max_new:
+                left = r.target - r.generated
+            else:
+                left = max(1, max_new - r.generated)
+            if left < steps:
+                steps = left
             context += r.kv_len
         if steps < 2:
             return ()
@@ -411,18 +424,33 @@ class SimEngine:
             alloc_by_residue[(-r.kv_len) % page] += 1
             full_by_residue[(-r.kv_len - 1) % page].append(r)
         now = start
+        ratio, decay = self._new_token_ratio, self._ratio_decay
+        # `_record_throughput` of each step, inlined (the same operations in the same order).
+        window = self._gen_window
+        window_tokens, window_span_s = self._gen_window_tokens, self._gen_window_span_s
+        tokens = len(batch)
         for j in range(steps):
             need = alloc_by_residue[j % page]
-            cache.ensure_free(need)
-            cache.private_pages += need
+            if need:
+                cache.ensure_free(need)
+                cache.private_pages += need
             for r in full_by_residue[j % page]:
                 cache.private_pages -= 1
-                index = (r.kv_len + j + 1) // page - 1
-                self._add_pages(r, index, index + 1, count_recompute=False)
-            self._new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self._new_token_ratio - self._ratio_decay)
-            self._record_throughput(now, durations[j], len(batch))
+                self._add_decode_page(r, (r.kv_len + j + 1) // page - 1)
+            ratio = max(MIN_NEW_TOKEN_RATIO, ratio - decay)
+            duration_s = durations[j]
+            window.append((now + duration_s, duration_s, tokens))
+            window_tokens += tokens
+            window_span_s += duration_s
+            horizon = now + duration_s - THROUGHPUT_WINDOW_S
+            while window and window[0][0] < horizon:
+                _, old_duration, old_tokens = window.popleft()
+                window_tokens -= old_tokens
+                window_span_s -= old_duration
             if j < steps - 1:
                 now = ends[j]
+        self._new_token_ratio = ratio
+        self._gen_window_tokens, self._gen_window_span_s = window_tokens, window_span_s
         for r in batch:
             r.kv_len += steps
         self._now = now  # the last step's start: finished requests free then
@@ -430,9 +458,10 @@ class SimEngine:
             self._free(r, now)
             del self._by_rid[r.rid]
         outputs = []
+        stream = self.config.stream_outputs
         for r in batch:
-            outputs.append(self._output(r, tuple(r.new_ids), r.state == -1, r.reason))
-            r.new_ids = []
+            if stream or r.state == -1:
+                outputs.append(self._output(r, self._take_new_ids(r), r.state == -1, r.reason))
         if finishing:
             self._running = [r for r in batch if r.state != -1]
         self._gen_total += steps * len(batch)
@@ -440,21 +469,23 @@ class SimEngine:
             self._plan = (ends[steps - 1], ends[steps:], durations[steps:], batch)
         return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
 
-    def _steps_to_finish(self, r: _Req) -> int:
-        """Decode steps until `r` finishes (its last token is sampled in that step)."""
-        max_new = r.req.max_new_tokens
-        if not r.req.ignore_eos and r.generated < r.target <= max_new:
-            return r.target - r.generated
-        return max(1, max_new - r.generated)
-
     def _sample_run(self, r: _Req, steps: int) -> None:
-        """`steps` calls of `_sample` at once (the plan guarantees no finish before the last)."""
+        """`steps` calls of `_sample_last` at once (the plan guarantees no finish before the last)."""
         rnd = r.rng.random
-        ids = [WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in range(steps - 1)]
-        r.generated += steps - 1
-        r.seq.extend(ids)
-        r.new_ids.extend(ids)
+        req = r.req
+        max_new = req.max_new_tokens
+        generated = r.generated + steps
         r.state = _DECODE
+        if req.ignore_eos or generated != r.target or r.target > max_new:
+            # No EOS at the last step: `steps` words, the last one as `_sample_last` draws it.
+            r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps)])
+            r.generated = generated
+            if generated >= max_new:
+                r.state = -1
+                r.reason = {"type": "length", "length": max_new}
+            return
+        r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps - 1)])
+        r.generated = generated - 1
         self._sample_last(r)
 
     def _sample_last(self, r: _Req) -> None:
@@ -463,13 +494,11 @@ class SimEngine:
         r.generated += 1
         if not r.req.ignore_eos and r.generated == r.target and r.target <= max_new:
             r.seq.append(EOS_TOKEN_ID)
-            r.new_ids.append(EOS_TOKEN_ID)
             r.state = -1
             r.reason = {"type": "stop", "matched": EOS_TOKEN_ID}
             return
         token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
         r.seq.append(token)
-        r.new_ids.append(token)
         if r.generated >= max_new:
             r.state = -1
             r.reason = {"type": "length", "length": max_new}
@@ -524,14 +553,12 @@ class SimEngine:
         drops from this step's decode."""
         cache = self.cache
         page = self.page_size
-        # Σ _reserve_pages over the running batch, inlined (every step with a queue pays it).
-        ratio = self._new_token_ratio
-        reserved = 0
-        for q in self._running:
-            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
-            reserved += (
-                -(-len(q.seq) // page) - (-(-q.kv_len // page)) + math.ceil(max(0, remaining_new) * ratio / page)
-            )
+        # Σ _reserve_pages over the running batch (-1: not summed yet). It is summed only when a
+        # decision needs it: a head that does not fit even without it, or a full running set
+        # without preemption, ends the pass first (most steps of a busy engine with a queue).
+        # Each term is what it would have been at the start: nothing in the batch changes in
+        # between but what the pass itself admits or preempts, which it adds or takes off.
+        reserved = -1
         load_tokens = 0
         cfg = self.config
         max_running = cfg.max_running_requests
@@ -555,7 +582,11 @@ class SimEngine:
             uncached_pages = -(-seq_len // page) - gpu_pages
             remaining_new = min(r.req.max_new_tokens - r.generated, CLIP_MAX_NEW_TOKENS)
             out_pages = math.ceil(max(0, remaining_new) * self._new_token_ratio / page)
-            need = uncached_pages + (out_pages + reserved if self._running else 0)
+            need = uncached_pages + (out_pages if self._running else 0)
+            if self._running and (slots_full or need <= cache.available_pages):
+                if reserved < 0:
+                    reserved = self._reserved_pages()
+                need += reserved
             fits = (
                 not slots_full
                 and need <= cache.available_pages
@@ -608,8 +639,20 @@ class SimEngine:
             budget -= done
             if r.kv_len == seq_len:
                 finished_prefill.append(r)
-            reserved += self._reserve_pages(r)
+            if reserved >= 0:
+                reserved += self._reserve_pages(r)
         return load_tokens, budget, preempted
+
+    def _reserved_pages(self) -> int:
+        """Σ `_reserve_pages` over the running batch, inlined."""
+        page = self.page_size
+        ratio = self._new_token_ratio
+        ceil = math.ceil
+        reserved = 0
+        for q in self._running:
+            remaining_new = min(q.req.max_new_tokens - q.generated, CLIP_MAX_NEW_TOKENS)
+            reserved += -(-len(q.seq) // page) - (-(-q.kv_len // page)) + ceil(max(0, remaining_new) * ratio / page)
+        return reserved
 
     def _preemption_victims(self, r: _Req, demand_pages: int) -> list[_Req]:
         """The decoding requests SGLang's `preempt_to_schedule` would release for `r` when the
@@ -669,6 +712,14 @@ class SimEngine:
         if count_recompute:
             self._recomputed_total += recomputed * page
 
+    def _add_decode_page(self, r: _Req, index: int) -> None:
+        """Page `index` of `r` was filled by decoding: into the tree, held by `r` (`_add_pages` of
+        one page past its prompt's chain, by the cache's one-page path)."""
+        page = self.page_size
+        r.last = self.cache.insert_page(
+            r.last if r.last is not None else self.cache.root, r.seq[index * page : (index + 1) * page].tobytes()
+        )
+
     def _sample(self, r: _Req) -> None:
         self._sample_last(r)
         if r.state == -1:
@@ -712,7 +763,10 @@ class SimEngine:
                 self._aborted_total += 1
                 outputs.append(
                     self._output(
-                        victim, (), True, {"type": "abort", "message": "KV cache pool exhausted by a single request"}
+                        victim,
+                        self._take_new_ids(victim),
+                        True,
+                        {"type": "abort", "message": "KV cache pool exhausted by a single request"},
                     )
                 )
                 need = 0
@@ -750,7 +804,12 @@ class SimEngine:
             del self._by_rid[r.rid]
             self._aborted_total += 1
             outputs.append(
-                self._output(r, (), True, {"type": "abort", "message": "KV cache pool cannot hold the request"})
+                self._output(
+                    r,
+                    self._take_new_ids(r),
+                    True,
+                    {"type": "abort", "message": "KV cache pool cannot hold the request"},
+                )
             )
         return self.profile.decode_ms(0, self.total_pages * self.page_size) / 1000.0
 
@@ -773,6 +832,12 @@ class SimEngine:
         return seconds
 
     # -- outputs and windows -------------------------------------------------------------------
+
+    def _take_new_ids(self, r: _Req) -> tuple[int, ...]:
+        """The tokens `r` generated since its last output (the tail of its sequence), now given out."""
+        start = r.prompt_len + r.reported
+        r.reported = r.generated
+        return tuple(r.seq[start:]) if len(r.seq) > start else ()
 
     def _output(self, r: _Req, new_ids: tuple, finished: bool, reason: dict | None) -> RequestOutput:
         return RequestOutput(

@@ -396,6 +396,32 @@ class RadixCache:
         parent, again = self._new_node(parent, data, pos, size, chain, chain_pages)
         return parent, recomputed + again
 
+    def insert_page(self, parent: PageNode, page: bytes) -> PageNode:
+        """`insert_run(parent, page)[0]` for one page that decoding filled (no chain: its tokens
+        were generated): a decode step's page, the commonest insert, without the run machinery.
+        The general path serves a page already under `parent`, a host tier and KV events."""
+        children = parent.children
+        if page in children or self.host_pages > 0 or self.emit_events:
+            return self.insert_run(parent, page)[0]
+        parent_digests = parent.digests
+        digest = hashlib.sha256(parent_digests[-1] + page if parent_digests else page).digest()
+        # `_count_computed` of the one page, by its page-by-page rule.
+        page_hash = _INT64_BE(digest)[0]
+        computed = self._computed
+        if page_hash not in computed:
+            computed.add(page_hash)
+            order = self._computed_order
+            order.append(page_hash)
+            if len(order) > self._computed_max:
+                computed.discard(order.popleft())
+        node = PageNode(parent, page, [digest], parent.end + 1)
+        node.ref = 1
+        node.on_gpu = True
+        children[page] = node
+        parent.gpu_children += 1
+        self.gpu_pages += 1
+        return node
+
     def _new_node(
         self, parent: PageNode, data: bytes, start: int, stop: int, chain: PageChain | None = None, chain_pages: int = 0
     ) -> tuple[PageNode, int]:

@@ -79,6 +79,26 @@ def table_text(ids: Sequence[int]) -> str:
     return "".join(itemgetter(*ids)(_TEXT_OF))
 
 
+# Text of each generated word's id, None for the other ids below the hashed range (`words_text`).
+_WORD_TEXT_OF: tuple[str | None, ...] = (None,) * WORD_ID_BASE + WORDS
+
+
+def words_text(ids: Sequence[int]) -> str | None:
+    """`decode(ids)` when every id is a generated word's (what an engine samples and
+    `ids_of_n_tokens` draws), else None; for non-negative ids (as an array('I') holds them). One
+    table lookup each, and no range scan first (`min` and `max` of a long list cost more than the
+    lookups): an id that is not a word's is found by the lookup itself."""
+    if len(ids) < 2:
+        if not ids:
+            return ""
+        token_id = ids[0]
+        return _WORD_TEXT_OF[token_id] if 0 <= token_id < len(_WORD_TEXT_OF) else None
+    try:
+        return "".join(itemgetter(*ids)(_WORD_TEXT_OF))  # TypeError: a None among them
+    except (IndexError, TypeError):
+        return None
+
+
 def decode(ids) -> str:
     """Text of `ids`: exact for generated words and EOS; other ids render as stand-in words."""
     ids = ids if isinstance(ids, (list, tuple)) else list(ids)

@@ -157,6 +157,16 @@ def test_re_recording_refreshes_the_ttl():
     assert index.find_matches(query("X"), now=115.0) == {}
 
 
+def test_history_matches_only_the_replicas_asked_for_and_still_expires_the_others():
+    index = history(ttl=10.0)
+    index.record(A, query("X", "Y"), now=0.0)
+    index.record(W, query("X"), now=5.0)
+    assert index.find_matches(query("X", "Y"), now=6.0, replicas=[W]) == {W: 1}
+    assert index.find_matches(query("X", "Y"), now=6.0, replicas=[A, Replica("absent", 0)]) == {A: 2}
+    assert index.find_matches(query("X", "Y"), now=10.0, replicas=[W]) == {W: 1}
+    assert index.tree_size(A) == 0  # expired although not asked for
+
+
 def test_history_is_per_worker_and_bounded():
     index = history(ttl=100.0, max_blocks=3, ratio=1.0)
     index.record(A, query("X", "Y"), now=0.0)

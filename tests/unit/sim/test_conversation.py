@@ -112,3 +112,18 @@ def test_text_prompt_follows_a_change_of_chunk_size():
         core = KvRouterCore(KvRouterParams(use_kv_events=False, text_chunk_chars=chunk), random.Random(0))
         text = chat_routing_text(conversation.messages)
         assert conversation.text_prompt(chunk) == core.prompt_from_text(text, len(text) // 4)
+
+
+def test_conversations_share_their_system_chunk_ids_as_objects():
+    """The router compares chains element by element: the system message's chunk ids, which every
+    program's chain starts with, are one object per value across conversations (the values are those
+    of `KvRouterCore.prompt_from_text`, tested above)."""
+    system = text_of_n_tokens(400, 0)
+    a, b = Conversation(system, 16), Conversation(system, 16)
+    a.append_words("user", ids_of_n_tokens(50, 1))
+    b.append_words("user", ids_of_n_tokens(60, 2))
+    pa, pb = a.text_prompt(64), b.text_prompt(64)
+    shared = len(chat_routing_text([{"role": "system", "content": system}])) // 64
+    assert shared > 10 and pa.block_hashes[:shared] == pb.block_hashes[:shared]
+    assert all(x is y for x, y in zip(pa.block_hashes[:shared], pb.block_hashes[:shared]))
+    assert pa.block_hashes[-1] != pb.block_hashes[-1]

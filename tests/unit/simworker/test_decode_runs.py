@@ -133,3 +133,46 @@ def test_no_run_while_anything_waits_or_prefills_and_abort_cancels_the_plan():
     engine.abort("a", 1.0)
     with pytest.raises(RuntimeError):
         engine.commit_decode(1)
+
+
+def _first_token_times(log) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for t, rid, new, _, _ in log:
+        if new:
+            first.setdefault(rid, t)
+    return first
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([96, 160, 400]), st.booleans())
+def test_outputs_at_first_token_and_end_only_carry_the_same_run(seed, pool_tokens, fused):
+    """`stream_outputs=False` (the simulator's engines): the same tokens, first-token times, finish
+    times and counters as streaming, in at most two outputs per request (its first token, its end)."""
+    arrivals = _arrivals(seed, 14)
+    streaming, bulk = (
+        make_engine(max_total_tokens=pool_tokens),
+        make_engine(max_total_tokens=pool_tokens, stream_outputs=False),
+    )
+    log_a, end_a = _play(streaming, arrivals, fused=fused)
+    log_b, end_b = _play(bulk, arrivals, fused=fused)
+    assert _per_request(log_a) == _per_request(log_b)
+    assert _first_token_times(log_a) == _first_token_times(log_b)
+    assert end_a == end_b
+    assert streaming.stats() == bulk.stats()
+    assert streaming.cache.cached_hashes() == bulk.cache.cached_hashes()
+    outputs: dict[str, int] = {}
+    for _, rid, _, _, _ in log_b:
+        outputs[rid] = outputs.get(rid, 0) + 1
+    assert max(outputs.values()) <= 2
+
+
+def test_without_streaming_an_abort_carries_the_tokens_not_yet_given_out():
+    engine = make_engine(stream_outputs=False)
+    engine.submit(EngineRequest("a", tuple(range(1000, 1010)), 30, ignore_eos=True), 0.0)
+    first = engine.step(0.0)
+    assert [len(o.new_token_ids) for o in first.outputs] == [1]
+    assert engine.step(1.0).outputs == () and engine.step(2.0).outputs == ()
+    engine.abort("a", 3.0)
+    (aborted,) = engine.step(3.0).outputs
+    assert aborted.finished and aborted.finish_reason["type"] == "abort"
+    assert len(aborted.new_token_ids) == 2 and aborted.completion_tokens == 3

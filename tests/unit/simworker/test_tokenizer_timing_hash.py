@@ -168,3 +168,12 @@ def test_page_hash_is_sglang_sha256_chain_as_signed_int64():
     assert hashes == as_int64
     assert page_hashes(tokens[:32] + [9], 16) == hashes  # the tail does not matter
     assert page_hashes([5] + tokens[1:], 16)[1] != hashes[1]  # chained: page 0 changes page 1
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [[], [300], [256, 8445, 4000], tokenizer.ids_of_n_tokens(500, 3), [2], [300, 2], [300, 20_000], [8446], [300, 255]],
+)
+def test_words_text_is_decode_of_word_ids_and_none_otherwise(ids):
+    words_only = all(tokenizer.WORD_ID_BASE <= i < tokenizer.WORD_ID_BASE + tokenizer.NUM_WORDS for i in ids)
+    assert tokenizer.words_text(ids) == (tokenizer.decode(ids) if words_only else None)
