@@ -42,7 +42,6 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import random
 import shutil
 import socket
@@ -57,6 +56,7 @@ from prometheus_client import CollectorRegistry
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
+from bench.machine import machine
 from bench.rss import rss_trend
 from clients.stats import percentile
 from services.common.clock import SystemClock
@@ -1302,11 +1302,7 @@ def main(argv: list[str] | None = None) -> int:
         if phases is not None:
             report["tick_phases"] = phases
         report["tick_runs"] = tick_runs
-        report["machine"] = {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        }
+        report["machine"] = machine()
         report["generated_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print(json.dumps(report, indent=2))
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")  # the JSON report, as every mode writes
@@ -1324,7 +1320,7 @@ def main(argv: list[str] | None = None) -> int:
         "tick_runs": tick_runs,
         "rpc": rpc,
         "recovery": recovery,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+        "machine": machine(),
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(_table(report))

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -38,6 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
+from bench.machine import machine
 from clients.workloads import scale as scale_programs
 from clients.workloads import split_programs, trace_programs
 from harness.simlib import SimScenario, simulate
@@ -235,7 +234,7 @@ def fleet_report(spec: FleetSpec, fits: float, scenarios: dict, rows: Sequence[d
         point["parallel"] = scenarios[point["workers"]]["parallel"] or point["programs"]
     return {
         "benchmark": "sim_fleet",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "spec": {**asdict(spec), "fits_per_worker": round(fits, 3)},
         "complete": complete,
         "points": points,
@@ -358,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = list(pool.map(run_arm, arms, [scale] * len(arms)))
     report = {
         "benchmark": "sim_scale",
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "machine": machine(),
         "scenario": {
             **scale,
             "smoke": args.smoke,

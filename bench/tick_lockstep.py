@@ -130,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         trees.append((name, Path(path).resolve()))
     if len(trees) < 2:
         parser.error("give two --tree or more")
-    load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
+    # Imported here: the workers run this file in trees that may have no bench.machine.
+    from bench.machine import loadavg, machine
+
+    load_before = loadavg()
     report = drive(trees, args.programs, args.replicas, args.ticks, args.pause_policy)
     report["loadavg_before"] = load_before
-    report["loadavg"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
+    report["loadavg"] = loadavg()
+    report["machine"] = machine()
     print(json.dumps({k: v for k, v in report.items() if k != "pauses_resumes_marks_per_tick"}, indent=2))
     return 0
 
