@@ -332,7 +332,7 @@ class ControlLaw:
         steps: list[Step],
     ) -> None:
         """plan_resume's placement loop when every replica taking resumes has one budget `size` (the
-        usual fleet), appending its resumes to `steps`: the same choices as `resume_target` over the
+        usual fleet), appending its resumes to `steps`, each placed by `resume_target` over the
         same bookkeeping. A program's charge there does not depend on where it goes, so all are
         weighed before the loop (the policy's weight on that size, asked for once), and the programs
         whose charge is not below the bound (they fit nowhere) are passed over in C: by bisection when
@@ -361,29 +361,10 @@ class ControlLaw:
                 break
             program, charge = selected[i], charges[i]
             i += 1
-            # resume_target, inline: its previous replica if it fits there, else the first of `order`.
-            req = program.token_total + buffer
-            takes_slot = program.status is reasoning
-            last = program.last_replica
-            target: ReplicaKey | None = None
-            if (
-                last is not None
-                and last in room
-                and req <= room[last]
-                and room[last] > buffer
-                and used[last] + charge < limit[last]
-                and not (takes_slot and slots[last] == 0)
-            ):
-                target = last  # its KV may still be in the HiCache host tier there
-            else:
-                for key in order:
-                    if room[key] < req:
-                        break  # sorted by headroom: nothing further fits
-                    if used[key] + charge < limit[key] and not (takes_slot and slots[key] == 0):
-                        target = key
-                        break
+            target = self.resume_target(program, order, room, slots, used, limit, {size: charge})
             if target is None:
                 continue
+            req, takes_slot = program.token_total + buffer, program.status is reasoning
             steps.append(Resume(program.session_id, target))
             held = limit[target] - used[target] >= bound[size]
             used[target] += charge  # its charge once resumed there
