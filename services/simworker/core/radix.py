@@ -591,17 +591,26 @@ class RadixCache:
         # popped page's parent (the page before it in the node) becomes an evictable leaf with
         # the same last access and would be pushed and popped next unless another entry has
         # that stamp too: then the node's pages go together, else one page at a time (pushed
-        # again behind the entries with its stamp, as a page of its own would be).
+        # again behind the entries with its stamp, as a page of its own would be). A node's parent
+        # that becomes an evictable leaf older than every entry would be pushed and popped straight
+        # back: it is taken next without the trip through the heap.
         done = 0
         heap = self._gpu_heap
         heappop, heappush = heapq.heappop, heapq.heappush
         root = self.root
         tick = self._tick
         width = self._width
-        while done < pages and heap:
-            stamp, _, node, end = heappop(heap)
-            if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
-                continue  # stale entry
+        node: PageNode | None = None  # the next leaf, when it skipped the heap
+        while done < pages:
+            if node is not None:
+                stamp, end = node.last_access, node.end
+            elif heap:
+                stamp, _, node, end = heappop(heap)
+                if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+                    node = None
+                    continue  # stale entry
+            else:
+                break
             n = node.n
             if heap and heap[0][0] <= stamp:
                 take = 1
@@ -614,6 +623,7 @@ class RadixCache:
                 del node.digests[-take:]
                 tick += 1
                 heappush(heap, (stamp, tick, node, end - take))
+                node = None
                 continue
             parent = node.parent
             node.on_gpu = False
@@ -621,9 +631,13 @@ class RadixCache:
             del parent.children[node.key[:width]]  # no host copy: the node is gone (its subtree
             if node.children:  # can only be host-only, i.e. empty here)
                 self._drop_children(node)
+            node = None
             if parent is not root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
                 tick += 1
-                heappush(heap, (parent.last_access, tick, parent, parent.end))
+                if done < pages and (not heap or parent.last_access < heap[0][0]):
+                    node = parent  # its entry would be the heap's first (the newest tick loses ties)
+                else:
+                    heappush(heap, (parent.last_access, tick, parent, parent.end))
         self._tick = tick
         self.gpu_pages -= done
         self.evictable_pages -= done
