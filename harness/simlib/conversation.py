@@ -51,6 +51,12 @@ def _template_ids(text: str) -> tuple[int, ...]:
     return tuple(encode(text))
 
 
+@functools.lru_cache(maxsize=1)
+def _generation_ids() -> array:
+    """Ids of the generation prompt after a message that ends with a non-space character."""
+    return array("I", _template_ids("\n" + _GENERATION_PROMPT))
+
+
 @functools.lru_cache(maxsize=None)
 def _newline_word_ids(word_id: int) -> tuple[int, ...]:
     """Ids of a message's first word after the template's newline (at most one per word)."""
@@ -120,9 +126,10 @@ class Conversation:
             return
         tail_ids = array("I", _newline_word_ids(word_ids[0]))
         tail_ids += ids[1:]
-        self.append(role, content, tail_ids=tail_ids)
+        self.append(role, content, tail_ids=tail_ids, plain=True)
 
-    def append(self, role: str, content: str, tail_ids: array | None = None) -> None:
+    def append(self, role: str, content: str, tail_ids: array | None = None, plain: bool = False) -> None:
+        """Add a message. `plain`: its content is words (letters and spaces: nothing JSON escapes)."""
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
@@ -135,20 +142,24 @@ class Conversation:
         if tail_ids is None and content and not content[-1].isspace():
             tail_ids = array("I", encode(f"\n{content}"))
         self._tail_ids = tail_ids
-        part = chat_routing_text([message])
+        if plain and role.isascii() and role.isalpha():
+            # chat_routing_text([message]) for a message with nothing to escape: its JSON puts the
+            # strings between quotes as they are (one copy, where encoding, decoding and adding the
+            # newline made three of a long message).
+            part = f'{{"role":"{role}","content":"{content}"}}\n'
+        else:
+            part = chat_routing_text([message])
         self._routing_parts.append(part)
         self._routing_chars += len(part)
 
     def prompt_ids(self) -> array:
         """What the simworker's chat endpoint submits: encode(render_chat(messages)), as an
         array('I') (the engine copies it into its own array without converting each id)."""
-        ids = array("I", self._done_ids)
+        # The history is copied once, into an array of the prompt's size (extending a copy of it
+        # reallocates it, which copies a long history again).
         if self._tail_ids is not None:
-            ids.extend(self._tail_ids)
-            ids.extend(_template_ids("\n" + _GENERATION_PROMPT))
-        else:
-            ids.extend(encode(self._tail_text + _GENERATION_PROMPT))
-        return ids
+            return self._done_ids + (self._tail_ids + _generation_ids())
+        return self._done_ids + array("I", encode(self._tail_text + _GENERATION_PROMPT))
 
     @property
     def routing_text_chars(self) -> int:

@@ -481,22 +481,20 @@ class SimEngine:
         return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
 
     def _decode_pages_are_new(self, batch: tuple[_Req, ...], steps: int) -> bool:
-        """Whether every page the next `steps` decode steps of `batch` fill becomes a new node: a
-        request's first such page is not already under its parent, nor the same page another
-        request puts under the same parent (its later pages go under the node made for the first)."""
+        """Whether every page the next `steps` decode steps of `batch` fill is sure to become a new
+        node: the parent of each request's first such page has no children and is no other's
+        (the later pages of a request go under the node made for its first). A parent with children
+        (rare: a decode page's parent is mostly the request's own last page) answers no."""
         page = self.page_size
         root = self.cache.root
-        seen: set[tuple[int, bytes]] = set()
+        parents: set[int] = set()
         for r in batch:
-            first = (-r.kv_len - 1) % page  # the step that fills r's next page
-            if first >= steps:
-                continue
-            index = (r.kv_len + first + 1) // page - 1
+            if (-r.kv_len - 1) % page >= steps:
+                continue  # it fills no page in these steps
             parent = r.last if r.last is not None else root
-            key = (id(parent), r.seq[index * page : (index + 1) * page].tobytes())
-            if key[1] in parent.children or key in seen:
+            if parent.children or id(parent) in parents:
                 return False
-            seen.add(key)
+            parents.add(id(parent))
         return True
 
     def _sample_run(self, r: _Req, steps: int) -> None:
