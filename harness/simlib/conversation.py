@@ -75,8 +75,10 @@ class Conversation:
         "_routing_chars",
         "_page_size",
         "_chain",
-        "_chain_bytes",
         "_chain_ids",
+        "_chain_kept",
+        "_prompt",
+        "_prompt_kept",
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
@@ -96,11 +98,16 @@ class Conversation:
         self._routing_parts: list[str] = []
         self._routing_chars = 0
         # The page chain of the last prompt given to `page_chain` (the engine's page digests, which
-        # the token-mode router prompt publishes too), its complete pages' bytes and that prompt.
+        # the token-mode router prompt publishes too), that prompt, and how many of its leading ids
+        # every later prompt repeats (0: unknown).
         self._page_size = page_size
         self._chain = PageChain([], [])
-        self._chain_bytes = b""
         self._chain_ids: Sequence[int] | None = None
+        self._chain_kept = 0
+        # The last `prompt_ids()` and how many of its leading ids every later prompt repeats: the
+        # history then (the next message is appended after the last one's ids).
+        self._prompt: array | None = None
+        self._prompt_kept = 0
         # Text-mode router prompt: chained chunk ids of the routing text hashed so far (it only grows).
         self._chunk_chars = 0
         self._chunk_ids: list[int] = []
@@ -158,8 +165,12 @@ class Conversation:
         # The history is copied once, into an array of the prompt's size (extending a copy of it
         # reallocates it, which copies a long history again).
         if self._tail_ids is not None:
-            return self._done_ids + (self._tail_ids + _generation_ids())
-        return self._done_ids + array("I", encode(self._tail_text + _GENERATION_PROMPT))
+            ids = self._done_ids + (self._tail_ids + _generation_ids())
+            self._prompt, self._prompt_kept = ids, len(self._done_ids) + len(self._tail_ids)
+        else:  # the last message's text is encoded again with what follows it
+            ids = self._done_ids + array("I", encode(self._tail_text + _GENERATION_PROMPT))
+            self._prompt, self._prompt_kept = ids, len(self._done_ids)
+        return ids
 
     @property
     def routing_text_chars(self) -> int:
@@ -205,17 +216,32 @@ class Conversation:
         hashed: each page of the history about once per program, not once per turn or per prefill."""
         if ids is self._chain_ids:
             return self._chain
-        width = 4 * self._page_size
-        full = len(ids) // self._page_size * self._page_size
-        if isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
-            # One copy (slicing the array and then `tobytes` makes two, which for a long prompt
-            # costs 20x more: two ~100 KB blocks allocated and freed at the top of the heap).
-            data = bytes(memoryview(ids)[:full])
+        page = self._page_size
+        width = 4 * page
+        full = len(ids) // page * page
+        previous = self._chain_ids
+        data: bytes | memoryview
+        if ids is self._prompt and isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
+            # Two prompts of this conversation: the previous one's first `_chain_kept` ids are this
+            # one's by construction (no need to compare the history's bytes); the pages after them
+            # are compared one by one (the last ones differ: the generation prompt was there).
+            known = min(self._chain_kept // page, len(self._chain.digests))
+            if previous is not None:
+                shared = min(len(previous), full) // page
+                while (
+                    known < shared
+                    and previous[known * page : (known + 1) * page] == ids[known * page : (known + 1) * page]
+                ):
+                    known += 1
+            data = memoryview(ids).cast("B")[: 4 * full]  # no copy: only the new pages are read
+            self._chain_kept = self._prompt_kept
         else:
             data = token_bytes(ids[:full])
-        known = _common_pages(self._chain_bytes, data, width)
+            known = 0
+            if previous is not None:
+                known = _common_pages(token_bytes(previous[: len(self._chain.digests) * page]), data, width)
+            self._chain_kept = 0
         self._chain = extend_chain(self._chain, data, width, known)
-        self._chain_bytes = data
         self._chain_ids = ids
         return self._chain
 
