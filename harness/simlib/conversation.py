@@ -24,10 +24,10 @@ import sys
 from array import array
 from typing import Sequence
 
-from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, text_chunk_digests
+from services.router.core.hashing import TEXT_ROOT_DIGEST, text_chunk_digests
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
-from services.simworker.core.radix import PageChain, extend_chain, token_bytes
+from services.simworker.core.radix import PageChain, extend_chain, published_hashes, token_bytes
 from services.simworker.core.tokenizer import WORD_ID_BASE, WORDS, decode, encode, words_text
 
 _LITTLE = sys.byteorder == "little"
@@ -193,7 +193,7 @@ class Conversation:
             pending = "".join(self._routing_parts)  # the text after the last complete chunk
         digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
-            ids = list(map(digest_to_block_id, digests))
+            ids = published_hashes(digests).tolist()  # digest_to_block_id of each, in one pass
             if not self._chunk_ids:  # its first chunks are the system message's: share their objects
                 shared = _SHARED_START_IDS
                 for i in range(min(len(ids), self._system_chars // chunk_chars)):

@@ -89,7 +89,7 @@ def digest_to_int64(digest: bytes) -> int:
 _DIGEST_INT64S = 256 // 64
 
 
-def _published_hashes(digests: Sequence[bytes]) -> array:
+def published_hashes(digests: Sequence[bytes]) -> array:
     """`digest_to_int64` of each digest, in one pass over their bytes (native int64s, byte-swapped
     on little-endian machines to read big-endian, then every fourth: each digest's first 8 bytes)."""
     words = array("q", b"".join(digests))
@@ -122,7 +122,7 @@ def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) ->
     new = chain_digests(digests[-1] if digests else b"", data, known_pages * width, len(data), width)
     if new:
         digests += new
-        hashes += _published_hashes(new).tolist()
+        hashes += published_hashes(new).tolist()
     return chain if digests is chain.digests else PageChain(digests, hashes)
 
 
@@ -451,10 +451,10 @@ class RadixCache:
             new = chain_digests(digests[-1] if digests else parent.digest, data, start + known * width, stop, width)
             if known:
                 digests += new
-                hashes = [*hashes, *_published_hashes(new)]
+                hashes = [*hashes, *published_hashes(new)]
             else:
                 digests = new
-                hashes = _published_hashes(new)
+                hashes = published_hashes(new)
         recomputed = self._count_computed(hashes)
         if self.emit_events:
             parent_hash = parent.hash if parent is not self.root else None
