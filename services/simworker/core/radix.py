@@ -65,7 +65,7 @@ def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
     return hashlib.sha256(parent_digest + page).digest()
 
 
-def chain_digests(parent_digest: bytes, data: bytes, start: int, stop: int, width: int) -> list[bytes]:
+def chain_digests(parent_digest: bytes, data: bytes | memoryview, start: int, stop: int, width: int) -> list[bytes]:
     """The chained digests of the `width`-byte pages of `data[start:stop]`, continuing `parent_digest`
     (`chain_digest` page by page, in one loop)."""
     sha256 = hashlib.sha256
@@ -109,7 +109,7 @@ class PageChain(NamedTuple):
     hashes: list[int]
 
 
-def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) -> PageChain:
+def extend_chain(chain: PageChain, data: bytes | memoryview, width: int, known_pages: int) -> PageChain:
     """The chain of the complete `width`-byte pages of `data` whose first `known_pages` pages are
     those of `chain` (the rest is hashed, continuing from the last of them). When they are all of
     `chain`, its lists grow in place (pages are only ever added after what a holder of the chain
