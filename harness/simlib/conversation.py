@@ -24,10 +24,10 @@ import sys
 from array import array
 from typing import Sequence
 
-from services.router.core.hashing import TEXT_ROOT_DIGEST, digest_to_block_id, text_chunk_digests
+from services.router.core.hashing import TEXT_ROOT_DIGEST, text_chunk_digests
 from services.router.core.prompt_text import CHARS_PER_TOKEN, chat_routing_text
 from services.router.core.types import Prompt
-from services.simworker.core.radix import PageChain, extend_chain, token_bytes
+from services.simworker.core.radix import PageChain, extend_chain, published_hashes, token_bytes
 from services.simworker.core.tokenizer import WORD_ID_BASE, WORDS, decode, encode, words_text
 
 _LITTLE = sys.byteorder == "little"
@@ -51,6 +51,12 @@ def _template_ids(text: str) -> tuple[int, ...]:
     return tuple(encode(text))
 
 
+@functools.lru_cache(maxsize=1)
+def _generation_ids() -> array:
+    """Ids of the generation prompt after a message that ends with a non-space character."""
+    return array("I", _template_ids("\n" + _GENERATION_PROMPT))
+
+
 @functools.lru_cache(maxsize=None)
 def _newline_word_ids(word_id: int) -> tuple[int, ...]:
     """Ids of a message's first word after the template's newline (at most one per word)."""
@@ -69,8 +75,10 @@ class Conversation:
         "_routing_chars",
         "_page_size",
         "_chain",
-        "_chain_bytes",
         "_chain_ids",
+        "_chain_kept",
+        "_prompt",
+        "_prompt_kept",
         "_chunk_chars",
         "_chunk_ids",
         "_chunk_digest",
@@ -90,11 +98,16 @@ class Conversation:
         self._routing_parts: list[str] = []
         self._routing_chars = 0
         # The page chain of the last prompt given to `page_chain` (the engine's page digests, which
-        # the token-mode router prompt publishes too), its complete pages' bytes and that prompt.
+        # the token-mode router prompt publishes too), that prompt, and how many of its leading ids
+        # every later prompt repeats (0: unknown).
         self._page_size = page_size
         self._chain = PageChain([], [])
-        self._chain_bytes = b""
         self._chain_ids: Sequence[int] | None = None
+        self._chain_kept = 0
+        # The last `prompt_ids()` and how many of its leading ids every later prompt repeats: the
+        # history then (the next message is appended after the last one's ids).
+        self._prompt: array | None = None
+        self._prompt_kept = 0
         # Text-mode router prompt: chained chunk ids of the routing text hashed so far (it only grows).
         self._chunk_chars = 0
         self._chunk_ids: list[int] = []
@@ -120,9 +133,10 @@ class Conversation:
             return
         tail_ids = array("I", _newline_word_ids(word_ids[0]))
         tail_ids += ids[1:]
-        self.append(role, content, tail_ids=tail_ids)
+        self.append(role, content, tail_ids=tail_ids, plain=True)
 
-    def append(self, role: str, content: str, tail_ids: array | None = None) -> None:
+    def append(self, role: str, content: str, tail_ids: array | None = None, plain: bool = False) -> None:
+        """Add a message. `plain`: its content is words (letters and spaces: nothing JSON escapes)."""
         message = {"role": role, "content": content}
         self.messages.append(message)
         # Close the previous tail at this message's role marker (a valid split: '>' then '\n').
@@ -135,19 +149,27 @@ class Conversation:
         if tail_ids is None and content and not content[-1].isspace():
             tail_ids = array("I", encode(f"\n{content}"))
         self._tail_ids = tail_ids
-        part = chat_routing_text([message])
+        if plain and role.isascii() and role.isalpha():
+            # chat_routing_text([message]) for a message with nothing to escape: its JSON puts the
+            # strings between quotes as they are (one copy, where encoding, decoding and adding the
+            # newline made three of a long message).
+            part = f'{{"role":"{role}","content":"{content}"}}\n'
+        else:
+            part = chat_routing_text([message])
         self._routing_parts.append(part)
         self._routing_chars += len(part)
 
     def prompt_ids(self) -> array:
         """What the simworker's chat endpoint submits: encode(render_chat(messages)), as an
         array('I') (the engine copies it into its own array without converting each id)."""
-        ids = array("I", self._done_ids)
+        # The history is copied once, into an array of the prompt's size (extending a copy of it
+        # reallocates it, which copies a long history again).
         if self._tail_ids is not None:
-            ids.extend(self._tail_ids)
-            ids.extend(_template_ids("\n" + _GENERATION_PROMPT))
-        else:
-            ids.extend(encode(self._tail_text + _GENERATION_PROMPT))
+            ids = self._done_ids + (self._tail_ids + _generation_ids())
+            self._prompt, self._prompt_kept = ids, len(self._done_ids) + len(self._tail_ids)
+        else:  # the last message's text is encoded again with what follows it
+            ids = self._done_ids + array("I", encode(self._tail_text + _GENERATION_PROMPT))
+            self._prompt, self._prompt_kept = ids, len(self._done_ids)
         return ids
 
     @property
@@ -171,7 +193,7 @@ class Conversation:
             pending = "".join(self._routing_parts)  # the text after the last complete chunk
         digests = text_chunk_digests(pending, chunk_chars, 0, self._chunk_digest)
         if digests:
-            ids = list(map(digest_to_block_id, digests))
+            ids = published_hashes(digests).tolist()  # digest_to_block_id of each, in one pass
             if not self._chunk_ids:  # its first chunks are the system message's: share their objects
                 shared = _SHARED_START_IDS
                 for i in range(min(len(ids), self._system_chars // chunk_chars)):
@@ -194,17 +216,32 @@ class Conversation:
         hashed: each page of the history about once per program, not once per turn or per prefill."""
         if ids is self._chain_ids:
             return self._chain
-        width = 4 * self._page_size
-        full = len(ids) // self._page_size * self._page_size
-        if isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
-            # One copy (slicing the array and then `tobytes` makes two, which for a long prompt
-            # costs 20x more: two ~100 KB blocks allocated and freed at the top of the heap).
-            data = bytes(memoryview(ids)[:full])
+        page = self._page_size
+        width = 4 * page
+        full = len(ids) // page * page
+        previous = self._chain_ids
+        data: bytes | memoryview
+        if ids is self._prompt and isinstance(ids, array) and ids.typecode == "I" and _LITTLE:
+            # Two prompts of this conversation: the previous one's first `_chain_kept` ids are this
+            # one's by construction (no need to compare the history's bytes); the pages after them
+            # are compared one by one (the last ones differ: the generation prompt was there).
+            known = min(self._chain_kept // page, len(self._chain.digests))
+            if previous is not None:
+                shared = min(len(previous), full) // page
+                while (
+                    known < shared
+                    and previous[known * page : (known + 1) * page] == ids[known * page : (known + 1) * page]
+                ):
+                    known += 1
+            data = memoryview(ids).cast("B")[: 4 * full]  # no copy: only the new pages are read
+            self._chain_kept = self._prompt_kept
         else:
             data = token_bytes(ids[:full])
-        known = _common_pages(self._chain_bytes, data, width)
+            known = 0
+            if previous is not None:
+                known = _common_pages(token_bytes(previous[: len(self._chain.digests) * page]), data, width)
+            self._chain_kept = 0
         self._chain = extend_chain(self._chain, data, width, known)
-        self._chain_bytes = data
         self._chain_ids = ids
         return self._chain
 

@@ -136,7 +136,11 @@ def chains_position(chains: list[tuple[int, ...]], chain: tuple[int, ...], exclu
                 return low, len(chain)  # another request holds the same chain
     best = common_prefix(chain, chains[low - 1]) if low > 0 else 0
     if high < len(chains):
-        best = max(best, common_prefix(chain, chains[high]))
+        # The other neighbour shares more only if it agrees at depth `best` (equal ids at a depth
+        # mean equal prefixes): mostly it does not, and its bisection is skipped.
+        other = chains[high]
+        if best < len(chain) and best < len(other) and chain[best] == other[best]:
+            best = common_prefix(chain, other)
     return low, best
 
 

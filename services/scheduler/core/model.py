@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Iterable, Iterator, NamedTuple
 
 
@@ -108,6 +109,16 @@ class Program:
     last_activity: float = 0.0
     acting_since: float | None = None
     paused_since: float | None = None
+
+    def snapshot(self) -> Program:
+        """A copy of the row (what `dataclasses.replace(self)` gives): an admission keeps one before
+        and one after, to roll back to. One C call reads every field, where `replace` looks the
+        fields up anew each time (about 4x the cost)."""
+        return Program(*_PROGRAM_VALUES(self))
+
+
+# The values of every field of a `Program`, in order (all are `__init__` parameters): `Program.snapshot`.
+_PROGRAM_VALUES = attrgetter(*(f.name for f in fields(Program)))
 
 
 @dataclass(frozen=True)

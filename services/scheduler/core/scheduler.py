@@ -177,7 +177,7 @@ class SchedulerCore:
             return AdmitResult(Decision(request_id, "", Verdict.PLACED, None, 0, 0.0, 0), acc.effects())
 
         program = self.ledger.programs.get(sid)
-        before = dataclasses.replace(program) if program is not None else None
+        before = program.snapshot() if program is not None else None
         paused_seq_before = self.ledger.paused.get(sid)
         created = program is None
         if program is None:
@@ -223,7 +223,7 @@ class SchedulerCore:
                 # else: a live session is never parked; it runs unpinned (bound later).
         self.ledger.recharge(program)
 
-        turn.after = dataclasses.replace(program)
+        turn.after = program.snapshot()
         if program.lifecycle is Lifecycle.PAUSED:
             turn.waiting = True
             turn.was_paused = True
@@ -267,7 +267,7 @@ class SchedulerCore:
             if later:
                 successor = later[0]
                 if turn.before is None or successor.before == turn.after:
-                    successor.before = None if turn.before is None else dataclasses.replace(turn.before)
+                    successor.before = None if turn.before is None else turn.before.snapshot()
                     successor.paused_seq_before = turn.paused_seq_before
                 elif successor.before is not None:
                     _take_out(successor.before, turn)
@@ -913,7 +913,7 @@ class SchedulerCore:
         for rid in waiting or ():
             turn = ledger.turns[rid]
             turn.waiting = False
-            turn.after = dataclasses.replace(program)  # a rollback from here undoes the resume too
+            turn.after = program.snapshot()  # a rollback from here undoes the resume too
             decision = self._decision(now, turn, program, forced=forced)
             acc.resolutions.append(decision)
             acc.events.append(ProgramEvent(EventKind.ADMITTED, sid, target, program.token_total, now))

@@ -58,12 +58,11 @@ import random
 import sys
 from array import array
 from collections import deque
-from itertools import repeat
 
 from services.simworker.core.api import EngineConfig, EngineRequest, EngineStats, RequestOutput, StepResult
 from services.simworker.core.radix import PageNode, RadixCache, path_pages
 from services.simworker.core.timing import TimingProfile
-from services.simworker.core.tokenizer import EOS_TOKEN_ID, NUM_WORDS, WORD_ID_BASE
+from services.simworker.core.tokenizer import EOS_TOKEN_ID, NUM_WORDS_FLOAT, WORD_ID_BASE, draw_word_ids
 
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.7 * 0.14
@@ -429,9 +428,21 @@ class SimEngine:
         window = self._gen_window
         window_tokens, window_span_s = self._gen_window_tokens, self._gen_window_span_s
         tokens = len(batch)
+        # The pages the steps allocate, in all. Step by step, a step evicts what it lacks: if they
+        # all fit now, nothing is evicted. Else, when every decode page is a new node (none is given
+        # back at its insert), the steps evict `total` less the free pages in all, and the same LRU
+        # pages as one eviction before the first step (nothing else touches the evictable leaves
+        # meanwhile, and evicting in parts takes the pages in the order of one call): one call.
+        total = sum(alloc_by_residue) * (steps // page) + sum(alloc_by_residue[: steps % page])
+        at_once = total <= cache.free_pages or (
+            cache.host_pages == 0 and not cache.emit_events and self._decode_pages_are_new(batch, steps)
+        )
+        if at_once:
+            cache.ensure_free(total)
+            cache.private_pages += total
         for j in range(steps):
             need = alloc_by_residue[j % page]
-            if need:
+            if need and not at_once:
                 cache.ensure_free(need)
                 cache.private_pages += need
             for r in full_by_residue[j % page]:
@@ -469,6 +480,23 @@ class SimEngine:
             self._plan = (ends[steps - 1], ends[steps:], durations[steps:], batch)
         return StepResult(ends[steps - 1] - start, tuple(outputs), cache.drain_events())
 
+    def _decode_pages_are_new(self, batch: tuple[_Req, ...], steps: int) -> bool:
+        """Whether every page the next `steps` decode steps of `batch` fill is sure to become a new
+        node: the parent of each request's first such page has no children and is no other's
+        (the later pages of a request go under the node made for its first). A parent with children
+        (rare: a decode page's parent is mostly the request's own last page) answers no."""
+        page = self.page_size
+        root = self.cache.root
+        parents: set[int] = set()
+        for r in batch:
+            if (-r.kv_len - 1) % page >= steps:
+                continue  # it fills no page in these steps
+            parent = r.last if r.last is not None else root
+            if parent.children or id(parent) in parents:
+                return False
+            parents.add(id(parent))
+        return True
+
     def _sample_run(self, r: _Req, steps: int) -> None:
         """`steps` calls of `_sample_last` at once (the plan guarantees no finish before the last)."""
         rnd = r.rng.random
@@ -478,13 +506,13 @@ class SimEngine:
         r.state = _DECODE
         if req.ignore_eos or generated != r.target or r.target > max_new:
             # No EOS at the last step: `steps` words, the last one as `_sample_last` draws it.
-            r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps)])
+            r.seq.extend(draw_word_ids(rnd, steps))
             r.generated = generated
             if generated >= max_new:
                 r.state = -1
                 r.reason = {"type": "length", "length": max_new}
             return
-        r.seq.extend([WORD_ID_BASE + int(rnd() * NUM_WORDS) for _ in repeat(None, steps - 1)])
+        r.seq.extend(draw_word_ids(rnd, steps - 1))
         r.generated = generated - 1
         self._sample_last(r)
 
@@ -497,7 +525,7 @@ class SimEngine:
             r.state = -1
             r.reason = {"type": "stop", "matched": EOS_TOKEN_ID}
             return
-        token = WORD_ID_BASE + int(r.rng.random() * NUM_WORDS)
+        token = WORD_ID_BASE + math.floor(r.rng.random() * NUM_WORDS_FLOAT)  # as `draw_word_ids`
         r.seq.append(token)
         if r.generated >= max_new:
             r.state = -1

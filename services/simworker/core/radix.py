@@ -65,7 +65,7 @@ def chain_digest(parent_digest: bytes, page: bytes) -> bytes:
     return hashlib.sha256(parent_digest + page).digest()
 
 
-def chain_digests(parent_digest: bytes, data: bytes, start: int, stop: int, width: int) -> list[bytes]:
+def chain_digests(parent_digest: bytes, data: bytes | memoryview, start: int, stop: int, width: int) -> list[bytes]:
     """The chained digests of the `width`-byte pages of `data[start:stop]`, continuing `parent_digest`
     (`chain_digest` page by page, in one loop)."""
     sha256 = hashlib.sha256
@@ -89,7 +89,7 @@ def digest_to_int64(digest: bytes) -> int:
 _DIGEST_INT64S = 256 // 64
 
 
-def _published_hashes(digests: Sequence[bytes]) -> array:
+def published_hashes(digests: Sequence[bytes]) -> array:
     """`digest_to_int64` of each digest, in one pass over their bytes (native int64s, byte-swapped
     on little-endian machines to read big-endian, then every fourth: each digest's first 8 bytes)."""
     words = array("q", b"".join(digests))
@@ -109,7 +109,7 @@ class PageChain(NamedTuple):
     hashes: list[int]
 
 
-def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) -> PageChain:
+def extend_chain(chain: PageChain, data: bytes | memoryview, width: int, known_pages: int) -> PageChain:
     """The chain of the complete `width`-byte pages of `data` whose first `known_pages` pages are
     those of `chain` (the rest is hashed, continuing from the last of them). When they are all of
     `chain`, its lists grow in place (pages are only ever added after what a holder of the chain
@@ -122,7 +122,7 @@ def extend_chain(chain: PageChain, data: bytes, width: int, known_pages: int) ->
     new = chain_digests(digests[-1] if digests else b"", data, known_pages * width, len(data), width)
     if new:
         digests += new
-        hashes += _published_hashes(new).tolist()
+        hashes += published_hashes(new).tolist()
     return chain if digests is chain.digests else PageChain(digests, hashes)
 
 
@@ -451,10 +451,10 @@ class RadixCache:
             new = chain_digests(digests[-1] if digests else parent.digest, data, start + known * width, stop, width)
             if known:
                 digests += new
-                hashes = [*hashes, *_published_hashes(new)]
+                hashes = [*hashes, *published_hashes(new)]
             else:
                 digests = new
-                hashes = _published_hashes(new)
+                hashes = published_hashes(new)
         recomputed = self._count_computed(hashes)
         if self.emit_events:
             parent_hash = parent.hash if parent is not self.root else None
@@ -591,17 +591,26 @@ class RadixCache:
         # popped page's parent (the page before it in the node) becomes an evictable leaf with
         # the same last access and would be pushed and popped next unless another entry has
         # that stamp too: then the node's pages go together, else one page at a time (pushed
-        # again behind the entries with its stamp, as a page of its own would be).
+        # again behind the entries with its stamp, as a page of its own would be). A node's parent
+        # that becomes an evictable leaf older than every entry would be pushed and popped straight
+        # back: it is taken next without the trip through the heap.
         done = 0
         heap = self._gpu_heap
         heappop, heappush = heapq.heappop, heapq.heappush
         root = self.root
         tick = self._tick
         width = self._width
-        while done < pages and heap:
-            stamp, _, node, end = heappop(heap)
-            if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
-                continue  # stale entry
+        node: PageNode | None = None  # the next leaf, when it skipped the heap
+        while done < pages:
+            if node is not None:
+                stamp, end = node.last_access, node.end
+            elif heap:
+                stamp, _, node, end = heappop(heap)
+                if node.end != end or not node.on_gpu or node.ref or node.gpu_children or node.last_access != stamp:
+                    node = None
+                    continue  # stale entry
+            else:
+                break
             n = node.n
             if heap and heap[0][0] <= stamp:
                 take = 1
@@ -614,6 +623,7 @@ class RadixCache:
                 del node.digests[-take:]
                 tick += 1
                 heappush(heap, (stamp, tick, node, end - take))
+                node = None
                 continue
             parent = node.parent
             node.on_gpu = False
@@ -621,9 +631,13 @@ class RadixCache:
             del parent.children[node.key[:width]]  # no host copy: the node is gone (its subtree
             if node.children:  # can only be host-only, i.e. empty here)
                 self._drop_children(node)
+            node = None
             if parent is not root and parent.on_gpu and parent.ref == 0 and parent.gpu_children == 0:
                 tick += 1
-                heappush(heap, (parent.last_access, tick, parent, parent.end))
+                if done < pages and (not heap or parent.last_access < heap[0][0]):
+                    node = parent  # its entry would be the heap's first (the newest tick loses ties)
+                else:
+                    heappush(heap, (parent.last_access, tick, parent, parent.end))
         self._tick = tick
         self.gpu_pages -= done
         self.evictable_pages -= done

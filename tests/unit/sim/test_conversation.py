@@ -49,18 +49,29 @@ def test_append_words_falls_back_for_ids_that_are_not_words():
 
 
 def test_odd_contents_still_split_exactly():
-    # Contents ending in spaces or without a leading space, and empty ones.
-    conversation = Conversation("sys  ", page_size=4)
-    for role, content in [("user", "x"), ("assistant", ""), ("user", "  a  b   "), ("assistant", "<|tool|>\n")]:
+    # Contents ending in spaces or without a leading space, and empty ones; the page chain of each
+    # prompt too (a last message ending in a space is encoded again with what follows it).
+    conversation = Conversation("sys  ", page_size=2)
+    for role, content in [
+        ("user", "x"),
+        ("assistant", ""),
+        ("user", "  a  b   "),
+        ("assistant", "<|tool|>\n"),
+        ("user", "yy zz "),
+        ("assistant", "w"),
+    ]:
         conversation.append(role, content)
-        assert list(conversation.prompt_ids()) == encode(render_chat(conversation.messages))
+        ids = conversation.prompt_ids()
+        assert list(ids) == encode(render_chat(conversation.messages))
+        assert conversation.page_chain(ids).hashes == page_hashes(list(ids), 2)
 
 
+@pytest.mark.parametrize("words", [False, True])
 @pytest.mark.parametrize("seed", [0, 5])
-def test_text_prompt_equals_the_live_routers(seed):
+def test_text_prompt_equals_the_live_routers(seed, words):
     core = KvRouterCore(KvRouterParams(use_kv_events=False), random.Random(0))
     conversation = Conversation(text_of_n_tokens(SYSTEM_PROMPT_TOKENS, 0), page_size=16)
-    for _ in _grow(conversation, 5, random.Random(seed)):
+    for _ in _grow(conversation, 5, random.Random(seed), words):
         text = chat_routing_text(conversation.messages)
         spec = TurnSpec(Api.CHAT, {}, SessionIdentity("p"), None, True, prompt_text=text)
         expected = core.prompt_from_text(text, TurnRunner.estimated_tokens(spec))
@@ -77,11 +88,12 @@ def test_token_prompt_equals_prompt_from_tokens(page):
         assert conversation.token_prompt(ids) == core.prompt_from_tokens(ids)
 
 
+@pytest.mark.parametrize("words", [False, True])
 @pytest.mark.parametrize("page", [2, 16])
-def test_page_chain_is_the_engines_chain_and_keeps_the_history_digests(page):
+def test_page_chain_is_the_engines_chain_and_keeps_the_history_digests(page, words):
     conversation = Conversation(text_of_n_tokens(37, 0), page_size=page)
     previous = None
-    for _ in _grow(conversation, 6, random.Random(4)):
+    for _ in _grow(conversation, 6, random.Random(4), words):
         ids = conversation.prompt_ids()
         chain = conversation.page_chain(ids)
         assert chain.hashes == page_hashes(list(ids), page)
@@ -93,6 +105,19 @@ def test_page_chain_is_the_engines_chain_and_keeps_the_history_digests(page):
             kept = sum(a is b for a, b in zip(previous.digests, chain.digests))
             assert kept >= len(previous.digests) - 1
         previous = chain
+
+
+def test_routing_text_of_word_messages_is_the_live_routers():
+    # Word messages build their JSON line directly; other messages (and roles) go through orjson.
+    conversation = Conversation("sys", page_size=4)
+    conversation.append_words("user", ids_of_n_tokens(50, 1))
+    conversation.append_words("assistant", ids_of_n_tokens(9, 2))
+    conversation.append("user", 'quote " and \\ and \n')
+    conversation.append_words("tool-call", ids_of_n_tokens(3, 3))
+    text = chat_routing_text(conversation.messages)
+    core = KvRouterCore(KvRouterParams(use_kv_events=False, text_chunk_chars=8), random.Random(0))
+    assert conversation.routing_text_chars == len(text)
+    assert conversation.text_prompt(8) == core.prompt_from_text(text, len(text) // 4)
 
 
 def test_page_chain_of_unrelated_prompts_starts_over():

@@ -111,6 +111,22 @@ def test_runs_equal_single_steps(seed, pool_tokens, max_steps):
     assert stepped.cache.cached_hashes() == fused.cache.cached_hashes()
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([96, 160, 400]), st.sampled_from([2, 8, 64]))
+def test_runs_without_kv_events_equal_single_steps_with_them(seed, pool_tokens, max_steps):
+    # Without KV events (the simulator's engines) a run evicts what its steps lack in one call and
+    # the tree evicts a run of pages at a time; with them, page by page at each step: the reference.
+    arrivals = _arrivals(seed, 14)
+    stepped = make_engine(max_total_tokens=pool_tokens, emit_kv_events=True)
+    fused = make_engine(max_total_tokens=pool_tokens, emit_kv_events=False)
+    log_a, end_a = _play(stepped, arrivals, fused=False)
+    log_b, end_b = _play(fused, arrivals, fused=True, max_steps=max_steps)
+    assert _per_request(log_a) == _per_request(log_b)
+    assert end_a == end_b
+    assert stepped.stats() == fused.stats()
+    assert stepped.cache.cached_hashes() == fused.cache.cached_hashes()
+
+
 def test_a_run_stops_at_the_first_finish_and_before_memory_runs_short():
     engine = make_engine(max_total_tokens=64)  # 16 pages of 4
     engine.submit(EngineRequest("a", tuple(range(1000, 1010)), 5, ignore_eos=True), 0.0)

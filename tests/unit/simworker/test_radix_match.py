@@ -177,6 +177,51 @@ def test_random_operations_keep_the_counts_consistent():
     assert cache.evict_gpu(pages) == pages and not cache.root.children
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000))
+def test_evicting_runs_at_once_equals_evicting_page_by_page(seed):
+    """The same operations on a tree without events (runs of pages evicted at once, a parent that
+    becomes the oldest leaf taken without a trip through the heap) and on one with events (one
+    page at a time): after each eviction the same pages are left, the same counts. Few distinct
+    release times, so that many leaves tie."""
+    rng = random.Random(seed)
+    fast, reference = _cache(total_pages=40), _cache(total_pages=40, emit_events=True)
+    held: list[tuple] = []
+    for step in range(150):
+        if held and (rng.random() < 0.4 or len(held) > 4):
+            pair = held.pop(rng.randrange(len(held)))
+            now = float(rng.randrange(3) + step // 20)
+            for cache, last in zip((fast, reference), pair):
+                cache.release(last, now)
+        elif rng.random() < 0.2:
+            pages = rng.randrange(1, 12)
+            assert fast.evict_gpu(pages) == reference.evict_gpu(pages)
+        else:
+            tokens = [rng.randrange(3) for _ in range(PAGE * rng.randrange(1, 10))]
+            pages = len(tokens) // PAGE
+            pair = []
+            for cache in (fast, reference):
+                gpu, _ = cache.match(_data(tokens), pages)
+                matched = path_pages(gpu)
+                cache.lock(gpu)
+                parent = gpu[-1] if gpu else cache.root
+                if not cache.ensure_free(pages - matched):
+                    pair.append(None)
+                    if gpu:
+                        cache.release(parent, 0.0)
+                    continue
+                pair.append(cache.insert_run(parent, _data(tokens[matched * PAGE :]))[0])
+            assert (pair[0] is None) == (pair[1] is None)
+            if pair[0] is not None:
+                held.append(tuple(pair))
+        assert fast.cached_hashes() == reference.cached_hashes()
+        assert (fast.gpu_pages, fast.evictable_pages, fast.evicted_pages_total) == (
+            reference.gpu_pages,
+            reference.evictable_pages,
+            reference.evicted_pages_total,
+        )
+
+
 def _check(cache):
     gpu_pages = evictable = 0
     stack = [(cache.root, 0)]
