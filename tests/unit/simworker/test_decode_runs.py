@@ -98,17 +98,23 @@ def _per_request(log):
     return tokens, finished
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([96, 160, 400]), st.sampled_from([2, 8, 64]))
-def test_runs_equal_single_steps(seed, pool_tokens, max_steps):
-    arrivals = _arrivals(seed, 14)
-    stepped, fused = make_engine(max_total_tokens=pool_tokens), make_engine(max_total_tokens=pool_tokens)
+def _assert_plays_alike(stepped, fused, arrivals, max_steps: int) -> None:
+    """`stepped` played one step at a time and `fused` in runs of up to `max_steps` end alike: the
+    same tokens and finishes per request, the same end, stats and cached pages."""
     log_a, end_a = _play(stepped, arrivals, fused=False)
     log_b, end_b = _play(fused, arrivals, fused=True, max_steps=max_steps)
     assert _per_request(log_a) == _per_request(log_b)
     assert end_a == end_b
     assert stepped.stats() == fused.stats()
     assert stepped.cache.cached_hashes() == fused.cache.cached_hashes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([96, 160, 400]), st.sampled_from([2, 8, 64]))
+def test_runs_equal_single_steps(seed, pool_tokens, max_steps):
+    arrivals = _arrivals(seed, 14)
+    stepped, fused = make_engine(max_total_tokens=pool_tokens), make_engine(max_total_tokens=pool_tokens)
+    _assert_plays_alike(stepped, fused, arrivals, max_steps)
 
 
 @settings(max_examples=40, deadline=None)
@@ -119,12 +125,7 @@ def test_runs_without_kv_events_equal_single_steps_with_them(seed, pool_tokens, 
     arrivals = _arrivals(seed, 14)
     stepped = make_engine(max_total_tokens=pool_tokens, emit_kv_events=True)
     fused = make_engine(max_total_tokens=pool_tokens, emit_kv_events=False)
-    log_a, end_a = _play(stepped, arrivals, fused=False)
-    log_b, end_b = _play(fused, arrivals, fused=True, max_steps=max_steps)
-    assert _per_request(log_a) == _per_request(log_b)
-    assert end_a == end_b
-    assert stepped.stats() == fused.stats()
-    assert stepped.cache.cached_hashes() == fused.cache.cached_hashes()
+    _assert_plays_alike(stepped, fused, arrivals, max_steps)
 
 
 def test_a_run_stops_at_the_first_finish_and_before_memory_runs_short():
