@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-router-memory bench-replica-sync bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
+.PHONY: core core-required demo test lint test-slow venv lock system-deps proto proto-check bench bench-capacity bench-simworker bench-scheduler bench-router bench-router-memory bench-replica-sync bench-agentic bench-live bench-sim bench-sim-fleet bench-planner bench-soak bench-chaos clean help
 
 help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
@@ -54,14 +54,29 @@ lock: venv
 	$(PIP_COMPILE) --upgrade --extra dev --extra kubernetes -o requirements.lock pyproject.toml
 	$(PIP_COMPILE) -c requirements.lock --extra kubernetes -o requirements-runtime.lock pyproject.toml
 
-# System packages the tests need. Installed once; skipped when already present.
+# System packages the tests need. Installed once; skipped when already present. gcc and Python's headers build
+# the compiled scheduler core (scripts/compile_core.py).
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "installing redis-server"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq redis-server >/dev/null; }
+	@{ command -v gcc >/dev/null 2>&1 && $(PYTHON) -c 'import os, sys, sysconfig; \
+	  sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; } || { \
+	  echo "installing gcc and Python's headers (the compiled scheduler core)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq gcc python3-dev >/dev/null; }
 
-demo: venv
+# The scheduler core compiled with mypyc (scripts/compile_core.py; docs/scheduler.md, "The compiled core"): rebuilt
+# when a source changed, a no-op otherwise. `core` falls back to the pure Python without a C compiler (the demo);
+# `core-required` fails instead (the suite holds the compiled core to the pure one, so it must be built).
+core: venv
+	$(PY) scripts/compile_core.py
+
+core-required: venv system-deps
+	$(PY) scripts/compile_core.py --require
+
+demo: venv core
 	$(PY) -m services.cli demo
 
 # promtool, for the alerting-rule tests: the binary alone, unpacked from Debian's prometheus package into
@@ -91,10 +106,13 @@ lint: venv
 	$(VENV)/bin/ruff format --check
 	$(VENV)/bin/mypy
 
-test: venv system-deps $(PROMTOOL) $(HELM) lint
+# The suite runs on the compiled core; then the tests that replace the core's methods (marked pure_core, skipped
+# on the compiled core) run again on the pure Python.
+test: venv system-deps core-required $(PROMTOOL) $(HELM) lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	BANDMASTER_PURE_CORE=1 $(PY) -m pytest -q -m pure_core $(PYTEST_ARGS)
 
-test-slow: venv system-deps
+test-slow: venv core system-deps
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 proto: venv
@@ -110,29 +128,29 @@ bench-simworker: venv
 	$(PY) -m bench.simworker_live --out bench/results/simworker_live.json
 	$(PY) -m bench.simworker_core --out bench/results/simworker_core.json
 
-bench-scheduler: venv
+bench-scheduler: venv core
 	$(PY) -m bench.scheduler_bench --out bench/results/scheduler.json
 
-bench-router: venv
+bench-router: venv core
 	$(PY) -m bench.router_bench --out bench/results/router_bench.json
 
-bench-router-memory: venv
+bench-router-memory: venv core
 	$(PY) -m bench.router_memory --out bench/results/router_memory.json
 
-bench-replica-sync: venv
+bench-replica-sync: venv core
 	$(PY) -m bench.replica_sync --out bench/results/replica_sync.json
 
 # The live part runs the SWE programs at their real token counts at 3x and 4x (about 3.5 minutes a run on
 # 2 cores, 3 interleaved runs per arm and point): kv, sglang-router, the two peers and Bandmaster's default
 # policy. bench-live adds the same live sweep on workers without cache reports and on the held-out programs.
 LIVE_ARMS := kv,sglang_cache_aware,thunderagent,continuum,bandmaster
-bench-agentic: venv
+bench-agentic: venv core
 	$(PY) -m bench.compare --mode sim --workload both --out-dir bench/results/agentic --jobs 2
 	$(PY) -m bench.compare --mode live --workload both --arms $(LIVE_ARMS) --pause-policy cost_aware \
 	  --out-dir bench/results/agentic/live --jobs 2
 	$(PY) -m bench.evaluate --out-dir bench/results/agentic --jobs 2
 
-bench-live: venv
+bench-live: venv core
 	$(PY) -m bench.compare --mode live --workload swe --arms $(LIVE_ARMS) --pause-policy cost_aware \
 	  --out-dir bench/results/live/tune --jobs 2
 	$(PY) -m bench.compare --mode live --workload swe --arms thunderagent,bandmaster --pause-policy cost_aware \
@@ -140,19 +158,19 @@ bench-live: venv
 	$(PY) -m bench.compare --mode live --workload swe --arms $(LIVE_ARMS) --pause-policy cost_aware \
 	  --split heldout --out-dir bench/results/live/heldout --jobs 2
 
-bench-sim: venv
+bench-sim: venv core
 	$(PY) -m bench.sim_scale --out bench/results/sim_scale.json
 
-bench-sim-fleet: venv
+bench-sim-fleet: venv core
 	$(PY) -m bench.sim_scale --fleet --out bench/results/sim_fleet.json
 
-bench-planner: venv system-deps
+bench-planner: venv core system-deps
 	$(PY) -m bench.planner_bench --out bench/results/planner.json
 
-bench-soak: venv
+bench-soak: venv core
 	$(PY) -m bench.soak --programs 256 --duration-s 600 --out bench/results/soak.json
 
-bench-chaos: venv system-deps
+bench-chaos: venv core system-deps
 	$(PY) -m bench.chaos --seeds 0,1,2 --duration-s 600 --out bench/results/chaos.json
 
 bench: bench-capacity bench-simworker bench-scheduler bench-router bench-agentic bench-sim

@@ -46,10 +46,12 @@ import random
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -77,7 +79,9 @@ from services.scheduler.core import (
     ControlParams,
     ReplicaCapacity,
     SchedulerCore,
+    TickResult,
     Verdict,
+    compiled,
     durable,
     make_pause_policy,
 )
@@ -127,9 +131,13 @@ def bench_tick(
     seed: int = 7,
     core: SchedulerCore | None = None,
     pause_policy: str = "cost_aware",
+    tick: Callable[[float], TickResult] | None = None,
 ) -> dict:
+    """The mix; `tick`, if given, is called in place of `core.tick` (to time or gate each tick: a
+    compiled core's methods cannot be replaced)."""
     rng = random.Random(seed)
     core = core or tick_core(pause_policy)
+    run_tick = tick or core.tick
     sizes = [min(120_000, int(rng.lognormvariate(9.0, 0.9))) for _ in range(programs)]
     # Budget = the total footprint: placement keeps replicas under the pause threshold, turns then grow
     # programs past it, so every tick has pauses, marks and resumes to do.
@@ -173,7 +181,7 @@ def bench_tick(
         if settle_if_grown(len(core.ledger.programs)):
             settles_ms.append((time.thread_time_ns() - settle_started) / 1e6)
         started, cpu_started = time.perf_counter(), time.thread_time_ns()
-        ticked = core.tick(now)
+        ticked = run_tick(now)
         cpu_ms.append((time.thread_time_ns() - cpu_started) / 1e6)
         durations_ms.append((time.perf_counter() - started) * 1e3)
         per_tick.append([ticked.paused, ticked.resumed, ticked.marked])
@@ -182,6 +190,7 @@ def bench_tick(
             totals[key] += getattr(ticked, key)
     stats = core.stats(now)
     return {
+        "scheduler_core": "compiled" if compiled() else "pure Python",
         "pause_policy": core.policy.name,
         "acting_decay_tau_seconds": core.params.acting_decay_tau_seconds,
         "programs": programs,
@@ -269,6 +278,7 @@ def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: st
     finally:
         gc.callbacks.remove(on_gc)
     return {
+        "scheduler_core": "compiled" if compiled() else "pure Python",
         "pause_policy": pause_policy,
         "programs": programs,
         "ticks": ticks,
@@ -276,6 +286,29 @@ def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: st
         "ms_per_tick": {k: v * 1e3 / ticks for k, v in sorted(spent.items(), key=lambda kv: -kv[1])},
         "activity": run["activity"],
     }
+
+
+def bench_tick_phases_pure(programs: int, replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
+    """`bench_tick_phases` on the pure Python core: it times the parts by replacing the core's methods,
+    which a compiled core does not allow, so with the compiled core loaded it runs in a process of its
+    own that loads the pure one (BANDMASTER_PURE_CORE; the report's `scheduler_core` says which ran)."""
+    if not compiled():
+        return bench_tick_phases(programs, replicas, ticks, pause_policy)
+    program = (
+        "import json, sys\n"
+        "from bench.scheduler_bench import bench_tick_phases, settle_heap\n"
+        "settle_heap()\n"
+        f"print(json.dumps(bench_tick_phases({programs}, {replicas}, {ticks}, {pause_policy!r})))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        env={**os.environ, "BANDMASTER_PURE_CORE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def bench_tick_scaling(sizes: list[int], replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
@@ -1289,7 +1322,7 @@ def main(argv: list[str] | None = None) -> int:
             "tick": bench_tick(args.programs, args.replicas, args.ticks, pause_policy=policy),
             "tick_scaling": bench_tick_scaling(sizes, args.replicas, args.scaling_ticks, policy) if sizes else None,
             "tick_phases": (
-                [bench_tick_phases(n, args.replicas, args.scaling_ticks, policy) for n in sizes]
+                [bench_tick_phases_pure(n, args.replicas, args.scaling_ticks, policy) for n in sizes]
                 if args.tick_phases
                 else None
             ),

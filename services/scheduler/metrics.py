@@ -67,6 +67,11 @@ class SchedulerMetrics:
             buckets=_HOLD_BUCKETS_S,
             registry=registry,
         )
+        self.core_compiled = Gauge(
+            f"{PREFIX}_core_compiled",
+            "1 when the scheduler core runs compiled (scripts/compile_core.py), 0 when it runs as pure Python",
+            registry=registry,
+        )
         self.capacity_connected = Gauge(
             f"{PREFIX}_capacity_stream_connected",
             "1 while the WatchWorkers stream to the capacity service is up",

@@ -24,6 +24,7 @@ from services.common.observe.telemetry import Telemetry
 from services.common.outbound.capacity_watch import CapacityWatch
 from services.common.serve.grpc_server import ServiceHost
 from services.common.settings.errors import ConfigError
+from services.scheduler import native
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -33,7 +34,7 @@ from services.scheduler.adapters.state_store import (
     StoreLocked,
 )
 from services.scheduler.config import SchedulerConfig
-from services.scheduler.core import SchedulerCore, make_pause_policy
+from services.scheduler.core import SchedulerCore, compiled, make_pause_policy
 from services.scheduler.core.state import CoreState
 from services.scheduler.election import Election, SingleReplica, Term
 from services.scheduler.loop import SchedulerRuntime
@@ -147,7 +148,7 @@ async def start_scheduler(
     c = config.control
     log.info(
         "scheduler started (interval=%ss, pause=%.2f, soft=%.2f, target=%.2f, policy=%s, capacity=%s, "
-        "state=%s, ticket lease=%gs)",
+        "state=%s, ticket lease=%gs, core=%s)",
         c.scheduler_interval_seconds,
         c.pause_threshold,
         c.soft_demote_threshold,
@@ -156,6 +157,7 @@ async def start_scheduler(
         config.capacity_addr,
         persister.store.description if persister is not None else "memory",
         config.ticket_lease_seconds,
+        native.describe(),
     )
     host.write_ready_file(config.ready_file)
     return RunningScheduler(host, runtime, follower, config, persister)
@@ -242,7 +244,9 @@ def _host(config: SchedulerConfig, telemetry: Telemetry | None):
         tracer = telemetry.tracer("services.scheduler")
     else:
         tracer = trace.get_tracer("services.scheduler")
-    return host, tracer, SchedulerMetrics(host.registry)
+    metrics = SchedulerMetrics(host.registry)
+    metrics.core_compiled.set(1 if compiled() else 0)
+    return host, tracer, metrics
 
 
 async def _start_replica(

@@ -45,8 +45,17 @@ from services.scheduler.core.model import (
 from services.scheduler.core.params import BUFFER_PER_PROGRAM_TOKENS, ControlParams, to_sglang_priority
 from services.scheduler.core.policies import PAUSE_POLICIES, make_pause_policy
 from services.scheduler.core.scheduler import SchedulerCore
+from services.scheduler.core.scheduler import __file__ as _scheduler_file
+
+
+def compiled() -> bool:
+    """Whether this core runs compiled (the mypyc extension modules scripts/compile_core.py builds) or
+    as pure Python: which one, and why, is `services.scheduler.native.describe()`."""
+    return not str(_scheduler_file).endswith(".py")
+
 
 __all__ = [
+    "compiled",
     "AdmitResult",
     "Band",
     "BUFFER_PER_PROGRAM_TOKENS",

@@ -105,6 +105,7 @@ def formula_aging(control: ControlLaw, now: float) -> Plan:
     return Plan(tuple(steps))
 
 
+@pytest.mark.pure_core
 @pytest.mark.parametrize(
     ("policy", "params", "tail", "step_s", "seed"),
     [

@@ -77,6 +77,7 @@ def assert_same_stats(a: Stats, b: Stats) -> None:
         assert dataclasses.replace(ra, used_decayed_tokens=0) == dataclasses.replace(rb, used_decayed_tokens=0)
 
 
+@pytest.mark.pure_core
 @pytest.mark.parametrize(
     ("params", "mixed", "slots", "tail", "step_s", "seed"),
     [

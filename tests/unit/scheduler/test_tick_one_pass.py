@@ -80,6 +80,7 @@ def drive(core: SchedulerCore, rng: random.Random, ticks: int, check) -> None:
         core.ledger.check_invariants(now)
 
 
+@pytest.mark.pure_core
 @pytest.mark.parametrize(("policy", "seed"), [("cost_aware", 1), ("threshold", 2), ("cost_aware", 3), ("threshold", 4)])
 def test_the_one_pass_soft_demote_equals_its_plan_applied(policy: str, seed: int):
     core, rng = busy_core(seed, policy)

@@ -104,6 +104,7 @@ async def test_silent_stream_counts_as_dead_and_is_reopened():
         await running.stop()
 
 
+@pytest.mark.pure_core
 async def test_tick_loop_survives_a_failing_tick(caplog):
     capacity = FakeCapacity()
     running = await start_scheduler(config(scheduler_interval_seconds=0.02), capacity_stub=capacity)
@@ -125,6 +126,7 @@ async def test_tick_loop_survives_a_failing_tick(caplog):
         await running.stop()
 
 
+@pytest.mark.pure_core
 async def test_tick_loop_settles_the_heap_before_each_tick_with_the_table_size(monkeypatch):
     capacity = FakeCapacity()
     running = await start_scheduler(config(scheduler_interval_seconds=0.02), capacity_stub=capacity)

@@ -338,6 +338,7 @@ async def test_tick_logs_core_records_verbatim_and_makes_a_span(make_harness, ca
     assert sum(s.name == "scheduler.tick" for s in h.exporter.get_finished_spans()) == 2
 
 
+@pytest.mark.pure_core
 async def test_failing_tick_is_logged_counted_and_retried(h, caplog, monkeypatch):
     real_tick = h.core.tick
     calls = {"n": 0}

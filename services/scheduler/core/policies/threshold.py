@@ -16,22 +16,15 @@ length (the paper's Lemma 4.1): freeing a given number of tokens from short prog
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from operator import attrgetter
 
 from services.scheduler.core.model import Status
 from services.scheduler.core.policies.base import PauseContext, PausePlan
+from services.scheduler.core.policies.params import ThresholdPauseParams
 
 # Smallest first, then the oldest: `PauseContext.programs` come in creation order and the sort is
 # stable, so sorting on the size alone keeps ties oldest first (an int key, no tuple per program).
 _SIZE = attrgetter("token_total")
-
-
-@dataclass(frozen=True)
-class ThresholdPauseParams:
-    mark_all_reasoning: bool = False
-    """Mark every unmarked REASONING program once pausing ACTING ones was not enough (upstream),
-    instead of just enough of them (default; upstream's sticky broad marks are a known bug)."""
 
 
 class ThresholdPausePolicy:
