@@ -33,6 +33,8 @@ COMPILED_MODULES = (
     f"{CORE_PACKAGE}.scheduler",
     f"{CORE_PACKAGE}.policies.threshold",
     f"{CORE_PACKAGE}.policies.cost_aware",
+    f"{CORE_PACKAGE}.params",
+    f"{CORE_PACKAGE}.policies.context",
 )
 """The control tick's and the admission's hot code: the program table, the control law, the policies."""
 GROUP = "bandmaster_core"
