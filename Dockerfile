@@ -16,13 +16,22 @@ ENV PATH=/opt/bandmaster/bin:$PATH
 WORKDIR /src
 # The dependencies first, exactly as requirements-runtime.lock pins them (versions and hashes): this
 # layer is reused while only the code changes. Every dependency ships wheels for linux/amd64 and
-# linux/arm64, so no compiler is needed.
+# linux/arm64; the only compiler this stage uses is for the scheduler core, below.
 COPY requirements-runtime.lock ./
 RUN pip install --require-hashes -r requirements-runtime.lock
+# The scheduler core is compiled (scripts/compile_core.py, docs/scheduler.md "The compiled core"): gcc, and
+# mypyc in a throwaway virtualenv pinned by requirements-build.lock, both for this stage only. The runtime
+# stage gets the extension modules with the package, and no compiler or mypy.
+COPY requirements-build.lock ./
+RUN command -v gcc >/dev/null || { apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*; }
+RUN python -m venv .build-tools && .build-tools/bin/pip install --require-hashes -r requirements-build.lock
 COPY pyproject.toml README.md ./
 COPY bandmaster ./bandmaster
 COPY services ./services
 COPY clients ./clients
+COPY scripts/compile_core.py ./scripts/compile_core.py
+RUN .build-tools/bin/python scripts/compile_core.py --require
 RUN pip install --no-deps . && python -m compileall -q /opt/bandmaster
 
 # --- runtime: the virtualenv alone, run by an unprivileged user -----------------------------------

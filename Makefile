@@ -47,12 +47,15 @@ venv: $(STAMP)
 # requirements.lock: everything (the services and the dev/test tools), pinned with hashes; what make demo,
 # make test and .ci/run install. requirements-runtime.lock: the services' own dependencies (with the
 # `kubernetes` extra, the planner's Kubernetes connector) at the same versions, what the container image installs.
+# requirements-build.lock: mypy (mypyc) and setuptools at the same versions, what the image's build stage compiles
+# the scheduler core with (requirements-build.in).
 PIP_COMPILE := $(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe --strip-extras \
 	--no-emit-index-url --no-emit-find-links
 lock: venv
 	$(PY) -m pip install --quiet 'pip-tools==7.6.2'
 	$(PIP_COMPILE) --upgrade --extra dev --extra kubernetes -o requirements.lock pyproject.toml
 	$(PIP_COMPILE) -c requirements.lock --extra kubernetes -o requirements-runtime.lock pyproject.toml
+	$(PIP_COMPILE) -c requirements.lock -o requirements-build.lock requirements-build.in
 
 # System packages the tests need. Installed once; skipped when already present. gcc and Python's headers build
 # the compiled scheduler core (scripts/compile_core.py).

@@ -37,8 +37,9 @@ COMPILED_MODULES = (
     f"{CORE_PACKAGE}.policies.context",
 )
 """The control tick's and the admission's hot code: the program table, the control law, the policies."""
-GROUP = "bandmaster_core"
-"""mypyc's shared library of the group: the top-level module `bandmaster_core__mypyc`."""
+GROUP = "services.scheduler.core.native"
+"""mypyc's shared library of the group, the module `services.scheduler.core.native__mypyc` (inside the
+package, so that a wheel's package data carries it)."""
 MANIFEST = ROOT / "services" / "scheduler" / "core" / "compiled.json"
 EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
 PURE_ENV = "BANDMASTER_PURE_CORE"
@@ -53,7 +54,7 @@ def extension_path(module: str) -> Path:
 
 
 def group_library_path() -> Path:
-    return ROOT / (GROUP + "__mypyc" + EXT_SUFFIX)
+    return ROOT / (GROUP.replace(".", "/") + "__mypyc" + EXT_SUFFIX)
 
 
 def manifest_now() -> dict:

@@ -96,6 +96,10 @@ def test_the_image_holds_the_product_and_no_development_tool(image, tmp_path):
             f"missing = [m for m in {DEVELOPMENT_TOOLS!r} if importlib.util.find_spec(m) is None]",
             f"assert missing == list({DEVELOPMENT_TOOLS!r}), 'development tools in the image: ' + str(missing)",
             "assert importlib.util.find_spec('harness') is None and importlib.util.find_spec('bench') is None",
+            # The build stage compiled the scheduler core, and the image loads it (no compiler or mypy there).
+            "from services.scheduler import native",
+            "import services.scheduler.core as core",
+            "assert native.describe() == 'compiled (mypyc)' and core.compiled(), native.describe()",
         ]
     )
     done = subprocess.run(
