@@ -39,6 +39,7 @@ from services.scheduler.native import (  # noqa: E402  (the checkout's own, what
     MANIFEST,
     ROOT,
     extension_path,
+    extensions_present,
     group_library_path,
     manifest_now,
     source_path,
@@ -52,7 +53,9 @@ def _built() -> list[Path]:
 
 
 def clean() -> None:
-    for path in _built():
+    """Remove every extension module of the core's packages (those of an earlier set of modules too)
+    and the manifest."""
+    for path in {*_built(), *extensions_present()}:
         path.unlink(missing_ok=True)
 
 

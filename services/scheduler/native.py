@@ -33,10 +33,11 @@ COMPILED_MODULES = (
     f"{CORE_PACKAGE}.scheduler",
     f"{CORE_PACKAGE}.policies.threshold",
     f"{CORE_PACKAGE}.policies.cost_aware",
-    f"{CORE_PACKAGE}.params",
     f"{CORE_PACKAGE}.policies.context",
 )
-"""The control tick's and the admission's hot code: the program table, the control law, the policies."""
+"""The control tick's and the admission's hot code: the program table, the control law, the policies.
+Not `params`: `ControlParams` travels to the simulator's and the benchmarks' worker processes, and a
+compiled frozen dataclass cannot be unpickled (nor deep-copied)."""
 GROUP = "services.scheduler.core.native"
 """mypyc's shared library of the group, the module `services.scheduler.core.native__mypyc` (inside the
 package, so that a wheel's package data carries it)."""
@@ -68,10 +69,17 @@ def manifest_now() -> dict:
     }
 
 
+def extensions_present() -> list[Path]:
+    """Every extension module in the core's package directories (a build's, current or not)."""
+    core = ROOT / CORE_PACKAGE.replace(".", "/")
+    return sorted(core.rglob("*" + EXT_SUFFIX))
+
+
 def stale_modules() -> list[str] | None:
     """None when no module is compiled; else the modules whose compiled form does not match their
-    source (empty: the build is current)."""
-    if not any(extension_path(module).exists() for module in COMPILED_MODULES):
+    source (empty: the build is current). A build of another set of modules (one left out since, say)
+    is stale whole: its extension of a module no longer compiled would still load."""
+    if not extensions_present():
         return None
     try:
         recorded = json.loads(MANIFEST.read_text())
@@ -81,6 +89,9 @@ def stale_modules() -> list[str] | None:
     if recorded.get("python") != now["python"] or recorded.get("ext_suffix") != now["ext_suffix"]:
         return list(COMPILED_MODULES)
     sources = recorded.get("sources", {})
+    expected = {extension_path(module) for module in COMPILED_MODULES} | {group_library_path()}
+    if set(sources) != set(now["sources"]) or set(extensions_present()) - expected:
+        return list(COMPILED_MODULES)
     return [
         module
         for module in COMPILED_MODULES
@@ -89,14 +100,18 @@ def stale_modules() -> list[str] | None:
 
 
 class _FromSource(importlib.abc.MetaPathFinder):
-    """Loads the compiled modules from their .py files."""
+    """Loads every module of the core's packages from its .py file: the compiled modules, and any
+    extension module an earlier build left beside a source."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in COMPILED_MODULES:
+        if not fullname.startswith(CORE_PACKAGE + "."):
             return None
-        return importlib.util.spec_from_file_location(fullname, source_path(fullname))
+        source = source_path(fullname)
+        if not source.is_file():
+            return None  # a package (its __init__.py, never compiled) or nothing: the usual finders
+        return importlib.util.spec_from_file_location(fullname, source)
 
 
 class _Selected:

@@ -3,8 +3,10 @@ a compiled core that no longer matches its sources never runs (services/schedule
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -13,6 +15,8 @@ import pytest
 from bench.scheduler_bench import bench_tick
 from services.scheduler import native
 from services.scheduler.core import compiled
+from services.scheduler.core.defaults import service_control_params
+from services.scheduler.core.policies import CostAwarePauseParams, ThresholdPauseParams
 
 
 def _pure_run(programs: int, replicas: int, ticks: int, policy: str, seed: int) -> dict:
@@ -54,6 +58,20 @@ def test_the_compiled_core_decides_as_the_pure_one(programs: int, replicas: int,
     assert sum(map(sum, here["pauses_resumes_marks_per_tick"])) > 0  # the mix exercised the control law
 
 
+def test_the_parameters_that_travel_to_worker_processes_pickle():
+    """The simulator's and the benchmarks' process pools (bench.evaluate, bench.compare, bench.sim_scale)
+    send the control law's and the policies' parameters to their workers: those classes stay Python
+    (a compiled frozen dataclass cannot be unpickled), whichever core runs."""
+    for params in (
+        service_control_params("cost_aware", scheduler_interval_seconds=2.0),
+        CostAwarePauseParams(min_hold_fraction=0.5),
+        ThresholdPauseParams(mark_all_reasoning=True),
+    ):
+        assert pickle.loads(pickle.dumps(params)) == params
+        assert copy.deepcopy(params) == params
+    assert "services.scheduler.core.params" not in native.COMPILED_MODULES
+
+
 def test_the_build_runs_when_it_matches_its_sources():
     stale = native.stale_modules()
     if stale is None:
@@ -82,6 +100,13 @@ def test_a_source_that_changed_since_the_build_makes_every_module_stale_or_one(t
     assert native.stale_modules() == list(native.COMPILED_MODULES)
     manifest.write_text("not json")
     assert native.stale_modules() == list(native.COMPILED_MODULES)
+    # An extension module of a module no longer compiled (left by an earlier build) would still load.
+    manifest.write_text(json.dumps(recorded))
+    present = native.extensions_present()
+    monkeypatch.setattr(
+        native, "extensions_present", lambda: [*present, native.extension_path("services.scheduler.core.params")]
+    )
+    assert native.stale_modules() == list(native.COMPILED_MODULES)
 
 
 @pytest.mark.parametrize("env", [{native.PURE_ENV: "1"}, {}])
@@ -95,7 +120,9 @@ def test_a_stale_or_unwanted_build_loads_every_module_from_source(tmp_path, env:
         "from services.scheduler import native\n"
         "import services.scheduler.core as core\n"
         "files = [sys.modules[m].__file__ for m in native.COMPILED_MODULES]\n"
-        "print(json.dumps({'files': files, 'describe': native.describe(), 'compiled': core.compiled()}))\n"
+        "params = sys.modules['services.scheduler.core.params'].__file__\n"
+        "out = {'files': files, 'params': params, 'describe': native.describe(), 'compiled': core.compiled()}\n"
+        "print(json.dumps(out))\n"
     )
     if not env:
         # The manifest copied aside with one source's hash changed, and the package pointed at it before it
@@ -120,6 +147,7 @@ def test_a_stale_or_unwanted_build_loads_every_module_from_source(tmp_path, env:
     )
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert all(f.endswith(".py") for f in out["files"]), out["files"]
+    assert out["params"].endswith(".py")  # every module of the core's packages, not only the compiled ones
     assert out["compiled"] is False
     assert out["describe"].startswith(
         "pure Python (" + ("BANDMASTER_PURE_CORE" if env else "the compiled core is older")
