@@ -12,6 +12,7 @@ help:
 	@echo "make demo   - create the venv, start a local cluster, run a short workload, print results, stop"
 	@echo "make test   - install test dependencies (incl. redis-server) and run the whole suite"
 	@echo "make lint   - import contracts (lint-imports), ruff check, ruff format --check, mypy on every service (make test runs it)"
+	@echo "make core   - compile the scheduler core with mypyc (scripts/compile_core.py; demo, test and bench run it first)"
 	@echo "make bench-capacity  - capacity recompute and WatchWorkers fan-out (bench/results/capacity_scale.json)"
 	@echo "make bench-scheduler - scheduler tick time and Admit+Complete round trips (bench/results/scheduler.json)"
 	@echo "make bench-agentic   - the proof: every arm over a parallel-programs sweep, sim and live, then Bandmaster"
