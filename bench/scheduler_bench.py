@@ -124,6 +124,11 @@ def tick_core(pause_policy: str, *, ticket_lease_seconds: float = 0.0) -> Schedu
     raise ValueError(f"pause_policy must be one of {', '.join(TICK_POLICIES)}, got {pause_policy!r}")
 
 
+def _core_name() -> str:
+    """Which scheduler core this process runs, as the reports name it."""
+    return "compiled" if compiled() else "pure Python"
+
+
 def bench_tick(
     programs: int,
     replicas: int,
@@ -190,7 +195,7 @@ def bench_tick(
             totals[key] += getattr(ticked, key)
     stats = core.stats(now)
     return {
-        "scheduler_core": "compiled" if compiled() else "pure Python",
+        "scheduler_core": _core_name(),
         "pause_policy": core.policy.name,
         "acting_decay_tau_seconds": core.params.acting_decay_tau_seconds,
         "programs": programs,
@@ -278,7 +283,7 @@ def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: st
     finally:
         gc.callbacks.remove(on_gc)
     return {
-        "scheduler_core": "compiled" if compiled() else "pure Python",
+        "scheduler_core": _core_name(),
         "pause_policy": pause_policy,
         "programs": programs,
         "ticks": ticks,

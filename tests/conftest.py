@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.native import describe
+from services.scheduler.core import compiled
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    core = describe()
-    if not core.startswith("compiled"):
+    if not compiled():
         return
     skip = pytest.mark.skip(
         reason="replaces the scheduler core's methods: runs in the pure-core pass "

@@ -79,7 +79,8 @@ def stale_modules() -> list[str] | None:
     """None when no module is compiled; else the modules whose compiled form does not match their
     source (empty: the build is current). A build of another set of modules (one left out since, say)
     is stale whole: its extension of a module no longer compiled would still load."""
-    if not extensions_present():
+    present = extensions_present()
+    if not present:
         return None
     try:
         recorded = json.loads(MANIFEST.read_text())
@@ -90,7 +91,7 @@ def stale_modules() -> list[str] | None:
         return list(COMPILED_MODULES)
     sources = recorded.get("sources", {})
     expected = {extension_path(module) for module in COMPILED_MODULES} | {group_library_path()}
-    if set(sources) != set(now["sources"]) or set(extensions_present()) - expected:
+    if set(sources) != set(now["sources"]) or set(present) - expected:
         return list(COMPILED_MODULES)
     return [
         module
