@@ -38,6 +38,7 @@ from services.common.settings.errors import ConfigError
 from services.scheduler.core.defaults import (
     CONTROL_DEFAULTS,
     PROGRAM_AWARE_GROWTH_MARGIN,
+    PROGRAM_AWARE_PAUSE_MARGIN_QUANTILE,
     PROGRAM_AWARE_PAUSE_THRESHOLD,
     PROGRAM_AWARE_RESUME_HYSTERESIS,
     PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS,
@@ -164,6 +165,14 @@ class ControlFlags:
         + _POLICY_DEFAULTED
         % (REFERENCE_BANDS["resume_wait_discount_seconds"], PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS),
         env=f"{ENV_PREFIX}_RESUME_WAIT_DISCOUNT_SECONDS",
+    )
+    pause_margin_quantile: float | None = setting(
+        None,
+        "a pause cycle stops this quantile of the working-set growth measured between ticks below the pause "
+        "threshold, never below pause-target (0: always at pause-target) "
+        + _POLICY_DEFAULTED
+        % (REFERENCE_BANDS["pause_margin_quantile"], PROGRAM_AWARE_PAUSE_MARGIN_QUANTILE),
+        env=f"{ENV_PREFIX}_PAUSE_MARGIN_QUANTILE",
     )
 
 

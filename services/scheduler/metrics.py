@@ -192,14 +192,15 @@ class _CoreCollector(Collector):
             f"{PREFIX}_band_threshold_ratio",
             "Utilisation fraction at each band edge: pause (pause_threshold), soft_demote (soft_demote_threshold), "
             "resume (pause_threshold - resume_hysteresis: paused programs resume while the decayed working set "
-            "is below it), target (pause_target: where a pause cycle drives utilisation)",
+            "is below it), target (where a pause cycle stops: pause_target, or with --pause-margin-quantile the pause "
+            "threshold less the growth margin measured between ticks)",
             labels=["band"],
         )
         for name, value in (
             ("pause", params.pause_threshold),
             ("soft_demote", params.soft_demote_threshold),
             ("resume", params.resume_ceiling),
-            ("target", params.pause_target),
+            ("target", core.control.pause_target_fraction()),
         ):
             thresholds.add_metric([name], value)
         yield thresholds

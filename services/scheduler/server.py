@@ -147,12 +147,14 @@ async def start_scheduler(
         raise
     c = config.control
     log.info(
-        "scheduler started (interval=%ss, pause=%.2f, soft=%.2f, target=%.2f, policy=%s, capacity=%s, "
+        "scheduler started (interval=%ss, pause=%.2f, soft=%.2f, target=%.2f, margin quantile=%.2f, policy=%s, "
+        "capacity=%s, "
         "state=%s, ticket lease=%gs, core=%s)",
         c.scheduler_interval_seconds,
         c.pause_threshold,
         c.soft_demote_threshold,
         c.pause_target,
+        c.pause_margin_quantile,
         config.pause_policy,
         config.capacity_addr,
         persister.store.description if persister is not None else "memory",

@@ -42,6 +42,7 @@ RESUME_LINE = re.compile(r"scheduler\.tick resumed=(\d+) still_paused=(\d+)")
             "0 <= soft_demote_threshold <= pause_threshold",
         ),
         (["--scheduler-interval-seconds", "0"], {}, "scheduler_interval_seconds > 0"),
+        ([], {"BANDMASTER_SCHEDULER_PAUSE_MARGIN_QUANTILE": "2"}, "0 <= pause_margin_quantile <= 1"),
         (
             ["--router-track-output-blocks", "--no-router-track-active-blocks"],
             {},
@@ -207,7 +208,7 @@ async def test_scheduler_process_pauses_holds_resumes_and_follows_workers(tmp_pa
         assert await scheduler.stop_async(grace_s=20) == 0
         text = sched_log.read_text()
         assert f"scheduler.capacity replica_removed worker={dead} dp_rank=0 unplaced=" in text
-        assert "scheduler started (interval=0.2s, pause=0.95, soft=0.80" in text
+        assert "scheduler started (interval=0.2s, pause=0.95, soft=0.80, target=0.80, margin quantile=0.00" in text
         assert "Traceback" not in text
     finally:
         if scheduler is not None:

@@ -54,6 +54,7 @@ REFERENCE_BANDS = {
     "tail_protection_quantile": 0.0,
     "calibrate_token_estimates": False,
     "resume_wait_discount_seconds": 0.0,
+    "pause_margin_quantile": 0.0,
 }
 PROGRAM_AWARE_PAUSE_THRESHOLD = 1.0
 PROGRAM_AWARE_GROWTH_MARGIN = 0.05
@@ -61,6 +62,10 @@ PROGRAM_AWARE_GROWTH_MARGIN = 0.05
 next turns take."""
 PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
 PROGRAM_AWARE_TAIL_QUANTILE = 0.75
+PROGRAM_AWARE_PAUSE_MARGIN_QUANTILE = 1.0
+"""A pause cycle leaves room for this quantile of the growth measured between ticks (at most
+PROGRAM_AWARE_GROWTH_MARGIN): most ticks' growth fits, and a fleet whose programs grow little is not
+emptied by a margin that the next tick's resumes refill (docs/scheduler.md, "The pause margin")."""
 PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS = 60.0
 """In the resume order a paused program that waited this long counts half its size (chosen on the
 tuning split among smallest-first, first-come-first-served and 60 s: docs/policy-study.md)."""
@@ -84,6 +89,7 @@ def policy_control_defaults(pause_policy: str, pause_threshold: float | None = N
         "tail_protection_quantile": PROGRAM_AWARE_TAIL_QUANTILE,
         "calibrate_token_estimates": True,
         "resume_wait_discount_seconds": PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS,
+        "pause_margin_quantile": PROGRAM_AWARE_PAUSE_MARGIN_QUANTILE,
     }
 
 

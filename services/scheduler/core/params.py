@@ -51,6 +51,13 @@ class ControlParams:
     """Setpoint a pause cycle drives utilisation toward."""
     resume_hysteresis: float = 0.10
     """Absolute headroom below pause_threshold required before resuming."""
+    pause_margin_quantile: float = 0.0
+    """Size a pause cycle's margin from the growth it must absorb (0 disables: the margin is
+    pause_threshold - pause_target, the reference). With q > 0 the law measures each replica's
+    working-set growth between ticks (as a fraction of its budget) and a pause cycle stops this
+    quantile of the recent growth below the pause threshold, never deeper than pause_target: the
+    margin is for the resident programs' next turns, and where they grow little a fixed margin
+    only makes the resumes that refill it at the next tick (docs/scheduler.md, "The pause margin")."""
     resume_priority_boost: float = 1.0
     """Priority seconds added to a turn that waited in the paused queue (any sign)."""
     resume_timeout_seconds: float = 1800.0
@@ -110,6 +117,7 @@ class ControlParams:
             "resume_aging_seconds",
             "tail_protection_quantile",
             "resume_wait_discount_seconds",
+            "pause_margin_quantile",
         ):
             _finite(name, getattr(self, name))
         p = self.pause_threshold
@@ -171,6 +179,12 @@ class ControlParams:
             "tail_protection_quantile",
             self.tail_protection_quantile,
             "0 <= tail_protection_quantile < 1",
+        )
+        _require(
+            0 <= self.pause_margin_quantile <= 1,
+            "pause_margin_quantile",
+            self.pause_margin_quantile,
+            "0 <= pause_margin_quantile <= 1",
         )
         _require(
             isinstance(self.buffer_per_program_tokens, int) and self.buffer_per_program_tokens >= 0,

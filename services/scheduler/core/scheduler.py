@@ -577,6 +577,8 @@ class SchedulerCore:
         """One control step: apply capacity -> expire idle -> soft demote -> resume -> forced
         resume -> pause. Cost O(P log P) in the number of programs P."""
         acc = Acc()
+        control = self.control
+        control.note_tick_start()
         if snapshot is not None:
             self._apply_capacity(now, snapshot, acc)
         if self._refresh_policy is not None:
@@ -587,7 +589,6 @@ class SchedulerCore:
                 self.ledger.reweigh()
         expired = self._expire_idle(now, acc)
         resumed = paused = marked = 0
-        control = self.control
         if self.ledger.caps:
             self._soft_demote(now, acc)
             resumed = self._apply(now, control.plan_resume(now), acc).count(Resume)
@@ -597,6 +598,7 @@ class SchedulerCore:
         if self.ledger.caps:
             plan = self._apply(now, control.plan_pauses(now), acc)
             paused, marked = plan.count(Pause), plan.count(Mark)
+        control.note_tick_end()
         if resumed:
             acc.logs.append(
                 LogRecord(INFO, "scheduler.tick resumed=%d still_paused=%d" % (resumed, len(self.ledger.paused)))

@@ -29,6 +29,7 @@ PROGRAM_AWARE_BANDS = {
     "pause_target": 0.95,
     "resume_hysteresis": 0.03,
     "tail_protection_quantile": 0.75,
+    "pause_margin_quantile": 1.0,
 }
 
 
@@ -41,6 +42,7 @@ def test_reference_defaults_under_threshold_policy():
         for name, value in DEFAULTS.items():
             assert getattr(cfg.control, name) == value, name
         assert cfg.control.tail_protection_quantile == 0.0
+        assert cfg.control.pause_margin_quantile == 0.0
 
 
 def test_program_aware_defaults_under_other_policies():
@@ -109,6 +111,7 @@ def test_defaults():
         ("--acting-token-weight", "DYN_THUNDERAGENT_ACTING_TOKEN_WEIGHT", "acting_token_weight", 0.5),
         ("--acting-decay-tau-seconds", "DYN_THUNDERAGENT_ACTING_DECAY_TAU_SECONDS", "acting_decay_tau_seconds", 4.0),
         ("--program-idle-ttl-seconds", "DYN_THUNDERAGENT_PROGRAM_IDLE_TTL_SECONDS", "program_idle_ttl_seconds", 0.0),
+        ("--pause-margin-quantile", "BANDMASTER_SCHEDULER_PAUSE_MARGIN_QUANTILE", "pause_margin_quantile", 0.5),
     ],
 )
 def test_flag_and_env_names(flag, env, field, value):
@@ -137,6 +140,8 @@ def test_flag_and_env_names(flag, env, field, value):
             "0 <= pause_threshold <= 1",
         ),
         (["--pause-target", "0.97"], "0 <= pause_target <= pause_threshold"),
+        (["--pause-margin-quantile", "1.5"], "0 <= pause_margin_quantile <= 1"),
+        (["--pause-margin-quantile", "-0.5"], "0 <= pause_margin_quantile <= 1"),
         (["--pause-target", "-0.1"], "0 <= pause_target <= pause_threshold"),
         (["--resume-hysteresis", "0.96"], "0 <= resume_hysteresis <= pause_threshold"),
         (["--resume-hysteresis", "-0.01"], "0 <= resume_hysteresis <= pause_threshold"),

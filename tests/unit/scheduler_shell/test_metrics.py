@@ -62,3 +62,23 @@ def test_replica_utilisation_is_exported_beside_the_edges():
         )
         == 1.0
     )
+
+
+def test_the_target_edge_is_where_a_pause_cycle_stops_with_a_measured_margin():
+    params = ControlParams(
+        pause_threshold=1.0,
+        soft_demote_threshold=0.9,
+        pause_target=0.9,
+        resume_hysteresis=0.0,
+        pause_margin_quantile=0.9,
+    )
+    core = SchedulerCore(params)
+    core.apply_capacity(0.0, CapacitySnapshot(1, (ReplicaCapacity("w0", 0, 1000, 0),)))
+    registry = CollectorRegistry()
+    SchedulerMetrics(registry).watch_core(core, now=lambda: 0.0, held=lambda: 0)
+    target = {"band": "target"}
+    assert registry.get_sample_value("bandmaster_scheduler_band_threshold_ratio", target) == pytest.approx(0.9)
+    for tick in range(513):  # nothing grows: the margin measured is 0 once the window is full
+        core.tick(float(tick))
+    assert core.control.pause_margin == 0.0
+    assert registry.get_sample_value("bandmaster_scheduler_band_threshold_ratio", target) == pytest.approx(1.0)
