@@ -64,8 +64,9 @@ PROGRAM_AWARE_RESUME_HYSTERESIS = 0.03
 PROGRAM_AWARE_TAIL_QUANTILE = 0.75
 PROGRAM_AWARE_PAUSE_MARGIN_QUANTILE = 1.0
 """A pause cycle leaves room for this quantile of the growth measured between ticks (at most
-PROGRAM_AWARE_GROWTH_MARGIN): most ticks' growth fits, and a fleet whose programs grow little is not
-emptied by a margin that the next tick's resumes refill (docs/scheduler.md, "The pause margin")."""
+PROGRAM_AWARE_GROWTH_MARGIN): 1, the largest growth of the window, so that the bursts fit; a fleet
+whose programs grow little then sheds what its growth needs, not a margin that the next tick's
+resumes refill (docs/scheduler.md, "The pause margin")."""
 PROGRAM_AWARE_RESUME_WAIT_DISCOUNT_SECONDS = 60.0
 """In the resume order a paused program that waited this long counts half its size (chosen on the
 tuning split among smallest-first, first-come-first-served and 60 s: docs/policy-study.md)."""
