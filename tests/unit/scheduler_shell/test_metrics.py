@@ -9,12 +9,16 @@ from services.scheduler.core import CapacitySnapshot, ControlParams, ReplicaCapa
 from services.scheduler.metrics import SchedulerMetrics
 
 
-def _registry(params: ControlParams) -> CollectorRegistry:
+def _watched(params: ControlParams) -> tuple[SchedulerCore, CollectorRegistry]:
     core = SchedulerCore(params)
     core.apply_capacity(0.0, CapacitySnapshot(1, (ReplicaCapacity("w0", 0, 1000, 0),)))
     registry = CollectorRegistry()
     SchedulerMetrics(registry).watch_core(core, now=lambda: 0.0, held=lambda: 0)
-    return registry
+    return core, registry
+
+
+def _registry(params: ControlParams) -> CollectorRegistry:
+    return _watched(params)[1]
 
 
 @pytest.mark.parametrize(
@@ -72,10 +76,7 @@ def test_the_target_edge_is_where_a_pause_cycle_stops_with_a_measured_margin():
         resume_hysteresis=0.0,
         pause_margin_quantile=0.9,
     )
-    core = SchedulerCore(params)
-    core.apply_capacity(0.0, CapacitySnapshot(1, (ReplicaCapacity("w0", 0, 1000, 0),)))
-    registry = CollectorRegistry()
-    SchedulerMetrics(registry).watch_core(core, now=lambda: 0.0, held=lambda: 0)
+    core, registry = _watched(params)
     target = {"band": "target"}
     assert registry.get_sample_value("bandmaster_scheduler_band_threshold_ratio", target) == pytest.approx(0.9)
     for tick in range(513):  # nothing grows: the margin measured is 0 once the window is full
