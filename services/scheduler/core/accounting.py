@@ -40,6 +40,7 @@ from services.scheduler.core.model import (
     ReplicaCapacity,
     ReplicaKey,
     Status,
+    nearest_rank,
 )
 from services.scheduler.core.params import (
     TAIL_MIN_RELEASES,
@@ -513,7 +514,7 @@ class Ledger:
         q = self.params.tail_protection_quantile
         if q > 0 and len(self.released_turns) >= TAIL_MIN_RELEASES:
             ordered = sorted(self.released_turns)
-            self.tail_turns = ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))]
+            self.tail_turns = ordered[nearest_rank(len(ordered), q)]
 
     def is_tail(self, program: Program) -> bool:
         """A program that has run more turns than most released programs ran in all (see

@@ -30,6 +30,7 @@ from services.scheduler.core.model import (
     Program,
     ReplicaKey,
     Status,
+    nearest_rank,
 )
 from services.scheduler.core.params import ControlParams
 from services.scheduler.core.policies import PauseContext, PausePolicy
@@ -170,7 +171,7 @@ class ControlLaw:
             samples.popleft()
         if len(samples) == GROWTH_WINDOW_SAMPLES:
             ordered = sorted(samples)
-            self.pause_margin = max(0.0, ordered[min(len(ordered) - 1, math.floor(q * len(ordered)))])
+            self.pause_margin = max(0.0, ordered[nearest_rank(len(ordered), q)])
 
     def note_tick_end(self) -> None:
         """After a tick's transitions: the working sets the next tick's growth is measured from."""

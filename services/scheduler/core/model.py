@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Iterable, Iterator, NamedTuple
@@ -159,6 +160,13 @@ class LogRecord(NamedTuple):
 
     level: int
     message: str
+
+
+def nearest_rank(n: int, q: float) -> int:
+    """The index of the q-quantile among n sorted values (n > 0), by nearest rank: the value below which
+    a fraction q of them lies, the largest at q = 1. The one rule of the core's learnt quantiles (tail
+    protection, the prefill rate, the pause margin)."""
+    return min(n - 1, math.floor(q * n))
 
 
 def transition_logs(events: Iterable[ProgramEvent]) -> Iterator[LogRecord]:

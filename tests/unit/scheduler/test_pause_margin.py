@@ -9,7 +9,7 @@ from services.scheduler.core import ControlParams, ReplicaKey
 from services.scheduler.core.control import GROWTH_WINDOW_SAMPLES as WINDOW
 from services.scheduler.core.defaults import service_control_params
 
-from .helpers import make_core, place_acting
+from .helpers import make_core, place_acting, place_reasoning, snapshot
 
 A = ("1", 0)
 BUDGET = 10_000_000_000  # tokens: room for a window of growth
@@ -114,8 +114,6 @@ def test_a_measured_margin_sheds_what_the_crossing_needs_not_the_configured_band
 
 def test_the_margin_only_moves_the_token_target_not_the_count_target():
     core = make_core(pause_margin_quantile=0.9, **BANDS)
-    from .helpers import place_reasoning, snapshot
-
     core.apply_capacity(0.0, snapshot({A: BUDGET}, max_programs={A: 10}))
     place_acting(core, "g", 1_000, A)
     core.tick(0.0)
@@ -144,8 +142,6 @@ def test_removed_replicas_leave_no_sample():
     core = make_core({A: BUDGET, ("2", 0): BUDGET}, pause_margin_quantile=0.9, **BANDS)
     place_acting(core, "g", 1_000, A)
     core.tick(0.0)
-    from .helpers import snapshot
-
     core.apply_capacity(0.5, snapshot({A: BUDGET}, version=2))
     warm(core, WINDOW, 1_000_000)
     assert ReplicaKey("2", 0) not in core.ledger.caps

@@ -74,7 +74,7 @@ from collections import deque
 from typing import Callable
 
 from services.scheduler.core.calibration import DecayedRatio
-from services.scheduler.core.model import Program, Status
+from services.scheduler.core.model import Program, Status, nearest_rank
 from services.scheduler.core.policies.base import PauseContext, PausePlan
 from services.scheduler.core.policies.params import CostAwarePauseParams, ThresholdPauseParams
 from services.scheduler.core.policies.threshold import ThresholdPausePolicy
@@ -155,7 +155,7 @@ class CostAwarePausePolicy:
         self.tool_seconds = self._tool.value
         if self._prefill_rates:
             samples = sorted([p.prefill_tokens_per_s] * round(n0) + list(self._prefill_rates))
-            self.prefill_tokens_per_s = samples[min(len(samples) - 1, math.floor(PREFILL_QUANTILE * len(samples)))]
+            self.prefill_tokens_per_s = samples[nearest_rank(len(samples), PREFILL_QUANTILE)]
 
     # -- the formula ------------------------------------------------------------------------------
 
