@@ -414,6 +414,18 @@ def _method_name(details) -> str:
     return method.decode() if isinstance(method, bytes) else method
 
 
+def w3c_fields() -> tuple[str, str]:
+    """The current span's W3C trace context as (`traceparent`, `tracestate`), ("", "") without a valid one.
+
+    What the W3C propagator writes for it, formatted directly: for the fields of a message that carries the
+    context in the W3C form whatever the configured propagators (an AdmitMux operation; one per turn)."""
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return "", ""
+    traceparent = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+    return traceparent, ctx.trace_state.to_header() if ctx.trace_state else ""
+
+
 def inject_metadata(ctx: otel_context.Context | None = None) -> tuple[tuple[str, str], ...]:
     """W3C trace context (`traceparent`, `tracestate`) of `ctx` (default: the current one) as gRPC metadata."""
     carrier: dict[str, str] = {}

@@ -57,7 +57,7 @@ from opentelemetry import trace
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.common.observe.loop_lag import LoopLag
-from services.common.observe.telemetry import inject_metadata
+from services.common.observe.telemetry import inject_metadata, w3c_fields
 from services.common.outbound.leader_follow import FOLLOW, leader_hint
 from services.common.outbound.retry import RetryPolicy
 from services.router.adapters.scheduler_mux import MuxUnsupported, SchedulerMux
@@ -771,8 +771,9 @@ _ON_THE_STREAM = {"Complete": "router.complete", "Bind": "router.bind"}
 
 def _trace_carrier() -> dict[str, str]:
     """The current W3C trace context, for an operation on the AdmitMux stream (the fields the calls send as
-    metadata)."""
-    return dict(inject_metadata())
+    metadata; formatted directly, not through the propagators: one per operation, so one to three a turn)."""
+    traceparent, tracestate = w3c_fields()
+    return {"traceparent": traceparent, "tracestate": tracestate}
 
 
 def kv_settings_from_proto(rc: pb.RouterConfig) -> SchedulerKvSettings:

@@ -165,3 +165,24 @@ async def test_simworker_request_span_has_the_engine_phases_in_order():
     assert attributes["simworker.queue_s"] == pytest.approx(engine_times[1] - engine_times[0])
     assert attributes["simworker.prefill_s"] == pytest.approx(engine_times[3] - engine_times[2])
     assert attributes["simworker.decode_s"] == pytest.approx(engine_times[5] - engine_times[4])
+
+
+@pytest.mark.parametrize("state", [None, "bandmaster=turn", "a=1,b=2"])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_w3c_fields_are_what_the_w3c_propagator_writes(state, sampled):
+    """An AdmitMux operation's trace fields, formatted directly, equal the W3C propagator's output (and
+    nothing without a valid current span)."""
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    from services.common.observe.telemetry import w3c_fields
+
+    assert w3c_fields() == ("", "")
+    trace_state = TraceState([tuple(kv.split("=")) for kv in state.split(",")]) if state else None
+    flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+    span = NonRecordingSpan(SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD, False, flags, trace_state))
+    with trace.use_span(span):
+        carrier: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(carrier)
+        assert w3c_fields() == (carrier["traceparent"], carrier.get("tracestate", ""))
