@@ -35,6 +35,7 @@ from services.scheduler.core import (
     CapacitySnapshot,
     Decision,
     Effects,
+    EventKind,
     ProgramEvent,
     ReplicaKey,
     SchedulerCore,
@@ -62,17 +63,22 @@ class ShuttingDown(Exception):
 
 
 class EventQueue:
-    """One WatchEvents subscriber: bounded, drop-oldest."""
+    """One WatchEvents subscriber: bounded, drop-oldest; the kinds it excluded are never queued."""
 
-    __slots__ = ("events", "wake", "closed", "dropped")
+    __slots__ = ("events", "wake", "closed", "dropped", "excluded")
 
-    def __init__(self, maxlen: int) -> None:
+    def __init__(self, maxlen: int, excluded: frozenset[EventKind] = frozenset()) -> None:
         self.events: collections.deque[ProgramEvent] = collections.deque(maxlen=maxlen)
         self.wake = asyncio.Event()
         self.closed = False
         self.dropped = 0
+        self.excluded = excluded
 
     def put(self, events: tuple[ProgramEvent, ...]) -> int:
+        if self.excluded:
+            events = tuple(e for e in events if e.kind not in self.excluded)
+            if not events:
+                return 0
         overflow = max(0, len(self.events) + len(events) - (self.events.maxlen or 0))
         self.events.extend(events)
         self.dropped += overflow
@@ -292,8 +298,9 @@ class SchedulerRuntime:
         self.capacity_received = True
         self.metrics.capacity_snapshots.inc()
 
-    def subscribe(self) -> EventQueue:
-        queue = EventQueue(self.watch_queue)
+    def subscribe(self, excluded: frozenset[EventKind] = frozenset()) -> EventQueue:
+        """A subscriber's queue; `excluded`: the event kinds it does not want."""
+        queue = EventQueue(self.watch_queue, excluded)
         if self._stopping:
             queue.close()
         self._subscribers.add(queue)

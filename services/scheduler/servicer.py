@@ -30,6 +30,7 @@ from services.scheduler.adapters.proto import (
     InvalidArgument,
     WallTime,
     decision_to_proto,
+    event_kinds_from_proto,
     event_to_proto,
     outcome_from_proto,
     program_to_proto,
@@ -418,7 +419,7 @@ class SchedulerServicer(pb_grpc.SchedulerServicer):
     ) -> AsyncIterator[pb.ProgramEvent]:
         async with DOMAIN_ERRORS.guard(context):
             runtime = self._runtime(context)
-        queue = runtime.subscribe()
+        queue = runtime.subscribe(event_kinds_from_proto(request.exclude_kinds))
         try:
             # Subscribed: say so at once (a router's admission fast path counts on the stream only once
             # it knows that every later change reaches it).

@@ -302,10 +302,12 @@ class ProgramEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[EventKind, str]] = ..., session_id: _Optional[str] = ..., worker_id: _Optional[str] = ..., dp_rank: _Optional[int] = ..., tokens: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("end_on_gap",)
+    __slots__ = ("end_on_gap", "exclude_kinds")
     END_ON_GAP_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_KINDS_FIELD_NUMBER: _ClassVar[int]
     end_on_gap: bool
-    def __init__(self, end_on_gap: _Optional[bool] = ...) -> None: ...
+    exclude_kinds: _containers.RepeatedScalarFieldContainer[EventKind]
+    def __init__(self, end_on_gap: _Optional[bool] = ..., exclude_kinds: _Optional[_Iterable[_Union[EventKind, str]]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

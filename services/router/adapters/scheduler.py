@@ -61,7 +61,7 @@ from services.common.observe.telemetry import inject_metadata, w3c_fields
 from services.common.outbound.leader_follow import FOLLOW, leader_hint
 from services.common.outbound.retry import RetryPolicy
 from services.router.adapters.scheduler_mux import MuxUnsupported, SchedulerMux
-from services.router.core.admission_cache import AdmissionCache
+from services.router.core.admission_cache import IGNORED_EVENTS, AdmissionCache
 from services.router.core.breaker import BreakerParams, CircuitBreaker, CircuitState
 from services.router.core.outcome import Outcome
 from services.router.core.params import SchedulerKvSettings
@@ -80,6 +80,7 @@ PASS_PAUSE = RetryPolicy(first_delay_s=RETRY_PAUSE_S, multiplier=1.0)
 WATCH_RETRY = RetryPolicy(first_delay_s=1.0, multiplier=1.0)
 """Reopening the event stream after it failed (a leader change or an outage reopens it after PASS_PAUSE)."""
 MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
+_UNWATCHED_KINDS = [pb.EventKind.Value(f"EVENT_KIND_{kind.upper()}") for kind in sorted(IGNORED_EVENTS)]
 ENDED_EVENTS = frozenset({"released", "expired"})  # a program's end at the scheduler (its event kinds)
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 DELIVERED_FLUSH_S = 0.05  # a delivered turn is confirmed at the scheduler within about this
@@ -273,27 +274,30 @@ class SchedulerClient:
 
     async def _watch_events(self, cache: AdmissionCache) -> None:
         prefix = len("EVENT_KIND_")
+        # The kinds the cache ignores are not sent (ADMITTED: one per admission, to every router).
+        request = pb.WatchEventsRequest(end_on_gap=True, exclude_kinds=_UNWATCHED_KINDS)
         while True:
             self._restart_watch.clear()
-            call = self._stub(self.address).WatchEvents(pb.WatchEventsRequest(end_on_gap=True))
+            call = self._stub(self.address).WatchEvents(request)
+            # A leader change or an outage cancels the call, which ends the read below: again, on the leader.
             restart = asyncio.ensure_future(self._restart_watch.wait())
-            reading: asyncio.Future | None = None
+            restart.add_done_callback(lambda _done, call=call: call.cancel())
             try:
                 await asyncio.wait_for(call.initial_metadata(), self._decision_s)
                 if not self.in_outage:
                     cache.connected()
                 while True:
-                    reading = asyncio.ensure_future(call.read())
-                    await asyncio.wait((reading, restart), return_when=asyncio.FIRST_COMPLETED)
-                    if not reading.done():
-                        break  # a leader change or an outage: again, on the leader
-                    event, reading = reading.result(), None
+                    event = await call.read()
                     if event is grpc.aio.EOF:
                         break
                     kind = pb.EventKind.Name(event.kind)[prefix:].lower()
                     cache.event(kind, event.session_id)
                     if kind in ENDED_EVENTS and self.on_program_ended is not None:
                         self.on_program_ended(event.session_id)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not restart.done() or (task is not None and task.cancelling()):
+                    raise  # the watcher itself was cancelled (closed)
             except (grpc.aio.AioRpcError, asyncio.TimeoutError) as exc:
                 if isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     log.info("scheduler %s has no event stream: admission fast path off", self.address)
@@ -303,8 +307,6 @@ class SchedulerClient:
             finally:
                 cache.lost()
                 restart.cancel()
-                if reading is not None:
-                    reading.cancel()
                 call.cancel()
             await asyncio.sleep((PASS_PAUSE if self._restart_watch.is_set() else WATCH_RETRY).delay_s(1))
 

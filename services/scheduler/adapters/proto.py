@@ -153,6 +153,13 @@ _EVENT = {
     EventKind.RELEASED: pb.EVENT_KIND_RELEASED,
     EventKind.EXPIRED: pb.EVENT_KIND_EXPIRED,
 }
+_EVENT_FROM_PROTO = {value: kind for kind, value in _EVENT.items()}
+
+
+def event_kinds_from_proto(values) -> frozenset[EventKind]:
+    """A WatchEvents request's `exclude_kinds` as core kinds (UNSPECIFIED and values this scheduler does not
+    know name nothing it sends, so they exclude nothing)."""
+    return frozenset(_EVENT_FROM_PROTO[v] for v in values if v in _EVENT_FROM_PROTO)
 
 
 def decision_to_proto(d: Decision, lease_ttl_seconds: float = 0.0) -> pb.AdmitResponse:

@@ -1,0 +1,73 @@
+"""The router's WatchEvents watcher (the admission fast path's view of the scheduler), against the real
+scheduler servicer: it asks to be spared the kinds its cache ignores, keeps the cache in step with every
+other kind, and a leader change or outage (its restart) reopens the stream at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from bandmaster.scheduler.v1 import scheduler_pb2 as pb
+from services.router.adapters.scheduler import SchedulerClient
+from services.router.core.admission_cache import AdmissionCache, CachedAdmission
+from services.router.core.breaker import BreakerParams
+from services.router.observe.metrics import RouterMetrics
+from services.scheduler.core import EventKind
+from tests.support.eventually import assert_eventually
+from tests.unit.scheduler_shell.support import start_harness
+
+pytestmark = pytest.mark.timeout(30)
+W = ("w1", 0)
+
+
+@pytest.fixture
+async def h():
+    harness = await start_harness()
+    await harness.set_capacity({W: 100_000})
+    yield harness
+    await harness.channel.close()
+    await harness.running.stop()
+
+
+@pytest.fixture
+async def watching(h):
+    client = SchedulerClient(
+        h.running.address,
+        RouterMetrics(),
+        call_timeout_s=2.0,
+        decision_timeout_s=2.0,
+        hold_timeout_s=30.0,
+        breaker=BreakerParams(1, 1.0, 1.0),
+    )
+    cache = AdmissionCache()
+    ended: list[str] = []
+    client.on_program_ended = ended.append
+    client.start_watching(cache)
+    await assert_eventually(lambda: len(h.runtime._subscribers) == 1 and cache.live, timeout_s=5)
+    yield client, cache, ended
+    await client.close()
+
+
+async def test_the_watcher_is_spared_admitted_events_and_sees_the_others(h, watching):
+    client, cache, ended = watching
+    (queue,) = h.runtime._subscribers
+    assert queue.excluded == frozenset({EventKind.ADMITTED})
+    await h.admit("p", "r1", 10, timeout=5)
+    assert not queue.events  # its admission's event was never queued for this router
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="p"))).released
+    await assert_eventually(lambda: ended == ["p"], timeout_s=5)
+
+
+async def test_a_restart_reopens_the_stream_and_the_cache_is_whole_again(h, watching):
+    client, cache, ended = watching
+    (first,) = h.runtime._subscribers
+    assert cache.put(0.0, "p", cache.begin(), CachedAdmission("w1", 0, True, 0), was_paused=False)
+    client._restart_watch.set()  # what a leader change or an outage does
+    await assert_eventually(
+        lambda: len(h.runtime._subscribers) == 1 and first not in h.runtime._subscribers and cache.live,
+        timeout_s=5,
+    )
+    assert cache.get(0.0, "p") is None  # cleared when the stream was lost
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="gone"))).released is False
+    await h.admit("q", "r2", 10, timeout=5)
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="q"))).released
+    await assert_eventually(lambda: ended == ["q"], timeout_s=5)  # the new stream delivers
