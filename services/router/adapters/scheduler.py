@@ -281,7 +281,7 @@ class SchedulerClient:
             call = self._stub(self.address).WatchEvents(request)
             # A leader change or an outage cancels the call, which ends the read below: again, on the leader.
             restart = asyncio.ensure_future(self._restart_watch.wait())
-            restart.add_done_callback(lambda _done, call=call: call.cancel())
+            restart.add_done_callback(_canceller(call))
             try:
                 await asyncio.wait_for(call.initial_metadata(), self._decision_s)
                 if not self.in_outage:
@@ -769,6 +769,15 @@ class SchedulerClient:
 _MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler", "rpc.method": "AdmitMux"}
 _ON_THE_STREAM = {"Complete": "router.complete", "Bind": "router.bind"}
 """The unary methods carried on the AdmitMux stream, with the CLIENT span each gets there."""
+
+
+def _canceller(call: grpc.aio.Call) -> Callable[[asyncio.Future], None]:
+    """A done callback that cancels `call`."""
+
+    def cancel(_done: asyncio.Future) -> None:
+        call.cancel()
+
+    return cancel
 
 
 def _trace_carrier() -> dict[str, str]:
