@@ -65,6 +65,7 @@ from services.common.clock import SystemClock
 from services.common.process import orphan_guard
 from services.common.process.child_start import start_child
 from services.common.process.child_stop import stop_child, stop_child_async
+from services.common.process.heap import settle_heap, settle_if_grown
 from services.common.process.ready import wait_ready_file_async
 from services.scheduler.adapters.state_store import (
     RedisStateStore,
@@ -86,7 +87,6 @@ from services.scheduler.core import (
     make_pause_policy,
 )
 from services.scheduler.core.defaults import service_control_params
-from services.scheduler.heap import settle_heap, settle_if_grown
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.persist import StatePersister
 from tests.support.sglang_stub import SglangStub, sglang_info
@@ -1317,7 +1317,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     sizes = [int(n) for n in args.scaling_programs.split(",") if n.strip()]
-    # The collector's settings the scheduler's main applies once it has started (services/scheduler/heap.py),
+    # The collector's settings the scheduler's main applies once it has started (services/common/process/heap.py),
     # applied here at the same point: before any table is built (a scheduler started on an empty store).
     settle_heap()
     policies = TICK_POLICIES if args.pause_policy == "both" else (args.pause_policy,)

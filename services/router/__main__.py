@@ -10,15 +10,20 @@ from __future__ import annotations
 import os
 import sys
 
+from services.common.process.heap import settle_heap
 from services.common.serve.entrypoint import service_main
 from services.common.settings.errors import ConfigError
 from services.router.config import load_config
 
 
-def _start(config, *, telemetry):
+async def _start(config, *, telemetry):
+    """Start the router, then settle the process's heap (services/common/process/heap.py): a process
+    concern, so here and not in `start_router`, which tests run many times in one process."""
     from services.router.server import start_router  # the data plane's imports are heavy; config errors are not
 
-    return start_router(config, telemetry=telemetry)
+    running = await start_router(config, telemetry=telemetry)
+    settle_heap()
+    return running
 
 
 def main(argv: list[str] | None = None) -> int:

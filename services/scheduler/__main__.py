@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from services.common.process.heap import settle_heap
 from services.common.serve.entrypoint import service_main
 from services.scheduler.config import SchedulerConfig, load_config
-from services.scheduler.heap import settle_heap
 from services.scheduler.server import RunningScheduler, start_scheduler
 
 

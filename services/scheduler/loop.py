@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 from opentelemetry import trace
 
 from services.common.clock import Clock
-from services.scheduler import heap
+from services.common.process import heap
 from services.scheduler.core import (
     AdmitResult,
     CapacitySnapshot,

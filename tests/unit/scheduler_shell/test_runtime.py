@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from bandmaster.capacity.v1 import capacity_pb2 as cap_pb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from services.scheduler import heap
+from services.common.process import heap
 from services.scheduler.adapters.proto import capacity_from_proto
 from services.scheduler.core import EventKind, ProgramEvent, ReplicaCapacity
 from services.scheduler.loop import EventQueue

@@ -1,4 +1,5 @@
-"""The scheduler process's collector settings (services/scheduler/heap.py) and where main applies them."""
+"""The service processes' collector settings (services/common/process/heap.py) and where the scheduler's and the
+router's mains apply them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import services.scheduler.__main__ as scheduler_main
-from services.scheduler.heap import YOUNG_THRESHOLD
+from services.common.process.heap import YOUNG_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
 PROBE = """
 import gc
 import json
-from services.scheduler.heap import settle_heap
+from services.common.process.heap import settle_heap
 
 freed = []
 
@@ -60,7 +61,7 @@ def test_settle_heap_freezes_start_up_raises_the_young_threshold_and_frees_as_be
 GROWTH_PROBE = """
 import gc
 import json
-from services.scheduler.heap import settle_heap, settle_if_grown
+from services.common.process.heap import settle_heap, settle_if_grown
 
 unsettled = settle_if_grown(100_000)  # a process that never settled its heap (the test suite's): nothing
 settle_heap(2_000)
@@ -103,3 +104,21 @@ def test_main_settles_the_heap_once_the_service_has_started_with_the_restored_ta
     calls.clear()
     asyncio.run(scheduler_main.start_and_settle(object(), telemetry=None))  # type: ignore[arg-type]
     assert calls == ["start", "settle 0"]
+
+
+def test_the_routers_main_settles_the_heap_once_the_router_has_started(monkeypatch):
+    """The router's loop lag at 256 streams was set by full collections of 85-150 ms: its main settles too."""
+    import services.router.__main__ as router_main
+    import services.router.server as router_server
+
+    calls: list[str] = []
+    running = object()
+
+    async def start(config: Any, **kwargs: Any) -> Any:
+        calls.append("start")
+        return running
+
+    monkeypatch.setattr(router_server, "start_router", start)
+    monkeypatch.setattr(router_main, "settle_heap", lambda: calls.append("settle"))
+    assert asyncio.run(router_main._start(object(), telemetry=None)) is running
+    assert calls == ["start", "settle"]
