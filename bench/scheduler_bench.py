@@ -13,7 +13,9 @@
    (`tick_core`), first, and `threshold`, the reference core the earlier figures were measured with.
    In the scheduler's process settings: `settle_heap` (the collector's, as `python -m services.scheduler`
    applies them) before any table is built, and before each tick, untimed, `settle_if_grown` as the
-   service's tick loop calls it (its CPU per settle is reported apart: `heap_settles_cpu_ms`).
+   service's tick loop calls it (its CPU per settle is reported apart: `heap_settles_cpu_ms`). And what
+   each tick's events cost a router process (`router_cache_cpu_ms`): its admission cache, one pinned
+   entry per program, fed the events its WatchEvents watcher is sent.
 2. rpc: `python -m services.capacity` (one sglang_stub worker with a large KV pool over 8 DP ranks,
    so nothing ever pauses) and `python -m services.scheduler` as subprocesses; N concurrent callers,
    in `--caller-processes` processes of their own (bench/scheduler_callers.py), each loop Admit (or
@@ -164,6 +166,13 @@ def bench_tick(
     durations_ms: list[float] = []
     cpu_ms: list[float] = []  # the tick's thread CPU time: on a shared machine, less noisy than wall time
     per_tick: list[list[int]] = []  # pauses / resumes / marks of each tick
+    # What each tick's events cost a router process: its admission cache holding one entry per program
+    # (pinned where the scheduler placed it), fed the events as its WatchEvents watcher feeds them.
+    from services.router.core.admission_cache import IGNORED_EVENTS
+
+    router_cache, router_entry = _router_cache(programs)
+    router_ms: list[float] = []
+    events_per_tick: list[int] = []
     settles_ms: list[float] = []  # CPU of each heap settle before a tick (the table grew: heap.settle_if_grown)
     decisions = hashlib.sha256()  # every tick's events, log lines and resolutions, in order
     totals = {"paused": 0, "marked": 0, "resumed": 0, "expired": 0}
@@ -190,6 +199,14 @@ def bench_tick(
         cpu_ms.append((time.thread_time_ns() - cpu_started) / 1e6)
         durations_ms.append((time.perf_counter() - started) * 1e3)
         per_tick.append([ticked.paused, ticked.resumed, ticked.marked])
+        watched = [(e.kind.value, e.session_id) for e in ticked.events if e.kind.value not in IGNORED_EVENTS]
+        events_per_tick.append(len(watched))
+        cpu_started = time.thread_time_ns()
+        for kind, sid in watched:
+            router_cache.event(kind, sid)
+        router_ms.append((time.thread_time_ns() - cpu_started) / 1e6)
+        for _, sid in watched:  # their next admissions store them again (untimed)
+            router_cache.put(now, sid, router_cache.begin(), router_entry, was_paused=False)
         decisions.update(repr((ticked.events, ticked.logs, ticked.resolutions)).encode())
         for key in totals:
             totals[key] += getattr(ticked, key)
@@ -216,10 +233,28 @@ def bench_tick(
         },
         "tick_cpu_ms_each": cpu_ms,
         "heap_settles_cpu_ms": settles_ms,
+        "router_cache_cpu_ms": {
+            "p50": percentile(router_ms, 50),
+            "p99": percentile(router_ms, 99),
+            "max": max(router_ms),
+            "watched_events_per_tick_mean": sum(events_per_tick) / len(events_per_tick),
+        },
         "pauses_resumes_marks_per_tick": per_tick,
         "decisions_sha256": decisions.hexdigest(),
         "activity": {**totals, "paused_now": stats.programs_paused, "waiting_admissions": stats.waiting_admissions},
     }
+
+
+def _router_cache(programs: int):
+    """A router's admission cache with one pinned entry for each of `programs` programs, and that entry."""
+    from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
+
+    cache = AdmissionCache(CacheParams(max_entries=max(programs, CacheParams().max_entries)))
+    cache.connected()
+    entry = CachedAdmission("w0", 0, True, 0)
+    for i in range(programs):
+        cache.put(0.0, f"p{i}", cache.begin(), entry, was_paused=False)
+    return cache, entry
 
 
 def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
@@ -1092,6 +1127,11 @@ def _tick_rows(policy: str, t: dict, sc: dict | None) -> list[list]:
         [f"tick, {policy} ({t['programs']:,} programs, {t['replicas']} replicas)", "p50 ms", t["tick_ms"]["p50"]],
         ["", "p99 ms", t["tick_ms"]["p99"]],
         ["", "CPU p50 / p99 ms", f"{t['tick_cpu_ms']['p50']:.1f} / {t['tick_cpu_ms']['p99']:.1f}"],
+        [
+            "",
+            "a router's cache: events / CPU p99 ms",
+            f"{t['router_cache_cpu_ms']['watched_events_per_tick_mean']:.0f} / {t['router_cache_cpu_ms']['p99']:.2f}",
+        ],
         [
             "",
             "paused / marked / resumed",

@@ -12,7 +12,7 @@ which walk the whole heap, run every few seconds, and each stalls the process's 
   full collections) with the defaults, and 1-3 ms with these settings (docs/scheduler.md, "Cost").
 - The router, at 256 streams on 2 cores: 4.5 s of collection in 35 s with the defaults (about a tenth
   of its CPU), full collections of 85-150 ms each that set its event-loop lag's p99; 0.1 s with these
-  settings (docs/benchmarks/router.md, "The router's collector").
+  settings (docs/benchmarks/router.md, "Issue 20, round 4").
 
 `settle_heap`:
 

@@ -58,6 +58,9 @@ class AdmissionCache:
     def __init__(self, params: CacheParams | None = None) -> None:
         self.params = params or CacheParams()
         self._entries: OrderedDict[str, tuple[CachedAdmission, float]] = OrderedDict()
+        # The programs whose entry is "any" (not pinned): what a pressure event drops, without walking the
+        # pinned ones (at fleet size a tick can bring a thousand pressure events, the cache 10,000 entries).
+        self._unpinned: set[str] = set()
         self._live = False
         self._epoch = 0  # moves on at every connect and loss
         self._seq = 0  # moves on at every event
@@ -78,12 +81,14 @@ class AdmissionCache:
         self._live = True
         self._epoch += 1
         self._entries.clear()
+        self._unpinned.clear()
 
     def lost(self) -> None:
         """Stream ended or broke, the leader changed, or the scheduler stopped answering."""
         self._live = False
         self._epoch += 1
         self._entries.clear()
+        self._unpinned.clear()
 
     def begin(self) -> AdmitToken:
         return AdmitToken(self._epoch, self._seq)
@@ -92,15 +97,16 @@ class AdmissionCache:
         if kind in IGNORED_EVENTS:
             return
         self._seq += 1
-        self._entries.pop(session_id, None)
+        self._remove(session_id)
         self._touched[session_id] = self._seq
         self._touched.move_to_end(session_id)
         while len(self._touched) > self.params.max_entries:
             _, seq = self._touched.popitem(last=False)
             self._floor = max(self._floor, seq)
         if kind in PRESSURE_EVENTS:
-            for sid in [sid for sid, (entry, _) in self._entries.items() if not entry.pinned]:
+            for sid in self._unpinned:
                 del self._entries[sid]
+            self._unpinned.clear()
 
     def put(
         self, now: float, session_id: str, token: AdmitToken, admission: CachedAdmission, *, was_paused: bool
@@ -109,7 +115,7 @@ class AdmissionCache:
         or resumed one (`was_paused`: the program was paused, perhaps by a pause whose event this router
         never got) drops the program's entry."""
         if was_paused:
-            self._entries.pop(session_id, None)
+            self._remove(session_id)
             return False
         if (
             not self._live
@@ -121,8 +127,13 @@ class AdmissionCache:
             return False
         self._entries[session_id] = (admission, now)
         self._entries.move_to_end(session_id)
+        if admission.pinned:
+            self._unpinned.discard(session_id)
+        else:
+            self._unpinned.add(session_id)
         while len(self._entries) > self.params.max_entries:
-            self._entries.popitem(last=False)
+            oldest, _ = self._entries.popitem(last=False)
+            self._unpinned.discard(oldest)
         return True
 
     def get(self, now: float, session_id: str) -> CachedAdmission | None:
@@ -133,10 +144,14 @@ class AdmissionCache:
             return None
         entry, stored_at = found
         if now - stored_at > self.params.ttl_s:
-            del self._entries[session_id]
+            self._remove(session_id)
             return None
         self._entries.move_to_end(session_id)
         return entry
 
     def drop(self, session_id: str) -> None:
+        self._remove(session_id)
+
+    def _remove(self, session_id: str) -> None:
         self._entries.pop(session_id, None)
+        self._unpinned.discard(session_id)
