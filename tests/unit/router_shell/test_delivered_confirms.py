@@ -16,13 +16,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from bandmaster.router.v1 import router_pb2 as rpb
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from services.router.adapters.scheduler import SchedulerClient
-from services.router.core.breaker import BreakerParams
 from services.router.core.outcome import Outcome
 from services.router.ingress.grpc_api import RouterServicer
 from services.router.observe.metrics import RouterMetrics
 from services.router.turn.relay import LineKind
 from tests.support.eventually import assert_eventually
-from tests.unit.scheduler_shell.support import start_harness
+from tests.unit.scheduler_shell.support import router_client, start_harness
 
 pytestmark = pytest.mark.timeout(30)
 W = ("w1", 0)
@@ -39,14 +38,7 @@ async def h():
 
 
 def _client(h) -> SchedulerClient:
-    return SchedulerClient(
-        h.running.address,
-        RouterMetrics(),
-        call_timeout_s=2.0,
-        decision_timeout_s=2.0,
-        hold_timeout_s=30.0,
-        breaker=BreakerParams(1, 1.0, 1.0),
-    )
+    return router_client(h.running.address)
 
 
 async def _first_turn_done(h, client: SchedulerClient) -> None:

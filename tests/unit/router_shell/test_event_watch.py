@@ -7,13 +7,10 @@ from __future__ import annotations
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
-from services.router.adapters.scheduler import SchedulerClient
 from services.router.core.admission_cache import AdmissionCache, CachedAdmission
-from services.router.core.breaker import BreakerParams
-from services.router.observe.metrics import RouterMetrics
 from services.scheduler.core import EventKind
 from tests.support.eventually import assert_eventually
-from tests.unit.scheduler_shell.support import start_harness
+from tests.unit.scheduler_shell.support import router_client, start_harness
 
 pytestmark = pytest.mark.timeout(30)
 W = ("w1", 0)
@@ -30,14 +27,7 @@ async def h():
 
 @pytest.fixture
 async def watching(h):
-    client = SchedulerClient(
-        h.running.address,
-        RouterMetrics(),
-        call_timeout_s=2.0,
-        decision_timeout_s=2.0,
-        hold_timeout_s=30.0,
-        breaker=BreakerParams(1, 1.0, 1.0),
-    )
+    client = router_client(h.running.address)
     cache = AdmissionCache()
     ended: list[str] = []
     client.on_program_ended = ended.append

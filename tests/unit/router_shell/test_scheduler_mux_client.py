@@ -15,12 +15,10 @@ import pytest
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
 from bandmaster.scheduler.v1 import scheduler_pb2_grpc as pb_grpc
 from services.router.adapters.scheduler import SchedulerClient
-from services.router.core.breaker import BreakerParams
 from services.router.core.outcome import Outcome
-from services.router.observe.metrics import RouterMetrics
 from tests.support.eventually import assert_eventually
 from tests.support.router_doubles import WithoutAdmitMux
-from tests.unit.scheduler_shell.support import start_harness
+from tests.unit.scheduler_shell.support import router_client, start_harness
 
 pytestmark = pytest.mark.timeout(30)
 W = ("w1", 0)
@@ -69,13 +67,9 @@ class _StreamStream(grpc.aio.StreamStreamClientInterceptor):
 
 
 def _client(address: str, counter: CountCalls, *, mux: bool = True, retry_s: float = 1.0) -> SchedulerClient:
-    return SchedulerClient(
+    return router_client(
         address,
-        RouterMetrics(),
-        call_timeout_s=2.0,
-        decision_timeout_s=2.0,
-        hold_timeout_s=30.0,
-        breaker=BreakerParams(1, retry_s, retry_s),
+        breaker_s=retry_s,
         channel_factory=lambda a: grpc.aio.insecure_channel(a, interceptors=counter.interceptors()),
         mux=mux,
     )

@@ -174,3 +174,22 @@ async def start_harness(*, telemetry=None, **control) -> Harness:
     )
     channel = grpc.aio.insecure_channel(running.address)
     return Harness(running, clock, capacity, channel, pb_grpc.SchedulerStub(channel))
+
+
+def router_client(address: str, *, breaker_s: float = 1.0, **kwargs):
+    """A router's scheduler client (services/router/adapters/scheduler.py) of the scheduler at `address` (or
+    replicas, comma-separated), with 2 s deadlines and a breaker that opens at the first failure for
+    `breaker_s`; `kwargs` go to SchedulerClient (channel_factory, mux, metrics, ...)."""
+    from services.router.adapters.scheduler import SchedulerClient
+    from services.router.core.breaker import BreakerParams
+    from services.router.observe.metrics import RouterMetrics
+
+    return SchedulerClient(
+        address,
+        kwargs.pop("metrics", None) or RouterMetrics(),
+        call_timeout_s=2.0,
+        decision_timeout_s=2.0,
+        hold_timeout_s=30.0,
+        breaker=BreakerParams(1, breaker_s, breaker_s),
+        **kwargs,
+    )

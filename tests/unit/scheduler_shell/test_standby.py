@@ -21,7 +21,7 @@ from services.scheduler.core.leadership import LeaseParams
 from services.scheduler.server import start_scheduler
 from tests.support.eventually import assert_eventually
 from tests.support.redis_server import redis_server  # noqa: F401  (fixture)
-from tests.unit.scheduler_shell.support import FakeCapacity, config, workers_snapshot
+from tests.unit.scheduler_shell.support import FakeCapacity, config, router_client, workers_snapshot
 
 pytestmark = pytest.mark.timeout(30)
 LEASE = LeaseParams(ttl_s=0.8, renew_s=0.1, poll_s=0.05, margin_s=0.2)
@@ -154,10 +154,7 @@ async def test_leader_election_with_the_in_memory_table_refuses_to_start():
 async def test_the_planners_following_stub_and_the_routers_client_find_the_leader(pair):
     """Both clients given [standby, leader]: the standby's redirect sends the calls to the leader."""
     from services.common.outbound.leader_follow import FollowingStub
-    from services.router.adapters.scheduler import SchedulerClient
-    from services.router.core.breaker import BreakerParams
     from services.router.core.outcome import Outcome
-    from services.router.observe.metrics import RouterMetrics
 
     a, _, b, _ = pair
     channels: list[grpc.aio.Channel] = []
@@ -172,14 +169,7 @@ async def test_the_planners_following_stub_and_the_routers_client_find_the_leade
     for opened in channels:
         await opened.close()
 
-    client = SchedulerClient(
-        f"{b.address},{a.address}",
-        RouterMetrics(),
-        call_timeout_s=2.0,
-        decision_timeout_s=2.0,
-        hold_timeout_s=30.0,
-        breaker=BreakerParams(1, 1.0, 1.0),
-    )
+    client = router_client(f"{b.address},{a.address}")
     try:
         admission = await client.admit("p9", "", "r9", 10)
         assert admission is not None and client.address == a.address
@@ -192,19 +182,9 @@ async def test_the_planners_following_stub_and_the_routers_client_find_the_leade
 
 async def test_a_router_given_one_address_learns_the_leader_from_the_standbys_redirect(pair):
     """As behind a Kubernetes Service: the one address reaches a standby, whose redirect names the leader."""
-    from services.router.adapters.scheduler import SchedulerClient
-    from services.router.core.breaker import BreakerParams
-    from services.router.observe.metrics import RouterMetrics
 
     a, _, b, _ = pair
-    client = SchedulerClient(
-        b.address,
-        RouterMetrics(),
-        call_timeout_s=2.0,
-        decision_timeout_s=2.0,
-        hold_timeout_s=30.0,
-        breaker=BreakerParams(1, 1.0, 1.0),
-    )
+    client = router_client(b.address)
     try:
         assert await client.admit("p8", "", "r8", 10) is not None
         assert client.address == a.address and client.addresses == [b.address, a.address]
