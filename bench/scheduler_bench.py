@@ -170,7 +170,7 @@ def bench_tick(
     # (pinned where the scheduler placed it), fed the events as its WatchEvents watcher feeds them.
     from services.router.core.admission_cache import IGNORED_EVENTS
 
-    router_cache, router_entry = _router_cache(programs)
+    router_cache, pinned = _router_cache([f"p{i}" for i in range(programs)])
     router_ms: list[float] = []
     events_per_tick: list[int] = []
     settles_ms: list[float] = []  # CPU of each heap settle before a tick (the table grew: heap.settle_if_grown)
@@ -206,7 +206,7 @@ def bench_tick(
             router_cache.event(kind, sid)
         router_ms.append((time.thread_time_ns() - cpu_started) / 1e6)
         for _, sid in watched:  # their next admissions store them again (untimed)
-            router_cache.put(now, sid, router_cache.begin(), router_entry, was_paused=False)
+            router_cache.put(now, sid, router_cache.begin(), pinned(int(sid[1:])), was_paused=False)
         decisions.update(repr((ticked.events, ticked.logs, ticked.resolutions)).encode())
         for key in totals:
             totals[key] += getattr(ticked, key)
@@ -219,24 +219,12 @@ def bench_tick(
         "replicas": replicas,
         "ticks": ticks,
         "retention_tokens_per_replica": per_replica,
-        "tick_ms": {
-            "p50": percentile(durations_ms, 50),
-            "p99": percentile(durations_ms, 99),
-            "max": max(durations_ms),
-            "mean": sum(durations_ms) / len(durations_ms),
-        },
-        "tick_cpu_ms": {
-            "p50": percentile(cpu_ms, 50),
-            "p99": percentile(cpu_ms, 99),
-            "max": max(cpu_ms),
-            "mean": sum(cpu_ms) / len(cpu_ms),
-        },
+        "tick_ms": _spread(durations_ms),
+        "tick_cpu_ms": _spread(cpu_ms),
         "tick_cpu_ms_each": cpu_ms,
         "heap_settles_cpu_ms": settles_ms,
         "router_cache_cpu_ms": {
-            "p50": percentile(router_ms, 50),
-            "p99": percentile(router_ms, 99),
-            "max": max(router_ms),
+            **_spread(router_ms),
             "watched_events_per_tick_mean": sum(events_per_tick) / len(events_per_tick),
         },
         "pauses_resumes_marks_per_tick": per_tick,
@@ -245,16 +233,28 @@ def bench_tick(
     }
 
 
-def _router_cache(programs: int):
-    """A router's admission cache with one pinned entry for each of `programs` programs, and that entry."""
+def _spread(values: list[float]) -> dict:
+    return {
+        "p50": percentile(values, 50),
+        "p99": percentile(values, 99),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
+
+
+def _router_cache(sids: list[str]):
+    """A router's live admission cache holding an entry for each of `sids`, each pinned on one of 8
+    replicas, and the function that gives program i's entry (to store it again)."""
     from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
 
-    cache = AdmissionCache(CacheParams(max_entries=max(programs, CacheParams().max_entries)))
+    def pinned(i: int) -> CachedAdmission:
+        return CachedAdmission(f"w{i % 8}", i % 8, True, 0)
+
+    cache = AdmissionCache(CacheParams(max_entries=max(len(sids), CacheParams().max_entries)))
     cache.connected()
-    entry = CachedAdmission("w0", 0, True, 0)
-    for i in range(programs):
-        cache.put(0.0, f"p{i}", cache.begin(), entry, was_paused=False)
-    return cache, entry
+    for i, sid in enumerate(sids):
+        cache.put(0.0, sid, cache.begin(), pinned(i), was_paused=False)
+    return cache, pinned
 
 
 def bench_tick_phases(programs: int, replicas: int, ticks: int, pause_policy: str = "cost_aware") -> dict:
@@ -953,7 +953,7 @@ def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
     these three structures (services/router/core), built here as the router builds them."""
     import tracemalloc
 
-    from services.router.core.admission_cache import AdmissionCache, CachedAdmission, CacheParams
+    from services.router.core.admission_cache import CacheParams
     from services.router.core.hashing import text_chunk_hashes
     from services.router.core.index import RoutingHistoryIndex
     from services.router.core.limits import ClientLimitParams, ClientLimits
@@ -969,10 +969,7 @@ def bench_router_state(programs: int, prompt_chars: int = 8_000) -> dict:
     tracemalloc.start()
     try:
         mark, _ = tracemalloc.get_traced_memory()
-        cache = AdmissionCache(CacheParams(max_entries=max(programs, CacheParams().max_entries)))
-        cache.connected()
-        for i, sid in enumerate(sids):
-            cache.put(0.0, sid, cache.begin(), CachedAdmission(f"w{i % 8}", i % 8, True, 0), was_paused=False)
+        cache, _ = _router_cache(sids)
         now, _ = tracemalloc.get_traced_memory()
         parts["admission_cache"], mark = now - mark, now
         limits = ClientLimits(ClientLimitParams(max_programs=0, new_programs_per_s=0.0))
