@@ -311,6 +311,16 @@ def start(
     return process
 
 
+def started_count() -> int:
+    """How many processes this test session has started so far (a mark for `started_since`)."""
+    return len(_started)
+
+
+def started_since(mark: int) -> list[Process]:
+    """The processes started after `started_count()` returned `mark`."""
+    return _started[mark:]
+
+
 def _guarded(argv: list[str], env: dict[str, str]) -> list[str]:
     """`argv` under the orphan guard, with the test process as the parent: a test session killed
     outright (SIGKILL, a CI timeout) takes what it started along instead of leaving it running. The
