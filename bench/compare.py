@@ -32,7 +32,9 @@ is kept), then `bench/report.py` writes the PNGs and `summary.md` and the target
 
 Live mode also simulates every live point (the `live-sim` sweeps: the same programs, the live
 control law and router clocks at the live speedup, `harness.simlib.live_control_params`), so that the
-report can check that the live ratio Bandmaster / kv reproduces the simulator's within 10%.
+report can check that the live ratio Bandmaster / kv reproduces the simulator's within 10%. The oracle
+is simulated there too: the live summary gives each arm's live steps/min as a share of it, the bound
+at exactly the point measured (what a target such as "1.5x sglang-router" asks of the policy there).
 SWE programs come from the tuning part of the shipped trace unless `--trace` / `--split` say
 otherwise (clients/workloads/draws.py).
 """
@@ -984,9 +986,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def live_sim_arms(live_arms: Sequence[str]) -> list[str]:
-    """The arms of a live sweep that the simulator models at the same points (every arm but the
-    live-only peers): the reference of the live ÷ sim checks."""
-    return [a for a in live_arms if a not in LIVE_ONLY_ARMS]
+    """The arms simulated at a live sweep's points: every arm of it that the simulator models (not the
+    live-only peers), the reference of the live ÷ sim checks; then the oracle, the bound each live arm is
+    reported against (seconds of simulation). None when the simulator models no arm of the sweep."""
+    modelled = [a for a in live_arms if a not in LIVE_ONLY_ARMS]
+    return [*modelled, ORACLE] if modelled else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

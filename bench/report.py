@@ -724,6 +724,24 @@ def live_sim_markdown(sweep: dict, twin: dict | None) -> list[str]:
             mine, sim = steps(sweep, arm, p["parallel"]), steps(twin, arm, p["parallel"])
             cells.append(f"{mine / sim:.3f} ({mine:.1f} / {sim:.1f})" if mine and sim else "-")
         lines.append("| " + " | ".join([arm, *cells]) + " |")
+    return lines + live_bound_markdown(sweep, twin)
+
+
+def live_bound_markdown(sweep: dict, twin: dict) -> list[str]:
+    """Each live arm's steps/min as a share of the oracle simulated at the same point (its live-sim twin):
+    how far the bound is at exactly the point measured. Nothing when the twin has no oracle."""
+    ceilings = [steps(twin, ORACLE, p["parallel"]) for p in sweep["points"]]
+    if not any(ceilings):
+        return []
+    header = ["arm", *[f"{p['parallel']}" for p in sweep["points"]]]
+    lines = ["", "Live steps/min ÷ the oracle (kv with unlimited KV) simulated at the same point:", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for arm in sweep["arms"]:
+        cells = []
+        for p, ceiling in zip(sweep["points"], ceilings):
+            mine = steps(sweep, arm, p["parallel"])
+            cells.append(f"{mine / ceiling:.3f} ({mine:.1f} / {ceiling:.1f})" if mine and ceiling else "-")
+        lines.append("| " + " | ".join([arm, *cells]) + " |")
     return lines
 
 

@@ -91,8 +91,8 @@ def test_live_smoke_bandmaster_and_kv(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     sweep, twin = results["sweeps"]
     _assert_sweep(sweep, "live", ["kv", "bandmaster-threshold"], points=1)
-    # The simulator at the same point: the reference of the live-ratio check.
-    _assert_sweep(twin, "live-sim", ["kv", "bandmaster-threshold"], points=1)
+    # The simulator at the same point: the reference of the live-ratio check, and the oracle there.
+    _assert_sweep(twin, "live-sim", ["kv", "bandmaster-threshold", "oracle"], points=1)
     # Every live run reports how far its simulated workers fell behind their clock.
     for row in sweep["points"][0]["arms"].values():
         assert row["lateness"]["late_fraction"] is not None and row["lateness"]["wall_s"] > 0

@@ -124,12 +124,15 @@ def test_the_oracle_runs_in_the_simulator_only_and_sglang_live_only():
         "sglang_cache_aware",
         "bandmaster-cost_aware",
     ]
-    # The live ÷ sim checks simulate every arm of a live sweep that the simulator models.
+    # The live ÷ sim checks simulate every arm of a live sweep that the simulator models, and the oracle,
+    # the bound the live arms are reported against.
     assert compare.live_sim_arms(["round_robin", "kv", "sglang_cache_aware", "bandmaster-threshold"]) == [
         "round_robin",
         "kv",
         "bandmaster-threshold",
+        "oracle",
     ]
+    assert compare.live_sim_arms(["sglang_cache_aware"]) == []  # nothing to check: no twin sweep at all
 
 
 def test_a_live_point_simulated_as_live_runs_the_live_control_law():

@@ -371,6 +371,20 @@ def test_the_summary_shows_live_over_sim_and_the_workers_lateness():
     assert "Workers' lateness behind their clock (worst worker, share of the run's wall time): kv 0.40%" in markdown
 
 
+def test_the_summary_gives_each_live_arm_as_a_share_of_the_oracle_simulated_at_its_point():
+    live_sweep = _sweep("swe", "live", [(18, 3.95, {"kv": _row(36), BMC: _row(45)})])
+    twin = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(35), BMC: _row(44), "oracle": _row(72)})])
+    markdown = report.summary_markdown({"meta": {}, "sweeps": [twin, live_sweep]}, [])
+    assert "Live steps/min ÷ the oracle (kv with unlimited KV) simulated at the same point:" in markdown
+    assert "| kv | 0.500 (36.0 / 72.0) |" in markdown and f"| {BMC} | 0.625 (45.0 / 72.0) |" in markdown
+    # The oracle is no live arm: no live ÷ sim row and no target of its own.
+    assert "| oracle | " not in markdown.split("Live ÷ simulated")[1].split("Live steps/min ÷ the oracle")[0]
+    assert all(t.arm != "oracle" for t in report.evaluate_targets({"sweeps": [twin, live_sweep]}))
+    # A twin without the oracle (results of an older run): no such table.
+    older = _sweep("swe", "live-sim", [(18, 3.95, {"kv": _row(35), BMC: _row(44)})])
+    assert "÷ the oracle" not in report.summary_markdown({"meta": {}, "sweeps": [older, live_sweep]}, [])
+
+
 def test_turn_phases_are_tabled_live_against_the_simulated_model():
     def phases(prefill: float) -> dict:
         entry = {"sim_s": {"mean": prefill}, "wall_s": {"mean": prefill / 4}}
