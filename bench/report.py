@@ -709,38 +709,40 @@ def turn_phases_markdown(sweep: dict, twin: dict | None) -> list[str]:
 
 
 def live_sim_markdown(sweep: dict, twin: dict | None) -> list[str]:
-    """Live sweeps: each arm's live steps/min ÷ the simulator's at the same point and programs."""
+    """Live sweeps: each arm's live steps/min ÷ the simulator's at the same point and programs, then ÷ the
+    oracle simulated there (when the twin has it: the bound at exactly the point measured)."""
     if sweep["mode"] != "live" or twin is None:
         return []
     arms = [a for a in sweep["arms"] if a in twin["arms"]]
     if not arms:
         return []
+    lines = _ratio_table(
+        "Live ÷ simulated steps/min (same arm, programs and workers):",
+        sweep,
+        arms,
+        lambda arm, parallel: steps(twin, arm, parallel),
+    )
+    if any(steps(twin, ORACLE, p["parallel"]) for p in sweep["points"]):
+        lines += _ratio_table(
+            "Live steps/min ÷ the oracle (kv with unlimited KV) simulated at the same point:",
+            sweep,
+            sweep["arms"],
+            lambda _arm, parallel: steps(twin, ORACLE, parallel),
+        )
+    return lines
+
+
+def _ratio_table(
+    title: str, sweep: dict, arms: Sequence[str], reference: Callable[[str, int], float | None]
+) -> list[str]:
+    """A table of each arm's steps/min ÷ `reference(arm, parallel)` at each point of `sweep`."""
     header = ["arm", *[f"{p['parallel']}" for p in sweep["points"]]]
-    lines = ["", "Live ÷ simulated steps/min (same arm, programs and workers):", ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = ["", title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for arm in arms:
         cells = []
         for p in sweep["points"]:
-            mine, sim = steps(sweep, arm, p["parallel"]), steps(twin, arm, p["parallel"])
-            cells.append(f"{mine / sim:.3f} ({mine:.1f} / {sim:.1f})" if mine and sim else "-")
-        lines.append("| " + " | ".join([arm, *cells]) + " |")
-    return lines + live_bound_markdown(sweep, twin)
-
-
-def live_bound_markdown(sweep: dict, twin: dict) -> list[str]:
-    """Each live arm's steps/min as a share of the oracle simulated at the same point (its live-sim twin):
-    how far the bound is at exactly the point measured. Nothing when the twin has no oracle."""
-    ceilings = [steps(twin, ORACLE, p["parallel"]) for p in sweep["points"]]
-    if not any(ceilings):
-        return []
-    header = ["arm", *[f"{p['parallel']}" for p in sweep["points"]]]
-    lines = ["", "Live steps/min ÷ the oracle (kv with unlimited KV) simulated at the same point:", ""]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for arm in sweep["arms"]:
-        cells = []
-        for p, ceiling in zip(sweep["points"], ceilings):
-            mine = steps(sweep, arm, p["parallel"])
-            cells.append(f"{mine / ceiling:.3f} ({mine:.1f} / {ceiling:.1f})" if mine and ceiling else "-")
+            mine, ref = steps(sweep, arm, p["parallel"]), reference(arm, p["parallel"])
+            cells.append(f"{mine / ref:.3f} ({mine:.1f} / {ref:.1f})" if mine and ref else "-")
         lines.append("| " + " | ".join([arm, *cells]) + " |")
     return lines
 

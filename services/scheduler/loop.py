@@ -63,7 +63,8 @@ class ShuttingDown(Exception):
 
 
 class EventQueue:
-    """One WatchEvents subscriber: bounded, drop-oldest; the kinds it excluded are never queued."""
+    """One WatchEvents subscriber: bounded, drop-oldest; the kinds it excluded are never queued (the
+    publisher leaves them out, once per distinct exclusion: `wanted`)."""
 
     __slots__ = ("events", "wake", "closed", "dropped", "excluded")
 
@@ -75,10 +76,7 @@ class EventQueue:
         self.excluded = excluded
 
     def put(self, events: tuple[ProgramEvent, ...]) -> int:
-        if self.excluded:
-            events = tuple(e for e in events if e.kind not in self.excluded)
-            if not events:
-                return 0
+        """Queue `events`, which hold none of the kinds this queue excludes; returns how many it dropped."""
         overflow = max(0, len(self.events) + len(events) - (self.events.maxlen or 0))
         self.events.extend(events)
         self.dropped += overflow
@@ -88,6 +86,11 @@ class EventQueue:
     def close(self) -> None:
         self.closed = True
         self.wake.set()
+
+
+def wanted(events: tuple[ProgramEvent, ...], excluded: frozenset[EventKind]) -> tuple[ProgramEvent, ...]:
+    """`events` without the `excluded` kinds."""
+    return tuple(e for e in events if e.kind not in excluded) if excluded else events
 
 
 class SchedulerRuntime:
@@ -419,10 +422,17 @@ class SchedulerRuntime:
             for record in transition_logs(effects.events):
                 core_log.log(record.level, "%s", record.message)
         if effects.events and self._subscribers:
+            # The subscribers share a few exclusions (every router process leaves out the same kinds):
+            # each is applied once per publish, not once per subscriber.
+            by_exclusion: dict[frozenset[EventKind], tuple[ProgramEvent, ...]] = {}
             for queue in self._subscribers:
-                dropped = queue.put(effects.events)
-                if dropped:
-                    self.metrics.watch_dropped.inc(dropped)
+                events = by_exclusion.get(queue.excluded)
+                if events is None:
+                    events = by_exclusion[queue.excluded] = wanted(effects.events, queue.excluded)
+                if events:
+                    dropped = queue.put(events)
+                    if dropped:
+                        self.metrics.watch_dropped.inc(dropped)
         for decision in effects.resolutions:
             future = self._held.pop(decision.request_id, None)
             if future is None:

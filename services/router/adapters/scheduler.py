@@ -80,7 +80,9 @@ PASS_PAUSE = RetryPolicy(first_delay_s=RETRY_PAUSE_S, multiplier=1.0)
 WATCH_RETRY = RetryPolicy(first_delay_s=1.0, multiplier=1.0)
 """Reopening the event stream after it failed (a leader change or an outage reopens it after PASS_PAUSE)."""
 MAX_LEARNT = 4  # replicas remembered from redirects beyond the given addresses
-_UNWATCHED_KINDS = [pb.EventKind.Value(f"EVENT_KIND_{kind.upper()}") for kind in sorted(IGNORED_EVENTS)]
+_EVENT_NAMES = {value: name.removeprefix("EVENT_KIND_").lower() for name, value in pb.EventKind.items()}
+"""Each event kind as the admission cache names it ("paused")."""
+_UNWATCHED_KINDS = sorted(value for value, name in _EVENT_NAMES.items() if name in IGNORED_EVENTS)
 ENDED_EVENTS = frozenset({"released", "expired"})  # a program's end at the scheduler (its event kinds)
 RENEW_BATCH = 10_000  # the scheduler's limit of ids per RenewLeases call
 DELIVERED_FLUSH_S = 0.05  # a delivered turn is confirmed at the scheduler within about this
@@ -273,7 +275,6 @@ class SchedulerClient:
         self._watcher = asyncio.get_running_loop().create_task(self._watch_events(cache), name="scheduler-events")
 
     async def _watch_events(self, cache: AdmissionCache) -> None:
-        prefix = len("EVENT_KIND_")
         # The kinds the cache ignores are not sent (ADMITTED: one per admission, to every router).
         request = pb.WatchEventsRequest(end_on_gap=True, exclude_kinds=_UNWATCHED_KINDS)
         while True:
@@ -290,7 +291,7 @@ class SchedulerClient:
                     event = await call.read()
                     if event is grpc.aio.EOF:
                         break
-                    kind = pb.EventKind.Name(event.kind)[prefix:].lower()
+                    kind = _EVENT_NAMES[event.kind]
                     cache.event(kind, event.session_id)
                     if kind in ENDED_EVENTS and self.on_program_ended is not None:
                         self.on_program_ended(event.session_id)
