@@ -291,7 +291,8 @@ class SchedulerClient:
                     event = await call.read()
                     if event is grpc.aio.EOF:
                         break
-                    kind = _EVENT_NAMES[event.kind]
+                    # A kind from a newer scheduler is a change to its program all the same: its entry goes.
+                    kind = _EVENT_NAMES.get(event.kind, "unknown")
                     cache.event(kind, event.session_id)
                     if kind in ENDED_EVENTS and self.on_program_ended is not None:
                         self.on_program_ended(event.session_id)

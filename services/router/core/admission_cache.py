@@ -11,7 +11,8 @@ worker. The rules, all here (no I/O, the clock is passed in):
 * Any event for a program but ADMITTED (paused, marked, soft-demoted, resumed, released, expired) drops
   its entry, and an admission that began before that event is not stored (its answer predates it).
 * A pressure event (paused, marked, soft-demoted, for any program) drops every "any" entry too: the
-  scheduler leaves placement to the router only while every replica is in the normal band.
+  scheduler leaves placement to the router only while every replica is in the normal band. So does a
+  kind this router does not know (a newer scheduler's): it may be one.
 * A held or resumed admission (`was_paused`) is not stored; entries age out after `ttl_s` and the least
   recently used goes when `max_entries` is reached.
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 IGNORED_EVENTS = frozenset({"admitted"})
 """Events that change nothing an Admit would answer (each admission emits one, the router's own included)."""
 PRESSURE_EVENTS = frozenset({"paused", "marked", "soft_demoted"})
+KNOWN_EVENTS = IGNORED_EVENTS | PRESSURE_EVENTS | {"resumed", "forced_resume", "released", "expired"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,7 @@ class AdmissionCache:
         while len(self._touched) > self.params.max_entries:
             _, seq = self._touched.popitem(last=False)
             self._floor = max(self._floor, seq)
-        if kind in PRESSURE_EVENTS:
+        if kind in PRESSURE_EVENTS or kind not in KNOWN_EVENTS:
             for sid in self._unpinned:
                 del self._entries[sid]
             self._unpinned.clear()

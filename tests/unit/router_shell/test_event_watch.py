@@ -61,3 +61,40 @@ async def test_a_restart_reopens_the_stream_and_the_cache_is_whole_again(h, watc
     await h.admit("q", "r2", 10, timeout=5)
     assert (await h.client.Release(pb.ReleaseRequest(session_id="q"))).released
     await assert_eventually(lambda: ended == ["q"], timeout_s=5)  # the new stream delivers
+
+
+async def test_an_event_kind_from_a_newer_scheduler_drops_its_programs_entry_and_the_watch_goes_on(
+    h, watching, monkeypatch
+):
+    """A kind this router does not know is a change to its program (the entry goes, the next turn asks),
+    not the end of the watch: the fast path stayed off for good when an unknown kind ended the task."""
+    from services.scheduler import servicer
+
+    newer_kind = max(pb.EventKind.values()) + 1
+    to_proto = servicer.event_to_proto
+
+    def from_a_newer_scheduler(event, *args, **kwargs):
+        message = to_proto(event, *args, **kwargs)
+        if message.session_id == "newer":
+            message.kind = newer_kind
+        return message
+
+    monkeypatch.setattr(servicer, "event_to_proto", from_a_newer_scheduler)
+    client, cache, ended = watching
+    await h.admit("newer", "r1", 10, timeout=5)
+    assert cache.put(0.0, "newer", cache.begin(), CachedAdmission("w1", 0, True, 0), was_paused=False)
+    assert cache.put(0.0, "other", cache.begin(), CachedAdmission("", 0, False, 0), was_paused=False)
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="newer"))).released
+    await assert_eventually(lambda: cache.get(0.0, "newer") is None, timeout_s=5)
+    assert cache.get(0.0, "other") is None  # it may be a pressure event: the "any" entries go too
+    await h.admit("q", "r2", 10, timeout=5)
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="q"))).released
+    await assert_eventually(lambda: ended == ["q"], timeout_s=5)  # the same stream goes on
+    assert cache.live
+
+
+def test_the_cache_knows_every_kind_this_routers_scheduler_protocol_has():
+    from services.router.adapters.scheduler import _EVENT_NAMES
+    from services.router.core.admission_cache import KNOWN_EVENTS
+
+    assert KNOWN_EVENTS == {name for value, name in _EVENT_NAMES.items() if value != pb.EVENT_KIND_UNSPECIFIED}
