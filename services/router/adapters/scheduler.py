@@ -273,6 +273,7 @@ class SchedulerClient:
         any loss of the stream, a leader change or an outage."""
         self.cache = cache
         self._watcher = asyncio.get_running_loop().create_task(self._watch_events(cache), name="scheduler-events")
+        self._watcher.add_done_callback(_watch_ended)
 
     async def _watch_events(self, cache: AdmissionCache) -> None:
         # The kinds the cache ignores are not sent (ADMITTED: one per admission, to every router).
@@ -771,6 +772,13 @@ class SchedulerClient:
 _MUX_RPC = {"rpc.system": "grpc", "rpc.service": "bandmaster.scheduler.v1.Scheduler", "rpc.method": "AdmitMux"}
 _ON_THE_STREAM = {"Complete": "router.complete", "Bind": "router.bind"}
 """The unary methods carried on the AdmitMux stream, with the CLIENT span each gets there."""
+
+
+def _watch_ended(task: asyncio.Task) -> None:
+    """The event watcher ends only when it is cancelled (the client closed): any other end is a bug, and
+    the admission fast path is off from then on (the cache was cleared as the watch ended)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("scheduler event watch stopped (%r): admission fast path off", task.exception())
 
 
 def _canceller(call: grpc.aio.Call) -> Callable[[asyncio.Future], None]:

@@ -4,6 +4,8 @@ other kind, and a leader change or outage (its restart) reopens the stream at on
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from bandmaster.scheduler.v1 import scheduler_pb2 as pb
@@ -98,3 +100,21 @@ def test_the_cache_knows_every_kind_this_routers_scheduler_protocol_has():
     from services.router.core.admission_cache import KNOWN_EVENTS
 
     assert KNOWN_EVENTS == {name for value, name in _EVENT_NAMES.items() if value != pb.EVENT_KIND_UNSPECIFIED}
+
+
+async def test_a_watcher_that_ends_on_a_bug_says_so(h, watching, monkeypatch, caplog):
+    client, cache, ended = watching
+
+    def broken(kind, session_id):
+        raise RuntimeError("a bug in the cache")
+
+    monkeypatch.setattr(cache, "event", broken)
+    await h.admit("p", "r1", 10, timeout=5)
+    assert (await h.client.Release(pb.ReleaseRequest(session_id="p"))).released
+    await assert_eventually(lambda: client._watcher.done(), timeout_s=5)
+    await asyncio.sleep(0)  # the done-callbacks run
+    assert any(
+        r.levelname == "ERROR" and "event watch stopped" in r.getMessage() and "a bug in the cache" in r.getMessage()
+        for r in caplog.records
+    )
+    assert not cache.live  # cleared as it ended: no answer is taken from a cache nothing keeps in step
